@@ -1,0 +1,1 @@
+"""Paddock controller package."""

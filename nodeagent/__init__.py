@@ -1,0 +1,1 @@
+"""Paddock nodeagent package."""
