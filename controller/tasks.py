@@ -1,0 +1,141 @@
+"""Task packages: the model, its canonical content hash, and task-set manifests.
+
+A task is what one rollout attempts: an instruction the agent sees, visible files placed in
+the agent's `/work`, hidden files that only the verifier's sandbox ever receives, a checker
+spec, budgets and sandbox limits. Its id is the hash of its canonical content, so any change
+to any field is a different task.
+
+Must not import zmq, sqlite3 or anything that does I/O beyond reading task files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+FAMILIES = ("python", "math")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex")
+
+
+class TaskError(ValueError):
+    """A task package is malformed; the message names the task and the field."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    max_steps: int = 12
+    wall_s: float = 120.0
+    max_tokens: int = 32768
+    observation_bytes: int = 16384
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 256
+    pids: int = 64
+    disk_mb: int = 64
+    cpu: float = 1.0
+    nofile: int = 256
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    family: str
+    instruction: str
+    image: str = "builtin:python"
+    files: Mapping[str, str] = field(default_factory=dict)
+    hidden: Mapping[str, str] = field(default_factory=dict)
+    checker: Mapping[str, Any] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    budgets: Budgets = Budgets()
+    limits: Limits = Limits()
+    network: str = "none"
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def canonical(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def task_id(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def short_id(self) -> str:
+        return self.task_id[7:19]
+
+
+def _safe_relpath(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and ".." not in parts and "" not in parts
+
+
+def validate(task: Task) -> None:
+    where = f"task {task.name!r}"
+    if not task.name or not isinstance(task.name, str):
+        raise TaskError("task: 'name' must be a non-empty string")
+    if task.family not in FAMILIES:
+        raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
+    if not task.instruction.strip():
+        raise TaskError(f"{where}: 'instruction' is empty")
+    for key in ("files", "hidden"):
+        for path, text in getattr(task, key).items():
+            if not _safe_relpath(path):
+                raise TaskError(f"{where}: '{key}' path {path!r} must be relative, without '..'")
+            if not isinstance(text, str):
+                raise TaskError(f"{where}: '{key}[{path}]' must be text")
+    kind = task.checker.get("kind")
+    if kind not in CHECKER_KINDS:
+        raise TaskError(f"{where}: 'checker.kind' must be one of {CHECKER_KINDS}, got {kind!r}")
+    if kind == "pytest":
+        tests = task.checker.get("tests") or []
+        missing = [t for t in tests if t not in task.hidden and t not in task.files]
+        if not tests or missing:
+            raise TaskError(f"{where}: 'checker.tests' names files that are not in the task: {missing or tests}")
+    if kind in ("math", "exact", "regex") and "answer" not in task.checker:
+        raise TaskError(f"{where}: 'checker.answer' is required for checker kind {kind!r}")
+    for path in task.protected:
+        if path not in task.files:
+            raise TaskError(f"{where}: protected path {path!r} is not a visible file")
+    if task.network != "none":
+        raise TaskError(f"{where}: 'network' must be 'none' (egress policies are not supported yet)")
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """A manifest: task ids with their split, hashed as a whole."""
+    name: str
+    tasks: tuple[Task, ...]
+    heldout: frozenset[str] = frozenset()   # task ids in the held-out split
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise TaskError(f"task set {self.name!r}: duplicate task names {dupes}")
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tasks": sorted(
+                ({"task_id": t.task_id, "name": t.name,
+                  "split": "heldout" if t.task_id in self.heldout else "train"} for t in self.tasks),
+                key=lambda d: d["name"]),
+        }
+
+    @property
+    def manifest_hash(self) -> str:
+        blob = json.dumps(self.manifest(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    def by_id(self) -> dict[str, Task]:
+        return {t.task_id: t for t in self.tasks}
+
+    def by_name(self) -> dict[str, Task]:
+        return {t.name: t for t in self.tasks}
