@@ -1,0 +1,201 @@
+"""Wire protocol: every message type round-trips; every bad frame gets its reason code."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller import protocol as p
+
+DEP = "dep-test"
+
+SAMPLES: list[p.Message] = [
+    p.Register(node="n1", slots=4, images=["sha256:aa"], mem_free_mb=2048, agent_version="0.1"),
+    p.Heartbeat(node="n1", slots_free=2, active=2, health={"load": 0.5, "disk_free_mb": 10}),
+    p.Heartbeat(),
+    p.Ready(node="n1", credit=3),
+    p.Started(rollout_id="b000001-00000", attempt=1, token=7),
+    p.Result(rollout_id="b000001-00000", attempt=1, token=7, outcome="pass", reward=1.0,
+             shards={"rollouts": "runs/r/rollouts/x.parquet"}, infra_reason=None, idem="k1"),
+    p.Result(rollout_id="b000001-00000", attempt=2, token=9, outcome="infra_error",
+             reward=None, shards={}, infra_reason="sandbox_failed", idem="k2"),
+    p.Disconnect(node="n1", reason="sigterm"),
+    p.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=3),
+    p.Lease(rollout_id="b000001-00000", attempt=1, token=7, lease_ttl_s=60.0,
+            task={"name": "add", "files": {"a.py": "x=1\n"}},
+            policy=p.PolicyRef(version=2, endpoint="http://127.0.0.1:8000/v1", model="scripted"),
+            seed=12345, run_id="run1", run_dir="/shared/runs/run1", batch_id="b000001"),
+    p.Ack(ref="abc", ok=True, error=None),
+    p.Ack(ref="abc", ok=False, error="duplicate"),
+    p.Reject(rollout_id="b000001-00000", attempt=1, token=7, reason="stale_token"),
+    p.Drain(reason="maintenance"),
+    p.Shutdown(),
+    p.Submit(idem="s1", tasks=["add", "sha256:bb"], n_per_task=4, policy_version=1),
+    p.Submitted(batch_id="b000001", rollouts=8),
+    p.PublishPolicy(idem="p1", version=2, endpoint="http://h:1/v1", model="m"),
+    p.Watch(batch_id="b000001", after=0),
+    p.Results(batch_id="b000001", items=[{"rollout_id": "x", "reward": 1.0}], cursor=3,
+              done=False),
+    p.Status(),
+    p.StatusReply(counts={"queued": 3}, nodes=[{"node": "n1", "alive": True}]),
+]
+
+
+def frame(msg_type: str, body: dict, **envelope) -> bytes:
+    f = {"v": 1, "dep": DEP, "type": msg_type, "id": "m1", "body": body}
+    f.update(envelope)
+    return json.dumps(f).encode()
+
+
+def reason_of(data: bytes, deployment: str = DEP) -> p.RemoteProtocolError:
+    with pytest.raises(p.RemoteProtocolError) as info:
+        p.decode(data, deployment)
+    return info.value
+
+
+def test_every_message_type_has_a_sample():
+    assert {type(m).TYPE for m in SAMPLES} == set(p.MESSAGE_TYPES)
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda m: type(m).TYPE)
+def test_every_message_round_trips(msg):
+    data = p.encode(msg, DEP)
+    assert len(data) <= p.MAX_FRAME_BYTES
+    assert p.decode(data, DEP) == msg
+
+
+def test_frame_envelope_carries_version_deployment_type_and_id():
+    msg = p.Ready(node="n1", credit=2)
+    f = json.loads(p.encode(msg, DEP))
+    assert f == {"v": p.PROTOCOL_VERSION, "dep": DEP, "type": "ready", "id": msg.id,
+                 "body": {"node": "n1", "credit": 2}}
+
+
+def test_message_ids_are_fresh_per_message():
+    assert p.Status().id != p.Status().id
+    assert len({p.new_msg_id() for _ in range(100)}) == 100
+
+
+def test_int_widens_to_float_on_decode():
+    msg = p.decode(frame("welcome", {"node": "n", "heartbeat_interval_s": 1, "liveness": 3}),
+                   DEP)
+    assert isinstance(msg.heartbeat_interval_s, float)
+
+
+def test_lease_policy_decodes_to_a_typed_ref():
+    data = p.encode(SAMPLES[9], DEP)
+    assert p.decode(data, DEP).policy == p.PolicyRef(2, "http://127.0.0.1:8000/v1", "scripted")
+
+
+def test_bad_json_is_rejected():
+    assert reason_of(b"{not json").reason == p.BAD_JSON
+    assert reason_of(b"\xff\xfe").reason == p.BAD_JSON
+    assert reason_of(b"[1, 2]").reason == p.BAD_JSON
+
+
+def test_nan_is_not_json():
+    data = frame("result", {}).replace(b'"body": {}', b'"body": {"reward": NaN}')
+    assert reason_of(data).reason == p.BAD_JSON
+
+
+def test_wrong_version_is_rejected():
+    assert reason_of(frame("status", {}, v=2)).reason == p.WRONG_VERSION
+    assert reason_of(frame("status", {}, v="1")).reason == p.WRONG_VERSION
+
+
+def test_foreign_deployment_is_rejected():
+    data = p.encode(p.Status(), "other-deployment")
+    assert reason_of(data).reason == p.FOREIGN_DEPLOYMENT
+
+
+def test_unknown_type_is_rejected():
+    assert reason_of(frame("teleport", {})).reason == p.UNKNOWN_TYPE
+
+
+def test_too_large_frame_is_rejected_before_parsing():
+    data = b" " * (p.MAX_FRAME_BYTES + 1)
+    assert reason_of(data).reason == p.TOO_LARGE
+
+
+def test_too_large_message_is_refused_at_encode():
+    big = p.StatusReply(counts={}, nodes=[{"blob": "x" * p.MAX_FRAME_BYTES}])
+    with pytest.raises(p.LocalProtocolError) as info:
+        p.encode(big, DEP)
+    assert info.value.reason == p.TOO_LARGE
+
+
+def test_wrong_field_type_names_the_field_and_expected_type():
+    err = reason_of(frame("ready", {"node": "n1", "credit": "3"}))
+    assert err.reason == p.BAD_FIELD
+    assert err.field == "credit"
+    assert "'credit' must be int" in str(err)
+
+
+def test_bool_is_not_an_int():
+    assert reason_of(frame("ready", {"node": "n1", "credit": True})).field == "credit"
+
+
+def test_negative_counts_are_rejected():
+    assert reason_of(frame("ready", {"node": "n1", "credit": -1})).field == "credit"
+
+
+def test_missing_field_is_named():
+    err = reason_of(frame("started", {"rollout_id": "r", "attempt": 1}))
+    assert (err.reason, err.field) == (p.BAD_FIELD, "token")
+
+
+def test_unknown_field_is_named():
+    err = reason_of(frame("ready", {"node": "n1", "credit": 1, "bonus": 2}))
+    assert (err.reason, err.field) == (p.BAD_FIELD, "bonus")
+
+
+def test_nested_field_path_is_named():
+    body = json.loads(p.encode(SAMPLES[9], DEP))["body"]
+    body["policy"]["version"] = "two"
+    assert reason_of(frame("lease", body)).field == "policy.version"
+    body = json.loads(p.encode(SAMPLES[0], DEP))["body"]
+    body["images"] = ["ok", 3]
+    assert reason_of(frame("register", body)).field == "images[1]"
+
+
+def test_outcome_must_be_one_of_the_typed_outcomes():
+    body = json.loads(p.encode(SAMPLES[5], DEP))["body"]
+    body["outcome"] = "success"
+    err = reason_of(frame("result", body))
+    assert err.field == "outcome"
+    assert "'pass'" in str(err)
+
+
+def test_infra_error_needs_a_reason():
+    body = json.loads(p.encode(SAMPLES[6], DEP))["body"]
+    body["infra_reason"] = None
+    assert reason_of(frame("result", body)).field == "infra_reason"
+
+
+def test_partial_agent_heartbeat_is_rejected():
+    assert reason_of(frame("heartbeat", {"node": "n1"})).reason == p.BAD_FIELD
+
+
+def test_envelope_fields_are_checked():
+    assert reason_of(frame("status", {}, id=5)).field == "id"
+    assert reason_of(frame("status", [], )).field == "body"
+
+
+def test_encode_refuses_an_invalid_message_as_our_fault():
+    with pytest.raises(p.LocalProtocolError) as info:
+        p.encode(p.Ready(node="n1", credit="lots"), DEP)  # type: ignore[arg-type]
+    assert (info.value.reason, info.value.field) == (p.BAD_FIELD, "credit")
+
+
+def test_decode_never_raises_anything_but_protocol_errors_on_garbage():
+    import random
+    rng = random.Random(7)
+    good = [p.encode(m, DEP) for m in SAMPLES]
+    for _ in range(2000):
+        data = bytearray(rng.choice(good))
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            p.decode(bytes(data), DEP)
+        except p.RemoteProtocolError as e:
+            assert e.reason in p.ERROR_REASONS
