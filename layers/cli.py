@@ -1,0 +1,120 @@
+"""`paddock image ...` subcommands: build a SIF image, inspect a SIF file.
+
+Thin: parses arguments, calls layers.build / layers.sif, renders with rich. Operating errors
+(a foreign or corrupt file, a failed build) print one line to stderr and return exit code 2.
+
+Must not import: zmq, controller.*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from layers import build
+from layers.sif import FSTYPE_NAMES, PARTTYPE_NAMES, DATA_PARTITION, SifError, read_sif
+from layers.store import sha256_file
+
+EXIT_OK = 0
+EXIT_ERROR = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `image` command (with `build` and `inspect`) to a subparsers object."""
+    image = subparsers.add_parser("image", help="build and inspect SIF images")
+    sub = image.add_subparsers(dest="image_cmd", required=True)
+    b = sub.add_parser("build", help="build a SIF image (squashfs root filesystem)")
+    b.add_argument("src", help="rootfs directory, tarball, OCI layout directory, or "
+                               "debian:SUITE[:pkg,pkg,...]")
+    b.add_argument("-o", "--output", required=True, type=Path, help="SIF file to write")
+    b.add_argument("--mirror", default=None, help="Debian mirror (default: apt's)")
+    b.set_defaults(func=cmd_build)
+    i = sub.add_parser("inspect", help="print a SIF file's header, descriptors and digest")
+    i.add_argument("file", type=Path)
+    i.set_defaults(func=cmd_inspect)
+    return image
+
+
+def parse_debian_src(src: str) -> tuple[str, list[str]] | None:
+    """`debian:SUITE[:pkg,pkg]` -> (suite, packages); None if src is not a debian: ref."""
+    if not src.startswith("debian:"):
+        return None
+    _, _, rest = src.partition(":")
+    suite, _, pkgs = rest.partition(":")
+    if not suite:
+        raise build.BuildError(f"bad Debian source {src!r}: want debian:SUITE[:pkg,pkg]")
+    return suite, [p for p in pkgs.split(",") if p]
+
+
+def _err(msg: str) -> int:
+    print(f"error: {' '.join(msg.split())}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    out = Console()
+    try:
+        with err.status(f"building {args.src}") as status:
+            def progress(msg: str) -> None:
+                status.update(f"building {args.src}: {msg[:100]}")
+            deb = parse_debian_src(args.src)
+            if deb is not None:
+                build.build_debian(args.output, deb[0], deb[1], mirror=args.mirror,
+                                   progress=progress)
+            else:
+                build.build_image(args.src, args.output, progress=progress)
+    except build.CommandFailed as e:
+        tail = e.stderr.strip().splitlines()[-1:] or [""]
+        return _err(f"build failed: exit {e.exit_code} from {' '.join(e.argv)}: {tail[0]}")
+    except (build.BuildError, OSError) as e:
+        return _err(f"build failed: {e}")
+    print(f"{args.output} sha256:{sha256_file(args.output)}", markup=False,
+              highlight=False)
+    return EXIT_OK
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        info = read_sif(args.file)
+        digest = sha256_file(args.file)
+    except (SifError, OSError) as e:
+        return _err(str(e))
+    print(f"file:      {info.path}")
+    print(f"digest:    sha256:{digest}")
+    print(f"version:   {info.version}   arch: {info.arch}   id: {info.id}")
+    print(f"created:   {info.created_at}   modified: {info.modified_at}")
+    print(f"descriptors: {info.descriptors_total - info.descriptors_free} used of "
+          f"{info.descriptors_total} at offset {info.descriptors_offset}; data at "
+          f"{info.data_offset} ({info.data_size} bytes)")
+    print(f"primary partition: offset {info.primary_partition_offset} size "
+          f"{info.primary_partition_size} (squashfs, {info.squashfs_compression})")
+    table = Table("id", "type", "name", "offset", "size", "group", "details")
+    for d in info.descriptors:
+        details = ""
+        if d.data_type == DATA_PARTITION:
+            fs, part, arch = d.partition_fields()
+            details = f"{FSTYPE_NAMES.get(fs, fs)} {PARTTYPE_NAMES.get(part, part)} {arch}"
+        table.add_row(str(d.id), d.type_name, d.name, str(d.offset), str(d.size),
+                      hex(d.group_id), details)
+    Console(width=max(100, Console().width)).print(table)
+    if info.metadata is not None:
+        print(json.dumps(info.metadata, indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (`python -m layers.cli image ...`) until the paddock CLI wires it."""
+    parser = argparse.ArgumentParser(prog="paddock")
+    register(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
