@@ -1,0 +1,495 @@
+"""Durable rollout queue: states, leases, fencing tokens, retry with backoff, dead letter.
+
+One SQLite file in WAL mode with synchronous=FULL, one connection, every mutation in one
+`BEGIN IMMEDIATE` transaction, so whatever a method returned is on disk. Dropping the object
+without `close()` (a crash) loses nothing that was acknowledged: in-flight leases stay leased
+until they expire or their holder completes with its still-valid token.
+
+Rollout states and their legal transitions are the table `TRANSITIONS`, asserted on every
+change. Every lease takes the next value of one global fencing token; a result is accepted
+only with the rollout's current (attempt, token) while it is leased, running or verifying.
+Infrastructure failures (infra_error, an expired lease, a lost node) go to retry_wait with
+full-jitter exponential backoff, and to dead_letter after `max_attempts`; every attempt's
+reason is kept in the attempts table.
+
+Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
+Must not import zmq. See docs/protocol.md for the state table and the rules.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+QUEUED = "queued"
+LEASED = "leased"
+RUNNING = "running"
+VERIFYING = "verifying"
+COMMITTED = "committed"
+RETRY_WAIT = "retry_wait"
+DEAD_LETTER = "dead_letter"
+CANCELLED = "cancelled"
+
+# The rollout state table: state -> states it may move to. Nothing else is legal.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({LEASED, CANCELLED}),
+    LEASED: frozenset({RUNNING, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    RUNNING: frozenset({VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    VERIFYING: frozenset({COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    RETRY_WAIT: frozenset({LEASED, CANCELLED}),
+    COMMITTED: frozenset(),
+    DEAD_LETTER: frozenset(),
+    CANCELLED: frozenset(),
+}
+STATES: tuple[str, ...] = tuple(TRANSITIONS)
+HELD = (LEASED, RUNNING, VERIFYING)  # a node holds a lease on the rollout
+LEASABLE = (QUEUED, RETRY_WAIT)
+TERMINAL = (COMMITTED, DEAD_LETTER, CANCELLED)
+
+POLICY_OUTCOMES = ("pass", "fail", "timeout")  # the policy's doing: committed
+INFRA_ERROR = "infra_error"  # never the policy's fault: retried, then dead-lettered
+OUTCOMES = POLICY_OUTCOMES + (INFRA_ERROR,)
+
+# Rejection reasons (shared with protocol.Reject).
+STALE_TOKEN = "stale_token"
+UNKNOWN_ROLLOUT = "unknown_rollout"
+REJECT_CANCELLED = "cancelled"
+
+LEASE_EXPIRED = "lease_expired"
+
+
+def check_transition(rollout_id: str, old: str, new: str) -> None:
+    assert new in TRANSITIONS[old], (
+        f"illegal rollout transition {old} -> {new} for rollout {rollout_id}")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    lease_ttl_s: float = 60.0
+    max_attempts: int = 4
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 30.0
+    max_batch_rollouts: int = 100_000
+    max_results_per_watch: int = 1000
+
+    def __post_init__(self) -> None:
+        for key in ("lease_ttl_s", "backoff_base_s", "backoff_max_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"queue.{key} must be > 0, got {getattr(self, key)!r}")
+        for key in ("max_attempts", "max_batch_rollouts", "max_results_per_watch"):
+            if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
+                raise ValueError(f"queue.{key} must be an integer >= 1, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class Lease:
+    rollout_id: str
+    attempt: int
+    token: int
+    task_ref: str
+    policy_version: int
+    seed: int
+    batch_id: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    accepted: bool
+    reason: Optional[str]  # why rejected (stale_token, unknown_rollout, cancelled) or None
+    committed: bool  # the rollout is now committed (pass/fail/timeout)
+
+
+@dataclass(frozen=True)
+class Policy:
+    version: int
+    endpoint: str
+    model: str
+    published_at: float
+
+
+class PolicyConflict(ValueError):
+    """A policy version was published twice with different contents."""
+
+
+class UnknownBatch(KeyError):
+    pass
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, batch_id TEXT NOT NULL,
+    task_ref TEXT NOT NULL, policy_version INTEGER NOT NULL, seed INTEGER NOT NULL,
+    state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, token INTEGER,
+    node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE);
+CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
+CREATE INDEX IF NOT EXISTS rollouts_node ON rollouts (node, state);
+CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
+CREATE TABLE IF NOT EXISTS attempts (
+    rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
+    node TEXT NOT NULL, outcome TEXT, reason TEXT, started_at REAL NOT NULL,
+    finished_at REAL, PRIMARY KEY (rollout_id, attempt));
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
+    created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, reply TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS policies (
+    version INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL,
+    published_at REAL NOT NULL);
+"""
+
+
+class RolloutQueue:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None, config: QueueConfig = QueueConfig()):
+        self.path = Path(path)
+        self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+        self.config = config
+        self._db = sqlite3.connect(str(self.path), isolation_level=None,
+                                   check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        assert mode == "wal", f"SQLite refused WAL mode for {self.path}: {mode}"
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(_SCHEMA)  # idempotent; executescript commits on its own
+        with self._tx():
+            for key in ("token", "commit_seq", "batch_seq", "rollout_seq"):
+                self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, 0)", (key,))
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- plumbing ----
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _next(self, key: str) -> int:
+        self._db.execute("UPDATE meta SET value = value + 1 WHERE key = ?", (key,))
+        return self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()[0]
+
+    def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
+        """Change one rollout's state (asserting the table) and any other columns."""
+        check_transition(row["rollout_id"], row["state"], new)
+        cols.update(state=new, updated_at=now)
+        sets = ", ".join(f"{k} = ?" for k in cols)
+        cur = self._db.execute(f"UPDATE rollouts SET {sets} WHERE rollout_id = ? AND state = ?",
+                               (*cols.values(), row["rollout_id"], row["state"]))
+        assert cur.rowcount == 1, f"rollout {row['rollout_id']} changed under us"
+        log.info("rollout %s attempt %s: %s -> %s", row["rollout_id"], row["attempt"],
+                 row["state"], new)
+
+    def _idem_get(self, key: str) -> Optional[Any]:
+        r = self._db.execute("SELECT reply FROM idempotency WHERE key = ?", (key,)).fetchone()
+        return None if r is None else json.loads(r[0])
+
+    def _idem_put(self, key: str, reply: Any) -> None:
+        self._db.execute("INSERT INTO idempotency VALUES (?, ?)", (key, json.dumps(reply)))
+
+    def _row(self, rollout_id: str) -> Optional[sqlite3.Row]:
+        return self._db.execute("SELECT * FROM rollouts WHERE rollout_id = ?",
+                                (rollout_id,)).fetchone()
+
+    def backoff_s(self, attempt: int) -> float:
+        """Full jitter: uniform(0, min(max, base * 2**(attempt-1)))."""
+        cap = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (attempt - 1))
+        return self.rng.uniform(0.0, cap)
+
+    # ---- submit / cancel ----
+
+    def submit_batch(self, idem: str, items: Sequence[tuple[str, int]],
+                     n_per_task: int) -> tuple[str, int, bool]:
+        """Enqueue n_per_task rollouts of each (task_ref, policy_version).
+
+        Returns (batch_id, n, duplicate); a repeated idem returns the first reply unchanged.
+        """
+        with self._tx():
+            stored = self._idem_get("submit:" + idem)
+            if stored is not None:
+                return stored["batch_id"], stored["rollouts"], True
+            if n_per_task < 1:
+                raise ValueError(f"n_per_task must be >= 1, got {n_per_task}")
+            n = len(items) * n_per_task
+            if n > self.config.max_batch_rollouts:
+                raise ValueError(f"batch of {n} rollouts exceeds queue.max_batch_rollouts="
+                                 f"{self.config.max_batch_rollouts}")
+            now = self.clock()
+            batch_id = f"b{self._next('batch_seq'):06d}"
+            self._db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, 0)",
+                             (batch_id, idem, n, now))
+            i = 0
+            for task_ref, policy_version in items:
+                for _ in range(n_per_task):
+                    self._db.execute(
+                        "INSERT INTO rollouts (rollout_id, seq, batch_id, task_ref,"
+                        " policy_version, seed, state, not_before, created_at, updated_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (f"{batch_id}-{i:05d}", self._next("rollout_seq"), batch_id, task_ref,
+                         int(policy_version), self.rng.getrandbits(31), QUEUED, now, now, now))
+                    i += 1
+            self._idem_put("submit:" + idem, {"batch_id": batch_id, "rollouts": n})
+        log.info("batch %s submitted: %d rollouts (idem %s)", batch_id, n, idem)
+        return batch_id, n, False
+
+    def cancel_batch(self, batch_id: str) -> int:
+        """Cancel every rollout of the batch not yet terminal; returns how many."""
+        with self._tx():
+            if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
+                                (batch_id,)).fetchone() is None:
+                raise UnknownBatch(batch_id)
+            now = self.clock()
+            self._db.execute("UPDATE batches SET cancelled = 1 WHERE batch_id = ?", (batch_id,))
+            rows = self._db.execute(
+                f"SELECT * FROM rollouts WHERE batch_id = ? AND state NOT IN "
+                f"({_qs(TERMINAL)})", (batch_id, *TERMINAL)).fetchall()
+            for row in rows:
+                if row["state"] in HELD:
+                    self._finish_attempt(row, now, "cancelled", "batch cancelled")
+                self._move(row, CANCELLED, now, lease_deadline=None)
+        return len(rows)
+
+    # ---- leases ----
+
+    def lease_next(self, node: str, n: int) -> list[Lease]:
+        """Lease up to n due rollouts (oldest first) to `node`, each with a fresh token."""
+        if n <= 0:
+            return []
+        leases = []
+        with self._tx():
+            now = self.clock()
+            rows = self._db.execute(
+                f"SELECT * FROM rollouts WHERE state IN ({_qs(LEASABLE)}) AND not_before <= ?"
+                f" ORDER BY seq LIMIT ?", (*LEASABLE, now, n)).fetchall()
+            for row in rows:
+                token = self._next("token")
+                attempt = row["attempt"] + 1
+                self._move(row, LEASED, now, attempt=attempt, token=token, node=node,
+                           lease_deadline=now + self.config.lease_ttl_s)
+                self._db.execute("INSERT INTO attempts (rollout_id, attempt, token, node,"
+                                 " started_at) VALUES (?, ?, ?, ?, ?)",
+                                 (row["rollout_id"], attempt, token, node, now))
+                leases.append(Lease(row["rollout_id"], attempt, token, row["task_ref"],
+                                    row["policy_version"], row["seed"], row["batch_id"]))
+        for lease in leases:
+            log.info("rollout %s attempt %d leased to %s (token %d)", lease.rollout_id,
+                     lease.attempt, node, lease.token)
+        return leases
+
+    def _held(self, rollout_id: str, attempt: int, token: int) -> tuple[Optional[sqlite3.Row],
+                                                                        Optional[str]]:
+        """The rollout row if (attempt, token) is its live lease, else a rejection reason."""
+        row = self._row(rollout_id)
+        if row is None:
+            return None, UNKNOWN_ROLLOUT
+        if row["state"] == CANCELLED:
+            return None, REJECT_CANCELLED
+        if row["state"] not in HELD or row["attempt"] != attempt or row["token"] != token:
+            return None, STALE_TOKEN
+        return row, None
+
+    def mark_running(self, rollout_id: str, attempt: int, token: int) -> Completion:
+        """The holder started the rollout: leased -> running, deadline renewed."""
+        with self._tx():
+            row, reason = self._held(rollout_id, attempt, token)
+            if row is None:
+                return Completion(False, reason, False)
+            if row["state"] == LEASED:
+                now = self.clock()
+                self._move(row, RUNNING, now, lease_deadline=now + self.config.lease_ttl_s)
+        return Completion(True, None, False)
+
+    def mark_verifying(self, rollout_id: str, attempt: int, token: int) -> Completion:
+        with self._tx():
+            row, reason = self._held(rollout_id, attempt, token)
+            if row is None:
+                return Completion(False, reason, False)
+            if row["state"] != VERIFYING:
+                now = self.clock()
+                self._move(row, VERIFYING, now, lease_deadline=now + self.config.lease_ttl_s)
+        return Completion(True, None, False)
+
+    def renew(self, node: str) -> int:
+        """Extend the deadline of every lease `node` holds; returns how many."""
+        with self._tx():
+            now = self.clock()
+            cur = self._db.execute(
+                f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
+                f" AND state IN ({_qs(HELD)})", (now + self.config.lease_ttl_s, now, node, *HELD))
+            return cur.rowcount
+
+    def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
+                 reward: Optional[float], shards: dict[str, str], infra_reason: Optional[str],
+                 idem: str) -> Completion:
+        """Record a result. Stale tokens are rejected and change nothing; duplicates of an
+        accepted result (same idem) get the stored completion."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+        with self._tx():
+            stored = self._idem_get("complete:" + idem)
+            if stored is not None:
+                return Completion(**stored)
+            row, reason = self._held(rollout_id, attempt, token)
+            if row is None:
+                log.info("rollout %s attempt %d: result rejected (%s, token %d)", rollout_id,
+                         attempt, reason, token)
+                return Completion(False, reason, False)
+            now = self.clock()
+            if outcome in POLICY_OUTCOMES:
+                if reward is None and outcome != "pass":
+                    reward = 0.0
+                self._finish_attempt(row, now, outcome, None)
+                self._move(row, COMMITTED, now, outcome=outcome, reward=reward,
+                           shards=json.dumps(shards, sort_keys=True), lease_deadline=None,
+                           commit_seq=self._next("commit_seq"))
+                result = Completion(True, None, True)
+            else:
+                self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False)
+                result = Completion(True, None, False)
+            self._idem_put("complete:" + idem, result.__dict__)
+        return result
+
+    def _finish_attempt(self, row: sqlite3.Row, now: float, outcome: str,
+                        reason: Optional[str]) -> None:
+        self._db.execute("UPDATE attempts SET outcome = ?, reason = ?, finished_at = ?"
+                         " WHERE rollout_id = ? AND attempt = ?",
+                         (outcome, reason, now, row["rollout_id"], row["attempt"]))
+
+    def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool) -> str:
+        """An infrastructure failure of the current attempt: retry_wait or dead_letter."""
+        self._finish_attempt(row, now, INFRA_ERROR, reason)
+        if row["attempt"] >= self.config.max_attempts:
+            self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
+                       infra_reason=reason, lease_deadline=None,
+                       commit_seq=self._next("commit_seq"))
+            log.warning("rollout %s dead-lettered after %d attempts (last: %s)",
+                        row["rollout_id"], row["attempt"], reason)
+            return DEAD_LETTER
+        delay_s = 0.0 if retry_now else self.backoff_s(row["attempt"])
+        self._move(row, RETRY_WAIT, now, infra_reason=reason, lease_deadline=None,
+                   not_before=now + delay_s)
+        return RETRY_WAIT
+
+    def expire_leases(self) -> list[str]:
+        """Leases past their deadline become infrastructure failures ("lease_expired")."""
+        with self._tx():
+            now = self.clock()
+            rows = self._db.execute(
+                f"SELECT * FROM rollouts WHERE state IN ({_qs(HELD)}) AND lease_deadline <= ?"
+                f" ORDER BY seq", (*HELD, now)).fetchall()
+            for row in rows:
+                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False)
+        return [row["rollout_id"] for row in rows]
+
+    def release_node(self, node: str, reason: str) -> list[str]:
+        """A dead node: every lease it holds fails now and is retryable at once."""
+        with self._tx():
+            now = self.clock()
+            rows = self._db.execute(
+                f"SELECT * FROM rollouts WHERE node = ? AND state IN ({_qs(HELD)}) ORDER BY seq",
+                (node, *HELD)).fetchall()
+            for row in rows:
+                self._fail_attempt(row, now, f"node_lost: {reason}", retry_now=True)
+        return [row["rollout_id"] for row in rows]
+
+    # ---- reads ----
+
+    def results_after(self, batch_id: str, cursor: int,
+                      limit: Optional[int] = None) -> tuple[list[dict], int]:
+        """Committed and dead-lettered rollouts of the batch after `cursor`, in commit order."""
+        limit = min(limit or self.config.max_results_per_watch,
+                    self.config.max_results_per_watch)
+        rows = self._db.execute(
+            "SELECT * FROM rollouts WHERE batch_id = ? AND commit_seq > ? ORDER BY commit_seq"
+            " LIMIT ?", (batch_id, cursor, limit)).fetchall()
+        items = [_result_item(r) for r in rows]
+        return items, (rows[-1]["commit_seq"] if rows else cursor)
+
+    def batch_done(self, batch_id: str) -> bool:
+        if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
+                            (batch_id,)).fetchone() is None:
+            raise UnknownBatch(batch_id)
+        r = self._db.execute(f"SELECT COUNT(*) FROM rollouts WHERE batch_id = ? AND state NOT IN"
+                             f" ({_qs(TERMINAL)})", (batch_id, *TERMINAL)).fetchone()
+        return r[0] == 0
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATES, 0)
+        for state, n in self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state"):
+            out[state] = n
+        return out
+
+    def rollout(self, rollout_id: str) -> Optional[dict]:
+        row = self._row(rollout_id)
+        return None if row is None else dict(row)
+
+    def rollouts(self) -> list[dict]:
+        return [dict(r) for r in self._db.execute("SELECT * FROM rollouts ORDER BY seq")]
+
+    def attempts(self, rollout_id: str) -> list[dict]:
+        return [dict(r) for r in self._db.execute(
+            "SELECT * FROM attempts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))]
+
+    def leases_of(self, node: str) -> list[str]:
+        return [r[0] for r in self._db.execute(
+            f"SELECT rollout_id FROM rollouts WHERE node = ? AND state IN ({_qs(HELD)})"
+            f" ORDER BY seq", (node, *HELD))]
+
+    # ---- policies ----
+
+    def publish_policy(self, version: int, endpoint: str, model: str, idem: str) -> bool:
+        """Record a policy version; returns True if this was a duplicate (nothing changed)."""
+        with self._tx():
+            if self._idem_get("policy:" + idem) is not None:
+                return True
+            old = self._db.execute("SELECT * FROM policies WHERE version = ?",
+                                   (version,)).fetchone()
+            if old is not None:
+                if (old["endpoint"], old["model"]) != (endpoint, model):
+                    raise PolicyConflict(f"policy version {version} already published as "
+                                         f"{old['endpoint']} {old['model']}")
+                return True
+            self._db.execute("INSERT INTO policies VALUES (?, ?, ?, ?)",
+                             (version, endpoint, model, self.clock()))
+            self._idem_put("policy:" + idem, {"version": version})
+        log.info("policy version %d published: %s %s", version, endpoint, model)
+        return False
+
+    def policy(self, version: int) -> Optional[Policy]:
+        r = self._db.execute("SELECT * FROM policies WHERE version = ?", (version,)).fetchone()
+        return None if r is None else Policy(**dict(r))
+
+    def latest_policy(self) -> Optional[Policy]:
+        r = self._db.execute("SELECT * FROM policies ORDER BY version DESC LIMIT 1").fetchone()
+        return None if r is None else Policy(**dict(r))
+
+
+def _qs(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def _result_item(r: sqlite3.Row) -> dict:
+    return {"rollout_id": r["rollout_id"], "batch_id": r["batch_id"], "task_ref": r["task_ref"],
+            "policy_version": r["policy_version"], "seed": r["seed"], "state": r["state"],
+            "attempt": r["attempt"], "token": r["token"], "node": r["node"],
+            "outcome": r["outcome"], "reward": r["reward"],
+            "shards": json.loads(r["shards"]) if r["shards"] else {},
+            "infra_reason": r["infra_reason"], "commit_seq": r["commit_seq"]}
