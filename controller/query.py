@@ -1,0 +1,350 @@
+"""DuckDB views over a run's trajectory store, `paddock query`, and the run summary.
+
+`connect(run_dir)` opens an in-memory DuckDB connection with views `rollouts`, `steps`,
+`checks` and `catalog`. A shard row appears in a view only if its (rollout_id, attempt,
+fencing_token) is in the catalog of the same run directory: a shard with no catalog entry
+(crashed node, attempt still in flight) or a stale token never appears. A table with no
+shards yet is an empty view with the schema's columns. `run_dir` may also be a parent
+directory (such as `runs/`) holding several runs; the views then cover all of them.
+
+The set of shard files is listed when `connect` is called: a connection is a snapshot.
+Files ending in `.tmp` (a writer in progress) are never read.
+
+Must not import zmq or sqlite3; it never writes to the run directory.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import shlex
+import sys
+from datetime import date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TextIO
+
+import duckdb
+import pyarrow as pa
+from rich.console import Console
+from rich.table import Table
+
+from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA
+from nodeagent.trajwriter import SCHEMAS
+
+FORMATS = ("table", "csv", "json")
+RUN_MARKERS = ("rollouts", "steps", "checks", CATALOG_DIR, "run.json")
+OUTCOMES = ("pass", "fail", "timeout", "infra_error")
+EXAMPLE_SQL = ("SELECT task_family, policy_version, count(*) AS n, "
+               "avg((outcome = 'pass')::INT) AS pass_rate FROM rollouts "
+               "WHERE outcome <> 'infra_error' GROUP BY ALL ORDER BY ALL")
+
+# The run directory of a shard or catalog file: strip "/<table>/<file>" from its path.
+_RUN_OF = "regexp_replace({col}, '/[^/]+/[^/]+$', '')"
+
+
+class QueryError(RuntimeError):
+    """A query cannot be answered: bad SQL or an unreadable store. One-line message."""
+
+
+class RunNotFound(QueryError):
+    """The run directory does not exist (or no run directory could be chosen)."""
+
+
+# -- views ----------------------------------------------------------------------------------
+
+def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with committed-only views over one run (or a runs/ dir)."""
+    runs = _run_dirs(Path(run_dir))
+    con = duckdb.connect(":memory:")
+    try:
+        con.execute("SET TimeZone = 'UTC'")
+    except duckdb.Error:  # ICU missing: timestamps still read correctly, shown in local time
+        pass
+    try:
+        _create_catalog_view(con, runs)
+        for table, schema in SCHEMAS.items():
+            _create_table_view(con, table, schema, runs)
+    except duckdb.Error as exc:
+        con.close()
+        raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
+            from None
+    return con
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        raise RunNotFound(f"run directory not found: {root}")
+    root = root.resolve()
+    if any((root / m).exists() for m in RUN_MARKERS):
+        return [root]
+    children = sorted(p for p in root.iterdir()
+                      if p.is_dir() and any((p / m).exists() for m in RUN_MARKERS))
+    return children or [root]
+
+
+def _parquet_files(runs: list[Path], table: str) -> list[str]:
+    files: list[str] = []
+    for run in runs:
+        d = run / table
+        if d.is_dir():
+            files.extend(str(p) for p in sorted(d.glob("*.parquet")) if p.is_file())
+    return files
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+    files = [f for f in _parquet_files(runs, CATALOG_DIR) if Path(f).name.startswith("commit-")]
+    if files:
+        source = f"read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+    else:
+        empty = CATALOG_SCHEMA.empty_table().append_column("filename", pa.array([], pa.string()))
+        con.register("_empty_catalog", empty)
+        source = "_empty_catalog"
+    con.execute(f"CREATE VIEW _catalog AS SELECT *, {_RUN_OF.format(col='filename')} AS _run "
+                f"FROM {source}")
+    con.execute("CREATE VIEW catalog AS SELECT * EXCLUDE (filename, _run), _run AS run_dir "
+                "FROM _catalog")
+
+
+def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Schema,
+                       runs: list[Path]) -> None:
+    files = _parquet_files(runs, table)
+    if not files:
+        con.register(f"_empty_{table}", schema.empty_table())
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
+        return
+    con.execute(
+        f"CREATE VIEW {table} AS SELECT s.* EXCLUDE (filename) "
+        f"FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true) s "
+        f"WHERE EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
+        f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token "
+        f"AND c._run = {_RUN_OF.format(col='s.filename')})")
+
+
+# -- queries --------------------------------------------------------------------------------
+
+def execute(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run `sql` against the run's views; return (column names, rows). Raises QueryError."""
+    con = connect(run_dir)
+    try:
+        try:
+            cur = con.execute(sql)
+            if cur.description is None:
+                return [], []
+            columns = [d[0] for d in cur.description]
+            return columns, cur.fetchall()
+        except duckdb.Error as exc:
+            raise QueryError(_one_line(exc)) from None
+    finally:
+        con.close()
+
+
+def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
+              out: TextIO | None = None) -> int:
+    """Run `sql` and print the result as a rich table, CSV (with header) or a JSON array.
+
+    Returns the number of rows printed. Raises QueryError (bad SQL) or RunNotFound.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    out = sys.stdout if out is None else out
+    columns, rows = execute(run_dir, sql)
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows([["" if v is None else _plain(v) for v in row] for row in rows])
+    elif fmt == "json":
+        out.write(json.dumps([{c: _plain(v) for c, v in zip(columns, row)} for row in rows],
+                             indent=1, allow_nan=False))
+        out.write("\n")
+    else:
+        table = Table(show_lines=False)
+        for c in columns:
+            table.add_column(c, overflow="fold")
+        for row in rows:
+            table.add_row(*("NULL" if v is None else str(_plain(v)) for v in row))
+        _console(out).print(table)
+    return len(rows)
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON/CSV can carry it: timestamps as ISO 8601, decimals as floats."""
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:500] + ("…" if len(text) > 500 else "")
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, highlight=False, soft_wrap=False,
+                   width=None if out is sys.stdout else 160)
+
+
+# -- summary --------------------------------------------------------------------------------
+
+_PASS = "count(*) FILTER (WHERE outcome = 'pass')"
+_SCORED = "count(*) FILTER (WHERE outcome <> 'infra_error')"
+
+
+def summary(run_dir: str | Path) -> dict:
+    """Run-level numbers, computed in DuckDB over committed rollouts.
+
+    pass_rate = pass / (pass + fail + timeout): infra_error rollouts are masked, never scored.
+    wall_s percentiles are interpolated (quantile_cont) over all committed rollouts.
+    """
+    con = connect(run_dir)
+    try:
+        total, infra, passed, scored, p50, p99, mean_reward = con.execute(
+            f"SELECT count(*), count(*) FILTER (WHERE outcome = 'infra_error'), {_PASS}, "
+            f"{_SCORED}, quantile_cont(wall_s, 0.5), quantile_cont(wall_s, 0.99), "
+            f"avg(reward) FROM rollouts").fetchone()
+        outcomes = dict.fromkeys(OUTCOMES, 0)
+        outcomes.update(dict(con.execute(
+            "SELECT outcome, count(*) FROM rollouts GROUP BY outcome").fetchall()))
+        result = {
+            "run_dir": str(run_dir),
+            "run": _run_meta(Path(run_dir)),
+            "rollouts": total,
+            "scored": scored,
+            "passed": passed,
+            "pass_rate": _rate(passed, scored),
+            "mean_reward": mean_reward,
+            "outcomes": outcomes,
+            "infra_errors": infra,
+            "wall_s": {"p50": p50, "p99": p99},
+            "by_family": _grouped(con, ["task_family"]),
+            "by_policy_version": _grouped(con, ["policy_version"]),
+            "by_family_version": _grouped(con, ["task_family", "policy_version"]),
+        }
+    except duckdb.Error as exc:
+        raise QueryError(f"summary failed: {_one_line(exc)}") from None
+    finally:
+        con.close()
+    return result
+
+
+def _grouped(con: duckdb.DuckDBPyConnection, keys: list[str]) -> list[dict]:
+    cols = ", ".join(keys)
+    rows = con.execute(
+        f"SELECT {cols}, count(*), {_SCORED}, {_PASS} FROM rollouts "
+        f"GROUP BY {cols} ORDER BY {cols}").fetchall()
+    out = []
+    for row in rows:
+        n, scored, passed = row[len(keys):]
+        out.append({**dict(zip(keys, row[:len(keys)])), "rollouts": n, "scored": scored,
+                    "passed": passed, "pass_rate": _rate(passed, scored)})
+    return out
+
+
+def _rate(passed: int, scored: int) -> float | None:
+    return passed / scored if scored else None
+
+
+def _run_meta(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def query_command(run_dir: str | Path, sql: str = EXAMPLE_SQL) -> str:
+    """The shell command that runs `sql` against `run_dir` (quoted for a POSIX shell).
+
+    The SQL goes in double quotes (SQL string literals use single quotes), with the
+    characters a shell expands inside double quotes escaped.
+    """
+    quoted_sql = "".join("\\" + ch if ch in '\\"$`' else ch for ch in sql)
+    return f'paddock query --run {shlex.quote(str(run_dir))} "{quoted_sql}"'
+
+
+def print_summary(summary: dict, run_dir: str | Path, out: TextIO | None = None) -> None:
+    """Print a summary (from `summary()`) with rich, ending with the command to query the run."""
+    console = _console(sys.stdout if out is None else out)
+    pr = summary["pass_rate"]
+    console.print(f"Run {run_dir}: {summary['rollouts']} rollouts, pass rate "
+                  f"{_pct(pr)} ({summary['passed']}/{summary['scored']} scored), "
+                  f"{summary['infra_errors']} infra_error (masked)", markup=False)
+    oc = summary["outcomes"]
+    console.print("outcomes: " + ", ".join(f"{k}={oc[k]}" for k in oc), markup=False)
+    w = summary["wall_s"]
+    console.print(f"wall_s: p50 {_num(w['p50'])}  p99 {_num(w['p99'])}", markup=False)
+    for title, key, cols in (("by task family", "by_family", ["task_family"]),
+                             ("by policy version", "by_policy_version", ["policy_version"]),
+                             ("by family x version", "by_family_version",
+                              ["task_family", "policy_version"])):
+        if not summary[key]:
+            continue
+        table = Table(title=title)
+        for c in cols + ["rollouts", "passed", "pass rate"]:
+            table.add_column(c)
+        for row in summary[key]:
+            table.add_row(*[str(row[c]) for c in cols], str(row["rollouts"]),
+                          str(row["passed"]), _pct(row["pass_rate"]))
+        console.print(table)
+    console.print("Query this run:", markup=False)
+    console.print(query_command(run_dir), markup=False, soft_wrap=True)
+
+
+def _pct(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{100 * rate:.1f}%"
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `paddock query [--run DIR] [--format table|csv|json] SQL`."""
+    p = subparsers.add_parser(
+        "query", help="run SQL over a run's committed trajectories (DuckDB)",
+        description="Views: rollouts, steps, checks, catalog (committed rows only). "
+                    f"Example: {query_command('runs/<run_id>')}")
+    p.add_argument("--run", metavar="DIR", default=None,
+                   help="run directory (or a directory of runs); default: newest under ./runs")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    p.add_argument("sql", help="the SQL query")
+    p.set_defaults(func=cmd_query)
+    return p
+
+
+def newest_run(runs_root: str | Path = "runs") -> Path:
+    """The most recently modified directory under `runs_root`."""
+    root = Path(runs_root)
+    candidates = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    if not candidates:
+        raise RunNotFound(f"no run directories under {root.resolve()}; pass --run DIR")
+    return max(candidates, key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
+              err: TextIO | None = None) -> int:
+    """Entry point of `paddock query`: 0 on success, 2 on bad SQL or a missing run."""
+    err = sys.stderr if err is None else err
+    try:
+        run_dir = Path(args.run) if args.run else newest_run()
+        run_query(run_dir, args.sql, fmt=args.format, out=out)
+    except QueryError as exc:
+        print(f"paddock query: error: {exc}", file=err)
+        return 2
+    return 0
