@@ -72,7 +72,6 @@ class Catalog:
         self._lock = threading.Lock()
         self._pending: list[dict] = []
         self._by_rollout: dict[str, CommitKey] = {}
-        self._flushed = 0
         self._next_seq = 0
         self._load()
 
@@ -121,7 +120,6 @@ class Catalog:
             table = pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
             self._write_new(table, path)
             self._next_seq = seq + 1
-            self._flushed += len(rows)
             del self._pending[:len(rows)]
         log.info("catalog flush seq=%d rows=%d", seq, len(rows))
         return path
@@ -171,7 +169,6 @@ class Catalog:
             for row in table.to_pylist():
                 key = CommitKey(row["rollout_id"], row["attempt"], row["fencing_token"])
                 self._by_rollout.setdefault(key.rollout_id, key)
-                self._flushed += 1
         self._next_seq = max_seq + 1
 
     def _write_new(self, table: pa.Table, path: Path) -> None:

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pyarrow.parquet as pq
@@ -416,3 +417,29 @@ def test_query_command_survives_a_posix_shell(tmp_path):
     argv = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
                           check=True).stdout.split("\n")[:-1]
     assert argv == ["query", "--run", str(run), sql]
+
+
+def test_catalog_flush_leaves_no_tmp_and_restart_removes_a_crashed_one(tmp_path):
+    cat = Catalog(tmp_path)
+    cat.commit("r1", 1, 1, {}, committed_at=T0)
+    cat.flush()
+    assert [p.name for p in (tmp_path / "catalog").iterdir()] == ["commit-000000.parquet"]
+    (tmp_path / "catalog" / "commit-000001.parquet.tmp").write_bytes(b"crashed mid-write")
+    restarted = Catalog(tmp_path)
+    restarted.commit("r2", 1, 1, {}, committed_at=T0)
+    assert restarted.flush().name == "commit-000001.parquet"
+    assert sorted(p.name for p in (tmp_path / "catalog").iterdir()) == [
+        "commit-000000.parquet", "commit-000001.parquet"]
+
+
+def test_store_modules_do_not_import_zmq():
+    code = ("import sys, controller.query, controller.catalog, nodeagent.trajwriter; "
+            "assert 'zmq' not in sys.modules, 'zmq imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_trajwriter_does_not_need_duckdb_or_the_controller():
+    code = ("import sys, nodeagent.trajwriter; "
+            "bad = [m for m in ('zmq', 'duckdb', 'controller') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
