@@ -58,7 +58,6 @@ def _err(msg: str) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    out = Console()
     try:
         with err.status(f"building {args.src}") as status:
             def progress(msg: str) -> None:
@@ -74,8 +73,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         return _err(f"build failed: exit {e.exit_code} from {' '.join(e.argv)}: {tail[0]}")
     except (build.BuildError, OSError) as e:
         return _err(f"build failed: {e}")
-    print(f"{args.output} sha256:{sha256_file(args.output)}", markup=False,
-              highlight=False)
+    print(f"{args.output} sha256:{sha256_file(args.output)}")
     return EXIT_OK
 
 
