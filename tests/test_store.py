@@ -9,9 +9,11 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -443,3 +445,11 @@ def test_trajwriter_does_not_need_duckdb_or_the_controller():
             "bad = [m for m in ('zmq', 'duckdb', 'controller') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_example_query_in_the_docs_runs(hand_built_run):
+    doc = (Path(__file__).parent.parent / "docs" / "trajectories.md").read_text()
+    queries = re.findall(r"```sql\n(.*?)```", doc, flags=re.S)
+    assert len(queries) >= 4
+    for sql in queries:
+        execute(hand_built_run, sql)  # raises QueryError if the docs drifted from the schema
