@@ -194,6 +194,10 @@ class Names:
     def record_name(self) -> str:
         return f"{self.prefix}-{self.instance_id}.json"
 
+    @property
+    def munge_dir_name(self) -> str:
+        return f"{self.prefix}-{self.instance_id}.munge"
+
 
 def validate_prefix(prefix: str) -> str:
     if not re.fullmatch(rf"[a-z]{{1,{MAX_PREFIX_CHARS}}}", prefix):
@@ -277,8 +281,8 @@ def delete_network(netns: Iterable[str], links: Iterable[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- slurm.conf
-def render_slurm_conf(*, workdir: Path, cluster_name: str, ctld_host: str, ctld_addr: str,
-                      ctld_port: int, node_addrs: dict[str, str]) -> str:
+def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, ctld_host: str,
+                      ctld_addr: str, ctld_port: int, node_addrs: dict[str, str]) -> str:
     """The slurm.conf text: everything lives under workdir; one NodeName line per node."""
     d = workdir
     lines = [
@@ -288,7 +292,7 @@ def render_slurm_conf(*, workdir: Path, cluster_name: str, ctld_host: str, ctld_
         "SlurmdPort=6818",
         "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge",
-        f"AuthInfo=socket={d}/munge/munge.socket",
+        f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={d}/state",
         f"SlurmdSpoolDir={d}/spool/%n",
         f"SlurmctldPidFile={d}/run/slurmctld.pid",
@@ -321,6 +325,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 def _registry_lock(registry_dir: Path):
     registry_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(registry_dir, 0o755)
     fd = os.open(registry_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
@@ -342,6 +347,7 @@ def cleanup_record(record: dict, *, timeout_s: float = 5.0, poll_interval_s: flo
     stuck = terminate_pids(daemons, timeout_s=timeout_s, clock=clock, sleep=sleep,
                            poll_interval_s=poll_interval_s)
     delete_network(record["netns"], record["veths"] + [record["bridge"]])
+    shutil.rmtree(record["munge_dir"], ignore_errors=True)
     return stuck
 
 
@@ -373,6 +379,12 @@ def sweep(prefix: str = DEFAULT_PREFIX, *, registry_dir: Path = REGISTRY_DIR) ->
         orphan_links = sorted((n for n in os.listdir("/sys/class/net")
                                if (m := re.fullmatch(rf"{prefix}([0-9a-f]{{6}})(br|v\d+)", n))
                                and m.group(1) not in live_ids), key=lambda n: n.endswith("br"))
+        orphan_dirs = [p for p in registry_dir.glob(f"{prefix}-*.munge")
+                       if (m := re.fullmatch(rf"{prefix}-([0-9a-f]{{6}})\.munge", p.name))
+                       and m.group(1) not in live_ids]
+        for d in orphan_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(str(d))
         for ns in orphan_ns:
             terminate_pids({p: proc_start_ticks(p) for p in netns_pids(ns)}, timeout_s=5.0,
                            clock=time.monotonic, sleep=time.sleep, poll_interval_s=0.05)
@@ -413,11 +425,14 @@ class TestCluster:
         if re.search(r"[\s#=\\\"']", str(self.workdir)):
             raise ClusterConfigError(f"workdir {str(self.workdir)!r}: slurm.conf cannot hold paths "
                                      "with whitespace, quotes, '#', '=' or backslashes")
-        sock = self.workdir / "munge" / "munge.socket"
-        if len(os.fsencode(sock)) > UNIX_SOCKET_PATH_MAX_BYTES:
-            raise ClusterConfigError(f"workdir {str(self.workdir)!r} is too long: munge socket "
-                                     f"path exceeds {UNIX_SOCKET_PATH_MAX_BYTES} bytes")
         self.names = Names(validate_prefix(name_prefix), secrets.token_hex(3))
+        self.registry_dir = Path(registry_dir)
+        # munged wants o+x on every directory above its socket, which a pytest tmp dir (0700)
+        # lacks: the socket lives in the registry instead, in a per-instance 0711 directory
+        self.munge_socket = self.registry_dir / self.names.munge_dir_name / "munge.socket"
+        if len(os.fsencode(self.munge_socket)) > UNIX_SOCKET_PATH_MAX_BYTES:
+            raise ClusterConfigError(f"registry_dir {str(registry_dir)!r} is too long for a unix "
+                                     f"socket path ({UNIX_SOCKET_PATH_MAX_BYTES} bytes)")
         self.nodes = tuple(f"node{k}" for k in range(1, nodes + 1))
         self.conf = self.workdir / "etc" / "slurm.conf"
         self.env: dict[str, str] = {}
@@ -427,7 +442,6 @@ class TestCluster:
         self.ctld_port = 0
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.poll_interval_s = poll_interval_s
-        self.registry_dir = Path(registry_dir)
         self._clock, self._sleep = clock, sleep
         self._daemons: list[_Daemon] = []
         self._record: dict | None = None
@@ -486,6 +500,7 @@ class TestCluster:
             self._daemons = []
             if self._record is not None:
                 delete_network(self._record["netns"], self._record["veths"] + [self._record["bridge"]])
+                shutil.rmtree(self._record["munge_dir"], ignore_errors=True)
                 (self.registry_dir / self.names.record_name).unlink(missing_ok=True)
                 self._record["state"] = "stopped"
                 _write_json(self.workdir / "cluster.json", self._record)
@@ -510,9 +525,7 @@ class TestCluster:
             (w / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(w, 0o755)
         munge = w / "munge"
-        munge.mkdir(exist_ok=True)
-        os.chmod(munge, 0o711)  # munged: socket dir needs o+x and no o+w
-        (munge / "munge.socket").unlink(missing_ok=True)
+        munge.mkdir(mode=0o700, exist_ok=True)
         key = munge / "munge.key"
         if not key.exists():
             run_cmd(["mungekey", "--create", f"--keyfile={key}"])
@@ -536,7 +549,10 @@ class TestCluster:
                 "node_addrs": self.node_addrs, "controller_addr": self.controller_addr,
                 "pids": {}, "daemons": {},
             }
+            self._record["munge_dir"] = str(self.munge_socket.parent)
             self._save_record()
+            self.munge_socket.parent.mkdir(mode=0o711)
+            os.chmod(self.munge_socket.parent, 0o711)  # munged: o+x, and no o+w
             create_network(self.names, subnet, len(self.nodes))
         finally:
             _unlock(lock)
@@ -550,7 +566,7 @@ class TestCluster:
         self.ctld_port = _free_port(self.controller_addr)
         self._record["ctld_port"] = self.ctld_port
         self.conf.write_text(render_slurm_conf(
-            workdir=self.workdir, cluster_name=f"{self.names.prefix}{self.names.instance_id}",
+            workdir=self.workdir, munge_socket=self.munge_socket, cluster_name=f"{self.names.prefix}{self.names.instance_id}",
             ctld_host=socket.gethostname().split(".")[0], ctld_addr=self.controller_addr,
             ctld_port=self.ctld_port, node_addrs=self.node_addrs))
 
@@ -572,11 +588,11 @@ class TestCluster:
 
     def _start_munged(self) -> None:
         m = self.workdir / "munge"
-        self._spawn("munged", ["munged", "-F", f"--socket={m}/munge.socket",
+        self._spawn("munged", ["munged", "-F", f"--socket={self.munge_socket}",
                                f"--key-file={m}/munge.key", f"--seed-file={m}/munged.seed",
                                f"--pid-file={self.workdir}/run/munged.pid",
                                f"--log-file={self.log_dir}/munged.log"])
-        self._wait("munged socket to appear", lambda: (m / "munge.socket").is_socket())
+        self._wait("munged socket to appear", self.munge_socket.is_socket)
 
     def _start_slurmctld(self) -> None:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])

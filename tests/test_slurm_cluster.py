@@ -1,0 +1,246 @@
+"""Specification of the in-test Slurm cluster (slurm/testcluster.py) and its pytest fixture.
+
+Run: .venv/bin/python -m pytest -p tests.slurm_fixture tests/test_slurm_cluster.py -q
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import random
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, choose_subnet,
+                               missing_requirements, proc_alive, render_slurm_conf, sweep,
+                               validate_prefix)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "slurm" / "testcluster.py"
+JOB_DEADLINE_S = 60.0
+TERMINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
+                       "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+needs_cluster = pytest.mark.skipif(bool(missing_requirements()),
+                                   reason="; ".join(missing_requirements()) or "ok")
+
+
+def wait_for(cond, timeout_s: float, what: str, interval_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def slurm(cluster_env: dict, *argv: str, timeout_s: float = 30.0) -> str:
+    cp = subprocess.run(argv, env=cluster_env, capture_output=True, text=True, timeout=timeout_s)
+    assert cp.returncode == 0, f"{argv} exited {cp.returncode}: {cp.stderr}"
+    return cp.stdout
+
+
+def netns_names() -> set[str]:
+    return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+
+
+def link_names() -> set[str]:
+    return set(os.listdir("/sys/class/net"))
+
+
+def recorded_pids(record: dict) -> dict[int, int]:
+    return {int(p): t for p, t in record["pids"].items()}
+
+
+# ------------------------------------------------------------------ pure parts (no root needed)
+def test_slurm_conf_has_one_node_line_per_node_with_its_address_and_hostname():
+    text = render_slurm_conf(workdir=Path("/w"), munge_socket=Path("/r/m.sock"), cluster_name="pdkabc123", ctld_host="h",
+                             ctld_addr="10.170.3.1", ctld_port=23456,
+                             node_addrs={"node1": "10.170.3.11", "node2": "10.170.3.12"})
+    node_lines = [ln for ln in text.splitlines() if ln.startswith("NodeName=")]
+    assert node_lines == [
+        "NodeName=node1 NodeAddr=10.170.3.11 NodeHostname=node1 CPUs=2 RealMemory=2000 State=UNKNOWN",
+        "NodeName=node2 NodeAddr=10.170.3.12 NodeHostname=node2 CPUs=2 RealMemory=2000 State=UNKNOWN",
+    ]
+    for line in ("SlurmctldHost=h(10.170.3.1)", "SlurmctldPort=23456", "MinJobAge=300",
+                 "SchedulerParameters=sched_interval=1,bf_interval=1",
+                 "SlurmdParameters=config_overrides", "AuthInfo=socket=/r/m.sock"):
+        assert line in text.splitlines()
+
+
+def test_chosen_subnet_overlaps_no_network_already_in_use():
+    first = choose_subnet([], random.Random(7))
+    again = choose_subnet([first], random.Random(7))  # same seed: first pick is taken, skip it
+    assert not again.overlaps(first)
+    assert again.prefixlen == 24 and again.subnet_of(ipaddress.ip_network("10.160.0.0/11"))
+    with pytest.raises(Exception, match="no free /24"):
+        choose_subnet([ipaddress.ip_network("10.0.0.0/8")], random.Random(7))
+
+
+@pytest.mark.parametrize("prefix", ["", "toolong", "PDK", "pd-k", "p1"])
+def test_prefix_that_cannot_fit_interface_names_is_rejected_by_name(prefix):
+    with pytest.raises(ClusterConfigError, match="name_prefix"):
+        validate_prefix(prefix)
+
+
+@pytest.mark.parametrize("bad", ["with space", "semi#colon", "quo'te"])
+def test_workdir_that_slurm_conf_cannot_hold_is_rejected_before_anything_starts(tmp_path, bad):
+    with pytest.raises(ClusterConfigError, match="workdir"):
+        TestCluster(tmp_path / bad)
+    assert not (tmp_path / bad).exists()
+
+
+# ------------------------------------------------------------------ the session cluster
+@pytest.mark.slurm
+def test_srun_on_three_nodes_returns_each_node_hostname_once(slurm_cluster):
+    out = slurm(slurm_cluster.env, "srun", "-N3", "hostname")
+    assert sorted(out.split()) == ["node1", "node2", "node3"]
+    assert slurm_cluster.nodes == ("node1", "node2", "node3")
+
+
+@pytest.mark.slurm
+def test_each_node_has_its_own_network_address(slurm_cluster):
+    out = slurm(slurm_cluster.env, "srun", "-N3", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
+    seen = {}
+    for line in out.splitlines():
+        host, *addrs = line.split()
+        seen[host] = addrs
+    assert seen == {h: [a] for h, a in slurm_cluster.node_addrs.items()}
+    assert len(set(slurm_cluster.node_addrs.values())) == 3
+
+
+@pytest.mark.slurm
+def test_two_node_batch_job_with_srun_steps_completes(slurm_cluster, tmp_path):
+    out = tmp_path / "job.out"
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n#SBATCH -N2\n"
+                      "srun -N2 hostname\n"
+                      "srun -N2 -n2 sh -c 'echo step2 $SLURM_PROCID'\n")
+    job_id = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", str(out), str(script)).strip()
+    assert job_id.isdigit()
+
+    def finished():
+        info = slurm(slurm_cluster.env, "scontrol", "show", "job", "-o", job_id)
+        state = re.search(r"JobState=(\S+)", info).group(1)
+        return info if state in TERMINAL_JOB_STATES else None
+    info = wait_for(finished, JOB_DEADLINE_S, f"job {job_id} to finish")
+    assert "JobState=COMPLETED" in info and "ExitCode=0:0" in info, info
+    lines = out.read_text().split("\n")
+    hosts = {ln for ln in lines if ln.startswith("node")}
+    assert len(hosts) == 2 and hosts <= set(slurm_cluster.nodes)
+    assert sorted(ln for ln in lines if ln.startswith("step2")) == ["step2 0", "step2 1"]
+
+
+@pytest.mark.slurm
+def test_sweep_leaves_a_live_cluster_alone(slurm_cluster):
+    sweep(DEFAULT_PREFIX)
+    assert set(slurm_cluster.netns.values()) <= netns_names()
+    assert slurm_cluster.names.bridge in link_names()
+    assert sorted(slurm(slurm_cluster.env, "srun", "-N3", "hostname").split()) == list(slurm_cluster.nodes)
+
+
+# ------------------------------------------------------------------ own clusters: teardown
+@pytest.mark.slurm
+@needs_cluster
+def test_stop_leaves_no_process_netns_veth_or_bridge_behind(tmp_path):
+    cluster = TestCluster(tmp_path / "c", nodes=2, name_prefix="pdks").start()
+    record = json.loads((tmp_path / "c" / "cluster.json").read_text())
+    pids = recorded_pids(record)
+    assert len(pids) == 4 and all(proc_alive(p, t) for p, t in pids.items())
+    slurm(cluster.env, "srun", "-N2", "true")   # leaves slurmstepds behind to be cleaned too
+    assert set(record["netns"]) <= netns_names()
+
+    cluster.stop()
+
+    assert [p for p, t in pids.items() if proc_alive(p, t)] == []
+    assert not set(record["netns"]) & netns_names()
+    assert not (set(record["veths"]) | {record["bridge"]}) & link_names()
+    assert not (cluster.registry_dir / cluster.names.record_name).exists()
+    assert (tmp_path / "c" / "log" / "slurmctld.log").exists()  # logs are kept
+    cluster.stop()  # idempotent
+
+
+OWNER = """
+import sys, json
+sys.path.insert(0, {root!r})
+from slurm.testcluster import TestCluster
+c = TestCluster(sys.argv[1], nodes=2, name_prefix="pdkw").start()
+print("up", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slurm
+@needs_cluster
+def test_sweep_removes_leftovers_of_a_sigkilled_owner(tmp_path):
+    sweep("pdkw")
+    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT)), str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([owner.stdout], [], [], 60)
+        assert ready and owner.stdout.readline().strip() == "up"
+        record = json.loads((tmp_path / "cluster.json").read_text())
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    assert set(record["netns"]) <= netns_names()   # the killed owner left its namespaces
+
+    removed = sweep("pdkw")
+
+    assert set(record["netns"]) | {record["bridge"]} <= set(removed)
+    assert not set(record["netns"]) & netns_names()
+    assert not (set(record["veths"]) | {record["bridge"]}) & link_names()
+    wait_for(lambda: not any(proc_alive(p, t) for p, t in recorded_pids(record).items()),
+             5.0, "the killed owner's daemons to be gone")
+
+
+@pytest.mark.slurm
+@needs_cluster
+def test_sweep_removes_prefixed_names_that_have_no_record():
+    ns, br = "pdkq-abcdef-node1", "pdkqabcdefbr"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", br, "type", "bridge"], check=True)
+
+    removed = sweep("pdkq")
+
+    assert {ns, br} <= set(removed)
+    assert ns not in netns_names() and br not in link_names()
+
+
+# ------------------------------------------------------------------ ops script
+@pytest.mark.slurm
+@needs_cluster
+def test_script_up_status_down_round_trip(tmp_path):
+    workdir = tmp_path / "ops"
+
+    def script(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                              text=True, timeout=90)
+    up = script("up", str(workdir), "--nodes", "2", "--prefix", "pdkc")
+    try:
+        assert up.returncode == 0, up.stderr
+        conf = workdir / "etc" / "slurm.conf"
+        assert f"export SLURM_CONF={conf}" in up.stdout
+        assert script("status", str(workdir)).returncode == 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env["SLURM_CONF"] = str(conf)
+        assert sorted(slurm(env, "srun", "-N2", "hostname").split()) == ["node1", "node2"]
+        record = json.loads((workdir / "cluster.json").read_text())
+        supervisor = json.loads((workdir / "run" / "supervisor.json").read_text())
+    finally:
+        down = script("down", str(workdir))
+    assert down.returncode == 0, down.stderr
+    assert not proc_alive(supervisor["pid"], supervisor["start_ticks"])
+    assert [p for p, t in recorded_pids(record).items() if proc_alive(p, t)] == []
+    assert not set(record["netns"]) & netns_names()
+    assert record["bridge"] not in link_names()
+    assert script("status", str(workdir)).returncode == 1
