@@ -1,0 +1,454 @@
+"""One sandbox: its monitor (outside, root of the node namespace) and its init (inside).
+
+The monitor is forked by the node init. It unshares a mount namespace, mounts a tmpfs capped
+by `size=` and `nr_inodes=`, an OverlayFS (`userxattr`) whose lower layer is the node's shared
+read-only squashfuse mount of the image and whose upper and work dirs live on that tmpfs, a
+minimal /dev, then unshares PID, network, IPC and UTS namespaces and forks the sandbox init.
+
+The init (PID 1 of the sandbox) mounts a fresh /proc with sensitive paths masked, brings up
+`lo` (the only interface: no route leaves the sandbox), pivots into the overlay, then unshares
+a *child* user namespace whose uid/gid maps the monitor writes (`0 <slice base> <slice size>`:
+a disjoint slice of the node's subordinate ids per sandbox). From then on it owns no mount or
+network namespace: it cannot change its mounts or its network. It runs commands on request,
+each in its own session with rlimits, an output cap and a wall-clock kill.
+
+The monitor reads the overlay's upper layer for `diff()`, writes files into the merged tree,
+and relays `exec` requests. Replies from the init are untrusted data (the workload shares its
+uid), checked for shape and size. Standard library and nodeagent.{nsutil,framing} only.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import signal
+import socket
+import stat
+import time
+
+from nodeagent import framing, nsutil
+
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sysrq-trigger", "kallsyms")
+INIT_REPLY_MAX_BYTES = 32 * 1024 * 1024
+
+
+def _w(path: str, data: str) -> None:
+    with open(path, "w") as f:
+        f.write(data)
+
+
+# --------------------------------------------------------------------------- monitor
+
+def _build_root(sbx: str, lower: str, limits: dict, slice_base: int) -> str:
+    os.makedirs(sbx, mode=0o755)
+    disk_mb = int(limits.get("disk_mb", 64))
+    inodes = int(limits.get("inodes", 16384))
+    flags = nsutil.MS_NOSUID | nsutil.MS_NODEV
+    nsutil.mount("paddock-sbx", sbx, "tmpfs", flags, f"mode=0755,size={disk_mb}m,nr_inodes={inodes}")
+    for d in ("upper", "work", "root"):
+        os.mkdir(os.path.join(sbx, d), 0o755)
+    root = os.path.join(sbx, "root")
+    nsutil.mount("paddock-overlay", root, "overlay", flags,
+                 f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,userxattr")
+    for d in ("work", "proc", "dev", "tmp"):
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    os.chmod(os.path.join(root, "tmp"), 0o1777)
+    os.chown(os.path.join(root, "work"), slice_base, slice_base)
+    os.chmod(os.path.join(root, "work"), 0o755)
+    dev = os.path.join(root, "dev")
+    nsutil.mount("paddock-dev", dev, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEV_NODES:
+        target = os.path.join(dev, name)
+        open(target, "w").close()
+        nsutil.mount(f"/dev/{name}", target, None, nsutil.MS_BIND)
+    for name, dest in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(dest, os.path.join(dev, name))
+    shm = os.path.join(dev, "shm")
+    os.mkdir(shm, 0o1777)
+    nsutil.mount("paddock-shm", shm, "tmpfs", flags | nsutil.MS_NOEXEC, "mode=1777,size=16m")
+    return root
+
+
+def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str) -> int:
+    """Entry point of a sandbox monitor (a fork of the node init). Returns the exit code."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sbx = os.path.join(sbx_root, req["id"])
+    base, size = int(req["slice_base"]), int(req["slice_size"])
+    try:
+        nsutil.unshare(nsutil.CLONE_NEWNS)
+        root = _build_root(sbx, lower, req.get("limits", {}), base)
+        for rel, data in (req.get("files") or {}).items():
+            _write_file(root, "/work/" + rel, data, base, owner="agent")
+        nsutil.unshare(nsutil.CLONE_NEWPID | nsutil.CLONE_NEWNET | nsutil.CLONE_NEWIPC | nsutil.CLONE_NEWUTS)
+        mon_end, init_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            mon_end.close()
+            agent.close()
+            code = 1
+            try:
+                code = run_init(init_end, root, req.get("hostname", "sandbox"))
+            finally:
+                os._exit(code)
+        init_end.close()
+        _map_child(pid, base, size, mon_end)
+    except Exception as exc:
+        framing.send_msg(agent, {"ok": False, "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
+        return 1
+    framing.send_msg(agent, {"ok": True, "init_pid": pid,
+                             "uid_map": open(f"/proc/{pid}/uid_map").read().strip()})
+    return Monitor(agent, mon_end, pid, root, sbx, base).serve()
+
+
+def _map_child(pid: int, base: int, size: int, init: socket.socket) -> None:
+    msg = framing.recv_msg(init, max_bytes=4096)
+    if msg.get("stage") != "unshared":
+        raise RuntimeError(f"sandbox init failed before its user namespace: {msg.get('error', msg)}")
+    _w(f"/proc/{pid}/uid_map", f"0 {base} {size}\n")
+    _w(f"/proc/{pid}/setgroups", "deny")
+    _w(f"/proc/{pid}/gid_map", f"0 {base} {size}\n")
+    framing.send_msg(init, {"stage": "mapped"})
+    msg = framing.recv_msg(init, max_bytes=4096)
+    if msg.get("stage") != "ready":
+        raise RuntimeError(f"sandbox init failed: {msg.get('error', msg)}")
+
+
+def _resolve(root: str, path: str) -> str:
+    """Map an absolute sandbox path into the merged tree, refusing '..' and symlink escapes."""
+    if not path.startswith("/") or ".." in path.split("/"):
+        raise ValueError(f"sandbox path {path!r} must be absolute without '..'")
+    full = os.path.normpath(os.path.join(root, path.lstrip("/")))
+    parent = os.path.realpath(os.path.dirname(full))
+    if parent != root and not parent.startswith(root + "/"):
+        raise ValueError(f"sandbox path {path!r} leaves the sandbox through a symlink")
+    return os.path.join(parent, os.path.basename(full))
+
+
+def _write_file(root: str, path: str, data: bytes, base: int, owner: str, mode: int = 0o644) -> None:
+    full = _resolve(root, path)
+    rel_dirs = os.path.relpath(os.path.dirname(full), root).split("/")
+    cur = root
+    for part in rel_dirs:
+        if part in ("", "."):
+            continue
+        cur = os.path.join(cur, part)
+        if not os.path.isdir(cur):
+            os.mkdir(cur, 0o755)
+            if owner == "agent":
+                os.chown(cur, base, base)
+    if os.path.islink(full):
+        os.unlink(full)
+    fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+        if owner == "agent":
+            os.fchown(fd, base, base)
+        else:
+            os.fchown(fd, 0, 0)
+    finally:
+        os.close(fd)
+
+
+class Monitor:
+    def __init__(self, agent, init, init_pid, root, sbx, base):
+        self.agent, self.init, self.init_pid = agent, init, init_pid
+        self.root, self.sbx, self.base = root, sbx, base
+
+    def serve(self) -> int:
+        while True:
+            try:
+                req = framing.recv_msg(self.agent)
+            except framing.FramingError:
+                req = {"op": "destroy"}
+            op = req.get("op")
+            try:
+                if op == "destroy":
+                    self.destroy()
+                    try:
+                        framing.send_msg(self.agent, {"ok": True})
+                    except OSError:
+                        pass
+                    return 0
+                reply = self.handle(op, req)
+            except Exception as exc:
+                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            framing.send_msg(self.agent, reply)
+
+    def handle(self, op: str, req: dict) -> dict:
+        if op == "exec":
+            try:
+                framing.send_msg(self.init, req)
+                reply = framing.recv_msg(self.init, max_bytes=INIT_REPLY_MAX_BYTES)
+            except (framing.FramingError, OSError) as exc:
+                return {"ok": False, "error": f"sandbox init is gone: {exc}", "dead": True}
+            return _checked_exec_reply(reply)
+        if op == "write_files":
+            for path, data in req["files"].items():
+                _write_file(self.root, path, data, self.base, req.get("owner", "agent"),
+                            int(req.get("mode", 0o644)))
+            return {"ok": True}
+        if op == "read_file":
+            full = _resolve(self.root, req["path"])
+            with open(full, "rb") as f:
+                data = f.read(int(req.get("max_bytes", 1 << 20)) + 1)
+            return {"ok": True, "data": data[:int(req.get("max_bytes", 1 << 20))],
+                    "truncated": len(data) > int(req.get("max_bytes", 1 << 20))}
+        if op == "diff":
+            return {"ok": True, "changes": upper_diff(self.sbx, req.get("prefix", "/"),
+                                                      int(req.get("max_bytes", 8 << 20)))}
+        if op == "usage":
+            st = os.statvfs(self.sbx)
+            return {"ok": True, "disk_used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def destroy(self) -> None:
+        try:
+            os.kill(self.init_pid, signal.SIGKILL)   # PID 1 of the sandbox: the kernel kills the rest
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(self.init_pid, 0)
+        except ChildProcessError:
+            pass
+        # The mount namespace (tmpfs, overlay, /dev) goes away when this monitor exits.
+
+
+def _checked_exec_reply(reply) -> dict:
+    ok = (isinstance(reply, dict) and isinstance(reply.get("exit_code"), int)
+          and isinstance(reply.get("stdout"), bytes) and isinstance(reply.get("stderr"), bytes))
+    if not ok:
+        return {"ok": False, "error": "sandbox init sent a malformed reply", "dead": True}
+    return {"ok": True, "exit_code": reply["exit_code"], "stdout": reply["stdout"],
+            "stderr": reply["stderr"], "timed_out": bool(reply.get("timed_out")),
+            "truncated": bool(reply.get("truncated")), "wall_s": float(reply.get("wall_s", 0.0))}
+
+
+def upper_diff(sbx: str, prefix: str, max_bytes: int) -> list[dict]:
+    """Changes in the overlay's upper layer under `prefix`: added/modified files, deletions."""
+    upper = os.path.join(sbx, "upper")
+    lower_root = os.path.join(sbx, "root")  # merged view, used only to tell added from modified
+    start = os.path.join(upper, prefix.strip("/"))
+    changes, total = [], 0
+    for dirpath, dirnames, filenames in os.walk(start):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            full = os.path.join(dirpath, name)
+            rel = "/" + os.path.relpath(full, upper)
+            st = os.lstat(full)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+                changes.append({"path": rel, "kind": "deleted", "data": None, "mode": 0})
+            elif stat.S_ISLNK(st.st_mode):
+                changes.append({"path": rel, "kind": "symlink", "data": os.readlink(full).encode(),
+                                "mode": 0o777})
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+                if total > max_bytes:
+                    raise ValueError(f"diff exceeds {max_bytes} bytes")
+                with open(full, "rb") as f:
+                    data = f.read()
+                kind = "modified" if _in_lower(sbx, rel) else "added"
+                changes.append({"path": rel, "kind": kind, "data": data, "mode": st.st_mode & 0o777})
+    del lower_root
+    return changes
+
+
+def _in_lower(sbx: str, rel: str) -> bool:
+    # The lower layer is the node's image mount; the overlay's lowerdir option names it.
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == os.path.join(sbx, "root"):
+                opts = line.split(" - ")[1].split()[2]
+                lower = next(o[9:] for o in opts.split(",") if o.startswith("lowerdir="))
+                return os.path.lexists(os.path.join(lower, rel.lstrip("/")))
+    return False
+
+
+# --------------------------------------------------------------------------- init (PID 1)
+
+def _init_setup(root: str, hostname: str) -> None:
+    # Its own mount namespace: pivot_root must not move the monitor's root as well.
+    nsutil.unshare(nsutil.CLONE_NEWNS)
+    nsutil.sethostname(hostname)
+    proc = os.path.join(root, "proc")
+    nsutil.mount("proc", proc, "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+    for name in PROC_MASKED:
+        path = os.path.join(proc, name)
+        if os.path.exists(path):
+            nsutil.mount("/dev/null", path, None, nsutil.MS_BIND)
+    sys_dir = os.path.join(proc, "sys")
+    nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REC)
+    nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REMOUNT | nsutil.MS_RDONLY
+                 | nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+    nsutil.loopback_up()
+    os.chdir(root)
+    nsutil.pivot_root(".", ".")
+    nsutil.umount(".", nsutil.MNT_DETACH)
+    os.chdir("/")
+
+
+def run_init(mon: socket.socket, root: str, hostname: str) -> int:
+    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        _init_setup(root, hostname)
+        nsutil.unshare(nsutil.CLONE_NEWUSER)
+    except OSError as exc:
+        framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
+        return 1
+    framing.send_msg(mon, {"stage": "unshared"})
+    if framing.recv_msg(mon, max_bytes=4096).get("stage") != "mapped":
+        return 1
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
+    nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
+    framing.send_msg(mon, {"stage": "ready"})
+    while True:
+        try:
+            req = framing.recv_msg(mon)
+        except framing.FramingError:
+            return 0
+        framing.send_msg(mon, run_command(req))
+
+
+def _exec_child(req: dict, stdin_r: int, out_w: int, err_w: int) -> None:
+    """In the forked child: new session, rlimits, stdio, execve. Never returns."""
+    try:
+        os.setsid()
+        lim = req.get("limits", {})
+        mb = 1024 * 1024
+        for res, val in ((resource.RLIMIT_AS, lim.get("memory_mb", 0) * mb),
+                         (resource.RLIMIT_NPROC, lim.get("pids", 0)),
+                         (resource.RLIMIT_FSIZE, lim.get("disk_mb", 0) * mb),
+                         (resource.RLIMIT_NOFILE, lim.get("nofile", 0)),
+                         (resource.RLIMIT_CORE, 0)):
+            if val or res == resource.RLIMIT_CORE:
+                resource.setrlimit(res, (int(val), int(val)))
+        os.dup2(stdin_r, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 16)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        env = {"PATH": SANDBOX_PATH, "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
+        env.update(req.get("env") or {})
+        os.chdir(req.get("cwd") or "/work")
+        os.execvpe(req["argv"][0], req["argv"], env)
+    except BaseException as exc:
+        os.write(2, f"paddock: cannot run {req.get('argv')!r}: {exc}\n".encode())
+        os._exit(127)
+
+
+def run_command(req: dict) -> dict:
+    argv = req.get("argv")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return {"exit_code": 126, "stdout": b"", "stderr": b"paddock: argv must be a non-empty list of strings\n"}
+    cap = int(req.get("output_cap", 65536))
+    timeout_s = float(req.get("timeout_s", 30.0))
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _exec_child(req, stdin_r, out_w, err_w)
+    for fd in (stdin_r, out_w, err_w):
+        os.close(fd)
+    _feed_stdin(stdin_w, req.get("stdin") or b"")
+    bufs, truncated, timed_out, status = _collect(pid, out_r, err_r, cap, t0 + timeout_s)
+    if timed_out:
+        _kill_all_but_me()
+    wall_s = time.monotonic() - t0
+    code = 124 if timed_out else os.waitstatus_to_exitcode(status)
+    if code < 0:
+        code = 128 - code
+    return {"exit_code": code, "stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r]),
+            "timed_out": timed_out, "truncated": truncated, "wall_s": wall_s}
+
+
+def _feed_stdin(fd: int, data: bytes) -> None:
+    try:
+        if data:
+            os.set_blocking(fd, False)
+            try:
+                os.write(fd, data[:65536])
+            except BlockingIOError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def _collect(pid: int, out_r: int, err_r: int, cap: int, deadline: float):
+    sel = selectors.DefaultSelector()
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    for fd in bufs:
+        sel.register(fd, selectors.EVENT_READ)
+    truncated, timed_out, status, open_fds = False, False, None, 2
+    while open_fds and not timed_out:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        if status is None:
+            status = _reap(pid)
+        events = sel.select(timeout=min(remaining, 0.05 if status is None else 0.02))
+        if not events and status is not None:
+            break   # the command exited and its strays keep the pipes open: stop reading
+        for key, _ in events:
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fd)
+                open_fds -= 1
+                continue
+            room = cap - len(bufs[key.fd])
+            if len(chunk) > room:
+                truncated = True
+            bufs[key.fd] += chunk[:max(room, 0)]
+    sel.close()
+    os.close(out_r)
+    os.close(err_r)
+    while status is None:
+        status = _reap(pid)
+        if status is None and (timed_out or time.monotonic() > deadline):
+            timed_out = True
+            for target in (-pid, pid):
+                try:
+                    os.kill(target, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            status = _reap(pid, block=True)
+        elif status is None:
+            time.sleep(0.005)   # the command closed its pipes but runs on: poll until the deadline
+    return bufs, truncated, timed_out, status
+
+
+def _reap(pid: int, block: bool = False):
+    """Reap any children (PID 1 reaps orphans); return the status of `pid` once it exits."""
+    found = None
+    while True:
+        try:
+            got, status = os.waitpid(-1, 0 if (block and found is None) else os.WNOHANG)
+        except ChildProcessError:
+            return found if found is not None else 0
+        if got == 0:
+            return found
+        if got == pid:
+            found = status
+            block = False
+
+
+def _kill_all_but_me() -> None:
+    try:
+        os.kill(-1, signal.SIGKILL)   # as PID 1 of the sandbox: every other process in it
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            if os.waitpid(-1, 0)[0] == 0:
+                break
+        except ChildProcessError:
+            break

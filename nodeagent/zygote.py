@@ -1,0 +1,196 @@
+"""The node's namespace holder: one long-lived user + mount + PID namespace per node agent.
+
+Started by `nodeagent.sandbox.SandboxRuntime` as `python -m nodeagent.zygote --ctl-fd N
+--state DIR`. Stage 1 unshares a user and mount namespace and waits while the agent writes its
+subordinate-id mapping (`0 <subuid base> <count>`), becomes root of that namespace, unshares a
+PID namespace and forks stage 2, the node init, which:
+
+- mounts a private /proc and a small tmpfs over `DIR` (mount points only);
+- mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
+  (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
+  works), shared by every sandbox of the node;
+- forks one monitor per sandbox (see `nodeagent.sbxinit`).
+
+Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the kernel kills
+every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
+namespace, with its mounts and tmpfs, disappears. Nothing outlives the agent.
+
+Imports only the standard library and nodeagent.{nsutil,framing,sbxinit}.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from nodeagent import framing, nsutil, sbxinit
+
+MOUNT_TIMEOUT_S = 10.0
+
+
+def _mounted(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+class NodeInit:
+    def __init__(self, ctl: socket.socket, state_dir: str):
+        self.ctl = ctl
+        self.state = state_dir
+        self.images_dir = os.path.join(state_dir, "images")
+        self.sbx_dir = os.path.join(state_dir, "sbx")
+        self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
+        self.monitors: dict[int, str] = {}             # pid -> sandbox id
+
+    def setup(self) -> None:
+        nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_PRIVATE)
+        nsutil.mount("proc", "/proc", "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+        nsutil.mount("paddock-node", self.state, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NODEV,
+                     "mode=0755,size=4m,nr_inodes=65536")
+        os.mkdir(self.images_dir, 0o755)
+        os.mkdir(self.sbx_dir, 0o755)
+
+    def serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self.ctl, selectors.EVENT_READ)
+        while True:
+            if sel.select(timeout=0.5):
+                try:
+                    req, fds = framing.recv_msg(self.ctl, with_fds=True)
+                except framing.FramingError:
+                    return   # the agent went away: exiting tears the node namespace down
+                try:
+                    reply = self.handle(req, fds)
+                except Exception as exc:  # an operating error: report it, keep serving
+                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                framing.send_msg(self.ctl, reply)
+            self.reap()
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.monitors.pop(pid, None)
+
+    def handle(self, req: dict, fds: list[int]) -> dict:
+        op = req.get("op")
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse)}
+        if op == "mount_image":
+            return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)))
+        if op == "unmount_image":
+            return self.unmount_image(req["key"])
+        if op == "create":
+            if len(fds) != 1:
+                return {"ok": False, "error": "create needs exactly one socket fd"}
+            return self.create(req, fds[0])
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def mount_image(self, key: str, path: str, offset: int) -> dict:
+        mnt = os.path.join(self.images_dir, key)
+        if key in self.fuse and self.fuse[key].poll() is None:
+            return {"ok": True, "mountpoint": mnt}
+        if not os.access(path, os.R_OK):
+            return {"ok": False, "error": f"image {path} is not readable by the sandbox user "
+                                          f"(uid {os.getuid()} in the node namespace)"}
+        os.makedirs(mnt, mode=0o755, exist_ok=True)
+        argv = ["squashfuse", "-f", "-o", f"ro,allow_other,offset={offset}", path, mnt]
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        while not _mounted(mnt):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                return {"ok": False, "error": f"{argv} failed (exit {proc.wait()}): {err}"}
+            time.sleep(0.005)
+        self.fuse[key] = proc
+        return {"ok": True, "mountpoint": mnt}
+
+    def unmount_image(self, key: str) -> dict:
+        proc = self.fuse.pop(key, None)
+        mnt = os.path.join(self.images_dir, key)
+        if proc is None:
+            return {"ok": False, "error": f"image {key} is not mounted"}
+        try:
+            nsutil.umount(mnt, nsutil.MNT_DETACH)
+        except OSError:
+            pass
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        os.rmdir(mnt)
+        return {"ok": True}
+
+    def create(self, req: dict, fd: int) -> dict:
+        mnt = os.path.join(self.images_dir, req["image_key"])
+        if req["image_key"] not in self.fuse:
+            return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
+        dup = os.dup(fd)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                self.ctl.close()
+                sock = socket.socket(fileno=dup)
+                code = sbxinit.run_monitor(sock, req, lower=mnt, sbx_root=self.sbx_dir)
+            finally:
+                os._exit(code)
+        os.close(dup)
+        self.monitors[pid] = req["id"]
+        return {"ok": True, "pid": pid}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="nodeagent.zygote")
+    ap.add_argument("--ctl-fd", type=int, required=True)
+    ap.add_argument("--state", required=True)
+    args = ap.parse_args(argv)
+    ctl = socket.socket(fileno=args.ctl_fd)
+    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    nsutil.unshare(nsutil.CLONE_NEWUSER | nsutil.CLONE_NEWNS)
+    framing.send_msg(ctl, {"stage": "unshared", "pid": os.getpid()})
+    if framing.recv_msg(ctl).get("stage") != "mapped":
+        return 2
+    os.setresgid(0, 0, 0)
+    os.setgroups([])
+    os.setresuid(0, 0, 0)
+    # Both are reset by the credential change. Dumpable lets the monitors (same uid) write
+    # their sandbox's /proc/PID/uid_map; no other uid can reach these processes.
+    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    nsutil.prctl(nsutil.PR_SET_DUMPABLE, 1)
+    nsutil.unshare(nsutil.CLONE_NEWPID)
+    pid = os.fork()
+    if pid:
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    node = NodeInit(ctl, args.state)
+    try:
+        node.setup()
+    except OSError as exc:
+        framing.send_msg(ctl, {"stage": "failed", "error": str(exc)})
+        os._exit(3)
+    framing.send_msg(ctl, {"stage": "ready", "uid_map": open("/proc/self/uid_map").read()})
+    node.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
