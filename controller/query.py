@@ -282,7 +282,7 @@ def print_summary(summary: dict, run_dir: str | Path, out: TextIO | None = None)
     pr = summary["pass_rate"]
     console.print(f"Run {run_dir}: {summary['rollouts']} rollouts, pass rate "
                   f"{_pct(pr)} ({summary['passed']}/{summary['scored']} scored), "
-                  f"{summary['infra_errors']} infra_error (masked)", markup=False)
+                  f"{summary['infra_errors']} infra_error (masked)", markup=False, soft_wrap=True)
     oc = summary["outcomes"]
     console.print("outcomes: " + ", ".join(f"{k}={oc[k]}" for k in oc), markup=False)
     w = summary["wall_s"]
