@@ -20,7 +20,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import signal
 import stat
 import subprocess
 import tarfile
@@ -72,7 +74,7 @@ def run_command(argv: Sequence[str], timeout_s: float, progress: Progress | None
         try:
             proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=err,
                                     stdin=subprocess.DEVNULL, env=env, text=True,
-                                    errors="replace")
+                                    errors="replace", start_new_session=True)
         except OSError as e:
             raise CommandFailed(argv, None, f"cannot start: {e}") from e
         assert proc.stdout is not None
@@ -82,7 +84,7 @@ def run_command(argv: Sequence[str], timeout_s: float, progress: Progress | None
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)     # the whole group (debootstrap's dpkg)
             proc.wait()
             raise CommandFailed(argv, None, f"timed out after {timeout_s} s")
         if code != 0:
@@ -311,6 +313,27 @@ def build_image(src: Path | str, out_sif: Path | str, workdir: Path | str | None
 
 # ---------------------------------------------------------------- Debian recipe
 
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()) + "/"
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                           line.split()[4])
+            if point.startswith(prefix):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def unmount_under(root: Path) -> None:
+    """Detach whatever a failed debootstrap left mounted (proc, sys, dev binds) under root,
+    so deleting the tree can never walk into the host's /proc or /dev."""
+    for point in _mounts_under(root):
+        run_command(["umount", "-l", point], timeout_s=60)
+    if left := _mounts_under(root):
+        raise BuildError(f"mounts still present under {root}: {left}; not deleting it")
+
+
 def apt_mirror(sources_dir: Path = Path("/etc/apt/sources.list.d"),
                sources_list: Path = Path("/etc/apt/sources.list")) -> str:
     """The Debian mirror apt is configured with (first deb URI that is not -security)."""
@@ -357,7 +380,10 @@ def build_debian(out_sif: Path | str, suite: str = "bookworm", packages: Sequenc
         if recipe["packages"]:
             argv.append("--include=" + ",".join(recipe["packages"]))
         argv += [suite, str(root), mirror]
-        run_command(argv, DEBOOTSTRAP_TIMEOUT_S, progress)
+        try:
+            run_command(argv, DEBOOTSTRAP_TIMEOUT_S, progress)
+        finally:
+            unmount_under(root)
         slim_rootfs(root)
         for d, mode in (("work", 0o755), ("tmp", 0o1777)):
             (root / d).mkdir(exist_ok=True)

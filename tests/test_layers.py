@@ -304,6 +304,20 @@ def test_missing_program_is_a_command_failure_not_a_crash(tmp_path):
         build.run_command(["/nonexistent/tool"], timeout_s=5)
 
 
+@needs_root
+def test_mounts_left_under_a_build_tree_are_detached_before_it_is_deleted(tmp_path):
+    point = tmp_path / "root dir" / "proc"
+    point.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(point)], check=True)
+    try:
+        assert os.path.ismount(point)
+        build.unmount_under(tmp_path / "root dir")
+        assert not os.path.ismount(point)
+    finally:
+        if os.path.ismount(point):
+            subprocess.run(["umount", "-l", str(point)])
+
+
 def test_apt_mirror_reads_deb822_sources_skipping_security(tmp_path):
     d = tmp_path / "sources.list.d"
     d.mkdir()
