@@ -212,15 +212,16 @@ def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
                               f"valid columns: {', '.join(schema.names)}")
         missing = [n for n in schema.names if n not in row and n not in optional]
         if missing:
-            raise SchemaError(f"{table}.{missing[0]}: missing (row {i})"
-                              + (f"; also missing: {', '.join(missing[1:])}" if missing[1:] else ""))
+            also = f"; also missing: {', '.join(missing[1:])}" if missing[1:] else ""
+            raise SchemaError(f"{table}.{missing[0]}: missing (row {i}){also}")
     arrays = []
     for field in schema:
         values = [_convert(table, field, i, row.get(field.name)) for i, row in enumerate(rows)]
         try:
             arrays.append(pa.array(values, type=field.type))
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
-            raise SchemaError(f"{table}.{field.name}: cannot store as {field.type}: {exc}") from None
+            raise SchemaError(
+                f"{table}.{field.name}: cannot store as {field.type}: {exc}") from None
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
