@@ -336,3 +336,10 @@ def test_stop_releases_the_port():
     srv.stop()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url + "/models", timeout=2)
+
+
+def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
+    code = ("import sys, controller.policy_server, controller.builtin_tasks; "
+            "print(sorted(m for m in ('zmq', 'sqlite3', 'nodeagent') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
