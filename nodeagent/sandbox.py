@@ -199,6 +199,22 @@ class SandboxRuntime:
             raise SandboxError(reply.get("error", "unknown error"))
         return reply
 
+    def host_pid(self, node_pid: int) -> int:
+        """Translate a PID of the node namespace into the agent's PID namespace (via NSpid)."""
+        holder = self.holder_pid
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    nspid = next((ln.split()[1:] for ln in f if ln.startswith("NSpid:")), [])
+            except OSError:
+                continue
+            if len(nspid) >= 2 and int(nspid[-1 if len(nspid) == 2 else 1]) == node_pid \
+                    and _descends_from(int(pid), holder):
+                return int(pid)
+        raise SandboxError(f"no process with node PID {node_pid}")
+
     def mount_image(self, image: Path) -> str:
         image = Path(image).resolve()
         key, offset = image_partition(image)
@@ -239,6 +255,18 @@ class SandboxRuntime:
             self._free_slices.append(slice_no)
 
 
+def _descends_from(pid: int, ancestor: int | None) -> bool:
+    while pid > 1 and ancestor:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
 def _clean_env() -> dict:
     keep = ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")
     return {k: v for k, v in os.environ.items() if k in keep}
@@ -250,6 +278,11 @@ class Sandbox:
         self.monitor_pid, self.uid_map, self.spec = monitor_pid, uid_map, spec
         self._lock = threading.Lock()
         self.destroyed = False
+
+    @property
+    def monitor_pid_host(self) -> int:
+        """The monitor's PID in the agent's PID namespace (ops and tests look it up)."""
+        return self.runtime.host_pid(self.monitor_pid)
 
     def _call(self, req: dict) -> dict:
         with self._lock:
