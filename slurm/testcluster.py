@@ -272,12 +272,20 @@ def netns_pids(ns: str) -> list[int]:
 
 def delete_network(netns: Iterable[str], links: Iterable[str]) -> None:
     """Delete namespaces then links (veths first, bridge last); absent ones are skipped."""
+    # deleting a netns removes its veth peer, and the root-side end goes away asynchronously:
+    # a failed delete of something that is gone by now is success
     for ns in netns:
-        if _netns_exists(ns):
-            run_cmd(["ip", "netns", "del", ns])
+        try:
+            run_cmd(["ip", "netns", "del", ns]) if _netns_exists(ns) else None
+        except CommandError:
+            if _netns_exists(ns):
+                raise
     for link in links:
-        if _link_exists(link):
-            run_cmd(["ip", "link", "del", link])
+        try:
+            run_cmd(["ip", "link", "del", link]) if _link_exists(link) else None
+        except CommandError:
+            if _link_exists(link):
+                raise
 
 
 # ----------------------------------------------------------------------------- slurm.conf
@@ -475,8 +483,11 @@ class TestCluster:
                 self._spawn(f"slurmd-{host}",
                             self.node_argv(host, ["slurmd", "-D", "-f", str(self.conf), "-N", host]))
             self._wait_nodes_idle()
-        except BaseException:
-            self.stop()
+        except BaseException as start_error:
+            try:
+                self.stop()
+            except ClusterError as stop_error:  # keep the start failure as the reported one
+                start_error.add_note(f"and stop() after the failed start: {stop_error}")
             raise
         return self
 
@@ -495,8 +506,6 @@ class TestCluster:
                                     sleep=self._sleep, poll_interval_s=self.poll_interval_s)
             for d in others:
                 stuck += self._terminate([d])
-            for d in self._daemons:
-                d.proc.stdout and d.proc.stdout.close()
             self._daemons = []
             if self._record is not None:
                 delete_network(self._record["netns"], self._record["veths"] + [self._record["bridge"]])
@@ -521,7 +530,9 @@ class TestCluster:
     # -- steps ----------------------------------------------------------------------------
     def _prepare_workdir(self) -> None:
         w = self.workdir
-        for sub in ("etc", "state", "spool", "log", "run"):
+        # a fresh cluster each start: slurmctld refuses state saved under another ClusterName
+        shutil.rmtree(w / "state", ignore_errors=True)
+        for sub in ("etc", "state", "spool", "log", "run", *(f"spool/{h}" for h in self.nodes)):
             (w / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(w, 0o755)
         munge = w / "munge"

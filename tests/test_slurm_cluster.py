@@ -169,6 +169,15 @@ def test_stop_leaves_no_process_netns_veth_or_bridge_behind(tmp_path):
     cluster.stop()  # idempotent
 
 
+@pytest.mark.slurm
+@needs_cluster
+def test_a_stopped_cluster_can_start_again_in_the_same_workdir(tmp_path):
+    with TestCluster(tmp_path, nodes=2, name_prefix="pdks") as first:
+        slurm(first.env, "srun", "-N2", "true")
+    with TestCluster(tmp_path, nodes=2, name_prefix="pdks") as second:
+        assert sorted(slurm(second.env, "srun", "-N2", "hostname").split()) == ["node1", "node2"]
+
+
 OWNER = """
 import sys, json
 sys.path.insert(0, {root!r})
