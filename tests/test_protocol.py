@@ -199,3 +199,14 @@ def test_decode_never_raises_anything_but_protocol_errors_on_garbage():
             p.decode(bytes(data), DEP)
         except p.RemoteProtocolError as e:
             assert e.reason in p.ERROR_REASONS
+
+
+def test_every_message_type_and_field_is_documented():
+    import dataclasses
+    import pathlib
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+    for name, cls in p.MESSAGE_TYPES.items():
+        assert f"`{name}` —" in doc, name
+        for f in dataclasses.fields(cls):
+            if f.name != "id":
+                assert f"`{f.name}`" in doc, (name, f.name)

@@ -608,3 +608,14 @@ def test_simulation_keeps_invariants_under_faults_and_finishes_after(seed, tmp_p
             f"PADDOCK_SIM_SEEDS={seed} pytest tests/test_queue.py -k simulation\n"
             f"last actions: {sim.trace[-15:]}\n{type(e).__name__}: {e}") from e
     assert len(sim.committed) > 0 and len(sim.attempts) > 10
+
+
+def test_the_documented_state_table_is_the_code_table():
+    import pathlib
+    import re
+    doc = (pathlib.Path(__file__).parents[1] / "docs" / "protocol.md").read_text()
+    table = {}
+    for state, targets in re.findall(r"^\| `(\w+)` \| (.+) \|$", doc, re.M):
+        if state in qm.TRANSITIONS:
+            table[state] = frozenset(re.findall(r"`(\w+)`", targets))
+    assert table == qm.TRANSITIONS
