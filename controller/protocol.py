@@ -354,14 +354,16 @@ def _decode(data: bytes, deployment: str) -> Message:
         raise ProtocolError(WRONG_VERSION, f"got {v!r}, speak {PROTOCOL_VERSION}")
     if frame.get("dep") != deployment:
         raise ProtocolError(FOREIGN_DEPLOYMENT, f"got {frame.get('dep')!r}")
-    cls = MESSAGE_TYPES.get(frame.get("type"))  # type: ignore[arg-type]
+    mtype = frame.get("type")
+    cls = MESSAGE_TYPES.get(mtype) if isinstance(mtype, str) else None
     if cls is None:
         raise ProtocolError(UNKNOWN_TYPE, f"{frame.get('type')!r}")
     for key, kind in (("id", str), ("body", dict)):
         if not isinstance(frame.get(key), kind):
             raise ProtocolError(BAD_FIELD, f"envelope {key} must be {kind.__name__}", field=key)
-    if set(frame) - {"v", "dep", "type", "id", "body"}:
-        raise ProtocolError(BAD_FIELD, f"unknown envelope keys {sorted(set(frame) - {'v', 'dep', 'type', 'id', 'body'})}")
+    extra = sorted(set(frame) - {"v", "dep", "type", "id", "body"})
+    if extra:
+        raise ProtocolError(BAD_FIELD, f"unknown envelope keys {extra}", field=extra[0])
     return _build(cls, frame["body"], msg_id=frame["id"])
 
 

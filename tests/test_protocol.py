@@ -110,6 +110,11 @@ def test_foreign_deployment_is_rejected():
 
 def test_unknown_type_is_rejected():
     assert reason_of(frame("teleport", {})).reason == p.UNKNOWN_TYPE
+    assert reason_of(frame(["status"], {})).reason == p.UNKNOWN_TYPE  # type: ignore[arg-type]
+
+
+def test_unknown_envelope_key_is_named():
+    assert reason_of(frame("status", {}, extra=1)).field == "extra"
 
 
 def test_too_large_frame_is_rejected_before_parsing():
