@@ -1,0 +1,109 @@
+"""One rollout attempt on a node: sandbox → agent loop → diff → verifier → trajectory shards.
+
+`run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
+that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
+NULL, retried by the controller), recorded with its reason. A policy that runs out of wall
+time is `timeout` (reward 0: its own fault). Must not import zmq.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from nodeagent import trajwriter
+from nodeagent.harness import AgentResult, ModelError, run_agent
+from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.verifier import VERIFIER_VERSION, Verdict, VerifierInfraError, verify
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    run_id: str
+    run_dir: str
+    rollout_id: str
+    attempt: int
+    token: int
+    batch_id: str
+    seed: int
+    task: dict
+    policy_version: int
+    endpoint: str
+    model: str
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    outcome: str
+    reward: float | None
+    shards: dict
+    infra_reason: str | None
+
+
+def _utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
+                clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+    task = a.task
+    started, t0 = _utc(), clock()
+    agent, verdict, infra, changes = AgentResult(), None, None, []
+    try:
+        sb = runtime.create(SandboxSpec(image=image, limits=dict(task["limits"]),
+                                        files={k: v.encode() for k, v in task["files"].items()}))
+    except SandboxError as exc:
+        infra = f"sandbox_start: {exc}"
+    else:
+        try:
+            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock)
+            changes = sb.diff("/work")
+        except ModelError as exc:
+            infra = f"model_server: {exc}"
+        except SandboxError as exc:
+            infra = f"sandbox: {exc}"
+        finally:
+            sb.destroy()
+    if infra is None and agent.stop_reason == "wall_time":
+        outcome, reward = "timeout", 0.0
+    elif infra is None:
+        try:
+            verdict = verify(runtime, image, task, changes, agent.answer, clock)
+            outcome, reward = verdict.outcome, verdict.reward
+        except VerifierInfraError as exc:
+            infra = f"verifier: {exc}"
+    if infra is not None:
+        outcome, reward = "infra_error", None
+        log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
+    row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
+    checks = verdict.checks if verdict else []
+    try:
+        shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks)
+    except OSError as exc:
+        return AttemptResult("infra_error", None, {}, f"store: {exc}")
+    return AttemptResult(outcome, reward, shards, infra)
+
+
+def _rollout_row(a: Attempt, node: str, task: dict, agent: AgentResult, verdict: Verdict | None,
+                 outcome: str, reward, infra, changes, started, wall_s) -> dict:
+    return {
+        "run_id": a.run_id, "rollout_id": a.rollout_id, "attempt": a.attempt, "fencing_token": a.token,
+        "batch_id": a.batch_id, "task_id": task["task_id"], "task_name": task["name"],
+        "task_family": task["family"], "taskset_hash": task.get("taskset_hash", ""),
+        "image_digest": task.get("image_digest", ""), "verifier_version": VERIFIER_VERSION,
+        "policy_version": a.policy_version, "seed": a.seed, "node": node, "outcome": outcome,
+        "reward": reward, "reward_components": json.dumps(verdict.components if verdict else {}),
+        "tampered": bool(verdict and verdict.tampered), "infra_reason": infra,
+        "started_at": started, "finished_at": _utc(), "wall_s": wall_s, "agent_s": agent.agent_s,
+        "verify_s": verdict.verify_s if verdict else 0.0, "steps": len(agent.steps),
+        "prompt_tokens": agent.prompt_tokens, "completion_tokens": agent.completion_tokens,
+        "limits": json.dumps(task["limits"], sort_keys=True), "answer": agent.answer,
+        "diff_bytes": sum(len(c.data or b"") for c in changes), "split": task.get("split"),
+        "stop_reason": agent.stop_reason, "diff_files": len(changes),
+    }
