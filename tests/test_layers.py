@@ -23,7 +23,7 @@ import pytest
 from layers import build, cli
 from layers.builtin import (default_store_root, ensure_builtin_image, ensure_busybox_image,
                             python_image_recipe)
-from layers.sif import (DESCRIPTOR_SIZE_BYTES, CorruptSifError, NotSifError, read_sif,
+from layers.sif import (CorruptSifError, NotSifError, read_sif,
                         write_sif)
 from layers.store import ImageNotFound, ImageStore, InvalidImageRef, recipe_hash
 
