@@ -1,0 +1,215 @@
+"""The local farm run (`paddock run`): the whole RL loop on one machine, on real parts.
+
+Builds (or reuses) the built-in image, starts the scripted policy server, a controller process
+and N node-agent processes linked by ZeroMQ, then a small trainer submits one batch per policy
+version, reads the committed trajectories back with DuckDB, updates the policy by REINFORCE and
+publishes the next version through the controller. Ends with a DuckDB summary of the run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(ValueError):
+    """An invalid run config: the message names the key."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    agents: int = 2
+    slots_per_agent: int = 2
+    versions: int = 5
+    rollouts_per_task: int = 1
+    learning_rate: float = 4.0
+    runs_dir: str = "runs"
+    image_store: str = ""
+    heartbeat_interval_s: float = 1.0
+    lease_ttl_s: float = 300.0
+    start_timeout_s: float = 60.0
+    tasks_limit: int = 0              # 0: every built-in task
+
+    def __post_init__(self) -> None:
+        for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {getattr(self, key)!r}")
+        for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
+            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
+                raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+        if self.agents * self.slots_per_agent > 62:
+            raise ConfigError("config keys 'agents' x 'slots_per_agent' must not exceed 62 sandboxes")
+
+    @classmethod
+    def load(cls, path: str | None, overrides: dict) -> "RunConfig":
+        data = {}
+        if path:
+            try:
+                data = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"cannot read config {path}: {exc}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"config {path} must be a mapping of keys to values")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+def lease_tasks(taskset, image_digest: str) -> dict[str, dict]:
+    """Task ref (name and id) -> the task dict a lease carries to a node agent."""
+    out = {}
+    for t in taskset.tasks:
+        d = t.canonical()
+        d.update(task_id=t.task_id, image_digest=image_digest, taskset_hash=taskset.manifest_hash,
+                 split="heldout" if t.task_id in taskset.heldout else "train")
+        out[t.task_id] = d
+        out[t.name] = d
+    return out
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before starting; see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within {timeout_s}s")
+        time.sleep(0.05)
+    return path.read_text().strip()
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+    f = open(log_path, "ab")
+    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _agent_subids(index: int, agents: int) -> tuple[int, int]:
+    from nodeagent.sandbox import subid_range
+    base, count = subid_range()
+    share = count // agents
+    return base + index * share, share
+
+
+def run_local(cfg: RunConfig, console=None) -> Path:
+    from rich.console import Console
+    from controller.builtin_tasks import builtin_taskset
+    from controller.policy_server import PolicyServer, default_params
+    from controller.query import print_summary, summary
+    from layers.builtin import default_store_root, ensure_builtin_image
+    from layers.store import ImageStore
+
+    console = console or Console()
+    taskset = builtin_taskset()
+    names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
+    store = ImageStore(cfg.image_store or default_store_root())
+    with console.status("image: building or reusing the built-in python image") as st:
+        digest, image_path = ensure_builtin_image(store, progress=lambda m: st.update(f"image: {m}"))
+    console.print(f"image {digest[:19]}… at {image_path}")
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    run_dir = (Path(cfg.runs_dir) / run_id).resolve()
+    run_dir.mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, digest)))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
+                                                  "taskset_hash": taskset.manifest_hash, "image": digest,
+                                                  "config": asdict(cfg)}, indent=2))
+    deployment = f"local-{run_id}"
+    procs: list[subprocess.Popen] = []
+    with PolicyServer(taskset) as policy:
+        try:
+            ctl = _spawn([sys.executable, "-m", "controller.broker", "--deployment", deployment,
+                          "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
+                          "--endpoint-file", str(run_dir / "controller.endpoint"),
+                          "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+                          "--lease-ttl-s", str(cfg.lease_ttl_s)], run_dir / "logs" / "controller.log")
+            procs.append(ctl)
+            endpoint = _wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
+            for i in range(cfg.agents):
+                base, count = _agent_subids(i, cfg.agents)
+                procs.append(_spawn([sys.executable, "-m", "nodeagent.agent", "--node", f"local-{i + 1}",
+                                     "--controller", endpoint, "--deployment", deployment,
+                                     "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
+                                     "--subid-base", str(base), "--subid-count", str(count),
+                                     "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
+                                    run_dir / "logs" / f"agent-{i + 1}.log"))
+            console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
+            _train(cfg, policy, endpoint, deployment, run_dir, names, default_params(), console)
+        finally:
+            _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment)
+    print_summary(summary(run_dir), run_dir, out=None)
+    return run_dir
+
+
+def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from controller.client import Client
+    from controller.query import connect
+    from controller.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
+
+    trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
+    total = cfg.versions * len(names) * cfg.rollouts_per_task
+    with Client(endpoint, deployment) as client, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console) as bar:
+        job = bar.add_task("rollouts", total=total)
+        for version in range(cfg.versions):
+            policy.set_policy(version, params)
+            client.publish_policy(version, policy.url, f"scripted-v{version}")
+            batch_id, _n = client.submit(names, cfg.rollouts_per_task, version)
+            passed = seen = 0
+            for item in client.results(batch_id):
+                seen += 1
+                passed += item.get("outcome") == "pass"
+                bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
+            con = connect(run_dir)
+            rows = con.execute(
+                "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
+                "USING (rollout_id, attempt, fencing_token) WHERE s.step = 0 AND r.batch_id = ? "
+                "AND r.reward IS NOT NULL", [batch_id]).fetchall()
+            con.close()
+            samples = []
+            for family, content, reward in rows:
+                try:
+                    samples.append(Sample(family, strategy_from_plan(content), float(reward)))
+                except ValueError:
+                    continue
+            params = trainer.update(samples)
+            probs = probabilities(params)
+            bar.console.print(f"v{version}: pass {passed}/{seen}; next policy p(solve) python="
+                              f"{probs['python']['solve']:.2f} math={probs['math']['solve']:.2f}")
+        policy.set_policy(cfg.versions, params)
+
+
+def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str) -> None:
+    if endpoint:
+        try:
+            from controller.client import Client
+            with Client(endpoint, deployment, timeout_s=5, retries=1) as c:
+                c.shutdown("run finished")
+        except Exception as exc:  # the controller may already be gone
+            log.warning("controller shutdown request failed: %s", exc)
+    deadline = time.monotonic() + 30
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    os.sync()
