@@ -110,13 +110,13 @@ class Controller:
         old = self.nodes.get(msg.node)
         if old is not None and old.state != "lost":
             self.queue.release_node(msg.node, "agent re-registered")
-        self.nodes[msg.node] = NodeView(msg.node, identity, msg.slots, 0, 0, self.clock())
+        self.nodes[msg.node] = NodeView(msg.node, identity, msg.slots, msg.slots, 0, self.clock())
         log.info("node %s registered: %d slots, agent %s", msg.node, msg.slots, msg.agent_version)
         self._send(identity, P.Welcome(node=msg.node, heartbeat_interval_s=self.hb_s, liveness=self.liveness))
 
     def _on_ready(self, identity, msg: P.Ready) -> None:
         if msg.node in self.nodes:
-            self.nodes[msg.node].credit = min(msg.credit, self.nodes[msg.node].slots)
+            self.nodes[msg.node].credit = min(msg.credit, self.nodes[msg.node].slots)   # 0 while draining
 
     def _on_heartbeat(self, identity, msg: P.Heartbeat) -> None:
         n = self.nodes.get(msg.node or "")
@@ -184,10 +184,14 @@ class Controller:
     # -- dispatch and liveness --------------------------------------------------------------
     def _dispatch(self) -> None:
         for n in self.nodes.values():
-            if n.state != "ready" or n.credit <= 0:
+            if n.state != "ready":
                 continue
-            for lease in self.queue.lease_next(n.node, n.credit):
-                n.credit -= 1
+            # Credit is derived from the queue, not counted here: a node never holds more
+            # leases than its slots, whatever order leases and results cross in.
+            free = min(n.slots - len(self.queue.leases_of(n.node)), n.credit)
+            if free <= 0:
+                continue
+            for lease in self.queue.lease_next(n.node, free):
                 policy = self.queue.policy(lease.policy_version)
                 if policy is None:
                     self.queue.complete(lease.rollout_id, lease.attempt, lease.token, "infra_error", None, {},

@@ -102,9 +102,8 @@ class NodeAgent:
 
     def _handle(self, msg) -> None:
         if isinstance(msg, P.Lease):
-            if self._free() <= 0:
-                self._send(P.Ack(ref=msg.id, ok=False, error="no free slot"))
-                return
+            if msg.rollout_id in self.active:
+                return   # a duplicate delivery of a lease we already run
             a = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
                         msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
             self.active[msg.rollout_id] = a
