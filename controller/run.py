@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 class RunConfig:
     agents: int = 2
     slots_per_agent: int = 2
-    versions: int = 5
+    versions: int = 8
     rollouts_per_task: int = 1
     learning_rate: float = 4.0
     runs_dir: str = "runs"
@@ -156,6 +156,7 @@ def run_local(cfg: RunConfig, console=None) -> Path:
 def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from controller.client import Client
+    from controller.policy_server import CHEATS
     from controller.query import connect
     from controller.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 
@@ -188,8 +189,11 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
                     continue
             params = trainer.update(samples)
             probs = probabilities(params)
-            bar.console.print(f"v{version}: pass {passed}/{seen}; next policy p(solve) python="
-                              f"{probs['python']['solve']:.2f} math={probs['math']['solve']:.2f}")
+            cheats = sum(s.strategy in CHEATS[s.family] for s in samples)
+            p_cheat = max(sum(p for k, p in probs[f].items() if k in CHEATS[f]) for f in probs)
+            bar.console.print(f"v{version}: pass {passed}/{seen}, cheat attempts {cheats} (all scored 0); "
+                              f"next policy p(solve) python={probs['python']['solve']:.2f} "
+                              f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
 
 
