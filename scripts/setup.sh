@@ -11,7 +11,8 @@ PY=${PYTHON:-python3}
 
 need_pkgs=(slurmctld slurmd slurm-client munge
            squashfs-tools squashfuse fuse-overlayfs fuse3 uidmap iproute2 nftables
-           debootstrap busybox-static ca-certificates python3-venv)
+           debootstrap busybox-static ca-certificates python3-venv
+           bubblewrap)   # bubblewrap: the reference point of benchmarks/sandbox_start.py
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup: run as root (it installs Debian packages and creates the sandbox user)" >&2
   exit 1
