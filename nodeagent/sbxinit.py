@@ -230,7 +230,7 @@ def _checked_exec_reply(reply) -> dict:
 def upper_diff(sbx: str, prefix: str, max_bytes: int) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`: added/modified files, deletions."""
     upper = os.path.join(sbx, "upper")
-    lower_root = os.path.join(sbx, "root")  # merged view, used only to tell added from modified
+    lower = _lowerdir(os.path.join(sbx, "root"))   # read once: tells added from modified
     start = os.path.join(upper, prefix.strip("/"))
     changes, total = [], 0
     for dirpath, dirnames, filenames in os.walk(start):
@@ -250,22 +250,19 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int) -> list[dict]:
                     raise ValueError(f"diff exceeds {max_bytes} bytes")
                 with open(full, "rb") as f:
                     data = f.read()
-                kind = "modified" if _in_lower(sbx, rel) else "added"
+                kind = "modified" if lower and os.path.lexists(os.path.join(lower, rel.lstrip("/"))) else "added"
                 changes.append({"path": rel, "kind": kind, "data": data, "mode": st.st_mode & 0o777})
-    del lower_root
     return changes
 
 
-def _in_lower(sbx: str, rel: str) -> bool:
-    # The lower layer is the node's image mount; the overlay's lowerdir option names it.
+def _lowerdir(merged: str) -> str | None:
+    """The lowerdir option of the overlay mounted at `merged` (the node's image mount)."""
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            fields = line.split()
-            if fields[4] == os.path.join(sbx, "root"):
+            if line.split()[4] == merged:
                 opts = line.split(" - ")[1].split()[2]
-                lower = next(o[9:] for o in opts.split(",") if o.startswith("lowerdir="))
-                return os.path.lexists(os.path.join(lower, rel.lstrip("/")))
-    return False
+                return next((o[9:] for o in opts.split(",") if o.startswith("lowerdir=")), None)
+    return None
 
 
 # --------------------------------------------------------------------------- init (PID 1)
