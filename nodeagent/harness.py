@@ -60,6 +60,11 @@ class AgentResult:
     completion_tokens: int = 0
     agent_s: float = 0.0
     tool_errors: int = 0
+    # Timed spans: {"kind": model_call|tool_call|sandbox_start|verification, "name", "step",
+    # "start_s", "duration_s"}; egress decisions: {"sandbox", "host", "port", "address",
+    # "verdict", "reason", "ts"}. Written to the `spans` and `egress` tables.
+    spans: list[dict] = field(default_factory=list)
+    egress: list[dict] = field(default_factory=list)
 
 
 def _now() -> datetime:

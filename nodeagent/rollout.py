@@ -84,7 +84,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
     checks = verdict.checks if verdict else []
     try:
-        shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks)
+        shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
+                                          spans=agent.spans, egress=agent.egress)
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)

@@ -143,7 +143,9 @@ def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> 
 
 def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[str, Any],
                   steps: Sequence[Mapping[str, Any]],
-                  checks: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+                  checks: Sequence[Mapping[str, Any]],
+                  spans: Sequence[Mapping[str, Any]] = (),
+                  egress: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
     """Validate and write the three shards of one attempt; return {table: path relative to run_dir}.
 
     `steps` and `checks` rows may omit the key columns (run_id, rollout_id, attempt,
