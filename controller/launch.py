@@ -1,0 +1,292 @@
+"""A Paddock job on Slurm: the two job steps, and `paddock launch` (submit from Python).
+
+Job steps (what the batch scripts of controller/sbatch.py run, one per layout component):
+  `paddock job head`   controller + scripted policy server + trainer on one node. Publishes the
+                       controller endpoint in the run directory (shared storage) with `job.json`
+                       (deployment, agent version); trains once enough agents have registered;
+                       then shuts the controller down, which stops the agents.
+  `paddock job agent`  one per environment node: waits for the endpoint file (gives up with a
+                       clear message after --controller-wait-s), checks deployment and version,
+                       then runs the node agent.
+SIGTERM/SIGUSR1 (forwarded by the batch shell before the time limit): agents drain; the head
+stops training, waits until every agent has drained and disconnected, then shuts the
+controller down so the catalog is flushed. The controller ignores the signal itself (it must
+outlive the drain).
+
+`launch(params) -> JobHandle` submits the same layout with submitit (one task per node: task 0
+runs the head, tasks 1.. run agents) and returns a handle whose state comes from Slurm
+accounting (`sacct`), so a job that dies is seen as dead, not waited on forever.
+
+Must not import: sqlite3 (the queue belongs to the controller process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("paddock.job")
+
+ENDPOINT_FILE = "controller.endpoint"
+JOB_FILE = "job.json"
+LIVE_STATES = ("live", "ready")
+EXIT_BAD_INPUT = 2
+EXIT_GAVE_UP = 3
+
+
+class JobStepError(RuntimeError):
+    """A job step cannot go on; the message says what is wrong and where to look."""
+
+
+class StopRequested(Exception):
+    """The end-of-time signal arrived (the batch shell forwards --signal=B:...)."""
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """The run directory exists (or can be created) and is writable, else JobStepError."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".writable-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise JobStepError(f"run directory {run_dir} is not writable from {socket.gethostname()}: "
+                           f"{exc.strerror or exc}") from None
+
+
+def node_address() -> str:
+    """The first non-loopback IPv4 address of this node (where agents on other nodes reach us)."""
+    import psutil
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return "127.0.0.1"
+
+
+# ----------------------------------------------------------------------------- head step
+def _wait_agents(client, want: int, timeout_s: float, clock=time.monotonic) -> int:
+    deadline = clock() + timeout_s
+    while True:
+        live = sum(n.get("state") in LIVE_STATES for n in client.status().nodes)
+        if live >= want:
+            return live
+        if clock() >= deadline:
+            raise JobStepError(f"only {live} of {want} node agents registered within {timeout_s:.0f}s; "
+                               "see logs/agents.log in the run directory")
+        time.sleep(0.2)
+
+
+def _wait_drained(client, timeout_s: float, clock=time.monotonic) -> None:
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        try:
+            nodes = client.status().nodes
+        except Exception as exc:  # the controller is the one that must answer; log and stop waiting
+            log.warning("status during drain failed: %s", exc)
+            return
+        if not any(n.get("state") in LIVE_STATES + ("draining",) for n in nodes):
+            return
+        time.sleep(0.2)
+    log.warning("agents still connected after %.0fs of draining", timeout_s)
+
+
+def run_head(args) -> int:
+    from rich.console import Console
+    from controller.builtin_tasks import builtin_taskset
+    from controller.client import Client
+    from controller.policy_server import PolicyServer, default_params
+    from controller.query import print_summary, summary
+    from controller.run import RunConfig, _spawn, _train, _wait_file, lease_tasks
+    from layers.builtin import ensure_builtin_image
+    from layers.store import ImageStore
+    from nodeagent.agent import AGENT_VERSION
+
+    run_dir = Path(args.run_dir).resolve()
+    check_run_dir(run_dir)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    console = Console(file=sys.stdout, force_terminal=False, width=120)
+
+    def on_signal(signum, _frame):
+        raise StopRequested(signal.Signals(signum).name)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
+
+    taskset = builtin_taskset()
+    names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+    digest, _image = ensure_builtin_image(ImageStore(args.image_store))
+    addr = args.bind_addr or node_address()
+    cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
+                    heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
+                    image_store=args.image_store, runs_dir=str(run_dir.parent))
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, digest)))
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
+        "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "head_node": socket.gethostname()}, indent=2))
+    job_tmp = run_dir / (JOB_FILE + ".tmp")
+    job_tmp.write_text(json.dumps({"deployment": args.deployment, "agent_version": AGENT_VERSION,
+                                   "head_node": socket.gethostname(), "head_addr": addr}))
+    job_tmp.rename(run_dir / JOB_FILE)
+    (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    ctl = _spawn_controller(args, run_dir, addr)
+    endpoint = None
+    try:
+        endpoint = _wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
+        print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
+        with PolicyServer(taskset, host=addr) as policy, Client(endpoint, args.deployment) as client:
+            try:
+                n = _wait_agents(client, args.agents, args.agents_wait_s)
+                print(f"paddock head: {n} agents registered; training", flush=True)
+                _train(cfg, policy, endpoint, args.deployment, run_dir, names, default_params(), console)
+            except StopRequested as stop:
+                print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
+                _wait_drained(client, args.drain_timeout_s)
+        rc = 0
+    except JobStepError as exc:
+        print(f"paddock head: {exc}", file=sys.stderr, flush=True)
+        rc = EXIT_GAVE_UP
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _shutdown_controller(ctl, endpoint, args.deployment)
+    if rc == 0:
+        try:
+            print_summary(summary(run_dir), run_dir, out=sys.stdout)
+        except Exception as exc:  # an empty run has nothing to summarise
+            print(f"paddock head: no summary: {exc}", flush=True)
+    return rc
+
+
+def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "controller.broker", "--bind", f"tcp://{addr}:0",
+            "--deployment", args.deployment, "--run-dir", str(run_dir),
+            "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
+            "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
+    if args.metrics_port is not None:
+        argv += ["--metrics-port", str(args.metrics_port)]
+    log_f = open(run_dir / "logs" / "controller.log", "ab")
+    # Slurm signals every process of the step; the controller must outlive the drain, so it
+    # starts with the end-of-time signals ignored (the disposition survives exec).
+    return subprocess.Popen(argv, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN)
+                                                for s in (signal.SIGTERM, signal.SIGUSR1)])
+
+
+def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str) -> None:
+    from controller.client import Client
+    if endpoint and ctl.poll() is None:
+        try:
+            with Client(endpoint, deployment, timeout_s=5, retries=2) as c:
+                c.shutdown("job finished")
+        except Exception as exc:
+            log.warning("controller shutdown request failed: %s", exc)
+    try:
+        ctl.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        ctl.kill()
+        ctl.wait()
+
+
+# ----------------------------------------------------------------------------- agent step
+def wait_endpoint(run_dir: Path, timeout_s: float, clock=time.monotonic,
+                  poll_s: float = 0.2) -> tuple[str, dict]:
+    """(endpoint, job.json) once the head has published both, else JobStepError after timeout_s."""
+    deadline = clock() + timeout_s
+    ep, job = run_dir / ENDPOINT_FILE, run_dir / JOB_FILE
+    while not (ep.exists() and job.exists()):
+        if clock() >= deadline:
+            raise JobStepError(
+                f"no controller endpoint at {ep} after {timeout_s:.0f}s: the head step did not start "
+                f"(see {run_dir}/logs/head.log), or {run_dir} is not on storage shared with "
+                f"{socket.gethostname()}")
+        time.sleep(poll_s)
+    return ep.read_text().strip(), json.loads(job.read_text())
+
+
+def check_job(job: dict, deployment: str, agent_version: str) -> None:
+    if job.get("deployment") != deployment:
+        raise JobStepError(f"the run directory belongs to deployment {job.get('deployment')!r}, "
+                           f"this agent to {deployment!r}: two jobs share one run directory")
+    if job.get("agent_version") != agent_version:
+        raise JobStepError(f"agent version {agent_version} cannot join a controller of version "
+                           f"{job.get('agent_version')}: install the same Paddock on every node")
+
+
+def agent_subids(procid: int, ntasks: int) -> tuple[int, int]:
+    """This task's share of the sandbox user's subordinate ids (tasks may share one host)."""
+    from nodeagent.sandbox import subid_range
+    base, count = subid_range()
+    share = count // max(ntasks, 1)
+    return base + procid * share, share
+
+
+def run_agent(args) -> int:
+    from nodeagent import agent as node_agent
+
+    run_dir = Path(args.run_dir).resolve()
+
+    def on_signal(signum, _frame):
+        raise StopRequested(signal.Signals(signum).name)
+    signal.signal(signal.SIGTERM, on_signal)
+    node = socket.gethostname()
+    try:
+        endpoint, job = wait_endpoint(run_dir, args.controller_wait_s)
+        check_job(job, args.deployment, node_agent.AGENT_VERSION)
+    except JobStepError as exc:
+        print(f"paddock agent on {node}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_GAVE_UP
+    except StopRequested as s:
+        print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
+        return 0
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # node agent main() installs its drain handler
+    base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
+    os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
+    print(f"paddock agent on {node}: joining {endpoint}", flush=True)
+    return node_agent.main(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
+                            "--slots", str(args.slots), "--image-store", args.image_store,
+                            "--subid-base", str(base), "--subid-count", str(count),
+                            "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
+
+
+# ----------------------------------------------------------------------------- CLI
+def cmd_job(args) -> int:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {socket.gethostname()} %(name)s "
+                                                   "%(levelname)s %(message)s")
+    try:
+        return run_head(args) if args.job_cmd == "head" else run_agent(args)
+    except JobStepError as exc:
+        print(f"paddock job {args.job_cmd}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `paddock job head|agent` (job steps) and `paddock launch` (submit with submitit)."""
+    job = subparsers.add_parser("job", help="job steps run by the Slurm batch scripts")
+    sub = job.add_subparsers(dest="job_cmd", required=True)
+    for name in ("head", "agent"):
+        p = sub.add_parser(name)
+        p.add_argument("--run-dir", required=True)
+        p.add_argument("--deployment", required=True)
+        p.add_argument("--image-store", required=True)
+        p.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+        p.set_defaults(func=cmd_job)
+    head = sub.choices["head"]
+    head.add_argument("--agents", type=int, required=True, help="agents that must register first")
+    head.add_argument("--agents-wait-s", type=float, default=300.0)
+    head.add_argument("--drain-timeout-s", type=float, default=60.0)
+    head.add_argument("--versions", type=int, default=2)
+    head.add_argument("--rollouts-per-task", type=int, default=1)
+    head.add_argument("--tasks-limit", type=int, default=0)
+    head.add_argument("--bind-addr", help="address the controller binds (default: this node's)")
+    head.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    agent = sub.choices["agent"]
+    agent.add_argument("--slots", type=int, default=2)
+    agent.add_argument("--controller-wait-s", type=float, default=300.0)
