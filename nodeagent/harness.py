@@ -1,54 +1,74 @@
 """The agent loop: an OpenAI-compatible chat-completions endpoint ⇄ tool calls in a sandbox.
 
-The model sees the task's instruction and three tools (shell, read_file, write_file). Every
-tool call is validated against its JSON Schema before it runs; an invalid call becomes an
-error observation for the model, never a crash. Budgets: steps, wall seconds, tokens,
-observation bytes. Each step is recorded as a row for the `steps` table.
+The model sees the task's instruction and the task's tool set (`nodeagent.tools`). Every tool
+call is validated against its JSON Schema before it runs; an invalid call becomes an error
+observation for the model, never a crash. Budgets (`Budgets`): steps, wall seconds — enforced
+also during a model call, whose timeout is the remaining budget —, tokens and observation bytes.
+Each assistant message is one step row (the `steps` table); each model call and tool call is
+one span (the `spans` table).
 
-A model server that cannot be reached or answers garbage raises `ModelError`: that is an
-infrastructure failure (the rollout is retried), never a reward of 0.
-Must not import zmq or the controller.
+A model server that cannot be reached, answers an HTTP error, answers garbage or does not
+answer within `model_timeout_s` while budget remains raises `ModelError`: an infrastructure
+failure (the rollout is retried), never a reward of 0. Running out of the wall budget is the
+policy's own fault (`stop_reason = "wall_time"`).
+
+The model is behind the `Model` seam: `HTTPModel` speaks the wire format; `replay` feeds a
+recorded rollout's outputs back instead. Must not import zmq or the controller.
 """
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
-
-import jsonschema
+from typing import Any, Callable, Iterable, Protocol
 
 from nodeagent.sandbox import Sandbox, SandboxError
+from nodeagent.tools import ALL_TOOLS, Toolbox, definitions
 
 SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your files are in /work. "
                  "Use the tools to inspect and change files and run commands. When you are done, "
                  "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
 
-TOOLS = [
-    {"type": "function", "function": {
-        "name": "shell", "description": "Run a shell command in /work (sh -c). Output is capped.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string", "minLength": 1}},
-                       "required": ["command"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a text file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string", "minLength": 1}},
-                       "required": ["path"], "additionalProperties": False}}},
-    {"type": "function", "function": {
-        "name": "write_file", "description": "Create or overwrite a text file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string", "minLength": 1},
-                                                        "content": {"type": "string"}},
-                       "required": ["path", "content"], "additionalProperties": False}}},
-]
-_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+TOOLS = definitions(ALL_TOOLS)
 TOOL_TIMEOUT_S = 20.0
 MODEL_TIMEOUT_S = 60.0
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class ModelError(Exception):
-    """The model server failed (unreachable, HTTP error, malformed reply): infrastructure."""
+    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure."""
+
+
+class BudgetError(ValueError):
+    """A task's budgets are malformed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    max_steps: int = 12
+    wall_s: float = 120.0
+    max_tokens: int = 32768
+    observation_bytes: int = 16384
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Budgets":
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
+        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int)):
+            if key in d:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
+                        or (kind is int and int(v) != v):
+                    raise BudgetError(f"budget {key!r} must be a positive {kind.__name__}, got {v!r}")
+                d[key] = kind(v)
+        return cls(**d)
 
 
 @dataclass
@@ -71,112 +91,222 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# ---------------------------------------------------------------------------------------------
+# The model seam.
+
+class Model(Protocol):
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        """One chat completion (already validated by `check_reply`), or ModelError/TimeoutError."""
+
+
+class ModelTimeout(ModelError):
+    """No complete answer within the request's timeout."""
+
+
+def check_reply(body: Any, endpoint: str) -> dict:
+    """The reply's first choice, checked for the fields the harness reads; else ModelError."""
+    def bad(what: str) -> ModelError:
+        return ModelError(f"model server {endpoint} sent a malformed reply: {what}")
+    if not isinstance(body, dict):
+        raise bad(f"body is {type(body).__name__}, not an object")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise bad("choices[0].message is not an object")
+    if message.get("content") is not None and not isinstance(message["content"], str):
+        raise bad("message.content is neither a string nor null")
+    calls = message.get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
+        raise bad("message.tool_calls is not an array of objects")
+    for c in calls or []:
+        if not isinstance(c.get("function"), dict):
+            raise bad("a tool call has no 'function' object")
+    usage = body.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise bad("usage is not an object")
+    for k in ("prompt_tokens", "completion_tokens"):
+        v = (usage or {}).get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"usage.{k} is not a non-negative integer")
+    return choices[0]
+
+
+class HTTPModel:
+    """An OpenAI-compatible endpoint (`.../v1`). The whole request — connect, send, headers,
+    body — must finish within `timeout_s`: a watchdog shuts the socket at the deadline, so a
+    server that trickles bytes cannot hold a rollout past its budget."""
+
+    def __init__(self, endpoint: str, clock: Callable[[], float] = time.monotonic) -> None:
+        u = urllib.parse.urlsplit(endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ModelError(f"model endpoint {endpoint!r} is not an http(s) URL")
+        self.endpoint, self._u, self._clock = endpoint, u, clock
+
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        if timeout_s <= 0:
+            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
+        u = self._u
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(u.hostname, u.port, timeout=timeout_s)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        watchdog = threading.Timer(timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("POST", u.path.rstrip("/") + "/chat/completions", body=json.dumps(payload).encode(),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
+                raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
+            raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if expired.is_set():
+            raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        if status != 200:
+            raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
+                             f"{raw[:300].decode(errors='replace')}")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ModelError(f"model server {self.endpoint} sent a body that is not JSON: {exc}") from None
+        check_reply(body, self.endpoint)
+        return body
+
+
 def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> dict:
-    req = urllib.request.Request(endpoint.rstrip("/") + "/chat/completions",
-                                 data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            body = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise ModelError(f"model server {endpoint} answered HTTP {exc.code}: "
-                         f"{exc.read()[:300].decode(errors='replace')}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ModelError(f"model server {endpoint} failed: {exc}") from None
-    try:
-        choice = body["choices"][0]
-        message = choice["message"]
-        assert isinstance(message, dict)
-    except (KeyError, IndexError, TypeError, AssertionError):
-        raise ModelError(f"model server {endpoint} sent a reply without choices[0].message") from None
-    return body
+    return HTTPModel(endpoint).complete(payload, timeout_s)
 
 
-def run_tool(sandbox: Sandbox, name: str, raw_args: str, obs_cap: int) -> tuple[str, int | None]:
-    """Run one tool call; returns (observation, exit code or None). Invalid calls are observations."""
-    if name not in _SCHEMAS:
-        return f"error: unknown tool {name!r}; available: {sorted(_SCHEMAS)}", None
-    try:
-        args = json.loads(raw_args or "{}")
-        jsonschema.validate(args, _SCHEMAS[name])
-    except json.JSONDecodeError as exc:
-        return f"error: arguments of {name} are not valid JSON: {exc}", None
-    except jsonschema.ValidationError as exc:
-        return f"error: invalid arguments for {name}: {exc.message}", None
-    if name == "shell":
-        r = sandbox.exec(["sh", "-c", args["command"]], timeout_s=TOOL_TIMEOUT_S, output_cap=obs_cap)
-        text = (r.stdout + r.stderr).decode(errors="replace")
-        if r.timed_out:
-            text += f"\n[timed out after {TOOL_TIMEOUT_S:.0f}s]"
-        return text[:obs_cap], r.exit_code
-    path = args["path"] if args["path"].startswith("/") else "/work/" + args["path"]
-    if name == "read_file":
-        r = sandbox.exec(["cat", "--", path], timeout_s=TOOL_TIMEOUT_S, output_cap=obs_cap)
-        return (r.stdout if r.exit_code == 0 else r.stderr).decode(errors="replace")[:obs_cap], r.exit_code
-    r = sandbox.exec(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "write_file", path],
-                     stdin=args["content"].encode(), timeout_s=TOOL_TIMEOUT_S, output_cap=obs_cap)
-    if r.exit_code == 0:
-        return f"wrote {len(args['content'].encode())} bytes to {path}", 0
-    return r.stderr.decode(errors="replace")[:obs_cap], r.exit_code
+# ---------------------------------------------------------------------------------------------
+# The loop.
+
+def _assistant_message(message: dict) -> dict:
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
 
 
-def run_agent(sandbox: Sandbox, instruction: str, endpoint: str, model: str, seed: int,
-              budgets: dict, clock: Callable[[], float] = time.monotonic) -> AgentResult:
-    max_steps = int(budgets.get("max_steps", 12))
-    wall_s = float(budgets.get("wall_s", 120.0))
-    max_tokens = int(budgets.get("max_tokens", 32768))
-    obs_cap = int(budgets.get("observation_bytes", 16384))
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": instruction}]
+def _call_record(i: int, call: dict) -> dict:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    return {"id": str(call.get("id") or f"call_{i}"), "name": fn.get("name"),
+            "arguments": args if isinstance(args, str) else json.dumps(args)}
+
+
+def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: str, seed: int,
+              budgets: dict | Budgets, clock: Callable[[], float] = time.monotonic, *,
+              tools: Iterable[str] | None = None, model_timeout_s: float = MODEL_TIMEOUT_S,
+              tool_timeout_s: float = TOOL_TIMEOUT_S,
+              egress_decisions: Callable[[], list[dict]] | None = None) -> AgentResult:
+    """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
+    (infrastructure); every failure the model causes is an observation in the transcript."""
+    b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
+    client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
+    toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": instruction}]
     res = AgentResult()
     t0 = clock()
-    for step in range(max_steps):
-        if clock() - t0 > wall_s:
-            res.stop_reason = "wall_time"
-            break
-        started, m0 = _now(), clock()
-        body = chat(endpoint, {"model": model, "messages": messages, "tools": TOOLS, "seed": seed,
-                               "logprobs": True})
-        model_s = clock() - m0
-        message = body["choices"][0]["message"]
-        usage = body.get("usage") or {}
-        res.prompt_tokens += int(usage.get("prompt_tokens", 0))
-        res.completion_tokens += int(usage.get("completion_tokens", 0))
-        logprobs = body["choices"][0].get("logprobs")
-        calls = message.get("tool_calls") or []
-        messages.append({k: v for k, v in message.items() if k in ("role", "content", "tool_calls")})
-        row = {"step": step, "role": "assistant", "content": message.get("content"),
-               "tool_name": None, "tool_args": None, "observation": None, "exit_code": None,
-               "started_at": started, "model_s": model_s, "tool_s": 0.0,
-               "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-               "completion_tokens": int(usage.get("completion_tokens", 0)),
-               "logprobs": json.dumps(logprobs) if logprobs else None}
-        if not calls:
-            row["wall_s"] = clock() - m0
-            res.steps.append(row)
-            res.answer = message.get("content") or ""
-            res.stop_reason = "stop"
-            break
-        observations = []
-        t_tool = clock()
-        for call in calls:
-            fn = call.get("function") or {}
-            obs, code = run_tool(sandbox, str(fn.get("name")), fn.get("arguments") or "{}", obs_cap)
-            if code is None:
-                res.tool_errors += 1
-            observations.append((call.get("id", ""), fn.get("name"), fn.get("arguments"), obs, code))
-            messages.append({"role": "tool", "tool_call_id": call.get("id", ""), "content": obs})
-        first = observations[0]
-        row.update(tool_name=first[1], tool_args=first[2],
-                   observation="\n".join(o[3] for o in observations), exit_code=first[4],
-                   tool_s=clock() - t_tool, wall_s=clock() - m0)
-        res.steps.append(row)
-        if res.prompt_tokens + res.completion_tokens > max_tokens:
-            res.stop_reason = "tokens"
-            break
-    else:
-        res.stop_reason = "max_steps"
-    res.agent_s = clock() - t0
+    deadline = t0 + b.wall_s
+    try:
+        for step in range(b.max_steps):
+            if not _step(res, step, client, toolbox, messages, model, seed, b, clock, t0, deadline,
+                         model_timeout_s):
+                break
+        else:
+            res.stop_reason = "max_steps"
+    finally:
+        res.agent_s = clock() - t0
+        if egress_decisions is not None:
+            res.egress = list(egress_decisions())
     return res
 
 
-__all__ = ["AgentResult", "ModelError", "SandboxError", "TOOLS", "run_agent", "run_tool", "chat"]
+def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
+          model: str, seed: int, b: Budgets, clock, t0: float, deadline: float,
+          model_timeout_s: float) -> bool:
+    """One assistant message and its tool calls; False when the loop must stop."""
+    remaining = deadline - clock()
+    if remaining <= 0:
+        res.stop_reason = "wall_time"
+        return False
+    started, m0 = _now(), clock()
+    payload = {"model": model, "messages": messages, "tools": toolbox.definitions(), "seed": seed,
+               "logprobs": True,
+               "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
+    try:
+        body = client.complete(payload, min(model_timeout_s, remaining))
+    except ModelTimeout:
+        res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - t0,
+                          "duration_s": clock() - m0})
+        if remaining <= model_timeout_s:
+            res.stop_reason = "wall_time"
+            return False
+        raise
+    model_s = clock() - m0
+    res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - t0,
+                      "duration_s": model_s})
+    choice = body["choices"][0]
+    message = choice["message"]
+    usage = body.get("usage") or {}
+    p_tok, c_tok = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    res.prompt_tokens += p_tok
+    res.completion_tokens += c_tok
+    logprobs = choice.get("logprobs")
+    calls = [_call_record(i, c) for i, c in enumerate(message.get("tool_calls") or [])]
+    messages.append(_assistant_message(message))
+    row = {"step": step, "role": "assistant", "content": message.get("content"),
+           "tool_name": None, "tool_args": None, "observation": None, "exit_code": None,
+           "started_at": started, "model_s": model_s, "tool_s": 0.0,
+           "prompt_tokens": p_tok, "completion_tokens": c_tok,
+           "logprobs": json.dumps(logprobs) if logprobs else None, "observation_truncated": None}
+    res.steps.append(row)
+    if not calls:
+        row["wall_s"] = clock() - m0
+        res.answer = message.get("content") or ""
+        res.stop_reason = "stop"
+        return False
+    observations, truncated, first_code = [], False, None
+    t_tool = clock()
+    for i, call in enumerate(calls):
+        s0 = clock()
+        out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
+        res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
+                          "start_s": s0 - t0, "duration_s": clock() - s0})
+        if out.error is not None:
+            res.tool_errors += 1
+        if i == 0:
+            first_code = out.exit_code
+        truncated = truncated or out.truncated
+        observations.append(out.observation)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": out.observation})
+    row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+               observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
+               tool_s=clock() - t_tool, wall_s=clock() - m0)
+    if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
+        res.stop_reason = "tokens"
+        return False
+    return True
+
+
+__all__ = ["AgentResult", "Budgets", "BudgetError", "HTTPModel", "Model", "ModelError", "ModelTimeout",
+           "SandboxError", "TOOLS", "check_reply", "run_agent", "chat"]

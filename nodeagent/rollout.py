@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from nodeagent import trajwriter
-from nodeagent.harness import AgentResult, ModelError, run_agent
+from nodeagent.harness import AgentResult, BudgetError, ModelError, run_agent
+from nodeagent.tools import ToolSetError
 from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
 from nodeagent.verifier import VERIFIER_VERSION, Verdict, VerifierInfraError, verify
 
@@ -62,10 +63,13 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         infra = f"sandbox_start: {exc}"
     else:
         try:
-            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock)
+            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock,
+                              tools=task.get("tools"))
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
+        except (BudgetError, ToolSetError) as exc:
+            infra = f"task: {exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:

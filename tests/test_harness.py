@@ -1,0 +1,241 @@
+"""The agent loop against real HTTP servers on 127.0.0.1 and a real sandbox.
+
+The model servers here are fakes (the model server is outside Paddock): each answers from a
+script of behaviours — a reply, garbage, an HTTP error, silence, a trickle — so every way a
+server can misbehave is shown to end as an error observation or a ModelError with its reason,
+never a hung rollout.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from controller.builtin_tasks import builtin_taskset
+from controller.policy_server import PolicyServer
+from nodeagent.harness import Budgets, BudgetError, ModelError, ModelTimeout, run_agent
+from nodeagent.sandbox import SandboxSpec
+
+pytestmark = pytest.mark.sandbox
+
+
+def reply(content="", calls=(), usage=(10, 5), logprobs=None):
+    msg = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                             for i, (n, a) in enumerate(calls)]
+    return {"choices": [{"index": 0, "message": msg, "logprobs": logprobs,
+                         "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}
+
+
+class FakeModel:
+    """A chat-completions server answering each request with the next behaviour of a script
+    (the last one repeats). Behaviours: a dict (the JSON reply), ("raw", status, bytes),
+    ("hang",) — never answers until the test ends —, ("trickle",) — headers, then one byte."""
+
+    def __init__(self, script):
+        self.script, self.requests, self.release = list(script), [], threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                b = outer.script[min(len(outer.requests), len(outer.script)) - 1]
+                if isinstance(b, dict):
+                    b = ("raw", 200, json.dumps(b).encode())
+                if b[0] == "hang":
+                    outer.release.wait(30)
+                    return
+                if b[0] == "trickle":
+                    self.send_response(200)
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"{")
+                    self.wfile.flush()
+                    outer.release.wait(30)
+                    return
+                self.send_response(b[1])
+                self.send_header("Content-Length", str(len(b[2])))
+                self.end_headers()
+                self.wfile.write(b[2])
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def make(*script):
+        servers.append(FakeModel(script))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def sb(runtime, busybox_image):
+    box = runtime.create(SandboxSpec(image=busybox_image, files={"notes.txt": b"hello\n"},
+                                     limits={"memory_mb": 128, "pids": 32, "disk_mb": 16, "nofile": 128}))
+    yield box
+    box.destroy()
+
+
+def agent(sb, url, budgets=None, **kw):
+    return run_agent(sb, "do the thing", url, "m", 7, budgets or {"max_steps": 6, "wall_s": 30}, **kw)
+
+
+def test_steps_spans_tokens_and_logprobs_are_recorded(sb, fake):
+    lp = {"content": [{"token": "x", "logprob": -0.5, "top_logprobs": []}]}
+    m = fake(reply("look", [("read_file", '{"path": "notes.txt"}')], (10, 4), lp), reply("all done", usage=(20, 2)))
+    res = agent(sb, m.url)
+    assert (res.stop_reason, res.answer, len(res.steps)) == ("stop", "all done", 2)
+    s0 = res.steps[0]
+    assert (s0["tool_name"], s0["observation"], s0["exit_code"]) == ("read_file", "hello\n", 0)
+    assert json.loads(s0["tool_args"]) == [{"id": "c0", "name": "read_file", "arguments": '{"path": "notes.txt"}'}]
+    assert json.loads(s0["logprobs"]) == lp and res.steps[1]["logprobs"] is None
+    assert (res.prompt_tokens, res.completion_tokens) == (30, 6)
+    assert [(s["kind"], s["name"], s["step"]) for s in res.spans] == [
+        ("model_call", "m", 0), ("tool_call", "read_file", 0), ("model_call", "m", 1)]
+    assert all(s["duration_s"] >= 0 and s["start_s"] >= 0 for s in res.spans)
+    # the model saw the tool set and the tool result
+    assert {t["function"]["name"] for t in m.requests[0]["tools"]} >= {"shell", "edit", "search"}
+    assert m.requests[1]["messages"][-1] == {"role": "tool", "tool_call_id": "c0", "content": "hello\n"}
+
+
+def test_the_task_tool_set_is_what_the_model_sees_and_may_call(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "id"}')]), reply("ok"))
+    res = agent(sb, m.url, tools=["read_file"])
+    assert [t["function"]["name"] for t in m.requests[0]["tools"]] == ["read_file"]
+    assert res.tool_errors == 1 and "unknown tool 'shell'" in res.steps[0]["observation"]
+
+
+@pytest.mark.parametrize("name,args,expect", [
+    ("shell", '{"command": "echo hi"', "not valid JSON"),
+    ("teleport", '{}', "unknown tool 'teleport'"),
+    ("write_file", json.dumps({"path": "x", "content": "y" * 300_000}), "the limit is"),
+    ("edit", '{"path": "notes.txt"}', "invalid arguments for edit"),
+])
+def test_bad_tool_calls_become_error_observations_and_the_loop_goes_on(sb, fake, name, args, expect):
+    m = fake(reply(calls=[(name, args)]), reply("gave up"))
+    res = agent(sb, m.url)
+    assert res.stop_reason == "stop" and res.tool_errors == 1
+    assert expect in res.steps[0]["observation"] and res.steps[0]["exit_code"] is None
+
+
+def test_step_budget(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "true"}')]))
+    res = agent(sb, m.url, {"max_steps": 3, "wall_s": 30})
+    assert (res.stop_reason, len(res.steps), len(m.requests)) == ("max_steps", 3, 3)
+
+
+def test_token_budget(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "true"}')], usage=(600, 500)))
+    res = agent(sb, m.url, {"max_steps": 10, "wall_s": 30, "max_tokens": 2000})
+    assert (res.stop_reason, len(res.steps)) == ("tokens", 2)
+    assert m.requests[1]["max_tokens"] == 2000 - 1100
+
+
+def test_observation_budget_caps_each_observation(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "yes | head -c 10000"}')]), reply("ok"))
+    res = agent(sb, m.url, {"max_steps": 4, "wall_s": 30, "observation_bytes": 100})
+    assert res.steps[0]["observation_truncated"] is True
+    assert len(res.steps[0]["observation"]) < 160
+
+
+def test_wall_budget_interrupts_a_model_call(sb, fake):
+    m = fake(("hang",))
+    t0 = time.monotonic()
+    res = agent(sb, m.url, {"max_steps": 4, "wall_s": 0.5})
+    assert res.stop_reason == "wall_time" and time.monotonic() - t0 < 5
+    assert res.spans[0]["kind"] == "model_call" and res.spans[0]["duration_s"] >= 0.45
+
+
+def test_wall_budget_interrupts_a_tool_call(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "sleep 20", "timeout_s": 60}')]))
+    t0 = time.monotonic()
+    res = agent(sb, m.url, {"max_steps": 4, "wall_s": 1.0})
+    assert res.stop_reason == "wall_time" and time.monotonic() - t0 < 5
+    assert "timed out" in res.steps[0]["observation"]
+
+
+def test_a_server_that_never_answers_is_a_model_error_not_a_hang(sb, fake):
+    m = fake(("hang",))
+    t0 = time.monotonic()
+    with pytest.raises(ModelTimeout, match="did not answer within 0.5s"):
+        agent(sb, m.url, model_timeout_s=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_server_that_trickles_is_cut_at_the_deadline(sb, fake):
+    m = fake(("trickle",))
+    t0 = time.monotonic()
+    with pytest.raises(ModelTimeout):
+        agent(sb, m.url, model_timeout_s=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_server_that_is_down_is_a_model_error():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()   # nothing listens on the port now
+    with pytest.raises(ModelError, match="failed"):
+        run_agent(None, "x", f"http://127.0.0.1:{port}/v1", "m", 0, {})
+
+
+@pytest.mark.parametrize("behaviour,reason", [
+    (("raw", 200, b"<html>oops</html>"), "not JSON"),
+    (("raw", 500, b"internal error"), "HTTP 500"),
+    (("raw", 200, b'{"choices": []}'), "no choices"),
+    (("raw", 200, b'{"choices": [{"message": "hi"}]}'), "message is not an object"),
+    (("raw", 200, b'{"choices": [{"message": {"content": "x", "tool_calls": "rm -rf"}}]}'), "tool_calls"),
+    (("raw", 200, b'{"choices": [{"message": {"content": 5}}]}'), "content"),
+    (("raw", 200, b'{"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": -1}}'), "usage"),
+])
+def test_garbage_replies_are_model_errors_with_the_reason(sb, fake, behaviour, reason):
+    m = fake(behaviour)
+    with pytest.raises(ModelError, match=reason):
+        agent(sb, m.url)
+
+
+def test_bad_budgets_name_the_key():
+    with pytest.raises(BudgetError, match="max_stepz"):
+        Budgets.from_dict({"max_stepz": 3})
+    with pytest.raises(BudgetError, match="wall_s"):
+        Budgets.from_dict({"wall_s": -1})
+
+
+def test_the_scripted_policy_solves_a_python_task_through_the_harness(runtime, python_image):
+    ts = builtin_taskset()
+    task = next(t for t in ts.tasks if t.family == "python")
+    with PolicyServer(ts) as policy:
+        policy.set_policy(1, {f: {s: (10.0 if s == "solve" else 0.0) for s in strats}
+                              for f, strats in policy.policy.params(0).items()})
+        box = runtime.create(SandboxSpec(image=python_image, files={k: v.encode() for k, v in task.files.items()}))
+        try:
+            res = run_agent(box, task.instruction, policy.url, "scripted-v1", 3, {"max_steps": 6, "wall_s": 60})
+        finally:
+            box.destroy()
+    assert res.stop_reason == "stop" and res.steps[0]["content"].startswith("plan: solve")
+    assert "passed" in res.steps[1]["observation"] and res.tool_errors == 0

@@ -1,0 +1,119 @@
+"""The agent's tools on a real sandbox: schemas enforced before anything runs, clear errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nodeagent.sandbox import SandboxSpec
+from nodeagent.tools import ALL_TOOLS, MAX_ARGUMENT_BYTES, Toolbox, ToolSetError, definitions, tool_set
+
+pytestmark = pytest.mark.sandbox
+
+HOSTILE = "we ird; $(touch /work/pwned) 'q\"\n.txt"
+
+
+@pytest.fixture(scope="module")
+def sb(runtime, busybox_image):
+    box = runtime.create(SandboxSpec(image=busybox_image, files={"a.py": b"x = 1\ny = 2\nx = 1\n"},
+                                     limits={"memory_mb": 128, "pids": 32, "disk_mb": 16, "nofile": 128}))
+    yield box
+    box.destroy()
+
+
+@pytest.fixture
+def tb(sb):
+    return Toolbox(sb, observation_bytes=256, timeout_s=5.0)
+
+
+def call(tb, name, **args):
+    return tb.call(name, json.dumps(args))
+
+
+def test_every_tool_definition_is_an_openai_function_with_a_schema():
+    defs = definitions()
+    assert [d["function"]["name"] for d in defs] == list(ALL_TOOLS)
+    assert all(d["type"] == "function" and d["function"]["parameters"]["type"] == "object" for d in defs)
+
+
+def test_tool_set_is_chosen_per_task_and_unknown_names_are_refused(sb):
+    assert tool_set(["search", "shell"]) == ("shell", "search")
+    with pytest.raises(ToolSetError, match="browser"):
+        tool_set(["shell", "browser"])
+    only_read = Toolbox(sb, ["read_file"])
+    r = call(only_read, "shell", command="id")
+    assert r.error == "unknown_tool" and "read_file" in r.observation
+
+
+def test_malformed_json_arguments_are_an_error_observation(tb):
+    r = tb.call("shell", '{"command": "echo hi"')
+    assert r.error == "malformed_json" and r.exit_code is None
+    assert "not valid JSON" in r.observation
+
+
+def test_schema_violations_name_the_field(tb):
+    r = tb.call("write_file", json.dumps({"path": "x", "content": 3}))
+    assert r.error == "invalid_arguments" and "content" in r.observation
+    r = tb.call("shell", json.dumps({"command": "id", "sudo": True}))
+    assert r.error == "invalid_arguments" and "sudo" in r.observation
+    r = tb.call("read_file", "[1, 2]")
+    assert r.error == "invalid_arguments"
+
+
+def test_oversized_arguments_are_refused_before_parsing(tb):
+    r = tb.call("write_file", json.dumps({"path": "big", "content": "x" * (MAX_ARGUMENT_BYTES + 1)}))
+    assert r.error == "oversized_arguments" and str(MAX_ARGUMENT_BYTES) in r.observation
+    assert call(tb, "read_file", path="big").error == "command_failed"
+
+
+def test_shell_output_is_capped_and_the_cap_is_said(tb):
+    r = call(tb, "shell", command="yes | head -c 5000")
+    assert r.truncated and "[output truncated at 256 bytes]" in r.observation
+    assert len(r.observation.encode()) < 320
+
+
+def test_shell_timeout_kills_the_command(tb):
+    r = call(tb, "shell", command="sleep 30", timeout_s=0.5)
+    assert r.error == "timeout" and r.exit_code == 124 and "timed out" in r.observation
+
+
+def test_write_then_read_a_hostile_path_without_shell_injection(tb):
+    assert call(tb, "write_file", path=f"sub/{HOSTILE}", content="hello\n").error is None
+    assert call(tb, "read_file", path=f"/work/sub/{HOSTILE}").observation == "hello\n"
+    assert call(tb, "shell", command="ls /work/pwned").exit_code != 0
+
+
+def test_read_file_line_window(tb):
+    call(tb, "write_file", path="lines.txt", content="".join(f"{i}\n" for i in range(1, 11)))
+    assert call(tb, "read_file", path="lines.txt", start_line=3, max_lines=2).observation == "3\n4\n"
+
+
+def test_read_missing_file_is_an_error_observation(tb):
+    r = call(tb, "read_file", path="nope.txt")
+    assert r.error == "command_failed" and "nope.txt" in r.observation
+
+
+def test_edit_replaces_exactly_one_match(tb):
+    call(tb, "write_file", path="e.py", content="a = 1\nb = 2\n")
+    r = call(tb, "edit", path="e.py", old="b = 2", new="b = 3")
+    assert r.error is None
+    assert call(tb, "read_file", path="e.py").observation == "a = 1\nb = 3\n"
+
+
+def test_edit_refuses_zero_and_multiple_matches_unless_replace_all(tb):
+    r = call(tb, "edit", path="a.py", old="z = 9", new="")
+    assert r.error == "no_match" and "not found" in r.observation
+    r = call(tb, "edit", path="a.py", old="x = 1", new="x = 5")
+    assert r.error == "ambiguous_match" and "2 times" in r.observation
+    assert call(tb, "edit", path="a.py", old="x = 1", new="x = 5", replace_all=True).error is None
+    assert call(tb, "read_file", path="a.py").observation == "x = 5\ny = 2\nx = 5\n"
+
+
+def test_list_and_search(tb):
+    call(tb, "write_file", path="pkg/mod.py", content="def needle():\n    pass\n")
+    listing = call(tb, "list", path="/work").observation.splitlines()
+    assert "/work/pkg" in listing and "/work/pkg/mod.py" in listing
+    r = call(tb, "search", pattern="def need(le)", path="pkg")
+    assert r.error is None and r.observation.strip() == "/work/pkg/mod.py:1:def needle():"
+    r = call(tb, "search", pattern="absent-text")
+    assert r.exit_code == 1 and "no matches" in r.observation
