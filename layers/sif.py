@@ -5,7 +5,13 @@ header, 48 descriptors of 585 bytes at offset 4096, objects from offset 32176) h
 squashfs as the primary system partition, aligned to 4096 so it lands at offset 32768, plus an
 optional GenericJSON object with Paddock metadata (recipe, source). Reads such files back and
 locates the primary squashfs partition, distinguishing a foreign file (`NotSifError`) from a
-damaged SIF (`CorruptSifError`).
+damaged SIF (`CorruptSifError`) and from a SIF whose primary partition is not squashfs
+(`NotSquashfsError`). `check_arch` refuses an image built for another architecture
+(`ArchMismatchError`, naming both).
+
+In deterministic mode (the default) the file is a pure function of its content: the header and
+descriptor timestamps are fixed (`SOURCE_DATE_EPOCH`, else 0) and the image UUID is derived from
+the sha256 of the squashfs partition and the metadata.
 
 The facts come from /work/shared/notes/sif-format.md. All integers are little-endian.
 
@@ -14,8 +20,10 @@ Must not import: subprocess, zmq, controller.*, or any other layers module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
 import struct
 import time
 import uuid
@@ -61,6 +69,17 @@ ARCH_CODES = {
     "mips64le": b"10", "s390x": b"11", "riscv64": b"12", "loong64": b"13",
 }
 ARCH_NAMES = {code.decode(): name for name, code in ARCH_CODES.items()}
+# platform.machine() -> SIF arch name (the Go GOARCH names apptainer uses)
+MACHINE_ARCH = {
+    "x86_64": "amd64", "amd64": "amd64", "i386": "386", "i486": "386", "i586": "386",
+    "i686": "386", "aarch64": "arm64", "arm64": "arm64", "armv6l": "arm", "armv7l": "arm",
+    "ppc64": "ppc64", "ppc64le": "ppc64le", "mips": "mips", "mipsel": "mipsle",
+    "mips64": "mips64", "mips64el": "mips64le", "s390x": "s390x", "riscv64": "riscv64",
+    "loongarch64": "loong64",
+}
+SOURCE_DATE_EPOCH_ENV = "SOURCE_DATE_EPOCH"
+# Namespace of the content-derived image UUIDs (uuid5 over the content's sha256 hex).
+IMAGE_ID_NAMESPACE = uuid.UUID("6f1d2a43-7c1b-5a0e-9d3c-5061646f636b")
 METADATA_NAME = "paddock.json"
 
 # <32s launch, 10s magic, 3s version, 3s arch, 16s id, 8 x int64
@@ -82,6 +101,36 @@ class NotSifError(SifError):
 
 class CorruptSifError(SifError):
     """The file claims to be SIF but its structure is damaged or unusable for Paddock."""
+
+
+class NotSquashfsError(CorruptSifError):
+    """A well-formed SIF whose primary partition is not a squashfs filesystem."""
+
+
+class ArchMismatchError(SifError):
+    """The image was built for another CPU architecture than this host's."""
+
+    def __init__(self, path: Path, image_arch: str, host_arch: str):
+        self.path, self.image_arch, self.host_arch = path, image_arch, host_arch
+        super().__init__(f"image {path} is built for {image_arch}, but this host is "
+                         f"{host_arch}: rebuild it from a {host_arch} root filesystem "
+                         f"(`paddock image build SRC -o OUT` on a {host_arch} machine)")
+
+
+def host_arch() -> str:
+    """This machine's architecture as a SIF arch name ("unknown" if unmapped)."""
+    return MACHINE_ARCH.get(platform.machine().lower(), "unknown")
+
+
+def source_date_epoch(default: int = 0) -> int:
+    """$SOURCE_DATE_EPOCH (reproducible-builds convention), else `default`."""
+    raw = os.environ.get(SOURCE_DATE_EPOCH_ENV, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ValueError(f"{SOURCE_DATE_EPOCH_ENV}={raw!r} is not a non-negative integer "
+                         f"(Unix seconds)")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -148,8 +197,9 @@ def write_sif(out_path: os.PathLike | str, squashfs_path: os.PathLike | str, arc
               metadata: dict[str, Any] | None = None) -> Path:
     """Write a SIF file holding `squashfs_path` as its primary system partition.
 
-    `created_at` is Unix seconds; it defaults to 0 when `deterministic` (which also zeroes the
-    image UUID so identical inputs give identical bytes) and to the current time otherwise.
+    `created_at` is Unix seconds; it defaults to $SOURCE_DATE_EPOCH (else 0) when
+    `deterministic` (which also derives the image UUID from the content, so identical inputs
+    give identical bytes) and to the current time (and a random UUID) otherwise.
     `metadata` (JSON-serialisable) is stored as a GenericJSON object named paddock.json.
     """
     out_path, squashfs_path = Path(out_path), Path(squashfs_path)
@@ -159,8 +209,11 @@ def write_sif(out_path: os.PathLike | str, squashfs_path: os.PathLike | str, arc
         if f.read(4) != SQUASHFS_MAGIC:
             raise ValueError(f"{squashfs_path} is not a squashfs image (no 'hsqs' magic)")
     if created_at is None:
-        created_at = 0 if deterministic else int(time.time())
-    image_id = bytes(16) if deterministic else uuid.uuid4().bytes
+        created_at = source_date_epoch() if deterministic else int(time.time())
+    meta_bytes = b"" if metadata is None else \
+        json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+    image_id = (content_uuid(squashfs_path, meta_bytes) if deterministic
+                else uuid.uuid4()).bytes
     descs_size = DEFAULT_DESCRIPTORS_TOTAL * DESCRIPTOR_SIZE_BYTES
     data_offset = DEFAULT_DESCRIPTORS_OFFSET + descs_size
     sqfs_size = squashfs_path.stat().st_size
@@ -173,9 +226,7 @@ def write_sif(out_path: os.PathLike | str, squashfs_path: os.PathLike | str, arc
         _pad(b"rootfs", 128),
         _pad(_PARTITION_EXTRA.pack(FSTYPE_SQUASHFS, PARTTYPE_PRIMSYS, arch_code), 384))]
     end = part_offset + sqfs_size
-    meta_bytes = b""
     if metadata is not None:
-        meta_bytes = json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
         descriptors.append(_DESCRIPTOR.pack(
             DATA_GENERIC_JSON, True, 2, group, 0, end, len(meta_bytes), len(meta_bytes),
             created_at, created_at, 0, 0, _pad(METADATA_NAME.encode(), 128), bytes(384)))
@@ -196,6 +247,16 @@ def write_sif(out_path: os.PathLike | str, squashfs_path: os.PathLike | str, arc
                 out.write(chunk)
         out.write(meta_bytes)
     return out_path
+
+
+def content_uuid(squashfs_path: Path, meta_bytes: bytes) -> uuid.UUID:
+    """The deterministic image UUID: uuid5 over the sha256 of the partition and metadata."""
+    h = hashlib.sha256()
+    with open(squashfs_path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    h.update(meta_bytes)
+    return uuid.uuid5(IMAGE_ID_NAMESPACE, h.hexdigest())
 
 
 def _read_exact(f: BinaryIO, offset: int, size: int, what: str, path: Path) -> bytes:
@@ -261,16 +322,18 @@ def read_sif(path: os.PathLike | str) -> SifInfo:
         part = primary[0]
         fstype = part.partition_fields()[0]
         if fstype != FSTYPE_SQUASHFS:
-            raise CorruptSifError(f"{path}: primary partition is "
-                                  f"{FSTYPE_NAMES.get(fstype, fstype)}, not squashfs")
+            raise NotSquashfsError(f"{path}: primary partition is "
+                                   f"{FSTYPE_NAMES.get(fstype, fstype)}, not squashfs "
+                                   f"(Paddock runs squashfs images only; rebuild it with "
+                                   f"`paddock image build`)")
         if part.offset < 0 or part.size <= 0 or part.offset + part.size > file_size:
             raise CorruptSifError(f"{path}: primary partition [{part.offset}, "
                                   f"{part.offset + part.size}) lies past the end of the file "
-                                  f"({file_size} bytes)")
+                                  f"({file_size} bytes): truncated or corrupt; copy or rebuild it")
         superblock = _read_exact(f, part.offset, 22, "squashfs superblock", path)
         if superblock[:4] != SQUASHFS_MAGIC:
-            raise CorruptSifError(f"{path}: primary partition at offset {part.offset} is not "
-                                  f"squashfs (magic {superblock[:4]!r}, expected 'hsqs')")
+            raise NotSquashfsError(f"{path}: primary partition at offset {part.offset} is not "
+                                   f"squashfs (magic {superblock[:4]!r}, expected 'hsqs')")
         compression = _SQUASHFS_COMPRESSION.get(
             struct.unpack_from("<H", superblock, 20)[0], "unknown")
         metadata = None
@@ -291,3 +354,16 @@ def read_sif(path: os.PathLike | str) -> SifInfo:
         file_size_bytes=file_size, descriptors=tuple(descriptors),
         primary_partition_offset=part.offset, primary_partition_size=part.size,
         squashfs_compression=compression, metadata=metadata)
+
+
+def check_arch(image: os.PathLike | str | SifInfo, host: str | None = None) -> str:
+    """The image's architecture, if this host (or `host`) can run it; else ArchMismatchError.
+
+    An image whose arch is "unknown" (no ELF binary found at build time) is accepted.
+    Also raises what `read_sif` raises when given a path.
+    """
+    info = image if isinstance(image, SifInfo) else read_sif(image)
+    host = host or host_arch()
+    if info.arch not in ("unknown", host) and host != "unknown":
+        raise ArchMismatchError(info.path, info.arch, host)
+    return info.arch

@@ -23,7 +23,7 @@ import pytest
 from layers import build, cli
 from layers.builtin import (default_store_root, ensure_builtin_image, ensure_busybox_image,
                             python_image_recipe)
-from layers.sif import (CorruptSifError, NotSifError, read_sif,
+from layers.sif import (CorruptSifError, NotSifError, NotSquashfsError, content_uuid, read_sif,
                         write_sif)
 from layers.store import ImageNotFound, ImageStore, InvalidImageRef, recipe_hash
 
@@ -96,13 +96,17 @@ def test_sif_round_trip_puts_squashfs_at_32768_as_primary_system_partition(tmp_p
     assert info.data_size == info.file_size_bytes - info.data_offset
 
 
-def test_deterministic_sif_is_byte_identical_and_random_one_is_not(tmp_path):
+def test_deterministic_sif_is_byte_identical_and_random_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
     sqfs = tiny_squashfs(tmp_path)
     a = write_sif(tmp_path / "a.sif", sqfs)
     b = write_sif(tmp_path / "b.sif", sqfs)
     c = write_sif(tmp_path / "c.sif", sqfs, deterministic=False)
+    d = write_sif(tmp_path / "d.sif", sqfs, metadata={"other": "content"})
     assert a.read_bytes() == b.read_bytes()
-    assert read_sif(a).id == "00000000-0000-0000-0000-000000000000"
+    assert read_sif(a).created_at == 0
+    assert read_sif(a).id == str(content_uuid(sqfs, b"")), "uuid derived from content"
+    assert read_sif(d).id != read_sif(a).id
     assert read_sif(c).id != read_sif(a).id and read_sif(c).created_at > 0
 
 
@@ -143,8 +147,10 @@ def test_damaged_sif_is_corrupt_not_foreign(tmp_path, kind):
     mutate(raw)
     bad = tmp_path / "bad.sif"
     bad.write_bytes(bytes(raw))
-    with pytest.raises(CorruptSifError, match=message):
+    with pytest.raises(CorruptSifError, match=message) as e:
         read_sif(bad)
+    assert isinstance(e.value, NotSquashfsError) == (kind in ("not squashfs fstype",
+                                                              "superblock magic"))
 
 
 def test_write_sif_refuses_a_payload_that_is_not_squashfs(tmp_path):
@@ -203,7 +209,7 @@ def test_build_strips_setuid_setgid_devices_fifos_sockets_owners_and_xattrs(tmp_
         assert data.st_nlink == 2, "hard link kept as a hard link"
         assert os.listxattr(mnt / "shared/data") == []
     assert stat.S_IMODE((src / "bin/su").stat().st_mode) == 0o4755, "source left untouched"
-    assert read_sif(sif).metadata["source"] == f"dir:{src}"
+    assert read_sif(sif).metadata["source"] == "dir", "no path: digests are by content"
 
 
 def _add(tf: tarfile.TarFile, name: str, kind=tarfile.REGTYPE, mode=0o644, data=b"",
@@ -286,7 +292,7 @@ def test_oci_layout_layers_apply_in_order_with_whiteouts(tmp_path):
     files = listing(sif)
     assert {"/a/y", "/d/new", "/f"} <= set(files)
     assert not {"/a/x", "/d/old", "/a/.wh.x", "/d/.wh..wh..opq"} & set(files)
-    assert read_sif(sif).metadata["source"].startswith("oci:")
+    assert read_sif(sif).metadata["source"].startswith("oci:sha256:")
 
 
 def test_failed_command_carries_argv_exit_code_and_stderr(tmp_path):
