@@ -72,7 +72,7 @@ def cmd_sandbox_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from controller import launch, query, sbatch
+    from controller import launch, query, sbatch, taskbank
     from layers import cli as layers_cli
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     sr.set_defaults(func=cmd_sandbox_run)
 
     query.register(sub)
+    taskbank.register(sub)
     sbatch.register(sub)
     launch.register(sub)
     layers_cli.register(sub)

@@ -5,17 +5,23 @@ the agent's `/work`, hidden files that only the verifier's sandbox ever receives
 spec, budgets and sandbox limits. Its id is the hash of its canonical content, so any change
 to any field is a different task.
 
+File contents are text (`str`) or, for files that are not UTF-8 (a scrubbed `.git` of a
+repository task), `bytes`; the canonical form encodes bytes as `{"base64": ...}` so it stays
+JSON. The on-disk package format lives in controller/taskbank.py (docs/tasks.md).
+
 Must not import zmq, sqlite3 or anything that does I/O beyond reading task files.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-FAMILIES = ("python", "math")
+FAMILIES = ("python", "math", "swe")
+SPLITS = ("train", "heldout")
 CHECKER_KINDS = ("pytest", "math", "exact", "regex")
 
 
@@ -56,10 +62,20 @@ class Task:
     network: str = "none"
 
     def __post_init__(self) -> None:
+        # One content, one form: bytes that are UTF-8 text are stored as str, so a task read
+        # back from disk hashes the same as the task that was written.
+        for key in ("files", "hidden"):
+            value = getattr(self, key)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, key, {p: as_text_if_utf8(v) for p, v in value.items()})
         validate(self)
 
     def canonical(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as JSON-safe data; bytes file contents become {"base64": ...}."""
+        d = dataclasses.asdict(self)
+        for key in ("files", "hidden"):
+            d[key] = {p: encode_content(v) for p, v in d[key].items()}
+        return d
 
     @property
     def task_id(self) -> str:
@@ -69,6 +85,29 @@ class Task:
     @property
     def short_id(self) -> str:
         return self.task_id[7:19]
+
+
+def as_text_if_utf8(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value)
+    return value
+
+
+def encode_content(value: str | bytes) -> str | dict[str, str]:
+    """A file's content in canonical JSON: text as is, bytes as {"base64": ...}."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    return value
+
+
+def decode_content(value: str | Mapping[str, str]) -> str | bytes:
+    """Inverse of `encode_content` (used by whoever receives a task as JSON)."""
+    if isinstance(value, Mapping):
+        return base64.b64decode(value["base64"])
+    return value
 
 
 def _safe_relpath(path: str) -> bool:
@@ -88,8 +127,8 @@ def validate(task: Task) -> None:
         for path, text in getattr(task, key).items():
             if not _safe_relpath(path):
                 raise TaskError(f"{where}: '{key}' path {path!r} must be relative, without '..'")
-            if not isinstance(text, str):
-                raise TaskError(f"{where}: '{key}[{path}]' must be text")
+            if not isinstance(text, (str, bytes)):
+                raise TaskError(f"{where}: '{key}[{path}]' must be text or bytes")
     kind = task.checker.get("kind")
     if kind not in CHECKER_KINDS:
         raise TaskError(f"{where}: 'checker.kind' must be one of {CHECKER_KINDS}, got {kind!r}")
