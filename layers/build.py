@@ -76,13 +76,17 @@ def tree_to_sif(rootfs: Path, out_sif: Path, metadata: dict[str, Any],
     elif arch not in ARCH_CODES:
         raise BuildError(f"unknown architecture {arch!r}; valid: {', '.join(sorted(ARCH_CODES))}")
     progress(f"mksquashfs ({arch})")
-    sqfs = out_sif.with_name(out_sif.name + ".sqfs.tmp")
+    sqfs = out_sif.with_name(f".{out_sif.name}.{os.getpid()}.sqfs.tmp")
+    partial = out_sif.with_name(f".{out_sif.name}.{os.getpid()}.tmp")
     try:
         make_squashfs(rootfs, sqfs, mkfs_time_s=epoch_s, progress=progress)
         progress("writing SIF")
-        write_sif(out_sif, sqfs, arch=arch, created_at=epoch_s, metadata=metadata)
+        write_sif(partial, sqfs, arch=arch, created_at=epoch_s, metadata=metadata)
+        os.chmod(partial, 0o644)
+        os.replace(partial, out_sif)           # atomic: readers never see a partial SIF
     finally:
         sqfs.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
     return out_sif
 
 

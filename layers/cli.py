@@ -1,7 +1,8 @@
 """`paddock image ...` subcommands: build a SIF image, inspect a SIF file.
 
-Thin: parses arguments, calls layers.build / layers.sif, renders with rich. Operating errors
-(a foreign or corrupt file, a failed build) print one line to stderr and return exit code 2.
+Thin: parses arguments, calls layers.build / layers.store / layers.sif, renders with rich.
+Operating errors (a foreign, corrupt or non-squashfs file, a failed build) print one line to
+stderr and return exit code 2.
 
 Must not import: zmq, controller.*.
 """
@@ -10,15 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from layers import build
-from layers.sif import FSTYPE_NAMES, PARTTYPE_NAMES, DATA_PARTITION, SifError, read_sif
-from layers.store import sha256_file
+from layers.sif import (ARCH_CODES, DATA_PARTITION, FSTYPE_NAMES, PARTTYPE_NAMES, SifError,
+                        read_sif)
+from layers.store import ImageStore, ImageStoreError, sha256_file
 
 EXIT_OK = 0
 EXIT_ERROR = 2
@@ -31,7 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="build a SIF image (squashfs root filesystem)")
     b.add_argument("src", help="rootfs directory, tarball, OCI layout directory, or "
                                "debian:SUITE[:pkg,pkg,...]")
-    b.add_argument("-o", "--output", required=True, type=Path, help="SIF file to write")
+    b.add_argument("-o", "--output", type=Path, help="SIF file to write")
+    b.add_argument("--store", type=Path, default=None,
+                   help="also (or only) put it in this content-addressed store, building once "
+                        "per source content even when several processes ask at once")
+    b.add_argument("--arch", choices=sorted(ARCH_CODES), default=None,
+                   help="record this architecture (default: read from the rootfs's /bin/sh)")
     b.add_argument("--mirror", default=None, help="Debian mirror (default: apt's)")
     b.set_defaults(func=cmd_build)
     i = sub.add_parser("inspect", help="print a SIF file's header, descriptors and digest")
@@ -56,24 +67,63 @@ def _err(msg: str) -> int:
     return EXIT_ERROR
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    err = Console(stderr=True)
+def _builder(args: argparse.Namespace, progress: Callable[[str], None]
+             ) -> tuple[dict[str, Any], Callable[[Path], Any]]:
+    """(recipe identifying the source's content, function writing the SIF at a path)."""
+    deb = parse_debian_src(args.src)
+    if deb is not None:
+        recipe = build.debian_recipe(deb[0], deb[1])
+        return recipe, lambda out: build.build_debian(out, deb[0], deb[1], mirror=args.mirror,
+                                                      progress=progress)
+    src = Path(args.src)
+    if not src.exists():
+        raise build.BuildError(f"image source {src} does not exist")
+    recipe = {"source": build.source_content_key(src), "arch": args.arch,
+              "build_rules": build.BUILD_RULES_VERSION}
+    return recipe, lambda out: build.build_image(src, out, progress=progress, arch=args.arch)
+
+
+def _copy_atomically(src: Path, dest: Path) -> None:
+    partial = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
-        with err.status(f"building {args.src}") as status:
-            def progress(msg: str) -> None:
-                status.update(f"building {args.src}: {msg[:100]}")
-            deb = parse_debian_src(args.src)
-            if deb is not None:
-                build.build_debian(args.output, deb[0], deb[1], mirror=args.mirror,
-                                   progress=progress)
+        shutil.copyfile(src, partial)
+        os.replace(partial, dest)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    if args.output is None and args.store is None:
+        return _err("image build: give -o OUT, --store DIR, or both")
+    err_console = Console(stderr=True)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    bar = Progress(*columns, console=err_console, transient=True,
+                   disable=not err_console.is_terminal)
+    task = bar.add_task(f"building {args.src}")
+
+    def progress(msg: str) -> None:
+        """Each step: a finished line above the live spinner line (terminals only)."""
+        bar.update(task, description=f"{args.src}: {msg[:100]}")
+        if err_console.is_terminal:
+            bar.console.print(f"[dim]{msg[:200]}[/dim]", highlight=False)
+    try:
+        recipe, builder = _builder(args, progress)
+        with bar:
+            if args.store is None:
+                builder(args.output)
+                digest, path = f"sha256:{sha256_file(args.output)}", args.output
             else:
-                build.build_image(args.src, args.output, progress=progress)
+                store = ImageStore(args.store)
+                digest, path = store.build_or_reuse(recipe, builder, progress)
+                if args.output is not None:
+                    _copy_atomically(path, args.output)
+                    path = args.output
     except build.CommandFailed as e:
         tail = e.stderr.strip().splitlines()[-1:] or [""]
         return _err(f"build failed: exit {e.exit_code} from {' '.join(e.argv)}: {tail[0]}")
-    except (build.BuildError, OSError) as e:
+    except (build.BuildError, ImageStoreError, OSError, ValueError) as e:
         return _err(f"build failed: {e}")
-    print(f"{args.output} sha256:{sha256_file(args.output)}")
+    print(f"{path} {digest}")
     return EXIT_OK
 
 
