@@ -20,6 +20,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -181,11 +182,14 @@ def scrubbed_checkout(repo: Path, base_commit: str, dest: Path) -> None:
     _git(dest, "reflog", "expire", "--expire=all", "--all")
     _git(dest, "gc", "--quiet", "--prune=now")
     git_dir = dest / ".git"
-    for leftover in ("logs", "hooks", "FETCH_HEAD", "ORIG_HEAD", "packed-refs.lock",
+    # A package stores files only: keep the one ref loose so `.git/refs` is not an empty dir.
+    head = _git(dest, "rev-parse", "HEAD").strip()
+    (git_dir / "refs" / "heads").mkdir(parents=True, exist_ok=True)
+    (git_dir / "refs" / "heads" / "main").write_text(head + "\n")
+    for leftover in ("logs", "hooks", "FETCH_HEAD", "ORIG_HEAD", "packed-refs",
                      "description"):
         target = git_dir / leftover
         if target.is_dir():
-            import shutil
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
