@@ -142,10 +142,8 @@ class NodeAgent:
             self._send(P.Ready(node=self.node, credit=self._free()))
 
     def _heartbeat(self) -> None:
-        vm = psutil.virtual_memory()
-        health = {"cpu_percent": psutil.cpu_percent(interval=None), "mem_free_mb": int(vm.available / 2**20),
-                  "completed": self.completed, "bad_frames": self.bad_frames, "draining": self.draining,
-                  "agent_version": AGENT_VERSION}
+        from nodeagent.health import sampler_for   # health figures + JSON-lines stream (docs/operations.md)
+        health = sampler_for(self).sample()
         self._send(P.Heartbeat(node=self.node, slots_free=self._free(), active=len(self.active), health=health))
 
 
