@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     b.add_argument("--arch", choices=sorted(ARCH_CODES), default=None,
                    help="record this architecture (default: read from the rootfs's /bin/sh)")
     b.add_argument("--mirror", default=None, help="Debian mirror (default: apt's)")
+    b.add_argument("-v", "--verbose", action="store_true",
+                   help="print every build step to stderr, also when it is not a terminal")
     b.set_defaults(func=cmd_build)
     i = sub.add_parser("inspect", help="print a SIF file's header, descriptors and digest")
     i.add_argument("file", type=Path)
@@ -106,6 +108,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         bar.update(task, description=f"{args.src}: {msg[:100]}")
         if err_console.is_terminal:
             bar.console.print(f"[dim]{msg[:200]}[/dim]", highlight=False)
+        elif args.verbose:
+            print(f"paddock image build: {msg[:200]}", file=sys.stderr, flush=True)
     try:
         recipe, builder = _builder(args, progress)
         with bar:
