@@ -11,26 +11,33 @@ Must not import zmq or the controller.
 """
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
+import platform
 import pwd
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
+import tarfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from nodeagent import framing
+from nodeagent import cgroups, framing, nsutil
 
 log = logging.getLogger(__name__)
 
 SIF_MAGIC_OFFSET, SIF_MAGIC = 32, b"SIF_MAGIC\0"
 DEFAULT_SLICE_SIZE = 1024
 DEFAULT_USER = "paddock"
+DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
+OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
+OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs")
 
 
 class SandboxError(Exception):
@@ -50,8 +57,8 @@ class ExecResult:
 @dataclass(frozen=True)
 class Change:
     path: str
-    kind: str          # added | modified | deleted | symlink
-    data: bytes | None
+    kind: str          # added | modified | deleted | symlink | dir
+    data: bytes | None  # file content; a symlink's target; None for deleted and dir
     mode: int
 
 
@@ -61,6 +68,7 @@ class SandboxSpec:
     limits: dict = field(default_factory=lambda: {"memory_mb": 256, "pids": 64, "disk_mb": 64, "nofile": 256})
     files: dict = field(default_factory=dict)     # relative to /work -> bytes, owned by the agent
     hostname: str = "sandbox"
+    egress_socket: str | None = None   # host path of the node egress proxy's Unix socket
 
 
 def subid_range(user: str | None = None) -> tuple[int, int]:
@@ -86,6 +94,7 @@ def image_partition(path: Path) -> tuple[str, int]:
     if head[SIF_MAGIC_OFFSET:SIF_MAGIC_OFFSET + len(SIF_MAGIC)] == SIF_MAGIC:
         from layers import sif   # the layers package owns the SIF format
         info = sif.read_sif(path)
+        sif.check_arch(info)     # ArchMismatchError (a SifError) names both architectures
         offset = info.primary_partition_offset
     elif head[:4] == b"hsqs":
         offset = 0
@@ -96,27 +105,118 @@ def image_partition(path: Path) -> tuple[str, int]:
     return key, offset
 
 
+class _ImageMount:
+    """One image mounted by the node holder, counted by the sandboxes that use it."""
+
+    def __init__(self, path: str):
+        self.path, self.refs, self.idle_since = path, 0, None
+
+
+def kernel_version(release: str | None = None) -> tuple[int, int]:
+    parts = (release or platform.release()).split(".")
+    return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+
+
+def choose_overlay(mode: str = "auto", release: str | None = None) -> str:
+    """The writable-root path for this kernel: 'kernel' (overlay ≥ 6.5) or 'fuse-overlayfs'."""
+    if mode not in OVERLAY_MODES:
+        raise SandboxError(f"overlay={mode!r} is not one of {OVERLAY_MODES}")
+    new_enough = kernel_version(release) >= OVERLAY_ON_FUSE_KERNEL
+    if mode == "kernel" and not new_enough:
+        raise SandboxError(f"overlay='kernel' needs Linux ≥ 6.5 over a FUSE lower (this is "
+                           f"{release or platform.release()}): use overlay='fuse-overlayfs'")
+    if mode == "fuse-overlayfs" or (mode == "auto" and not new_enough):
+        if not shutil.which("fuse-overlayfs"):
+            raise SandboxError("fuse-overlayfs is needed on this kernel (< 6.5) but is not installed: "
+                               "run `make setup` (apt-get install fuse-overlayfs)")
+        return "fuse-overlayfs"
+    return "kernel"
+
+
+def _owner_tag() -> str:
+    """node-<pid>-<start time>-<random>: lets the next start tell a live owner from a dead one."""
+    return f"node-{os.getpid()}-{cgroups._starttime(os.getpid())}-{os.urandom(3).hex()}"
+
+
+def sweep_state_dirs(run_root: str) -> list[str]:
+    """Remove the state dirs (and any host mount left under them) of runtimes that are gone."""
+    swept = []
+    for name in sorted(os.listdir(run_root)):
+        parts = name.split("-")
+        if len(parts) != 4 or parts[0] != "node" or not parts[1].isdigit():
+            continue
+        if cgroups._starttime(int(parts[1])) == parts[2]:
+            continue   # a live runtime (this process's or another agent's)
+        path = os.path.join(run_root, name)
+        with open("/proc/self/mountinfo") as f:
+            mounts = [ln.split()[4] for ln in f if ln.split()[4].startswith(path + "/")
+                      or ln.split()[4] == path]
+        for mnt in sorted(mounts, key=len, reverse=True):
+            try:
+                nsutil.umount(mnt, nsutil.MNT_DETACH)
+            except OSError as exc:
+                log.warning("cannot unmount stale %s: %s", mnt, exc)
+        shutil.rmtree(path, ignore_errors=True)
+        swept.append(path)
+        log.info("swept stale sandbox state %s (%d mounts)", path, len(mounts))
+    return swept
+
+
 class SandboxRuntime:
-    """One node's sandbox factory. Start it from a long-lived thread (PDEATHSIG follows the thread)."""
+    """One node's sandbox factory. Start it from a long-lived thread (PDEATHSIG follows the thread).
+
+    caps: the caps every sandbox must get; one the host cannot enforce fails `start()` with an
+    error naming it, unless degrade=True (then it is logged and reported by `caps_report()`).
+    overlay: "auto" (kernel overlay on kernels ≥ 6.5, else fuse-overlayfs), "kernel" or
+    "fuse-overlayfs". image_grace_s: how long an unused image stays mounted; clock: monotonic.
+    """
 
     def __init__(self, state_dir: str | None = None, subids: tuple[int, int] | None = None,
-                 slice_size: int = DEFAULT_SLICE_SIZE, user: str | None = None):
+                 slice_size: int = DEFAULT_SLICE_SIZE, user: str | None = None,
+                 caps: tuple[str, ...] = cgroups.CAPS, degrade: bool = False, use_cgroups: bool = True,
+                 overlay: str = "auto", image_grace_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, run_root: str = DEFAULT_RUN_ROOT):
         self.subids = subids or subid_range(user)
         self.slice_size = slice_size
         self.slots = self.subids[1] // slice_size - 1   # slice 0 is the holder's own root
         if self.slots < 1:
-            raise SandboxError(f"subordinate range {self.subids} is too small for slices of {slice_size}")
+            raise SandboxError(f"subordinate range {self.subids} is too small for slices of {slice_size}: "
+                               f"give the sandbox user at least {2 * slice_size} subordinate ids "
+                               f"(`usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER`)")
+        self.overlay = choose_overlay(overlay)
+        self.caps, self.degrade, self.clock = tuple(caps), degrade, clock
+        self.image_grace_s = image_grace_s
+        self.run_root = run_root
         self._own_state = state_dir is None
-        self.state_dir = state_dir or tempfile.mkdtemp(prefix="paddock-node-")
-        self._lock = threading.Lock()
+        self.state_dir = state_dir
+        self.cgroups = cgroups.CgroupManager(enabled=use_cgroups)
+        self._ctl_lock = threading.Lock()     # one request at a time to the holder
+        self._lock = threading.Lock()         # slices and image reference counts
         self._free_slices = list(range(1, self.slots + 1))
-        self._images: dict[str, str] = {}
+        self._images: dict[str, _ImageMount] = {}
         self._ids = itertools.count(1)
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
+        self.swept: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "SandboxRuntime":
+        if self._own_state:
+            os.makedirs(self.run_root, mode=0o755, exist_ok=True)
+            self.swept = sweep_state_dirs(self.run_root)
+            self.state_dir = os.path.join(self.run_root, _owner_tag())
+            os.mkdir(self.state_dir, 0o755)
+        report = self.cgroups.detect()
+        missing = report.unenforceable(self.caps)
+        if missing and not self.degrade:
+            self.cgroups.close()
+            self._remove_state_dir()
+            raise SandboxError(
+                f"cap(s) {', '.join(missing)} cannot be enforced on this host ({report}): give the node "
+                f"agent a delegated cgroup v2 subtree with memory, pids and cpu enabled, or writable "
+                f"cgroup v1 memory/pids/cpu hierarchies; or pass degrade=True to run without them")
+        if missing:
+            log.warning("running DEGRADED: %s not enforced (%s)", ", ".join(missing), report)
         os.chmod(self.state_dir, 0o755)
         ours, theirs = socket.socketpair()
         self._proc = subprocess.Popen(
@@ -139,9 +239,16 @@ class SandboxRuntime:
             err = self._stderr_tail()
             self.close()
             raise SandboxError(f"node namespace holder died during start: {exc}; {err}") from None
-        log.info("sandbox runtime up: subids=%s slots=%d uid_map=%s", self.subids, self.slots,
-                 msg.get("uid_map", "").strip())
+        log.info("sandbox runtime up: subids=%s slots=%d overlay=%s %s", self.subids, self.slots,
+                 self.overlay, report)
         return self
+
+    def caps_report(self) -> dict:
+        """How this node enforces caps and which kernel path it uses (for logs, ops and tests)."""
+        r = self.cgroups.report
+        return {"caps": dict(r.mechanism), "mode": r.mode, "cgroup_dirs": dict(r.dirs),
+                "swap_accounted": r.swap_accounted, "degraded": r.unenforceable(self.caps),
+                "overlay": self.overlay, "kernel": platform.release(), "seccomp": "libseccomp (EPERM)"}
 
     def _write_maps(self, pid: int) -> None:
         base, count = self.subids
@@ -172,7 +279,14 @@ class SandboxRuntime:
             if self._proc.stderr:
                 self._proc.stderr.close()
             self._proc = None
-        if self._own_state:
+        for p in list(getattr(self, "_pools", {}).values()):
+            p.stop()
+        self.cgroups.close()
+        self._remove_state_dir()
+        self._images.clear()
+
+    def _remove_state_dir(self) -> None:
+        if self._own_state and self.state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> "SandboxRuntime":
@@ -187,7 +301,7 @@ class SandboxRuntime:
 
     # -- requests to the holder -------------------------------------------------------------
     def _call(self, req: dict, fds: list[int] | None = None) -> dict:
-        with self._lock:
+        with self._ctl_lock:
             if self._ctl is None:
                 raise SandboxError("sandbox runtime is not running")
             try:
@@ -215,44 +329,139 @@ class SandboxRuntime:
                 return int(pid)
         raise SandboxError(f"no process with node PID {node_pid}")
 
+    # -- images: one mount per digest, counted, unmounted after a grace period ---------------
     def mount_image(self, image: Path) -> str:
-        image = Path(image).resolve()
+        """Mount `image` (once) and take a reference on it; `_unref_image` gives it back."""
+        image = Path(image)
+        if not image.exists():
+            raise SandboxError(f"image {image} does not exist: build it with `paddock image build` "
+                               f"or give the path of a SIF file in the image store")
+        image = image.resolve()
         key, offset = image_partition(image)
-        if key not in self._images:
-            self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset})
-            self._images[key] = str(image)
+        with self._lock:
+            m = self._images.get(key)
+            if m is not None:
+                m.refs += 1
+                m.idle_since = None
+                return key
+        self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset})
+        with self._lock:
+            m = self._images.setdefault(key, _ImageMount(str(image)))
+            m.refs += 1
+            m.idle_since = None
         return key
+
+    def _unref_image(self, key: str) -> None:
+        with self._lock:
+            m = self._images.get(key)
+            if m is None:
+                return
+            m.refs -= 1
+            if m.refs <= 0:
+                m.refs, m.idle_since = 0, self.clock()
+
+    def reap_images(self) -> list[str]:
+        """Unmount images unused for longer than the grace period. Returns their keys."""
+        now, gone = self.clock(), []
+        with self._lock:
+            idle = [k for k, m in self._images.items()
+                    if m.refs == 0 and m.idle_since is not None and now - m.idle_since >= self.image_grace_s]
+            for k in idle:
+                del self._images[k]
+        for k in idle:
+            try:
+                self._call({"op": "unmount_image", "key": k})
+                gone.append(k)
+            except SandboxError as exc:
+                log.warning("unmounting image %s failed: %s", k, exc)
+        return gone
+
+    def image_refs(self) -> dict[str, int]:
+        with self._lock:
+            return {k: m.refs for k, m in self._images.items()}
 
     def mounted_images(self) -> list[str]:
         return sorted(self._call({"op": "ping"})["images"])
 
+    # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
+        self.reap_images()
         key = self.mount_image(spec.image)
         with self._lock:
             if not self._free_slices:
+                self._unref_image_locked(key)
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
-            slice_no = self._free_slices.pop(0)
+            slice_no = self._free_slices.pop()
         sid = f"s{next(self._ids)}"
         ours, theirs = socket.socketpair()
+        cg_fds: list[int] = []
         try:
+            cg_fds = self.cgroups.create(sid, spec.limits)
+            cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
+                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
-            pid = self._call(req, [theirs.fileno()])["pid"]
+            pid = self._call(req, [theirs.fileno()] + cg_fds)["pid"]
             theirs.close()
             reply = framing.recv_msg(ours, max_bytes=1 << 20)
             if not reply.get("ok"):
                 raise SandboxError(reply.get("error", "sandbox setup failed"))
-        except (SandboxError, framing.FramingError, OSError) as exc:
+        except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
             ours.close()
-            self._release(slice_no)
+            self.cgroups.remove(sid)
+            self._release(slice_no, key)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
-        return Sandbox(self, sid, ours, slice_no, pid, reply.get("uid_map", ""), spec)
+        finally:
+            for fd in cg_fds:
+                os.close(fd)
+        return Sandbox(self, sid, ours, slice_no, pid, reply.get("uid_map", ""), spec, key)
 
-    def _release(self, slice_no: int) -> None:
+    def _unref_image_locked(self, key: str) -> None:
+        m = self._images.get(key)
+        if m is not None:
+            m.refs -= 1
+            if m.refs <= 0:
+                m.refs, m.idle_since = 0, self.clock()
+
+    def _release(self, slice_no: int, key: str | None = None) -> None:
         with self._lock:
             self._free_slices.append(slice_no)
+            if key is not None:
+                self._unref_image_locked(key)
+
+    def _destroyed(self, sb: "Sandbox") -> None:
+        self.cgroups.remove(sb.id)
+        self._release(sb.slice_no, sb.image_key)
+
+    # -- warm pools (see nodeagent.warmpool) ---------------------------------------------------
+    def pool(self, spec: SandboxSpec, target: int) -> "warmpool.WarmPool":
+        """Keep `target` ready sandboxes of `spec` (started in the background); see `acquire`."""
+        from nodeagent import warmpool
+        with self._lock:
+            self._pools = getattr(self, "_pools", {})
+            p = self._pools.get(_pool_key(spec))
+            if p is None:
+                p = self._pools[_pool_key(spec)] = warmpool.WarmPool(self, spec, target).start()
+            else:
+                p.set_target(target)
+        return p
+
+    def acquire(self, spec: SandboxSpec, timeout_s: float = 30.0) -> "Sandbox":
+        """A ready sandbox from the pool of `spec` if one exists, else a fresh one. Use once."""
+        p = getattr(self, "_pools", {}).get(_pool_key(spec))
+        if p is not None:
+            sb = p.take()
+            if sb is not None:
+                if spec.files:
+                    sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
+                return sb
+        return self.create(spec)
+
+
+def _pool_key(spec: SandboxSpec) -> tuple:
+    return (str(spec.image), tuple(sorted(spec.limits.items())), spec.hostname, spec.egress_socket)
 
 
 def _descends_from(pid: int, ancestor: int | None) -> bool:
@@ -273,9 +482,10 @@ def _clean_env() -> dict:
 
 
 class Sandbox:
-    def __init__(self, runtime, sid, sock, slice_no, monitor_pid, uid_map, spec):
+    def __init__(self, runtime, sid, sock, slice_no, monitor_pid, uid_map, spec, image_key=None):
         self.runtime, self.id, self._sock, self.slice_no = runtime, sid, sock, slice_no
         self.monitor_pid, self.uid_map, self.spec = monitor_pid, uid_map, spec
+        self.image_key = image_key
         self._lock = threading.Lock()
         self.destroyed = False
 
@@ -284,13 +494,21 @@ class Sandbox:
         """The monitor's PID in the agent's PID namespace (ops and tests look it up)."""
         return self.runtime.host_pid(self.monitor_pid)
 
-    def _call(self, req: dict) -> dict:
+    @property
+    def cgroup_paths(self) -> dict[str, str]:
+        """controller -> this sandbox's cgroup directory (empty when caps are rlimits)."""
+        return self.runtime.cgroups.paths(self.id)
+
+    def cgroup_stat(self) -> dict:
+        return self.runtime.cgroups.stat(self.id)
+
+    def _call(self, req: dict, max_bytes: int = framing.DEFAULT_MAX_BYTES) -> dict:
         with self._lock:
             if self.destroyed:
                 raise SandboxError(f"sandbox {self.id} is destroyed")
             try:
                 framing.send_msg(self._sock, req)
-                reply = framing.recv_msg(self._sock)
+                reply = framing.recv_msg(self._sock, max_bytes=max_bytes)
             except (framing.FramingError, OSError) as exc:
                 raise SandboxError(f"sandbox {self.id} monitor is gone: {exc}") from None
         if not reply.get("ok"):
@@ -298,12 +516,19 @@ class Sandbox:
         return reply
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = "/work",
-             env: dict | None = None, output_cap: int = 65536) -> ExecResult:
+             env: dict | None = None, output_cap: int = 65536, uid: int | None = None) -> ExecResult:
+        """Run `argv` in the sandbox. `uid`: an in-sandbox uid (0 ≤ uid < slice size) other than the
+        agent's root, e.g. a checker that does not own /work; its gid is the same number."""
+        if uid is not None and not (0 <= int(uid) < self.runtime.slice_size):
+            raise ValueError(f"uid {uid} is outside the sandbox's id slice [0, {self.runtime.slice_size})")
         r = self._call({"op": "exec", "argv": list(argv), "stdin": stdin, "timeout_s": timeout_s,
-                        "cwd": cwd, "env": env or {}, "output_cap": output_cap, "limits": self.spec.limits})
+                        "cwd": cwd, "env": env or {}, "output_cap": output_cap, "limits": self.spec.limits,
+                        "uid": uid})
         return ExecResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["truncated"], r["wall_s"])
 
     def write_files(self, files: dict, owner: str = "agent", mode: int = 0o644) -> None:
+        if owner not in ("agent", "system"):
+            raise ValueError(f"owner must be 'agent' or 'system', not {owner!r}")
         data = {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()}
         self._call({"op": "write_files", "files": data, "owner": owner, "mode": mode})
 
@@ -311,8 +536,22 @@ class Sandbox:
         return self._call({"op": "read_file", "path": path, "max_bytes": max_bytes})["data"]
 
     def diff(self, prefix: str = "/", max_bytes: int = 8 << 20) -> list[Change]:
+        """The writable layer's changes under `prefix`, parents before children: files (added or
+        modified, with mode), directories (kind 'dir', with mode), symlinks, and deletions
+        (whiteouts; an opaque directory is a deletion followed by 'dir')."""
         changes = self._call({"op": "diff", "prefix": prefix, "max_bytes": max_bytes})["changes"]
         return [Change(c["path"], c["kind"], c["data"], c["mode"]) for c in changes]
+
+    def diff_archive(self, prefix: str = "/", max_bytes: int = 8 << 20) -> bytes:
+        """`diff()` as a tar archive (deletions as entries named `.wh.<name>`, as in OCI layers)."""
+        return changes_to_tar(self.diff(prefix, max_bytes))
+
+    def apply(self, changes: "list[Change] | bytes") -> None:
+        """Apply another sandbox's `diff()` (or `diff_archive()`) here, owned by the agent."""
+        if isinstance(changes, (bytes, bytearray)):
+            changes = tar_to_changes(bytes(changes))
+        wire = [{"path": c.path, "kind": c.kind, "data": c.data, "mode": c.mode} for c in changes]
+        self._call({"op": "apply", "changes": wire})
 
     def usage(self) -> dict:
         r = self._call({"op": "usage"})
@@ -328,10 +567,61 @@ class Sandbox:
         finally:
             self.destroyed = True
             self._sock.close()
-            self.runtime._release(self.slice_no)
+            self.runtime._destroyed(self)
 
     def __enter__(self) -> "Sandbox":
         return self
 
     def __exit__(self, *exc) -> None:
         self.destroy()
+
+
+WHITEOUT_PREFIX = ".wh."
+
+
+def changes_to_tar(changes: list[Change]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for c in changes:
+            name = c.path.lstrip("/")
+            if c.kind == "deleted":
+                head, tail = os.path.split(name)
+                ti = tarfile.TarInfo(os.path.join(head, WHITEOUT_PREFIX + tail))
+                tar.addfile(ti, io.BytesIO(b""))
+                continue
+            ti = tarfile.TarInfo(name)
+            ti.mode = c.mode & 0o7777
+            if c.kind == "dir":
+                ti.type = tarfile.DIRTYPE
+                tar.addfile(ti)
+            elif c.kind == "symlink":
+                ti.type, ti.linkname = tarfile.SYMTYPE, (c.data or b"").decode()
+                tar.addfile(ti)
+            else:
+                ti.size = len(c.data or b"")
+                ti.pax_headers = {"PADDOCK.kind": c.kind}
+                tar.addfile(ti, io.BytesIO(c.data or b""))
+    return buf.getvalue()
+
+
+def tar_to_changes(data: bytes) -> list[Change]:
+    out = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            for ti in tar:
+                head, tail = os.path.split(ti.name)
+                if tail.startswith(WHITEOUT_PREFIX):
+                    out.append(Change("/" + os.path.join(head, tail[len(WHITEOUT_PREFIX):]), "deleted", None, 0))
+                elif ti.isdir():
+                    out.append(Change("/" + ti.name, "dir", None, ti.mode))
+                elif ti.issym():
+                    out.append(Change("/" + ti.name, "symlink", ti.linkname.encode(), 0o777))
+                elif ti.isfile():
+                    f = tar.extractfile(ti)
+                    kind = ti.pax_headers.get("PADDOCK.kind", "added")
+                    out.append(Change("/" + ti.name, kind, f.read() if f else b"", ti.mode))
+                else:
+                    raise SandboxError(f"diff archive entry {ti.name!r} has an unsupported type")
+    except tarfile.TarError as exc:
+        raise SandboxError(f"diff archive is not a readable tar: {exc}") from None
+    return out

@@ -24,14 +24,21 @@ import selectors
 import signal
 import socket
 import stat
+import subprocess
+import threading
 import time
 
-from nodeagent import framing, nsutil
+from nodeagent import framing, nsutil, seccomp
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 PROC_MASKED = ("kcore", "keys", "timer_list", "sysrq-trigger", "kallsyms")
 INIT_REPLY_MAX_BYTES = 32 * 1024 * 1024
+FUSE_MOUNT_TIMEOUT_S = 10.0
+EGRESS_PORT = 3128
+EGRESS_MAX_CONNECTIONS = 32
+WHITEOUT = ".wh."
+OPAQUE_MARKER = ".wh..wh..opq"
 
 
 def _w(path: str, data: str) -> None:
@@ -41,7 +48,8 @@ def _w(path: str, data: str) -> None:
 
 # --------------------------------------------------------------------------- monitor
 
-def _build_root(sbx: str, lower: str, limits: dict, slice_base: int) -> str:
+def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
+                overlay: str = "kernel") -> tuple[str, subprocess.Popen | None]:
     os.makedirs(sbx, mode=0o755)
     disk_mb = int(limits.get("disk_mb", 64))
     inodes = int(limits.get("inodes", 16384))
@@ -50,8 +58,12 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int) -> str:
     for d in ("upper", "work", "root"):
         os.mkdir(os.path.join(sbx, d), 0o755)
     root = os.path.join(sbx, "root")
-    nsutil.mount("paddock-overlay", root, "overlay", flags,
-                 f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,userxattr")
+    daemon = None
+    if overlay == "fuse-overlayfs":
+        daemon = _fuse_overlay(lower, sbx, root)
+    else:
+        nsutil.mount("paddock-overlay", root, "overlay", flags,
+                     f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,userxattr")
     for d in ("work", "proc", "dev", "tmp"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
     os.chmod(os.path.join(root, "tmp"), 0o1777)
@@ -69,19 +81,43 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int) -> str:
     shm = os.path.join(dev, "shm")
     os.mkdir(shm, 0o1777)
     nsutil.mount("paddock-shm", shm, "tmpfs", flags | nsutil.MS_NOEXEC, "mode=1777,size=16m")
-    return root
+    return root, daemon
 
 
-def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str) -> int:
+def _fuse_overlay(lower: str, sbx: str, root: str) -> subprocess.Popen:
+    """fuse-overlayfs in the foreground, a child of this monitor (killed on destroy)."""
+    argv = ["fuse-overlayfs", "-f", "-o",
+            f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,allow_other,suid=off,dev=off", root]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL))
+    deadline = time.monotonic() + FUSE_MOUNT_TIMEOUT_S
+    while not _is_mountpoint(root):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+            raise RuntimeError(f"{argv} failed (exit {proc.wait()}): {err}")
+        time.sleep(0.002)
+    return proc
+
+
+def _is_mountpoint(path: str) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == path for line in f)
+
+
+def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
+                cgroup_fds: list[int] = (), seccomp_prog: bytes = b"") -> int:
     """Entry point of a sandbox monitor (a fork of the node init). Returns the exit code."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sbx = os.path.join(sbx_root, req["id"])
     base, size = int(req["slice_base"]), int(req["slice_size"])
+    daemon = None
     try:
         nsutil.unshare(nsutil.CLONE_NEWNS)
-        root = _build_root(sbx, lower, req.get("limits", {}), base)
+        root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"))
         for rel, data in (req.get("files") or {}).items():
             _write_file(root, "/work/" + rel, data, base, owner="agent")
+        egress_fd = os.open(req["egress_socket"], os.O_PATH) if req.get("egress_socket") else None
         nsutil.unshare(nsutil.CLONE_NEWPID | nsutil.CLONE_NEWNET | nsutil.CLONE_NEWIPC | nsutil.CLONE_NEWUTS)
         mon_end, init_end = socket.socketpair()
         pid = os.fork()
@@ -90,17 +126,30 @@ def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str) -> i
             agent.close()
             code = 1
             try:
-                code = run_init(init_end, root, req.get("hostname", "sandbox"))
+                code = run_init(init_end, root, req.get("hostname", "sandbox"), list(cgroup_fds),
+                                InitConfig(seccomp_prog, req.get("cgroup_caps") or [], egress_fd))
             finally:
                 os._exit(code)
         init_end.close()
+        for fd in list(cgroup_fds) + ([egress_fd] if egress_fd is not None else []):
+            os.close(fd)
         _map_child(pid, base, size, mon_end)
     except Exception as exc:
+        if daemon is not None:
+            daemon.kill()
         framing.send_msg(agent, {"ok": False, "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
         return 1
     framing.send_msg(agent, {"ok": True, "init_pid": pid,
                              "uid_map": open(f"/proc/{pid}/uid_map").read().strip()})
-    return Monitor(agent, mon_end, pid, root, sbx, base).serve()
+    return Monitor(agent, mon_end, pid, root, sbx, base, lower, daemon).serve()
+
+
+class InitConfig:
+    """What the sandbox init needs besides its root: the seccomp program, which caps the cgroups
+    enforce (the rest fall back to rlimits), and the egress socket (an O_PATH fd) if any."""
+
+    def __init__(self, seccomp_prog: bytes = b"", cgroup_caps=(), egress_fd: int | None = None):
+        self.seccomp_prog, self.cgroup_caps, self.egress_fd = seccomp_prog, set(cgroup_caps), egress_fd
 
 
 def _map_child(pid: int, base: int, size: int, init: socket.socket) -> None:
@@ -154,9 +203,10 @@ def _write_file(root: str, path: str, data: bytes, base: int, owner: str, mode: 
 
 
 class Monitor:
-    def __init__(self, agent, init, init_pid, root, sbx, base):
+    def __init__(self, agent, init, init_pid, root, sbx, base, lower=None, daemon=None):
         self.agent, self.init, self.init_pid = agent, init, init_pid
         self.root, self.sbx, self.base = root, sbx, base
+        self.lower, self.daemon = lower, daemon
 
     def serve(self) -> int:
         while True:
@@ -199,7 +249,10 @@ class Monitor:
                     "truncated": len(data) > int(req.get("max_bytes", 1 << 20))}
         if op == "diff":
             return {"ok": True, "changes": upper_diff(self.sbx, req.get("prefix", "/"),
-                                                      int(req.get("max_bytes", 8 << 20)))}
+                                                      int(req.get("max_bytes", 8 << 20)), self.lower)}
+        if op == "apply":
+            apply_changes(self.root, req["changes"], self.base)
+            return {"ok": True}
         if op == "usage":
             st = os.statvfs(self.sbx)
             return {"ok": True, "disk_used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize}
@@ -214,6 +267,9 @@ class Monitor:
             os.waitpid(self.init_pid, 0)
         except ChildProcessError:
             pass
+        if self.daemon is not None:   # fuse-overlayfs: its mount goes with this namespace
+            self.daemon.kill()
+            self.daemon.wait()
         # The mount namespace (tmpfs, overlay, /dev) goes away when this monitor exits.
 
 
@@ -227,19 +283,37 @@ def _checked_exec_reply(reply) -> dict:
             "truncated": bool(reply.get("truncated")), "wall_s": float(reply.get("wall_s", 0.0))}
 
 
-def upper_diff(sbx: str, prefix: str, max_bytes: int) -> list[dict]:
-    """Changes in the overlay's upper layer under `prefix`: added/modified files, deletions."""
+def upper_diff(sbx: str, prefix: str, max_bytes: int, lower: str | None = None) -> list[dict]:
+    """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
+    (content, mode), directories new or changed ('dir', mode), symlinks, and deletions. Whiteouts
+    are the kernel's (char 0:0, `user.overlay.whiteout`, opaque `user.overlay.opaque`) or
+    fuse-overlayfs's (`.wh.NAME`, `.wh..wh..opq`); an opaque directory is 'deleted' then 'dir'."""
     upper = os.path.join(sbx, "upper")
-    lower = _lowerdir(os.path.join(sbx, "root"))   # read once: tells added from modified
+    lower = lower or _lowerdir(os.path.join(sbx, "root"))
     start = os.path.join(upper, prefix.strip("/"))
     changes, total = [], 0
+
+    def in_lower(rel: str):
+        try:
+            return os.lstat(os.path.join(lower, rel.lstrip("/"))) if lower else None
+        except OSError:
+            return None
+
     for dirpath, dirnames, filenames in os.walk(start):
         dirnames.sort()
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+        rel_dir = "/" + os.path.relpath(dirpath, upper) if dirpath != upper else "/"
+        names = sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))])
+        for name in names:
             full = os.path.join(dirpath, name)
-            rel = "/" + os.path.relpath(full, upper)
+            rel = os.path.join(rel_dir, name)
+            if name == OPAQUE_MARKER:
+                continue
+            if name.startswith(WHITEOUT):
+                changes.append({"path": os.path.join(rel_dir, name[len(WHITEOUT):]), "kind": "deleted",
+                                "data": None, "mode": 0})
+                continue
             st = os.lstat(full)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            if (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0) or _xattr(full, "overlay.whiteout") is not None:
                 changes.append({"path": rel, "kind": "deleted", "data": None, "mode": 0})
             elif stat.S_ISLNK(st.st_mode):
                 changes.append({"path": rel, "kind": "symlink", "data": os.readlink(full).encode(),
@@ -250,9 +324,86 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int) -> list[dict]:
                     raise ValueError(f"diff exceeds {max_bytes} bytes")
                 with open(full, "rb") as f:
                     data = f.read()
-                kind = "modified" if lower and os.path.lexists(os.path.join(lower, rel.lstrip("/"))) else "added"
-                changes.append({"path": rel, "kind": kind, "data": data, "mode": st.st_mode & 0o777})
-    return changes
+                kind = "modified" if in_lower(rel) is not None else "added"
+                changes.append({"path": rel, "kind": kind, "data": data, "mode": stat.S_IMODE(st.st_mode)})
+        for name in list(dirnames):
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                continue
+            rel = os.path.join(rel_dir, name)
+            st, low = os.lstat(full), in_lower(rel)
+            opaque = (_xattr(full, "overlay.opaque") == b"y"
+                      or os.path.lexists(os.path.join(full, OPAQUE_MARKER)))
+            if opaque and low is not None:
+                changes.append({"path": rel, "kind": "deleted", "data": None, "mode": 0})
+            if opaque or low is None or stat.S_IMODE(low.st_mode) != stat.S_IMODE(st.st_mode) \
+                    or not stat.S_ISDIR(low.st_mode):
+                changes.append({"path": rel, "kind": "dir", "data": None, "mode": stat.S_IMODE(st.st_mode)})
+    return _parents_first(changes)
+
+
+def _parents_first(changes: list[dict]) -> list[dict]:
+    """Order so a directory (and its deletion) precedes what is inside it; stable otherwise."""
+    rank = {"deleted": 0, "dir": 1}
+    return sorted(changes, key=lambda c: (c["path"].rstrip("/").split("/"), rank.get(c["kind"], 2)))
+
+
+def _xattr(path: str, name: str) -> bytes | None:
+    for ns in ("user.", "trusted."):
+        try:
+            return os.getxattr(path, ns + name, follow_symlinks=False)
+        except OSError:
+            continue
+    return None
+
+
+def apply_changes(root: str, changes: list[dict], base: int) -> None:
+    """Replay another sandbox's diff into this merged tree; everything is owned by the agent."""
+    import shutil
+    for c in changes:
+        path, kind = c["path"], c["kind"]
+        if kind not in ("added", "modified", "deleted", "symlink", "dir"):
+            raise ValueError(f"change {path!r} has unknown kind {kind!r}")
+        full = _resolve(root, path)
+        if full == root:
+            raise ValueError("a change may not replace the sandbox root")
+        mode = int(c.get("mode") or 0) & 0o1777   # never setuid/setgid
+        if kind == "deleted":
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            elif os.path.lexists(full):
+                os.unlink(full)
+        elif kind == "dir":
+            if os.path.lexists(full) and not os.path.isdir(full):
+                os.unlink(full)
+            if not os.path.isdir(full):
+                _write_parents(root, full, base)
+                os.mkdir(full)
+                os.lchown(full, base, base)
+            os.chmod(full, mode or 0o755)
+        elif kind == "symlink":
+            _write_parents(root, full, base)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            elif os.path.lexists(full):
+                os.unlink(full)
+            os.symlink((c.get("data") or b"").decode(), full)
+            os.lchown(full, base, base)
+        else:
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            _write_file(root, path, c.get("data") or b"", base, owner="agent", mode=mode or 0o644)
+
+
+def _write_parents(root: str, full: str, base: int) -> None:
+    cur = root
+    for part in os.path.relpath(os.path.dirname(full), root).split("/"):
+        if part in ("", "."):
+            continue
+        cur = os.path.join(cur, part)
+        if not os.path.isdir(cur):
+            os.mkdir(cur, 0o755)
+            os.chown(cur, base, base)
 
 
 def _lowerdir(merged: str) -> str | None:
@@ -288,10 +439,24 @@ def _init_setup(root: str, hostname: str) -> None:
     os.chdir("/")
 
 
-def run_init(mon: socket.socket, root: str, hostname: str) -> int:
+def _join_cgroups(fds: list[int]) -> None:
+    """Join the sandbox's cgroups through `cgroup.procs` files the agent opened, then give the
+    sandbox its own cgroup namespace (its cgroup is its '/')."""
+    for fd in fds:
+        os.write(fd, b"0")
+        os.close(fd)
+    nsutil.unshare(nsutil.CLONE_NEWCGROUP)
+
+
+def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int] = (),
+             cfg: "InitConfig | None" = None) -> int:
+    cfg = cfg or InitConfig()
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
+        _join_cgroups(list(cgroup_fds))
         _init_setup(root, hostname)
+        if cfg.egress_fd is not None:
+            _start_egress_relay(cfg.egress_fd)
         nsutil.unshare(nsutil.CLONE_NEWUSER)
     except OSError as exc:
         framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
@@ -310,37 +475,112 @@ def run_init(mon: socket.socket, root: str, hostname: str) -> int:
             req = framing.recv_msg(mon)
         except framing.FramingError:
             return 0
-        framing.send_msg(mon, run_command(req))
+        framing.send_msg(mon, run_command(req, cfg))
 
 
-def _exec_child(req: dict, stdin_r: int, out_w: int, err_w: int) -> None:
-    """In the forked child: new session, rlimits, stdio, execve. Never returns."""
+def _start_egress_relay(sock_fd: int) -> None:
+    """Listen on 127.0.0.1:3128 in the sandbox's netns; relay each connection to the node egress
+    proxy's Unix socket (reached through an O_PATH fd: its path is not in the sandbox)."""
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    lst.bind(("127.0.0.1", EGRESS_PORT))
+    lst.listen(EGRESS_MAX_CONNECTIONS)
+    target = f"/proc/self/fd/{sock_fd}"
+    slots = threading.BoundedSemaphore(EGRESS_MAX_CONNECTIONS)
+
+    def serve_one(conn: socket.socket) -> None:
+        try:
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                up.connect(target)
+            except OSError:
+                return
+            with up:
+                _splice(conn, up)
+        finally:
+            conn.close()
+            slots.release()
+
+    def accept_loop() -> None:
+        while True:
+            conn, _ = lst.accept()
+            if not slots.acquire(blocking=False):
+                conn.close()   # over the connection cap: refuse, do not queue
+                continue
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True, name="egress-relay").start()
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    open_dirs = 2
+    while open_dirs:
+        for key, _ in sel.select():
+            src, dst = key.fileobj, key.data
+            try:
+                chunk = src.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                sel.unregister(src)
+                open_dirs -= 1
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                continue
+            try:
+                dst.sendall(chunk)
+            except OSError:
+                return
+
+
+def _exec_child(req: dict, stdin_r: int, out_w: int, err_w: int, cfg: "InitConfig") -> None:
+    """In the forked child: new session, rlimits (for caps no cgroup enforces), stdio, uid,
+    the OOM killer's first choice, seccomp, execve. Never returns."""
     try:
         os.setsid()
         lim = req.get("limits", {})
         mb = 1024 * 1024
-        for res, val in ((resource.RLIMIT_AS, lim.get("memory_mb", 0) * mb),
-                         (resource.RLIMIT_NPROC, lim.get("pids", 0)),
-                         (resource.RLIMIT_FSIZE, lim.get("disk_mb", 0) * mb),
-                         (resource.RLIMIT_NOFILE, lim.get("nofile", 0)),
-                         (resource.RLIMIT_CORE, 0)):
+        for res, val, cap in ((resource.RLIMIT_AS, lim.get("memory_mb", 0) * mb, "memory"),
+                              (resource.RLIMIT_NPROC, lim.get("pids", 0), "pids"),
+                              (resource.RLIMIT_FSIZE, lim.get("disk_mb", 0) * mb, None),
+                              (resource.RLIMIT_NOFILE, lim.get("nofile", 0), None),
+                              (resource.RLIMIT_CORE, 0, None)):
+            if cap in cfg.cgroup_caps:
+                continue
             if val or res == resource.RLIMIT_CORE:
                 resource.setrlimit(res, (int(val), int(val)))
+        nsutil.prctl(nsutil.PR_SET_DUMPABLE, 1)   # execve makes it dumpable anyway; /proc/self is ours again
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")   # under memory pressure the workload dies, never the sandbox init
         os.dup2(stdin_r, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.closerange(3, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         env = {"PATH": SANDBOX_PATH, "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
+        if cfg.egress_fd is not None:
+            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+            env.update({k: proxy for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")})
         env.update(req.get("env") or {})
         os.chdir(req.get("cwd") or "/work")
+        if req.get("uid") is not None:
+            uid = int(req["uid"])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        if cfg.seccomp_prog:
+            seccomp.install(cfg.seccomp_prog)
         os.execvpe(req["argv"][0], req["argv"], env)
     except BaseException as exc:
         os.write(2, f"paddock: cannot run {req.get('argv')!r}: {exc}\n".encode())
         os._exit(127)
 
 
-def run_command(req: dict) -> dict:
+def run_command(req: dict, cfg: "InitConfig | None" = None) -> dict:
     argv = req.get("argv")
     if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
         return {"exit_code": 126, "stdout": b"", "stderr": b"paddock: argv must be a non-empty list of strings\n"}
@@ -352,7 +592,7 @@ def run_command(req: dict) -> dict:
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _exec_child(req, stdin_r, out_w, err_w)
+        _exec_child(req, stdin_r, out_w, err_w, cfg or InitConfig())
     for fd in (stdin_r, out_w, err_w):
         os.close(fd)
     _feed_stdin(stdin_w, req.get("stdin") or b"")

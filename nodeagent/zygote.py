@@ -15,7 +15,7 @@ Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the ke
 every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
 namespace, with its mounts and tmpfs, disappears. Nothing outlives the agent.
 
-Imports only the standard library and nodeagent.{nsutil,framing,sbxinit}.
+Imports only the standard library and nodeagent.{nsutil,framing,sbxinit,seccomp}.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from nodeagent import framing, nsutil, sbxinit
+from nodeagent import framing, nsutil, sbxinit, seccomp
 
 MOUNT_TIMEOUT_S = 10.0
 
@@ -46,6 +46,7 @@ class NodeInit:
         self.sbx_dir = os.path.join(state_dir, "sbx")
         self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
         self.monitors: dict[int, str] = {}             # pid -> sandbox id
+        self.seccomp_prog = b""                        # built once, installed before each exec
 
     def setup(self) -> None:
         nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_PRIVATE)
@@ -54,6 +55,7 @@ class NodeInit:
                      "mode=0755,size=4m,nr_inodes=65536")
         os.mkdir(self.images_dir, 0o755)
         os.mkdir(self.sbx_dir, 0o755)
+        self.seccomp_prog = seccomp.build()
 
     def serve(self) -> None:
         sel = selectors.DefaultSelector()
@@ -93,9 +95,9 @@ class NodeInit:
         if op == "unmount_image":
             return self.unmount_image(req["key"])
         if op == "create":
-            if len(fds) != 1:
-                return {"ok": False, "error": "create needs exactly one socket fd"}
-            return self.create(req, fds[0])
+            if not fds:
+                return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
+            return self.create(req, fds)
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def mount_image(self, key: str, path: str, offset: int) -> dict:
@@ -137,21 +139,23 @@ class NodeInit:
         os.rmdir(mnt)
         return {"ok": True}
 
-    def create(self, req: dict, fd: int) -> dict:
+    def create(self, req: dict, fds: list[int]) -> dict:
         mnt = os.path.join(self.images_dir, req["image_key"])
         if req["image_key"] not in self.fuse:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
-        dup = os.dup(fd)
+        dups = [os.dup(fd) for fd in fds]
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 self.ctl.close()
-                sock = socket.socket(fileno=dup)
-                code = sbxinit.run_monitor(sock, req, lower=mnt, sbx_root=self.sbx_dir)
+                sock = socket.socket(fileno=dups[0])
+                code = sbxinit.run_monitor(sock, req, lower=mnt, sbx_root=self.sbx_dir,
+                                           cgroup_fds=dups[1:], seccomp_prog=self.seccomp_prog)
             finally:
                 os._exit(code)
-        os.close(dup)
+        for fd in dups:
+            os.close(fd)
         self.monitors[pid] = req["id"]
         return {"ok": True, "pid": pid}
 

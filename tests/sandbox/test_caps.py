@@ -1,0 +1,57 @@
+"""Caps through cgroups (v1 here), the report of what enforces them, and refusal to run without."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
+
+pytestmark = pytest.mark.sandbox
+
+LIMITS = {"memory_mb": 96, "pids": 24, "cpu": 0.5, "disk_mb": 16, "nofile": 128}
+
+
+def test_caps_report_names_the_mechanism_of_every_cap(runtime):
+    rep = runtime.caps_report()
+    assert set(rep["caps"]) == {"memory", "pids", "cpu"}
+    assert all(m in ("cgroup-v1", "cgroup-v2") for m in rep["caps"].values()), rep
+    assert rep["degraded"] == [] and rep["overlay"] == "kernel"
+
+
+def test_each_sandbox_gets_its_own_cgroups_with_the_spec_limits(runtime, busybox_image):
+    with runtime.create(SandboxSpec(image=busybox_image, limits=LIMITS)) as sb:
+        paths = sb.cgroup_paths
+        assert set(paths) == {"memory", "pids", "cpu"}
+        read = lambda p, f: open(os.path.join(p, f)).read().strip()  # noqa: E731
+        assert read(paths["memory"], "memory.limit_in_bytes") == str(96 << 20)
+        assert read(paths["pids"], "pids.max") == "24"
+        assert read(paths["cpu"], "cpu.cfs_quota_us") == "50000"
+        r = sb.exec(["sh", "-c", "sleep 60 & echo $!"])
+        assert r.exit_code == 0
+        procs = read(paths["pids"], "cgroup.procs").split()
+        assert len(procs) >= 2   # the init and the stray sleep are both inside
+    assert not any(os.path.exists(p) for p in paths.values())
+
+
+def test_the_sandbox_sees_its_cgroup_as_the_root(runtime, busybox_image):
+    with runtime.create(SandboxSpec(image=busybox_image)) as sb:
+        lines = sb.exec(["cat", "/proc/self/cgroup"]).stdout.decode().split()
+    per_ctrl = {ln.split(":")[1]: ln.split(":")[2] for ln in lines}
+    assert per_ctrl["memory"] == "/" and per_ctrl["pids"] == "/"
+
+
+def test_a_cap_the_host_cannot_enforce_is_refused_by_name(busybox_image):
+    with pytest.raises(SandboxError, match=r"cap\(s\) cpu cannot be enforced.*degrade=True"):
+        SandboxRuntime(use_cgroups=False).start()
+
+
+def test_degrade_runs_on_rlimits_and_says_so(busybox_image):
+    with SandboxRuntime(use_cgroups=False, degrade=True) as rt:
+        rep = rt.caps_report()
+        assert rep["caps"] == {"memory": "rlimit", "pids": "rlimit", "cpu": None}
+        assert rep["degraded"] == ["cpu"]
+        with rt.create(SandboxSpec(image=busybox_image, limits={"memory_mb": 64, "pids": 16})) as sb:
+            r = sb.exec(["sh", "-c", "ulimit -v; ulimit -u"])
+            assert r.stdout.split() == [str(64 * 1024).encode(), b"16"]
+            assert sb.cgroup_paths == {}
