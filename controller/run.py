@@ -39,6 +39,8 @@ class RunConfig:
     lease_ttl_s: float = 300.0
     start_timeout_s: float = 60.0
     tasks_limit: int = 0              # 0: every built-in task
+    seed: int = 0                     # curriculum sampling seed (the run is reproducible)
+    curriculum_db: str = ""           # "": <runs_dir>/curriculum.sqlite, kept across runs
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -160,7 +162,13 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
     from controller.query import connect
     from controller.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 
+    import random
+    from controller.builtin_tasks import builtin_taskset
+    from controller.curriculum import Curriculum
     trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
+    by_id = {t.task_id: t.name for t in builtin_taskset().tasks if t.name in set(names)}
+    curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id)
+    rng = random.Random(cfg.seed)
     total = cfg.versions * len(names) * cfg.rollouts_per_task
     with Client(endpoint, deployment) as client, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -169,7 +177,8 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
         for version in range(cfg.versions):
             policy.set_policy(version, params)
             client.publish_policy(version, policy.url, f"scripted-v{version}")
-            batch_id, _n = client.submit(names, cfg.rollouts_per_task, version)
+            picks = curriculum.sample(total // cfg.versions, rng, version)
+            batch_id, _n = client.submit([by_id[t] for t in picks], 1, version)
             passed = seen = 0
             for item in client.results(batch_id):
                 seen += 1
@@ -180,6 +189,7 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
                 "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
                 "USING (rollout_id, attempt, fencing_token) WHERE s.step = 0 AND r.batch_id = ? "
                 "AND r.reward IS NOT NULL", [batch_id]).fetchall()
+            _record_outcomes(curriculum, con, batch_id)
             con.close()
             samples = []
             for family, content, reward in rows:
@@ -195,6 +205,18 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
                               f"next policy p(solve) python={probs['python']['solve']:.2f} "
                               f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
+
+
+def _record_outcomes(curriculum, con, batch_id: str) -> None:
+    """Feed a batch's committed outcomes to the curriculum; the solution is the hash of the
+    agent's actions and final answer (the same actions make the same diff)."""
+    rows = con.execute(
+        "SELECT r.rollout_id, r.task_id, r.policy_version, r.outcome, md5(coalesce(any_value(r.answer), "
+        "'') || '|' || coalesce(string_agg(s.tool_args, '|' ORDER BY s.step), '')) "
+        "FROM rollouts r LEFT JOIN steps s USING (rollout_id, attempt, fencing_token) "
+        "WHERE r.batch_id = ? GROUP BY ALL", [batch_id]).fetchall()
+    for rollout_id, task_id, version, outcome, solution in rows:
+        curriculum.record(task_id, version, outcome, solution, rollout_id)
 
 
 def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str) -> None:

@@ -1,0 +1,152 @@
+"""Curriculum: decayed Beta estimates, the band sampler, drift, quarantine, persistence."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from controller.curriculum import Curriculum, CurriculumConfig, CurriculumError
+
+TASKS = [f"sha256:{i:064x}" for i in range(10)]
+
+
+@pytest.fixture
+def cur(tmp_path):
+    with Curriculum(tmp_path / "bank" / "curriculum.sqlite", TASKS) as c:
+        yield c
+
+
+def _feed(c: Curriculum, task: str, version: int, passes: int, fails: int) -> None:
+    for i in range(passes):
+        c.record(task, version, "pass", rollout_id=f"{task}-{version}-p{i}")
+    for i in range(fails):
+        c.record(task, version, "fail", rollout_id=f"{task}-{version}-f{i}")
+
+
+def test_unseen_tasks_are_explored_and_the_estimate_is_the_prior_mean(cur):
+    assert set(cur.classify(0).values()) == {"explore"}
+    assert cur.estimates(0)[TASKS[0]].mean == 0.5
+    assert Counter(cur.sample(20, random.Random(1), 0)) == Counter({t: 2 for t in TASKS})
+
+
+def test_band_classes_follow_the_estimate(cur):
+    _feed(cur, TASKS[0], 0, 5, 5)      # 0.5 -> band
+    _feed(cur, TASKS[1], 0, 10, 0)     # always solved
+    _feed(cur, TASKS[2], 0, 0, 10)     # never solved
+    classes = cur.classify(0)
+    assert (classes[TASKS[0]], classes[TASKS[1]], classes[TASKS[2]]) == ("band", "too_easy", "too_hard")
+
+
+def test_recent_versions_outweigh_old_ones_so_a_learned_task_drifts_out(cur):
+    _feed(cur, TASKS[0], 0, 2, 8)
+    _feed(cur, TASKS[0], 1, 5, 5)
+    assert cur.classify(1)[TASKS[0]] == "band"
+    _feed(cur, TASKS[0], 2, 10, 0)
+    _feed(cur, TASKS[0], 3, 10, 0)
+    e = cur.estimates(3)[TASKS[0]]
+    assert e.mean > 0.8 and cur.classify(3)[TASKS[0]] == "too_easy"
+    # Without decay the old failures would keep it inside the band.
+    flat = Curriculum(cur.path, TASKS, CurriculumConfig(decay=1.0))
+    assert flat.estimates(3)[TASKS[0]].mean < e.mean
+
+
+def test_sample_serves_the_band_plus_the_exploration_share(cur):
+    for t in TASKS[:4]:
+        _feed(cur, t, 0, 5, 5)
+    for t in TASKS[4:8]:
+        _feed(cur, t, 0, 10, 0)
+    picks = cur.sample(100, random.Random(7), 0)
+    counts = Counter(cur.classify(0)[t] for t in picks)
+    assert counts == {"band": 80, "explore": 20}
+    assert set(picks) <= set(TASKS[:4]) | set(TASKS[8:])
+
+
+def test_sample_is_deterministic_under_a_seed(cur):
+    _feed(cur, TASKS[0], 0, 5, 5)
+    a = cur.sample(30, random.Random(42), 0)
+    assert a == cur.sample(30, random.Random(42), 0)
+    assert a != cur.sample(30, random.Random(43), 0)
+
+
+def test_band_bounds_are_configurable(tmp_path):
+    c = Curriculum(tmp_path / "c.sqlite", TASKS, CurriculumConfig(band_low=0.6, band_high=0.95))
+    _feed(c, TASKS[0], 0, 5, 5)
+    _feed(c, TASKS[1], 0, 8, 2)
+    assert c.classify(0)[TASKS[0]] == "too_hard" and c.classify(0)[TASKS[1]] == "band"
+    with pytest.raises(ValueError, match="band_low"):
+        CurriculumConfig(band_low=0.9, band_high=0.1)
+
+
+def test_with_nothing_in_band_or_unexplored_the_nearest_tasks_are_served(cur):
+    for t in TASKS:
+        _feed(cur, t, 0, 10, 0)
+    _feed(cur, TASKS[3], 0, 0, 1)      # 11/13: nearest to the band
+    picks = cur.sample(5, random.Random(0), 0)
+    assert len(picks) == 5 and set(picks) == {TASKS[3]}
+
+
+def test_same_solution_with_different_verdicts_quarantines_the_task_as_flaky(cur):
+    cur.record(TASKS[0], 0, "pass", solution_hash="abc123", rollout_id="r1")
+    cur.record(TASKS[0], 0, "fail", solution_hash="other", rollout_id="r2")
+    assert cur.quarantined() == {}
+    cur.record(TASKS[0], 1, "fail", solution_hash="abc123", rollout_id="r3")
+    assert cur.quarantined()[TASKS[0]].startswith("flaky: solution abc123")
+    assert TASKS[0] not in cur.sample(50, random.Random(0), 1)
+
+
+def test_broken_reference_and_repeated_dead_letters_quarantine_with_the_reason(cur):
+    cur.record_reference(TASKS[1], False, "test_hidden.py::test_x failed")
+    for _ in range(3):
+        cur.record_infra_failure(TASKS[2], "sandbox_start: image missing")
+    q = cur.quarantined()
+    assert q[TASKS[1]] == "broken: reference solution fails: test_hidden.py::test_x failed"
+    assert q[TASKS[2]].startswith("broken: 3 rollouts dead-lettered")
+    cur.release(TASKS[1])
+    assert TASKS[1] not in cur.quarantined()
+
+
+def test_all_quarantined_is_a_clear_error(tmp_path):
+    c = Curriculum(tmp_path / "c.sqlite", TASKS[:1])
+    c.quarantine(TASKS[0], "broken: manual")
+    with pytest.raises(CurriculumError, match="all 1 tasks are quarantined"):
+        c.sample(3, random.Random(0), 0)
+
+
+def test_infra_errors_never_count_and_recording_is_idempotent_per_rollout(cur):
+    assert cur.record(TASKS[0], 0, "infra_error", rollout_id="x") is False
+    assert cur.record(TASKS[0], 0, "pass", rollout_id="r") is True
+    assert cur.record(TASKS[0], 0, "pass", rollout_id="r") is False
+    assert cur.estimates(0)[TASKS[0]].evidence == 1.0
+
+
+def test_estimates_persist_across_reopen(tmp_path):
+    path = tmp_path / "c.sqlite"
+    with Curriculum(path, TASKS) as c:
+        _feed(c, TASKS[0], 0, 6, 2)
+        c.quarantine(TASKS[5], "broken: manual")
+    with Curriculum(path, TASKS) as again:
+        assert again.estimates(0)[TASKS[0]].evidence == 8.0
+        assert again.classify(0)[TASKS[5]] == "quarantined"
+
+
+def test_the_local_run_feeds_committed_outcomes_with_a_solution_hash(tmp_path):
+    """controller.run reads a batch back from the store; same actions = same solution."""
+    from controller.catalog import Catalog
+    from controller.query import connect
+    from controller.run import _record_outcomes
+    from tests.test_store import T0, rollout_row, step_row
+    from nodeagent.trajwriter import write_attempt
+    run = tmp_path / "run"
+    cat = Catalog(run)
+    for rid, outcome in (("r1", "pass"), ("r2", "fail"), ("r3", "infra_error")):
+        row = rollout_row(rid, outcome=outcome, task_id=TASKS[0])
+        shards = write_attempt(run, "n1", row, [step_row(0)], [])
+        cat.commit(rid, 1, 1, shards, committed_at=T0)
+    cat.flush()
+    with Curriculum(tmp_path / "c.sqlite", TASKS) as c:
+        con = connect(run)
+        _record_outcomes(c, con, "b0")
+        _record_outcomes(c, con, "b0")           # idempotent per rollout
+        assert c.estimates(0)[TASKS[0]].evidence == 2.0
+        assert c.quarantined()[TASKS[0]].startswith("flaky:")   # identical actions, pass and fail
