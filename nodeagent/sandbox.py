@@ -133,6 +133,17 @@ def choose_overlay(mode: str = "auto", release: str | None = None) -> str:
     return "kernel"
 
 
+def _check_traversable(path: str) -> None:
+    """The node holder runs as a subordinate uid: every ancestor of its state dir needs o+x."""
+    cur = os.path.abspath(path)
+    while cur != "/":
+        cur = os.path.dirname(cur)
+        if not os.stat(cur).st_mode & 0o001:
+            raise SandboxError(f"state dir {path}: {cur} is not searchable by other users (mode "
+                               f"{os.stat(cur).st_mode & 0o777:o}); the sandbox ids cannot reach it: "
+                               f"`chmod o+x {cur}` or choose a run_root under /tmp")
+
+
 def _owner_tag() -> str:
     """node-<pid>-<start time>-<random>: lets the next start tell a live owner from a dead one."""
     return f"node-{os.getpid()}-{cgroups._starttime(os.getpid())}-{os.urandom(3).hex()}"
@@ -206,6 +217,7 @@ class SandboxRuntime:
             self.swept = sweep_state_dirs(self.run_root)
             self.state_dir = os.path.join(self.run_root, _owner_tag())
             os.mkdir(self.state_dir, 0o755)
+        _check_traversable(self.state_dir)
         report = self.cgroups.detect()
         missing = report.unenforceable(self.caps)
         if missing and not self.degrade:

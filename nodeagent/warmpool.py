@@ -1,0 +1,103 @@
+"""Warm pool: per sandbox spec (image + limits), a target number of ready sandboxes.
+
+`WarmPool.take()` hands out a ready sandbox at most once (a deque pop: microseconds), or None
+when the pool is empty; a background thread refills it to `target`, backing off exponentially
+when creation fails (the failure is logged and counted, never raised into the caller). A
+handed-out sandbox belongs to the caller, who destroys it after use; sandboxes are never
+returned to the pool. `stop()` destroys what is still waiting.
+
+Imports only the standard library; the runtime is passed in.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+IDLE_WAKE_S = 1.0   # how often an idle pool lets the runtime unmount unused images
+
+
+class WarmPool:
+    def __init__(self, runtime, spec, target: int):
+        if target < 0:
+            raise ValueError(f"warm pool target must be >= 0, not {target}")
+        self.runtime, self.spec, self.target = runtime, spec, target
+        self._ready: collections.deque = collections.deque()
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self.created = self.handed_out = self.failures = 0
+        self.last_error: str | None = None
+
+    def start(self) -> "WarmPool":
+        self._thread = threading.Thread(target=self._fill, name="warm-pool", daemon=True)
+        self._thread.start()
+        return self
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def take(self):
+        """A ready sandbox (never handed out before), or None if the pool is empty right now."""
+        try:
+            sb = self._ready.popleft()
+        except IndexError:
+            sb = None
+        else:
+            self.handed_out += 1
+        with self._wake:
+            self._wake.notify()
+        return sb
+
+    def set_target(self, target: int) -> None:
+        with self._wake:
+            self.target = target
+            self._wake.notify()
+
+    def wait_ready(self, n: int | None = None, timeout_s: float = 30.0) -> bool:
+        """Block until at least `n` (default: target) sandboxes are ready."""
+        want = self.target if n is None else n
+        with self._wake:
+            return self._wake.wait_for(lambda: len(self._ready) >= want or self._stopped, timeout_s)
+
+    def _fill(self) -> None:
+        backoff = 0.05
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopped or len(self._ready) < self.target, IDLE_WAKE_S)
+                if self._stopped:
+                    return
+                short = len(self._ready) < self.target
+            if not short:
+                self.runtime.reap_images()
+                continue
+            try:
+                sb = self.runtime.create(self.spec)
+            except Exception as exc:  # noqa: BLE001 - an operating error: count, back off, retry
+                self.failures += 1
+                self.last_error = str(exc)
+                log.warning("warm pool refill failed (%d so far): %s", self.failures, exc)
+                with self._wake:
+                    self._wake.wait_for(lambda: self._stopped, backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = 0.05
+            with self._wake:
+                if self._stopped:
+                    sb.destroy()
+                    return
+                self._ready.append(sb)
+                self.created += 1
+                self._wake.notify_all()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        while self._ready:
+            self._ready.popleft().destroy()

@@ -1,0 +1,118 @@
+"""Zero leaks: after destroy(), and after SIGKILL of the node agent then a restart, no mount,
+namespace, process, cgroup or state directory of Paddock remains. Counted, not assumed."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import psutil
+import pytest
+
+from nodeagent.cgroups import NODE_PREFIX
+from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+
+pytestmark = pytest.mark.sandbox
+NS_KINDS = ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")
+
+
+def ns_ids(pid: int) -> set[str]:
+    out = set()
+    for kind in NS_KINDS:
+        try:
+            out.add(os.readlink(f"/proc/{pid}/ns/{kind}"))
+        except OSError:
+            pass
+    return out
+
+
+def live_ns_ids() -> set[str]:
+    out = set()
+    for pid in psutil.pids():
+        out |= ns_ids(pid)
+    return out
+
+
+def host_mounts_under(prefix: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [ln.split()[4] for ln in f if ln.split()[4].startswith(prefix)]
+
+
+def cgroup_dirs(name_part: str) -> list[str]:
+    found = []
+    for ctrl in ("memory", "pids", "cpu"):
+        for dirpath, dirnames, _ in os.walk(f"/sys/fs/cgroup/{ctrl}"):
+            found += [os.path.join(dirpath, d) for d in dirnames if name_part in d]
+    return found
+
+
+@pytest.fixture
+def run_root():
+    d = tempfile.mkdtemp(prefix="paddock-test-nodes-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_image):
+    sb = runtime.create(SandboxSpec(image=busybox_image))
+    sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"])
+    monitor = psutil.Process(sb.monitor_pid_host)
+    tree = [monitor] + monitor.children(recursive=True)
+    assert len(tree) >= 3   # monitor, init, the stray sleep
+    sandbox_ns = set().union(*(ns_ids(p.pid) for p in tree[1:])) - ns_ids(runtime.holder_pid)
+    mon_mnt = os.readlink(f"/proc/{monitor.pid}/ns/mnt")
+    cgroups = list(sb.cgroup_paths.values())
+    assert len(sandbox_ns) >= 6 and all(os.path.isdir(d) for d in cgroups)
+    sb.destroy()
+    psutil.wait_procs(tree, timeout=5)
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    live = live_ns_ids()
+    assert not (sandbox_ns | {mon_mnt}) & live   # its namespaces, and the tmpfs/overlay in them, are gone
+    assert not [d for d in cgroups if os.path.exists(d)]
+
+
+def _agent_script(run_root: str) -> str:
+    return f"""
+import sys
+from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+rt = SandboxRuntime(run_root={run_root!r}).start()
+boxes = [rt.create(SandboxSpec(image={{img!r}})) for _ in range(2)]
+for b in boxes:
+    b.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"])
+print(rt.holder_pid, rt.state_dir, rt.cgroups.node_name, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_sigkilled_agent_leaves_nothing_after_the_next_start(busybox_image, run_root):
+    script = _agent_script(run_root).replace("{img!r}", repr(str(busybox_image)))
+    agent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             cwd=os.getcwd())
+    try:
+        holder_pid, state_dir, node_name = agent.stdout.readline().decode().split()
+        holder = psutil.Process(int(holder_pid))
+        tree = [holder] + holder.children(recursive=True)
+        assert len(tree) >= 8   # holder, node init, squashfuse, 2 × (monitor, init, sleep)
+        their_ns = set().union(*(ns_ids(p.pid) for p in tree)) - ns_ids(os.getpid())
+        assert cgroup_dirs(node_name)
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+        psutil.wait_procs(tree, timeout=10)
+        assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not their_ns & live_ns_ids()
+        assert not host_mounts_under(state_dir)
+        # Left behind by the kill: the empty state dir and the (empty) cgroups. The next start sweeps.
+        with SandboxRuntime(run_root=run_root) as rt:
+            assert state_dir in rt.swept
+            assert not os.path.exists(state_dir)
+            assert not cgroup_dirs(node_name)
+        assert os.listdir(run_root) == []
+        assert not cgroup_dirs(NODE_PREFIX + str(agent.pid) + "-")
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
