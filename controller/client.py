@@ -1,17 +1,29 @@
-"""The trainer's client: submit rollouts, publish policy versions, iterate results as they commit.
+"""The trainer's client: submit rollouts, publish policy versions, iterate results as they
+commit, cancel batches, drain nodes, read the farm's status. Sync (`Client`) and asyncio
+(`AsyncClient`), same methods, same errors.
 
-A DEALER socket to the controller's ROUTER. Every mutating request carries an idempotency key
-generated once per call, so a retry after a timeout (on a fresh socket) can never submit twice.
-Errors are typed: `ControllerUnavailable` (no reply within the deadline after retries),
-`RequestRefused` (the controller answered no, with its reason).
+A DEALER socket to the controller's ROUTER, used Lazy-Pirate style: a request waits
+`timeout_s` for its reply; on silence the socket is replaced by a fresh one and the SAME
+message (same idempotency key) is sent again, until `give_up_s` has passed. So a client
+carries on by itself across a controller restart, and a retried submit can never submit
+twice. Results are read by long-polling `watch` with a cursor, so a reconnect resumes
+exactly where it stopped.
+
+Errors are typed: `ControllerUnavailable` (no reply before give_up_s), and for a refusal
+`RequestRefused` or the subclass for its code (`UnknownTask`, `UnknownPolicy`,
+`UnknownBatch`, `UnknownNode`, `PolicyConflict`, `BadRequest`).
+
+Must not import controller.queue (the client talks only the wire protocol).
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from typing import Iterator
+from typing import AsyncIterator, Iterator, Optional
 
 import zmq
+import zmq.asyncio
 
 from controller import protocol as P
 
@@ -25,24 +37,110 @@ class ControllerUnavailable(ClientError):
 
 
 class RequestRefused(ClientError):
+    """The controller answered no. `code` is one of protocol.ERROR_CODES."""
+
+    def __init__(self, message: str, code: Optional[str] = None):
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownTask(RequestRefused):
     pass
 
 
-class Client:
-    def __init__(self, endpoint: str, deployment: str, timeout_s: float = 10.0, retries: int = 3):
-        self.endpoint, self.deployment = endpoint, deployment
-        self.timeout_s, self.retries = timeout_s, retries
-        self.ctx = zmq.Context.instance()
-        self.sock = None
-        self._connect()
+class UnknownPolicy(RequestRefused):
+    pass
 
-    def _connect(self) -> None:
+
+class UnknownBatch(RequestRefused):
+    pass
+
+
+class UnknownNode(RequestRefused):
+    pass
+
+
+class PolicyConflict(RequestRefused):
+    pass
+
+
+class BadRequest(RequestRefused):
+    pass
+
+
+_REFUSALS = {"unknown_task": UnknownTask, "unknown_policy": UnknownPolicy,
+             "unknown_batch": UnknownBatch, "unknown_node": UnknownNode,
+             "policy_conflict": PolicyConflict, "bad_request": BadRequest}
+
+
+def _refused(ack: P.Ack) -> RequestRefused:
+    return _REFUSALS.get(ack.code or "", RequestRefused)(ack.error or "refused", ack.code)
+
+
+def _match(msg: P.Message, reply: P.Message, expect: tuple[type, ...]) -> Optional[P.Message]:
+    """The reply if it answers msg; raises for a refusal; None for anything else (late
+    replies of earlier tries, controller heartbeats, welcomes)."""
+    if isinstance(reply, P.Ack) and reply.ref == msg.id and not reply.ok:
+        raise _refused(reply)
+    if isinstance(reply, expect):
+        if isinstance(reply, P.Ack) and reply.ref != msg.id:
+            return None
+        if isinstance(reply, P.Results) and reply.batch_id != getattr(msg, "batch_id", None):
+            return None
+        return reply
+    return None
+
+
+# The message builders, shared by both clients.
+
+def _submit(tasks, n_per_task, policy) -> P.Submit:
+    return P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks), n_per_task=n_per_task,
+                    policy_version=policy)
+
+
+def _publish(version, endpoint, model) -> P.PublishPolicy:
+    return P.PublishPolicy(idem=uuid.uuid4().hex, version=version, endpoint=endpoint,
+                           model=model if model is not None else f"policy-v{version}")
+
+
+class _Base:
+    def __init__(self, endpoint: str, deployment: str, timeout_s: float = 5.0,
+                 give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None):
+        self.endpoint, self.deployment = endpoint, deployment
+        self.timeout_s = timeout_s
+        # `retries` (tries of timeout_s each) is the older spelling of give_up_s.
+        self.give_up_s = give_up_s if retries is None else timeout_s * retries
+        self.watch_wait_s = watch_wait_s
+        self.reconnects = 0
+        self.sock = None
+
+    def _new_socket(self, ctx):
         if self.sock is not None:
             self.sock.close(linger=0)
-        self.sock = self.ctx.socket(zmq.DEALER)
+            self.reconnects += 1
+        self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"client-{uuid.uuid4().hex[:12]}".encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.endpoint)
+
+    def _unavailable(self) -> ControllerUnavailable:
+        return ControllerUnavailable(f"no reply from the controller at {self.endpoint} "
+                                     f"within {self.give_up_s}s")
+
+    def _decode(self, data: bytes) -> Optional[P.Message]:
+        try:
+            return P.decode(data, self.deployment)
+        except P.RemoteProtocolError:
+            return None  # not for us (foreign deployment) or garbage: ignore
+
+
+class Client(_Base):
+    """Synchronous trainer client. Use as a context manager or call close()."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.ctx = zmq.Context.instance()
+        self._new_socket(self.ctx)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -55,31 +153,38 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _request(self, msg, expect: tuple[type, ...]):
-        for attempt in range(self.retries):
-            self.sock.send(P.encode(msg, self.deployment))
-            deadline = time.monotonic() + self.timeout_s
+    def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
+        give_up = time.monotonic() + self.give_up_s + extra_s
+        data = P.encode(msg, self.deployment)
+        while True:
+            self.sock.send(data)
+            deadline = min(time.monotonic() + self.timeout_s + extra_s, give_up)
             while (left := deadline - time.monotonic()) > 0:
                 if not self.sock.poll(timeout=int(left * 1000) + 1):
                     break
-                reply = P.decode(self.sock.recv(), self.deployment)
-                if isinstance(reply, P.Ack) and reply.ref == msg.id and not reply.ok:
-                    raise RequestRefused(reply.error or "refused")
-                if isinstance(reply, expect) and (not isinstance(reply, P.Ack) or reply.ref == msg.id):
-                    return reply
-            self._connect()   # Lazy Pirate: a fresh socket, then resend with the same keys
-        raise ControllerUnavailable(f"no reply from the controller at {self.endpoint} "
-                                    f"after {self.retries} tries of {self.timeout_s}s")
+                reply = self._decode(self.sock.recv())
+                got = reply and _match(msg, reply, expect)
+                if got:
+                    return got
+            if time.monotonic() >= give_up:
+                raise self._unavailable()
+            self._new_socket(self.ctx)  # Lazy Pirate: fresh socket, same message
 
-    def submit(self, tasks: list[str], n_per_task: int, policy_version: int) -> tuple[str, int]:
-        msg = P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks), n_per_task=n_per_task,
-                       policy_version=policy_version)
-        reply = self._request(msg, (P.Submitted,))
-        return reply.batch_id, reply.rollouts
+    def submit(self, tasks: list[str], n_per_task: int, policy: int) -> str:
+        """Enqueue n_per_task rollouts of each task under policy version `policy`;
+        returns the batch id."""
+        return self._request(_submit(tasks, n_per_task, policy), (P.Submitted,)).batch_id
 
-    def publish_policy(self, version: int, endpoint: str, model: str) -> None:
-        msg = P.PublishPolicy(idem=uuid.uuid4().hex, version=version, endpoint=endpoint, model=model)
-        self._request(msg, (P.Ack,))
+    def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
+        self._request(_publish(version, endpoint, model), (P.Ack,))
+
+    def cancel(self, batch_id: str) -> int:
+        """Cancel what is not finished of a batch; returns how many rollouts that was."""
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+        return self._request(msg, (P.Cancelled,)).rollouts
+
+    def drain(self, node: str, deadline_s: float | None = None) -> None:
+        self._request(P.DrainNode(node=node, deadline_s=deadline_s), (P.Ack,))
 
     def status(self) -> P.StatusReply:
         return self._request(P.Status(), (P.StatusReply,))
@@ -87,17 +192,99 @@ class Client:
     def shutdown(self, reason: str = "") -> None:
         self._request(P.Shutdown(reason=reason), (P.Ack,))
 
-    def results(self, batch_id: str, poll_interval_s: float = 0.2) -> Iterator[dict]:
-        """Yield committed (and dead-lettered) results of a batch as they arrive, until it is done."""
+    def results(self, batch_id: str) -> Iterator[dict]:
+        """Yield the batch's results (committed, dead-lettered, dropped) as they commit,
+        each once, until the batch is done."""
         cursor = 0
         while True:
-            reply = self._request(P.Watch(batch_id=batch_id, after=cursor), (P.Results,))
+            msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
+            reply = self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
             yield from reply.items
             cursor = reply.cursor
             if reply.done:
                 return
-            if not reply.items:
-                time.sleep(poll_interval_s)
 
-    def wait(self, batch_id: str) -> list[dict]:
-        return list(self.results(batch_id))
+    def wait(self, batch_id: str, n: int | None = None) -> list[dict]:
+        """The first n results of the batch (all of them when n is None)."""
+        out = []
+        for item in self.results(batch_id):
+            out.append(item)
+            if n is not None and len(out) >= n:
+                break
+        return out
+
+
+class AsyncClient(_Base):
+    """asyncio trainer client: the same methods as Client, awaitable; results() is an
+    async iterator (also spelled aresults())."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.ctx = zmq.asyncio.Context.instance()
+        self._new_socket(self.ctx)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    async def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.give_up_s + extra_s
+        data = P.encode(msg, self.deployment)
+        while True:
+            await self.sock.send(data)
+            deadline = min(loop.time() + self.timeout_s + extra_s, give_up)
+            while (left := deadline - loop.time()) > 0:
+                if not await self.sock.poll(timeout=int(left * 1000) + 1):
+                    break
+                reply = self._decode(await self.sock.recv())
+                got = reply and _match(msg, reply, expect)
+                if got:
+                    return got
+            if loop.time() >= give_up:
+                raise self._unavailable()
+            self._new_socket(self.ctx)
+
+    async def submit(self, tasks: list[str], n_per_task: int, policy: int) -> str:
+        return (await self._request(_submit(tasks, n_per_task, policy), (P.Submitted,))).batch_id
+
+    async def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
+        await self._request(_publish(version, endpoint, model), (P.Ack,))
+
+    async def cancel(self, batch_id: str) -> int:
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+        return (await self._request(msg, (P.Cancelled,))).rollouts
+
+    async def drain(self, node: str, deadline_s: float | None = None) -> None:
+        await self._request(P.DrainNode(node=node, deadline_s=deadline_s), (P.Ack,))
+
+    async def status(self) -> P.StatusReply:
+        return await self._request(P.Status(), (P.StatusReply,))
+
+    async def results(self, batch_id: str) -> AsyncIterator[dict]:
+        cursor = 0
+        while True:
+            msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
+            reply = await self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
+            for item in reply.items:
+                yield item
+            cursor = reply.cursor
+            if reply.done:
+                return
+
+    aresults = results
+
+    async def wait(self, batch_id: str, n: int | None = None) -> list[dict]:
+        out = []
+        async for item in self.results(batch_id):
+            out.append(item)
+            if n is not None and len(out) >= n:
+                break
+        return out

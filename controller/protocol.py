@@ -41,6 +41,10 @@ Outcome = Literal["pass", "fail", "timeout", "infra_error"]
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
 RejectReason = Literal["stale_token", "unknown_rollout", "cancelled", "draining", "bad_request"]
 REJECT_REASONS: tuple[str, ...] = typing.get_args(RejectReason)
+# Why the controller refused a client request (Ack.code); the client raises one type per code.
+ErrorCode = Literal["unknown_task", "unknown_policy", "unknown_batch", "unknown_node",
+                    "policy_conflict", "bad_request", "unexpected"]
+ERROR_CODES: tuple[str, ...] = typing.get_args(ErrorCode)
 
 
 class ProtocolError(Exception):
@@ -98,6 +102,7 @@ class Register(Message):
     images: list[str]
     mem_free_mb: int
     agent_version: str
+    held: list[str] = field(default_factory=list)  # rollout ids it still runs (re-register)
     id: str = _id_field()
 
 
@@ -109,6 +114,7 @@ class Heartbeat(Message):
     slots_free: Optional[int] = None
     active: Optional[int] = None
     health: Optional[dict] = None
+    images: Optional[list[str]] = None  # agent only: image digests now mounted on the node
     id: str = _id_field()
 
     def check(self) -> None:
@@ -123,6 +129,7 @@ class Ready(Message):
     TYPE: ClassVar[str] = "ready"
     node: str
     credit: int  # how many more leases the agent can take now
+    draining: bool = False  # the agent is draining (SIGTERM or a drain request)
     id: str = _id_field()
 
 
@@ -155,6 +162,17 @@ class Result(Message):
 
 
 @dataclass(frozen=True)
+class Release(Message):
+    """The agent hands an unfinished lease back (drain deadline): not a failed attempt."""
+    TYPE: ClassVar[str] = "release"
+    rollout_id: str
+    attempt: int
+    token: int
+    reason: str
+    id: str = _id_field()
+
+
+@dataclass(frozen=True)
 class Disconnect(Message):
     TYPE: ClassVar[str] = "disconnect"
     node: str
@@ -170,6 +188,7 @@ class Welcome(Message):
     node: str
     heartbeat_interval_s: float
     liveness: int
+    session: str = ""  # the controller instance; a Welcome of another session: re-register
     id: str = _id_field()
 
 
@@ -202,6 +221,7 @@ class Ack(Message):
     ref: str  # the acknowledged message's id
     ok: bool
     error: Optional[str] = None
+    code: Optional[ErrorCode] = None  # why a request was refused (ok false), for typed errors
     id: str = _id_field()
 
 
@@ -219,6 +239,7 @@ class Reject(Message):
 class Drain(Message):
     TYPE: ClassVar[str] = "drain"
     reason: str = ""
+    deadline_s: Optional[float] = None  # seconds to finish in-flight work, then hand it back
     id: str = _id_field()
 
 
@@ -264,6 +285,7 @@ class Watch(Message):
     TYPE: ClassVar[str] = "watch"
     batch_id: str
     after: int  # cursor: the last commit sequence number already seen
+    wait_s: float = 0.0  # long poll: answer when something commits or after wait_s
     id: str = _id_field()
 
 
@@ -278,6 +300,31 @@ class Results(Message):
 
 
 @dataclass(frozen=True)
+class Cancel(Message):
+    TYPE: ClassVar[str] = "cancel"
+    idem: str
+    batch_id: str
+    id: str = _id_field()
+
+
+@dataclass(frozen=True)
+class Cancelled(Message):
+    TYPE: ClassVar[str] = "cancelled"
+    batch_id: str
+    rollouts: int  # how many rollouts this cancel moved to cancelled
+    id: str = _id_field()
+
+
+@dataclass(frozen=True)
+class DrainNode(Message):
+    """Client -> controller: drain one node (answered by ack; ok false if the node is unknown)."""
+    TYPE: ClassVar[str] = "drain_node"
+    node: str
+    deadline_s: Optional[float] = None
+    id: str = _id_field()
+
+
+@dataclass(frozen=True)
 class Status(Message):
     TYPE: ClassVar[str] = "status"
     id: str = _id_field()
@@ -288,14 +335,16 @@ class StatusReply(Message):
     TYPE: ClassVar[str] = "status_reply"
     counts: dict
     nodes: list[dict]
+    counters: dict = field(default_factory=dict)  # broker counters (dispatched, dropped...)
     id: str = _id_field()
 
 
 # The one table: wire type name <-> class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
-    Register, Heartbeat, Ready, Started, Result, Disconnect,
+    Register, Heartbeat, Ready, Started, Result, Release, Disconnect,
     Welcome, Lease, Ack, Reject, Drain, Shutdown,
-    Submit, Submitted, PublishPolicy, Watch, Results, Status, StatusReply,
+    Submit, Submitted, PublishPolicy, Watch, Results, Cancel, Cancelled, DrainNode,
+    Status, StatusReply,
 )}
 assert all(name for name in MESSAGE_TYPES), "every message class needs a TYPE"
 
@@ -375,9 +424,20 @@ def _body_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if f.name != "id"]
 
 
+_SCHEMAS: dict[type, tuple[dict[str, Any], dict[str, dataclasses.Field]]] = {}
+
+
+def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """(type hints, body fields) of a message or nested dataclass, computed once per class."""
+    got = _SCHEMAS.get(cls)
+    if got is None:
+        got = _SCHEMAS[cls] = (typing.get_type_hints(cls),
+                               {f.name: f for f in dataclasses.fields(cls) if f.name != "id"})
+    return got
+
+
 def _build(cls: type[Message], body: dict, msg_id: str | None = None) -> Message:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in _body_fields(cls)}
+    hints, fields = _schema(cls)
     extra = set(body) - set(fields)
     if extra:
         name = sorted(extra)[0]
@@ -445,7 +505,7 @@ def _check_value(value: Any, tp: Any, path: str, mtype: str) -> Any:
             value = dataclasses.asdict(value)
         if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(tp)}:
             raise bad()
-        hints = typing.get_type_hints(tp)
+        hints = _schema(tp)[0]
         return tp(**{k: _check_value(v, hints[k], f"{path}.{k}", mtype)
                      for k, v in value.items()})
     if tp is bool:

@@ -41,9 +41,10 @@ CANCELLED = "cancelled"
 # The rollout state table: state -> states it may move to. Nothing else is legal.
 TRANSITIONS: dict[str, frozenset[str]] = {
     QUEUED: frozenset({LEASED, CANCELLED}),
-    LEASED: frozenset({RUNNING, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
-    RUNNING: frozenset({VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
-    VERIFYING: frozenset({COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    LEASED: frozenset({QUEUED, RUNNING, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER,
+                       CANCELLED}),
+    RUNNING: frozenset({QUEUED, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    VERIFYING: frozenset({QUEUED, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
     RETRY_WAIT: frozenset({LEASED, CANCELLED}),
     COMMITTED: frozenset(),
     DEAD_LETTER: frozenset(),
@@ -64,6 +65,8 @@ UNKNOWN_ROLLOUT = "unknown_rollout"
 REJECT_CANCELLED = "cancelled"
 
 LEASE_EXPIRED = "lease_expired"
+STALE_POLICY = "stale_policy"
+STALE_POLICY_ACTIONS = ("rerun", "drop")
 
 
 def check_transition(rollout_id: str, old: str, new: str) -> None:
@@ -79,8 +82,17 @@ class QueueConfig:
     backoff_max_s: float = 30.0
     max_batch_rollouts: int = 100_000
     max_results_per_watch: int = 1000
+    max_staleness: Optional[int] = None  # policy versions a queued rollout may lag; None: any
+    stale_policy: str = "rerun"  # rerun (with the newest policy) | drop (cancelled, reported)
 
     def __post_init__(self) -> None:
+        if self.max_staleness is not None and not (
+                isinstance(self.max_staleness, int) and self.max_staleness >= 0):
+            raise ValueError(f"queue.max_staleness must be an integer >= 0 or null, "
+                             f"got {self.max_staleness!r}")
+        if self.stale_policy not in STALE_POLICY_ACTIONS:
+            raise ValueError(f"queue.stale_policy must be one of {STALE_POLICY_ACTIONS}, "
+                             f"got {self.stale_policy!r}")
         for key in ("lease_ttl_s", "backoff_base_s", "backoff_max_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"queue.{key} must be > 0, got {getattr(self, key)!r}")
@@ -98,6 +110,7 @@ class Lease:
     policy_version: int
     seed: int
     batch_id: str
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,20 @@ class Completion:
     accepted: bool
     reason: Optional[str]  # why rejected (stale_token, unknown_rollout, cancelled) or None
     committed: bool  # the rollout is now committed (pass/fail/timeout)
+
+
+@dataclass(frozen=True)
+class Due:
+    """A rollout that may be leased now (input to placement)."""
+    rollout_id: str
+    task_ref: str
+    policy_version: int
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    rollouts: int  # how many moved to cancelled
+    revoked: tuple[tuple[str, str, int, int], ...]  # (rollout_id, node, attempt, token) held
 
 
 @dataclass(frozen=True)
@@ -131,7 +158,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, token INTEGER,
     node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
-    outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE);
+    outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
+    failures INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 CREATE INDEX IF NOT EXISTS rollouts_node ON rollouts (node, state);
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
@@ -164,6 +192,12 @@ class RolloutQueue:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)  # idempotent; executescript commits on its own
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(rollouts)")}
+        if "failures" not in cols:  # a database from before failures were counted apart
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN failures INTEGER NOT NULL"
+                             " DEFAULT 0")
+            self._db.execute("UPDATE rollouts SET failures = attempt")
+        self._depth = 0
         with self._tx():
             for key in ("token", "commit_seq", "batch_seq", "rollout_seq"):
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, 0)", (key,))
@@ -175,17 +209,34 @@ class RolloutQueue:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One transaction; nested inside `batch()` it is a savepoint of the batch's."""
+        outer = self._depth == 0
+        self._db.execute("BEGIN IMMEDIATE" if outer else "SAVEPOINT tx")
+        self._depth += 1
         try:
             yield self._db
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._depth -= 1
+            self._db.execute("ROLLBACK" if outer else "ROLLBACK TO tx")
+            if not outer:
+                self._db.execute("RELEASE tx")
             raise
-        self._db.execute("COMMIT")
+        self._depth -= 1
+        self._db.execute("COMMIT" if outer else "RELEASE tx")
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group commit: every mutation inside is one transaction, durable when this exits.
+
+        A method that raises inside rolls back only its own changes (a savepoint). The caller
+        must not acknowledge anything done inside before the block has exited.
+        """
+        with self._tx():
+            yield
 
     def _next(self, key: str) -> int:
-        self._db.execute("UPDATE meta SET value = value + 1 WHERE key = ?", (key,))
-        return self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()[0]
+        return self._db.execute("UPDATE meta SET value = value + 1 WHERE key = ? RETURNING value",
+                                (key,)).fetchone()[0]
 
     def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
         """Change one rollout's state (asserting the table) and any other columns."""
@@ -252,7 +303,19 @@ class RolloutQueue:
 
     def cancel_batch(self, batch_id: str) -> int:
         """Cancel every rollout of the batch not yet terminal; returns how many."""
+        return self.cancel(batch_id).rollouts
+
+    def cancel(self, batch_id: str, idem: Optional[str] = None) -> Cancellation:
+        """Cancel a batch (idempotent with `idem`: a duplicate gets the first reply).
+
+        Returns how many rollouts were cancelled and the leases that were held, so the
+        broker can tell their nodes. Raises UnknownBatch.
+        """
         with self._tx():
+            if idem is not None:
+                stored = self._idem_get("cancel:" + idem)
+                if stored is not None:
+                    return Cancellation(stored["rollouts"], ())
             if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
                                 (batch_id,)).fetchone() is None:
                 raise UnknownBatch(batch_id)
@@ -261,11 +324,16 @@ class RolloutQueue:
             rows = self._db.execute(
                 f"SELECT * FROM rollouts WHERE batch_id = ? AND state NOT IN "
                 f"({_qs(TERMINAL)})", (batch_id, *TERMINAL)).fetchall()
+            revoked = []
             for row in rows:
                 if row["state"] in HELD:
                     self._finish_attempt(row, now, "cancelled", "batch cancelled")
+                    revoked.append((row["rollout_id"], row["node"], row["attempt"], row["token"]))
                 self._move(row, CANCELLED, now, lease_deadline=None)
-        return len(rows)
+            if idem is not None:
+                self._idem_put("cancel:" + idem, {"rollouts": len(rows)})
+        log.info("batch %s cancelled: %d rollouts", batch_id, len(rows))
+        return Cancellation(len(rows), tuple(revoked))
 
     # ---- leases ----
 
@@ -273,13 +341,27 @@ class RolloutQueue:
         """Lease up to n due rollouts (oldest first) to `node`, each with a fresh token."""
         if n <= 0:
             return []
+        return self.lease_to([(d.rollout_id, node) for d in self.due(n)])
+
+    def due(self, limit: int) -> list[Due]:
+        """Up to `limit` rollouts that may be leased now, oldest submission first (read only)."""
+        if limit <= 0:
+            return []
+        return [Due(r[0], r[1], r[2]) for r in self._db.execute(
+            "SELECT rollout_id, task_ref, policy_version FROM rollouts WHERE state IN"
+            f" ({_qs(LEASABLE)}) AND not_before <= ? ORDER BY seq LIMIT ?",
+            (*LEASABLE, self.clock(), limit))]
+
+    def lease_to(self, assignments: Sequence[tuple[str, str]]) -> list[Lease]:
+        """Lease each (rollout_id, node), each with a fresh token; a rollout that is no longer
+        due (leased meanwhile, cancelled) is skipped."""
         leases = []
         with self._tx():
             now = self.clock()
-            rows = self._db.execute(
-                f"SELECT * FROM rollouts WHERE state IN ({_qs(LEASABLE)}) AND not_before <= ?"
-                f" ORDER BY seq LIMIT ?", (*LEASABLE, now, n)).fetchall()
-            for row in rows:
+            for rollout_id, node in assignments:
+                row = self._row(rollout_id)
+                if row is None or row["state"] not in LEASABLE or row["not_before"] > now:
+                    continue
                 token = self._next("token")
                 attempt = row["attempt"] + 1
                 self._move(row, LEASED, now, attempt=attempt, token=token, node=node,
@@ -288,10 +370,9 @@ class RolloutQueue:
                                  " started_at) VALUES (?, ?, ?, ?, ?)",
                                  (row["rollout_id"], attempt, token, node, now))
                 leases.append(Lease(row["rollout_id"], attempt, token, row["task_ref"],
-                                    row["policy_version"], row["seed"], row["batch_id"]))
-        for lease in leases:
-            log.info("rollout %s attempt %d leased to %s (token %d)", lease.rollout_id,
-                     lease.attempt, node, lease.token)
+                                    row["policy_version"], row["seed"], row["batch_id"], node))
+                log.debug("rollout %s attempt %d leased to %s (token %d)", rollout_id,
+                          attempt, node, token)
         return leases
 
     def _held(self, rollout_id: str, attempt: int, token: int) -> tuple[Optional[sqlite3.Row],
@@ -376,17 +457,30 @@ class RolloutQueue:
     def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool) -> str:
         """An infrastructure failure of the current attempt: retry_wait or dead_letter."""
         self._finish_attempt(row, now, INFRA_ERROR, reason)
-        if row["attempt"] >= self.config.max_attempts:
+        failures = row["failures"] + 1
+        if failures >= self.config.max_attempts:
             self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
-                       infra_reason=reason, lease_deadline=None,
+                       infra_reason=reason, lease_deadline=None, failures=failures,
                        commit_seq=self._next("commit_seq"))
             log.warning("rollout %s dead-lettered after %d attempts (last: %s)",
                         row["rollout_id"], row["attempt"], reason)
             return DEAD_LETTER
-        delay_s = 0.0 if retry_now else self.backoff_s(row["attempt"])
+        delay_s = 0.0 if retry_now else self.backoff_s(failures)
         self._move(row, RETRY_WAIT, now, infra_reason=reason, lease_deadline=None,
-                   not_before=now + delay_s)
+                   not_before=now + delay_s, failures=failures)
         return RETRY_WAIT
+
+    def release(self, rollout_id: str, attempt: int, token: int, reason: str) -> Completion:
+        """The holder hands the lease back unfinished (drain): queued again at once, and the
+        attempt does not count as a failure. Fenced like a result."""
+        with self._tx():
+            row, why = self._held(rollout_id, attempt, token)
+            if row is None:
+                return Completion(False, why, False)
+            now = self.clock()
+            self._finish_attempt(row, now, "released", reason)
+            self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
+        return Completion(True, None, False)
 
     def expire_leases(self) -> list[str]:
         """Leases past their deadline become infrastructure failures ("lease_expired")."""
@@ -399,15 +493,24 @@ class RolloutQueue:
                 self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False)
         return [row["rollout_id"] for row in rows]
 
-    def release_node(self, node: str, reason: str) -> list[str]:
-        """A dead node: every lease it holds fails now and is retryable at once."""
+    def release_node(self, node: str, reason: str, failure: bool = True,
+                     keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
+        """Every lease `node` holds (except the rollout ids in `keep`) ends now.
+
+        failure=True (a dead node): an infrastructure failure, retryable at once.
+        failure=False (a drained node): handed back, not counted as a failed attempt.
+        """
         with self._tx():
             now = self.clock()
-            rows = self._db.execute(
+            rows = [r for r in self._db.execute(
                 f"SELECT * FROM rollouts WHERE node = ? AND state IN ({_qs(HELD)}) ORDER BY seq",
-                (node, *HELD)).fetchall()
+                (node, *HELD)).fetchall() if r["rollout_id"] not in keep]
             for row in rows:
-                self._fail_attempt(row, now, f"node_lost: {reason}", retry_now=True)
+                if failure:
+                    self._fail_attempt(row, now, f"node_lost: {reason}", retry_now=True)
+                else:
+                    self._finish_attempt(row, now, "released", reason)
+                    self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
         return [row["rollout_id"] for row in rows]
 
     # ---- reads ----
@@ -448,6 +551,19 @@ class RolloutQueue:
         return [dict(r) for r in self._db.execute(
             "SELECT * FROM attempts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))]
 
+    def committed_rows(self) -> list[dict]:
+        """Every committed rollout's catalog key (rollout_id, attempt, token, shards, time)."""
+        return [{"rollout_id": r[0], "attempt": r[1], "token": r[2],
+                 "shards": json.loads(r[3]) if r[3] else {}, "at": r[4]}
+                for r in self._db.execute("SELECT rollout_id, attempt, token, shards, updated_at"
+                                          " FROM rollouts WHERE state = ?", (COMMITTED,))]
+
+    def held_leases(self) -> list[tuple[str, str, int, int]]:
+        """(rollout_id, node, attempt, token) of every held lease."""
+        return [tuple(r) for r in self._db.execute(
+            f"SELECT rollout_id, node, attempt, token FROM rollouts WHERE state IN ({_qs(HELD)})"
+            " ORDER BY seq", HELD)]
+
     def leases_of(self, node: str) -> list[str]:
         return [r[0] for r in self._db.execute(
             f"SELECT rollout_id FROM rollouts WHERE node = ? AND state IN ({_qs(HELD)})"
@@ -470,8 +586,36 @@ class RolloutQueue:
             self._db.execute("INSERT INTO policies VALUES (?, ?, ?, ?)",
                              (version, endpoint, model, self.clock()))
             self._idem_put("policy:" + idem, {"version": version})
+            self._apply_staleness()
         log.info("policy version %d published: %s %s", version, endpoint, model)
         return False
+
+    def _apply_staleness(self) -> None:
+        """Rollouts not yet finished whose policy is more than max_staleness versions behind
+        the newest: re-run with the newest policy (a held lease is revoked: its result will be
+        stale) or dropped (cancelled, reported in the batch's results with infra_reason
+        stale_policy), by config."""
+        latest = self.latest_policy()
+        if self.config.max_staleness is None or latest is None:
+            return
+        now = self.clock()
+        rows = self._db.execute(
+            f"SELECT * FROM rollouts WHERE state NOT IN ({_qs(TERMINAL)}) AND policy_version < ?",
+            (*TERMINAL, latest.version - self.config.max_staleness)).fetchall()
+        for row in rows:
+            if row["state"] in HELD:
+                self._finish_attempt(row, now, "revoked", STALE_POLICY)
+            if self.config.stale_policy == "drop":
+                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=STALE_POLICY,
+                           commit_seq=self._next("commit_seq"))
+            else:
+                self._db.execute("UPDATE rollouts SET policy_version = ? WHERE rollout_id = ?",
+                                 (latest.version, row["rollout_id"]))
+                if row["state"] in HELD:
+                    self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
+        if rows:
+            log.info("%d rollouts more than %d policy versions old: %s", len(rows),
+                     self.config.max_staleness, self.config.stale_policy)
 
     def policy(self, version: int) -> Optional[Policy]:
         r = self._db.execute("SELECT * FROM policies WHERE version = ?", (version,)).fetchone()

@@ -178,7 +178,7 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
             policy.set_policy(version, params)
             client.publish_policy(version, policy.url, f"scripted-v{version}")
             picks = curriculum.sample(total // cfg.versions, rng, version)
-            batch_id, _n = client.submit([by_id[t] for t in picks], 1, version)
+            batch_id = client.submit([by_id[t] for t in picks], 1, version)
             passed = seen = 0
             for item in client.results(batch_id):
                 seen += 1

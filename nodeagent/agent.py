@@ -1,11 +1,19 @@
 """The node agent: a ZeroMQ DEALER that registers with the controller, takes leases up to its
 free slots, runs each rollout attempt in a worker thread and reports results.
 
-One loop does receive, dispatch, result sending and heartbeats each pass (the ZeroMQ socket is
-touched only by this loop; workers hand results back through a queue). A silent controller
-(no message within `liveness` heartbeat intervals) means a fresh socket and a new registration,
-with exponential backoff. A malformed frame is counted and dropped. SIGTERM drains: no new
-leases, running attempts finish and report, then the agent exits.
+One loop does receive, result sending, heartbeats and drain each pass (the ZeroMQ socket is
+touched only by this loop; workers hand results back through a queue). Rules:
+- Liveness (Paranoid Pirate): a controller silent for `liveness` heartbeat intervals means
+  a fresh socket and a new registration, retried with exponential backoff (never blocking
+  the loop: finished work keeps being collected).
+- A `welcome` the agent did not ask for (the controller restarted, or declared it lost)
+  makes it register again, listing the rollouts it still holds so their leases are kept.
+- A result stays unacknowledged until the controller answers `ack` or `reject`; it is sent
+  again after a re-registration and every liveness period (its idempotency key makes that
+  safe).
+- Drain (SIGTERM, or a `drain` from the controller): no new leases (credit 0), finish what
+  runs until the drain deadline, `release` what is still unfinished, then `disconnect`.
+- A malformed frame is counted and dropped.
 """
 from __future__ import annotations
 
@@ -15,39 +23,61 @@ import os
 import queue
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 import psutil
 import zmq
 
 from controller import protocol as P
-from nodeagent.rollout import Attempt, run_attempt
-from nodeagent.sandbox import SandboxRuntime
+from nodeagent.rollout import Attempt, AttemptResult, run_attempt
 
 log = logging.getLogger("nodeagent")
-AGENT_VERSION = "0.1.0"
+AGENT_VERSION = "0.2.0"
+
+Runner = Callable[[Attempt], AttemptResult]
+
+
+@dataclass
+class _Pending:
+    msg: P.Result
+    sent_at: float
 
 
 class NodeAgent:
-    def __init__(self, node: str, endpoint: str, deployment: str, slots: int, image_store: str,
-                 runtime: SandboxRuntime, heartbeat_interval_s: float = 1.0, liveness: int = 5,
-                 clock=time.monotonic):
+    def __init__(self, node: str, endpoint: str, deployment: str, slots: int,
+                 image_store: str | None = None, runtime=None,
+                 heartbeat_interval_s: float = 1.0, liveness: int = 5,
+                 clock=time.monotonic, runner: Optional[Runner] = None,
+                 drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0):
         self.node, self.endpoint, self.deployment = node, endpoint, deployment
-        self.slots, self.image_store = slots, Path(image_store)
+        self.slots = slots
+        self.image_store = Path(image_store) if image_store else None
         self.runtime, self.clock = runtime, clock
+        self.runner: Runner = runner or self._run_attempt
         self.hb_s, self.liveness = heartbeat_interval_s, liveness
+        self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
         self.active: dict[str, Attempt] = {}
+        self.abandoned: set[tuple[str, int]] = set()  # (rollout, token) not to report
+        self.unacked: dict[str, _Pending] = {}  # result message id -> pending
         self.done: queue.Queue = queue.Queue()
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
+        self.images: set[str] = set()
         self.draining = False
+        self.drain_requested: Optional[float] = None  # deadline_s asked for (signal-safe)
+        self.drain_by: Optional[float] = None
         self.stopped = False
+        self.session: Optional[str] = None
+        self.awaiting_welcome = False
         self.bad_frames = 0
         self.completed = 0
+        self.infra_errors = 0
+        self.registrations = 0
         self.ctx = zmq.Context.instance()
-        self.sock = None
+        self.sock: Optional[zmq.Socket] = None
 
     # -- socket -----------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -57,13 +87,22 @@ class NodeAgent:
         self.sock.setsockopt(zmq.IDENTITY, self.node.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.endpoint)
-        self._send(P.Register(node=self.node, slots=self.slots, images=[],
+        self._register()
+
+    def _register(self) -> None:
+        self.registrations += 1
+        self.awaiting_welcome = True
+        held = sorted(set(self.active) | {p.msg.rollout_id for p in self.unacked.values()})
+        self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=int(psutil.virtual_memory().available / 2**20),
-                              agent_version=AGENT_VERSION))
-        self._send(P.Ready(node=self.node, credit=self._free()))
+                              agent_version=AGENT_VERSION, held=held))
+        self._send(P.Ready(node=self.node, credit=self._free(), draining=self.draining))
 
     def _send(self, msg) -> None:
-        self.sock.send(P.encode(msg, self.deployment))
+        try:
+            self.sock.send(P.encode(msg, self.deployment), zmq.NOBLOCK)
+        except zmq.Again:  # the pipe is full while the controller is away: liveness handles it
+            log.debug("send buffer full, %s not sent", msg.TYPE)
 
     def _free(self) -> int:
         return 0 if self.draining else max(self.slots - len(self.active), 0)
@@ -74,55 +113,124 @@ class NodeAgent:
         last_rx = last_hb = self.clock()
         backoff_s = self.hb_s
         while not self.stopped:
-            if self.sock.poll(timeout=50):
-                data = self.sock.recv()
-                last_rx, backoff_s = self.clock(), self.hb_s
-                try:
-                    self._handle(P.decode(data, self.deployment))
-                except P.ProtocolError as exc:
-                    self.bad_frames += 1
-                    log.warning("dropped a malformed frame from the controller: %s", exc)
+            if self.sock.poll(timeout=int(min(self.hb_s, 0.05) * 1000)):
+                for _ in range(256):
+                    try:
+                        data = self.sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    last_rx = self.clock()
+                    try:
+                        msg = P.decode(data, self.deployment)
+                    except P.ProtocolError as exc:
+                        self.bad_frames += 1
+                        log.warning("dropped a malformed frame from the controller: %s", exc)
+                        continue
+                    if isinstance(msg, P.Welcome):
+                        backoff_s = self.hb_s
+                    self._handle(msg)
+            if self.drain_requested is not None:
+                self.drain(self.drain_requested)
             self._flush_results()
             now = self.clock()
             if now - last_hb >= self.hb_s:
                 self._heartbeat()
+                self._resend_unacked(now)
                 last_hb = now
-            if now - last_rx > self.hb_s * self.liveness:
+            if now - last_rx > self.hb_s * self.liveness + backoff_s - self.hb_s:
                 log.warning("controller silent for %.1fs: reconnecting", now - last_rx)
-                time.sleep(min(backoff_s, 30.0))
-                backoff_s *= 2
+                backoff_s = min(backoff_s * 2, self.backoff_max_s)
                 self._connect()
-                last_rx = self.clock()
-            if self.draining and not self.active and self.done.empty():
-                self._send(P.Disconnect(node=self.node, reason="drained"))
+                last_rx = now
+            if self.draining and self._drain_step(now):
                 break
-        self.pool.shutdown(wait=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close(linger=100)
         return 0
 
+    def drain(self, deadline_s: Optional[float] = None) -> None:
+        """Take no new leases; finish what runs within deadline_s, then hand the rest back."""
+        self.drain_requested = None
+        if self.draining:
+            return
+        self.draining = True
+        self.drain_by = self.clock() + (deadline_s if deadline_s is not None
+                                        else self.drain_deadline_s)
+        log.info("draining: %d attempts running, deadline in %.1fs", len(self.active),
+                 self.drain_by - self.clock())
+        self._send(P.Ready(node=self.node, credit=0, draining=True))
+
+    def _drain_step(self, now: float) -> bool:
+        """True when the drain is over (the agent has disconnected)."""
+        if self.active and now < self.drain_by:
+            return False
+        if self.unacked and now < self.drain_by:
+            return False
+        for a in list(self.active.values()):
+            self._send(P.Release(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
+                                 reason="drain deadline"))
+            self.abandoned.add((a.rollout_id, a.token))
+        log.info("drained: %d attempts handed back, %d results unacknowledged",
+                 len(self.active), len(self.unacked))
+        self.active.clear()
+        self._send(P.Disconnect(node=self.node, reason="drained"))
+        return True
+
     def _handle(self, msg) -> None:
         if isinstance(msg, P.Lease):
-            if msg.rollout_id in self.active:
-                return   # a duplicate delivery of a lease we already run
-            a = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
-                        msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
-            self.active[msg.rollout_id] = a
-            self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
-            self.pool.submit(self._work, a)
-        elif isinstance(msg, (P.Drain, P.Shutdown)):
-            log.info("%s: %s", msg.TYPE, msg.reason)
-            self.draining = True
-            if isinstance(msg, P.Shutdown) and not self.active:
-                self.stopped = True
+            self._on_lease(msg)
+        elif isinstance(msg, P.Welcome):
+            if self.awaiting_welcome:
+                self.awaiting_welcome, self.session = False, msg.session
+                self._resend_unacked(None)
+            else:  # the controller does not know us (it restarted, or we were lost)
+                log.info("unsolicited welcome (session %s): registering again", msg.session)
+                self._register()
+        elif isinstance(msg, P.Ack):
+            self.unacked.pop(msg.ref, None)
         elif isinstance(msg, P.Reject):
-            log.warning("result rejected: %s attempt %d token %d: %s", msg.rollout_id, msg.attempt,
-                        msg.token, msg.reason)
-        # welcome, ack and heartbeat only prove the controller is alive
+            log.info("rejected: %s attempt %d token %d: %s", msg.rollout_id, msg.attempt,
+                     msg.token, msg.reason)
+            for key, p in list(self.unacked.items()):
+                if (p.msg.rollout_id, p.msg.token) == (msg.rollout_id, msg.token):
+                    del self.unacked[key]
+            a = self.active.get(msg.rollout_id)
+            if a is not None and a.token == msg.token:  # cancelled or stale: don't report it
+                self.abandoned.add((a.rollout_id, a.token))
+                del self.active[a.rollout_id]
+        elif isinstance(msg, P.Drain):
+            log.info("drain: %s", msg.reason)
+            self.drain(msg.deadline_s)
+        elif isinstance(msg, P.Shutdown):
+            log.info("shutdown: %s", msg.reason)
+            self.stopped = True
+        # a controller heartbeat only proves the controller is alive
+
+    def _on_lease(self, msg: P.Lease) -> None:
+        a = self.active.get(msg.rollout_id)
+        if a is not None and a.token == msg.token:
+            return  # a duplicate delivery of a lease we already run
+        if self.draining or len(self.active) >= self.slots:
+            self._send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt,
+                                 token=msg.token, reason="draining" if self.draining
+                                 else "no free slot"))
+            return
+        if a is not None:  # a newer lease of the same rollout: the old attempt is stale
+            self.abandoned.add((a.rollout_id, a.token))
+        a = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
+                    msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
+        self.active[msg.rollout_id] = a
+        self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
+        self.pool.submit(self._work, a)
+
+    def _run_attempt(self, a: Attempt) -> AttemptResult:
+        image = self.image_store / "sha256" / (a.task["image_digest"].split(":", 1)[1] + ".sif")
+        self.images.add(a.task["image_digest"])
+        return run_attempt(self.runtime, image, self.node, a, self.clock)
 
     def _work(self, a: Attempt) -> None:
         try:
-            image = self.image_store / "sha256" / (a.task["image_digest"].split(":", 1)[1] + ".sif")
-            res = run_attempt(self.runtime, image, self.node, a, self.clock)
+            res = self.runner(a)
             self.done.put((a, res.outcome, res.reward, res.shards, res.infra_reason))
         except Exception as exc:  # a bug in one attempt must not take the node down
             log.exception("rollout %s crashed", a.rollout_id)
@@ -134,17 +242,31 @@ class NodeAgent:
                 a, outcome, reward, shards, infra = self.done.get_nowait()
             except queue.Empty:
                 return
-            self.active.pop(a.rollout_id, None)
+            if (a.rollout_id, a.token) in self.abandoned:
+                self.abandoned.discard((a.rollout_id, a.token))
+                continue
+            if self.active.get(a.rollout_id) is a:
+                del self.active[a.rollout_id]
             self.completed += 1
-            self._send(P.Result(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token, outcome=outcome,
-                                reward=reward, shards=shards, infra_reason=infra,
-                                idem=f"{a.rollout_id}:{a.attempt}:{a.token}"))
-            self._send(P.Ready(node=self.node, credit=self._free()))
+            self.infra_errors += outcome == "infra_error"
+            msg = P.Result(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
+                           outcome=outcome, reward=reward, shards=shards, infra_reason=infra,
+                           idem=f"{a.rollout_id}:{a.attempt}:{a.token}")
+            self.unacked[msg.id] = _Pending(msg, self.clock())
+            self._send(msg)
+
+    def _resend_unacked(self, now: Optional[float]) -> None:
+        """Results not acknowledged: resend (all of them after a welcome, else the old)."""
+        for p in self.unacked.values():
+            if now is None or now - p.sent_at >= self.hb_s * self.liveness:
+                p.sent_at = self.clock()
+                self._send(p.msg)
 
     def _heartbeat(self) -> None:
         from nodeagent.health import sampler_for   # health figures + JSON-lines stream (docs/operations.md)
         health = sampler_for(self).sample()
-        self._send(P.Heartbeat(node=self.node, slots_free=self._free(), active=len(self.active), health=health))
+        self._send(P.Heartbeat(node=self.node, slots_free=self._free(), active=len(self.active),
+                               health=health, images=sorted(self.images)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,13 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subid-base", type=int)
     ap.add_argument("--subid-count", type=int)
     ap.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    ap.add_argument("--drain-deadline-s", type=float, default=60.0,
+                    help="on SIGTERM or drain: how long running attempts may take to finish")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    from nodeagent.sandbox import SandboxRuntime
     subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
     runtime = SandboxRuntime(subids=subids).start()
     agent = NodeAgent(args.node, args.controller, args.deployment, args.slots, args.image_store, runtime,
-                      heartbeat_interval_s=args.heartbeat_interval_s)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "draining", True))
+                      heartbeat_interval_s=args.heartbeat_interval_s,
+                      drain_deadline_s=args.drain_deadline_s)
+    # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
+    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", args.drain_deadline_s))
     try:
         return agent.run()
     finally:

@@ -38,6 +38,19 @@ SAMPLES: list[p.Message] = [
               done=False),
     p.Status(),
     p.StatusReply(counts={"queued": 3}, nodes=[{"node": "n1", "alive": True}]),
+    p.StatusReply(counts={}, nodes=[], counters={"dispatched": 4, "dropped": {"bad_json": 1}}),
+    p.Register(node="n1", slots=2, images=[], mem_free_mb=1, agent_version="0.2",
+               held=["b000001-00000"]),
+    p.Heartbeat(node="n1", slots_free=0, active=2, health={}, images=["sha256:aa"]),
+    p.Ready(node="n1", credit=0, draining=True),
+    p.Release(rollout_id="b000001-00000", attempt=1, token=7, reason="drain deadline"),
+    p.Welcome(node="n1", heartbeat_interval_s=0.5, liveness=4, session="c1"),
+    p.Ack(ref="abc", ok=False, error="unknown tasks: ['x']", code="unknown_task"),
+    p.Drain(reason="sigterm", deadline_s=30.0),
+    p.Watch(batch_id="b000001", after=3, wait_s=2.5),
+    p.Cancel(idem="c1", batch_id="b000001"),
+    p.Cancelled(batch_id="b000001", rollouts=5),
+    p.DrainNode(node="n1", deadline_s=None),
 ]
 
 
@@ -68,7 +81,7 @@ def test_frame_envelope_carries_version_deployment_type_and_id():
     msg = p.Ready(node="n1", credit=2)
     f = json.loads(p.encode(msg, DEP))
     assert f == {"v": p.PROTOCOL_VERSION, "dep": DEP, "type": "ready", "id": msg.id,
-                 "body": {"node": "n1", "credit": 2}}
+                 "body": {"node": "n1", "credit": 2, "draining": False}}
 
 
 def test_message_ids_are_fresh_per_message():
