@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA
+from controller import policy_server
 from nodeagent.trajwriter import SCHEMAS
 
 FORMATS = ("table", "csv", "json")
@@ -234,6 +235,7 @@ def summary(run_dir: str | Path) -> dict:
             "by_family": _grouped(con, ["task_family"]),
             "by_policy_version": _grouped(con, ["policy_version"]),
             "by_family_version": _grouped(con, ["task_family", "policy_version"]),
+            "defences": policy_server.defences(con),
         }
     except duckdb.Error as exc:
         raise QueryError(f"summary failed: {_one_line(exc)}") from None
@@ -287,6 +289,8 @@ def print_summary(summary: dict, run_dir: str | Path, out: TextIO | None = None)
     console.print("outcomes: " + ", ".join(f"{k}={oc[k]}" for k in oc), markup=False)
     w = summary["wall_s"]
     console.print(f"wall_s: p50 {_num(w['p50'])}  p99 {_num(w['p99'])}", markup=False)
+    for line in policy_server.defence_lines(summary.get("defences") or {}):
+        console.print(line, markup=False, soft_wrap=True)
     for title, key, cols in (("by task family", "by_family", ["task_family"]),
                              ("by policy version", "by_policy_version", ["policy_version"]),
                              ("by family x version", "by_family_version",

@@ -343,3 +343,65 @@ def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
             "print(sorted(m for m in ('zmq', 'sqlite3', 'nodeagent') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --- the adversary: escape probes ------------------------------------------------------
+
+from controller.policy_server import ESCAPE_PROBES, PROBE_LINE, defence_lines, defences, escape_probe_command  # noqa: E402
+
+# Blocked by the sandbox today. `unshare` (a nested user namespace) is not yet blocked: the
+# probe reports it, and the run summary lists it under NOT BLOCKED.
+MUST_BE_BLOCKED = set(ESCAPE_PROBES) - {"unshare"}
+
+
+@pytest.mark.parametrize("family,task", [("python", PY_TASK), ("math", MATH_TASK)])
+def test_escape_plays_one_shell_probe_per_step_then_stops_without_reward(server, family, task):
+    responses, calls = converse(server, task, pinned_version(server, family, "escape"),
+                                tool_result=lambda call: "probe x: blocked (test)")
+    assert [c["name"] for c in calls] == ["shell"] * len(ESCAPE_PROBES)
+    assert all(c["command"].startswith("python3 -c ") for c in calls)
+    assert responses[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_escape_probes_dial_the_policy_servers_own_loopback_port(server):
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+    assert f"PORT = {port}\n" in escape_probe_command("loopback", server.policy.loopback_port)
+
+
+@pytest.mark.sandbox
+def test_every_escape_probe_runs_in_a_real_sandbox_and_the_defences_hold(runtime, python_image, server):
+    from nodeagent.sandbox import SandboxSpec
+    box = runtime.create(SandboxSpec(image=python_image, limits={"memory_mb": 256, "pids": 64,
+                                                                 "disk_mb": 64, "nofile": 256}))
+    try:
+        seen = {}
+        for name in ESCAPE_PROBES:
+            r = box.exec(["sh", "-c", escape_probe_command(name, server.policy.loopback_port)], timeout_s=30)
+            (line,) = PROBE_LINE.findall(r.stdout.decode())
+            seen[line[0]] = line[1]
+    finally:
+        box.destroy()
+    assert set(seen) == set(ESCAPE_PROBES)
+    assert {n for n, v in seen.items() if v == "blocked"} >= MUST_BE_BLOCKED, seen
+
+
+def test_defences_count_cheats_and_probes_from_the_trajectory_tables():
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE rollouts (rollout_id TEXT, attempt INT, fencing_token INT, task_family TEXT, reward DOUBLE)")
+    con.execute("CREATE TABLE steps (rollout_id TEXT, attempt INT, fencing_token INT, step INT, content TEXT, "
+                "observation TEXT)")
+    con.executemany("INSERT INTO rollouts VALUES (?, 1, 1, ?, ?)",
+                    [("a", "python", 0.0), ("b", "python", 1.0), ("c", "math", 0.0), ("d", "math", 1.0)])
+    con.executemany("INSERT INTO steps VALUES (?, 1, 1, ?, ?, ?)", [
+        ("a", 0, "plan: peek", None), ("b", 0, "plan: solve", None), ("c", 0, "plan: escape", None),
+        ("c", 1, "", "probe mount: blocked (EPERM)"), ("c", 2, "", "probe unshare: ESCAPED (succeeded)"),
+        ("d", 0, "plan: claim_passed", None)])
+    d = defences(con)
+    assert d["cheats"] == {"claim_passed": {"attempted": 1, "rewarded": 1}, "escape": {"attempted": 1, "rewarded": 0},
+                           "peek": {"attempted": 1, "rewarded": 0}}
+    assert d["probes"] == {"mount": {"attempted": 1, "blocked": 1, "escaped": 0},
+                           "unshare": {"attempted": 1, "blocked": 0, "escaped": 1}}
+    hacks, probes = defence_lines(d)
+    assert hacks.startswith("reward hacks: 3 attempted, 2 caught, 1 rewarded")
+    assert probes == "escape probes: 2 attempted, 1 blocked; NOT BLOCKED: unshare 1/1"
