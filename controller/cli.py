@@ -72,7 +72,7 @@ def cmd_sandbox_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from controller import launch, query, sbatch, taskbank
+    from controller import launch, ops, query, sbatch, taskbank
     from layers import cli as layers_cli
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     taskbank.register(sub)
     sbatch.register(sub)
     launch.register(sub)
+    ops.register(sub)
     layers_cli.register(sub)
 
     ctl = sub.add_parser("controller", help="run the controller daemon", add_help=False)

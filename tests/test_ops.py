@@ -1,0 +1,247 @@
+"""The ops view, on real parts: a controller (ROUTER loop, SQLite queue) and node agents (DEALER)
+over ZeroMQ on 127.0.0.1, the health sampler, the JSON-lines stream, the CLI commands, and the
+Prometheus endpoint scraped over HTTP and parsed with prometheus_client's parser."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller import ops
+from controller.broker import Controller
+from controller.cli import main as cli_main
+from controller.client import Client
+from controller.metrics import serve_metrics
+from nodeagent.agent import NodeAgent
+from nodeagent.health import HealthSampler
+
+ROOT = Path(__file__).resolve().parents[1]
+HB_S = 0.1
+LIVENESS = 3
+HEALTH_KEYS = {"ts", "node", "agent_version", "draining", "slots", "slots_used", "slots_free",
+               "sandboxes_active", "warm_pool", "rollouts_total", "rollouts_per_s", "cpu_percent",
+               "mem_used_mb", "mem_free_mb", "tmpfs_used_mb", "disk_used_mb", "disk_free_mb",
+               "image_mounts", "errors"}
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Farm:
+    """A controller thread and node-agent threads, with a run directory the ops commands read."""
+
+    def __init__(self, run_dir: Path, nodes: tuple[str, ...]):
+        self.run_dir = run_dir
+        self.deployment = "ops-test"
+        (run_dir / "health").mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps({"run_id": run_dir.name, "deployment": self.deployment}))
+        self.ctl = Controller("tcp://127.0.0.1:0", self.deployment, str(run_dir), run_dir.name, {},
+                              str(run_dir / "controller.db"), heartbeat_interval_s=HB_S, liveness=LIVENESS)
+        (run_dir / "controller.endpoint").write_text(self.ctl.endpoint)
+        self.ctl_thread = threading.Thread(target=self.ctl.serve, daemon=True)
+        self.ctl_thread.start()
+        self.agents = {n: NodeAgent(n, self.ctl.endpoint, self.deployment, 2, None, None,
+                                    heartbeat_interval_s=HB_S, liveness=LIVENESS) for n in nodes}
+        self.threads = {n: threading.Thread(target=a.run, daemon=True) for n, a in self.agents.items()}
+        for t in self.threads.values():
+            t.start()
+
+    def status(self) -> list[dict]:
+        with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1) as c:
+            return list(c.status().nodes)
+
+    def states(self) -> dict[str, str]:
+        return {n["node"]: n["state"] for n in self.status()}
+
+    def silence(self, node: str) -> None:
+        """The agent stops without a word (as if killed): the controller hears nothing more."""
+        self.agents[node].stopped = True
+        self.threads[node].join(5)
+
+    def stop(self) -> None:
+        try:
+            with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1) as c:
+                c.shutdown("test over")
+        finally:
+            for n, a in self.agents.items():
+                a.stopped = True
+                self.threads[n].join(5)
+            self.ctl_thread.join(5)
+
+
+@pytest.fixture
+def farm(tmp_path):
+    f = Farm(tmp_path / "run1", ("n1", "n2"))
+    try:
+        wait_for(lambda: f.states() == {"n1": "live", "n2": "live"}, 10, "both agents live")
+        yield f
+    finally:
+        f.stop()
+
+
+def cli(*argv: str, capsys) -> tuple[int, str, str]:
+    rc = cli_main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ------------------------------------------------------------------ health sampler
+def _bare_agent(node="n1") -> NodeAgent:
+    return NodeAgent(node, "tcp://127.0.0.1:1", "d", 2, None, None)
+
+
+def test_health_sample_has_the_documented_keys_and_a_rate_from_the_injected_clock(tmp_path):
+    agent, now = _bare_agent(), [100.0]
+    s = HealthSampler(agent, tmp_path, clock=lambda: now[0], wall=lambda: 1.7e9)
+    first = s.sample()
+    assert HEALTH_KEYS <= set(first) and first["rollouts_per_s"] is None
+    agent.completed, now[0] = 6, 104.0
+    second = s.sample()
+    assert second["rollouts_per_s"] == 1.5 and second["rollouts_total"] == 6
+    assert second["slots"] == 2 and second["slots_free"] == 2 and second["ts"] == 1.7e9
+    lines = (tmp_path / "n1.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["rollouts_total"] for ln in lines] == [0, 6]
+
+
+def test_health_stream_is_rotated_past_its_size_limit(tmp_path):
+    s = HealthSampler(_bare_agent(), tmp_path, max_jsonl_bytes=600)
+    for _ in range(6):
+        s.sample()
+    assert (tmp_path / "n1.jsonl.1").exists()
+    assert (tmp_path / "n1.jsonl").stat().st_size <= 600 + 1200
+
+
+def test_draining_agent_reports_no_free_slots(tmp_path):
+    agent = _bare_agent()
+    agent.draining = True
+    assert HealthSampler(agent).sample()["slots_free"] == 0
+
+
+# ------------------------------------------------------------------ agents, top, lost nodes
+def test_agents_lists_each_node_live_with_its_version(farm, capsys):
+    rc, out, _ = cli("agents", "--run", str(farm.run_dir), "--json", capsys=capsys)
+    rows = {r["node"]: r for r in json.loads(out)}
+    assert rc == 0 and set(rows) == {"n1", "n2"}
+    assert {r["state"] for r in rows.values()} == {"live"}
+    assert all(r["version"] for r in rows.values())
+
+
+def test_a_silent_agent_shows_lost_within_the_liveness_window_with_its_last_seen_time(farm, capsys):
+    farm.silence("n2")
+    silenced_at = time.time()
+    window_s = HB_S * LIVENESS + 1.0      # liveness window plus one sweep and a status round trip
+    wait_for(lambda: farm.states().get("n2") == "lost", window_s, "n2 to be lost")
+    rc, out, _ = cli("agents", "--run", str(farm.run_dir), "--json", capsys=capsys)
+    rows = {r["node"]: r for r in json.loads(out)}
+    assert rows["n2"]["state"] == "lost" and rows["n1"]["state"] == "live"
+    lost = next(n for n in farm.status() if n["node"] == "n2")
+    assert silenced_at - 1.0 <= lost["last_seen"] <= silenced_at + 0.5
+    rc, out, _ = cli("agents", "--run", str(farm.run_dir), capsys=capsys)
+    assert rc == 0 and any(ln.split()[:2] == ["n2", "lost"] and "ago" in ln for ln in out.splitlines())
+
+
+def test_top_once_prints_every_node_sorted_by_the_chosen_column(farm, capsys):
+    rc, out, _ = cli("top", "--run", str(farm.run_dir), "--once", "--sort", "node", "--desc",
+                     "--width", "200", capsys=capsys)
+    assert rc == 0
+    rows = [ln for ln in out.splitlines() if "│ n" in ln]
+    assert [r.split("│")[1].strip() for r in rows] == ["n2", "n1"]
+
+
+def test_top_refuses_an_unknown_sort_column_and_lists_the_columns(farm, capsys):
+    rc, _, err = cli("top", "--run", str(farm.run_dir), "--once", "--sort", "bogus", capsys=capsys)
+    assert rc == 2 and "bogus" in err and "last_seen" in err
+
+
+def test_sort_rows_puts_unknown_values_last():
+    rows = [{"node": "a", "cpu": None}, {"node": "b", "cpu": 50.0}, {"node": "c", "cpu": 10.0}]
+    assert [r["node"] for r in ops.sort_rows(rows, "cpu", descending=True)] == ["b", "c", "a"]
+
+
+def test_drain_puts_the_node_in_draining_and_an_unknown_node_is_refused(farm, capsys):
+    rc, out, _ = cli("drain", "n1", "--run", str(farm.run_dir), capsys=capsys)
+    assert rc == 0 and "draining" in out
+    wait_for(lambda: farm.states().get("n1") in ("draining", "lost"), 5, "n1 to drain")
+    assert farm.states()["n2"] == "live"
+    rc, _, err = cli("drain", "n9", "--run", str(farm.run_dir), capsys=capsys)
+    assert rc == 2 and "n9" in err and "n2" in err
+
+
+def test_ops_commands_without_a_controller_say_what_is_missing(tmp_path, capsys):
+    rc, _, err = cli("agents", "--run", str(tmp_path), capsys=capsys)
+    assert rc == 2 and "controller.endpoint" in err
+
+
+# ------------------------------------------------------------------ health stream
+def test_agents_append_health_lines_that_health_prints_per_node(farm, capsys):
+    for a in farm.agents.values():   # the farm's agents got their samplers before the dir was known
+        a.__dict__["_health_sampler"] = HealthSampler(a, farm.run_dir / "health")
+    wait_for(lambda: all((farm.run_dir / "health" / f"{n}.jsonl").exists() for n in ("n1", "n2")),
+             5, "health files of both agents")
+    buf = io.StringIO()
+    args = type("A", (), {"run": str(farm.run_dir), "node": "n1", "follow": False})()
+    assert ops.cmd_health(args, out=buf) == 0
+    samples = [json.loads(ln) for ln in buf.getvalue().splitlines()]
+    assert samples and {s["node"] for s in samples} == {"n1"} and HEALTH_KEYS <= set(samples[0])
+
+
+def test_health_follow_prints_lines_appended_after_it_started(tmp_path):
+    run = tmp_path / "run"
+    (run / "health").mkdir(parents=True)
+    stream = run / "health" / "n7.jsonl"
+    stream.write_text(json.dumps({"node": "n7", "seq": 0}) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "health", "--follow", "--node", "n7",
+                             "--run", str(run)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        def next_line() -> dict:
+            ready, _, _ = select.select([proc.stdout], [], [], 10)
+            assert ready, "no line from paddock health --follow within 10s"
+            return json.loads(proc.stdout.readline())
+        assert next_line()["seq"] == 0
+        with open(stream, "a") as f:
+            f.write(json.dumps({"node": "n7", "seq": 1}) + "\n")
+        assert next_line()["seq"] == 1
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+# ------------------------------------------------------------------ Prometheus
+def test_metrics_endpoint_serves_node_states_and_queue_counts_in_prometheus_text(farm):
+    server, _thread = serve_metrics(farm.ctl.snapshot, 0, "127.0.0.1")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+
+        def scrape() -> dict:
+            text = urllib.request.urlopen(url, timeout=5).read().decode()
+            return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                    for fam in text_string_to_metric_families(text) for s in fam.samples}
+        samples = wait_for(lambda: (m := scrape()).get(("paddock_nodes", (("state", "live"),))) == 2 and m,
+                           5, "two live nodes in the metrics")
+        assert samples[("paddock_node_up", (("node", "n1"), ("state", "live")))] == 1.0
+        assert ("paddock_node_last_seen_timestamp_seconds", (("node", "n2"),)) in samples
+        assert samples[("paddock_node_slots", (("node", "n1"),))] == 2.0
+        assert any(name == "paddock_node_cpu_percent" for name, _ in samples)
+        farm.silence("n2")
+        wait_for(lambda: scrape().get(("paddock_node_up", (("node", "n2"), ("state", "lost")))) == 0.0,
+                 HB_S * LIVENESS + 2.0, "n2 lost in the metrics")
+    finally:
+        server.shutdown()
