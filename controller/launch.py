@@ -8,7 +8,7 @@ Job steps (what the batch scripts of controller/sbatch.py run, one per layout co
   `paddock job agent`  one per environment node: waits for the endpoint file (gives up with a
                        clear message after --controller-wait-s), checks deployment and version,
                        then runs the node agent.
-SIGTERM/SIGUSR1 (forwarded by the batch shell before the time limit): agents drain; the head
+SIGWINCH (forwarded by the batch shell before the time limit) or SIGTERM: agents drain; the head
 stops training, waits until every agent has drained and disconnected, then shuts the
 controller down so the catalog is flushed. The controller ignores the signal itself (it must
 outlive the drain).
@@ -117,7 +117,7 @@ def run_head(args) -> int:
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, on_signal)
 
     taskset = builtin_taskset()
@@ -235,7 +235,8 @@ def run_agent(args) -> int:
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGWINCH, signal.SIGTERM):
+        signal.signal(sig, on_signal)
     node = socket.gethostname()
     try:
         endpoint, job = wait_endpoint(run_dir, args.controller_wait_s)
@@ -246,7 +247,10 @@ def run_agent(args) -> int:
     except StopRequested as s:
         print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
         return 0
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # node agent main() installs its drain handler
+    # the node agent's main() installs its SIGTERM drain handler; the job's drain signal
+    # (SIGWINCH, see controller/sbatch.py) is turned into that SIGTERM, for this process only
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGWINCH, lambda *_: signal.raise_signal(signal.SIGTERM))
     base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)

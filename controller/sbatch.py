@@ -12,8 +12,9 @@ Two layouts, the same job steps (`paddock job head` / `paddock job agent`, contr
           step (one task per node) on the others.
 The head publishes the controller's endpoint in the run directory (shared storage); agents
 wait for it there and give up before the job's time runs out. `--signal=B:<SIG>@<secs>` reaches
-the batch shell, which forwards it to both steps: agents drain, the head stops the training
-loop, waits for the drain and shuts the controller down (the store is flushed).
+the batch shell, which forwards SIGWINCH to both steps (Slurm signals every process of a step;
+WINCH is ignored by default, so sandboxes are untouched): agents drain, the head stops the
+training loop, waits for the drain and shuts the controller down (the store is flushed).
 
 Must not import: zmq, sqlite3 (pure; used by `paddock sbatch render` and the launcher).
 """
@@ -28,6 +29,8 @@ from typing import Any, Mapping
 
 LAYOUTS = ("het", "single")
 SIGNALS = ("TERM", "USR1")
+DRAIN_SIGNAL = "WINCH"    # forwarded to the job steps: ignored by default, handled by the steps
+DRAIN_SIGNAL_NUMBER = 28  # SIGWINCH on Linux; scancel takes WINCH only by number
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})|(\d+)")
 
@@ -212,15 +215,17 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         '  >>"$RUN_DIR/logs/agents.log" 2>&1 &',
         "AGENTS_PID=$!",
         "",
-        "# The end-of-time signal reaches this shell (--signal=B:...); srun forwards it to its tasks:",
-        "# agents drain, the head stops training, waits for the drain and flushes the store.",
+        "# The end-of-time signal reaches this shell (--signal=B:...). Slurm delivers a step signal to",
+        f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
+        "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
+        "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
         f'forward() {{ echo "paddock: SIG{p.signal} before the time limit: draining"; '
-        f'kill -{p.signal} "$HEAD_PID" "$AGENTS_PID" 2>/dev/null; }}',
+        f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
         f"trap forward {p.signal}",
         "# wait returns early (>128) when the trap runs: wait again until the step has exited",
         'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
-        "# the head has stopped the controller; agents still waiting for one are told to give up",
-        'kill -TERM "$AGENTS_PID" 2>/dev/null',
+        "# the head has stopped the controller: agents still waiting for one are told to give up",
+        f'[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
         'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
         'echo "paddock: head exited with $HEAD_RC"',
         'exit "$HEAD_RC"',
