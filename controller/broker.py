@@ -575,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="policy versions a queued rollout may lag (default: unbounded)")
     ap.add_argument("--stale-policy", choices=("rerun", "drop"), default="rerun")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics on this port (0: any free port; see controller/metrics.py)")
+    ap.add_argument("--metrics-addr", default="0.0.0.0")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s controller %(levelname)s %(message)s")
@@ -589,6 +592,11 @@ def main(argv: list[str] | None = None) -> int:
                      args.db or str(run_dir / "controller.db"),
                      heartbeat_interval_s=args.heartbeat_interval_s, liveness=args.liveness,
                      queue_config=config)
+    if args.metrics_port is not None:   # published before the endpoint: a reader of one finds both
+        from controller.metrics import serve_metrics
+        server, _ = serve_metrics(ctl.snapshot, args.metrics_port, args.metrics_addr)
+        Path(args.endpoint_file + ".metrics").write_text(
+            f"http://{args.metrics_addr}:{server.server_address[1]}/metrics")
     tmp = Path(args.endpoint_file + ".tmp")
     tmp.write_text(ctl.endpoint)
     tmp.rename(args.endpoint_file)

@@ -245,3 +245,28 @@ def test_metrics_endpoint_serves_node_states_and_queue_counts_in_prometheus_text
                  HB_S * LIVENESS + 2.0, "n2 lost in the metrics")
     finally:
         server.shutdown()
+
+
+def test_controller_process_serves_metrics_when_given_a_port(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tasks.json").write_text("{}")
+    ep = run / "controller.endpoint"
+    proc = subprocess.Popen([sys.executable, "-m", "controller.broker", "--deployment", "m", "--run-dir", str(run),
+                             "--tasks-json", str(run / "tasks.json"), "--endpoint-file", str(ep),
+                             "--metrics-port", "0", "--metrics-addr", "127.0.0.1"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: ep.exists() or proc.poll() is not None, 20, "the controller endpoint")
+        assert proc.poll() is None, "controller exited"
+        url = Path(str(ep) + ".metrics").read_text()
+        assert url.startswith("http://127.0.0.1:")
+        fams = {f.name for f in text_string_to_metric_families(urllib.request.urlopen(url, timeout=5).read().decode())}
+        assert {"paddock_rollouts", "paddock_nodes", "paddock_controller_events"} <= fams
+        with Client(ep.read_text(), "m", timeout_s=5, retries=1) as c:
+            c.shutdown("test over")
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
