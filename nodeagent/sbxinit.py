@@ -87,7 +87,7 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
 def _fuse_overlay(lower: str, sbx: str, root: str) -> subprocess.Popen:
     """fuse-overlayfs in the foreground, a child of this monitor (killed on destroy)."""
     argv = ["fuse-overlayfs", "-f", "-o",
-            f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,allow_other,suid=off,dev=off", root]
+            f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,allow_other,noxattrs=1", root]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=lambda: nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL))
     deadline = time.monotonic() + FUSE_MOUNT_TIMEOUT_S

@@ -1,0 +1,82 @@
+"""Image mounts: one per digest per node, counted by sandboxes, unmounted after a grace period
+(injected clock); the kernel path chosen at start; the fuse-overlayfs path; bad images."""
+from __future__ import annotations
+
+import pytest
+
+from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, choose_overlay
+
+pytestmark = pytest.mark.sandbox
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_one_mount_per_image_counted_and_unmounted_after_the_grace_period(busybox_image):
+    clock = Clock()
+    with SandboxRuntime(image_grace_s=30.0, clock=clock) as rt:
+        a = rt.create(SandboxSpec(image=busybox_image))
+        b = rt.create(SandboxSpec(image=busybox_image))
+        (key,) = rt.mounted_images()
+        assert rt.image_refs() == {key: 2}
+        a.destroy()
+        assert rt.image_refs() == {key: 1}
+        b.destroy()
+        assert rt.image_refs() == {key: 0}
+        clock.t += 29.9
+        assert rt.reap_images() == [] and rt.mounted_images() == [key]   # still in its grace period
+        c = rt.create(SandboxSpec(image=busybox_image))                   # reused, not remounted
+        c.destroy()
+        clock.t += 30.0
+        assert rt.reap_images() == [key]
+        assert rt.mounted_images() == [] and rt.image_refs() == {}
+        with rt.create(SandboxSpec(image=busybox_image)) as d:              # mounts again on demand
+            assert d.exec(["true"]).exit_code == 0
+            assert rt.mounted_images() == [key]
+
+
+def test_kernel_path_is_detected_from_the_release():
+    assert choose_overlay("auto", "6.18.44-fc") == "kernel"
+    assert choose_overlay("auto", "6.1.0-13-amd64") == "fuse-overlayfs"
+    with pytest.raises(SandboxError, match="needs Linux ≥ 6.5"):
+        choose_overlay("kernel", "5.15.0")
+    with pytest.raises(SandboxError, match="not one of"):
+        choose_overlay("btrfs")
+
+
+def test_fuse_overlayfs_path_gives_a_working_writable_root(rw_image):
+    with SandboxRuntime(overlay="fuse-overlayfs") as rt:
+        assert rt.caps_report()["overlay"] == "fuse-overlayfs"
+        with rt.create(SandboxSpec(image=rw_image, files={"a.txt": b"a"})) as sb:
+            r = sb.exec(["sh", "-c", "echo b > /work/b.txt && rm /data/gone.txt && cat /work/a.txt /work/b.txt; "
+                                     "echo x > /bin/busybox; echo rc=$?"])
+            assert r.stdout.startswith(b"ab\n") and b"rc=0" not in r.stdout
+            changes = {(c.path, c.kind) for c in sb.diff("/")}
+            assert ("/work/b.txt", "added") in changes and ("/data/gone.txt", "deleted") in changes
+
+
+def test_missing_image_names_the_fix(runtime, tmp_path):
+    with pytest.raises(SandboxError, match="does not exist: build it with `paddock image build`"):
+        runtime.create(SandboxSpec(image=tmp_path / "nope.sif"))
+
+
+def test_corrupt_sif_is_a_clear_error(runtime, busybox_image, tmp_path):
+    bad = tmp_path / "corrupt.sif"
+    data = bytearray(busybox_image.read_bytes()[:4096])
+    bad.write_bytes(bytes(data))   # a SIF header whose partition is cut off
+    with pytest.raises(Exception) as info:
+        runtime.create(SandboxSpec(image=bad))
+    assert "corrupt" in str(info.value).lower() or "truncat" in str(info.value).lower() \
+        or "partition" in str(info.value).lower(), str(info.value)
+
+
+def test_subuid_range_missing_or_too_small_names_the_fix():
+    with pytest.raises(SandboxError, match="has no range in /etc/subuid: run `make setup`"):
+        SandboxRuntime(user="no-such-user-for-paddock")
+    with pytest.raises(SandboxError, match="too small.*usermod --add-subuids"):
+        SandboxRuntime(subids=(100000, 1024))
