@@ -388,3 +388,19 @@ def test_a_store_build_of_a_missing_source_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "does not exist" in err
     assert run_cli(["image", "build", str(tmp_path)]) == 2
     assert "give -o OUT, --store DIR, or both" in capsys.readouterr().err
+
+
+def test_the_native_sandbox_refuses_a_foreign_arch_image_before_mounting_it(tmp_path):
+    from nodeagent.sandbox import image_partition
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    foreign = "s390x" if host_arch() != "s390x" else "amd64"
+    machine = {"s390x": (22, True, False), "amd64": (62, True, True)}[foreign]
+    (root / "bin/sh").write_bytes(fake_elf(*machine))
+    sif = build.build_image(root, tmp_path / "foreign.sif", workdir=tmp_path)
+    with pytest.raises(ArchMismatchError, match=f"built for {foreign}, but this host is "
+                                                f"{host_arch()}"):
+        image_partition(sif)
+    native = build.build_image(tiny_rootfs(tmp_path, "native"), tmp_path / "native.sif",
+                               workdir=tmp_path)
+    assert image_partition(native)[1] == 32768
