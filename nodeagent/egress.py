@@ -1,0 +1,655 @@
+"""Egress: the per-task network policy and the node-local proxy that enforces it.
+
+A sandbox has no network device and no DNS. When its task allows egress, the sandbox gets a
+relay on 127.0.0.1:3128 to one Unix socket of this proxy (one socket per sandbox, so the proxy
+knows who asks). The proxy speaks HTTP CONNECT and absolute-URI HTTP and, for every request:
+normalises the host (case, trailing dot, IDNA), refuses IP literals, userinfo and ports outside
+the policy, matches the host against the allowlist by registrable domain (Public Suffix List,
+private section included), resolves it itself (injectable resolver), refuses addresses that are
+not public (loopback, private, link-local incl. 169.254.169.254, the node's own), connects to
+the vetted address and no other, and for CONNECT checks that the TLS ClientHello's SNI equals
+the CONNECT host. Every decision is recorded per sandbox (`decisions(sandbox)`), and the harness
+puts them in the trajectory.
+
+`decide()` is the pure policy decision (no sockets); `EgressProxy` is the I/O. Must not import
+zmq or the controller.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import select
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Sequence
+
+import idna
+import psutil
+from publicsuffixlist import PublicSuffixList
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORTS = (80, 443)
+MAX_HEAD_BYTES = 16 * 1024
+MAX_CLIENT_HELLO_BYTES = 64 * 1024
+HEAD_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0
+IDLE_TIMEOUT_S = 300.0
+MAX_CONNECTIONS_PER_SANDBOX = 64
+MAX_DECISIONS_PER_SANDBOX = 10_000
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[[str, int], Sequence[str]]
+
+_PSL = PublicSuffixList(only_icann=False)   # ICANN and private sections
+_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+class PolicyError(ValueError):
+    """A network policy is malformed; the message names the bad entry."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts and the policy.
+
+class HostError(ValueError):
+    """A host that cannot be allowed: the first arg is the reason code."""
+
+
+def _is_ip_literal(host: str) -> bool:
+    h = host.strip("[]")
+    try:
+        ipaddress.ip_address(h)
+        return True
+    except ValueError:
+        pass
+    try:   # the legacy forms inet_aton accepts: 2130706433, 0x7f.1, 127.1, 017700000001
+        socket.inet_aton(h)
+        return True
+    except OSError:
+        return False
+
+
+def normalize_host(host: str) -> str:
+    """Lower-case A-label form without a trailing dot; HostError(reason) if it is not a DNS name."""
+    if not isinstance(host, str) or not host:
+        raise HostError("invalid_host", "empty host")
+    if "@" in host:
+        raise HostError("userinfo", f"host {host!r} carries userinfo")
+    if _is_ip_literal(host):
+        raise HostError("ip_literal", f"{host!r} is an IP literal; only names may be allowed")
+    h = host[:-1] if host.endswith(".") else host
+    try:
+        h = idna.encode(h, uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise HostError("invalid_host", f"host {host!r} is not a valid IDNA name: {exc}") from None
+    labels = h.split(".")
+    if len(h) > 253 or len(labels) < 2 or not all(_LABEL.match(x) for x in labels):
+        raise HostError("invalid_host", f"host {host!r} is not a valid DNS name")
+    if labels[-1].isdigit() or _is_ip_literal(h):
+        raise HostError("ip_literal", f"{host!r} reads as an IP address")
+    return h
+
+
+@dataclass(frozen=True)
+class Rule:
+    host: str                 # normalised; for a wildcard, the part after "*."
+    wildcard: bool
+    ports: tuple[int, ...]
+    registrable: str          # the registrable domain (eTLD+1) the rule lives in
+
+    def matches(self, host: str) -> bool:
+        """`host` is normalised. Never a bare suffix match: the host's own registrable domain
+        must equal the rule's (so allowed.example.com.attacker.net never matches)."""
+        if _PSL.privatesuffix(host) != self.registrable:
+            return False
+        return host.endswith("." + self.host) if self.wildcard else host == self.host
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[Rule, ...] = ()
+
+    @property
+    def none(self) -> bool:
+        return not self.rules
+
+    def describe(self) -> str:
+        return ",".join(f"{'*.' if r.wildcard else ''}{r.host}:{'|'.join(map(str, r.ports))}"
+                        for r in self.rules) or "none"
+
+
+def _parse_entry(entry: str) -> Rule:
+    if not isinstance(entry, str) or not entry.strip():
+        raise PolicyError(f"network allowlist entry {entry!r} must be a non-empty string 'host[:port|port]'")
+    text = entry.strip()
+    host, ports = text, DEFAULT_PORTS
+    if text.count(":") == 1:
+        host, port_text = text.split(":")
+        try:
+            ports = tuple(sorted({int(p) for p in port_text.split("|")}))
+        except ValueError:
+            raise PolicyError(f"network allowlist entry {entry!r}: ports must be integers joined by '|'") from None
+        if not all(0 < p < 65536 for p in ports):
+            raise PolicyError(f"network allowlist entry {entry!r}: ports must be in 1..65535")
+    elif ":" in text:
+        raise PolicyError(f"network allowlist entry {entry!r}: IP literals are not allowed")
+    wildcard = host.startswith("*.")
+    if "*" in (host[2:] if wildcard else host):
+        raise PolicyError(f"network allowlist entry {entry!r}: '*' is allowed only as a leading '*.'")
+    if wildcard and "." not in host[2:].strip("."):
+        raise PolicyError(f"network allowlist entry {entry!r} is a wildcard over the public suffix {host[2:]!r}")
+    try:
+        name = normalize_host(host[2:] if wildcard else host)
+    except HostError as exc:
+        raise PolicyError(f"network allowlist entry {entry!r}: {exc.args[1]}") from None
+    registrable = _PSL.privatesuffix(name)
+    if registrable is None:
+        kind = "a wildcard over the public suffix" if wildcard else "the public suffix"
+        raise PolicyError(f"network allowlist entry {entry!r} is {kind} {name!r}: name a registrable domain")
+    return Rule(name, wildcard, ports, registrable)
+
+
+def parse_policy(network: object) -> Policy:
+    """A task's `network` field: "none" (default), or an allowlist — a comma-separated string or a
+    list of entries `host`, `host:443`, `host:80|443`, `*.domain` (ports default to 80 and 443)."""
+    if network is None or network == "none":
+        return Policy()
+    if isinstance(network, str):
+        entries: Iterable = [e for e in network.split(",") if e.strip()]
+    elif isinstance(network, dict) and set(network) == {"allow"} and isinstance(network["allow"], list):
+        entries = network["allow"]
+    elif isinstance(network, (list, tuple)):
+        entries = network
+    else:
+        raise PolicyError(f"network policy must be 'none', a list of hosts or {{'allow': [...]}}, got {network!r}")
+    rules = tuple(_parse_entry(e) for e in entries)
+    if not rules:
+        raise PolicyError("network allowlist is empty: use 'none'")
+    return Policy(rules)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision (pure).
+
+PUBLIC = "public"   # the production address rule: ipaddress's is_global, minus the node's own
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str               # allow | deny
+    reason: str
+    host: str
+    port: int
+    address: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict == "allow"
+
+
+def address_allowed(addr: str, allowed_networks: Sequence[Network] | str, own: frozenset[str]) -> str | None:
+    """None if `addr` may be dialled, else the reason it may not."""
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return "address_invalid"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if str(ip) in own:
+        return "address_is_node"
+    if ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified:
+        return "address_not_public"
+    if allowed_networks == PUBLIC:
+        return None if ip.is_global else "address_not_public"
+    return None if any(ip in n for n in allowed_networks) else "address_not_public"
+
+
+def decide(policy: Policy, host: str, port: int, resolver: Resolver,
+           allowed_networks: Sequence[Network] | str = PUBLIC, own: frozenset[str] = frozenset()) -> Decision:
+    """Whether a request for host:port may go out, and to which address."""
+    raw = host
+    if policy.none:
+        return Decision("deny", "network_none", raw, port)
+    try:
+        host = normalize_host(host)
+    except HostError as exc:
+        return Decision("deny", exc.args[0], raw, port)
+    rules = [r for r in policy.rules if r.matches(host)]
+    if not rules:
+        return Decision("deny", "host_not_allowed", host, port)
+    if not any(port in r.ports for r in rules):
+        return Decision("deny", "port_not_allowed", host, port)
+    try:
+        addrs = list(dict.fromkeys(resolver(host, port)))
+    except (OSError, ValueError) as exc:
+        log.info("egress resolve failed host=%s: %s", host, exc)
+        return Decision("deny", "resolve_failed", host, port)
+    if not addrs:
+        return Decision("deny", "resolve_failed", host, port)
+    for a in addrs:   # every answer must pass: a mixed answer is a rebinding attempt
+        why = address_allowed(a, allowed_networks, own)
+        if why:
+            return Decision("deny", why, host, port, a)
+    return Decision("allow", "allowed", host, port, addrs[0])
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    return [ai[4][0] for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+def node_addresses() -> frozenset[str]:
+    """Every address of this node's interfaces."""
+    out = set()
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                out.add(str(ipaddress.ip_address(a.address.split("%")[0])))
+    return frozenset(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS ClientHello: the SNI host name.
+
+class ClientHelloError(ValueError):
+    pass
+
+
+def client_hello_length(buf: bytes) -> int | None:
+    """Bytes of TLS records needed to hold the whole ClientHello, or None if not known yet."""
+    if len(buf) < 9:
+        return None
+    if buf[0] != 0x16:
+        raise ClientHelloError("not a TLS handshake record")
+    if buf[5] != 0x01:
+        raise ClientHelloError("first handshake message is not a ClientHello")
+    need = 4 + int.from_bytes(buf[6:9], "big")   # handshake header + body
+    total, have, pos = 0, 0, 0
+    while have < need:
+        if len(buf) < pos + 5:
+            return None
+        if buf[pos] != 0x16:
+            raise ClientHelloError("ClientHello interleaved with a non-handshake record")
+        rec_len = int.from_bytes(buf[pos + 3:pos + 5], "big")
+        pos += 5 + rec_len
+        have += rec_len
+        total = pos
+    return total
+
+
+def parse_sni(buf: bytes) -> str | None:
+    """The server_name (host_name) of a complete ClientHello in `buf` (TLS records), or None."""
+    hs, pos = b"", 0
+    while pos + 5 <= len(buf):
+        rec_len = int.from_bytes(buf[pos + 3:pos + 5], "big")
+        hs += buf[pos + 5:pos + 5 + rec_len]
+        pos += 5 + rec_len
+    try:
+        body = hs[4:4 + int.from_bytes(hs[1:4], "big")]
+        p = 2 + 32                                        # client_version, random
+        p += 1 + body[p]                                  # session_id
+        p += 2 + int.from_bytes(body[p:p + 2], "big")     # cipher_suites
+        p += 1 + body[p]                                  # compression_methods
+        if p >= len(body):
+            return None
+        end = p + 2 + int.from_bytes(body[p:p + 2], "big")
+        p += 2
+        while p + 4 <= end:
+            etype, elen = struct.unpack("!HH", body[p:p + 4])
+            data = body[p + 4:p + 4 + elen]
+            p += 4 + elen
+            if etype != 0:
+                continue
+            q = 2
+            while q + 3 <= len(data):
+                ntype, nlen = data[q], int.from_bytes(data[q + 1:q + 3], "big")
+                name = data[q + 3:q + 3 + nlen]
+                if ntype == 0:
+                    return name.decode("ascii")
+                q += 3 + nlen
+            return None
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise ClientHelloError(f"malformed ClientHello: {exc}") from None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The proxy (I/O).
+
+def _utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:
+    """(request head up to the blank line, bytes after it)."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise _BadRequest("client closed before the request head ended")
+        buf += chunk
+        if len(buf) > MAX_HEAD_BYTES:
+            raise _BadRequest(f"request head exceeds {MAX_HEAD_BYTES} bytes")
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    return head, rest
+
+
+def _split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    if "@" in authority:
+        raise HostError("userinfo", "userinfo in the request target")
+    if authority.startswith("["):
+        host, _, tail = authority[1:].partition("]")
+        port_text = tail[1:] if tail.startswith(":") else ""
+    elif authority.count(":") == 1:
+        host, port_text = authority.split(":")
+    elif ":" in authority:
+        raise HostError("ip_literal", "an IPv6 literal")
+    else:
+        host, port_text = authority, ""
+    if not port_text:
+        if default_port is None:
+            raise HostError("bad_request", "CONNECT target has no port")
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise HostError("bad_request", f"bad port {port_text!r}")
+    return host, int(port_text)
+
+
+@dataclass
+class _Sandbox:
+    policy: Policy
+    path: str
+    listener: socket.socket
+    decisions: list[dict] = field(default_factory=list)
+    dropped: int = 0
+    active: int = 0
+
+
+class EgressProxy:
+    """The node-local egress proxy: one Unix socket per sandbox, decisions recorded per sandbox.
+
+    `resolver` and `allowed_networks` are injectable (tests map names to their own network
+    namespaces and treat those addresses as public; production uses the system resolver and
+    PUBLIC). The node's own addresses are always refused."""
+
+    def __init__(self, socket_dir: str, resolver: Resolver = system_resolver,
+                 allowed_networks: Sequence[Network] | str = PUBLIC,
+                 own_addresses: Callable[[], frozenset[str]] = node_addresses,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+        self.socket_dir = socket_dir
+        self.resolver, self.allowed_networks, self.own_addresses = resolver, allowed_networks, own_addresses
+        self.connect_timeout_s, self.idle_timeout_s = connect_timeout_s, idle_timeout_s
+        self._lock = threading.Lock()
+        self._boxes: dict[str, _Sandbox] = {}
+        os.makedirs(socket_dir, mode=0o711, exist_ok=True)
+
+    # -- per-sandbox sockets ----------------------------------------------------------------
+    def open(self, sandbox: str, policy: Policy) -> str:
+        """Create the sandbox's Unix socket and start serving it; returns its path."""
+        path = os.path.join(self.socket_dir, f"{re.sub(r'[^A-Za-z0-9._-]', '_', sandbox)}.sock")
+        with self._lock:
+            if sandbox in self._boxes:
+                raise ValueError(f"sandbox {sandbox!r} already has an egress socket")
+        if os.path.exists(path):
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, 0o666)   # the sandbox's relay runs as a subordinate uid
+        listener.listen(64)
+        box = _Sandbox(policy, path, listener)
+        with self._lock:
+            self._boxes[sandbox] = box
+        threading.Thread(target=self._accept_loop, args=(sandbox, box), daemon=True,
+                         name=f"egress-{sandbox}").start()
+        log.info("egress socket open sandbox=%s policy=%s path=%s", sandbox, policy.describe(), path)
+        return path
+
+    def close(self, sandbox: str) -> list[dict]:
+        """Stop serving the sandbox; returns its decisions."""
+        with self._lock:
+            box = self._boxes.pop(sandbox, None)
+        if box is None:
+            return []
+        try:
+            box.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        box.listener.close()
+        try:
+            os.unlink(box.path)
+        except FileNotFoundError:
+            pass
+        return list(box.decisions)
+
+    def decisions(self, sandbox: str) -> list[dict]:
+        with self._lock:
+            box = self._boxes.get(sandbox)
+            return list(box.decisions) if box else []
+
+    def close_all(self) -> None:
+        for sid in list(self._boxes):
+            self.close(sid)
+
+    # -- serving ----------------------------------------------------------------------------
+    def _accept_loop(self, sandbox: str, box: _Sandbox) -> None:
+        while True:
+            try:
+                conn, _ = box.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if box.active >= MAX_CONNECTIONS_PER_SANDBOX:
+                    conn.close()
+                    continue
+                box.active += 1
+            threading.Thread(target=self._serve, args=(sandbox, box, conn), daemon=True).start()
+
+    def _record(self, sandbox: str, box: _Sandbox, d: Decision, reason: str | None = None) -> None:
+        row = {"sandbox": sandbox, "host": d.host, "port": d.port, "address": d.address,
+               "verdict": d.verdict if reason is None else "deny", "reason": reason or d.reason, "ts": _utc()}
+        log.info("egress %s sandbox=%s host=%s port=%s address=%s reason=%s", row["verdict"], sandbox,
+                 d.host, d.port, d.address, row["reason"])
+        with self._lock:
+            if len(box.decisions) < MAX_DECISIONS_PER_SANDBOX:
+                box.decisions.append(row)
+            else:
+                box.dropped += 1
+
+    def _decide(self, box: _Sandbox, host: str, port: int) -> Decision:
+        return decide(box.policy, host, port, self.resolver, self.allowed_networks, self.own_addresses())
+
+    def _serve(self, sandbox: str, box: _Sandbox, conn: socket.socket) -> None:
+        upstream = None
+        try:
+            conn.settimeout(HEAD_TIMEOUT_S)
+            try:
+                head, rest = _read_head(conn)
+                lines = head.decode("latin-1").split("\r\n")
+                method, target, version = lines[0].split(" ")
+            except (_BadRequest, ValueError, OSError) as exc:
+                self._record(sandbox, box, Decision("deny", "bad_request", "", 0))
+                log.info("egress bad request sandbox=%s: %s", sandbox, exc)
+                _reply(conn, 400, "bad request")
+                return
+            if method.upper() == "CONNECT":
+                upstream = self._connect(sandbox, box, conn, target, rest)
+            else:
+                upstream = self._forward(sandbox, box, conn, method, target, version, lines[1:], rest)
+            if upstream is not None:
+                _relay(conn, upstream, self.idle_timeout_s)
+        except OSError as exc:
+            log.info("egress connection ended sandbox=%s: %s", sandbox, exc)
+        finally:
+            for s in (conn, upstream):
+                if s is not None:
+                    s.close()
+            with self._lock:
+                box.active -= 1
+
+    def _target(self, sandbox, box, conn, authority: str, default_port: int | None) -> Decision | None:
+        try:
+            host, port = _split_authority(authority, default_port)
+        except HostError as exc:
+            d = Decision("deny", exc.args[0], authority, 0)
+            self._record(sandbox, box, d)
+            _reply(conn, 403, d.reason)
+            return None
+        d = self._decide(box, host, port)
+        if not d.allowed:
+            self._record(sandbox, box, d)
+            _reply(conn, 403, d.reason)
+            return None
+        return d
+
+    def _dial(self, sandbox, box, conn, d: Decision) -> socket.socket | None:
+        try:
+            return socket.create_connection((d.address, d.port), timeout=self.connect_timeout_s)
+        except OSError as exc:
+            log.info("egress upstream failed sandbox=%s %s:%s: %s", sandbox, d.address, d.port, exc)
+            self._record(sandbox, box, d, reason="upstream_failed")
+            return None
+
+    def _connect(self, sandbox, box, conn, target: str, rest: bytes) -> socket.socket | None:
+        d = self._target(sandbox, box, conn, target, None)
+        if d is None:
+            return None
+        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        hello = rest
+        try:
+            while (need := client_hello_length(hello)) is None or len(hello) < need:
+                if len(hello) > MAX_CLIENT_HELLO_BYTES:
+                    raise ClientHelloError("ClientHello too large")
+                chunk = conn.recv(16384)
+                if not chunk:
+                    raise ClientHelloError("client closed before its ClientHello")
+                hello += chunk
+            sni = parse_sni(hello[:need])
+        except (ClientHelloError, OSError) as exc:
+            log.info("egress CONNECT without a TLS ClientHello sandbox=%s host=%s: %s", sandbox, d.host, exc)
+            self._record(sandbox, box, d, reason="not_tls")
+            return None
+        if sni is None:
+            self._record(sandbox, box, d, reason="no_sni")
+            return None
+        try:
+            sni_host = normalize_host(sni)
+        except HostError:
+            sni_host = sni
+        if sni_host != d.host:
+            self._record(sandbox, box, Decision("deny", "sni_mismatch", d.host, d.port, d.address))
+            return None
+        upstream = self._dial(sandbox, box, conn, d)
+        if upstream is None:
+            return None
+        self._record(sandbox, box, d)
+        upstream.sendall(hello)
+        return upstream
+
+    def _forward(self, sandbox, box, conn, method, target, version, headers, rest) -> socket.socket | None:
+        u = urllib.parse.urlsplit(target)
+        if u.scheme != "http" or not u.netloc:
+            d = Decision("deny", "bad_request", target[:200], 0)
+            self._record(sandbox, box, d)
+            _reply(conn, 400, "only CONNECT and absolute http:// URIs are proxied")
+            return None
+        d = self._target(sandbox, box, conn, u.netloc, 80)
+        if d is None:
+            return None
+        kept = []
+        for h in headers:
+            name = h.split(":", 1)[0].strip().lower()
+            if name == "host":
+                try:
+                    hh, hp = _split_authority(h.split(":", 1)[1].strip(), 80)
+                    same = normalize_host(hh) == d.host and hp == d.port
+                except (HostError, IndexError):
+                    same = False
+                if not same:
+                    self._record(sandbox, box, d, reason="host_header_mismatch")
+                    _reply(conn, 403, "host_header_mismatch")
+                    return None
+            if name in ("host", "connection", "proxy-connection", "proxy-authorization", "keep-alive"):
+                continue
+            kept.append(h)
+        upstream = self._dial(sandbox, box, conn, d)
+        if upstream is None:
+            _reply(conn, 502, "upstream_failed")
+            return None
+        self._record(sandbox, box, d)
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        host_header = d.host if d.port == 80 else f"{d.host}:{d.port}"
+        head = [f"{method} {path} {version}", f"Host: {host_header}", *kept, "Connection: close"]
+        upstream.sendall("\r\n".join(head).encode("latin-1") + b"\r\n\r\n" + rest)
+        return upstream
+
+
+def _reply(conn: socket.socket, status: int, reason: str) -> None:
+    body = f"paddock egress: {reason}\n".encode()
+    text = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}.get(status, "Error")
+    try:
+        conn.sendall(f"HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                     f"X-Paddock-Egress: {reason}\r\nConnection: close\r\n\r\n".encode() + body)
+    except OSError:
+        pass
+
+
+def _relay(a: socket.socket, b: socket.socket, idle_timeout_s: float) -> None:
+    """Copy bytes both ways until both sides have closed or nothing moves for idle_timeout_s."""
+    a.settimeout(None)
+    b.settimeout(None)
+    open_ends = {a: b, b: a}
+    while open_ends:
+        ready, _, _ = select.select(list(open_ends), [], [], idle_timeout_s)
+        if not ready:
+            return
+        for src in ready:
+            dst = open_ends[src]
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if data:
+                try:
+                    dst.sendall(data)
+                    continue
+                except OSError:
+                    return
+            open_ends.pop(src, None)
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The node's proxy, created on first use.
+
+_node_proxy: EgressProxy | None = None
+_node_lock = threading.Lock()
+
+
+def node_proxy(socket_dir: str | None = None) -> EgressProxy:
+    """This process's egress proxy (one per node agent), created on first use."""
+    global _node_proxy
+    with _node_lock:
+        if _node_proxy is None:
+            import tempfile
+            _node_proxy = EgressProxy(socket_dir or tempfile.mkdtemp(prefix="paddock-egress-"))
+        return _node_proxy
+
+
+__all__ = ["Decision", "EgressProxy", "HostError", "PUBLIC", "Policy", "PolicyError", "Rule",
+           "address_allowed", "decide", "node_addresses", "node_proxy", "normalize_host", "parse_policy",
+           "client_hello_length", "parse_sni", "system_resolver"]

@@ -1,0 +1,258 @@
+"""The egress policy and the node proxy, against origin servers in network namespaces the tests
+create. Names reach those origins only through the proxy's test resolver; the test treats its own
+netns addresses as "public" through the injectable address ranges, while the production default
+refuses them."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+
+from nodeagent.egress import (PUBLIC, EgressProxy, HostError, PolicyError, decide, normalize_host,
+                              parse_policy, parse_sni)
+
+NET = 200 + os.getpid() % 50
+HOST_ADDR, ORIGIN_ADDR = f"10.231.{NET}.1", f"10.231.{NET}.2"
+TEST_RANGE = [ipaddress.ip_network(f"10.231.{NET}.0/24")]
+HTTP_PORT, RAW_PORT = 8080, 8443
+
+ORIGIN = r'''
+import socket, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("origin path=%s host=%s" % (self.path, self.headers.get("Host"))).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+def raw():
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", RAW_PORT)); s.listen(16)
+    while True:
+        c, _ = s.accept()
+        data = c.recv(65536)
+        c.sendall(b"raw origin got %d bytes" % len(data)); c.close()
+httpd = ThreadingHTTPServer(("0.0.0.0", HTTP_PORT), H)
+threading.Thread(target=raw, daemon=True).start()
+print("ready", flush=True)
+httpd.serve_forever()
+'''.replace("RAW_PORT", str(RAW_PORT)).replace("HTTP_PORT", str(HTTP_PORT))
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def origin():
+    if os.geteuid() != 0:
+        pytest.skip("creating network namespaces needs root")
+    ns, veth = f"pdk-eg-{os.getpid()}", f"pdkeg{os.getpid() % 100000}"
+    ip("netns", "add", ns)
+    proc = None
+    try:
+        ip("link", "add", veth + "h", "type", "veth", "peer", "name", veth + "o")
+        ip("link", "set", veth + "o", "netns", ns)
+        ip("addr", "add", f"{HOST_ADDR}/24", "dev", veth + "h")
+        ip("link", "set", veth + "h", "up")
+        ip("-n", ns, "addr", "add", f"{ORIGIN_ADDR}/24", "dev", veth + "o")
+        ip("-n", ns, "link", "set", veth + "o", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", ORIGIN],
+                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout.readline() == b"ready\n"
+        yield ns
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        subprocess.run(["ip", "link", "del", veth + "h"], capture_output=True)
+        ip("netns", "del", ns)
+
+
+NAMES = {"origin.example.com": [ORIGIN_ADDR], "a.origin.example.com": [ORIGIN_ADDR],
+         "loop.example.com": ["127.0.0.1"], "metadata.example.com": ["169.254.169.254"],
+         "node.example.com": [HOST_ADDR], "private.example.com": ["10.0.0.5"],
+         "mixed.example.com": [ORIGIN_ADDR, "127.0.0.1"],
+         "allowed.example.com.attacker.net": [ORIGIN_ADDR]}
+
+
+def resolver(calls=None):
+    def resolve(host, port):
+        if calls is not None:
+            calls.append(host)
+        if host not in NAMES:
+            raise OSError(f"test resolver: no name {host}")
+        return NAMES[host]
+    return resolve
+
+
+@pytest.fixture
+def proxy(tmp_path, origin):
+    p = EgressProxy(str(tmp_path / "egress"), resolver=resolver(), allowed_networks=TEST_RANGE)
+    yield p
+    p.close_all()
+
+
+def ask(path: str, request: bytes, then: bytes = b"") -> bytes:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(10)
+        s.connect(path)
+        s.sendall(request)
+        out = b""
+        if then:
+            while b"\r\n\r\n" not in out:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return out
+                out += chunk
+            s.sendall(then)
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def get(path: str, url: str, host: str | None = None) -> bytes:
+    host = host or url.split("/")[2]
+    return ask(path, f"GET {url} HTTP/1.1\r\nHost: {host}\r\nProxy-Connection: keep-alive\r\n\r\n".encode())
+
+
+def client_hello(sni: str) -> bytes:
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=sni)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+POLICY = f"origin.example.com:{HTTP_PORT}|{RAW_PORT},*.origin.example.com:{HTTP_PORT},loop.example.com:{HTTP_PORT}," \
+         f"metadata.example.com:{HTTP_PORT},node.example.com:{HTTP_PORT},private.example.com:{HTTP_PORT}," \
+         f"mixed.example.com:{HTTP_PORT}"
+
+
+def test_absolute_uri_http_reaches_the_allowed_origin_with_the_decision_logged(proxy):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    out = get(path, f"http://Origin.Example.COM.:{HTTP_PORT}/pkg?x=1")
+    assert out.startswith(b"HTTP/1.0 200")
+    assert out.endswith(f"origin path=/pkg?x=1 host=origin.example.com:{HTTP_PORT}".encode())
+    (d,) = proxy.decisions("sb1")
+    assert (d["sandbox"], d["host"], d["port"], d["address"], d["verdict"], d["reason"]) == \
+        ("sb1", "origin.example.com", HTTP_PORT, ORIGIN_ADDR, "allow", "allowed")
+
+
+@pytest.mark.parametrize("url,reason", [
+    (f"http://other.example.com:{HTTP_PORT}/", "host_not_allowed"),
+    (f"http://allowed.example.com.attacker.net:{HTTP_PORT}/", "host_not_allowed"),
+    (f"http://{ORIGIN_ADDR}:{HTTP_PORT}/", "ip_literal"),
+    (f"http://user:pw@origin.example.com:{HTTP_PORT}/", "userinfo"),
+    (f"http://origin.example.com:9999/", "port_not_allowed"),
+    (f"http://loop.example.com:{HTTP_PORT}/", "address_is_node"),
+    (f"http://metadata.example.com:{HTTP_PORT}/", "address_not_public"),
+    (f"http://node.example.com:{HTTP_PORT}/", "address_is_node"),
+    (f"http://private.example.com:{HTTP_PORT}/", "address_not_public"),
+    (f"http://mixed.example.com:{HTTP_PORT}/", "address_is_node"),
+])
+def test_refused_requests_get_403_with_the_reason(proxy, url, reason):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    out = get(path, url, host="x")
+    assert out.startswith(b"HTTP/1.1 403") and f"X-Paddock-Egress: {reason}".encode() in out
+    (d,) = proxy.decisions("sb1")
+    assert (d["verdict"], d["reason"]) == ("deny", reason)
+
+
+def test_a_host_header_that_differs_from_the_uri_is_refused(proxy):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    out = get(path, f"http://origin.example.com:{HTTP_PORT}/", host="evil.example.net")
+    assert b"host_header_mismatch" in out and proxy.decisions("sb1")[0]["verdict"] == "deny"
+
+
+def test_the_vetted_address_is_dialled_and_the_name_is_resolved_once(tmp_path, origin):
+    calls = []
+    p = EgressProxy(str(tmp_path / "e"), resolver=resolver(calls), allowed_networks=TEST_RANGE)
+    try:
+        path = p.open("sb", parse_policy(POLICY))
+        assert get(path, f"http://a.origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
+        assert calls == ["a.origin.example.com"]
+    finally:
+        p.close_all()
+
+
+def test_connect_with_a_matching_sni_tunnels_the_client_hello(proxy):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    hello = client_hello("origin.example.com")
+    out = ask(path, f"CONNECT origin.example.com:{RAW_PORT} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), then=hello)
+    assert out == b"HTTP/1.1 200 Connection established\r\n\r\n" + b"raw origin got %d bytes" % len(hello)
+    assert [(d["verdict"], d["reason"]) for d in proxy.decisions("sb1")] == [("allow", "allowed")]
+
+
+@pytest.mark.parametrize("then,reason", [
+    (lambda: client_hello("evil.example.net"), "sni_mismatch"),
+    (lambda: b"GET / HTTP/1.1\r\n\r\n", "not_tls"),
+])
+def test_connect_refuses_a_wrong_sni_or_plain_bytes_without_dialling(proxy, then, reason):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    out = ask(path, f"CONNECT origin.example.com:{RAW_PORT} HTTP/1.1\r\n\r\n".encode(), then=then())
+    assert out == b"HTTP/1.1 200 Connection established\r\n\r\n"    # closed: nothing from the origin
+    assert [(d["verdict"], d["reason"]) for d in proxy.decisions("sb1")] == [("deny", reason)]
+
+
+def test_each_sandbox_has_its_own_socket_policy_and_log(proxy):
+    open_path = proxy.open("open", parse_policy(POLICY))
+    closed_path = proxy.open("closed", parse_policy("none"))
+    assert get(open_path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
+    assert get(closed_path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.1 403")
+    assert [d["reason"] for d in proxy.decisions("open")] == ["allowed"]
+    assert [d["reason"] for d in proxy.decisions("closed")] == ["network_none"]
+    assert [d["reason"] for d in proxy.close("closed")] == ["network_none"] and not os.path.exists(closed_path)
+
+
+def test_malformed_requests_are_400_not_a_crash(proxy):
+    path = proxy.open("sb1", parse_policy(POLICY))
+    assert ask(path, b"\x16\x03\x01garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert ask(path, b"GET /relative HTTP/1.1\r\nHost: origin.example.com\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert get(path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
+
+
+# --- the pure rules --------------------------------------------------------------------------
+
+def test_hosts_are_normalised_for_case_trailing_dot_and_idna():
+    assert normalize_host("PyPI.Org.") == "pypi.org"
+    assert normalize_host("Bücher.example.com") == "xn--bcher-kva.example.com"
+    for literal in ("127.0.0.1", "2130706433", "0x7f.1", "127.1", "[::1]", "::1"):
+        with pytest.raises(HostError) as e:
+            normalize_host(literal)
+        assert e.value.args[0] == "ip_literal", literal
+
+
+@pytest.mark.parametrize("entry", ["*.github.io", "*.co.uk", "*.com", "github.io", "com", "10.0.0.1",
+                                   "a*.example.com", "example.com:0", "example.com:http"])
+def test_bad_allowlist_entries_are_refused_with_a_message_naming_them(entry):
+    with pytest.raises(PolicyError, match=entry.replace("*", r"\*").replace(".", r"\.")):
+        parse_policy(entry)
+
+
+def test_matching_is_by_registrable_domain_including_the_private_section():
+    p = parse_policy("*.mine.github.io,pypi.org:443")
+    ok = lambda h, port=443: decide(p, h, port, lambda *_: ["93.184.216.34"]).reason  # noqa: E731
+    assert ok("x.mine.github.io") == "allowed"
+    assert ok("theirs.github.io") == "host_not_allowed"
+    assert ok("pypi.org") == "allowed" and ok("pypi.org", 80) == "port_not_allowed"
+    assert ok("pypi.org.attacker.net") == "host_not_allowed" and ok("evilpypi.org") == "host_not_allowed"
+
+
+def test_the_production_address_rule_refuses_the_test_netns_addresses():
+    p = parse_policy("origin.example.com")
+    for addr in (ORIGIN_ADDR, "169.254.169.254", "127.0.0.1", "100.64.0.1", "fe80::1", "::ffff:10.0.0.1"):
+        d = decide(p, "origin.example.com", 80, lambda *_: [addr], PUBLIC)
+        assert d.reason in ("address_not_public", "address_is_node"), addr
+    assert decide(p, "origin.example.com", 80, lambda *_: ["93.184.216.34"], PUBLIC).allowed
+
+
+def test_sni_parser_reads_the_host_name_of_a_real_client_hello():
+    assert parse_sni(client_hello("a.example.com")) == "a.example.com"
