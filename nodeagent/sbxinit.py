@@ -590,7 +590,13 @@ def run_command(req: dict, cfg: "InitConfig | None" = None) -> dict:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     t0 = time.monotonic()
-    pid = os.fork()
+    try:
+        pid = _fork_or_reclaim()
+    except OSError as exc:
+        for fd in (stdin_r, stdin_w, out_r, out_w, err_r, err_w):
+            os.close(fd)
+        return {"exit_code": 126, "stdout": b"", "stderr": f"paddock: cannot start the command: {exc}\n".encode(),
+                "timed_out": False, "truncated": False, "wall_s": time.monotonic() - t0}
     if pid == 0:
         _exec_child(req, stdin_r, out_w, err_w, cfg or InitConfig())
     for fd in (stdin_r, out_w, err_w):
@@ -605,6 +611,16 @@ def run_command(req: dict, cfg: "InitConfig | None" = None) -> dict:
         code = 128 - code
     return {"exit_code": code, "stdout": bytes(bufs[out_r]), "stderr": bytes(bufs[err_r]),
             "timed_out": timed_out, "truncated": truncated, "wall_s": wall_s}
+
+
+def _fork_or_reclaim() -> int:
+    """fork(); if the pids cap is exhausted (a fork bomb left running), kill every other process
+    of the sandbox and try once more, so the sandbox stays usable."""
+    try:
+        return os.fork()
+    except BlockingIOError:
+        _kill_all_but_me()
+        return os.fork()
 
 
 def _feed_stdin(fd: int, data: bytes) -> None:
