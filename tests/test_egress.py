@@ -256,3 +256,17 @@ def test_the_production_address_rule_refuses_the_test_netns_addresses():
 
 def test_sni_parser_reads_the_host_name_of_a_real_client_hello():
     assert parse_sni(client_hello("a.example.com")) == "a.example.com"
+
+
+def test_cli_check_prints_the_decision_and_reason(capsys):
+    from controller.cli import main
+    assert main(["egress", "check", "--allow", "pypi.org,*.pythonhosted.org:443", "--resolve",
+                 "files.pythonhosted.org=151.101.0.223", "https://Files.PythonHosted.org./p"]) == 0
+    assert capsys.readouterr().out.startswith("allow allowed: files.pythonhosted.org:443 -> 151.101.0.223")
+    assert main(["egress", "check", "--allow", "pypi.org", "https://pypi.org.attacker.net/"]) == 1
+    assert capsys.readouterr().out.startswith("deny host_not_allowed: pypi.org.attacker.net:443")
+    assert main(["egress", "check", "--allow", "pypi.org", "--resolve", "pypi.org=169.254.169.254",
+                 "http://pypi.org/"]) == 1
+    assert "deny address_not_public" in capsys.readouterr().out
+    assert main(["egress", "check", "--allow", "*.github.io", "http://a.github.io/"]) == 2
+    assert "wildcard over the public suffix" in capsys.readouterr().err
