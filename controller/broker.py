@@ -223,6 +223,9 @@ class BrokerCore:
         if not c.accepted:
             self._reject(identity, msg, c.reason)
             return
+        if c.duplicate:  # a resend after a lost ack: answered, counted once
+            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            return
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
             self.counters["committed"] += 1
@@ -582,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s controller %(levelname)s %(message)s")
     run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     tasks = json.loads(Path(args.tasks_json).read_text())
     try:
         config = QueueConfig(lease_ttl_s=args.lease_ttl_s, max_staleness=args.max_staleness,

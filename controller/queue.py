@@ -23,7 +23,7 @@ import random
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -118,6 +118,7 @@ class Completion:
     accepted: bool
     reason: Optional[str]  # why rejected (stale_token, unknown_rollout, cancelled) or None
     committed: bool  # the rollout is now committed (pass/fail/timeout)
+    duplicate: bool = field(default=False, compare=False)  # the stored reply of a repeat
 
 
 @dataclass(frozen=True)
@@ -427,7 +428,7 @@ class RolloutQueue:
         with self._tx():
             stored = self._idem_get("complete:" + idem)
             if stored is not None:
-                return Completion(**stored)
+                return Completion(**{**stored, "duplicate": True})
             row, reason = self._held(rollout_id, attempt, token)
             if row is None:
                 log.info("rollout %s attempt %d: result rejected (%s, token %d)", rollout_id,

@@ -275,26 +275,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controller", required=True, help="ZeroMQ endpoint, e.g. tcp://10.0.0.1:5555")
     ap.add_argument("--deployment", required=True)
     ap.add_argument("--slots", type=int, default=2)
-    ap.add_argument("--image-store", required=True)
+    ap.add_argument("--image-store", default="")
     ap.add_argument("--subid-base", type=int)
     ap.add_argument("--subid-count", type=int)
     ap.add_argument("--heartbeat-interval-s", type=float, default=1.0)
     ap.add_argument("--drain-deadline-s", type=float, default=60.0,
                     help="on SIGTERM or drain: how long running attempts may take to finish")
+    ap.add_argument("--noop-s", type=float, default=None,
+                    help="no sandbox: every rollout passes after this many seconds (benchmarks)")
+    ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
-    from nodeagent.sandbox import SandboxRuntime
-    subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
-    runtime = SandboxRuntime(subids=subids).start()
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    runtime, runner = None, None
+    if args.noop_s is not None:
+        runner = noop_runner(args.noop_s)
+    else:
+        from nodeagent.sandbox import SandboxRuntime
+        subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
+        runtime = SandboxRuntime(subids=subids).start()
     agent = NodeAgent(args.node, args.controller, args.deployment, args.slots, args.image_store, runtime,
                       heartbeat_interval_s=args.heartbeat_interval_s,
-                      drain_deadline_s=args.drain_deadline_s)
+                      drain_deadline_s=args.drain_deadline_s, runner=runner)
     # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
     signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", args.drain_deadline_s))
     try:
         return agent.run()
     finally:
-        runtime.close()
+        if runtime is not None:
+            runtime.close()
+
+
+def noop_runner(delay_s: float = 0.0) -> Runner:
+    """A runner without sandboxes: every attempt passes (reward 1) after delay_s."""
+    def run(a: Attempt) -> AttemptResult:
+        if delay_s > 0:
+            time.sleep(delay_s)  # stands for the rollout's work
+        return AttemptResult("pass", 1.0, {}, None)
+    return run
 
 
 if __name__ == "__main__":
