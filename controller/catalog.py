@@ -13,6 +13,14 @@ rollout raises `CatalogConflict`: committed is a terminal state).
 
 DuckDB views (controller/query.py) show only shard rows whose key appears here.
 
+Compaction (`compact`) merges the small per-attempt shards of committed attempts into
+`<table>/compact-<seq>.parquet` files. The catalog follows: a record
+`catalog/compact-<seq>.parquet` lists (table, source, target). Order of a compaction: write
+the target as `.tmp` and fsync; write the record (hard link, never overwrites); rename the
+target into place (the commit point); unlink the sources. Readers hide a record's sources only
+once its target exists, so at every instant each row is visible exactly once; a crash at any
+point is finished by the next `compact` (a `.tmp` target whose record exists is complete).
+
 Must not import zmq or duckdb; it does no network I/O.
 """
 from __future__ import annotations
@@ -32,7 +40,7 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 CATALOG_DIR = "catalog"
-SHARD_TABLES = ("rollouts", "steps", "checks")
+SHARD_TABLES = ("rollouts", "steps", "checks", "spans", "egress")
 
 CATALOG_SCHEMA = pa.schema([
     pa.field("rollout_id", pa.string(), nullable=False),
@@ -41,10 +49,20 @@ CATALOG_SCHEMA = pa.schema([
     pa.field("rollouts_shard", pa.string(), nullable=True),
     pa.field("steps_shard", pa.string(), nullable=True),
     pa.field("checks_shard", pa.string(), nullable=True),
+    pa.field("spans_shard", pa.string(), nullable=True),
+    pa.field("egress_shard", pa.string(), nullable=True),
     pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
 ])
 
 _COMMIT_FILE = re.compile(r"^commit-(\d{6,})\.parquet$")
+COMPACT_PREFIX = "compact-"
+_COMPACT_FILE = re.compile(r"^compact-(\d{6,})\.parquet$")
+COMPACT_RECORD_SCHEMA = pa.schema([
+    pa.field("table", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("target", pa.string(), nullable=False),
+    pa.field("rows", pa.int64(), nullable=False),
+])
 
 
 class CatalogError(RuntimeError):
@@ -199,3 +217,184 @@ def _as_utc(value: datetime | float) -> datetime:
             raise ValueError("committed_at: naive datetime; pass a timezone-aware one (UTC)")
         return value.astimezone(timezone.utc)
     return datetime.fromtimestamp(float(value), tz=timezone.utc)
+
+
+# -- compaction -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompactionResult:
+    sources: int          # shard files merged (and removed)
+    targets: int          # compacted files written
+    rows: int             # rows moved
+    recovered: int        # unfinished compactions completed
+
+
+def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
+            max_rows_per_file: int = 1_000_000, min_sources: int = 2) -> CompactionResult:
+    """Merge small shards of committed attempts; never loses or duplicates a visible row.
+
+    Only shards named by a committed catalog row are merged (an uncommitted attempt's shard
+    stays where it is: it may still be committed, or is evidence of an infra failure).
+    Unreadable shards are left alone. One compactor per run (an flock on catalog/compact.lock).
+    """
+    import fcntl
+    from nodeagent.trajwriter import SCHEMAS
+    run_dir = Path(run_dir)
+    cat_dir = run_dir / CATALOG_DIR
+    cat_dir.mkdir(parents=True, exist_ok=True)
+    with open(cat_dir / "compact.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CatalogError(f"another compaction of {run_dir} is running") from None
+        for stale in cat_dir.glob("*.ctmp"):
+            stale.unlink(missing_ok=True)       # a record write that crashed before its link
+        recovered = _finish_unfinished(run_dir)
+        moved = _recorded_sources(run_dir)
+        seq = _next_compact_seq(run_dir)
+        committed = _committed_shards(run_dir)
+        n_src = n_tgt = n_rows = 0
+        for table, schema in SCHEMAS.items():
+            candidates = []
+            for rel in sorted(committed.get(table, ())):
+                path = run_dir / rel
+                if rel in moved or path.name.startswith(COMPACT_PREFIX) or not path.is_file():
+                    continue
+                if path.stat().st_size <= max_shard_bytes:
+                    candidates.append(rel)
+            for group in _groups(run_dir, candidates, schema, max_rows_per_file):
+                if len(group) < min_sources:
+                    continue
+                rows = _compact_group(run_dir, table, schema, group, seq)
+                seq += 1
+                n_src, n_tgt, n_rows = n_src + len(group), n_tgt + 1, n_rows + rows
+    log.info("compaction run=%s sources=%d targets=%d rows=%d recovered=%d", run_dir, n_src,
+             n_tgt, n_rows, recovered)
+    return CompactionResult(n_src, n_tgt, n_rows, recovered)
+
+
+def _committed_shards(run_dir: Path) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for path in sorted((run_dir / CATALOG_DIR).glob("commit-*.parquet")):
+        if not _COMMIT_FILE.match(path.name):
+            continue
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise CatalogError(f"cannot read catalog file {path}: {exc}") from exc
+        for t in SHARD_TABLES:
+            col = f"{t}_shard"
+            if col in table.column_names:
+                out.setdefault(t, set()).update(v for v in table[col].to_pylist() if v)
+    return out
+
+
+def _records(run_dir: Path) -> list[tuple[Path, list[dict]]]:
+    out = []
+    for path in sorted((run_dir / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
+        if _COMPACT_FILE.match(path.name):
+            out.append((path, pq.read_table(path).to_pylist()))
+    return out
+
+
+def _recorded_sources(run_dir: Path) -> set[str]:
+    return {r["source"] for _, rows in _records(run_dir) for r in rows}
+
+
+def _next_compact_seq(run_dir: Path) -> int:
+    seqs = [int(m.group(1)) for p in (run_dir / CATALOG_DIR).iterdir()
+            if (m := _COMPACT_FILE.match(p.name))]
+    return max(seqs, default=-1) + 1
+
+
+def _finish_unfinished(run_dir: Path) -> int:
+    """Complete compactions whose record exists: rename the target, unlink the sources."""
+    done = 0
+    for _record, rows in _records(run_dir):
+        targets = {r["target"] for r in rows}
+        unfinished = False
+        for t in targets:
+            target = run_dir / t
+            tmp = target.with_name(target.name + ".tmp")
+            if not target.exists() and tmp.exists():
+                os.rename(tmp, target)
+                _fsync_dir(target.parent)
+                unfinished = True
+        if not all((run_dir / t).exists() for t in targets):
+            continue    # cannot happen unless someone deleted files; sources stay visible
+        for r in rows:
+            src = run_dir / r["source"]
+            if src.exists():
+                src.unlink()
+                unfinished = True
+        done += unfinished
+    return done
+
+
+def _groups(run_dir: Path, rels: list[str], schema: pa.Schema, max_rows: int):
+    group, rows = [], 0
+    for rel in rels:
+        try:
+            n = pq.read_metadata(run_dir / rel).num_rows
+        except (OSError, pa.ArrowException) as exc:
+            log.warning("compaction skips unreadable shard %s: %s", run_dir / rel, exc)
+            continue
+        if group and rows + n > max_rows:
+            yield group
+            group, rows = [], 0
+        group.append((rel, n))
+        rows += n
+    if group:
+        yield group
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns (missing optional columns as NULL)."""
+    arrays = []
+    for field in schema:
+        if field.name in table.column_names:
+            arrays.append(table[field.name].cast(field.type))
+        else:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _compact_group(run_dir: Path, table: str, schema: pa.Schema,
+                   group: list[tuple[str, int]], seq: int) -> int:
+    parts = [_conform(pq.read_table(run_dir / rel), schema) for rel, _ in group]
+    merged = pa.concat_tables(parts)
+    target_rel = f"{table}/{COMPACT_PREFIX}{seq:06d}.parquet"
+    target = run_dir / target_rel
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        pq.write_table(merged, fh, compression="zstd")
+        fh.flush()
+        os.fsync(fh.fileno())
+    record = pa.Table.from_pylist(
+        [{"table": table, "source": rel, "target": target_rel, "rows": n} for rel, n in group],
+        schema=COMPACT_RECORD_SCHEMA)
+    rec_path = run_dir / CATALOG_DIR / f"{COMPACT_PREFIX}{seq:06d}.parquet"
+    rec_tmp = rec_path.with_name(rec_path.name + ".ctmp")
+    with open(rec_tmp, "wb") as fh:
+        pq.write_table(record, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(rec_tmp, rec_path)
+    finally:
+        rec_tmp.unlink(missing_ok=True)
+    _fsync_dir(rec_path.parent)
+    os.rename(tmp, target)                      # the commit point
+    _fsync_dir(target.parent)
+    for rel, _ in group:
+        (run_dir / rel).unlink(missing_ok=True)
+    _fsync_dir(target.parent)
+    return merged.num_rows
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import math
+import os
 import shlex
 import sys
 from datetime import date, datetime, time
@@ -27,15 +29,20 @@ from typing import Any, TextIO
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA
+from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES
 from controller import policy_server
-from nodeagent.trajwriter import SCHEMAS
+from nodeagent.trajwriter import KEY_COLUMNS, SCHEMAS
+
+CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("table", "csv", "json")
-RUN_MARKERS = ("rollouts", "steps", "checks", CATALOG_DIR, "run.json")
+RUN_MARKERS = ("rollouts", "steps", "checks", "spans", "egress", CATALOG_DIR, "run.json")
 OUTCOMES = ("pass", "fail", "timeout", "infra_error")
 EXAMPLE_SQL = ("SELECT task_family, policy_version, count(*) AS n, "
                "avg((outcome = 'pass')::INT) AS pass_rate FROM rollouts "
@@ -56,22 +63,41 @@ class RunNotFound(QueryError):
 # -- views ----------------------------------------------------------------------------------
 
 def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with committed-only views over one run (or a runs/ dir)."""
+    """An in-memory DuckDB connection with committed-only views over one run (or a runs/ dir).
+
+    Views: one per table in SCHEMAS (rollouts, steps, checks, spans, egress), `catalog`,
+    `infra_attempts` (every infra_error attempt, committed or not, with its reason) and
+    `bad_shards` (files skipped because they are truncated or have the wrong schema).
+    """
     runs = _run_dirs(Path(run_dir))
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET TimeZone = 'UTC'")
     except duckdb.Error:  # ICU missing: timestamps still read correctly, shown in local time
         pass
+    bad: list[tuple[str, str]] = []
     try:
-        _create_catalog_view(con, runs)
+        moved = _moved_sources(runs, bad)
+        _create_catalog_view(con, runs, moved, bad)
+        listed = {}
         for table, schema in SCHEMAS.items():
-            _create_table_view(con, table, schema, runs)
+            listed[table] = _create_table_view(con, table, schema, runs, moved, bad)
+        _create_infra_view(con, listed["rollouts"], len(runs) > 1)
+        con.register("_bad_shards", pa.table({"file": [b[0] for b in bad],
+                                               "error": [b[1] for b in bad]},
+                                              schema=pa.schema([("file", pa.string()),
+                                                                ("error", pa.string())])))
+        con.execute("CREATE VIEW bad_shards AS SELECT * FROM _bad_shards")
     except duckdb.Error as exc:
         con.close()
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
             from None
     return con
+
+
+def bad_shards(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """(file, error) of every shard `connect` skipped."""
+    return con.execute("SELECT file, error FROM bad_shards ORDER BY file").fetchall()
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -94,37 +120,155 @@ def _parquet_files(runs: list[Path], table: str) -> list[str]:
     return files
 
 
+# Footer checks are cached per (path, size, mtime): a shard is immutable once renamed in.
+_FOOTER_CACHE: dict[tuple[str, int, int], tuple[frozenset[str], str | None]] = {}
+
+
+def check_shard(path: str, schema: pa.Schema,
+                keys: tuple[str, ...] = KEY_COLUMNS) -> tuple[frozenset[str], str | None]:
+    """(columns present, error or None) of one shard file, from its Parquet footer."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return frozenset(), f"cannot stat: {exc.strerror}"
+    key = (path, st.st_size, st.st_mtime_ns)
+    hit = _FOOTER_CACHE.get(key)
+    if hit is not None:
+        return hit
+    try:
+        found = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        result = (frozenset(), f"unreadable Parquet (truncated?): {_one_line(exc)}")
+    else:
+        result = (frozenset(found.names), _schema_mismatch(found, schema, keys))
+    if len(_FOOTER_CACHE) > 200_000:
+        _FOOTER_CACHE.clear()
+    _FOOTER_CACHE[key] = result
+    return result
+
+
+def _schema_mismatch(found: pa.Schema, want: pa.Schema, keys: tuple[str, ...]) -> str | None:
+    for name in keys:
+        if name not in found.names:
+            return f"wrong schema: key column {name!r} is missing"
+    for field in want:
+        idx = found.get_field_index(field.name)
+        if idx < 0:
+            continue
+        got = found.field(idx).type
+        if not (got.equals(field.type) or (pa.types.is_string(field.type)
+                                           and pa.types.is_large_string(got))):
+            return f"wrong schema: column {field.name!r} is {got}, expected {field.type}"
+    return None
+
+
+def _valid_files(files: list[str], schema: pa.Schema, bad: list,
+                 keys: tuple[str, ...] = KEY_COLUMNS) -> tuple[list[str], bool]:
+    """The readable files with a compatible schema, and whether all have every column."""
+    good, complete = [], True
+    for f in files:
+        cols, error = check_shard(f, schema, keys)
+        if error:
+            bad.append((f, error))
+            log.warning("skipping bad shard %s: %s", f, error)
+            continue
+        good.append(f)
+        complete = complete and set(schema.names) <= cols
+    return good, complete
+
+
+def _moved_sources(runs: list[Path], bad: list) -> set[str]:
+    """Shard files replaced by a finished compaction (their target file exists)."""
+    moved: set[str] = set()
+    for run in runs:
+        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
+            try:
+                rows = pq.read_table(rec, columns=["source", "target"]).to_pylist()
+            except (OSError, pa.ArrowException) as exc:
+                bad.append((str(rec), f"unreadable compaction record: {_one_line(exc)}"))
+                continue
+            targets = {r["target"] for r in rows}
+            if all((run / t).is_file() for t in targets):
+                moved.update(str(run / r["source"]) for r in rows)
+    return moved
+
+
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path]) -> None:
+def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: set[str],
+                         bad: list) -> None:
     files = [f for f in _parquet_files(runs, CATALOG_DIR) if Path(f).name.startswith("commit-")]
+    files, complete = _valid_files(files, CATALOG_SCHEMA, bad, CATALOG_KEYS)
+    empty = CATALOG_SCHEMA.empty_table().append_column("filename", pa.array([], pa.string()))
+    con.register("_empty_catalog", empty)
     if files:
         source = f"read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+        if not complete:
+            source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM _empty_catalog)"
     else:
-        empty = CATALOG_SCHEMA.empty_table().append_column("filename", pa.array([], pa.string()))
-        con.register("_empty_catalog", empty)
         source = "_empty_catalog"
     con.execute(f"CREATE VIEW _catalog AS SELECT *, {_RUN_OF.format(col='filename')} AS _run "
                 f"FROM {source}")
-    con.execute("CREATE VIEW catalog AS SELECT * EXCLUDE (filename, _run), _run AS run_dir "
-                "FROM _catalog")
+    # Compaction moved some shards: the catalog view shows where each row lives now.
+    moves = []
+    for run in runs:
+        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
+            if str(rec) in {b[0] for b in bad}:
+                continue
+            for r in pq.read_table(rec, columns=["source", "target"]).to_pylist():
+                if str(run / r["source"]) in moved:
+                    moves.append((str(run), r["source"], r["target"]))
+    con.register("_moves", pa.table({"run": [m[0] for m in moves],
+                                     "source": [m[1] for m in moves],
+                                     "target": [m[2] for m in moves]},
+                                    schema=pa.schema([("run", pa.string()), ("source", pa.string()),
+                                                      ("target", pa.string())])))
+    shard_cols = ", ".join(
+        f"coalesce((SELECT m.target FROM _moves m WHERE m.run = c._run AND m.source = "
+        f"c.{t}_shard), c.{t}_shard) AS {t}_shard" for t in SHARD_TABLES)
+    con.execute(f"CREATE VIEW catalog AS SELECT c.rollout_id, c.attempt, c.fencing_token, "
+                f"{shard_cols}, c.committed_at, c._run AS run_dir FROM _catalog c")
 
 
 def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Schema,
-                       runs: list[Path]) -> None:
-    files = _parquet_files(runs, table)
+                       runs: list[Path], moved: set[str], bad: list) -> str | None:
+    """Create the committed-only view of `table`; return its row source (None: no files)."""
+    files = [f for f in _parquet_files(runs, table) if f not in moved]
+    files, complete = _valid_files(files, schema, bad)
+    con.register(f"_empty_{table}", schema.empty_table())
     if not files:
-        con.register(f"_empty_{table}", schema.empty_table())
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
-        return
+        return None
+    source = f"read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+    if not complete:
+        empty = f"(SELECT *, NULL::VARCHAR AS filename FROM _empty_{table})"
+        source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM {empty})"
+    columns = ", ".join(f's."{n}"' for n in schema.names)
+    same_run = (f" AND c._run = {_RUN_OF.format(col='s.filename')}" if len(runs) > 1 else "")
     con.execute(
-        f"CREATE VIEW {table} AS SELECT s.* EXCLUDE (filename) "
-        f"FROM read_parquet({_sql_list(files)}, union_by_name = true, filename = true) s "
+        f"CREATE VIEW {table} AS SELECT {columns} FROM {source} s "
         f"WHERE EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
-        f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token "
-        f"AND c._run = {_RUN_OF.format(col='s.filename')})")
+        f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token{same_run})")
+    return source
+
+
+def _create_infra_view(con: duckdb.DuckDBPyConnection, source: str | None,
+                       many_runs: bool) -> None:
+    """Every infra_error attempt in the shards, committed or not (retried ones are not)."""
+    if source is None:
+        con.execute("CREATE VIEW infra_attempts AS SELECT run_id, rollout_id, attempt, "
+                    "fencing_token, node, task_id, task_name, infra_reason, started_at, "
+                    "TRUE AS committed FROM _empty_rollouts")
+        return
+    same_run = f" AND c._run = {_RUN_OF.format(col='s.filename')}" if many_runs else ""
+    con.execute(
+        f"CREATE VIEW infra_attempts AS SELECT s.run_id, s.rollout_id, s.attempt, "
+        f"s.fencing_token, s.node, s.task_id, s.task_name, s.infra_reason, s.started_at, "
+        f"EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id AND c.attempt = "
+        f"s.attempt AND c.fencing_token = s.fencing_token{same_run}) AS committed "
+        f"FROM {source} s WHERE s.outcome = 'infra_error'")
 
 
 # -- queries --------------------------------------------------------------------------------
@@ -329,7 +473,25 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("sql", help="the SQL query")
     p.set_defaults(func=cmd_query)
+    c = subparsers.add_parser(
+        "compact", help="merge a run's small committed shards (no row lost or duplicated)")
+    c.add_argument("--run", metavar="DIR", required=True, help="run directory")
+    c.add_argument("--max-shard-bytes", type=int, default=1 << 20,
+                   help="only shards up to this size are merged (default 1 MiB)")
+    c.set_defaults(func=cmd_compact)
     return p
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from controller.catalog import CatalogError, compact
+    try:
+        r = compact(args.run, max_shard_bytes=args.max_shard_bytes)
+    except (CatalogError, OSError) as exc:
+        print(f"paddock compact: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"compacted {r.sources} shards into {r.targets} files ({r.rows} rows); "
+          f"finished {r.recovered} interrupted compactions", file=out or sys.stdout)
+    return 0
 
 
 def newest_run(runs_root: str | Path = "runs") -> Path:
@@ -347,6 +509,10 @@ def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
     err = sys.stderr if err is None else err
     try:
         run_dir = Path(args.run) if args.run else newest_run()
+        con = connect(run_dir)
+        for file, error in bad_shards(con):
+            print(f"paddock query: warning: skipped {file}: {error}", file=err)
+        con.close()
         run_query(run_dir, args.sql, fmt=args.format, out=out)
     except QueryError as exc:
         print(f"paddock query: error: {exc}", file=err)

@@ -1,7 +1,9 @@
 """Trajectory shard writer: one Parquet file per table per rollout attempt, written atomically.
 
 A node agent calls `write_attempt` once an attempt has finished (verified or failed). The rows
-are checked against explicit schemas (ROLLOUTS_SCHEMA, STEPS_SCHEMA, CHECKS_SCHEMA); a missing
+are checked against explicit schemas (ROLLOUTS_SCHEMA, STEPS_SCHEMA, CHECKS_SCHEMA,
+SPANS_SCHEMA, EGRESS_SCHEMA); every child row (steps, checks, spans, egress) gets the rollout
+row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
 or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
 `SchemaError` naming the table and the column. Each shard is written to `<name>.tmp` in its
 table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
@@ -29,7 +31,11 @@ import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
-TABLES = ("rollouts", "steps", "checks")
+TABLES = ("rollouts", "steps", "checks", "spans", "egress")
+SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# What produced a row: copied from the rollout row into every child row by the writer.
+PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
+                      "policy_version", "limits")
 OUTCOMES = ("pass", "fail", "timeout", "infra_error")
 KEY_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token")
 
@@ -80,6 +86,7 @@ ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("diff_files", pa.int32(), True),
     _f("cpu_s", pa.float64(), True),
     _f("peak_memory_bytes", pa.int64(), True),
+    _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
 ])
 
 STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
@@ -108,23 +115,62 @@ CHECKS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("wall_s", pa.float64()),
 ])
 
+SPANS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("kind", pa.string()),
+    _f("name", pa.string(), True),
+    _f("step", pa.int32(), True),
+    _f("start_s", pa.float64()),
+    _f("duration_s", pa.float64()),
+])
+
+EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("sandbox", pa.string(), True),
+    _f("host", pa.string(), True),
+    _f("port", pa.int32(), True),
+    _f("address", pa.string(), True),
+    _f("verdict", pa.string()),
+    _f("reason", pa.string(), True),
+    _f("ts", _TS),
+])
+
+# Provenance fields appended to every child table (nullable: shards written before these
+# columns existed read as NULL).
+_PROVENANCE_FIELDS = [
+    _f("taskset_hash", pa.string(), True),
+    _f("task_id", pa.string(), True),
+    _f("image_digest", pa.string(), True),
+    _f("verifier_version", pa.string(), True),
+    _f("policy_version", pa.int32(), True),
+    _f("limits", pa.string(), True),
+]
+STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
+CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
+SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
+EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
+
 SCHEMAS: dict[str, pa.Schema] = {
     "rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "checks": CHECKS_SCHEMA,
+    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA,
 }
 
 # Columns a caller may leave out (they become NULL). Every other column is a required key,
 # even when nullable: a required nullable column must be passed explicitly as None.
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
-    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes"}),
-    "steps": frozenset({"observation_truncated"}),
-    "checks": frozenset(),
+    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
+    "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
+    "checks": frozenset(PROVENANCE_COLUMNS),
+    "spans": frozenset({"name", "step"}) | frozenset(PROVENANCE_COLUMNS),
+    "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
+    | frozenset(PROVENANCE_COLUMNS),
 }
 
 # Columns holding JSON text: callers may pass a str (must parse) or any JSON-able object.
 JSON_COLUMNS: dict[str, frozenset[str]] = {
     "rollouts": frozenset({"reward_components", "limits"}),
-    "steps": frozenset({"tool_args", "logprobs"}),
-    "checks": frozenset(),
+    "steps": frozenset({"tool_args", "logprobs", "limits"}),
+    "checks": frozenset({"limits"}),
+    "spans": frozenset({"limits"}),
+    "egress": frozenset({"limits"}),
 }
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -146,22 +192,24 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
                   checks: Sequence[Mapping[str, Any]],
                   spans: Sequence[Mapping[str, Any]] = (),
                   egress: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
-    """Validate and write the three shards of one attempt; return {table: path relative to run_dir}.
+    """Validate and write the five shards of one attempt; return {table: path relative to run_dir}.
 
-    `steps` and `checks` rows may omit the key columns (run_id, rollout_id, attempt,
-    fencing_token): they are copied from `rollout_row`; if given they must match it.
-    All rows are validated before any file is written.
+    Child rows (`steps`, `checks`, `spans`, `egress`) may omit the key columns (run_id,
+    rollout_id, attempt, fencing_token) and the provenance columns: they are copied from
+    `rollout_row`; if given they must match it. All rows are validated before any file is
+    written. Every table gets a shard, empty when it has no rows.
     """
     run_dir = Path(run_dir)
     rollout = _complete_rollout(rollout_row, node)
     rollouts_table = _to_table("rollouts", [rollout])
     keys = {k: rollout[k] for k in KEY_COLUMNS}
-    tables = {
-        "rollouts": rollouts_table,
-        "steps": _to_table("steps", [_with_keys("steps", i, r, keys) for i, r in enumerate(steps)]),
-        "checks": _to_table("checks",
-                            [_with_keys("checks", i, r, keys) for i, r in enumerate(checks)]),
-    }
+    keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
+    children = {"steps": steps, "checks": checks, "spans": _spans(spans),
+                "egress": _egress(egress)}
+    tables = {"rollouts": rollouts_table}
+    for table, rows in children.items():
+        tables[table] = _to_table(table, [_with_keys(table, i, r, keys)
+                                          for i, r in enumerate(rows)])
     name = shard_name(node, keys["rollout_id"], keys["attempt"], keys["fencing_token"])
     written: dict[str, str] = {}
     for table, data in tables.items():
@@ -173,6 +221,29 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
              keys["rollout_id"], keys["attempt"], keys["fencing_token"], node,
              len(steps), len(checks))
     return written
+
+
+def _spans(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        if row.get("kind") not in SPAN_KINDS:
+            raise SchemaError(f"spans.kind (row {i}): {row.get('kind')!r} is not one of "
+                              f"{', '.join(SPAN_KINDS)}")
+        out.append(dict(row))
+    return out
+
+
+def _egress(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("port") is not None and not isinstance(row["port"], bool):
+            try:
+                row["port"] = int(row["port"])
+            except (TypeError, ValueError):
+                pass        # left as is: the schema check names it
+        out.append(row)
+    return out
 
 
 def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:

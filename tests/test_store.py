@@ -87,8 +87,7 @@ def scalar(run_dir, sql):
 def test_write_attempt_writes_one_named_shard_per_table(tmp_path):
     shards = write(tmp_path, rollout_id="r1", attempt=2, token=9)
     name = "n1-r1-a2-t9.parquet"
-    assert shards == {"rollouts": f"rollouts/{name}", "steps": f"steps/{name}",
-                      "checks": f"checks/{name}"}
+    assert shards == {t: f"{t}/{name}" for t in ("rollouts", "steps", "checks", "spans", "egress")}
     assert pq.read_schema(tmp_path / shards["rollouts"]).equals(ROLLOUTS_SCHEMA)
     assert pq.read_schema(tmp_path / shards["steps"]).equals(STEPS_SCHEMA)
     assert pq.read_schema(tmp_path / shards["checks"]).equals(CHECKS_SCHEMA)
