@@ -1,5 +1,10 @@
 """One rollout attempt on a node: sandbox → agent loop → diff → verifier → trajectory shards.
 
+The agent's changes are kept as an artifact, `<run_dir>/changes/<shard name>.tar` (written
+atomically; its path relative to the run dir is the rollouts row's `changes_path`), so that
+`paddock rescore` can grade the attempt again without re-running the agent. The agent's
+spans get a `sandbox_start` and a `verification` span.
+
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
 NULL, retried by the controller), recorded with its reason. A policy that runs out of wall
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -18,7 +24,7 @@ from typing import Callable
 from nodeagent import trajwriter
 from nodeagent.harness import AgentResult, BudgetError, ModelError, run_agent
 from nodeagent.tools import ToolSetError
-from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.verifier import VERIFIER_VERSION, Verdict, VerifierInfraError, verify
 
 log = logging.getLogger(__name__)
@@ -61,31 +67,38 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
                                         files={k: v.encode() for k, v in task["files"].items()}))
     except SandboxError as exc:
         infra = f"sandbox_start: {exc}"
-    else:
+    start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
+    if infra is None:
         try:
-            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock,
-                              tools=task.get("tools"))
+            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock)
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
-        except (BudgetError, ToolSetError) as exc:
-            infra = f"task: {exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
             sb.destroy()
+    agent.spans.insert(0, start_span)
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0
     elif infra is None:
+        tv = clock()
         try:
             verdict = verify(runtime, image, task, changes, agent.answer, clock)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = f"verifier: {exc}"
+        agent.spans.append(_span("verification", task.get("checker", {}).get("kind", "?"), t0, tv, clock(),
+                                 step=len(agent.steps)))
     if infra is not None:
         outcome, reward = "infra_error", None
         log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
+    try:
+        changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
+    except OSError as exc:
+        return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
+    row["changes_path"] = changes_path
     checks = verdict.checks if verdict else []
     try:
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
@@ -93,6 +106,25 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)
+
+
+def _span(kind: str, name: str, t0: float, start: float, end: float, step: int = 0) -> dict:
+    """A span row; `start_s` is seconds since the attempt started."""
+    return {"kind": kind, "name": name, "step": step, "start_s": start - t0, "duration_s": max(end - start, 0.0)}
+
+
+def write_changes(run_dir: str, node: str, a: Attempt, changes: list) -> str:
+    """Write the agent's changes as `changes/<shard>.tar` (tmp + rename); return the relative path."""
+    name = trajwriter.shard_name(node, a.rollout_id, a.attempt, a.token).rsplit(".parquet", 1)[0] + ".tar"
+    directory = Path(run_dir) / "changes"
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(changes_to_tar(changes))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, directory / name)
+    return f"changes/{name}"
 
 
 def _rollout_row(a: Attempt, node: str, task: dict, agent: AgentResult, verdict: Verdict | None,

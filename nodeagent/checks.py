@@ -1,0 +1,485 @@
+"""Isolated host-side check runner: every check in its own forked process, killed on a deadline.
+
+A `CheckRunner` starts one long-lived server process (`python -m nodeagent.checks`) that imports
+the checker modules once and then forks one child per check. Each child starts its own session
+(so it leads its own process group), sets rlimits (address space, CPU seconds, file size, open
+files, no core dumps), runs either a Python function (`fn="module:name"`, JSON arguments, JSON
+result) or a command (`argv`), and writes its result to a pipe only the server reads. The
+server waits on the child's pidfd and the pipe; at the deadline it kills the whole process
+group. A check that hangs, forks, allocates without bound or floods output therefore costs only
+its own result; the server keeps serving every other check concurrently. The server is a child
+subreaper: processes a check leaves behind are killed by a periodic sweep.
+
+Outcomes (`CheckResult.outcome`): `ok` (the function returned / the command ran; see `value`
+and `exit_code`), `error` (the function raised: detail says what), `timeout` (killed at the
+deadline), `crashed` (died without a result, e.g. a signal or an rlimit), `output_cap` (wrote
+more than its output cap: killed). `CheckInfraError` means the runner itself failed (server
+gone): never a verdict on the policy.
+
+Standard library and nodeagent.framing only; must not import zmq or the controller.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import logging
+import os
+import resource
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from nodeagent import framing
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_OUTPUT_CAP = 64 * 1024
+DEFAULT_LIMITS = {"memory_mb": 1024, "nofile": 64, "fsize_mb": 16}
+SWEEP_INTERVAL_S = 0.5
+MAX_REQUEST_BYTES = 4 << 20
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+
+
+class CheckInfraError(Exception):
+    """The check runner itself failed (server died, could not start): not the policy's fault."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    outcome: str                    # ok | error | timeout | crashed | output_cap
+    value: object = None            # the function's JSON result (fn checks)
+    exit_code: int | None = None    # the command's exit code (argv checks)
+    stdout: bytes = b""
+    detail: str = ""
+    wall_s: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Client side
+
+class CheckRunner:
+    """Thread-safe client of one check server. `run` blocks; `submit` returns a Future."""
+
+    def __init__(self, preload: tuple[str, ...] = ("nodeagent.checkers",),
+                 limits: dict | None = None) -> None:
+        self.preload = preload
+        self.limits = {**DEFAULT_LIMITS, **(limits or {})}
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count(1)
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> "CheckRunner":
+        ours, theirs = socket.socketpair()
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "nodeagent.checks", "--ctl-fd", str(theirs.fileno()),
+             "--preload", ",".join(self.preload)],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, env=env, cwd="/")
+        theirs.close()
+        self._sock = ours
+        try:
+            hello = framing.recv_msg(ours, max_bytes=65536)
+        except (framing.FramingError, OSError) as exc:
+            err = self._proc.stderr.read().decode(errors="replace")[-2000:] if self._proc.stderr else ""
+            self.close()
+            raise CheckInfraError(f"check server failed to start: {exc}; {err}") from None
+        if not hello.get("ready"):
+            self.close()
+            raise CheckInfraError(f"check server failed to start: {hello.get('error', hello)}")
+        self._reader = threading.Thread(target=self._read_loop, name="check-runner-reader", daemon=True)
+        self._reader.start()
+        return self
+
+    def close(self) -> None:
+        if self._sock:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+        if self._proc:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            if self._proc.stderr:
+                self._proc.stderr.close()
+            self._proc = None
+        if self._reader and self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)
+        self._fail_pending("check runner closed")
+
+    def __enter__(self) -> "CheckRunner":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def server_pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def submit(self, fn: str | None = None, args: list | tuple = (), argv: list[str] | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
+               limits: dict | None = None, stdin: bytes = b"") -> Future:
+        if (fn is None) == (argv is None):
+            raise ValueError("give exactly one of fn='module:name' or argv=[...]")
+        fut: Future = Future()
+        with self._lock:
+            if self._sock is None:
+                raise CheckInfraError("check runner is not running")
+            rid = next(self._ids)
+            self._pending[rid] = fut
+            req = {"id": rid, "fn": fn, "args": list(args), "argv": argv, "timeout_s": float(timeout_s),
+                   "output_cap": int(output_cap), "limits": {**self.limits, **(limits or {})},
+                   "stdin": stdin}
+            try:
+                framing.send_msg(self._sock, req)
+            except OSError as exc:
+                self._pending.pop(rid, None)
+                raise CheckInfraError(f"check server is gone: {exc}") from None
+        return fut
+
+    def run(self, fn: str | None = None, args: list | tuple = (), argv: list[str] | None = None,
+            timeout_s: float = DEFAULT_TIMEOUT_S, **kw) -> CheckResult:
+        fut = self.submit(fn, args, argv, timeout_s, **kw)
+        # The server enforces the deadline; the margin covers only a server that died silently.
+        return fut.result(timeout=timeout_s + 30.0)
+
+    def _read_loop(self) -> None:
+        sock = self._sock
+        while True:
+            try:
+                msg = framing.recv_msg(sock, max_bytes=MAX_REQUEST_BYTES)
+            except (framing.FramingError, OSError, AttributeError):
+                break
+            with self._lock:
+                fut = self._pending.pop(msg.get("id"), None)
+            if fut is not None:
+                fut.set_result(CheckResult(msg["outcome"], msg.get("value"), msg.get("exit_code"),
+                                           msg.get("stdout") or b"", msg.get("detail", ""),
+                                           msg.get("wall_s", 0.0)))
+        self._fail_pending("check server exited")
+
+    def _fail_pending(self, why: str) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(CheckInfraError(why))
+
+
+def _project_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_default_runner: CheckRunner | None = None
+_default_lock = threading.Lock()
+
+
+def default_runner() -> CheckRunner:
+    """The process-wide runner (started on first use, restarted if its server died)."""
+    global _default_runner
+    with _default_lock:
+        r = _default_runner
+        if r is None or r._proc is None or r._proc.poll() is not None:
+            if r is not None:
+                r.close()
+            _default_runner = CheckRunner(preload=("nodeagent.checkers", "sympy")).start()
+        return _default_runner
+
+
+# ---------------------------------------------------------------------------------------------
+# Server side (runs in its own process)
+
+@dataclass
+class _Active:
+    pid: int
+    pidfd: int
+    out_r: int
+    req_w: int
+    rid: int = 0
+    deadline: float = 0.0
+    cap: int = 0
+    t0: float = 0.0
+    kind: str = "fn"
+    buf: bytearray = field(default_factory=bytearray)
+    over_cap: bool = False
+    status: int | None = None
+    out_open: bool = True
+
+
+def _spare(req_r: int, out_w: int) -> None:
+    """A pre-forked child: own session at once, then wait for one request and run it. Never returns."""
+    try:
+        os.setsid()
+        buf = bytearray()
+        while not buf.endswith(b"\n"):
+            chunk = os.read(req_r, 1 << 20)
+            if not chunk:
+                os._exit(0)         # the server retired this spare
+            buf += chunk
+        os.close(req_r)
+        req = json.loads(buf)
+    except BaseException:  # noqa: BLE001
+        os._exit(126)
+    _child(req, out_w)
+
+
+def _child(req: dict, out_w: int) -> None:
+    """Run one check: rlimits, then the function or the command. Never returns."""
+    code = 0
+    try:
+        lim = req.get("limits") or {}
+        mb = 1 << 20
+        with open("/proc/self/statm") as f:
+            vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        cpu = int(req["timeout_s"]) + 2
+        for res, val in ((resource.RLIMIT_AS, vsz + int(lim.get("memory_mb", 1024)) * mb),
+                         (resource.RLIMIT_CPU, cpu),
+                         (resource.RLIMIT_FSIZE, int(lim.get("fsize_mb", 16)) * mb),
+                         (resource.RLIMIT_NOFILE, int(lim.get("nofile", 64))),
+                         (resource.RLIMIT_CORE, 0)):
+            resource.setrlimit(res, (val, val))
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if req.get("argv"):
+            in_r, in_w = os.pipe()
+            os.write(in_w, (req.get("stdin") or "").encode("latin-1")[:65536])
+            os.close(in_w)
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(out_w, 2)
+            os.closerange(3, 1 << 16)
+            os.execvp(req["argv"][0], req["argv"])
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        mod, _, name = req["fn"].partition(":")
+        func = getattr(importlib.import_module(mod), name)
+        try:
+            out = {"ok": True, "value": func(*req.get("args", []))}
+        except Exception as exc:  # noqa: BLE001 - the check's own error is its result
+            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        data = json.dumps(out, default=repr).encode() + b"\n"
+        view = memoryview(data)
+        while view:
+            view = view[os.write(out_w, view):]
+        os.close(out_w)
+    except BaseException as exc:  # noqa: BLE001 - anything here is a crash of this check only
+        try:
+            os.write(out_w, json.dumps({"ok": False, "error": f"check setup failed: {exc}"}).encode() + b"\n")
+        except OSError:
+            pass
+        code = 127
+    os._exit(code)
+
+
+class _Server:
+    """One loop: requests in, pre-forked spares out, results back; deadlines and sweeps each pass."""
+
+    def __init__(self, ctl: socket.socket, spares: int = 4) -> None:
+        self.ctl = ctl
+        self.sel = selectors.DefaultSelector()
+        self.n_spares = spares
+        self.spares: list[_Active] = []
+        self.active: dict[int, _Active] = {}       # pid -> running check
+        self.by_fd: dict[int, tuple[str, _Active]] = {}
+        self.next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+
+    def serve(self) -> int:
+        self.sel.register(self.ctl, selectors.EVENT_READ, "ctl")
+        while True:
+            self.refill()
+            now = time.monotonic()
+            wait = min([a.deadline for a in self.active.values()] + [self.next_sweep]) - now
+            for key, _ in self.sel.select(timeout=max(wait, 0.0)):
+                if key.data == "ctl":
+                    try:
+                        req = framing.recv_msg(self.ctl, max_bytes=MAX_REQUEST_BYTES)
+                    except framing.FramingError:
+                        return 0
+                    self.start(req)
+                else:
+                    self.on_fd(key.fd)
+            now = time.monotonic()
+            for a in [a for a in self.active.values() if a.deadline <= now]:
+                self.finish(a, timed_out=True)
+            if now >= self.next_sweep:
+                self.sweep()
+                self.next_sweep = now + SWEEP_INTERVAL_S
+
+    def fork_spare(self) -> _Active:
+        req_r, req_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            # Keep only this spare's two pipe ends, as fds 3 and 4.
+            os.dup2(req_r, 3)
+            os.dup2(out_w, 4)
+            os.closerange(5, 1 << 16)
+            _spare(3, 4)
+        os.close(req_r)
+        os.close(out_w)
+        os.set_blocking(out_r, False)
+        return _Active(pid, os.pidfd_open(pid), out_r, req_w)
+
+    def refill(self) -> None:
+        while len(self.spares) < self.n_spares:
+            self.spares.append(self.fork_spare())
+
+    def start(self, req: dict) -> None:
+        a = self.spares.pop(0) if self.spares else self.fork_spare()
+        a.t0 = time.monotonic()
+        a.rid, a.deadline, a.cap = req["id"], a.t0 + float(req["timeout_s"]), int(req["output_cap"])
+        a.kind = "argv" if req.get("argv") else "fn"
+        if isinstance(req.get("stdin"), bytes):
+            req["stdin"] = req["stdin"].decode("latin-1")
+        self.active[a.pid] = a
+        self.by_fd[a.out_r] = ("out", a)
+        self.by_fd[a.pidfd] = ("pid", a)
+        self.sel.register(a.out_r, selectors.EVENT_READ, "out")
+        self.sel.register(a.pidfd, selectors.EVENT_READ, "pid")
+        try:
+            os.write(a.req_w, json.dumps(req).encode() + b"\n")   # < pipe capacity: never blocks long
+        except OSError:
+            pass                                                  # died already: reported as crashed
+        os.close(a.req_w)
+
+    def on_fd(self, fd: int) -> None:
+        if fd not in self.by_fd:
+            return      # its check finished earlier in this same batch of events
+        what, a = self.by_fd[fd]
+        if what == "out":
+            self.drain(a)
+            if a.kind == "fn" and a.buf.endswith(b"\n"):
+                self.finish(a)       # a complete result: no need to wait for the exit
+        else:
+            self.reap()
+            if a.status is not None:
+                self.drain(a)
+                self.finish(a)
+
+    def drain(self, a: _Active) -> None:
+        while a.out_open and a.pid in self.active:
+            try:
+                chunk = os.read(a.out_r, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                a.out_open = False
+                self.sel.unregister(a.out_r)
+                del self.by_fd[a.out_r]
+                return
+            room = a.cap - len(a.buf)
+            a.buf += chunk[:max(room, 0)]
+            if len(chunk) > room:
+                a.over_cap = True
+                self.finish(a)
+                return
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.active:
+                self.active[pid].status = status
+
+    def finish(self, a: _Active, timed_out: bool = False) -> None:
+        if a.pid not in self.active:
+            return
+        try:
+            os.killpg(a.pid, signal.SIGKILL)    # the check and everything left in its group
+        except ProcessLookupError:
+            pass
+        del self.active[a.pid]
+        for fd in (a.out_r, a.pidfd):
+            if self.by_fd.pop(fd, None) is not None:
+                self.sel.unregister(fd)
+            os.close(fd)
+        reply = _verdict(a, timed_out)
+        reply["id"], reply["wall_s"] = a.rid, time.monotonic() - a.t0
+        self.reap()                             # zombies of finished checks; the rest at the sweep
+        try:
+            framing.send_msg(self.ctl, reply)
+        except OSError:
+            os._exit(0)
+
+    def sweep(self) -> None:
+        """Kill processes a finished check left behind (re-parented to us, the subreaper)."""
+        me, keep = os.getpid(), set(self.active) | {s.pid for s in self.spares}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) in keep:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == me:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.reap()
+
+
+def _verdict(a: _Active, timed_out: bool) -> dict:
+    if timed_out:
+        return {"outcome": "timeout", "detail": f"killed at the deadline of {a.deadline - a.t0:.3g}s"}
+    if a.over_cap:
+        return {"outcome": "output_cap", "detail": f"output exceeded {a.cap} bytes"}
+    code = os.waitstatus_to_exitcode(a.status) if a.status is not None else None
+    if a.kind == "argv":
+        if code == 127 and a.buf.startswith(b'{"ok": false'):
+            return {"outcome": "error", "detail": json.loads(a.buf)["error"], "exit_code": code}
+        return {"outcome": "ok", "exit_code": code, "stdout": bytes(a.buf)}
+    try:
+        out = json.loads(a.buf)
+    except ValueError:
+        return {"outcome": "crashed", "detail": f"exited with {code} and no result", "exit_code": code}
+    if out.get("ok"):
+        return {"outcome": "ok", "value": out.get("value")}
+    return {"outcome": "error", "detail": out.get("error", "")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="check server (started by CheckRunner)")
+    ap.add_argument("--ctl-fd", type=int, required=True)
+    ap.add_argument("--preload", default="")
+    args = ap.parse_args(argv)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    ctl = socket.socket(fileno=args.ctl_fd)
+    try:
+        for mod in filter(None, args.preload.split(",")):
+            importlib.import_module(mod)
+    except Exception as exc:  # noqa: BLE001 - reported to the client
+        framing.send_msg(ctl, {"ready": False, "error": f"preload failed: {exc}"})
+        return 1
+    framing.send_msg(ctl, {"ready": True, "pid": os.getpid()})
+    return _Server(ctl).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
