@@ -349,7 +349,12 @@ class SandboxRuntime:
             raise SandboxError(f"image {image} does not exist: build it with `paddock image build` "
                                f"or give the path of a SIF file in the image store")
         image = image.resolve()
-        key, offset = image_partition(image)
+        try:
+            key, offset = image_partition(image)
+        except SandboxError:
+            raise
+        except Exception as exc:   # layers.sif.SifError: corrupt, truncated, another architecture
+            raise SandboxError(f"image {image} cannot be used: {exc}") from exc
         with self._lock:
             m = self._images.get(key)
             if m is not None:

@@ -455,9 +455,7 @@ def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int]
     try:
         _join_cgroups(list(cgroup_fds))
         _init_setup(root, hostname)
-        if cfg.egress_fd is not None:
-            _start_egress_relay(cfg.egress_fd)
-        nsutil.unshare(nsutil.CLONE_NEWUSER)
+        nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
     except OSError as exc:
         framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
         return 1
@@ -469,6 +467,8 @@ def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int]
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
     nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
+    if cfg.egress_fd is not None:
+        _start_egress_relay(cfg.egress_fd)
     framing.send_msg(mon, {"stage": "ready"})
     while True:
         try:

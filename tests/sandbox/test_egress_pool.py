@@ -1,0 +1,102 @@
+"""The egress hook (a relay from 127.0.0.1:3128 in the sandbox to the node proxy's Unix socket)
+and the warm pool (handed out once, refilled in the background, destroyed after use)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+
+import pytest
+
+from nodeagent.sandbox import SandboxSpec
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+def echo_unix_server():
+    """A trivial stand-in for the node egress proxy: echoes each connection, upper-cased."""
+    d = tempfile.mkdtemp(prefix="paddock-egress-", dir="/tmp")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "proxy.sock")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    os.chmod(path, 0o666)   # the contract: connectable by the sandbox's ids
+    srv.listen(8)
+    seen = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while not data.endswith(b"\n"):
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                seen.append(data)
+                conn.sendall(data.upper())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield path, seen
+    srv.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_egress_socket_is_relayed_from_loopback_3128_with_proxy_env(runtime, python_image, echo_unix_server):
+    path, seen = echo_unix_server
+    with runtime.create(SandboxSpec(image=python_image, egress_socket=path)) as sb:
+        code = ("import os, socket\n"
+                "print(os.environ['HTTP_PROXY'], os.environ['https_proxy'])\n"
+                "s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n"
+                "s.sendall(b'connect example.com:443\\n')\n"
+                "print(s.recv(100).decode().strip())\n"
+                "print(sorted(n for n in os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else 'lo')\n")
+        r = sb.exec(["python3", "-c", code], timeout_s=10)
+        lines = r.stdout.decode().splitlines()
+        assert lines[0] == "http://127.0.0.1:3128 http://127.0.0.1:3128", r.stderr
+        assert lines[1] == "CONNECT EXAMPLE.COM:443"
+        assert seen == [b"connect example.com:443\n"]
+        r = sb.exec(["sh", "-c", "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"])
+        assert r.stdout.split() == [b"lo"]   # still no network of its own
+
+
+def test_without_egress_socket_nothing_listens_on_3128(runtime, busybox_image):
+    with runtime.create(SandboxSpec(image=busybox_image)) as sb:
+        r = sb.exec(["sh", "-c", "nc -w 1 127.0.0.1 3128 </dev/null; echo rc=$?; echo $HTTP_PROXY"])
+        assert b"rc=0" not in r.stdout and r.stdout.endswith(b"\n\n")
+
+
+def test_warm_pool_hands_out_each_sandbox_once_and_refills(runtime, busybox_image):
+    spec = SandboxSpec(image=busybox_image)
+    pool = runtime.pool(spec, target=3)
+    try:
+        assert pool.wait_ready(3, timeout_s=30)
+        taken, handout_s = [], []
+        for _ in range(3):
+            t = time.perf_counter()
+            sb = runtime.acquire(spec)
+            handout_s.append(time.perf_counter() - t)
+            taken.append(sb)
+        assert len({sb.id for sb in taken}) == 3 and max(handout_s) < 0.05
+        assert pool.handed_out == 3
+        assert pool.wait_ready(3, timeout_s=30)             # refilled in the background
+        assert not {sb.id for sb in taken} & {sb.id for sb in pool._ready}
+        for sb in taken:
+            assert sb.exec(["true"]).exit_code == 0
+            sb.destroy()
+        with_files = runtime.acquire(SandboxSpec(image=busybox_image, files={"t.txt": b"task"}))
+        assert with_files.read_file("/work/t.txt") == b"task"
+        with_files.destroy()
+    finally:
+        pool.stop()
+        runtime._pools.clear()
+    assert len(pool) == 0
