@@ -393,7 +393,8 @@ class EgressProxy:
         self.connect_timeout_s, self.idle_timeout_s = connect_timeout_s, idle_timeout_s
         self._lock = threading.Lock()
         self._boxes: dict[str, _Sandbox] = {}
-        os.makedirs(socket_dir, mode=0o711, exist_ok=True)
+        os.makedirs(socket_dir, exist_ok=True)
+        os.chmod(socket_dir, 0o711)   # sandbox monitors (subordinate uids) open sockets by path
 
     # -- per-sandbox sockets ----------------------------------------------------------------
     def open(self, sandbox: str, policy: Policy) -> str:

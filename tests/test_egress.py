@@ -7,10 +7,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -94,10 +96,13 @@ def resolver(calls=None):
 
 
 @pytest.fixture
-def proxy(tmp_path, origin):
-    p = EgressProxy(str(tmp_path / "egress"), resolver=resolver(), allowed_networks=TEST_RANGE)
+def proxy(origin):
+    # Not under tmp_path: sandbox monitors run as subordinate uids and must traverse the path.
+    sockets = tempfile.mkdtemp(prefix="paddock-egress-test-")
+    p = EgressProxy(sockets, resolver=resolver(), allowed_networks=TEST_RANGE)
     yield p
     p.close_all()
+    shutil.rmtree(sockets)
 
 
 def ask(path: str, request: bytes, then: bytes = b"") -> bytes:
@@ -270,3 +275,29 @@ def test_cli_check_prints_the_decision_and_reason(capsys):
     assert "deny address_not_public" in capsys.readouterr().out
     assert main(["egress", "check", "--allow", "*.github.io", "http://a.github.io/"]) == 2
     assert "wildcard over the public suffix" in capsys.readouterr().err
+
+
+# --- end to end: a sandbox reaches an origin only through its own proxy socket -------------
+
+FETCH = ("import sys, urllib.request\n"
+         "try:\n    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\n"
+         "except Exception as e:\n    print('failed:', e)\n")
+
+
+@pytest.mark.sandbox
+def test_a_sandbox_reaches_an_allowed_origin_through_the_proxy_and_nothing_else(proxy, runtime, python_image):
+    from nodeagent.sandbox import SandboxSpec
+    path = proxy.open("e2e", parse_policy(POLICY))
+    box = runtime.create(SandboxSpec(image=python_image, egress_socket=path))
+    try:
+        def fetch(url):
+            return box.exec(["python3", "-c", FETCH, url], timeout_s=20).stdout.decode()
+        assert fetch(f"http://origin.example.com:{HTTP_PORT}/hi").startswith("origin path=/hi")
+        assert "403" in fetch(f"http://other.example.com:{HTTP_PORT}/")
+        direct = box.exec(["python3", "-c", "import socket; socket.create_connection((%r, %d), timeout=3)"
+                           % (ORIGIN_ADDR, HTTP_PORT)], timeout_s=20)
+        assert direct.exit_code != 0     # no route except through the proxy
+    finally:
+        box.destroy()
+    assert [(d["host"], d["reason"]) for d in proxy.decisions("e2e")] == [
+        ("origin.example.com", "allowed"), ("other.example.com", "host_not_allowed")]
