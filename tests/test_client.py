@@ -1,0 +1,198 @@
+"""Trainer client against a real controller and real agents over ZeroMQ: typed errors,
+idempotent retries, results as they commit (sync and asyncio), cancel, staleness, and the
+runnable example of docs/client.md."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from controller import protocol as P
+from controller.client import (AsyncClient, BadRequest, Client, ControllerUnavailable,
+                               PolicyConflict, UnknownBatch, UnknownNode, UnknownPolicy,
+                               UnknownTask)
+from controller.queue import QueueConfig, RolloutQueue
+from nodeagent.rollout import AttemptResult
+from tests.test_broker import DEP, ROOT, Farm, free_port
+
+POLICY_URL = "http://127.0.0.1:9/v1"
+
+
+@pytest.fixture
+def farm(tmp_path):
+    f = Farm(tmp_path)
+    yield f
+    f.stop()
+
+
+def connect(farm, **kw) -> Client:
+    kw.setdefault("timeout_s", 2.0)
+    kw.setdefault("give_up_s", 20.0)
+    kw.setdefault("watch_wait_s", 0.5)
+    return Client(farm.endpoint, DEP, **kw)
+
+
+def test_refusals_are_typed(farm):
+    with connect(farm) as c:
+        with pytest.raises(UnknownPolicy, match="policy version 3"):
+            c.submit(["t1"], 1, 3)
+        c.publish_policy(3, POLICY_URL, "m")
+        with pytest.raises(UnknownTask, match="nope"):
+            c.submit(["t1", "nope"], 1, 3)
+        with pytest.raises(BadRequest):
+            c.submit([], 1, 3)
+        with pytest.raises(PolicyConflict):
+            c.publish_policy(3, POLICY_URL, "another-model")
+        with pytest.raises(UnknownBatch):
+            c.cancel("b424242")
+        with pytest.raises(UnknownBatch):
+            c.wait("b424242")
+        with pytest.raises(UnknownNode):
+            c.drain("ghost")
+        assert c.status().counts["queued"] == 0, "no refusal changed anything"
+
+
+def test_a_controller_that_never_answers_is_unavailable_after_give_up():
+    with Client(f"tcp://127.0.0.1:{free_port()}", DEP, timeout_s=0.2, give_up_s=0.5) as c:
+        t0 = time.monotonic()
+        with pytest.raises(ControllerUnavailable, match="within 0.5s"):
+            c.status()
+        assert time.monotonic() - t0 < 3
+        assert c.reconnects >= 1, "each silent try gets a fresh socket"
+
+
+def test_a_retried_submit_is_not_submitted_twice(farm):
+    with connect(farm) as c:
+        c.publish_policy(1, POLICY_URL)
+        msg = P.Submit(idem="same-key", tasks=["t1"], n_per_task=5, policy_version=1)
+        first = c._request(msg, (P.Submitted,))
+        c._new_socket(c.ctx)  # what a timeout does: fresh socket, same message
+        again = c._request(msg, (P.Submitted,))
+        assert (again.batch_id, again.rollouts) == (first.batch_id, first.rollouts)
+        assert sum(c.status().counts.values()) == 5
+
+
+def test_results_arrive_as_they_commit_and_wait_n_returns_early(farm):
+    gate = threading.Event()
+
+    def gated(a):
+        if a.seed % 2:  # half of the rollouts wait for the gate
+            gate.wait(30)
+        return AttemptResult("pass", 1.0, {}, None)
+
+    farm.agent("n1", 8, runner=gated)
+    with connect(farm) as c:
+        c.publish_policy(1, POLICY_URL)
+        batch = c.submit(["t1"], 8, 1)
+        q = RolloutQueue(farm.tmp / "q.db")
+        fast = sum(r["seed"] % 2 == 0 for r in q.rollouts())
+        got = c.wait(batch, n=fast)
+        assert len(got) == fast and all(i["seed"] % 2 == 0 for i in got)
+        gate.set()
+        assert len(c.wait(batch)) == 8
+
+
+def test_async_client_submits_and_iterates_results(farm):
+    farm.agent("n1", 4)
+
+    async def main():
+        async with AsyncClient(farm.endpoint, DEP, timeout_s=2, watch_wait_s=0.5) as c:
+            await c.publish_policy(1, POLICY_URL)
+            batch = await c.submit(["t1", "t2"], 5, 1)
+            seen = [item["rollout_id"] async for item in c.aresults(batch)]
+            status = await c.status()
+            with pytest.raises(UnknownTask):
+                await c.submit(["zzz"], 1, 1)
+            return seen, status
+
+    seen, status = asyncio.run(main())
+    assert len(seen) == len(set(seen)) == 10
+    assert status.counts["committed"] == 10
+
+
+def test_cancel_ends_the_batch_and_a_late_result_is_rejected(farm):
+    gate = threading.Event()
+    started = threading.Event()
+
+    def stuck(a):
+        started.set()
+        gate.wait(30)
+        return AttemptResult("pass", 1.0, {}, None)
+
+    agent = farm.agent("n1", 1, runner=stuck)
+    with connect(farm) as c:
+        c.publish_policy(1, POLICY_URL)
+        batch = c.submit(["t1"], 4, 1)
+        assert started.wait(10)
+        assert c.cancel(batch) == 4
+        assert c.wait(batch) == [], "cancelled rollouts are not results"
+        gate.set()
+        assert c.status().counts["cancelled"] == 4
+    assert agent.active == {}, "the agent dropped the cancelled attempt"
+
+
+def test_staleness_bound_reruns_old_rollouts_with_the_new_policy(tmp_path):
+    f = Farm(tmp_path, queue_config=QueueConfig(max_staleness=1, stale_policy="rerun"))
+    try:
+        with connect(f) as c:
+            c.publish_policy(1, POLICY_URL)
+            batch = c.submit(["t1"], 3, 1)
+            c.publish_policy(2, POLICY_URL)
+            c.publish_policy(3, POLICY_URL)  # version 1 is now 2 behind: over the bound
+            f.agent("n1", 2)
+            items = c.wait(batch)
+        assert [i["policy_version"] for i in items] == [3, 3, 3]
+    finally:
+        f.stop()
+
+
+def test_staleness_bound_can_drop_instead(tmp_path):
+    f = Farm(tmp_path, queue_config=QueueConfig(max_staleness=0, stale_policy="drop"))
+    try:
+        with connect(f) as c:
+            c.publish_policy(1, POLICY_URL)
+            batch = c.submit(["t1"], 2, 1)
+            c.publish_policy(2, POLICY_URL)
+            items = c.wait(batch)
+        assert [(i["state"], i["infra_reason"]) for i in items] == [("cancelled",
+                                                                      "stale_policy")] * 2
+    finally:
+        f.stop()
+
+
+def test_the_documented_example_runs(tmp_path):
+    doc = (ROOT / "docs" / "client.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", doc, re.S)
+    (tmp_path / "example.py").write_text(code)
+    tasks = {name: {"task_id": name, "image_digest": "sha256:aa"}
+             for name in ("python/fizzbuzz", "python/gcd")}
+    from controller.broker import Controller
+    ctl = Controller("tcp://127.0.0.1:0", DEP, str(tmp_path / "run"), "run", tasks,
+                     str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
+    threads = [threading.Thread(target=ctl.serve, daemon=True)]
+    from nodeagent.agent import NodeAgent, noop_runner
+    agent = NodeAgent("n1", ctl.endpoint, DEP, 4, runner=noop_runner(), heartbeat_interval_s=0.1)
+    threads.append(threading.Thread(target=agent.run, daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        env = {**os.environ, "PADDOCK_ENDPOINT": ctl.endpoint, "PADDOCK_DEPLOYMENT": DEP,
+               "PYTHONPATH": str(ROOT)}
+        r = subprocess.run([sys.executable, str(tmp_path / "example.py")], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "8 scored rollouts, mean reward 1.00" in r.stdout
+        assert "refused: unknown tasks: ['no/such-task']" in r.stdout
+    finally:
+        agent.stopped = True
+        ctl.core.stopped = True
+        for t in threads:
+            t.join(10)
