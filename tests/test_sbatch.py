@@ -1,0 +1,294 @@
+"""Batch scripts (controller/sbatch.py) and the job steps (controller/launch.py).
+
+Pure parts: golden files pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
+review the diff), parameters are validated with the valid ones listed, hostile paths stay data.
+Real parts: the rendered scripts are submitted with sbatch to the in-test cluster (three nodes,
+each in its own network and UTS namespace) and run the scripted-policy training loop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "sbatch"
+GOLDEN_PARAMS = dict(run_dir="/scratch/paddock/runs/exp-1", env_nodes=4, time_limit="02:00:00",
+                     partition="cpu", account="rl-team", python="/opt/paddock/.venv/bin/python",
+                     versions=8, slots_per_node=8, head_cpus=4, agent_cpus=16, signal_before_s=300)
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+JOB_DEADLINE_S = 120.0
+
+
+# ------------------------------------------------------------------ rendering (pure)
+@pytest.mark.parametrize("layout", ["het", "single"])
+def test_rendered_script_matches_its_golden_file(layout):
+    text = render(dict(GOLDEN_PARAMS, layout=layout))
+    golden = GOLDEN / f"{layout}.sh"
+    if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_het_layout_runs_the_head_in_component_0_and_one_agent_per_node_in_component_1():
+    text = render(dict(GOLDEN_PARAMS, layout="het"))
+    assert "#SBATCH hetjob" in text
+    assert re.search(r"^srun --het-group=0 .* job head ", text, re.M)
+    assert re.search(r"^srun --het-group=1 --nodes=4 --ntasks-per-node=1 .* job agent ", text, re.M)
+    assert "#SBATCH --signal=B:TERM@300" in text
+
+
+def test_unknown_parameter_is_refused_with_the_list_of_valid_ones():
+    with pytest.raises(ParamError, match="unknown batch parameter 'nodes'") as e:
+        render({"run_dir": "/r", "env_nodes": 2, "nodes": 3})
+    assert valid_parameters() in str(e.value) and "env_nodes" in str(e.value)
+
+
+@pytest.mark.parametrize("bad, name", [
+    ({"layout": "mesh"}, "layout"), ({"env_nodes": 0}, "env_nodes"), ({"env_nodes": "2"}, "env_nodes"),
+    ({"time_limit": "1:2"}, "time_limit"), ({"signal": "KILL"}, "signal"),
+    ({"run_dir": "relative/run"}, "run_dir"), ({"run_dir": "/runs/a\nb"}, "run_dir"),
+    ({"partition": "gpu;rm"}, "partition"), ({"controller_wait_s": 3600}, "controller_wait_s"),
+    ({"min_agents": 3}, "min_agents"), ({"signal_before_s": 4000}, "signal_before_s"),
+])
+def test_invalid_parameter_is_named_and_the_valid_ones_listed(bad, name):
+    with pytest.raises(ParamError, match=f"'{name}'") as e:
+        render({"run_dir": "/r", "env_nodes": 2, **bad})
+    assert "valid parameters: run_dir, env_nodes" in str(e.value)
+
+
+def test_missing_required_parameter_is_named():
+    with pytest.raises(ParamError, match="missing batch parameter 'env_nodes'"):
+        render({"run_dir": "/r"})
+
+
+def test_time_limits_in_slurm_formats():
+    assert [time_limit_s(t) for t in ("30", "01:00:00", "1-00:00:00", "0:90:00", "x")] == [1800, 3600, 86400, None, None]
+
+
+def test_hostile_run_dir_stays_one_literal_path_in_the_shell(tmp_path):
+    hostile = tmp_path / "it's a $(touch pwned); `touch pwned2` \"q\" & *"
+    text = render({"run_dir": str(hostile), "env_nodes": 2, "python": "/bin/py thon"})
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+    preamble = text.split("\nsrun ")[0]          # settings and the writability check, no srun
+    cp = subprocess.run(["bash", "-c", preamble + '\nprintf "%s\\n%s" "$RUN_DIR" "$PY"'],
+                        capture_output=True, text=True, cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == f"{hostile}\n/bin/py thon"
+    assert (hostile / "logs").is_dir()
+    assert not list(tmp_path.glob("pwned*"))
+
+
+def test_script_stops_with_a_clear_error_when_the_run_directory_is_not_writable(tmp_path):
+    text = render({"run_dir": "/proc/paddock-run", "env_nodes": 2})
+    cp = subprocess.run(["bash", "-c", text], capture_output=True, text=True, cwd=tmp_path,
+                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert cp.returncode == 2
+    assert "run directory /proc/paddock-run is not writable" in cp.stderr
+
+
+def test_sbatch_render_cli_prints_a_script_or_names_the_bad_parameter():
+    ok = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "run_dir=/r", "env_nodes=3",
+                         "layout=single"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "#SBATCH --nodes=4" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "run_dir=/r", "env_nodes=3",
+                          "slots=4"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "'slots'" in bad.stderr and "slots_per_node" in bad.stderr
+
+
+# ------------------------------------------------------------------ job steps without Slurm
+def agent_step(run_dir: Path, deployment: str, wait_s: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controller.cli", "job", "agent", "--run-dir", str(run_dir),
+                           "--deployment", deployment, "--image-store", "/var/tmp/paddock/images",
+                           "--controller-wait-s", str(wait_s)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=wait_s + 30)
+
+
+def test_agent_gives_up_with_a_clear_message_when_the_controller_never_comes_up(tmp_path):
+    t0 = time.monotonic()
+    cp = agent_step(tmp_path, "slurm-1", 1.0)
+    assert cp.returncode == 3
+    assert "no controller endpoint" in cp.stderr and "not on storage shared" in cp.stderr
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("job, words", [
+    ({"deployment": "slurm-99", "agent_version": None}, "deployment 'slurm-99'"),
+    ({"deployment": "slurm-1", "agent_version": "0.0.0-other"}, "agent version"),
+])
+def test_agent_of_another_deployment_or_version_is_refused(tmp_path, job, words):
+    from nodeagent.agent import AGENT_VERSION
+    job = dict(job, agent_version=job["agent_version"] or AGENT_VERSION)
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "controller.endpoint").write_text("tcp://127.0.0.1:1")
+    cp = agent_step(tmp_path, "slurm-1", 5.0)
+    assert cp.returncode == 3 and words in cp.stderr
+
+
+def test_head_refuses_a_run_directory_it_cannot_write():
+    from controller.launch import JobStepError, check_run_dir
+    with pytest.raises(JobStepError, match="not writable"):
+        check_run_dir(Path("/proc/paddock-run"))
+
+
+# ------------------------------------------------------------------ the real thing on the in-test cluster
+def slurm_out(cluster, *argv: str) -> str:
+    cp = subprocess.run(argv, env=cluster.env, capture_output=True, text=True, timeout=30)
+    assert cp.returncode == 0, f"{argv}: {cp.stderr}"
+    return cp.stdout
+
+
+def submit(cluster, tmp_path: Path, **params) -> tuple[str, Path]:
+    run_dir = tmp_path / "run"
+    p = dict(run_dir=str(run_dir), env_nodes=2, time_limit="10", python=sys.executable, versions=1,
+             tasks_limit=8, heartbeat_interval_s=0.5, controller_wait_s=90, agents_wait_s=90,
+             signal_before_s=60, slots_per_node=2)
+    p.update(params)
+    script = tmp_path / "job.sh"
+    script.write_text(render(p))
+    job_id = slurm_out(cluster, "sbatch", "--parsable", "-o", str(tmp_path / "slurm-%j.out"),
+                       str(script)).strip().split(";")[0]
+    return job_id, run_dir
+
+
+def job_components(cluster, job_id: str) -> list[dict]:
+    out = slurm_out(cluster, "scontrol", "show", "job", "-o", job_id)
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
+
+
+def wait_job(cluster, job_id: str, tmp_path: Path) -> list[dict]:
+    deadline = time.monotonic() + JOB_DEADLINE_S
+    while True:
+        comps = job_components(cluster, job_id)
+        if comps and all(c["JobState"] in TERMINAL for c in comps):
+            return comps
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=cluster.env)
+            raise AssertionError(f"job {job_id} not done after {JOB_DEADLINE_S}s: {comps}\n"
+                                 + logs(tmp_path))
+        time.sleep(0.2)
+
+
+def logs(tmp_path: Path) -> str:
+    parts = []
+    for f in sorted(tmp_path.glob("slurm-*.out")) + sorted((tmp_path / "run" / "logs").glob("*.log")):
+        parts.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-25:]))
+    return "\n".join(parts)
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.1)
+    return value
+
+
+def committed(run_dir: Path) -> int:
+    try:
+        con = sqlite3.connect(f"file:{run_dir / 'controller.db'}?mode=ro", uri=True, timeout=5)
+        try:
+            return con.execute("SELECT count(*) FROM rollouts WHERE state = 'committed'").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return 0
+
+
+def stray_processes(cluster) -> dict[str, list[str]]:
+    """Processes other than slurmd/slurmstepd left in the nodes' namespaces."""
+    out = {}
+    for host, ns in cluster.netns.items():
+        cp = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        names = []
+        for pid in cp.stdout.split():
+            try:
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+            except OSError:
+                continue
+        stray = [n for n in names if n not in ("slurmd", "slurmstepd", "sleep")]
+        if stray:
+            out[host] = stray
+    return out
+
+
+def paddock_mounts() -> list[str]:
+    return [ln for ln in Path("/proc/mounts").read_text().splitlines() if "paddock" in ln]
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(slurm_cluster, tmp_path, python_image):
+    from controller.query import connect
+    mounts_before = paddock_mounts()
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het")
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert [c["JobState"] for c in comps] == ["COMPLETED", "COMPLETED"], logs(tmp_path)
+    assert comps[0]["ExitCode"] == "0:0"
+    env_nodes = set(slurm_out(slurm_cluster, "scontrol", "show", "hostnames", comps[1]["NodeList"]).split())
+    con = connect(run_dir)
+    n, distinct = con.execute("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
+    assert n == distinct == 8
+    assert {r[0] for r in con.execute("SELECT DISTINCT node FROM rollouts").fetchall()} == env_nodes
+    assert len(env_nodes) == 2
+    assert con.execute("SELECT count(*) FROM rollouts WHERE outcome = 'infra_error'").fetchone()[0] == 0
+    assert {p.stem for p in (run_dir / "health").glob("*.jsonl")} == env_nodes
+    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    assert paddock_mounts() == mounts_before
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(slurm_cluster, tmp_path, python_image):
+    from controller.query import connect
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="single", versions=1, tasks_limit=10,
+                             slots_per_node=3)
+    wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
+    comps = job_components(slurm_cluster, job_id)
+    hosts = slurm_out(slurm_cluster, "scontrol", "show", "hostnames", comps[0]["NodeList"]).split()
+    victim = hosts[-1]                                  # an environment node (the head is on hosts[0])
+    victim_ns = slurm_cluster.netns[victim]
+    pids = subprocess.run(["ip", "netns", "pids", victim_ns], capture_output=True, text=True).stdout.split()
+    agents = [int(p) for p in pids if b"job\0agent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(agents) == 1, f"agent processes on {victim}: {agents}"
+    killed_at = time.time()
+    os.kill(agents[0], signal.SIGKILL)
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
+    con = connect(run_dir)
+    n, distinct = con.execute("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
+    assert n == distinct == 10
+    survivors = con.execute("SELECT count(*) FROM rollouts WHERE node <> ? AND epoch(started_at) > ?",
+                            [victim, killed_at]).fetchone()[0]
+    assert survivors > 0
+    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(slurm_cluster, tmp_path, python_image):
+    from controller.query import connect
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", versions=4, tasks_limit=16)
+    wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
+    # what --signal=B:TERM@secs delivers before the time limit, now instead of in minutes
+    slurm_out(slurm_cluster, "scancel", "--batch", "--signal=TERM", job_id)
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
+    stored = connect(run_dir).execute("SELECT count(*) FROM rollouts").fetchone()[0]
+    assert stored == committed(run_dir)
+    assert 2 <= stored < 4 * 16
+    head_log = (run_dir / "logs" / "head.log").read_text()
+    assert "waiting for agents to drain" in head_log
+    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
