@@ -72,7 +72,8 @@ def cmd_sandbox_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from controller import launch, ops, query, sbatch, taskbank
+    from controller import launch, ops, query, report, sbatch, taskbank
+    from controller import verify_cli
     from controller import egress_cli
     from layers import cli as layers_cli
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
@@ -100,9 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     query.register(sub)
     taskbank.register(sub)
+    report.register(sub)
     sbatch.register(sub)
     launch.register(sub)
     ops.register(sub)
+    verify_cli.register(sub)
     egress_cli.register(sub)
     layers_cli.register(sub)
 

@@ -121,6 +121,7 @@ SPANS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("step", pa.int32(), True),
     _f("start_s", pa.float64()),
     _f("duration_s", pa.float64()),
+    _f("node", pa.string(), True),      # the node the span ran on (the writer fills it)
 ])
 
 EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
@@ -159,7 +160,7 @@ OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
     "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
     "checks": frozenset(PROVENANCE_COLUMNS),
-    "spans": frozenset({"name", "step"}) | frozenset(PROVENANCE_COLUMNS),
+    "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
     "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
     | frozenset(PROVENANCE_COLUMNS),
 }
@@ -204,7 +205,7 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     rollouts_table = _to_table("rollouts", [rollout])
     keys = {k: rollout[k] for k in KEY_COLUMNS}
     keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
-    children = {"steps": steps, "checks": checks, "spans": _spans(spans),
+    children = {"steps": steps, "checks": checks, "spans": _spans(spans, node),
                 "egress": _egress(egress)}
     tables = {"rollouts": rollouts_table}
     for table, rows in children.items():
@@ -223,13 +224,13 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     return written
 
 
-def _spans(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+def _spans(rows: Sequence[Mapping[str, Any]], node: str) -> list[dict]:
     out = []
     for i, row in enumerate(rows):
         if row.get("kind") not in SPAN_KINDS:
             raise SchemaError(f"spans.kind (row {i}): {row.get('kind')!r} is not one of "
                               f"{', '.join(SPAN_KINDS)}")
-        out.append(dict(row))
+        out.append({"node": node, **row})
     return out
 
 

@@ -1,0 +1,137 @@
+"""`paddock report`: canned sections over a real store, HDR percentiles merged across nodes."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from controller.catalog import Catalog
+from controller.report import build_report, register, render_html, svg_bars
+from nodeagent.trajwriter import write_attempt
+from tests.test_store import T0, check_row, rollout_row, step_row
+
+
+def _spans(kind_durations):
+    return [{"kind": k, "name": k, "step": 0, "start_s": 0.0, "duration_s": d}
+            for k, d in kind_durations]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    cat = Catalog(run)
+    n = 0
+
+    def add(outcome, family="python", version=0, node="n1", task="t0", steps=3, diff=500,
+            tampered=False, spans=(), checks=(), commit=True, **kw):
+        nonlocal n
+        n += 1
+        rid = f"r{n:03d}"
+        row = rollout_row(rid, outcome=outcome, family=family, policy_version=version, node=node,
+                          task_id=f"sha256:{task}", steps=steps, diff_bytes=diff,
+                          tampered=tampered, **kw)
+        shards = write_attempt(run, node, row, [step_row(i) for i in range(min(steps, 2))],
+                               list(checks) or [check_row()], spans=_spans(spans))
+        if commit:
+            cat.commit(rid, 1, 1, shards, committed_at=T0)
+        return rid
+
+    # version 0: python 1/4 pass (t0 pass, t1..t3 fail), math 2/2
+    add("pass", task="t0", spans=[("model_call", 0.010)] * 50 + [("tool_call", 0.100)] * 10)
+    for t in ("t1", "t2", "t3"):
+        add("fail", task=t, node="n2", spans=[("model_call", 0.020)] * 50)
+    add("pass", family="math", task="m0")
+    add("pass", family="math", task="m0", node="n2", spans=[("model_call", 2.0)])
+    # version 1: python t0 pass twice + fail once (rate 2/3: in band), t1 pass
+    add("pass", version=1, task="t0")
+    add("pass", version=1, task="t0")
+    add("fail", version=1, task="t0")
+    add("pass", version=1, task="t1")
+    # hack suspects: one step and a tiny diff; a touched protected path
+    lazy = add("pass", version=1, task="t2", steps=1, diff=0)
+    sneaky = add("pass", version=1, task="t3", checks=[check_row("protected:test_visible.py", "fail")])
+    # infra: a committed infra_error on n2 and a retried (uncommitted) one on n1
+    add("infra_error", version=1, task="t1", node="n2", infra_reason="sandbox_start: ENOSPC")
+    add("infra_error", version=1, task="t1", node="n1", infra_reason="verifier: timeout",
+        commit=False)
+    cat.flush()
+    return {"dir": run, "lazy": lazy, "sneaky": sneaky}
+
+
+@pytest.fixture(scope="module")
+def rep(run):
+    return build_report(run["dir"])
+
+
+def test_pass_rate_by_family_and_version_masks_infra_errors(rep):
+    rates = {(r["task_family"], r["policy_version"]): (r["passed"], r["scored"])
+             for r in rep["pass_rates"]}
+    assert rates == {("python", 0): (1, 4), ("math", 0): (2, 2), ("python", 1): (5, 6)}
+
+
+def test_band_occupancy_per_version(rep):
+    occ = {r["policy_version"]: (r["below"], r["band"], r["above"]) for r in rep["band_occupancy"]}
+    # v0: t1..t3 at 0, t0 and m0 at 1.  v1: t0 at 2/3 (band), t1, t2, t3 at 1.
+    assert occ == {0: (3, 0, 2), 1: (0, 1, 3)}
+
+
+def test_hack_suspects_are_the_lazy_and_the_sneaky_passes(rep, run):
+    why = {r["rollout_id"]: r["why"] for r in rep["hack_suspects"]}
+    assert set(why) == {run["lazy"], run["sneaky"]}
+    assert why[run["lazy"]] == "1 step(s), 0-byte diff"
+    assert why[run["sneaky"]] == "touched protected paths"
+
+
+def test_infra_errors_by_node_include_retried_attempts(rep):
+    got = {(r["node"], r["reason"]): (r["attempts"], r["committed"]) for r in rep["infra_by_node"]}
+    assert got == {("n2", "sandbox_start"): (1, 1), ("n1", "verifier"): (1, 0)}
+
+
+def test_span_percentiles_merge_the_nodes_histograms(rep):
+    spans = {r["kind"]: r for r in rep["span_percentiles"]}
+    model = spans["model_call"]
+    # 50 x 10 ms on n1, 150 x 20 ms on n2, 1 x 2 s on n2: p50 is 20 ms, p99 is 20 ms.
+    assert (model["count"], model["nodes"]) == (201, 2)
+    assert model["p50_s"] == pytest.approx(0.020, rel=1e-3)
+    assert model["p99_s"] == pytest.approx(0.020, rel=1e-3)
+    assert spans["tool_call"]["p50_s"] == pytest.approx(0.100, rel=1e-3)
+    assert list(spans) == ["model_call", "tool_call"]
+
+
+def test_html_report_has_every_section_and_well_formed_svg_plots(rep):
+    page = render_html(rep)
+    for heading in ("Pass rate by task family", "Band occupancy", "Hack suspects",
+                    "Infra errors by node", "Time per span kind"):
+        assert heading in page
+    svgs = [page[i:page.index("</svg>", i) + 6] for i in range(len(page))
+            if page.startswith("<svg", i)]
+    assert len(svgs) == 3
+    for svg in svgs:
+        ET.fromstring(svg)           # well-formed XML
+    assert "<polyline" in svgs[0] and "<rect" in svgs[1]
+
+
+def test_svg_escapes_labels():
+    svg = svg_bars(["<v1>"], {"a&b": [1.0]}, "t<")
+    ET.fromstring(svg)
+    assert "&lt;v1&gt;" in svg
+
+
+def test_cli_report_text_json_and_html(run, tmp_path):
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    page = tmp_path / "r.html"
+    args = ap.parse_args(["report", "--run", str(run["dir"]), "--html", str(page)])
+    out = io.StringIO()
+    assert args.func(args, out=out) == 0
+    text = out.getvalue()
+    assert "Hack suspects (high reward, little effort): 2" in text and page.read_text().startswith("<!doctype")
+    args = ap.parse_args(["report", "--run", str(run["dir"]), "--json", "--band", "0.5", "0.9"])
+    out = io.StringIO()
+    assert args.func(args, out=out) == 0
+    assert json.loads(out.getvalue())["band"] == [0.5, 0.9]
+    args = ap.parse_args(["report", "--run", str(tmp_path / "missing")])
+    assert args.func(args, out=io.StringIO()) == 2
