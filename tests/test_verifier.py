@@ -1,0 +1,180 @@
+"""The verifier on real sandboxes: fresh sandbox, unforgeable report, typed outcomes, bad input."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+
+from controller.builtin_tasks import builtin_taskset
+from nodeagent import verifier
+from nodeagent.sandbox import Change
+from nodeagent.verifier import VerifierInfraError, grade_report, strict_asserts, verify
+
+
+def task_dict(name: str = "python/gcd", **over) -> dict:
+    t = builtin_taskset().by_name()[name]
+    return {**t.canonical(), "task_id": t.task_id, **over}
+
+
+def solution(code: str | bytes) -> list[Change]:
+    return [Change("/work/solution.py", "modified", code.encode() if isinstance(code, str) else code, 0o644)]
+
+
+@pytest.fixture(scope="module")
+def gcd():
+    return task_dict()
+
+
+def test_reference_passes_and_null_fails_with_components(runtime, python_image, gcd):
+    ok = verify(runtime, python_image, gcd, solution(gcd["hidden"]["reference.py"]), None)
+    assert (ok.outcome, ok.reward) == ("pass", 1.0)
+    assert ok.components["fail_to_pass"] == 1.0
+    null = verify(runtime, python_image, gcd, [], None)
+    assert (null.outcome, null.reward, null.components["fail_to_pass"]) == ("fail", 0.0, 0.0)
+
+
+def test_code_under_test_cannot_read_delete_or_forge_anything(runtime, python_image, gcd):
+    # At import: try to read the hidden tests, delete them, and write a passing report.
+    code = gcd["hidden"]["reference.py"].replace("a, b = abs(a), abs(b)", "return 0") + """
+import json, os
+seen = []
+fake = json.dumps({"events": [{"ev": "start"}, {"ev": "end"}]})
+for p, ops in [("/verifier/tests/test_hidden.py", ("read", "remove", "write")), ("/verifier/tests", ("list",)),
+               ("/tmp/.paddock-grader/report.json", ("write",)), ("/work/test_visible.py", ("remove", "write"))]:
+    for op in ops:
+        try:
+            {"read": lambda: open(p).read(), "list": lambda: os.listdir(p), "remove": lambda: os.remove(p),
+             "write": lambda: open(p, "w").write(fake)}[op]()
+            seen.append((p, op))
+        except Exception:
+            pass
+assert not seen, seen
+"""
+    v = verify(runtime, python_image, gcd, solution(code), None)
+    assert v.outcome == "fail"
+    detail = v.checks[-1]["detail"]
+    assert "failed: ['test_hidden.py::test_hidden_1'" in detail and "collection error" not in detail
+
+
+def test_a_hanging_solution_is_a_timeout_not_a_fail(runtime, python_image):
+    task = task_dict(checker={"kind": "pytest", "tests": ["test_hidden.py"], "timeout_s": 3})
+    v = verify(runtime, python_image, task, solution("import time\ntime.sleep(3600)\n"), None)
+    assert (v.outcome, v.reward) == ("timeout", 0.0)
+
+
+def test_a_solution_that_exits_pytest_fails(runtime, python_image, gcd):
+    v = verify(runtime, python_image, gcd, solution("import os\nos._exit(0)\n"), None)
+    assert v.outcome == "fail" and "ended early" in v.checks[-1]["detail"]
+
+
+def test_changing_or_deleting_a_protected_file_is_tampering(runtime, python_image, gcd):
+    for change in (Change("/work/test_visible.py", "modified", b"def test_ok():\n    pass\n", 0o644),
+                   Change("/work/test_visible.py", "deleted", None, 0),
+                   Change("/work/test_visible.py", "symlink", b"/dev/null", 0o777)):
+        v = verify(runtime, python_image, gcd, [change] + solution(gcd["hidden"]["reference.py"]), None)
+        assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, True), change.kind
+
+
+def test_missing_hidden_test_file_is_an_infra_error_naming_it(runtime, python_image, gcd):
+    task = {**gcd, "hidden": {"reference.py": gcd["hidden"]["reference.py"]}}
+    with pytest.raises(VerifierInfraError, match="test_hidden.py"):
+        verify(runtime, python_image, task, [], None)
+
+
+@pytest.mark.parametrize("checker,message", [(None, "has no checker"),
+                                             ({"kind": "pytest", "tests": ["test_hidden.py"], "x": 1},
+                                              "unknown field")])
+def test_bad_checker_spec_is_an_infra_error(runtime, python_image, gcd, checker, message):
+    with pytest.raises(VerifierInfraError, match=message):
+        verify(runtime, python_image, {**gcd, "checker": checker}, [], None)
+
+
+def test_an_image_without_python_is_an_infra_error_after_one_retry(runtime, busybox_image, gcd):
+    with pytest.raises(VerifierInfraError, match="no report"):
+        verify(runtime, busybox_image, gcd, [], None)
+
+
+def test_answer_tasks_are_graded_outside_any_sandbox():
+    from nodeagent.checks import CheckRunner
+    task = task_dict("math/fraction_sum")
+    with CheckRunner() as r:
+        assert verify(None, None, task, [], "so \\boxed{\\frac{3}{4}}", runner=r).outcome == "pass"
+        v = verify(None, None, task, [], "passed", runner=r)
+        assert v.outcome == "fail" and "unparseable answer" in v.checks[-1]["detail"]
+
+
+# -- reading the report (pure) ----------------------------------------------------------------
+
+EXPECTED = ["t.py::test_a", "t.py::test_b"]
+
+
+def report(*events, exit_code=0) -> bytes:
+    return json.dumps({"grader": 1, "exit_code": exit_code, "events": list(events)}).encode()
+
+
+def test_all_expected_tests_passing_is_a_pass():
+    v = grade_report(report({"ev": "start"}, {"ev": "test", "id": "t.py::test_a", "outcome": "passed"},
+                            {"ev": "test", "id": "t.py::test_b[1]", "outcome": "passed"}, {"ev": "end"}),
+                     EXPECTED, {})
+    assert v.outcome == "pass"
+
+
+def test_a_missing_test_is_a_fail_naming_it():
+    v = grade_report(report({"ev": "start"}, {"ev": "test", "id": "t.py::test_a", "outcome": "passed"},
+                            {"ev": "end"}), EXPECTED, {})
+    assert v.outcome == "fail" and "not run: ['t.py::test_b']" in v.checks[0]["detail"]
+
+
+def test_fail_to_pass_and_pass_to_pass_sets_are_scored_apart():
+    v = grade_report(report({"ev": "start"}, {"ev": "test", "id": "t.py::test_a", "outcome": "passed"},
+                            {"ev": "test", "id": "t.py::test_b", "outcome": "failed"}, {"ev": "end"}),
+                     EXPECTED, {"fail_to_pass": ["t.py::test_a"], "pass_to_pass": ["t.py::test_b"]})
+    assert v.outcome == "fail"
+    assert (v.components["fail_to_pass"], v.components["pass_to_pass"]) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize("raw,message", [(b"", "malformed grader report"), (b"{\"events\": 3}", "malformed"),
+                                         (report({"ev": "collected"}), "did not start")])
+def test_a_missing_or_malformed_report_is_an_infra_error(raw, message):
+    with pytest.raises(VerifierInfraError, match=message):
+        grade_report(raw, EXPECTED, {})
+
+
+def test_tamper_events_fail_the_rollout():
+    v = grade_report(report({"ev": "start"}, {"ev": "tamper", "changed": ["__init__"]},
+                            *({"ev": "test", "id": t, "outcome": "passed"} for t in EXPECTED), {"ev": "end"}),
+                     EXPECTED, {})
+    assert (v.outcome, v.tampered) == ("fail", True)
+
+
+def test_asserts_are_rewritten_to_strict_equality():
+    src = strict_asserts('"""doc"""\nfrom __future__ import annotations\nassert f(1) == 2\nassert g() != 3\n', "t.py")
+    assert "from paddock_grader import strict_eq as _paddock_strict_eq" in src
+    assert "assert _paddock_strict_eq(f(1), 2)" in src and "assert not _paddock_strict_eq(g(), 3)" in src
+    assert src.index("__future__") < src.index("paddock_grader")
+
+
+def test_strict_eq_refuses_objects_that_equal_everything():
+    ns: dict = {}
+    exec(verifier.GRADER_SOURCE.split("class _Plugin")[0], ns)   # the grader's strict_eq, as shipped
+    strict_eq = ns["strict_eq"]
+
+    class Any_:
+        def __eq__(self, other):
+            return True
+    assert strict_eq([1, (2, "x")], [1, (2, "x")]) and strict_eq(1, 1.0) and strict_eq({"a": [1]}, {"a": [1]})
+    assert not strict_eq(Any_(), 3) and not strict_eq([Any_()], [3]) and not strict_eq(True, 1)
+
+
+def test_changes_artifact_round_trips(tmp_path):
+    from nodeagent.rollout import Attempt, write_changes
+    a = Attempt("run", str(tmp_path), "r1", 2, 7, "b", 0, {}, 0, "", "")
+    changes = solution("x = 1\n") + [Change("/work/old.py", "deleted", None, 0)]
+    rel = write_changes(str(tmp_path), "node-1", a, changes)
+    assert rel.startswith("changes/") and rel.endswith("-a2-t7.tar")
+    with tarfile.open(fileobj=io.BytesIO((tmp_path / rel).read_bytes())) as tar:
+        names = tar.getnames()
+    assert any(n.endswith("solution.py") for n in names) and any("old.py" in n for n in names)
+    assert not list((tmp_path / "changes").glob("*.tmp"))
