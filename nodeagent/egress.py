@@ -651,6 +651,30 @@ def node_proxy(socket_dir: str | None = None) -> EgressProxy:
         return _node_proxy
 
 
+def set_node_proxy(proxy: EgressProxy | None) -> EgressProxy | None:
+    """Install `proxy` as this process's node proxy (the agent's config, or a test's); returns
+    the previous one."""
+    global _node_proxy
+    with _node_lock:
+        previous, _node_proxy = _node_proxy, proxy
+    return previous
+
+
+def open_for_task(network: object, sandbox: str) -> str | None:
+    """The egress socket for a task's sandbox: None for network "none" (no socket, no route);
+    else the node proxy's socket for `sandbox`. PolicyError names a malformed policy."""
+    policy = parse_policy(network)
+    return None if policy.none else node_proxy().open(sandbox, policy)
+
+
+def decisions_for(sandbox: str) -> list[dict]:
+    return _node_proxy.decisions(sandbox) if _node_proxy is not None else []
+
+
+def close_for_task(sandbox: str) -> list[dict]:
+    return _node_proxy.close(sandbox) if _node_proxy is not None else []
+
+
 __all__ = ["Decision", "EgressProxy", "HostError", "PUBLIC", "Policy", "PolicyError", "Rule",
            "address_allowed", "decide", "node_addresses", "node_proxy", "normalize_host", "parse_policy",
            "client_hello_length", "parse_sni", "system_resolver"]

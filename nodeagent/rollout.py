@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from nodeagent import trajwriter
+from nodeagent import egress, trajwriter
 from nodeagent.harness import AgentResult, BudgetError, ModelError, run_agent
 from nodeagent.tools import ToolSetError
 from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
@@ -62,22 +62,29 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     task = a.task
     started, t0 = _utc(), clock()
     agent, verdict, infra, changes = AgentResult(), None, None, []
+    egress_id = f"{a.rollout_id}.{a.attempt}"
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task["limits"]),
-                                        files={k: v.encode() for k, v in task["files"].items()}))
-    except SandboxError as exc:
+                                        files={k: v.encode() for k, v in task["files"].items()},
+                                        egress_socket=egress.open_for_task(task.get("network"), egress_id)))
+    except (SandboxError, egress.PolicyError) as exc:
         infra = f"sandbox_start: {exc}"
+        egress.close_for_task(egress_id)
     start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
     if infra is None:
         try:
-            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock)
+            agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock,
+                              tools=task.get("tools"), egress_decisions=lambda: egress.decisions_for(egress_id))
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
+        except (BudgetError, ToolSetError) as exc:
+            infra = f"task: {exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
             sb.destroy()
+            egress.close_for_task(egress_id)
     agent.spans.insert(0, start_span)
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import socket
 import ssl
@@ -301,3 +302,32 @@ def test_a_sandbox_reaches_an_allowed_origin_through_the_proxy_and_nothing_else(
         box.destroy()
     assert [(d["host"], d["reason"]) for d in proxy.decisions("e2e")] == [
         ("origin.example.com", "allowed"), ("other.example.com", "host_not_allowed")]
+
+
+@pytest.mark.sandbox
+def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_trajectory(proxy, runtime, python_image,
+                                                                                   tmp_path):
+    import duckdb
+    from controller.builtin_tasks import builtin_taskset
+    from nodeagent import egress
+    from nodeagent.rollout import Attempt, run_attempt
+    from tests.test_harness import FakeModel, reply
+    t = next(t for t in builtin_taskset().tasks if t.family == "python")
+    task = {**t.canonical(), "task_id": t.task_id, "network": POLICY}
+    url = f"http://origin.example.com:{HTTP_PORT}/simple"
+    model = FakeModel([reply(calls=[("shell", json.dumps({"command": f"python3 -c {shlex.quote(FETCH)} {url}"}))]),
+                       reply("done")])
+    previous = egress.set_node_proxy(proxy)
+    try:
+        res = run_attempt(runtime, python_image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0,
+                                                               model.url, "m"))
+    finally:
+        egress.set_node_proxy(previous)
+        model.close()
+    assert res.infra_reason is None, res.infra_reason
+    steps = duckdb.sql(f"SELECT observation FROM '{tmp_path / res.shards['steps']}' ORDER BY step").fetchall()
+    assert steps[0][0].startswith("origin path=/simple"), steps
+    rows = duckdb.sql(f"SELECT sandbox, host, port, address, verdict, reason "
+                      f"FROM '{tmp_path / res.shards['egress']}'").fetchall()
+    assert rows == [("r1.1", "origin.example.com", HTTP_PORT, ORIGIN_ADDR, "allow", "allowed")]
+    assert proxy.decisions("r1.1") == []   # the socket is closed with the sandbox
