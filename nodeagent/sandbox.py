@@ -410,6 +410,7 @@ class SandboxRuntime:
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
             slice_no = self._free_slices.pop()
         sid = f"s{next(self._ids)}"
+        t_req = time.monotonic()
         ours, theirs = socket.socketpair()
         cg_fds: list[int] = []
         try:
@@ -433,7 +434,9 @@ class SandboxRuntime:
         finally:
             for fd in cg_fds:
                 os.close(fd)
-        return Sandbox(self, sid, ours, slice_no, pid, reply.get("uid_map", ""), spec, key)
+        sb = Sandbox(self, sid, ours, slice_no, pid, reply.get("uid_map", ""), spec, key)
+        sb.start_stages = dict(reply.get("stages") or {}, requested=t_req, returned=time.monotonic())
+        return sb
 
     def _unref_image_locked(self, key: str) -> None:
         m = self._images.get(key)

@@ -36,6 +36,7 @@ PROC_MASKED = ("kcore", "keys", "timer_list", "sysrq-trigger", "kallsyms")
 INIT_REPLY_MAX_BYTES = 32 * 1024 * 1024
 FUSE_MOUNT_TIMEOUT_S = 10.0
 EGRESS_PORT = 3128
+STRAY_GRACE_S = 0.02
 EGRESS_MAX_CONNECTIONS = 32
 WHITEOUT = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -112,9 +113,11 @@ def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
     sbx = os.path.join(sbx_root, req["id"])
     base, size = int(req["slice_base"]), int(req["slice_size"])
     daemon = None
+    stages = {"monitor": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
         nsutil.unshare(nsutil.CLONE_NEWNS)
         root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"))
+        stages["root_built"] = time.monotonic()
         for rel, data in (req.get("files") or {}).items():
             _write_file(root, "/work/" + rel, data, base, owner="agent")
         egress_fd = os.open(req["egress_socket"], os.O_PATH) if req.get("egress_socket") else None
@@ -130,16 +133,18 @@ def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
                                 InitConfig(seccomp_prog, req.get("cgroup_caps") or [], egress_fd))
             finally:
                 os._exit(code)
+        stages["init_forked"] = time.monotonic()
         init_end.close()
         for fd in list(cgroup_fds) + ([egress_fd] if egress_fd is not None else []):
             os.close(fd)
-        _map_child(pid, base, size, mon_end)
+        stages.update(_map_child(pid, base, size, mon_end))
     except Exception as exc:
         if daemon is not None:
             daemon.kill()
         framing.send_msg(agent, {"ok": False, "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
         return 1
-    framing.send_msg(agent, {"ok": True, "init_pid": pid,
+    stages["ready"] = time.monotonic()
+    framing.send_msg(agent, {"ok": True, "init_pid": pid, "stages": stages,
                              "uid_map": open(f"/proc/{pid}/uid_map").read().strip()})
     return Monitor(agent, mon_end, pid, root, sbx, base, lower, daemon).serve()
 
@@ -152,10 +157,13 @@ class InitConfig:
         self.seccomp_prog, self.cgroup_caps, self.egress_fd = seccomp_prog, set(cgroup_caps), egress_fd
 
 
-def _map_child(pid: int, base: int, size: int, init: socket.socket) -> None:
+def _map_child(pid: int, base: int, size: int, init: socket.socket) -> dict:
     msg = framing.recv_msg(init, max_bytes=4096)
     if msg.get("stage") != "unshared":
         raise RuntimeError(f"sandbox init failed before its user namespace: {msg.get('error', msg)}")
+    t_unshared = time.monotonic()
+    inner = {k: float(v) for k, v in (msg.get("stages") or {}).items()
+             if k in ("init_start", "init_cgroups", "init_setup")}
     _w(f"/proc/{pid}/uid_map", f"0 {base} {size}\n")
     _w(f"/proc/{pid}/setgroups", "deny")
     _w(f"/proc/{pid}/gid_map", f"0 {base} {size}\n")
@@ -163,6 +171,7 @@ def _map_child(pid: int, base: int, size: int, init: socket.socket) -> None:
     msg = framing.recv_msg(init, max_bytes=4096)
     if msg.get("stage") != "ready":
         raise RuntimeError(f"sandbox init failed: {msg.get('error', msg)}")
+    return dict(inner, init_unshared=t_unshared, init_ready=time.monotonic())
 
 
 def _resolve(root: str, path: str) -> str:
@@ -452,14 +461,17 @@ def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int]
              cfg: "InitConfig | None" = None) -> int:
     cfg = cfg or InitConfig()
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    stages = {"init_start": time.monotonic()}
     try:
         _join_cgroups(list(cgroup_fds))
+        stages["init_cgroups"] = time.monotonic()
         _init_setup(root, hostname)
+        stages["init_setup"] = time.monotonic()
         nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
     except OSError as exc:
         framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
         return 1
-    framing.send_msg(mon, {"stage": "unshared"})
+    framing.send_msg(mon, {"stage": "unshared", "stages": stages})
     if framing.recv_msg(mon, max_bytes=4096).get("stage") != "mapped":
         return 1
     os.setresgid(0, 0, 0)
@@ -636,46 +648,52 @@ def _feed_stdin(fd: int, data: bytes) -> None:
 
 
 def _collect(pid: int, out_r: int, err_r: int, cap: int, deadline: float):
+    """Read both pipes (capped) until they close and the command has exited, or the deadline.
+    Waits on a pidfd for the exit: no polling. Once the command has exited, strays that keep
+    the pipes open get STRAY_GRACE_S of silence before reading stops."""
     sel = selectors.DefaultSelector()
     bufs = {out_r: bytearray(), err_r: bytearray()}
     for fd in bufs:
         sel.register(fd, selectors.EVENT_READ)
+    pidfd = os.pidfd_open(pid)
+    sel.register(pidfd, selectors.EVENT_READ)
     truncated, timed_out, status, open_fds = False, False, None, 2
-    while open_fds and not timed_out:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        if status is None:
-            status = _reap(pid)
-        events = sel.select(timeout=min(remaining, 0.05 if status is None else 0.02))
-        if not events and status is not None:
-            break   # the command exited and its strays keep the pipes open: stop reading
-        for key, _ in events:
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fd)
-                open_fds -= 1
-                continue
-            room = cap - len(bufs[key.fd])
-            if len(chunk) > room:
-                truncated = True
-            bufs[key.fd] += chunk[:max(room, 0)]
-    sel.close()
-    os.close(out_r)
-    os.close(err_r)
-    while status is None:
-        status = _reap(pid)
-        if status is None and (timed_out or time.monotonic() > deadline):
-            timed_out = True
-            for target in (-pid, pid):
-                try:
-                    os.kill(target, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            status = _reap(pid, block=True)
-        elif status is None:
-            time.sleep(0.005)   # the command closed its pipes but runs on: poll until the deadline
+    try:
+        while open_fds or status is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            events = sel.select(timeout=remaining if status is None else min(remaining, STRAY_GRACE_S))
+            if not events and status is not None:
+                break   # the command exited and its strays keep the pipes open: stop reading
+            for key, _ in events:
+                if key.fd == pidfd:
+                    status = _reap(pid)
+                    if status is not None:
+                        sel.unregister(pidfd)
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fd)
+                    open_fds -= 1
+                    continue
+                room = cap - len(bufs[key.fd])
+                if len(chunk) > room:
+                    truncated = True
+                bufs[key.fd] += chunk[:max(room, 0)]
+    finally:
+        sel.close()
+        for fd in (out_r, err_r, pidfd):
+            os.close(fd)
+    if status is None:
+        timed_out = True
+        for target in (-pid, pid):
+            try:
+                os.kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        status = _reap(pid, block=True)
     return bufs, truncated, timed_out, status
 
 
