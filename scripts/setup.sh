@@ -10,6 +10,7 @@ VENV=${PADDOCK_VENV:-.venv}
 PY=${PYTHON:-python3}
 
 need_pkgs=(slurmctld slurmd slurm-client munge
+           slurmdbd mariadb-server   # job accounting of the in-test cluster (sacct; submitit sees dead jobs)
            squashfs-tools squashfuse fuse-overlayfs fuse3 uidmap iproute2 nftables
            debootstrap busybox-static ca-certificates python3-venv
            zstd   # zstd: .tar.zst image sources and zstd OCI layers (layers/staging.py)

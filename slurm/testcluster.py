@@ -1,12 +1,10 @@
 """In-test Slurm cluster on one machine: munged + slurmctld + N slurmd, each compute node in
 its own network and UTS namespace (hostname nodeK), brought up and torn down by one owner.
 
-Importable (``TestCluster``, ``sweep``, ``missing_requirements``) and a script for ops::
-
-    python slurm/testcluster.py up DIR [--nodes 3] [--prefix pdk]   # daemonizes a supervisor
-    python slurm/testcluster.py status DIR
-    python slurm/testcluster.py down DIR
-    python slurm/testcluster.py sweep [--prefix pdk]                  # leftovers of killed runs
+Importable (``TestCluster``, ``sweep``, ``missing_requirements``); the ops commands (up, status,
+down, sweep) are in slurm/clusterctl.py, also reachable as ``python slurm/testcluster.py ...``.
+With ``accounting=True`` the cluster also gets job accounting: a private MariaDB and slurmdbd
+(``sacct`` works; submitit uses it to see jobs that died).
 
 Layout: a bridge ``<prefix><id>br`` in the root netns holds ``10.A.B.1/24``; node K lives in
 netns ``<prefix>-<id>-nodeK`` behind veth ``<prefix><id>vK`` with eth0 at ``10.A.B.(10+K)``
@@ -17,11 +15,11 @@ instance goes to ``REGISTRY_DIR``; ``sweep`` uses the records to clean up after 
 was SIGKILLed. The working directory (config, munge key, state, logs) is kept after stop.
 
 Must not import: zmq, controller.*, nodeagent.* (this is test/ops infrastructure; it only runs
-system commands: ip, nsenter, unshare, mungekey, munged, slurmctld, slurmd, sinfo).
+system commands: ip, nsenter, unshare, mungekey, munged, slurmctld, slurmd, sinfo, and for
+accounting mariadb-install-db, mariadbd, mariadb, slurmdbd).
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import fcntl
 import ipaddress
@@ -30,7 +28,6 @@ import os
 import random
 import re
 import secrets
-import select
 import shutil
 import signal
 import socket
@@ -52,6 +49,7 @@ CTLD_PORT_RANGE = (20000, 32000)   # below the ephemeral range, so outgoing sock
 SUBNET_SECOND_OCTETS = range(160, 224)  # 10.160.0.0/11: the /24s we choose from
 REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mungekey", "munged", "slurmctld", "slurmd",
                      "sinfo", "srun")
+ACCOUNTING_COMMANDS = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacct")
 UNIX_SOCKET_PATH_MAX_BYTES = 107
 LOG_TAIL_LINES = 15
 
@@ -106,6 +104,12 @@ def missing_requirements() -> list[str]:
     if absent:
         missing.append("not on PATH: " + ", ".join(absent))
     return missing
+
+
+def missing_accounting() -> list[str]:
+    """Why the cluster cannot have job accounting here ([] if it can)."""
+    absent = [c for c in ACCOUNTING_COMMANDS if shutil.which(c) is None]
+    return ["not on PATH: " + ", ".join(absent)] if absent else []
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -290,8 +294,10 @@ def delete_network(netns: Iterable[str], links: Iterable[str]) -> None:
 
 # ----------------------------------------------------------------------------- slurm.conf
 def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, ctld_host: str,
-                      ctld_addr: str, ctld_port: int, node_addrs: dict[str, str]) -> str:
-    """The slurm.conf text: everything lives under workdir; one NodeName line per node."""
+                      ctld_addr: str, ctld_port: int, node_addrs: dict[str, str],
+                      dbd_port: int | None = None) -> str:
+    """The slurm.conf text: everything lives under workdir; one NodeName line per node. With
+    dbd_port, job accounting goes to the cluster's own slurmdbd on 127.0.0.1:dbd_port."""
     d = workdir
     lines = [
         f"ClusterName={cluster_name}",
@@ -308,7 +314,12 @@ def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, c
         f"SlurmctldLogFile={d}/log/slurmctld.log",
         f"SlurmdLogFile={d}/log/slurmd-%n.log",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
+           f"AccountingStoragePort={dbd_port}",
+           # the dbd link does not use AuthInfo: without this slurmctld looks for munge's default socket
+           f"AccountingStoragePass={munge_socket}"]
+          if dbd_port else ["AccountingStorageType=accounting_storage/none"]),
         "JobCompType=jobcomp/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
         "SchedulerType=sched/backfill", "SchedulerParameters=sched_interval=1,bf_interval=1",
@@ -426,7 +437,7 @@ class TestCluster:
                  *, start_timeout_s: float = 30.0, stop_timeout_s: float = 10.0,
                  poll_interval_s: float = 0.05, registry_dir: Path = REGISTRY_DIR,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, accounting: bool = False):
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterConfigError(f"nodes={nodes}: must be between 1 and {MAX_NODES}")
         self.workdir = Path(workdir).resolve()
@@ -448,6 +459,8 @@ class TestCluster:
         self.netns = {h: self.names.netns(k) for k, h in enumerate(self.nodes, 1)}
         self.controller_addr = ""
         self.ctld_port = 0
+        self.accounting = accounting
+        self.dbd_port = 0
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
         self.poll_interval_s = poll_interval_s
         self._clock, self._sleep = clock, sleep
@@ -478,6 +491,8 @@ class TestCluster:
             self._setup_network_and_record()
             self._write_conf()
             self._start_munged()
+            if self.accounting:
+                self._start_accounting()
             self._start_slurmctld()
             for host in self.nodes:
                 self._spawn(f"slurmd-{host}",
@@ -576,10 +591,13 @@ class TestCluster:
     def _write_conf(self) -> None:
         self.ctld_port = _free_port(self.controller_addr)
         self._record["ctld_port"] = self.ctld_port
+        if self.accounting:
+            self.dbd_port = _free_port("127.0.0.1")
+            self._record["dbd_port"] = self.dbd_port
         self.conf.write_text(render_slurm_conf(
             workdir=self.workdir, munge_socket=self.munge_socket, cluster_name=f"{self.names.prefix}{self.names.instance_id}",
             ctld_host=socket.gethostname().split(".")[0], ctld_addr=self.controller_addr,
-            ctld_port=self.ctld_port, node_addrs=self.node_addrs))
+            ctld_port=self.ctld_port, node_addrs=self.node_addrs, dbd_port=self.dbd_port or None))
 
     def _spawn(self, name: str, argv: list[str]) -> _Daemon:
         out_path = self.log_dir / f"{name}.out"
@@ -604,6 +622,47 @@ class TestCluster:
                                f"--pid-file={self.workdir}/run/munged.pid",
                                f"--log-file={self.log_dir}/munged.log"])
         self._wait("munged socket to appear", self.munge_socket.is_socket)
+
+    def _start_accounting(self) -> None:
+        """A private MariaDB (datadir and socket under workdir/dbd, TCP on 127.0.0.1) and slurmdbd on
+        127.0.0.1:dbd_port, both foreground children like the other daemons."""
+        d = self.workdir / "dbd"
+        shutil.rmtree(d, ignore_errors=True)      # a fresh database each start, like the state
+        for sub in ("db", "run"):
+            (d / sub).mkdir(parents=True)
+        sock = d / "run" / "mysqld.sock"
+        db_port = _free_port("127.0.0.1")
+        self._record["db_port"] = db_port
+        run_cmd(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={d / 'db'}", "--skip-test-db",
+                 "--auth-root-authentication-method=socket"], timeout_s=120)
+        self._spawn("mariadbd", ["mariadbd", "--no-defaults", "--user=root", f"--datadir={d / 'db'}",
+                                 f"--socket={sock}", f"--pid-file={d / 'run' / 'mariadb.pid'}",
+                                 "--bind-address=127.0.0.1", f"--port={db_port}", "--skip-name-resolve",
+                                 f"--log-error={self.log_dir / 'mariadb.err'}",
+                                 "--innodb-log-file-size=8M", "--innodb-buffer-pool-size=16M"])
+        self._wait("mariadbd socket to appear", sock.is_socket)
+        password = secrets.token_hex(12)
+        run_cmd(["mariadb", f"--socket={sock}", "-u", "root", "-e",
+                 f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                 "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"])
+        conf = self.conf.parent / "slurmdbd.conf"   # slurmdbd reads it next to $SLURM_CONF
+        conf.write_text("\n".join([
+            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "DbdHost=localhost",
+            "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", "SlurmUser=root",
+            f"LogFile={self.log_dir / 'slurmdbd.log'}", f"PidFile={self.workdir / 'run' / 'slurmdbd.pid'}",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={db_port}",
+            "StorageLoc=slurm_acct_db", "StorageUser=slurm", f"StoragePass={password}",
+        ]) + "\n")
+        os.chmod(conf, 0o600)
+        self._spawn("slurmdbd", ["slurmdbd", "-D"])
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.dbd_port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+        self._wait(f"slurmdbd to listen on 127.0.0.1:{self.dbd_port}", listening)
 
     def _start_slurmctld(self) -> None:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
@@ -671,166 +730,7 @@ def _free_port(addr: str) -> int:
     raise ClusterStartError(f"no free TCP port in {CTLD_PORT_RANGE} for slurmctld on {addr}")
 
 
-# ----------------------------------------------------------------------------- ops CLI
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def _supervisor_file(workdir: Path) -> Path:
-    return workdir / "run" / "supervisor.json"
-
-
-def _supervisor_alive(workdir: Path) -> dict | None:
-    sup = _read_json(_supervisor_file(workdir))
-    if sup and proc_alive(sup["pid"], sup["start_ticks"]):
-        return sup
-    return None
-
-
-def cmd_up(workdir: Path, nodes: int, prefix: str, timeout_s: float) -> int:
-    if _supervisor_alive(workdir):
-        print(f"error: a cluster is already up in {workdir} (run: down {workdir})", file=sys.stderr)
-        return 1
-    for sub in ("log", "run"):
-        (workdir / sub).mkdir(parents=True, exist_ok=True)
-    r, w = os.pipe()
-    with open(workdir / "log" / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "_supervise", str(workdir),
-             "--nodes", str(nodes), "--prefix", prefix, "--ready-fd", str(w)],
-            pass_fds=(w,), start_new_session=True, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT)
-    os.close(w)
-    msg, deadline = b"", time.monotonic() + timeout_s
-    with os.fdopen(r, "rb") as rf:
-        while (left := deadline - time.monotonic()) > 0 and select.select([rf], [], [], left)[0]:
-            chunk = os.read(rf.fileno(), 65536)
-            if not chunk:
-                break
-            msg += chunk
-    text = msg.decode(errors="replace").strip()
-    if text.startswith("ok"):
-        rec = _read_json(workdir / "cluster.json") or {}
-        print(f"cluster up: nodes {rec.get('node_addrs')} supervisor pid {proc.pid}")
-        print(f"export SLURM_CONF={workdir / 'etc' / 'slurm.conf'}")
-        return 0
-    if not text:
-        text = f"no answer within {timeout_s}s; see {workdir}/log/supervisor.log"
-        _signal(proc.pid, signal.SIGTERM)
-    print(f"error: cluster did not come up: {text}", file=sys.stderr)
-    return 1
-
-
-def cmd_supervise(workdir: Path, nodes: int, prefix: str, ready_fd: int) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
-    me = os.getpid()
-    _write_json(_supervisor_file(workdir), {"pid": me, "start_ticks": proc_start_ticks(me)})
-    cluster = TestCluster(workdir, nodes=nodes, name_prefix=prefix)
-    try:
-        cluster.start()
-    except Exception as e:  # the ops user gets the reason on the terminal, not only in the log
-        os.write(ready_fd, f"error: {e}\n".encode())
-        os.close(ready_fd)
-        _supervisor_file(workdir).unlink(missing_ok=True)
-        return 1
-    os.write(ready_fd, b"ok\n")
-    os.close(ready_fd)
-    reported: set[str] = set()
-    while not stop.wait(1.0):
-        for name, rc in cluster.daemon_exits().items():
-            if name not in reported:
-                print(f"supervisor: {name} exited with {rc}", flush=True)
-                reported.add(name)
-    try:
-        cluster.stop()
-    finally:
-        _supervisor_file(workdir).unlink(missing_ok=True)
-    return 0
-
-
-def cmd_down(workdir: Path, timeout_s: float) -> int:
-    sup = _supervisor_alive(workdir)
-    if sup:
-        stuck = terminate_pids({sup["pid"]: sup["start_ticks"]}, timeout_s=timeout_s,
-                               clock=time.monotonic, sleep=time.sleep, poll_interval_s=0.05)
-        if stuck:
-            print(f"error: supervisor {stuck} did not exit", file=sys.stderr)
-            return 1
-    rec = _read_json(workdir / "cluster.json")
-    if rec and rec.get("state") != "stopped":  # supervisor died without stopping: clean up
-        stuck = cleanup_record(rec)
-        Path(REGISTRY_DIR, f"{rec['prefix']}-{rec['id']}.json").unlink(missing_ok=True)
-        rec["state"] = "stopped"
-        _write_json(workdir / "cluster.json", rec)
-        if stuck:
-            print(f"error: processes still alive: {stuck}", file=sys.stderr)
-            return 1
-    _supervisor_file(workdir).unlink(missing_ok=True)
-    print(f"cluster down (logs kept in {workdir}/log)")
-    return 0
-
-
-def cmd_status(workdir: Path) -> int:
-    rec = _read_json(workdir / "cluster.json")
-    if rec is None:
-        print(f"no cluster in {workdir}")
-        return 1
-    sup = _supervisor_alive(workdir)
-    print(f"state {rec['state']}; supervisor {'pid ' + str(sup['pid']) if sup else 'not running'}")
-    ok = bool(sup) and rec["state"] == "up"
-    for name, pid in rec.get("daemons", {}).items():
-        alive = proc_alive(pid, rec["pids"].get(str(pid)))
-        ok = ok and alive
-        print(f"  {name:16} pid {pid:<8} {'running' if alive else 'dead'}")
-    if ok:
-        env = dict(os.environ, SLURM_CONF=rec["conf"])
-        print(run_cmd(["sinfo", "-N"], env=env, check=False).stdout, end="")
-    return 0 if ok else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start a cluster in DIR under a background supervisor")
-    up.add_argument("dir")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--prefix", default=DEFAULT_PREFIX)
-    up.add_argument("--timeout-s", type=float, default=60.0)
-    down = sub.add_parser("down", help="stop the cluster in DIR (logs are kept)")
-    down.add_argument("dir")
-    down.add_argument("--timeout-s", type=float, default=30.0)
-    st = sub.add_parser("status", help="show daemons and sinfo; exit 0 if up")
-    st.add_argument("dir")
-    sw = sub.add_parser("sweep", help="remove leftovers of killed runs with this prefix")
-    sw.add_argument("--prefix", default=DEFAULT_PREFIX)
-    sv = sub.add_parser("_supervise")
-    sv.add_argument("dir")
-    sv.add_argument("--nodes", type=int, default=3)
-    sv.add_argument("--prefix", default=DEFAULT_PREFIX)
-    sv.add_argument("--ready-fd", type=int, required=True)
-    a = p.parse_args(argv)
-    if a.cmd == "sweep":
-        print("\n".join(sweep(a.prefix)) or "nothing to sweep")
-        return 0
-    workdir = Path(a.dir).resolve()
-    try:
-        if a.cmd == "up":
-            return cmd_up(workdir, a.nodes, a.prefix, a.timeout_s)
-        if a.cmd == "_supervise":
-            return cmd_supervise(workdir, a.nodes, a.prefix, a.ready_fd)
-        if a.cmd == "down":
-            return cmd_down(workdir, a.timeout_s)
-        return cmd_status(workdir)
-    except ClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":   # the ops CLI lives in slurm/clusterctl.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from slurm.clusterctl import main
     sys.exit(main())

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, choose_subnet,
-                               missing_requirements, proc_alive, render_slurm_conf, sweep,
-                               validate_prefix)
+                               missing_accounting, missing_requirements, proc_alive, render_slurm_conf,
+                               sweep, validate_prefix)
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "slurm" / "testcluster.py"
+SCRIPT = ROOT / "slurm" / "clusterctl.py"
 JOB_DEADLINE_S = 60.0
 TERMINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                        "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
@@ -86,6 +86,17 @@ def test_chosen_subnet_overlaps_no_network_already_in_use():
         choose_subnet([ipaddress.ip_network("10.0.0.0/8")], random.Random(7))
 
 
+def test_slurm_conf_with_accounting_points_at_the_clusters_own_slurmdbd():
+    text = render_slurm_conf(workdir=Path("/w"), munge_socket=Path("/r/m.sock"), cluster_name="c", ctld_host="h",
+                             ctld_addr="10.170.3.1", ctld_port=23456, node_addrs={"node1": "10.170.3.11"},
+                             dbd_port=24567)
+    lines = text.splitlines()
+    for line in ("AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
+                 "AccountingStoragePort=24567", "AccountingStoragePass=/r/m.sock"):
+        assert line in lines
+    assert "AccountingStorageType=accounting_storage/none" not in lines
+
+
 @pytest.mark.parametrize("prefix", ["", "toolong", "PDK", "pd-k", "p1"])
 def test_prefix_that_cannot_fit_interface_names_is_rejected_by_name(prefix):
     with pytest.raises(ClusterConfigError, match="name_prefix"):
@@ -138,6 +149,21 @@ def test_two_node_batch_job_with_srun_steps_completes(slurm_cluster, tmp_path):
     hosts = {ln for ln in lines if ln.startswith("node")}
     assert len(hosts) == 2 and hosts <= set(slurm_cluster.nodes)
     assert sorted(ln for ln in lines if ln.startswith("step2")) == ["step2 0", "step2 1"]
+
+
+@pytest.mark.slurm
+def test_sacct_reports_the_state_of_a_finished_and_a_failed_job(slurm_cluster):
+    if not slurm_cluster.accounting:
+        pytest.skip("no accounting on this machine: " + "; ".join(missing_accounting()))
+    ok = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").strip()
+    bad = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 3").strip()
+
+    def states():
+        out = slurm(slurm_cluster.env, "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", f"{ok},{bad}")
+        got = {ln.split("|")[0]: ln.split("|")[1:] for ln in out.splitlines() if ln.strip()}
+        return got if set(got) == {ok, bad} and all(v[0] in TERMINAL_JOB_STATES for v in got.values()) else None
+    got = wait_for(states, JOB_DEADLINE_S, "sacct to report both jobs finished")
+    assert got[ok] == ["COMPLETED", "0:0"] and got[bad] == ["FAILED", "3:0"]
 
 
 @pytest.mark.slurm
