@@ -34,6 +34,7 @@ from controller.query import QueryError, RunNotFound, connect, newest_run
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 HDR_MAX_US = 24 * 3600 * 10**6
 HDR_DIGITS = 3
+BUCKET_DIGITS = 2          # p50/p99 within 5% of the exact value (0.5 ulp at 2 digits)
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,15 @@ def infra_by_node(con: duckdb.DuckDBPyConnection) -> list[dict]:
 
 def span_percentiles(con: duckdb.DuckDBPyConnection) -> list[dict]:
     """p50/p99 (seconds) per span kind from per-node HDR histograms merged across nodes."""
-    # Bucket to 3 significant digits in DuckDB; HDR's own precision is 3 digits as well.
+    # DuckDB buckets durations (µs) to BUCKET_DIGITS significant digits, so Python records a
+    # few hundred (value, count) pairs per node and kind instead of every span.
     rows = con.execute(
         "WITH us AS (SELECT coalesce(node, '?') AS node, kind, "
         "  greatest(1, least(round(duration_s * 1e6), ?))::BIGINT AS v FROM spans) "
-        "SELECT node, kind, CASE WHEN v < 1000 THEN v ELSE "
-        "  (round(v / pow(10, floor(log10(v)) - 2)) * pow(10, floor(log10(v)) - 2))::BIGINT END "
+        "SELECT node, kind, CASE WHEN v < ? THEN v ELSE "
+        "  (round(v / pow(10, floor(log10(v)) - ?)) * pow(10, floor(log10(v)) - ?))::BIGINT END "
         "  AS bucket, count(*) FROM us GROUP BY ALL",
-        [HDR_MAX_US]).fetchall()
+        [HDR_MAX_US, 10 ** BUCKET_DIGITS, BUCKET_DIGITS - 1, BUCKET_DIGITS - 1]).fetchall()
     per_node: dict[tuple[str, str], HdrHistogram] = {}
     for node, kind, bucket, n in rows:
         h = per_node.get((node, kind))

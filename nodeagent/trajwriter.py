@@ -224,6 +224,54 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     return written
 
 
+def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: str) -> str:
+    """Write a columnar batch of many attempts' rows of one table as one shard (bulk ingest:
+    re-scoring, imports, benchmarks); return its path relative to run_dir.
+
+    Checked column-wise, not row by row: the columns must be the table's (nullable ones may
+    be missing and become NULL), castable to its types, with no NULL in a
+    non-nullable column and only known `outcome` / span `kind` values. JSON text columns are
+    not parsed here (the per-attempt writer does that). The rows become visible only once
+    their keys are committed in the catalog, like any shard.
+    """
+    import pyarrow.compute as pc
+    if table not in SCHEMAS:
+        raise SchemaError(f"unknown table {table!r}; valid: {', '.join(SCHEMAS)}")
+    if not name.endswith(".parquet") or "/" in name or name.startswith("."):
+        raise SchemaError(f"{table}: shard name {name!r} must be a plain '<name>.parquet'")
+    schema = SCHEMAS[table]
+    unknown = sorted(set(data.column_names) - set(schema.names))
+    if unknown:
+        raise SchemaError(f"{table}: unknown column(s) {', '.join(unknown)}")
+    arrays = []
+    for field in schema:
+        if field.name not in data.column_names:
+            if not field.nullable and field.name not in OPTIONAL_COLUMNS[table]:
+                raise SchemaError(f"{table}.{field.name}: missing")
+            arrays.append(pa.nulls(data.num_rows, field.type))
+            continue
+        col = data[field.name]
+        try:
+            col = col.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"{table}.{field.name}: cannot store as {field.type}: {exc}") from None
+        if not field.nullable and col.null_count:
+            raise SchemaError(f"{table}.{field.name}: {col.null_count} NULL(s) but the column is "
+                              f"not nullable")
+        arrays.append(col)
+    out = pa.Table.from_arrays(arrays, schema=schema)
+    enums = {"rollouts": ("outcome", OUTCOMES), "spans": ("kind", SPAN_KINDS)}
+    if table in enums:
+        col, valid = enums[table]
+        bad = pc.sum(pc.invert(pc.is_in(out[col], pa.array(valid)))).as_py()
+        if bad:
+            raise SchemaError(f"{table}.{col}: {bad} value(s) not in {', '.join(valid)}")
+    directory = Path(run_dir) / table
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out, directory / name)
+    return f"{table}/{name}"
+
+
 def _spans(rows: Sequence[Mapping[str, Any]], node: str) -> list[dict]:
     out = []
     for i, row in enumerate(rows):
