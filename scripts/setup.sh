@@ -43,7 +43,7 @@ mkdir -p /var/tmp/paddock/images && chmod 0755 /var/tmp/paddock /var/tmp/paddock
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import controller, nodeagent, layers, zmq, duckdb, pyarrow, pytest, datasketch, rbloom, hdrh' 2>/dev/null; then
+if ! "$VENV/bin/python" -c 'import controller, nodeagent, layers, zmq, duckdb, pyarrow, pytest, datasketch, rbloom, hdrh, publicsuffixlist, idna' 2>/dev/null; then
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -e '.[test]'
 fi
