@@ -50,9 +50,12 @@ def cmd_sandbox_run(args) -> int:
     except (ImageStoreError, OSError) as exc:
         print(f"paddock sandbox run: {exc}", file=sys.stderr)
         return 2
-    limits = {"memory_mb": args.memory, "disk_mb": args.disk, "pids": args.pids, "nofile": 1024}
+    limits = {"memory_mb": args.memory, "disk_mb": args.disk, "pids": args.pids, "cpu": args.cpu,
+              "nofile": 1024}
     try:
-        with SandboxRuntime() as rt:
+        with SandboxRuntime(degrade=args.degrade) as rt:
+            if rt.caps_report()["degraded"]:
+                print(f"paddock sandbox run: caps NOT enforced: {rt.caps_report()['degraded']}", file=sys.stderr)
             sb = rt.create(SandboxSpec(image=image, limits=limits))
             try:
                 r = sb.exec(cmd, stdin=b"" if sys.stdin.isatty() else sys.stdin.buffer.read(1 << 20),
@@ -92,9 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     sbx = sub.add_parser("sandbox", help="sandbox tools").add_subparsers(dest="sandbox_cmd", required=True)
     sr = sbx.add_parser("run", help="run one command in a fresh sandbox")
     sr.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
-    sr.add_argument("--memory", type=_size_mb, default=256, help="address-space cap (default 256M)")
+    sr.add_argument("--memory", type=_size_mb, default=256, help="memory cap (default 256M)")
     sr.add_argument("--disk", type=_size_mb, default=64, help="writable layer size (default 64M)")
     sr.add_argument("--pids", type=int, default=64, help="process cap (default 64)")
+    sr.add_argument("--cpu", type=float, default=1.0, help="CPU quota in cores (default 1.0)")
+    sr.add_argument("--degrade", action="store_true",
+                    help="run even if the host cannot enforce every cap (rlimits only; says which)")
     sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit in seconds (default 10)")
     sr.add_argument("--output-cap", type=int, default=1 << 20, help="bytes of stdout/stderr kept")
     sr.add_argument("cmd", nargs=argparse.REMAINDER)

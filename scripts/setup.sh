@@ -14,6 +14,7 @@ need_pkgs=(slurmctld slurmd slurm-client munge
            squashfs-tools squashfuse fuse-overlayfs fuse3 uidmap iproute2 nftables
            debootstrap busybox-static ca-certificates python3-venv
            zstd   # zstd: .tar.zst image sources and zstd OCI layers (layers/staging.py)
+           libseccomp2   # the sandbox's seccomp filter is built with libseccomp (nodeagent/seccomp.py)
            bubblewrap)   # bubblewrap: the reference point of benchmarks/sandbox_start.py
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup: run as root (it installs Debian packages and creates the sandbox user)" >&2
