@@ -117,7 +117,7 @@ def run_head(args) -> int:
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
-    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
         signal.signal(sig, on_signal)
 
     taskset = builtin_taskset()
@@ -177,7 +177,7 @@ def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
     # starts with the end-of-time signals ignored (the disposition survives exec).
     return subprocess.Popen(argv, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN)
-                                                for s in (signal.SIGTERM, signal.SIGUSR1)])
+                                                for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)])
 
 
 def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str) -> None:
@@ -235,7 +235,7 @@ def run_agent(args) -> int:
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
-    for sig in (signal.SIGWINCH, signal.SIGTERM):
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR2):
         signal.signal(sig, on_signal)
     node = socket.gethostname()
     try:
@@ -250,7 +250,8 @@ def run_agent(args) -> int:
     # the node agent's main() installs its SIGTERM drain handler; the job's drain signal
     # (SIGWINCH, see controller/sbatch.py) is turned into that SIGTERM, for this process only
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGWINCH, lambda *_: signal.raise_signal(signal.SIGTERM))
+    for sig in (signal.SIGWINCH, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
+        signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGTERM))
     base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
@@ -294,3 +295,106 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent = sub.choices["agent"]
     agent.add_argument("--slots", type=int, default=2)
     agent.add_argument("--controller-wait-s", type=float, default=300.0)
+    register_launch(subparsers)
+
+
+# ----------------------------------------------------------------------------- paddock launch
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED")
+
+
+def _job_args(p, **extra) -> argparse.Namespace:
+    deployment = f"slurm-{os.environ.get('SLURM_JOB_ID', 'local')}"
+    return argparse.Namespace(run_dir=p.run_dir, deployment=deployment, image_store=p.image_store,
+                              heartbeat_interval_s=p.heartbeat_interval_s, **extra)
+
+
+def job_task(p) -> int:
+    """What every task of a launched job runs: task 0 the head, the others one node agent each."""
+    import submitit
+    rank = submitit.JobEnvironment().global_rank
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {socket.gethostname()} %(name)s "
+                                                   "%(levelname)s %(message)s", force=True)
+    if rank == 0:
+        rc = run_head(_job_args(p, agents=p.agents_needed, agents_wait_s=p.agents_wait_s, drain_timeout_s=60.0,
+                                versions=p.versions, rollouts_per_task=p.rollouts_per_task,
+                                tasks_limit=p.tasks_limit, bind_addr=None, metrics_port=None))
+    else:
+        rc = run_agent(_job_args(p, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s))
+    if rc != 0:
+        raise RuntimeError(f"job step on {socket.gethostname()} (task {rank}) exited with {rc}; "
+                           f"see {p.run_dir}/logs")
+    return rc
+
+
+@dataclass
+class JobHandle:
+    """A launched job: its id, its run directory, and its state from Slurm accounting."""
+    job: object
+    run_dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return str(self.job.job_id)
+
+    def state(self) -> str:
+        """The job's state from sacct (PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...).
+        A failed sacct call is logged by submitit and gives UNKNOWN, never an exception."""
+        return self.job.watcher.get_state(self.job_id, mode="force").split()[0]
+
+    def wait(self, timeout_s: float, poll_s: float = 1.0, clock=time.monotonic) -> str:
+        """Poll accounting until the job reaches a terminal state (returned), or TimeoutError."""
+        deadline = clock() + timeout_s
+        while (state := self.state()) not in TERMINAL_STATES:
+            if clock() >= deadline:
+                raise TimeoutError(f"job {self.job_id} still {state} after {timeout_s:.0f}s")
+            time.sleep(poll_s)
+        return state
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.state()} run_dir {self.run_dir}"
+
+
+def launch(params) -> JobHandle:
+    """Submit the farm with submitit: one component of env_nodes + 1 nodes, one task per node
+    (task 0: head, tasks 1..: agents). `params` are the batch parameters of controller/sbatch.py."""
+    import submitit
+    from controller.sbatch import JobParams, ParamError, time_limit_s
+    p = params if isinstance(params, JobParams) else JobParams.from_mapping(
+        dict({"layout": "single", "python": sys.executable}, **params))
+    if p.layout != "single":
+        raise ParamError("paddock launch submits the single-component layout (submitit cannot submit "
+                         "heterogeneous jobs): pass layout=single, or use `paddock sbatch render layout=het`")
+    check_run_dir(Path(p.run_dir))
+    ex = submitit.SlurmExecutor(folder=Path(p.run_dir) / "submitit", python=p.python)
+    ex.update_parameters(job_name=p.job_name, time=max(time_limit_s(p.time_limit) // 60, 1),
+                         nodes=p.env_nodes + 1, ntasks_per_node=1,
+                         cpus_per_task=max(p.head_cpus, p.agent_cpus), signal_delay_s=p.signal_before_s,
+                         partition=p.partition or None, account=p.account or None)
+    job = ex.submit(job_task, p)
+    log.info("submitted job %s (run dir %s)", job.job_id, p.run_dir)
+    return JobHandle(job, Path(p.run_dir))
+
+
+def cmd_launch(args) -> int:
+    from controller.sbatch import ParamError, coerce, parse_assignments
+    try:
+        handle = launch(coerce(parse_assignments(args.params)))
+    except (ParamError, JobStepError) as exc:
+        print(f"paddock launch: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"job {handle.job_id} submitted; run dir {handle.run_dir}", flush=True)
+    if args.wait:
+        state = handle.wait(args.wait_timeout_s)
+        print(f"job {handle.job_id} {state}")
+        return 0 if state == "COMPLETED" else 1
+    return 0
+
+
+def register_launch(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("launch", help="submit the training job and its farm to Slurm (submitit)",
+                              description="Same KEY=VALUE parameters as `paddock sbatch render` (single layout).")
+    p.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 if COMPLETED")
+    p.add_argument("--wait-timeout-s", type=float, default=7 * 86400)
+    p.set_defaults(func=cmd_launch)

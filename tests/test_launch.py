@@ -1,0 +1,79 @@
+"""`paddock launch`: the farm submitted with submitit to the in-test cluster, whose job states come
+from Slurm accounting (its own slurmdbd), so a job that dies is seen as dead, not waited on."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.launch import JobStepError, launch
+from controller.sbatch import ParamError
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = dict(env_nodes=2, time_limit="10", versions=1, tasks_limit=4, heartbeat_interval_s=0.5,
+            controller_wait_s=90, agents_wait_s=90, signal_before_s=60)
+
+
+@pytest.fixture
+def accounted_cluster(slurm_cluster, monkeypatch):
+    if not slurm_cluster.accounting:
+        pytest.skip("the in-test cluster has no accounting here (install slurmdbd, mariadb-server)")
+    for k in [k for k in list(__import__("os").environ) if k.startswith("SLURM_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))   # submitit runs sbatch and sacct
+    return slurm_cluster
+
+
+def wait_for(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
+    return value
+
+
+def test_launch_refuses_the_het_layout_and_unknown_parameters(tmp_path):
+    with pytest.raises(ParamError, match="single-component layout"):
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), layout="het"))
+    with pytest.raises(ParamError, match="unknown batch parameter 'gpus'.*valid parameters"):
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), gpus=1))
+
+
+def test_launch_refuses_a_run_directory_it_cannot_write():
+    with pytest.raises(JobStepError, match="not writable"):
+        launch(dict(BASE, run_dir="/proc/paddock-run"))
+
+
+def test_launch_cli_names_the_bad_parameter(tmp_path):
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "launch", f"run_dir={tmp_path}/r", "env_nodes=x"],
+                        capture_output=True, text=True, cwd=ROOT)
+    assert cp.returncode == 2 and "'env_nodes'" in cp.stderr
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_launched_farm_trains_and_accounting_reports_it_completed(accounted_cluster, tmp_path, python_image):
+    from controller.query import connect
+    handle = launch(dict(BASE, run_dir=str(tmp_path / "run")))
+    assert handle.job_id.isdigit() and handle.run_dir == tmp_path / "run"
+    assert handle.wait(timeout_s=120, poll_s=0.5) == "COMPLETED", (tmp_path / "run" / "logs" / "head.log").read_text()
+    n, distinct = connect(handle.run_dir).execute(
+        "SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
+    assert n == distinct == 4
+    assert handle.job.results() == [0, 0, 0]      # head and two agents
+
+
+@pytest.mark.slurm
+def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_cluster, tmp_path):
+    # an agent count the head will wait for in vain: the job would run until its time limit
+    handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), agents_wait_s=500, controller_wait_s=500))
+    wait_for(lambda: handle.state() == "RUNNING", 30, "the job to run")
+    subprocess.run(["scancel", "--signal=KILL", handle.job_id], check=True)   # the job dies
+    t0 = time.monotonic()
+    state = handle.wait(timeout_s=60, poll_s=0.5)
+    assert state != "COMPLETED" and state in ("CANCELLED", "FAILED", "NODE_FAIL")
+    assert time.monotonic() - t0 < 60
