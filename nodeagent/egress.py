@@ -87,10 +87,13 @@ def normalize_host(host: str) -> str:
     if _is_ip_literal(host):
         raise HostError("ip_literal", f"{host!r} is an IP literal; only names may be allowed")
     h = host[:-1] if host.endswith(".") else host
-    try:
-        h = idna.encode(h, uts46=True).decode("ascii")
-    except (idna.IDNAError, UnicodeError) as exc:
-        raise HostError("invalid_host", f"host {host!r} is not a valid IDNA name: {exc}") from None
+    if h.isascii() and "xn--" not in h.lower():
+        h = h.lower()          # UTS 46 maps plain ASCII LDH names to lower case only
+    else:
+        try:
+            h = idna.encode(h, uts46=True).decode("ascii")
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise HostError("invalid_host", f"host {host!r} is not a valid IDNA name: {exc}") from None
     labels = h.split(".")
     if len(h) > 253 or len(labels) < 2 or not all(_LABEL.match(x) for x in labels):
         raise HostError("invalid_host", f"host {host!r} is not a valid DNS name")
@@ -106,10 +109,10 @@ class Rule:
     ports: tuple[int, ...]
     registrable: str          # the registrable domain (eTLD+1) the rule lives in
 
-    def matches(self, host: str) -> bool:
+    def matches(self, host: str, registrable: str | None = None) -> bool:
         """`host` is normalised. Never a bare suffix match: the host's own registrable domain
         must equal the rule's (so allowed.example.com.attacker.net never matches)."""
-        if _PSL.privatesuffix(host) != self.registrable:
+        if (registrable if registrable is not None else _PSL.privatesuffix(host)) != self.registrable:
             return False
         return host.endswith("." + self.host) if self.wildcard else host == self.host
 
@@ -223,7 +226,8 @@ def decide(policy: Policy, host: str, port: int, resolver: Resolver,
         host = normalize_host(host)
     except HostError as exc:
         return Decision("deny", exc.args[0], raw, port)
-    rules = [r for r in policy.rules if r.matches(host)]
+    registrable = _PSL.privatesuffix(host) or ""
+    rules = [r for r in policy.rules if r.matches(host, registrable)]
     if not rules:
         return Decision("deny", "host_not_allowed", host, port)
     if not any(port in r.ports for r in rules):
@@ -246,14 +250,23 @@ def system_resolver(host: str, port: int) -> list[str]:
     return [ai[4][0] for ai in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
 
 
-def node_addresses() -> frozenset[str]:
-    """Every address of this node's interfaces."""
+_OWN_CACHE: tuple[float, frozenset[str]] = (-1e18, frozenset())
+OWN_ADDRESSES_TTL_S = 1.0
+
+
+def node_addresses(clock: Callable[[], float] = time.monotonic) -> frozenset[str]:
+    """Every address of this node's interfaces (re-read at most once per OWN_ADDRESSES_TTL_S)."""
+    global _OWN_CACHE
+    now = clock()
+    if now - _OWN_CACHE[0] < OWN_ADDRESSES_TTL_S:
+        return _OWN_CACHE[1]
     out = set()
     for addrs in psutil.net_if_addrs().values():
         for a in addrs:
             if a.family in (socket.AF_INET, socket.AF_INET6):
                 out.add(str(ipaddress.ip_address(a.address.split("%")[0])))
-    return frozenset(out)
+    _OWN_CACHE = (now, frozenset(out))
+    return _OWN_CACHE[1]
 
 
 # ---------------------------------------------------------------------------------------------

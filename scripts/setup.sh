@@ -15,7 +15,8 @@ need_pkgs=(slurmctld slurmd slurm-client munge
            debootstrap busybox-static ca-certificates python3-venv
            zstd   # zstd: .tar.zst image sources and zstd OCI layers (layers/staging.py)
            libseccomp2   # the sandbox's seccomp filter is built with libseccomp (nodeagent/seccomp.py)
-           bubblewrap)   # bubblewrap: the reference point of benchmarks/sandbox_start.py
+           bubblewrap    # bubblewrap: the reference point of benchmarks/sandbox_start.py
+           tinyproxy-bin)   # the reference point of benchmarks/egress_proxy.py
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup: run as root (it installs Debian packages and creates the sandbox user)" >&2
   exit 1
