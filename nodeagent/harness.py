@@ -41,7 +41,10 @@ MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class ModelError(Exception):
-    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure."""
+    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure.
+    Raised out of `run_agent`, it carries the steps and spans recorded so far in `.result`."""
+
+    result: "AgentResult | None" = None
 
 
 class BudgetError(ValueError):
@@ -75,7 +78,7 @@ class Budgets:
 class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens
+    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | model_error
     prompt_tokens: int = 0
     completion_tokens: int = 0
     agent_s: float = 0.0
@@ -234,6 +237,10 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
                 break
         else:
             res.stop_reason = "max_steps"
+    except ModelError as exc:
+        res.stop_reason = "model_error"
+        exc.result = res
+        raise
     finally:
         res.agent_s = clock() - t0
         if egress_decisions is not None:

@@ -78,6 +78,7 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
+            agent = exc.result or agent     # the steps and spans before the failure, for the record
         except (BudgetError, ToolSetError) as exc:
             infra = f"task: {exc}"
         except SandboxError as exc:

@@ -239,3 +239,23 @@ def test_the_scripted_policy_solves_a_python_task_through_the_harness(runtime, p
             box.destroy()
     assert res.stop_reason == "stop" and res.steps[0]["content"].startswith("plan: solve")
     assert "passed" in res.steps[1]["observation"] and res.tool_errors == 0
+
+
+def test_a_model_error_carries_the_steps_recorded_before_it(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "echo one"}')]), ("raw", 502, b"bad gateway"))
+    with pytest.raises(ModelError, match="HTTP 502") as e:
+        agent(sb, m.url)
+    res = e.value.result
+    assert res.stop_reason == "model_error" and len(res.steps) == 1 and res.steps[0]["observation"] == "one\n"
+    assert [s["kind"] for s in res.spans] == ["model_call", "tool_call"]
+
+
+def test_a_rollout_whose_model_server_fails_is_an_infra_error_never_a_zero(runtime, python_image, fake, tmp_path):
+    from nodeagent.rollout import Attempt, run_attempt
+    t = next(t for t in builtin_taskset().tasks if t.family == "math")
+    task = {**t.canonical(), "task_id": t.task_id}
+    m = fake(reply(calls=[("shell", '{"command": "echo 1"}')]), ("raw", 200, b"not json"))
+    res = run_attempt(runtime, python_image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0,
+                                                           m.url, "m"))
+    assert (res.outcome, res.reward) == ("infra_error", None)
+    assert res.infra_reason.startswith("model_server:") and "not JSON" in res.infra_reason
