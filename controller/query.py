@@ -35,7 +35,7 @@ from rich.table import Table
 
 from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES
 from controller import policy_server
-from nodeagent.trajwriter import KEY_COLUMNS, SCHEMAS
+from nodeagent.trajwriter import KEY_COLUMNS, SCHEMAS, shard_suffix
 
 CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
 
@@ -79,9 +79,10 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
     try:
         moved = _moved_sources(runs, bad)
         _create_catalog_view(con, runs, moved, bad)
+        trusted = _trusted_files(runs, moved)
         listed = {}
         for table, schema in SCHEMAS.items():
-            listed[table] = _create_table_view(con, table, schema, runs, moved, bad)
+            listed[table] = _create_table_view(con, table, schema, runs, moved, bad, trusted)
         _create_infra_view(con, listed["rollouts"], len(runs) > 1)
         con.register("_bad_shards", pa.table({"file": [b[0] for b in bad],
                                                "error": [b[1] for b in bad]},
@@ -232,25 +233,75 @@ def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved
                 f"{shard_cols}, c.committed_at, c._run AS run_dir FROM _catalog c")
 
 
+def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
+    """Shard files whose rows are all committed, so the views read them with no row filter:
+    compaction targets (compaction merges committed rows only) and per-attempt shards that
+    a catalog row names, when the file name carries that row's key."""
+    trusted: set[str] = set()
+    for run in runs:
+        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
+            try:
+                targets = set(pq.read_table(rec, columns=["target"])["target"].to_pylist())
+            except (OSError, pa.ArrowException):
+                continue
+            trusted.update(str(run / t) for t in targets if (run / t).is_file())
+        for path in sorted((run / CATALOG_DIR).glob("commit-*.parquet")):
+            try:
+                cat = pq.read_table(path)
+            except (OSError, pa.ArrowException):
+                continue        # reported as a bad shard by the catalog view
+            keys = None
+            for t in SHARD_TABLES:
+                col = f"{t}_shard"
+                if col not in cat.column_names or cat[col].null_count == len(cat):
+                    continue
+                if keys is None:
+                    keys = list(zip(cat["rollout_id"].to_pylist(), cat["attempt"].to_pylist(),
+                                    cat["fencing_token"].to_pylist()))
+                for key, rel in zip(keys, cat[col].to_pylist()):
+                    if rel and rel.endswith("-" + shard_suffix(*key)):
+                        full = str(run / rel)
+                        if full not in moved:
+                            trusted.add(full)
+    return trusted
+
+
 def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Schema,
-                       runs: list[Path], moved: set[str], bad: list) -> str | None:
-    """Create the committed-only view of `table`; return its row source (None: no files)."""
+                       runs: list[Path], moved: set[str], bad: list,
+                       trusted: set[str] = frozenset()) -> str | None:
+    """Create the committed-only view of `table`; return its row source (None: no files).
+
+    Trusted files (all rows committed) are read as they are; every other file through a
+    semi-join with the catalog on (rollout_id, attempt, fencing_token)."""
     files = [f for f in _parquet_files(runs, table) if f not in moved]
-    files, complete = _valid_files(files, schema, bad)
+    files, _ = _valid_files(files, schema, bad)
     con.register(f"_empty_{table}", schema.empty_table())
     if not files:
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
         return None
+    columns = ", ".join(f's."{n}"' for n in schema.names)
+    parts = []
+    sure = [f for f in files if f in trusted]
+    rest = [f for f in files if f not in trusted]
+    if sure:
+        parts.append(f"SELECT {columns} FROM {_source(table, schema, sure)} s")
+    if rest:
+        same_run = (f" AND c._run = {_RUN_OF.format(col='s.filename')}" if len(runs) > 1 else "")
+        parts.append(
+            f"SELECT {columns} FROM {_source(table, schema, rest)} s "
+            f"WHERE EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
+            f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token{same_run})")
+    con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(parts))
+    return _source(table, schema, files)
+
+
+def _source(table: str, schema: pa.Schema, files: list[str]) -> str:
+    """read_parquet over `files` with every schema column (missing ones NULL) and filename."""
     source = f"read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
+    complete = all(set(schema.names) <= check_shard(f, schema)[0] for f in files)
     if not complete:
         empty = f"(SELECT *, NULL::VARCHAR AS filename FROM _empty_{table})"
         source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM {empty})"
-    columns = ", ".join(f's."{n}"' for n in schema.names)
-    same_run = (f" AND c._run = {_RUN_OF.format(col='s.filename')}" if len(runs) > 1 else "")
-    con.execute(
-        f"CREATE VIEW {table} AS SELECT {columns} FROM {source} s "
-        f"WHERE EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
-        f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token{same_run})")
     return source
 
 

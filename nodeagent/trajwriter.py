@@ -181,11 +181,18 @@ class SchemaError(ValueError):
     """A trajectory row does not match its table's schema; the message names table and column."""
 
 
+def _safe(s: str) -> str:
+    return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
+
+
 def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> str:
     """`<node>-<rollout_id>-a<attempt>-t<token>.parquet`, unsafe characters %-escaped."""
-    def safe(s: str) -> str:
-        return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
-    return f"{safe(node)}-{safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"
+    return f"{_safe(node)}-{shard_suffix(rollout_id, attempt, fencing_token)}"
+
+
+def shard_suffix(rollout_id: str, attempt: int, fencing_token: int) -> str:
+    """The end of every per-attempt shard name of this key: `<rollout_id>-a<n>-t<token>.parquet`."""
+    return f"{_safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"
 
 
 def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[str, Any],

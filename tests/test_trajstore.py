@@ -198,3 +198,12 @@ def test_cli_compact(tmp_path):
     out = io.StringIO()
     assert args.func(args, out=out) == 0
     assert out.getvalue().startswith("compacted 15 shards into 5 files")
+
+
+def test_a_catalog_row_naming_another_attempts_shard_does_not_make_it_visible(tmp_path):
+    cat = Catalog(tmp_path)
+    stale = attempt(tmp_path, "r1", token=1, commit=False, cat=cat)
+    attempt(tmp_path, "r1", token=2, commit=False, cat=cat)
+    cat.commit("r1", 1, 2, stale, committed_at=T0)      # wrong shard paths for this key
+    cat.flush()
+    assert q(tmp_path, "SELECT DISTINCT fencing_token FROM steps") == [(2,)]
