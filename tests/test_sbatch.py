@@ -136,6 +136,17 @@ def test_agent_of_another_deployment_or_version_is_refused(tmp_path, job, words)
     assert cp.returncode == 3 and words in cp.stderr
 
 
+@pytest.mark.sandbox
+def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_path, python_image):
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "job", "head", "--run-dir", str(tmp_path / "run"),
+                         "--deployment", "slurm-7", "--image-store", str(python_image.parents[1]),
+                         "--agents", "2", "--agents-wait-s", "1", "--bind-addr", "127.0.0.1"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=90)
+    assert cp.returncode == 3, cp.stderr
+    assert "only 0 of 2 node agents registered within 1s" in cp.stderr
+    assert json.loads((tmp_path / "run" / "job.json").read_text())["deployment"] == "slurm-7"
+
+
 def test_head_refuses_a_run_directory_it_cannot_write():
     from controller.launch import JobStepError, check_run_dir
     with pytest.raises(JobStepError, match="not writable"):
