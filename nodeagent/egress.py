@@ -464,10 +464,13 @@ class EgressProxy:
             except OSError:
                 return
             with self._lock:
-                if box.active >= MAX_CONNECTIONS_PER_SANDBOX:
-                    conn.close()
-                    continue
-                box.active += 1
+                full = box.active >= MAX_CONNECTIONS_PER_SANDBOX
+                box.active += not full
+            if full:
+                self._record(sandbox, box, Decision("deny", "too_many_connections", "", 0))
+                _reply(conn, 403, "too_many_connections")
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(sandbox, box, conn), daemon=True).start()
 
     def _record(self, sandbox: str, box: _Sandbox, d: Decision, reason: str | None = None) -> None:

@@ -331,3 +331,14 @@ def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_traject
                       f"FROM '{tmp_path / res.shards['egress']}'").fetchall()
     assert rows == [("r1.1", "origin.example.com", HTTP_PORT, ORIGIN_ADDR, "allow", "allowed")]
     assert proxy.decisions("r1.1") == []   # the socket is closed with the sandbox
+
+
+def test_connections_beyond_the_per_sandbox_cap_are_refused_and_logged(proxy, monkeypatch):
+    from nodeagent import egress
+    monkeypatch.setattr(egress, "MAX_CONNECTIONS_PER_SANDBOX", 1)
+    path = proxy.open("sb1", parse_policy(POLICY))
+    with socket.socket(socket.AF_UNIX) as held:
+        held.connect(path)
+        held.sendall(b"GET http://origin.example.com")      # an unfinished head keeps it open
+        assert get(path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.1 403")
+    assert [d["reason"] for d in proxy.decisions("sb1")][:1] == ["too_many_connections"]
