@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from nodeagent import cgroups, framing, nsutil
+from nodeagent import cgroups, framing, nsutil, sbxinit
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ DEFAULT_USER = "paddock"
 DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
 OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs")
+EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 
 
 class SandboxError(Exception):
@@ -420,21 +421,24 @@ class SandboxRuntime:
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
                    "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
-            pid = self._call(req, [theirs.fileno()] + cg_fds)["pid"]
+            self._call(req, [theirs.fileno()] + cg_fds)
             theirs.close()
-            reply = framing.recv_msg(ours, max_bytes=1 << 20)
-            if not reply.get("ok"):
+            reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
+            if not reply.get("ok") or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise SandboxError(reply.get("error", "sandbox setup failed"))
+            init_sock = socket.socket(fileno=fds[0])
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
-            ours.close()
             self.cgroups.remove(sid)
             self._release(slice_no, key)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         finally:
+            ours.close()
             for fd in cg_fds:
                 os.close(fd)
-        sb = Sandbox(self, sid, ours, slice_no, pid, reply.get("uid_map", ""), spec, key)
+        sb = Sandbox(self, sid, init_sock, slice_no, int(reply["init_pid"]), reply.get("uid_map", ""), spec, key)
         sb.start_stages = dict(reply.get("stages") or {}, requested=t_req, returned=time.monotonic())
         return sb
 
@@ -450,6 +454,19 @@ class SandboxRuntime:
             self._free_slices.append(slice_no)
             if key is not None:
                 self._unref_image_locked(key)
+
+    def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
+        """A file operation on sandbox `sid`, answered by a helper of the holder on its own socket."""
+        ours, theirs = socket.socketpair()
+        try:
+            self._call({"op": "sbx_op", "id": sid, "req": req}, [theirs.fileno()])
+            theirs.close()
+            return framing.recv_msg(ours, max_bytes=max_bytes)
+        except (framing.FramingError, OSError) as exc:
+            raise SandboxError(f"sandbox {sid}: {req.get('op')} failed: {exc}") from None
+        finally:
+            theirs.close()
+            ours.close()
 
     def _destroyed(self, sb: "Sandbox") -> None:
         self.cgroups.remove(sb.id)
@@ -502,17 +519,20 @@ def _clean_env() -> dict:
 
 
 class Sandbox:
-    def __init__(self, runtime, sid, sock, slice_no, monitor_pid, uid_map, spec, image_key=None):
+    """One sandbox. `exec` talks to the sandbox's init directly; file operations go through the
+    node holder (a helper in the sandbox's mount namespace); `destroy` asks the holder to kill."""
+
+    def __init__(self, runtime, sid, sock, slice_no, init_pid, uid_map, spec, image_key=None):
         self.runtime, self.id, self._sock, self.slice_no = runtime, sid, sock, slice_no
-        self.monitor_pid, self.uid_map, self.spec = monitor_pid, uid_map, spec
+        self.init_pid, self.uid_map, self.spec = init_pid, uid_map, spec
         self.image_key = image_key
         self._lock = threading.Lock()
         self.destroyed = False
 
     @property
-    def monitor_pid_host(self) -> int:
-        """The monitor's PID in the agent's PID namespace (ops and tests look it up)."""
-        return self.runtime.host_pid(self.monitor_pid)
+    def init_pid_host(self) -> int:
+        """The sandbox init's PID in the agent's PID namespace (ops and tests look it up)."""
+        return self.runtime.host_pid(self.init_pid)
 
     @property
     def cgroup_paths(self) -> dict[str, str]:
@@ -523,14 +543,19 @@ class Sandbox:
         return self.runtime.cgroups.stat(self.id)
 
     def _call(self, req: dict, max_bytes: int = framing.DEFAULT_MAX_BYTES) -> dict:
-        with self._lock:
-            if self.destroyed:
-                raise SandboxError(f"sandbox {self.id} is destroyed")
-            try:
-                framing.send_msg(self._sock, req)
-                reply = framing.recv_msg(self._sock, max_bytes=max_bytes)
-            except (framing.FramingError, OSError) as exc:
-                raise SandboxError(f"sandbox {self.id} monitor is gone: {exc}") from None
+        if self.destroyed:
+            raise SandboxError(f"sandbox {self.id} is destroyed")
+        if req["op"] != "exec":
+            reply = self.runtime._sandbox_op(self.id, req, max_bytes)
+        else:
+            with self._lock:
+                try:
+                    self._sock.settimeout(float(req["timeout_s"]) + EXEC_GRACE_S)
+                    framing.send_msg(self._sock, req)
+                    reply = sbxinit.checked_exec_reply(
+                        framing.recv_msg(self._sock, max_bytes=sbxinit.INIT_REPLY_MAX_BYTES))
+                except (framing.FramingError, OSError) as exc:
+                    raise SandboxError(f"sandbox {self.id} init is gone: {exc}") from None
         if not reply.get("ok"):
             raise SandboxError(f"sandbox {self.id}: {reply.get('error', 'unknown error')}")
         return reply
@@ -578,15 +603,15 @@ class Sandbox:
         return {"disk_used_bytes": r["disk_used_bytes"]}
 
     def destroy(self) -> None:
+        """Idempotent. Kills every process of the sandbox and drops its namespaces, mounts and
+        cgroups; raises SandboxError only if something could not be removed (a leak)."""
         if self.destroyed:
             return
+        self.destroyed = True
+        self._sock.close()
         try:
-            self._call({"op": "destroy"})
-        except SandboxError:
-            pass
+            self.runtime._call({"op": "destroy", "id": self.id})
         finally:
-            self.destroyed = True
-            self._sock.close()
             self.runtime._destroyed(self)
 
     def __enter__(self) -> "Sandbox":

@@ -1,20 +1,24 @@
-"""One sandbox: its monitor (outside, root of the node namespace) and its init (inside).
+"""One sandbox: its builder (outside, root of the node namespace) and its init (inside).
 
-The monitor is forked by the node init. It unshares a mount namespace, mounts a tmpfs capped
-by `size=` and `nr_inodes=`, an OverlayFS (`userxattr`) whose lower layer is the node's shared
-read-only squashfuse mount of the image and whose upper and work dirs live on that tmpfs, a
-minimal /dev, then unshares PID, network, IPC and UTS namespaces and forks the sandbox init.
+The builder is forked by the node init. It unshares a mount namespace, mounts a tmpfs capped
+by `size=` and `nr_inodes=`, an OverlayFS (`userxattr`; or fuse-overlayfs on kernels < 6.5)
+whose lower layer is the node's shared read-only squashfuse mount of the image and whose upper
+and work dirs live on that tmpfs, a minimal /dev, then unshares PID, network, IPC and UTS
+namespaces and forks the sandbox init. It hands its mount namespace (an fd) to the node init,
+the init's socket (an fd) to the agent, and exits: no process per sandbox but the init.
 
-The init (PID 1 of the sandbox) mounts a fresh /proc with sensitive paths masked, brings up
-`lo` (the only interface: no route leaves the sandbox), pivots into the overlay, then unshares
-a *child* user namespace whose uid/gid maps the monitor writes (`0 <slice base> <slice size>`:
-a disjoint slice of the node's subordinate ids per sandbox). From then on it owns no mount or
-network namespace: it cannot change its mounts or its network. It runs commands on request,
-each in its own session with rlimits, an output cap and a wall-clock kill.
+The init (PID 1 of the sandbox) joins its cgroups (fds the agent opened) and a new cgroup
+namespace, mounts a fresh /proc with sensitive paths masked, brings up `lo` (the only
+interface), pivots into the overlay, then unshares a *child* user namespace whose uid/gid maps
+the builder writes (`0 <slice base> <slice size>`: a disjoint slice of the node's subordinate
+ids per sandbox). From then on it owns no mount or network namespace. It runs commands on
+request, each in its own session with rlimits (for caps no cgroup enforces), the seccomp filter,
+an output cap and a wall-clock kill; with an egress socket it relays 127.0.0.1:3128 to it.
 
-The monitor reads the overlay's upper layer for `diff()`, writes files into the merged tree,
-and relays `exec` requests. Replies from the init are untrusted data (the workload shares its
-uid), checked for shape and size. Standard library and nodeagent.{nsutil,framing} only.
+File operations (`handle_op`: write, read, diff, apply) run in a short-lived fork of the node
+init that entered the sandbox's mount namespace. Replies from the init are untrusted data (the
+workload shares its uid): the agent checks their shape and size (`checked_exec_reply`).
+Standard library and nodeagent.{nsutil,framing,seccomp} only.
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ def _w(path: str, data: str) -> None:
         f.write(data)
 
 
-# --------------------------------------------------------------------------- monitor
+# --------------------------------------------------------------------------- builder
 
 def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
                 overlay: str = "kernel") -> tuple[str, subprocess.Popen | None]:
@@ -86,17 +90,17 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
 
 
 def _fuse_overlay(lower: str, sbx: str, root: str) -> subprocess.Popen:
-    """fuse-overlayfs in the foreground, a child of this monitor (killed on destroy)."""
+    """fuse-overlayfs in the foreground, a child of the builder (the node init kills it on destroy)."""
     argv = ["fuse-overlayfs", "-f", "-o",
             f"lowerdir={lower},upperdir={sbx}/upper,workdir={sbx}/work,allow_other,noxattrs=1", root]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL))
+    # No PDEATHSIG: the builder exits; the daemon lives in the node PID namespace (it dies with
+    # the node) and the node init kills it when the sandbox is destroyed.
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + FUSE_MOUNT_TIMEOUT_S
     while not _is_mountpoint(root):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-            raise RuntimeError(f"{argv} failed (exit {proc.wait()}): {err}")
+            raise RuntimeError(f"{argv} failed (exit {proc.wait()})")
         time.sleep(0.002)
     return proc
 
@@ -106,14 +110,15 @@ def _is_mountpoint(path: str) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
-def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
+def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
                 cgroup_fds: list[int] = (), seccomp_prog: bytes = b"") -> int:
-    """Entry point of a sandbox monitor (a fork of the node init). Returns the exit code."""
+    """Entry point of a sandbox builder (a fork of the node init). Builds the sandbox, hands its
+    mount namespace (an fd) to the node init and the init's socket (an fd) to the agent, exits."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sbx = os.path.join(sbx_root, req["id"])
     base, size = int(req["slice_base"]), int(req["slice_size"])
-    daemon = None
-    stages = {"monitor": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
+    daemon, pid = None, None
+    stages = {"builder": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
         nsutil.unshare(nsutil.CLONE_NEWNS)
         root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"))
@@ -127,6 +132,7 @@ def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
         if pid == 0:
             mon_end.close()
             agent.close()
+            zygote.close()
             code = 1
             try:
                 code = run_init(init_end, root, req.get("hostname", "sandbox"), list(cgroup_fds),
@@ -138,15 +144,24 @@ def run_monitor(agent: socket.socket, req: dict, lower: str, sbx_root: str,
         for fd in list(cgroup_fds) + ([egress_fd] if egress_fd is not None else []):
             os.close(fd)
         stages.update(_map_child(pid, base, size, mon_end))
+        uid_map = open(f"/proc/{pid}/uid_map").read().strip()
+        ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
+                                  "lower": lower, "daemon_pid": daemon.pid if daemon else None}, [ns_fd])
+        if framing.recv_msg(zygote, max_bytes=4096).get("ok") is not True:
+            raise RuntimeError("the node holder did not take the sandbox")
     except Exception as exc:
-        if daemon is not None:
-            daemon.kill()
+        for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         framing.send_msg(agent, {"ok": False, "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
         return 1
     stages["ready"] = time.monotonic()
-    framing.send_msg(agent, {"ok": True, "init_pid": pid, "stages": stages,
-                             "uid_map": open(f"/proc/{pid}/uid_map").read().strip()})
-    return Monitor(agent, mon_end, pid, root, sbx, base, lower, daemon).serve()
+    framing.send_msg(agent, {"ok": True, "init_pid": pid, "stages": stages, "uid_map": uid_map},
+                     [mon_end.fileno()])
+    return 0
 
 
 class InitConfig:
@@ -211,78 +226,32 @@ def _write_file(root: str, path: str, data: bytes, base: int, owner: str, mode: 
         os.close(fd)
 
 
-class Monitor:
-    def __init__(self, agent, init, init_pid, root, sbx, base, lower=None, daemon=None):
-        self.agent, self.init, self.init_pid = agent, init, init_pid
-        self.root, self.sbx, self.base = root, sbx, base
-        self.lower, self.daemon = lower, daemon
-
-    def serve(self) -> int:
-        while True:
-            try:
-                req = framing.recv_msg(self.agent)
-            except framing.FramingError:
-                req = {"op": "destroy"}
-            op = req.get("op")
-            try:
-                if op == "destroy":
-                    self.destroy()
-                    try:
-                        framing.send_msg(self.agent, {"ok": True})
-                    except OSError:
-                        pass
-                    return 0
-                reply = self.handle(op, req)
-            except Exception as exc:
-                reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            framing.send_msg(self.agent, reply)
-
-    def handle(self, op: str, req: dict) -> dict:
-        if op == "exec":
-            try:
-                framing.send_msg(self.init, req)
-                reply = framing.recv_msg(self.init, max_bytes=INIT_REPLY_MAX_BYTES)
-            except (framing.FramingError, OSError) as exc:
-                return {"ok": False, "error": f"sandbox init is gone: {exc}", "dead": True}
-            return _checked_exec_reply(reply)
-        if op == "write_files":
-            for path, data in req["files"].items():
-                _write_file(self.root, path, data, self.base, req.get("owner", "agent"),
-                            int(req.get("mode", 0o644)))
-            return {"ok": True}
-        if op == "read_file":
-            full = _resolve(self.root, req["path"])
-            with open(full, "rb") as f:
-                data = f.read(int(req.get("max_bytes", 1 << 20)) + 1)
-            return {"ok": True, "data": data[:int(req.get("max_bytes", 1 << 20))],
-                    "truncated": len(data) > int(req.get("max_bytes", 1 << 20))}
-        if op == "diff":
-            return {"ok": True, "changes": upper_diff(self.sbx, req.get("prefix", "/"),
-                                                      int(req.get("max_bytes", 8 << 20)), self.lower)}
-        if op == "apply":
-            apply_changes(self.root, req["changes"], self.base)
-            return {"ok": True}
-        if op == "usage":
-            st = os.statvfs(self.sbx)
-            return {"ok": True, "disk_used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize}
-        return {"ok": False, "error": f"unknown op {op!r}"}
-
-    def destroy(self) -> None:
-        try:
-            os.kill(self.init_pid, signal.SIGKILL)   # PID 1 of the sandbox: the kernel kills the rest
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(self.init_pid, 0)
-        except ChildProcessError:
-            pass
-        if self.daemon is not None:   # fuse-overlayfs: its mount goes with this namespace
-            self.daemon.kill()
-            self.daemon.wait()
-        # The mount namespace (tmpfs, overlay, /dev) goes away when this monitor exits.
+def handle_op(req: dict, rec: dict) -> dict:
+    """A file operation on a sandbox, run in a short-lived fork of the node init that has
+    entered the sandbox's mount namespace (`rec`: root, sbx, base, lower of the sandbox)."""
+    op, root, base = req.get("op"), rec["root"], rec["base"]
+    if op == "write_files":
+        for path, data in req["files"].items():
+            _write_file(root, path, data, base, req.get("owner", "agent"), int(req.get("mode", 0o644)))
+        return {"ok": True}
+    if op == "read_file":
+        cap = int(req.get("max_bytes", 1 << 20))
+        with open(_resolve(root, req["path"]), "rb") as f:
+            data = f.read(cap + 1)
+        return {"ok": True, "data": data[:cap], "truncated": len(data) > cap}
+    if op == "diff":
+        return {"ok": True, "changes": upper_diff(rec["sbx"], req.get("prefix", "/"),
+                                                  int(req.get("max_bytes", 8 << 20)), rec.get("lower"))}
+    if op == "apply":
+        apply_changes(root, req["changes"], base)
+        return {"ok": True}
+    if op == "usage":
+        st = os.statvfs(rec["sbx"])
+        return {"ok": True, "disk_used_bytes": (st.f_blocks - st.f_bfree) * st.f_frsize}
+    return {"ok": False, "error": f"unknown op {op!r}"}
 
 
-def _checked_exec_reply(reply) -> dict:
+def checked_exec_reply(reply) -> dict:
     ok = (isinstance(reply, dict) and isinstance(reply.get("exit_code"), int)
           and isinstance(reply.get("stdout"), bytes) and isinstance(reply.get("stderr"), bytes))
     if not ok:
@@ -428,7 +397,7 @@ def _lowerdir(merged: str) -> str | None:
 # --------------------------------------------------------------------------- init (PID 1)
 
 def _init_setup(root: str, hostname: str) -> None:
-    # Its own mount namespace: pivot_root must not move the monitor's root as well.
+    # Its own mount namespace: pivot_root must not move the builder's root as well.
     nsutil.unshare(nsutil.CLONE_NEWNS)
     nsutil.sethostname(hostname)
     proc = os.path.join(root, "proc")
@@ -460,7 +429,8 @@ def _join_cgroups(fds: list[int]) -> None:
 def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int] = (),
              cfg: "InitConfig | None" = None) -> int:
     cfg = cfg or InitConfig()
-    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
+    # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
+    # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
     stages = {"init_start": time.monotonic()}
     try:
         _join_cgroups(list(cgroup_fds))
@@ -476,7 +446,6 @@ def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int]
         return 1
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
-    nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
     nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
     if cfg.egress_fd is not None:

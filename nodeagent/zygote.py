@@ -9,7 +9,8 @@ PID namespace and forks stage 2, the node init, which:
 - mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
   (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
   works), shared by every sandbox of the node;
-- forks one monitor per sandbox (see `nodeagent.sbxinit`).
+- forks one builder per sandbox (see `nodeagent.sbxinit`), keeps the sandbox's mount namespace
+  (an fd) and its init's PID, forks a short-lived helper per file operation, kills on destroy.
 
 Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the kernel kills
 every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import select
 import selectors
 import signal
 import socket
@@ -32,6 +34,7 @@ import time
 from nodeagent import framing, nsutil, sbxinit, seccomp
 
 MOUNT_TIMEOUT_S = 10.0
+DESTROY_TIMEOUT_S = 10.0
 
 
 def _mounted(path: str) -> bool:
@@ -46,7 +49,8 @@ class NodeInit:
         self.images_dir = os.path.join(state_dir, "images")
         self.sbx_dir = os.path.join(state_dir, "sbx")
         self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
-        self.monitors: dict[int, str] = {}             # pid -> sandbox id
+        self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
+        self.sel = selectors.DefaultSelector()
         self.seccomp_prog = b""                        # built once, installed before each exec
 
     def setup(self) -> None:
@@ -59,23 +63,46 @@ class NodeInit:
         self.seccomp_prog = seccomp.build()
 
     def serve(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self.ctl, selectors.EVENT_READ)
+        self.sel.register(self.ctl, selectors.EVENT_READ)
         while True:
-            if sel.select(timeout=0.5):
-                try:
-                    req, fds = framing.recv_msg(self.ctl, with_fds=True)
-                except framing.FramingError:
-                    return   # the agent went away: exiting tears the node namespace down
-                try:
-                    reply = self.handle(req, fds)
-                except Exception as exc:  # an operating error: report it, keep serving
-                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-                finally:
-                    for fd in fds:
-                        os.close(fd)
-                framing.send_msg(self.ctl, reply)
+            for key, _ in self.sel.select(timeout=0.5):
+                if key.fileobj is self.ctl:
+                    if not self.serve_agent():
+                        return   # the agent went away: exiting tears the node namespace down
+                else:
+                    self.take_sandbox(key.fileobj)
             self.reap()
+
+    def serve_agent(self) -> bool:
+        try:
+            req, fds = framing.recv_msg(self.ctl, with_fds=True)
+        except framing.FramingError:
+            return False
+        try:
+            reply = self.handle(req, fds)
+        except Exception as exc:  # an operating error: report it, keep serving
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        framing.send_msg(self.ctl, reply)
+        return True
+
+    def take_sandbox(self, sock: socket.socket) -> None:
+        """A builder reports a finished sandbox and hands over its mount namespace."""
+        self.sel.unregister(sock)
+        try:
+            rec, fds = framing.recv_msg(sock, max_bytes=65536, with_fds=True)
+            if len(fds) != 1 or rec.get("id") is None:
+                raise framing.FramingError(f"bad report from a builder: {rec}")
+            rec["mnt_fd"] = fds[0]
+            rec["pidfd"] = os.pidfd_open(int(rec["init_pid"]))
+            self.sandboxes[rec["id"]] = rec
+            framing.send_msg(sock, {"ok": True})
+        except (framing.FramingError, OSError):
+            pass   # the builder failed; it reported that to the agent itself
+        finally:
+            sock.close()
 
     def reap(self) -> None:
         while True:
@@ -85,7 +112,7 @@ class NodeInit:
                 return
             if pid == 0:
                 return
-            self.monitors.pop(pid, None)
+            # builders, sandbox inits, fuse-overlayfs daemons: all children of this PID 1
 
     def handle(self, req: dict, fds: list[int]) -> dict:
         op = req.get("op")
@@ -99,6 +126,12 @@ class NodeInit:
             if not fds:
                 return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
             return self.create(req, fds)
+        if op == "sbx_op":
+            if len(fds) != 1:
+                return {"ok": False, "error": "sbx_op needs exactly one reply socket fd"}
+            return self.sandbox_op(req, fds[0])
+        if op == "destroy":
+            return self.destroy(req["id"])
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def mount_image(self, key: str, path: str, offset: int) -> dict:
@@ -144,21 +177,102 @@ class NodeInit:
         mnt = os.path.join(self.images_dir, req["image_key"])
         if req["image_key"] not in self.fuse:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
+        if req["id"] in self.sandboxes:
+            return {"ok": False, "error": f"sandbox {req['id']} exists"}
         dups = [os.dup(fd) for fd in fds]
+        ours, theirs = socket.socketpair()
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                self.ctl.close()
+                # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
+                _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
                 sock = socket.socket(fileno=dups[0])
-                code = sbxinit.run_monitor(sock, req, lower=mnt, sbx_root=self.sbx_dir,
+                code = sbxinit.run_builder(sock, theirs, req, lower=mnt, sbx_root=self.sbx_dir,
                                            cgroup_fds=dups[1:], seccomp_prog=self.seccomp_prog)
             finally:
                 os._exit(code)
+        theirs.close()
         for fd in dups:
             os.close(fd)
-        self.monitors[pid] = req["id"]
+        self.sel.register(ours, selectors.EVENT_READ)
         return {"ok": True, "pid": pid}
+
+    def sandbox_op(self, req: dict, fd: int) -> dict:
+        """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
+        rec = self.sandboxes.get(req.get("id"))
+        if rec is None:
+            return {"ok": False, "error": f"no sandbox {req.get('id')!r}"}
+        dup = os.dup(fd)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _close_fds_except({0, 1, 2, dup, rec["mnt_fd"]})
+                sock = socket.socket(fileno=dup)
+                try:
+                    nsutil.setns(rec["mnt_fd"], nsutil.CLONE_NEWNS)
+                    reply = sbxinit.handle_op(req["req"], rec)
+                except Exception as exc:  # reported to the agent, which raises SandboxError
+                    reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+                framing.send_msg(sock, reply)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(dup)
+        return {"ok": True}
+
+    def destroy(self, sid: str) -> dict:
+        """Kill the sandbox's PID 1 (the kernel kills the rest of its PID namespace), drop its
+        mount namespace (tmpfs, overlay, /dev go with it) and its mountpoint directory."""
+        rec = self.sandboxes.pop(sid, None)
+        if rec is None:
+            return {"ok": True}   # idempotent
+        leaked = []
+        for pid, pidfd in ((rec["init_pid"], rec["pidfd"]), (rec.get("daemon_pid"), None)):
+            if pid and not _kill_and_wait(int(pid), pidfd, DESTROY_TIMEOUT_S):
+                leaked.append(pid)
+        os.close(rec["mnt_fd"])
+        os.close(rec["pidfd"])
+        try:
+            os.rmdir(rec["sbx"])
+        except OSError:
+            pass
+        if leaked:
+            return {"ok": False, "error": f"sandbox {sid}: processes {leaked} did not die in {DESTROY_TIMEOUT_S}s"}
+        return {"ok": True}
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    lo = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 20)
+
+
+def _kill_and_wait(pid: int, pidfd: int | None, timeout_s: float) -> bool:
+    own = pidfd is None
+    try:
+        if own:
+            pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        if ready:
+            try:
+                os.waitpid(pid, os.WNOHANG)   # it is our child (reparented to this PID 1)
+            except ChildProcessError:
+                pass
+        return bool(ready)
+    finally:
+        if own:
+            os.close(pidfd)
 
 
 def main(argv: list[str] | None = None) -> int:

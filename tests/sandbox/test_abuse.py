@@ -191,12 +191,21 @@ def test_a_process_that_daemonizes_does_not_outlive_its_sandbox(runtime, busybox
     sb = runtime.create(SandboxSpec(image=busybox_image, limits=LIMITS))
     _verify_caps(sb)
     sh(sb, "setsid sh -c 'trap \"\" HUP TERM; sleep 1000' </dev/null >/dev/null 2>&1 & "
-           "until ps | grep -q '[s]leep 1000'; do :; done")
-    monitor = psutil.Process(sb.monitor_pid_host)
-    tree = monitor.children(recursive=True)
+           "until ps -o comm | grep -qx sleep; do :; done")
+    init = psutil.Process(sb.init_pid_host)
+    tree = [init] + init.children(recursive=True)
     assert any(p.name() == "sleep" for p in tree)
     cgroups = list(sb.cgroup_paths.values())
     sb.destroy()
     psutil.wait_procs(tree, timeout=5)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not [d for d in cgroups if os.path.exists(d)]
+
+
+def test_a_sandbox_init_holds_no_fd_of_another_sandbox(runtime, busybox_image, box):
+    with runtime.create(SandboxSpec(image=busybox_image, limits=LIMITS)) as other:
+        _verify_caps(other)
+        for sb in (box, other):
+            pid = sb.init_pid_host
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            assert all(ln.startswith(("socket:", "pipe:", "/dev/null")) for ln in links), links

@@ -57,21 +57,36 @@ def run_root():
     shutil.rmtree(d, ignore_errors=True)
 
 
+def held_ns(pid: int) -> set[str]:
+    """Namespaces a process holds open by fd (the node init keeps each sandbox's mount ns)."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.split(":")[0] in NS_KINDS:
+            out.add(link)
+    return out
+
+
 def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_image):
+    held_before = held_ns(psutil.Process(runtime.holder_pid).children()[0].pid)
     sb = runtime.create(SandboxSpec(image=busybox_image))
     sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"])
-    monitor = psutil.Process(sb.monitor_pid_host)
-    tree = [monitor] + monitor.children(recursive=True)
-    assert len(tree) >= 3   # monitor, init, the stray sleep
-    sandbox_ns = set().union(*(ns_ids(p.pid) for p in tree[1:])) - ns_ids(runtime.holder_pid)
-    mon_mnt = os.readlink(f"/proc/{monitor.pid}/ns/mnt")
+    init = psutil.Process(sb.init_pid_host)
+    tree = [init] + init.children(recursive=True)
+    assert len(tree) >= 2   # init, the stray sleep
+    node_init = psutil.Process(runtime.holder_pid).children()[0].pid
+    sandbox_ns = set().union(*(ns_ids(p.pid) for p in tree)) - ns_ids(node_init)
+    held = held_ns(node_init) - held_before   # the builder's mount ns (tmpfs, overlay, /dev)
     cgroups = list(sb.cgroup_paths.values())
-    assert len(sandbox_ns) >= 6 and all(os.path.isdir(d) for d in cgroups)
+    assert len(sandbox_ns) >= 7 and len(held) == 1 and all(os.path.isdir(d) for d in cgroups)
     sb.destroy()
     psutil.wait_procs(tree, timeout=5)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    live = live_ns_ids()
-    assert not (sandbox_ns | {mon_mnt}) & live   # its namespaces, and the tmpfs/overlay in them, are gone
+    live = live_ns_ids() | held_ns(node_init)
+    assert not (sandbox_ns | held) & live   # its namespaces, and the mounts in them, are gone
     assert not [d for d in cgroups if os.path.exists(d)]
 
 
@@ -96,7 +111,7 @@ def test_sigkilled_agent_leaves_nothing_after_the_next_start(busybox_image, run_
         holder_pid, state_dir, node_name = agent.stdout.readline().decode().split()
         holder = psutil.Process(int(holder_pid))
         tree = [holder] + holder.children(recursive=True)
-        assert len(tree) >= 8   # holder, node init, squashfuse, 2 × (monitor, init, sleep)
+        assert len(tree) >= 7   # holder, node init, squashfuse, 2 × (init, sleep)
         their_ns = set().union(*(ns_ids(p.pid) for p in tree)) - ns_ids(os.getpid())
         assert cgroup_dirs(node_name)
         os.kill(agent.pid, signal.SIGKILL)
