@@ -58,6 +58,8 @@ class NodeView:
     last_seen_wall: float = 0.0  # unix seconds
     health: dict = field(default_factory=dict)
     state: str = LIVE
+    drain_requested: bool = False  # by a client (drain_node), not by the agent itself
+    drain_deadline_s: Optional[float] = None
 
     def free(self) -> int:
         if self.state != LIVE:
@@ -203,9 +205,15 @@ class BrokerCore:
         if view is None or msg.node is None:
             return  # a controller-style heartbeat from a peer: only proves it is alive
         view.active, view.slots_free, view.health = msg.active, msg.slots_free, msg.health
+        if msg.slots_free > 0:  # the agent takes work: a drain it never got, or a stale ready
+            if view.drain_requested:
+                self._send(identity, P.Drain(reason="drain requested",
+                                             deadline_s=view.drain_deadline_s))
+            else:
+                view.state, view.credit = LIVE, view.slots
         if msg.images is not None:
             view.images = set(msg.images)
-        self.queue.renew(view.node)
+        self.queue.renew(view.node, msg.held)
 
     def _on_started(self, identity, msg: P.Started, view) -> None:
         c = self.queue.mark_running(msg.rollout_id, msg.attempt, msg.token)
@@ -297,7 +305,7 @@ class BrokerCore:
             batch_id, n, _dup = self.queue.submit_batch(msg.idem, items, msg.n_per_task)
         except ValueError as exc:
             return self._refuse(identity, msg, "bad_request", str(exc))
-        self._send(identity, P.Submitted(batch_id=batch_id, rollouts=n))
+        self._send(identity, P.Submitted(batch_id=batch_id, rollouts=n, ref=msg.id))
 
     def _on_publish_policy(self, identity, msg: P.PublishPolicy, _view) -> None:
         try:
@@ -319,13 +327,13 @@ class BrokerCore:
                 self._send(view.identity, P.Reject(rollout_id=rid, attempt=attempt,
                                                    token=token, reason="cancelled"))
         self._commits += 1  # watchers of the batch: it may be done now
-        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts))
+        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id))
 
     def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
         view = self.nodes.get(msg.node)
         if view is None or view.state == LOST:
             return self._refuse(identity, msg, "unknown_node", f"no live node {msg.node!r}")
-        view.state = DRAINING
+        view.state, view.drain_requested, view.drain_deadline_s = DRAINING, True, msg.deadline_s
         log.info("node %s: drain requested (deadline %s s)", msg.node, msg.deadline_s)
         self._send(view.identity, P.Drain(reason="drain requested", deadline_s=msg.deadline_s))
         self._send(identity, P.Ack(ref=msg.id, ok=True))
@@ -350,13 +358,13 @@ class BrokerCore:
         if done and self.catalog is not None:
             self.catalog.flush()  # the trainer reads DuckDB once the batch is done
         self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
-                                       done=done))
+                                       done=done, ref=msg.id))
         return True
 
     def _on_status(self, identity, msg: P.Status, _view) -> None:
         snap = self.snapshot()
         self._send(identity, P.StatusReply(counts=snap["counts"], nodes=snap["nodes"],
-                                           counters=snap["counters"]))
+                                           counters=snap["counters"], ref=msg.id))
 
     def _on_shutdown(self, identity, msg: P.Shutdown, _view) -> None:
         for n in self.nodes.values():

@@ -82,11 +82,7 @@ def _match(msg: P.Message, reply: P.Message, expect: tuple[type, ...]) -> Option
     replies of earlier tries, controller heartbeats, welcomes)."""
     if isinstance(reply, P.Ack) and reply.ref == msg.id and not reply.ok:
         raise _refused(reply)
-    if isinstance(reply, expect):
-        if isinstance(reply, P.Ack) and reply.ref != msg.id:
-            return None
-        if isinstance(reply, P.Results) and reply.batch_id != getattr(msg, "batch_id", None):
-            return None
+    if isinstance(reply, expect) and getattr(reply, "ref", None) == msg.id:
         return reply
     return None
 

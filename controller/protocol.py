@@ -18,12 +18,14 @@ Must not import zmq, sqlite3 or anything that does I/O.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
+import os
 import typing
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Callable, ClassVar, Literal, Optional, Union
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20  # 1 MiB, checked on both encode and decode
@@ -69,8 +71,21 @@ class LocalProtocolError(ProtocolError):
     """We tried to send a bad message: a bug on this side."""
 
 
+_ID_PREFIX = uuid.uuid4().hex[:16]  # per process: ids are unique without a syscall each
+_ID_COUNTER = itertools.count(1)
+
+
+def _new_id_prefix() -> None:
+    global _ID_PREFIX, _ID_COUNTER
+    _ID_PREFIX, _ID_COUNTER = uuid.uuid4().hex[:16], itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_id_prefix)  # a forked child must not reuse ids
+
+
 def new_msg_id() -> str:
-    return uuid.uuid4().hex
+    """32 hex chars: a random per-process prefix and a counter."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 # --------------------------------------------------------------------------------------
@@ -82,7 +97,7 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def body(self) -> dict[str, Any]:
-        return {f.name: _to_json(getattr(self, f.name)) for f in _body_fields(type(self))}
+        return {name: _to_json(getattr(self, name)) for name in _schema(type(self))[1]}
 
     def check(self) -> None:
         """Cross-field rules beyond the per-field types; raise ProtocolError(BAD_FIELD)."""
@@ -115,6 +130,7 @@ class Heartbeat(Message):
     active: Optional[int] = None
     health: Optional[dict] = None
     images: Optional[list[str]] = None  # agent only: image digests now mounted on the node
+    held: Optional[list[str]] = None  # agent only: rollouts it runs; only these are renewed
     id: str = _id_field()
 
     def check(self) -> None:
@@ -267,6 +283,7 @@ class Submitted(Message):
     TYPE: ClassVar[str] = "submitted"
     batch_id: str
     rollouts: int
+    ref: str = ""  # the id of the submit this answers
     id: str = _id_field()
 
 
@@ -296,6 +313,7 @@ class Results(Message):
     items: list[dict]
     cursor: int
     done: bool
+    ref: str = ""  # the id of the watch this answers
     id: str = _id_field()
 
 
@@ -312,6 +330,7 @@ class Cancelled(Message):
     TYPE: ClassVar[str] = "cancelled"
     batch_id: str
     rollouts: int  # how many rollouts this cancel moved to cancelled
+    ref: str = ""  # the id of the cancel this answers
     id: str = _id_field()
 
 
@@ -336,6 +355,7 @@ class StatusReply(Message):
     counts: dict
     nodes: list[dict]
     counters: dict = field(default_factory=dict)  # broker counters (dispatched, dropped...)
+    ref: str = ""  # the id of the status request this answers
     id: str = _id_field()
 
 
@@ -365,7 +385,8 @@ def encode(msg: Message, deployment: str) -> bytes:
         raise LocalProtocolError(UNKNOWN_TYPE, f"{cls.__name__} is not a registered message")
     try:
         body = msg.body()
-        _build(cls, body)  # same validation the receiver will run
+        _checked_body(cls, body)  # same validation the receiver will run
+        msg.check()
     except ProtocolError as e:
         raise LocalProtocolError(e.reason, e.detail, e.field) from None
     frame = {"v": PROTOCOL_VERSION, "dep": deployment, "type": cls.TYPE, "id": msg.id,
@@ -436,19 +457,38 @@ def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
     return got
 
 
-def _build(cls: type[Message], body: dict, msg_id: str | None = None) -> Message:
-    hints, fields = _schema(cls)
-    extra = set(body) - set(fields)
-    if extra:
-        name = sorted(extra)[0]
+def _checked_body(cls: type[Message], body: dict) -> dict[str, Any]:
+    """The body's fields validated and converted; raises ProtocolError(BAD_FIELD)."""
+    fields = _schema(cls)[1]
+    if not body.keys() <= fields.keys():
+        name = sorted(body.keys() - fields.keys())[0]
         raise ProtocolError(BAD_FIELD, f"{cls.TYPE}: unknown field {name!r}", field=name)
     kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
+    for name, (check, required) in _field_checkers(cls).items():
         if name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if required:
                 raise ProtocolError(BAD_FIELD, f"{cls.TYPE}: missing field {name!r}", field=name)
             continue
-        kwargs[name] = _check_value(body[name], hints[name], name, cls.TYPE)
+        kwargs[name] = check(body[name], name, cls.TYPE)
+    return kwargs
+
+
+_FIELD_CHECKERS: dict[type, dict[str, tuple[Checker, bool]]] = {}
+
+
+def _field_checkers(cls: type[Message]) -> dict[str, tuple[Checker, bool]]:
+    got = _FIELD_CHECKERS.get(cls)
+    if got is None:
+        hints, fields = _schema(cls)
+        got = _FIELD_CHECKERS[cls] = {
+            name: (_checker(hints[name]), f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING)
+            for name, f in fields.items()}
+    return got
+
+
+def _build(cls: type[Message], body: dict, msg_id: str | None = None) -> Message:
+    kwargs = _checked_body(cls, body)
     if msg_id is not None:
         kwargs["id"] = msg_id
     msg = cls(**kwargs)
@@ -471,67 +511,106 @@ def _type_name(tp: Any) -> str:
 
 def _check_value(value: Any, tp: Any, path: str, mtype: str) -> Any:
     """Return `value` converted to `tp` (ints widen to float, dicts to dataclasses)."""
-    def bad() -> ProtocolError:
+    return _checker(tp)(value, path, mtype)
+
+
+Checker = Callable[[Any, str, str], Any]
+_CHECKERS: dict[Any, Checker] = {}
+
+
+def _checker(tp: Any) -> Checker:
+    """The validating converter for one annotation, built once (the hot path of decode)."""
+    got = _CHECKERS.get(tp)
+    if got is None:
+        got = _CHECKERS[tp] = _compile(tp)
+    return got
+
+
+def _compile(tp: Any) -> Checker:
+    def bad(value: Any, path: str, mtype: str) -> ProtocolError:
         return ProtocolError(BAD_FIELD, f"{mtype}: field {path!r} must be {_type_name(tp)}, "
                              f"got {type(value).__name__} {value!r:.60}", field=path)
-    origin = typing.get_origin(tp)
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
-        for arm in typing.get_args(tp):
-            if arm is type(None) and value is None:
+        nullable = type(None) in args
+        arms = [_checker(a) for a in args if a is not type(None)]
+
+        def check(v, path, mtype):
+            if v is None and nullable:
                 return None
-        for arm in typing.get_args(tp):
-            if arm is not type(None):
+            for arm in arms:
                 try:
-                    return _check_value(value, arm, path, mtype)
+                    return arm(v, path, mtype)
                 except ProtocolError:
                     pass
-        raise bad()
-    if origin is Literal:
-        if not isinstance(value, str) or value not in typing.get_args(tp):
-            raise bad()
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise bad()
-        (item_tp,) = typing.get_args(tp)
-        return [_check_value(v, item_tp, f"{path}[{i}]", mtype) for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad()
-        _, val_tp = typing.get_args(tp)
-        return {k: _check_value(v, val_tp, f"{path}.{k}", mtype) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            value = dataclasses.asdict(value)
-        if not isinstance(value, dict) or set(value) != {f.name for f in dataclasses.fields(tp)}:
-            raise bad()
-        hints = _schema(tp)[0]
-        return tp(**{k: _check_value(v, hints[k], f"{path}.{k}", mtype)
-                     for k, v in value.items()})
-    if tp is bool:
-        if type(value) is not bool:
-            raise bad()
-        return value
-    if tp is int:
-        if type(value) is not int or (path.split(".")[-1] in _NON_NEGATIVE and value < 0):
-            raise bad()
-        return value
-    if tp is float:
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise bad()
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise bad()
-        return value
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise bad()
-        return value
-    raise AssertionError(f"protocol schema uses unsupported type {tp!r} at {mtype}.{path}")
+            raise bad(v, path, mtype)
+    elif origin is Literal:
+        allowed = frozenset(args)
+
+        def check(v, path, mtype):
+            if not isinstance(v, str) or v not in allowed:
+                raise bad(v, path, mtype)
+            return v
+    elif origin is list:
+        item, item_tp = _checker(args[0]), args[0]
+
+        def check(v, path, mtype):
+            if not isinstance(v, list):
+                raise bad(v, path, mtype)
+            if item_tp is str and all(isinstance(x, str) for x in v):
+                return v
+            return [item(x, f"{path}[{i}]", mtype) for i, x in enumerate(v)]
+    elif origin is dict:
+        val, val_tp = _checker(args[1]), args[1]
+
+        def check(v, path, mtype):
+            if not isinstance(v, dict):
+                raise bad(v, path, mtype)
+            if val_tp is str and all(isinstance(x, str) for x in v.values()):
+                return v
+            return {k: val(x, f"{path}.{k}", mtype) for k, x in v.items()}
+    elif dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        names = frozenset(f.name for f in dataclasses.fields(tp))
+
+        def check(v, path, mtype):
+            if isinstance(v, tp):
+                v = dataclasses.asdict(v)
+            if not isinstance(v, dict) or set(v) != names:
+                raise bad(v, path, mtype)
+            return tp(**{k: _checker(hints[k])(x, f"{path}.{k}", mtype) for k, x in v.items()})
+    elif tp is bool:
+        def check(v, path, mtype):
+            if type(v) is not bool:
+                raise bad(v, path, mtype)
+            return v
+    elif tp is int:
+        def check(v, path, mtype):
+            if type(v) is not int or (v < 0 and path.rpartition(".")[2] in _NON_NEGATIVE):
+                raise bad(v, path, mtype)
+            return v
+    elif tp is float:
+        def check(v, path, mtype):
+            if type(v) not in (int, float) or not math.isfinite(v):
+                raise bad(v, path, mtype)
+            return float(v)
+    elif tp is str:
+        def check(v, path, mtype):
+            if not isinstance(v, str):
+                raise bad(v, path, mtype)
+            return v
+    elif tp is dict:
+        def check(v, path, mtype):
+            if not isinstance(v, dict):
+                raise bad(v, path, mtype)
+            return v
+    else:
+        raise AssertionError(f"protocol schema uses unsupported type {tp!r}")
+    return check
 
 
 def _to_json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+    if isinstance(value, PolicyRef):
         return dataclasses.asdict(value)
     return value

@@ -409,14 +409,21 @@ class RolloutQueue:
                 self._move(row, VERIFYING, now, lease_deadline=now + self.config.lease_ttl_s)
         return Completion(True, None, False)
 
-    def renew(self, node: str) -> int:
-        """Extend the deadline of every lease `node` holds; returns how many."""
+    def renew(self, node: str, rollout_ids: Optional[Sequence[str]] = None) -> int:
+        """Extend the deadline of the leases `node` holds (only those of `rollout_ids` when
+        given: a lease the node never received must not be kept alive by its heartbeats);
+        returns how many."""
         with self._tx():
             now = self.clock()
-            cur = self._db.execute(
-                f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
-                f" AND state IN ({_qs(HELD)})", (now + self.config.lease_ttl_s, now, node, *HELD))
-            return cur.rowcount
+            sql = (f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
+                   f" AND state IN ({_qs(HELD)})")
+            args = [now + self.config.lease_ttl_s, now, node, *HELD]
+            if rollout_ids is not None:
+                if not rollout_ids:
+                    return 0
+                sql += f" AND rollout_id IN ({_qs(rollout_ids)})"
+                args += list(rollout_ids)
+            return self._db.execute(sql, args).rowcount
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
                  reward: Optional[float], shards: dict[str, str], infra_reason: Optional[str],

@@ -18,6 +18,7 @@ touched only by this loop; workers hand results back through a queue). Rules:
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import queue
@@ -62,6 +63,8 @@ class NodeAgent:
         self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
         self.active: dict[str, Attempt] = {}
         self.abandoned: set[tuple[str, int]] = set()  # (rollout, token) not to report
+        self.finished: set[int] = set()  # tokens of attempts run (the last 4096)
+        self._finished_order: collections.deque = collections.deque()
         self.unacked: dict[str, _Pending] = {}  # result message id -> pending
         self.done: queue.Queue = queue.Queue()
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
@@ -208,8 +211,8 @@ class NodeAgent:
 
     def _on_lease(self, msg: P.Lease) -> None:
         a = self.active.get(msg.rollout_id)
-        if a is not None and a.token == msg.token:
-            return  # a duplicate delivery of a lease we already run
+        if (a is not None and a.token == msg.token) or msg.token in self.finished:
+            return  # a duplicate delivery of a lease we run or ran
         if self.draining or len(self.active) >= self.slots:
             self._send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt,
                                  token=msg.token, reason="draining" if self.draining
@@ -248,6 +251,10 @@ class NodeAgent:
             if self.active.get(a.rollout_id) is a:
                 del self.active[a.rollout_id]
             self.completed += 1
+            self.finished.add(a.token)
+            self._finished_order.append(a.token)
+            if len(self._finished_order) > 4096:
+                self.finished.discard(self._finished_order.popleft())
             self.infra_errors += outcome == "infra_error"
             msg = P.Result(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
                            outcome=outcome, reward=reward, shards=shards, infra_reason=infra,
@@ -265,8 +272,9 @@ class NodeAgent:
     def _heartbeat(self) -> None:
         from nodeagent.health import sampler_for   # health figures + JSON-lines stream (docs/operations.md)
         health = sampler_for(self).sample()
+        held = sorted(set(self.active) | {p.msg.rollout_id for p in self.unacked.values()})
         self._send(P.Heartbeat(node=self.node, slots_free=self._free(), active=len(self.active),
-                               health=health, images=sorted(self.images)))
+                               health=health, images=sorted(self.images), held=held))
 
 
 def main(argv: list[str] | None = None) -> int:

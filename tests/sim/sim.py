@@ -1,0 +1,430 @@
+"""Deterministic simulation of the controller: the real BrokerCore and RolloutQueue (a real
+SQLite file), simulated node agents, trainer, network and clock, and seeded faults.
+
+Everything that varies comes from one `random.Random(seed)`: message loss, delay (and so
+reordering), duplication, agent crash and restart, agent drain, controller crash (the
+objects are dropped without close, the database file stays) and restart, clock jumps.
+`World.run()` checks the safety invariants after every tick while faults are on, then
+heals the faults and checks liveness: every rollout ends committed or dead-lettered within
+a bound of simulated time, and the trainer got each of those results exactly once.
+
+The simulated agent follows the same rules as nodeagent/agent.py (credit, Started, results
+resent until acked, re-register on an unsolicited welcome, reconnect on silence, drain with
+release); the network delivers encoded frames, so decode/validation runs for real.
+"""
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from controller import protocol as P
+from controller import queue as qm
+from controller.broker import BrokerCore
+from controller.queue import QueueConfig, RolloutQueue
+
+DEP = "sim"
+CTL = b"controller"
+TRAINER = b"trainer"
+TASKS = {f"t{i}": {"task_id": f"t{i}", "image_digest": f"sha256:{i:02x}"} for i in range(3)}
+TICK_S = 0.5
+
+
+class SimClock:
+    """Monotonic and wall time of the world; a jump moves both forward."""
+
+    def __init__(self, start: float = 1_700_000_000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Faults:
+    loss: float = 0.0
+    dup: float = 0.0
+    delay_max_s: float = 0.0
+    agent_crash: float = 0.0
+    agent_drain: float = 0.0
+    controller_crash: float = 0.0
+    clock_jump: float = 0.0
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> "Faults":
+        return cls(loss=rng.uniform(0, 0.15), dup=rng.uniform(0, 0.1),
+                   delay_max_s=rng.uniform(0, 2.0), agent_crash=rng.uniform(0, 0.006),
+                   agent_drain=rng.uniform(0, 0.003), controller_crash=rng.uniform(0, 0.01),
+                   clock_jump=rng.uniform(0, 0.004))
+
+
+class Network:
+    """Frames in flight: (deliver_at, seq, dst, src, bytes). Faults apply at send."""
+
+    def __init__(self, rng: random.Random, clock: SimClock):
+        self.rng, self.clock = rng, clock
+        self.faults = Faults()
+        self.heap: list[tuple[float, int, bytes, bytes, bytes]] = []
+        self.seq = 0
+
+    def send(self, src: bytes, dst: bytes, msg: P.Message) -> None:
+        data = P.encode(msg, DEP)
+        copies = 0 if self.rng.random() < self.faults.loss else 1
+        if copies and self.rng.random() < self.faults.dup:
+            copies = 2
+        for _ in range(copies):
+            self.seq += 1
+            at = self.clock.now + self.rng.uniform(0, self.faults.delay_max_s)
+            heapq.heappush(self.heap, (at, self.seq, dst, src, data))
+
+    def due(self) -> list[tuple[bytes, bytes, bytes]]:
+        out = []
+        while self.heap and self.heap[0][0] <= self.clock.now:
+            _, _, dst, src, data = heapq.heappop(self.heap)
+            out.append((dst, src, data))
+        return out
+
+    def drop_to(self, dst: bytes) -> None:
+        self.heap = [f for f in self.heap if f[2] != dst]
+        heapq.heapify(self.heap)
+
+
+@dataclass
+class Running:
+    lease: P.Lease
+    done_at: float
+
+
+class SimAgent:
+    """A node agent: the rules of nodeagent/agent.py on the simulated network."""
+
+    def __init__(self, world: "World", node: str, slots: int):
+        self.w, self.node, self.slots = world, node, slots
+        self.ident = node.encode()
+        self.up = True
+        self.restart_at = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.active: dict[str, Running] = {}
+        self.finished: set[int] = set()  # tokens of attempts this agent ran
+        self.unacked: dict[str, tuple[P.Result, float]] = {}
+        self.draining = False
+        self.drain_by = 0.0
+        self.awaiting = False
+        self.last_rx = self.last_hb = self.w.clock.now
+        self.backoff_s = self.w.hb_s
+
+    def send(self, msg: P.Message) -> None:
+        self.w.net.send(self.ident, CTL, msg)
+
+    def register(self) -> None:
+        self.awaiting = True
+        held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
+        self.send(P.Register(node=self.node, slots=self.slots, images=[], mem_free_mb=1,
+                             agent_version="sim", held=held))
+        self.send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
+
+    def free(self) -> int:
+        return 0 if self.draining else max(self.slots - len(self.active), 0)
+
+    def crash(self, down_s: float) -> None:
+        self.up, self.restart_at = False, self.w.clock.now + down_s
+        self.w.net.drop_to(self.ident)
+
+    def receive(self, msg: P.Message) -> None:
+        self.last_rx = self.w.clock.now
+        if isinstance(msg, P.Lease):
+            run = self.active.get(msg.rollout_id)
+            if (run is not None and run.lease.token == msg.token) or msg.token in self.finished:
+                return
+            if self.draining or len(self.active) >= self.slots:
+                self.send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt,
+                                    token=msg.token, reason="no slot"))
+                return
+            self.w.leases_seen.append(msg)
+            self.active[msg.rollout_id] = Running(msg, self.w.clock.now +
+                                                  self.w.rng.uniform(0.2, 6.0))
+            self.send(P.Started(rollout_id=msg.rollout_id, attempt=msg.attempt, token=msg.token))
+        elif isinstance(msg, P.Welcome):
+            if self.awaiting:
+                self.awaiting, self.backoff_s = False, self.w.hb_s
+                for r, _ in self.unacked.values():
+                    self.send(r)
+            else:
+                self.register()
+        elif isinstance(msg, P.Ack):
+            self.unacked.pop(msg.ref, None)
+        elif isinstance(msg, P.Reject):
+            for key, (r, _) in list(self.unacked.items()):
+                if (r.rollout_id, r.token) == (msg.rollout_id, msg.token):
+                    del self.unacked[key]
+            run = self.active.get(msg.rollout_id)
+            if run is not None and run.lease.token == msg.token:
+                del self.active[msg.rollout_id]
+        elif isinstance(msg, P.Drain):
+            self.drain(msg.deadline_s or 2.0)
+
+    def drain(self, deadline_s: float) -> None:
+        if not self.draining:
+            self.draining, self.drain_by = True, self.w.clock.now + deadline_s
+            self.send(P.Ready(node=self.node, credit=0, draining=True))
+
+    def step(self) -> None:
+        now = self.w.clock.now
+        if not self.up:
+            if now >= self.restart_at:
+                self.up = True
+                self.reset()
+                self.register()
+            return
+        for rid, run in list(self.active.items()):
+            if run.done_at <= now:
+                del self.active[rid]
+                self.finished.add(run.lease.token)
+                outcome = self.w.rng.choices(["pass", "fail", "timeout", "infra_error"],
+                                             [4, 2, 1, 3])[0]
+                lease = run.lease
+                r = P.Result(rollout_id=rid, attempt=lease.attempt, token=lease.token,
+                             outcome=outcome, reward=1.0 if outcome == "pass" else None,
+                             shards={}, infra_reason="sim" if outcome == "infra_error" else None,
+                             idem=f"{rid}:{lease.attempt}:{lease.token}")
+                self.unacked[r.id] = (r, now)
+                self.send(r)
+        if now - self.last_hb >= self.w.hb_s:
+            self.last_hb = now
+            held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
+            self.send(P.Heartbeat(node=self.node, slots_free=self.free(),
+                                  active=len(self.active), health={}, held=held))
+            for key, (r, sent) in list(self.unacked.items()):
+                if now - sent >= self.w.hb_s * self.w.liveness:
+                    self.unacked[key] = (r, now)
+                    self.send(r)
+        if now - self.last_rx > self.w.hb_s * self.w.liveness + self.backoff_s - self.w.hb_s:
+            self.backoff_s = min(self.backoff_s * 2, 8.0)
+            self.last_rx = now
+            self.register()
+        if self.draining and ((not self.active and not self.unacked) or now >= self.drain_by):
+            for rid, run in self.active.items():
+                self.send(P.Release(rollout_id=rid, attempt=run.lease.attempt,
+                                    token=run.lease.token, reason="drain deadline"))
+            self.send(P.Disconnect(node=self.node, reason="drained"))
+            self.crash(self.w.rng.uniform(1, 10))  # the job step ends; a new one starts later
+
+
+class SimTrainer:
+    """Publishes a policy, submits batches (resending until answered, same idem) and
+    watches results with a cursor, like controller.client."""
+
+    def __init__(self, world: "World", batches: list[tuple[list[str], int]]):
+        self.w = world
+        self.todo = [P.PublishPolicy(idem="pol1", version=1, endpoint="http://sim/v1",
+                                     model="m")]
+        self.todo += [P.Submit(idem=f"sub{i}", tasks=tasks, n_per_task=n, policy_version=1)
+                      for i, (tasks, n) in enumerate(batches)]
+        self.pending: Optional[tuple[P.Message, float]] = None
+        self.batches: dict[str, int] = {}  # batch id -> cursor
+        self.submitted: dict[str, str] = {}  # idem -> batch id
+        self.results: dict[str, dict] = {}  # rollout id -> the item received
+        self.watch_sent: dict[str, float] = {}
+
+    def send(self, msg: P.Message) -> None:
+        self.w.net.send(TRAINER, CTL, msg)
+
+    def receive(self, msg: P.Message) -> None:
+        if isinstance(msg, P.Submitted):
+            if self.pending and msg.ref == self.pending[0].id:
+                idem = self.pending[0].idem
+                assert self.submitted.setdefault(idem, msg.batch_id) == msg.batch_id, \
+                    "a repeated submit made a second batch"
+                self.batches.setdefault(msg.batch_id, 0)
+                self.pending = None
+        elif isinstance(msg, P.Ack):
+            if self.pending and msg.ref == self.pending[0].id:
+                assert msg.ok, msg.error
+                self.pending = None
+        elif isinstance(msg, P.Results):
+            cursor = self.batches[msg.batch_id]
+            for item in msg.items:
+                if item["commit_seq"] <= cursor:
+                    continue  # a duplicated or late reply: already consumed
+                rid = item["rollout_id"]
+                assert rid not in self.results, f"{rid} delivered twice to the trainer"
+                self.results[rid] = item
+                cursor = item["commit_seq"]
+            self.batches[msg.batch_id] = cursor
+            self.watch_sent.pop(msg.batch_id, None)
+
+    def step(self) -> None:
+        now = self.w.clock.now
+        if self.pending is None and self.todo:
+            self.pending = (self.todo.pop(0), now)
+            self.send(self.pending[0])
+        elif self.pending is not None and now - self.pending[1] > 3.0:
+            self.pending = (self.pending[0], now)  # Lazy Pirate: same message, same idem
+            self.send(self.pending[0])
+        for bid, cursor in self.batches.items():
+            if now - self.watch_sent.get(bid, -1e18) > 3.0:
+                self.watch_sent[bid] = now
+                self.send(P.Watch(batch_id=bid, after=cursor, wait_s=1.0))
+
+
+class World:
+    def __init__(self, seed: int, db_dir: Path, fault_ticks: int = 120):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.clock = SimClock()
+        self.net = Network(self.rng, self.clock)
+        self.db = db_dir / f"sim-{seed}.db"
+        self.hb_s, self.liveness = 1.0, 3
+        self.config = QueueConfig(lease_ttl_s=self.rng.choice([4.0, 8.0]), max_attempts=3,
+                                  backoff_base_s=0.5, backoff_max_s=4.0)
+        self.fault_ticks = fault_ticks
+        self.faults = Faults.draw(self.rng)
+        self.trace: list[str] = []
+        self.leases_seen: list[P.Lease] = []
+        self.committed: dict[str, tuple] = {}  # rid -> (attempt, token, outcome, reward, seq)
+        self.max_token = 0
+        self.core: Optional[BrokerCore] = None
+        self.controller_up_at = 0.0
+        self.start_controller()
+        self.agents = [SimAgent(self, f"n{i}", self.rng.randint(1, 3))
+                       for i in range(self.rng.randint(2, 4))]
+        batches = [([self.rng.choice(list(TASKS)) for _ in range(self.rng.randint(1, 2))],
+                    self.rng.randint(1, 4)) for _ in range(self.rng.randint(2, 3))]
+        self.trainer = SimTrainer(self, batches)
+        for a in self.agents:
+            a.register()
+
+    # ---- the controller ----
+
+    def start_controller(self) -> None:
+        self.queue = RolloutQueue(self.db, clock=self.clock,
+                                  rng=random.Random(self.rng.random()), config=self.config)
+        self.core = BrokerCore(self.queue, TASKS, DEP, "sim", "/nonexistent",
+                               session=f"s{self.rng.getrandbits(32):08x}",
+                               heartbeat_interval_s=self.hb_s, liveness=self.liveness,
+                               clock=self.clock, wall=self.clock, sweep_interval_s=0.5)
+        self.trace.append(f"t={self.t():.2f} controller start")
+
+    def crash_controller(self) -> None:
+        """kill -9: no close(), no flush; what the queue committed is all that stays.
+        The frames of the pass in progress are lost, so is whatever was in flight to it."""
+        self.trace.append(f"t={self.t():.2f} controller crash")
+        self.core = None
+        del self.queue
+        self.net.drop_to(CTL)
+        self.controller_up_at = self.clock.now + self.rng.uniform(0, 3)
+
+    def t(self) -> float:
+        return self.clock.now - 1_700_000_000.0
+
+    # ---- one tick ----
+
+    def tick(self, faults: bool) -> None:
+        self.net.faults = self.faults if faults else Faults()
+        self.clock.now += TICK_S
+        if faults and self.rng.random() < self.faults.clock_jump:
+            jump = self.rng.uniform(1, 20)
+            self.clock.now += jump
+            self.trace.append(f"t={self.t():.2f} clock jump +{jump:.1f}s")
+        frames = self.net.due()
+        if self.core is None and self.clock.now >= self.controller_up_at:
+            self.start_controller()
+        to_ctl = [(src, data) for dst, src, data in frames if dst == CTL]
+        if self.core is not None:
+            with self.queue.batch():
+                for src, data in to_ctl:
+                    self.core.receive(src, data)
+                self.core.tick()
+            if faults and self.rng.random() < self.faults.controller_crash:
+                self.crash_controller()  # after the commit, before the replies leave
+            else:
+                for dst, msg in self.core.take_outbox():
+                    self.net.send(CTL, dst, msg)
+        for dst, src, data in frames:
+            if dst == CTL:
+                continue
+            msg = P.decode(data, DEP)
+            if dst == TRAINER:
+                self.trainer.receive(msg)
+            else:
+                agent = next(a for a in self.agents if a.ident == dst)
+                if agent.up:
+                    agent.receive(msg)
+        for a in self.agents:
+            if faults and a.up and self.rng.random() < self.faults.agent_crash:
+                a.crash(self.rng.uniform(0.5, 15))
+                self.trace.append(f"t={self.t():.2f} agent {a.node} crash")
+            elif faults and a.up and self.rng.random() < self.faults.agent_drain:
+                a.drain(self.rng.uniform(0, 4))
+                self.trace.append(f"t={self.t():.2f} agent {a.node} drain")
+            a.step()
+        self.trainer.step()
+
+    # ---- invariants ----
+
+    def check_safety(self) -> None:
+        db = self.queue if self.core is not None else RolloutQueue(self.db, clock=self.clock,
+                                                                    config=self.config)
+        by_token: dict[int, str] = {}
+        for lease in self.leases_seen:  # a duplicated delivery is the same message id
+            assert by_token.setdefault(lease.token, lease.id) == lease.id, \
+                f"fencing token {lease.token} was issued twice"
+        attempts: dict[str, list[tuple[int, bool]]] = {}
+        for rid, token, finished in db._db.execute(
+                "SELECT rollout_id, token, finished_at FROM attempts ORDER BY rollout_id, attempt"):
+            attempts.setdefault(rid, []).append((token, finished is None))
+        states = {}
+        for rid, state, attempt, token, outcome, reward, seq in db._db.execute(
+                "SELECT rollout_id, state, attempt, token, outcome, reward, commit_seq"
+                " FROM rollouts"):
+            states[rid] = state
+            att = attempts.get(rid, [])
+            att_tokens = [t for t, _ in att]
+            assert att_tokens == sorted(set(att_tokens)), \
+                f"{rid}: tokens must grow with every lease: {att_tokens}"
+            live = [t for t, open_ in att if open_]
+            assert len(live) <= 1, f"{rid}: more than one live lease {live}"
+            if state in qm.HELD:
+                assert live == [token], f"{rid}: {state} but its open attempts are {live}"
+            else:
+                assert not live, f"{rid}: {state} but attempt token {live} still open"
+            if state == qm.COMMITTED:
+                assert token == att_tokens[-1], f"{rid}: committed with a stale token"
+                value = (attempt, token, outcome, reward, seq)
+                assert self.committed.setdefault(rid, value) == value, \
+                    f"{rid}: committed twice or changed: {self.committed[rid]} -> {value}"
+        for rid in self.committed:
+            assert states.get(rid) == qm.COMMITTED, \
+                f"{rid}: a commit was lost (now {states.get(rid)})"
+        for rid, item in self.trainer.results.items():
+            if item["state"] == qm.COMMITTED:
+                assert self.committed[rid][1] == item["token"], f"{rid}: trainer saw another token"
+
+    def done(self) -> bool:
+        if self.core is None or self.trainer.todo or self.trainer.pending:
+            return False
+        rows = self.queue.rollouts()
+        return bool(rows) and all(r["state"] in (qm.COMMITTED, qm.DEAD_LETTER) for r in rows) \
+            and set(self.trainer.results) == {r["rollout_id"] for r in rows}
+
+    def run(self, heal_bound_s: float = 600.0) -> None:
+        for _ in range(self.fault_ticks):
+            self.tick(faults=True)
+            self.check_safety()
+        self.trace.append(f"t={self.t():.2f} faults healed")
+        for a in self.agents:  # crashed or drained agents come back
+            if not a.up:
+                a.restart_at = min(a.restart_at, self.clock.now)
+        deadline = self.clock.now + heal_bound_s
+        while not self.done():
+            assert self.clock.now < deadline, (
+                f"not finished {heal_bound_s}s after the faults healed: "
+                f"{self.queue.counts() if self.core else 'controller down'}")
+            self.tick(faults=False)
+            self.check_safety()
+        states = {r["state"] for r in self.queue.rollouts()}
+        assert states <= {qm.COMMITTED, qm.DEAD_LETTER}
