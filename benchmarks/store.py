@@ -6,9 +6,13 @@ One run, side by side:
   rollouts with 10,000,000 steps and 10,000,000 spans; steps/s of each and the ratio;
 - ingest (per attempt): `trajwriter.write_attempt` (five shards per attempt, row checks,
   fsync) on a sample of attempts, steps/s (what one node agent sustains);
+- compaction (`controller.catalog.compact`): the bulk shards, once every key in them is
+  committed, are checked against the catalog and promoted to compacted files (hard link, no
+  copy) with an HDR summary per spans file;
 - the canned report queries of `controller.report` over `controller.query.connect` (committed
-  rows only, bad-shard checks) vs the same SQL on bare `read_parquet` with no commit filter;
-  median and p99 over --repeat runs, and the ratio of medians.
+  rows only, bad-shard checks, HDR summaries) vs the same SQL on bare `read_parquet` with no
+  commit filter and percentiles from every span row; median and p99 over --repeat runs, and
+  the ratio of medians.
 
     .venv/bin/python benchmarks/store.py [--rollouts 1000000] [--steps-per 10] [--repeat 5]
 """
@@ -28,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from controller import report
-from controller.catalog import CATALOG_SCHEMA
+from controller.catalog import CATALOG_SCHEMA, compact
 from controller.query import connect
 from nodeagent.trajwriter import SCHEMAS, write_attempt, write_batch
 
@@ -166,6 +170,8 @@ def raw_connection(raw: Path) -> duckdb.DuckDBPyConnection:
     con.execute("CREATE VIEW checks AS SELECT * FROM _empty_checks")
     con.execute("CREATE VIEW infra_attempts AS SELECT node, infra_reason, TRUE AS committed "
                 "FROM rollouts WHERE outcome = 'infra_error'")
+    con.register("_span_summaries", pa.table({"path": pa.array([], pa.string())}))
+    con.execute("CREATE VIEW _spans_rest AS SELECT * FROM spans")
     return con
 
 
@@ -201,6 +207,11 @@ def main() -> None:
         rate = per_attempt_rate(root, args.attempts, args.steps_per)
         print(f"ingest (per attempt, write_attempt, 5 fsynced shards): {rate:,.0f} steps/s "
               f"over {args.attempts} attempts")
+        t = time.perf_counter()
+        result = compact(root / "paddock")
+        t_compact = time.perf_counter() - t
+        print(f"compaction: {result.sources} shards -> {result.targets} compacted files, "
+              f"{result.rows:,} rows checked against the catalog in {t_compact:.1f} s")
         pad = time_queries(lambda: connect(root / "paddock"), args.repeat)
         raw = time_queries(lambda: raw_connection(root / "raw"), args.repeat)
         t = time.perf_counter()

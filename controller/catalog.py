@@ -252,29 +252,44 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
         recovered = _finish_unfinished(run_dir)
         moved = _recorded_sources(run_dir)
         seq = _next_compact_seq(run_dir)
-        committed = _committed_shards(run_dir)
+        committed, keys = _committed_shards(run_dir)
         n_src = n_tgt = n_rows = 0
         for table, schema in SCHEMAS.items():
-            candidates = []
-            for rel in sorted(committed.get(table, ())):
+            candidates, others = [], []
+            named = committed.get(table, set())
+            directory = run_dir / table
+            listed = sorted(f"{table}/{p.name}" for p in directory.glob("*.parquet")) \
+                if directory.is_dir() else []
+            for rel in listed:
                 path = run_dir / rel
-                if rel in moved or path.name.startswith(COMPACT_PREFIX) or not path.is_file():
+                if rel in moved or path.name.startswith(COMPACT_PREFIX):
                     continue
-                if path.stat().st_size <= max_shard_bytes:
+                if rel in named and path.stat().st_size <= max_shard_bytes:
                     candidates.append(rel)
+                else:
+                    others.append(rel)
             for group in _groups(run_dir, candidates, schema, max_rows_per_file):
                 if len(group) < min_sources:
                     continue
                 rows = _compact_group(run_dir, table, schema, group, seq)
                 seq += 1
                 n_src, n_tgt, n_rows = n_src + len(group), n_tgt + 1, n_rows + rows
+            for rel in others:
+                rows = _promote(run_dir, table, rel, keys, seq)
+                if rows:
+                    seq += 1
+                    n_src, n_tgt, n_rows = n_src + 1, n_tgt + 1, n_rows + rows
     log.info("compaction run=%s sources=%d targets=%d rows=%d recovered=%d", run_dir, n_src,
              n_tgt, n_rows, recovered)
     return CompactionResult(n_src, n_tgt, n_rows, recovered)
 
 
-def _committed_shards(run_dir: Path) -> dict[str, set[str]]:
+def _committed_shards(run_dir: Path) -> tuple[dict[str, set[str]], pa.Table]:
+    """Per table, the per-attempt shards committed catalog rows name (under their own key),
+    and every committed key as a table (rollout_id, attempt, fencing_token)."""
+    from nodeagent.trajwriter import shard_suffix
     out: dict[str, set[str]] = {}
+    key_tables = []
     for path in sorted((run_dir / CATALOG_DIR).glob("commit-*.parquet")):
         if not _COMMIT_FILE.match(path.name):
             continue
@@ -282,11 +297,116 @@ def _committed_shards(run_dir: Path) -> dict[str, set[str]]:
             table = pq.read_table(path)
         except (OSError, pa.ArrowException) as exc:
             raise CatalogError(f"cannot read catalog file {path}: {exc}") from exc
+        key_tables.append(table.select(["rollout_id", "attempt", "fencing_token"]))
+        keys = None
         for t in SHARD_TABLES:
             col = f"{t}_shard"
-            if col in table.column_names:
-                out.setdefault(t, set()).update(v for v in table[col].to_pylist() if v)
-    return out
+            if col not in table.column_names or table[col].null_count == len(table):
+                continue
+            if keys is None:
+                keys = list(zip(table["rollout_id"].to_pylist(), table["attempt"].to_pylist(),
+                                table["fencing_token"].to_pylist()))
+            out.setdefault(t, set()).update(
+                rel for key, rel in zip(keys, table[col].to_pylist())
+                if rel and rel.endswith("-" + shard_suffix(*key)))
+    keys_table = (pa.concat_tables([k.cast(k.schema) for k in key_tables]) if key_tables else
+                  pa.table({"rollout_id": pa.array([], pa.string()),
+                            "attempt": pa.array([], pa.int32()),
+                            "fencing_token": pa.array([], pa.int64())}))
+    return out, keys_table
+
+
+def _promote(run_dir: Path, table: str, rel: str, keys: pa.Table, seq: int) -> int:
+    """Make a shard whose rows are all committed (a bulk shard) a compaction target, without
+    copying: record it, hard-link it under the target name (the commit point), unlink it."""
+    path = run_dir / rel
+    try:
+        data = pq.read_table(path, columns=["rollout_id", "attempt", "fencing_token"])
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        log.warning("compaction skips unreadable shard %s: %s", path, exc)
+        return 0
+    if data.num_rows == 0:
+        return 0
+    data = data.cast(keys.schema)
+    missing = data.join(keys, keys=["rollout_id", "attempt", "fencing_token"],
+                        join_type="left anti")
+    if missing.num_rows:
+        return 0                      # some rows are not committed (yet): leave it alone
+    target_rel = f"{table}/{COMPACT_PREFIX}{seq:06d}.parquet"
+    target = run_dir / target_rel
+    if table == "spans":
+        _write_span_summary(pq.read_table(path), target)
+    _write_record(run_dir, table, [(rel, data.num_rows)], target_rel, seq)
+    os.link(path, target)                       # the commit point
+    _fsync_dir(target.parent)
+    path.unlink()
+    _fsync_dir(target.parent)
+    return data.num_rows
+
+
+def span_summary_path(target: Path) -> Path:
+    """The HDR summary written next to a compacted spans file."""
+    return target.with_name(target.name.removesuffix(".parquet") + ".hdr.json")
+
+
+SPAN_SUMMARY_FORMAT = 1
+HDR_MAX_US = 24 * 3600 * 10**6
+HDR_DIGITS = 3
+BUCKET_DIGITS = 2
+
+
+def bucket_us(us):
+    """Durations in µs (numpy int64 array) rounded to BUCKET_DIGITS significant digits."""
+    import numpy as np
+    us = np.clip(us, 1, HDR_MAX_US)
+    scale = np.power(10.0, np.maximum(np.floor(np.log10(us)) - (BUCKET_DIGITS - 1), 0))
+    return np.minimum((np.rint(us / scale) * scale).astype(np.int64), HDR_MAX_US)
+
+
+def _write_span_summary(spans: pa.Table, target: Path) -> None:
+    """Per (node, kind) HDR histogram of the spans' durations, encoded, as JSON."""
+    import json
+    import numpy as np
+    from hdrh.histogram import HdrHistogram
+    us = np.rint(spans["duration_s"].to_numpy(zero_copy_only=False) * 1e6).astype(np.int64)
+    node = spans["node"] if "node" in spans.column_names else pa.nulls(spans.num_rows, pa.string())
+    grouped = pa.table({"node": node.fill_null("?"), "kind": spans["kind"],
+                        "b": bucket_us(us)}).group_by(["node", "kind", "b"]).aggregate(
+                            [([], "count_all")])
+    hists: dict[tuple[str, str], HdrHistogram] = {}
+    for n, k, b, c in zip(*(grouped[c].to_pylist() for c in ("node", "kind", "b", "count_all"))):
+        h = hists.get((n, k))
+        if h is None:
+            h = hists[(n, k)] = HdrHistogram(1, HDR_MAX_US, HDR_DIGITS)
+        h.record_value(b, c)
+    doc = {"format": SPAN_SUMMARY_FORMAT, "rows": spans.num_rows,
+           "histograms": [{"node": n, "kind": k, "hdr": h.encode().decode()}
+                          for (n, k), h in sorted(hists.items())]}
+    out = span_summary_path(target)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.rename(tmp, out)
+
+
+def _write_record(run_dir: Path, table: str, sources: list[tuple[str, int]], target_rel: str,
+                  seq: int) -> None:
+    record = pa.Table.from_pylist(
+        [{"table": table, "source": rel, "target": target_rel, "rows": n} for rel, n in sources],
+        schema=COMPACT_RECORD_SCHEMA)
+    rec_path = run_dir / CATALOG_DIR / f"{COMPACT_PREFIX}{seq:06d}.parquet"
+    rec_tmp = rec_path.with_name(rec_path.name + ".ctmp")
+    with open(rec_tmp, "wb") as fh:
+        pq.write_table(record, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    try:
+        os.link(rec_tmp, rec_path)
+    finally:
+        rec_tmp.unlink(missing_ok=True)
+    _fsync_dir(rec_path.parent)
 
 
 def _records(run_dir: Path) -> list[tuple[Path, list[dict]]]:
@@ -316,8 +436,13 @@ def _finish_unfinished(run_dir: Path) -> int:
         for t in targets:
             target = run_dir / t
             tmp = target.with_name(target.name + ".tmp")
+            sources = [run_dir / r["source"] for r in rows if r["target"] == t]
             if not target.exists() and tmp.exists():
-                os.rename(tmp, target)
+                os.rename(tmp, target)                  # a merge: its target was complete
+                _fsync_dir(target.parent)
+                unfinished = True
+            elif not target.exists() and len(sources) == 1 and sources[0].exists():
+                os.link(sources[0], target)             # a promotion: link the shard
                 _fsync_dir(target.parent)
                 unfinished = True
         if not all((run_dir / t).exists() for t in targets):
@@ -370,20 +495,9 @@ def _compact_group(run_dir: Path, table: str, schema: pa.Schema,
         pq.write_table(merged, fh, compression="zstd")
         fh.flush()
         os.fsync(fh.fileno())
-    record = pa.Table.from_pylist(
-        [{"table": table, "source": rel, "target": target_rel, "rows": n} for rel, n in group],
-        schema=COMPACT_RECORD_SCHEMA)
-    rec_path = run_dir / CATALOG_DIR / f"{COMPACT_PREFIX}{seq:06d}.parquet"
-    rec_tmp = rec_path.with_name(rec_path.name + ".ctmp")
-    with open(rec_tmp, "wb") as fh:
-        pq.write_table(record, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    try:
-        os.link(rec_tmp, rec_path)
-    finally:
-        rec_tmp.unlink(missing_ok=True)
-    _fsync_dir(rec_path.parent)
+    if table == "spans":
+        _write_span_summary(merged, target)
+    _write_record(run_dir, table, group, target_rel, seq)
     os.rename(tmp, target)                      # the commit point
     _fsync_dir(target.parent)
     for rel, _ in group:

@@ -33,7 +33,8 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from controller.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES
+from controller.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
+                                span_summary_path)
 from controller import policy_server
 from nodeagent.trajwriter import KEY_COLUMNS, SCHEMAS, shard_suffix
 
@@ -84,6 +85,7 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
         for table, schema in SCHEMAS.items():
             listed[table] = _create_table_view(con, table, schema, runs, moved, bad, trusted)
         _create_infra_view(con, listed["rollouts"], len(runs) > 1)
+        _create_span_summary_views(con, runs, moved, trusted)
         con.register("_bad_shards", pa.table({"file": [b[0] for b in bad],
                                                "error": [b[1] for b in bad]},
                                               schema=pa.schema([("file", pa.string()),
@@ -268,16 +270,19 @@ def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
 
 def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Schema,
                        runs: list[Path], moved: set[str], bad: list,
-                       trusted: set[str] = frozenset()) -> str | None:
+                       trusted: set[str] = frozenset(), view: str | None = None,
+                       exclude: set[str] = frozenset()) -> str | None:
     """Create the committed-only view of `table`; return its row source (None: no files).
 
     Trusted files (all rows committed) are read as they are; every other file through a
     semi-join with the catalog on (rollout_id, attempt, fencing_token)."""
+    view = view or table
     files = [f for f in _parquet_files(runs, table) if f not in moved]
     files, _ = _valid_files(files, schema, bad)
+    files = [f for f in files if f not in exclude]
     con.register(f"_empty_{table}", schema.empty_table())
     if not files:
-        con.execute(f"CREATE VIEW {table} AS SELECT * FROM _empty_{table}")
+        con.execute(f"CREATE VIEW {view} AS SELECT * FROM _empty_{table}")
         return None
     columns = ", ".join(f's."{n}"' for n in schema.names)
     parts = []
@@ -291,7 +296,7 @@ def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Sc
             f"SELECT {columns} FROM {_source(table, schema, rest)} s "
             f"WHERE EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
             f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token{same_run})")
-    con.execute(f"CREATE VIEW {table} AS " + " UNION ALL ".join(parts))
+    con.execute(f"CREATE VIEW {view} AS " + " UNION ALL ".join(parts))
     return _source(table, schema, files)
 
 
@@ -303,6 +308,22 @@ def _source(table: str, schema: pa.Schema, files: list[str]) -> str:
         empty = f"(SELECT *, NULL::VARCHAR AS filename FROM _empty_{table})"
         source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM {empty})"
     return source
+
+
+def _create_span_summary_views(con: duckdb.DuckDBPyConnection, runs: list[Path],
+                               moved: set[str], trusted: set[str]) -> None:
+    """`_span_summaries(path)`: HDR summaries of compacted spans files; `_spans_rest`: the
+    committed spans rows those summaries do not cover (controller/report.py merges both)."""
+    covered, summaries = set(), []
+    for f in _parquet_files(runs, "spans"):
+        if f in trusted and Path(f).name.startswith(COMPACT_PREFIX):
+            summary = span_summary_path(Path(f))
+            if summary.is_file():
+                covered.add(f)
+                summaries.append(str(summary))
+    con.register("_span_summaries", pa.table({"path": pa.array(summaries, pa.string())}))
+    _create_table_view(con, "spans", SCHEMAS["spans"], runs, moved, [], trusted,
+                       view="_spans_rest", exclude=covered)
 
 
 def _create_infra_view(con: duckdb.DuckDBPyConnection, source: str | None,

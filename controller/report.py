@@ -29,12 +29,10 @@ from typing import TextIO
 import duckdb
 from hdrh.histogram import HdrHistogram
 
+from controller.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
 from controller.query import QueryError, RunNotFound, connect, newest_run
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
-HDR_MAX_US = 24 * 3600 * 10**6
-HDR_DIGITS = 3
-BUCKET_DIGITS = 2          # p50/p99 within 5% of the exact value (0.5 ulp at 2 digits)
 
 
 @dataclass(frozen=True)
@@ -111,22 +109,36 @@ def infra_by_node(con: duckdb.DuckDBPyConnection) -> list[dict]:
 
 
 def span_percentiles(con: duckdb.DuckDBPyConnection) -> list[dict]:
-    """p50/p99 (seconds) per span kind from per-node HDR histograms merged across nodes."""
-    # DuckDB buckets durations (µs) to BUCKET_DIGITS significant digits, so Python records a
-    # few hundred (value, count) pairs per node and kind instead of every span.
+    """p50/p99 (seconds) per span kind from per-node HDR histograms merged across nodes.
+
+    Compacted spans files carry an HDR summary per (node, kind) (written by compaction); the
+    rows they do not cover are bucketed here in DuckDB (durations in µs to BUCKET_DIGITS
+    significant digits, so Python records a few hundred (value, count) pairs, not every span).
+    """
+    per_node: dict[tuple[str, str], HdrHistogram] = {}
+
+    def hist(node: str, kind: str) -> HdrHistogram:
+        h = per_node.get((node, kind))
+        if h is None:
+            h = per_node[(node, kind)] = HdrHistogram(1, HDR_MAX_US, HDR_DIGITS)
+        return h
+
+    for (path,) in con.execute("SELECT path FROM _span_summaries").fetchall():
+        doc = json.loads(Path(path).read_text())
+        if doc.get("format") != SPAN_SUMMARY_FORMAT:
+            raise QueryError(f"{path}: span summary format {doc.get('format')!r} is not "
+                             f"{SPAN_SUMMARY_FORMAT}")
+        for entry in doc["histograms"]:
+            hist(entry["node"], entry["kind"]).add(HdrHistogram.decode(entry["hdr"]))
     rows = con.execute(
         "WITH us AS (SELECT coalesce(node, '?') AS node, kind, "
-        "  greatest(1, least(round(duration_s * 1e6), ?))::BIGINT AS v FROM spans) "
+        "  greatest(1, least(round(duration_s * 1e6), ?))::BIGINT AS v FROM _spans_rest) "
         "SELECT node, kind, CASE WHEN v < ? THEN v ELSE "
         "  (round(v / pow(10, floor(log10(v)) - ?)) * pow(10, floor(log10(v)) - ?))::BIGINT END "
         "  AS bucket, count(*) FROM us GROUP BY ALL",
         [HDR_MAX_US, 10 ** BUCKET_DIGITS, BUCKET_DIGITS - 1, BUCKET_DIGITS - 1]).fetchall()
-    per_node: dict[tuple[str, str], HdrHistogram] = {}
     for node, kind, bucket, n in rows:
-        h = per_node.get((node, kind))
-        if h is None:
-            h = per_node[(node, kind)] = HdrHistogram(1, HDR_MAX_US, HDR_DIGITS)
-        h.record_value(min(int(bucket), HDR_MAX_US), n)
+        hist(node, kind).record_value(min(int(bucket), HDR_MAX_US), n)
     merged: dict[str, HdrHistogram] = {}
     nodes: dict[str, set[str]] = {}
     for (node, kind), h in sorted(per_node.items()):

@@ -135,3 +135,21 @@ def test_cli_report_text_json_and_html(run, tmp_path):
     assert json.loads(out.getvalue())["band"] == [0.5, 0.9]
     args = ap.parse_args(["report", "--run", str(tmp_path / "missing")])
     assert args.func(args, out=io.StringIO()) == 2
+
+
+def test_after_compaction_the_report_is_the_same_and_spans_come_from_hdr_summaries(run, rep, tmp_path):
+    import shutil
+    from controller.catalog import compact
+    from controller.query import connect
+    copy = tmp_path / "run"
+    shutil.copytree(run["dir"], copy)
+    result = compact(copy)
+    assert result.targets == 5
+    con = connect(copy)
+    assert len(con.execute("SELECT path FROM _span_summaries").fetchall()) == 1
+    assert con.execute("SELECT count(*) FROM _spans_rest").fetchone() == (0,)
+    con.close()
+    again = build_report(copy)
+    for key in ("pass_rates", "band_occupancy", "hack_suspects", "infra_by_node",
+                "span_percentiles"):
+        assert again[key] == rep[key], key
