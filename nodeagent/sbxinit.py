@@ -236,7 +236,7 @@ def handle_op(req: dict, rec: dict) -> dict:
         return {"ok": True}
     if op == "read_file":
         cap = int(req.get("max_bytes", 1 << 20))
-        with open(_resolve(root, req["path"]), "rb") as f:
+        with _open_nofollow(_resolve(root, req["path"])) as f:
             data = f.read(cap + 1)
         return {"ok": True, "data": data[:cap], "truncated": len(data) > cap}
     if op == "diff":
@@ -300,7 +300,7 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lower: str | None = None) 
                 total += st.st_size
                 if total > max_bytes:
                     raise ValueError(f"diff exceeds {max_bytes} bytes")
-                with open(full, "rb") as f:
+                with _open_nofollow(full) as f:
                     data = f.read()
                 kind = "modified" if in_lower(rel) is not None else "added"
                 changes.append({"path": rel, "kind": kind, "data": data, "mode": stat.S_IMODE(st.st_mode)})
@@ -352,9 +352,9 @@ def apply_changes(root: str, changes: list[dict], base: int) -> None:
             elif os.path.lexists(full):
                 os.unlink(full)
         elif kind == "dir":
-            if os.path.lexists(full) and not os.path.isdir(full):
+            if os.path.lexists(full) and not _is_real_dir(full):
                 os.unlink(full)
-            if not os.path.isdir(full):
+            if not _is_real_dir(full):
                 _write_parents(root, full, base)
                 os.mkdir(full)
                 os.lchown(full, base, base)
@@ -371,6 +371,19 @@ def apply_changes(root: str, changes: list[dict], base: int) -> None:
             if os.path.isdir(full) and not os.path.islink(full):
                 shutil.rmtree(full)
             _write_file(root, path, c.get("data") or b"", base, owner="agent", mode=mode or 0o644)
+
+
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _open_nofollow(path: str):
+    """Open for reading, refusing a symlink in the last component (it could point at a host
+    path: these helpers run in the node's view of the filesystem)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
 
 
 def _write_parents(root: str, full: str, base: int) -> None:

@@ -9,7 +9,7 @@ import socket
 import psutil
 import pytest
 
-from nodeagent.sandbox import SandboxSpec
+from nodeagent.sandbox import Change, SandboxError, SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 
@@ -209,3 +209,15 @@ def test_a_sandbox_init_holds_no_fd_of_another_sandbox(runtime, busybox_image, b
             pid = sb.init_pid_host
             links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
             assert all(ln.startswith(("socket:", "pipe:", "/dev/null")) for ln in links), links
+
+
+def test_symlinks_planted_by_the_workload_do_not_reach_host_files(box):
+    sh(box, "ln -s /etc/hostname /work/link; mkdir -p /work/d; ln -s /etc /work/d/up")
+    with pytest.raises(SandboxError):
+        box.read_file("/work/link")
+    with pytest.raises(SandboxError):
+        box.read_file("/work/d/up/hostname")
+    with pytest.raises(SandboxError):
+        box.write_files({"/work/d/up/evil": b"x"})
+    box.apply([Change("/work/link", "dir", None, 0o700)])   # replaces the link, never chmods its target
+    assert sh(box, "stat -c %F /work/link").stdout == b"directory\n"
