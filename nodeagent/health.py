@@ -104,9 +104,7 @@ class HealthSampler:
             mounts = _safe(lambda: _mounts_of(pid))
             if mounts is not None:
                 out["image_mounts"] = sum(fs in IMAGE_FSTYPES for _mnt, fs in mounts)
-                out["tmpfs_used_mb"] = _safe(lambda: int(sum(
-                    _used_bytes(f"/proc/{pid}/root{mnt}") for mnt, fs in mounts
-                    if fs == "tmpfs" and state_dir and mnt.startswith(str(state_dir))) / 2**20))
+            out["tmpfs_used_mb"] = _safe(lambda: int(_sandbox_tmpfs_bytes(pid) / 2**20))
         return out
 
     def _append(self, sample: dict) -> None:
@@ -147,6 +145,32 @@ def _pool_size(pool) -> int:
 def _mounts_of(pid: int) -> list[tuple[str, str]]:
     with open(f"/proc/{pid}/mounts") as f:
         return [(ln.split()[1], ln.split()[2]) for ln in f if len(ln.split()) > 2]
+
+
+def _sandbox_tmpfs_bytes(holder_pid: int) -> int:
+    """Bytes used on the tmpfs mounts of the sandboxes (their writable layers and /dev/shm): each
+    sandbox monitor has its own mount namespace below the node holder; each namespace is read
+    once, each filesystem counted once."""
+    holder_ns = os.readlink(f"/proc/{holder_pid}/ns/mnt")
+    seen_ns, seen_dev, total = {holder_ns}, set(), 0
+    for child in psutil.Process(holder_pid).children(recursive=True):
+        try:
+            ns = os.readlink(f"/proc/{child.pid}/ns/mnt")
+            if ns in seen_ns:
+                continue
+            seen_ns.add(ns)
+            for mnt, fs in _mounts_of(child.pid):
+                # statvfs of an overlay reports its upper layer: the sandbox's size-capped tmpfs
+                if fs not in ("tmpfs", "overlay", "fuse.fuse-overlayfs"):
+                    continue
+                path = f"/proc/{child.pid}/root{mnt}"
+                dev = os.stat(path).st_dev
+                if dev not in seen_dev:
+                    seen_dev.add(dev)
+                    total += _used_bytes(path)
+        except (OSError, psutil.Error):
+            continue        # the sandbox went away while we looked
+    return total
 
 
 def _used_bytes(path: str) -> int:

@@ -135,6 +135,28 @@ def test_draining_agent_reports_no_free_slots(tmp_path):
     assert HealthSampler(agent).sample()["slots_free"] == 0
 
 
+@pytest.mark.sandbox
+def test_health_counts_live_sandboxes_their_writable_layer_and_image_mounts(runtime, busybox_image):
+    from nodeagent.sandbox import SandboxSpec
+    agent = NodeAgent("n1", "tcp://127.0.0.1:1", "d", 2, None, runtime)
+    try:
+        s = HealthSampler(agent)
+        before = s.sample()
+        sb = runtime.create(SandboxSpec(image=busybox_image, limits={"memory_mb": 64, "disk_mb": 16,
+                                                                     "pids": 16, "nofile": 64}))
+        try:
+            assert sb.exec(["sh", "-c", "dd if=/dev/zero of=/tmp/x bs=1M count=6"], timeout_s=10).exit_code == 0
+            during = s.sample()
+        finally:
+            sb.destroy()
+        after = s.sample()
+    finally:
+        agent.pool.shutdown()
+    assert during["sandboxes_active"] == before["sandboxes_active"] + 1 == after["sandboxes_active"] + 1
+    assert during["tmpfs_used_mb"] >= before["tmpfs_used_mb"] + 6 > after["tmpfs_used_mb"] + 5
+    assert during["image_mounts"] >= 1
+
+
 # ------------------------------------------------------------------ agents, top, lost nodes
 def test_agents_lists_each_node_live_with_its_version(farm, capsys):
     rc, out, _ = cli("agents", "--run", str(farm.run_dir), "--json", capsys=capsys)
