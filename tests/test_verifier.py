@@ -178,3 +178,29 @@ def test_changes_artifact_round_trips(tmp_path):
         names = tar.getnames()
     assert any(n.endswith("solution.py") for n in names) and any("old.py" in n for n in names)
     assert not list((tmp_path / "changes").glob("*.tmp"))
+
+
+# -- paddock verify -----------------------------------------------------------------------------
+
+def test_verify_command_grades_a_patch(tmp_path, capsys, python_image):
+    import difflib
+    from controller.cli import main
+    t = builtin_taskset().by_name()["python/gcd"]
+    patch = tmp_path / "fix.patch"
+    patch.write_text("".join(difflib.unified_diff(t.files["solution.py"].splitlines(True),
+                                                  t.hidden["reference.py"].splitlines(True),
+                                                  "a/solution.py", "b/solution.py")))
+    assert main(["verify", "--task", "python/gcd", "--solution", str(patch)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["outcome"], out["reward"], out["components"]["fail_to_pass"]) == ("pass", 1.0, 1.0)
+
+
+def test_verify_command_names_bad_input(tmp_path, capsys):
+    from controller.cli import main
+    assert main(["verify", "--task", "python/gcd", "--solution", str(tmp_path / "nope.py")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.patch"
+    bad.write_text("--- a/other.py\n+++ b/other.py\n@@ -1 +1 @@\n-x\n+y\n")
+    assert main(["verify", "--task", "python/gcd", "--solution", str(bad)]) == 2
+    assert "does not apply" in capsys.readouterr().err
+    assert main(["verify", "--task", "python/nope", "--solution", str(bad)]) == 2
