@@ -171,6 +171,27 @@ class Curriculum:
             if n >= self.cfg.max_infra_failures:
                 self._quarantine(task_id, f"broken: {n} rollouts dead-lettered; last: {reason}")
 
+    def import_validation(self, path: str | Path) -> int:
+        """Quarantine the tasks a `paddock tasks validate` file (`quarantine.json`, keyed by
+        task id or by name with a `task_id`) lists as failing; return how many are ours."""
+        import json
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError) as exc:
+            raise CurriculumError(f"{path}: cannot read validation results: {exc}") from None
+        ours = set(self.task_ids)
+        n = 0
+        for key, entry in sorted(data.items()):
+            task_id = entry.get("task_id", key) if isinstance(entry, dict) else key
+            if task_id in ours:
+                reasons = entry.get("reasons", []) if isinstance(entry, dict) else []
+                self.quarantine(task_id, "broken: validation: " + ("; ".join(map(str, reasons))
+                                                                    or "failed"))
+                n += 1
+        return n
+
     def quarantine(self, task_id: str, reason: str) -> None:
         with self._lock, self._db:
             self._quarantine(task_id, reason)

@@ -314,13 +314,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     from controller import contamination
     contamination.register(sub)
-    # CONTRACT (verifier engineer): controller.validation adds `paddock tasks validate SET`.
-    try:
-        from controller.validation import add_validate_command
-    except ImportError:   # the verifier's module is not in this tree yet
-        add_validate_command = None
-    if add_validate_command is not None:
-        add_validate_command(sub)
+    # `paddock tasks validate SET` is the verifier's (controller/validation.py).
+    from controller.validation import add_validate_command
+    add_validate_command(sub)
     return p
 
 

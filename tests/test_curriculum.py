@@ -150,3 +150,16 @@ def test_the_local_run_feeds_committed_outcomes_with_a_solution_hash(tmp_path):
         _record_outcomes(c, con, "b0")           # idempotent per rollout
         assert c.estimates(0)[TASKS[0]].evidence == 2.0
         assert c.quarantined()[TASKS[0]].startswith("flaky:")   # identical actions, pass and fail
+
+
+def test_tasks_that_failed_validation_are_quarantined_with_the_validator_reasons(cur, tmp_path):
+    import json
+    path = tmp_path / "quarantine.json"
+    path.write_text(json.dumps({TASKS[1]: {"name": "a", "reasons": ["reference fails: x"]},
+                                "python/b": {"task_id": TASKS[2], "reasons": ["null passes"]},
+                                "sha256:" + "f" * 64: {"reasons": ["not ours"]}}))
+    assert cur.import_validation(path) == 2
+    q = cur.quarantined()
+    assert q[TASKS[1]] == "broken: validation: reference fails: x"
+    assert q[TASKS[2]] == "broken: validation: null passes"
+    assert cur.import_validation(tmp_path / "missing.json") == 0
