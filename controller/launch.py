@@ -102,7 +102,7 @@ def _wait_drained(client, timeout_s: float, clock=time.monotonic) -> None:
 def run_head(args) -> int:
     from rich.console import Console
     from controller.builtin_tasks import builtin_taskset
-    from controller.client import Client
+    from controller.client import Client, ClientError
     from controller.policy_server import PolicyServer, default_params
     from controller.query import print_summary, summary
     from controller.run import RunConfig, _spawn, _train, _wait_file, lease_tasks
@@ -151,8 +151,8 @@ def run_head(args) -> int:
                 print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
                 _wait_drained(client, args.drain_timeout_s)
         rc = 0
-    except JobStepError as exc:
-        print(f"paddock head: {exc}", file=sys.stderr, flush=True)
+    except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
+        print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
