@@ -41,6 +41,7 @@ class RunConfig:
     tasks_limit: int = 0              # 0: every built-in task
     seed: int = 0                     # curriculum sampling seed (the run is reproducible)
     curriculum_db: str = ""           # "": <runs_dir>/curriculum.sqlite, kept across runs
+    validate: str = "quick"           # quick | full | off: validate the task set first (validation.py)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -49,6 +50,8 @@ class RunConfig:
         for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
             if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
                 raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+        if self.validate not in ("quick", "full", "off"):
+            raise ConfigError(f"config key 'validate' must be quick, full or off, got {self.validate!r}")
         if self.agents * self.slots_per_agent > 62:
             raise ConfigError("config keys 'agents' x 'slots_per_agent' must not exceed 62 sandboxes")
 
@@ -128,6 +131,9 @@ def run_local(cfg: RunConfig, console=None) -> Path:
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg)}, indent=2))
+    from controller.validation import validate_for_run
+    names = validate_for_run(taskset, names, image_path, Path(store.root) / "validation", run_dir,
+                             cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset) as policy:

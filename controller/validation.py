@@ -366,3 +366,31 @@ def cmd_validate(args, out=None) -> int:
     bad = [v for v in results if not v.ok]
     print(f"{len(results) - len(bad)}/{len(results)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
     return 1 if bad else 0
+
+
+# -- the local run's start-up check -------------------------------------------------------------
+
+RUN_MODES = ("quick", "full", "off")
+
+
+def validate_for_run(taskset, names: list[str], image, cache_dir: str | os.PathLike, run_dir: str | os.PathLike,
+                     mode: str = "quick", workers: int = 2, console=None) -> list[str]:
+    """The names of `names` that pass validation (`mode`: quick = reference + null, full = also
+    the hack battery, off). Results are cached in `cache_dir` (kept across runs); the run's
+    quarantined tasks, with reasons, go to `<run_dir>/quarantine.json`."""
+    if mode == "off":
+        return list(names)
+    if mode not in RUN_MODES:
+        raise ValueError(f"validation mode must be one of {RUN_MODES}, got {mode!r}")
+    from nodeagent.sandbox import SandboxRuntime
+    wanted = set(names)
+    tasks = [d for d in task_dicts(taskset) if d["name"] in wanted]
+    t0 = time.monotonic()
+    with SandboxRuntime() as rt:
+        results = validate_tasks(rt, image, tasks, ValidationStore(cache_dir), workers, quick=mode == "quick")
+    bad = {v.name: {"task_id": v.task_id, "reasons": v.reasons} for v in results if not v.ok}
+    Path(run_dir, QUARANTINE_FILE).write_text(json.dumps(bad, indent=2, sort_keys=True))
+    if console is not None:
+        console.print(f"validated {len(results)} tasks ({mode}) in {time.monotonic() - t0:.1f}s; "
+                      f"quarantined {len(bad)}" + "".join(f"\n  {n}: {b['reasons'][0]}" for n, b in bad.items()))
+    return [n for n in names if n not in bad]

@@ -193,14 +193,30 @@ _default_lock = threading.Lock()
 
 
 def default_runner() -> CheckRunner:
-    """The process-wide runner (started on first use, restarted if its server died)."""
+    """The process-wide runner (started on first use, restarted if its server died). It is
+    started from a thread that lives as long as the process: the server's PDEATHSIG follows
+    the thread that spawned it, and slot threads come and go."""
     global _default_runner
     with _default_lock:
         r = _default_runner
         if r is None or r._proc is None or r._proc.poll() is not None:
             if r is not None:
                 r.close()
-            _default_runner = CheckRunner(preload=("nodeagent.checkers", "sympy")).start()
+            started: dict = {}
+            ready = threading.Event()
+
+            def keeper() -> None:
+                try:
+                    started["runner"] = CheckRunner(preload=("nodeagent.checkers", "sympy")).start()
+                except CheckInfraError as exc:
+                    started["error"] = exc
+                ready.set()
+                threading.Event().wait()        # keep this thread (and so the server) alive
+            threading.Thread(target=keeper, name="check-runner-keeper", daemon=True).start()
+            ready.wait()
+            if "error" in started:
+                raise started["error"]
+            _default_runner = started["runner"]
         return _default_runner
 
 
