@@ -76,3 +76,17 @@ def test_validate_is_a_subcommand_of_the_tasks_group():
     validation.add_validate_command(sub)
     args = ap.parse_args(["validate", "myset", "--workers", "3"])
     assert (args.set_name, args.workers, args.func) == ("myset", 3, validation.cmd_validate)
+
+
+def test_the_local_run_keeps_only_valid_tasks_and_writes_the_quarantine(python_image, tmp_path):
+    from controller.tasks import Task, TaskSet
+    good = builtin_taskset().by_name()["math/lcm_12_18"]
+    broken = Task(name="math/broken", family="math", instruction="What is 2+2?",
+                  hidden={"answer.txt": "5"}, checker={"kind": "math", "answer": "4"})
+    ts = TaskSet("t", (good, broken))
+    kept = validation.validate_for_run(ts, [good.name, broken.name], python_image, tmp_path / "cache",
+                                       tmp_path, mode="quick")
+    assert kept == [good.name]
+    q = json.loads((tmp_path / "quarantine.json").read_text())
+    assert list(q) == ["math/broken"] and "reference solution does not pass" in q["math/broken"]["reasons"][0]
+    assert validation.validate_for_run(ts, [broken.name], python_image, tmp_path, tmp_path, "off") == [broken.name]
