@@ -349,9 +349,7 @@ def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
 
 from controller.policy_server import ESCAPE_PROBES, PROBE_LINE, defence_lines, defences, escape_probe_command  # noqa: E402
 
-# Blocked by the sandbox today. `unshare` (a nested user namespace) is not yet blocked: the
-# probe reports it, and the run summary lists it under NOT BLOCKED.
-MUST_BE_BLOCKED = set(ESCAPE_PROBES) - {"unshare"}
+MUST_BE_BLOCKED = set(ESCAPE_PROBES)
 
 
 @pytest.mark.parametrize("family,task", [("python", PY_TASK), ("math", MATH_TASK)])
