@@ -175,6 +175,14 @@ class CgroupManager:
             raise CapsError(f"cannot set up the cgroup of sandbox {sid}: {exc}") from None
         return fds
 
+    def apply(self, sid: str, limits: dict) -> None:
+        """Write `limits` into an existing sandbox cgroup (a spare's, once it is used)."""
+        try:
+            for ctrl, d in self.paths(sid).items():
+                self._apply(ctrl, d, limits)
+        except OSError as exc:
+            raise CapsError(f"cannot set the caps of cgroup {sid}: {exc}") from None
+
     def _apply(self, ctrl: str, d: str, limits: dict) -> None:
         mem = int(limits.get("memory_mb") or 0) << 20
         pids = int(limits.get("pids") or 0)

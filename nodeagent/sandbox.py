@@ -207,6 +207,7 @@ class SandboxRuntime:
         self._free_slices = list(range(1, self.slots + 1))
         self._images: dict[str, _ImageMount] = {}
         self._ids = itertools.count(1)
+        self._cg_ids = itertools.count(1)
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self.swept: list[str] = []
@@ -414,14 +415,22 @@ class SandboxRuntime:
         t_req = time.monotonic()
         ours, theirs = socket.socketpair()
         cg_fds: list[int] = []
+        cgroup = None
         try:
-            cg_fds = self.cgroups.create(sid, spec.limits)
+            # A fresh cgroup, no caps yet: this sandbox's, or (when the holder has a spare builder
+            # already inside its own cgroup) the next spare's. The caps go in before any exec.
+            new_cg = f"c{next(self._cg_ids)}"
+            cg_fds = self.cgroups.create(new_cg, {})
             cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
+                   "cgroup_caps": cg_caps, "cgroup": new_cg, "overlay": self.overlay, "egress_socket": spec.egress_socket,
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
-            self._call(req, [theirs.fileno()] + cg_fds)
+            r = self._call(req, [theirs.fileno()] + cg_fds)
+            cgroup = r["cgroup"]
+            self.cgroups.apply(cgroup, spec.limits)
+            if r.get("need_spare"):
+                self._add_spare()
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
             if not reply.get("ok") or len(fds) != 1:
@@ -431,7 +440,10 @@ class SandboxRuntime:
             init_sock = socket.socket(fileno=fds[0])
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
-            self.cgroups.remove(sid)
+            if cgroup is not None:
+                self.cgroups.remove(cgroup)
+            elif cg_fds:
+                self.cgroups.remove(new_cg)
             self._release(slice_no, key)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         finally:
@@ -439,6 +451,7 @@ class SandboxRuntime:
             for fd in cg_fds:
                 os.close(fd)
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["init_pid"]), reply.get("uid_map", ""), spec, key)
+        sb.cgroup = cgroup
         sb.start_stages = dict(reply.get("stages") or {}, requested=t_req, returned=time.monotonic())
         return sb
 
@@ -455,6 +468,20 @@ class SandboxRuntime:
             if key is not None:
                 self._unref_image_locked(key)
 
+    def _add_spare(self) -> None:
+        """Ask the holder for a spare builder (forked now, joins a fresh cgroup in the background)."""
+        name = f"c{next(self._cg_ids)}"
+        fds: list[int] = []
+        try:
+            fds = self.cgroups.create(name, {})
+            self._call({"op": "add_spare", "cgroup": name}, fds)
+        except (SandboxError, cgroups.CapsError) as exc:
+            log.warning("no spare builder: %s", exc)
+            self.cgroups.remove(name)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
     def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
         """A file operation on sandbox `sid`, answered by a helper of the holder on its own socket."""
         ours, theirs = socket.socketpair()
@@ -469,7 +496,7 @@ class SandboxRuntime:
             ours.close()
 
     def _destroyed(self, sb: "Sandbox") -> None:
-        self.cgroups.remove(sb.id)
+        self.cgroups.remove(sb.cgroup)
         self._release(sb.slice_no, sb.image_key)
 
     # -- warm pools (see nodeagent.warmpool) ---------------------------------------------------
@@ -526,6 +553,7 @@ class Sandbox:
         self.runtime, self.id, self._sock, self.slice_no = runtime, sid, sock, slice_no
         self.init_pid, self.uid_map, self.spec = init_pid, uid_map, spec
         self.image_key = image_key
+        self.cgroup: str | None = None   # name of its cgroup under the node's (see cgroups.py)
         self._lock = threading.Lock()
         self.destroyed = False
 
@@ -537,10 +565,10 @@ class Sandbox:
     @property
     def cgroup_paths(self) -> dict[str, str]:
         """controller -> this sandbox's cgroup directory (empty when caps are rlimits)."""
-        return self.runtime.cgroups.paths(self.id)
+        return self.runtime.cgroups.paths(self.cgroup)
 
     def cgroup_stat(self) -> dict:
-        return self.runtime.cgroups.stat(self.id)
+        return self.runtime.cgroups.stat(self.cgroup)
 
     def _call(self, req: dict, max_bytes: int = framing.DEFAULT_MAX_BYTES) -> dict:
         if self.destroyed:

@@ -7,11 +7,12 @@ and work dirs live on that tmpfs, a minimal /dev, then unshares PID, network, IP
 namespaces and forks the sandbox init. It hands its mount namespace (an fd) to the node init,
 the init's socket (an fd) to the agent, and exits: no process per sandbox but the init.
 
-The init (PID 1 of the sandbox) joins its cgroups (fds the agent opened) and a new cgroup
-namespace, mounts a fresh /proc with sensitive paths masked, brings up `lo` (the only
+The init (PID 1 of the sandbox; the builder moves it into its cgroups through files the agent
+opened) mounts a fresh /proc with sensitive paths masked, brings up `lo` (the only
 interface), pivots into the overlay, then unshares a *child* user namespace whose uid/gid maps
 the builder writes (`0 <slice base> <slice size>`: a disjoint slice of the node's subordinate
-ids per sandbox). From then on it owns no mount or network namespace. It runs commands on
+ids per sandbox), and a cgroup namespace rooted at its cgroup. From then on it owns no mount
+or network namespace. It runs commands on
 request, each in its own session with rlimits (for caps no cgroup enforces), the seccomp filter,
 an output cap and a wall-clock kill; with an egress socket it relays 127.0.0.1:3128 to it.
 
@@ -135,12 +136,21 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
             zygote.close()
             code = 1
             try:
-                code = run_init(init_end, root, req.get("hostname", "sandbox"), list(cgroup_fds),
-                                InitConfig(seccomp_prog, req.get("cgroup_caps") or [], egress_fd))
+                for fd in cgroup_fds:
+                    os.close(fd)
+                code = run_init(init_end, root, req.get("hostname", "sandbox"),
+                                InitConfig(seccomp_prog, req.get("cgroup_caps") or [], egress_fd,
+                                           req.get("limits")))
             finally:
                 os._exit(code)
         stages["init_forked"] = time.monotonic()
         init_end.close()
+        # Move the init into its cgroups while it sets itself up (a v1 migration waits for an
+        # RCU grace period: overlap it). The files were opened by the agent: its credentials
+        # authorise the write. The init unshares its cgroup namespace once "mapped" arrives.
+        for fd in cgroup_fds:
+            os.write(fd, str(pid).encode())
+        stages["cgroups_joined"] = time.monotonic()
         for fd in list(cgroup_fds) + ([egress_fd] if egress_fd is not None else []):
             os.close(fd)
         stages.update(_map_child(pid, base, size, mon_end))
@@ -168,8 +178,16 @@ class InitConfig:
     """What the sandbox init needs besides its root: the seccomp program, which caps the cgroups
     enforce (the rest fall back to rlimits), and the egress socket (an O_PATH fd) if any."""
 
-    def __init__(self, seccomp_prog: bytes = b"", cgroup_caps=(), egress_fd: int | None = None):
+    def __init__(self, seccomp_prog: bytes = b"", cgroup_caps=(), egress_fd: int | None = None,
+                 limits: dict | None = None):
         self.seccomp_prog, self.cgroup_caps, self.egress_fd = seccomp_prog, set(cgroup_caps), egress_fd
+        self.limits = limits or {}
+        # Fast path: with memory and pids in cgroups, the remaining rlimits and the seccomp
+        # filter go on the init itself (inherited by every command), and commands are started
+        # with vfork+exec (no copy of the init's memory). Otherwise each command's child sets
+        # its own rlimits (RLIMIT_AS must not bind the init) and installs the filter.
+        self.fast = {"memory", "pids"} <= self.cgroup_caps
+        self.filtered = False
 
 
 def _map_child(pid: int, base: int, size: int, init: socket.socket) -> dict:
@@ -178,7 +196,7 @@ def _map_child(pid: int, base: int, size: int, init: socket.socket) -> dict:
         raise RuntimeError(f"sandbox init failed before its user namespace: {msg.get('error', msg)}")
     t_unshared = time.monotonic()
     inner = {k: float(v) for k, v in (msg.get("stages") or {}).items()
-             if k in ("init_start", "init_cgroups", "init_setup")}
+             if k in ("init_start", "init_setup")}
     _w(f"/proc/{pid}/uid_map", f"0 {base} {size}\n")
     _w(f"/proc/{pid}/setgroups", "deny")
     _w(f"/proc/{pid}/gid_map", f"0 {base} {size}\n")
@@ -430,24 +448,12 @@ def _init_setup(root: str, hostname: str) -> None:
     os.chdir("/")
 
 
-def _join_cgroups(fds: list[int]) -> None:
-    """Join the sandbox's cgroups through `cgroup.procs` files the agent opened, then give the
-    sandbox its own cgroup namespace (its cgroup is its '/')."""
-    for fd in fds:
-        os.write(fd, b"0")
-        os.close(fd)
-    nsutil.unshare(nsutil.CLONE_NEWCGROUP)
-
-
-def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int] = (),
-             cfg: "InitConfig | None" = None) -> int:
+def run_init(mon: socket.socket, root: str, hostname: str, cfg: "InitConfig | None" = None) -> int:
     cfg = cfg or InitConfig()
     # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
     stages = {"init_start": time.monotonic()}
     try:
-        _join_cgroups(list(cgroup_fds))
-        stages["init_cgroups"] = time.monotonic()
         _init_setup(root, hostname)
         stages["init_setup"] = time.monotonic()
         nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
@@ -459,10 +465,17 @@ def run_init(mon: socket.socket, root: str, hostname: str, cgroup_fds: list[int]
         return 1
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
+    # The builder has moved this process into its cgroups by now: they become its root.
+    nsutil.unshare(nsutil.CLONE_NEWCGROUP)
     nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
     nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
     if cfg.egress_fd is not None:
         _start_egress_relay(cfg.egress_fd)
+    if cfg.fast:
+        _set_rlimits(cfg.limits, cfg.cgroup_caps)
+        if cfg.seccomp_prog:
+            seccomp.install(cfg.seccomp_prog)   # the init needs none of the denied calls from here on
+            cfg.filtered = True
     framing.send_msg(mon, {"stage": "ready"})
     while True:
         try:
@@ -532,22 +545,58 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
                 return
 
 
+def _set_rlimits(lim: dict, cgroup_caps) -> None:
+    mb = 1024 * 1024
+    for res, val, cap in ((resource.RLIMIT_AS, lim.get("memory_mb", 0) * mb, "memory"),
+                          (resource.RLIMIT_NPROC, lim.get("pids", 0), "pids"),
+                          (resource.RLIMIT_FSIZE, lim.get("disk_mb", 0) * mb, None),
+                          (resource.RLIMIT_NOFILE, lim.get("nofile", 0), None),
+                          (resource.RLIMIT_CORE, 0, None)):
+        if cap in cgroup_caps:
+            continue
+        if val or res == resource.RLIMIT_CORE:
+            resource.setrlimit(res, (int(val), int(val)))
+
+
+def _command_env(req: dict, cfg: "InitConfig") -> dict:
+    env = {"PATH": SANDBOX_PATH, "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
+    if cfg.egress_fd is not None:
+        proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+        env.update({k: proxy for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")})
+    env.update(req.get("env") or {})
+    return env
+
+
+def _spawn_fast(req: dict, cfg: "InitConfig", stdin_r: int, out_w: int, err_w: int) -> int:
+    """vfork+exec through the subprocess machinery: new session, stdio, cwd, env, uid/gid;
+    rlimits and seccomp are already on the init. Raises OSError if the command cannot start."""
+    kw = {}
+    if req.get("uid") is not None:
+        kw = {"user": int(req["uid"]), "group": int(req["uid"])}
+    try:
+        p = subprocess.Popen(req["argv"], stdin=stdin_r, stdout=out_w, stderr=err_w,
+                             cwd=req.get("cwd") or "/work", env=_command_env(req, cfg),
+                             start_new_session=True, close_fds=True, **kw)
+    except BlockingIOError:
+        _kill_all_but_me()   # a fork bomb holds every PID: reclaim, try once more
+        p = subprocess.Popen(req["argv"], stdin=stdin_r, stdout=out_w, stderr=err_w,
+                             cwd=req.get("cwd") or "/work", env=_command_env(req, cfg),
+                             start_new_session=True, close_fds=True, **kw)
+    p.returncode = 0   # reaped by _reap(), never by this object
+    try:
+        with open(f"/proc/{p.pid}/oom_score_adj", "w") as f:
+            f.write("1000")   # under memory pressure the workload dies, never the sandbox init
+    except OSError:
+        pass
+    return p.pid
+
+
 def _exec_child(req: dict, stdin_r: int, out_w: int, err_w: int, cfg: "InitConfig") -> None:
     """In the forked child: new session, rlimits (for caps no cgroup enforces), stdio, uid,
     the OOM killer's first choice, seccomp, execve. Never returns."""
     try:
         os.setsid()
-        lim = req.get("limits", {})
-        mb = 1024 * 1024
-        for res, val, cap in ((resource.RLIMIT_AS, lim.get("memory_mb", 0) * mb, "memory"),
-                              (resource.RLIMIT_NPROC, lim.get("pids", 0), "pids"),
-                              (resource.RLIMIT_FSIZE, lim.get("disk_mb", 0) * mb, None),
-                              (resource.RLIMIT_NOFILE, lim.get("nofile", 0), None),
-                              (resource.RLIMIT_CORE, 0, None)):
-            if cap in cfg.cgroup_caps:
-                continue
-            if val or res == resource.RLIMIT_CORE:
-                resource.setrlimit(res, (int(val), int(val)))
+        _set_rlimits(req.get("limits", {}), cfg.cgroup_caps)
         nsutil.prctl(nsutil.PR_SET_DUMPABLE, 1)   # execve makes it dumpable anyway; /proc/self is ours again
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")   # under memory pressure the workload dies, never the sandbox init
@@ -556,17 +605,13 @@ def _exec_child(req: dict, stdin_r: int, out_w: int, err_w: int, cfg: "InitConfi
         os.dup2(err_w, 2)
         os.closerange(3, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        env = {"PATH": SANDBOX_PATH, "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
-        if cfg.egress_fd is not None:
-            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
-            env.update({k: proxy for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")})
-        env.update(req.get("env") or {})
+        env = _command_env(req, cfg)
         os.chdir(req.get("cwd") or "/work")
         if req.get("uid") is not None:
             uid = int(req["uid"])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-        if cfg.seccomp_prog:
+        if cfg.seccomp_prog and not cfg.filtered:
             seccomp.install(cfg.seccomp_prog)
         os.execvpe(req["argv"][0], req["argv"], env)
     except BaseException as exc:
@@ -584,15 +629,18 @@ def run_command(req: dict, cfg: "InitConfig | None" = None) -> dict:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     t0 = time.monotonic()
+    cfg = cfg or InitConfig()
     try:
-        pid = _fork_or_reclaim()
+        pid = _spawn_fast(req, cfg, stdin_r, out_w, err_w) if cfg.fast else _fork_or_reclaim()
     except OSError as exc:
         for fd in (stdin_r, stdin_w, out_r, out_w, err_r, err_w):
             os.close(fd)
-        return {"exit_code": 126, "stdout": b"", "stderr": f"paddock: cannot start the command: {exc}\n".encode(),
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        return {"exit_code": code, "stdout": b"",
+                "stderr": f"paddock: cannot run {argv!r}: {exc}\n".encode(),
                 "timed_out": False, "truncated": False, "wall_s": time.monotonic() - t0}
     if pid == 0:
-        _exec_child(req, stdin_r, out_w, err_w, cfg or InitConfig())
+        _exec_child(req, stdin_r, out_w, err_w, cfg)
     for fd in (stdin_r, out_w, err_w):
         os.close(fd)
     _feed_stdin(stdin_w, req.get("stdin") or b"")

@@ -51,6 +51,8 @@ class NodeInit:
         self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
+        self.spares: list[tuple[int, socket.socket, str]] = []   # ready: pid, socket, cgroup name
+        self._after_reply = None                                  # work deferred past a reply
         self.seccomp_prog = b""                        # built once, installed before each exec
 
     def setup(self) -> None:
@@ -69,6 +71,8 @@ class NodeInit:
                 if key.fileobj is self.ctl:
                     if not self.serve_agent():
                         return   # the agent went away: exiting tears the node namespace down
+                elif key.data and key.data[0] == "spare":
+                    self.spare_ready(key.fileobj, key.data)
                 else:
                     self.take_sandbox(key.fileobj)
             self.reap()
@@ -86,7 +90,50 @@ class NodeInit:
             for fd in fds:
                 os.close(fd)
         framing.send_msg(self.ctl, reply)
+        if self._after_reply is not None:
+            after, self._after_reply = self._after_reply, None
+            after()
         return True
+
+    # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups --
+    def add_spare(self, cgroup: str, cg_fds: list[int]) -> None:
+        ours, theirs = socket.socketpair()
+        dups = [os.dup(fd) for fd in cg_fds]
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
+                code = self._spare_main(theirs, dups)
+            finally:
+                os._exit(code)
+        theirs.close()
+        for fd in dups:
+            os.close(fd)
+        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup))
+
+    def _spare_main(self, sock: socket.socket, cg_fds: list[int]) -> int:
+        for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
+            os.write(fd, b"0")
+            os.close(fd)
+        framing.send_msg(sock, {"ready": True})
+        try:
+            req, fds = framing.recv_msg(sock, with_fds=True)
+        except framing.FramingError:
+            return 0   # the node is closing
+        agent = socket.socket(fileno=fds[0])
+        return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
+                                   sbx_root=self.sbx_dir, seccomp_prog=self.seccomp_prog)
+
+    def spare_ready(self, sock: socket.socket, data: tuple) -> None:
+        self.sel.unregister(sock)
+        try:
+            if framing.recv_msg(sock, max_bytes=4096).get("ready"):
+                self.spares.append((data[1], sock, data[2]))
+                return
+        except framing.FramingError:
+            pass
+        sock.close()   # the spare died before it was ready
 
     def take_sandbox(self, sock: socket.socket) -> None:
         """A builder reports a finished sandbox and hands over its mount namespace."""
@@ -126,6 +173,9 @@ class NodeInit:
             if not fds:
                 return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
             return self.create(req, fds)
+        if op == "add_spare":
+            self.add_spare(req["cgroup"], fds)
+            return {"ok": True}
         if op == "sbx_op":
             if len(fds) != 1:
                 return {"ok": False, "error": "sbx_op needs exactly one reply socket fd"}
@@ -174,11 +224,33 @@ class NodeInit:
         return {"ok": True}
 
     def create(self, req: dict, fds: list[int]) -> dict:
+        """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of the cgroup
+        named req["cgroup"]. With a ready spare, the spare builds this sandbox (in its own,
+        already joined cgroup, named in the reply) and a new spare takes the new cgroup;
+        otherwise a builder is forked now and moves the init into the new cgroup."""
         mnt = os.path.join(self.images_dir, req["image_key"])
         if req["image_key"] not in self.fuse:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
         if req["id"] in self.sandboxes:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
+        while self.spares:
+            pid, sock, cgroup = self.spares.pop(0)
+            try:
+                framing.send_msg(sock, req, [fds[0]])
+            except OSError:
+                sock.close()   # that spare died: try the next
+                continue
+            self.sel.register(sock, selectors.EVENT_READ)
+            cg_dups = [os.dup(fd) for fd in fds[1:]]
+
+            def refill(name=req.get("cgroup"), dups=cg_dups):
+                try:
+                    self.add_spare(name, dups)
+                finally:
+                    for fd in dups:
+                        os.close(fd)
+            self._after_reply = refill
+            return {"ok": True, "pid": pid, "cgroup": cgroup}
         dups = [os.dup(fd) for fd in fds]
         ours, theirs = socket.socketpair()
         pid = os.fork()
@@ -196,7 +268,7 @@ class NodeInit:
         for fd in dups:
             os.close(fd)
         self.sel.register(ours, selectors.EVENT_READ)
-        return {"ok": True, "pid": pid}
+        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "need_spare": True}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
