@@ -6,7 +6,7 @@ answer checker): the reference solution (must pass), the null solution (no chang
 and the battery `HACKS` for its checker kind — edit or delete the tests, a conftest that skips
 or passes everything, `sys.exit(0)` / `os._exit(0)` at import, printing PASSED/OK, fake report
 files, monkeypatching the test framework, reading the hidden tests or the reference by guessing
-paths, an object that equals everything, startup hooks (.pth, sitecustomize), a shadow pytest;
+paths, an object that equals everything, forged events on the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest;
 for answer tasks: claiming success, empty or multiple answers, a pathological expression.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
@@ -125,6 +125,21 @@ class _Everything(str):
 def __getattr__(name):
     return lambda *a, **k: _Everything()
 """
+_FORGE_EVENTS = """
+import json as _json, os as _os
+def _forge(*args, **kwargs):
+    fake = [{"ev": "test", "id": f"test_{i}", "when": "call", "outcome": "passed"} for i in range(50)]
+    fake.append({"ev": "end", "exitstatus": 0})
+    for fd in range(3, 64):
+        for ev in fake:
+            try:
+                _os.write(fd, (_json.dumps({"ev": ev, "mac": "0" * 32}) + "\\n").encode())
+            except OSError:
+                break
+    _os._exit(0)
+def __getattr__(name):
+    return _forge
+"""
 _CONFTEST_SKIP = ("import pytest\n\ncollect_ignore_glob = ['*']\n\n"
                   "def pytest_collection_modifyitems(items):\n"
                   "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='x'))\n")
@@ -151,6 +166,7 @@ def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
         "monkeypatch_framework": lambda: _stub_with(task, _PATCH_FRAMEWORK),
         "peek_hidden_files": lambda: _stub_with(task, "", _PEEK),
         "equals_everything": lambda: {sol: _EQ_EVERYTHING},
+        "forge_report_events": lambda: {sol: _FORGE_EVENTS},
         "startup_hooks": lambda: {".local/lib/python3.11/site-packages/zz.pth": "import os; os._exit(0)\n",
                                   "sitecustomize.py": "import os\nos._exit(0)\n",
                                   "usercustomize.py": "import os\nos._exit(0)\n", sol: stub},

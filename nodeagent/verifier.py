@@ -59,14 +59,22 @@ test. Child: drops to an unprivileged uid (cannot read the test files, nor write
 test modules are compiled from the sources read before the drop.
 """
 import builtins
+import hashlib
+import hmac
 import importlib.abc
 import importlib.util
 import json
 import os
+import select
+import signal
 import sys
 
 _write, _getpid, _exit = os.write, os.getpid, os._exit
-MAX_EVENTS_BYTES = 1 << 20
+MAX_EVENTS_BYTES = 4 << 20
+
+
+def _mac(key, seq, body):
+    return hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def parent(argv):
@@ -79,6 +87,7 @@ def parent(argv):
             if name.endswith(".py"):
                 with open(os.path.join(base, name), "rb") as f:
                     sources[os.path.join(base, name)] = f.read()
+    key = os.urandom(32)        # signs every event: lines written by anything else are forged
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -90,30 +99,47 @@ def parent(argv):
             os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
                                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
             sys.modules["paddock_grader"] = sys.modules[__name__]
-            child(w, sources, args)
+            child(w, key, sources, args)
         except BaseException as exc:
             os.write(2, f"paddock grader: cannot run pytest: {exc!r}\n".encode())
         _exit(127)
     os.close(w)
-    data = bytearray()
+    data, status = bytearray(), None
     while True:
+        if status is None:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            status = st if got else None
+        ready, _, _ = select.select([r], [], [], 0.05)
+        if not ready:
+            if status is not None:
+                break           # pytest exited; strays that hold the pipe do not keep us waiting
+            continue
         chunk = os.read(r, 65536)
         if not chunk:
             break
         if len(data) < MAX_EVENTS_BYTES:
             data += chunk[:MAX_EVENTS_BYTES - len(data)]
-    _, status = os.waitpid(pid, 0)
-    events, bad = [], 0
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)     # whatever the code under test left running
+    except ProcessLookupError:
+        pass
+    events, bad, forged, seq = [], 0, 0, 0
     for line in bytes(data).decode("utf-8", "replace").splitlines():
         try:
-            ev = json.loads(line)
-            if not isinstance(ev, dict):
-                raise ValueError
-            events.append(ev)
-        except ValueError:
+            rec = json.loads(line)
+            body = json.dumps(rec["ev"], sort_keys=True)
+        except (ValueError, KeyError, TypeError):
             bad += 1
+            continue
+        if not isinstance(rec["ev"], dict) or not hmac.compare_digest(str(rec.get("mac")), _mac(key, seq, body)):
+            forged += 1
+            continue
+        events.append(rec["ev"])
+        seq += 1
     report = {"grader": 1, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
-              "malformed_lines": bad, "truncated": len(data) >= MAX_EVENTS_BYTES}
+              "malformed_lines": bad, "forged_lines": forged, "truncated": len(data) >= MAX_EVENTS_BYTES}
     tmp = os.path.join(report_dir, "report.json.tmp")
     with open(tmp, "w") as f:
         json.dump(report, f)
@@ -140,12 +166,21 @@ def strict_eq(a, b):
 
 
 class _Plugin:
-    def __init__(self, fd):
+    def __init__(self, fd, key):
         self.fd = fd
         self.watch = []
+        seq = [0]
+
+        def sign(body):
+            mac = _mac(key, seq[0], body)
+            seq[0] += 1
+            return mac
+        self.sign = sign
 
     def emit(self, **ev):
-        _write(self.fd, (json.dumps(ev, default=str) + "\n").encode())
+        ev = json.loads(json.dumps(ev, default=str))
+        body = json.dumps(ev, sort_keys=True)
+        _write(self.fd, (json.dumps({"ev": ev, "mac": self.sign(body)}) + "\n").encode())
 
     def snapshot(self):
         import _pytest.main
@@ -160,7 +195,7 @@ class _Plugin:
                    (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
                    (sys.modules[__name__], "strict_eq"), (_Plugin, "pytest_runtest_logreport"),
-                   (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (_MemFinder, "find_spec"),
+                   (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
         return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
                  else getattr(obj, name, None)) for obj, name in targets]
@@ -235,9 +270,10 @@ class _MemFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-def child(fd, sources, args):
+def child(fd, key, sources, args):
     import pytest
-    plugin = _Plugin(fd)
+    plugin = _Plugin(fd, key)
+    del key
     plugin.finder = _MemFinder(sources)
     code = pytest.main(args, plugins=[plugin])
     _exit(int(code))
@@ -472,6 +508,11 @@ def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.
             raise TypeError("events is not a list")
     except (ValueError, KeyError, TypeError) as exc:
         raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    if report.get("malformed_lines") or report.get("forged_lines"):
+        events = events + [{"ev": "tamper", "forged_lines": report.get("forged_lines", 0),
+                            "malformed_lines": report.get("malformed_lines", 0)}]
+    if report.get("truncated"):
+        events = events + [{"ev": "tamper", "detail": "the event stream was flooded past its cap"}]
     kinds = [e.get("ev") for e in events]
     if "start" not in kinds:
         raise VerifierInfraError(f"pytest did not start in the verifier sandbox (exit {report.get('exit_code')})")
