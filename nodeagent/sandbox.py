@@ -134,6 +134,19 @@ def choose_overlay(mode: str = "auto", release: str | None = None) -> str:
     return "kernel"
 
 
+def host_problems(fuse_dev: str = "/dev/fuse", which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """What this host lacks for native sandboxes, each with its fix (empty when ready)."""
+    out = []
+    if not which("squashfuse"):
+        out.append("squashfuse is not installed: run `make setup` (apt-get install squashfuse)")
+    try:
+        if os.stat(fuse_dev).st_mode & 0o006 != 0o006:
+            out.append(f"{fuse_dev} is not usable by the sandbox ids: run `make setup` (chmod 0666 {fuse_dev})")
+    except FileNotFoundError:
+        out.append(f"{fuse_dev} is missing: load the fuse kernel module (modprobe fuse)")
+    return out
+
+
 def _check_traversable(path: str) -> None:
     """The node holder runs as a subordinate uid: every ancestor of its state dir needs o+x."""
     cur = os.path.abspath(path)
@@ -214,6 +227,9 @@ class SandboxRuntime:
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> "SandboxRuntime":
+        problems = host_problems()
+        if problems:
+            raise SandboxError("native sandboxes cannot run on this host: " + "; ".join(problems))
         if self._own_state:
             os.makedirs(self.run_root, mode=0o755, exist_ok=True)
             self.swept = sweep_state_dirs(self.run_root)

@@ -2,6 +2,8 @@
 (injected clock); the kernel path chosen at start; the fuse-overlayfs path; bad images."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, choose_overlay
@@ -80,3 +82,15 @@ def test_subuid_range_missing_or_too_small_names_the_fix():
         SandboxRuntime(user="no-such-user-for-paddock")
     with pytest.raises(SandboxError, match="too small.*usermod --add-subuids"):
         SandboxRuntime(subids=(100000, 1024))
+
+
+def test_host_without_squashfuse_or_usable_fuse_device_names_the_fix(tmp_path):
+    from nodeagent.sandbox import host_problems
+    dev = tmp_path / "fuse"
+    dev.write_bytes(b"")
+    os.chmod(dev, 0o600)
+    problems = host_problems(str(dev), which=lambda name: None)
+    assert problems[0].startswith("squashfuse is not installed: run `make setup`")
+    assert f"chmod 0666 {dev}" in problems[1]
+    assert "modprobe fuse" in host_problems(str(tmp_path / "absent"), which=lambda n: "/bin/x")[0]
+    assert host_problems("/dev/fuse") == []
