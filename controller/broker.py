@@ -351,7 +351,8 @@ class BrokerCore:
 
     def _answer_watch(self, identity: bytes, msg: P.Watch, final: bool) -> bool:
         items, cursor = self.queue.results_after(msg.batch_id, msg.after)
-        done = self.queue.batch_done(msg.batch_id) and not self.queue.results_after(
+        full = len(items) >= self.queue.config.max_results_per_watch
+        done = not full and self.queue.batch_done(msg.batch_id) and not self.queue.results_after(
             msg.batch_id, cursor)[0]
         if not (items or done or final):
             return False

@@ -612,5 +612,5 @@ def _compile(tp: Any) -> Checker:
 
 def _to_json(value: Any) -> Any:
     if isinstance(value, PolicyRef):
-        return dataclasses.asdict(value)
+        return {"version": value.version, "endpoint": value.endpoint, "model": value.model}
     return value

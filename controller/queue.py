@@ -69,6 +69,10 @@ STALE_POLICY = "stale_policy"
 STALE_POLICY_ACTIONS = ("rerun", "drop")
 
 
+_LEASE_IS_LEGAL = all(LEASED in TRANSITIONS[s] for s in LEASABLE)
+assert _LEASE_IS_LEGAL, "every leasable state must be allowed to become leased"
+
+
 def check_transition(rollout_id: str, old: str, new: str) -> None:
     assert new in TRANSITIONS[old], (
         f"illegal rollout transition {old} -> {new} for rollout {rollout_id}")
@@ -164,10 +168,11 @@ CREATE TABLE IF NOT EXISTS rollouts (
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 CREATE INDEX IF NOT EXISTS rollouts_node ON rollouts (node, state);
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
+CREATE INDEX IF NOT EXISTS rollouts_batch_state ON rollouts (batch_id, state);
 CREATE TABLE IF NOT EXISTS attempts (
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
     node TEXT NOT NULL, outcome TEXT, reason TEXT, started_at REAL NOT NULL,
-    finished_at REAL, PRIMARY KEY (rollout_id, attempt));
+    finished_at REAL, idem TEXT, reply TEXT, PRIMARY KEY (rollout_id, attempt));
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
     created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
@@ -198,10 +203,18 @@ class RolloutQueue:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN failures INTEGER NOT NULL"
                              " DEFAULT 0")
             self._db.execute("UPDATE rollouts SET failures = attempt")
+        if "idem" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
+            self._db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
+            self._db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
         self._depth = 0
         with self._tx():
             for key in ("token", "commit_seq", "batch_seq", "rollout_seq"):
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, 0)", (key,))
+        # Commit sequence numbers live with the rows they order: the next one follows the
+        # largest on disk (a rolled-back transaction leaves a gap, never a repeat).
+        self._commit_seq = max(
+            self._db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0],
+            self._db.execute("SELECT COALESCE(MAX(commit_seq), 0) FROM rollouts").fetchone()[0])
 
     def close(self) -> None:
         self._db.close()
@@ -210,34 +223,45 @@ class RolloutQueue:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction; nested inside `batch()` it is a savepoint of the batch's."""
-        outer = self._depth == 0
-        self._db.execute("BEGIN IMMEDIATE" if outer else "SAVEPOINT tx")
-        self._depth += 1
+        """One transaction; inside `batch()` it joins the batch's transaction."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self._db
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
         try:
             yield self._db
         except BaseException:
-            self._depth -= 1
-            self._db.execute("ROLLBACK" if outer else "ROLLBACK TO tx")
-            if not outer:
-                self._db.execute("RELEASE tx")
+            self._depth = 0
+            self._db.execute("ROLLBACK")
             raise
-        self._depth -= 1
-        self._db.execute("COMMIT" if outer else "RELEASE tx")
+        self._depth = 0
+        self._db.execute("COMMIT")
 
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Group commit: every mutation inside is one transaction, durable when this exits.
 
-        A method that raises inside rolls back only its own changes (a savepoint). The caller
-        must not acknowledge anything done inside before the block has exited.
+        The caller must not acknowledge anything done inside before the block has exited.
+        Methods that refuse a request (ValueError, UnknownBatch, PolicyConflict) do so before
+        writing anything, so a refusal inside a batch leaves the batch's other work intact;
+        any other exception rolls back the whole batch.
         """
         with self._tx():
             yield
 
-    def _next(self, key: str) -> int:
-        return self._db.execute("UPDATE meta SET value = value + 1 WHERE key = ? RETURNING value",
-                                (key,)).fetchone()[0]
+    def _next(self, key: str, n: int = 1) -> int:
+        """Advance a persisted counter by n; returns its new value (the last of the n)."""
+        return self._db.execute("UPDATE meta SET value = value + ? WHERE key = ? RETURNING value",
+                                (n, key)).fetchone()[0]
+
+    def _next_commit_seq(self) -> int:
+        self._commit_seq += 1
+        return self._commit_seq
 
     def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
         """Change one rollout's state (asserting the table) and any other columns."""
@@ -357,23 +381,31 @@ class RolloutQueue:
         """Lease each (rollout_id, node), each with a fresh token; a rollout that is no longer
         due (leased meanwhile, cancelled) is skipped."""
         leases = []
+        if not assignments:
+            return leases
         with self._tx():
             now = self.clock()
+            # One block of fencing tokens for the whole call (unused ones are a gap).
+            token = self._next("token", len(assignments)) - len(assignments)
             for rollout_id, node in assignments:
-                row = self._row(rollout_id)
-                if row is None or row["state"] not in LEASABLE or row["not_before"] > now:
+                token += 1
+                # The WHERE clause admits only LEASABLE states, all of which may become
+                # LEASED (asserted on the table at import: _LEASE_IS_LEGAL).
+                r = self._db.execute(
+                    f"UPDATE rollouts SET state = ?, attempt = attempt + 1, token = ?, node = ?,"
+                    f" lease_deadline = ?, updated_at = ? WHERE rollout_id = ? AND state IN"
+                    f" ({_qs(LEASABLE)}) AND not_before <= ? RETURNING attempt, task_ref,"
+                    f" policy_version, seed, batch_id",
+                    (LEASED, token, node, now + self.config.lease_ttl_s, now, rollout_id,
+                     *LEASABLE, now)).fetchone()
+                if r is None:
                     continue
-                token = self._next("token")
-                attempt = row["attempt"] + 1
-                self._move(row, LEASED, now, attempt=attempt, token=token, node=node,
-                           lease_deadline=now + self.config.lease_ttl_s)
                 self._db.execute("INSERT INTO attempts (rollout_id, attempt, token, node,"
                                  " started_at) VALUES (?, ?, ?, ?, ?)",
-                                 (row["rollout_id"], attempt, token, node, now))
-                leases.append(Lease(row["rollout_id"], attempt, token, row["task_ref"],
-                                    row["policy_version"], row["seed"], row["batch_id"], node))
+                                 (rollout_id, r[0], token, node, now))
+                leases.append(Lease(rollout_id, r[0], token, r[1], r[2], r[3], r[4], node))
                 log.debug("rollout %s attempt %d leased to %s (token %d)", rollout_id,
-                          attempt, node, token)
+                          r[0], node, token)
         return leases
 
     def _held(self, rollout_id: str, attempt: int, token: int) -> tuple[Optional[sqlite3.Row],
@@ -391,13 +423,17 @@ class RolloutQueue:
     def mark_running(self, rollout_id: str, attempt: int, token: int) -> Completion:
         """The holder started the rollout: leased -> running, deadline renewed."""
         with self._tx():
-            row, reason = self._held(rollout_id, attempt, token)
-            if row is None:
-                return Completion(False, reason, False)
-            if row["state"] == LEASED:
-                now = self.clock()
-                self._move(row, RUNNING, now, lease_deadline=now + self.config.lease_ttl_s)
-        return Completion(True, None, False)
+            now = self.clock()
+            check_transition(rollout_id, LEASED, RUNNING)
+            cur = self._db.execute(
+                "UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
+                " rollout_id = ? AND attempt = ? AND token = ? AND state = ?",
+                (RUNNING, now + self.config.lease_ttl_s, now, rollout_id, attempt, token, LEASED))
+            if cur.rowcount == 1:
+                log.debug("rollout %s attempt %s: leased -> running", rollout_id, attempt)
+                return Completion(True, None, False)
+            row, reason = self._held(rollout_id, attempt, token)  # already running, or stale
+        return Completion(row is not None, reason, False)
 
     def mark_verifying(self, rollout_id: str, attempt: int, token: int) -> Completion:
         with self._tx():
@@ -433,43 +469,58 @@ class RolloutQueue:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         with self._tx():
-            stored = self._idem_get("complete:" + idem)
-            if stored is not None:
-                return Completion(**{**stored, "duplicate": True})
             row, reason = self._held(rollout_id, attempt, token)
             if row is None:
+                stored = self._stored_completion(rollout_id, attempt, idem)
+                if stored is not None:
+                    return stored
                 log.info("rollout %s attempt %d: result rejected (%s, token %d)", rollout_id,
                          attempt, reason, token)
                 return Completion(False, reason, False)
             now = self.clock()
+            # The reply is stored with the attempt it ends (the idempotency record).
             if outcome in POLICY_OUTCOMES:
                 if reward is None and outcome != "pass":
                     reward = 0.0
-                self._finish_attempt(row, now, outcome, None)
+                result = Completion(True, None, True)
+                self._finish_attempt(row, now, outcome, None, idem, result)
                 self._move(row, COMMITTED, now, outcome=outcome, reward=reward,
                            shards=json.dumps(shards, sort_keys=True), lease_deadline=None,
-                           commit_seq=self._next("commit_seq"))
-                result = Completion(True, None, True)
+                           commit_seq=self._next_commit_seq())
             else:
-                self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False)
                 result = Completion(True, None, False)
-            self._idem_put("complete:" + idem, result.__dict__)
+                self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False,
+                                   idem=idem, reply=result)
         return result
 
-    def _finish_attempt(self, row: sqlite3.Row, now: float, outcome: str,
-                        reason: Optional[str]) -> None:
-        self._db.execute("UPDATE attempts SET outcome = ?, reason = ?, finished_at = ?"
-                         " WHERE rollout_id = ? AND attempt = ?",
-                         (outcome, reason, now, row["rollout_id"], row["attempt"]))
+    def _stored_completion(self, rollout_id: str, attempt: int,
+                           idem: str) -> Optional[Completion]:
+        """The stored reply of a result already accepted under this idempotency key."""
+        r = self._db.execute("SELECT reply FROM attempts WHERE rollout_id = ? AND attempt = ?"
+                             " AND idem = ?", (rollout_id, attempt, idem)).fetchone()
+        stored = json.loads(r[0]) if r is not None else self._idem_get("complete:" + idem)
+        return None if stored is None else Completion(**{**stored, "duplicate": True})
 
-    def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool) -> str:
+    def _finish_attempt(self, row: sqlite3.Row, now: float, outcome: str,
+                        reason: Optional[str], idem: Optional[str] = None,
+                        reply: Optional[Completion] = None) -> None:
+        self._db.execute("UPDATE attempts SET outcome = ?, reason = ?, finished_at = ?, idem = ?,"
+                         " reply = ? WHERE rollout_id = ? AND attempt = ?",
+                         (outcome, reason, now, idem,
+                          None if reply is None else json.dumps(
+                              {"accepted": reply.accepted, "reason": reply.reason,
+                               "committed": reply.committed}),
+                          row["rollout_id"], row["attempt"]))
+
+    def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool,
+                      idem: Optional[str] = None, reply: Optional[Completion] = None) -> str:
         """An infrastructure failure of the current attempt: retry_wait or dead_letter."""
-        self._finish_attempt(row, now, INFRA_ERROR, reason)
+        self._finish_attempt(row, now, INFRA_ERROR, reason, idem, reply)
         failures = row["failures"] + 1
         if failures >= self.config.max_attempts:
             self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
                        infra_reason=reason, lease_deadline=None, failures=failures,
-                       commit_seq=self._next("commit_seq"))
+                       commit_seq=self._next_commit_seq())
             log.warning("rollout %s dead-lettered after %d attempts (last: %s)",
                         row["rollout_id"], row["attempt"], reason)
             return DEAD_LETTER
@@ -538,9 +589,10 @@ class RolloutQueue:
         if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
                             (batch_id,)).fetchone() is None:
             raise UnknownBatch(batch_id)
-        r = self._db.execute(f"SELECT COUNT(*) FROM rollouts WHERE batch_id = ? AND state NOT IN"
-                             f" ({_qs(TERMINAL)})", (batch_id, *TERMINAL)).fetchone()
-        return r[0] == 0
+        live = tuple(s for s in STATES if s not in TERMINAL)
+        r = self._db.execute(f"SELECT 1 FROM rollouts WHERE batch_id = ? AND state IN"
+                             f" ({_qs(live)}) LIMIT 1", (batch_id, *live)).fetchone()
+        return r is None
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(STATES, 0)
@@ -615,7 +667,7 @@ class RolloutQueue:
                 self._finish_attempt(row, now, "revoked", STALE_POLICY)
             if self.config.stale_policy == "drop":
                 self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=STALE_POLICY,
-                           commit_seq=self._next("commit_seq"))
+                           commit_seq=self._next_commit_seq())
             else:
                 self._db.execute("UPDATE rollouts SET policy_version = ? WHERE rollout_id = ?",
                                  (latest.version, row["rollout_id"]))

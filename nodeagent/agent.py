@@ -67,6 +67,7 @@ class NodeAgent:
         self._finished_order: collections.deque = collections.deque()
         self.unacked: dict[str, _Pending] = {}  # result message id -> pending
         self.done: queue.Queue = queue.Queue()
+        self.starting: list[Attempt] = []  # `started` not sent yet: skipped if it already ended
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
         self.images: set[str] = set()
         self.draining = False
@@ -81,6 +82,9 @@ class NodeAgent:
         self.registrations = 0
         self.ctx = zmq.Context.instance()
         self.sock: Optional[zmq.Socket] = None
+        self._wake_r, self._wake_w = os.pipe()  # a worker finished: wake the loop at once
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     # -- socket -----------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -116,7 +120,16 @@ class NodeAgent:
         last_rx = last_hb = self.clock()
         backoff_s = self.hb_s
         while not self.stopped:
-            if self.sock.poll(timeout=int(min(self.hb_s, 0.05) * 1000)):
+            poller = zmq.Poller()
+            poller.register(self.sock, zmq.POLLIN)
+            poller.register(self._wake_r, zmq.POLLIN)
+            ready = dict(poller.poll(timeout=int(min(self.hb_s, 0.05) * 1000)))
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if self.sock in ready:
                 for _ in range(256):
                     try:
                         data = self.sock.recv(zmq.NOBLOCK)
@@ -135,6 +148,7 @@ class NodeAgent:
             if self.drain_requested is not None:
                 self.drain(self.drain_requested)
             self._flush_results()
+            self._flush_started()
             now = self.clock()
             if now - last_hb >= self.hb_s:
                 self._heartbeat()
@@ -149,6 +163,8 @@ class NodeAgent:
                 break
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close(linger=100)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         return 0
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
@@ -223,7 +239,7 @@ class NodeAgent:
         a = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
                     msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
         self.active[msg.rollout_id] = a
-        self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
+        self.starting.append(a)
         self.pool.submit(self._work, a)
 
     def _run_attempt(self, a: Attempt) -> AttemptResult:
@@ -238,6 +254,10 @@ class NodeAgent:
         except Exception as exc:  # a bug in one attempt must not take the node down
             log.exception("rollout %s crashed", a.rollout_id)
             self.done.put((a, "infra_error", None, {}, f"agent_crash: {type(exc).__name__}: {exc}"))
+        try:
+            os.write(self._wake_w, b"!")
+        except (BlockingIOError, OSError):  # the pipe is full (the loop wakes anyway) or closed
+            pass
 
     def _flush_results(self) -> None:
         while True:
@@ -261,6 +281,13 @@ class NodeAgent:
                            idem=f"{a.rollout_id}:{a.attempt}:{a.token}")
             self.unacked[msg.id] = _Pending(msg, self.clock())
             self._send(msg)
+
+    def _flush_started(self) -> None:
+        """`started` for attempts that still run (a result makes it moot: one message less)."""
+        for a in self.starting:
+            if self.active.get(a.rollout_id) is a:
+                self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
+        self.starting.clear()
 
     def _resend_unacked(self, now: Optional[float]) -> None:
         """Results not acknowledged: resend (all of them after a welcome, else the old)."""
