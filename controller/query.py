@@ -81,10 +81,9 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
         moved = _moved_sources(runs, bad)
         _create_catalog_view(con, runs, moved, bad)
         trusted = _trusted_files(runs, moved)
-        listed = {}
         for table, schema in SCHEMAS.items():
-            listed[table] = _create_table_view(con, table, schema, runs, moved, bad, trusted)
-        _create_infra_view(con, listed["rollouts"], len(runs) > 1)
+            _create_table_view(con, table, schema, runs, moved, bad, trusted)
+        _create_infra_view(con, runs, moved, trusted)
         _create_span_summary_views(con, runs, moved, trusted)
         con.register("_bad_shards", pa.table({"file": [b[0] for b in bad],
                                                "error": [b[1] for b in bad]},
@@ -249,7 +248,9 @@ def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
             trusted.update(str(run / t) for t in targets if (run / t).is_file())
         for path in sorted((run / CATALOG_DIR).glob("commit-*.parquet")):
             try:
-                cat = pq.read_table(path)
+                present = pq.read_schema(path).names
+                shard_cols = [f"{t}_shard" for t in SHARD_TABLES if f"{t}_shard" in present]
+                cat = pq.read_table(path, columns=shard_cols)
             except (OSError, pa.ArrowException):
                 continue        # reported as a bad shard by the catalog view
             keys = None
@@ -258,8 +259,9 @@ def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
                 if col not in cat.column_names or cat[col].null_count == len(cat):
                     continue
                 if keys is None:
-                    keys = list(zip(cat["rollout_id"].to_pylist(), cat["attempt"].to_pylist(),
-                                    cat["fencing_token"].to_pylist()))
+                    k = pq.read_table(path, columns=list(CATALOG_KEYS))
+                    keys = list(zip(k["rollout_id"].to_pylist(), k["attempt"].to_pylist(),
+                                    k["fencing_token"].to_pylist()))
                 for key, rel in zip(keys, cat[col].to_pylist()):
                     if rel and rel.endswith("-" + shard_suffix(*key)):
                         full = str(run / rel)
@@ -326,21 +328,28 @@ def _create_span_summary_views(con: duckdb.DuckDBPyConnection, runs: list[Path],
                        view="_spans_rest", exclude=covered)
 
 
-def _create_infra_view(con: duckdb.DuckDBPyConnection, source: str | None,
-                       many_runs: bool) -> None:
+def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: set[str],
+                       trusted: set[str]) -> None:
     """Every infra_error attempt in the shards, committed or not (retried ones are not)."""
-    if source is None:
-        con.execute("CREATE VIEW infra_attempts AS SELECT run_id, rollout_id, attempt, "
-                    "fencing_token, node, task_id, task_name, infra_reason, started_at, "
-                    "TRUE AS committed FROM _empty_rollouts")
-        return
-    same_run = f" AND c._run = {_RUN_OF.format(col='s.filename')}" if many_runs else ""
-    con.execute(
-        f"CREATE VIEW infra_attempts AS SELECT s.run_id, s.rollout_id, s.attempt, "
-        f"s.fencing_token, s.node, s.task_id, s.task_name, s.infra_reason, s.started_at, "
-        f"EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id AND c.attempt = "
-        f"s.attempt AND c.fencing_token = s.fencing_token{same_run}) AS committed "
-        f"FROM {source} s WHERE s.outcome = 'infra_error'")
+    schema = SCHEMAS["rollouts"]
+    files, _ = _valid_files([f for f in _parquet_files(runs, "rollouts") if f not in moved],
+                            schema, [])
+    cols = ("s.run_id, s.rollout_id, s.attempt, s.fencing_token, s.node, s.task_id, "
+            "s.task_name, s.infra_reason, s.started_at")
+    sure = [f for f in files if f in trusted]
+    rest = [f for f in files if f not in trusted]
+    parts = [f"SELECT {cols}, TRUE AS committed FROM _empty_rollouts s"]
+    if sure:
+        parts.append(f"SELECT {cols}, TRUE AS committed FROM {_source('rollouts', schema, sure)} s "
+                     f"WHERE s.outcome = 'infra_error'")
+    if rest:
+        same_run = f" AND c._run = {_RUN_OF.format(col='s.filename')}" if len(runs) > 1 else ""
+        parts.append(
+            f"SELECT {cols}, EXISTS (SELECT 1 FROM _catalog c WHERE c.rollout_id = s.rollout_id "
+            f"AND c.attempt = s.attempt AND c.fencing_token = s.fencing_token{same_run}) "
+            f"AS committed FROM {_source('rollouts', schema, rest)} s "
+            f"WHERE s.outcome = 'infra_error'")
+    con.execute("CREATE VIEW infra_attempts AS " + " UNION ALL ".join(parts))
 
 
 # -- queries --------------------------------------------------------------------------------
