@@ -21,6 +21,7 @@ Standard library and nodeagent.framing only; must not import zmq or the controll
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import itertools
 import json
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_OUTPUT_CAP = 64 * 1024
 DEFAULT_LIMITS = {"memory_mb": 1024, "nofile": 64, "fsize_mb": 16}
-SWEEP_INTERVAL_S = 0.5
+SWEEP_INTERVAL_S = 2.0          # a /proc scan: only after checks finished, at most this often
 MAX_REQUEST_BYTES = 4 << 20
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
@@ -244,6 +245,11 @@ def _spare(req_r: int, out_w: int) -> None:
     """A pre-forked child: own session at once, then wait for one request and run it. Never returns."""
     try:
         os.setsid()
+        gc.disable()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
         buf = bytearray()
         while not buf.endswith(b"\n"):
             chunk = os.read(req_r, 1 << 20)
@@ -282,9 +288,6 @@ def _child(req: dict, out_w: int) -> None:
             os.dup2(out_w, 2)
             os.closerange(3, 1 << 16)
             os.execvp(req["argv"][0], req["argv"])
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
         mod, _, name = req["fn"].partition(":")
         func = getattr(importlib.import_module(mod), name)
         try:
@@ -316,6 +319,7 @@ class _Server:
         self.active: dict[int, _Active] = {}       # pid -> running check
         self.by_fd: dict[int, tuple[str, _Active]] = {}
         self.next_sweep = time.monotonic() + SWEEP_INTERVAL_S
+        self.finished_since_sweep = 0
 
     def serve(self) -> int:
         self.sel.register(self.ctl, selectors.EVENT_READ, "ctl")
@@ -336,7 +340,9 @@ class _Server:
             for a in [a for a in self.active.values() if a.deadline <= now]:
                 self.finish(a, timed_out=True)
             if now >= self.next_sweep:
-                self.sweep()
+                if self.finished_since_sweep:
+                    self.sweep()
+                    self.finished_since_sweep = 0
                 self.next_sweep = now + SWEEP_INTERVAL_S
 
     def fork_spare(self) -> _Active:
@@ -427,6 +433,7 @@ class _Server:
         except ProcessLookupError:
             pass
         del self.active[a.pid]
+        self.finished_since_sweep += 1
         for fd in (a.out_r, a.pidfd):
             if self.by_fd.pop(fd, None) is not None:
                 self.sel.unregister(fd)
@@ -441,21 +448,33 @@ class _Server:
 
     def sweep(self) -> None:
         """Kill processes a finished check left behind (re-parented to us, the subreaper)."""
-        me, keep = os.getpid(), set(self.active) | {s.pid for s in self.spares}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) in keep:
-                continue
+        keep = set(self.active) | {s.pid for s in self.spares}
+        for pid in _children() - keep:
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == me:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.reap()
+
+
+def _children() -> set[int]:
+    """PIDs of this process's children (/proc/self/task/*/children; a /proc scan without it)."""
+    me, out = os.getpid(), set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                out.update(int(p) for p in f.read().split())
+        return out
+    except OSError:
+        pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                    out.add(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
 
 
 def _verdict(a: _Active, timed_out: bool) -> dict:
@@ -493,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - reported to the client
         framing.send_msg(ctl, {"ready": False, "error": f"preload failed: {exc}"})
         return 1
+    gc.collect()
+    gc.freeze()         # forked children share these pages instead of copying them on first GC
     framing.send_msg(ctl, {"ready": True, "pid": os.getpid()})
     return _Server(ctl).serve()
 
