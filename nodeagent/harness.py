@@ -219,9 +219,11 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
               budgets: dict | Budgets, clock: Callable[[], float] = time.monotonic, *,
               tools: Iterable[str] | None = None, model_timeout_s: float = MODEL_TIMEOUT_S,
               tool_timeout_s: float = TOOL_TIMEOUT_S,
-              egress_decisions: Callable[[], list[dict]] | None = None) -> AgentResult:
+              egress_decisions: Callable[[], list[dict]] | None = None,
+              span_origin: float | None = None) -> AgentResult:
     """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
-    (infrastructure); every failure the model causes is an observation in the transcript."""
+    (infrastructure); every failure the model causes is an observation in the transcript.
+    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start)."""
     b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
     client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
     toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
@@ -230,9 +232,10 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
     res = AgentResult()
     t0 = clock()
     deadline = t0 + b.wall_s
+    origin = t0 if span_origin is None else span_origin
     try:
         for step in range(b.max_steps):
-            if not _step(res, step, client, toolbox, messages, model, seed, b, clock, t0, deadline,
+            if not _step(res, step, client, toolbox, messages, model, seed, b, clock, origin, deadline,
                          model_timeout_s):
                 break
         else:
@@ -249,7 +252,7 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
 
 
 def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
-          model: str, seed: int, b: Budgets, clock, t0: float, deadline: float,
+          model: str, seed: int, b: Budgets, clock, origin: float, deadline: float,
           model_timeout_s: float) -> bool:
     """One assistant message and its tool calls; False when the loop must stop."""
     remaining = deadline - clock()
@@ -263,14 +266,14 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     try:
         body = client.complete(payload, min(model_timeout_s, remaining))
     except ModelTimeout:
-        res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - t0,
+        res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
                           "duration_s": clock() - m0})
         if remaining <= model_timeout_s:
             res.stop_reason = "wall_time"
             return False
         raise
     model_s = clock() - m0
-    res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - t0,
+    res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
                       "duration_s": model_s})
     choice = body["choices"][0]
     message = choice["message"]
@@ -298,7 +301,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         s0 = clock()
         out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
         res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
-                          "start_s": s0 - t0, "duration_s": clock() - s0})
+                          "start_s": s0 - origin, "duration_s": clock() - s0})
         if out.error is not None:
             res.tool_errors += 1
         if i == 0:

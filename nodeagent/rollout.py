@@ -74,7 +74,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     if infra is None:
         try:
             agent = run_agent(sb, task["instruction"], a.endpoint, a.model, a.seed, task["budgets"], clock,
-                              tools=task.get("tools"), egress_decisions=lambda: egress.decisions_for(egress_id))
+                              tools=task.get("tools"), egress_decisions=lambda: egress.decisions_for(egress_id),
+                              span_origin=t0)
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"

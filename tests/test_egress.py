@@ -331,6 +331,9 @@ def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_traject
                       f"FROM '{tmp_path / res.shards['egress']}'").fetchall()
     assert rows == [("r1.1", "origin.example.com", HTTP_PORT, ORIGIN_ADDR, "allow", "allowed")]
     assert proxy.decisions("r1.1") == []   # the socket is closed with the sandbox
+    spans = duckdb.sql(f"SELECT kind, start_s, duration_s FROM '{tmp_path / res.shards['spans']}'").fetchall()
+    assert [k for k, _, _ in spans] == ["sandbox_start", "model_call", "tool_call", "model_call", "verification"]
+    assert all(a[1] + a[2] <= b[1] + 1e-6 for a, b in zip(spans, spans[1:])), spans   # one clock, no overlap
 
 
 def test_connections_beyond_the_per_sandbox_cap_are_refused_and_logged(proxy, monkeypatch):
