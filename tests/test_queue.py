@@ -376,6 +376,117 @@ os._exit(0)  # dies mid-transaction, nothing closed
     assert done(q, qm.Lease("b000001-00000", 1, leased["token"], "a", 1, 0, "b000001")).committed
 
 
+# ---- handback, failures, group commit, staleness ----
+
+def test_a_released_lease_is_queued_again_and_is_not_a_failure(q):
+    q.submit_batch("s", [("a", 1)], 1)
+    (a,) = q.lease_next("n1", 1)
+    assert q.release(a.rollout_id, a.attempt, a.token, "drain deadline").accepted
+    row = q.rollout(a.rollout_id)
+    assert (row["state"], row["failures"], row["node"]) == (qm.QUEUED, 0, "n1")
+    assert q.release(a.rollout_id, a.attempt, a.token, "again").reason == "stale_token"
+    (b,) = q.lease_next("n2", 1)
+    assert (b.attempt, b.token > a.token) == (2, True)
+    assert [x["outcome"] for x in q.attempts(a.rollout_id)] == ["released", None]
+
+
+def test_dead_letter_counts_failures_not_handbacks(make_queue):
+    q = make_queue(QueueConfig(max_attempts=2, backoff_base_s=0.001, backoff_max_s=0.001))
+    q.submit_batch("s", [("a", 1)], 1)
+    for _ in range(3):  # three drains in a row: never dead-lettered
+        (a,) = q.lease_next("n1", 1)
+        q.release(a.rollout_id, a.attempt, a.token, "drain")
+    (a,) = q.lease_next("n1", 1)
+    q.release_node("n1", "drained", failure=False)
+    assert q.rollout(a.rollout_id)["state"] == qm.QUEUED
+    (a,) = q.lease_next("n1", 1)
+    q.release_node("n1", "gone")
+    (a,) = q.lease_next("n1", 1)
+    done(q, a, "infra_error", None, "boom")
+    row = q.rollout(a.rollout_id)
+    assert (row["state"], row["failures"], row["attempt"]) == (qm.DEAD_LETTER, 2, 6)
+
+
+def test_renew_with_ids_keeps_only_the_leases_the_node_reports(q, clock):
+    q.submit_batch("s", [("a", 1)], 2)
+    a, b = q.lease_next("n1", 2)
+    clock.advance(50)
+    assert q.renew("n1", [a.rollout_id]) == 1
+    clock.advance(20)
+    assert q.expire_leases() == [b.rollout_id], "the lease the node never got expires"
+
+
+def test_a_batch_is_one_transaction_and_a_crash_inside_loses_all_of_it(make_queue):
+    q = make_queue()
+    q.submit_batch("s", [("a", 1)], 2)
+    try:
+        with q.batch():
+            (a,) = q.lease_next("n1", 1)
+            done(q, a)
+            raise KeyboardInterrupt  # dies before the batch commits: nothing was acked
+    except KeyboardInterrupt:
+        pass
+    assert q.counts()[qm.QUEUED] == 2 and q.attempts(a.rollout_id) == []
+    with q.batch():
+        (a,) = q.lease_next("n1", 1)
+        with pytest.raises(qm.UnknownBatch):
+            q.cancel("nope")  # a refusal inside a batch leaves the rest of it alone
+        done(q, a)
+    assert q.counts()[qm.COMMITTED] == 1
+
+
+def test_counters_continue_after_a_reopen(make_queue):
+    q = make_queue()
+    q.submit_batch("s", [("a", 1)], 2)
+    a, b = q.lease_next("n1", 2)
+    done(q, a)
+    del q
+    q = make_queue()
+    (c,) = q.lease_next("n2", 1) or [None]
+    assert c is None  # b is still leased
+    q.release(b.rollout_id, b.attempt, b.token, "x")
+    (c,) = q.lease_next("n2", 1)
+    assert c.token > b.token
+    done(q, c)
+    seqs = [r["commit_seq"] for r in q.rollouts()]
+    assert seqs[1] > seqs[0]
+
+
+def test_cancel_with_a_key_answers_a_repeat_with_the_first_reply(q):
+    batch_id, _, _ = q.submit_batch("s", [("a", 1)], 3)
+    (a,) = q.lease_next("n1", 1)
+    first = q.cancel(batch_id, "k")
+    assert (first.rollouts, first.revoked) == (3, ((a.rollout_id, "n1", 1, a.token),))
+    assert q.cancel(batch_id, "k").rollouts == 3
+    assert q.cancel(batch_id, "other").rollouts == 0
+
+
+@pytest.mark.parametrize("action", ["rerun", "drop"])
+def test_rollouts_too_many_policy_versions_behind_are_rerun_or_dropped(make_queue, action):
+    q = make_queue(QueueConfig(max_staleness=1, stale_policy=action))
+    q.publish_policy(1, "http://p/v1", "m", "p1")
+    batch_id, _, _ = q.submit_batch("s", [("a", 1)], 3)
+    (held,) = q.lease_next("n1", 1)
+    q.publish_policy(2, "http://p/v1", "m", "p2")
+    assert q.counts()[qm.QUEUED] == 2, "one version behind is within the bound"
+    q.publish_policy(3, "http://p/v1", "m", "p3")
+    rows = q.rollouts()
+    if action == "rerun":
+        assert [(r["state"], r["policy_version"]) for r in rows] == [(qm.QUEUED, 3)] * 3
+        assert done(q, held).reason == "stale_token", "the revoked attempt's result is stale"
+    else:
+        assert {(r["state"], r["infra_reason"]) for r in rows} == {(qm.CANCELLED, "stale_policy")}
+        items, _ = q.results_after(batch_id, 0)
+        assert len(items) == 3 and q.batch_done(batch_id)
+
+
+def test_staleness_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="queue.max_staleness"):
+        QueueConfig(max_staleness=-1)
+    with pytest.raises(ValueError, match="queue.stale_policy"):
+        QueueConfig(stale_policy="maybe")
+
+
 # ---- deterministic simulation ----
 
 SIM_SEEDS = [int(s) for s in os.environ.get("PADDOCK_SIM_SEEDS", "1,2,3,4,5").split(",")]
