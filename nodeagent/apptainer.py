@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from nodeagent.sandbox import Change, ExecResult, SandboxError, SandboxSpec
+from nodeagent.sandbox import (Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar,
+                               tar_to_changes)
 
 ISOLATIONS = ("userns", "fakeroot")
 WRITABLE_MODES = ("overlay", "tmpfs")
@@ -434,6 +435,27 @@ class ApptainerSandbox:
                          max_bytes=max_bytes)
         lower = tree_entries(self.runtime.image_lower(self.spec.image, prefix), prefix)
         return compare(lower, tar_entries(raw, prefix))
+
+    def diff_archive(self, prefix: str = "/work", max_bytes: int = 8 << 20) -> bytes:
+        """`diff()` as the native backend's archive (deletions as `.wh.<name>` entries)."""
+        return changes_to_tar(self.diff(prefix, max_bytes))
+
+    def apply(self, changes: "list[Change] | bytes") -> None:
+        """Apply a `diff()` (or `diff_archive()`) of either backend, in order."""
+        if isinstance(changes, (bytes, bytearray)):
+            changes = tar_to_changes(bytes(changes))
+        for c in changes:
+            if not c.path.startswith("/"):
+                raise ValueError(f"change path {c.path!r} must be absolute")
+            if c.kind == "deleted":
+                self._must(["rm", "-rf", c.path])
+            elif c.kind == "dir":
+                self._must(["mkdir", "-p", c.path])
+                self._must(["chmod", f"{c.mode & 0o7777:o}", c.path])
+            elif c.kind == "symlink":
+                self._must(["ln", "-sfn", "--", (c.data or b"").decode(), c.path])
+            else:
+                self.write_files({c.path: c.data or b""}, mode=c.mode & 0o7777)
 
     def destroy(self) -> None:
         if self.destroyed:

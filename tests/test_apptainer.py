@@ -227,5 +227,11 @@ def test_apptainer_runs_the_same_sif_with_the_same_interface(busybox_image, tmp_
             kinds = {(c.path, c.kind) for c in sb.diff("/work")}
             assert {("/work/hello.txt", "added"), ("/work/new.txt", "added")} <= kinds
             assert sb.exec(["sleep", "10"], timeout_s=0.5).timed_out
+            fresh = rt.create(spec(image=busybox_image))
+            try:
+                fresh.apply(sb.diff_archive("/work"))
+                assert fresh.read_file("/work/new.txt") == b"new"
+            finally:
+                fresh.destroy()
         finally:
             sb.destroy()
