@@ -22,8 +22,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from layers import build
-from layers.sif import (ARCH_CODES, DATA_PARTITION, FSTYPE_NAMES, PARTTYPE_NAMES, SifError,
-                        read_sif)
+from layers.sif import (ARCH_CODES, DATA_PARTITION, FSTYPE_NAMES, PARTTYPE_NAMES,
+                        ArchMismatchError, SifError, check_arch, read_sif)
 from layers.store import ImageStore, ImageStoreError, sha256_file
 
 EXIT_OK = 0
@@ -140,6 +140,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"file:      {info.path}")
     print(f"digest:    sha256:{digest}")
     print(f"version:   {info.version}   arch: {info.arch}   id: {info.id}")
+    try:
+        check_arch(info)
+    except ArchMismatchError as e:
+        print(f"warning:   cannot run on this host ({e.host_arch}): built for {e.image_arch}")
     print(f"created:   {info.created_at}   modified: {info.modified_at}")
     print(f"descriptors: {info.descriptors_total - info.descriptors_free} used of "
           f"{info.descriptors_total} at offset {info.descriptors_offset}; data at "
