@@ -407,3 +407,10 @@ def test_the_native_sandbox_refuses_a_foreign_arch_image_before_mounting_it(tmp_
     native = build.build_image(tiny_rootfs(tmp_path, "native"), tmp_path / "native.sif",
                                workdir=tmp_path)
     assert image_partition(native)[1] == 32768
+
+
+def test_the_busybox_builtin_image_is_reproducible(tmp_path):
+    a = build.build_busybox(tmp_path / "a.sif", workdir=tmp_path)
+    b = build.build_busybox(tmp_path / "b.sif", workdir=tmp_path)
+    assert sha256(a) == sha256(b)
+    assert files_of(a)["/bin/sh"].endswith("1970-01-01 00:00")
