@@ -5,7 +5,9 @@ policy is stateless: it finds the task by the exact text of the first user messa
 strategy from softmax(logits) with `random.Random(request["seed"])`, and replays that
 strategy's script, choosing the next step from the number of assistant messages already in
 the conversation and the tool results seen so far. Some strategies solve the task; the others
-are the reward hacks a verifier must catch (`CHEATS`).
+are the reward hacks a verifier must catch (`CHEATS`), including `escape`, which runs one
+sandbox-escape probe per step (`ESCAPE_PROBES`). `defences()` reads back from a run's
+trajectories what was attempted and what was caught.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`.
 See docs/policy.md for the scripts and the wire format.

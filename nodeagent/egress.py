@@ -662,8 +662,18 @@ def node_proxy(socket_dir: str | None = None) -> EgressProxy:
     global _node_proxy
     with _node_lock:
         if _node_proxy is None:
+            import atexit
+            import shutil
             import tempfile
-            _node_proxy = EgressProxy(socket_dir or tempfile.mkdtemp(prefix="paddock-egress-"))
+            own_dir = socket_dir is None
+            socket_dir = socket_dir or tempfile.mkdtemp(prefix="paddock-egress-")
+            _node_proxy = proxy = EgressProxy(socket_dir)
+
+            def _cleanup() -> None:
+                proxy.close_all()
+                if own_dir:
+                    shutil.rmtree(socket_dir, ignore_errors=True)
+            atexit.register(_cleanup)
         return _node_proxy
 
 
