@@ -102,7 +102,8 @@ def build_image(src: Path | str, out_sif: Path | str, workdir: Path | str | None
     epoch_s = source_date_epoch()
     with tempfile.TemporaryDirectory(prefix="paddock-build-", dir=workdir) as tmp:
         root = Path(tmp) / "rootfs"
-        root.mkdir(mode=0o755)
+        root.mkdir()
+        os.chmod(root, 0o755)                  # whatever the umask (a source may override)
         progress(f"staging {kind} source {src}")
         source = kind
         if kind == "oci":
@@ -219,6 +220,11 @@ def build_busybox(out_sif: Path | str, busybox: Path = Path("/bin/busybox"),
         os.chmod(root / "bin/busybox", 0o755)
         (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
         (root / "etc/group").write_text("root:x:0:\n")
+        for dirpath, _dirs, _files in os.walk(root):     # modes independent of the umask
+            os.chmod(dirpath, 0o755)
+        os.chmod(root / "tmp", 0o1777)
+        for f in ("etc/passwd", "etc/group"):
+            os.chmod(root / f, 0o644)
         applets = _busybox_applets(root / "bin/busybox")
         for applet in applets:
             link = root / applet.lstrip("/")

@@ -38,6 +38,7 @@ from layers.sif import host_arch
 
 STDERR_TAIL_BYTES = 4096
 SPECIAL_MODE_BITS = stat.S_ISUID | stat.S_ISGID
+DEFAULT_DIR_MODE = 0o755
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_TIMEOUT_S = 1800.0
 HASH_CHUNK_BYTES = 1 << 20
@@ -141,13 +142,15 @@ def _walk_all(root: Path) -> Iterator[str]:
 
 
 def apply_times(root: Path, times: Times, default_s: int) -> None:
-    """Set recorded mtimes (symlinks too); every directory without a record gets default_s."""
+    """Set recorded mtimes (symlinks too). A directory without a record (one the archive did
+    not list, made implicitly with a umask-dependent mode) gets default_s and mode 0755."""
     for p in _walk_all(root):
         path = Path(p)
         if path in times:
             t = times[path]
         elif path.is_dir() and not path.is_symlink():
             t = default_s
+            os.chmod(p, DEFAULT_DIR_MODE)
         else:
             continue
         os.utime(p, ns=(t * 10**9, t * 10**9), follow_symlinks=False)

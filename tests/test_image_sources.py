@@ -112,15 +112,26 @@ def test_plain_gzip_and_zstd_tarballs_of_one_tree_give_one_digest(tmp_path):
     assert files["/bin/sh"].startswith("lrwxrwxrwx 0/0")
 
 
-def test_directories_a_tarball_does_not_list_get_the_epoch_not_the_build_time(tmp_path):
+def test_directories_a_tarball_does_not_list_get_the_epoch_and_0755_whatever_the_umask(
+        tmp_path):
     tar = tmp_path / "implicit.tar"
     with tarfile.open(tar, "w") as tf:
         ti = tarfile.TarInfo("deep/er/file")
         ti.size, ti.mtime = 1, 1_600_000_000
         tf.addfile(ti, io.BytesIO(b"x"))
-    files = files_of(build.build_image(tar, tmp_path / "i.sif", workdir=tmp_path))
-    assert files["/deep"].endswith("1970-01-01 00:00")
-    assert files["/deep/er"].endswith("1970-01-01 00:00")
+    digests = set()
+    for umask in (0o022, 0o077):
+        old = os.umask(umask)
+        try:
+            sif = build.build_image(tar, tmp_path / f"i{umask:o}.sif", workdir=tmp_path)
+        finally:
+            os.umask(old)
+        files = files_of(sif)
+        assert files["/deep"] == "drwxr-xr-x 0/0 1970-01-01 00:00"
+        assert files["/deep/er"] == "drwxr-xr-x 0/0 1970-01-01 00:00"
+        assert files["/"].startswith("drwxr-xr-x")
+        digests.add(sha256(sif))
+    assert len(digests) == 1
 
 
 def test_source_date_epoch_clamps_every_time_and_the_sif_header(tmp_path, monkeypatch):
