@@ -92,19 +92,26 @@ assert _DESCRIPTOR.size == DESCRIPTOR_SIZE_BYTES
 
 
 class SifError(Exception):
-    """Base class of SIF reading errors."""
+    """Base class of SIF reading errors; the message ends with the fix (`fix`)."""
+    fix = ""
+
+    def __init__(self, message: str):
+        super().__init__(f"{message}; {self.fix}" if self.fix else message)
 
 
 class NotSifError(SifError):
     """The file is not a SIF file at all (wrong magic): a foreign file."""
+    fix = "give a SIF file, e.g. one built by `paddock image build SRC -o OUT`"
 
 
 class CorruptSifError(SifError):
     """The file claims to be SIF but its structure is damaged or unusable for Paddock."""
+    fix = "the file is damaged: copy it again, or rebuild it with `paddock image build`"
 
 
 class NotSquashfsError(CorruptSifError):
     """A well-formed SIF whose primary partition is not a squashfs filesystem."""
+    fix = "Paddock runs squashfs images only: rebuild it with `paddock image build`"
 
 
 class ArchMismatchError(SifError):
@@ -323,13 +330,11 @@ def read_sif(path: os.PathLike | str) -> SifInfo:
         fstype = part.partition_fields()[0]
         if fstype != FSTYPE_SQUASHFS:
             raise NotSquashfsError(f"{path}: primary partition is "
-                                   f"{FSTYPE_NAMES.get(fstype, fstype)}, not squashfs "
-                                   f"(Paddock runs squashfs images only; rebuild it with "
-                                   f"`paddock image build`)")
+                                   f"{FSTYPE_NAMES.get(fstype, fstype)}, not squashfs")
         if part.offset < 0 or part.size <= 0 or part.offset + part.size > file_size:
             raise CorruptSifError(f"{path}: primary partition [{part.offset}, "
                                   f"{part.offset + part.size}) lies past the end of the file "
-                                  f"({file_size} bytes): truncated or corrupt; copy or rebuild it")
+                                  f"({file_size} bytes): the file is truncated")
         superblock = _read_exact(f, part.offset, 22, "squashfs superblock", path)
         if superblock[:4] != SQUASHFS_MAGIC:
             raise NotSquashfsError(f"{path}: primary partition at offset {part.offset} is not "

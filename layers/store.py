@@ -45,7 +45,9 @@ class ImageStoreError(Exception):
 class ImageNotFound(ImageStoreError):
     def __init__(self, ref: str, root: Path):
         self.ref = ref
-        super().__init__(f"image {ref} not found in store {root}")
+        super().__init__(f"image {ref} not found in store {root}: build it with `paddock image "
+                         f"build SRC --store {root}`, or set $PADDOCK_IMAGE_STORE to the store "
+                         f"that has it")
 
 
 class InvalidImageRef(ImageStoreError):
