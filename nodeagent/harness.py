@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Protocol
 
 from nodeagent.sandbox import Sandbox, SandboxError
-from nodeagent.tools import ALL_TOOLS, Toolbox, definitions
+from nodeagent.tools import ALL_TOOLS, Toolbox, ToolResult, definitions
 
 SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your files are in /work. "
                  "Use the tools to inspect and change files and run commands. When you are done, "
@@ -38,6 +38,7 @@ TOOLS = definitions(ALL_TOOLS)
 TOOL_TIMEOUT_S = 20.0
 MODEL_TIMEOUT_S = 60.0
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
 
 
 class ModelError(Exception):
@@ -299,7 +300,11 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     t_tool = clock()
     for i, call in enumerate(calls):
         s0 = clock()
-        out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
+        if i >= MAX_CALLS_PER_STEP:
+            out = ToolResult(f"error: at most {MAX_CALLS_PER_STEP} tool calls run per message; "
+                             "this one was not run", None, "too_many_calls")
+        else:
+            out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
         res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
                           "start_s": s0 - origin, "duration_s": clock() - s0})
         if out.error is not None:

@@ -259,3 +259,14 @@ def test_a_rollout_whose_model_server_fails_is_an_infra_error_never_a_zero(runti
                                                            m.url, "m"))
     assert (res.outcome, res.reward) == ("infra_error", None)
     assert res.infra_reason.startswith("model_server:") and "not JSON" in res.infra_reason
+
+
+def test_tool_calls_beyond_the_per_message_cap_are_answered_but_not_run(sb, fake):
+    from nodeagent.harness import MAX_CALLS_PER_STEP
+    calls = [("shell", json.dumps({"command": f"echo {i} >> /tmp/ran"})) for i in range(MAX_CALLS_PER_STEP + 3)]
+    m = fake(reply(calls=calls), reply(calls=[("shell", '{"command": "wc -l < /tmp/ran"}')]), reply("ok"))
+    res = agent(sb, m.url)
+    assert res.steps[1]["observation"].strip() == str(MAX_CALLS_PER_STEP)
+    assert res.tool_errors == 3
+    answered = [msg for msg in m.requests[1]["messages"] if msg["role"] == "tool"]
+    assert len(answered) == MAX_CALLS_PER_STEP + 3 and "not run" in answered[-1]["content"]
