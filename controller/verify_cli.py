@@ -75,10 +75,11 @@ def find_task(ref: str) -> dict:
 
 
 def cmd_check(args) -> int:
-    from nodeagent.checks import CheckInfraError, default_runner
+    from nodeagent.checks import CheckInfraError, CheckRunner
     try:
-        r = default_runner().run("nodeagent.checkers:answer_verdict", [args.kind, args.gold, args.pred],
-                                 timeout_s=args.timeout)
+        with CheckRunner(preload=("nodeagent.checkers",)) as runner:   # sympy only if needed
+            r = runner.run("nodeagent.checkers:answer_verdict", [args.kind, args.gold, args.pred],
+                           timeout_s=args.timeout)
     except CheckInfraError as exc:
         print(f"paddock check: {exc}", file=sys.stderr)
         return 2

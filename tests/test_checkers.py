@@ -147,8 +147,18 @@ def test_exact_and_regex():
     assert not checkers.answer_verdict("regex", r"[A-Z]{3}-\d+", "ABC-12 and more")["ok"]
 
 
+def paddock(argv: list[str]) -> int:
+    """`paddock` with only the verifier's subcommands registered (the full parser imports everything)."""
+    import argparse
+    from controller import verify_cli
+    ap = argparse.ArgumentParser(prog="paddock")
+    verify_cli.register(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
 def test_check_math_command_prints_true_or_false(capsys):
-    from controller.cli import main
+    main = paddock
     assert main(["check", "math", "--gold", "1/2", "--pred", "\\boxed{0.5}"]) == 0
     assert capsys.readouterr().out.strip() == "true"
     assert main(["check", "math", "--gold", "1/2", "--pred", "\\boxed{0.6}"]) == 1

@@ -184,7 +184,7 @@ def test_changes_artifact_round_trips(tmp_path):
 
 def test_verify_command_grades_a_patch(tmp_path, capsys, python_image):
     import difflib
-    from controller.cli import main
+    from tests.test_checkers import paddock as main
     t = builtin_taskset().by_name()["python/gcd"]
     patch = tmp_path / "fix.patch"
     patch.write_text("".join(difflib.unified_diff(t.files["solution.py"].splitlines(True),
@@ -196,7 +196,7 @@ def test_verify_command_grades_a_patch(tmp_path, capsys, python_image):
 
 
 def test_verify_command_names_bad_input(tmp_path, capsys):
-    from controller.cli import main
+    from tests.test_checkers import paddock as main
     assert main(["verify", "--task", "python/gcd", "--solution", str(tmp_path / "nope.py")]) == 2
     assert "does not exist" in capsys.readouterr().err
     bad = tmp_path / "bad.patch"
