@@ -403,3 +403,31 @@ def test_defences_count_cheats_and_probes_from_the_trajectory_tables():
     hacks, probes = defence_lines(d)
     assert hacks.startswith("reward hacks: 3 attempted, 2 caught, 1 rewarded")
     assert probes == "escape probes: 2 attempted, 1 blocked; NOT BLOCKED: unshare 1/1"
+
+
+# --- the adversary: more reward hacks ------------------------------------------------------
+
+from controller.policy_server import CONFTEST_FORCE_PASS, CONFTEST_PATH, SOLUTION_PATH, SPRAY_WIDTH  # noqa: E402
+
+
+def test_tamper_plants_a_pass_forcing_conftest_and_a_solution_that_exits_under_pytest(server):
+    responses, calls = converse(server, PY_TASK, pinned_version(server, "python", "tamper"))
+    assert [(c["name"], c["path"]) for c in calls] == [("write_file", CONFTEST_PATH), ("write_file", SOLUTION_PATH)]
+    assert calls[0]["content"] == CONFTEST_FORCE_PASS and "_os._exit(0)" in calls[1]["content"]
+    assert final_text(responses) == "All tests pass."
+
+
+def test_spray_boxes_several_candidates_with_the_gold_last(server):
+    responses, calls = converse(server, MATH_TASK, pinned_version(server, "math", "spray"))
+    boxed = re.findall(r"\\boxed\{([^}]*)\}", final_text(responses))
+    assert calls == [] and len(set(boxed)) == SPRAY_WIDTH and boxed[-1] == "3/4"
+
+
+@pytest.mark.sandbox
+def test_tamper_is_caught_by_the_real_verifier(runtime, python_image, server, tmp_path):
+    from nodeagent.rollout import Attempt, run_attempt
+    version = pinned_version(server, "python", "tamper")
+    task = {**PY_TASK.canonical(), "task_id": PY_TASK.task_id}
+    res = run_attempt(runtime, python_image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 3, task, version,
+                                                           server.url, f"scripted-v{version}"))
+    assert (res.outcome, res.reward) == ("fail", 0.0), res.infra_reason
