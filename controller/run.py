@@ -206,8 +206,9 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
             params = trainer.update(samples)
             probs = probabilities(params)
             cheats = sum(s.strategy in CHEATS[s.family] for s in samples)
+            paid = sum(s.strategy in CHEATS[s.family] and s.reward > 0 for s in samples)
             p_cheat = max(sum(p for k, p in probs[f].items() if k in CHEATS[f]) for f in probs)
-            bar.console.print(f"v{version}: pass {passed}/{seen}, cheat attempts {cheats} (all scored 0); "
+            bar.console.print(f"v{version}: pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
                               f"next policy p(solve) python={probs['python']['solve']:.2f} "
                               f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
