@@ -480,7 +480,8 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         sb.write_files(tests, owner="agent", mode=0o400)
         sb.write_files(system, owner="system", mode=0o444)
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, str(GRADER_UID), REPORT_DIR, TESTS_DIR, *PYTEST_ARGS,
+        uid = min(GRADER_UID, int(getattr(runtime, "slice_size", GRADER_UID + 1)) - 1)   # inside the id slice
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, str(uid), REPORT_DIR, TESTS_DIR, *PYTEST_ARGS,
                      *spec["tests"]], cwd=TESTS_DIR, output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
         wall = clock() - t
