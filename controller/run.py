@@ -189,6 +189,8 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
             for item in client.results(batch_id):
                 seen += 1
                 passed += item.get("outcome") == "pass"
+                if item.get("state") == "dead_letter":      # a broken task, not a bad agent
+                    curriculum.record_infra_failure(item["task_ref"], item.get("infra_reason") or "?")
                 bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
             con = connect(run_dir)
             rows = con.execute(
