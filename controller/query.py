@@ -1,14 +1,16 @@
 """DuckDB views over a run's trajectory store, `paddock query`, and the run summary.
 
 `connect(run_dir)` opens an in-memory DuckDB connection with views `rollouts`, `steps`,
-`checks` and `catalog`. A shard row appears in a view only if its (rollout_id, attempt,
+`checks`, `spans`, `egress`, `catalog`, `infra_attempts` and `bad_shards`. A shard row appears in a view only if its (rollout_id, attempt,
 fencing_token) is in the catalog of the same run directory: a shard with no catalog entry
 (crashed node, attempt still in flight) or a stale token never appears. A table with no
 shards yet is an empty view with the schema's columns. `run_dir` may also be a parent
 directory (such as `runs/`) holding several runs; the views then cover all of them.
 
 The set of shard files is listed when `connect` is called: a connection is a snapshot.
-Files ending in `.tmp` (a writer in progress) are never read.
+Files ending in `.tmp` (a writer in progress) are never read. A truncated or wrong-schema
+shard is left out and listed in `bad_shards`; it never hides the good ones. Files replaced by
+a finished compaction are hidden (see controller/catalog.py).
 
 Must not import zmq or sqlite3; it never writes to the run directory.
 """
@@ -547,7 +549,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `paddock query [--run DIR] [--format table|csv|json] SQL`."""
     p = subparsers.add_parser(
         "query", help="run SQL over a run's committed trajectories (DuckDB)",
-        description="Views: rollouts, steps, checks, catalog (committed rows only). "
+        description="Views: rollouts, steps, checks, spans, egress, catalog (committed rows "
+                    "only), infra_attempts (every infra_error attempt), bad_shards. "
                     f"Example: {query_command('runs/<run_id>')}")
     p.add_argument("--run", metavar="DIR", default=None,
                    help="run directory (or a directory of runs); default: newest under ./runs")
