@@ -23,6 +23,7 @@ Standard library and nodeagent.{nsutil,framing,seccomp} only.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import selectors
@@ -111,49 +112,66 @@ def _is_mountpoint(path: str) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
+def enter_mount_ns() -> None:
+    """A builder's own mount namespace: it receives the node's image mounts, sends nothing."""
+    nsutil.unshare(nsutil.CLONE_NEWNS)
+    nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_SLAVE)
+
+
+def fork_init(seccomp_prog: bytes = b"", cgroup_fds: list[int] = ()) -> tuple[int, socket.socket]:
+    """New PID, network, IPC and UTS namespaces and the sandbox init forked into them, waiting
+    for its root. Spare builders do this ahead of time (the init is then forked from a process
+    that has done little, so it shares more pages with the node init). With fuse-overlayfs it
+    runs after the root is built: the daemon must stay outside the sandbox's PID namespace.
+    `cgroup_fds`: move the init into these cgroups now."""
+    nsutil.unshare(nsutil.CLONE_NEWPID | nsutil.CLONE_NEWNET | nsutil.CLONE_NEWIPC | nsutil.CLONE_NEWUTS)
+    mon_end, init_end = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            mon_end.close()
+            keep = {0, 1, 2, init_end.fileno()}
+            for fd in os.listdir("/proc/self/fd"):
+                if int(fd) not in keep:
+                    try:
+                        os.close(int(fd))
+                    except OSError:
+                        pass
+            code = run_init(init_end, seccomp_prog)
+        finally:
+            os._exit(code)
+    init_end.close()
+    # The files were opened by the agent: its credentials authorise the write. A v1 migration
+    # waits for an RCU grace period; the init unshares its cgroup namespace once "mapped" arrives.
+    for fd in cgroup_fds:
+        os.write(fd, str(pid).encode())
+    return pid, mon_end
+
+
 def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
-                cgroup_fds: list[int] = (), seccomp_prog: bytes = b"") -> int:
-    """Entry point of a sandbox builder (a fork of the node init). Builds the sandbox, hands its
-    mount namespace (an fd) to the node init and the init's socket (an fd) to the agent, exits."""
+                init_pid: int | None, init: socket.socket | None, make_init=None) -> int:
+    """Second half of a builder (after `prepare`): builds the sandbox's root, starts its init,
+    hands its mount namespace (an fd) to the node init and the init's socket to the agent."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sbx = os.path.join(sbx_root, req["id"])
     base, size = int(req["slice_base"]), int(req["slice_size"])
-    daemon, pid = None, None
+    daemon, pid = None, init_pid
     stages = {"builder": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
-        nsutil.unshare(nsutil.CLONE_NEWNS)
         root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"))
         stages["root_built"] = time.monotonic()
+        if init_pid is None:
+            pid, init = make_init()
         for rel, data in (req.get("files") or {}).items():
             _write_file(root, "/work/" + rel, data, base, owner="agent")
-        egress_fd = os.open(req["egress_socket"], os.O_PATH) if req.get("egress_socket") else None
-        nsutil.unshare(nsutil.CLONE_NEWPID | nsutil.CLONE_NEWNET | nsutil.CLONE_NEWIPC | nsutil.CLONE_NEWUTS)
-        mon_end, init_end = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            mon_end.close()
-            agent.close()
-            zygote.close()
-            code = 1
-            try:
-                for fd in cgroup_fds:
-                    os.close(fd)
-                code = run_init(init_end, root, req.get("hostname", "sandbox"),
-                                InitConfig(seccomp_prog, req.get("cgroup_caps") or [], egress_fd,
-                                           req.get("limits")))
-            finally:
-                os._exit(code)
-        stages["init_forked"] = time.monotonic()
-        init_end.close()
-        # Move the init into its cgroups while it sets itself up (a v1 migration waits for an
-        # RCU grace period: overlap it). The files were opened by the agent: its credentials
-        # authorise the write. The init unshares its cgroup namespace once "mapped" arrives.
-        for fd in cgroup_fds:
-            os.write(fd, str(pid).encode())
-        stages["cgroups_joined"] = time.monotonic()
-        for fd in list(cgroup_fds) + ([egress_fd] if egress_fd is not None else []):
+        egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
+        go = {"stage": "go", "root": root, "hostname": req.get("hostname", "sandbox"),
+              "cgroup_caps": req.get("cgroup_caps") or [], "limits": req.get("limits") or {}}
+        framing.send_msg(init, go, egress)
+        for fd in egress:
             os.close(fd)
-        stages.update(_map_child(pid, base, size, mon_end))
+        stages.update(_map_child(pid, base, size, init))
         uid_map = open(f"/proc/{pid}/uid_map").read().strip()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
@@ -161,7 +179,7 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         if framing.recv_msg(zygote, max_bytes=4096).get("ok") is not True:
             raise RuntimeError("the node holder did not take the sandbox")
     except Exception as exc:
-        for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
+        for p in [pid] + ([daemon.pid] if daemon else []):
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
@@ -170,7 +188,7 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         return 1
     stages["ready"] = time.monotonic()
     framing.send_msg(agent, {"ok": True, "init_pid": pid, "stages": stages, "uid_map": uid_map},
-                     [mon_end.fileno()])
+                     [init.fileno()])
     return 0
 
 
@@ -448,13 +466,19 @@ def _init_setup(root: str, hostname: str) -> None:
     os.chdir("/")
 
 
-def run_init(mon: socket.socket, root: str, hostname: str, cfg: "InitConfig | None" = None) -> int:
-    cfg = cfg or InitConfig()
+def run_init(mon: socket.socket, seccomp_prog: bytes = b"") -> int:
     # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
+    try:
+        go, fds = framing.recv_msg(mon, max_bytes=65536, with_fds=True)
+    except framing.FramingError:
+        return 0   # a spare that was never used
+    if go.get("stage") != "go":
+        return 1
+    cfg = InitConfig(seccomp_prog, go.get("cgroup_caps") or [], fds[0] if fds else None, go.get("limits"))
     stages = {"init_start": time.monotonic()}
     try:
-        _init_setup(root, hostname)
+        _init_setup(go["root"], go.get("hostname", "sandbox"))
         stages["init_setup"] = time.monotonic()
         nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
     except OSError as exc:
@@ -476,6 +500,7 @@ def run_init(mon: socket.socket, root: str, hostname: str, cfg: "InitConfig | No
         if cfg.seccomp_prog:
             seccomp.install(cfg.seccomp_prog)   # the init needs none of the denied calls from here on
             cfg.filtered = True
+    pass  # _trim_heap()
     framing.send_msg(mon, {"stage": "ready"})
     while True:
         try:
@@ -483,6 +508,14 @@ def run_init(mon: socket.socket, root: str, hostname: str, cfg: "InitConfig | No
         except framing.FramingError:
             return 0
         framing.send_msg(mon, run_command(req, cfg))
+
+
+def _trim_heap() -> None:
+    """Give freed heap back to the kernel: an idle init is what a sandbox costs in memory."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _start_egress_relay(sock_fd: int) -> None:

@@ -62,6 +62,10 @@ class NodeInit:
                      "mode=0755,size=4m,nr_inodes=65536")
         os.mkdir(self.images_dir, 0o755)
         os.mkdir(self.sbx_dir, 0o755)
+        # Image mounts propagate into the builders' namespaces (spares are prepared before an
+        # image may be mounted); nothing propagates back (builders make their copies slaves).
+        nsutil.mount(self.images_dir, self.images_dir, None, nsutil.MS_BIND)
+        nsutil.mount("none", self.images_dir, None, nsutil.MS_SHARED)
         self.seccomp_prog = seccomp.build()
 
     def serve(self) -> None:
@@ -116,6 +120,8 @@ class NodeInit:
         for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
             os.write(fd, b"0")
             os.close(fd)
+        sbxinit.enter_mount_ns()
+        init_pid, init = sbxinit.fork_init(self.seccomp_prog)   # the init inherits the cgroups
         framing.send_msg(sock, {"ready": True})
         try:
             req, fds = framing.recv_msg(sock, with_fds=True)
@@ -123,7 +129,7 @@ class NodeInit:
             return 0   # the node is closing
         agent = socket.socket(fileno=fds[0])
         return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
-                                   sbx_root=self.sbx_dir, seccomp_prog=self.seccomp_prog)
+                                   sbx_root=self.sbx_dir, init_pid=init_pid, init=init)
 
     def spare_ready(self, sock: socket.socket, data: tuple) -> None:
         self.sel.unregister(sock)
@@ -233,7 +239,7 @@ class NodeInit:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
         if req["id"] in self.sandboxes:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
-        while self.spares:
+        while self.spares and req.get("overlay") != "fuse-overlayfs":
             pid, sock, cgroup = self.spares.pop(0)
             try:
                 framing.send_msg(sock, req, [fds[0]])
@@ -260,8 +266,11 @@ class NodeInit:
                 # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
                 _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
                 sock = socket.socket(fileno=dups[0])
+                sbxinit.enter_mount_ns()
+                make_init = lambda: sbxinit.fork_init(self.seccomp_prog, dups[1:])  # noqa: E731
+                init_pid, init = make_init() if req.get("overlay") != "fuse-overlayfs" else (None, None)
                 code = sbxinit.run_builder(sock, theirs, req, lower=mnt, sbx_root=self.sbx_dir,
-                                           cgroup_fds=dups[1:], seccomp_prog=self.seccomp_prog)
+                                           init_pid=init_pid, init=init, make_init=make_init)
             finally:
                 os._exit(code)
         theirs.close()
@@ -335,7 +344,9 @@ def _kill_and_wait(pid: int, pidfd: int | None, timeout_s: float) -> bool:
     except ProcessLookupError:
         pass
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout_s)
+        poller = select.poll()   # not select(): pidfds pass 1024 on a busy node
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(timeout_s * 1000)
         if ready:
             try:
                 os.waitpid(pid, os.WNOHANG)   # it is our child (reparented to this PID 1)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import psutil
 import pytest
@@ -29,10 +30,13 @@ def ns_ids(pid: int) -> set[str]:
     return out
 
 
-def live_ns_ids() -> set[str]:
+def live_ns_ids(started_before: float | None = None) -> set[str]:
+    """Namespaces held by live processes. Namespace inode numbers are reused once freed, so a
+    check after a kill looks only at processes that already existed (`started_before`)."""
     out = set()
-    for pid in psutil.pids():
-        out |= ns_ids(pid)
+    for p in psutil.process_iter(["create_time"]):
+        if started_before is None or (p.info["create_time"] or 0) < started_before:
+            out |= ns_ids(p.pid)
     return out
 
 
@@ -82,10 +86,11 @@ def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_im
     held = held_ns(node_init) - held_before   # the builder's mount ns (tmpfs, overlay, /dev)
     cgroups = list(sb.cgroup_paths.values())
     assert len(sandbox_ns) >= 7 and len(held) == 1 and all(os.path.isdir(d) for d in cgroups)
+    destroyed_at = time.time()
     sb.destroy()
     psutil.wait_procs(tree, timeout=5)
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    live = live_ns_ids() | held_ns(node_init)
+    live = live_ns_ids(started_before=destroyed_at - 0.05) | held_ns(node_init)
     assert not (sandbox_ns | held) & live   # its namespaces, and the mounts in them, are gone
     assert not [d for d in cgroups if os.path.exists(d)]
 
@@ -114,11 +119,12 @@ def test_sigkilled_agent_leaves_nothing_after_the_next_start(busybox_image, run_
         assert len(tree) >= 7   # holder, node init, squashfuse, 2 × (init, sleep)
         their_ns = set().union(*(ns_ids(p.pid) for p in tree)) - ns_ids(os.getpid())
         assert cgroup_dirs(node_name)
+        killed_at = time.time()
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait()
         psutil.wait_procs(tree, timeout=10)
         assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not their_ns & live_ns_ids()
+        assert not their_ns & live_ns_ids(started_before=killed_at - 0.05)
         assert not host_mounts_under(state_dir)
         # Left behind by the kill: the empty state dir and the (empty) cgroups. The next start sweeps.
         with SandboxRuntime(run_root=run_root) as rt:
