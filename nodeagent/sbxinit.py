@@ -23,7 +23,6 @@ Standard library and nodeagent.{nsutil,framing,seccomp} only.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import selectors
@@ -500,7 +499,6 @@ def run_init(mon: socket.socket, seccomp_prog: bytes = b"") -> int:
         if cfg.seccomp_prog:
             seccomp.install(cfg.seccomp_prog)   # the init needs none of the denied calls from here on
             cfg.filtered = True
-    pass  # _trim_heap()
     framing.send_msg(mon, {"stage": "ready"})
     while True:
         try:
@@ -508,14 +506,6 @@ def run_init(mon: socket.socket, seccomp_prog: bytes = b"") -> int:
         except framing.FramingError:
             return 0
         framing.send_msg(mon, run_command(req, cfg))
-
-
-def _trim_heap() -> None:
-    """Give freed heap back to the kernel: an idle init is what a sandbox costs in memory."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _start_egress_relay(sock_fd: int) -> None:
