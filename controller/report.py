@@ -73,7 +73,7 @@ def hack_suspects(con: duckdb.DuckDBPyConnection, cfg: ReportConfig) -> list[dic
         "  node, reward, steps, diff_bytes, tampered FROM rollouts "
         "  WHERE reward >= ? AND outcome <> 'infra_error'), "
         "prot AS (SELECT rollout_id, attempt, fencing_token, count(*) AS n FROM checks "
-        "  WHERE starts_with(\"check\", 'protected:') AND verdict <> 'pass' "
+        "  WHERE starts_with(\"check\", 'protected:') AND verdict NOT IN ('ok', 'pass') "
         "  AND rollout_id IN (SELECT rollout_id FROM top) GROUP BY ALL) "
         "SELECT t.*, coalesce(p.n, 0) AS protected_fails FROM top t "
         "LEFT JOIN prot p USING (rollout_id, attempt, fencing_token) "

@@ -52,7 +52,9 @@ def run(tmp_path_factory):
     add("pass", version=1, task="t1")
     # hack suspects: one step and a tiny diff; a touched protected path
     lazy = add("pass", version=1, task="t2", steps=1, diff=0)
-    sneaky = add("pass", version=1, task="t3", checks=[check_row("protected:test_visible.py", "fail")])
+    sneaky = add("pass", version=1, task="t3",
+                 checks=[check_row("protected:test_visible.py", "tampered")])
+    add("pass", version=1, task="t3", checks=[check_row("protected:test_visible.py", "ok")])
     # infra: a committed infra_error on n2 and a retried (uncommitted) one on n1
     add("infra_error", version=1, task="t1", node="n2", infra_reason="sandbox_start: ENOSPC")
     add("infra_error", version=1, task="t1", node="n1", infra_reason="verifier: timeout",
@@ -69,7 +71,7 @@ def rep(run):
 def test_pass_rate_by_family_and_version_masks_infra_errors(rep):
     rates = {(r["task_family"], r["policy_version"]): (r["passed"], r["scored"])
              for r in rep["pass_rates"]}
-    assert rates == {("python", 0): (1, 4), ("math", 0): (2, 2), ("python", 1): (5, 6)}
+    assert rates == {("python", 0): (1, 4), ("math", 0): (2, 2), ("python", 1): (6, 7)}
 
 
 def test_band_occupancy_per_version(rep):
