@@ -1,7 +1,7 @@
 """Density: hold N idle sandboxes at once; creation rate and host memory per sandbox.
 
 Paddock: N sandboxes from the busybox image (slices of --slice ids so N fit in one subuid
-range), each with its monitor and init alive (PID 1 of the sandbox, idle). Reference in the
+range), each with its init alive (PID 1 of the sandbox, idle; the one process a sandbox keeps). Reference in the
 same run: N `bwrap --unshare-all` sandboxes on a read-only unpacked copy of the image, each
 idling in `sleep`. Memory is measured three ways: the sum of USS and of PSS (psutil) of every
 process the sandboxes hold, and the drop of MemAvailable (includes kernel memory: namespaces,
@@ -88,9 +88,12 @@ def run_paddock(image: str, n: int, slice_size: int):
         for b in boxes:
             b.destroy()
         print(f"  destroy all: {time.perf_counter() - t:.2f} s")
-        cg = [d for d in rt.cgroups.report.dirs.values() if os.listdir(d) and
-              any(os.path.isdir(os.path.join(d, c)) for c in os.listdir(d))]
-        print(f"  leftover sandbox cgroups after destroy: {len(cg)}")
+        left = {c for d in rt.cgroups.report.dirs.values() for c in os.listdir(d)
+                if os.path.isdir(os.path.join(d, c))} - rt.spare_cgroups
+        print(f"  sandbox cgroups left after destroy: {len(left)} "
+              f"(+{len(rt.spare_cgroups)} of spare builders, removed at close)")
+        node_dirs = list(rt.cgroups.report.dirs.values())
+    print(f"  node cgroup dirs left after close: {sum(os.path.exists(d) for d in node_dirs)}")
     return res
 
 

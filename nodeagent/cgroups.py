@@ -12,8 +12,9 @@ At start, `CgroupManager.detect()` picks one mechanism per cap and says which (`
 Layout: one node directory per runtime, `paddock-node-<pid>-<starttime>-<random>` (the agent's
 PID and start time, so a directory whose owner is gone is recognised and swept at the next start),
 with one child per sandbox. The agent opens each sandbox cgroup's `cgroup.procs` and hands the
-open files to the sandbox init, which joins by writing "0" (itself): the permission check uses
-the opener's credentials, so the init needs no write access to cgroupfs, and never gets any.
+open files to the node holder, where a spare builder joins by writing "0" (itself; its init
+inherits) or a builder writes its init's PID: the permission check uses the opener's
+credentials, so no sandbox process needs write access to cgroupfs, and none gets any.
 
 Only the standard library; no Paddock imports.
 """

@@ -1,6 +1,6 @@
 """Length-prefixed JSON messages over a stream socket, with bytes carried as base64.
 
-Used between the node agent, its namespace holder (zygote), each sandbox's monitor and the
+Used between the node agent, its namespace holder (zygote), each sandbox's builder and the
 sandbox's init. Every read is bounded by `max_bytes`; a peer that sends more, or garbage, gets
 a FramingError, never an unbounded allocation. No Paddock imports.
 """

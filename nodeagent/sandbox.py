@@ -1,11 +1,16 @@
 """The native sandbox runtime, as the node agent sees it.
 
 `SandboxRuntime` owns one node namespace holder (`nodeagent.zygote`): a user namespace that
-maps the agent's subordinate-id range, in which each image is mounted once (squashfuse) and
-from which every sandbox is forked with its own disjoint id slice. `Sandbox` is one sandbox:
-`exec`, `write_files`, `read_file`, `diff`, `destroy`. Sandboxes are one-shot.
+maps the agent's subordinate-id range, in which each image is mounted once (squashfuse,
+counted, unmounted after a grace period) and from which every sandbox is forked with its own
+disjoint id slice. At start it detects how caps are enforced (`nodeagent.cgroups`: cgroup v2,
+v1 or rlimits; `caps_report()`), refuses caps the host cannot enforce unless told to degrade,
+picks the writable-root path for the kernel, and sweeps what a killed predecessor left.
+`Sandbox` is one sandbox: `exec` (optionally as another in-sandbox uid), `write_files`,
+`read_file`, `diff` / `diff_archive`, `apply`, `destroy`. Sandboxes are one-shot; warm pools
+(`pool`, `acquire`; `nodeagent.warmpool`) keep ready ones per image.
 
-Every infrastructure failure (the holder or a monitor died, a mount failed) raises
+Every infrastructure failure (the holder or a sandbox init died, a mount failed) raises
 `SandboxError`; a command that fails inside the sandbox is an `ExecResult`, not an error.
 Must not import zmq or the controller.
 """
@@ -219,8 +224,10 @@ class SandboxRuntime:
         self._lock = threading.Lock()         # slices and image reference counts
         self._free_slices = list(range(1, self.slots + 1))
         self._images: dict[str, _ImageMount] = {}
+        self._pools: dict[tuple, "warmpool.WarmPool"] = {}
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
+        self.spare_cgroups: set[str] = set()   # cgroups of spare builders (no sandbox yet)
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self.swept: list[str] = []
@@ -309,7 +316,7 @@ class SandboxRuntime:
             if self._proc.stderr:
                 self._proc.stderr.close()
             self._proc = None
-        for p in list(getattr(self, "_pools", {}).values()):
+        for p in list(self._pools.values()):
             p.stop()
         self.cgroups.close()
         self._remove_state_dir()
@@ -444,6 +451,10 @@ class SandboxRuntime:
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
             r = self._call(req, [theirs.fileno()] + cg_fds)
             cgroup = r["cgroup"]
+            with self._lock:
+                self.spare_cgroups.discard(cgroup)
+                if cgroup != new_cg:
+                    self.spare_cgroups.add(new_cg)
             self.cgroups.apply(cgroup, spec.limits)
             if r.get("need_spare"):
                 self._add_spare()
@@ -491,6 +502,8 @@ class SandboxRuntime:
         try:
             fds = self.cgroups.create(name, {})
             self._call({"op": "add_spare", "cgroup": name}, fds)
+            with self._lock:
+                self.spare_cgroups.add(name)
         except (SandboxError, cgroups.CapsError) as exc:
             log.warning("no spare builder: %s", exc)
             self.cgroups.remove(name)
@@ -520,7 +533,6 @@ class SandboxRuntime:
         """Keep `target` ready sandboxes of `spec` (started in the background); see `acquire`."""
         from nodeagent import warmpool
         with self._lock:
-            self._pools = getattr(self, "_pools", {})
             p = self._pools.get(_pool_key(spec))
             if p is None:
                 p = self._pools[_pool_key(spec)] = warmpool.WarmPool(self, spec, target).start()
@@ -530,7 +542,7 @@ class SandboxRuntime:
 
     def acquire(self, spec: SandboxSpec, timeout_s: float = 30.0) -> "Sandbox":
         """A ready sandbox from the pool of `spec` if one exists, else a fresh one. Use once."""
-        p = getattr(self, "_pools", {}).get(_pool_key(spec))
+        p = self._pools.get(_pool_key(spec))
         if p is not None:
             sb = p.take()
             if sb is not None:

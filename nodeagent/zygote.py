@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     os.setresgid(0, 0, 0)
     os.setgroups([])
     os.setresuid(0, 0, 0)
-    # Both are reset by the credential change. Dumpable lets the monitors (same uid) write
+    # Both are reset by the credential change. Dumpable lets the builders (same uid) write
     # their sandbox's /proc/PID/uid_map; no other uid can reach these processes.
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     nsutil.prctl(nsutil.PR_SET_DUMPABLE, 1)
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         framing.send_msg(ctl, {"stage": "failed", "error": str(exc)})
         os._exit(3)
     framing.send_msg(ctl, {"stage": "ready", "uid_map": open("/proc/self/uid_map").read()})
-    # Density: every monitor and init is a fork of this process. Frozen objects are never
+    # Density: every builder and init is a fork of this process. Frozen objects are never
     # scanned by the collector, so the forks do not dirty (copy) the pages that hold them.
     gc.collect()
     gc.freeze()
