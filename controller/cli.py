@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     from controller import verify_cli
     from controller import egress_cli
     from controller import replay
+    from controller import tools_cli
     from layers import cli as layers_cli
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify_cli.register(sub)
     egress_cli.register(sub)
     replay.register(sub)
+    tools_cli.register(sub)
     layers_cli.register(sub)
 
     ctl = sub.add_parser("controller", help="run the controller daemon", add_help=False)

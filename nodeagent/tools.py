@@ -258,4 +258,66 @@ class Toolbox:
         return ToolResult(text, 0, None, truncated)
 
 
-__all__ = ["ALL_TOOLS", "TOOL_SPECS", "ToolResult", "ToolSetError", "Toolbox", "definitions", "tool_set"]
+# ---------------------------------------------------------------------------------------------
+# The same tools over the Model Context Protocol (JSON-RPC 2.0, one message per line on stdio).
+
+MCP_PROTOCOL_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+
+
+class McpServer:
+    """Serves a Toolbox over MCP: initialize, ping, tools/list, tools/call. `handle` is pure
+    request-in, response-out (None for notifications); `serve` runs it over line streams."""
+
+    def __init__(self, toolbox: Toolbox, name: str = "paddock-tools", version: str = "1") -> None:
+        self.toolbox, self.name, self.version = toolbox, name, version
+
+    @staticmethod
+    def _error(id_: Any, code: int, message: str) -> dict:
+        return {"jsonrpc": "2.0", "id": id_, "error": {"code": code, "message": message}}
+
+    def handle(self, msg: Any) -> dict | None:
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or not isinstance(msg.get("method"), str):
+            return self._error(msg.get("id") if isinstance(msg, dict) else None, -32600,
+                               "invalid request: need jsonrpc '2.0' and a string method")
+        id_, method, params = msg.get("id"), msg["method"], msg.get("params") or {}
+        if "id" not in msg:          # a notification (e.g. notifications/initialized): no reply
+            return None
+        if not isinstance(params, dict):
+            return self._error(id_, -32602, "params must be an object")
+        if method == "initialize":
+            asked = params.get("protocolVersion")
+            return {"jsonrpc": "2.0", "id": id_, "result": {
+                "protocolVersion": asked if asked in MCP_PROTOCOL_VERSIONS else MCP_PROTOCOL_VERSIONS[0],
+                "capabilities": {"tools": {"listChanged": False}},
+                "serverInfo": {"name": self.name, "version": self.version}}}
+        if method == "ping":
+            return {"jsonrpc": "2.0", "id": id_, "result": {}}
+        if method == "tools/list":
+            return {"jsonrpc": "2.0", "id": id_, "result": {"tools": [
+                {"name": n, "description": TOOL_SPECS[n]["description"], "inputSchema": TOOL_SPECS[n]["parameters"]}
+                for n in self.toolbox.names]}}
+        if method == "tools/call":
+            name, args = params.get("name"), params.get("arguments", {})
+            raw = args if isinstance(args, str) else json.dumps(args)
+            out = self.toolbox.call(name, raw)
+            return {"jsonrpc": "2.0", "id": id_, "result": {
+                "content": [{"type": "text", "text": out.observation}], "isError": out.error is not None}}
+        return self._error(id_, -32601, f"method not found: {method}")
+
+    def serve(self, inp, out) -> None:
+        """Read one JSON message per line from `inp` until EOF; write replies to `out`."""
+        for line in inp:
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError as exc:
+                reply: dict | None = self._error(None, -32700, f"parse error: {exc}")
+            else:
+                reply = self.handle(msg)
+            if reply is not None:
+                out.write(json.dumps(reply) + "\n")
+                out.flush()
+
+
+__all__ = ["ALL_TOOLS", "McpServer", "TOOL_SPECS", "ToolResult", "ToolSetError", "Toolbox", "definitions", "tool_set"]

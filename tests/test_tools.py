@@ -117,3 +117,43 @@ def test_list_and_search(tb):
     assert r.error is None and r.observation.strip() == "/work/pkg/mod.py:1:def needle():"
     r = call(tb, "search", pattern="absent-text")
     assert r.exit_code == 1 and "no matches" in r.observation
+
+
+# --- the same tools over MCP ---------------------------------------------------------------
+
+def test_mcp_lists_the_task_tools_and_runs_calls_over_line_streams(sb):
+    import io
+    from nodeagent.tools import McpServer
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t"}}},
+             {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+             {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+              "params": {"name": "read_file", "arguments": {"path": "mcp.txt", "max_lines": 1}}},
+             {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "shell", "arguments": {}}},
+             {"jsonrpc": "2.0", "id": 5, "method": "resources/list"}]
+    inp = io.StringIO("\n".join(json.dumps(m) for m in lines) + "\n{not json\n")
+    out = io.StringIO()
+    Toolbox(sb).call("write_file", json.dumps({"path": "mcp.txt", "content": "one\ntwo\n"}))
+    McpServer(Toolbox(sb, ["read_file", "search"])).serve(inp, out)
+    replies = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [r.get("id") for r in replies] == [1, 2, 3, 4, 5, None]     # no reply to the notification
+    assert replies[0]["result"]["protocolVersion"] == "2024-11-05"
+    assert [t["name"] for t in replies[1]["result"]["tools"]] == ["read_file", "search"]
+    assert replies[2]["result"] == {"content": [{"type": "text", "text": "one\n"}], "isError": False}
+    assert replies[3]["result"]["isError"] and "unknown tool 'shell'" in replies[3]["result"]["content"][0]["text"]
+    assert replies[4]["error"]["code"] == -32601 and replies[5]["error"]["code"] == -32700
+
+
+def test_paddock_tools_mcp_serves_a_fresh_sandbox_over_stdio(busybox_image):
+    import subprocess
+    import sys
+    msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+             "params": {"name": "shell", "arguments": {"command": "hostname; ls /work | wc -l"}}}]
+    r = subprocess.run([sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())",
+                        "tools", "mcp", "--image", str(busybox_image), "--tools", "shell"],
+                       input="".join(json.dumps(m) + "\n" for m in msgs), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    replies = [json.loads(x) for x in r.stdout.splitlines()]
+    assert replies[1]["result"] == {"content": [{"type": "text", "text": "sandbox\n0\n"}], "isError": False}
