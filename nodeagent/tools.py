@@ -9,7 +9,8 @@ observation the model reads, never an exception. Only infrastructure failures ra
 (`SandboxError` from the sandbox).
 
 Paths are passed to commands as argv elements, never through a shell; relative paths are
-taken under /work. Must not import zmq or the controller.
+taken under /work. `McpServer` serves the same tools over MCP (JSON-RPC lines on stdio).
+Must not import zmq or the controller.
 """
 from __future__ import annotations
 
