@@ -514,3 +514,32 @@ def test_sigterm_drains_a_real_agent_process_and_nothing_is_lost(tmp_path):
         for p in (agent, ctl):
             p.kill()
             p.wait()
+
+
+def test_garbage_over_a_real_socket_is_counted_and_the_controller_keeps_serving(farm):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(farm.endpoint)
+    try:
+        good = json.loads(P.encode(P.Status(), DEP))
+        sock.send(b"\x00\x01 not json")
+        sock.send(json.dumps({**good, "v": 2}).encode())
+        sock.send(json.dumps({**good, "dep": "someone-else"}).encode())
+        sock.send(json.dumps({**good, "type": "launch_missiles"}).encode())
+        sock.send_multipart([b"two", b"frames"])
+        sock.send(b"{" + b" " * (2 * P.MAX_FRAME_BYTES) + b"}")  # over 1 MiB, under 4 MiB
+        sock.send(P.encode(P.Result(rollout_id="b999-00000", attempt=1, token=1, outcome="pass",
+                                    reward=1.0, shards={}, infra_reason=None, idem="x"), DEP))
+        replies = []
+        while not any(isinstance(m, P.Reject) for m in replies):
+            assert sock.poll(10_000)
+            replies.append(P.decode(sock.recv(), DEP))
+        assert [type(m) for m in replies] == [P.Welcome, P.Reject], "a stranger: register!"
+        assert replies[1].reason == "unknown_rollout"
+        with client(farm.endpoint) as c:
+            counters = c.status().counters
+    finally:
+        sock.close(linger=0)
+    assert counters["dropped"] == {"bad_json": 1, "wrong_version": 1, "foreign_deployment": 1,
+                                   "unknown_type": 1, "multipart": 1, "too_large": 1}
+    assert counters["rejected_unknown_rollout"] == 1
