@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -79,7 +80,7 @@ class Budgets:
 class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | model_error
+    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | context_length | model_error
     prompt_tokens: int = 0
     completion_tokens: int = 0
     agent_s: float = 0.0
@@ -105,6 +106,15 @@ class Model(Protocol):
 
 class ModelTimeout(ModelError):
     """No complete answer within the request's timeout."""
+
+
+class ContextLengthExceeded(ModelError):
+    """The server refused the conversation as longer than the model's context (HTTP 400): the
+    policy's own budget ran out, not an infrastructure failure."""
+
+
+_CONTEXT_LENGTH = re.compile(rb"context length|context window|maximum context|too many tokens|"
+                             rb"prompt is too long|context_length_exceeded", re.I)
 
 
 def check_reply(body: Any, endpoint: str) -> dict:
@@ -184,6 +194,9 @@ class HTTPModel:
             raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
         if len(raw) > MAX_RESPONSE_BYTES:
             raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
+            raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
+                                        f"context: {raw[:300].decode(errors='replace')}")
         if status != 200:
             raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
                              f"{raw[:300].decode(errors='replace')}")
@@ -266,9 +279,12 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
                "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
     try:
         body = client.complete(payload, min(model_timeout_s, remaining))
-    except ModelTimeout:
+    except (ModelTimeout, ContextLengthExceeded) as exc:
         res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
                           "duration_s": clock() - m0})
+        if isinstance(exc, ContextLengthExceeded):
+            res.stop_reason = "context_length"
+            return False
         if remaining <= model_timeout_s:
             res.stop_reason = "wall_time"
             return False
@@ -323,5 +339,5 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     return True
 
 
-__all__ = ["AgentResult", "Budgets", "BudgetError", "HTTPModel", "Model", "ModelError", "ModelTimeout",
+__all__ = ["AgentResult", "Budgets", "BudgetError", "ContextLengthExceeded", "HTTPModel", "Model", "ModelError", "ModelTimeout",
            "SandboxError", "TOOLS", "check_reply", "run_agent", "chat"]

@@ -270,3 +270,19 @@ def test_tool_calls_beyond_the_per_message_cap_are_answered_but_not_run(sb, fake
     assert res.tool_errors == 3
     answered = [msg for msg in m.requests[1]["messages"] if msg["role"] == "tool"]
     assert len(answered) == MAX_CALLS_PER_STEP + 3 and "not run" in answered[-1]["content"]
+
+
+def test_a_conversation_longer_than_the_models_context_ends_the_run_not_an_infra_error(sb, fake):
+    vllm_400 = json.dumps({"object": "error", "type": "BadRequestError", "code": 400,
+                           "message": "This model's maximum context length is 4096 tokens. However, you "
+                                      "requested 5000 tokens (4000 in the messages, 1000 in the completion)."})
+    m = fake(reply(calls=[("shell", '{"command": "true"}')]), ("raw", 400, vllm_400.encode()))
+    res = agent(sb, m.url)
+    assert (res.stop_reason, len(res.steps), res.answer) == ("context_length", 1, None)
+    assert [s["kind"] for s in res.spans] == ["model_call", "tool_call", "model_call"]
+
+
+def test_other_http_400s_stay_model_errors(sb, fake):
+    m = fake(("raw", 400, b'{"error": {"message": "unknown field tools"}}'))
+    with pytest.raises(ModelError, match="HTTP 400"):
+        agent(sb, m.url)
