@@ -55,3 +55,5 @@ def test_degrade_runs_on_rlimits_and_says_so(busybox_image):
             r = sb.exec(["sh", "-c", "ulimit -v; ulimit -u"])
             assert r.stdout.split() == [str(64 * 1024).encode(), b"16"]
             assert sb.cgroup_paths == {}
+            r = sb.exec(["sh", "-c", "unshare -U true; echo rc=$?"])   # seccomp holds here too
+            assert b"rc=0" not in r.stdout and b"Operation not permitted" in r.stderr
