@@ -306,6 +306,9 @@ class SandboxRuntime:
         return ""
 
     def close(self) -> None:
+        for p in list(self._pools.values()):   # first: their refills still need the holder
+            p.stop()
+        self._pools.clear()
         if self._ctl:
             self._ctl.close()
             self._ctl = None
@@ -316,8 +319,6 @@ class SandboxRuntime:
             if self._proc.stderr:
                 self._proc.stderr.close()
             self._proc = None
-        for p in list(self._pools.values()):
-            p.stop()
         self.cgroups.close()
         self._remove_state_dir()
         self._images.clear()
