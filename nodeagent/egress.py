@@ -20,7 +20,7 @@ import ipaddress
 import logging
 import os
 import re
-import select
+import selectors
 import socket
 import struct
 import threading
@@ -575,7 +575,10 @@ class EgressProxy:
         return upstream
 
     def _forward(self, sandbox, box, conn, method, target, version, headers, rest) -> socket.socket | None:
-        u = urllib.parse.urlsplit(target)
+        try:
+            u = urllib.parse.urlsplit(target)
+        except ValueError:            # e.g. an unbalanced IPv6 bracket
+            u = urllib.parse.SplitResult("", "", "", "", "")
         if u.scheme != "http" or not u.netloc:
             d = Decision("deny", "bad_request", target[:200], 0)
             self._record(sandbox, box, d)
@@ -627,27 +630,32 @@ def _relay(a: socket.socket, b: socket.socket, idle_timeout_s: float) -> None:
     a.settimeout(None)
     b.settimeout(None)
     open_ends = {a: b, b: a}
-    while open_ends:
-        ready, _, _ = select.select(list(open_ends), [], [], idle_timeout_s)
-        if not ready:
-            return
-        for src in ready:
-            dst = open_ends[src]
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if data:
+    with selectors.DefaultSelector() as sel:   # epoll: no FD_SETSIZE limit on a busy node
+        for sock in open_ends:
+            sel.register(sock, selectors.EVENT_READ)
+        while open_ends:
+            ready = sel.select(idle_timeout_s)
+            if not ready:
+                return
+            for key, _ in ready:
+                src = key.fileobj
+                dst = open_ends[src]
                 try:
-                    dst.sendall(data)
-                    continue
+                    data = src.recv(65536)
                 except OSError:
-                    return
-            open_ends.pop(src, None)
-            try:
-                dst.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+                    data = b""
+                if data:
+                    try:
+                        dst.sendall(data)
+                        continue
+                    except OSError:
+                        return
+                open_ends.pop(src, None)
+                sel.unregister(src)
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -222,6 +222,8 @@ def test_malformed_requests_are_400_not_a_crash(proxy):
     path = proxy.open("sb1", parse_policy(POLICY))
     assert ask(path, b"\x16\x03\x01garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
     assert ask(path, b"GET /relative HTTP/1.1\r\nHost: origin.example.com\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert ask(path, b"GET http://[::1/x HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert ask(path, b"CONNECT origin.example.com:99999 HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 403")
     assert get(path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
 
 
