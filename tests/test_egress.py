@@ -350,3 +350,20 @@ def test_connections_beyond_the_per_sandbox_cap_are_refused_and_logged(proxy, mo
             extra.connect(path)
             assert extra.recv(4096).startswith(b"HTTP/1.1 403")
     assert [d["reason"] for d in proxy.decisions("sb1")][:1] == ["too_many_connections"]
+
+
+def test_hostile_request_heads_never_kill_a_proxy_thread(proxy, monkeypatch):
+    import random
+    import threading
+    crashes = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: crashes.append(args.exc_value))
+    path = proxy.open("fuzz", parse_policy(POLICY))
+    rng = random.Random(8)
+    pieces = ["GET", "CONNECT", "POST", "http://", "https://", "[", "]", "::1", "@", ":", "%00", "origin.example.com",
+              "xn--", "ü", "..", "/", " ", "HTTP/1.1", "\r\n", "Host: ", "*", "99999", "-1", "\x00", "\xff"]
+    for _ in range(150):
+        head = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+        out = ask(path, head.encode("utf-8", "surrogateescape") + b"\r\n\r\n")
+        assert out == b"" or out.startswith(b"HTTP/1.1 "), (head, out[:80])
+    assert crashes == []
+    assert get(path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
