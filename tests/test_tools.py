@@ -157,3 +157,25 @@ def test_paddock_tools_mcp_serves_a_fresh_sandbox_over_stdio(busybox_image):
     assert r.returncode == 0, r.stderr
     replies = [json.loads(x) for x in r.stdout.splitlines()]
     assert replies[1]["result"] == {"content": [{"type": "text", "text": "sandbox\n0\n"}], "isError": False}
+
+
+def test_seeded_garbage_arguments_are_always_refused_or_parsed_never_raised(sb):
+    import random
+    rng = random.Random(8)
+    tb = Toolbox(sb)
+    atoms = [None, True, 0, -1, 10**40, 1.5, float("inf"), "", "x", "ü\x00", [], {}, [1, "a"], {"path": 3}]
+
+    def value(depth=0):
+        if depth > 2 or rng.random() < 0.5:
+            return rng.choice(atoms)
+        if rng.random() < 0.5:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["path", "command", "old", "new", "pattern", "depth", "zzz"]): value(depth + 1)
+                for _ in range(rng.randint(0, 4))}
+    for _ in range(400):
+        name = rng.choice(list(ALL_TOOLS) + ["", None, 7, "Shell"])
+        raw = rng.choice([json.dumps(value(), allow_nan=True), "{", "[]", "null", '"str"', "\ud800", 5, None])
+        args, refused = tb.parse(name, raw)
+        assert (args is None) != (refused is None)
+        if refused is not None:
+            assert refused.observation.startswith("error: ") and refused.error
