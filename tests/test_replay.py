@@ -58,3 +58,11 @@ def test_cli_replays_and_an_unknown_rollout_is_a_clear_error(run_dir, capsys):
     assert "no committed attempt" in capsys.readouterr().err
     with pytest.raises(ReplayError):
         load(run_dir, "no-such-rollout")
+
+
+def test_a_step_recorded_with_a_bare_argument_object_replays_as_one_call():
+    model = ReplayModel([{"step": 0, "content": "x", "tool_name": "shell", "tool_args": '{"command": "ls"}',
+                          "prompt_tokens": 3, "completion_tokens": 2, "logprobs": None}])
+    msg = model.complete({}, 1.0)["choices"][0]["message"]
+    assert msg["tool_calls"] == [{"id": "call_0", "type": "function",
+                                  "function": {"name": "shell", "arguments": '{"command": "ls"}'}}]
