@@ -175,8 +175,6 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
                                   "lower": lower, "daemon_pid": daemon.pid if daemon else None}, [ns_fd])
-        if framing.recv_msg(zygote, max_bytes=4096).get("ok") is not True:
-            raise RuntimeError("the node holder did not take the sandbox")
     except Exception as exc:
         for p in [pid] + ([daemon.pid] if daemon else []):
             try:

@@ -52,6 +52,7 @@ class NodeInit:
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
         self.spares: list[tuple[int, socket.socket, str]] = []   # ready: pid, socket, cgroup name
+        self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
         self._after_reply = None                                  # work deferred past a reply
         self.seccomp_prog = b""                        # built once, installed before each exec
 
@@ -72,6 +73,8 @@ class NodeInit:
         self.sel.register(self.ctl, selectors.EVENT_READ)
         while True:
             for key, _ in self.sel.select(timeout=0.5):
+                if self.sel.get_map().get(key.fd) is not key:
+                    continue   # handled earlier in this batch (a builder's report read on demand)
                 if key.fileobj is self.ctl:
                     if not self.serve_agent():
                         return   # the agent went away: exiting tears the node namespace down
@@ -142,20 +145,27 @@ class NodeInit:
         sock.close()   # the spare died before it was ready
 
     def take_sandbox(self, sock: socket.socket) -> None:
-        """A builder reports a finished sandbox and hands over its mount namespace."""
+        """A builder reports a finished sandbox and hands over its mount namespace (the fd in
+        flight keeps the namespace alive after the builder exits)."""
         self.sel.unregister(sock)
+        sid = next((k for k, v in self.pending.items() if v is sock), None)
+        self.pending.pop(sid, None)
         try:
             rec, fds = framing.recv_msg(sock, max_bytes=65536, with_fds=True)
-            if len(fds) != 1 or rec.get("id") is None:
+            if len(fds) != 1 or rec.get("id") != sid:
                 raise framing.FramingError(f"bad report from a builder: {rec}")
             rec["mnt_fd"] = fds[0]
             rec["pidfd"] = os.pidfd_open(int(rec["init_pid"]))
             self.sandboxes[rec["id"]] = rec
-            framing.send_msg(sock, {"ok": True})
         except (framing.FramingError, OSError):
             pass   # the builder failed; it reported that to the agent itself
         finally:
             sock.close()
+
+    def _settle(self, sid) -> None:
+        """An op may arrive before the builder's report was read: read it first."""
+        if sid in self.pending:
+            self.take_sandbox(self.pending[sid])
 
     def reap(self) -> None:
         while True:
@@ -237,7 +247,7 @@ class NodeInit:
         mnt = os.path.join(self.images_dir, req["image_key"])
         if req["image_key"] not in self.fuse:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
-        if req["id"] in self.sandboxes:
+        if req["id"] in self.sandboxes or req["id"] in self.pending:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
         while self.spares and req.get("overlay") != "fuse-overlayfs":
             pid, sock, cgroup = self.spares.pop(0)
@@ -247,6 +257,7 @@ class NodeInit:
                 sock.close()   # that spare died: try the next
                 continue
             self.sel.register(sock, selectors.EVENT_READ)
+            self.pending[req["id"]] = sock
             cg_dups = [os.dup(fd) for fd in fds[1:]]
 
             def refill(name=req.get("cgroup"), dups=cg_dups):
@@ -277,10 +288,12 @@ class NodeInit:
         for fd in dups:
             os.close(fd)
         self.sel.register(ours, selectors.EVENT_READ)
+        self.pending[req["id"]] = ours
         return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "need_spare": True}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
+        self._settle(req.get("id"))
         rec = self.sandboxes.get(req.get("id"))
         if rec is None:
             return {"ok": False, "error": f"no sandbox {req.get('id')!r}"}
@@ -306,6 +319,7 @@ class NodeInit:
     def destroy(self, sid: str) -> dict:
         """Kill the sandbox's PID 1 (the kernel kills the rest of its PID namespace), drop its
         mount namespace (tmpfs, overlay, /dev go with it) and its mountpoint directory."""
+        self._settle(sid)
         rec = self.sandboxes.pop(sid, None)
         if rec is None:
             return {"ok": True}   # idempotent

@@ -100,3 +100,32 @@ def test_warm_pool_hands_out_each_sandbox_once_and_refills(runtime, busybox_imag
         pool.stop()
         runtime._pools.clear()
     assert len(pool) == 0
+
+
+def test_concurrent_acquire_exec_diff_destroy_from_several_threads(runtime, busybox_image):
+    spec = SandboxSpec(image=busybox_image)
+    pool = runtime.pool(spec, target=2)
+    errors = []
+
+    def work(i: int) -> None:
+        for _ in range(3):
+            try:
+                sb = runtime.acquire(SandboxSpec(image=busybox_image, files={"x": str(i).encode()}))
+                assert sb.exec(["cat", "/work/x"]).stdout == str(i).encode()
+                sb.write_files({"/work/y": b"1"})
+                assert [c.path for c in sb.diff("/work") if c.path == "/work/y"] == ["/work/y"]
+                sb.destroy()
+            except Exception as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert errors == [] and pool.failures == 0
+        assert runtime.mounted_images()   # the holder survived it all
+    finally:
+        pool.stop()
+        runtime._pools.clear()
