@@ -54,8 +54,25 @@ def _w(path: str, data: str) -> None:
 
 # --------------------------------------------------------------------------- builder
 
+def make_dev_template(path: str) -> None:
+    """The sandbox /dev, built once per node: a 0755 tmpfs (nosuid, noexec) with null, zero,
+    full, random, urandom, tty bind-mounted, the fd symlinks and an empty shm dir. Each sandbox
+    gets a recursive bind of it (one mount call) plus its own capped /dev/shm."""
+    os.makedirs(path, 0o755, exist_ok=True)
+    nsutil.mount("paddock-dev", path, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NOEXEC, "mode=0755,size=64k")
+    for name in DEV_NODES:
+        target = os.path.join(path, name)
+        open(target, "w").close()
+        nsutil.mount(f"/dev/{name}", target, None, nsutil.MS_BIND)
+    for name, dest in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(dest, os.path.join(path, name))
+    os.mkdir(os.path.join(path, "shm"), 0o1777)
+    os.chmod(os.path.join(path, "shm"), 0o1777)
+
+
 def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
-                overlay: str = "kernel") -> tuple[str, subprocess.Popen | None]:
+                overlay: str = "kernel", dev_template: str | None = None) -> tuple[str, subprocess.Popen | None]:
     os.makedirs(sbx, mode=0o755)
     disk_mb = int(limits.get("disk_mb", 64))
     inodes = int(limits.get("inodes", 16384))
@@ -76,16 +93,11 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
     os.chown(os.path.join(root, "work"), slice_base, slice_base)
     os.chmod(os.path.join(root, "work"), 0o755)
     dev = os.path.join(root, "dev")
-    nsutil.mount("paddock-dev", dev, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NOEXEC, "mode=0755,size=64k")
-    for name in DEV_NODES:
-        target = os.path.join(dev, name)
-        open(target, "w").close()
-        nsutil.mount(f"/dev/{name}", target, None, nsutil.MS_BIND)
-    for name, dest in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-        os.symlink(dest, os.path.join(dev, name))
+    if dev_template:
+        nsutil.mount(dev_template, dev, None, nsutil.MS_BIND | nsutil.MS_REC)
+    else:
+        make_dev_template(dev)
     shm = os.path.join(dev, "shm")
-    os.mkdir(shm, 0o1777)
     nsutil.mount("paddock-shm", shm, "tmpfs", flags | nsutil.MS_NOEXEC, "mode=1777,size=16m")
     return root, daemon
 
@@ -158,7 +170,8 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
     daemon, pid = None, init_pid
     stages = {"builder": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
-        root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"))
+        root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"),
+                                   os.path.join(os.path.dirname(sbx_root), "dev"))
         stages["root_built"] = time.monotonic()
         if init_pid is None:
             pid, init = make_init()

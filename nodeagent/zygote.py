@@ -67,6 +67,7 @@ class NodeInit:
         # image may be mounted); nothing propagates back (builders make their copies slaves).
         nsutil.mount(self.images_dir, self.images_dir, None, nsutil.MS_BIND)
         nsutil.mount("none", self.images_dir, None, nsutil.MS_SHARED)
+        sbxinit.make_dev_template(os.path.join(self.state, "dev"))
         self.seccomp_prog = seccomp.build()
 
     def serve(self) -> None:

@@ -104,9 +104,10 @@ def test_writes_to_the_image_fail_and_the_image_file_is_unchanged(box, busybox_i
 def test_another_sandboxs_files_are_unreachable(runtime, busybox_image, box):
     with runtime.create(SandboxSpec(image=busybox_image, files={"secret.txt": b"TOPSECRET"})) as other:
         assert other.exec(["cat", "/work/secret.txt"]).stdout == b"TOPSECRET"
+        assert sh(other, "echo TOPSECRET > /dev/shm/s; echo x > /dev/evil; cat /dev/shm/s").stdout == b"TOPSECRET\n"
         r = sh(box, "grep -rs TOPSECRET / --exclude-dir=proc --exclude-dir=sys; "
-                    "cat /proc/*/root/work/secret.txt 2>/dev/null; ls /proc | grep -c '^[0-9]'")
-        assert b"TOPSECRET" not in r.stdout
+                    "cat /proc/*/root/work/secret.txt /dev/shm/* 2>/dev/null; ls /dev")
+        assert b"TOPSECRET" not in r.stdout and b"evil" not in r.stdout
 
 
 def test_setuid_binaries_do_not_raise_privileges(box):
