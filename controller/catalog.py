@@ -349,9 +349,9 @@ def span_summary_path(target: Path) -> Path:
     return target.with_name(target.name.removesuffix(".parquet") + ".hdr.json")
 
 
-SPAN_SUMMARY_FORMAT = 1
+SPAN_SUMMARY_FORMAT = 2
 HDR_MAX_US = 24 * 3600 * 10**6
-HDR_DIGITS = 3
+HDR_DIGITS = 2                # p50/p99 within 1% (durations are bucketed to 2 digits anyway)
 BUCKET_DIGITS = 2
 
 

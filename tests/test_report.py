@@ -97,9 +97,9 @@ def test_span_percentiles_merge_the_nodes_histograms(rep):
     model = spans["model_call"]
     # 50 x 10 ms on n1, 150 x 20 ms on n2, 1 x 2 s on n2: p50 is 20 ms, p99 is 20 ms.
     assert (model["count"], model["nodes"]) == (201, 2)
-    assert model["p50_s"] == pytest.approx(0.020, rel=1e-3)
-    assert model["p99_s"] == pytest.approx(0.020, rel=1e-3)
-    assert spans["tool_call"]["p50_s"] == pytest.approx(0.100, rel=1e-3)
+    assert model["p50_s"] == pytest.approx(0.020, rel=1e-2)
+    assert model["p99_s"] == pytest.approx(0.020, rel=1e-2)
+    assert spans["tool_call"]["p50_s"] == pytest.approx(0.100, rel=1e-2)
     assert list(spans) == ["model_call", "tool_call"]
 
 
