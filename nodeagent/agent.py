@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
     runtime, runner = None, None
+    if args.noop_s is None and not args.image_store:
+        ap.error("--image-store is required (unless --noop-s)")
     if args.noop_s is not None:
         runner = noop_runner(args.noop_s)
     else:
