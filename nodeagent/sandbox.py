@@ -225,6 +225,7 @@ class SandboxRuntime:
         self._free_slices = list(range(1, self.slots + 1))
         self._images: dict[str, _ImageMount] = {}
         self._pools: dict[tuple, "warmpool.WarmPool"] = {}
+        self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
         self.spare_cgroups: set[str] = set()   # cgroups of spare builders (no sandbox yet)
@@ -370,17 +371,23 @@ class SandboxRuntime:
     # -- images: one mount per digest, counted, unmounted after a grace period ---------------
     def mount_image(self, image: Path) -> str:
         """Mount `image` (once) and take a reference on it; `_unref_image` gives it back."""
-        image = Path(image)
-        if not image.exists():
-            raise SandboxError(f"image {image} does not exist: build it with `paddock image build` "
-                               f"or give the path of a SIF file in the image store")
-        image = image.resolve()
         try:
-            key, offset = image_partition(image)
-        except SandboxError:
-            raise
-        except Exception as exc:   # layers.sif.SifError: corrupt, truncated, another architecture
-            raise SandboxError(f"image {image} cannot be used: {exc}") from exc
+            st = os.stat(image)
+        except FileNotFoundError:
+            raise SandboxError(f"image {image} does not exist: build it with `paddock image build` "
+                               f"or give the path of a SIF file in the image store") from None
+        ident = (str(image), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = self._partitions.get(ident)   # the same file, unchanged: no need to re-read it
+        if cached is None:
+            image = Path(image).resolve()
+            try:
+                cached = (*image_partition(image), str(image))
+            except SandboxError:
+                raise
+            except Exception as exc:   # layers.sif.SifError: corrupt, truncated, another architecture
+                raise SandboxError(f"image {image} cannot be used: {exc}") from exc
+            self._partitions[ident] = cached
+        key, offset, image = cached
         with self._lock:
             m = self._images.get(key)
             if m is not None:
