@@ -4,9 +4,10 @@ A `CheckRunner` starts one long-lived server process (`python -m nodeagent.check
 the checker modules once and then forks one child per check. Each child starts its own session
 (so it leads its own process group), sets rlimits (address space, CPU seconds, file size, open
 files, no core dumps), runs either a Python function (`fn="module:name"`, JSON arguments, JSON
-result) or a command (`argv`), and writes its result to a pipe only the server reads. The
-server waits on the child's pidfd and the pipe; at the deadline it kills the whole process
-group. A check that hangs, forks, allocates without bound or floods output therefore costs only
+result) or a command (`argv`). A function check sends its result straight to the client
+(one record on a SOCK_SEQPACKET socket, no relay) and tells the server on a pipe that it
+did; the server reports timeouts, crashes and commands. The server waits on the child's
+pidfd and that pipe; at the deadline it kills the whole process group. A check that hangs, forks, allocates without bound or floods output therefore costs only
 its own result; the server keeps serving every other check concurrently. The server is a child
 subreaper: processes a check leaves behind are killed by a periodic sweep.
 
@@ -21,6 +22,8 @@ Standard library and nodeagent.framing only; must not import zmq or the controll
 from __future__ import annotations
 
 import argparse
+import base64
+import fcntl
 import gc
 import importlib
 import itertools
@@ -47,6 +50,8 @@ DEFAULT_OUTPUT_CAP = 64 * 1024
 DEFAULT_LIMITS = {"memory_mb": 1024, "nofile": 64, "fsize_mb": 16}
 SWEEP_INTERVAL_S = 2.0          # a /proc scan: only after checks finished, at most this often
 MAX_REQUEST_BYTES = 4 << 20
+MAX_REPLY_BYTES = 192 * 1024    # one SOCK_SEQPACKET record (below the default socket buffer)
+MAX_OUTPUT_CAP = 128 * 1024     # output_cap is clamped to this (base64 of it fits one record)
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 
@@ -80,19 +85,22 @@ class CheckRunner:
         self._ids = itertools.count(1)
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._res: socket.socket | None = None
         self._reader: threading.Thread | None = None
 
     def start(self) -> "CheckRunner":
         ours, theirs = socket.socketpair()
+        res_ours, res_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent.checks", "--ctl-fd", str(theirs.fileno()),
-             "--preload", ",".join(self.preload)],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+             "--res-fd", str(res_theirs.fileno()), "--preload", ",".join(self.preload)],
+            pass_fds=(theirs.fileno(), res_theirs.fileno()), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, env=env, cwd="/")
         theirs.close()
-        self._sock = ours
+        res_theirs.close()
+        self._sock, self._res = ours, res_ours
         try:
             hello = framing.recv_msg(ours, max_bytes=65536)
         except (framing.FramingError, OSError) as exc:
@@ -107,13 +115,15 @@ class CheckRunner:
         return self
 
     def close(self) -> None:
-        if self._sock:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self._sock.close()
-            self._sock = None
+        for name in ("_sock", "_res"):
+            sock = getattr(self, name, None)
+            if sock:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+                setattr(self, name, None)
         if self._proc:
             if self._proc.poll() is None:
                 self._proc.kill()
@@ -147,7 +157,7 @@ class CheckRunner:
             rid = next(self._ids)
             self._pending[rid] = fut
             req = {"id": rid, "fn": fn, "args": list(args), "argv": argv, "timeout_s": float(timeout_s),
-                   "output_cap": int(output_cap), "limits": {**self.limits, **(limits or {})},
+                   "output_cap": min(int(output_cap), MAX_OUTPUT_CAP), "limits": {**self.limits, **(limits or {})},
                    "stdin": stdin}
             try:
                 framing.send_msg(self._sock, req)
@@ -163,17 +173,20 @@ class CheckRunner:
         return fut.result(timeout=timeout_s + 30.0)
 
     def _read_loop(self) -> None:
-        sock = self._sock
+        res = self._res
         while True:
             try:
-                msg = framing.recv_msg(sock, max_bytes=MAX_REQUEST_BYTES)
-            except (framing.FramingError, OSError, AttributeError):
+                data = res.recv(MAX_REPLY_BYTES)
+                if not data:
+                    break
+                msg = json.loads(data)
+            except (OSError, AttributeError, ValueError):
                 break
             with self._lock:
                 fut = self._pending.pop(msg.get("id"), None)
-            if fut is not None:
+            if fut is not None:     # the first reply wins (a result racing its own timeout)
                 fut.set_result(CheckResult(msg["outcome"], msg.get("value"), msg.get("exit_code"),
-                                           msg.get("stdout") or b"", msg.get("detail", ""),
+                                           base64.b64decode(msg.get("stdout") or ""), msg.get("detail", ""),
                                            msg.get("wall_s", 0.0)))
         self._fail_pending("check server exited")
 
@@ -241,7 +254,7 @@ class _Active:
     out_open: bool = True
 
 
-def _spare(req_r: int, out_w: int) -> None:
+def _spare(req_r: int, out_w: int, res: int) -> None:
     """A pre-forked child: own session at once, then wait for one request and run it. Never returns."""
     try:
         os.setsid()
@@ -260,10 +273,10 @@ def _spare(req_r: int, out_w: int) -> None:
         req = json.loads(buf)
     except BaseException:  # noqa: BLE001
         os._exit(126)
-    _child(req, out_w)
+    _child(req, out_w, res)
 
 
-def _child(req: dict, out_w: int) -> None:
+def _child(req: dict, out_w: int, res: int) -> None:
     """Run one check: rlimits, then the function or the command. Never returns."""
     code = 0
     try:
@@ -272,12 +285,12 @@ def _child(req: dict, out_w: int) -> None:
         with open("/proc/self/statm") as f:
             vsz = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         cpu = int(req["timeout_s"]) + 2
-        for res, val in ((resource.RLIMIT_AS, vsz + int(lim.get("memory_mb", 1024)) * mb),
+        for limit, val in ((resource.RLIMIT_AS, vsz + int(lim.get("memory_mb", 1024)) * mb),
                          (resource.RLIMIT_CPU, cpu),
                          (resource.RLIMIT_FSIZE, int(lim.get("fsize_mb", 16)) * mb),
                          (resource.RLIMIT_NOFILE, int(lim.get("nofile", 64))),
                          (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(res, (val, val))
+            resource.setrlimit(limit, (val, val))
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if req.get("argv"):
             in_r, in_w = os.pipe()
@@ -291,13 +304,16 @@ def _child(req: dict, out_w: int) -> None:
         mod, _, name = req["fn"].partition(":")
         func = getattr(importlib.import_module(mod), name)
         try:
-            out = {"ok": True, "value": func(*req.get("args", []))}
+            out = {"id": req["id"], "outcome": "ok", "value": func(*req.get("args", []))}
         except Exception as exc:  # noqa: BLE001 - the check's own error is its result
-            out = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        data = json.dumps(out, default=repr).encode() + b"\n"
-        view = memoryview(data)
-        while view:
-            view = view[os.write(out_w, view):]
+            out = {"id": req["id"], "outcome": "error", "detail": f"{type(exc).__name__}: {exc}"[:2000]}
+        out["wall_s"] = time.monotonic() - req["t0"]
+        data = json.dumps(out, default=repr).encode()
+        if len(data) > min(int(req["output_cap"]), MAX_REPLY_BYTES - 256):
+            data = json.dumps({"id": req["id"], "outcome": "output_cap", "wall_s": out["wall_s"],
+                               "detail": f"result of {len(data)} bytes exceeds {req['output_cap']}"}).encode()
+        os.write(res, data)            # one record, straight to the client
+        os.write(out_w, b"sent\n")     # and tell the server it is done
         os.close(out_w)
     except BaseException as exc:  # noqa: BLE001 - anything here is a crash of this check only
         try:
@@ -311,8 +327,8 @@ def _child(req: dict, out_w: int) -> None:
 class _Server:
     """One loop: requests in, pre-forked spares out, results back; deadlines and sweeps each pass."""
 
-    def __init__(self, ctl: socket.socket, spares: int = 4) -> None:
-        self.ctl = ctl
+    def __init__(self, ctl: socket.socket, res: socket.socket, spares: int = 4) -> None:
+        self.ctl, self.res = ctl, res
         self.sel = selectors.DefaultSelector()
         self.n_spares = spares
         self.spares: list[_Active] = []
@@ -350,11 +366,13 @@ class _Server:
         out_r, out_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            # Keep only this spare's two pipe ends, as fds 3 and 4.
-            os.dup2(req_r, 3)
-            os.dup2(out_w, 4)
-            os.closerange(5, 1 << 16)
-            _spare(3, 4)
+            # Keep only this spare's pipe ends and the reply socket, as fds 3, 4, 5 (copied high
+            # first: any of them may already sit on 3..5).
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (req_r, out_w, self.res.fileno())]
+            for target, fd in zip((3, 4, 5), high):
+                os.dup2(fd, target)
+            os.closerange(6, 1 << 16)
+            _spare(3, 4, 5)
         os.close(req_r)
         os.close(out_w)
         os.set_blocking(out_r, False)
@@ -369,6 +387,7 @@ class _Server:
         a.t0 = time.monotonic()
         a.rid, a.deadline, a.cap = req["id"], a.t0 + float(req["timeout_s"]), int(req["output_cap"])
         a.kind = "argv" if req.get("argv") else "fn"
+        req["t0"] = a.t0
         if isinstance(req.get("stdin"), bytes):
             req["stdin"] = req["stdin"].decode("latin-1")
         self.active[a.pid] = a
@@ -388,8 +407,8 @@ class _Server:
         what, a = self.by_fd[fd]
         if what == "out":
             self.drain(a)
-            if a.kind == "fn" and a.buf.endswith(b"\n"):
-                self.finish(a)       # a complete result: no need to wait for the exit
+            if a.kind == "fn" and a.buf.endswith(b"sent\n"):
+                self.finish(a, replied=True)     # the child answered the client itself
         else:
             self.reap()
             if a.status is not None:
@@ -425,7 +444,7 @@ class _Server:
             if pid in self.active:
                 self.active[pid].status = status
 
-    def finish(self, a: _Active, timed_out: bool = False) -> None:
+    def finish(self, a: _Active, timed_out: bool = False, replied: bool = False) -> None:
         if a.pid not in self.active:
             return
         try:
@@ -438,13 +457,21 @@ class _Server:
             if self.by_fd.pop(fd, None) is not None:
                 self.sel.unregister(fd)
             os.close(fd)
+        self.reap()                             # zombies of finished checks; the rest at the sweep
+        if replied:
+            return
         reply = _verdict(a, timed_out)
         reply["id"], reply["wall_s"] = a.rid, time.monotonic() - a.t0
-        self.reap()                             # zombies of finished checks; the rest at the sweep
+        if "stdout" in reply:
+            reply["stdout"] = base64.b64encode(reply["stdout"]).decode()
+        data = json.dumps(reply).encode()
+        if len(data) > MAX_REPLY_BYTES:
+            data = json.dumps({"id": a.rid, "outcome": "output_cap", "wall_s": reply["wall_s"],
+                               "detail": f"reply of {len(data)} bytes exceeds {MAX_REPLY_BYTES}"}).encode()
         try:
-            framing.send_msg(self.ctl, reply)
+            self.res.send(data)
         except OSError:
-            os._exit(0)
+            os._exit(0)         # the client is gone
 
     def sweep(self) -> None:
         """Kill processes a finished check left behind (re-parented to us, the subreaper)."""
@@ -499,6 +526,7 @@ def _verdict(a: _Active, timed_out: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="check server (started by CheckRunner)")
     ap.add_argument("--ctl-fd", type=int, required=True)
+    ap.add_argument("--res-fd", type=int, required=True)
     ap.add_argument("--preload", default="")
     args = ap.parse_args(argv)
     import ctypes
@@ -515,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()         # forked children share these pages instead of copying them on first GC
     framing.send_msg(ctl, {"ready": True, "pid": os.getpid()})
-    return _Server(ctl).serve()
+    return _Server(ctl, socket.socket(fileno=args.res_fd)).serve()
 
 
 if __name__ == "__main__":
