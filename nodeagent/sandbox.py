@@ -370,7 +370,7 @@ class SandboxRuntime:
 
     # -- images: one mount per digest, counted, unmounted after a grace period ---------------
     def mount_image(self, image: Path) -> str:
-        """Mount `image` (once) and take a reference on it; `_unref_image` gives it back."""
+        """Mount `image` (once) and take a reference on it; the sandbox's destroy gives it back."""
         try:
             st = os.stat(image)
         except FileNotFoundError:
@@ -400,15 +400,6 @@ class SandboxRuntime:
             m.refs += 1
             m.idle_since = None
         return key
-
-    def _unref_image(self, key: str) -> None:
-        with self._lock:
-            m = self._images.get(key)
-            if m is None:
-                return
-            m.refs -= 1
-            if m.refs <= 0:
-                m.refs, m.idle_since = 0, self.clock()
 
     def reap_images(self) -> list[str]:
         """Unmount images unused for longer than the grace period. Returns their keys."""
