@@ -54,17 +54,17 @@ def test_a_check_that_dies_by_signal_is_crashed(runner):
 
 
 def test_a_hanging_check_is_killed_and_does_not_hold_up_the_others(runner):
-    hang = runner.submit("time:sleep", [3600], timeout_s=2.0)
+    hang = runner.submit("time:sleep", [3600], timeout_s=4.0)
     quick = [runner.submit("nodeagent.checkers:exact_match", ["a", "a"]) for _ in range(20)]
     assert all(f.result(timeout=10).value is True for f in quick)
     assert not hang.done()          # the others finished while the hang was still running
     r = hang.result(timeout=10)
-    assert r.outcome == "timeout" and r.wall_s < 5
+    assert r.outcome == "timeout" and r.wall_s < 8
 
 
 def test_the_whole_process_group_dies_at_the_deadline(runner, tmp_path):
     pidfile = tmp_path / "pid"
-    r = runner.run(argv=["sh", "-c", f"sleep 3600 & echo $! > {pidfile}; wait"], timeout_s=0.5)
+    r = runner.run(argv=["sh", "-c", f"sleep 3600 & echo $! > {pidfile}; wait"], timeout_s=2)
     assert r.outcome == "timeout"
     assert wait_until(lambda: not alive(int(pidfile.read_text())))
 
