@@ -341,7 +341,8 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
         raise VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
     checks = check_protected(task, changes)
     if any(c["verdict"] == "tampered" for c in checks):
-        v = Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, checks, tampered=True)
+        v = Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0, "weights": {"correct": 1.0}}, checks,
+                    tampered=True)
         v.verify_s = clock() - t0
         return v
     for attempt in range(INFRA_RETRIES + 1):
@@ -355,6 +356,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     v.checks[:0] = checks
     if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
         _add_judge(v, spec, task, changes, answer, clock)
+    v.components.setdefault("weights", {"correct": 1.0})
     v.verify_s = clock() - t0
     return v
 
