@@ -140,6 +140,7 @@ def main() -> None:
             f.seek(info.primary_partition_offset)
             out.write(f.read(info.primary_partition_size))
         subprocess.run(["unsquashfs", "-q", "-d", tmp + "/root", tmp + "/p.sqfs"], check=True, capture_output=True)
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
         ours_pss, ours_drop = run_paddock(str(image), args.n, args.slice)
         ref_pss, ref_drop = run_bwrap(tmp + "/root", args.n)
         drop = f"{ours_drop / ref_drop:.2f}" if ref_drop > 64 * 1024 else "n/a (bwrap's drop is within noise)"

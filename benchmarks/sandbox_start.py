@@ -14,6 +14,7 @@ Prints p50 and p99 of each and the ratios to bwrap's p50.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -94,7 +95,8 @@ def main() -> None:
                 sb.destroy()
             pool.stop()
         ref_p50 = statistics.median(ref)
-        print(f"n={n}")
+        print(f"n={n}  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
+              f"(shared machine: compare the ratios, not the absolute times)")
         line("paddock cold create+exec+destroy", ours, ref_p50)
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
