@@ -11,8 +11,8 @@ import sys
 import urllib.parse
 from typing import TextIO
 
-from nodeagent.egress import HostError, PolicyError, _split_authority, decide, node_addresses, parse_policy, \
-    system_resolver
+from nodeagent.egress import node_addresses, system_resolver
+from nodeagent.egress_policy import HostError, PolicyError, decide, parse_policy, split_authority
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -20,11 +20,11 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 def target(url: str) -> tuple[str, int]:
     """(host, port) of a URL or a host:port CONNECT target; HostError(reason) when refused."""
     if "://" not in url:
-        return _split_authority(url, None)
+        return split_authority(url, None)
     u = urllib.parse.urlsplit(url)
     if u.scheme not in DEFAULT_PORTS:
         raise HostError("bad_request", f"scheme {u.scheme!r} is not proxied (http, https)")
-    return _split_authority(u.netloc, DEFAULT_PORTS[u.scheme])
+    return split_authority(u.netloc, DEFAULT_PORTS[u.scheme])
 
 
 def check(allow: str, url: str, resolve: list[str] | None = None, out: TextIO | None = None) -> int:
