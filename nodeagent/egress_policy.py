@@ -225,6 +225,8 @@ def decide(policy: Policy, host: str, port: int, resolver: Resolver,
 
 
 def split_authority(authority: str, default_port: int | None) -> tuple[str, int]:
+    """(host, port) of a request target's authority; HostError(reason) for userinfo, an IPv6
+    literal, a missing (CONNECT) or malformed port."""
     if "@" in authority:
         raise HostError("userinfo", "userinfo in the request target")
     if authority.startswith("["):
