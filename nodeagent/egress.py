@@ -36,7 +36,15 @@ from nodeagent.egress_policy import (DEFAULT_PORTS, PUBLIC, ClientHelloError, De
                                      Policy, PolicyError, Resolver, Rule, address_allowed, client_hello_length,
                                      decide, normalize_host, parse_policy, parse_sni, split_authority)
 
+from nodeagent.sandbox import SandboxError
+
 log = logging.getLogger(__name__)
+
+
+class EgressError(SandboxError):
+    """The proxy could not serve a sandbox (its socket could not be made): infrastructure, so the
+    attempt is an infra_error like any sandbox that fails to start."""
+
 
 MAX_HEAD_BYTES = 16 * 1024
 MAX_CLIENT_HELLO_BYTES = 64 * 1024
@@ -131,12 +139,16 @@ class EgressProxy:
         with self._lock:
             if sandbox in self._boxes:
                 raise ValueError(f"sandbox {sandbox!r} already has an egress socket")
-        if os.path.exists(path):
-            os.unlink(path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        os.chmod(path, 0o666)   # the sandbox's relay runs as a subordinate uid
-        listener.listen(64)
+        try:
+            if os.path.exists(path):
+                os.unlink(path)
+            listener.bind(path)
+            os.chmod(path, 0o666)   # the sandbox's relay runs as a subordinate uid
+            listener.listen(64)
+        except OSError as exc:
+            listener.close()
+            raise EgressError(f"egress socket {path} for sandbox {sandbox}: {exc}") from None
         box = _Sandbox(policy, path, listener)
         with self._lock:
             self._boxes[sandbox] = box
@@ -424,7 +436,7 @@ def close_for_task(sandbox: str) -> list[dict]:
     return _node_proxy.close(sandbox) if _node_proxy is not None else []
 
 
-__all__ = ["DEFAULT_PORTS", "ClientHelloError", "Decision", "EgressProxy", "HostError", "PUBLIC", "Policy",
+__all__ = ["DEFAULT_PORTS", "ClientHelloError", "Decision", "EgressError", "EgressProxy", "HostError", "PUBLIC", "Policy",
            "PolicyError", "Rule", "close_for_task", "decisions_for", "open_for_task", "set_node_proxy",
            "address_allowed", "decide", "node_addresses", "node_proxy", "normalize_host", "parse_policy",
            "client_hello_length", "parse_sni", "system_resolver"]

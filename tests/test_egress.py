@@ -367,3 +367,12 @@ def test_hostile_request_heads_never_kill_a_proxy_thread(proxy, monkeypatch):
         assert out == b"" or out.startswith(b"HTTP/1.1 "), (head, out[:80])
     assert crashes == []
     assert get(path, f"http://origin.example.com:{HTTP_PORT}/").startswith(b"HTTP/1.0 200")
+
+
+def test_a_socket_that_cannot_be_made_is_an_infrastructure_error(tmp_path):
+    from nodeagent.egress import EgressError
+    from nodeagent.sandbox import SandboxError
+    p = EgressProxy(str(tmp_path / "e"), resolver=resolver())
+    with pytest.raises(EgressError, match="x" * 200) as e:
+        p.open("x" * 200, parse_policy(POLICY))      # AF_UNIX paths are limited to 108 bytes
+    assert isinstance(e.value, SandboxError)
