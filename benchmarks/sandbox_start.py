@@ -70,10 +70,18 @@ def main() -> None:
             print(rt.caps_report())
             rt.create(spec).destroy()   # warm: mounts the image once
 
+            phases = {"create": [], "exec": [], "destroy": []}
+
             def cold():
+                t0 = time.perf_counter()
                 sb = rt.create(spec)
+                t1 = time.perf_counter()
                 sb.exec(["true"])
+                t2 = time.perf_counter()
                 sb.destroy()
+                t3 = time.perf_counter()
+                for k, a, b in (("create", t0, t1), ("exec", t1, t2), ("destroy", t2, t3)):
+                    phases[k].append(b - a)
             ours, ref, low = [], [], []
             for _ in range(n):   # interleaved, so machine noise hits all three alike
                 ours += timed(cold, 1)
@@ -98,6 +106,7 @@ def main() -> None:
         print(f"n={n}  load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs "
               f"(shared machine: compare the ratios, not the absolute times)")
         line("paddock cold create+exec+destroy", ours, ref_p50)
+        print("   phases p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in phases.items()))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
         line("unshare -Urmnp --fork true (floor)", low, ref_p50)
