@@ -327,9 +327,9 @@ def _promote(run_dir: Path, table: str, rel: str, keys: pa.Table, seq: int) -> i
         return 0
     if data.num_rows == 0:
         return 0
-    data = data.cast(keys.schema)
-    missing = data.join(keys, keys=["rollout_id", "attempt", "fencing_token"],
-                        join_type="left anti")
+    cols = ["rollout_id", "attempt", "fencing_token"]
+    distinct = data.cast(keys.schema).group_by(cols).aggregate([])
+    missing = distinct.join(keys, keys=cols, join_type="left anti")
     if missing.num_rows:
         return 0                      # some rows are not committed (yet): leave it alone
     target_rel = f"{table}/{COMPACT_PREFIX}{seq:06d}.parquet"

@@ -207,3 +207,46 @@ def test_a_catalog_row_naming_another_attempts_shard_does_not_make_it_visible(tm
     cat.commit("r1", 1, 2, stale, committed_at=T0)      # wrong shard paths for this key
     cat.flush()
     assert q(tmp_path, "SELECT DISTINCT fencing_token FROM steps") == [(2,)]
+
+
+def _bulk_spans(keys):
+    n = len(keys)
+    return pa.table({"run_id": ["run-a"] * n, "rollout_id": [k for k, _ in keys],
+                     "attempt": [1] * n, "fencing_token": [t for _, t in keys],
+                     "kind": ["model_call"] * n, "start_s": [0.0] * n,
+                     "duration_s": [0.01 * (i + 1) for i in range(n)], "node": ["n1"] * n})
+
+
+def test_write_batch_checks_columns_not_rows_and_names_the_problem(tmp_path):
+    from nodeagent.trajwriter import write_batch
+    good = _bulk_spans([("a", 1)])
+    with pytest.raises(SchemaError, match="spans: unknown column.s. colour"):
+        write_batch(tmp_path, "spans", good.append_column("colour", pa.array(["red"])), "b.parquet")
+    with pytest.raises(SchemaError, match=r"spans.kind: 1 value\(s\) not in"):
+        write_batch(tmp_path, "spans", good.set_column(4, "kind", pa.array(["gpu"])), "b.parquet")
+    with pytest.raises(SchemaError, match="spans.duration_s: 1 NULL"):
+        write_batch(tmp_path, "spans", good.set_column(6, "duration_s", pa.nulls(1, pa.float64())),
+                    "b.parquet")
+    assert write_batch(tmp_path, "spans", good, "b.parquet") == "spans/b.parquet"
+
+
+def test_a_bulk_shard_is_promoted_only_once_every_row_is_committed(tmp_path):
+    from controller.catalog import span_summary_path
+    from nodeagent.trajwriter import write_batch
+    write_batch(tmp_path, "spans", _bulk_spans([("a", 1), ("a", 1), ("b", 1), ("b", 9)]), "bulk.parquet")
+    cat = Catalog(tmp_path)
+    cat.commit("a", 1, 1, {}, committed_at=T0)
+    cat.flush()
+    assert compact(tmp_path).targets == 0                   # b is not committed yet
+    assert q(tmp_path, "SELECT count(*) FROM spans") == [(2,)]
+    cat.commit("b", 1, 1, {}, committed_at=T0)
+    cat.flush()
+    assert compact(tmp_path).targets == 0                   # (b, token 9) is stale: never promoted
+    write_batch(tmp_path, "spans", _bulk_spans([("a", 1), ("b", 1)]), "bulk2.parquet")
+    before = _snapshot(tmp_path)
+    result = compact(tmp_path)
+    assert (result.sources, result.targets, result.rows) == (1, 1, 2)
+    assert _snapshot(tmp_path) == before
+    assert sorted(p.name for p in (tmp_path / "spans").glob("*.parquet")) == [
+        "bulk.parquet", "compact-000000.parquet"]
+    assert span_summary_path(tmp_path / "spans" / "compact-000000.parquet").is_file()
