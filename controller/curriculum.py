@@ -278,6 +278,14 @@ class Curriculum:
         best = min(dist.values())
         return [t for t in live if dist[t] - best < 0.05]
 
+    def latest_version(self) -> int:
+        """The newest policy version with a recorded outcome of one of our tasks (0 if none)."""
+        marks = ",".join("?" * len(self.task_ids))
+        with self._lock:
+            return self._db.execute(
+                f"SELECT coalesce(max(policy_version), 0) FROM outcomes WHERE task_id IN ({marks})",
+                self.task_ids).fetchone()[0]
+
     def occupancy(self, version: int) -> dict[str, int]:
         """How many tasks sit in each class for `version`."""
         counts = dict.fromkeys(CLASSES, 0)
@@ -296,3 +304,41 @@ def _cycle(pool: Sequence[str], k: int, rng: random.Random) -> list[str]:
         rng.shuffle(order)
         out.extend(order[:k - len(out)])
     return out
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+def register(tasks_sub) -> None:
+    """`paddock tasks curriculum SET [--version V] [--db FILE]`: estimates, classes, quarantine."""
+    p = tasks_sub.add_parser("curriculum", help="pass-rate estimates, band classes and quarantine "
+                                                "of a set's tasks")
+    p.add_argument("set_name", metavar="SET")
+    p.add_argument("--version", type=int, default=None,
+                   help="target policy version (default: the newest recorded)")
+    p.add_argument("--db", help="curriculum database (default <bank>/curriculum.sqlite)")
+    p.set_defaults(func=cmd_curriculum)
+
+
+def cmd_curriculum(args, out=None) -> int:
+    import sys
+    from controller.taskbank import TaskBank
+    from controller.tasks import TaskError
+    out = out or sys.stdout
+    bank = TaskBank(args.bank)
+    try:
+        ts = bank.load_set(args.set_name)
+    except TaskError as exc:
+        print(f"paddock tasks curriculum: {exc}", file=sys.stderr)
+        return 2
+    with Curriculum(args.db or bank.root / "curriculum.sqlite", [t.task_id for t in ts.tasks]) as c:
+        version = c.latest_version() if args.version is None else args.version
+        est, classes, q = c.estimates(version), c.classify(version), c.quarantined()
+        names = {t.task_id: t.name for t in ts.tasks}
+        print(f"policy version {version}: " + ", ".join(f"{k} {v}" for k, v in
+                                                      c.occupancy(version).items()), file=out)
+        for tid in sorted(c.task_ids, key=lambda t: (classes[t], names[t])):
+            e = est[tid]
+            extra = f"  {q[tid]}" if tid in q else ""
+            print(f"  {classes[tid]:11} {e.mean:5.2f} (evidence {e.evidence:5.1f})  {names[tid]}{extra}",
+                  file=out)
+    return 0

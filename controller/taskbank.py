@@ -312,8 +312,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     show.add_argument("--hidden", action="store_true", help="also print hidden files")
     show.set_defaults(func=cmd_show)
 
-    from controller import contamination
+    from controller import contamination, curriculum
     contamination.register(sub)
+    curriculum.register(sub)
     # `paddock tasks validate SET` is the verifier's (controller/validation.py).
     from controller.validation import add_validate_command
     add_validate_command(sub)

@@ -163,3 +163,22 @@ def test_tasks_that_failed_validation_are_quarantined_with_the_validator_reasons
     assert q[TASKS[1]] == "broken: validation: reference fails: x"
     assert q[TASKS[2]] == "broken: validation: null passes"
     assert cur.import_validation(tmp_path / "missing.json") == 0
+
+
+def test_cli_shows_classes_estimates_and_quarantine_reasons(tmp_path):
+    import io
+    from controller.builtin_tasks import builtin_taskset
+    from controller.cli import build_parser
+    from controller.taskbank import TaskBank, make_set
+    tasks = builtin_taskset().tasks[:3]
+    bank = TaskBank(tmp_path / "bank")
+    bank.put_set(make_set("s", tasks))
+    with Curriculum(bank.root / "curriculum.sqlite", [t.task_id for t in tasks]) as c:
+        _feed(c, tasks[0].task_id, 2, 5, 5)
+        c.quarantine(tasks[1].task_id, "broken: manual")
+    out = io.StringIO()
+    args = build_parser().parse_args(["tasks", "--bank", str(bank.root), "curriculum", "s"])
+    assert args.func(args, out=out) == 0
+    text = out.getvalue()
+    assert text.startswith("policy version 2: band 1, explore 1, too_easy 0, too_hard 0, quarantined 1")
+    assert f"quarantined  0.50 (evidence   0.0)  {tasks[1].name}  broken: manual" in text
