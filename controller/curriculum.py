@@ -280,11 +280,11 @@ class Curriculum:
 
     def latest_version(self) -> int:
         """The newest policy version with a recorded outcome of one of our tasks (0 if none)."""
-        marks = ",".join("?" * len(self.task_ids))
+        ours = set(self.task_ids)
         with self._lock:
-            return self._db.execute(
-                f"SELECT coalesce(max(policy_version), 0) FROM outcomes WHERE task_id IN ({marks})",
-                self.task_ids).fetchone()[0]
+            rows = self._db.execute(
+                "SELECT task_id, max(policy_version) FROM outcomes GROUP BY task_id").fetchall()
+        return max((v for t, v in rows if t in ours), default=0)
 
     def occupancy(self, version: int) -> dict[str, int]:
         """How many tasks sit in each class for `version`."""
