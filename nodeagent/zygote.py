@@ -25,6 +25,7 @@ import gc
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,10 +35,12 @@ import time
 from nodeagent import framing, nsutil, sbxinit, seccomp
 
 MOUNT_TIMEOUT_S = 10.0
-# An image never changes under its mount: let the kernel cache lookups (positive and negative),
-# attributes and pages for good. Without this every PATH search in every new sandbox is a round
-# trip to the (single-threaded) squashfuse daemon per missing directory entry.
-FUSE_CACHE_OPTS = "entry_timeout=86400,negative_timeout=86400,attr_timeout=86400,kernel_cache"
+# squashfuse_ll: the low-level daemon, multi-threaded, lets the kernel cache entries and
+# attributes without timeout (an image never changes under its mount). The high-level
+# `squashfuse` (single-threaded) is the fallback, told to cache for a day.
+SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
+FUSE_CACHE_OPTS = "" if SQUASHFUSE == "squashfuse_ll" else \
+    ",entry_timeout=86400,negative_timeout=86400,attr_timeout=86400,kernel_cache"
 DESTROY_TIMEOUT_S = 10.0
 
 
@@ -213,7 +216,7 @@ class NodeInit:
             return {"ok": False, "error": f"image {path} is not readable by the sandbox user "
                                           f"(uid {os.getuid()} in the node namespace)"}
         os.makedirs(mnt, mode=0o755, exist_ok=True)
-        argv = ["squashfuse", "-f", "-o", f"ro,allow_other,offset={offset},{FUSE_CACHE_OPTS}", path, mnt]
+        argv = [SQUASHFUSE, "-f", "-o", f"ro,allow_other,offset={offset}{FUSE_CACHE_OPTS}", path, mnt]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
