@@ -392,7 +392,7 @@ def encode(msg: Message, deployment: str) -> bytes:
     frame = {"v": PROTOCOL_VERSION, "dep": deployment, "type": cls.TYPE, "id": msg.id,
              "body": body}
     try:
-        data = json.dumps(frame, separators=(",", ":"), allow_nan=False).encode()
+        data = _ENCODER.encode(frame).encode()
     except (TypeError, ValueError) as e:
         raise LocalProtocolError(BAD_JSON, str(e)) from None
     if len(data) > MAX_FRAME_BYTES:
@@ -414,8 +414,8 @@ def _decode(data: bytes, deployment: str) -> Message:
     if len(data) > MAX_FRAME_BYTES:
         raise ProtocolError(TOO_LARGE, f"{len(data)} bytes > {MAX_FRAME_BYTES}")
     try:
-        frame = json.loads(data, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
+        frame = _DECODER.decode(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except (ValueError, UnicodeDecodeError) as e:  # UnicodeDecodeError is a ValueError too
         raise ProtocolError(BAD_JSON, str(e)) from None
     if not isinstance(frame, dict):
         raise ProtocolError(BAD_JSON, "frame is not a JSON object")
@@ -439,6 +439,11 @@ def _decode(data: bytes, deployment: str) -> Message:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+# One encoder and one decoder, made once (json.dumps/loads with options build one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def _body_fields(cls: type) -> list[dataclasses.Field]:
