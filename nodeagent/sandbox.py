@@ -43,6 +43,7 @@ DEFAULT_USER = "paddock"
 DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
 OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs")
+MAX_SPARES = 2        # spare builders the holder keeps (each used one is replaced at once)
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 
 
@@ -455,7 +456,7 @@ class SandboxRuntime:
                 if cgroup != new_cg:
                     self.spare_cgroups.add(new_cg)
             self.cgroups.apply(cgroup, spec.limits)
-            if r.get("need_spare"):
+            if r.get("need_spare") and len(self.spare_cgroups) < MAX_SPARES:
                 self._add_spare()
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
