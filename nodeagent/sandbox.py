@@ -456,7 +456,7 @@ class SandboxRuntime:
                 if cgroup != new_cg:
                     self.spare_cgroups.add(new_cg)
             self.cgroups.apply(cgroup, spec.limits)
-            if r.get("need_spare") and len(self.spare_cgroups) < MAX_SPARES:
+            if r.get("need_spare") and len(self.spare_cgroups) < MAX_SPARES and self.overlay == "kernel":
                 self._add_spare()
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
