@@ -469,7 +469,6 @@ def _init_setup(root: str, hostname: str) -> None:
     nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REC)
     nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REMOUNT | nsutil.MS_RDONLY
                  | nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
-    nsutil.loopback_up()
     os.chdir(root)
     nsutil.pivot_root(".", ".")
     nsutil.umount(".", nsutil.MNT_DETACH)
@@ -479,6 +478,7 @@ def _init_setup(root: str, hostname: str) -> None:
 def run_init(mon: socket.socket, seccomp_prog: bytes = b"") -> int:
     # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
+    nsutil.loopback_up()   # its network namespace is its own already: no need to wait for the root
     try:
         go, fds = framing.recv_msg(mon, max_bytes=65536, with_fds=True)
     except framing.FramingError:
