@@ -41,6 +41,10 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)
+# Resolve every function now: processes forked from an importer then use them without building
+# ctypes function objects of their own (fewer pages copied into each sandbox process).
+for _name in ("unshare", "setns", "mount", "umount2", "syscall", "sethostname", "prctl"):
+    getattr(_libc, _name)
 
 
 def _check(rc: int, what: str) -> int:

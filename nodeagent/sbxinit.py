@@ -129,7 +129,7 @@ def enter_mount_ns() -> None:
     nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_SLAVE)
 
 
-def fork_init(seccomp_prog: bytes = b"", cgroup_fds: list[int] = ()) -> tuple[int, socket.socket]:
+def fork_init(seccomp_prog: "seccomp.Program | bytes" = b"", cgroup_fds: list[int] = ()) -> tuple[int, socket.socket]:
     """New PID, network, IPC and UTS namespaces and the sandbox init forked into them, waiting
     for its root. Spare builders do this ahead of time (the init is then forked from a process
     that has done little, so it shares more pages with the node init). With fuse-overlayfs it
@@ -206,7 +206,7 @@ class InitConfig:
     """What the sandbox init needs besides its root: the seccomp program, which caps the cgroups
     enforce (the rest fall back to rlimits), and the egress socket (an O_PATH fd) if any."""
 
-    def __init__(self, seccomp_prog: bytes = b"", cgroup_caps=(), egress_fd: int | None = None,
+    def __init__(self, seccomp_prog: "seccomp.Program | bytes" = b"", cgroup_caps=(), egress_fd: int | None = None,
                  limits: dict | None = None):
         self.seccomp_prog, self.cgroup_caps, self.egress_fd = seccomp_prog, set(cgroup_caps), egress_fd
         self.limits = limits or {}
@@ -475,7 +475,7 @@ def _init_setup(root: str, hostname: str) -> None:
     os.chdir("/")
 
 
-def run_init(mon: socket.socket, seccomp_prog: bytes = b"") -> int:
+def run_init(mon: socket.socket, seccomp_prog: "seccomp.Program | bytes" = b"") -> int:
     # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
     nsutil.loopback_up()   # its network namespace is its own already: no need to wait for the root

@@ -7,8 +7,8 @@ and orders comparisons correctly; hand-numbered tables are where filters go wron
 Python bindings (python3-seccomp) exist only for the system interpreter, not a venv.
 
 `build()` returns the raw BPF program (bytes of `struct sock_filter`), exported once in the
-node holder; `install(prog)` loads it with `prctl(PR_SET_SECCOMP)` in the forked child right
-before `execve`, so no library call runs in the child. Denied calls fail with EPERM (clone3
+node holder and wrapped once in a `Program`; `install(prog)` loads it with one
+`prctl(PR_SET_SECCOMP)` in a forked child, so no library call runs there. Denied calls fail with EPERM (clone3
 with ENOSYS, so the C library falls back to clone, whose namespace flags are checked); the
 default is allow. Calls from a foreign architecture kill the process.
 
@@ -124,14 +124,29 @@ def build() -> bytes:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 
 
-def install(prog: bytes) -> None:
+class Program:
+    """A filter ready to load: the `sock_fprog` is built once (in the node holder), so a forked
+    child only makes one call (no ctypes objects built, no pages of the parent's copied)."""
+
+    def __init__(self, prog: bytes):
+        self.raw = prog
+        self._buf = ctypes.create_string_buffer(prog, len(prog))
+        self._fprog = _SockFprog(len(prog) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
+        self._ptr = ctypes.addressof(self._fprog)
+
+    def __bool__(self) -> bool:
+        return bool(self.raw)
+
+
+def install(prog: "Program | bytes") -> None:
     """Load `prog` into the calling thread (needs no_new_privs). Irreversible."""
-    buf = ctypes.create_string_buffer(prog, len(prog))
-    fprog = _SockFprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    rc = _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
-                     ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if not isinstance(prog, Program):
+        prog = Program(prog)
+    rc = _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog._ptr, 0, 0)
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")

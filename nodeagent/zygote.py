@@ -61,7 +61,7 @@ class NodeInit:
         self.spares: list[tuple[int, socket.socket, str]] = []   # ready: pid, socket, cgroup name
         self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
         self._after_reply = None                                  # work deferred past a reply
-        self.seccomp_prog = b""                        # built once, installed before each exec
+        self.seccomp_prog = seccomp.Program(b"")      # built once, installed in each sandbox
 
     def setup(self) -> None:
         nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_PRIVATE)
@@ -75,7 +75,7 @@ class NodeInit:
         nsutil.mount(self.images_dir, self.images_dir, None, nsutil.MS_BIND)
         nsutil.mount("none", self.images_dir, None, nsutil.MS_SHARED)
         sbxinit.make_dev_template(os.path.join(self.state, "dev"))
-        self.seccomp_prog = seccomp.build()
+        self.seccomp_prog = seccomp.Program(seccomp.build())
 
     def serve(self) -> None:
         self.sel.register(self.ctl, selectors.EVENT_READ)
