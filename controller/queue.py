@@ -312,16 +312,17 @@ class RolloutQueue:
             batch_id = f"b{self._next('batch_seq'):06d}"
             self._db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, 0)",
                              (batch_id, idem, n, now))
-            i = 0
+            seq = self._next("rollout_seq", n) - n  # one block of submission numbers
+            rows = []
             for task_ref, policy_version in items:
                 for _ in range(n_per_task):
-                    self._db.execute(
-                        "INSERT INTO rollouts (rollout_id, seq, batch_id, task_ref,"
-                        " policy_version, seed, state, not_before, created_at, updated_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (f"{batch_id}-{i:05d}", self._next("rollout_seq"), batch_id, task_ref,
-                         int(policy_version), self.rng.getrandbits(31), QUEUED, now, now, now))
-                    i += 1
+                    rows.append((f"{batch_id}-{len(rows):05d}", seq + len(rows) + 1, batch_id,
+                                 task_ref, int(policy_version), self.rng.getrandbits(31), QUEUED,
+                                 now, now, now))
+            self._db.executemany(
+                "INSERT INTO rollouts (rollout_id, seq, batch_id, task_ref, policy_version, seed,"
+                " state, not_before, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows)
             self._idem_put("submit:" + idem, {"batch_id": batch_id, "rollouts": n})
         log.info("batch %s submitted: %d rollouts (idem %s)", batch_id, n, idem)
         return batch_id, n, False

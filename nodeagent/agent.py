@@ -38,6 +38,7 @@ from nodeagent.rollout import Attempt, AttemptResult, run_attempt
 
 log = logging.getLogger("nodeagent")
 AGENT_VERSION = "0.2.0"
+STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 
 Runner = Callable[[Attempt], AttemptResult]
 
@@ -67,7 +68,9 @@ class NodeAgent:
         self._finished_order: collections.deque = collections.deque()
         self.unacked: dict[str, _Pending] = {}  # result message id -> pending
         self.done: queue.Queue = queue.Queue()
-        self.starting: list[Attempt] = []  # `started` not sent yet: skipped if it already ended
+        # `started` not sent yet, with when the lease came: sent once the attempt has run for
+        # STARTED_AFTER_S, skipped if it ended before (its result says it ran: one message less)
+        self.starting: list[tuple[Attempt, float]] = []
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
         self.images: set[str] = set()
         self.draining = False
@@ -239,7 +242,7 @@ class NodeAgent:
         a = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
                     msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
         self.active[msg.rollout_id] = a
-        self.starting.append(a)
+        self.starting.append((a, self.clock()))
         self.pool.submit(self._work, a)
 
     def _run_attempt(self, a: Attempt) -> AttemptResult:
@@ -283,11 +286,18 @@ class NodeAgent:
             self._send(msg)
 
     def _flush_started(self) -> None:
-        """`started` for attempts that still run (a result makes it moot: one message less)."""
-        for a in self.starting:
-            if self.active.get(a.rollout_id) is a:
+        """`started` for attempts still running STARTED_AFTER_S after their lease came."""
+        if not self.starting:
+            return
+        now, keep = self.clock(), []
+        for a, t in self.starting:
+            if self.active.get(a.rollout_id) is not a:
+                continue  # ended (its result went out) or dropped
+            if now - t >= STARTED_AFTER_S:
                 self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
-        self.starting.clear()
+            else:
+                keep.append((a, t))
+        self.starting = keep
 
     def _resend_unacked(self, now: Optional[float]) -> None:
         """Results not acknowledged: resend (all of them after a welcome, else the old)."""
