@@ -24,6 +24,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -347,10 +348,20 @@ def main(argv: list[str] | None = None) -> int:
     # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
     signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", args.drain_deadline_s))
     try:
-        return agent.run()
+        rc = agent.run()
     finally:
         if runtime is not None:
-            runtime.close()
+            try:
+                runtime.close()
+            except Exception:  # noqa: BLE001 - attempts handed back may still hold sandboxes
+                log.exception("closing the sandbox runtime failed")
+    agent.ctx.term()  # delivers the last frames (release, disconnect) within their linger
+    if threading.active_count() > 1:
+        # Attempts handed back at the drain deadline may still run in worker threads; their
+        # leases are back in the queue, so the agent leaves now rather than wait for them.
+        logging.shutdown()
+        os._exit(rc)
+    return rc
 
 
 def noop_runner(delay_s: float = 0.0) -> Runner:
