@@ -412,7 +412,7 @@ class SandboxRuntime:
                 del self._images[k]
         for k in idle:
             try:
-                self._call({"op": "unmount_image", "key": k})
+                self._spares_dropped(self._call({"op": "unmount_image", "key": k}).get("dropped") or [])
                 gone.append(k)
             except SandboxError as exc:
                 log.warning("unmounting image %s failed: %s", k, exc)
@@ -421,6 +421,14 @@ class SandboxRuntime:
     def image_refs(self) -> dict[str, int]:
         with self._lock:
             return {k: m.refs for k, m in self._images.items()}
+
+    def wait_spares_settled(self, timeout_s: float = 30.0) -> int:
+        """Until no spare builder is still being prepared (tests, benchmarks): ready spares."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self._call({"op": "ping"})
+            if r["spares_pending"] == 0 or time.monotonic() > deadline:
+                return r["spares"]
 
     def mounted_images(self) -> list[str]:
         return sorted(self._call({"op": "ping"})["images"])
@@ -455,9 +463,10 @@ class SandboxRuntime:
                 self.spare_cgroups.discard(cgroup)
                 if cgroup != new_cg:
                     self.spare_cgroups.add(new_cg)
+            self._spares_dropped(r.get("dropped") or [])
             self.cgroups.apply(cgroup, spec.limits)
             if r.get("need_spare") and len(self.spare_cgroups) < MAX_SPARES and self.overlay == "kernel":
-                self._add_spare()
+                self._add_spare(key, spec.limits)
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
             if not reply.get("ok") or len(fds) != 1:
@@ -495,13 +504,14 @@ class SandboxRuntime:
             if key is not None:
                 self._unref_image_locked(key)
 
-    def _add_spare(self) -> None:
-        """Ask the holder for a spare builder (forked now, joins a fresh cgroup in the background)."""
+    def _add_spare(self, image_key: str, limits: dict) -> None:
+        """Ask the holder for a spare builder: forked now, it joins a fresh cgroup and builds a
+        root on `image_key` (tmpfs sized by `limits`) in the background."""
         name = f"c{next(self._cg_ids)}"
         fds: list[int] = []
         try:
             fds = self.cgroups.create(name, {})
-            self._call({"op": "add_spare", "cgroup": name}, fds)
+            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits}, fds)
             with self._lock:
                 self.spare_cgroups.add(name)
         except (SandboxError, cgroups.CapsError) as exc:
@@ -510,6 +520,12 @@ class SandboxRuntime:
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _spares_dropped(self, names: list[str]) -> None:
+        for name in names:
+            with self._lock:
+                self.spare_cgroups.discard(name)
+            self.cgroups.remove(name)
 
     def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
         """A file operation on sandbox `sid`, answered by a helper of the holder on its own socket."""

@@ -71,13 +71,18 @@ def make_dev_template(path: str) -> None:
     os.chmod(os.path.join(path, "shm"), 0o1777)
 
 
-def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
-                overlay: str = "kernel", dev_template: str | None = None) -> tuple[str, subprocess.Popen | None]:
+def _tmpfs_caps(limits: dict) -> str:
+    return f"size={int(limits.get('disk_mb', 64))}m,nr_inodes={int(limits.get('inodes', 16384))}"
+
+
+def build_root(sbx: str, lower: str, overlay: str = "kernel", dev_template: str | None = None,
+               limits: dict | None = None) -> tuple[str, subprocess.Popen | None]:
+    """The writable root at `sbx`/root: a tmpfs (resized by `finish_root`), the overlay over the
+    image, /work /proc /dev /tmp, the /dev template and a /dev/shm. Needs no sandbox id, caps or
+    ids: spare builders do it ahead of time for the image last asked for."""
     os.makedirs(sbx, mode=0o755)
-    disk_mb = int(limits.get("disk_mb", 64))
-    inodes = int(limits.get("inodes", 16384))
     flags = nsutil.MS_NOSUID | nsutil.MS_NODEV
-    nsutil.mount("paddock-sbx", sbx, "tmpfs", flags, f"mode=0755,size={disk_mb}m,nr_inodes={inodes}")
+    nsutil.mount("paddock-sbx", sbx, "tmpfs", flags, "mode=0755," + _tmpfs_caps(limits or {}))
     for d in ("upper", "work", "root"):
         os.mkdir(os.path.join(sbx, d), 0o755)
     root = os.path.join(sbx, "root")
@@ -90,8 +95,6 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
     for d in ("work", "proc", "dev", "tmp"):
         os.makedirs(os.path.join(root, d), exist_ok=True)
     os.chmod(os.path.join(root, "tmp"), 0o1777)
-    os.chown(os.path.join(root, "work"), slice_base, slice_base)
-    os.chmod(os.path.join(root, "work"), 0o755)
     dev = os.path.join(root, "dev")
     if dev_template:
         nsutil.mount(dev_template, dev, None, nsutil.MS_BIND | nsutil.MS_REC)
@@ -100,6 +103,29 @@ def _build_root(sbx: str, lower: str, limits: dict, slice_base: int,
     shm = os.path.join(dev, "shm")
     nsutil.mount("paddock-shm", shm, "tmpfs", flags | nsutil.MS_NOEXEC, "mode=1777,size=16m")
     return root, daemon
+
+
+def finish_root(sbx: str, root: str, limits: dict, base: int, files: dict, built_with: dict | None) -> None:
+    """The create-time part: the tmpfs gets the sandbox's size and inode caps (if the root was
+    built with others), /work its owner (the sandbox's root), then the task's files."""
+    if built_with is None or _tmpfs_caps(built_with) != _tmpfs_caps(limits):
+        nsutil.mount("paddock-sbx", sbx, None, nsutil.MS_REMOUNT | nsutil.MS_NOSUID | nsutil.MS_NODEV,
+                     _tmpfs_caps(limits))
+    os.chown(os.path.join(root, "work"), base, base)
+    os.chmod(os.path.join(root, "work"), 0o755)
+    for rel, data in (files or {}).items():
+        _write_file(root, "/work/" + rel, data, base, owner="agent")
+
+
+def give_root(init: socket.socket, root: str) -> None:
+    """Tell a waiting init where its root is; it mounts /proc there and pivots into it."""
+    framing.send_msg(init, {"stage": "root", "root": root})
+
+
+def wait_rooted(init: socket.socket) -> None:
+    msg = framing.recv_msg(init, max_bytes=4096)
+    if msg.get("stage") != "rooted":
+        raise RuntimeError(f"sandbox init could not enter its root: {msg.get('error', msg)}")
 
 
 def _fuse_overlay(lower: str, sbx: str, root: str) -> subprocess.Popen:
@@ -161,24 +187,32 @@ def fork_init(seccomp_prog: "seccomp.Program | bytes" = b"", cgroup_fds: list[in
 
 
 def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
-                init_pid: int | None, init: socket.socket | None, make_init=None) -> int:
-    """Second half of a builder (after `prepare`): builds the sandbox's root, starts its init,
-    hands its mount namespace (an fd) to the node init and the init's socket to the agent."""
+                init_pid: int | None, init: socket.socket | None, make_init=None,
+                prepared: tuple[str, str, dict] | None = None) -> int:
+    """Second half of a builder (after `fork_init`, and for a spare after its root was built:
+    `prepared` = (sbx, root, the limits it was built with)): finishes the root, starts the init in its own user namespace,
+    hands the mount namespace (an fd) to the node init and the init's socket to the agent."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    sbx = os.path.join(sbx_root, req["id"])
     base, size = int(req["slice_base"]), int(req["slice_size"])
     daemon, pid = None, init_pid
     stages = {"builder": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
-        root, daemon = _build_root(sbx, lower, req.get("limits", {}), base, req.get("overlay", "kernel"),
-                                   os.path.join(os.path.dirname(sbx_root), "dev"))
+        if prepared is None:
+            sbx = os.path.join(sbx_root, req["id"])
+            built_with = req.get("limits") or {}
+            root, daemon = build_root(sbx, lower, req.get("overlay", "kernel"),
+                                      os.path.join(os.path.dirname(sbx_root), "dev"), built_with)
+            if init_pid is None:
+                pid, init = make_init()
+            give_root(init, root)
+        else:
+            sbx, root, built_with = prepared
+        finish_root(sbx, root, req.get("limits") or {}, base, req.get("files") or {}, built_with)
         stages["root_built"] = time.monotonic()
-        if init_pid is None:
-            pid, init = make_init()
-        for rel, data in (req.get("files") or {}).items():
-            _write_file(root, "/work/" + rel, data, base, owner="agent")
+        if prepared is None:
+            wait_rooted(init)
         egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
-        go = {"stage": "go", "root": root, "hostname": req.get("hostname", "sandbox"),
+        go = {"stage": "go", "hostname": req.get("hostname", "sandbox"),
               "cgroup_caps": req.get("cgroup_caps") or [], "limits": req.get("limits") or {}}
         framing.send_msg(init, go, egress)
         for fd in egress:
@@ -189,7 +223,7 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
                                   "lower": lower, "daemon_pid": daemon.pid if daemon else None}, [ns_fd])
     except Exception as exc:
-        for p in [pid] + ([daemon.pid] if daemon else []):
+        for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
@@ -455,10 +489,9 @@ def _lowerdir(merged: str) -> str | None:
 
 # --------------------------------------------------------------------------- init (PID 1)
 
-def _init_setup(root: str, hostname: str) -> None:
+def _init_setup(root: str) -> None:
     # Its own mount namespace: pivot_root must not move the builder's root as well.
     nsutil.unshare(nsutil.CLONE_NEWNS)
-    nsutil.sethostname(hostname)
     proc = os.path.join(root, "proc")
     nsutil.mount("proc", proc, "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
     for name in PROC_MASKED:
@@ -480,6 +513,18 @@ def run_init(mon: socket.socket, seccomp_prog: "seccomp.Program | bytes" = b"") 
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
     nsutil.loopback_up()   # its network namespace is its own already: no need to wait for the root
     try:
+        msg = framing.recv_msg(mon, max_bytes=65536)
+    except framing.FramingError:
+        return 0   # a spare that was never used
+    if msg.get("stage") != "root":
+        return 1
+    try:
+        _init_setup(msg["root"])
+    except OSError as exc:
+        framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
+        return 1
+    framing.send_msg(mon, {"stage": "rooted"})
+    try:
         go, fds = framing.recv_msg(mon, max_bytes=65536, with_fds=True)
     except framing.FramingError:
         return 0   # a spare that was never used
@@ -488,7 +533,7 @@ def run_init(mon: socket.socket, seccomp_prog: "seccomp.Program | bytes" = b"") 
     cfg = InitConfig(seccomp_prog, go.get("cgroup_caps") or [], fds[0] if fds else None, go.get("limits"))
     stages = {"init_start": time.monotonic()}
     try:
-        _init_setup(go["root"], go.get("hostname", "sandbox"))
+        nsutil.sethostname(go.get("hostname", "sandbox"))
         stages["init_setup"] = time.monotonic()
         nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
     except OSError as exc:

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 from nodeagent import framing, nsutil, sbxinit, seccomp
 
@@ -49,6 +50,14 @@ def _mounted(path: str) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
+class Spare(NamedTuple):
+    pid: int                  # the spare builder (node PID)
+    sock: socket.socket
+    cgroup: str               # the cgroup it (and its init) joined
+    image_key: str | None     # the image its root is built on, or None (no root yet)
+    init_pid: int
+
+
 class NodeInit:
     def __init__(self, ctl: socket.socket, state_dir: str):
         self.ctl = ctl
@@ -58,7 +67,7 @@ class NodeInit:
         self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
-        self.spares: list[tuple[int, socket.socket, str]] = []   # ready: pid, socket, cgroup name
+        self.spares: list[Spare] = []                             # ready, oldest first
         self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
         self._after_reply = None                                  # work deferred past a reply
         self.seccomp_prog = seccomp.Program(b"")      # built once, installed in each sandbox
@@ -110,8 +119,10 @@ class NodeInit:
             after()
         return True
 
-    # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups --
-    def add_spare(self, cgroup: str, cg_fds: list[int]) -> None:
+    # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups,
+    # -- with their init forked and, for the image last asked for, the root built and entered --
+    def add_spare(self, cgroup: str, cg_fds: list[int], image_key: str | None = None,
+                  limits: dict | None = None) -> None:
         ours, theirs = socket.socketpair()
         dups = [os.dup(fd) for fd in cg_fds]
         pid = os.fork()
@@ -119,7 +130,7 @@ class NodeInit:
             code = 1
             try:
                 _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
-                code = self._spare_main(theirs, dups)
+                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {})
             finally:
                 os._exit(code)
         theirs.close()
@@ -127,30 +138,58 @@ class NodeInit:
             os.close(fd)
         self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup))
 
-    def _spare_main(self, sock: socket.socket, cg_fds: list[int]) -> int:
+    def _spare_main(self, sock: socket.socket, cg_fds: list[int], cgroup: str, image_key: str | None,
+                    limits: dict) -> int:
         for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
             os.write(fd, b"0")
             os.close(fd)
         sbxinit.enter_mount_ns()
         init_pid, init = sbxinit.fork_init(self.seccomp_prog)   # the init inherits the cgroups
-        framing.send_msg(sock, {"ready": True})
+        prepared = None
+        if image_key in self.fuse:   # mounted when this spare was forked
+            sbx = os.path.join(self.sbx_dir, f"spare-{cgroup}")
+            root, _ = sbxinit.build_root(sbx, os.path.join(self.images_dir, image_key), "kernel",
+                                         os.path.join(self.state, "dev"), limits)
+            sbxinit.give_root(init, root)
+            sbxinit.wait_rooted(init)
+            prepared = (sbx, root, limits)
+        framing.send_msg(sock, {"ready": True, "image_key": image_key if prepared else None,
+                                "init_pid": init_pid})
         try:
             req, fds = framing.recv_msg(sock, with_fds=True)
         except framing.FramingError:
             return 0   # the node is closing
         agent = socket.socket(fileno=fds[0])
         return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
-                                   sbx_root=self.sbx_dir, init_pid=init_pid, init=init)
+                                   sbx_root=self.sbx_dir, init_pid=init_pid, init=init, prepared=prepared)
 
     def spare_ready(self, sock: socket.socket, data: tuple) -> None:
         self.sel.unregister(sock)
         try:
-            if framing.recv_msg(sock, max_bytes=4096).get("ready"):
-                self.spares.append((data[1], sock, data[2]))
+            msg = framing.recv_msg(sock, max_bytes=4096)
+            if msg.get("ready"):
+                key = msg.get("image_key")
+                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"])))
+                if key is not None and key not in self.fuse:
+                    self.drop_spares(key)   # its image went away while it was being prepared
                 return
-        except framing.FramingError:
+        except (framing.FramingError, KeyError, ValueError):
             pass
         sock.close()   # the spare died before it was ready
+
+    def drop_spares(self, image_key: str | None = None, keep: int = 0) -> list[str]:
+        """Kill spares prepared for `image_key` (all others kept), or if None the oldest beyond
+        `keep`. Returns their cgroup names for the agent to remove."""
+        if image_key is not None:
+            doomed = [sp for sp in self.spares if sp.image_key == image_key]
+        else:
+            doomed = self.spares[:max(len(self.spares) - keep, 0)]
+        for sp in doomed:
+            self.spares.remove(sp)
+            sp.sock.close()
+            for pid in (sp.init_pid, sp.pid):
+                _kill_and_wait(pid, None, DESTROY_TIMEOUT_S)
+        return [sp.cgroup for sp in doomed]
 
     def take_sandbox(self, sock: socket.socket) -> None:
         """A builder reports a finished sandbox and hands over its mount namespace (the fd in
@@ -188,7 +227,9 @@ class NodeInit:
     def handle(self, req: dict, fds: list[int]) -> dict:
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse)}
+            pending = sum(1 for k in self.sel.get_map().values() if k.data and k.data[0] == "spare")
+            return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse),
+                    "spares": len(self.spares), "spares_pending": pending}
         if op == "mount_image":
             return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)))
         if op == "unmount_image":
@@ -198,7 +239,7 @@ class NodeInit:
                 return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
             return self.create(req, fds)
         if op == "add_spare":
-            self.add_spare(req["cgroup"], fds)
+            self.add_spare(req["cgroup"], fds, req.get("image_key"), req.get("limits"))
             return {"ok": True}
         if op == "sbx_op":
             if len(fds) != 1:
@@ -234,6 +275,7 @@ class NodeInit:
         mnt = os.path.join(self.images_dir, key)
         if proc is None:
             return {"ok": False, "error": f"image {key} is not mounted"}
+        dropped = self.drop_spares(key)   # their roots stand on this mount
         try:
             nsutil.umount(mnt, nsutil.MNT_DETACH)
         except OSError:
@@ -245,7 +287,7 @@ class NodeInit:
             proc.kill()
             proc.wait()
         os.rmdir(mnt)
-        return {"ok": True}
+        return {"ok": True, "dropped": dropped}
 
     def create(self, req: dict, fds: list[int]) -> dict:
         """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of the cgroup
@@ -257,8 +299,14 @@ class NodeInit:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
         if req["id"] in self.sandboxes or req["id"] in self.pending:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
-        while self.spares and req.get("overlay") != "fuse-overlayfs":
-            pid, sock, cgroup = self.spares.pop(0)
+        dropped: list[str] = []
+        usable = [sp for sp in self.spares if sp.image_key in (req["image_key"], None)]
+        if self.spares and not usable and req.get("overlay") != "fuse-overlayfs":
+            dropped = self.drop_spares(keep=len(self.spares) - 1)   # make room for this image's
+        while usable and req.get("overlay") != "fuse-overlayfs":
+            sp = usable.pop(0)
+            self.spares.remove(sp)
+            pid, sock, cgroup = sp.pid, sp.sock, sp.cgroup
             try:
                 framing.send_msg(sock, req, [fds[0]])
             except OSError:
@@ -268,14 +316,14 @@ class NodeInit:
             self.pending[req["id"]] = sock
             cg_dups = [os.dup(fd) for fd in fds[1:]]
 
-            def refill(name=req.get("cgroup"), dups=cg_dups):
+            def refill(name=req.get("cgroup"), dups=cg_dups, key=req["image_key"], limits=req.get("limits")):
                 try:
-                    self.add_spare(name, dups)
+                    self.add_spare(name, dups, key, limits)
                 finally:
                     for fd in dups:
                         os.close(fd)
             self._after_reply = refill
-            return {"ok": True, "pid": pid, "cgroup": cgroup}
+            return {"ok": True, "pid": pid, "cgroup": cgroup, "dropped": dropped}
         dups = [os.dup(fd) for fd in fds]
         ours, theirs = socket.socketpair()
         pid = os.fork()
@@ -297,7 +345,7 @@ class NodeInit:
             os.close(fd)
         self.sel.register(ours, selectors.EVENT_READ)
         self.pending[req["id"]] = ours
-        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "need_spare": True}
+        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "need_spare": True, "dropped": dropped}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""

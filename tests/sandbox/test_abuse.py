@@ -66,7 +66,7 @@ def test_fork_bomb_hits_the_pids_cap_and_leaves_the_sandbox_usable(box):
 
 
 def test_memory_hog_is_oom_killed_inside_its_cgroup(pybox):
-    r = pybox.exec(["python3", "-c", "x = []\nwhile True: x.append(bytearray(1 << 20))"], timeout_s=20)
+    r = pybox.exec(["python3", "-c", "x = []\nwhile True: x.append(bytearray(16 << 20))"], timeout_s=20)
     assert r.exit_code == 137
     assert "oom_kill 1" in pybox.cgroup_stat()["memory.oom_control"]
     assert pybox.exec(["true"]).exit_code == 0

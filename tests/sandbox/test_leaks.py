@@ -78,6 +78,7 @@ def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_im
     held_before = held_ns(psutil.Process(runtime.holder_pid).children()[0].pid)
     sb = runtime.create(SandboxSpec(image=busybox_image))
     sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"])
+    runtime.wait_spares_settled()   # a spare made now would create namespaces during the check
     init = psutil.Process(sb.init_pid_host)
     tree = [init] + init.children(recursive=True)
     assert len(tree) >= 2   # init, the stray sleep
