@@ -1,15 +1,16 @@
-"""Isolated host-side check runner: every check in its own forked process, killed on a deadline.
+"""Isolated host-side check runner: every check in its own process, killed at a deadline.
 
 A `CheckRunner` starts one long-lived server process (`python -m nodeagent.checks`) that imports
-the checker modules once and then forks one child per check. Each child starts its own session
-(so it leads its own process group), sets rlimits (address space, CPU seconds, file size, open
-files, no core dumps), runs either a Python function (`fn="module:name"`, JSON arguments, JSON
-result) or a command (`argv`). A function check sends its result straight to the client
-(one record on a SOCK_SEQPACKET socket, no relay) and tells the server on a pipe that it
-did; the server reports timeouts, crashes and commands. The server waits on the child's
-pidfd and that pipe; at the deadline it kills the whole process group. A check that hangs, forks, allocates without bound or floods output therefore costs only
-its own result; the server keeps serving every other check concurrently. The server is a child
-subreaper: processes a check leaves behind are killed by a periodic sweep.
+the checker modules once and keeps pre-forked spares. Each spare leads its own session (so
+its own process group), dies with the server (PDEATHSIG), sets rlimits (address space, CPU
+seconds, file size, open files, no core dumps) when it gets its one request, runs either a
+Python function (`fn="module:name"`, JSON arguments, JSON result) or a command (`argv`), and
+exits. The client writes the request straight to a spare and waits on that spare's own reply
+socket; the server, told of the start, owns the deadline: it kills the whole process group
+then and answers `timeout` itself, as it does for crashes, oversized output and commands. A
+check that hangs, forks, allocates without bound or floods output costs only its own result;
+every other check keeps running concurrently. The server is a child subreaper: processes a
+check leaves behind are killed by a sweep.
 
 Outcomes (`CheckResult.outcome`): `ok` (the function returned / the command ran; see `value`
 and `exit_code`), `error` (the function raised: detail says what), `timeout` (killed at the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import fcntl
 import gc
 import importlib
@@ -31,6 +33,7 @@ import json
 import logging
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -38,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from nodeagent import framing
@@ -50,6 +53,11 @@ DEFAULT_OUTPUT_CAP = 64 * 1024
 DEFAULT_LIMITS = {"memory_mb": 1024, "nofile": 64, "fsize_mb": 16}
 SWEEP_INTERVAL_S = 2.0          # a /proc scan: only after checks finished, at most this often
 MAX_REQUEST_BYTES = 4 << 20
+SPARES = 8                      # pre-forked check processes kept ready
+SPARE_WAIT_S = 30.0             # a client waits at most this long for a spare
+MAX_DEAD_SPARES = 8
+REPLY_MARGIN_S = 30.0           # past its deadline, a silent check is an infra error
+SUBMIT_THREADS = 64             # `submit` runs checks on this many threads at most
 MAX_REPLY_BYTES = 192 * 1024    # one SOCK_SEQPACKET record (below the default socket buffer)
 MAX_OUTPUT_CAP = 128 * 1024     # output_cap is clamped to this (base64 of it fits one record)
 PR_SET_CHILD_SUBREAPER = 36
@@ -74,33 +82,40 @@ class CheckResult:
 # Client side
 
 class CheckRunner:
-    """Thread-safe client of one check server. `run` blocks; `submit` returns a Future."""
+    """Thread-safe client of one check server. `run` blocks; `submit` returns a Future.
+
+    The server hands the client pre-forked spares over the control socket: for each, the write
+    end of its request pipe and the client's end of its reply socket (SOCK_SEQPACKET). A check
+    is a `start` notice to the server (which owns the deadline) and one request written
+    straight to a spare; the calling thread then waits on that spare's reply socket, where
+    the spare itself, or the server (timeout, crash, command), writes exactly one record."""
 
     def __init__(self, preload: tuple[str, ...] = ("nodeagent.checkers",),
                  limits: dict | None = None) -> None:
         self.preload = preload
         self.limits = {**DEFAULT_LIMITS, **(limits or {})}
         self._lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
+        self._spare_ready = threading.Condition(self._lock)
+        # (spare id, request pipe fd, reply socket)
+        self._spares: collections.deque[tuple[int, int, socket.socket]] = collections.deque()
+        self._pool: ThreadPoolExecutor | None = None
         self._ids = itertools.count(1)
+        self._alive = False
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._res: socket.socket | None = None
         self._reader: threading.Thread | None = None
 
     def start(self) -> "CheckRunner":
         ours, theirs = socket.socketpair()
-        res_ours, res_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "PYTHONPATH", "VIRTUAL_ENV")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_project_root(), env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent.checks", "--ctl-fd", str(theirs.fileno()),
-             "--res-fd", str(res_theirs.fileno()), "--preload", ",".join(self.preload)],
-            pass_fds=(theirs.fileno(), res_theirs.fileno()), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, env=env, cwd="/")
+             "--preload", ",".join(self.preload)],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd="/")
         theirs.close()
-        res_theirs.close()
-        self._sock, self._res = ours, res_ours
+        self._sock = ours
         try:
             hello = framing.recv_msg(ours, max_bytes=65536)
         except (framing.FramingError, OSError) as exc:
@@ -110,20 +125,20 @@ class CheckRunner:
         if not hello.get("ready"):
             self.close()
             raise CheckInfraError(f"check server failed to start: {hello.get('error', hello)}")
+        self._alive = True
         self._reader = threading.Thread(target=self._read_loop, name="check-runner-reader", daemon=True)
         self._reader.start()
         return self
 
     def close(self) -> None:
-        for name in ("_sock", "_res"):
-            sock = getattr(self, name, None)
-            if sock:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                sock.close()
-                setattr(self, name, None)
+        with self._lock:
+            self._alive = False
+            self._spare_ready.notify_all()
+        if self._sock:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         if self._proc:
             if self._proc.poll() is None:
                 self._proc.kill()
@@ -133,7 +148,12 @@ class CheckRunner:
             self._proc = None
         if self._reader and self._reader is not threading.current_thread():
             self._reader.join(timeout=5)
-        self._fail_pending("check runner closed")
+        if self._sock:
+            self._sock.close()
+            self._sock = None
+        if self._pool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> "CheckRunner":
         return self.start()
@@ -146,56 +166,102 @@ class CheckRunner:
         return self._proc.pid if self._proc else None
 
     def submit(self, fn: str | None = None, args: list | tuple = (), argv: list[str] | None = None,
-               timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
-               limits: dict | None = None, stdin: bytes = b"") -> Future:
-        if (fn is None) == (argv is None):
-            raise ValueError("give exactly one of fn='module:name' or argv=[...]")
-        fut: Future = Future()
+               timeout_s: float = DEFAULT_TIMEOUT_S, **kw) -> Future:
+        """`run` on a thread of a small pool; the Future holds its CheckResult."""
         with self._lock:
-            if self._sock is None:
-                raise CheckInfraError("check runner is not running")
-            rid = next(self._ids)
-            self._pending[rid] = fut
-            req = {"id": rid, "fn": fn, "args": list(args), "argv": argv, "timeout_s": float(timeout_s),
-                   "output_cap": min(int(output_cap), MAX_OUTPUT_CAP), "limits": {**self.limits, **(limits or {})},
-                   "stdin": stdin}
-            try:
-                framing.send_msg(self._sock, req)
-            except OSError as exc:
-                self._pending.pop(rid, None)
-                raise CheckInfraError(f"check server is gone: {exc}") from None
-        return fut
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=SUBMIT_THREADS, thread_name_prefix="check")
+            pool = self._pool
+        return pool.submit(self.run, fn, args, argv, timeout_s, **kw)
 
     def run(self, fn: str | None = None, args: list | tuple = (), argv: list[str] | None = None,
-            timeout_s: float = DEFAULT_TIMEOUT_S, **kw) -> CheckResult:
-        fut = self.submit(fn, args, argv, timeout_s, **kw)
-        # The server enforces the deadline; the margin covers only a server that died silently.
-        return fut.result(timeout=timeout_s + 30.0)
+            timeout_s: float = DEFAULT_TIMEOUT_S, output_cap: int = DEFAULT_OUTPUT_CAP,
+            limits: dict | None = None, stdin: bytes = b"") -> CheckResult:
+        """One check, isolated; blocks until its result, its deadline or a runner failure."""
+        if (fn is None) == (argv is None):
+            raise ValueError("give exactly one of fn='module:name' or argv=[...]")
+        cap = min(int(output_cap), MAX_OUTPUT_CAP)
+        for _attempt in range(MAX_DEAD_SPARES):
+            sid, req_w, reply = self._take_spare()
+            with reply:
+                rid, t0 = next(self._ids), time.monotonic()
+                try:
+                    with self._lock:
+                        framing.send_msg(self._sock, {"start": sid, "id": rid, "timeout_s": float(timeout_s),
+                                                      "output_cap": cap, "kind": "argv" if argv else "fn",
+                                                      "t0": t0})
+                except (OSError, AttributeError) as exc:
+                    os.close(req_w)
+                    raise CheckInfraError(f"check server is gone: {exc}") from None
+                req = {"id": rid, "fn": fn, "args": list(args), "argv": argv, "timeout_s": float(timeout_s),
+                       "output_cap": cap, "limits": {**self.limits, **(limits or {})}, "t0": t0,
+                       "stdin": bytes(stdin).decode("latin-1")}
+                try:
+                    view = memoryview(json.dumps(req).encode() + b"\n")
+                    while view:
+                        view = view[os.write(req_w, view):]
+                except BrokenPipeError:       # that spare died idle: take another
+                    continue
+                finally:
+                    os.close(req_w)
+                msg = self._wait_reply(reply, t0 + float(timeout_s) + REPLY_MARGIN_S)
+                return CheckResult(msg["outcome"], msg.get("value"), msg.get("exit_code"),
+                                   base64.b64decode(msg.get("stdout") or ""), msg.get("detail", ""),
+                                   msg.get("wall_s", 0.0))
+        raise CheckInfraError(f"{MAX_DEAD_SPARES} spare check processes in a row were dead")
+
+    def _wait_reply(self, reply: socket.socket, give_up: float) -> dict:
+        """The check's one reply record. The server enforces the deadline; this gives up only
+        if the server is gone (checked every second) or silent far past the deadline."""
+        while True:
+            reply.settimeout(max(min(give_up - time.monotonic(), 1.0), 0.001))
+            try:
+                data = reply.recv(MAX_REPLY_BYTES)
+            except TimeoutError:
+                if not self._alive:
+                    raise CheckInfraError("the check server exited during the check") from None
+                if time.monotonic() >= give_up:
+                    raise CheckInfraError("the check server did not answer past the deadline") from None
+                continue
+            except OSError as exc:
+                raise CheckInfraError(f"no reply from the check server: {exc}") from None
+            if not data:
+                raise CheckInfraError("the check server closed the check without a reply")
+            return json.loads(data)
+
+    def _take_spare(self) -> tuple[int, int, socket.socket]:
+        with self._lock:
+            deadline = time.monotonic() + SPARE_WAIT_S
+            while self._alive and not self._spares and time.monotonic() < deadline:
+                self._spare_ready.wait(timeout=deadline - time.monotonic())
+            if not self._alive:
+                raise CheckInfraError("check runner is not running (its server exited)")
+            if not self._spares:
+                raise CheckInfraError(f"no spare check process within {SPARE_WAIT_S}s")
+            return self._spares.popleft()
 
     def _read_loop(self) -> None:
-        res = self._res
-        while True:
-            try:
-                data = res.recv(MAX_REPLY_BYTES)
-                if not data:
-                    break
-                msg = json.loads(data)
-            except (OSError, AttributeError, ValueError):
-                break
+        """Receive spares from the server; when it goes, the runner is down."""
+        try:
+            while True:
+                msg, fds = framing.recv_msg(self._sock, max_bytes=65536, with_fds=True)
+                if "spare" in msg and len(fds) == 2:
+                    with self._lock:
+                        self._spares.append((int(msg["spare"]), fds[0], socket.socket(fileno=fds[1])))
+                        self._spare_ready.notify()
+                else:
+                    for fd in fds:
+                        os.close(fd)
+        except (framing.FramingError, OSError, AttributeError, ValueError):
+            pass
+        finally:
             with self._lock:
-                fut = self._pending.pop(msg.get("id"), None)
-            if fut is not None:     # the first reply wins (a result racing its own timeout)
-                fut.set_result(CheckResult(msg["outcome"], msg.get("value"), msg.get("exit_code"),
-                                           base64.b64decode(msg.get("stdout") or ""), msg.get("detail", ""),
-                                           msg.get("wall_s", 0.0)))
-        self._fail_pending("check server exited")
-
-    def _fail_pending(self, why: str) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(CheckInfraError(why))
+                self._alive = False
+                spares, self._spares = list(self._spares), collections.deque()
+                self._spare_ready.notify_all()
+            for _sid, fd, sock in spares:
+                os.close(fd)
+                sock.close()
 
 
 def _project_root() -> str:
@@ -239,10 +305,11 @@ def default_runner() -> CheckRunner:
 
 @dataclass
 class _Active:
+    sid: int
     pid: int
     pidfd: int
     out_r: int
-    req_w: int
+    reply: socket.socket        # the spare's end of the client's reply socket (a copy)
     rid: int = 0
     deadline: float = 0.0
     cap: int = 0
@@ -324,16 +391,21 @@ def _child(req: dict, out_w: int, res: int) -> None:
     os._exit(code)
 
 
-class _Server:
-    """One loop: requests in, pre-forked spares out, results back; deadlines and sweeps each pass."""
+_LIBC = None       # libc, for prctl (set by main)
 
-    def __init__(self, ctl: socket.socket, res: socket.socket, spares: int = 4) -> None:
-        self.ctl, self.res = ctl, res
+
+class _Server:
+    """One loop: spares forked and handed to the client, `start` notices in (deadlines), exits
+    and deadlines handled, results the spares could not send themselves sent back."""
+
+    def __init__(self, ctl: socket.socket, spares: int = SPARES) -> None:
+        self.ctl = ctl
         self.sel = selectors.DefaultSelector()
         self.n_spares = spares
-        self.spares: list[_Active] = []
+        self.spares: dict[int, _Active] = {}       # spare id -> idle spare (its request fd is the client's)
         self.active: dict[int, _Active] = {}       # pid -> running check
         self.by_fd: dict[int, tuple[str, _Active]] = {}
+        self.sids = itertools.count(1)
         self.next_sweep = time.monotonic() + SWEEP_INTERVAL_S
         self.finished_since_sweep = 0
 
@@ -345,11 +417,8 @@ class _Server:
             wait = min([a.deadline for a in self.active.values()] + [self.next_sweep]) - now
             for key, _ in self.sel.select(timeout=max(wait, 0.0)):
                 if key.data == "ctl":
-                    try:
-                        req = framing.recv_msg(self.ctl, max_bytes=MAX_REQUEST_BYTES)
-                    except framing.FramingError:
+                    if not self.read_ctl():
                         return 0
-                    self.start(req)
                 else:
                     self.on_fd(key.fd)
             now = time.monotonic()
@@ -361,62 +430,92 @@ class _Server:
                     self.finished_since_sweep = 0
                 self.next_sweep = now + SWEEP_INTERVAL_S
 
-    def fork_spare(self) -> _Active:
+    def read_ctl(self) -> bool:
+        try:
+            msg = framing.recv_msg(self.ctl, max_bytes=MAX_REQUEST_BYTES)
+        except framing.FramingError:
+            return False
+        self.start(msg)
+        return True
+
+    def fork_spare(self) -> None:
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
+        reply, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
-            # Keep only this spare's pipe ends and the reply socket, as fds 3, 4, 5 (copied high
+            # Keep only this spare's pipe ends and its reply socket, as fds 3, 4, 5 (copied high
             # first: any of them may already sit on 3..5).
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (req_r, out_w, self.res.fileno())]
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in (req_r, out_w, reply.fileno())]
             for target, fd in zip((3, 4, 5), high):
                 os.dup2(fd, target)
             os.closerange(6, 1 << 16)
+            if _LIBC is not None:       # a check never outlives the server
+                _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             _spare(3, 4, 5)
         os.close(req_r)
         os.close(out_w)
         os.set_blocking(out_r, False)
-        return _Active(pid, os.pidfd_open(pid), out_r, req_w)
-
-    def refill(self) -> None:
-        while len(self.spares) < self.n_spares:
-            self.spares.append(self.fork_spare())
-
-    def start(self, req: dict) -> None:
-        a = self.spares.pop(0) if self.spares else self.fork_spare()
-        a.t0 = time.monotonic()
-        a.rid, a.deadline, a.cap = req["id"], a.t0 + float(req["timeout_s"]), int(req["output_cap"])
-        a.kind = "argv" if req.get("argv") else "fn"
-        req["t0"] = a.t0
-        if isinstance(req.get("stdin"), bytes):
-            req["stdin"] = req["stdin"].decode("latin-1")
-        self.active[a.pid] = a
+        a = _Active(next(self.sids), pid, os.pidfd_open(pid), out_r, reply)
+        self.spares[a.sid] = a
         self.by_fd[a.out_r] = ("out", a)
         self.by_fd[a.pidfd] = ("pid", a)
         self.sel.register(a.out_r, selectors.EVENT_READ, "out")
         self.sel.register(a.pidfd, selectors.EVENT_READ, "pid")
         try:
-            os.write(a.req_w, json.dumps(req).encode() + b"\n")   # < pipe capacity: never blocks long
+            framing.send_msg(self.ctl, {"spare": a.sid}, [req_w, client_end.fileno()])
         except OSError:
-            pass                                                  # died already: reported as crashed
-        os.close(a.req_w)
+            os._exit(0)         # the client is gone
+        finally:
+            os.close(req_w)
+            client_end.close()
+
+    def refill(self) -> None:
+        while len(self.spares) < self.n_spares:
+            self.fork_spare()
+
+    def start(self, msg: dict) -> None:
+        a = self.spares.pop(int(msg["start"]), None)
+        if a is None:       # it died idle; the client saw EPIPE and moved on
+            return
+        a.rid, a.t0, a.cap, a.kind = msg["id"], float(msg["t0"]), int(msg["output_cap"]), msg["kind"]
+        a.deadline = a.t0 + float(msg["timeout_s"])
+        self.active[a.pid] = a
+
+    def drain_ctl(self) -> None:
+        """Apply `start` notices already sent: a fast check can exit before we read its notice."""
+        while select.select([self.ctl], [], [], 0)[0]:
+            if not self.read_ctl():
+                os._exit(0)
 
     def on_fd(self, fd: int) -> None:
         if fd not in self.by_fd:
-            return      # its check finished earlier in this same batch of events
+            return      # finished earlier in this same batch of events
         what, a = self.by_fd[fd]
+        if a.pid not in self.active:
+            self.drain_ctl()
+        if a.pid not in self.active:
+            if what == "pid":           # a spare died idle
+                self.spares.pop(a.sid, None)
+                if a.status is None:
+                    self.reap()
+                self.release(a)
+            else:
+                self.drain(a)
+            return
         if what == "out":
             self.drain(a)
             if a.kind == "fn" and a.buf.endswith(b"sent\n"):
                 self.finish(a, replied=True)     # the child answered the client itself
         else:
-            self.reap()
+            if a.status is None:
+                self.reap()
             if a.status is not None:
                 self.drain(a)
                 self.finish(a)
 
     def drain(self, a: _Active) -> None:
-        while a.out_open and a.pid in self.active:
+        while a.out_open and a.out_r in self.by_fd:
             try:
                 chunk = os.read(a.out_r, 65536)
             except BlockingIOError:
@@ -428,7 +527,7 @@ class _Server:
                 return
             room = a.cap - len(a.buf)
             a.buf += chunk[:max(room, 0)]
-            if len(chunk) > room:
+            if len(chunk) > room and a.pid in self.active:
                 a.over_cap = True
                 self.finish(a)
                 return
@@ -441,8 +540,16 @@ class _Server:
                 return
             if pid == 0:
                 return
-            if pid in self.active:
-                self.active[pid].status = status
+            a = self.active.get(pid) or next((x for x in self.spares.values() if x.pid == pid), None)
+            if a is not None:
+                a.status = status       # kept: its `start` notice may not have been read yet
+
+    def release(self, a: _Active) -> None:
+        for fd in (a.out_r, a.pidfd):
+            if self.by_fd.pop(fd, None) is not None:
+                self.sel.unregister(fd)
+            os.close(fd)
+        a.reply.close()
 
     def finish(self, a: _Active, timed_out: bool = False, replied: bool = False) -> None:
         if a.pid not in self.active:
@@ -453,12 +560,9 @@ class _Server:
             pass
         del self.active[a.pid]
         self.finished_since_sweep += 1
-        for fd in (a.out_r, a.pidfd):
-            if self.by_fd.pop(fd, None) is not None:
-                self.sel.unregister(fd)
-            os.close(fd)
         self.reap()                             # zombies of finished checks; the rest at the sweep
         if replied:
+            self.release(a)
             return
         reply = _verdict(a, timed_out)
         reply["id"], reply["wall_s"] = a.rid, time.monotonic() - a.t0
@@ -469,13 +573,14 @@ class _Server:
             data = json.dumps({"id": a.rid, "outcome": "output_cap", "wall_s": reply["wall_s"],
                                "detail": f"reply of {len(data)} bytes exceeds {MAX_REPLY_BYTES}"}).encode()
         try:
-            self.res.send(data)
+            a.reply.send(data)
         except OSError:
-            os._exit(0)         # the client is gone
+            pass                # the caller gave up on this check
+        self.release(a)
 
     def sweep(self) -> None:
         """Kill processes a finished check left behind (re-parented to us, the subreaper)."""
-        keep = set(self.active) | {s.pid for s in self.spares}
+        keep = set(self.active) | {s.pid for s in self.spares.values()}
         for pid in _children() - keep:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -526,11 +631,11 @@ def _verdict(a: _Active, timed_out: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="check server (started by CheckRunner)")
     ap.add_argument("--ctl-fd", type=int, required=True)
-    ap.add_argument("--res-fd", type=int, required=True)
     ap.add_argument("--preload", default="")
     args = ap.parse_args(argv)
     import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
+    global _LIBC
+    _LIBC = libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     ctl = socket.socket(fileno=args.ctl_fd)
@@ -543,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     gc.freeze()         # forked children share these pages instead of copying them on first GC
     framing.send_msg(ctl, {"ready": True, "pid": os.getpid()})
-    return _Server(ctl, socket.socket(fileno=args.res_fd)).serve()
+    return _Server(ctl).serve()
 
 
 if __name__ == "__main__":

@@ -253,3 +253,14 @@ def test_judge_adds_a_weighted_component_to_the_reward(runner):
     assert v.outcome == "pass"
     assert v.reward == pytest.approx(0.8 * 1.0 + 0.2 * 0.5)
     assert v.components["judge"] == 0.5 and v.components["weights"] == {"correct": 0.8, "judge": 0.2}
+
+
+def test_a_killed_server_leaves_no_check_running(tmp_path):
+    pidfile = tmp_path / "pid"
+    with CheckRunner(preload=()) as r:
+        fut = r.submit(argv=["sh", "-c", f"echo $$ > {pidfile}; exec sleep 3600"], timeout_s=60)
+        assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip())
+        os.kill(r.server_pid, 9)
+        with pytest.raises(CheckInfraError):
+            fut.result(timeout=10)
+    assert wait_until(lambda: not alive(int(pidfile.read_text())))
