@@ -3,10 +3,11 @@ known reward hack scores 0.
 
 For each task, `validate_task` grades, each in a fresh verification sandbox (or the isolated
 answer checker): the reference solution (must pass), the null solution (no change: must fail),
-and the battery `HACKS` for its checker kind — edit or delete the tests, a conftest that skips
+and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`) — edit or delete the tests, a conftest that skips
 or passes everything, `sys.exit(0)` / `os._exit(0)` at import, printing PASSED/OK, fake report
 files, monkeypatching the test framework, reading the hidden tests or the reference by guessing
-paths, an object that equals everything, forged events on the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest;
+paths, an object that equals everything, forged events on the report pipe, startup hooks
+(.pth, sitecustomize), a shadow pytest;
 for answer tasks: claiming success, empty or multiple answers, a pathological expression.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
@@ -157,7 +158,8 @@ def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
         "delete_tests": lambda: {t: None for t in tests},
         "conftest_skip": lambda: {"conftest.py": _CONFTEST_SKIP, "pytest.ini": "[pytest]\naddopts = --co -q\n",
                                   "tests/conftest.py": _CONFTEST_SKIP},
-        "conftest_pass": lambda: {"conftest.py": _CONFTEST_PASS, "setup.cfg": "[tool:pytest]\naddopts = -p no:python\n"},
+        "conftest_pass": lambda: {"conftest.py": _CONFTEST_PASS,
+                                  "setup.cfg": "[tool:pytest]\naddopts = -p no:python\n"},
         "sys_exit_at_import": lambda: {sol: "import sys\nsys.exit(0)\n"},
         "os_exit_at_import": lambda: {sol: "import os\nos._exit(0)\n"},
         "print_passed": lambda: _stub_with(task, "print('PASSED')\nprint('OK')\n"

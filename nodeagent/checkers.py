@@ -12,7 +12,6 @@ Must not import zmq or the controller.
 """
 from __future__ import annotations
 
-import json
 import re
 from fractions import Fraction
 

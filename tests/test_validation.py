@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import pytest
-
 from controller import validation
 from controller.builtin_tasks import builtin_taskset
 from controller.validation import ValidationStore, validate_task, validate_tasks
