@@ -3,8 +3,8 @@ known reward hack scores 0.
 
 For each task, `validate_task` grades, each in a fresh verification sandbox (or the isolated
 answer checker): the reference solution (must pass), the null solution (no change: must fail),
-and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`) — edit or delete the tests, a conftest that skips
-or passes everything, `sys.exit(0)` / `os._exit(0)` at import, printing PASSED/OK, fake report
+and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`) — edit or delete the
+tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import, printing PASSED/OK, fake report
 files, monkeypatching the test framework, reading the hidden tests or the reference by guessing
 paths, an object that equals everything, forged events on the report pipe, startup hooks
 (.pth, sitecustomize), a shadow pytest;
