@@ -3,12 +3,12 @@ known reward hack scores 0.
 
 For each task, `validate_task` grades, each in a fresh verification sandbox (or the isolated
 answer checker): the reference solution (must pass), the null solution (no change: must fail),
-and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`) — edit or delete the
-tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import, printing PASSED/OK, fake report
-files, monkeypatching the test framework, reading the hidden tests or the reference by guessing
-paths, an object that equals everything, forged events on the report pipe, startup hooks
-(.pth, sitecustomize), a shadow pytest;
-for answer tasks: claiming success, empty or multiple answers, a pathological expression.
+and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`): edit or delete the
+tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import,
+printing PASSED/OK, fake report files, monkeypatching the test framework, reading the hidden
+tests or the reference by guessing paths, an object that equals everything, forged events on
+the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest; for answer tasks:
+claiming success, empty or multiple answers, `\text{}`, a pathological expression, code.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
