@@ -8,7 +8,7 @@ tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)`
 printing PASSED/OK, fake report files, monkeypatching the test framework, reading the hidden
 tests or the reference by guessing paths, an object that equals everything, forged events on
 the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest; for answer tasks:
-claiming success, empty or multiple answers, `\text{}`, a pathological expression, code.
+claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
