@@ -37,7 +37,12 @@ from nodeagent import framing, nsutil, seccomp
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-PROC_MASKED = ("kcore", "keys", "timer_list", "sysrq-trigger", "kallsyms")
+# /proc as OCI runtimes leave it: host-wide files masked (/dev/null over them), host-wide
+# directories hidden (an empty read-only tmpfs), kernel knobs read-only.
+PROC_MASKED = ("kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats",
+               "sysrq-trigger", "kallsyms")
+PROC_HIDDEN_DIRS = ("acpi", "asound", "scsi")
+PROC_READONLY = ("sys", "bus", "fs", "irq")
 INIT_REPLY_MAX_BYTES = 32 * 1024 * 1024
 FUSE_MOUNT_TIMEOUT_S = 10.0
 EGRESS_PORT = 3128
@@ -494,14 +499,20 @@ def _init_setup(root: str) -> None:
     nsutil.unshare(nsutil.CLONE_NEWNS)
     proc = os.path.join(root, "proc")
     nsutil.mount("proc", proc, "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+    locked = nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC
     for name in PROC_MASKED:
         path = os.path.join(proc, name)
         if os.path.exists(path):
             nsutil.mount("/dev/null", path, None, nsutil.MS_BIND)
-    sys_dir = os.path.join(proc, "sys")
-    nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REC)
-    nsutil.mount(sys_dir, sys_dir, None, nsutil.MS_BIND | nsutil.MS_REMOUNT | nsutil.MS_RDONLY
-                 | nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+    for name in PROC_HIDDEN_DIRS:
+        path = os.path.join(proc, name)
+        if os.path.isdir(path):
+            nsutil.mount("paddock-hidden", path, "tmpfs", locked | nsutil.MS_RDONLY, "size=0,mode=0555")
+    for name in PROC_READONLY:
+        path = os.path.join(proc, name)
+        if os.path.isdir(path):
+            nsutil.mount(path, path, None, nsutil.MS_BIND | nsutil.MS_REC)
+            nsutil.mount(path, path, None, nsutil.MS_BIND | nsutil.MS_REMOUNT | nsutil.MS_RDONLY | locked)
     os.chdir(root)
     nsutil.pivot_root(".", ".")
     nsutil.umount(".", nsutil.MNT_DETACH)

@@ -222,3 +222,10 @@ def test_symlinks_planted_by_the_workload_do_not_reach_host_files(box):
         box.write_files({"/work/d/up/evil": b"x"})
     box.apply([Change("/work/link", "dir", None, 0o700)])   # replaces the link, never chmods its target
     assert sh(box, "stat -c %F /work/link").stdout == b"directory\n"
+
+
+def test_host_wide_proc_entries_are_masked_hidden_or_read_only(box):
+    r = sh(box, "cat /proc/kallsyms /proc/keys /proc/timer_list 2>&1 | wc -c; ls /proc/acpi | wc -l; "
+                "echo 1 > /proc/irq/default_smp_affinity; echo rc=$?; touch /proc/fs/x; echo rc=$?")
+    out = r.stdout.split()
+    assert out[:2] == [b"0", b"0"] and b"rc=0" not in r.stdout
