@@ -133,7 +133,9 @@ class BrokerCore:
 
     def drop(self, reason: str, detail: str = "") -> None:
         self.dropped[reason] += 1
-        log.warning("dropped a frame (%s) %s", reason, detail)
+        n = self.dropped[reason]
+        if n <= 10 or n & (n - 1) == 0:  # a flood of garbage must not flood the log
+            log.warning("dropped a frame (%s, %d so far) %s", reason, n, detail)
 
     def handle(self, identity: bytes, msg: P.Message) -> None:
         name = self.by_identity.get(identity)
@@ -148,7 +150,8 @@ class BrokerCore:
             self._send(identity, P.Ack(ref=msg.id, ok=False, code="unexpected",
                                        error=f"the controller does not take {msg.TYPE}"))
             return
-        if isinstance(msg, _AGENT_MESSAGES) and view is None and not isinstance(msg, P.Register):
+        if isinstance(msg, _AGENT_MESSAGES) and view is None and not isinstance(
+                msg, (P.Register, P.Disconnect)):
             self._welcome_stranger(identity)
         handler(identity, msg, view)
 
