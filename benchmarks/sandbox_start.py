@@ -2,7 +2,10 @@
 
 - paddock cold: create (own mount ns, capped tmpfs, overlay over the node's shared squashfuse
   mount, PID/net/IPC/UTS/cgroup ns, child user ns, cgroups with memory/pids/cpu caps) + exec
-  `true` (seccomp installed) + destroy;
+  `true` (seccomp installed) + destroy. The runtime keeps up to 2 spare builders (pre-forked,
+  in their cgroup, root built for the last image, init inside it): a create takes one and the
+  holder prepares the next in the background, so a steady stream of creates measures the
+  production path. The split create / exec / destroy is printed too;
 - paddock warm handout: `runtime.acquire(spec)` from a warm pool (the sandbox is ready);
 - bwrap: `bwrap --unshare-all --die-with-parent --ro-bind ROOT / --proc /proc --dev /dev /bin/true`
   on an unpacked copy of the same image (read-only root: less work than Paddock does);
