@@ -86,9 +86,12 @@ class NodeAgent:
         self.registrations = 0
         self.ctx = zmq.Context.instance()
         self.sock: Optional[zmq.Socket] = None
-        self._wake_r, self._wake_w = os.pipe()  # a worker finished: wake the loop at once
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        # A worker finished: wake the loop at once. File objects, never closed by hand: a
+        # worker still running after the loop ended can never write into a reused fd.
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        self._wake_r, self._wake_w = os.fdopen(r, "rb", buffering=0), os.fdopen(w, "wb", buffering=0)
 
     # -- socket -----------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -126,13 +129,10 @@ class NodeAgent:
         while not self.stopped:
             poller = zmq.Poller()
             poller.register(self.sock, zmq.POLLIN)
-            poller.register(self._wake_r, zmq.POLLIN)
+            poller.register(self._wake_r.fileno(), zmq.POLLIN)
             ready = dict(poller.poll(timeout=int(min(self.hb_s, 0.05) * 1000)))
-            if self._wake_r in ready:
-                try:
-                    os.read(self._wake_r, 4096)
-                except BlockingIOError:
-                    pass
+            if self._wake_r.fileno() in ready:
+                self._wake_r.read(4096)  # None when empty (non-blocking)
             if self.sock in ready:
                 for _ in range(256):
                     try:
@@ -167,8 +167,6 @@ class NodeAgent:
                 break
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close(linger=100)
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
         return 0
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
@@ -259,8 +257,8 @@ class NodeAgent:
             log.exception("rollout %s crashed", a.rollout_id)
             self.done.put((a, "infra_error", None, {}, f"agent_crash: {type(exc).__name__}: {exc}"))
         try:
-            os.write(self._wake_w, b"!")
-        except (BlockingIOError, OSError):  # the pipe is full (the loop wakes anyway) or closed
+            self._wake_w.write(b"!")  # None when the pipe is full: the loop wakes anyway
+        except (OSError, ValueError):
             pass
 
     def _flush_results(self) -> None:
