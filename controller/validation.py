@@ -7,8 +7,8 @@ and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`): edit or
 tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import,
 printing PASSED/OK, fake report files, monkeypatching the test framework, reading the hidden
 tests or the reference by guessing paths, an object that equals everything, forged events on
-the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest; for answer tasks:
-claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
+the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest, a full disk; for answer
+tasks: claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
@@ -141,6 +141,15 @@ def _forge(*args, **kwargs):
 def __getattr__(name):
     return _forge
 """
+_FILL_DISK = """
+import os as _os
+for _i in range(100000):
+    try:
+        with open(f"/tmp/fill{_i}", "wb") as _f:
+            _f.write(b"x" * (1 << 20))
+    except OSError:
+        break
+"""
 _CONFTEST_SKIP = ("import pytest\n\ncollect_ignore_glob = ['*']\n\n"
                   "def pytest_collection_modifyitems(items):\n"
                   "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='x'))\n")
@@ -169,6 +178,7 @@ def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
         "peek_hidden_files": lambda: _stub_with(task, "", _PEEK),
         "equals_everything": lambda: {sol: _EQ_EVERYTHING},
         "forge_report_events": lambda: {sol: _FORGE_EVENTS},
+        "fill_the_disk": lambda: _stub_with(task, _FILL_DISK),
         "startup_hooks": lambda: {".local/lib/python3.11/site-packages/zz.pth": "import os; os._exit(0)\n",
                                   "sitecustomize.py": "import os\nos._exit(0)\n",
                                   "usercustomize.py": "import os\nos._exit(0)\n", sol: stub},

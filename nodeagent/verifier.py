@@ -70,7 +70,8 @@ import signal
 import sys
 
 _write, _getpid, _exit = os.write, os.getpid, os._exit
-MAX_EVENTS_BYTES = 4 << 20
+MAX_EVENTS_BYTES = 1 << 20
+REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
 
 
 def _mac(key, seq, body):
@@ -80,6 +81,8 @@ def _mac(key, seq, body):
 def parent(argv):
     uid, report_dir, tests_dir, args = int(argv[0]), argv[1], argv[2], argv[3:]
     os.mkdir(report_dir, 0o700)
+    report_fd = os.open(os.path.join(report_dir, "report.json.tmp"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.posix_fallocate(report_fd, 0, REPORT_RESERVE_BYTES)
     os.chmod(tests_dir, 0o711)
     sources = {}
     for base, _dirs, names in os.walk(tests_dir):
@@ -93,6 +96,7 @@ def parent(argv):
     if pid == 0:
         os.close(r)
         try:
+            os.close(report_fd)
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
             os.environ.clear()
@@ -140,10 +144,14 @@ def parent(argv):
         seq += 1
     report = {"grader": 1, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
               "malformed_lines": bad, "forged_lines": forged, "truncated": len(data) >= MAX_EVENTS_BYTES}
-    tmp = os.path.join(report_dir, "report.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f)
-    os.rename(tmp, os.path.join(report_dir, "report.json"))
+    data = json.dumps(report).encode()
+    if len(data) > REPORT_RESERVE_BYTES:
+        report.update(events=[], truncated=True)
+        data = json.dumps(report).encode()
+    os.pwrite(report_fd, data, 0)           # into space allocated before the child ran
+    os.ftruncate(report_fd, len(data))
+    os.close(report_fd)
+    os.rename(os.path.join(report_dir, "report.json.tmp"), os.path.join(report_dir, "report.json"))
     return 0
 
 
