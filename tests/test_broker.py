@@ -5,7 +5,6 @@ process restarted on the same database."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess

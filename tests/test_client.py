@@ -10,10 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import zmq
 
 from controller import protocol as P
 from controller.client import (AsyncClient, BadRequest, Client, ControllerUnavailable,
