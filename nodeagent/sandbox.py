@@ -229,7 +229,7 @@ class SandboxRuntime:
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
-        self.spare_cgroups: set[str] = set()   # cgroups of spare builders (no sandbox yet)
+        self.spares: dict[str, int] = {}   # spare builders (no sandbox yet): cgroup name -> id slice
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self.swept: list[str] = []
@@ -441,6 +441,7 @@ class SandboxRuntime:
             if not self._free_slices:
                 self._unref_image_locked(key)
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
+            # This sandbox's slice, or (if a spare builder takes the create) the next spare's.
             slice_no = self._free_slices.pop()
         sid = f"s{next(self._ids)}"
         t_req = time.monotonic()
@@ -459,13 +460,14 @@ class SandboxRuntime:
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
             r = self._call(req, [theirs.fileno()] + cg_fds)
             cgroup = r["cgroup"]
-            with self._lock:
-                self.spare_cgroups.discard(cgroup)
-                if cgroup != new_cg:
-                    self.spare_cgroups.add(new_cg)
+            if cgroup != new_cg:   # a spare took it: its slice is this sandbox's, ours the new spare's
+                with self._lock:
+                    self.spares[new_cg] = slice_no
+                    slice_no = self.spares.pop(cgroup)
+                assert r["slice_base"] == slice_no * self.slice_size, (r, slice_no)
             self._spares_dropped(r.get("dropped") or [])
             self.cgroups.apply(cgroup, spec.limits)
-            if r.get("need_spare") and len(self.spare_cgroups) < MAX_SPARES and self.overlay == "kernel":
+            if r.get("need_spare") and len(self.spares) < MAX_SPARES and self.overlay == "kernel":
                 self._add_spare(key, spec.limits)
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
@@ -505,18 +507,24 @@ class SandboxRuntime:
                 self._unref_image_locked(key)
 
     def _add_spare(self, image_key: str, limits: dict) -> None:
-        """Ask the holder for a spare builder: forked now, it joins a fresh cgroup and builds a
-        root on `image_key` (tmpfs sized by `limits`) in the background."""
+        """Ask the holder for a spare builder: forked now, it joins a fresh cgroup, builds a root
+        on `image_key` (tmpfs sized by `limits`) and maps its init onto a slice, in the background."""
+        with self._lock:
+            if not self._free_slices:
+                return
+            slice_no = self._free_slices.pop()
         name = f"c{next(self._cg_ids)}"
         fds: list[int] = []
         try:
             fds = self.cgroups.create(name, {})
-            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits}, fds)
+            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits,
+                        "slice_base": slice_no * self.slice_size, "slice_size": self.slice_size}, fds)
             with self._lock:
-                self.spare_cgroups.add(name)
+                self.spares[name] = slice_no
         except (SandboxError, cgroups.CapsError) as exc:
             log.warning("no spare builder: %s", exc)
             self.cgroups.remove(name)
+            self._release(slice_no)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -524,8 +532,14 @@ class SandboxRuntime:
     def _spares_dropped(self, names: list[str]) -> None:
         for name in names:
             with self._lock:
-                self.spare_cgroups.discard(name)
+                slice_no = self.spares.pop(name, None)
             self.cgroups.remove(name)
+            if slice_no is not None:
+                self._release(slice_no)
+
+    @property
+    def spare_cgroups(self) -> set[str]:
+        return set(self.spares)
 
     def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
         """A file operation on sandbox `sid`, answered by a helper of the holder on its own socket."""

@@ -127,12 +127,6 @@ def give_root(init: socket.socket, root: str) -> None:
     framing.send_msg(init, {"stage": "root", "root": root})
 
 
-def wait_rooted(init: socket.socket) -> None:
-    msg = framing.recv_msg(init, max_bytes=4096)
-    if msg.get("stage") != "rooted":
-        raise RuntimeError(f"sandbox init could not enter its root: {msg.get('error', msg)}")
-
-
 def _fuse_overlay(lower: str, sbx: str, root: str) -> subprocess.Popen:
     """fuse-overlayfs in the foreground, a child of the builder (the node init kills it on destroy)."""
     argv = ["fuse-overlayfs", "-f", "-o",
@@ -194,9 +188,10 @@ def fork_init(seccomp_prog: "seccomp.Program | bytes" = b"", cgroup_fds: list[in
 def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
                 init_pid: int | None, init: socket.socket | None, make_init=None,
                 prepared: tuple[str, str, dict] | None = None) -> int:
-    """Second half of a builder (after `fork_init`, and for a spare after its root was built:
-    `prepared` = (sbx, root, the limits it was built with)): finishes the root, starts the init in its own user namespace,
-    hands the mount namespace (an fd) to the node init and the init's socket to the agent."""
+    """Second half of a builder (after `fork_init`; a spare has also done `prepare_root`:
+    `prepared` = (sbx, root, the limits it was built with), its init mapped and waiting).
+    Finishes the root, starts the init, hands the mount namespace (an fd) to the node init
+    and the init's socket to the agent."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     base, size = int(req["slice_base"]), int(req["slice_size"])
     daemon, pid = None, init_pid
@@ -215,14 +210,13 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         finish_root(sbx, root, req.get("limits") or {}, base, req.get("files") or {}, built_with)
         stages["root_built"] = time.monotonic()
         if prepared is None:
-            wait_rooted(init)
+            stages.update(map_init(pid, base, size, init))
         egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
-        go = {"stage": "go", "hostname": req.get("hostname", "sandbox"),
-              "cgroup_caps": req.get("cgroup_caps") or [], "limits": req.get("limits") or {}}
-        framing.send_msg(init, go, egress)
+        go = {"hostname": req.get("hostname", "sandbox"), "cgroup_caps": req.get("cgroup_caps") or [],
+              "limits": req.get("limits") or {}}
+        stages.update(start_init(init, go, egress))
         for fd in egress:
             os.close(fd)
-        stages.update(_map_child(pid, base, size, init))
         uid_map = open(f"/proc/{pid}/uid_map").read().strip()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
@@ -241,6 +235,17 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
     return 0
 
 
+def prepare_root(sbx: str, lower: str, dev_template: str, limits: dict, init_pid: int,
+                 init: socket.socket, base: int, size: int) -> tuple[str, str, dict]:
+    """What a spare builder does ahead of time: the root on its image, the init inside it and
+    mapped onto the spare's id slice, /work owned by that slice's root."""
+    root, _ = build_root(sbx, lower, "kernel", dev_template, limits)
+    give_root(init, root)
+    os.chown(os.path.join(root, "work"), base, base)
+    map_init(init_pid, base, size, init)
+    return sbx, root, limits
+
+
 class InitConfig:
     """What the sandbox init needs besides its root: the seccomp program, which caps the cgroups
     enforce (the rest fall back to rlimits), and the egress socket (an O_PATH fd) if any."""
@@ -257,21 +262,31 @@ class InitConfig:
         self.filtered = False
 
 
-def _map_child(pid: int, base: int, size: int, init: socket.socket) -> dict:
+def map_init(pid: int, base: int, size: int, init: socket.socket) -> dict:
+    """The init has entered its root and unshared its user namespace: map it onto the id slice
+    (`0 <base> <size>`, setgroups denied) and wait until it has dropped to that namespace."""
     msg = framing.recv_msg(init, max_bytes=4096)
     if msg.get("stage") != "unshared":
         raise RuntimeError(f"sandbox init failed before its user namespace: {msg.get('error', msg)}")
     t_unshared = time.monotonic()
-    inner = {k: float(v) for k, v in (msg.get("stages") or {}).items()
-             if k in ("init_start", "init_setup")}
     _w(f"/proc/{pid}/uid_map", f"0 {base} {size}\n")
     _w(f"/proc/{pid}/setgroups", "deny")
     _w(f"/proc/{pid}/gid_map", f"0 {base} {size}\n")
     framing.send_msg(init, {"stage": "mapped"})
     msg = framing.recv_msg(init, max_bytes=4096)
+    if msg.get("stage") != "prepared":
+        raise RuntimeError(f"sandbox init failed in its user namespace: {msg.get('error', msg)}")
+    return {"init_unshared": t_unshared, "init_prepared": time.monotonic()}
+
+
+def start_init(init: socket.socket, go: dict, fds: list[int]) -> dict:
+    """The create-time message: hostname, caps, egress socket. The init answers once commands
+    can run (rlimits and seccomp in place)."""
+    framing.send_msg(init, dict(go, stage="go"), fds)
+    msg = framing.recv_msg(init, max_bytes=4096)
     if msg.get("stage") != "ready":
         raise RuntimeError(f"sandbox init failed: {msg.get('error', msg)}")
-    return dict(inner, init_unshared=t_unshared, init_ready=time.monotonic())
+    return {"init_ready": time.monotonic()}
 
 
 def _resolve(root: str, path: str) -> str:
@@ -520,52 +535,54 @@ def _init_setup(root: str) -> None:
 
 
 def run_init(mon: socket.socket, seccomp_prog: "seccomp.Program | bytes" = b"") -> int:
+    """PID 1 of the sandbox. Protocol with its builder: "root" -> (mount /proc, pivot, unshare the
+    user namespace) "unshared" -> "mapped" -> (become its root, cgroup namespace, no_new_privs)
+    "prepared" -> "go" (hostname, caps, egress socket) -> (own UTS namespace, rlimits, seccomp)
+    "ready"; then one command per request. A spare's init stops at "prepared" until used."""
     # No PDEATHSIG: the builder exits once the sandbox is up. The init ends when its socket
     # closes (the agent is gone) or when the node init dies (the node PID namespace goes).
     nsutil.loopback_up()   # its network namespace is its own already: no need to wait for the root
     try:
         msg = framing.recv_msg(mon, max_bytes=65536)
-    except framing.FramingError:
-        return 0   # a spare that was never used
-    if msg.get("stage") != "root":
-        return 1
-    try:
-        _init_setup(msg["root"])
-    except OSError as exc:
-        framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
-        return 1
-    framing.send_msg(mon, {"stage": "rooted"})
-    try:
+        if msg.get("stage") != "root":
+            return 1
+        try:
+            _init_setup(msg["root"])
+            nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
+        except OSError as exc:
+            framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
+            return 1
+        framing.send_msg(mon, {"stage": "unshared"})
+        if framing.recv_msg(mon, max_bytes=4096).get("stage") != "mapped":
+            return 1
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        # The builder has moved this process into its cgroups by now: they become its root.
+        nsutil.unshare(nsutil.CLONE_NEWCGROUP)
+        nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
+        nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
+        framing.send_msg(mon, {"stage": "prepared"})
         go, fds = framing.recv_msg(mon, max_bytes=65536, with_fds=True)
     except framing.FramingError:
-        return 0   # a spare that was never used
+        return 0   # the builder is gone (a spare that was never used, or a failed create)
     if go.get("stage") != "go":
         return 1
     cfg = InitConfig(seccomp_prog, go.get("cgroup_caps") or [], fds[0] if fds else None, go.get("limits"))
-    stages = {"init_start": time.monotonic()}
     try:
+        # A UTS namespace of its own user namespace: the hostname is set at create time, after
+        # the ids; the workload cannot change it (seccomp denies sethostname).
+        nsutil.unshare(nsutil.CLONE_NEWUTS)
         nsutil.sethostname(go.get("hostname", "sandbox"))
-        stages["init_setup"] = time.monotonic()
-        nsutil.unshare(nsutil.CLONE_NEWUSER)   # needs a single-threaded process: relay starts later
+        if cfg.egress_fd is not None:
+            _start_egress_relay(cfg.egress_fd)
+        if cfg.fast:
+            _set_rlimits(cfg.limits, cfg.cgroup_caps)
+            if cfg.seccomp_prog:
+                seccomp.install(cfg.seccomp_prog)   # the init needs none of the denied calls from here on
+                cfg.filtered = True
     except OSError as exc:
         framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
         return 1
-    framing.send_msg(mon, {"stage": "unshared", "stages": stages})
-    if framing.recv_msg(mon, max_bytes=4096).get("stage") != "mapped":
-        return 1
-    os.setresgid(0, 0, 0)
-    os.setresuid(0, 0, 0)
-    # The builder has moved this process into its cgroups by now: they become its root.
-    nsutil.unshare(nsutil.CLONE_NEWCGROUP)
-    nsutil.prctl(nsutil.PR_SET_NO_NEW_PRIVS, 1)
-    nsutil.prctl(nsutil.PR_SET_DUMPABLE, 0)
-    if cfg.egress_fd is not None:
-        _start_egress_relay(cfg.egress_fd)
-    if cfg.fast:
-        _set_rlimits(cfg.limits, cfg.cgroup_caps)
-        if cfg.seccomp_prog:
-            seccomp.install(cfg.seccomp_prog)   # the init needs none of the denied calls from here on
-            cfg.filtered = True
     framing.send_msg(mon, {"stage": "ready"})
     while True:
         try:

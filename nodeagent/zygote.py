@@ -56,6 +56,7 @@ class Spare(NamedTuple):
     cgroup: str               # the cgroup it (and its init) joined
     image_key: str | None     # the image its root is built on, or None (no root yet)
     init_pid: int
+    slice_base: int           # the id slice its init is mapped onto
 
 
 class NodeInit:
@@ -121,8 +122,8 @@ class NodeInit:
 
     # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups,
     # -- with their init forked and, for the image last asked for, the root built and entered --
-    def add_spare(self, cgroup: str, cg_fds: list[int], image_key: str | None = None,
-                  limits: dict | None = None) -> None:
+    def add_spare(self, cgroup: str, cg_fds: list[int], image_key: str | None, limits: dict | None,
+                  slice_base: int, slice_size: int) -> None:
         ours, theirs = socket.socketpair()
         dups = [os.dup(fd) for fd in cg_fds]
         pid = os.fork()
@@ -130,16 +131,16 @@ class NodeInit:
             code = 1
             try:
                 _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
-                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {})
+                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {}, slice_base, slice_size)
             finally:
                 os._exit(code)
         theirs.close()
         for fd in dups:
             os.close(fd)
-        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup))
+        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup, slice_base))
 
     def _spare_main(self, sock: socket.socket, cg_fds: list[int], cgroup: str, image_key: str | None,
-                    limits: dict) -> int:
+                    limits: dict, slice_base: int, slice_size: int) -> int:
         for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
             os.write(fd, b"0")
             os.close(fd)
@@ -147,12 +148,9 @@ class NodeInit:
         init_pid, init = sbxinit.fork_init(self.seccomp_prog)   # the init inherits the cgroups
         prepared = None
         if image_key in self.fuse:   # mounted when this spare was forked
-            sbx = os.path.join(self.sbx_dir, f"spare-{cgroup}")
-            root, _ = sbxinit.build_root(sbx, os.path.join(self.images_dir, image_key), "kernel",
-                                         os.path.join(self.state, "dev"), limits)
-            sbxinit.give_root(init, root)
-            sbxinit.wait_rooted(init)
-            prepared = (sbx, root, limits)
+            prepared = sbxinit.prepare_root(
+                os.path.join(self.sbx_dir, f"spare-{cgroup}"), os.path.join(self.images_dir, image_key),
+                os.path.join(self.state, "dev"), limits, init_pid, init, slice_base, slice_size)
         framing.send_msg(sock, {"ready": True, "image_key": image_key if prepared else None,
                                 "init_pid": init_pid})
         try:
@@ -160,6 +158,7 @@ class NodeInit:
         except framing.FramingError:
             return 0   # the node is closing
         agent = socket.socket(fileno=fds[0])
+        req = dict(req, slice_base=slice_base)   # its own slice (the request's went to the next spare)
         return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
                                    sbx_root=self.sbx_dir, init_pid=init_pid, init=init, prepared=prepared)
 
@@ -169,7 +168,7 @@ class NodeInit:
             msg = framing.recv_msg(sock, max_bytes=4096)
             if msg.get("ready"):
                 key = msg.get("image_key")
-                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"])))
+                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3]))
                 if key is not None and key not in self.fuse:
                     self.drop_spares(key)   # its image went away while it was being prepared
                 return
@@ -239,7 +238,8 @@ class NodeInit:
                 return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
             return self.create(req, fds)
         if op == "add_spare":
-            self.add_spare(req["cgroup"], fds, req.get("image_key"), req.get("limits"))
+            self.add_spare(req["cgroup"], fds, req.get("image_key"), req.get("limits"),
+                           int(req["slice_base"]), int(req["slice_size"]))
             return {"ok": True}
         if op == "sbx_op":
             if len(fds) != 1:
@@ -316,14 +316,15 @@ class NodeInit:
             self.pending[req["id"]] = sock
             cg_dups = [os.dup(fd) for fd in fds[1:]]
 
-            def refill(name=req.get("cgroup"), dups=cg_dups, key=req["image_key"], limits=req.get("limits")):
+            def refill(name=req.get("cgroup"), dups=cg_dups, key=req["image_key"], limits=req.get("limits"),
+                       base=int(req["slice_base"]), size=int(req["slice_size"])):
                 try:
-                    self.add_spare(name, dups, key, limits)
+                    self.add_spare(name, dups, key, limits, base, size)
                 finally:
                     for fd in dups:
                         os.close(fd)
             self._after_reply = refill
-            return {"ok": True, "pid": pid, "cgroup": cgroup, "dropped": dropped}
+            return {"ok": True, "pid": pid, "cgroup": cgroup, "slice_base": sp.slice_base, "dropped": dropped}
         dups = [os.dup(fd) for fd in fds]
         ours, theirs = socket.socketpair()
         pid = os.fork()
@@ -345,7 +346,8 @@ class NodeInit:
             os.close(fd)
         self.sel.register(ours, selectors.EVENT_READ)
         self.pending[req["id"]] = ours
-        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "need_spare": True, "dropped": dropped}
+        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "slice_base": req["slice_base"],
+                "need_spare": True, "dropped": dropped}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
