@@ -12,8 +12,8 @@ opened) mounts a fresh /proc with sensitive paths masked, brings up `lo` (the on
 interface), pivots into the overlay, then unshares a *child* user namespace whose uid/gid maps
 the builder writes (`0 <slice base> <slice size>`: a disjoint slice of the node's subordinate
 ids per sandbox), and a cgroup namespace rooted at its cgroup. From then on it owns no mount
-or network namespace. It runs commands on
-request, each in its own session with rlimits (for caps no cgroup enforces), the seccomp filter,
+or network namespace (its UTS namespace, made at create time for the hostname, is its own).
+It runs commands on request, each in its own session with rlimits (for caps no cgroup enforces), the seccomp filter,
 an output cap and a wall-clock kill; with an egress socket it relays 127.0.0.1:3128 to it.
 
 File operations (`handle_op`: write, read, diff, apply) run in a short-lived fork of the node
