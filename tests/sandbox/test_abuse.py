@@ -229,3 +229,10 @@ def test_host_wide_proc_entries_are_masked_hidden_or_read_only(box):
                 "echo 1 > /proc/irq/default_smp_affinity; echo rc=$?; touch /proc/fs/x; echo rc=$?")
     out = r.stdout.split()
     assert out[:2] == [b"0", b"0"] and b"rc=0" not in r.stdout
+
+
+def test_hostname_is_the_specs_and_cannot_be_changed(runtime, busybox_image):
+    for name in ("verifier", "sandbox"):   # a spare prepared for one hostname serves the other
+        with runtime.create(SandboxSpec(image=busybox_image, hostname=name, limits=LIMITS)) as sb:
+            r = sh(sb, "hostname; hostname evil; echo rc=$?; hostname")
+            assert r.stdout.split() == [name.encode(), b"rc=1", name.encode()]
