@@ -36,7 +36,7 @@ TASK_FILE = "task.yaml"
 FILES_DIR = "files"
 HIDDEN_DIR = "hidden"
 REQUIRED_KEYS = ("name", "family", "instruction", "checker")
-OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network")
+OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools")
 DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
 
 
@@ -101,7 +101,7 @@ def load_package(directory: str | os.PathLike) -> Task:
             setup=tuple(meta.get("setup") or ()),
             budgets=_typed_section(path, "budgets", meta.get("budgets"), Budgets),
             limits=_typed_section(path, "limits", meta.get("limits"), Limits),
-            network=meta.get("network", "none"))
+            network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()))
     except TaskError as exc:
         raise TaskError(f"{path}: {exc}") from None
     except (TypeError, AttributeError) as exc:
@@ -118,7 +118,9 @@ def package_meta(task: Task) -> dict[str, Any]:
             "instruction": task.instruction, "image": task.image,
             "checker": json.loads(json.dumps(task.checker)), "protected": list(task.protected),
             "setup": list(task.setup), "budgets": asdict(task.budgets),
-            "limits": asdict(task.limits), "network": task.network}
+            "limits": asdict(task.limits),
+            "network": task.network if task.network == "none" else list(task.network),
+            **({"tools": list(task.tools)} if task.tools else {})}
 
 
 def write_package(task: Task, directory: str | os.PathLike) -> Path:

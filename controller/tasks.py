@@ -59,9 +59,16 @@ class Task:
     setup: tuple[str, ...] = ()
     budgets: Budgets = Budgets()
     limits: Limits = Limits()
-    network: str = "none"
+    # "none", or an egress allowlist (docs/egress.md): a comma-separated string, a list of
+    # entries or {"allow": [...]}; stored as "none" or a tuple of entries.
+    network: Any = "none"
+    # The agent's tool set (names from nodeagent/tools.py); empty means every tool.
+    tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "network", _normalise_network(self.network))
+        if isinstance(self.tools, (list, tuple)):
+            object.__setattr__(self, "tools", tuple(self.tools))
         # One content, one form: bytes that are UTF-8 text are stored as str, so a task read
         # back from disk hashes the same as the task that was written.
         for key in ("files", "hidden"):
@@ -75,6 +82,13 @@ class Task:
         d = dataclasses.asdict(self)
         for key in ("files", "hidden"):
             d[key] = {p: encode_content(v) for p, v in d[key].items()}
+        # Fields added later are left out at their defaults, so existing task ids do not move.
+        if not self.tools:
+            del d["tools"]
+        else:
+            d["tools"] = list(self.tools)
+        if d["network"] != "none":
+            d["network"] = list(self.network)
         return d
 
     @property
@@ -143,7 +157,31 @@ def validate(task: Task) -> None:
         if path not in task.files:
             raise TaskError(f"{where}: protected path {path!r} is not a visible file")
     if task.network != "none":
-        raise TaskError(f"{where}: 'network' must be 'none' (egress policies are not supported yet)")
+        from nodeagent.egress_policy import PolicyError, parse_policy
+        try:
+            parse_policy(list(task.network))
+        except PolicyError as exc:
+            raise TaskError(f"{where}: 'network': {exc}") from None
+    if task.tools:
+        from nodeagent.tools import ToolSetError, tool_set
+        try:
+            tool_set(task.tools)
+        except ToolSetError as exc:
+            raise TaskError(f"{where}: 'tools': {exc}") from None
+
+
+def _normalise_network(network: Any) -> Any:
+    """'none' stays 'none'; an allowlist (string, list or {"allow": [...]}) becomes a tuple."""
+    if network is None or network == "none":
+        return "none"
+    if isinstance(network, Mapping) and set(network) == {"allow"}:
+        network = network["allow"]
+    if isinstance(network, str):
+        network = [e.strip() for e in network.split(",") if e.strip()]
+    if isinstance(network, (list, tuple)) and network and all(isinstance(e, str) for e in network):
+        return tuple(network)
+    raise TaskError(f"'network' must be 'none', a list of allowed hosts or {{'allow': [...]}}, "
+                    f"got {network!r}")
 
 
 @dataclass(frozen=True)

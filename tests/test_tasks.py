@@ -145,3 +145,22 @@ def test_cli_list_and_show(tmp_path):
                                       BUILTIN.tasks[0].name, "--hidden"])
     assert args.func(args, out=out) == 0
     assert "reference.py" in out.getvalue() and BUILTIN.tasks[0].task_id in out.getvalue()
+
+
+def test_network_allowlist_and_tool_set_are_task_fields_that_validate():
+    from controller.tasks import Task, TaskError
+    base = dict(name="t", family="math", instruction="2+2?", checker={"kind": "math", "answer": "4"})
+    plain = Task(**base)
+    assert "tools" not in plain.canonical() and plain.canonical()["network"] == "none"
+    allowed = Task(**base, network="pypi.org:443, *.pythonhosted.org", tools=["shell", "read_file"])
+    assert allowed.network == ("pypi.org:443", "*.pythonhosted.org")
+    assert allowed.canonical()["network"] == ["pypi.org:443", "*.pythonhosted.org"]
+    assert Task(**base, network={"allow": ["pypi.org:443", "*.pythonhosted.org"]},
+                tools=("shell", "read_file")).task_id == allowed.task_id
+    assert allowed.task_id != plain.task_id
+    with pytest.raises(TaskError, match="'network'.*public suffix"):
+        Task(**base, network=["*.com"])
+    with pytest.raises(TaskError, match="'network'.*IP literal"):
+        Task(**base, network=["10.0.0.1"])
+    with pytest.raises(TaskError, match="'tools'.*unknown tool"):
+        Task(**base, tools=["shell", "rm_rf"])
