@@ -9,6 +9,8 @@ slot count is the same for every agent count) and a trainer client in this proce
   latency     closed loop, `--latency-n` times: submit one rollout, wait for its commit:
               p50 / p99 of submit -> committed (the whole path: client, queue, dispatch,
               agent, result, commit, watch)
+The co-located agents send heartbeats without health sampling (it reads all of /proc; 64
+agents on 2 cores would measure that, not dispatch).
 Slurm, on the in-test cluster (3 nodes): the same work with fewer items
   sbatch      `--slurm-jobs` jobs `sbatch --wrap true`, submitted back to back, until all
               have left the queue: jobs per second; and submit -> gone for single jobs
@@ -56,7 +58,10 @@ def agent_host(endpoint: str, names: list[str], slots: int) -> int:
     import logging
     logging.basicConfig(level=logging.WARNING)
     from nodeagent.agent import NodeAgent, noop_runner
-    agents = [NodeAgent(n, endpoint, DEP, slots, runner=noop_runner(), heartbeat_interval_s=1.0)
+    # Health sampling is off: it reads all of /proc (~0.1-0.2 s here), which 64 agents sharing
+    # 2 cores would do 64 times a second; on a cluster each node samples once for itself.
+    agents = [NodeAgent(n, endpoint, DEP, slots, runner=noop_runner(), heartbeat_interval_s=1.0,
+                        health=lambda n=n: {"node": n})
               for n in names]
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
     for t in threads:
@@ -214,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agents", default="1,8,64")
     ap.add_argument("--slots", type=int, default=64, help="total slots, split over the agents")
     ap.add_argument("--agent-procs", type=int, default=2)
-    ap.add_argument("--latency-n", type=int, default=200)
+    ap.add_argument("--latency-n", type=int, default=500)
     ap.add_argument("--slurm-jobs", type=int, default=40)
     ap.add_argument("--slurm-latency-n", type=int, default=10)
     ap.add_argument("--no-slurm", action="store_true")

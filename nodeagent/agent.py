@@ -55,7 +55,8 @@ class NodeAgent:
                  image_store: str | None = None, runtime=None,
                  heartbeat_interval_s: float = 1.0, liveness: int = 5,
                  clock=time.monotonic, runner: Optional[Runner] = None,
-                 drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0):
+                 drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0,
+                 health: Optional[Callable[[], dict]] = None):
         self.node, self.endpoint, self.deployment = node, endpoint, deployment
         self.slots = slots
         self.image_store = Path(image_store) if image_store else None
@@ -63,6 +64,7 @@ class NodeAgent:
         self.runner: Runner = runner or self._run_attempt
         self.hb_s, self.liveness = heartbeat_interval_s, liveness
         self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
+        self.health = health  # None: nodeagent.health's sampler (the heartbeat's payload)
         self.active: dict[str, Attempt] = {}
         self.abandoned: set[tuple[str, int]] = set()  # (rollout, token) not to report
         self.finished: set[int] = set()  # tokens of attempts run (the last 4096)
@@ -306,8 +308,11 @@ class NodeAgent:
                 self._send(p.msg)
 
     def _heartbeat(self) -> None:
-        from nodeagent.health import sampler_for   # health figures + JSON-lines stream (docs/operations.md)
-        health = sampler_for(self).sample()
+        if self.health is not None:
+            health = self.health()
+        else:
+            from nodeagent.health import sampler_for   # health figures + JSON-lines stream (docs/operations.md)
+            health = sampler_for(self).sample()
         held = sorted(set(self.active) | {p.msg.rollout_id for p in self.unacked.values()})
         self._send(P.Heartbeat(node=self.node, slots_free=self._free(), active=len(self.active),
                                health=health, images=sorted(self.images), held=held))
