@@ -63,15 +63,21 @@ def _patched(task: dict, patch: Path) -> dict[str, bytes]:
                 if f.is_file() and not f.name.endswith((".orig", ".rej"))}
 
 
-def find_task(ref: str) -> dict:
-    """A task by name or id from the built-in set, or from a JSON file (a task dict)."""
+def find_task(ref: str, bank: str | None = None) -> dict:
+    """A task by name or id: a task `.json` file, the built-in set, or the task bank."""
     if ref.endswith(".json") and Path(ref).is_file():
         return json.loads(Path(ref).read_text())
     from controller.builtin_tasks import builtin_taskset
     for t in builtin_taskset().tasks:
         if ref in (t.name, t.task_id, t.short_id):
             return dict(t.canonical(), task_id=t.task_id)
-    raise SolutionError(f"no task {ref!r} in the built-in set (and not a task .json file)")
+    from controller import taskbank
+    from controller.tasks import TaskError
+    try:
+        t = taskbank.find_task(taskbank.TaskBank(bank), ref)
+    except (TaskError, OSError) as exc:
+        raise SolutionError(f"no task {ref!r} in the built-in set, and {exc}") from None
+    return dict(t.canonical(), task_id=t.task_id)
 
 
 def cmd_check(args) -> int:
@@ -99,7 +105,7 @@ def cmd_verify(args) -> int:
     from nodeagent import verifier
     from nodeagent.sandbox import SandboxError, SandboxRuntime
     try:
-        task = find_task(args.task)
+        task = find_task(args.task, args.bank)
         changes, answer = solution_changes(task, args.solution)
     except (SolutionError, OSError, ValueError) as exc:
         print(f"paddock verify: {exc}", file=sys.stderr)
@@ -137,7 +143,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         k.set_defaults(func=cmd_check)
 
     ver = sub.add_parser("verify", help="grade one solution of one task, print outcome and reward components")
-    ver.add_argument("--task", required=True, help="task name or id (built-in set) or a task .json file")
+    ver.add_argument("--task", required=True, help="task name or id (built-in set or task bank), or a task .json")
+    ver.add_argument("--bank", metavar="DIR", help="task-bank directory (default $PADDOCK_TASKBANK or ./taskbank)")
     ver.add_argument("--solution", required=True, help="a file, a directory or a *.patch/*.diff")
     ver.add_argument("--answer", help="the final answer text (answer tasks), instead of a file")
     ver.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
