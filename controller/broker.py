@@ -41,6 +41,7 @@ LIVE, DRAINING, LOST = "live", "draining", "lost"
 NODE_STATES = (LIVE, DRAINING, LOST)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
+MAX_WATCH_WAIT_S = 60.0  # a long poll is answered after at most this long
 
 
 @dataclass
@@ -350,7 +351,8 @@ class BrokerCore:
             if len(self.watchers) >= self.max_watchers:
                 self._answer_watch(identity, msg, final=True)
             else:
-                self.watchers.append((identity, msg, self.clock() + msg.wait_s))
+                wait_s = min(msg.wait_s, MAX_WATCH_WAIT_S)
+                self.watchers.append((identity, msg, self.clock() + wait_s))
 
     def _answer_watch(self, identity: bytes, msg: P.Watch, final: bool) -> bool:
         items, cursor = self.queue.results_after(msg.batch_id, msg.after)
