@@ -49,6 +49,7 @@ class Faults:
     delay_max_s: float = 0.0
     agent_crash: float = 0.0
     agent_drain: float = 0.0
+    client_drain: float = 0.0
     controller_crash: float = 0.0
     clock_jump: float = 0.0
 
@@ -56,7 +57,8 @@ class Faults:
     def draw(cls, rng: random.Random) -> "Faults":
         return cls(loss=rng.uniform(0, 0.15), dup=rng.uniform(0, 0.1),
                    delay_max_s=rng.uniform(0, 2.0), agent_crash=rng.uniform(0, 0.006),
-                   agent_drain=rng.uniform(0, 0.003), controller_crash=rng.uniform(0, 0.01),
+                   agent_drain=rng.uniform(0, 0.003), client_drain=rng.uniform(0, 0.003),
+                   controller_crash=rng.uniform(0, 0.01),
                    clock_jump=rng.uniform(0, 0.004))
 
 
@@ -354,6 +356,10 @@ class World:
                 agent = next(a for a in self.agents if a.ident == dst)
                 if agent.up:
                     agent.receive(msg)
+        if faults and self.rng.random() < self.faults.client_drain:
+            node = self.rng.choice(self.agents).node
+            self.net.send(TRAINER, CTL, P.DrainNode(node=node, deadline_s=self.rng.uniform(0, 4)))
+            self.trace.append(f"t={self.t():.2f} drain_node {node} requested")
         for a in self.agents:
             if faults and a.up and self.rng.random() < self.faults.agent_crash:
                 a.crash(self.rng.uniform(0.5, 15))
