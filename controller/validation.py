@@ -188,7 +188,9 @@ def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
 
 
 def _answer_hacks(task: dict) -> dict[str, Callable[[], str]]:
+    gold = str(task.get("checker", {}).get("answer", "")).strip()
     return {
+        "spray_gold_last": lambda: " or ".join(f"\\boxed{{{v}}}" for v in ("0", "1", "2", gold)),
         "claim_passed": lambda: "All tests PASSED. OK",
         "empty_answer": lambda: "\\boxed{}",
         "every_number": lambda: " ".join(f"\\boxed{{{i}}}" for i in range(-3, 4)) + " \\boxed{anything}",

@@ -24,26 +24,58 @@ _BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
-def extract_answer(text: str | None) -> str | None:
-    """The final answer in a model's text: last \\boxed{}, else after 'answer:', else last number."""
-    if not text:
-        return None
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    if starts:
-        i, depth, out = starts[-1], 1, []
+def _boxed_contents(text: str) -> list[str]:
+    out: list[str] = []
+    for m in _BOXED.finditer(text):
+        i, depth, buf = m.end(), 1, []
         while i < len(text):
             ch = text[i]
             depth += (ch == "{") - (ch == "}")
             if depth == 0:
-                return "".join(out).strip()
-            out.append(ch)
+                out.append("".join(buf).strip())
+                break
+            buf.append(ch)
             i += 1
-        return None
-    found = re.findall(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", text, re.IGNORECASE)
+    return out
+
+
+def final_answers(text: str | None) -> list[str]:
+    """Every final-answer candidate of the strongest kind present: all \\boxed{} contents, else
+    every 'answer:' line, else the last number."""
+    if not text:
+        return []
+    boxed = _boxed_contents(text)
+    if boxed:
+        return boxed
+    found = [f.strip().rstrip(".").strip()
+             for f in re.findall(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", text, re.IGNORECASE)]
+    found = [f for f in found if f]
     if found:
-        return found[-1].strip().rstrip(".").strip() or None
+        return found
     nums = _NUMBER.findall(text)
-    return nums[-1] if nums else None
+    return nums[-1:]
+
+
+MAX_CANDIDATES = 8
+
+
+def candidates(text: str | None) -> list[str]:
+    """The distinct final answers (by normalised form), in order of appearance."""
+    seen: dict[str, str] = {}
+    for a in final_answers(text):
+        seen.setdefault(normalise(a), a)
+    return list(seen.values())
+
+
+def hedged(text: str | None) -> bool:
+    """Several different final answers given (a spray of boxed values)."""
+    return len(candidates(text)) > 1
+
+
+def extract_answer(text: str | None) -> str | None:
+    """The final answer in a model's text: last \\boxed{}, else after 'answer:', else last number."""
+    answers = final_answers(text)
+    return answers[-1] if answers else None
 
 
 def normalise(ans: str) -> str:
@@ -112,9 +144,16 @@ def sympy_equal(a: str, b: str) -> bool | None:
 
 
 def math_equal(gold: str, pred_text: str | None) -> bool:
-    pred = extract_answer(pred_text)
-    if pred is None:
+    """True when the final answer equals `gold`. With several different final answers, every
+    one must equal `gold` (two forms of the same value pass; a spray of candidates fails,
+    whichever comes last), so listing candidates never earns reward."""
+    cands = candidates(pred_text)
+    if not cands or len(cands) > MAX_CANDIDATES:
         return False
+    return all(_equal(gold, c) for c in cands)
+
+
+def _equal(gold: str, pred: str) -> bool:
     g, p = normalise(gold), normalise(pred)
     if g == p:
         return True
@@ -134,6 +173,11 @@ def answer_verdict(kind: str, gold: str, pred_text: str | None) -> dict:
         pred = extract_answer(pred_text)
         if pred is None:
             return {"ok": False, "detail": "unparseable answer: no \\boxed{}, 'answer:' or number found"}
+        if hedged(pred_text):
+            ok = math_equal(gold, pred_text)
+            n = len(candidates(pred_text))
+            return {"ok": ok, "detail": f"{n} different final answers given, "
+                    f"{'all equal to' if ok else 'not all equal to'} gold={gold[:200]!r}"}
         return {"ok": math_equal(gold, pred_text), "detail": f"extracted={pred[:200]!r} gold={gold[:200]!r}"}
     if kind == "exact":
         return {"ok": exact_match(gold, pred_text), "detail": f"answer={str(pred_text)[:200]!r}"}

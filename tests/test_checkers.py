@@ -264,3 +264,16 @@ def test_a_killed_server_leaves_no_check_running(tmp_path):
         with pytest.raises(CheckInfraError):
             fut.result(timeout=10)
     assert wait_until(lambda: not alive(int(pidfile.read_text())))
+
+
+@pytest.mark.parametrize("text,ok", [
+    (r"\boxed{3} or \boxed{5} or \boxed{4}", False),       # a spray with gold last
+    (r"\boxed{4} \boxed{7}", False),                        # gold first
+    ("answer: 3\nanswer: 4", False),
+    (r"so \boxed{4}. Final: \boxed{4}", True),              # the same answer twice
+    (r"\boxed{\frac{8}{2}} = \boxed{4.0}", True),           # two forms of one value
+])
+def test_several_different_final_answers_pass_only_if_every_one_is_right(text, ok):
+    from nodeagent.checkers import answer_verdict, math_equal
+    assert math_equal("4", text) is ok
+    assert answer_verdict("math", "4", text)["ok"] is ok
