@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 FAMILIES = ("python", "math", "swe")
 SPLITS = ("train", "heldout")
-CHECKER_KINDS = ("pytest", "math", "exact", "regex")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
 
 
 class TaskError(ValueError):
@@ -153,6 +153,11 @@ def validate(task: Task) -> None:
             raise TaskError(f"{where}: 'checker.tests' names files that are not in the task: {missing or tests}")
     if kind in ("math", "exact", "regex") and "answer" not in task.checker:
         raise TaskError(f"{where}: 'checker.answer' is required for checker kind {kind!r}")
+    from nodeagent.checkers import SpecError, validate_spec   # the verifier's own schema
+    try:
+        validate_spec(dict(task.checker), {"files": task.files, "hidden": task.hidden})
+    except SpecError as exc:
+        raise TaskError(f"{where}: {exc}") from None
     for path in task.protected:
         if path not in task.files:
             raise TaskError(f"{where}: protected path {path!r} is not a visible file")

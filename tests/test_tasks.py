@@ -164,3 +164,13 @@ def test_network_allowlist_and_tool_set_are_task_fields_that_validate():
         Task(**base, network=["10.0.0.1"])
     with pytest.raises(TaskError, match="'tools'.*unknown tool"):
         Task(**base, tools=["shell", "rm_rf"])
+
+
+def test_checker_spec_is_checked_against_the_verifiers_schema_when_the_task_is_made():
+    from controller.tasks import Task, TaskError
+    base = dict(name="t", family="python", instruction="do it", files={"solution.py": "x = 1\n"},
+                hidden={"test_h.py": "def test(): pass\n"})
+    Task(**base, checker={"kind": "pytest", "tests": ["test_h.py"], "fail_to_pass": ["test_h.py::test"]})
+    Task(**base, checker={"kind": "command", "argv": ["python3", "-c", "pass"]})
+    with pytest.raises(TaskError, match=r"unknown field\(s\) \['tset'\]"):
+        Task(**base, checker={"kind": "pytest", "tests": ["test_h.py"], "tset": 1})
