@@ -25,7 +25,7 @@ from nodeagent import egress, trajwriter
 from nodeagent.harness import AgentResult, BudgetError, ModelError, run_agent
 from nodeagent.tools import ToolSetError
 from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
-from nodeagent.verifier import VERIFIER_VERSION, Verdict, VerifierInfraError, verify
+from nodeagent.verifier import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, decode_task, verify
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ def _utc() -> datetime:
 
 def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
                 clock: Callable[[], float] = time.monotonic) -> AttemptResult:
-    task = a.task
+    task = decode_task(a.task)
     started, t0 = _utc(), clock()
     agent, verdict, infra, changes = AgentResult(), None, None, []
     egress_id = f"{a.rollout_id}.{a.attempt}"
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task["limits"]),
-                                        files={k: v.encode() for k, v in task["files"].items()},
+                                        files={k: as_bytes(v) for k, v in task["files"].items()},
                                         egress_socket=egress.open_for_task(task.get("network"), egress_id)))
     except (SandboxError, egress.PolicyError) as exc:
         infra = f"sandbox_start: {exc}"

@@ -26,6 +26,7 @@ rollout is `infra_error`: reward NULL, masked). Must not import zmq or the contr
 from __future__ import annotations
 
 import ast
+import base64
 import hashlib
 import json
 import time
@@ -339,10 +340,24 @@ def check_protected(task: dict, changes: list[Change]) -> list[dict]:
     return checks
 
 
+def decode_task(task: dict) -> dict:
+    """A task as it arrives in JSON, with its files as str (text) or bytes: file contents that
+    the task's canonical form carries as {"base64": ...} (binary files, e.g. a repository's
+    .git) are decoded. Idempotent."""
+    def files(d):
+        return {k: base64.b64decode(v["base64"]) if isinstance(v, dict) else v for k, v in d.items()}
+    return dict(task, files=files(task.get("files") or {}), hidden=files(task.get("hidden") or {}))
+
+
+def as_bytes(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode()
+
+
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None) -> Verdict:
     """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
     t0 = clock()
+    task = decode_task(task)
     try:
         spec = checkers.validate_spec(task.get("checker"), task)
     except checkers.SpecError as exc:
@@ -421,7 +436,7 @@ def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, 
     it): the protected originals in /work, the grader and pytest.ini. Tests: owned by the
     sandbox's root, mode 0400 under a 0711 directory, so the code under test (another uid) can
     neither read nor change them; only the grader reads them, before it drops privileges."""
-    system = {f"/work/{rel}": task["files"][rel].encode() for rel in task.get("protected", ())}
+    system = {f"/work/{rel}": as_bytes(task["files"][rel]) for rel in task.get("protected", ())}
     tests = {}
     for rel in list(spec.get("tests", ())) + list(spec.get("support", ())):
         text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel))
@@ -430,7 +445,7 @@ def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, 
                                      f"'hidden' nor 'files'")
         if rel.endswith(".py") and spec.get("strict_eq", True) and rel in spec.get("tests", ()):
             text = strict_asserts(text, rel)
-        tests[f"{TESTS_DIR}/{rel}"] = text.encode()
+        tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
     system[f"{TESTS_DIR}/pytest.ini"] = PYTEST_INI.encode()
     system[GRADER_PATH] = GRADER_SOURCE.encode()
     return system, tests

@@ -204,3 +204,21 @@ def test_verify_command_names_bad_input(tmp_path, capsys):
     assert main(["verify", "--task", "python/gcd", "--solution", str(bad)]) == 2
     assert "does not apply" in capsys.readouterr().err
     assert main(["verify", "--task", "python/nope", "--solution", str(bad)]) == 2
+
+
+def test_binary_task_files_arrive_as_base64_and_are_graded_as_bytes(runtime, python_image):
+    # A task with a non-UTF-8 visible file (a repository's .git objects, a data blob) travels
+    # in its canonical JSON as {"base64": ...}; the verifier decodes it before any sandbox.
+    from controller.tasks import Task
+    blob = bytes(range(256))
+    t = Task(name="python/blob", family="python", instruction="leave data.bin alone",
+             files={"solution.py": "x = 1\n", "data.bin": blob}, protected=("data.bin",),
+             hidden={"test_hidden.py": "def test_blob():\n    assert open('/work/data.bin', 'rb').read() "
+                                       "== bytes(range(256))\n"},
+             checker={"kind": "pytest", "tests": ["test_hidden.py"]})
+    wire = json.loads(json.dumps({**t.canonical(), "task_id": t.task_id}))
+    assert wire["files"]["data.bin"] == {"base64": __import__("base64").b64encode(blob).decode()}
+    v = verify(runtime, python_image, wire, [], None)
+    assert (v.outcome, v.tampered) == ("pass", False)
+    bad = verify(runtime, python_image, wire, [Change("/work/data.bin", "modified", b"x", 0o644)], None)
+    assert (bad.outcome, bad.tampered) == ("fail", True)
