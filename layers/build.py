@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 from layers.sif import ARCH_CODES, SOURCE_DATE_EPOCH_ENV, source_date_epoch, write_sif
 from layers.staging import (  # noqa: F401 - re-exported: build.* is the public API
-    STDERR_TAIL_BYTES, BuildError, CommandFailed, Progress, clamp_times, detect_arch,
+    STDERR_TAIL_BYTES, BuildError, CommandFailed, Progress, _remove, clamp_times, detect_arch,
     is_oci_layout, run_command, sanitise_tree, source_content_key, source_kind,
     stage_directory, stage_oci_layout, stage_tarball)
 
