@@ -32,14 +32,19 @@ log = logging.getLogger(__name__)
 
 HEALTH_DIR_ENV = "PADDOCK_HEALTH_DIR"
 MAX_JSONL_BYTES = 64 * 2**20
+# Figures that walk the process tree or read every sandbox's mounts cost 100-200 ms on a busy
+# 2-core node; they are refreshed at most this often, the cheap ones on every heartbeat.
+SLOW_FIGURES_EVERY_S = 5.0
 IMAGE_FSTYPES = ("fuse.squashfuse", "squashfs", "fuse.squashfuse_ll")
 
 
 class HealthSampler:
     def __init__(self, agent, jsonl_dir: str | os.PathLike | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 max_jsonl_bytes: int = MAX_JSONL_BYTES):
+                 max_jsonl_bytes: int = MAX_JSONL_BYTES, slow_every_s: float = SLOW_FIGURES_EVERY_S):
         self.agent, self.clock, self.wall = agent, clock, wall
+        self.slow_every_s = slow_every_s
+        self._slow: tuple[float, dict] | None = None
         self.jsonl = Path(jsonl_dir) / f"{agent.node}.jsonl" if jsonl_dir else None
         self.max_jsonl_bytes = max_jsonl_bytes
         self._last: tuple[float, int] | None = None
@@ -65,9 +70,10 @@ class HealthSampler:
             "rollouts_total": completed, "rollouts_per_s": rate,
             "cpu_percent": psutil.cpu_percent(interval=None),
             "mem_used_mb": int((vm.total - vm.available) / 2**20), "mem_free_mb": int(vm.available / 2**20),
-            "mem_percent": vm.percent, "rss_mb": _safe(lambda: int(self._tree_rss() / 2**20)),
+            "mem_percent": vm.percent,
             "completed": completed, "bad_frames": int(getattr(a, "bad_frames", 0)),
         }
+        out.update(self._slow_figures(now))
         out.update(self._runtime_figures(getattr(a, "runtime", None)))
         out["errors"] = {"bad_frames": out["bad_frames"], "infra_errors": int(getattr(a, "infra_errors", 0))}
         if self.jsonl is not None:
@@ -75,6 +81,15 @@ class HealthSampler:
         return out
 
     # -- parts ------------------------------------------------------------------------------
+    def _slow_figures(self, now: float) -> dict:
+        if self._slow is None or now - self._slow[0] >= self.slow_every_s:
+            figures = {"rss_mb": _safe(lambda: int(self._tree_rss() / 2**20))}
+            rt = getattr(self.agent, "runtime", None)
+            pid = getattr(rt, "holder_pid", None) if rt is not None else None
+            figures["tmpfs_used_mb"] = _safe(lambda: int(_sandbox_tmpfs_bytes(pid) / 2**20)) if pid else None
+            self._slow = (now, figures)
+        return dict(self._slow[1])
+
     def _tree_rss(self) -> int:
         total = self._proc.memory_info().rss
         for c in self._proc.children(recursive=True):
@@ -86,12 +101,11 @@ class HealthSampler:
 
     def _runtime_figures(self, rt) -> dict:
         out = {"sandboxes_active": None, "warm_pool": None, "image_mounts": None,
-               "tmpfs_used_mb": None, "disk_used_mb": None, "disk_free_mb": None}
+               "disk_used_mb": None, "disk_free_mb": None}
         if rt is None:
             return out
-        slots, free = getattr(rt, "slots", None), getattr(rt, "_free_slices", None)
-        if isinstance(slots, int) and free is not None:
-            out["sandboxes_active"] = slots - len(free)
+        if callable(getattr(rt, "active_sandboxes", None)):
+            out["sandboxes_active"] = rt.active_sandboxes()
         pools = getattr(rt, "_pools", None)
         out["warm_pool"] = _safe(lambda: sum(_pool_size(p) for p in (pools or {}).values()))
         state_dir = getattr(rt, "state_dir", None) or getattr(rt, "run_root", None)
@@ -104,7 +118,6 @@ class HealthSampler:
             mounts = _safe(lambda: _mounts_of(pid))
             if mounts is not None:
                 out["image_mounts"] = sum(fs in IMAGE_FSTYPES for _mnt, fs in mounts)
-            out["tmpfs_used_mb"] = _safe(lambda: int(_sandbox_tmpfs_bytes(pid) / 2**20))
         return out
 
     def _append(self, sample: dict) -> None:
@@ -152,7 +165,14 @@ def _sandbox_tmpfs_bytes(holder_pid: int) -> int:
     sandbox monitor has its own mount namespace below the node holder; each namespace is read
     once, each filesystem counted once."""
     holder_ns = os.readlink(f"/proc/{holder_pid}/ns/mnt")
+    # Filesystems the holder itself sees (the host's /dev/shm, the node's state tmpfs) are
+    # inherited by every builder's namespace: they are not a sandbox's writable layer.
     seen_ns, seen_dev, total = {holder_ns}, set(), 0
+    for mnt, _fs in _mounts_of(holder_pid):
+        try:
+            seen_dev.add(os.stat(f"/proc/{holder_pid}/root{mnt}").st_dev)
+        except OSError:
+            continue
     for child in psutil.Process(holder_pid).children(recursive=True):
         try:
             ns = os.readlink(f"/proc/{child.pid}/ns/mnt")

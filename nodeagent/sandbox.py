@@ -224,6 +224,7 @@ class SandboxRuntime:
         self._ctl_lock = threading.Lock()     # one request at a time to the holder
         self._lock = threading.Lock()         # slices and image reference counts
         self._free_slices = list(range(1, self.slots + 1))
+        self._live: set[str] = set()          # ids of sandboxes created and not yet destroyed
         self._images: dict[str, _ImageMount] = {}
         self._pools: dict[tuple, "warmpool.WarmPool"] = {}
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
@@ -491,7 +492,15 @@ class SandboxRuntime:
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["init_pid"]), reply.get("uid_map", ""), spec, key)
         sb.cgroup = cgroup
         sb.start_stages = dict(reply.get("stages") or {}, requested=t_req, returned=time.monotonic())
+        with self._lock:
+            self._live.add(sid)
         return sb
+
+    def active_sandboxes(self) -> int:
+        """Sandboxes created and not yet destroyed (warm-pool sandboxes included; spare
+        builders, which are not sandboxes yet, not)."""
+        with self._lock:
+            return len(self._live)
 
     def _unref_image_locked(self, key: str) -> None:
         m = self._images.get(key)
@@ -555,6 +564,8 @@ class SandboxRuntime:
             ours.close()
 
     def _destroyed(self, sb: "Sandbox") -> None:
+        with self._lock:
+            self._live.discard(sb.id)
         self.cgroups.remove(sb.cgroup)
         self._release(sb.slice_no, sb.image_key)
 

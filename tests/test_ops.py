@@ -140,7 +140,7 @@ def test_health_counts_live_sandboxes_their_writable_layer_and_image_mounts(runt
     from nodeagent.sandbox import SandboxSpec
     agent = NodeAgent("n1", "tcp://127.0.0.1:1", "d", 2, None, runtime)
     try:
-        s = HealthSampler(agent)
+        s = HealthSampler(agent, slow_every_s=0)
         before = s.sample()
         sb = runtime.create(SandboxSpec(image=busybox_image, limits={"memory_mb": 64, "disk_mb": 16,
                                                                      "pids": 16, "nofile": 64}))
@@ -292,3 +292,17 @@ def test_controller_process_serves_metrics_when_given_a_port(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_process_tree_figures_are_refreshed_at_most_every_slow_interval(tmp_path):
+    # Walking /proc for the tree RSS and the sandboxes' tmpfs costs 100-200 ms on a busy node:
+    # they are cached between heartbeats for `slow_every_s` of the injected clock.
+    now = [0.0]
+    s = HealthSampler(_bare_agent(), clock=lambda: now[0], slow_every_s=5.0)
+    calls = []
+    real = s._tree_rss
+    s._tree_rss = lambda: calls.append(now[0]) or real()
+    for t in (0.0, 1.0, 4.9, 5.0, 6.0, 10.5):
+        now[0] = t
+        assert s.sample()["rss_mb"] > 0
+    assert calls == [0.0, 5.0, 10.5]
