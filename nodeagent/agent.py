@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="on SIGTERM or drain: how long running attempts may take to finish")
     ap.add_argument("--noop-s", type=float, default=None,
                     help="no sandbox: every rollout passes after this many seconds (benchmarks)")
+    ap.add_argument("--degrade", action="store_true",
+                    help="start even where a sandbox cap (memory, pids, cpu) cannot be enforced by a "
+                         "cgroup: fall back to rlimits for it and say so in the log (default: refuse)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -344,7 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from nodeagent.sandbox import SandboxRuntime
         subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
-        runtime = SandboxRuntime(subids=subids).start()
+        from nodeagent.sandbox import SandboxError
+        try:
+            runtime = SandboxRuntime(subids=subids, degrade=args.degrade).start()
+        except SandboxError as exc:
+            log.error("cannot start the sandbox runtime: %s", exc)
+            return 2
+        log.info("sandbox caps: %s", runtime.caps_report())
     agent = NodeAgent(args.node, args.controller, args.deployment, args.slots, args.image_store, runtime,
                       heartbeat_interval_s=args.heartbeat_interval_s,
                       drain_deadline_s=args.drain_deadline_s, runner=runner)

@@ -254,7 +254,7 @@ class SandboxRuntime:
             raise SandboxError(
                 f"cap(s) {', '.join(missing)} cannot be enforced on this host ({report}): give the node "
                 f"agent a delegated cgroup v2 subtree with memory, pids and cpu enabled, or writable "
-                f"cgroup v1 memory/pids/cpu hierarchies; or pass degrade=True to run without them")
+                f"cgroup v1 memory/pids/cpu hierarchies; or run without them: degrade=True (`paddock agent --degrade`, `paddock sandbox run --degrade`)")
         if missing:
             log.warning("running DEGRADED: %s not enforced (%s)", ", ".join(missing), report)
         os.chmod(self.state_dir, 0o755)
