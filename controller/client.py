@@ -171,6 +171,12 @@ class Client(_Base):
         returns the batch id."""
         return self._request(_submit(tasks, n_per_task, policy), (P.Submitted,)).batch_id
 
+    def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
+        """N rollouts from the learning band: `curriculum.sample(n, rng, policy)` picks the task
+        ids (band tasks plus an exploration share, see controller/curriculum.py); one rollout
+        each. Returns the batch id."""
+        return self.submit(curriculum.sample(n, rng, policy), 1, policy)
+
     def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
         self._request(_publish(version, endpoint, model), (P.Ack,))
 
@@ -250,6 +256,9 @@ class AsyncClient(_Base):
 
     async def submit(self, tasks: list[str], n_per_task: int, policy: int) -> str:
         return (await self._request(_submit(tasks, n_per_task, policy), (P.Submitted,))).batch_id
+
+    async def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
+        return await self.submit(curriculum.sample(n, rng, policy), 1, policy)
 
     async def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
         await self._request(_publish(version, endpoint, model), (P.Ack,))

@@ -194,3 +194,20 @@ def test_the_documented_example_runs(tmp_path):
         ctl.core.stopped = True
         for t in threads:
             t.join(10)
+
+
+def test_n_rollouts_from_the_band_go_to_the_band_tasks(farm, tmp_path):
+    # t2 is never solved, t1 half the time: only t1 is in the 0.2-0.8 band, so with no
+    # exploration share every sampled rollout is of t1.
+    import random
+    from controller.curriculum import Curriculum, CurriculumConfig
+    farm.agent("n1", 4, runner=lambda a: AttemptResult("pass", 1.0, {}, None))
+    with Curriculum(tmp_path / "cur.db", ["t1", "t2"], CurriculumConfig(explore_share=0.0)) as cur:
+        for i in range(12):
+            cur.record("t2", 1, "fail", rollout_id=f"b{i}")
+            cur.record("t1", 1, "pass" if i % 2 else "fail", rollout_id=f"c{i}")
+        with connect(farm) as c:
+            c.publish_policy(1, POLICY_URL)
+            batch = c.submit_from_band(cur, 6, 1, random.Random(7))
+            got = c.wait(batch)
+    assert len(got) == 6 and {r["task_ref"] for r in got} == {"t1"}
