@@ -545,8 +545,11 @@ class TestCluster:
     # -- steps ----------------------------------------------------------------------------
     def _prepare_workdir(self) -> None:
         w = self.workdir
-        # a fresh cluster each start: slurmctld refuses state saved under another ClusterName
+        # a fresh cluster each start: slurmctld refuses state saved under another ClusterName;
+        # and job ids start again at 1, so slurmd's remembered credentials (spool/<node>/
+        # cred_state) would revoke the new job 1 ("Job credential revoked")
         shutil.rmtree(w / "state", ignore_errors=True)
+        shutil.rmtree(w / "spool", ignore_errors=True)
         for sub in ("etc", "state", "spool", "log", "run", *(f"spool/{h}" for h in self.nodes)):
             (w / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(w, 0o755)
