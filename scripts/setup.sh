@@ -45,8 +45,13 @@ mkdir -p /var/tmp/paddock/images && chmod 0755 /var/tmp/paddock /var/tmp/paddock
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c 'import controller, nodeagent, layers, zmq, duckdb, pyarrow, pytest, datasketch, rbloom, hdrh, publicsuffixlist, idna' 2>/dev/null; then
+# Reinstall whenever pyproject.toml changed since the last install (a stamp of its hash), so a
+# dependency added later reaches machines that were set up before.
+stamp="$VENV/.paddock-deps"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c 'import controller, nodeagent, layers' 2>/dev/null; then
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -e '.[test]'
+  echo "$want" > "$stamp"
 fi
 echo "setup: ok (sandbox user $SBX_USER: $(grep "^$SBX_USER:" /etc/subuid))"
