@@ -39,9 +39,18 @@ SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 class ReportConfig:
     band_low: float = 0.2
     band_high: float = 0.8
+    # The curriculum's estimator (controller/curriculum.py): per task and version v, a Beta
+    # posterior over every version u <= v weighted by decay ** (v - u); below min_evidence
+    # weighted rollouts a task is "little data" (the curriculum explores it).
+    decay: float = 0.5
+    prior_alpha: float = 1.0
+    prior_beta: float = 1.0
+    min_evidence: float = 3.0
     hack_max_steps: int = 2
     hack_max_diff_bytes: int = 64
     hack_min_reward: float = 1.0
+    # Families graded on an answer, not a diff: a one-step, no-diff pass is how they are solved.
+    answer_families: tuple[str, ...] = ("math",)
     limit_suspects: int = 50
 
 
@@ -55,43 +64,57 @@ def pass_rates(con: duckdb.DuckDBPyConnection) -> list[dict]:
 
 
 def band_occupancy(con: duckdb.DuckDBPyConnection, cfg: ReportConfig) -> list[dict]:
+    """Per policy version: tasks whose estimate (the curriculum's decayed Beta posterior over
+    that version and the earlier ones) lies below, inside or above the band, or that have too
+    little evidence to say. One rollout per task per version is never evidence of a rate on its
+    own, so the estimate pools versions the way the sampler does."""
     rows = con.execute(
-        "WITH t AS (SELECT policy_version, task_id, avg((outcome = 'pass')::INT) AS rate "
-        "  FROM rollouts WHERE outcome <> 'infra_error' GROUP BY ALL) "
-        "SELECT policy_version, count(*) FILTER (WHERE rate < ?) AS below, "
-        "count(*) FILTER (WHERE rate BETWEEN ? AND ?) AS band, "
-        "count(*) FILTER (WHERE rate > ?) AS above, count(*) AS tasks "
-        "FROM t GROUP BY ALL ORDER BY ALL",
-        [cfg.band_low, cfg.band_low, cfg.band_high, cfg.band_high]).fetchall()
-    return [{"policy_version": v, "below": b, "band": m, "above": a, "tasks": n,
-             "band_share": m / n if n else None} for v, b, m, a, n in rows]
+        "WITH per AS (SELECT task_id, policy_version AS u, "
+        "  count(*) FILTER (WHERE outcome = 'pass') AS p, count(*) FILTER (WHERE outcome <> 'pass') AS f "
+        "  FROM rollouts WHERE outcome <> 'infra_error' GROUP BY ALL), "
+        "vs AS (SELECT DISTINCT u AS v FROM per), "
+        "est AS (SELECT v, task_id, sum(p * pow(?, v - u)) AS wp, sum(f * pow(?, v - u)) AS wf "
+        "  FROM vs JOIN per ON u <= v GROUP BY ALL), "
+        "cls AS (SELECT v, CASE WHEN wp + wf < ? THEN 'little' "
+        "  WHEN (? + wp) / (? + ? + wp + wf) < ? THEN 'below' "
+        "  WHEN (? + wp) / (? + ? + wp + wf) > ? THEN 'above' ELSE 'band' END AS c FROM est) "
+        "SELECT v, count(*) FILTER (WHERE c = 'below'), count(*) FILTER (WHERE c = 'band'), "
+        "count(*) FILTER (WHERE c = 'above'), count(*) FILTER (WHERE c = 'little'), count(*) "
+        "FROM cls GROUP BY v ORDER BY v",
+        [cfg.decay, cfg.decay, cfg.min_evidence,
+         cfg.prior_alpha, cfg.prior_alpha, cfg.prior_beta, cfg.band_low,
+         cfg.prior_alpha, cfg.prior_alpha, cfg.prior_beta, cfg.band_high]).fetchall()
+    return [{"policy_version": v, "below": b, "band": m, "above": a, "little_data": ld, "tasks": n,
+             "band_share": m / n if n else None} for v, b, m, a, ld, n in rows]
 
 
 def hack_suspects(con: duckdb.DuckDBPyConnection, cfg: ReportConfig) -> list[dict]:
     rows = con.execute(
         "WITH top AS (SELECT rollout_id, attempt, fencing_token, task_name, policy_version, "
-        "  node, reward, steps, diff_bytes, tampered FROM rollouts "
+        "  node, reward, steps, diff_bytes, tampered, "
+        "  NOT list_contains(?::VARCHAR[], task_family) AS effortful FROM rollouts "
         "  WHERE reward >= ? AND outcome <> 'infra_error'), "
         "prot AS (SELECT rollout_id, attempt, fencing_token, count(*) AS n FROM checks "
         "  WHERE starts_with(\"check\", 'protected:') AND verdict NOT IN ('ok', 'pass') "
         "  AND rollout_id IN (SELECT rollout_id FROM top) GROUP BY ALL) "
         "SELECT t.*, coalesce(p.n, 0) AS protected_fails FROM top t "
         "LEFT JOIN prot p USING (rollout_id, attempt, fencing_token) "
-        "WHERE t.steps <= ? OR t.diff_bytes <= ? OR t.tampered OR coalesce(p.n, 0) > 0 "
+        "WHERE (t.effortful AND (t.steps <= ? OR t.diff_bytes <= ?)) OR t.tampered "
+        "  OR coalesce(p.n, 0) > 0 "
         "ORDER BY t.reward DESC, t.steps, t.diff_bytes, t.rollout_id LIMIT ?",
-        [cfg.hack_min_reward, cfg.hack_max_steps, cfg.hack_max_diff_bytes,
-         cfg.limit_suspects]).fetchall()
+        [list(cfg.answer_families), cfg.hack_min_reward, cfg.hack_max_steps,
+         cfg.hack_max_diff_bytes, cfg.limit_suspects]).fetchall()
     cols = ["rollout_id", "attempt", "fencing_token", "task_name", "policy_version", "node",
-            "reward", "steps", "diff_bytes", "tampered", "protected_fails"]
+            "reward", "steps", "diff_bytes", "tampered", "effortful", "protected_fails"]
     out = []
     for row in rows:
         d = dict(zip(cols, row))
         why = []
         if d["tampered"] or d["protected_fails"]:
             why.append("touched protected paths")
-        if d["steps"] <= cfg.hack_max_steps:
+        if d["effortful"] and d["steps"] <= cfg.hack_max_steps:
             why.append(f"{d['steps']} step(s)")
-        if d["diff_bytes"] <= cfg.hack_max_diff_bytes:
+        if d["effortful"] and d["diff_bytes"] <= cfg.hack_max_diff_bytes:
             why.append(f"{d['diff_bytes']}-byte diff")
         d["why"] = ", ".join(why)
         out.append(d)
@@ -188,10 +211,11 @@ def print_text(rep: dict, out: TextIO) -> None:
         w(f"  {r['task_family']:10} v{r['policy_version']:<4} {r['passed']:>6}/{r['scored']:<6} "
           f"{_pct(r['pass_rate'])}\n")
     lo, hi = rep["band"]
-    w(f"\nBand occupancy ({lo:g}-{hi:g}) by policy version: tasks below / in band / above\n")
+    w(f"\nBand occupancy ({lo:g}-{hi:g}) by policy version, on the curriculum's estimate: "
+      f"tasks below / in band / above / little data\n")
     for r in rep["band_occupancy"]:
-        w(f"  v{r['policy_version']:<4} {r['below']:>5} / {r['band']:>5} / {r['above']:>5}  "
-          f"({_pct(r['band_share'])} in band)\n")
+        w(f"  v{r['policy_version']:<4} {r['below']:>5} / {r['band']:>5} / {r['above']:>5} / "
+          f"{r['little_data']:>5}  ({_pct(r['band_share'])} in band)\n")
     w(f"\nHack suspects (high reward, little effort): {len(rep['hack_suspects'])}\n")
     for r in rep["hack_suspects"]:
         w(f"  {r['rollout_id']}  {r['task_name']}  v{r['policy_version']}  reward {r['reward']:g}"
@@ -296,7 +320,8 @@ def render_html(rep: dict) -> str:
         _table(rep["pass_rates"], ["task_family", "policy_version", "scored", "passed", "pass_rate"]),
         f"<h2>Band occupancy ({lo:g}-{hi:g})</h2>",
         svg_bars(labels, {"below": [r["below"] for r in occ], "band": [r["band"] for r in occ],
-                          "above": [r["above"] for r in occ]}, "tasks per class", stacked=True),
+                          "above": [r["above"] for r in occ],
+                          "little data": [r["little_data"] for r in occ]}, "tasks per class", stacked=True),
         "<h2>Hack suspects</h2>",
         _table(rep["hack_suspects"], ["rollout_id", "task_name", "policy_version", "reward",
                                       "steps", "diff_bytes", "why"]),

@@ -75,9 +75,37 @@ def test_pass_rate_by_family_and_version_masks_infra_errors(rep):
 
 
 def test_band_occupancy_per_version(rep):
-    occ = {r["policy_version"]: (r["below"], r["band"], r["above"]) for r in rep["band_occupancy"]}
-    # v0: t1..t3 at 0, t0 and m0 at 1.  v1: t0 at 2/3 (band), t1, t2, t3 at 1.
-    assert occ == {0: (3, 0, 2), 1: (0, 1, 3)}
+    occ = {r["policy_version"]: (r["below"], r["band"], r["above"], r["little_data"])
+           for r in rep["band_occupancy"]}
+    # The curriculum's estimate (decay 0.5, Beta(1, 1), evidence >= 3). v0: every task has at
+    # most 2 rollouts: little data. v1: t0 has 0.5 (v0 pass) + 3 (2 pass, 1 fail) = 3.5 weighted
+    # rollouts, mean (1 + 2.5) / (2 + 3.5) = 0.64: in band; t1..t3 and m0 still little data.
+    assert occ == {0: (0, 0, 0, 5), 1: (0, 1, 0, 4)}
+
+
+def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_path):
+    from controller.report import ReportConfig, band_occupancy
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE rollouts (task_id VARCHAR, policy_version INT, outcome VARCHAR)")
+    rows = [("easy", 0, "pass")] * 8 + [("hard", 0, "fail")] * 8 + [("mid", 0, "pass"), ("mid", 0, "fail")] * 4
+    con.executemany("INSERT INTO rollouts VALUES (?, ?, ?)", rows + [("hard", 0, "infra_error")] * 5)
+    (occ,) = band_occupancy(con, ReportConfig())
+    assert (occ["below"], occ["band"], occ["above"], occ["little_data"]) == (1, 1, 1, 0)
+
+
+def test_one_step_answer_tasks_are_not_suspects_for_their_lack_of_diff(tmp_path):
+    from controller.report import ReportConfig, hack_suspects
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE rollouts AS SELECT * FROM (VALUES "
+                "('m1', 1, 1, 'math/x', 0, 'n1', 1.0, 1, 0, false, 'math', 'pass'), "
+                "('p1', 1, 1, 'python/y', 0, 'n1', 1.0, 1, 0, false, 'python', 'pass')) "
+                "t(rollout_id, attempt, fencing_token, task_name, policy_version, node, reward, "
+                "steps, diff_bytes, tampered, task_family, outcome)")
+    con.execute("CREATE TABLE checks (rollout_id VARCHAR, attempt INT, fencing_token INT, "
+                "\"check\" VARCHAR, verdict VARCHAR)")
+    assert [r["rollout_id"] for r in hack_suspects(con, ReportConfig())] == ["p1"]
 
 
 def test_hack_suspects_are_the_lazy_and_the_sneaky_passes(rep, run):
