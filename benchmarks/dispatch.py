@@ -74,13 +74,15 @@ def agent_host(endpoint: str, names: list[str], slots: int) -> int:
 # ---- Paddock ----------------------------------------------------------------------------------
 
 class Farm:
-    def __init__(self, tmp: Path, agents: int, slots_total: int, agent_procs: int):
+    def __init__(self, tmp: Path, agents: int, slots_total: int, agent_procs: int,
+                 profile: str | None = None):
         self.tmp = tmp
         tmp.mkdir(parents=True)
         (tmp / "tasks.json").write_text(json.dumps(TASKS))
         ep_file = tmp / "endpoint"
+        prof = ["-m", "cProfile", "-o", f"{profile}.{agents}"] if profile else []
         self.procs = [subprocess.Popen(
-            [sys.executable, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
+            [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
              str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"), "--endpoint-file",
              str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60"],
             cwd=ROOT, stderr=open(tmp / "controller.log", "wb"))]
@@ -137,7 +139,8 @@ class Farm:
 def bench_paddock(args, tmp: Path) -> dict[int, dict]:
     out = {}
     for agents in args.agents:
-        farm = Farm(tmp / f"paddock-{agents}", agents, args.slots, args.agent_procs)
+        farm = Farm(tmp / f"paddock-{agents}", agents, args.slots, args.agent_procs,
+                    args.profile_controller)
         try:
             farm.throughput(min(1000, args.rollouts))  # warm up
             rates = [farm.throughput(args.rollouts) for _ in range(args.repeats)]
@@ -223,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slurm-jobs", type=int, default=40)
     ap.add_argument("--slurm-latency-n", type=int, default=10)
     ap.add_argument("--no-slurm", action="store_true")
+    ap.add_argument("--profile-controller", metavar="PATH",
+                    help="run the controller under cProfile, stats to PATH.<agents>")
     ap.add_argument("--agent-host", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -61,6 +61,7 @@ class NodeView:
     state: str = LIVE
     drain_requested: bool = False  # by a client (drain_node), not by the agent itself
     drain_deadline_s: Optional[float] = None
+    batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
 
     def free(self) -> int:
         if self.state != LIVE:
@@ -160,8 +161,40 @@ class BrokerCore:
         self.outbox.append((identity, msg))
 
     def take_outbox(self) -> list[tuple[bytes, P.Message]]:
-        out, self.outbox = self.outbox, []
+        """The messages to send, in order; to an agent that takes batches, its leases and its
+        plain acks of one pass go as `leases` / `acks` frames, each where its first member
+        was (a later message of another kind to that agent starts a new batch)."""
+        out, self.outbox = self._coalesce(self.outbox), []
         self.counters["frames_out"] += len(out)
+        return out
+
+    def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
+        batching = {n.identity for n in self.nodes.values() if n.batches and n.state != LOST}
+        if not batching:
+            return outbox
+        slots: list = []  # (identity, message) or (identity, [lease...] | [ack ref...])
+        open_: dict[tuple[bytes, type], list] = {}
+        for identity, msg in outbox:
+            kind = type(msg)
+            if identity in batching and (kind is P.Lease or (
+                    kind is P.Ack and msg.ok and msg.code is None and msg.error is None)):
+                group = open_.get((identity, kind))
+                if group is None:
+                    group = open_[(identity, kind)] = []
+                    slots.append((identity, group))
+                group.append(msg if kind is P.Lease else msg.ref)
+            else:
+                open_.pop((identity, P.Lease), None)
+                open_.pop((identity, P.Ack), None)
+                slots.append((identity, msg))
+        out = []
+        for identity, item in slots:
+            if not isinstance(item, list):
+                out.append((identity, item))
+            elif isinstance(item[0], P.Lease):
+                out.extend((identity, m) for m in P.batched(item))
+            else:
+                out.extend((identity, m) for m in P.acks(item))
         return out
 
     def _welcome_stranger(self, identity: bytes) -> None:
@@ -186,7 +219,8 @@ class BrokerCore:
             self.by_identity.pop(old.identity, None)
         view = NodeView(msg.node, identity, msg.slots, msg.agent_version, credit=msg.slots,
                         leases=set(keep), images=set(msg.images),
-                        last_seen=self.clock(), last_seen_wall=self.wall())
+                        last_seen=self.clock(), last_seen_wall=self.wall(),
+                        batches=P.speaks_batches(msg.agent_version))
         self.nodes[msg.node] = view
         self.by_identity[identity] = msg.node
         self.welcomed.pop(identity, None)
@@ -248,6 +282,10 @@ class BrokerCore:
             self.counters["infra_failures"] += 1
         self._commits += 1
         self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _on_result_batch(self, identity, msg: P.ResultBatch, view) -> None:
+        for item in msg.items:
+            self._on_result(identity, item, view)
 
     def _on_release(self, identity, msg: P.Release, view) -> None:
         c = self.queue.release(msg.rollout_id, msg.attempt, msg.token, msg.reason)
@@ -487,8 +525,8 @@ class BrokerCore:
                 "nodes": nodes, "counters": counters}
 
 
-_AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.Release,
-                   P.Disconnect)
+_AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch,
+                   P.Release, P.Disconnect)
 
 
 class Controller:
@@ -570,8 +608,8 @@ class Controller:
     def _flush_outbox(self) -> None:
         for identity, msg in self.core.take_outbox():
             try:
-                self.sock.send_multipart([identity, P.encode(msg, self.deployment)],
-                                         zmq.NOBLOCK)
+                for frame in P.encode_frames(msg, self.deployment):
+                    self.sock.send_multipart([identity, frame], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # peer gone (ROUTER_MANDATORY) or its queue full
                 self.core.counters["send_failed"] += 1
                 log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)

@@ -359,12 +359,107 @@ class StatusReply(Message):
     id: str = _id_field()
 
 
+# ---- batches (several messages in one frame) ----
+# Agents whose agent_version is at least BATCH_AGENT_VERSION take `leases` and `acks`; an
+# agent sends `result_batch` only once the controller has sent it a batch in this session.
+BATCH_AGENT_VERSION = (0, 3)
+MAX_BATCH_ITEMS = 256  # per frame; a batch frame over MAX_FRAME_BYTES is split by the sender
+
+
+def speaks_batches(agent_version: str) -> bool:
+    """Whether an agent of this version takes `leases` and `acks` frames."""
+    try:
+        return tuple(int(x) for x in agent_version.split(".")[:2]) >= BATCH_AGENT_VERSION
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class LeaseBatch(Message):
+    """Controller -> agent: several leases in one frame (each as a `lease` would be)."""
+    TYPE: ClassVar[str] = "leases"
+    items: list[Lease]
+    id: str = _id_field()
+
+    def check(self) -> None:
+        if not self.items:
+            raise ProtocolError(BAD_FIELD, "{}: items must not be empty".format(self.TYPE),
+                                field="items")
+
+
+@dataclass(frozen=True)
+class ResultBatch(Message):
+    """Agent -> controller: several results in one frame, each acknowledged by its own id."""
+    TYPE: ClassVar[str] = "result_batch"
+    items: list[Result]
+    id: str = _id_field()
+
+    def check(self) -> None:
+        if not self.items:
+            raise ProtocolError(BAD_FIELD, "{}: items must not be empty".format(self.TYPE),
+                                field="items")
+
+
+@dataclass(frozen=True)
+class AckBatch(Message):
+    """Controller -> agent: `ack` (ok true) of each message id in refs."""
+    TYPE: ClassVar[str] = "acks"
+    refs: list[str]
+    id: str = _id_field()
+
+    def check(self) -> None:
+        if not self.refs:
+            raise ProtocolError(BAD_FIELD, "{}: refs must not be empty".format(self.TYPE),
+                                field="refs")
+
+
+BATCHES: dict[type[Message], type[Message]] = {Lease: LeaseBatch, Result: ResultBatch}
+
+
+def batched(msgs: list[Message]) -> list[Message]:
+    """Leases or results (one type) as batch messages of at most MAX_BATCH_ITEMS each; a
+    lone message stays as it is."""
+    if len(msgs) == 1:
+        return list(msgs)
+    cls = BATCHES[type(msgs[0])]
+    return [cls(items=list(msgs[i:i + MAX_BATCH_ITEMS]))
+            for i in range(0, len(msgs), MAX_BATCH_ITEMS)]
+
+
+def acks(refs: list[str]) -> list[Message]:
+    """`ack` ok of each ref: one Ack for one ref, else AckBatch frames."""
+    if len(refs) == 1:
+        return [Ack(ref=refs[0], ok=True)]
+    return [AckBatch(refs=refs[i:i + 4 * MAX_BATCH_ITEMS])
+            for i in range(0, len(refs), 4 * MAX_BATCH_ITEMS)]
+
+
+def unbatched(msg: Message) -> list[Message]:
+    """The messages a batch carries (a plain message: itself)."""
+    if isinstance(msg, (LeaseBatch, ResultBatch)):
+        return list(msg.items)
+    if isinstance(msg, AckBatch):
+        return [Ack(ref=r, ok=True) for r in msg.refs]
+    return [msg]
+
+
+def split(msg: Message) -> list[Message]:
+    """A batch in two halves (for a frame over MAX_FRAME_BYTES); ValueError if it cannot."""
+    items = msg.refs if isinstance(msg, AckBatch) else getattr(msg, "items", None)
+    if not isinstance(msg, (LeaseBatch, ResultBatch, AckBatch)) or len(items) < 2:
+        raise ValueError(f"cannot split a {msg.TYPE} frame")
+    half = len(items) // 2
+    if isinstance(msg, AckBatch):
+        return [AckBatch(refs=items[:half]), AckBatch(refs=items[half:])]
+    return [type(msg)(items=items[:half]), type(msg)(items=items[half:])]
+
+
 # The one table: wire type name <-> class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Register, Heartbeat, Ready, Started, Result, Release, Disconnect,
     Welcome, Lease, Ack, Reject, Drain, Shutdown,
     Submit, Submitted, PublishPolicy, Watch, Results, Cancel, Cancelled, DrainNode,
-    Status, StatusReply,
+    Status, StatusReply, LeaseBatch, ResultBatch, AckBatch,
 )}
 assert all(name for name in MESSAGE_TYPES), "every message class needs a TYPE"
 
@@ -398,6 +493,20 @@ def encode(msg: Message, deployment: str) -> bytes:
     if len(data) > MAX_FRAME_BYTES:
         raise LocalProtocolError(TOO_LARGE, f"{len(data)} bytes > {MAX_FRAME_BYTES}")
     return data
+
+
+def encode_frames(msg: Message, deployment: str) -> list[bytes]:
+    """`encode`, except that a batch too large for one frame goes as several."""
+    try:
+        return [encode(msg, deployment)]
+    except LocalProtocolError as exc:
+        if exc.reason != TOO_LARGE:
+            raise
+        try:
+            halves = split(msg)
+        except ValueError:
+            raise exc from None
+        return [f for half in halves for f in encode_frames(half, deployment)]
 
 
 def decode(data: bytes, deployment: str) -> Message:
@@ -575,6 +684,14 @@ def _compile(tp: Any) -> Checker:
             if val_tp is str and all(isinstance(x, str) for x in v.values()):
                 return v
             return {k: val(x, f"{path}.{k}", mtype) for k, x in v.items()}
+    elif isinstance(tp, type) and issubclass(tp, Message):  # an item of a batch
+        def check(v, path, mtype):
+            if isinstance(v, tp):
+                v = _to_json(v)
+            if not isinstance(v, dict) or not isinstance(v.get("id"), str):
+                raise bad(v, path, mtype)
+            body = dict(v)
+            return _build(tp, body, msg_id=body.pop("id"))
     elif dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         names = frozenset(f.name for f in dataclasses.fields(tp))
@@ -618,4 +735,10 @@ def _compile(tp: Any) -> Checker:
 def _to_json(value: Any) -> Any:
     if isinstance(value, PolicyRef):
         return {"version": value.version, "endpoint": value.endpoint, "model": value.model}
+    if isinstance(value, Message):
+        out = value.body()
+        out["id"] = value.id
+        return out
+    if isinstance(value, list) and value and isinstance(value[0], Message):
+        return [_to_json(v) for v in value]
     return value

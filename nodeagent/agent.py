@@ -38,7 +38,7 @@ from controller import protocol as P
 from nodeagent.rollout import Attempt, AttemptResult, run_attempt
 
 log = logging.getLogger("nodeagent")
-AGENT_VERSION = "0.2.0"
+AGENT_VERSION = "0.3.0"  # >= protocol.BATCH_AGENT_VERSION: takes `leases` and `acks`
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 
 Runner = Callable[[Attempt], AttemptResult]
@@ -81,6 +81,7 @@ class NodeAgent:
         self.drain_by: Optional[float] = None
         self.stopped = False
         self.session: Optional[str] = None
+        self.peer_batches = False  # the controller sent a batch since we registered
         self.awaiting_welcome = False
         self.bad_frames = 0
         self.completed = 0
@@ -108,6 +109,7 @@ class NodeAgent:
     def _register(self) -> None:
         self.registrations += 1
         self.awaiting_welcome = True
+        self.peer_batches = False
         held = sorted(set(self.active) | {p.msg.rollout_id for p in self.unacked.values()})
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=int(psutil.virtual_memory().available / 2**20),
@@ -116,7 +118,8 @@ class NodeAgent:
 
     def _send(self, msg) -> None:
         try:
-            self.sock.send(P.encode(msg, self.deployment), zmq.NOBLOCK)
+            for frame in P.encode_frames(msg, self.deployment):
+                self.sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:  # the pipe is full while the controller is away: liveness handles it
             log.debug("send buffer full, %s not sent", msg.TYPE)
 
@@ -202,6 +205,14 @@ class NodeAgent:
     def _handle(self, msg) -> None:
         if isinstance(msg, P.Lease):
             self._on_lease(msg)
+        elif isinstance(msg, P.LeaseBatch):
+            self.peer_batches = True
+            for lease in msg.items:
+                self._on_lease(lease)
+        elif isinstance(msg, P.AckBatch):
+            self.peer_batches = True
+            for ref in msg.refs:
+                self.unacked.pop(ref, None)
         elif isinstance(msg, P.Welcome):
             if self.awaiting_welcome:
                 self.awaiting_welcome, self.session = False, msg.session
@@ -263,12 +274,20 @@ class NodeAgent:
         except (OSError, ValueError):
             pass
 
+    def _send_results(self, msgs: list[P.Result]) -> None:
+        """Results as one `result_batch` frame if the controller speaks batches."""
+        if not msgs:
+            return
+        for m in (P.batched(msgs) if self.peer_batches else msgs):
+            self._send(m)
+
     def _flush_results(self) -> None:
+        out: list[P.Result] = []
         while True:
             try:
                 a, outcome, reward, shards, infra = self.done.get_nowait()
             except queue.Empty:
-                return
+                return self._send_results(out)
             if (a.rollout_id, a.token) in self.abandoned:
                 self.abandoned.discard((a.rollout_id, a.token))
                 continue
@@ -284,7 +303,7 @@ class NodeAgent:
                            outcome=outcome, reward=reward, shards=shards, infra_reason=infra,
                            idem=f"{a.rollout_id}:{a.attempt}:{a.token}")
             self.unacked[msg.id] = _Pending(msg, self.clock())
-            self._send(msg)
+            out.append(msg)
 
     def _flush_started(self) -> None:
         """`started` for attempts still running STARTED_AFTER_S after their lease came."""
@@ -302,10 +321,12 @@ class NodeAgent:
 
     def _resend_unacked(self, now: Optional[float]) -> None:
         """Results not acknowledged: resend (all of them after a welcome, else the old)."""
+        out = []
         for p in self.unacked.values():
             if now is None or now - p.sent_at >= self.hb_s * self.liveness:
                 p.sent_at = self.clock()
-                self._send(p.msg)
+                out.append(p.msg)
+        self._send_results(out)
 
     def _heartbeat(self) -> None:
         if self.health is not None:

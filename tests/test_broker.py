@@ -265,6 +265,47 @@ def test_a_duplicate_completion_gets_the_same_answer_and_never_changes_the_commi
     assert h.core.counters["committed"] == 1
 
 
+def test_an_agent_that_speaks_batches_gets_one_leases_and_one_acks_frame_per_pass(h):
+    for node, version in (("new", "0.3.0"), ("old", "0.2.0")):
+        h.send(node, P.Register(node=node, slots=3, images=[], mem_free_mb=1,
+                                agent_version=version))
+        h.send(node, P.Ready(node=node, credit=3))
+    h.submit(n=6)
+    out = h.tick()
+    (batch,) = [m for peer, m in out if peer == b"new"]
+    assert isinstance(batch, P.LeaseBatch) and len(batch.items) == 3
+    old = [m for peer, m in out if peer == b"old"]
+    assert len(old) == 3 and all(isinstance(m, P.Lease) for m in old)
+    stale = P.Result(**{**result(batch.items[2]).__dict__, "token": 999, "idem": "z"})
+    results = [result(lease) for lease in batch.items[:2]] + [stale]
+    out = h.send("new", P.ResultBatch(items=results))
+    acks = of_type(out, P.AckBatch)
+    assert [a.refs for a in acks] == [[results[0].id, results[1].id]]
+    assert [(r.rollout_id, r.reason) for r in of_type(out, P.Reject)] == [
+        (stale.rollout_id, "stale_token")]
+    assert h.core.counters["committed"] == 2
+    again = h.send("new", P.ResultBatch(items=results[:2]))  # a duplicated batch: same answer
+    assert [a.refs for a in of_type(again, P.AckBatch)] == [[results[0].id, results[1].id]]
+    assert h.core.counters["committed"] == 2
+
+
+def test_batched_messages_keep_their_order_around_other_messages(h):
+    h.send("n1", P.Register(node="n1", slots=4, images=[], mem_free_mb=1,
+                            agent_version="0.3.0"))
+    core = h.core
+    lease = lambda i: P.Lease(rollout_id=f"r{i}", attempt=1, token=i, lease_ttl_s=1.0,
+                              task={}, policy=P.PolicyRef(1, "e", "m"), seed=0, run_id="r",
+                              run_dir="/", batch_id="b")
+    core.outbox = [(b"n1", lease(1)), (b"c", P.Ack(ref="x", ok=True)), (b"n1", lease(2)),
+                   (b"n1", P.Drain()), (b"n1", lease(3)), (b"n1", P.Ack(ref="y", ok=True)),
+                   (b"n1", P.Ack(ref="z", ok=False, code="bad_request"))]
+    out = core.take_outbox()
+    kinds = [(peer, m.TYPE) for peer, m in out]
+    assert kinds == [(b"n1", "leases"), (b"c", "ack"), (b"n1", "drain"), (b"n1", "lease"),
+                     (b"n1", "ack"), (b"n1", "ack")]
+    assert [x.rollout_id for x in out[0][1].items] == ["r1", "r2"]
+
+
 def test_a_result_naming_unknown_shard_tables_is_rejected_before_the_queue(h):
     h.register("n1", 1)
     h.submit(n=1)

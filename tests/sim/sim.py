@@ -102,8 +102,9 @@ class Running:
 class SimAgent:
     """A node agent: the rules of nodeagent/agent.py on the simulated network."""
 
-    def __init__(self, world: "World", node: str, slots: int):
+    def __init__(self, world: "World", node: str, slots: int, version: str = "sim"):
         self.w, self.node, self.slots = world, node, slots
+        self.version = version  # "0.3.0" takes batches (protocol.speaks_batches), "sim" not
         self.ident = node.encode()
         self.up = True
         self.restart_at = 0.0
@@ -118,15 +119,16 @@ class SimAgent:
         self.awaiting = False
         self.last_rx = self.last_hb = self.w.clock.now
         self.backoff_s = self.w.hb_s
+        self.peer_batches = False  # the controller sent a batch since we registered
 
     def send(self, msg: P.Message) -> None:
         self.w.net.send(self.ident, CTL, msg)
 
     def register(self) -> None:
-        self.awaiting = True
+        self.awaiting, self.peer_batches = True, False
         held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
         self.send(P.Register(node=self.node, slots=self.slots, images=[], mem_free_mb=1,
-                             agent_version="sim", held=held))
+                             agent_version=self.version, held=held))
         self.send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
 
     def free(self) -> int:
@@ -136,9 +138,19 @@ class SimAgent:
         self.up, self.restart_at = False, self.w.clock.now + down_s
         self.w.net.drop_to(self.ident)
 
+    def send_results(self, results: list[P.Result]) -> None:
+        """Like the agent: one `result_batch` once the controller has sent a batch."""
+        for m in (P.batched(results) if self.peer_batches and results else results):
+            self.send(m)
+
     def receive(self, msg: P.Message) -> None:
         self.last_rx = self.w.clock.now
-        if isinstance(msg, P.Lease):
+        if isinstance(msg, (P.LeaseBatch, P.AckBatch)):
+            assert P.speaks_batches(self.version), f"a batch sent to agent {self.version}"
+            self.peer_batches = True
+            for item in P.unbatched(msg):
+                self.receive(item)
+        elif isinstance(msg, P.Lease):
             run = self.active.get(msg.rollout_id)
             if (run is not None and run.lease.token == msg.token) or msg.token in self.finished:
                 return
@@ -153,8 +165,7 @@ class SimAgent:
         elif isinstance(msg, P.Welcome):
             if self.awaiting:
                 self.awaiting, self.backoff_s = False, self.w.hb_s
-                for r, _ in self.unacked.values():
-                    self.send(r)
+                self.send_results([r for r, _ in self.unacked.values()])
             else:
                 self.register()
         elif isinstance(msg, P.Ack):
@@ -182,6 +193,7 @@ class SimAgent:
                 self.reset()
                 self.register()
             return
+        results = []
         for rid, run in list(self.active.items()):
             if run.done_at <= now:
                 del self.active[rid]
@@ -194,16 +206,19 @@ class SimAgent:
                              shards={}, infra_reason="sim" if outcome == "infra_error" else None,
                              idem=f"{rid}:{lease.attempt}:{lease.token}")
                 self.unacked[r.id] = (r, now)
-                self.send(r)
+                results.append(r)
+        self.send_results(results)
         if now - self.last_hb >= self.w.hb_s:
             self.last_hb = now
             held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
             self.send(P.Heartbeat(node=self.node, slots_free=self.free(),
                                   active=len(self.active), health={}, held=held))
+            again = []
             for key, (r, sent) in list(self.unacked.items()):
                 if now - sent >= self.w.hb_s * self.w.liveness:
                     self.unacked[key] = (r, now)
-                    self.send(r)
+                    again.append(r)
+            self.send_results(again)
         if now - self.last_rx > self.w.hb_s * self.w.liveness + self.backoff_s - self.w.hb_s:
             self.backoff_s = min(self.backoff_s * 2, 8.0)
             self.last_rx = now
@@ -292,7 +307,8 @@ class World:
         self.core: Optional[BrokerCore] = None
         self.controller_up_at = 0.0
         self.start_controller()
-        self.agents = [SimAgent(self, f"n{i}", self.rng.randint(1, 3))
+        self.agents = [SimAgent(self, f"n{i}", self.rng.randint(1, 3),
+                                self.rng.choice(["sim", "0.3.0"]))
                        for i in range(self.rng.randint(2, 4))]
         batches = [([self.rng.choice(list(TASKS)) for _ in range(self.rng.randint(1, 2))],
                     self.rng.randint(1, 4)) for _ in range(self.rng.randint(2, 3))]
