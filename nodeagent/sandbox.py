@@ -469,7 +469,7 @@ class SandboxRuntime:
             self._spares_dropped(r.get("dropped") or [])
             self.cgroups.apply(cgroup, spec.limits)
             if r.get("need_spare") and len(self.spares) < MAX_SPARES and self.overlay == "kernel":
-                self._add_spare(key, spec.limits)
+                self._add_spare(key, spec.limits, sbxinit.go_message(req))
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
             if not reply.get("ok") or len(fds) != 1:
@@ -515,9 +515,10 @@ class SandboxRuntime:
             if key is not None:
                 self._unref_image_locked(key)
 
-    def _add_spare(self, image_key: str, limits: dict) -> None:
+    def _add_spare(self, image_key: str, limits: dict, go: dict | None = None) -> None:
         """Ask the holder for a spare builder: forked now, it joins a fresh cgroup, builds a root
-        on `image_key` (tmpfs sized by `limits`) and maps its init onto a slice, in the background."""
+        on `image_key` (tmpfs sized by `limits`), maps its init onto a slice and (with `go`)
+        starts it with those create settings, in the background."""
         with self._lock:
             if not self._free_slices:
                 return
@@ -526,7 +527,7 @@ class SandboxRuntime:
         fds: list[int] = []
         try:
             fds = self.cgroups.create(name, {})
-            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits,
+            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits, "go": go,
                         "slice_base": slice_no * self.slice_size, "slice_size": self.slice_size}, fds)
             with self._lock:
                 self.spares[name] = slice_no

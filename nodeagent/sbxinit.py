@@ -206,17 +206,21 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
                 pid, init = make_init()
             give_root(init, root)
         else:
-            sbx, root, built_with = prepared
+            sbx, root, built_with, went = prepared
         finish_root(sbx, root, req.get("limits") or {}, base, req.get("files") or {}, built_with)
         stages["root_built"] = time.monotonic()
         if prepared is None:
             stages.update(map_init(pid, base, size, init))
-        egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
-        go = {"hostname": req.get("hostname", "sandbox"), "cgroup_caps": req.get("cgroup_caps") or [],
-              "limits": req.get("limits") or {}}
-        stages.update(start_init(init, go, egress))
-        for fd in egress:
-            os.close(fd)
+        go = go_message(req)
+        if prepared is None or went is None:
+            egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
+            stages.update(start_init(init, dict(go or {}, hostname=req.get("hostname", "sandbox"),
+                                                 cgroup_caps=req.get("cgroup_caps") or [],
+                                                 limits=req.get("limits") or {}), egress))
+            for fd in egress:
+                os.close(fd)
+        elif went != go:   # the node init hands a started spare only to a create it matches
+            raise RuntimeError(f"spare init started with {went}, asked for {go}")
         uid_map = open(f"/proc/{pid}/uid_map").read().strip()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
@@ -236,14 +240,27 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
 
 
 def prepare_root(sbx: str, lower: str, dev_template: str, limits: dict, init_pid: int,
-                 init: socket.socket, base: int, size: int) -> tuple[str, str, dict]:
+                 init: socket.socket, base: int, size: int, go: dict | None = None) -> tuple[str, str, dict, dict | None]:
     """What a spare builder does ahead of time: the root on its image, the init inside it and
-    mapped onto the spare's id slice, /work owned by that slice's root."""
+    mapped onto the spare's id slice, /work owned by that slice's root; with `go` (the settings
+    of the create it expects, see `go_message`), the init started with them too, so a matching
+    create only finishes the root. Returns (sbx, root, limits built with, go sent or None)."""
     root, _ = build_root(sbx, lower, "kernel", dev_template, limits)
     give_root(init, root)
     os.chown(os.path.join(root, "work"), base, base)
     map_init(init_pid, base, size, init)
-    return sbx, root, limits
+    if go is not None:
+        start_init(init, go, [])
+    return sbx, root, limits, go
+
+
+def go_message(req: dict) -> dict | None:
+    """The init's create-time settings (hostname, cgroup-enforced caps, limits) for a create or
+    spare request, or None when they include an fd (an egress socket: sent at create time)."""
+    if req.get("egress_socket"):
+        return None
+    return {"hostname": req.get("hostname", "sandbox"), "cgroup_caps": list(req.get("cgroup_caps") or []),
+            "limits": dict(req.get("limits") or {})}
 
 
 class InitConfig:

@@ -57,6 +57,7 @@ class Spare(NamedTuple):
     image_key: str | None     # the image its root is built on, or None (no root yet)
     init_pid: int
     slice_base: int           # the id slice its init is mapped onto
+    go: dict | None           # the create settings its init already runs with (`sbxinit.go_message`)
 
 
 class NodeInit:
@@ -123,7 +124,7 @@ class NodeInit:
     # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups,
     # -- with their init forked and, for the image last asked for, the root built and entered --
     def add_spare(self, cgroup: str, cg_fds: list[int], image_key: str | None, limits: dict | None,
-                  slice_base: int, slice_size: int) -> None:
+                  slice_base: int, slice_size: int, go: dict | None = None) -> None:
         ours, theirs = socket.socketpair()
         dups = [os.dup(fd) for fd in cg_fds]
         pid = os.fork()
@@ -131,7 +132,7 @@ class NodeInit:
             code = 1
             try:
                 _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
-                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {}, slice_base, slice_size)
+                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {}, slice_base, slice_size, go)
             finally:
                 os._exit(code)
         theirs.close()
@@ -140,7 +141,7 @@ class NodeInit:
         self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup, slice_base))
 
     def _spare_main(self, sock: socket.socket, cg_fds: list[int], cgroup: str, image_key: str | None,
-                    limits: dict, slice_base: int, slice_size: int) -> int:
+                    limits: dict, slice_base: int, slice_size: int, go: dict | None) -> int:
         for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
             os.write(fd, b"0")
             os.close(fd)
@@ -150,9 +151,9 @@ class NodeInit:
         if image_key in self.fuse:   # mounted when this spare was forked
             prepared = sbxinit.prepare_root(
                 os.path.join(self.sbx_dir, f"spare-{cgroup}"), os.path.join(self.images_dir, image_key),
-                os.path.join(self.state, "dev"), limits, init_pid, init, slice_base, slice_size)
+                os.path.join(self.state, "dev"), limits, init_pid, init, slice_base, slice_size, go)
         framing.send_msg(sock, {"ready": True, "image_key": image_key if prepared else None,
-                                "init_pid": init_pid})
+                                "init_pid": init_pid, "go": prepared[3] if prepared else None})
         try:
             req, fds = framing.recv_msg(sock, with_fds=True)
         except framing.FramingError:
@@ -168,7 +169,7 @@ class NodeInit:
             msg = framing.recv_msg(sock, max_bytes=4096)
             if msg.get("ready"):
                 key = msg.get("image_key")
-                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3]))
+                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3], msg.get("go")))
                 if key is not None and key not in self.fuse:
                     self.drop_spares(key)   # its image went away while it was being prepared
                 return
@@ -239,7 +240,7 @@ class NodeInit:
             return self.create(req, fds)
         if op == "add_spare":
             self.add_spare(req["cgroup"], fds, req.get("image_key"), req.get("limits"),
-                           int(req["slice_base"]), int(req["slice_size"]))
+                           int(req["slice_base"]), int(req["slice_size"]), req.get("go"))
             return {"ok": True}
         if op == "sbx_op":
             if len(fds) != 1:
@@ -300,7 +301,8 @@ class NodeInit:
         if req["id"] in self.sandboxes or req["id"] in self.pending:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
         dropped: list[str] = []
-        usable = [sp for sp in self.spares if sp.image_key in (req["image_key"], None)]
+        go = sbxinit.go_message(req)
+        usable = [sp for sp in self.spares if sp.image_key in (req["image_key"], None) and sp.go in (None, go)]
         if self.spares and not usable and req.get("overlay") != "fuse-overlayfs":
             dropped = self.drop_spares(keep=len(self.spares) - 1)   # make room for this image's
         while usable and req.get("overlay") != "fuse-overlayfs":
@@ -319,7 +321,7 @@ class NodeInit:
             def refill(name=req.get("cgroup"), dups=cg_dups, key=req["image_key"], limits=req.get("limits"),
                        base=int(req["slice_base"]), size=int(req["slice_size"])):
                 try:
-                    self.add_spare(name, dups, key, limits, base, size)
+                    self.add_spare(name, dups, key, limits, base, size, go)
                 finally:
                     for fd in dups:
                         os.close(fd)

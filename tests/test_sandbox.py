@@ -107,6 +107,23 @@ def test_sandboxes_get_disjoint_id_slices(runtime, busybox_image):
         b.destroy()
 
 
+def test_a_started_spare_serves_only_a_create_with_its_settings(runtime, busybox_image):
+    lim = {"memory_mb": 96, "pids": 24, "disk_mb": 8, "nofile": 64}
+    runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim)).destroy()
+    runtime.wait_spares_settled()   # spares now run inits started as "alpha" with `lim`
+    same = runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim))
+    runtime.wait_spares_settled()
+    other = runtime.create(SandboxSpec(image=busybox_image, hostname="beta", limits=dict(lim, nofile=32)))
+    try:
+        assert "init_ready" not in same.start_stages      # its init was started ahead of time
+        assert "init_ready" in other.start_stages         # started at create, with its own settings
+        assert sh(same, "hostname; ulimit -n").stdout.split() == [b"alpha", b"64"]
+        assert sh(other, "hostname; ulimit -n").stdout.split() == [b"beta", b"32"]
+    finally:
+        same.destroy()
+        other.destroy()
+
+
 def test_image_mounted_once_and_shared(runtime, busybox_image):
     boxes = [runtime.create(SandboxSpec(image=busybox_image)) for _ in range(3)]
     try:
