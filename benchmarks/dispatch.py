@@ -48,6 +48,12 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def ms(x: float) -> str:
     return f"{x * 1000:8.2f} ms"
 
@@ -143,16 +149,21 @@ def bench_paddock(args, tmp: Path) -> dict[int, dict]:
                     args.profile_controller)
         try:
             farm.throughput(min(1000, args.rollouts))  # warm up
+            before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
             rates = [farm.throughput(args.rollouts) for _ in range(args.repeats)]
+            after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
+            used = [(b - a) / (args.rollouts * args.repeats) for a, b in zip(before, after)]
             lat = farm.latency(args.latency_n)
         finally:
             farm.stop()
         out[agents] = {"rate": statistics.median(rates), "rates": rates,
                        "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
+        cpu = (f"cpu per rollout: controller {used[0] * 1e6:.0f} us, agents "
+               f"{sum(used[1:-1]) * 1e6:.0f} us, client {used[-1] * 1e6:.0f} us")
         print(f"paddock  {agents:3d} agents x {max(args.slots // agents, 1):2d} slots: "
               f"{out[agents]['rate']:9.0f} rollouts/s (runs {', '.join(f'{r:.0f}' for r in rates)})"
-              f"  submit->commit p50 {ms(out[agents]['p50'])}  p99 {ms(out[agents]['p99'])}",
-              flush=True)
+              f"  submit->commit p50 {ms(out[agents]['p50'])}  p99 {ms(out[agents]['p99'])}\n"
+              f"         {cpu}", flush=True)
     return out
 
 

@@ -71,6 +71,8 @@ STALE_POLICY_ACTIONS = ("rerun", "drop")
 
 _LEASE_IS_LEGAL = all(LEASED in TRANSITIONS[s] for s in LEASABLE)
 assert _LEASE_IS_LEGAL, "every leasable state must be allowed to become leased"
+_COMMIT_IS_LEGAL = all(COMMITTED in TRANSITIONS[s] for s in HELD)
+assert _COMMIT_IS_LEGAL, "every held state must be allowed to become committed"
 
 
 def check_transition(rollout_id: str, old: str, new: str) -> None:
@@ -388,25 +390,35 @@ class RolloutQueue:
             now = self.clock()
             # One block of fencing tokens for the whole call (unused ones are a gap).
             token = self._next("token", len(assignments)) - len(assignments)
-            for rollout_id, node in assignments:
-                token += 1
-                # The WHERE clause admits only LEASABLE states, all of which may become
-                # LEASED (asserted on the table at import: _LEASE_IS_LEGAL).
-                r = self._db.execute(
-                    f"UPDATE rollouts SET state = ?, attempt = attempt + 1, token = ?, node = ?,"
-                    f" lease_deadline = ?, updated_at = ? WHERE rollout_id = ? AND state IN"
-                    f" ({_qs(LEASABLE)}) AND not_before <= ? RETURNING attempt, task_ref,"
-                    f" policy_version, seed, batch_id",
-                    (LEASED, token, node, now + self.config.lease_ttl_s, now, rollout_id,
-                     *LEASABLE, now)).fetchone()
+            tokens = {rid: (token + i + 1, node) for i, (rid, node) in enumerate(assignments)}
+            got: dict[str, tuple] = {}
+            items = list(tokens.items())
+            for i in range(0, len(items), _LEASE_CHUNK):
+                chunk = items[i:i + _LEASE_CHUNK]
+                # One statement per chunk; the WHERE clause admits only LEASABLE states, all
+                # of which may become LEASED (asserted on the table at import).
+                for r in self._db.execute(
+                        f"UPDATE rollouts SET state = ?, attempt = attempt + 1, token = v.tok,"
+                        f" node = v.node, lease_deadline = ?, updated_at = ? FROM (SELECT"
+                        f" column1 AS rid, column2 AS tok, column3 AS node FROM (VALUES"
+                        f" {', '.join('(?, ?, ?)' for _ in chunk)})) AS v WHERE"
+                        f" rollouts.rollout_id = v.rid AND rollouts.state IN ({_qs(LEASABLE)})"
+                        f" AND rollouts.not_before <= ? RETURNING rollouts.rollout_id,"
+                        f" rollouts.attempt, task_ref, policy_version, seed, batch_id",
+                        (LEASED, now + self.config.lease_ttl_s, now,
+                         *(x for rid, (tok, node) in chunk for x in (rid, tok, node)),
+                         *LEASABLE, now)):
+                    got[r[0]] = r
+            for rollout_id, (tok, node) in tokens.items():  # in the order asked
+                r = got.get(rollout_id)
                 if r is None:
                     continue
-                self._db.execute("INSERT INTO attempts (rollout_id, attempt, token, node,"
+                leases.append(Lease(rollout_id, r[1], tok, r[2], r[3], r[4], r[5], node))
+            self._db.executemany("INSERT INTO attempts (rollout_id, attempt, token, node,"
                                  " started_at) VALUES (?, ?, ?, ?, ?)",
-                                 (rollout_id, r[0], token, node, now))
-                leases.append(Lease(rollout_id, r[0], token, r[1], r[2], r[3], r[4], node))
-                log.debug("rollout %s attempt %d leased to %s (token %d)", rollout_id,
-                          r[0], node, token)
+                                 [(x.rollout_id, x.attempt, x.token, x.node, now)
+                                  for x in leases])
+            log.debug("%d rollouts leased", len(leases))
         return leases
 
     def _held(self, rollout_id: str, attempt: int, token: int) -> tuple[Optional[sqlite3.Row],
@@ -470,6 +482,9 @@ class RolloutQueue:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         with self._tx():
+            if outcome in POLICY_OUTCOMES and self._commit_held(
+                    rollout_id, attempt, token, outcome, reward, shards, idem):
+                return _COMMITTED
             row, reason = self._held(rollout_id, attempt, token)
             if row is None:
                 stored = self._stored_completion(rollout_id, attempt, idem)
@@ -493,6 +508,30 @@ class RolloutQueue:
                 self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False,
                                    idem=idem, reply=result)
         return result
+
+    def _commit_held(self, rollout_id: str, attempt: int, token: int, outcome: str,
+                     reward: Optional[float], shards: dict[str, str], idem: str) -> bool:
+        """The common case of `complete` in two statements: if (attempt, token) is the live
+        lease, commit it (any held state may become committed: _COMMIT_IS_LEGAL) and record
+        the attempt's reply; False (nothing changed) otherwise."""
+        now = self.clock()
+        if reward is None and outcome != "pass":
+            reward = 0.0
+        seq = self._commit_seq + 1
+        cur = self._db.execute(
+            f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?,"
+            f" lease_deadline = NULL, commit_seq = ?, updated_at = ? WHERE rollout_id = ? AND"
+            f" attempt = ? AND token = ? AND state IN ({_qs(HELD)})",
+            (COMMITTED, outcome, reward, json.dumps(shards, sort_keys=True) if shards else "{}",
+             seq, now, rollout_id, attempt, token, *HELD))
+        if cur.rowcount != 1:
+            return False
+        self._commit_seq = seq
+        self._db.execute("UPDATE attempts SET outcome = ?, reason = NULL, finished_at = ?,"
+                         " idem = ?, reply = ? WHERE rollout_id = ? AND attempt = ?",
+                         (outcome, now, idem, _COMMITTED_REPLY, rollout_id, attempt))
+        log.debug("rollout %s attempt %d: committed (%s)", rollout_id, attempt, outcome)
+        return True
 
     def _stored_completion(self, rollout_id: str, attempt: int,
                            idem: str) -> Optional[Completion]:
@@ -685,6 +724,11 @@ class RolloutQueue:
     def latest_policy(self) -> Optional[Policy]:
         r = self._db.execute("SELECT * FROM policies ORDER BY version DESC LIMIT 1").fetchone()
         return None if r is None else Policy(**dict(r))
+
+
+_LEASE_CHUNK = 500  # (rollout, token, node) triples per UPDATE of lease_to
+_COMMITTED = Completion(True, None, True)
+_COMMITTED_REPLY = json.dumps({"accepted": True, "reason": None, "committed": True})
 
 
 def _qs(values: Sequence[Any]) -> str:
