@@ -226,6 +226,20 @@ class CgroupManager:
         """controller ('' for v2) -> the sandbox's cgroup directory."""
         return {ctrl: os.path.join(node, sid) for ctrl, node in self.report.dirs.items()}
 
+    def try_remove(self, sid: str) -> bool:
+        """Remove the sandbox's cgroups if they are empty, without waiting: False while a task of
+        it is still exiting (EBUSY), True once none is left."""
+        for d in self.paths(sid).values():
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno == errno.EBUSY:
+                    return False
+                raise CapsError(f"cannot remove cgroup {d}: {exc}") from None
+        return True
+
     def remove(self, sid: str, timeout_s: float = 5.0) -> None:
         for d in self.paths(sid).values():
             _rmdir_cgroup(d, timeout_s)

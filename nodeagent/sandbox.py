@@ -225,6 +225,7 @@ class SandboxRuntime:
         self._lock = threading.Lock()         # slices and image reference counts
         self._free_slices = list(range(1, self.slots + 1))
         self._live: set[str] = set()          # ids of sandboxes created and not yet destroyed
+        self._dying: list["Sandbox"] = []     # destroyed, not yet reclaimed (see `settle`)
         self._images: dict[str, _ImageMount] = {}
         self._pools: dict[tuple, "warmpool.WarmPool"] = {}
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
@@ -312,6 +313,11 @@ class SandboxRuntime:
         for p in list(self._pools.values()):   # first: their refills still need the holder
             p.stop()
         self._pools.clear()
+        if self._ctl and self._dying:
+            try:
+                self.settle()
+            except SandboxError as exc:
+                log.warning("closing with sandboxes not torn down: %s", exc)
         if self._ctl:
             self._ctl.close()
             self._ctl = None
@@ -436,8 +442,13 @@ class SandboxRuntime:
 
     # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
+        self._reclaim()
         self.reap_images()
         key = self.mount_image(spec.image)
+        with self._lock:
+            short = not self._free_slices and self._dying
+        if short:
+            self.settle()   # destroyed sandboxes still hold slices: wait for their teardown
         with self._lock:
             if not self._free_slices:
                 self._unref_image_locked(key)
@@ -567,8 +578,48 @@ class SandboxRuntime:
     def _destroyed(self, sb: "Sandbox") -> None:
         with self._lock:
             self._live.discard(sb.id)
-        self.cgroups.remove(sb.cgroup)
-        self._release(sb.slice_no, sb.image_key)
+            self._dying.append(sb)
+            # Its processes are killed: the image may go (a detached mount outlives no one).
+            self._unref_image_locked(sb.image_key)
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        """Give back the cgroups, id slices and image references of destroyed sandboxes whose
+        processes are all gone (an empty cgroup); never waits."""
+        with self._lock:
+            dying, self._dying = self._dying, []
+        left = []
+        for sb in dying:
+            if not self.cgroups.paths(sb.cgroup):
+                left.append(sb)   # no cgroup tells when its processes are gone: `settle` will
+                continue
+            try:
+                gone = self.cgroups.try_remove(sb.cgroup)
+            except cgroups.CapsError as exc:
+                log.warning("%s", exc)
+                gone = False
+            if gone:
+                self._release(sb.slice_no)
+            else:
+                left.append(sb)
+        with self._lock:
+            self._dying = left + self._dying
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Until every destroyed sandbox is gone: its processes, namespaces, mounts, tmpfs and
+        cgroups, its id slice free again. Raises SandboxError naming what could not be removed.
+        `close()` settles; `create()` settles when destroyed sandboxes hold the last free slice."""
+        self._call({"op": "settle", "timeout_s": timeout_s})   # every init (so every process) is gone
+        with self._lock:
+            dying, self._dying = self._dying, []
+        for sb in dying:   # empty now: removed at once (remove() still kills a stray, if any)
+            self.cgroups.remove(sb.cgroup)
+            self._release(sb.slice_no)
+
+    def destroying(self) -> int:
+        """Sandboxes destroyed whose teardown `settle()` has not yet confirmed."""
+        with self._lock:
+            return len(self._dying)
 
     # -- warm pools (see nodeagent.warmpool) ---------------------------------------------------
     def pool(self, spec: SandboxSpec, target: int) -> "warmpool.WarmPool":
@@ -701,8 +752,10 @@ class Sandbox:
         return {"disk_used_bytes": r["disk_used_bytes"]}
 
     def destroy(self) -> None:
-        """Idempotent. Kills every process of the sandbox and drops its namespaces, mounts and
-        cgroups; raises SandboxError only if something could not be removed (a leak)."""
+        """Idempotent. Kills the sandbox's PID 1 and returns once every process of the sandbox
+        is gone (raises SandboxError if one is not: a leak). Its mount namespace (tmpfs,
+        overlay, /dev), mountpoint directory and cgroups are released right after, in the
+        background: all gone once `runtime.settle()` returns (SandboxError names a leak)."""
         if self.destroyed:
             return
         self.destroyed = True

@@ -71,6 +71,8 @@ class NodeInit:
         self.sel = selectors.DefaultSelector()
         self.spares: list[Spare] = []                             # ready, oldest first
         self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
+        self.dying: dict[str, dict] = {}                          # destroyed, init not yet gone
+        self.leaked: list[str] = []                               # what a teardown could not remove
         self._after_reply = None                                  # work deferred past a reply
         self.seccomp_prog = seccomp.Program(b"")      # built once, installed in each sandbox
 
@@ -99,6 +101,8 @@ class NodeInit:
                         return   # the agent went away: exiting tears the node namespace down
                 elif key.data and key.data[0] == "spare":
                     self.spare_ready(key.fileobj, key.data)
+                elif key.data and key.data[0] == "dying":
+                    self.finish_dying(key.data[1])
                 else:
                     self.take_sandbox(key.fileobj)
             self.reap()
@@ -229,7 +233,9 @@ class NodeInit:
         if op == "ping":
             pending = sum(1 for k in self.sel.get_map().values() if k.data and k.data[0] == "spare")
             return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse),
-                    "spares": len(self.spares), "spares_pending": pending}
+                    "spares": len(self.spares), "spares_pending": pending, "dying": len(self.dying)}
+        if op == "settle":
+            return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)))
         if op == "mount_image":
             return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)))
         if op == "unmount_image":
@@ -377,24 +383,63 @@ class NodeInit:
         return {"ok": True}
 
     def destroy(self, sid: str) -> dict:
-        """Kill the sandbox's PID 1 (the kernel kills the rest of its PID namespace), drop its
-        mount namespace (tmpfs, overlay, /dev go with it) and its mountpoint directory."""
+        """SIGKILL the sandbox's PID 1 and answer once it has exited: its pidfd turns readable
+        only after the kernel has killed and reaped every other process of its PID namespace.
+        Right after the answer (the serve loop sees the same pidfd), `finish_dying` drops the
+        mount namespace (tmpfs, overlay, /dev go with it) and the mountpoint directory;
+        `settle` waits for that."""
         self._settle(sid)
         rec = self.sandboxes.pop(sid, None)
         if rec is None:
             return {"ok": True}   # idempotent
-        leaked = []
-        for pid, pidfd in ((rec["init_pid"], rec["pidfd"]), (rec.get("daemon_pid"), None)):
-            if pid and not _kill_and_wait(int(pid), pidfd, DESTROY_TIMEOUT_S):
-                leaked.append(pid)
+        self.dying[sid] = rec
+        self.sel.register(rec["pidfd"], selectors.EVENT_READ, ("dying", sid))
+        try:
+            signal.pidfd_send_signal(rec["pidfd"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        poller = select.poll()
+        poller.register(rec["pidfd"], select.POLLIN)
+        if not poller.poll(DESTROY_TIMEOUT_S * 1000):
+            return {"ok": False, "error": f"sandbox {sid}: init {rec['init_pid']} did not die in {DESTROY_TIMEOUT_S}s"}
+        return {"ok": True}
+
+    def finish_dying(self, sid: str) -> None:
+        rec = self.dying.pop(sid)
+        self.sel.unregister(rec["pidfd"])
+        try:
+            os.waitpid(int(rec["init_pid"]), os.WNOHANG)   # our child (reparented to this PID 1)
+        except ChildProcessError:
+            pass
+        if rec.get("daemon_pid") and not _kill_and_wait(int(rec["daemon_pid"]), None, DESTROY_TIMEOUT_S):
+            self.leaked.append(f"sandbox {sid}: fuse-overlayfs {rec['daemon_pid']} did not die")
         os.close(rec["mnt_fd"])
         os.close(rec["pidfd"])
         try:
             os.rmdir(rec["sbx"])
         except OSError:
             pass
+
+    def settle(self, timeout_s: float) -> dict:
+        """Wait until every destroyed sandbox is gone (processes, mount namespace, directory)."""
+        deadline = time.monotonic() + timeout_s
+        poller = select.poll()   # not select(): pidfds pass 1024 on a busy node
+        for rec in self.dying.values():
+            poller.register(rec["pidfd"], select.POLLIN)
+        while self.dying:
+            remaining = deadline - time.monotonic()
+            ready = poller.poll(max(remaining, 0) * 1000) if remaining > 0 else []
+            if not ready:
+                self.leaked += [f"sandbox {sid}: init {rec['init_pid']} did not die in {timeout_s}s"
+                                for sid, rec in self.dying.items()]
+                break
+            for fd, _ in ready:
+                sid = next(k for k, r in self.dying.items() if r["pidfd"] == fd)
+                poller.unregister(fd)
+                self.finish_dying(sid)
+        leaked, self.leaked = self.leaked, []
         if leaked:
-            return {"ok": False, "error": f"sandbox {sid}: processes {leaked} did not die in {DESTROY_TIMEOUT_S}s"}
+            return {"ok": False, "error": "; ".join(leaked)}
         return {"ok": True}
 
 

@@ -198,7 +198,7 @@ def test_a_process_that_daemonizes_does_not_outlive_its_sandbox(runtime, busybox
     assert any(p.name() == "sleep" for p in tree)
     cgroups = list(sb.cgroup_paths.values())
     sb.destroy()
-    psutil.wait_procs(tree, timeout=5)
+    runtime.settle()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not [d for d in cgroups if os.path.exists(d)]
 

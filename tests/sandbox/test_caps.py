@@ -31,6 +31,7 @@ def test_each_sandbox_gets_its_own_cgroups_with_the_spec_limits(runtime, busybox
         assert r.exit_code == 0
         procs = read(paths["pids"], "cgroup.procs").split()
         assert len(procs) >= 2   # the init and the stray sleep are both inside
+    runtime.settle()   # the defined point: destroy's teardown is complete
     assert not any(os.path.exists(p) for p in paths.values())
 
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from nodeagent.cgroups import NODE_PREFIX
-from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, subid_range
 
 pytestmark = pytest.mark.sandbox
 NS_KINDS = ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")
@@ -89,11 +89,37 @@ def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_im
     assert len(sandbox_ns) >= 7 and len(held) == 1 and all(os.path.isdir(d) for d in cgroups)
     destroyed_at = time.time()
     sb.destroy()
-    psutil.wait_procs(tree, timeout=5)
+    runtime.settle()   # the defined point: everything below is gone once it returns
+    assert runtime.destroying() == 0
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     live = live_ns_ids(started_before=destroyed_at - 0.05) | held_ns(node_init)
     assert not (sandbox_ns | held) & live   # its namespaces, and the mounts in them, are gone
     assert not [d for d in cgroups if os.path.exists(d)]
+
+
+def test_destroy_returns_before_the_teardown_and_settle_completes_it(busybox_image, run_root):
+    """3 id slices (2 held by spare builders): each create needs the slice of the sandbox
+    destroyed just before, reclaimed without a wait if its cgroup is empty, else by settling."""
+    base, _ = subid_range()
+    with SandboxRuntime(subids=(base, 4 * 1024), run_root=run_root) as rt:
+        for i in range(6):
+            sb = rt.create(SandboxSpec(image=busybox_image))
+            assert sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"]).exit_code == 0
+            init = psutil.Process(sb.init_pid_host)
+            tree = [init] + init.children(recursive=True)
+            sb.destroy()
+            with pytest.raises(SandboxError, match="destroyed"):
+                sb.exec(["true"])
+        rt.settle()
+        assert rt.destroying() == 0 and rt.active_sandboxes() == 0
+        assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        rt.wait_spares_settled()
+        node_dirs = rt.cgroups.report.dirs.values()
+        for d in node_dirs:   # left: the spares' cgroups only
+            assert {e.name for e in os.scandir(d) if e.is_dir()} == rt.spare_cgroups
+        assert len(rt._free_slices) + len(rt.spares) == rt.slots   # every slice back
+        node_init = psutil.Process(rt.holder_pid).children()[0].pid
+        assert held_ns(node_init) == set()   # no destroyed sandbox's mount namespace is kept
 
 
 def _agent_script(run_root: str) -> str:
