@@ -364,6 +364,7 @@ class StatusReply(Message):
 # agent sends `result_batch` only once the controller has sent it a batch in this session.
 BATCH_AGENT_VERSION = (0, 3)
 MAX_BATCH_ITEMS = 256  # per frame; a batch frame over MAX_FRAME_BYTES is split by the sender
+MAX_ACKS = 4 * MAX_BATCH_ITEMS  # acknowledged ids per frame
 
 
 def speaks_batches(agent_version: str) -> bool:
@@ -376,14 +377,16 @@ def speaks_batches(agent_version: str) -> bool:
 
 @dataclass(frozen=True)
 class LeaseBatch(Message):
-    """Controller -> agent: several leases in one frame (each as a `lease` would be)."""
+    """Controller -> agent: leases (each as a `lease` would be) and, in the same frame, the
+    ids its `ack` (ok) would acknowledge."""
     TYPE: ClassVar[str] = "leases"
     items: list[Lease]
+    acks: list[str] = field(default_factory=list)
     id: str = _id_field()
 
     def check(self) -> None:
-        if not self.items:
-            raise ProtocolError(BAD_FIELD, "{}: items must not be empty".format(self.TYPE),
+        if not self.items and not self.acks:
+            raise ProtocolError(BAD_FIELD, "leases: items and acks are both empty",
                                 field="items")
 
 
@@ -430,13 +433,29 @@ def acks(refs: list[str]) -> list[Message]:
     """`ack` ok of each ref: one Ack for one ref, else AckBatch frames."""
     if len(refs) == 1:
         return [Ack(ref=refs[0], ok=True)]
-    return [AckBatch(refs=refs[i:i + 4 * MAX_BATCH_ITEMS])
-            for i in range(0, len(refs), 4 * MAX_BATCH_ITEMS)]
+    return [AckBatch(refs=refs[i:i + MAX_ACKS])
+            for i in range(0, len(refs), MAX_ACKS)]
+
+
+def for_agent(leases: list[Lease], refs: list[str]) -> list[Message]:
+    """Leases and acks (ok) for one agent in as few frames as they fit: `leases` frames
+    carrying the acks too; a lone lease or lone acks as `lease` / `ack` / `acks`."""
+    if not leases:
+        return acks(refs) if refs else []
+    if len(leases) == 1 and not refs:
+        return list(leases)
+    out: list[Message] = []
+    for i in range(max(-(-len(leases) // MAX_BATCH_ITEMS), -(-len(refs) // MAX_ACKS))):
+        out.append(LeaseBatch(items=list(leases[i * MAX_BATCH_ITEMS:(i + 1) * MAX_BATCH_ITEMS]),
+                              acks=list(refs[i * MAX_ACKS:(i + 1) * MAX_ACKS])))
+    return out
 
 
 def unbatched(msg: Message) -> list[Message]:
     """The messages a batch carries (a plain message: itself)."""
-    if isinstance(msg, (LeaseBatch, ResultBatch)):
+    if isinstance(msg, LeaseBatch):
+        return [Ack(ref=r, ok=True) for r in msg.acks] + list(msg.items)
+    if isinstance(msg, ResultBatch):
         return list(msg.items)
     if isinstance(msg, AckBatch):
         return [Ack(ref=r, ok=True) for r in msg.refs]
@@ -445,6 +464,8 @@ def unbatched(msg: Message) -> list[Message]:
 
 def split(msg: Message) -> list[Message]:
     """A batch in two halves (for a frame over MAX_FRAME_BYTES); ValueError if it cannot."""
+    if isinstance(msg, LeaseBatch) and msg.acks:  # the acks apart, then the leases
+        return acks(msg.acks) + (for_agent(msg.items, []) if msg.items else [])
     items = msg.refs if isinstance(msg, AckBatch) else getattr(msg, "items", None)
     if not isinstance(msg, (LeaseBatch, ResultBatch, AckBatch)) or len(items) < 2:
         raise ValueError(f"cannot split a {msg.TYPE} frame")

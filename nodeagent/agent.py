@@ -207,6 +207,8 @@ class NodeAgent:
             self._on_lease(msg)
         elif isinstance(msg, P.LeaseBatch):
             self.peer_batches = True
+            for ref in msg.acks:
+                self.unacked.pop(ref, None)
             for lease in msg.items:
                 self._on_lease(lease)
         elif isinstance(msg, P.AckBatch):

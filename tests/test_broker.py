@@ -301,9 +301,11 @@ def test_batched_messages_keep_their_order_around_other_messages(h):
                    (b"n1", P.Ack(ref="z", ok=False, code="bad_request"))]
     out = core.take_outbox()
     kinds = [(peer, m.TYPE) for peer, m in out]
-    assert kinds == [(b"n1", "leases"), (b"c", "ack"), (b"n1", "drain"), (b"n1", "lease"),
-                     (b"n1", "ack"), (b"n1", "ack")]
-    assert [x.rollout_id for x in out[0][1].items] == ["r1", "r2"]
+    assert kinds == [(b"n1", "leases"), (b"c", "ack"), (b"n1", "drain"), (b"n1", "leases"),
+                     (b"n1", "ack")]
+    assert [x.rollout_id for x in out[0][1].items] == ["r1", "r2"] and not out[0][1].acks
+    assert [x.rollout_id for x in out[3][1].items] == ["r3"] and out[3][1].acks == ["y"]
+    assert out[4][1].code == "bad_request"  # a refusal is never folded into a batch
 
 
 def test_a_result_naming_unknown_shard_tables_is_rejected_before_the_queue(h):

@@ -56,6 +56,8 @@ SAMPLES += [
     p.LeaseBatch(items=[m for m in SAMPLES if isinstance(m, p.Lease)] * 2),
     p.ResultBatch(items=[m for m in SAMPLES if isinstance(m, p.Result)]),
     p.AckBatch(refs=["abc", "def"]),
+    p.LeaseBatch(items=[m for m in SAMPLES if isinstance(m, p.Lease)], acks=["abc"]),
+    p.LeaseBatch(items=[], acks=["abc"]),
 ]
 
 
@@ -256,7 +258,7 @@ def test_a_bad_item_in_a_batch_rejects_the_frame_with_its_field():
     item = {**r.body(), "id": r.id, "outcome": "infra_error"}  # infra_error without a reason
     assert reason_of(frame("result_batch", {"items": [item]})).field == "infra_reason"
     assert reason_of(frame("result_batch", {"items": [r.body()]})).field == "items[0]"  # no id
-    assert reason_of(frame("leases", {"items": []})).field == "items"
+    assert reason_of(frame("leases", {"items": [], "acks": []})).field == "items"
     assert reason_of(frame("acks", {"refs": ["a", 3]})).field == "refs[1]"
 
 
@@ -267,6 +269,10 @@ def test_batched_chunks_and_a_lone_message_stays_plain():
     assert [len(c.items) for c in chunks] == [p.MAX_BATCH_ITEMS, 5]
     assert [(type(m), m.ref, m.ok) for m in p.acks(["a"])] == [(p.Ack, "a", True)]
     assert [m.refs for m in p.acks(["a", "b"])] == [["a", "b"]]
+    (both,) = p.for_agent(leases[:2], ["a"])
+    assert both.items == leases[:2] and both.acks == ["a"]
+    assert p.for_agent(leases[:1], []) == leases[:1] and p.for_agent([], []) == []
+    assert [type(m) for m in p.unbatched(both)] == [p.Ack, p.Lease, p.Lease]
 
 
 def test_a_batch_over_the_frame_limit_goes_as_several_frames():
@@ -277,6 +283,10 @@ def test_a_batch_over_the_frame_limit_goes_as_several_frames():
     frames = p.encode_frames(p.LeaseBatch(items=leases), DEP)
     assert len(frames) >= 2 and all(len(f) <= p.MAX_FRAME_BYTES for f in frames)
     assert [m for f in frames for m in p.unbatched(p.decode(f, DEP))] == leases
+    frames = p.encode_frames(p.LeaseBatch(items=leases, acks=["a", "b"]), DEP)
+    got = [m for f in frames for m in p.unbatched(p.decode(f, DEP))]
+    assert [m.ref for m in got if isinstance(m, p.Ack)] == ["a", "b"]
+    assert [m for m in got if isinstance(m, p.Lease)] == leases
     with pytest.raises(p.LocalProtocolError):  # one lease alone too large: still our bug
         p.encode_frames(_lease(0, {"blob": "x" * p.MAX_FRAME_BYTES}), DEP)
 
