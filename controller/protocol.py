@@ -97,7 +97,9 @@ class Message:
     TYPE: ClassVar[str] = ""
 
     def body(self) -> dict[str, Any]:
-        return {name: _to_json(getattr(self, name)) for name in _schema(type(self))[1]}
+        names, nested = _body_plan(type(self))
+        d = self.__dict__
+        return {n: _to_json(d[n]) if n in nested else d[n] for n in names}
 
     def check(self) -> None:
         """Cross-field rules beyond the per-field types; raise ProtocolError(BAD_FIELD)."""
@@ -624,11 +626,48 @@ def _field_checkers(cls: type[Message]) -> dict[str, tuple[Checker, bool]]:
 
 def _build(cls: type[Message], body: dict, msg_id: str | None = None) -> Message:
     kwargs = _checked_body(cls, body)
+    # The frozen dataclass's __init__ sets each field through object.__setattr__; the
+    # validated kwargs go straight into the instance dict (the defaults filled in first).
+    msg = object.__new__(cls)
+    d = msg.__dict__
     if msg_id is not None:
         kwargs["id"] = msg_id
-    msg = cls(**kwargs)
+    for name, default, factory in _defaults(cls):
+        if name not in kwargs:
+            d[name] = factory() if factory is not None else default
+    d.update(kwargs)
     msg.check()
     return msg
+
+
+_DEFAULTS: dict[type, list[tuple[str, Any, Optional[Callable[[], Any]]]]] = {}
+
+
+def _defaults(cls: type) -> list[tuple[str, Any, Optional[Callable[[], Any]]]]:
+    """(name, default, default factory or None) of each field with a default, id included."""
+    got = _DEFAULTS.get(cls)
+    if got is None:
+        got = _DEFAULTS[cls] = [
+            (f.name, f.default, None if f.default_factory is dataclasses.MISSING
+             else f.default_factory) for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING]
+    return got
+
+
+_BODY_PLANS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def _body_plan(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The body field names of a message class, and those whose values need _to_json
+    (a PolicyRef or nested messages); the others are JSON values as they are."""
+    got = _BODY_PLANS.get(cls)
+    if got is None:
+        hints, fields = _schema(cls)
+        nested = frozenset(n for n in fields if any(
+            isinstance(t, type) and (t is PolicyRef or issubclass(t, Message))
+            for t in (hints[n], *typing.get_args(hints[n]))))
+        got = _BODY_PLANS[cls] = (tuple(fields), nested)
+    return got
 
 
 def _type_name(tp: Any) -> str:
@@ -717,12 +756,14 @@ def _compile(tp: Any) -> Checker:
         hints = typing.get_type_hints(tp)
         names = frozenset(f.name for f in dataclasses.fields(tp))
 
+        checks = {k: _checker(hints[k]) for k in names}
+
         def check(v, path, mtype):
             if isinstance(v, tp):
                 v = dataclasses.asdict(v)
-            if not isinstance(v, dict) or set(v) != names:
+            if not isinstance(v, dict) or v.keys() != names:
                 raise bad(v, path, mtype)
-            return tp(**{k: _checker(hints[k])(x, f"{path}.{k}", mtype) for k, x in v.items()})
+            return tp(**{k: checks[k](x, f"{path}.{k}", mtype) for k, x in v.items()})
     elif tp is bool:
         def check(v, path, mtype):
             if type(v) is not bool:
