@@ -251,6 +251,11 @@ def prepare_root(sbx: str, lower: str, dev_template: str, limits: dict, init_pid
     map_init(init_pid, base, size, init)
     if go is not None:
         start_init(init, go, [])
+        # Warm the init's command path: a fresh fork pays its first spawn ~0.6 ms more (page
+        # copies, first calls). "/" is a directory: execve fails, nothing of the image runs.
+        framing.send_msg(init, {"argv": ["/"], "timeout_s": 5.0, "output_cap": 0})
+        if framing.recv_msg(init, max_bytes=INIT_REPLY_MAX_BYTES).get("exit_code") != 126:
+            raise RuntimeError("sandbox init: the warm-up spawn did not fail as it must")
     return sbx, root, limits, go
 
 

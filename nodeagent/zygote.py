@@ -309,6 +309,7 @@ class NodeInit:
         dropped: list[str] = []
         go = sbxinit.go_message(req)
         usable = [sp for sp in self.spares if sp.image_key in (req["image_key"], None) and sp.go in (None, go)]
+        usable.sort(key=lambda sp: (sp.go != go, sp.image_key is None))   # the most prepared first
         if self.spares and not usable and req.get("overlay") != "fuse-overlayfs":
             dropped = self.drop_spares(keep=len(self.spares) - 1)   # make room for this image's
         while usable and req.get("overlay") != "fuse-overlayfs":
