@@ -464,7 +464,7 @@ class SandboxRuntime:
             # A fresh cgroup, no caps yet: this sandbox's, or (when the holder has a spare builder
             # already inside its own cgroup) the next spare's. The caps go in before any exec.
             new_cg = f"c{next(self._cg_ids)}"
-            cg_fds = self.cgroups.create(new_cg, {})
+            cg_fds = self.cgroups.create(new_cg, {}, idle=True)   # `apply` below restores the weight
             cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
@@ -537,7 +537,7 @@ class SandboxRuntime:
         name = f"c{next(self._cg_ids)}"
         fds: list[int] = []
         try:
-            fds = self.cgroups.create(name, {})
+            fds = self.cgroups.create(name, {}, idle=True)
             self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits, "go": go,
                         "slice_base": slice_no * self.slice_size, "slice_size": self.slice_size}, fds)
             with self._lock:
