@@ -91,6 +91,7 @@ class NodeAgent:
         self.sock: Optional[zmq.Socket] = None
         # A worker finished: wake the loop at once. File objects, never closed by hand: a
         # worker still running after the loop ended can never write into a reused fd.
+        self._woken = False  # a wake-up byte is in the pipe, not yet read by the loop
         r, w = os.pipe()
         os.set_blocking(r, False)
         os.set_blocking(w, False)
@@ -131,12 +132,15 @@ class NodeAgent:
         self._connect()
         last_rx = last_hb = self.clock()
         backoff_s = self.hb_s
+        poller, poller_of = None, None
         while not self.stopped:
-            poller = zmq.Poller()
-            poller.register(self.sock, zmq.POLLIN)
-            poller.register(self._wake_r.fileno(), zmq.POLLIN)
+            if poller_of is not self.sock:  # a new socket after a reconnect
+                poller, poller_of = zmq.Poller(), self.sock
+                poller.register(self.sock, zmq.POLLIN)
+                poller.register(self._wake_r.fileno(), zmq.POLLIN)
             ready = dict(poller.poll(timeout=int(min(self.hb_s, 0.05) * 1000)))
             if self._wake_r.fileno() in ready:
+                self._woken = False  # before the read: a later wake writes again
                 self._wake_r.read(4096)  # None when empty (non-blocking)
             if self.sock in ready:
                 for _ in range(256):
@@ -271,6 +275,9 @@ class NodeAgent:
         except Exception as exc:  # a bug in one attempt must not take the node down
             log.exception("rollout %s crashed", a.rollout_id)
             self.done.put((a, "infra_error", None, {}, f"agent_crash: {type(exc).__name__}: {exc}"))
+        if self._woken:  # the loop has a wake-up pending and will drain `done`
+            return
+        self._woken = True
         try:
             self._wake_w.write(b"!")  # None when the pipe is full: the loop wakes anyway
         except (OSError, ValueError):
