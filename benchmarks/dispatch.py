@@ -16,7 +16,10 @@ Slurm, on the in-test cluster (3 nodes): the same work with fewer items
               have left the queue: jobs per second; and submit -> gone for single jobs
   srun        `--slurm-jobs` steps `srun -N1 true`, 8 at a time: steps per second; and the
               wall time of single steps
-Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1).
+Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1),
+and the CPU time per rollout of the controller, the agent processes and the client over the
+throughput runs (all on the same cores); `--profile-controller PATH` runs the controller under
+cProfile (stats in PATH.<agents>).
 
     .venv/bin/python benchmarks/dispatch.py [--rollouts 20000] [--agents 1,8,64]
                                             [--slurm-jobs 40] [--no-slurm]
