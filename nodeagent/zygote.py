@@ -73,6 +73,7 @@ class NodeInit:
         self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
         self.dying: dict[str, dict] = {}                          # destroyed, init not yet gone
         self.leaked: list[str] = []                               # what a teardown could not remove
+        self.orphans: list[str] = []      # cgroups of spares dropped between requests (for the agent)
         self._after_reply = None                                  # work deferred past a reply
         self.seccomp_prog = seccomp.Program(b"")      # built once, installed in each sandbox
 
@@ -119,6 +120,8 @@ class NodeInit:
         finally:
             for fd in fds:
                 os.close(fd)
+        if self.orphans and "dropped" in reply:
+            reply["dropped"], self.orphans = list(reply["dropped"]) + self.orphans, []
         framing.send_msg(self.ctl, reply)
         if self._after_reply is not None:
             after, self._after_reply = self._after_reply, None
@@ -142,7 +145,7 @@ class NodeInit:
         theirs.close()
         for fd in dups:
             os.close(fd)
-        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup, slice_base))
+        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup, slice_base, self.fuse.get(image_key)))
 
     def _spare_main(self, sock: socket.socket, cg_fds: list[int], cgroup: str, image_key: str | None,
                     limits: dict, slice_base: int, slice_size: int, go: dict | None) -> int:
@@ -173,9 +176,16 @@ class NodeInit:
             msg = framing.recv_msg(sock, max_bytes=4096)
             if msg.get("ready"):
                 key = msg.get("image_key")
-                self.spares.append(Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3], msg.get("go")))
-                if key is not None and key not in self.fuse:
-                    self.drop_spares(key)   # its image went away while it was being prepared
+                sp = Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3], msg.get("go"))
+                self.spares.append(sp)
+                if key is not None and self.fuse.get(key) is not data[4]:
+                    # Its image was unmounted (perhaps mounted again) while it was being prepared:
+                    # its root stands on a dead mount. The agent learns at the next reply.
+                    self.spares.remove(sp)
+                    sock.close()
+                    for pid in (sp.init_pid, sp.pid):
+                        _kill_and_wait(pid, None, DESTROY_TIMEOUT_S)
+                    self.orphans.append(sp.cgroup)
                 return
         except (framing.FramingError, KeyError, ValueError):
             pass

@@ -107,13 +107,18 @@ def test_sandboxes_get_disjoint_id_slices(runtime, busybox_image):
         b.destroy()
 
 
-def test_a_started_spare_serves_only_a_create_with_its_settings(runtime, busybox_image):
+def test_a_started_spare_serves_only_a_create_with_its_settings(busybox_image):
     lim = {"memory_mb": 96, "pids": 24, "disk_mb": 8, "nofile": 64}
-    runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim)).destroy()
-    runtime.wait_spares_settled()   # spares now run inits started as "alpha" with `lim`
-    same = runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim))
-    runtime.wait_spares_settled()
-    other = runtime.create(SandboxSpec(image=busybox_image, hostname="beta", limits=dict(lim, nofile=32)))
+    with SandboxRuntime() as runtime:   # its own: no spare prepared for another test's settings
+        runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim)).destroy()
+        runtime.wait_spares_settled()   # a spare now runs an init started as "alpha" with `lim`
+        same = runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim))
+        runtime.wait_spares_settled()
+        other = runtime.create(SandboxSpec(image=busybox_image, hostname="beta", limits=dict(lim, nofile=32)))
+        _check_started_spare(same, other)
+
+
+def _check_started_spare(same, other):
     try:
         assert "init_ready" not in same.start_stages      # its init was started ahead of time
         assert "init_ready" in other.start_stages         # started at create, with its own settings
