@@ -206,7 +206,7 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
                 pid, init = make_init()
             give_root(init, root)
         else:
-            sbx, root, built_with, went = prepared
+            sbx, root, built_with, went, init_ns_fd = prepared
         finish_root(sbx, root, req.get("limits") or {}, base, req.get("files") or {}, built_with)
         stages["root_built"] = time.monotonic()
         if prepared is None:
@@ -214,17 +214,20 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         go = go_message(req)
         if prepared is None or went is None:
             egress = [os.open(req["egress_socket"], os.O_PATH)] if req.get("egress_socket") else []
-            stages.update(start_init(init, dict(go or {}, hostname=req.get("hostname", "sandbox"),
-                                                 cgroup_caps=req.get("cgroup_caps") or [],
-                                                 limits=req.get("limits") or {}), egress))
+            ready, init_ns_fd = start_init(init, dict(go or {}, hostname=req.get("hostname", "sandbox"),
+                                                      cgroup_caps=req.get("cgroup_caps") or [],
+                                                      limits=req.get("limits") or {}), egress)
+            stages.update(ready)
             for fd in egress:
                 os.close(fd)
         elif went != go:   # the node init hands a started spare only to a create it matches
             raise RuntimeError(f"spare init started with {went}, asked for {go}")
         uid_map = open(f"/proc/{pid}/uid_map").read().strip()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        # With the init's own mount namespace (see run_init).
         framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
-                                  "lower": lower, "daemon_pid": daemon.pid if daemon else None}, [ns_fd])
+                                  "lower": lower, "daemon_pid": daemon.pid if daemon else None},
+                         [ns_fd, init_ns_fd])
     except Exception as exc:
         for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
             try:
@@ -249,14 +252,15 @@ def prepare_root(sbx: str, lower: str, dev_template: str, limits: dict, init_pid
     give_root(init, root)
     os.chown(os.path.join(root, "work"), base, base)
     map_init(init_pid, base, size, init)
+    init_ns_fd = None
     if go is not None:
-        start_init(init, go, [])
+        _, init_ns_fd = start_init(init, go, [])
         # Warm the init's command path: a fresh fork pays its first spawn ~0.6 ms more (page
         # copies, first calls). "/" is a directory: execve fails, nothing of the image runs.
         framing.send_msg(init, {"argv": ["/"], "timeout_s": 5.0, "output_cap": 0})
         if framing.recv_msg(init, max_bytes=INIT_REPLY_MAX_BYTES).get("exit_code") != 126:
             raise RuntimeError("sandbox init: the warm-up spawn did not fail as it must")
-    return sbx, root, limits, go
+    return sbx, root, limits, go, init_ns_fd
 
 
 def go_message(req: dict) -> dict | None:
@@ -301,14 +305,16 @@ def map_init(pid: int, base: int, size: int, init: socket.socket) -> dict:
     return {"init_unshared": t_unshared, "init_prepared": time.monotonic()}
 
 
-def start_init(init: socket.socket, go: dict, fds: list[int]) -> dict:
+def start_init(init: socket.socket, go: dict, fds: list[int]) -> tuple[dict, int]:
     """The create-time message: hostname, caps, egress socket. The init answers once commands
-    can run (rlimits and seccomp in place)."""
+    can run (rlimits and seccomp in place), with its own mount namespace (an fd)."""
     framing.send_msg(init, dict(go, stage="go"), fds)
-    msg = framing.recv_msg(init, max_bytes=4096)
-    if msg.get("stage") != "ready":
+    msg, got = framing.recv_msg(init, max_bytes=4096, with_fds=True)
+    if msg.get("stage") != "ready" or len(got) != 1:
+        for fd in got:
+            os.close(fd)
         raise RuntimeError(f"sandbox init failed: {msg.get('error', msg)}")
-    return {"init_ready": time.monotonic()}
+    return {"init_ready": time.monotonic()}, got[0]
 
 
 def _resolve(root: str, path: str) -> str:
@@ -605,7 +611,11 @@ def run_init(mon: socket.socket, seccomp_prog: "seccomp.Program | bytes" = b"") 
     except OSError as exc:
         framing.send_msg(mon, {"stage": "failed", "error": str(exc)})
         return 1
-    framing.send_msg(mon, {"stage": "ready"})
+    # Its own mount namespace, for the node init to hold: torn down when the node init lets go
+    # of it after a destroy, not in this process's exit, which destroy waits for.
+    ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    framing.send_msg(mon, {"stage": "ready"}, [ns_fd])
+    os.close(ns_fd)
     while True:
         try:
             req = framing.recv_msg(mon)

@@ -213,9 +213,9 @@ class NodeInit:
         self.pending.pop(sid, None)
         try:
             rec, fds = framing.recv_msg(sock, max_bytes=65536, with_fds=True)
-            if len(fds) != 1 or rec.get("id") != sid:
+            if len(fds) != 2 or rec.get("id") != sid:
                 raise framing.FramingError(f"bad report from a builder: {rec}")
-            rec["mnt_fd"] = fds[0]
+            rec["mnt_fd"], rec["init_mnt_fd"] = fds
             rec["pidfd"] = os.pidfd_open(int(rec["init_pid"]))
             self.sandboxes[rec["id"]] = rec
         except (framing.FramingError, OSError):
@@ -425,6 +425,7 @@ class NodeInit:
         if rec.get("daemon_pid") and not _kill_and_wait(int(rec["daemon_pid"]), None, DESTROY_TIMEOUT_S):
             self.leaked.append(f"sandbox {sid}: fuse-overlayfs {rec['daemon_pid']} did not die")
         os.close(rec["mnt_fd"])
+        os.close(rec["init_mnt_fd"])
         os.close(rec["pidfd"])
         try:
             os.rmdir(rec["sbx"])
