@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 
 import psutil
@@ -163,8 +164,10 @@ def test_fork_bomb_is_contained_by_the_pids_cap(sb):
 
 def test_memory_cap_stops_a_memory_hog(sb):
     r = sh(sb, "awk 'BEGIN{s=\"x\"; while(1) s=s s}'; echo rc=$?", timeout_s=20)
-    assert b"rc=137" in r.stdout   # the cgroup's OOM killer took the hog, not the sandbox
-    assert "oom_kill 1" in sb.cgroup_stat()["memory.oom_control"]
+    # The cgroup's OOM killer stops the hog (usually awk itself: rc=137; now and then the shell
+    # around it, which then exits 137), never the sandbox, and within the cap.
+    assert b"rc=137" in r.stdout or (r.exit_code == 137 and not r.timed_out), r
+    assert re.search(r"oom_kill [1-9]", sb.cgroup_stat()["memory.oom_control"])
     assert sh(sb, "echo alive").stdout == b"alive\n"
 
 
