@@ -20,8 +20,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from nodeagent.harness import Budgets  # one definition: the harness that enforces budgets owns it
-
 FAMILIES = ("python", "math", "swe")
 SPLITS = ("train", "heldout")
 CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
@@ -29,6 +27,16 @@ CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
 
 class TaskError(ValueError):
     """A task package is malformed; the message names the task and the field."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What a task declares; nodeagent.harness.Budgets is what the node enforces (same fields,
+    checked equal by tests/test_tasks.py: the controller never imports the node agent)."""
+    max_steps: int = 12
+    wall_s: float = 120.0
+    max_tokens: int = 32768
+    observation_bytes: int = 16384
 
 
 

@@ -174,3 +174,11 @@ def test_checker_spec_is_checked_against_the_verifiers_schema_when_the_task_is_m
     Task(**base, checker={"kind": "command", "argv": ["python3", "-c", "pass"]})
     with pytest.raises(TaskError, match=r"unknown field\(s\) \['tset'\]"):
         Task(**base, checker={"kind": "pytest", "tests": ["test_h.py"], "tset": 1})
+
+
+def test_declared_budgets_are_the_ones_the_harness_enforces():
+    import dataclasses
+    from controller.tasks import Budgets as Declared
+    from nodeagent.harness import Budgets as Enforced
+    assert [(f.name, f.default) for f in dataclasses.fields(Declared)] == \
+        [(f.name, f.default) for f in dataclasses.fields(Enforced)]
