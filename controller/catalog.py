@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CATALOG_DIR = "catalog"
 SHARD_TABLES = ("rollouts", "steps", "checks", "spans", "egress")
+_SHARD_TABLE_SET = frozenset(SHARD_TABLES)
+_SHARD_COLUMNS = tuple((t, f"{t}_shard") for t in SHARD_TABLES)
 
 CATALOG_SCHEMA = pa.schema([
     pa.field("rollout_id", pa.string(), nullable=False),
@@ -104,8 +106,8 @@ class Catalog:
         seconds from the caller's wall clock.
         """
         key = CommitKey(str(rollout_id), int(attempt), int(fencing_token))
-        unknown = sorted(set(shards) - set(SHARD_TABLES))
-        if unknown:
+        if not _SHARD_TABLE_SET.issuperset(shards):
+            unknown = sorted(set(shards) - _SHARD_TABLE_SET)
             raise ValueError(f"unknown shard table(s) {unknown}; valid: {SHARD_TABLES}")
         with self._lock:
             existing = self._by_rollout.get(key.rollout_id)
@@ -117,14 +119,14 @@ class Catalog:
                     f"{existing.attempt} token {existing.fencing_token}; refusing attempt "
                     f"{key.attempt} token {key.fencing_token}")
             self._by_rollout[key.rollout_id] = key
-            self._pending.append({
-                "rollout_id": key.rollout_id, "attempt": key.attempt,
-                "fencing_token": key.fencing_token,
-                **{f"{t}_shard": shards.get(t) for t in SHARD_TABLES},
-                "committed_at": _as_utc(committed_at),
-            })
-        log.info("committed rollout_id=%s attempt=%d token=%d", key.rollout_id, key.attempt,
-                 key.fencing_token)
+            row = {"rollout_id": key.rollout_id, "attempt": key.attempt,
+                   "fencing_token": key.fencing_token, "committed_at": _as_utc(committed_at)}
+            for t, col in _SHARD_COLUMNS:
+                row[col] = shards.get(t)
+            self._pending.append(row)
+        # Per-rollout detail: debug (at thousands of commits a second INFO would flood the log).
+        log.debug("committed rollout_id=%s attempt=%d token=%d", key.rollout_id, key.attempt,
+                  key.fencing_token)
         return True
 
     def flush(self) -> Path | None:
