@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import json
 import multiprocessing
 import os
 import shutil
@@ -253,31 +252,15 @@ def test_tarball_members_escaping_the_rootfs_are_refused(tmp_path, members):
 
 def write_oci_layout(path: Path, layers: list[list[tuple]]) -> Path:
     """An OCI image layout whose layers (gzip tars) hold the given members."""
-    blobs = path / "blobs/sha256"
-    blobs.mkdir(parents=True)
-
-    def blob(data: bytes) -> str:
-        h = hashlib.sha256(data).hexdigest()
-        (blobs / h).write_bytes(data)
-        return f"sha256:{h}"
-
-    layer_descs = []
+    from tests.test_image_sources import oci_layout
+    raws = []
     for members in layers:
         buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        with tarfile.open(fileobj=buf, mode="w") as tf:
             for name, kind, data in members:
                 _add(tf, name, kind, 0o755 if kind == tarfile.DIRTYPE else 0o644, data)
-        raw = buf.getvalue()
-        layer_descs.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                            "digest": blob(raw), "size": len(raw)})
-    config = blob(b"{}")
-    manifest = json.dumps({"schemaVersion": 2, "config": {"digest": config, "size": 2},
-                           "layers": layer_descs}).encode()
-    (path / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": blob(manifest),
-         "size": len(manifest)}]}))
-    (path / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    return path
+        raws.append(buf.getvalue())
+    return oci_layout(path, raws)
 
 
 def test_oci_layout_layers_apply_in_order_with_whiteouts(tmp_path):
