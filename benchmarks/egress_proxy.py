@@ -17,6 +17,7 @@ Prints p50 and p99 (ms) of each and the ratios to tinyproxy's p50. Needs root an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import socket
@@ -27,6 +28,9 @@ import tempfile
 import time
 
 from nodeagent.egress import EgressProxy, parse_policy
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tests.netns import origin_netns  # noqa: E402
 
 NS, VETH = "pdk-egbench", "pdkegb"
 HOST_ADDR, ORIGIN_ADDR = "10.231.250.1", "10.231.250.2"
@@ -55,31 +59,6 @@ httpd.request_queue_size = 128
 print("ready", flush=True)
 httpd.serve_forever()
 '''
-
-
-def ip(*args):
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def setup_netns():
-    ip("netns", "add", NS)
-    ip("link", "add", VETH + "h", "type", "veth", "peer", "name", VETH + "o")
-    ip("link", "set", VETH + "o", "netns", NS)
-    ip("addr", "add", f"{HOST_ADDR}/24", "dev", VETH + "h")
-    ip("link", "set", VETH + "h", "up")
-    ip("-n", NS, "addr", "add", f"{ORIGIN_ADDR}/24", "dev", VETH + "o")
-    ip("-n", NS, "link", "set", VETH + "o", "up")
-    ip("-n", NS, "link", "set", "lo", "up")
-    proc = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c", ORIGIN], stdout=subprocess.PIPE)
-    assert proc.stdout.readline() == b"ready\n"
-    return proc
-
-
-def teardown_netns(proc):
-    proc.kill()
-    proc.wait()
-    subprocess.run(["ip", "link", "del", VETH + "h"], capture_output=True)
-    subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
 def free_port():
@@ -150,7 +129,8 @@ def main(argv=None):
     if os.geteuid() != 0:
         sys.exit("egress benchmark: needs root (network namespace)")
     workdir = tempfile.mkdtemp(prefix="paddock-egbench-")
-    origin = setup_netns()
+    netns = contextlib.ExitStack()
+    netns.enter_context(origin_netns(NS, VETH, HOST_ADDR, ORIGIN_ADDR, ORIGIN))
     tiny, tiny_port = start_tinyproxy(workdir)
     proxy = EgressProxy(os.path.join(workdir, "sockets"), resolver=lambda h, p: [ORIGIN_ADDR],
                         allowed_networks=[ipaddress.ip_network("10.231.250.0/24")])
@@ -184,7 +164,7 @@ def main(argv=None):
         proxy.close_all()
         tiny.kill()
         tiny.wait()
-        teardown_netns(origin)
+        netns.close()
     print(f"egress proxy latency, {n} sequential requests per case (ms)")
     base = {"GET": statistics_p50(times["tinyproxy GET"]),
             "CONNECT": statistics_p50(times["tinyproxy CONNECT+hello"])}

@@ -440,15 +440,19 @@ def test_rollouts_flow_through_real_sockets_each_committed_once(farm):
     assert {i["node"] for i in items} == {"n1", "n2"}
 
 
-def test_drain_hands_back_unfinished_work_which_another_node_finishes(farm):
-    gate = threading.Event()
-    started = threading.Event()
+def stuck_runner():
+    """(runner, started, gate): the runner signals `started`, then holds its slot until `gate`."""
+    gate, started = threading.Event(), threading.Event()
 
     def stuck(a):
         started.set()
         gate.wait(30)
         return AttemptResult("pass", 1.0, {}, None)
+    return stuck, started, gate
 
+
+def test_drain_hands_back_unfinished_work_which_another_node_finishes(farm):
+    stuck, started, gate = stuck_runner()
     stuck_agent = farm.agent("stuck", 1, runner=stuck)
     with client(farm.endpoint) as c:
         c.publish_policy(1, "http://127.0.0.1:9/v1")

@@ -17,9 +17,9 @@ from controller import protocol as P
 from controller.client import (AsyncClient, BadRequest, Client, ControllerUnavailable,
                                PolicyConflict, UnknownBatch, UnknownNode, UnknownPolicy,
                                UnknownTask)
-from controller.queue import QueueConfig, RolloutQueue
+from controller.queue import QueueConfig
 from nodeagent.rollout import AttemptResult
-from tests.test_broker import DEP, ROOT, Farm, free_port
+from tests.test_broker import DEP, ROOT, Farm, free_port, stuck_runner
 
 POLICY_URL = "http://127.0.0.1:9/v1"
 
@@ -118,14 +118,7 @@ def test_async_client_submits_and_iterates_results(farm):
 
 
 def test_cancel_ends_the_batch_and_a_late_result_is_rejected(farm):
-    gate = threading.Event()
-    started = threading.Event()
-
-    def stuck(a):
-        started.set()
-        gate.wait(30)
-        return AttemptResult("pass", 1.0, {}, None)
-
+    stuck, started, gate = stuck_runner()
     agent = farm.agent("n1", 1, runner=stuck)
     with connect(farm) as c:
         c.publish_policy(1, POLICY_URL)

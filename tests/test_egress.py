@@ -11,11 +11,11 @@ import shlex
 import shutil
 import socket
 import ssl
-import subprocess
-import sys
 import tempfile
 
 import pytest
+
+from tests.netns import origin_netns
 
 from nodeagent.egress import (PUBLIC, EgressProxy, HostError, PolicyError, decide, normalize_host,
                               parse_policy, parse_sni)
@@ -48,35 +48,13 @@ httpd.serve_forever()
 '''.replace("RAW_PORT", str(RAW_PORT)).replace("HTTP_PORT", str(HTTP_PORT))
 
 
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def origin():
     if os.geteuid() != 0:
         pytest.skip("creating network namespaces needs root")
-    ns, veth = f"pdk-eg-{os.getpid()}", f"pdkeg{os.getpid() % 100000}"
-    ip("netns", "add", ns)
-    proc = None
-    try:
-        ip("link", "add", veth + "h", "type", "veth", "peer", "name", veth + "o")
-        ip("link", "set", veth + "o", "netns", ns)
-        ip("addr", "add", f"{HOST_ADDR}/24", "dev", veth + "h")
-        ip("link", "set", veth + "h", "up")
-        ip("-n", ns, "addr", "add", f"{ORIGIN_ADDR}/24", "dev", veth + "o")
-        ip("-n", ns, "link", "set", veth + "o", "up")
-        ip("-n", ns, "link", "set", "lo", "up")
-        proc = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", ORIGIN],
-                                stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        assert proc.stdout.readline() == b"ready\n"
+    with origin_netns(f"pdk-eg-{os.getpid()}", f"pdkeg{os.getpid() % 100000}",
+                      HOST_ADDR, ORIGIN_ADDR, ORIGIN) as ns:
         yield ns
-    finally:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["ip", "link", "del", veth + "h"], capture_output=True)
-        ip("netns", "del", ns)
 
 
 NAMES = {"origin.example.com": [ORIGIN_ADDR], "a.origin.example.com": [ORIGIN_ADDR],
