@@ -390,6 +390,54 @@ def _relay(a: socket.socket, b: socket.socket, idle_timeout_s: float) -> None:
 
 _node_proxy: EgressProxy | None = None
 _node_lock = threading.Lock()
+SOCKET_DIR_PREFIX = "paddock-egress-"
+OWNER_LOCK = ".owner.lock"
+
+
+def _own_socket_dir(parent: str | None = None) -> tuple[str, int]:
+    """A fresh socket directory under `parent` (default: the temp dir) and the fd of its owner
+    lock, held for the life of this process. Directories left by a node agent that died without
+    cleaning up (SIGKILL, node reboot of a shared /tmp) are swept first: their lock is free."""
+    import fcntl
+    import tempfile
+    parent = parent or tempfile.gettempdir()
+    sweep_socket_dirs(parent)
+    socket_dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=parent)
+    fd = os.open(os.path.join(socket_dir, OWNER_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return socket_dir, fd
+
+
+def sweep_socket_dirs(parent: str) -> list[str]:
+    """Remove the socket directories under `parent` whose owner lock no process holds; returns
+    their paths. A directory without an owner lock (another tool's, or one being created) is
+    left alone."""
+    import fcntl
+    import shutil
+    swept = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(SOCKET_DIR_PREFIX)]
+    except OSError:
+        return swept
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, OWNER_LOCK), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue                      # its owner is alive
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            swept.append(path)
+        finally:
+            os.close(fd)
+    if swept:
+        log.info("egress: swept %d socket dir(s) left by dead node agents", len(swept))
+    return swept
 
 
 def node_proxy(socket_dir: str | None = None) -> EgressProxy:
@@ -399,15 +447,16 @@ def node_proxy(socket_dir: str | None = None) -> EgressProxy:
         if _node_proxy is None:
             import atexit
             import shutil
-            import tempfile
             own_dir = socket_dir is None
-            socket_dir = socket_dir or tempfile.mkdtemp(prefix="paddock-egress-")
+            if own_dir:
+                socket_dir, lock_fd = _own_socket_dir()
             _node_proxy = proxy = EgressProxy(socket_dir)
 
             def _cleanup() -> None:
                 proxy.close_all()
                 if own_dir:
                     shutil.rmtree(socket_dir, ignore_errors=True)
+                    os.close(lock_fd)
             atexit.register(_cleanup)
         return _node_proxy
 
@@ -439,4 +488,4 @@ def close_for_task(sandbox: str) -> list[dict]:
 __all__ = ["DEFAULT_PORTS", "ClientHelloError", "Decision", "EgressError", "EgressProxy", "HostError", "PUBLIC", "Policy",
            "PolicyError", "Rule", "close_for_task", "decisions_for", "open_for_task", "set_node_proxy",
            "address_allowed", "decide", "node_addresses", "node_proxy", "normalize_host", "parse_policy",
-           "client_hello_length", "parse_sni", "system_resolver"]
+           "client_hello_length", "parse_sni", "sweep_socket_dirs", "system_resolver"]

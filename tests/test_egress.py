@@ -354,3 +354,28 @@ def test_a_socket_that_cannot_be_made_is_an_infrastructure_error(tmp_path):
     with pytest.raises(EgressError, match="x" * 200) as e:
         p.open("x" * 200, parse_policy(POLICY))      # AF_UNIX paths are limited to 108 bytes
     assert isinstance(e.value, SandboxError)
+
+
+def test_socket_dirs_of_a_killed_node_agent_are_swept_and_live_ones_kept(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from nodeagent import egress
+    child = ("import sys\nfrom nodeagent import egress\n"
+             f"d, _ = egress._own_socket_dir({str(tmp_path)!r})\n"
+             "print(d, flush=True)\nsys.stdin.read()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, cwd=os.getcwd()) for _ in range(2)]
+    try:
+        dead_dir, live_dir = (p.stdout.readline().strip() for p in procs)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        foreign = tmp_path / "paddock-egress-not-ours"          # no owner lock: not ours to remove
+        foreign.mkdir()
+        assert egress.sweep_socket_dirs(str(tmp_path)) == [dead_dir]
+        assert not os.path.exists(dead_dir) and os.path.isdir(live_dir) and foreign.is_dir()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait()
