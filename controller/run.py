@@ -173,7 +173,8 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
     from controller.curriculum import Curriculum
     trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
     by_id = {t.task_id: t.name for t in builtin_taskset().tasks if t.name in set(names)}
-    curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id)
+    curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id,
+                            local_curriculum_config(cfg))
     rng = random.Random(cfg.seed)
     total = cfg.versions * len(names) * cfg.rollouts_per_task
     with Client(endpoint, deployment) as client, Progress(
@@ -183,6 +184,7 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
         for version in range(cfg.versions):
             policy.set_policy(version, params)
             client.publish_policy(version, policy.url, f"scripted-v{version}")
+            occupancy = curriculum.occupancy(version)
             picks = curriculum.sample(total // cfg.versions, rng, version)
             batch_id = client.submit([by_id[t] for t in picks], 1, version)
             passed = seen = 0
@@ -210,10 +212,20 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
             cheats = sum(s.strategy in CHEATS[s.family] for s in samples)
             paid = sum(s.strategy in CHEATS[s.family] and s.reward > 0 for s in samples)
             p_cheat = max(sum(p for k, p in probs[f].items() if k in CHEATS[f]) for f in probs)
-            bar.console.print(f"v{version}: pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
+            classes = ", ".join(f"{k} {n}" for k, n in occupancy.items() if n)
+            bar.console.print(f"v{version}: tasks {classes}; pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
                               f"next policy p(solve) python={probs['python']['solve']:.2f} "
                               f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
+
+
+def local_curriculum_config(cfg: RunConfig):
+    """The local run samples each task `rollouts_per_task` times per version, so with the default
+    decay (0.5) a task's weighted evidence never exceeds `rollouts_per_task` and every task would
+    stay "explore" for ever. Its policy moves a little per version, so older versions keep more
+    weight here: with one rollout per version a task is classified from its fourth version on."""
+    from controller.curriculum import CurriculumConfig
+    return CurriculumConfig(decay=0.9 if cfg.rollouts_per_task < 3 else 0.5)
 
 
 def _record_outcomes(curriculum, con, batch_id: str) -> None:

@@ -182,3 +182,20 @@ def test_cli_shows_classes_estimates_and_quarantine_reasons(tmp_path):
     text = out.getvalue()
     assert text.startswith("policy version 2: band 1, explore 1, too_easy 0, too_hard 0, quarantined 1")
     assert f"quarantined  0.50 (evidence   0.0)  {tasks[1].name}  broken: manual" in text
+
+
+@pytest.mark.parametrize("per_version", [1, 2, 4])
+def test_the_local_run_config_leaves_explore_within_four_versions(tmp_path, per_version):
+    """The local run records `rollouts_per_task` outcomes per task per version and samples the
+    next version before its own outcomes exist: the evidence must reach min_evidence anyway."""
+    from controller.run import RunConfig, local_curriculum_config
+    cfg = local_curriculum_config(RunConfig(rollouts_per_task=per_version))
+    with Curriculum(tmp_path / "c.sqlite", TASKS, cfg) as c:
+        classes = []
+        for version in range(5):
+            classes.append(set(c.classify(version).values()))
+            for t in TASKS:
+                _feed(c, t, version, passes=per_version if t < TASKS[5] else 0,
+                      fails=0 if t < TASKS[5] else per_version)
+    assert classes[0] == {"explore"}
+    assert "explore" not in classes[4], classes
