@@ -8,7 +8,8 @@ Job steps (what the batch scripts of controller/sbatch.py run, one per layout co
   `paddock job agent`  one per environment node: waits for the endpoint file (gives up with a
                        clear message after --controller-wait-s), checks deployment and version,
                        then runs the node agent.
-SIGWINCH (forwarded by the batch shell before the time limit) or SIGTERM: agents drain; the head
+SIGWINCH (forwarded by the batch shell before the time limit; sent by Slurm itself to a
+`paddock launch` job, whose --signal names it) or SIGTERM: agents drain; the head
 stops training, waits until every agent has drained and disconnected, then shuts the
 controller down so the catalog is flushed. The controller ignores the signal itself (it must
 outlive the drain).
@@ -359,7 +360,7 @@ def launch(params) -> JobHandle:
     """Submit the farm with submitit: one component of env_nodes + 1 nodes, one task per node
     (task 0: head, tasks 1..: agents). `params` are the batch parameters of controller/sbatch.py."""
     import submitit
-    from controller.sbatch import JobParams, ParamError, time_limit_s
+    from controller.sbatch import DRAIN_SIGNAL_NUMBER, JobParams, ParamError, time_limit_s
     p = params if isinstance(params, JobParams) else JobParams.from_mapping(
         dict({"layout": "single", "python": sys.executable}, **params))
     if p.layout != "single":
@@ -369,8 +370,12 @@ def launch(params) -> JobHandle:
     ex = submitit.SlurmExecutor(folder=Path(p.run_dir) / "submitit", python=p.python)
     ex.update_parameters(job_name=p.job_name, time=max(time_limit_s(p.time_limit) // 60, 1),
                          nodes=p.env_nodes + 1, ntasks_per_node=1,
-                         cpus_per_task=max(p.head_cpus, p.agent_cpus), signal_delay_s=p.signal_before_s,
-                         partition=p.partition or None, account=p.account or None)
+                         cpus_per_task=max(p.head_cpus, p.agent_cpus),
+                         partition=p.partition or None, account=p.account or None,
+                         # submitit would ask for USR2, which Slurm sends to every process of the
+                         # step, sandboxes included (default action: die). The drain signal is
+                         # ignored by default, so only the job steps, which handle it, react.
+                         additional_parameters={"signal": f"{DRAIN_SIGNAL_NUMBER}@{p.signal_before_s}"})
     job = ex.submit(job_task, p)
     log.info("submitted job %s (run dir %s)", job.job_id, p.run_dir)
     return JobHandle(job, Path(p.run_dir))

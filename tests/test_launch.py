@@ -60,6 +60,8 @@ def test_launched_farm_trains_and_accounting_reports_it_completed(accounted_clus
     from controller.query import connect
     handle = launch(dict(BASE, run_dir=str(tmp_path / "run")))
     assert handle.job_id.isdigit() and handle.run_dir == tmp_path / "run"
+    script = (tmp_path / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
+    assert "#SBATCH --signal=28@60" in script and "USR2" not in script   # sandboxes ignore WINCH
     assert handle.wait(timeout_s=120, poll_s=0.5) == "COMPLETED", (tmp_path / "run" / "logs" / "head.log").read_text()
     n, distinct = connect(handle.run_dir).execute(
         "SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
@@ -77,3 +79,22 @@ def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_clust
     state = handle.wait(timeout_s=60, poll_s=0.5)
     assert state != "COMPLETED" and state in ("CANCELLED", "FAILED", "NODE_FAIL")
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_the_early_warning_signal_drains_a_launched_farm_without_infra_errors(accounted_cluster, tmp_path, python_image):
+    """What `--signal=28@<secs>` delivers before the time limit, now instead of in minutes: Slurm
+    signals every process of the step, sandboxed workloads included; they must not die of it."""
+    from controller.query import connect
+    from tests.test_sbatch import committed
+    handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), versions=4, tasks_limit=16))
+    wait_for(lambda: committed(handle.run_dir) >= 2, 90, "the first committed rollouts")
+    subprocess.run(["scancel", "--signal=28", handle.job_id], check=True)
+    head_out = handle.run_dir / "submitit" / f"{handle.job_id}_0_log.out"
+    assert handle.wait(timeout_s=120, poll_s=0.5) == "COMPLETED", head_out.read_text()
+    con = connect(handle.run_dir)
+    stored, infra = con.execute("SELECT count(*), count(*) FILTER (outcome = 'infra_error') FROM rollouts").fetchone()
+    assert 2 <= stored < 4 * 16 and infra == 0
+    assert "SIGWINCH before the time limit: waiting for agents to drain" in head_out.read_text()
+    assert handle.job.results() == [0, 0, 0]
