@@ -1,7 +1,7 @@
 """Importers: turn public task formats into Task packages.
 
   humaneval  JSONL of {task_id, prompt, canonical_solution, test, entry_point}
-  mbpp       JSONL of {task_id, text, code, test_list[, test_setup_code]}
+  mbpp       JSONL of {task_id, text|prompt, code, test_list[, test_setup_code, test_imports]}
   math       JSONL of {question|problem, answer}
   swe        JSONL of {instance_id, repo, base_commit, problem_statement, test_patch,
                        FAIL_TO_PASS, PASS_TO_PASS} where `repo` is a local git repository
@@ -101,25 +101,43 @@ def humaneval_task(rec: dict, source: Path, lineno: int) -> Task:
                 checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE]})
 
 
-def _first_function(code: str) -> ast.FunctionDef:
-    for node in ast.parse(code).body:
-        if isinstance(node, ast.FunctionDef):
-            return node
-    raise ValueError("the reference code defines no function")
+def _tested_function(code: str, asserts: list) -> ast.FunctionDef:
+    """The reference's function the asserts call: the first called name the code defines at
+    top level (MBPP references often define helpers first); else the last function defined."""
+    defined = {node.name: node for node in ast.parse(code).body if isinstance(node, ast.FunctionDef)}
+    if not defined:
+        raise ValueError("the reference code defines no function")
+    for stmt in asserts:
+        try:
+            tree = ast.parse(str(stmt).strip())
+        except SyntaxError as exc:
+            raise ValueError(f"'test_list' holds a statement that is not Python: {str(stmt)[:80]!r}") from exc
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined:
+                return defined[node.func.id]
+    return list(defined.values())[-1]
 
 
 def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
-    code, asserts = rec["code"], rec["test_list"]
-    if not isinstance(asserts, list) or not asserts:
+    """Original MBPP ({text, code, test_list, test_setup_code, challenge_test_list}) or the
+    sanitized split ({prompt, code, test_list, test_imports})."""
+    code, asserts = rec["code"].replace("\r\n", "\n"), rec["test_list"]
+    if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
         raise ValueError("'test_list' must be a non-empty list of assert statements")
-    fn = _first_function(code)
+    text = rec.get("text", rec.get("prompt"))
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("needs a non-empty 'text' (or 'prompt')")
+    fn = _tested_function(code, asserts)
     signature = ast.unparse(fn.args)
     stub = f"def {fn.name}({signature}):\n    raise NotImplementedError\n"
-    setup = rec.get("test_setup_code") or ""
-    lines = [f"from solution import *  # noqa: F401,F403", setup, ""]
+    imports = rec.get("test_imports") or []
+    if not isinstance(imports, list):
+        raise ValueError("'test_imports' must be a list of import statements")
+    setup = (rec.get("test_setup_code") or "").replace("\r\n", "\n")
+    lines = [*imports, "from solution import *  # noqa: F401,F403", setup, ""]
     for i, stmt in enumerate(asserts):
         lines += ["", f"def test_{i}():", f"    {stmt.strip()}", ""]
-    instruction = (f"{rec['text'].strip()}\n\nWrite the function `{fn.name}({signature})` in "
+    instruction = (f"{text.strip()}\n\nWrite the function `{fn.name}({signature})` in "
                    f"/work/solution.py. Hidden tests check it, for example:\n{asserts[0].strip()}")
     return Task(name=f"mbpp/{_slug(rec.get('task_id', lineno))}", family="python",
                 instruction=instruction, files={SOLUTION_FILE: stub},

@@ -26,6 +26,33 @@ MBPP = {
     "test_list": ["assert double(2) == 4", "assert double(0) == 0"],
 }
 
+# the shapes of the public files: original MBPP (CRLF code, a helper defined before the tested
+# function, setup code), the sanitized split (prompt, test_imports), HumanEval with a helper
+# in the prompt and METADATA in the test
+MBPP_HELPER_FIRST = {
+    "task_id": 901, "text": "Write a function to sum the squares of a list.",
+    "code": "import math\r\ndef square(x):\r\n  return x * x\r\ndef sum_squares(xs):\r\n  return sum(square(x) for x in xs) ",
+    "test_list": ["assert sum_squares([1, 2]) == 5", "assert sum_squares([]) == 0"],
+    "test_setup_code": "", "challenge_test_list": [],
+}
+MBPP_SANITIZED = {
+    "source_file": "Benchmark Questions Verification V2.ipynb", "task_id": 902,
+    "prompt": "Write a function to find the shared elements from the given two lists.",
+    "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n",
+    "test_imports": ["import math"],
+    "test_list": ["assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))"],
+}
+HUMANEVAL_HELPER = {
+    "task_id": "HumanEval/903",
+    "prompt": ('def is_even(n: int) -> bool:\n    """Test if n is even."""\n    return n % 2 == 0\n\n\n'
+               'def count_even(xs: list) -> int:\n    """Count the even numbers in xs.\n    >>> count_even([1, 2, 4])\n'
+               '    2\n    """\n'),
+    "canonical_solution": "    return sum(1 for x in xs if is_even(x))\n",
+    "test": ("\n\nMETADATA = {\n    'author': 'x',\n    'dataset': 'test'\n}\n\n\ndef check(candidate):\n"
+             "    assert candidate([]) == 0\n    assert candidate([1, 2, 4]) == 2\n    assert is_even(2)\n"),
+    "entry_point": "count_even",
+}
+
 
 def _jsonl(path: Path, *records) -> Path:
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -41,7 +68,8 @@ def _pytest(workdir: Path, files: dict, tests: list[str]) -> int:
                           cwd=workdir, capture_output=True, timeout=120).returncode
 
 
-@pytest.mark.parametrize("kind, record", [("humaneval", HUMANEVAL), ("mbpp", MBPP)])
+@pytest.mark.parametrize("kind, record", [("humaneval", HUMANEVAL), ("mbpp", MBPP), ("humaneval", HUMANEVAL_HELPER),
+                                          ("mbpp", MBPP_HELPER_FIRST), ("mbpp", MBPP_SANITIZED)])
 def test_python_importers_reference_passes_and_stub_fails(tmp_path, kind, record):
     [task] = import_source(kind, _jsonl(tmp_path / "src.jsonl", record))
     assert task.family == "python" and task.checker["tests"] == ["test_hidden.py"]
@@ -51,6 +79,20 @@ def test_python_importers_reference_passes_and_stub_fails(tmp_path, kind, record
     assert _pytest(stub_dir, {**task.files, **task.hidden}, tests) != 0
     ref = {**task.files, **task.hidden, "solution.py": task.hidden["reference.py"]}
     assert _pytest(ref_dir, ref, tests) == 0
+
+
+def test_mbpp_stub_and_instruction_name_the_function_the_tests_call(tmp_path):
+    helper_first, sanitized = import_source("mbpp", _jsonl(tmp_path / "m.jsonl", MBPP_HELPER_FIRST, MBPP_SANITIZED))
+    assert helper_first.files["solution.py"].startswith("def sum_squares(xs):")
+    assert "`sum_squares(xs)`" in helper_first.instruction and "\r" not in helper_first.hidden["reference.py"]
+    assert sanitized.instruction.startswith("Write a function to find the shared elements")
+    assert sanitized.hidden["test_hidden.py"].startswith("import math\n")
+
+
+def test_an_mbpp_record_without_a_description_names_the_fields(tmp_path):
+    record = {k: v for k, v in MBPP.items() if k != "text"}
+    with pytest.raises(ImportSourceError, match="m.jsonl:1: needs a non-empty 'text' .or 'prompt'."):
+        import_source("mbpp", _jsonl(tmp_path / "m.jsonl", record))
 
 
 def test_math_importer_accepts_question_or_problem(tmp_path):
