@@ -2,7 +2,8 @@
 
   humaneval  JSONL of {task_id, prompt, canonical_solution, test, entry_point}
   mbpp       JSONL of {task_id, text|prompt, code, test_list[, test_setup_code, test_imports]}
-  math       JSONL of {question|problem, answer}
+  math       JSONL of {question|problem, answer} (GSM8K: the answer after "####") or
+             {problem, solution} (MATH: the last \\boxed{} of the solution)
   swe        JSONL of {instance_id, repo, base_commit, problem_statement, test_patch,
                        FAIL_TO_PASS, PASS_TO_PASS} where `repo` is a local git repository
              (path relative to the JSONL file or absolute)
@@ -147,13 +148,34 @@ def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
 
 # -- math -----------------------------------------------------------------------------------
 
+def gold_answer(rec: dict) -> str:
+    """The gold final answer of a math record: `answer` (GSM8K's "reasoning #### 72" gives
+    "72"), else the last \\boxed{} of `solution` (the MATH dataset's records have no answer
+    field)."""
+    if "answer" in rec:
+        answer = str(rec["answer"])
+        if "####" in answer:
+            answer = answer.rsplit("####", 1)[1]
+            if re.fullmatch(r"\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*", answer):
+                answer = answer.replace(",", "")
+        answer = answer.strip()
+        if not answer:
+            raise ValueError("'answer' is empty")
+        return answer
+    if isinstance(rec.get("solution"), str):
+        from nodeagent.checkers import boxed_answers
+        boxed = [b for b in boxed_answers(rec["solution"]) if b]
+        if not boxed:
+            raise ValueError("no 'answer', and 'solution' has no \\boxed{...} final answer")
+        return boxed[-1]
+    raise KeyError("answer")
+
+
 def math_task(rec: dict, source: Path, lineno: int) -> Task:
     question = rec.get("question", rec.get("problem"))
     if not isinstance(question, str) or not question.strip():
         raise ValueError("needs a non-empty 'question' (or 'problem')")
-    answer = str(rec["answer"]).strip()
-    if not answer:
-        raise ValueError("'answer' is empty")
+    answer = gold_answer(rec)
     name = rec.get("id", rec.get("task_id", f"{source.stem}-{lineno}"))
     instruction = ("Solve the following problem. Put only the final answer in \\boxed{...}.\n\n"
                    + question.strip())

@@ -39,6 +39,11 @@ def _boxed_contents(text: str) -> list[str]:
     return out
 
 
+def boxed_answers(text: str) -> list[str]:
+    """The contents of every \\boxed{...} in `text`, in order (nested braces kept)."""
+    return _boxed_contents(text)
+
+
 def final_answers(text: str | None) -> list[str]:
     """Every final-answer candidate of the strongest kind present: all \\boxed{} contents, else
     every 'answer:' line, else the last number."""

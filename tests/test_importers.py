@@ -103,6 +103,19 @@ def test_math_importer_accepts_question_or_problem(tmp_path):
     assert b.name == "math/four" and "\\boxed" in b.instruction
 
 
+def test_math_gold_answers_from_gsm8k_and_math_records(tmp_path):
+    gsm8k = {"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+             "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72.\n#### 72"}
+    big = {"question": "q", "answer": "It is 1,000 + 234 = 1234.\n#### 1,234"}
+    math_record = {"problem": "What is $\\frac{1}{2} + \\frac{1}{4}$?", "level": "Level 1", "type": "Algebra",
+                   "solution": "First $\\boxed{x}$ is a distractor; the sum is $\\boxed{\\frac{3}{4}}$."}
+    a, b, c = import_source("math", _jsonl(tmp_path / "m.jsonl", gsm8k, big, math_record))
+    assert a.checker["answer"] == "72" and b.checker["answer"] == "1234"
+    assert c.checker["answer"] == "\\frac{3}{4}" and c.hidden["answer.txt"] == "\\frac{3}{4}"
+    with pytest.raises(ImportSourceError, match="m2.jsonl:1: no 'answer', and 'solution' has no"):
+        import_source("math", _jsonl(tmp_path / "m2.jsonl", {"problem": "p", "solution": "it is 3"}))
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "src.jsonl:2: not valid JSON"),
     (json.dumps({"answer": "1"}), "src.jsonl:2: needs a non-empty 'question'"),
