@@ -252,11 +252,24 @@ def _patched_paths(patch: str) -> list[str]:
     return sorted(set(paths))
 
 
+def _test_ids(rec: dict, key: str) -> list[str]:
+    """A list of test ids; the public SWE-bench files hold it as a JSON-encoded string."""
+    value = rec.get(key) or []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(f"{key!r} is a string but not a JSON list of test ids: {value[:80]!r}") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{key!r} must be a list of test ids (strings)")
+    return value
+
+
 def swe_task(rec: dict, source: Path, lineno: int) -> Task:
     repo = Path(rec["repo"])
     repo = repo if repo.is_absolute() else (source.parent / repo)
     base, patch = rec["base_commit"], rec["test_patch"]
-    f2p, p2p = list(rec["FAIL_TO_PASS"]), list(rec.get("PASS_TO_PASS") or [])
+    f2p, p2p = _test_ids(rec, "FAIL_TO_PASS"), _test_ids(rec, "PASS_TO_PASS")
     if not f2p:
         raise ValueError("'FAIL_TO_PASS' must list at least one test")
     test_files = _patched_paths(patch)

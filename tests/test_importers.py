@@ -236,3 +236,16 @@ def test_cli_import_heldout_runs_the_contamination_check(tmp_path):
     assert "contamination he-held vs he-train: 2 suspect(s)" in out.getvalue()
     report = json.loads((bank / "contamination" / "he-held--he-train.json").read_text())
     assert report["suspects"][0]["heldout_name"] == "humaneval/Held_0"
+
+
+def test_swe_test_ids_may_be_json_encoded_strings_as_in_the_public_files(tmp_path, swe_repo):
+    rec = json.loads(swe_repo["src"].read_text())
+    rec["repo"] = str(swe_repo["src"].parent / rec["repo"])
+    rec["FAIL_TO_PASS"] = json.dumps(rec["FAIL_TO_PASS"])
+    rec["PASS_TO_PASS"] = "[]"
+    [task] = import_source("swe", _jsonl(tmp_path / "swe.jsonl", rec))
+    assert task.checker["fail_to_pass"] == ["tests/test_calc.py::test_add_negative"]
+    assert task.checker["pass_to_pass"] == []
+    rec["FAIL_TO_PASS"] = "tests/test_calc.py::test_add_negative"      # not a JSON list
+    with pytest.raises(ImportSourceError, match="bad.jsonl:1: 'FAIL_TO_PASS' is a string but not a JSON list"):
+        import_source("swe", _jsonl(tmp_path / "bad.jsonl", rec))
