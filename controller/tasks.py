@@ -29,16 +29,33 @@ class TaskError(ValueError):
     """A task package is malformed; the message names the task and the field."""
 
 
+class BudgetError(TaskError):
+    """A task's budgets are malformed; the message names the key."""
+
+
 @dataclass(frozen=True)
 class Budgets:
-    """What a task declares; nodeagent.harness.Budgets is what the node enforces (same fields,
-    checked equal by tests/test_tasks.py: the controller never imports the node agent)."""
+    """A task's rollout budgets: declared here, enforced by the node's harness
+    (nodeagent.harness imports this class; the controller never imports the node agent)."""
     max_steps: int = 12
     wall_s: float = 120.0
     max_tokens: int = 32768
     observation_bytes: int = 16384
 
-
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Budgets":
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
+        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int)):
+            if key in d:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
+                        or (kind is int and int(v) != v):
+                    raise BudgetError(f"budget {key!r} must be a positive {kind.__name__}, got {v!r}")
+                d[key] = kind(v)
+        return cls(**d)
 
 
 @dataclass(frozen=True)

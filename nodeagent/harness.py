@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Protocol
 
+from controller.tasks import BudgetError, Budgets
 from nodeagent.sandbox import Sandbox, SandboxError
 from nodeagent.tools import ALL_TOOLS, Toolbox, ToolResult, definitions
 
@@ -47,33 +48,6 @@ class ModelError(Exception):
     Raised out of `run_agent`, it carries the steps and spans recorded so far in `.result`."""
 
     result: "AgentResult | None" = None
-
-
-class BudgetError(ValueError):
-    """A task's budgets are malformed; the message names the key."""
-
-
-@dataclass(frozen=True)
-class Budgets:
-    max_steps: int = 12
-    wall_s: float = 120.0
-    max_tokens: int = 32768
-    observation_bytes: int = 16384
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "Budgets":
-        d = dict(d or {})
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
-        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int)):
-            if key in d:
-                v = d[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
-                        or (kind is int and int(v) != v):
-                    raise BudgetError(f"budget {key!r} must be a positive {kind.__name__}, got {v!r}")
-                d[key] = kind(v)
-        return cls(**d)
 
 
 @dataclass
