@@ -7,6 +7,7 @@ a FramingError, never an unbounded allocation. No Paddock imports.
 from __future__ import annotations
 
 import base64
+import os
 import json
 import socket
 import struct
@@ -71,3 +72,55 @@ def recv_msg(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: 
     except ValueError as exc:
         raise FramingError(f"malformed message: {exc}") from None
     return (obj, fds) if with_fds else obj
+
+
+# -- records: the native sandbox init's wire format (nodeagent/native/sbxinit.c) -------------
+# A frame is the same u32 length followed by records: a one-byte tag, a u32 length, the bytes.
+# Exec request tags: a (argv, repeated), e (env "K=V", repeated), c (cwd), i (stdin),
+# t (timeout ms), o (output cap), u (uid). Reply: x (exit code), T (timed out), r (truncated),
+# w (wall µs), 1 (stdout), 2 (stderr). Setup stages: s (stage name), m (error message).
+_REC = struct.Struct("!cI")
+
+
+def encode_records(records: list[tuple[str, bytes]]) -> bytes:
+    body = b"".join(_REC.pack(tag.encode(), len(val)) + val for tag, val in records)
+    return _HDR.pack(len(body)) + body
+
+
+def decode_records(body: bytes) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    off = 0
+    while off < len(body):
+        if len(body) - off < _REC.size:
+            raise FramingError("truncated record header")
+        tag, n = _REC.unpack_from(body, off)
+        off += _REC.size
+        if n > len(body) - off:
+            raise FramingError("record runs past its frame")
+        out.setdefault(tag.decode("latin-1"), []).append(body[off:off + n])
+        off += n
+    return out
+
+
+def send_records(sock: socket.socket, records: list[tuple[str, bytes]]) -> None:
+    sock.sendall(encode_records(records))
+
+
+def recv_records(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):
+    """One frame of records as {tag: [values]} (and the fds that came with it)."""
+    fds: list[int] = []
+    if with_fds:
+        hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, 4)
+        if not hdr:
+            raise FramingError("peer closed the connection")
+        if len(hdr) < _HDR.size:
+            hdr += _recv_exact(sock, _HDR.size - len(hdr))
+    else:
+        hdr = _recv_exact(sock, _HDR.size)
+    (size,) = _HDR.unpack(hdr)
+    if size > max_bytes:
+        for fd in fds:
+            os.close(fd)
+        raise FramingError(f"message of {size} bytes exceeds the limit of {max_bytes}")
+    recs = decode_records(_recv_exact(sock, size))
+    return (recs, fds) if with_fds else recs

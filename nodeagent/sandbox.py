@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from nodeagent import cgroups, framing, nsutil, sbxinit
+from nodeagent import cgroups, framing, native, nsutil, sbxinit
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ DEFAULT_USER = "paddock"
 DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
 OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs")
-MAX_SPARES = 2        # spare builders the holder keeps (each used one is replaced at once)
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 
 
@@ -231,9 +230,9 @@ class SandboxRuntime:
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
-        self.spares: dict[str, int] = {}   # spare builders (no sandbox yet): cgroup name -> id slice
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
+        self._init_exe: int | None = None   # the native sandbox init, open (handed to the holder)
         self.swept: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -259,11 +258,17 @@ class SandboxRuntime:
         if missing:
             log.warning("running DEGRADED: %s not enforced (%s)", ", ".join(missing), report)
         os.chmod(self.state_dir, 0o755)
+        try:
+            self._init_exe = os.open(native.init_binary(), os.O_RDONLY | os.O_CLOEXEC)
+        except (native.NativeBuildError, OSError) as exc:
+            self.cgroups.close()
+            self._remove_state_dir()
+            raise SandboxError(f"the native sandbox init is not available: {exc}") from None
         ours, theirs = socket.socketpair()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent.zygote", "--ctl-fd", str(theirs.fileno()),
-             "--state", self.state_dir],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+             "--state", self.state_dir, "--init-fd", str(self._init_exe)],
+            pass_fds=(theirs.fileno(), self._init_exe), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, cwd="/", env=_clean_env())
         theirs.close()
         self._ctl = ours
@@ -328,6 +333,9 @@ class SandboxRuntime:
             if self._proc.stderr:
                 self._proc.stderr.close()
             self._proc = None
+        if self._init_exe is not None:
+            os.close(self._init_exe)
+            self._init_exe = None
         self.cgroups.close()
         self._remove_state_dir()
         self._images.clear()
@@ -419,7 +427,7 @@ class SandboxRuntime:
                 del self._images[k]
         for k in idle:
             try:
-                self._spares_dropped(self._call({"op": "unmount_image", "key": k}).get("dropped") or [])
+                self._call({"op": "unmount_image", "key": k})
                 gone.append(k)
             except SandboxError as exc:
                 log.warning("unmounting image %s failed: %s", k, exc)
@@ -429,19 +437,17 @@ class SandboxRuntime:
         with self._lock:
             return {k: m.refs for k, m in self._images.items()}
 
-    def wait_spares_settled(self, timeout_s: float = 30.0) -> int:
-        """Until no spare builder is still being prepared (tests, benchmarks): ready spares."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            r = self._call({"op": "ping"})
-            if r["spares_pending"] == 0 or time.monotonic() > deadline:
-                return r["spares"]
+    def spare_builders(self) -> list[int]:
+        """Node PIDs of the holder's spare builders (forks waiting for a create; ops and tests)."""
+        return list(self._call({"op": "ping"})["spare_pids"])
 
     def mounted_images(self) -> list[str]:
         return sorted(self._call({"op": "ping"})["images"])
 
     # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
+        """A sandbox built from nothing: its cgroup (caps written before anything runs), id
+        slice, mount and other namespaces, writable root and init are all made by this call."""
         self._reclaim()
         self.reap_images()
         key = self.mount_image(spec.image)
@@ -453,34 +459,20 @@ class SandboxRuntime:
             if not self._free_slices:
                 self._unref_image_locked(key)
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
-            # This sandbox's slice, or (if a spare builder takes the create) the next spare's.
             slice_no = self._free_slices.pop()
         sid = f"s{next(self._ids)}"
+        cgroup = f"c{next(self._cg_ids)}"
         t_req = time.monotonic()
         ours, theirs = socket.socketpair()
         cg_fds: list[int] = []
-        cgroup = None
         try:
-            # A fresh cgroup, no caps yet: this sandbox's, or (when the holder has a spare builder
-            # already inside its own cgroup) the next spare's. The caps go in before any exec.
-            new_cg = f"c{next(self._cg_ids)}"
-            cg_fds = self.cgroups.create(new_cg, {}, idle=True)   # `apply` below restores the weight
+            cg_fds = self.cgroups.create(cgroup, spec.limits)
             cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-                   "cgroup_caps": cg_caps, "cgroup": new_cg, "overlay": self.overlay, "egress_socket": spec.egress_socket,
+                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
                    "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
-            r = self._call(req, [theirs.fileno()] + cg_fds)
-            cgroup = r["cgroup"]
-            if cgroup != new_cg:   # a spare took it: its slice is this sandbox's, ours the new spare's
-                with self._lock:
-                    self.spares[new_cg] = slice_no
-                    slice_no = self.spares.pop(cgroup)
-                assert r["slice_base"] == slice_no * self.slice_size, (r, slice_no)
-            self._spares_dropped(r.get("dropped") or [])
-            self.cgroups.apply(cgroup, spec.limits)
-            if r.get("need_spare") and len(self.spares) < MAX_SPARES and self.overlay == "kernel":
-                self._add_spare(key, spec.limits, sbxinit.go_message(req))
+            self._call(req, [theirs.fileno()] + cg_fds)
             theirs.close()
             reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
             if not reply.get("ok") or len(fds) != 1:
@@ -490,10 +482,8 @@ class SandboxRuntime:
             init_sock = socket.socket(fileno=fds[0])
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
-            if cgroup is not None:
+            if cg_fds:
                 self.cgroups.remove(cgroup)
-            elif cg_fds:
-                self.cgroups.remove(new_cg)
             self._release(slice_no, key)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         finally:
@@ -525,42 +515,6 @@ class SandboxRuntime:
             self._free_slices.append(slice_no)
             if key is not None:
                 self._unref_image_locked(key)
-
-    def _add_spare(self, image_key: str, limits: dict, go: dict | None = None) -> None:
-        """Ask the holder for a spare builder: forked now, it joins a fresh cgroup, builds a root
-        on `image_key` (tmpfs sized by `limits`), maps its init onto a slice and (with `go`)
-        starts it with those create settings, in the background."""
-        with self._lock:
-            if not self._free_slices:
-                return
-            slice_no = self._free_slices.pop()
-        name = f"c{next(self._cg_ids)}"
-        fds: list[int] = []
-        try:
-            fds = self.cgroups.create(name, {}, idle=True)
-            self._call({"op": "add_spare", "cgroup": name, "image_key": image_key, "limits": limits, "go": go,
-                        "slice_base": slice_no * self.slice_size, "slice_size": self.slice_size}, fds)
-            with self._lock:
-                self.spares[name] = slice_no
-        except (SandboxError, cgroups.CapsError) as exc:
-            log.warning("no spare builder: %s", exc)
-            self.cgroups.remove(name)
-            self._release(slice_no)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def _spares_dropped(self, names: list[str]) -> None:
-        for name in names:
-            with self._lock:
-                slice_no = self.spares.pop(name, None)
-            self.cgroups.remove(name)
-            if slice_no is not None:
-                self._release(slice_no)
-
-    @property
-    def spare_cgroups(self) -> set[str]:
-        return set(self.spares)
 
     def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
         """A file operation on sandbox `sid`, answered by a helper of the holder on its own socket."""
@@ -700,9 +654,11 @@ class Sandbox:
             with self._lock:
                 try:
                     self._sock.settimeout(float(req["timeout_s"]) + EXEC_GRACE_S)
-                    framing.send_msg(self._sock, req)
+                    framing.send_records(self._sock, sbxinit.exec_records(
+                        req["argv"], req["stdin"], req["timeout_s"], req["cwd"], req["env"],
+                        req["output_cap"], req["uid"], self.spec.egress_socket is not None))
                     reply = sbxinit.checked_exec_reply(
-                        framing.recv_msg(self._sock, max_bytes=sbxinit.INIT_REPLY_MAX_BYTES))
+                        framing.recv_records(self._sock, max_bytes=sbxinit.INIT_REPLY_MAX_BYTES))
                 except (framing.FramingError, OSError) as exc:
                     raise SandboxError(f"sandbox {self.id} init is gone: {exc}") from None
         if not reply.get("ok"):
@@ -715,9 +671,9 @@ class Sandbox:
         agent's root, e.g. a checker that does not own /work; its gid is the same number."""
         if uid is not None and not (0 <= int(uid) < self.runtime.slice_size):
             raise ValueError(f"uid {uid} is outside the sandbox's id slice [0, {self.runtime.slice_size})")
-        r = self._call({"op": "exec", "argv": list(argv), "stdin": stdin, "timeout_s": timeout_s,
-                        "cwd": cwd, "env": env or {}, "output_cap": output_cap, "limits": self.spec.limits,
-                        "uid": uid})
+        r = self._call({"op": "exec", "argv": list(argv) if isinstance(argv, (list, tuple)) else argv,
+                        "stdin": stdin, "timeout_s": timeout_s, "cwd": cwd, "env": env or {},
+                        "output_cap": output_cap, "uid": uid})
         return ExecResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["truncated"], r["wall_s"])
 
     def write_files(self, files: dict, owner: str = "agent", mode: int = 0o644) -> None:

@@ -9,8 +9,10 @@ PID namespace and forks stage 2, the node init, which:
 - mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
   (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
   works), shared by every sandbox of the node;
-- forks one builder per sandbox (see `nodeagent.sbxinit`), keeps the sandbox's mount namespace
-  (an fd) and its init's PID, forks a short-lived helper per file operation, kills on destroy.
+- keeps SPARE_BUILDERS forks of itself waiting (they hold nothing of any sandbox); each create
+  goes to one (see `nodeagent.sbxinit.run_builder`), which is replaced after the reply;
+- keeps each sandbox's mount namespaces (fds) and its init's pidfd, forks a short-lived helper
+  per file operation, kills on destroy.
 
 Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the kernel kills
 every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
@@ -43,6 +45,7 @@ SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
 FUSE_CACHE_OPTS = "" if SQUASHFUSE == "squashfuse_ll" else \
     ",entry_timeout=86400,negative_timeout=86400,attr_timeout=86400,kernel_cache"
 DESTROY_TIMEOUT_S = 10.0
+SPARE_BUILDERS = 2   # forks of this process waiting for a create (each used one is replaced at once)
 
 
 def _mounted(path: str) -> bool:
@@ -53,29 +56,24 @@ def _mounted(path: str) -> bool:
 class Spare(NamedTuple):
     pid: int                  # the spare builder (node PID)
     sock: socket.socket
-    cgroup: str               # the cgroup it (and its init) joined
-    image_key: str | None     # the image its root is built on, or None (no root yet)
-    init_pid: int
-    slice_base: int           # the id slice its init is mapped onto
-    go: dict | None           # the create settings its init already runs with (`sbxinit.go_message`)
 
 
 class NodeInit:
-    def __init__(self, ctl: socket.socket, state_dir: str):
+    def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int):
         self.ctl = ctl
+        self.init_exe = init_exe   # the native sandbox init (an open file, exec'd via /proc/self/fd)
+        self.bpf_fd = -1           # the seccomp program (raw BPF in a memfd), built once
         self.state = state_dir
         self.images_dir = os.path.join(state_dir, "images")
         self.sbx_dir = os.path.join(state_dir, "sbx")
         self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
-        self.spares: list[Spare] = []                             # ready, oldest first
+        self.spares: list[Spare] = []                             # waiting builders, oldest first
         self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
         self.dying: dict[str, dict] = {}                          # destroyed, init not yet gone
         self.leaked: list[str] = []                               # what a teardown could not remove
-        self.orphans: list[str] = []      # cgroups of spares dropped between requests (for the agent)
         self._after_reply = None                                  # work deferred past a reply
-        self.seccomp_prog = seccomp.Program(b"")      # built once, installed in each sandbox
 
     def setup(self) -> None:
         nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_PRIVATE)
@@ -84,12 +82,13 @@ class NodeInit:
                      "mode=0755,size=4m,nr_inodes=65536")
         os.mkdir(self.images_dir, 0o755)
         os.mkdir(self.sbx_dir, 0o755)
-        # Image mounts propagate into the builders' namespaces (spares are prepared before an
+        # Image mounts propagate into the builders' namespaces (spares are forked before an
         # image may be mounted); nothing propagates back (builders make their copies slaves).
         nsutil.mount(self.images_dir, self.images_dir, None, nsutil.MS_BIND)
         nsutil.mount("none", self.images_dir, None, nsutil.MS_SHARED)
         sbxinit.make_dev_template(os.path.join(self.state, "dev"))
-        self.seccomp_prog = seccomp.Program(seccomp.build())
+        self.bpf_fd = os.memfd_create("paddock-seccomp", 0)   # inherited by every builder
+        os.write(self.bpf_fd, seccomp.build())
 
     def serve(self) -> None:
         self.sel.register(self.ctl, selectors.EVENT_READ)
@@ -101,7 +100,7 @@ class NodeInit:
                     if not self.serve_agent():
                         return   # the agent went away: exiting tears the node namespace down
                 elif key.data and key.data[0] == "spare":
-                    self.spare_ready(key.fileobj, key.data)
+                    self.spare_died(key.fileobj)
                 elif key.data and key.data[0] == "dying":
                     self.finish_dying(key.data[1])
                 else:
@@ -120,90 +119,57 @@ class NodeInit:
         finally:
             for fd in fds:
                 os.close(fd)
-        if self.orphans and "dropped" in reply:
-            reply["dropped"], self.orphans = list(reply["dropped"]) + self.orphans, []
         framing.send_msg(self.ctl, reply)
         if self._after_reply is not None:
             after, self._after_reply = self._after_reply, None
             after()
         return True
 
-    # -- spares: builders forked ahead of time, already inside their (future) sandbox cgroups,
-    # -- with their init forked and, for the image last asked for, the root built and entered --
-    def add_spare(self, cgroup: str, cg_fds: list[int], image_key: str | None, limits: dict | None,
-                  slice_base: int, slice_size: int, go: dict | None = None) -> None:
+    # -- spares: builders forked ahead of time, holding nothing of any sandbox ----------------
+    def fill_spares(self) -> None:
+        while len(self.spares) < SPARE_BUILDERS:
+            self.spares.append(self._fork_builder(None, []))
+
+    def _fork_builder(self, req: dict | None, fds: list[int]) -> Spare:
+        """A builder: with `req`, it builds that sandbox at once (`fds`: the agent's socket, then
+        the cgroup.procs files); without, it is a spare that waits for its request."""
         ours, theirs = socket.socketpair()
-        dups = [os.dup(fd) for fd in cg_fds]
+        dups = [os.dup(fd) for fd in fds]
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
-                code = self._spare_main(theirs, dups, cgroup, image_key, limits or {}, slice_base, slice_size, go)
+                # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
+                _close_fds_except({0, 1, 2, theirs.fileno(), self.init_exe, self.bpf_fd, *dups})
+                code = self._builder_main(theirs, req, dups)
             finally:
                 os._exit(code)
         theirs.close()
         for fd in dups:
             os.close(fd)
-        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid, cgroup, slice_base, self.fuse.get(image_key)))
+        if req is None:
+            self.sel.register(ours, selectors.EVENT_READ, ("spare", pid))
+        return Spare(pid, ours)
 
-    def _spare_main(self, sock: socket.socket, cg_fds: list[int], cgroup: str, image_key: str | None,
-                    limits: dict, slice_base: int, slice_size: int, go: dict | None) -> int:
-        for fd in cg_fds:   # join now: the RCU wait of a v1 migration is paid before any create
-            os.write(fd, b"0")
-            os.close(fd)
-        sbxinit.enter_mount_ns()
-        init_pid, init = sbxinit.fork_init(self.seccomp_prog)   # the init inherits the cgroups
-        prepared = None
-        if image_key in self.fuse:   # mounted when this spare was forked
-            prepared = sbxinit.prepare_root(
-                os.path.join(self.sbx_dir, f"spare-{cgroup}"), os.path.join(self.images_dir, image_key),
-                os.path.join(self.state, "dev"), limits, init_pid, init, slice_base, slice_size, go)
-        framing.send_msg(sock, {"ready": True, "image_key": image_key if prepared else None,
-                                "init_pid": init_pid, "go": prepared[3] if prepared else None})
-        try:
-            req, fds = framing.recv_msg(sock, with_fds=True)
-        except framing.FramingError:
-            return 0   # the node is closing
+    def _builder_main(self, sock: socket.socket, req: dict | None, fds: list[int]) -> int:
+        if req is None:
+            try:
+                req, fds = framing.recv_msg(sock, with_fds=True)
+            except framing.FramingError:
+                return 0   # the node is closing
         agent = socket.socket(fileno=fds[0])
-        req = dict(req, slice_base=slice_base)   # its own slice (the request's went to the next spare)
         return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
-                                   sbx_root=self.sbx_dir, init_pid=init_pid, init=init, prepared=prepared)
+                                   sbx_root=self.sbx_dir, cgroup_fds=fds[1:], init_exe=self.init_exe,
+                                   bpf_fd=self.bpf_fd)
 
-    def spare_ready(self, sock: socket.socket, data: tuple) -> None:
+    def spare_died(self, sock: socket.socket) -> None:
+        """A spare's socket turned readable before it was given a request: it died (it holds
+        nothing to reclaim). Replaced at once."""
         self.sel.unregister(sock)
-        try:
-            msg = framing.recv_msg(sock, max_bytes=4096)
-            if msg.get("ready"):
-                key = msg.get("image_key")
-                sp = Spare(data[1], sock, data[2], key, int(msg["init_pid"]), data[3], msg.get("go"))
-                self.spares.append(sp)
-                if key is not None and self.fuse.get(key) is not data[4]:
-                    # Its image was unmounted (perhaps mounted again) while it was being prepared:
-                    # its root stands on a dead mount. The agent learns at the next reply.
-                    self.spares.remove(sp)
-                    sock.close()
-                    for pid in (sp.init_pid, sp.pid):
-                        _kill_and_wait(pid, None, DESTROY_TIMEOUT_S)
-                    self.orphans.append(sp.cgroup)
-                return
-        except (framing.FramingError, KeyError, ValueError):
-            pass
-        sock.close()   # the spare died before it was ready
-
-    def drop_spares(self, image_key: str | None = None, keep: int = 0) -> list[str]:
-        """Kill spares prepared for `image_key` (all others kept), or if None the oldest beyond
-        `keep`. Returns their cgroup names for the agent to remove."""
-        if image_key is not None:
-            doomed = [sp for sp in self.spares if sp.image_key == image_key]
-        else:
-            doomed = self.spares[:max(len(self.spares) - keep, 0)]
-        for sp in doomed:
-            self.spares.remove(sp)
-            sp.sock.close()
-            for pid in (sp.init_pid, sp.pid):
-                _kill_and_wait(pid, None, DESTROY_TIMEOUT_S)
-        return [sp.cgroup for sp in doomed]
+        sock.close()
+        self.spares = [sp for sp in self.spares if sp.sock is not sock]
+        self.reap()
+        self.fill_spares()
 
     def take_sandbox(self, sock: socket.socket) -> None:
         """A builder reports a finished sandbox and hands over its mount namespace (the fd in
@@ -241,9 +207,9 @@ class NodeInit:
     def handle(self, req: dict, fds: list[int]) -> dict:
         op = req.get("op")
         if op == "ping":
-            pending = sum(1 for k in self.sel.get_map().values() if k.data and k.data[0] == "spare")
             return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse),
-                    "spares": len(self.spares), "spares_pending": pending, "dying": len(self.dying)}
+                    "spares": len(self.spares), "spare_pids": [sp.pid for sp in self.spares],
+                    "dying": len(self.dying)}
         if op == "settle":
             return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)))
         if op == "mount_image":
@@ -254,10 +220,6 @@ class NodeInit:
             if not fds:
                 return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
             return self.create(req, fds)
-        if op == "add_spare":
-            self.add_spare(req["cgroup"], fds, req.get("image_key"), req.get("limits"),
-                           int(req["slice_base"]), int(req["slice_size"]), req.get("go"))
-            return {"ok": True}
         if op == "sbx_op":
             if len(fds) != 1:
                 return {"ok": False, "error": "sbx_op needs exactly one reply socket fd"}
@@ -292,7 +254,6 @@ class NodeInit:
         mnt = os.path.join(self.images_dir, key)
         if proc is None:
             return {"ok": False, "error": f"image {key} is not mounted"}
-        dropped = self.drop_spares(key)   # their roots stand on this mount
         try:
             nsutil.umount(mnt, nsutil.MNT_DETACH)
         except OSError:
@@ -304,69 +265,31 @@ class NodeInit:
             proc.kill()
             proc.wait()
         os.rmdir(mnt)
-        return {"ok": True, "dropped": dropped}
+        return {"ok": True}
 
     def create(self, req: dict, fds: list[int]) -> dict:
-        """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of the cgroup
-        named req["cgroup"]. With a ready spare, the spare builds this sandbox (in its own,
-        already joined cgroup, named in the reply) and a new spare takes the new cgroup;
-        otherwise a builder is forked now and moves the init into the new cgroup."""
-        mnt = os.path.join(self.images_dir, req["image_key"])
+        """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of its cgroup.
+        A spare builder (else one forked now) builds the sandbox and reports to the agent; the
+        spare is replaced right after the reply."""
         if req["image_key"] not in self.fuse:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
         if req["id"] in self.sandboxes or req["id"] in self.pending:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}
-        dropped: list[str] = []
-        go = sbxinit.go_message(req)
-        usable = [sp for sp in self.spares if sp.image_key in (req["image_key"], None) and sp.go in (None, go)]
-        usable.sort(key=lambda sp: (sp.go != go, sp.image_key is None))   # the most prepared first
-        if self.spares and not usable and req.get("overlay") != "fuse-overlayfs":
-            dropped = self.drop_spares(keep=len(self.spares) - 1)   # make room for this image's
-        while usable and req.get("overlay") != "fuse-overlayfs":
-            sp = usable.pop(0)
-            self.spares.remove(sp)
-            pid, sock, cgroup = sp.pid, sp.sock, sp.cgroup
+        builder = None
+        while self.spares and builder is None:
+            sp = self.spares.pop(0)
+            self.sel.unregister(sp.sock)
             try:
-                framing.send_msg(sock, req, [fds[0]])
+                framing.send_msg(sp.sock, req, fds)
+                builder = sp
             except OSError:
-                sock.close()   # that spare died: try the next
-                continue
-            self.sel.register(sock, selectors.EVENT_READ)
-            self.pending[req["id"]] = sock
-            cg_dups = [os.dup(fd) for fd in fds[1:]]
-
-            def refill(name=req.get("cgroup"), dups=cg_dups, key=req["image_key"], limits=req.get("limits"),
-                       base=int(req["slice_base"]), size=int(req["slice_size"])):
-                try:
-                    self.add_spare(name, dups, key, limits, base, size, go)
-                finally:
-                    for fd in dups:
-                        os.close(fd)
-            self._after_reply = refill
-            return {"ok": True, "pid": pid, "cgroup": cgroup, "slice_base": sp.slice_base, "dropped": dropped}
-        dups = [os.dup(fd) for fd in fds]
-        ours, theirs = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
-                _close_fds_except({0, 1, 2, theirs.fileno(), *dups})
-                sock = socket.socket(fileno=dups[0])
-                sbxinit.enter_mount_ns()
-                make_init = lambda: sbxinit.fork_init(self.seccomp_prog, dups[1:])  # noqa: E731
-                init_pid, init = make_init() if req.get("overlay") != "fuse-overlayfs" else (None, None)
-                code = sbxinit.run_builder(sock, theirs, req, lower=mnt, sbx_root=self.sbx_dir,
-                                           init_pid=init_pid, init=init, make_init=make_init)
-            finally:
-                os._exit(code)
-        theirs.close()
-        for fd in dups:
-            os.close(fd)
-        self.sel.register(ours, selectors.EVENT_READ)
-        self.pending[req["id"]] = ours
-        return {"ok": True, "pid": pid, "cgroup": req.get("cgroup"), "slice_base": req["slice_base"],
-                "need_spare": True, "dropped": dropped}
+                sp.sock.close()   # that spare died: try the next
+        if builder is None:
+            builder = self._fork_builder(req, fds)
+        self.sel.register(builder.sock, selectors.EVENT_READ)
+        self.pending[req["id"]] = builder.sock
+        self._after_reply = self.fill_spares
+        return {"ok": True, "pid": builder.pid}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
@@ -493,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="nodeagent.zygote")
     ap.add_argument("--ctl-fd", type=int, required=True)
     ap.add_argument("--state", required=True)
+    ap.add_argument("--init-fd", type=int, required=True)
     args = ap.parse_args(argv)
     ctl = socket.socket(fileno=args.ctl_fd)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -514,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
-    node = NodeInit(ctl, args.state)
+    node = NodeInit(ctl, args.state, args.init_fd)
     try:
         node.setup()
     except OSError as exc:
@@ -525,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     # scanned by the collector, so the forks do not dirty (copy) the pages that hold them.
     gc.collect()
     gc.freeze()
+    node.fill_spares()
     node.serve()
     os._exit(0)
 

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+import time
+import signal
+import select
 import re
 import socket
 
@@ -108,26 +111,31 @@ def test_sandboxes_get_disjoint_id_slices(runtime, busybox_image):
         b.destroy()
 
 
-def test_a_started_spare_serves_only_a_create_with_its_settings(busybox_image):
-    lim = {"memory_mb": 96, "pids": 24, "disk_mb": 8, "nofile": 64}
-    with SandboxRuntime() as runtime:   # its own: no spare prepared for another test's settings
-        runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim)).destroy()
-        runtime.wait_spares_settled()   # a spare now runs an init started as "alpha" with `lim`
-        same = runtime.create(SandboxSpec(image=busybox_image, hostname="alpha", limits=lim))
-        runtime.wait_spares_settled()
-        other = runtime.create(SandboxSpec(image=busybox_image, hostname="beta", limits=dict(lim, nofile=32)))
-        _check_started_spare(same, other)
+def test_a_spare_builder_that_dies_is_replaced_at_once_and_held_nothing(busybox_image):
+    with SandboxRuntime() as runtime:   # its own: its spares are not shared with other tests
+        spares = runtime.spare_builders()
+        assert len(spares) == 2
+        free = len(runtime._free_slices)
+        victim = runtime.host_pid(spares[0])
+        pidfd = os.pidfd_open(victim)
+        os.kill(victim, signal.SIGKILL)
+        select.select([pidfd], [], [], 10)   # it is gone
+        os.close(pidfd)
+        deadline = time.monotonic() + 10
+        while spares[0] in (now := runtime.spare_builders()) or len(now) < 2:
+            assert time.monotonic() < deadline, f"the holder still lists {now}"
+        assert len(runtime._free_slices) == free   # a spare holds no id slice ...
+        assert all(not [e for e in os.scandir(d) if e.is_dir()]   # ... and no cgroup
+                   for d in runtime.cgroups.report.dirs.values())
+        with runtime.create(SandboxSpec(image=busybox_image, hostname="after")) as sb:
+            assert sb.exec(["hostname"]).stdout == b"after\n"
 
 
-def _check_started_spare(same, other):
-    try:
-        assert "init_ready" not in same.start_stages      # its init was started ahead of time
-        assert "init_ready" in other.start_stages         # started at create, with its own settings
-        assert sh(same, "hostname; ulimit -n").stdout.split() == [b"alpha", b"64"]
-        assert sh(other, "hostname; ulimit -n").stdout.split() == [b"beta", b"32"]
-    finally:
-        same.destroy()
-        other.destroy()
+def test_a_sandbox_sees_no_host_path_in_its_mountinfo(runtime, busybox_image):
+    with runtime.create(SandboxSpec(image=busybox_image)) as sb:
+        info = sb.exec(["cat", "/proc/self/mountinfo"]).stdout.decode()
+    assert " - overlay " in info and "lowerdir=" in info   # the root is there, options and all
+    assert runtime.state_dir not in info and runtime.run_root not in info
 
 
 def test_image_mounted_once_and_shared(runtime, busybox_image):

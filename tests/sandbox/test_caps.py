@@ -35,16 +35,12 @@ def test_each_sandbox_gets_its_own_cgroups_with_the_spec_limits(runtime, busybox
     assert not any(os.path.exists(p) for p in paths.values())
 
 
-def test_spares_prepare_at_the_lowest_cpu_weight_and_sandboxes_run_at_the_default(runtime, busybox_image):
+def test_sandboxes_run_at_the_default_cpu_weight(runtime, busybox_image):
     from nodeagent.cgroups import CPU_WEIGHT
     read = lambda p, f: open(os.path.join(p, f)).read().strip()  # noqa: E731
-    name, default, low = CPU_WEIGHT[runtime.cgroups.version]
+    name, default, _low = CPU_WEIGHT[runtime.cgroups.version]
     ctrl = "cpu" if runtime.cgroups.version == 1 else ""
     with runtime.create(SandboxSpec(image=busybox_image, limits=LIMITS)) as sb:
-        runtime.wait_spares_settled()
-        assert runtime.spare_cgroups
-        for spare in runtime.spare_cgroups:
-            assert read(runtime.cgroups.paths(spare)[ctrl], name) == low
         assert read(sb.cgroup_paths[ctrl], name) == default
 
 

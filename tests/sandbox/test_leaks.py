@@ -78,7 +78,6 @@ def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_im
     held_before = held_ns(psutil.Process(runtime.holder_pid).children()[0].pid)
     sb = runtime.create(SandboxSpec(image=busybox_image))
     sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"])
-    runtime.wait_spares_settled()   # a spare made now would create namespaces during the check
     init = psutil.Process(sb.init_pid_host)
     tree = [init] + init.children(recursive=True)
     assert len(tree) >= 2   # init, the stray sleep
@@ -98,10 +97,10 @@ def test_destroy_leaves_no_process_namespace_mount_or_cgroup(runtime, busybox_im
 
 
 def test_destroy_returns_before_the_teardown_and_settle_completes_it(busybox_image, run_root):
-    """3 id slices (2 held by spare builders): each create needs the slice of the sandbox
-    destroyed just before, reclaimed without a wait if its cgroup is empty, else by settling."""
+    """One id slice: each create needs the slice of the sandbox destroyed just before,
+    reclaimed without a wait if its cgroup is empty, else by settling."""
     base, _ = subid_range()
-    with SandboxRuntime(subids=(base, 4 * 1024), run_root=run_root) as rt:
+    with SandboxRuntime(subids=(base, 2 * 1024), run_root=run_root) as rt:
         for i in range(6):
             sb = rt.create(SandboxSpec(image=busybox_image))
             assert sb.exec(["sh", "-c", "sleep 1000 >/dev/null 2>&1 &"]).exit_code == 0
@@ -113,11 +112,10 @@ def test_destroy_returns_before_the_teardown_and_settle_completes_it(busybox_ima
         rt.settle()
         assert rt.destroying() == 0 and rt.active_sandboxes() == 0
         assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        rt.wait_spares_settled()
         node_dirs = rt.cgroups.report.dirs.values()
-        for d in node_dirs:   # left: the spares' cgroups only
-            assert {e.name for e in os.scandir(d) if e.is_dir()} == rt.spare_cgroups
-        assert len(rt._free_slices) + len(rt.spares) == rt.slots   # every slice back
+        for d in node_dirs:   # spare builders hold no cgroup
+            assert not [e.name for e in os.scandir(d) if e.is_dir()]
+        assert len(rt._free_slices) == rt.slots   # every slice back
         node_init = psutil.Process(rt.holder_pid).children()[0].pid
         assert held_ns(node_init) == set()   # no destroyed sandbox's mount namespace is kept
 

@@ -1,0 +1,70 @@
+"""The native sandbox init (`sbxinit.c`): built once per source version, on first use.
+
+`init_binary()` returns the path of `paddock-sbxinit-<hash>` in the cache directory
+(`$PADDOCK_NATIVE_DIR`, else `$XDG_CACHE_HOME/paddock/native`, else `~/.cache/paddock/native`),
+where `<hash>` covers the source and the compiler flags: an edited source gets a new binary,
+a stale one is never run. It is compiled into a temporary name and renamed into place, so
+concurrent first uses (several agents on a node) never see a partial file. A missing compiler
+is a `NativeBuildError` naming the packages to install; `scripts/setup.sh` builds it ahead.
+
+The node agent opens the binary once and hands the open file to its node holder, which execs
+it through `/proc/self/fd/N`: the sandbox's ids need no access to the cache directory.
+Standard library only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("sbxinit.c")
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread")
+COMPILERS = ("cc", "gcc")
+
+
+class NativeBuildError(Exception):
+    """The native init could not be built (no compiler, or the compiler failed)."""
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PADDOCK_NATIVE_DIR"):
+        return Path(os.environ["PADDOCK_NATIVE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "paddock" / "native"
+
+
+def binary_name(source: bytes | None = None) -> str:
+    src = SOURCE.read_bytes() if source is None else source
+    digest = hashlib.sha256(src + "\0".join(CFLAGS).encode()).hexdigest()[:16]
+    return f"paddock-sbxinit-{digest}"
+
+
+def init_binary(directory: Path | None = None) -> Path:
+    """The built init for the current source, compiling it if it is missing."""
+    directory = directory or cache_dir()
+    src = SOURCE.read_bytes()
+    path = directory / binary_name(src)
+    if path.is_file() and os.access(path, os.X_OK):
+        return path
+    cc = next((shutil.which(c) for c in COMPILERS if shutil.which(c)), None)
+    if cc is None:
+        raise NativeBuildError(f"no C compiler ({' or '.join(COMPILERS)}) to build the sandbox init "
+                               f"{SOURCE}: install gcc and libc6-dev (`make setup`, or "
+                               f"`apt-get install gcc libc6-dev`)")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".build-", dir=directory)
+    os.close(fd)
+    try:
+        argv = [cc, *CFLAGS, "-o", tmp, str(SOURCE)]
+        res = subprocess.run(argv, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
+        os.chmod(tmp, 0o755)
+        os.rename(tmp, path)   # atomic: a concurrent builder's identical binary is replaced, never torn
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

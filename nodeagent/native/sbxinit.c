@@ -1,0 +1,613 @@
+/* paddock-sbxinit: PID 1 of one sandbox, native (no interpreter in any per-sandbox process).
+ *
+ * Spawned by the sandbox's builder (nodeagent/sbxinit.py) inside the sandbox's fresh PID,
+ * network, IPC and UTS namespaces once the writable root is built. In order, it:
+ *   1. closes every fd but its socket, the seccomp program and the egress socket; brings up lo;
+ *      unshares a mount namespace, mounts /proc in the root (sensitive paths masked, hidden or
+ *      read-only, as OCI runtimes do) and pivots into the root;
+ *   2. unshares a child user namespace and says "unshared"; the builder writes its uid/gid
+ *      maps (a disjoint id slice) and answers "mapped";
+ *   3. becomes root of that namespace; unshares cgroup and UTS namespaces, sets the hostname,
+ *      no_new_privs, non-dumpable, the rlimits it was given, the seccomp filter (raw BPF,
+ *      exported once by the node holder), starts the egress relay if asked, and says "ready"
+ *      with its own mount namespace (an fd, for the node holder to hold);
+ *   4. runs one command per request until its socket closes: fork, setsid, stdio pipes, the
+ *      OOM killer's first choice, cwd, uid, execve; output capped; past the deadline every
+ *      other process of the sandbox is killed (kill(-1) from PID 1).
+ * A failed setup call is reported as "failed" with the call and errno text, then exit 1.
+ * Wire format (nodeagent/framing.py): a frame is a u32 big-endian length and records, each a
+ * u8 tag, a u32 big-endian length and that many bytes.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REQ_MAX_BYTES (16u << 20)
+#define STDIN_MAX_BYTES 65536
+#define STRAY_GRACE_MS 20
+#define EGRESS_PORT 3128
+#define EGRESS_MAX_CONNECTIONS 32
+#define MAX_ARGS 4096
+
+static const char *PROC_MASKED[] = {"kcore", "keys", "timer_list", "timer_stats", "sched_debug",
+                                    "latency_stats", "sysrq-trigger", "kallsyms", NULL};
+static const char *PROC_HIDDEN_DIRS[] = {"acpi", "asound", "scsi", NULL};
+static const char *PROC_READONLY[] = {"sys", "bus", "fs", "irq", NULL};
+
+static int mon = -1;         /* the socket to the builder, then to the agent */
+static int egress_fd = -1;   /* O_PATH fd of the node egress proxy's Unix socket, or -1 */
+
+/* ------------------------------------------------------------------ frames and records */
+
+struct buf { char *p; size_t len, cap; };
+
+static void buf_put(struct buf *b, const void *data, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) _exit(70);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+}
+
+static void rec(struct buf *b, char tag, const void *data, size_t n) {
+    uint32_t be = htonl((uint32_t)n);
+    buf_put(b, &tag, 1);
+    buf_put(b, &be, 4);
+    buf_put(b, data, n);
+}
+
+static void rec_str(struct buf *b, char tag, const char *s) { rec(b, tag, s, strlen(s)); }
+
+static void rec_num(struct buf *b, char tag, long long v) {
+    char s[32];
+    rec(b, tag, s, (size_t)snprintf(s, sizeof s, "%lld", v));
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Send one frame; with fd >= 0 the fd travels with the length (SCM_RIGHTS). */
+static int send_frame(struct buf *b, int fd) {
+    uint32_t be = htonl((uint32_t)b->len);
+    struct iovec iov = {&be, 4};
+    char ctl[CMSG_SPACE(sizeof(int))] = {0};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        mh.msg_control = ctl;
+        mh.msg_controllen = sizeof ctl;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    if (sendmsg(mon, &mh, MSG_NOSIGNAL) != 4) return -1;
+    int rc = write_all(mon, b->p, b->len);
+    b->len = 0;
+    return rc;
+}
+
+static int read_all(int fd, char *p, size_t n) {
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* Read one frame into *b; -1 when the peer closed or sent more than REQ_MAX_BYTES. */
+static int recv_frame(struct buf *b) {
+    uint32_t be;
+    if (read_all(mon, (char *)&be, 4)) return -1;
+    size_t n = ntohl(be);
+    if (n > REQ_MAX_BYTES) return -1;
+    b->len = 0;
+    if (n > b->cap) {
+        char *p = realloc(b->p, n);
+        if (!p) return -1;
+        b->p = p;
+        b->cap = n;
+    }
+    if (read_all(mon, b->p, n)) return -1;
+    b->len = n;
+    return 0;
+}
+
+/* Iterate records: returns the next offset, or 0 at the end, -1 on a malformed frame. */
+static long next_rec(const struct buf *b, size_t off, char *tag, const char **val, size_t *n) {
+    if (off >= b->len) return 0;
+    if (b->len - off < 5) return -1;
+    uint32_t be;
+    memcpy(&be, b->p + off + 1, 4);
+    size_t len = ntohl(be);
+    if (len > b->len - off - 5) return -1;
+    *tag = b->p[off];
+    *val = b->p + off + 5;
+    *n = len;
+    return (long)(off + 5 + len);
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static void stage(const char *name, int fd) {
+    struct buf b = {0};
+    rec_str(&b, 's', name);
+    if (send_frame(&b, fd)) _exit(1);
+    free(b.p);
+}
+
+/* Report a failed setup call (with errno) to the builder, who raises it as SandboxError. */
+static void fail(const char *fmt, ...) {
+    char msg[512];
+    int err = errno;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof msg) n = (int)sizeof msg - 1;
+    snprintf(msg + n, sizeof msg - (size_t)n, ": %s (errno %d)", strerror(err), err);
+    struct buf b = {0};
+    rec_str(&b, 's', "failed");
+    rec_str(&b, 'm', msg);
+    send_frame(&b, -1);
+    _exit(1);
+}
+
+static void expect(const char *name) {
+    struct buf b = {0};
+    char tag;
+    const char *val;
+    size_t n;
+    if (recv_frame(&b)) _exit(0);   /* the builder is gone: a failed create */
+    if (next_rec(&b, 0, &tag, &val, &n) <= 0 || tag != 's' || n != strlen(name) || memcmp(val, name, n))
+        _exit(1);
+    free(b.p);
+}
+
+static void loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct ifreq ifr = {0};
+    strcpy(ifr.ifr_name, "lo");
+    if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr)) fail("lo: SIOCGIFFLAGS");
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(s, SIOCSIFFLAGS, &ifr)) fail("lo: SIOCSIFFLAGS");
+    close(s);
+}
+
+static void must_mount(const char *src, const char *dst, const char *type, unsigned long flags,
+                       const char *data) {
+    if (mount(src, dst, type, flags, data)) fail("mount %s on %s", src, dst);
+}
+
+static void enter_root(const char *root) {
+    const unsigned long locked = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    char proc[2048], p[4096];
+    struct stat st;
+    if (strlen(root) > 1024) { errno = ENAMETOOLONG; fail("root %s", root); }
+    if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
+    snprintf(proc, sizeof proc, "%s/proc", root);
+    must_mount("proc", proc, "proc", locked, NULL);
+    for (const char **name = PROC_MASKED; *name; name++) {
+        snprintf(p, sizeof p, "%s/%s", proc, *name);
+        if (lstat(p, &st) == 0) must_mount("/dev/null", p, NULL, MS_BIND, NULL);
+    }
+    for (const char **name = PROC_HIDDEN_DIRS; *name; name++) {
+        snprintf(p, sizeof p, "%s/%s", proc, *name);
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            must_mount("paddock-hidden", p, "tmpfs", locked | MS_RDONLY, "size=0,mode=0555");
+    }
+    for (const char **name = PROC_READONLY; *name; name++) {
+        snprintf(p, sizeof p, "%s/%s", proc, *name);
+        if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+            must_mount(p, p, NULL, MS_BIND | MS_REC, NULL);
+            must_mount(p, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | locked, NULL);
+        }
+    }
+    if (chdir(root)) fail("chdir %s", root);
+    if (syscall(SYS_pivot_root, ".", ".")) fail("pivot_root %s", root);
+    if (umount2(".", MNT_DETACH)) fail("umount the old root");
+    if (chdir("/")) fail("chdir /");
+}
+
+static void set_rlimit(const char *spec) {
+    /* "NAME=VALUE", NAME in as, nproc, fsize, nofile, core */
+    static const struct { const char *name; int res; } names[] = {
+        {"as", RLIMIT_AS}, {"nproc", RLIMIT_NPROC}, {"fsize", RLIMIT_FSIZE},
+        {"nofile", RLIMIT_NOFILE}, {"core", RLIMIT_CORE}};
+    const char *eq = strchr(spec, '=');
+    for (size_t i = 0; eq && i < sizeof names / sizeof names[0]; i++) {
+        if (strlen(names[i].name) == (size_t)(eq - spec) && !strncmp(spec, names[i].name, (size_t)(eq - spec))) {
+            rlim_t v = strtoull(eq + 1, NULL, 10);
+            struct rlimit rl = {v, v};
+            if (setrlimit(names[i].res, &rl)) fail("setrlimit %s", spec);
+            return;
+        }
+    }
+    errno = EINVAL;
+    fail("rlimit %s", spec);
+}
+
+static void install_seccomp(int fd) {
+    static char prog[1 << 16];
+    ssize_t n = pread(fd, prog, sizeof prog, 0);
+    if (n < 0 || n % 8 || n == sizeof prog) fail("reading the seccomp program");
+    close(fd);
+    if (n == 0) return;
+    struct sock_fprog fprog = {(unsigned short)(n / 8), (struct sock_filter *)prog};
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &fprog, 0, 0)) fail("prctl(PR_SET_SECCOMP)");
+}
+
+/* ------------------------------------------------------------------ egress relay */
+
+static int egress_slots = EGRESS_MAX_CONNECTIONS;
+static pthread_mutex_t egress_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *relay_one(void *arg) {
+    int conn = (int)(intptr_t)arg, up = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d", egress_fd);
+    if (up >= 0 && connect(up, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        struct pollfd p[2] = {{conn, POLLIN, 0}, {up, POLLIN, 0}};
+        int open_dirs = 2;
+        char chunk[65536];
+        while (open_dirs > 0 && poll(p, 2, -1) > 0) {
+            for (int i = 0; i < 2; i++) {
+                if (!p[i].revents) continue;
+                ssize_t r = read(p[i].fd, chunk, sizeof chunk);
+                if (r <= 0) {   /* that direction is done: pass the end on */
+                    shutdown(p[1 - i].fd, SHUT_WR);
+                    p[i].fd = -1;
+                    open_dirs--;
+                } else if (send(p[1 - i].fd, chunk, (size_t)r, MSG_NOSIGNAL) != r) {
+                    open_dirs = 0;
+                }
+            }
+        }
+    }
+    if (up >= 0) close(up);
+    close(conn);
+    pthread_mutex_lock(&egress_lock);
+    egress_slots++;
+    pthread_mutex_unlock(&egress_lock);
+    return NULL;
+}
+
+static void *relay_accept(void *arg) {
+    int lst = (int)(intptr_t)arg;
+    for (;;) {
+        int conn = accept4(lst, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) continue;
+        pthread_mutex_lock(&egress_lock);
+        int ok = egress_slots > 0;
+        egress_slots -= ok;
+        pthread_mutex_unlock(&egress_lock);
+        pthread_t t;
+        if (!ok || pthread_create(&t, NULL, relay_one, (void *)(intptr_t)conn)) {
+            close(conn);   /* over the connection cap: refuse, do not queue */
+            if (ok) { pthread_mutex_lock(&egress_lock); egress_slots++; pthread_mutex_unlock(&egress_lock); }
+            continue;
+        }
+        pthread_detach(t);
+    }
+    return NULL;
+}
+
+static void start_egress_relay(void) {
+    int one = 1, lst = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(EGRESS_PORT),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (lst < 0) fail("egress relay: socket");
+    setsockopt(lst, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(lst, (struct sockaddr *)&sa, sizeof sa)) fail("egress relay: bind 127.0.0.1:%d", EGRESS_PORT);
+    if (listen(lst, EGRESS_MAX_CONNECTIONS)) fail("egress relay: listen");
+    pthread_t t;
+    errno = pthread_create(&t, NULL, relay_accept, (void *)(intptr_t)lst);
+    if (errno) fail("egress relay: thread");
+    pthread_detach(t);
+}
+
+/* ------------------------------------------------------------------ commands */
+
+struct cmd {
+    char *argv[MAX_ARGS + 1];
+    char *env[MAX_ARGS + 1];
+    const char *cwd;
+    const char *stdin_data;
+    size_t stdin_len, cap;
+    long long timeout_ms;
+    long uid;   /* -1: the sandbox's root */
+};
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* Every other process of the sandbox dies (this is its PID 1); all are reaped. */
+static void kill_all_but_me(void) {
+    kill(-1, SIGKILL);
+    while (waitpid(-1, NULL, 0) > 0 || errno == EINTR) {}
+}
+
+/* Reap every exited child; return 1 and set *status once `pid` is among them. */
+static int reap(pid_t pid, int *status) {
+    int found = 0, st;
+    pid_t got;
+    while ((got = waitpid(-1, &st, WNOHANG)) > 0) {
+        if (got == pid) { *status = st; found = 1; }
+    }
+    return found;
+}
+
+/* Parse a request frame into `c` (strings NUL-terminated in place: a frame is copied first). */
+static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) {
+    size_t na = 0, ne = 0;
+    long off = 0;
+    char tag;
+    const char *val;
+    size_t n;
+    memset(c, 0, sizeof *c);
+    c->cwd = "/work";
+    c->cap = 65536;
+    c->timeout_ms = 30000;
+    c->uid = -1;
+    strings->len = 0;
+    /* Every value copied NUL-terminated: two passes, offsets first (realloc moves the buffer). */
+    size_t offs[2 * MAX_ARGS + 8];
+    char tags[2 * MAX_ARGS + 8];
+    size_t nrec = 0;
+    while ((off = next_rec(b, (size_t)off, &tag, &val, &n)) > 0) {
+        if (nrec == sizeof tags) return "too many fields";
+        tags[nrec] = tag;
+        offs[nrec++] = strings->len;
+        if (tag == 'i') {
+            c->stdin_data = val;
+            c->stdin_len = n;
+        }
+        buf_put(strings, val, n);
+        buf_put(strings, "", 1);
+    }
+    if (off < 0) return "malformed request";
+    for (size_t i = 0; i < nrec; i++) {
+        char *s = strings->p + offs[i];
+        switch (tags[i]) {
+        case 'a': if (na == MAX_ARGS) return "too many arguments"; c->argv[na++] = s; break;
+        case 'e': if (ne == MAX_ARGS) return "too many environment entries"; c->env[ne++] = s; break;
+        case 'c': c->cwd = s; break;
+        case 't': c->timeout_ms = strtoll(s, NULL, 10); break;
+        case 'o': c->cap = strtoull(s, NULL, 10); break;
+        case 'u': c->uid = strtol(s, NULL, 10); break;
+        case 'i': break;
+        default: return "unknown field";
+        }
+    }
+    if (na == 0) return "argv must be a non-empty list of strings";
+    return NULL;
+}
+
+/* In the forked child: never returns. */
+static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
+    char msg[600];
+    setsid();
+    signal(SIGPIPE, SIG_DFL);
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);   /* /proc/self is its own again (execve resets it anyway) */
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {   /* under memory pressure the workload dies, never the sandbox init */
+        if (write(fd, "1000", 4) < 0) {}
+        close(fd);
+    }
+    if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(126);
+    syscall(SYS_close_range, 3, ~0U, 0);
+    const char *what = "chdir";
+    if (chdir(c->cwd) == 0) {
+        what = "setuid";
+        if (c->uid < 0 || (setresgid((gid_t)c->uid, (gid_t)c->uid, (gid_t)c->uid) == 0 &&
+                           setresuid((uid_t)c->uid, (uid_t)c->uid, (uid_t)c->uid) == 0)) {
+            extern char **environ;
+            environ = c->env;   /* execvp searches the command's PATH */
+            what = "execve";
+            execvp(c->argv[0], c->argv);
+        }
+    }
+    int err = errno;
+    int n = snprintf(msg, sizeof msg, "paddock: cannot run %s (%s): %s\n", c->argv[0], what, strerror(err));
+    if (write(2, msg, (size_t)(n < (int)sizeof msg ? n : (int)sizeof msg - 1)) < 0) {}
+    _exit(err == ENOENT ? 127 : 126);
+}
+
+static void run_command(struct cmd *c, struct buf *reply) {
+    int in[2], out[2], err[2];
+    double t0 = now_ms(), deadline = t0 + (double)c->timeout_ms;
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC)) {
+        rec_num(reply, 'x', 126);
+        rec_str(reply, '2', "paddock: cannot make pipes\n");
+        return;
+    }
+    pid_t pid = fork();
+    if (pid < 0 && errno == EAGAIN) {   /* a fork bomb holds every PID: reclaim, try once more */
+        kill_all_but_me();
+        pid = fork();
+    }
+    if (pid == 0) exec_child(c, in[0], out[1], err[1]);
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    if (pid < 0) {
+        char m[200];
+        snprintf(m, sizeof m, "paddock: cannot run %s: fork: %s\n", c->argv[0], strerror(errno));
+        close(in[1]); close(out[0]); close(err[0]);
+        rec_num(reply, 'x', 126);
+        rec_str(reply, '2', m);
+        return;
+    }
+    if (c->stdin_len) {   /* what fits in the pipe, without blocking */
+        fcntl(in[1], F_SETFL, O_NONBLOCK);
+        if (write(in[1], c->stdin_data, c->stdin_len < STDIN_MAX_BYTES ? c->stdin_len : STDIN_MAX_BYTES) < 0) {}
+    }
+    close(in[1]);
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    struct pollfd p[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {pidfd, POLLIN, 0}};
+    struct buf bufs[2] = {{0}, {0}};
+    int status = 0, exited = 0, open_fds = 2, timed_out = 0, truncated = 0;
+    char chunk[65536];
+    while (open_fds || !exited) {
+        double left = deadline - now_ms();
+        if (left <= 0) { timed_out = 1; break; }
+        int wait_ms = (int)left + 1;
+        if (exited && wait_ms > STRAY_GRACE_MS) wait_ms = STRAY_GRACE_MS;
+        int ready = poll(p, 3, wait_ms);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready == 0 && exited) break;   /* strays keep the pipes open: stop reading */
+        if (p[2].revents) {
+            exited = reap(pid, &status);
+            if (exited) p[2].fd = -1;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (!p[i].revents) continue;
+            ssize_t r = read(p[i].fd, chunk, sizeof chunk);
+            if (r <= 0) {
+                close(p[i].fd);
+                p[i].fd = -1;
+                open_fds--;
+                continue;
+            }
+            size_t room = c->cap > bufs[i].len ? c->cap - bufs[i].len : 0;
+            if ((size_t)r > room) truncated = 1;
+            buf_put(&bufs[i], chunk, (size_t)r < room ? (size_t)r : room);
+        }
+    }
+    for (int i = 0; i < 2; i++) if (p[i].fd >= 0) close(p[i].fd);
+    if (pidfd >= 0) close(pidfd);
+    if (timed_out) {
+        kill_all_but_me();
+    } else if (!exited) {
+        waitpid(pid, &status, 0);
+    }
+    reap(pid, &status);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    rec_num(reply, 'x', timed_out ? 124 : code);
+    rec_num(reply, 'T', timed_out);
+    rec_num(reply, 'r', truncated);
+    rec_num(reply, 'w', (long long)((now_ms() - t0) * 1e3));   /* microseconds */
+    rec(reply, '1', bufs[0].p ? bufs[0].p : "", bufs[0].len);
+    rec(reply, '2', bufs[1].p ? bufs[1].p : "", bufs[1].len);
+    free(bufs[0].p);
+    free(bufs[1].p);
+}
+
+static void serve(void) {
+    struct buf req = {0}, strings = {0}, reply = {0};
+    struct cmd c;
+    for (;;) {
+        if (recv_frame(&req)) _exit(0);   /* the agent is gone */
+        int status;
+        reap(-2, &status);   /* orphans of earlier commands */
+        const char *bad = parse_cmd(&req, &c, &strings);
+        if (bad) {
+            char m[200];
+            snprintf(m, sizeof m, "paddock: %s\n", bad);
+            rec_num(&reply, 'x', 126);
+            rec_str(&reply, '2', m);
+        } else {
+            run_command(&c, &reply);
+        }
+        if (send_frame(&reply, -1)) _exit(0);
+    }
+}
+
+/* ------------------------------------------------------------------ main */
+
+static void usage_fail(const char *what) {
+    errno = EINVAL;
+    fail("usage: %s", what);
+}
+
+int main(int argc, char **argv) {
+    const char *root = NULL, *hostname = "sandbox", *rlimits[16];
+    int bpf_fd = -1, nrl = 0;
+    signal(SIGPIPE, SIG_IGN);
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--mon")) mon = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--bpf-fd")) bpf_fd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--egress-fd")) egress_fd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--root")) root = argv[i + 1];
+        else if (!strcmp(argv[i], "--hostname")) hostname = argv[i + 1];
+        else if (!strcmp(argv[i], "--rlimit") && nrl < 16) rlimits[nrl++] = argv[i + 1];
+        else if (mon >= 0) usage_fail(argv[i]);
+        else return 2;
+    }
+    if (mon < 0) return 2;
+    if (!root || bpf_fd < 0) usage_fail("--root and --bpf-fd are required");
+    /* Only what it was given: never another sandbox's fd that a builder held. */
+    int keep[3] = {mon, bpf_fd, egress_fd};
+    for (int fd = 3; fd < 1024; fd++) {
+        if (fd != keep[0] && fd != keep[1] && fd != keep[2]) close(fd);
+    }
+    syscall(SYS_close_range, 1024, ~0U, 0);
+    loopback_up();
+    enter_root(root);
+    if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
+    stage("unshared", -1);
+    expect("mapped");
+    if (setresgid(0, 0, 0) || setresuid(0, 0, 0)) fail("becoming root of the sandbox user namespace");
+    /* The builder moved this process into its cgroups before "mapped": they become its root. */
+    if (unshare(CLONE_NEWCGROUP)) fail("unshare(CLONE_NEWCGROUP)");
+    /* A UTS namespace of its own user namespace; seccomp then denies sethostname. */
+    if (unshare(CLONE_NEWUTS)) fail("unshare(CLONE_NEWUTS)");
+    if (sethostname(hostname, strlen(hostname))) fail("sethostname %s", hostname);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("prctl(PR_SET_NO_NEW_PRIVS)");
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) fail("prctl(PR_SET_DUMPABLE)");
+    for (int i = 0; i < nrl; i++) set_rlimit(rlimits[i]);
+    install_seccomp(bpf_fd);   /* before any thread: every thread and command inherits it */
+    if (egress_fd >= 0) start_egress_relay();
+    /* Its own mount namespace, for the node holder to hold: torn down when the holder lets go
+     * of it after a destroy, not in this process's exit, which destroy waits for. */
+    int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (ns < 0) fail("open /proc/self/ns/mnt");
+    stage("ready", ns);
+    close(ns);
+    serve();
+    return 0;
+}
