@@ -79,8 +79,9 @@ def run_paddock(image: str, n: int, slice_size: int):
         avail_drop = before - mem_available()
         holder = psutil.Process(rt.holder_pid)
         node_init = holder.children()[0].pid   # shared by all sandboxes, like squashfuse: not counted
+        spares = {rt.host_pid(pid) for pid in rt.spare_builders()}   # shared too (they hold no sandbox)
         per_sandbox = [p.pid for p in holder.children(recursive=True)
-                       if not p.name().startswith("squashfuse") and p.pid != node_init]
+                       if not p.name().startswith("squashfuse") and p.pid != node_init and p.pid not in spares]
         uss, pss, nproc = tree_memory(per_sandbox)
         assert all(b.exec(["true"]).exit_code == 0 for b in boxes[:: max(1, n // 20)])
         res = report("paddock", n, elapsed, lat, uss, pss, nproc, avail_drop)
@@ -88,10 +89,10 @@ def run_paddock(image: str, n: int, slice_size: int):
         for b in boxes:
             b.destroy()
         print(f"  destroy all: {time.perf_counter() - t:.2f} s")
+        rt.settle()
         left = {c for d in rt.cgroups.report.dirs.values() for c in os.listdir(d)
-                if os.path.isdir(os.path.join(d, c))} - rt.spare_cgroups
-        print(f"  sandbox cgroups left after destroy: {len(left)} "
-              f"(+{len(rt.spare_cgroups)} of spare builders, removed at close)")
+                if os.path.isdir(os.path.join(d, c))}
+        print(f"  sandbox cgroups left after destroy and settle(): {len(left)}")
         node_dirs = list(rt.cgroups.report.dirs.values())
     print(f"  node cgroup dirs left after close: {sum(os.path.exists(d) for d in node_dirs)}")
     return res
