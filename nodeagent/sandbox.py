@@ -42,7 +42,7 @@ DEFAULT_SLICE_SIZE = 1024
 DEFAULT_USER = "paddock"
 DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
-OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs")
+OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs", "extracted")
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 
 
@@ -123,20 +123,26 @@ def kernel_version(release: str | None = None) -> tuple[int, int]:
     return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
 
 
-def choose_overlay(mode: str = "auto", release: str | None = None) -> str:
-    """The writable-root path for this kernel: 'kernel' (overlay ≥ 6.5) or 'fuse-overlayfs'."""
+def choose_overlay(mode: str = "auto", release: str | None = None,
+                   which: Callable[[str], str | None] = shutil.which) -> str:
+    """The writable-root path for this kernel: 'kernel' (overlay over the squashfuse mount, Linux
+    ≥ 6.5), else 'fuse-overlayfs', else 'extracted' (overlay over an unpacked copy of the image
+    per node)."""
     if mode not in OVERLAY_MODES:
         raise SandboxError(f"overlay={mode!r} is not one of {OVERLAY_MODES}")
     new_enough = kernel_version(release) >= OVERLAY_ON_FUSE_KERNEL
     if mode == "kernel" and not new_enough:
         raise SandboxError(f"overlay='kernel' needs Linux ≥ 6.5 over a FUSE lower (this is "
-                           f"{release or platform.release()}): use overlay='fuse-overlayfs'")
-    if mode == "fuse-overlayfs" or (mode == "auto" and not new_enough):
-        if not shutil.which("fuse-overlayfs"):
-            raise SandboxError("fuse-overlayfs is needed on this kernel (< 6.5) but is not installed: "
-                               "run `make setup` (apt-get install fuse-overlayfs)")
-        return "fuse-overlayfs"
-    return "kernel"
+                           f"{release or platform.release()}): use overlay='fuse-overlayfs' or 'extracted'")
+    if mode == "auto" and not new_enough:
+        mode = "fuse-overlayfs" if which("fuse-overlayfs") else "extracted"
+    if mode == "fuse-overlayfs" and not which("fuse-overlayfs"):
+        raise SandboxError("overlay='fuse-overlayfs' but fuse-overlayfs is not installed: run `make setup` "
+                           "(apt-get install fuse-overlayfs)")
+    if mode == "extracted" and not which("unsquashfs"):
+        raise SandboxError("overlay='extracted' (kernel < 6.5 without fuse-overlayfs) needs unsquashfs: "
+                           "run `make setup` (apt-get install squashfs-tools)")
+    return "kernel" if mode == "auto" else mode
 
 
 def host_problems(fuse_dev: str = "/dev/fuse", which: Callable[[str], str | None] = shutil.which) -> list[str]:
@@ -258,6 +264,9 @@ class SandboxRuntime:
         if missing:
             log.warning("running DEGRADED: %s not enforced (%s)", ", ".join(missing), report)
         os.chmod(self.state_dir, 0o755)
+        if self.overlay == "extracted":   # written by the holder (root of the node namespace)
+            os.mkdir(os.path.join(self.state_dir, "extracted"), 0o700)
+            os.chown(os.path.join(self.state_dir, "extracted"), self.subids[0], self.subids[0])
         try:
             self._init_exe = os.open(native.init_binary(), os.O_RDONLY | os.O_CLOEXEC)
         except (native.NativeBuildError, OSError) as exc:
@@ -410,7 +419,8 @@ class SandboxRuntime:
                 m.refs += 1
                 m.idle_since = None
                 return key
-        self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset})
+        self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset,
+                    "extract": self.overlay == "extracted"})
         with self._lock:
             m = self._images.setdefault(key, _ImageMount(str(image)))
             m.refs += 1

@@ -45,6 +45,7 @@ SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
 FUSE_CACHE_OPTS = "" if SQUASHFUSE == "squashfuse_ll" else \
     ",entry_timeout=86400,negative_timeout=86400,attr_timeout=86400,kernel_cache"
 DESTROY_TIMEOUT_S = 10.0
+EXTRACT_TIMEOUT_S = 600.0
 SPARE_BUILDERS = 2   # forks of this process waiting for a create (each used one is replaced at once)
 
 
@@ -66,7 +67,9 @@ class NodeInit:
         self.state = state_dir
         self.images_dir = os.path.join(state_dir, "images")
         self.sbx_dir = os.path.join(state_dir, "sbx")
-        self.fuse: dict[str, subprocess.Popen] = {}   # digest -> squashfuse daemon
+        self.mounts: dict[str, subprocess.Popen | None] = {}   # digest -> squashfuse daemon, or None:
+        # an extracted copy (in the host state dir, reached through `host_state`), bound read-only
+        self.host_state = -1
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
         self.spares: list[Spare] = []                             # waiting builders, oldest first
@@ -76,6 +79,8 @@ class NodeInit:
         self._after_reply = None                                  # work deferred past a reply
 
     def setup(self) -> None:
+        # The host directory under the tmpfs below: extracted images live there (on disk).
+        self.host_state = os.open(self.state, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_PRIVATE)
         nsutil.mount("proc", "/proc", "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
         nsutil.mount("paddock-node", self.state, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NODEV,
@@ -207,13 +212,13 @@ class NodeInit:
     def handle(self, req: dict, fds: list[int]) -> dict:
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "images": sorted(self.fuse),
+            return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts),
                     "spares": len(self.spares), "spare_pids": [sp.pid for sp in self.spares],
                     "dying": len(self.dying)}
         if op == "settle":
             return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)))
         if op == "mount_image":
-            return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)))
+            return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)), bool(req.get("extract")))
         if op == "unmount_image":
             return self.unmount_image(req["key"])
         if op == "create":
@@ -228,14 +233,16 @@ class NodeInit:
             return self.destroy(req["id"])
         return {"ok": False, "error": f"unknown op {op!r}"}
 
-    def mount_image(self, key: str, path: str, offset: int) -> dict:
+    def mount_image(self, key: str, path: str, offset: int, extract: bool = False) -> dict:
         mnt = os.path.join(self.images_dir, key)
-        if key in self.fuse and self.fuse[key].poll() is None:
+        if key in self.mounts and (self.mounts[key] is None or self.mounts[key].poll() is None):
             return {"ok": True, "mountpoint": mnt}
         if not os.access(path, os.R_OK):
             return {"ok": False, "error": f"image {path} is not readable by the sandbox user "
                                           f"(uid {os.getuid()} in the node namespace)"}
         os.makedirs(mnt, mode=0o755, exist_ok=True)
+        if extract:
+            return self._extract_image(key, path, offset, mnt)
         argv = [SQUASHFUSE, "-f", "-o", f"ro,allow_other,offset={offset}{FUSE_CACHE_OPTS}", path, mnt]
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE)
@@ -246,18 +253,48 @@ class NodeInit:
                 err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
                 return {"ok": False, "error": f"{argv} failed (exit {proc.wait()}): {err}"}
             time.sleep(0.005)
-        self.fuse[key] = proc
+        self.mounts[key] = proc
         return {"ok": True, "mountpoint": mnt}
 
+    def _extract_image(self, key: str, path: str, offset: int, mnt: str) -> dict:
+        """The lower layer for kernels whose overlay cannot stack on FUSE and hosts without
+        fuse-overlayfs: the squashfs unpacked once (as this namespace's root, so image uid 0 is
+        ours) into the host state dir, bound read-only under images/."""
+        dest = self._extracted(key)
+        argv = ["unsquashfs", "-no-progress", "-no-xattrs", "-o", str(offset), "-d", dest, path]
+        try:
+            res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=EXTRACT_TIMEOUT_S,
+                                 pass_fds=(self.host_state,))
+        except subprocess.TimeoutExpired:
+            res = None
+        if res is None or res.returncode != 0:
+            shutil.rmtree(dest, ignore_errors=True)
+            os.rmdir(mnt)
+            why = f"exit {res.returncode}: {res.stderr.decode(errors='replace').strip()[-1000:]}" if res \
+                else f"timed out after {EXTRACT_TIMEOUT_S}s"
+            return {"ok": False, "error": f"{argv} failed ({why})"}
+        nsutil.mount(dest, mnt, None, nsutil.MS_BIND)
+        nsutil.mount(dest, mnt, None, nsutil.MS_BIND | nsutil.MS_REMOUNT | nsutil.MS_RDONLY
+                     | nsutil.MS_NOSUID | nsutil.MS_NODEV)
+        self.mounts[key] = None
+        return {"ok": True, "mountpoint": mnt}
+
+    def _extracted(self, key: str) -> str:
+        return f"/proc/self/fd/{self.host_state}/extracted/{key}"
+
     def unmount_image(self, key: str) -> dict:
-        proc = self.fuse.pop(key, None)
-        mnt = os.path.join(self.images_dir, key)
-        if proc is None:
+        if key not in self.mounts:
             return {"ok": False, "error": f"image {key} is not mounted"}
+        proc = self.mounts.pop(key)
+        mnt = os.path.join(self.images_dir, key)
         try:
             nsutil.umount(mnt, nsutil.MNT_DETACH)
         except OSError:
             pass
+        if proc is None:   # an extracted copy: removed with the last reference
+            shutil.rmtree(self._extracted(key), ignore_errors=True)
+            os.rmdir(mnt)
+            return {"ok": True}
         proc.terminate()
         try:
             proc.wait(timeout=5)
@@ -271,7 +308,7 @@ class NodeInit:
         """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of its cgroup.
         A spare builder (else one forked now) builds the sandbox and reports to the agent; the
         spare is replaced right after the reply."""
-        if req["image_key"] not in self.fuse:
+        if req["image_key"] not in self.mounts:
             return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
         if req["id"] in self.sandboxes or req["id"] in self.pending:
             return {"ok": False, "error": f"sandbox {req['id']} exists"}

@@ -51,6 +51,38 @@ def test_kernel_path_is_detected_from_the_release():
         choose_overlay("btrfs")
 
 
+def test_an_old_kernel_without_fuse_overlayfs_falls_back_to_an_extracted_lower():
+    def without(name):
+        return None if name == "fuse-overlayfs" else "/usr/bin/" + name
+    assert choose_overlay("auto", "6.1.0-13-amd64", which=without) == "extracted"
+    with pytest.raises(SandboxError, match="unsquashfs.*apt-get install squashfs-tools"):
+        choose_overlay("extracted", "6.1.0", which=lambda name: None)
+
+
+def test_extracted_path_unpacks_once_per_image_shares_it_and_removes_it_with_the_mount(rw_image):
+    clock = Clock()
+    with SandboxRuntime(overlay="extracted", image_grace_s=1.0, clock=clock) as rt:
+        assert rt.caps_report()["overlay"] == "extracted"
+        extracted = os.path.join(rt.state_dir, "extracted")
+        a = rt.create(SandboxSpec(image=rw_image, files={"a.txt": b"a"}))
+        b = rt.create(SandboxSpec(image=rw_image))
+        (key,) = rt.mounted_images()
+        assert os.listdir(extracted) == [key]   # one copy for both sandboxes
+        r = a.exec(["sh", "-c", "echo b > /work/b.txt && rm /data/gone.txt && cat /work/a.txt /work/b.txt; "
+                                "echo x > /bin/busybox; echo rc=$?"])
+        assert r.stdout.startswith(b"ab\n") and b"rc=0" not in r.stdout
+        assert b.exec(["cat", "/data/gone.txt"]).exit_code == 0   # a's deletion is a's alone
+        changes = {(c.path, c.kind) for c in a.diff("/")}
+        assert ("/work/b.txt", "added") in changes and ("/data/gone.txt", "deleted") in changes
+        info = a.exec(["cat", "/proc/self/mountinfo"]).stdout.decode()
+        assert rt.state_dir not in info
+        a.destroy()
+        b.destroy()
+        clock.t += 1.0
+        assert rt.reap_images() == [key]
+        assert os.listdir(extracted) == []   # removed with its last reference
+
+
 def test_fuse_overlayfs_path_gives_a_working_writable_root(rw_image):
     with SandboxRuntime(overlay="fuse-overlayfs") as rt:
         assert rt.caps_report()["overlay"] == "fuse-overlayfs"
