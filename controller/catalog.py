@@ -75,13 +75,6 @@ class CatalogConflict(CatalogError):
     """A rollout already has a different committed (attempt, fencing_token)."""
 
 
-@dataclass(frozen=True)
-class CommitKey:
-    rollout_id: str
-    attempt: int
-    fencing_token: int
-
-
 class Catalog:
     """Append-only catalog of committed keys for one run directory (single writer)."""
 
@@ -91,7 +84,7 @@ class Catalog:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._pending: list[dict] = []
-        self._by_rollout: dict[str, CommitKey] = {}
+        self._by_rollout: dict[str, tuple[int, int]] = {}  # rollout id -> (attempt, token)
         self._next_seq = 0
         self._load()
 
@@ -105,28 +98,24 @@ class Catalog:
         nodeagent.trajwriter.write_attempt). `committed_at` is an aware datetime or epoch
         seconds from the caller's wall clock.
         """
-        key = CommitKey(str(rollout_id), int(attempt), int(fencing_token))
-        if not _SHARD_TABLE_SET.issuperset(shards):
+        rollout_id, key = str(rollout_id), (int(attempt), int(fencing_token))
+        if shards and not _SHARD_TABLE_SET.issuperset(shards):
             unknown = sorted(set(shards) - _SHARD_TABLE_SET)
             raise ValueError(f"unknown shard table(s) {unknown}; valid: {SHARD_TABLES}")
+        at = _as_utc(committed_at) if isinstance(committed_at, datetime) else float(committed_at)
         with self._lock:
-            existing = self._by_rollout.get(key.rollout_id)
+            existing = self._by_rollout.get(rollout_id)
             if existing == key:
                 return False
             if existing is not None:
                 raise CatalogConflict(
-                    f"rollout {key.rollout_id} is already committed as attempt "
-                    f"{existing.attempt} token {existing.fencing_token}; refusing attempt "
-                    f"{key.attempt} token {key.fencing_token}")
-            self._by_rollout[key.rollout_id] = key
-            row = {"rollout_id": key.rollout_id, "attempt": key.attempt,
-                   "fencing_token": key.fencing_token, "committed_at": _as_utc(committed_at)}
-            for t, col in _SHARD_COLUMNS:
-                row[col] = shards.get(t)
-            self._pending.append(row)
+                    f"rollout {rollout_id} is already committed as attempt {existing[0]} "
+                    f"token {existing[1]}; refusing attempt {key[0]} token {key[1]}")
+            self._by_rollout[rollout_id] = key
+            # A tuple per key (the row is built at flush: one commit per rollout is hot).
+            self._pending.append((rollout_id, key, dict(shards) if shards else None, at))
         # Per-rollout detail: debug (at thousands of commits a second INFO would flood the log).
-        log.debug("committed rollout_id=%s attempt=%d token=%d", key.rollout_id, key.attempt,
-                  key.fencing_token)
+        log.debug("committed rollout_id=%s attempt=%d token=%d", rollout_id, *key)
         return True
 
     def flush(self) -> Path | None:
@@ -137,7 +126,7 @@ class Catalog:
             rows = list(self._pending)
             seq = self._next_seq
             path = self.dir / f"commit-{seq:06d}.parquet"
-            table = pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
+            table = pa.Table.from_pylist([_row(*r) for r in rows], schema=CATALOG_SCHEMA)
             self._write_new(table, path)
             self._next_seq = seq + 1
             del self._pending[:len(rows)]
@@ -156,8 +145,7 @@ class Catalog:
 
     def is_committed(self, rollout_id: str, attempt: int, fencing_token: int) -> bool:
         with self._lock:
-            return self._by_rollout.get(rollout_id) == CommitKey(
-                rollout_id, int(attempt), int(fencing_token))
+            return self._by_rollout.get(rollout_id) == (int(attempt), int(fencing_token))
 
     def close(self) -> None:
         self.flush()
@@ -187,8 +175,8 @@ class Catalog:
             except (OSError, pa.ArrowException) as exc:
                 raise CatalogError(f"cannot read catalog file {path}: {exc}") from exc
             for row in table.to_pylist():
-                key = CommitKey(row["rollout_id"], row["attempt"], row["fencing_token"])
-                self._by_rollout.setdefault(key.rollout_id, key)
+                self._by_rollout.setdefault(row["rollout_id"],
+                                            (row["attempt"], row["fencing_token"]))
         self._next_seq = max_seq + 1
 
     def _write_new(self, table: pa.Table, path: Path) -> None:
@@ -211,6 +199,15 @@ class Catalog:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _row(rollout_id: str, key: tuple[int, int], shards: dict | None,
+         at: datetime | float) -> dict:
+    row = {"rollout_id": rollout_id, "attempt": key[0], "fencing_token": key[1],
+           "committed_at": _as_utc(at)}
+    for t, col in _SHARD_COLUMNS:
+        row[col] = shards.get(t) if shards else None
+    return row
 
 
 def _as_utc(value: datetime | float) -> datetime:

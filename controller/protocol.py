@@ -499,6 +499,16 @@ _NON_NEGATIVE = frozenset({"slots", "mem_free_mb", "slots_free", "active", "cred
 def encode(msg: Message, deployment: str) -> bytes:
     """Validate `msg` and return its frame bytes. Raises LocalProtocolError."""
     cls = type(msg)
+    fast = _FAST_BODY.get(cls)
+    if fast is not None:  # the hottest messages: the same bytes' meaning, built by hand
+        body = fast(msg)
+        if body is not None:
+            try:
+                msg.check()
+            except ProtocolError as e:
+                raise LocalProtocolError(e.reason, e.detail, e.field) from None
+            return _sized(f'{{"v":{PROTOCOL_VERSION},"dep":{_q(deployment)},"type":"{cls.TYPE}",'
+                          f'"id":{_q(msg.id)},"body":{body}}}'.encode())
     if MESSAGE_TYPES.get(cls.TYPE) is not cls:
         raise LocalProtocolError(UNKNOWN_TYPE, f"{cls.__name__} is not a registered message")
     try:
@@ -513,6 +523,10 @@ def encode(msg: Message, deployment: str) -> bytes:
         data = _ENCODER.encode(frame).encode()
     except (TypeError, ValueError) as e:
         raise LocalProtocolError(BAD_JSON, str(e)) from None
+    return _sized(data)
+
+
+def _sized(data: bytes) -> bytes:
     if len(data) > MAX_FRAME_BYTES:
         raise LocalProtocolError(TOO_LARGE, f"{len(data)} bytes > {MAX_FRAME_BYTES}")
     return data
@@ -625,6 +639,11 @@ def _field_checkers(cls: type[Message]) -> dict[str, tuple[Checker, bool]]:
 
 
 def _build(cls: type[Message], body: dict, msg_id: str | None = None) -> Message:
+    fast = _FAST_BUILD.get(cls)
+    if fast is not None:
+        msg = fast(body, msg_id)
+        if msg is not None:
+            return msg
     kwargs = _checked_body(cls, body)
     # The frozen dataclass's __init__ sets each field through object.__setattr__; the
     # validated kwargs go straight into the instance dict (the defaults filled in first).
@@ -746,6 +765,11 @@ def _compile(tp: Any) -> Checker:
             return {k: val(x, f"{path}.{k}", mtype) for k, x in v.items()}
     elif isinstance(tp, type) and issubclass(tp, Message):  # an item of a batch
         def check(v, path, mtype):
+            fast = _FAST_BUILD.get(tp)
+            if fast is not None and type(v) is dict:
+                msg = fast(v, None)
+                if msg is not None:
+                    return msg
             if isinstance(v, tp):
                 v = _to_json(v)
             if not isinstance(v, dict) or not isinstance(v.get("id"), str):
@@ -804,3 +828,170 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, list) and value and isinstance(value[0], Message):
         return [_to_json(v) for v in value]
     return value
+
+
+# --------------------------------------------------------------------------------------
+# Fast paths for the hottest messages (a lease and a result per rollout, alone or in a
+# batch). Each accepts only the plain common case -- every field of exactly its type, within
+# its bounds -- and returns None for anything else, which then takes the generic path (and
+# its precise error). So they change the cost, never what is accepted or the JSON's meaning;
+# tests/test_protocol.py checks both paths agree.
+# --------------------------------------------------------------------------------------
+
+_q = json.encoder.encode_basestring_ascii  # a JSON string, as the generic encoder writes it
+_RESULT_KEYS = frozenset(("rollout_id", "attempt", "token", "outcome", "reward", "shards",
+                          "infra_reason", "idem", "id"))
+_LEASE_KEYS = frozenset(("rollout_id", "attempt", "token", "lease_ttl_s", "task", "policy",
+                         "seed", "run_id", "run_dir", "batch_id", "id"))
+_POLICY_KEYS = frozenset(("version", "endpoint", "model"))
+_OUTCOME_SET = frozenset(OUTCOMES)
+_isfinite = math.isfinite
+
+
+def _plain_str_dict(d: Any) -> bool:
+    return type(d) is dict and all(type(k) is str and type(v) is str for k, v in d.items())
+
+
+def _result_fields_ok(d: dict) -> bool:
+    reward, infra = d["reward"], d["infra_reason"]
+    return (type(d["rollout_id"]) is str and type(d["attempt"]) is int and d["attempt"] >= 0
+            and type(d["token"]) is int and d["token"] >= 0 and d["outcome"] in _OUTCOME_SET
+            and type(d["outcome"]) is str
+            and (reward is None or (type(reward) is float and _isfinite(reward)))
+            and _plain_str_dict(d["shards"]) and (infra is None or type(infra) is str)
+            and type(d["idem"]) is str and type(d["id"]) is str
+            and (infra is not None or d["outcome"] != "infra_error"))
+
+
+def _build_result(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+    keys = body.keys()
+    if msg_id is None:
+        if keys != _RESULT_KEYS:
+            return None
+    elif len(keys) != 8 or "id" in keys or not (keys | {"id"}) == _RESULT_KEYS:
+        return None
+    msg = object.__new__(Result)
+    d = msg.__dict__
+    d.update(body)
+    if msg_id is not None:
+        d["id"] = msg_id
+    return msg if _result_fields_ok(d) else None
+
+
+def _build_lease(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+    keys = body.keys()
+    if msg_id is None:
+        if keys != _LEASE_KEYS:
+            return None
+    elif len(keys) != 10 or "id" in keys or not (keys | {"id"}) == _LEASE_KEYS:
+        return None
+    pol = body["policy"]
+    if type(pol) is not dict or pol.keys() != _POLICY_KEYS:
+        return None
+    version = pol["version"]
+    if not (type(version) is int and version >= 0 and type(pol["endpoint"]) is str
+            and type(pol["model"]) is str):
+        return None
+    msg = object.__new__(Lease)
+    d = msg.__dict__
+    d.update(body)
+    if msg_id is not None:
+        d["id"] = msg_id
+    ttl = d["lease_ttl_s"]
+    if type(ttl) is not float or not _isfinite(ttl) or not _lease_scalars_ok(d):
+        return None
+    d["policy"] = PolicyRef(version, pol["endpoint"], pol["model"])
+    return msg
+
+
+def _lease_scalars_ok(d: dict) -> bool:
+    return (type(d["rollout_id"]) is str and type(d["attempt"]) is int and d["attempt"] >= 0
+            and type(d["token"]) is int and d["token"] >= 0 and type(d["task"]) is dict
+            and type(d["seed"]) is int and d["seed"] >= 0 and type(d["run_id"]) is str
+            and type(d["run_dir"]) is str and type(d["batch_id"]) is str
+            and type(d["id"]) is str)
+
+
+def _result_json(m: Message) -> Optional[str]:
+    d = m.__dict__
+    if not _result_fields_ok(d):
+        return None
+    reward, infra, shards = d["reward"], d["infra_reason"], d["shards"]
+    return (f'{{"rollout_id":{_q(d["rollout_id"])},"attempt":{d["attempt"]},'
+            f'"token":{d["token"]},"outcome":"{d["outcome"]}",'
+            f'"reward":{"null" if reward is None else float.__repr__(reward)},'
+            f'"shards":{_ENCODER.encode(shards) if shards else "{}"},'
+            f'"infra_reason":{"null" if infra is None else _q(infra)},'
+            f'"idem":{_q(d["idem"])}')
+
+
+def _result_body(m: Message) -> Optional[str]:
+    head = _result_json(m)
+    return None if head is None else head + "}"
+
+
+def _result_batch_body(m: Message) -> Optional[str]:
+    items = m.__dict__["items"]
+    if type(items) is not list:
+        return None
+    parts = []
+    for item in items:
+        head = _result_json(item) if type(item) is Result else None
+        if head is None:
+            return None
+        parts.append(f'{head},"id":{_q(item.id)}}}')
+    return f'{{"items":[{",".join(parts)}]}}'
+
+
+def _lease_json(m: Message, shared: dict) -> Optional[str]:
+    """A lease's body (without the closing brace). `shared` caches the JSON of the task and
+    policy objects during one encode (a batch's leases mostly share them)."""
+    d = m.__dict__
+    ttl, task, pol = d["lease_ttl_s"], d["task"], d["policy"]
+    if not ((type(ttl) is float or type(ttl) is int) and _isfinite(ttl)
+            and type(pol) is PolicyRef and _lease_scalars_ok(d)):
+        return None
+    task_json = shared.get(id(task))
+    if task_json is None:
+        try:
+            task_json = shared[id(task)] = _ENCODER.encode(task)
+        except (TypeError, ValueError):
+            return None
+    pol_json = shared.get(id(pol))
+    if pol_json is None:
+        if not (type(pol.version) is int and pol.version >= 0 and type(pol.endpoint) is str
+                and type(pol.model) is str):
+            return None
+        pol_json = shared[id(pol)] = (f'{{"version":{pol.version},"endpoint":{_q(pol.endpoint)}'
+                                      f',"model":{_q(pol.model)}}}')
+    return (f'{{"rollout_id":{_q(d["rollout_id"])},"attempt":{d["attempt"]},'
+            f'"token":{d["token"]},"lease_ttl_s":{ttl!r},"task":{task_json},'
+            f'"policy":{pol_json},"seed":{d["seed"]},"run_id":{_q(d["run_id"])},'
+            f'"run_dir":{_q(d["run_dir"])},"batch_id":{_q(d["batch_id"])}')
+
+
+def _lease_body(m: Message) -> Optional[str]:
+    head = _lease_json(m, {})
+    return None if head is None else head + "}"
+
+
+def _lease_batch_body(m: Message) -> Optional[str]:
+    items, refs = m.__dict__["items"], m.__dict__["acks"]
+    if type(items) is not list or type(refs) is not list or not all(
+            type(r) is str for r in refs):
+        return None
+    shared: dict = {}
+    parts = []
+    for item in items:
+        head = _lease_json(item, shared) if type(item) is Lease else None
+        if head is None:
+            return None
+        parts.append(f'{head},"id":{_q(item.id)}}}')
+    return f'{{"items":[{",".join(parts)}],"acks":[{",".join(map(_q, refs))}]}}'
+
+
+_FAST_BUILD: dict[type, Callable[[dict, Optional[str]], Optional[Message]]] = {
+    Result: _build_result, Lease: _build_lease}
+_FAST_BODY: dict[type, Callable[[Message], Optional[str]]] = {
+    Result: _result_body, ResultBatch: _result_batch_body, Lease: _lease_body,
+    LeaseBatch: _lease_batch_body}

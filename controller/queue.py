@@ -22,6 +22,7 @@ import logging
 import random
 import sqlite3
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,9 +167,9 @@ CREATE TABLE IF NOT EXISTS rollouts (
     node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
-    failures INTEGER NOT NULL DEFAULT 0);
+    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
-CREATE INDEX IF NOT EXISTS rollouts_node ON rollouts (node, state);
+DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
 CREATE INDEX IF NOT EXISTS rollouts_batch_state ON rollouts (batch_id, state);
 CREATE TABLE IF NOT EXISTS attempts (
@@ -205,10 +206,16 @@ class RolloutQueue:
             self._db.execute("ALTER TABLE rollouts ADD COLUMN failures INTEGER NOT NULL"
                              " DEFAULT 0")
             self._db.execute("UPDATE rollouts SET failures = attempt")
+        if "leased_at" not in cols:  # from before attempts rows were written when they end
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN leased_at REAL")
         if "idem" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
             self._db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
             self._db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
         self._depth = 0
+        self._terminal_delta: Counter = Counter()  # entered in the open transaction
+        self._terminal: Counter = Counter({s: n for s, n in self._db.execute(
+            f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({_qs(TERMINAL)})"
+            f" GROUP BY state", TERMINAL)})
         with self._tx():
             for key in ("token", "commit_seq", "batch_seq", "rollout_seq"):
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, 0)", (key,))
@@ -235,14 +242,21 @@ class RolloutQueue:
             return
         self._db.execute("BEGIN IMMEDIATE")
         self._depth = 1
+        self._terminal_delta.clear()
         try:
             yield self._db
         except BaseException:
             self._depth = 0
+            self._terminal_delta.clear()
             self._db.execute("ROLLBACK")
             raise
         self._depth = 0
-        self._db.execute("COMMIT")
+        try:
+            self._db.execute("COMMIT")
+        finally:
+            delta, self._terminal_delta = self._terminal_delta, Counter()
+        for state, n in delta.items():  # counted only once on disk
+            self._terminal[state] += n
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -268,6 +282,8 @@ class RolloutQueue:
     def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
         """Change one rollout's state (asserting the table) and any other columns."""
         check_transition(row["rollout_id"], row["state"], new)
+        if new in TERMINAL:
+            self._terminal_delta[new] += 1
         cols.update(state=new, updated_at=now)
         sets = ", ".join(f"{k} = ?" for k in cols)
         cur = self._db.execute(f"UPDATE rollouts SET {sets} WHERE rollout_id = ? AND state = ?",
@@ -399,13 +415,14 @@ class RolloutQueue:
                 # of which may become LEASED (asserted on the table at import).
                 for r in self._db.execute(
                         f"UPDATE rollouts SET state = ?, attempt = attempt + 1, token = v.tok,"
-                        f" node = v.node, lease_deadline = ?, updated_at = ? FROM (SELECT"
+                        f" node = v.node, lease_deadline = ?, updated_at = ?, leased_at = ?"
+                        f" FROM (SELECT"
                         f" column1 AS rid, column2 AS tok, column3 AS node FROM (VALUES"
                         f" {', '.join('(?, ?, ?)' for _ in chunk)})) AS v WHERE"
                         f" rollouts.rollout_id = v.rid AND rollouts.state IN ({_qs(LEASABLE)})"
                         f" AND rollouts.not_before <= ? RETURNING rollouts.rollout_id,"
                         f" rollouts.attempt, task_ref, policy_version, seed, batch_id",
-                        (LEASED, now + self.config.lease_ttl_s, now,
+                        (LEASED, now + self.config.lease_ttl_s, now, now,
                          *(x for rid, (tok, node) in chunk for x in (rid, tok, node)),
                          *LEASABLE, now)):
                     got[r[0]] = r
@@ -414,10 +431,8 @@ class RolloutQueue:
                 if r is None:
                     continue
                 leases.append(Lease(rollout_id, r[1], tok, r[2], r[3], r[4], r[5], node))
-            self._db.executemany("INSERT INTO attempts (rollout_id, attempt, token, node,"
-                                 " started_at) VALUES (?, ?, ?, ?, ?)",
-                                 [(x.rollout_id, x.attempt, x.token, x.node, now)
-                                  for x in leases])
+            # The attempt's row is written when it ends (`_finish_attempt`); until then
+            # `attempts()` shows it from the rollout's row.
             log.debug("%d rollouts leased", len(leases))
         return leases
 
@@ -518,18 +533,17 @@ class RolloutQueue:
         if reward is None and outcome != "pass":
             reward = 0.0
         seq = self._commit_seq + 1
-        cur = self._db.execute(
-            f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?,"
-            f" lease_deadline = NULL, commit_seq = ?, updated_at = ? WHERE rollout_id = ? AND"
-            f" attempt = ? AND token = ? AND state IN ({_qs(HELD)})",
+        r = self._db.execute(
+            _COMMIT_HELD_SQL,
             (COMMITTED, outcome, reward, json.dumps(shards, sort_keys=True) if shards else "{}",
-             seq, now, rollout_id, attempt, token, *HELD))
-        if cur.rowcount != 1:
+             seq, now, rollout_id, attempt, token, *HELD)).fetchone()
+        if r is None:
             return False
         self._commit_seq = seq
-        self._db.execute("UPDATE attempts SET outcome = ?, reason = NULL, finished_at = ?,"
-                         " idem = ?, reply = ? WHERE rollout_id = ? AND attempt = ?",
-                         (outcome, now, idem, _COMMITTED_REPLY, rollout_id, attempt))
+        self._terminal_delta[COMMITTED] += 1
+        self._db.execute(_ATTEMPT_UPSERT_SQL, (rollout_id, attempt, token, r[0],
+                                               r[1] if r[1] is not None else now, outcome,
+                                               None, now, idem, _COMMITTED_REPLY))
         log.debug("rollout %s attempt %d: committed (%s)", rollout_id, attempt, outcome)
         return True
 
@@ -544,13 +558,13 @@ class RolloutQueue:
     def _finish_attempt(self, row: sqlite3.Row, now: float, outcome: str,
                         reason: Optional[str], idem: Optional[str] = None,
                         reply: Optional[Completion] = None) -> None:
-        self._db.execute("UPDATE attempts SET outcome = ?, reason = ?, finished_at = ?, idem = ?,"
-                         " reply = ? WHERE rollout_id = ? AND attempt = ?",
-                         (outcome, reason, now, idem,
-                          None if reply is None else json.dumps(
-                              {"accepted": reply.accepted, "reason": reply.reason,
-                               "committed": reply.committed}),
-                          row["rollout_id"], row["attempt"]))
+        """Write the ended attempt's row (`row` is the rollout's row while it was held)."""
+        started = row["leased_at"] if row["leased_at"] is not None else row["updated_at"]
+        self._db.execute(_ATTEMPT_UPSERT_SQL, (
+            row["rollout_id"], row["attempt"], row["token"], row["node"], started, outcome,
+            reason, now, idem, None if reply is None else json.dumps(
+                {"accepted": reply.accepted, "reason": reply.reason,
+                 "committed": reply.committed})))
 
     def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool,
                       idem: Optional[str] = None, reply: Optional[Completion] = None) -> str:
@@ -635,8 +649,12 @@ class RolloutQueue:
         return r is None
 
     def counts(self) -> dict[str, int]:
+        """Rollouts per state. The terminal states (only ever entered, never left) are
+        counted in memory as transactions commit; the others are read (an index range of
+        the rollouts in flight, not a scan of the whole history)."""
         out = dict.fromkeys(STATES, 0)
-        for state, n in self._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state"):
+        out.update(self._terminal)
+        for state, n in self._db.execute(_LIVE_COUNTS_SQL, _LIVE):
             out[state] = n
         return out
 
@@ -648,8 +666,18 @@ class RolloutQueue:
         return [dict(r) for r in self._db.execute("SELECT * FROM rollouts ORDER BY seq")]
 
     def attempts(self, rollout_id: str) -> list[dict]:
-        return [dict(r) for r in self._db.execute(
+        """Every attempt of the rollout, oldest first; the one it holds now (not ended, so
+        not yet written) with outcome None."""
+        out = [dict(r) for r in self._db.execute(
             "SELECT * FROM attempts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))]
+        row = self._row(rollout_id)
+        if row is not None and row["state"] in HELD and (
+                not out or out[-1]["attempt"] < row["attempt"]):
+            out.append({"rollout_id": rollout_id, "attempt": row["attempt"],
+                        "token": row["token"], "node": row["node"], "outcome": None,
+                        "reason": None, "started_at": row["leased_at"], "finished_at": None,
+                        "idem": None, "reply": None})
+        return out
 
     def committed_rows(self) -> list[dict]:
         """Every committed rollout's catalog key (rollout_id, attempt, token, shards, time)."""
@@ -726,7 +754,21 @@ class RolloutQueue:
         return None if r is None else Policy(**dict(r))
 
 
+_LIVE = tuple(s for s in STATES if s not in TERMINAL)
+_LIVE_COUNTS_SQL = (f"SELECT state, COUNT(*) FROM rollouts WHERE state IN"
+                    f" ({', '.join('?' for _ in _LIVE)}) GROUP BY state")
 _LEASE_CHUNK = 500  # (rollout, token, node) triples per UPDATE of lease_to
+_COMMIT_HELD_SQL = (
+    f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?, lease_deadline = NULL,"
+    f" commit_seq = ?, updated_at = ? WHERE rollout_id = ? AND attempt = ? AND token = ? AND"
+    f" state IN ({', '.join('?' for _ in HELD)}) RETURNING node, leased_at")
+# An attempt's row, written when it ends (a database from before that wrote it at lease
+# time: the row is there, its end is filled in).
+_ATTEMPT_UPSERT_SQL = (
+    "INSERT INTO attempts (rollout_id, attempt, token, node, started_at, outcome, reason,"
+    " finished_at, idem, reply) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+    " (rollout_id, attempt) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,"
+    " finished_at = excluded.finished_at, idem = excluded.idem, reply = excluded.reply")
 _COMMITTED = Completion(True, None, True)
 _COMMITTED_REPLY = json.dumps({"accepted": True, "reason": None, "committed": True})
 

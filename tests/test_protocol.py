@@ -294,3 +294,62 @@ def test_a_batch_over_the_frame_limit_goes_as_several_frames():
 def test_which_agents_speak_batches():
     assert p.speaks_batches("0.3.0") and p.speaks_batches("1.0")
     assert not p.speaks_batches("0.2.0") and not p.speaks_batches("sim")
+
+
+# ---- the hand-built paths of the hottest messages (lease, result and their batches) ----
+
+EDGE_CASES: list[p.Message] = [
+    p.Lease(rollout_id='quote"back\\slash\nnewline\u00e9\ud800', attempt=0, token=0,
+            lease_ttl_s=60, task={"n": float("1e-300"), "unicode": "\u2603", "nested": [1, None]},
+            policy=p.PolicyRef(version=0, endpoint="http://h/\"v1", model="m\u00e9"),
+            seed=0, run_id="r", run_dir="/x y", batch_id="b"),
+    p.Result(rollout_id="r\u2603", attempt=3, token=2**40, outcome="timeout", reward=None,
+             shards={"rollouts": "a\"b"}, infra_reason="x", idem="k"),
+    p.Result(rollout_id="r", attempt=1, token=1, outcome="fail", reward=-0.0, shards={},
+             infra_reason=None, idem="k"),
+]
+
+
+@pytest.mark.parametrize("msg", [m for m in SAMPLES + EDGE_CASES if type(m) in p._FAST_BODY]
+                         + [p.ResultBatch(items=EDGE_CASES[1:]),
+                            p.LeaseBatch(items=EDGE_CASES[:1] * 2, acks=["a\"b"])],
+                         ids=lambda m: m.TYPE)
+def test_hand_built_frames_mean_what_the_generic_encoder_writes(msg, monkeypatch):
+    fast = p.encode(msg, DEP)
+    assert p.decode(fast, DEP) == msg
+    with monkeypatch.context() as m:
+        m.setattr(p, "_FAST_BODY", {})
+        m.setattr(p, "_FAST_BUILD", {})
+        generic = p.encode(msg, DEP)
+        assert p.decode(fast, DEP) == p.decode(generic, DEP) == msg
+    assert json.loads(fast) == json.loads(generic)
+
+
+@pytest.mark.parametrize("field,value", [("attempt", -1), ("token", True), ("outcome", "won"),
+                                         ("reward", float("nan")), ("shards", {"a": 1}),
+                                         ("idem", None)])
+def test_a_bad_result_is_refused_with_the_same_error_on_the_fast_path(field, value):
+    bad = p.Result(**{**SAMPLES[5].__dict__, field: value})
+    for msg in (bad, p.ResultBatch(items=[SAMPLES[5], bad])):
+        with pytest.raises(p.LocalProtocolError) as info:
+            p.encode(msg, DEP)
+        assert info.value.reason == p.BAD_FIELD and field in info.value.field
+
+
+@pytest.mark.parametrize("field,value", [("seed", -3), ("lease_ttl_s", "60"),
+                                         ("task", ["not", "a", "dict"]), ("run_dir", 7)])
+def test_a_bad_lease_is_refused_on_the_fast_path_and_decoded_the_same(field, value):
+    lease = next(m for m in SAMPLES if isinstance(m, p.Lease))
+    with pytest.raises(p.LocalProtocolError):
+        p.encode(p.Lease(**{**lease.__dict__, field: value}), DEP)
+    body = json.loads(p.encode(lease, DEP))["body"]
+    body[field] = value
+    err = reason_of(frame("lease", body))
+    assert err.reason == p.BAD_FIELD and err.field == field
+
+
+def test_an_int_reward_or_ttl_still_widens_to_float_past_the_fast_path():
+    body = json.loads(p.encode(SAMPLES[5], DEP))["body"]
+    body["reward"] = 1
+    msg = p.decode(frame("result", body), DEP)
+    assert msg.reward == 1.0 and type(msg.reward) is float

@@ -427,6 +427,7 @@ def test_a_batch_is_one_transaction_and_a_crash_inside_loses_all_of_it(make_queu
     except KeyboardInterrupt:
         pass
     assert q.counts()[qm.QUEUED] == 2 and q.attempts(a.rollout_id) == []
+    assert q.counts()[qm.COMMITTED] == 0, "a rolled-back commit is not counted"
     with q.batch():
         (a,) = q.lease_next("n1", 1)
         with pytest.raises(qm.UnknownBatch):
@@ -730,3 +731,36 @@ def test_the_documented_state_table_is_the_code_table():
         if state in qm.TRANSITIONS:
             table[state] = frozenset(re.findall(r"`(\w+)`", targets))
     assert table == qm.TRANSITIONS
+
+
+def test_counts_match_the_table_across_terminal_moves_and_a_reopen(make_queue, clock):
+    q = make_queue(QueueConfig(max_attempts=1))
+    batch, _, _ = q.submit_batch("s", [("a", 1)], 5)
+    a, b, c = q.lease_next("n1", 3)
+    done(q, a)
+    done(q, b, "infra_error", None, "boom")  # max_attempts 1: dead letter
+    q.cancel(batch)
+
+    def table(queue):
+        out = dict.fromkeys(qm.STATES, 0)
+        out.update(queue._db.execute("SELECT state, COUNT(*) FROM rollouts GROUP BY state"))
+        return out
+    assert q.counts() == table(q)
+    assert (q.counts()[qm.COMMITTED], q.counts()[qm.DEAD_LETTER], q.counts()[qm.CANCELLED]) \
+        == (1, 1, 3)
+    q.close()
+    again = make_queue(QueueConfig(max_attempts=1))
+    assert again.counts() == table(again)
+
+
+def test_an_attempt_in_flight_is_listed_and_written_when_it_ends(q):
+    q.submit_batch("s", [("a", 1)], 1)
+    (a,) = q.lease_next("n1", 1)
+    (live,) = q.attempts(a.rollout_id)
+    assert (live["token"], live["node"], live["outcome"], live["finished_at"]) == \
+        (a.token, "n1", None, None)
+    assert q._db.execute("SELECT COUNT(*) FROM attempts").fetchone()[0] == 0
+    done(q, a)
+    (ended,) = q.attempts(a.rollout_id)
+    assert (ended["token"], ended["outcome"], ended["started_at"]) == \
+        (a.token, "pass", live["started_at"])

@@ -404,16 +404,16 @@ class World:
                 "SELECT rollout_id, state, attempt, token, outcome, reward, commit_seq"
                 " FROM rollouts"):
             states[rid] = state
+            # An attempt's row is written when it ends; the one held now is the rollout's row.
             att = attempts.get(rid, [])
             att_tokens = [t for t, _ in att]
             assert att_tokens == sorted(set(att_tokens)), \
                 f"{rid}: tokens must grow with every lease: {att_tokens}"
             live = [t for t, open_ in att if open_]
-            assert len(live) <= 1, f"{rid}: more than one live lease {live}"
+            assert not live, f"{rid}: attempt rows {live} written before the attempt ended"
             if state in qm.HELD:
-                assert live == [token], f"{rid}: {state} but its open attempts are {live}"
-            else:
-                assert not live, f"{rid}: {state} but attempt token {live} still open"
+                assert all(t < token for t in att_tokens), \
+                    f"{rid}: {state} with token {token}, not newer than ended {att_tokens}"
             if state == qm.COMMITTED:
                 assert token == att_tokens[-1], f"{rid}: committed with a stale token"
                 value = (attempt, token, outcome, reward, seq)
