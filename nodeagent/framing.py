@@ -102,8 +102,12 @@ def decode_records(body: bytes) -> dict[str, list[bytes]]:
     return out
 
 
-def send_records(sock: socket.socket, records: list[tuple[str, bytes]]) -> None:
-    sock.sendall(encode_records(records))
+def send_records(sock: socket.socket, records: list[tuple[str, bytes]], fds: list[int] | None = None) -> None:
+    data = encode_records(records)
+    if fds:
+        socket.send_fds(sock, [data[:_HDR.size]], fds)
+        data = data[_HDR.size:]
+    sock.sendall(data)
 
 
 def recv_records(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):

@@ -480,15 +480,15 @@ class SandboxRuntime:
             cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
-                   "files": {k: (v.encode() if isinstance(v, str) else v) for k, v in spec.files.items()}}
+                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
             self._call(req, [theirs.fileno()] + cg_fds)
             theirs.close()
-            reply, fds = framing.recv_msg(ours, max_bytes=1 << 20, with_fds=True)
-            if not reply.get("ok") or len(fds) != 1:
+            reply, fds = framing.recv_records(ours, max_bytes=65536, with_fds=True)
+            if reply.get("s") != [b"ok"] or len(fds) != 1 or "p" not in reply:
                 for fd in fds:
                     os.close(fd)
-                raise SandboxError(reply.get("error", "sandbox setup failed"))
+                why = (reply.get("m") or [b"no reason given"])[0].decode(errors="replace")
+                raise SandboxError(f"sandbox setup failed: {why}")
             init_sock = socket.socket(fileno=fds[0])
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
@@ -500,11 +500,18 @@ class SandboxRuntime:
             ours.close()
             for fd in cg_fds:
                 os.close(fd)
-        sb = Sandbox(self, sid, init_sock, slice_no, int(reply["init_pid"]), reply.get("uid_map", ""), spec, key)
+        sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
+                     (reply.get("U") or [b""])[0].decode().strip(), spec, key)
         sb.cgroup = cgroup
-        sb.start_stages = dict(reply.get("stages") or {}, requested=t_req, returned=time.monotonic())
+        sb.start_stages = {"requested": t_req, "returned": time.monotonic()}
         with self._lock:
             self._live.add(sid)
+        if spec.files:
+            try:
+                sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
+            except SandboxError:
+                sb.destroy()
+                raise
         return sb
 
     def active_sandboxes(self) -> int:

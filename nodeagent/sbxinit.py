@@ -114,12 +114,10 @@ def build_root(sbx: str, lower: str, overlay: str = "kernel", dev_template: str 
     return root, daemon
 
 
-def finish_root(root: str, base: int, files: dict) -> None:
-    """/work owned by the sandbox's root, then the task's files."""
+def finish_root(root: str, base: int) -> None:
+    """/work owned by the sandbox's root (the task's files come through `handle_op`)."""
     os.chown(os.path.join(root, "work"), base, base)
     os.chmod(os.path.join(root, "work"), 0o755)
-    for rel, data in (files or {}).items():
-        _write_file(root, "/work/" + rel, data, base, owner="agent")
 
 
 def _fuse_overlay(rel_lower: str, root: str) -> subprocess.Popen:
@@ -188,6 +186,20 @@ def spawn_init(init_exe: int, bpf_fd: int, root: str, req: dict, egress_fd: int 
     return pid, mon_end
 
 
+def build_records(req: dict, sbx: str, lower: str) -> list[tuple[str, bytes]]:
+    """A create request for a spare native builder (`nodeagent/native/sbxinit.c`): the sandbox
+    dir, the lower layer relative to it, the /dev template, tmpfs caps, id slice, hostname,
+    the init's rlimits and the egress socket's path."""
+    recs = [("d", sbx), ("l", os.path.relpath(lower, sbx)),
+            ("v", os.path.join(os.path.dirname(os.path.dirname(sbx)), "dev")),
+            ("z", _tmpfs_caps(req.get("limits") or {})), ("b", str(int(req["slice_base"]))),
+            ("n", str(int(req["slice_size"]))), ("h", str(req.get("hostname", "sandbox")))]
+    recs += [("R", spec) for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [])]
+    if req.get("egress_socket"):
+        recs.append(("g", str(req["egress_socket"])))
+    return [(tag, val.encode()) for tag, val in recs]
+
+
 def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
                 cgroup_fds: list[int], init_exe: int, bpf_fd: int) -> int:
     """One sandbox, from nothing: its mount namespace, the root (tmpfs, overlay, /dev, files),
@@ -197,40 +209,32 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     base, size = int(req["slice_base"]), int(req["slice_size"])
     daemon, pid = None, None
-    stages = {"builder": time.monotonic()}   # CLOCK_MONOTONIC: comparable across processes
     try:
         enter_mount_ns()
         sbx = os.path.join(sbx_root, req["id"])
         root, daemon = build_root(sbx, lower, req.get("overlay", "kernel"),
                                   os.path.join(os.path.dirname(sbx_root), "dev"), req.get("limits") or {})
-        finish_root(root, base, req.get("files") or {})
-        stages["root_built"] = time.monotonic()
+        finish_root(root, base)
         egress = os.open(req["egress_socket"], os.O_PATH) if req.get("egress_socket") else None
         pid, init = spawn_init(init_exe, bpf_fd, root, req, egress)
-        stages["init_spawned"] = time.monotonic()
         if egress is not None:
             os.close(egress)
         for fd in cgroup_fds:   # before "mapped": the init makes its cgroup namespace after it
             os.write(fd, str(pid).encode())
-        stages["init_in_cgroup"] = time.monotonic()
-        ready, init_ns_fd = map_init(pid, base, size, init)
-        stages.update(ready)
-        uid_map = open(f"/proc/{pid}/uid_map").read().strip()
+        init_ns_fd = map_init(pid, base, size, init)
+        uid_map = open(f"/proc/{pid}/uid_map").read()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        framing.send_msg(zygote, {"id": req["id"], "init_pid": pid, "root": root, "sbx": sbx, "base": base,
-                                  "lower": lower, "daemon_pid": daemon.pid if daemon else None},
-                         [ns_fd, init_ns_fd])
+        framing.send_records(zygote, [("p", str(pid).encode())] + ([("D", str(daemon.pid).encode())] if daemon else []),
+                             [ns_fd, init_ns_fd])
     except Exception as exc:
         for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        framing.send_msg(agent, {"ok": False, "error": f"sandbox setup failed: {type(exc).__name__}: {exc}"})
+        framing.send_records(agent, [("s", b"failed"), ("m", f"{type(exc).__name__}: {exc}".encode())])
         return 1
-    stages["ready"] = time.monotonic()
-    framing.send_msg(agent, {"ok": True, "init_pid": pid, "stages": stages, "uid_map": uid_map},
-                     [init.fileno()])
+    framing.send_records(agent, [("s", b"ok"), ("p", str(pid).encode()), ("U", uid_map.encode())], [init.fileno()])
     return 0
 
 
@@ -238,7 +242,7 @@ def _stage(recs: dict) -> str:
     return (recs.get("s") or [b""])[0].decode(errors="replace")
 
 
-def map_init(pid: int, base: int, size: int, init: socket.socket) -> tuple[dict, int]:
+def map_init(pid: int, base: int, size: int, init: socket.socket) -> int:
     """The init has entered its root and unshared its user namespace: map it onto the id slice
     (`0 <base> <size>`, setgroups denied); it answers "ready" (rlimits, seccomp in place) with
     its own mount namespace (an fd)."""
@@ -246,7 +250,6 @@ def map_init(pid: int, base: int, size: int, init: socket.socket) -> tuple[dict,
         msg = framing.recv_records(init, max_bytes=65536)
         if _stage(msg) != "unshared":
             raise RuntimeError(f"sandbox init failed before its user namespace: {_init_error(msg)}")
-        t_unshared = time.monotonic()
         _w(f"/proc/{pid}/uid_map", f"0 {base} {size}\n")
         _w(f"/proc/{pid}/setgroups", "deny")
         _w(f"/proc/{pid}/gid_map", f"0 {base} {size}\n")
@@ -258,7 +261,7 @@ def map_init(pid: int, base: int, size: int, init: socket.socket) -> tuple[dict,
         for fd in got:
             os.close(fd)
         raise RuntimeError(f"sandbox init failed: {_init_error(msg)}")
-    return {"init_unshared": t_unshared, "init_ready": time.monotonic()}, got[0]
+    return got[0]
 
 
 def _init_error(msg: dict) -> str:

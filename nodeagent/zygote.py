@@ -73,7 +73,7 @@ class NodeInit:
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
         self.spares: list[Spare] = []                             # waiting builders, oldest first
-        self.pending: dict[str, socket.socket] = {}               # sandbox id -> its builder
+        self.pending: dict[str, tuple] = {}     # sandbox id -> (its builder's socket, its record)
         self.dying: dict[str, dict] = {}                          # destroyed, init not yet gone
         self.leaked: list[str] = []                               # what a teardown could not remove
         self._after_reply = None                                  # work deferred past a reply
@@ -130,14 +130,28 @@ class NodeInit:
             after()
         return True
 
-    # -- spares: builders forked ahead of time, holding nothing of any sandbox ----------------
+    # -- spares: native builders started ahead of time, holding nothing of any sandbox ------
     def fill_spares(self) -> None:
         while len(self.spares) < SPARE_BUILDERS:
-            self.spares.append(self._fork_builder(None, []))
+            self.spares.append(self._spawn_spare())
 
-    def _fork_builder(self, req: dict | None, fds: list[int]) -> Spare:
-        """A builder: with `req`, it builds that sandbox at once (`fds`: the agent's socket, then
-        the cgroup.procs files); without, it is a spare that waits for its request."""
+    def _spawn_spare(self) -> Spare:
+        """A native builder (`nodeagent/native/sbxinit.c`, vfork+exec: no copy of this process)
+        waiting on its socket for one create request."""
+        ours, theirs = socket.socketpair()
+        os.set_inheritable(theirs.fileno(), True)
+        os.set_inheritable(self.bpf_fd, True)
+        argv = ["paddock-sbxbuild", "builder", "--sock", str(theirs.fileno()), "--bpf-fd", str(self.bpf_fd)]
+        try:
+            pid = os.posix_spawn(f"/proc/self/fd/{self.init_exe}", argv, {})
+        finally:
+            theirs.close()
+        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid))
+        return Spare(pid, ours)
+
+    def _fork_builder(self, req: dict, fds: list[int]) -> Spare:
+        """A Python builder for the fuse-overlayfs path (it starts the daemon, then spawns the
+        native init): `fds` are the agent's socket, then the cgroup.procs files."""
         ours, theirs = socket.socketpair()
         dups = [os.dup(fd) for fd in fds]
         pid = os.fork()
@@ -146,26 +160,16 @@ class NodeInit:
             try:
                 # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
                 _close_fds_except({0, 1, 2, theirs.fileno(), self.init_exe, self.bpf_fd, *dups})
-                code = self._builder_main(theirs, req, dups)
+                agent = socket.socket(fileno=dups[0])
+                code = sbxinit.run_builder(agent, theirs, req, lower=os.path.join(self.images_dir, req["image_key"]),
+                                           sbx_root=self.sbx_dir, cgroup_fds=dups[1:], init_exe=self.init_exe,
+                                           bpf_fd=self.bpf_fd)
             finally:
                 os._exit(code)
         theirs.close()
         for fd in dups:
             os.close(fd)
-        if req is None:
-            self.sel.register(ours, selectors.EVENT_READ, ("spare", pid))
         return Spare(pid, ours)
-
-    def _builder_main(self, sock: socket.socket, req: dict | None, fds: list[int]) -> int:
-        if req is None:
-            try:
-                req, fds = framing.recv_msg(sock, with_fds=True)
-            except framing.FramingError:
-                return 0   # the node is closing
-        agent = socket.socket(fileno=fds[0])
-        return sbxinit.run_builder(agent, sock, req, lower=os.path.join(self.images_dir, req["image_key"]),
-                                   sbx_root=self.sbx_dir, cgroup_fds=fds[1:], init_exe=self.init_exe,
-                                   bpf_fd=self.bpf_fd)
 
     def spare_died(self, sock: socket.socket) -> None:
         """A spare's socket turned readable before it was given a request: it died (it holds
@@ -177,19 +181,23 @@ class NodeInit:
         self.fill_spares()
 
     def take_sandbox(self, sock: socket.socket) -> None:
-        """A builder reports a finished sandbox and hands over its mount namespace (the fd in
-        flight keeps the namespace alive after the builder exits)."""
+        """A builder reports a finished sandbox (its init's PID) and hands over its mount
+        namespaces (the fds in flight keep them alive after the builder exits)."""
         self.sel.unregister(sock)
-        sid = next((k for k, v in self.pending.items() if v is sock), None)
-        self.pending.pop(sid, None)
+        sid = next((k for k, v in self.pending.items() if v[0] is sock), None)
+        _, rec = self.pending.pop(sid, (None, None))
         try:
-            rec, fds = framing.recv_msg(sock, max_bytes=65536, with_fds=True)
-            if len(fds) != 2 or rec.get("id") != sid:
-                raise framing.FramingError(f"bad report from a builder: {rec}")
+            msg, fds = framing.recv_records(sock, max_bytes=4096, with_fds=True)
+            if len(fds) != 2 or rec is None or "p" not in msg:
+                for fd in fds:
+                    os.close(fd)
+                raise framing.FramingError(f"bad report from a builder: {msg}")
+            rec["init_pid"] = int(msg["p"][0])
+            rec["daemon_pid"] = int(msg["D"][0]) if msg.get("D") else None
             rec["mnt_fd"], rec["init_mnt_fd"] = fds
-            rec["pidfd"] = os.pidfd_open(int(rec["init_pid"]))
-            self.sandboxes[rec["id"]] = rec
-        except (framing.FramingError, OSError):
+            rec["pidfd"] = os.pidfd_open(rec["init_pid"])
+            self.sandboxes[sid] = rec
+        except (framing.FramingError, OSError, ValueError):
             pass   # the builder failed; it reported that to the agent itself
         finally:
             sock.close()
@@ -197,7 +205,7 @@ class NodeInit:
     def _settle(self, sid) -> None:
         """An op may arrive before the builder's report was read: read it first."""
         if sid in self.pending:
-            self.take_sandbox(self.pending[sid])
+            self.take_sandbox(self.pending[sid][0])
 
     def reap(self) -> None:
         while True:
@@ -306,25 +314,34 @@ class NodeInit:
 
     def create(self, req: dict, fds: list[int]) -> dict:
         """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of its cgroup.
-        A spare builder (else one forked now) builds the sandbox and reports to the agent; the
-        spare is replaced right after the reply."""
-        if req["image_key"] not in self.mounts:
-            return {"ok": False, "error": f"image {req['image_key']} is not mounted"}
-        if req["id"] in self.sandboxes or req["id"] in self.pending:
-            return {"ok": False, "error": f"sandbox {req['id']} exists"}
+        A spare native builder (a Python one for fuse-overlayfs) builds the sandbox and reports
+        to the agent; the spare is replaced right after the reply."""
+        key = req["image_key"]
+        if key not in self.mounts:
+            return {"ok": False, "error": f"image {key} is not mounted"}
+        sid = req["id"]
+        if sid in self.sandboxes or sid in self.pending:
+            return {"ok": False, "error": f"sandbox {sid} exists"}
+        lower = os.path.join(self.images_dir, key)
+        sbx = os.path.join(self.sbx_dir, sid)
+        rec = {"id": sid, "root": os.path.join(sbx, "root"), "sbx": sbx, "base": int(req["slice_base"]),
+               "lower": lower}
         builder = None
-        while self.spares and builder is None:
+        if req.get("overlay") == "fuse-overlayfs":
+            builder = self._fork_builder(req, fds)
+        while builder is None and self.spares:
             sp = self.spares.pop(0)
             self.sel.unregister(sp.sock)
             try:
-                framing.send_msg(sp.sock, req, fds)
+                framing.send_records(sp.sock, sbxinit.build_records(req, sbx, lower), fds)
                 builder = sp
             except OSError:
                 sp.sock.close()   # that spare died: try the next
         if builder is None:
-            builder = self._fork_builder(req, fds)
+            self.fill_spares()
+            return {"ok": False, "error": "no native builder could be started"}
         self.sel.register(builder.sock, selectors.EVENT_READ)
-        self.pending[req["id"]] = builder.sock
+        self.pending[sid] = (builder.sock, rec)
         self._after_reply = self.fill_spares
         return {"ok": True, "pid": builder.pid}
 

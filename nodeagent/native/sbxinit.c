@@ -104,23 +104,23 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
-/* Send one frame; with fd >= 0 the fd travels with the length (SCM_RIGHTS). */
-static int send_frame(struct buf *b, int fd) {
+/* Send one frame on `sock`; the fds (if any) travel with the length (SCM_RIGHTS). */
+static int send_frame(int sock, struct buf *b, const int *fds, int nfds) {
     uint32_t be = htonl((uint32_t)b->len);
     struct iovec iov = {&be, 4};
-    char ctl[CMSG_SPACE(sizeof(int))] = {0};
+    char ctl[CMSG_SPACE(4 * sizeof(int))] = {0};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
+    if (nfds > 0) {
         mh.msg_control = ctl;
-        mh.msg_controllen = sizeof ctl;
+        mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
     }
-    if (sendmsg(mon, &mh, MSG_NOSIGNAL) != 4) return -1;
-    int rc = write_all(mon, b->p, b->len);
+    if (sendmsg(sock, &mh, MSG_NOSIGNAL) != 4) return -1;
+    int rc = write_all(sock, b->p, b->len);
     b->len = 0;
     return rc;
 }
@@ -136,10 +136,28 @@ static int read_all(int fd, char *p, size_t n) {
     return 0;
 }
 
-/* Read one frame into *b; -1 when the peer closed or sent more than REQ_MAX_BYTES. */
-static int recv_frame(struct buf *b) {
+/* Read one frame from `sock` into *b, and up to `max_fds` fds sent with it (CLOEXEC);
+ * -1 when the peer closed or sent more than REQ_MAX_BYTES. */
+static int recv_frame(int sock, struct buf *b, int *fds, int *nfds, int max_fds) {
     uint32_t be;
-    if (read_all(mon, (char *)&be, 4)) return -1;
+    struct iovec iov = {&be, 4};
+    char ctl[CMSG_SPACE(8 * sizeof(int))];
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    if (nfds) *nfds = 0;
+    ssize_t got;
+    do got = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC); while (got < 0 && errno == EINTR);
+    if (got <= 0) return -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            if (nfds && *nfds < max_fds) fds[(*nfds)++] = fd;
+            else close(fd);
+        }
+    }
+    if (got < 4 && read_all(sock, (char *)&be + got, 4 - (size_t)got)) return -1;
     size_t n = ntohl(be);
     if (n > REQ_MAX_BYTES) return -1;
     b->len = 0;
@@ -149,7 +167,7 @@ static int recv_frame(struct buf *b) {
         b->p = p;
         b->cap = n;
     }
-    if (read_all(mon, b->p, n)) return -1;
+    if (read_all(sock, b->p, n)) return -1;
     b->len = n;
     return 0;
 }
@@ -170,14 +188,17 @@ static long next_rec(const struct buf *b, size_t off, char *tag, const char **va
 
 /* ------------------------------------------------------------------ setup */
 
+static int report_fd = -1;   /* where a failed setup call is reported: the builder, or the agent */
+
 static void stage(const char *name, int fd) {
     struct buf b = {0};
     rec_str(&b, 's', name);
-    if (send_frame(&b, fd)) _exit(1);
+    if (send_frame(mon, &b, &fd, fd >= 0)) _exit(1);
     free(b.p);
 }
 
-/* Report a failed setup call (with errno) to the builder, who raises it as SandboxError. */
+/* Report a failed setup call (with errno) to whoever waits for this process (the builder, or
+ * for a builder the agent), who raises it as SandboxError; then exit. */
 static void fail(const char *fmt, ...) {
     char msg[512];
     int err = errno;
@@ -190,7 +211,7 @@ static void fail(const char *fmt, ...) {
     struct buf b = {0};
     rec_str(&b, 's', "failed");
     rec_str(&b, 'm', msg);
-    send_frame(&b, -1);
+    send_frame(report_fd, &b, NULL, 0);
     _exit(1);
 }
 
@@ -199,7 +220,7 @@ static void expect(const char *name) {
     char tag;
     const char *val;
     size_t n;
-    if (recv_frame(&b)) _exit(0);   /* the builder is gone: a failed create */
+    if (recv_frame(mon, &b, NULL, NULL, 0)) _exit(0);   /* the builder is gone: a failed create */
     if (next_rec(&b, 0, &tag, &val, &n) <= 0 || tag != 's' || n != strlen(name) || memcmp(val, name, n))
         _exit(1);
     free(b.p);
@@ -541,7 +562,7 @@ static void serve(void) {
     struct buf req = {0}, strings = {0}, reply = {0};
     struct cmd c;
     for (;;) {
-        if (recv_frame(&req)) _exit(0);   /* the agent is gone */
+        if (recv_frame(mon, &req, NULL, NULL, 0)) _exit(0);   /* the agent is gone */
         int status;
         reap(-2, &status);   /* orphans of earlier commands */
         const char *bad = parse_cmd(&req, &c, &strings);
@@ -553,8 +574,217 @@ static void serve(void) {
         } else {
             run_command(&c, &reply);
         }
-        if (send_frame(&reply, -1)) _exit(0);
+        if (send_frame(mon, &reply, NULL, 0)) _exit(0);
     }
+}
+
+/* ------------------------------------------------------------------ the init */
+
+#define MAX_RLIMITS 16
+
+struct init_cfg {
+    const char *root, *hostname;
+    const char *rlimits[MAX_RLIMITS];
+    int nrl, bpf_fd;
+};
+
+/* PID 1 of the sandbox: `mon` is its socket to the builder (then to the agent). */
+static void init_main(struct init_cfg *cfg) {
+    report_fd = mon;
+    /* Only what it was given: never another sandbox's fd that a builder held. */
+    for (int fd = 3; fd < 1024; fd++) {
+        if (fd != mon && fd != cfg->bpf_fd && fd != egress_fd) close(fd);
+    }
+    syscall(SYS_close_range, 1024, ~0U, 0);
+    loopback_up();
+    enter_root(cfg->root);
+    if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
+    stage("unshared", -1);
+    expect("mapped");
+    if (setresgid(0, 0, 0) || setresuid(0, 0, 0)) fail("becoming root of the sandbox user namespace");
+    /* The builder moved this process into its cgroups before "mapped": they become its root. */
+    if (unshare(CLONE_NEWCGROUP)) fail("unshare(CLONE_NEWCGROUP)");
+    /* A UTS namespace of its own user namespace; seccomp then denies sethostname. */
+    if (unshare(CLONE_NEWUTS)) fail("unshare(CLONE_NEWUTS)");
+    if (sethostname(cfg->hostname, strlen(cfg->hostname))) fail("sethostname %s", cfg->hostname);
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("prctl(PR_SET_NO_NEW_PRIVS)");
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) fail("prctl(PR_SET_DUMPABLE)");
+    for (int i = 0; i < cfg->nrl; i++) set_rlimit(cfg->rlimits[i]);
+    install_seccomp(cfg->bpf_fd);   /* before any thread: every thread and command inherits it */
+    if (egress_fd >= 0) start_egress_relay();
+    /* Its own mount namespace, for the node holder to hold: torn down when the holder lets go
+     * of it after a destroy, not in this process's exit, which destroy waits for. */
+    int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    if (ns < 0) fail("open /proc/self/ns/mnt");
+    stage("ready", ns);
+    close(ns);
+    serve();
+}
+
+/* ------------------------------------------------------------------ the builder */
+
+struct build_req {
+    const char *sbx, *lower, *dev, *tmpfs, *egress;
+    long base, size;
+    struct init_cfg init;
+};
+
+static const char *parse_build(struct buf *b, struct build_req *r, struct buf *strings) {
+    size_t offs[64];
+    char tags[64];
+    size_t nrec = 0;
+    long off = 0;
+    char tag;
+    const char *val;
+    size_t n;
+    memset(r, 0, sizeof *r);
+    r->init.hostname = "sandbox";
+    while ((off = next_rec(b, (size_t)off, &tag, &val, &n)) > 0) {
+        if (nrec == sizeof tags) return "too many fields";
+        tags[nrec] = tag;
+        offs[nrec++] = strings->len;
+        buf_put(strings, val, n);
+        buf_put(strings, "", 1);
+    }
+    if (off < 0) return "malformed request";
+    for (size_t i = 0; i < nrec; i++) {
+        const char *v = strings->p + offs[i];
+        switch (tags[i]) {
+        case 'd': r->sbx = v; break;
+        case 'l': r->lower = v; break;
+        case 'v': r->dev = v; break;
+        case 'z': r->tmpfs = v; break;
+        case 'g': r->egress = v; break;
+        case 'b': r->base = strtol(v, NULL, 10); break;
+        case 'n': r->size = strtol(v, NULL, 10); break;
+        case 'h': r->init.hostname = v; break;
+        case 'R': if (r->init.nrl == MAX_RLIMITS) return "too many rlimits"; r->init.rlimits[r->init.nrl++] = v; break;
+        default: return "unknown field";
+        }
+    }
+    if (!r->sbx || !r->lower || !r->dev || !r->tmpfs || r->size <= 0) return "a field is missing";
+    return NULL;
+}
+
+static void write_file(const char *path, const char *data) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, data, strlen(data)) != (ssize_t)strlen(data)) fail("writing %s", path);
+    close(fd);
+}
+
+/* The sandbox's root at sbx/root: a capped tmpfs, the overlay over the image (mounted from
+ * inside sbx with relative paths: its options name no host path), /dev and /dev/shm. */
+static void build_root(struct build_req *r, char *root, size_t root_len) {
+    const unsigned long flags = MS_NOSUID | MS_NODEV;
+    char opts[4096];
+    if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
+    must_mount("none", "/", NULL, MS_REC | MS_SLAVE, NULL);   /* receives image mounts, sends nothing */
+    if (mkdir(r->sbx, 0755)) fail("mkdir %s", r->sbx);
+    snprintf(opts, sizeof opts, "mode=0755,%s", r->tmpfs);
+    must_mount("paddock-sbx", r->sbx, "tmpfs", flags, opts);
+    if (chdir(r->sbx)) fail("chdir %s", r->sbx);
+    if (mkdir("upper", 0755) || mkdir("work", 0755) || mkdir("root", 0755)) fail("mkdir in %s", r->sbx);
+    snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,userxattr", r->lower);
+    must_mount("paddock-overlay", "root", "overlay", flags, opts);
+    static const char *dirs[] = {"root/work", "root/proc", "root/dev", "root/tmp", NULL};
+    for (const char **d = dirs; *d; d++) {
+        if (mkdir(*d, 0755) && errno != EEXIST) fail("mkdir %s", *d);
+    }
+    if (chmod("root/tmp", 01777)) fail("chmod root/tmp");
+    must_mount(r->dev, "root/dev", NULL, MS_BIND | MS_REC, NULL);
+    must_mount("paddock-shm", "root/dev/shm", "tmpfs", flags | MS_NOEXEC, "mode=1777,size=16m");
+    if (chown("root/work", (uid_t)r->base, (gid_t)r->base) || chmod("root/work", 0755)) fail("chown root/work");
+    if (chdir("/")) fail("chdir /");
+    snprintf(root, root_len, "%s/root", r->sbx);
+}
+
+/* The init did not answer as expected: kill it; pass its own report on if it sent one. */
+static void init_failed(struct buf *msg, pid_t pid, const char *when) {
+    char tag;
+    const char *val;
+    size_t n;
+    kill(pid, SIGKILL);
+    if (next_rec(msg, 0, &tag, &val, &n) > 0 && tag == 's' && n == 6 && !memcmp(val, "failed", 6)) {
+        send_frame(report_fd, msg, NULL, 0);
+        _exit(1);
+    }
+    errno = EPROTO;
+    fail("sandbox init %d failed %s", pid, when);
+}
+
+/* A spare builder: waits on `sock` (to the node holder) for one create request, with the
+ * agent's socket and the sandbox's cgroup.procs files; builds the sandbox; reports; exits. */
+static int builder_main(int sock, int bpf_fd) {
+    struct buf req = {0}, strings = {0}, out = {0};
+    struct build_req r;
+    int fds[8], nfds = 0;
+    char root[2048], path[64], uid_map[256];
+    if (recv_frame(sock, &req, fds, &nfds, 8)) return 0;   /* the node is closing */
+    if (nfds < 1) return 1;
+    report_fd = fds[0];
+    const char *bad = parse_build(&req, &r, &strings);
+    if (bad) {
+        errno = EINVAL;
+        fail("create request: %s", bad);
+    }
+    build_root(&r, root, sizeof root);
+    if (r.egress && (egress_fd = open(r.egress, O_PATH | O_CLOEXEC)) < 0) fail("open %s", r.egress);
+    if (unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)) fail("unshare the sandbox namespaces");
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) fail("socketpair");
+    pid_t pid = fork();
+    if (pid < 0) fail("fork the sandbox init");
+    if (pid == 0) {
+        mon = sv[1];
+        r.init.root = root;
+        r.init.bpf_fd = bpf_fd;
+        init_main(&r.init);
+        _exit(0);
+    }
+    close(sv[1]);
+    mon = sv[0];
+    char pidstr[32];
+    int pidlen = snprintf(pidstr, sizeof pidstr, "%d", pid);
+    for (int i = 1; i < nfds; i++) {   /* before "mapped": the init makes its cgroup namespace after it */
+        if (write(fds[i], pidstr, (size_t)pidlen) != pidlen) { kill(pid, SIGKILL); fail("joining cgroup %d", i); }
+    }
+    int got[1], ngot = 0;
+    char tag;
+    const char *val;
+    size_t n;
+    if (recv_frame(mon, &req, NULL, NULL, 0) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 's'
+        || n != 8 || memcmp(val, "unshared", 8))
+        init_failed(&req, pid, "before its user namespace");
+    char map[64];
+    snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/setgroups", pid);
+    write_file(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
+    write_file(path, map);
+    rec_str(&out, 's', "mapped");
+    if (send_frame(mon, &out, NULL, 0)) fail("sandbox init %d is gone", pid);
+    if (recv_frame(mon, &req, got, &ngot, 1) || ngot != 1 || next_rec(&req, 0, &tag, &val, &n) <= 0
+        || tag != 's' || n != 5 || memcmp(val, "ready", 5)) {
+        if (ngot) close(got[0]);
+        init_failed(&req, pid, "in its user namespace");
+    }
+    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
+    int mfd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t ml = mfd >= 0 ? read(mfd, uid_map, sizeof uid_map - 1) : -1;
+    if (ml < 0) { kill(pid, SIGKILL); fail("reading %s", path); }
+    uid_map[ml] = 0;
+    close(mfd);
+    int ns[2] = {open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC), got[0]};
+    if (ns[0] < 0) { kill(pid, SIGKILL); fail("open /proc/self/ns/mnt"); }
+    rec_num(&out, 'p', pid);
+    if (send_frame(sock, &out, ns, 2)) { kill(pid, SIGKILL); fail("reporting to the node holder"); }
+    rec_str(&out, 's', "ok");
+    rec_num(&out, 'p', pid);
+    rec_str(&out, 'U', uid_map);
+    send_frame(report_fd, &out, &mon, 1);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ main */
@@ -564,50 +794,27 @@ static void usage_fail(const char *what) {
     fail("usage: %s", what);
 }
 
+/* paddock-sbxinit builder --sock N --bpf-fd M        a spare builder (see builder_main)
+ * paddock-sbxinit --mon N --bpf-fd M --root DIR [--hostname H] [--rlimit NAME=V]... [--egress-fd E]
+ *                                                     the init, spawned by a Python builder */
 int main(int argc, char **argv) {
-    const char *root = NULL, *hostname = "sandbox", *rlimits[16];
-    int bpf_fd = -1, nrl = 0;
+    struct init_cfg cfg = {.hostname = "sandbox", .bpf_fd = -1};
+    int sock = -1, builder = argc > 1 && !strcmp(argv[1], "builder");
     signal(SIGPIPE, SIG_IGN);
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--mon")) mon = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--bpf-fd")) bpf_fd = atoi(argv[i + 1]);
+    for (int i = 1 + builder; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--mon")) mon = report_fd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--sock")) sock = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--bpf-fd")) cfg.bpf_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--egress-fd")) egress_fd = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--root")) root = argv[i + 1];
-        else if (!strcmp(argv[i], "--hostname")) hostname = argv[i + 1];
-        else if (!strcmp(argv[i], "--rlimit") && nrl < 16) rlimits[nrl++] = argv[i + 1];
+        else if (!strcmp(argv[i], "--root")) cfg.root = argv[i + 1];
+        else if (!strcmp(argv[i], "--hostname")) cfg.hostname = argv[i + 1];
+        else if (!strcmp(argv[i], "--rlimit") && cfg.nrl < MAX_RLIMITS) cfg.rlimits[cfg.nrl++] = argv[i + 1];
         else if (mon >= 0) usage_fail(argv[i]);
         else return 2;
     }
+    if (builder) return sock >= 0 && cfg.bpf_fd >= 0 ? builder_main(sock, cfg.bpf_fd) : 2;
     if (mon < 0) return 2;
-    if (!root || bpf_fd < 0) usage_fail("--root and --bpf-fd are required");
-    /* Only what it was given: never another sandbox's fd that a builder held. */
-    int keep[3] = {mon, bpf_fd, egress_fd};
-    for (int fd = 3; fd < 1024; fd++) {
-        if (fd != keep[0] && fd != keep[1] && fd != keep[2]) close(fd);
-    }
-    syscall(SYS_close_range, 1024, ~0U, 0);
-    loopback_up();
-    enter_root(root);
-    if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
-    stage("unshared", -1);
-    expect("mapped");
-    if (setresgid(0, 0, 0) || setresuid(0, 0, 0)) fail("becoming root of the sandbox user namespace");
-    /* The builder moved this process into its cgroups before "mapped": they become its root. */
-    if (unshare(CLONE_NEWCGROUP)) fail("unshare(CLONE_NEWCGROUP)");
-    /* A UTS namespace of its own user namespace; seccomp then denies sethostname. */
-    if (unshare(CLONE_NEWUTS)) fail("unshare(CLONE_NEWUTS)");
-    if (sethostname(hostname, strlen(hostname))) fail("sethostname %s", hostname);
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) fail("prctl(PR_SET_NO_NEW_PRIVS)");
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) fail("prctl(PR_SET_DUMPABLE)");
-    for (int i = 0; i < nrl; i++) set_rlimit(rlimits[i]);
-    install_seccomp(bpf_fd);   /* before any thread: every thread and command inherits it */
-    if (egress_fd >= 0) start_egress_relay();
-    /* Its own mount namespace, for the node holder to hold: torn down when the holder lets go
-     * of it after a destroy, not in this process's exit, which destroy waits for. */
-    int ns = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-    if (ns < 0) fail("open /proc/self/ns/mnt");
-    stage("ready", ns);
-    close(ns);
-    serve();
+    if (!cfg.root || cfg.bpf_fd < 0) usage_fail("--root and --bpf-fd are required");
+    init_main(&cfg);
     return 0;
 }
