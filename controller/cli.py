@@ -27,11 +27,12 @@ def cmd_run(args) -> int:
     try:
         cfg = RunConfig.load(args.config, {"versions": args.versions, "agents": args.agents,
                                            "rollouts_per_task": args.rollouts_per_task,
-                                           "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir})
+                                           "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
+                                           "taskset": args.taskset, "bank": args.bank})
+        run_local(cfg)
     except (ConfigError, TypeError) as exc:
         print(f"paddock run: {exc}", file=sys.stderr)
         return 2
-    run_local(cfg)
     return 0
 
 
@@ -86,10 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the whole RL loop locally (controller, 2 node agents, trainer)")
     run.add_argument("--config", help="YAML file of run settings (see docs/operations.md)")
-    run.add_argument("--versions", type=int, help="policy versions to train (default 5)")
+    run.add_argument("--versions", type=int, help="policy versions to train (default 8)")
     run.add_argument("--agents", type=int, help="node agents (default 2)")
     run.add_argument("--rollouts-per-task", type=int, help="rollouts per task per version (default 1)")
-    run.add_argument("--tasks-limit", type=int, help="use only the first N built-in tasks")
+    run.add_argument("--tasks-limit", type=int, help="use only the first N tasks of the set")
+    run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
+    run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_BANK, else ./taskbank)")
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
     run.set_defaults(func=cmd_run)
 

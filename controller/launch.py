@@ -23,6 +23,7 @@ Must not import: sqlite3 (the queue belongs to the controller process).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -102,11 +103,12 @@ def _wait_drained(client, timeout_s: float, clock=time.monotonic) -> None:
 
 def run_head(args) -> int:
     from rich.console import Console
-    from controller.builtin_tasks import builtin_taskset
     from controller.client import Client, ClientError
     from controller.policy_server import PolicyServer, default_params
     from controller.query import print_summary, summary
-    from controller.run import RunConfig, _spawn, _train, _wait_file, lease_tasks
+    from controller.run import (LOCAL_FAMILIES, RunConfig, _train, _wait_file, lease_tasks, load_taskset,
+                                task_images)
+    from controller.tasks import TaskError
     from layers.builtin import ensure_builtin_image
     from layers.store import ImageStore
     from nodeagent.agent import AGENT_VERSION
@@ -121,14 +123,23 @@ def run_head(args) -> int:
     for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
         signal.signal(sig, on_signal)
 
-    taskset = builtin_taskset()
+    trainer = getattr(args, "trainer", "")
+    try:
+        taskset = load_taskset(getattr(args, "taskset", "builtin"), getattr(args, "bank", ""))
+        if not trainer and (others := sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))):
+            raise TaskError(f"the built-in scripted trainer plays {' and '.join(LOCAL_FAMILIES)} tasks; task set "
+                            f"{taskset.name!r} also has {', '.join(others)} tasks: give your own trainer=")
+        store = ImageStore(args.image_store)
+        digest, _image = ensure_builtin_image(store)
+        images = task_images(taskset, store)
+    except TaskError as exc:
+        raise JobStepError(str(exc)) from None
     names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
-    digest, _image = ensure_builtin_image(ImageStore(args.image_store))
     addr = args.bind_addr or node_address()
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent))
-    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, digest)))
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
@@ -143,15 +154,28 @@ def run_head(args) -> int:
     try:
         endpoint = _wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        with PolicyServer(taskset, host=addr) as policy, Client(endpoint, args.deployment) as client:
+        rc = 0
+        with contextlib.ExitStack() as stack:
+            policy = None if trainer else stack.enter_context(PolicyServer(taskset, host=addr))
+            client = stack.enter_context(Client(endpoint, args.deployment))
+            trainer_proc = None
             try:
                 n = _wait_agents(client, args.agents, args.agents_wait_s)
                 print(f"paddock head: {n} agents registered; training", flush=True)
-                _train(cfg, policy, endpoint, args.deployment, run_dir, names, default_params(), console)
+                if trainer:
+                    trainer_proc = _start_trainer(trainer, run_dir, endpoint, args, taskset, addr)
+                    rc = trainer_proc.wait()
+                    print(f"paddock head: trainer exited with {rc}", flush=True)
+                else:
+                    _train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
             except StopRequested as stop:
                 print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
+                if trainer_proc is not None:
+                    rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
                 _wait_drained(client, args.drain_timeout_s)
-        rc = 0
+            finally:
+                if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
+                    _stop_trainer(trainer_proc, 10.0)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -164,6 +188,42 @@ def run_head(args) -> int:
         except Exception as exc:  # an empty run has nothing to summarise
             print(f"paddock head: no summary: {exc}", flush=True)
     return rc
+
+
+TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_TASKSET",
+               "PADDOCK_TASKSET_HASH", "PADDOCK_BANK", "PADDOCK_HEAD_ADDR")
+
+
+def _start_trainer(command: str, run_dir: Path, endpoint: str, args, taskset, addr: str) -> subprocess.Popen:
+    """The user's training command, by /bin/sh in its own process group on the head node, with
+    what it needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log.
+    It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
+    env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
+               PADDOCK_RUN_DIR=str(run_dir), PADDOCK_TASKSET=taskset.name,
+               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_BANK=getattr(args, "bank", "") or "",
+               PADDOCK_HEAD_ADDR=addr)
+    log_f = open(run_dir / "logs" / "trainer.log", "ab")
+    print(f"paddock head: starting trainer: {command}", flush=True)
+    return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_trainer(proc: subprocess.Popen, timeout_s: float) -> int:
+    """End of time: SIGTERM to the trainer's process group (it may checkpoint), SIGKILL after
+    `timeout_s`. Returns its exit code (0 if it exited cleanly on the signal)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("trainer did not exit %.0fs after SIGTERM: killing it", timeout_s)
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = proc.wait()
+    # /bin/sh itself may die of the SIGTERM while the trainer exits cleanly: both mean "stopped"
+    print(f"paddock head: trainer stopped after the end-of-time signal (exit status {rc})", flush=True)
+    return 0 if rc in (0, -signal.SIGTERM) else rc
 
 
 def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
@@ -291,6 +351,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     head.add_argument("--versions", type=int, default=2)
     head.add_argument("--rollouts-per-task", type=int, default=1)
     head.add_argument("--tasks-limit", type=int, default=0)
+    head.add_argument("--taskset", default="builtin", help="the task set served (default: the built-in one)")
+    head.add_argument("--bank", default="", help="the task bank holding --taskset (shared storage)")
+    head.add_argument("--trainer", default="", help="your training command, run on this node once the agents "
+                                                    "registered (default: the built-in scripted trainer)")
     head.add_argument("--bind-addr", help="address the controller binds (default: this node's)")
     head.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     agent = sub.choices["agent"]
@@ -319,7 +383,8 @@ def job_task(p) -> int:
     if rank == 0:
         rc = run_head(_job_args(p, agents=p.agents_needed, agents_wait_s=p.agents_wait_s, drain_timeout_s=60.0,
                                 versions=p.versions, rollouts_per_task=p.rollouts_per_task,
-                                tasks_limit=p.tasks_limit, bind_addr=None, metrics_port=None))
+                                tasks_limit=p.tasks_limit, taskset=p.taskset, bank=p.bank, trainer=p.trainer,
+                                bind_addr=None, metrics_port=None))
     else:
         rc = run_agent(_job_args(p, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s))
     if rc != 0:

@@ -42,6 +42,8 @@ class RunConfig:
     seed: int = 0                     # curriculum sampling seed (the run is reproducible)
     curriculum_db: str = ""           # "": <runs_dir>/curriculum.sqlite, kept across runs
     validate: str = "quick"           # quick | full | off: validate the task set first (validation.py)
+    taskset: str = "builtin"          # "builtin", or a task set stored in the bank (`paddock tasks import`)
+    bank: str = ""                    # the task bank directory ("": $PADDOCK_BANK, else ./taskbank)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -73,12 +75,54 @@ class RunConfig:
         return cls(**data)
 
 
-def lease_tasks(taskset, image_digest: str) -> dict[str, dict]:
-    """Task ref (name and id) -> the task dict a lease carries to a node agent."""
+BUILTIN_IMAGE = "builtin:python"
+LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+
+
+def load_taskset(name: str, bank: str = ""):
+    """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
+    from controller.builtin_tasks import TASKSET_NAME, builtin_taskset
+    if name in ("builtin", TASKSET_NAME):
+        return builtin_taskset()
+    from controller.taskbank import TaskBank
+    return TaskBank(bank or None).load_set(name)
+
+
+def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
+    """Task id -> (image digest, SIF path) for every task of the set: `builtin:python` is built
+    or reused; `sha256:<hex>` must already be in `store` (`paddock image build ... --store`).
+    TaskError names the task and the image it lacks."""
+    from controller.tasks import TaskError
+    from layers.builtin import ensure_builtin_image
+    from layers.store import ImageNotFound
+    out: dict[str, tuple[str, Path]] = {}
+    resolved: dict[str, tuple[str, Path]] = {}
+    for t in taskset.tasks:
+        if t.image not in resolved:
+            if t.image == BUILTIN_IMAGE:
+                resolved[t.image] = ensure_builtin_image(store)
+            elif t.image.startswith("sha256:"):
+                try:
+                    resolved[t.image] = (t.image, store.get(t.image))
+                except ImageNotFound:
+                    raise TaskError(f"task {t.name!r}: image {t.image} is not in the image store at "
+                                    f"{store.root}; build it there with `paddock image build SRC --store "
+                                    f"{store.root}`") from None
+            else:
+                raise TaskError(f"task {t.name!r}: image {t.image!r} is neither {BUILTIN_IMAGE!r} nor "
+                                f"'sha256:<digest>' of an image in the store")
+        out[t.task_id] = resolved[t.image]
+    return out
+
+
+def lease_tasks(taskset, images: str | dict[str, tuple[str, Path]]) -> dict[str, dict]:
+    """Task ref (name and id) -> the task dict a lease carries to a node agent. `images`: one
+    image digest for every task, or `task_images()`."""
     out = {}
     for t in taskset.tasks:
         d = t.canonical()
-        d.update(task_id=t.task_id, image_digest=image_digest, taskset_hash=taskset.manifest_hash,
+        digest = images if isinstance(images, str) else images[t.task_id][0]
+        d.update(task_id=t.task_id, image_digest=digest, taskset_hash=taskset.manifest_hash,
                  split="heldout" if t.task_id in taskset.heldout else "train")
         out[t.task_id] = d
         out[t.name] = d
@@ -110,29 +154,42 @@ def _agent_subids(index: int, agents: int) -> tuple[int, int]:
 
 def run_local(cfg: RunConfig, console=None) -> Path:
     from rich.console import Console
-    from controller.builtin_tasks import builtin_taskset
     from controller.policy_server import PolicyServer, default_params
     from controller.query import print_summary, summary
+    from controller.tasks import TaskError
     from layers.builtin import default_store_root, ensure_builtin_image
     from layers.store import ImageStore
 
     console = console or Console()
-    taskset = builtin_taskset()
+    try:
+        taskset = load_taskset(cfg.taskset, cfg.bank)
+    except TaskError as exc:
+        raise ConfigError(f"config key 'taskset': {exc}") from None
+    others = sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))
+    if others:
+        raise ConfigError(f"config key 'taskset': the local run's scripted policy plays {' and '.join(LOCAL_FAMILIES)} "
+                          f"tasks; task set {taskset.name!r} also has {', '.join(others)} tasks (run those with "
+                          f"your own trainer: `paddock sbatch render trainer=...`, docs/operations.md)")
     names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
     store = ImageStore(cfg.image_store or default_store_root())
     with console.status("image: building or reusing the built-in python image") as st:
         digest, image_path = ensure_builtin_image(store, progress=lambda m: st.update(f"image: {m}"))
-    console.print(f"image {digest[:19]}… at {image_path}")
+        try:
+            images = task_images(taskset, store)
+        except TaskError as exc:
+            raise ConfigError(f"config key 'taskset': {exc}") from None
+    console.print(f"task set {taskset.name} ({len(names)} tasks); image {digest[:19]}… at {image_path}")
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     run_dir = (Path(cfg.runs_dir) / run_id).resolve()
     run_dir.mkdir(parents=True)
     (run_dir / "logs").mkdir()
-    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, digest)))
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg)}, indent=2))
     from controller.validation import validate_for_run
-    names = validate_for_run(taskset, names, image_path, Path(store.root) / "validation", run_dir,
+    names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
+                             Path(store.root) / "validation", run_dir,
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
@@ -154,14 +211,14 @@ def run_local(cfg: RunConfig, console=None) -> Path:
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
                                     run_dir / "logs" / f"agent-{i + 1}.log"))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
-            _train(cfg, policy, endpoint, deployment, run_dir, names, default_params(), console)
+            _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
             _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment)
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
 
 
-def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -> None:
+def _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from controller.client import Client
     from controller.policy_server import CHEATS
@@ -169,10 +226,9 @@ def _train(cfg, policy, endpoint, deployment, run_dir, names, params, console) -
     from controller.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 
     import random
-    from controller.builtin_tasks import builtin_taskset
     from controller.curriculum import Curriculum
     trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
-    by_id = {t.task_id: t.name for t in builtin_taskset().tasks if t.name in set(names)}
+    by_id = {t.task_id: t.name for t in taskset.tasks if t.name in set(names)}
     curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id,
                             local_curriculum_config(cfg))
     rng = random.Random(cfg.seed)

@@ -58,7 +58,11 @@ class JobParams:
     min_agents: int = 0                # agents that must register before training (0: env_nodes)
     versions: int = 2                  # policy versions the trainer runs
     rollouts_per_task: int = 1
-    tasks_limit: int = 0               # 0: every built-in task
+    tasks_limit: int = 0               # 0: every task of the set
+    taskset: str = "builtin"           # the task set served: "builtin", or one stored in `bank`
+    bank: str = ""                     # the task bank directory (shared storage), for a stored task set
+    trainer: str = ""                  # your training command (run by /bin/sh on the head node once the
+                                       # agents registered; env PADDOCK_ENDPOINT, ...); "": the built-in one
     heartbeat_interval_s: float = 1.0
     image_store: str = "/var/tmp/paddock/images"
     python: str = "python3"            # interpreter with Paddock installed (the venv's)
@@ -82,6 +86,14 @@ class JobParams:
         for name in ("run_dir", "image_store"):
             if not getattr(self, name).startswith("/"):
                 raise bad(name, f"must be an absolute path (every node resolves it), got {getattr(self, name)!r}")
+        if self.taskset != "builtin" and not _TOKEN.fullmatch(self.taskset):
+            raise bad("taskset", f"must be 'builtin' or a task set name of [A-Za-z0-9_.-], got {self.taskset!r}")
+        if self.bank and (not self.bank.startswith("/") or "\0" in self.bank or "\n" in self.bank):
+            raise bad("bank", f"must be an absolute path (every node resolves it), got {self.bank!r}")
+        if self.taskset != "builtin" and not self.bank:
+            raise bad("bank", f"must name the task bank that holds taskset={self.taskset!r}")
+        if "\0" in self.trainer or "\n" in self.trainer:
+            raise bad("trainer", "must be one command line (no NUL or newline)")
         for name in ("job_name", "partition", "account"):
             v = getattr(self, name)
             if v and not _TOKEN.fullmatch(v):
@@ -192,6 +204,9 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         "--versions", q(str(p.versions)), "--rollouts-per-task", q(str(p.rollouts_per_task)),
         "--tasks-limit", q(str(p.tasks_limit)), "--heartbeat-interval-s", q(str(p.heartbeat_interval_s)),
     ]
+    head_args += ["--taskset", q(p.taskset)] if p.taskset != "builtin" else []
+    head_args += ["--bank", q(p.bank)] if p.bank else []
+    head_args += ["--trainer", q(p.trainer)] if p.trainer else []
     agent_args = [
         "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
         "--slots", q(str(p.slots_per_node)), "--controller-wait-s", q(str(p.controller_wait_s)),
@@ -225,7 +240,7 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         "# wait returns early (>128) when the trap runs: wait again until the step has exited",
         'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
         "# the head has stopped the controller: agents still waiting for one are told to give up",
-        f'[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        '[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
         'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
         'echo "paddock: head exited with $HEAD_RC"',
         'exit "$HEAD_RC"',

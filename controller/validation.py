@@ -415,9 +415,14 @@ def validate_for_run(taskset, names: list[str], image, cache_dir: str | os.PathL
     from nodeagent.sandbox import SandboxRuntime
     wanted = set(names)
     tasks = [d for d in task_dicts(taskset) if d["name"] in wanted]
+    by_image: dict[str, list[dict]] = {}
+    for d in tasks:           # `image`: one image for every task, or {task name: image path}
+        by_image.setdefault(str(image[d["name"]] if isinstance(image, dict) else image), []).append(d)
     t0 = time.monotonic()
+    results = []
     with SandboxRuntime() as rt:
-        results = validate_tasks(rt, image, tasks, ValidationStore(cache_dir), workers, quick=mode == "quick")
+        for path, group in sorted(by_image.items()):
+            results += validate_tasks(rt, Path(path), group, ValidationStore(cache_dir), workers, quick=mode == "quick")
     bad = {v.name: {"task_id": v.task_id, "reasons": v.reasons} for v in results if not v.ok}
     Path(run_dir, QUARANTINE_FILE).write_text(json.dumps(bad, indent=2, sort_keys=True))
     if console is not None:

@@ -64,3 +64,48 @@ def test_invalid_config_names_the_key(tmp_path):
         RunConfig.load(str(bad), {})
     with pytest.raises(ConfigError, match="versions"):
         RunConfig.load(None, {"versions": 0})
+
+
+def _bank_with_set(tmp_path, name="mine"):
+    """A bank holding an imported set: three HumanEval-shaped tasks and two GSM8K-shaped ones."""
+    from controller.importers import import_source
+    from controller.taskbank import TaskBank
+    from controller.tasks import TaskSet
+    src = tmp_path / "he.jsonl"
+    src.write_text("\n".join(json.dumps({
+        "task_id": f"Mine/{i}", "entry_point": f"f{i}",
+        "prompt": f'def f{i}(x: int) -> int:\n    """Return x + {i}."""\n',
+        "canonical_solution": f"    return x + {i}\n",
+        "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"}) for i in range(3)) + "\n")
+    math = tmp_path / "gsm.jsonl"
+    math.write_text("\n".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"{i}+{i}={2 * i}\n#### {2 * i}"})
+                              for i in range(1, 3)) + "\n")
+    tasks = import_source("humaneval", src) + import_source("math", math)
+    bank = TaskBank(tmp_path / "bank")
+    bank.put_set(TaskSet(name=name, tasks=tuple(tasks)))
+    return bank, tasks
+
+
+def test_the_local_run_plays_a_task_set_from_the_bank(tmp_path, python_image):
+    bank, tasks = _bank_with_set(tmp_path)
+    run_dir = run_local(RunConfig(versions=1, taskset="mine", bank=str(bank.root), runs_dir=str(tmp_path / "runs"),
+                                  heartbeat_interval_s=0.5))
+    con = connect(run_dir)
+    names = {r[0] for r in con.execute("SELECT task_id FROM rollouts").fetchall()}
+    assert names == {t.task_id for t in tasks}
+    assert con.execute("SELECT count(*) FROM rollouts WHERE outcome = 'infra_error'").fetchone()[0] == 0
+    assert json.loads((run_dir / "run.json").read_text())["taskset"] == "mine"
+
+
+def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
+    from dataclasses import replace
+    from controller.tasks import TaskSet
+    bank, tasks = _bank_with_set(tmp_path)
+    with pytest.raises(ConfigError, match=r"'taskset'.*'nope' not found.*known sets: mine"):
+        run_local(RunConfig(taskset="nope", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+    bank.put_set(TaskSet(name="repo", tasks=(replace(tasks[0], name="swe/x", family="swe"),)))
+    with pytest.raises(ConfigError, match="plays python and math tasks; task set 'repo' also has swe"):
+        run_local(RunConfig(taskset="repo", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+    bank.put_set(TaskSet(name="elsewhere", tasks=(replace(tasks[0], image="sha256:" + "0" * 64),)))
+    with pytest.raises(ConfigError, match="image sha256:0000.* is not in the image store"):
+        run_local(RunConfig(taskset="elsewhere", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -41,6 +42,24 @@ def test_rendered_script_matches_its_golden_file(layout):
     assert text == golden.read_text()
 
 
+def test_a_rendered_script_with_your_trainer_and_task_set_matches_its_golden_file():
+    text = render(dict(GOLDEN_PARAMS, layout="het", taskset="swe-lite", bank="/scratch/paddock/bank",
+                       trainer="/opt/paddock/.venv/bin/python train.py --lr 1e-6 --out \"$HOME/ckpt\""))
+    golden = GOLDEN / "het_trainer.sh"
+    if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def test_a_hostile_trainer_command_reaches_the_head_as_one_literal_argument():
+    hostile = "python t.py; touch pwned $(id) `id` 'q' \"dq\" & *"
+    text = render({"run_dir": "/r", "env_nodes": 2, "trainer": hostile, "taskset": "mine", "bank": "/b b"})
+    [line] = [ln for ln in text.splitlines() if " job head " in ln]
+    argv = shlex.split(line.rstrip("\\"))
+    assert argv[argv.index("--trainer") + 1] == hostile
+    assert argv[argv.index("--bank") + 1] == "/b b" and argv[argv.index("--taskset") + 1] == "mine"
+
+
 def test_het_layout_runs_the_head_in_component_0_and_one_agent_per_node_in_component_1():
     text = render(dict(GOLDEN_PARAMS, layout="het"))
     assert "#SBATCH hetjob" in text
@@ -61,6 +80,8 @@ def test_unknown_parameter_is_refused_with_the_list_of_valid_ones():
     ({"run_dir": "relative/run"}, "run_dir"), ({"run_dir": "/runs/a\nb"}, "run_dir"),
     ({"partition": "gpu;rm"}, "partition"), ({"controller_wait_s": 3600}, "controller_wait_s"),
     ({"min_agents": 3}, "min_agents"), ({"signal_before_s": 4000}, "signal_before_s"),
+    ({"taskset": "mine"}, "bank"), ({"taskset": "a/b", "bank": "/b"}, "taskset"),
+    ({"taskset": "mine", "bank": "bank"}, "bank"), ({"trainer": "a\nb"}, "trainer"),
 ])
 def test_invalid_parameter_is_named_and_the_valid_ones_listed(bad, name):
     with pytest.raises(ParamError, match=f"'{name}'") as e:
@@ -302,4 +323,58 @@ def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(
     assert 2 <= stored < 4 * 16
     head_log = (run_dir / "logs" / "head.log").read_text()
     assert "waiting for agents to drain" in head_log
+    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster, tmp_path, python_image):
+    """The user's training command (docs/examples/slurm_trainer.py) in place of the built-in
+    trainer, on a task set stored in a bank on shared storage."""
+    from controller.builtin_tasks import builtin_taskset
+    from controller.query import connect
+    from controller.taskbank import TaskBank, make_set
+    bank = TaskBank(tmp_path / "bank")
+    mine = make_set("mine", builtin_taskset().tasks[:3] + builtin_taskset().tasks[-1:])
+    bank.put_set(mine)
+    trainer = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}"
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", taskset="mine", bank=str(bank.root),
+                             trainer=trainer)
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert [c["JobState"] for c in comps] == ["COMPLETED", "COMPLETED"], logs(tmp_path)
+    result = json.loads((run_dir / "trainer-result.json").read_text())
+    assert result["taskset_hash"] == mine.manifest_hash
+    assert sorted(result["rewards"]) == sorted(t.task_id for t in mine.tasks)
+    con = connect(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT task_id) FROM rollouts WHERE taskset_hash = ?",
+                       [mine.manifest_hash]).fetchone() == (4, 4)
+    head_log = (run_dir / "logs" / "head.log").read_text()
+    assert "starting trainer" in head_log and "trainer exited with 0" in head_log
+    assert "4 scored rollouts of 4 tasks" in (run_dir / "logs" / "trainer.log").read_text()
+    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+
+
+@pytest.mark.slurm
+def test_a_task_set_missing_from_the_bank_stops_the_head_with_its_name(slurm_cluster, tmp_path):
+    (tmp_path / "bank").mkdir()
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", taskset="nope", bank=str(tmp_path / "bank"),
+                             controller_wait_s=20)
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert comps[0]["JobState"] == "FAILED"
+    assert "task set 'nope' not found" in (run_dir / "logs" / "head.log").read_text()
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm_cluster, tmp_path, python_image):
+    trainer = (f"PADDOCK_EXAMPLE_TASKS=40 {shlex.quote(sys.executable)} "
+               f"{shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}")
+    job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", tasks_limit=0, trainer=trainer)
+    wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
+    slurm_out(slurm_cluster, "scancel", "--batch", "--signal=TERM", job_id)
+    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
+    result = json.loads((run_dir / "trainer-result.json").read_text())
+    assert result["stopped"] is True and 2 <= len(result["rewards"]) < 40
+    assert "trainer stopped after the end-of-time signal" in (run_dir / "logs" / "head.log").read_text()
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
