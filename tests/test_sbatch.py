@@ -1,6 +1,6 @@
 """Batch scripts (controller/sbatch.py) and the job steps (controller/launch.py).
 
-Pure parts: golden files pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
+Pure parts: golden files (the example scripts in slurm/) pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
 review the diff), parameters are validated with the valid ones listed, hostile paths stay data.
 Real parts: the rendered scripts are submitted with sbatch to the in-test cluster (three nodes,
 each in its own network and UTS namespace) and run the scripted-policy training loop.
@@ -23,7 +23,7 @@ import pytest
 from controller.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "tests" / "golden" / "sbatch"
+GOLDEN = ROOT / "slurm"          # the example batch scripts are the golden files
 GOLDEN_PARAMS = dict(run_dir="/scratch/paddock/runs/exp-1", env_nodes=4, time_limit="02:00:00",
                      partition="cpu", account="rl-team", python="/opt/paddock/.venv/bin/python",
                      versions=8, slots_per_node=8, head_cpus=4, agent_cpus=16, signal_before_s=300)
@@ -35,7 +35,7 @@ JOB_DEADLINE_S = 120.0
 @pytest.mark.parametrize("layout", ["het", "single"])
 def test_rendered_script_matches_its_golden_file(layout):
     text = render(dict(GOLDEN_PARAMS, layout=layout))
-    golden = GOLDEN / f"{layout}.sh"
+    golden = GOLDEN / f"{layout}.sbatch"
     if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)
@@ -45,7 +45,7 @@ def test_rendered_script_matches_its_golden_file(layout):
 def test_a_rendered_script_with_your_trainer_and_task_set_matches_its_golden_file():
     text = render(dict(GOLDEN_PARAMS, layout="het", taskset="swe-lite", bank="/scratch/paddock/bank",
                        trainer="/opt/paddock/.venv/bin/python train.py --lr 1e-6 --out \"$HOME/ckpt\""))
-    golden = GOLDEN / "het_trainer.sh"
+    golden = GOLDEN / "het-trainer.sbatch"
     if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
