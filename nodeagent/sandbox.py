@@ -22,7 +22,9 @@ import logging
 import os
 import platform
 import pwd
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +46,7 @@ DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower works from 6.5
 OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs", "extracted")
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
+DESTROY_TIMEOUT_S = 10.0
 
 
 class SandboxError(Exception):
@@ -484,12 +487,13 @@ class SandboxRuntime:
             self._call(req, [theirs.fileno()] + cg_fds)
             theirs.close()
             reply, fds = framing.recv_records(ours, max_bytes=65536, with_fds=True)
-            if reply.get("s") != [b"ok"] or len(fds) != 1 or "p" not in reply:
+            if reply.get("s") != [b"ok"] or len(fds) != 2 or "p" not in reply:
                 for fd in fds:
                     os.close(fd)
                 why = (reply.get("m") or [b"no reason given"])[0].decode(errors="replace")
                 raise SandboxError(f"sandbox setup failed: {why}")
             init_sock = socket.socket(fileno=fds[0])
+            init_pidfd = fds[1]
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             theirs.close()
             if cg_fds:
@@ -501,7 +505,7 @@ class SandboxRuntime:
             for fd in cg_fds:
                 os.close(fd)
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
-                     (reply.get("U") or [b""])[0].decode().strip(), spec, key)
+                     (reply.get("U") or [b""])[0].decode().strip(), spec, key, init_pidfd)
         sb.cgroup = cgroup
         sb.start_stages = {"requested": t_req, "returned": time.monotonic()}
         with self._lock:
@@ -580,9 +584,14 @@ class SandboxRuntime:
         """Until every destroyed sandbox is gone: its processes, namespaces, mounts, tmpfs and
         cgroups, its id slice free again. Raises SandboxError naming what could not be removed.
         `close()` settles; `create()` settles when destroyed sandboxes hold the last free slice."""
-        self._call({"op": "settle", "timeout_s": timeout_s})   # every init (so every process) is gone
         with self._lock:
             dying, self._dying = self._dying, []
+        try:   # their mount namespaces and directories: released by the holder
+            self._call({"op": "settle", "timeout_s": timeout_s, "ids": [sb.id for sb in dying]})
+        except SandboxError:
+            with self._lock:
+                self._dying = dying + self._dying
+            raise
         for sb in dying:   # empty now: removed at once (remove() still kills a stray, if any)
             self.cgroups.remove(sb.cgroup)
             self._release(sb.slice_no)
@@ -641,8 +650,9 @@ class Sandbox:
     """One sandbox. `exec` talks to the sandbox's init directly; file operations go through the
     node holder (a helper in the sandbox's mount namespace); `destroy` asks the holder to kill."""
 
-    def __init__(self, runtime, sid, sock, slice_no, init_pid, uid_map, spec, image_key=None):
+    def __init__(self, runtime, sid, sock, slice_no, init_pid, uid_map, spec, image_key=None, pidfd=None):
         self.runtime, self.id, self._sock, self.slice_no = runtime, sid, sock, slice_no
+        self._pidfd = pidfd   # the init's: destroy kills through it and waits on it
         self.init_pid, self.uid_map, self.spec = init_pid, uid_map, spec
         self.image_key = image_key
         self.cgroup: str | None = None   # name of its cgroup under the node's (see cgroups.py)
@@ -652,6 +662,11 @@ class Sandbox:
     @property
     def init_pid_host(self) -> int:
         """The sandbox init's PID in the agent's PID namespace (ops and tests look it up)."""
+        if self._pidfd is not None and not self.destroyed:
+            with open(f"/proc/self/fdinfo/{self._pidfd}") as f:   # "Pid:" is in this PID namespace
+                pid = next((int(ln.split()[1]) for ln in f if ln.startswith("Pid:")), 0)
+            if pid > 0:
+                return pid
         return self.runtime.host_pid(self.init_pid)
 
     @property
@@ -734,8 +749,16 @@ class Sandbox:
         self.destroyed = True
         self._sock.close()
         try:
-            self.runtime._call({"op": "destroy", "id": self.id})
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            poller = select.poll()   # not select(): pidfds pass 1024 on a busy node
+            poller.register(self._pidfd, select.POLLIN)
+            if not poller.poll(DESTROY_TIMEOUT_S * 1000):
+                raise SandboxError(f"sandbox {self.id}: init {self.init_pid} did not die in {DESTROY_TIMEOUT_S}s")
         finally:
+            os.close(self._pidfd)
             self.runtime._destroyed(self)
 
     def __enter__(self) -> "Sandbox":

@@ -234,7 +234,9 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
                 pass
         framing.send_records(agent, [("s", b"failed"), ("m", f"{type(exc).__name__}: {exc}".encode())])
         return 1
-    framing.send_records(agent, [("s", b"ok"), ("p", str(pid).encode()), ("U", uid_map.encode())], [init.fileno()])
+    pidfd = os.pidfd_open(pid)   # the agent destroys through it
+    framing.send_records(agent, [("s", b"ok"), ("p", str(pid).encode()), ("U", uid_map.encode())],
+                         [init.fileno(), pidfd])
     return 0
 
 

@@ -74,7 +74,6 @@ class NodeInit:
         self.sel = selectors.DefaultSelector()
         self.spares: list[Spare] = []                             # waiting builders, oldest first
         self.pending: dict[str, tuple] = {}     # sandbox id -> (its builder's socket, its record)
-        self.dying: dict[str, dict] = {}                          # destroyed, init not yet gone
         self.leaked: list[str] = []                               # what a teardown could not remove
         self._after_reply = None                                  # work deferred past a reply
 
@@ -106,8 +105,8 @@ class NodeInit:
                         return   # the agent went away: exiting tears the node namespace down
                 elif key.data and key.data[0] == "spare":
                     self.spare_died(key.fileobj)
-                elif key.data and key.data[0] == "dying":
-                    self.finish_dying(key.data[1])
+                elif key.data and key.data[0] == "init":
+                    self.finish_dead(key.data[1])
                 else:
                     self.take_sandbox(key.fileobj)
             self.reap()
@@ -195,8 +194,14 @@ class NodeInit:
             rec["init_pid"] = int(msg["p"][0])
             rec["daemon_pid"] = int(msg["D"][0]) if msg.get("D") else None
             rec["mnt_fd"], rec["init_mnt_fd"] = fds
-            rec["pidfd"] = os.pidfd_open(rec["init_pid"])
             self.sandboxes[sid] = rec
+            try:
+                rec["pidfd"] = os.pidfd_open(rec["init_pid"])
+            except ProcessLookupError:   # destroyed (and reaped) before this report was read
+                rec["pidfd"] = None
+                self.finish_dead(sid)
+            else:   # its exit (a destroy, or a crash) releases the rest of the sandbox
+                self.sel.register(rec["pidfd"], selectors.EVENT_READ, ("init", sid))
         except (framing.FramingError, OSError, ValueError):
             pass   # the builder failed; it reported that to the agent itself
         finally:
@@ -222,9 +227,9 @@ class NodeInit:
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts),
                     "spares": len(self.spares), "spare_pids": [sp.pid for sp in self.spares],
-                    "dying": len(self.dying)}
+                    "sandboxes": len(self.sandboxes)}
         if op == "settle":
-            return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)))
+            return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)), list(req.get("ids") or []))
         if op == "mount_image":
             return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)), bool(req.get("extract")))
         if op == "unmount_image":
@@ -237,8 +242,6 @@ class NodeInit:
             if len(fds) != 1:
                 return {"ok": False, "error": "sbx_op needs exactly one reply socket fd"}
             return self.sandbox_op(req, fds[0])
-        if op == "destroy":
-            return self.destroy(req["id"])
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def mount_image(self, key: str, path: str, offset: int, extract: bool = False) -> dict:
@@ -370,31 +373,14 @@ class NodeInit:
         os.close(dup)
         return {"ok": True}
 
-    def destroy(self, sid: str) -> dict:
-        """SIGKILL the sandbox's PID 1 and answer once it has exited: its pidfd turns readable
-        only after the kernel has killed and reaped every other process of its PID namespace.
-        Right after the answer (the serve loop sees the same pidfd), `finish_dying` drops the
-        mount namespace (tmpfs, overlay, /dev go with it) and the mountpoint directory;
-        `settle` waits for that."""
-        self._settle(sid)
-        rec = self.sandboxes.pop(sid, None)
-        if rec is None:
-            return {"ok": True}   # idempotent
-        self.dying[sid] = rec
-        self.sel.register(rec["pidfd"], selectors.EVENT_READ, ("dying", sid))
-        try:
-            signal.pidfd_send_signal(rec["pidfd"], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        poller = select.poll()
-        poller.register(rec["pidfd"], select.POLLIN)
-        if not poller.poll(DESTROY_TIMEOUT_S * 1000):
-            return {"ok": False, "error": f"sandbox {sid}: init {rec['init_pid']} did not die in {DESTROY_TIMEOUT_S}s"}
-        return {"ok": True}
-
-    def finish_dying(self, sid: str) -> None:
-        rec = self.dying.pop(sid)
-        self.sel.unregister(rec["pidfd"])
+    def finish_dead(self, sid: str) -> None:
+        """The sandbox's init has exited (the agent killed it through its pidfd: `destroy`), so
+        every process of its PID namespace is gone: drop its mount namespaces (tmpfs, overlay,
+        /dev, /proc go with them), its fuse-overlayfs daemon and its directory."""
+        rec = self.sandboxes.pop(sid)
+        if rec.get("pidfd") is not None:
+            self.sel.unregister(rec["pidfd"])
+            os.close(rec["pidfd"])
         try:
             os.waitpid(int(rec["init_pid"]), os.WNOHANG)   # our child (reparented to this PID 1)
         except ChildProcessError:
@@ -403,29 +389,37 @@ class NodeInit:
             self.leaked.append(f"sandbox {sid}: fuse-overlayfs {rec['daemon_pid']} did not die")
         os.close(rec["mnt_fd"])
         os.close(rec["init_mnt_fd"])
-        os.close(rec["pidfd"])
         try:
             os.rmdir(rec["sbx"])
         except OSError:
             pass
 
-    def settle(self, timeout_s: float) -> dict:
-        """Wait until every destroyed sandbox is gone (processes, mount namespace, directory)."""
+    def settle(self, timeout_s: float, ids: list[str]) -> dict:
+        """Wait until the sandboxes `ids` (destroyed by the agent) are gone: processes, mount
+        namespaces, directory. Names what is left (a leak)."""
         deadline = time.monotonic() + timeout_s
+        for sid in ids:
+            self._settle(sid)
         poller = select.poll()   # not select(): pidfds pass 1024 on a busy node
-        for rec in self.dying.values():
-            poller.register(rec["pidfd"], select.POLLIN)
-        while self.dying:
+        live = {rec["pidfd"]: sid for sid, rec in self.sandboxes.items() if rec.get("pidfd") is not None}
+        for fd in live:   # every init that has exited, destroyed earlier or not, before answering
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(0):
+            self.finish_dead(live[fd])
+        poller = select.poll()
+        waiting = {self.sandboxes[sid]["pidfd"]: sid for sid in ids if sid in self.sandboxes}
+        for fd in waiting:
+            poller.register(fd, select.POLLIN)
+        while waiting:
             remaining = deadline - time.monotonic()
             ready = poller.poll(max(remaining, 0) * 1000) if remaining > 0 else []
             if not ready:
-                self.leaked += [f"sandbox {sid}: init {rec['init_pid']} did not die in {timeout_s}s"
-                                for sid, rec in self.dying.items()]
+                self.leaked += [f"sandbox {sid}: init {self.sandboxes[sid]['init_pid']} did not die in {timeout_s}s"
+                                for sid in waiting.values()]
                 break
             for fd, _ in ready:
-                sid = next(k for k, r in self.dying.items() if r["pidfd"] == fd)
                 poller.unregister(fd)
-                self.finish_dying(sid)
+                self.finish_dead(waiting.pop(fd))
         leaked, self.leaked = self.leaked, []
         if leaked:
             return {"ok": False, "error": "; ".join(leaked)}

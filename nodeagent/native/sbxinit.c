@@ -780,10 +780,14 @@ static int builder_main(int sock, int bpf_fd) {
     if (ns[0] < 0) { kill(pid, SIGKILL); fail("open /proc/self/ns/mnt"); }
     rec_num(&out, 'p', pid);
     if (send_frame(sock, &out, ns, 2)) { kill(pid, SIGKILL); fail("reporting to the node holder"); }
+    /* The agent destroys through this pidfd: it turns readable once the init has exited,
+     * which the kernel lets happen only after every other process of its PID namespace. */
+    int for_agent[2] = {mon, (int)syscall(SYS_pidfd_open, pid, 0)};
+    if (for_agent[1] < 0) { kill(pid, SIGKILL); fail("pidfd_open %d", pid); }
     rec_str(&out, 's', "ok");
     rec_num(&out, 'p', pid);
     rec_str(&out, 'U', uid_map);
-    send_frame(report_fd, &out, &mon, 1);
+    send_frame(report_fd, &out, for_agent, 2);
     return 0;
 }
 
