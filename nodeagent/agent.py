@@ -21,7 +21,7 @@ import argparse
 import collections
 import logging
 import os
-import queue
+import random
 import signal
 import sys
 import threading
@@ -70,16 +70,16 @@ class NodeAgent:
         self.finished: set[int] = set()  # tokens of attempts run (the last 4096)
         self._finished_order: collections.deque = collections.deque()
         self.unacked: dict[str, _Pending] = {}  # result message id -> pending
-        self.done: queue.Queue = queue.Queue()
+        self.done: collections.deque = collections.deque()  # workers append, the loop pops
         # `started` not sent yet, with when the lease came: sent once the attempt has run for
         # STARTED_AFTER_S, skipped if it ended before (its result says it ran: one message less)
         self.starting: list[tuple[Attempt, float]] = []
         self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
         self.images: set[str] = set()
         self.draining = False
-        self.drain_requested: Optional[float] = None  # deadline_s asked for (signal-safe)
+        self._drain_requested: Optional[float] = None
         self.drain_by: Optional[float] = None
-        self.stopped = False
+        self._stopped = False
         self.session: Optional[str] = None
         self.peer_batches = False  # the controller sent a batch since we registered
         self.awaiting_welcome = False
@@ -96,6 +96,45 @@ class NodeAgent:
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         self._wake_r, self._wake_w = os.fdopen(r, "rb", buffering=0), os.fdopen(w, "wb", buffering=0)
+
+    # Set from other threads or a signal handler: each wakes the loop, which otherwise sleeps
+    # until its next deadline (heartbeat, `started`, liveness, drain).
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self._stopped = value
+        self._wake()
+
+    @property
+    def drain_requested(self) -> Optional[float]:
+        """A drain asked for from outside the loop (SIGTERM): its deadline_s (signal-safe)."""
+        return self._drain_requested
+
+    @drain_requested.setter
+    def drain_requested(self, deadline_s: Optional[float]) -> None:
+        self._drain_requested = deadline_s
+        if deadline_s is not None:
+            self._wake()
+
+    def _take_wakeup(self) -> None:
+        """Consume the wake-up bytes, THEN clear the flag. (Cleared first, a worker's byte
+        written between the two would be consumed here with the flag left set: no worker
+        would write again and every later result would wait for the loop's next timeout.)
+        Invariant: the flag set means a byte is in the pipe."""
+        self._wake_r.read(4096)  # None when empty (non-blocking)
+        self._woken = False
+
+    def _wake(self) -> None:
+        if self._woken:  # the loop has a wake-up pending and will look at everything
+            return
+        self._woken = True
+        try:
+            self._wake_w.write(b"!")  # None when the pipe is full: the loop wakes anyway
+        except (OSError, ValueError):
+            pass
 
     # -- socket -----------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -130,18 +169,20 @@ class NodeAgent:
     # -- loop -------------------------------------------------------------------------------
     def run(self) -> int:
         self._connect()
-        last_rx = last_hb = self.clock()
+        last_rx = self.clock()
+        # A random phase: agents started together do not all send heartbeats at once.
+        last_hb = last_rx - random.uniform(0.0, self.hb_s)
         backoff_s = self.hb_s
         poller, poller_of = None, None
+        timeout_ms = 0
         while not self.stopped:
             if poller_of is not self.sock:  # a new socket after a reconnect
                 poller, poller_of = zmq.Poller(), self.sock
                 poller.register(self.sock, zmq.POLLIN)
                 poller.register(self._wake_r.fileno(), zmq.POLLIN)
-            ready = dict(poller.poll(timeout=int(min(self.hb_s, 0.05) * 1000)))
+            ready = dict(poller.poll(timeout=timeout_ms))
             if self._wake_r.fileno() in ready:
-                self._woken = False  # before the read: a later wake writes again
-                self._wake_r.read(4096)  # None when empty (non-blocking)
+                self._take_wakeup()  # `done` is drained below, after this
             if self.sock in ready:
                 for _ in range(256):
                     try:
@@ -174,13 +215,24 @@ class NodeAgent:
                 last_rx = now
             if self.draining and self._drain_step(now):
                 break
+            silent_by = last_rx + self.hb_s * (self.liveness - 1) + backoff_s
+            timeout_ms = self._poll_timeout_ms(now, min(last_hb + self.hb_s, silent_by))
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close(linger=100)
         return 0
 
+    def _poll_timeout_ms(self, now: float, next_due: float) -> int:
+        """How long the loop may sleep: until the first of `next_due`, the next `started`
+        and the drain deadline (at most a heartbeat interval, at least 1 ms)."""
+        if self.starting:
+            next_due = min(next_due, self.starting[0][1] + STARTED_AFTER_S)
+        if self.draining and self.drain_by is not None:
+            next_due = min(next_due, self.drain_by)
+        return max(1, min(int((next_due - now) * 1000) + 1, int(self.hb_s * 1000) + 1))
+
     def drain(self, deadline_s: Optional[float] = None) -> None:
         """Take no new leases; finish what runs within deadline_s, then hand the rest back."""
-        self.drain_requested = None
+        self._drain_requested = None
         if self.draining:
             return
         self.draining = True
@@ -271,17 +323,12 @@ class NodeAgent:
     def _work(self, a: Attempt) -> None:
         try:
             res = self.runner(a)
-            self.done.put((a, res.outcome, res.reward, res.shards, res.infra_reason))
+            self.done.append((a, res.outcome, res.reward, res.shards, res.infra_reason))
         except Exception as exc:  # a bug in one attempt must not take the node down
             log.exception("rollout %s crashed", a.rollout_id)
-            self.done.put((a, "infra_error", None, {}, f"agent_crash: {type(exc).__name__}: {exc}"))
-        if self._woken:  # the loop has a wake-up pending and will drain `done`
-            return
-        self._woken = True
-        try:
-            self._wake_w.write(b"!")  # None when the pipe is full: the loop wakes anyway
-        except (OSError, ValueError):
-            pass
+            self.done.append((a, "infra_error", None, {},
+                              f"agent_crash: {type(exc).__name__}: {exc}"))
+        self._wake()  # the loop drains `done`
 
     def _send_results(self, msgs: list[P.Result]) -> None:
         """Results as one `result_batch` frame if the controller speaks batches."""
@@ -294,8 +341,8 @@ class NodeAgent:
         out: list[P.Result] = []
         while True:
             try:
-                a, outcome, reward, shards, infra = self.done.get_nowait()
-            except queue.Empty:
+                a, outcome, reward, shards, infra = self.done.popleft()
+            except IndexError:
                 return self._send_results(out)
             if (a.rollout_id, a.token) in self.abandoned:
                 self.abandoned.discard((a.rollout_id, a.token))

@@ -592,3 +592,27 @@ def test_garbage_over_a_real_socket_is_counted_and_the_controller_keeps_serving(
     assert counters["dropped"] == {"bad_json": 1, "wrong_version": 1, "foreign_deployment": 1,
                                    "unknown_type": 1, "multipart": 1, "too_large": 1}
     assert counters["rejected_unknown_rollout"] == 1
+
+
+def test_a_worker_waking_the_agent_during_its_read_is_not_lost(tmp_path):
+    """The loop reads the wake-up pipe, then clears the flag: a worker finishing in between
+    either sees the flag set (its result is drained after the clear) or writes a new byte.
+    The invariant that makes results wake the loop: flag set => a byte is in the pipe."""
+    agent = NodeAgent("n1", "tcp://127.0.0.1:1", DEP, 2, runner=noop_runner())
+    real = agent._wake_r
+
+    class WorkerFinishesDuringRead:
+        def read(self, n):
+            agent._wake()  # a worker thread's result, at the worst moment
+            return real.read(n)
+
+        def fileno(self):
+            return real.fileno()
+
+    agent._wake()
+    agent._wake_r = WorkerFinishesDuringRead()
+    agent._take_wakeup()
+    agent._wake_r = real
+    assert not agent._woken or real.read(4096), "flag set with no byte: the loop sleeps on"
+    agent._wake()
+    assert agent._woken and real.read(4096) == b"!", "the next result wakes the loop"
