@@ -65,10 +65,17 @@ def import_source(kind: str, source: Path) -> list[Task]:
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    """Records of a JSONL file, plain or gzip-compressed (HumanEval ships `.jsonl.gz`)."""
+    import gzip
     try:
-        lines = path.read_text().splitlines()
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        lines = data.decode("utf-8").splitlines()
     except OSError as exc:
-        raise ImportSourceError(f"{path}: cannot read: {exc.strerror}") from None
+        raise ImportSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (EOFError, UnicodeDecodeError) as exc:
+        raise ImportSourceError(f"{path}: not UTF-8 JSON lines (plain or gzip): {exc}") from None
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -249,3 +249,19 @@ def test_swe_test_ids_may_be_json_encoded_strings_as_in_the_public_files(tmp_pat
     rec["FAIL_TO_PASS"] = "tests/test_calc.py::test_add_negative"      # not a JSON list
     with pytest.raises(ImportSourceError, match="bad.jsonl:1: 'FAIL_TO_PASS' is a string but not a JSON list"):
         import_source("swe", _jsonl(tmp_path / "bad.jsonl", rec))
+
+
+def test_gzipped_jsonl_is_read_and_a_binary_file_is_a_named_error(tmp_path):
+    import gzip
+    plain = _jsonl(tmp_path / "he.jsonl", HUMANEVAL)
+    gz = tmp_path / "HumanEval.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    assert [t.task_id for t in import_source("humaneval", gz)] == [t.task_id for t in import_source("humaneval", plain)]
+    junk = tmp_path / "junk.jsonl"
+    junk.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ImportSourceError, match="junk.jsonl: not UTF-8 JSON lines"):
+        import_source("humaneval", junk)
+    truncated = tmp_path / "cut.jsonl.gz"
+    truncated.write_bytes(gz.read_bytes()[:20])
+    with pytest.raises(ImportSourceError, match="cut.jsonl.gz: not UTF-8 JSON lines"):
+        import_source("humaneval", truncated)
