@@ -367,15 +367,25 @@ class SandboxRuntime:
         return self._proc.pid if self._proc else None
 
     # -- requests to the holder -------------------------------------------------------------
-    def _call(self, req: dict, fds: list[int] | None = None) -> dict:
+    def _call(self, req: dict, fds: list[int] | None = None, meanwhile: Callable[[], None] | None = None) -> dict:
+        """One request to the holder and its reply; `meanwhile` runs between the two (its
+        exception is raised after the reply is read, so requests and replies stay paired)."""
+        failed = None
         with self._ctl_lock:
             if self._ctl is None:
                 raise SandboxError("sandbox runtime is not running")
             try:
                 framing.send_msg(self._ctl, req, fds)
+                if meanwhile is not None:
+                    try:
+                        meanwhile()
+                    except Exception as exc:  # noqa: BLE001 - re-raised below, after the reply
+                        failed = exc
                 reply = framing.recv_msg(self._ctl, max_bytes=1 << 20)
             except (framing.FramingError, OSError) as exc:
                 raise SandboxError(f"node namespace holder is gone: {exc}; {self._stderr_tail()}") from None
+        if failed is not None:
+            raise failed
         if not reply.get("ok"):
             raise SandboxError(reply.get("error", "unknown error"))
         return reply
@@ -460,13 +470,14 @@ class SandboxRuntime:
     # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
         """A sandbox built from nothing: its cgroup (caps written before anything runs), id
-        slice, mount and other namespaces, writable root and init are all made by this call."""
-        self._reclaim()
+        slice, mount and other namespaces, writable root and init are all made by this call.
+        The cgroups are made while the builder mounts the root (they are sent to it after)."""
         self.reap_images()
         key = self.mount_image(spec.image)
         with self._lock:
-            short = not self._free_slices and self._dying
+            short = not self._free_slices
         if short:
+            self._reclaim()
             self.settle()   # destroyed sandboxes still hold slices: wait for their teardown
         with self._lock:
             if not self._free_slices:
@@ -478,13 +489,23 @@ class SandboxRuntime:
         t_req = time.monotonic()
         ours, theirs = socket.socketpair()
         cg_fds: list[int] = []
+
+        def make_cgroups() -> None:
+            nonlocal cg_fds
+            try:
+                cg_fds = self.cgroups.create(cgroup, spec.limits)
+            except cgroups.CapsError:
+                framing.send_records(ours, [("s", b"failed")])   # the builder gives up too
+                raise
+            framing.send_records(ours, [("c", b"")], cg_fds)
+            self._reclaim()   # destroyed sandboxes' empty cgroups, while the builder works
+
         try:
-            cg_fds = self.cgroups.create(cgroup, spec.limits)
             cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
             req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                    "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
                    "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
-            self._call(req, [theirs.fileno()] + cg_fds)
+            self._call(req, [theirs.fileno()], meanwhile=make_cgroups)
             theirs.close()
             reply, fds = framing.recv_records(ours, max_bytes=65536, with_fds=True)
             if reply.get("s") != [b"ok"] or len(fds) != 2 or "p" not in reply:

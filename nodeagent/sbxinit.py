@@ -200,8 +200,18 @@ def build_records(req: dict, sbx: str, lower: str) -> list[tuple[str, bytes]]:
     return [(tag, val.encode()) for tag, val in recs]
 
 
+def receive_cgroups(agent: socket.socket) -> list[int]:
+    """The sandbox's cgroup.procs files, sent by the agent while the root was being built."""
+    msg, fds = framing.recv_records(agent, max_bytes=4096, with_fds=True)
+    if "c" not in msg:
+        for fd in fds:
+            os.close(fd)
+        raise RuntimeError("the agent abandoned this create")
+    return fds
+
+
 def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: str, sbx_root: str,
-                cgroup_fds: list[int], init_exe: int, bpf_fd: int) -> int:
+                init_exe: int, bpf_fd: int) -> int:
     """One sandbox, from nothing: its mount namespace, the root (tmpfs, overlay, /dev, files),
     its namespaces and native init, moved into its cgroups (files the agent opened: its
     credentials authorise the write) and mapped onto its id slice. Hands the mount
@@ -219,8 +229,11 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         pid, init = spawn_init(init_exe, bpf_fd, root, req, egress)
         if egress is not None:
             os.close(egress)
-        for fd in cgroup_fds:   # before "mapped": the init makes its cgroup namespace after it
-            os.write(fd, str(pid).encode())
+        for fd in receive_cgroups(agent):   # before "mapped": the init makes its cgroup namespace after it
+            try:
+                os.write(fd, str(pid).encode())
+            finally:
+                os.close(fd)
         init_ns_fd = map_init(pid, base, size, init)
         uid_map = open(f"/proc/{pid}/uid_map").read()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)

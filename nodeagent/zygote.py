@@ -150,7 +150,7 @@ class NodeInit:
 
     def _fork_builder(self, req: dict, fds: list[int]) -> Spare:
         """A Python builder for the fuse-overlayfs path (it starts the daemon, then spawns the
-        native init): `fds` are the agent's socket, then the cgroup.procs files."""
+        native init): `fds` is the agent's socket."""
         ours, theirs = socket.socketpair()
         dups = [os.dup(fd) for fd in fds]
         pid = os.fork()
@@ -161,8 +161,7 @@ class NodeInit:
                 _close_fds_except({0, 1, 2, theirs.fileno(), self.init_exe, self.bpf_fd, *dups})
                 agent = socket.socket(fileno=dups[0])
                 code = sbxinit.run_builder(agent, theirs, req, lower=os.path.join(self.images_dir, req["image_key"]),
-                                           sbx_root=self.sbx_dir, cgroup_fds=dups[1:], init_exe=self.init_exe,
-                                           bpf_fd=self.bpf_fd)
+                                           sbx_root=self.sbx_dir, init_exe=self.init_exe, bpf_fd=self.bpf_fd)
             finally:
                 os._exit(code)
         theirs.close()
@@ -235,8 +234,8 @@ class NodeInit:
         if op == "unmount_image":
             return self.unmount_image(req["key"])
         if op == "create":
-            if not fds:
-                return {"ok": False, "error": "create needs a socket fd (then the cgroup.procs fds)"}
+            if len(fds) != 1:
+                return {"ok": False, "error": "create needs exactly one socket fd (the agent's, for this sandbox)"}
             return self.create(req, fds)
         if op == "sbx_op":
             if len(fds) != 1:
@@ -316,9 +315,10 @@ class NodeInit:
         return {"ok": True}
 
     def create(self, req: dict, fds: list[int]) -> dict:
-        """fds: the agent's socket for this sandbox, then the `cgroup.procs` files of its cgroup.
-        A spare native builder (a Python one for fuse-overlayfs) builds the sandbox and reports
-        to the agent; the spare is replaced right after the reply."""
+        """fds: the agent's socket for this sandbox (it sends the cgroup.procs files of the
+        sandbox's cgroups there, to the builder). A spare native builder (a Python one for
+        fuse-overlayfs) builds the sandbox and reports to the agent; the spare is replaced
+        right after the reply."""
         key = req["image_key"]
         if key not in self.mounts:
             return {"ok": False, "error": f"image {key} is not mounted"}

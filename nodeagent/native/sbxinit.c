@@ -712,16 +712,17 @@ static void init_failed(struct buf *msg, pid_t pid, const char *when) {
     fail("sandbox init %d failed %s", pid, when);
 }
 
-/* A spare builder: waits on `sock` (to the node holder) for one create request, with the
- * agent's socket and the sandbox's cgroup.procs files; builds the sandbox; reports; exits. */
+/* A spare builder: waits on `sock` (to the node holder) for one create request with the
+ * agent's socket; builds the sandbox (the agent sends its cgroup.procs files meanwhile);
+ * reports to the holder and the agent; exits. */
 static int builder_main(int sock, int bpf_fd) {
     struct buf req = {0}, strings = {0}, out = {0};
     struct build_req r;
     int fds[8], nfds = 0;
     char root[2048], path[64], uid_map[256];
     if (recv_frame(sock, &req, fds, &nfds, 8)) return 0;   /* the node is closing */
-    if (nfds < 1) return 1;
-    report_fd = fds[0];
+    if (nfds != 1) return 1;
+    report_fd = fds[0];   /* the agent's socket */
     const char *bad = parse_build(&req, &r, &strings);
     if (bad) {
         errno = EINVAL;
@@ -743,15 +744,23 @@ static int builder_main(int sock, int bpf_fd) {
     }
     close(sv[1]);
     mon = sv[0];
-    char pidstr[32];
-    int pidlen = snprintf(pidstr, sizeof pidstr, "%d", pid);
-    for (int i = 1; i < nfds; i++) {   /* before "mapped": the init makes its cgroup namespace after it */
-        if (write(fds[i], pidstr, (size_t)pidlen) != pidlen) { kill(pid, SIGKILL); fail("joining cgroup %d", i); }
-    }
+    /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
+     * failure instead ends the create). Joined before "mapped": the init makes its cgroup
+     * namespace after it. */
     int got[1], ngot = 0;
     char tag;
     const char *val;
     size_t n;
+    if (recv_frame(report_fd, &req, fds, &nfds, 8) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 'c') {
+        kill(pid, SIGKILL);
+        _exit(1);   /* the agent gave up on this create and knows why */
+    }
+    char pidstr[32];
+    int pidlen = snprintf(pidstr, sizeof pidstr, "%d", pid);
+    for (int i = 0; i < nfds; i++) {
+        if (write(fds[i], pidstr, (size_t)pidlen) != pidlen) { kill(pid, SIGKILL); fail("joining cgroup %d", i); }
+        close(fds[i]);
+    }
     if (recv_frame(mon, &req, NULL, NULL, 0) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 's'
         || n != 8 || memcmp(val, "unshared", 8))
         init_failed(&req, pid, "before its user namespace");
