@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rollouts-per-task", type=int, help="rollouts per task per version (default 1)")
     run.add_argument("--tasks-limit", type=int, help="use only the first N tasks of the set")
     run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
-    run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_BANK, else ./taskbank)")
+    run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_TASKBANK, else ./taskbank)")
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
     run.set_defaults(func=cmd_run)
 

@@ -191,7 +191,7 @@ def run_head(args) -> int:
 
 
 TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_TASKSET",
-               "PADDOCK_TASKSET_HASH", "PADDOCK_BANK", "PADDOCK_HEAD_ADDR")
+               "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR")
 
 
 def _start_trainer(command: str, run_dir: Path, endpoint: str, args, taskset, addr: str) -> subprocess.Popen:
@@ -200,8 +200,9 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args, taskset, ad
     It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
     env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
                PADDOCK_RUN_DIR=str(run_dir), PADDOCK_TASKSET=taskset.name,
-               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_BANK=getattr(args, "bank", "") or "",
-               PADDOCK_HEAD_ADDR=addr)
+               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_HEAD_ADDR=addr)
+    if getattr(args, "bank", ""):
+        env["PADDOCK_TASKBANK"] = args.bank
     log_f = open(run_dir / "logs" / "trainer.log", "ab")
     print(f"paddock head: starting trainer: {command}", flush=True)
     return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,

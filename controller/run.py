@@ -43,7 +43,7 @@ class RunConfig:
     curriculum_db: str = ""           # "": <runs_dir>/curriculum.sqlite, kept across runs
     validate: str = "quick"           # quick | full | off: validate the task set first (validation.py)
     taskset: str = "builtin"          # "builtin", or a task set stored in the bank (`paddock tasks import`)
-    bank: str = ""                    # the task bank directory ("": $PADDOCK_BANK, else ./taskbank)
+    bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):

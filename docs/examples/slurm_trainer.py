@@ -2,7 +2,7 @@
 
 The head step runs it on the head node once enough node agents registered, with the farm's
 coordinates in its environment: PADDOCK_ENDPOINT, PADDOCK_DEPLOYMENT, PADDOCK_RUN_DIR,
-PADDOCK_TASKSET, PADDOCK_TASKSET_HASH, PADDOCK_BANK, PADDOCK_HEAD_ADDR. Its exit code is the
+PADDOCK_TASKSET, PADDOCK_TASKSET_HASH, PADDOCK_TASKBANK, PADDOCK_HEAD_ADDR. Its exit code is the
 job's. Before the time limit it gets SIGTERM (checkpoint and exit); the agents drain meanwhile.
 
 This one stands in for a real trainer: it serves the scripted policy of the built-in task set
@@ -30,7 +30,7 @@ def _end_of_time(signum, frame):
 
 def main() -> int:
     signal.signal(signal.SIGTERM, _end_of_time)
-    taskset = load_taskset(os.environ["PADDOCK_TASKSET"], os.environ.get("PADDOCK_BANK", ""))
+    taskset = load_taskset(os.environ["PADDOCK_TASKSET"], os.environ.get("PADDOCK_TASKBANK", ""))
     names = [t.name for t in taskset.tasks][: int(os.environ.get("PADDOCK_EXAMPLE_TASKS", "4"))]
     rewards, stopped = {}, False
     with PolicyServer(taskset, host=os.environ["PADDOCK_HEAD_ADDR"]) as policy, \
