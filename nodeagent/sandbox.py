@@ -529,6 +529,9 @@ class SandboxRuntime:
                      (reply.get("U") or [b""])[0].decode().strip(), spec, key, init_pidfd)
         sb.cgroup = cgroup
         sb.start_stages = {"requested": t_req, "returned": time.monotonic()}
+        for mark in reply.get("T") or []:   # the builder's stage times (CLOCK_MONOTONIC, as ours)
+            name, _, at = mark.decode(errors="replace").partition("=")
+            sb.start_stages[name] = float(at)
         with self._lock:
             self._live.add(sid)
         if spec.files:

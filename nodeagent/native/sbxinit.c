@@ -698,6 +698,14 @@ static void build_root(struct build_req *r, char *root, size_t root_len) {
     snprintf(root, root_len, "%s/root", r->sbx);
 }
 
+/* A stage timestamp for the agent (CLOCK_MONOTONIC: comparable across processes). */
+static void mark(struct buf *b, const char *name) {
+    char s[96];
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    rec(b, 'T', s, (size_t)snprintf(s, sizeof s, "%s=%lld.%09ld", name, (long long)t.tv_sec, t.tv_nsec));
+}
+
 /* The init did not answer as expected: kill it; pass its own report on if it sent one. */
 static void init_failed(struct buf *msg, pid_t pid, const char *when) {
     char tag;
@@ -723,12 +731,15 @@ static int builder_main(int sock, int bpf_fd) {
     if (recv_frame(sock, &req, fds, &nfds, 8)) return 0;   /* the node is closing */
     if (nfds != 1) return 1;
     report_fd = fds[0];   /* the agent's socket */
+    struct buf stages = {0};
+    mark(&stages, "builder");
     const char *bad = parse_build(&req, &r, &strings);
     if (bad) {
         errno = EINVAL;
         fail("create request: %s", bad);
     }
     build_root(&r, root, sizeof root);
+    mark(&stages, "root_built");
     if (r.egress && (egress_fd = open(r.egress, O_PATH | O_CLOEXEC)) < 0) fail("open %s", r.egress);
     if (unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)) fail("unshare the sandbox namespaces");
     int sv[2];
@@ -744,6 +755,7 @@ static int builder_main(int sock, int bpf_fd) {
     }
     close(sv[1]);
     mon = sv[0];
+    mark(&stages, "init_forked");
     /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
      * failure instead ends the create). Joined before "mapped": the init makes its cgroup
      * namespace after it. */
@@ -761,9 +773,11 @@ static int builder_main(int sock, int bpf_fd) {
         if (write(fds[i], pidstr, (size_t)pidlen) != pidlen) { kill(pid, SIGKILL); fail("joining cgroup %d", i); }
         close(fds[i]);
     }
+    mark(&stages, "init_in_cgroups");
     if (recv_frame(mon, &req, NULL, NULL, 0) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 's'
         || n != 8 || memcmp(val, "unshared", 8))
         init_failed(&req, pid, "before its user namespace");
+    mark(&stages, "init_unshared");
     char map[64];
     snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
     snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
@@ -779,6 +793,7 @@ static int builder_main(int sock, int bpf_fd) {
         if (ngot) close(got[0]);
         init_failed(&req, pid, "in its user namespace");
     }
+    mark(&stages, "init_ready");
     snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
     int mfd = open(path, O_RDONLY | O_CLOEXEC);
     ssize_t ml = mfd >= 0 ? read(mfd, uid_map, sizeof uid_map - 1) : -1;
@@ -793,9 +808,11 @@ static int builder_main(int sock, int bpf_fd) {
      * which the kernel lets happen only after every other process of its PID namespace. */
     int for_agent[2] = {mon, (int)syscall(SYS_pidfd_open, pid, 0)};
     if (for_agent[1] < 0) { kill(pid, SIGKILL); fail("pidfd_open %d", pid); }
+    mark(&stages, "reported");
     rec_str(&out, 's', "ok");
     rec_num(&out, 'p', pid);
     rec_str(&out, 'U', uid_map);
+    buf_put(&out, stages.p, stages.len);
     send_frame(report_fd, &out, for_agent, 2);
     return 0;
 }
