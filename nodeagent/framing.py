@@ -104,10 +104,10 @@ def decode_records(body: bytes) -> dict[str, list[bytes]]:
 
 def send_records(sock: socket.socket, records: list[tuple[str, bytes]], fds: list[int] | None = None) -> None:
     data = encode_records(records)
-    if fds:
-        socket.send_fds(sock, [data[:_HDR.size]], fds)
-        data = data[_HDR.size:]
-    sock.sendall(data)
+    if fds:   # the whole frame in the same message as the fds (a reader may be non-blocking)
+        data = data[socket.send_fds(sock, [data], fds):]
+    if data:
+        sock.sendall(data)
 
 
 def recv_records(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):

@@ -16,6 +16,7 @@ Must not import zmq or the controller.
 """
 from __future__ import annotations
 
+import collections
 import io
 import itertools
 import logging
@@ -242,6 +243,8 @@ class SandboxRuntime:
         self._proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self._init_exe: int | None = None   # the native sandbox init, open (handed to the holder)
+        self._spares_chan: socket.socket | None = None   # the holder hands spare builders over here
+        self._spares: collections.deque = collections.deque()   # their request sockets, oldest first
         self.swept: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -277,12 +280,15 @@ class SandboxRuntime:
             self._remove_state_dir()
             raise SandboxError(f"the native sandbox init is not available: {exc}") from None
         ours, theirs = socket.socketpair()
+        self._spares_chan, chan = socket.socketpair()
+        self._spares_chan.setblocking(False)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent.zygote", "--ctl-fd", str(theirs.fileno()),
-             "--state", self.state_dir, "--init-fd", str(self._init_exe)],
-            pass_fds=(theirs.fileno(), self._init_exe), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, cwd="/", env=_clean_env())
+             "--state", self.state_dir, "--init-fd", str(self._init_exe), "--spares-fd", str(chan.fileno())],
+            pass_fds=(theirs.fileno(), self._init_exe, chan.fileno()), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=_clean_env())
         theirs.close()
+        chan.close()
         self._ctl = ours
         try:
             msg = framing.recv_msg(ours, max_bytes=65536)
@@ -338,6 +344,12 @@ class SandboxRuntime:
         if self._ctl:
             self._ctl.close()
             self._ctl = None
+        for sock in self._spares:
+            sock.close()
+        self._spares.clear()
+        if self._spares_chan is not None:
+            self._spares_chan.close()
+            self._spares_chan = None
         if self._proc:
             if self._proc.poll() is None:
                 self._proc.kill()
@@ -487,8 +499,11 @@ class SandboxRuntime:
         sid = f"s{next(self._ids)}"
         cgroup = f"c{next(self._cg_ids)}"
         t_req = time.monotonic()
-        ours, theirs = socket.socketpair()
         cg_fds: list[int] = []
+        cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
+        req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
+               "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
+               "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
 
         def make_cgroups() -> None:
             nonlocal cg_fds
@@ -500,13 +515,20 @@ class SandboxRuntime:
             framing.send_records(ours, [("c", b"")], cg_fds)
             self._reclaim()   # destroyed sandboxes' empty cgroups, while the builder works
 
+        ours = theirs = None
         try:
-            cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
-            req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
-                   "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-                   "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
-            self._call(req, [theirs.fileno()], meanwhile=make_cgroups)
-            theirs.close()
+            ours = self._spare_builder(req) if self.overlay != "fuse-overlayfs" else None
+            if ours is not None:   # a spare builder got the request: no round trip to the holder
+                make_cgroups()
+            else:
+                ours, theirs = socket.socketpair()
+
+                def request_then_cgroups() -> None:
+                    if self.overlay != "fuse-overlayfs":
+                        framing.send_records(ours, sbxinit.build_records(req, self.state_dir))
+                    make_cgroups()
+                self._call(req, [theirs.fileno()], meanwhile=request_then_cgroups)
+                theirs.close()
             reply, fds = framing.recv_records(ours, max_bytes=65536, with_fds=True)
             if reply.get("s") != [b"ok"] or len(fds) != 2 or "p" not in reply:
                 for fd in fds:
@@ -516,13 +538,15 @@ class SandboxRuntime:
             init_sock = socket.socket(fileno=fds[0])
             init_pidfd = fds[1]
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
-            theirs.close()
+            if theirs is not None:
+                theirs.close()
             if cg_fds:
                 self.cgroups.remove(cgroup)
             self._release(slice_no, key)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         finally:
-            ours.close()
+            if ours is not None:
+                ours.close()
             for fd in cg_fds:
                 os.close(fd)
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
@@ -541,6 +565,25 @@ class SandboxRuntime:
                 sb.destroy()
                 raise
         return sb
+
+    def _spare_builder(self, req: dict) -> socket.socket | None:
+        """The request socket of a spare builder (handed over by the holder) that took `req`, or
+        None when none is left (the holder then starts one for this create)."""
+        while True:
+            try:
+                _, fds = framing.recv_records(self._spares_chan, max_bytes=4096, with_fds=True)
+            except (BlockingIOError, framing.FramingError):
+                break
+            self._spares.extend(socket.socket(fileno=fd) for fd in fds)
+        while self._spares:
+            sock = self._spares.popleft()
+            sock.setblocking(True)
+            try:
+                framing.send_records(sock, sbxinit.build_records(req, self.state_dir))
+                return sock
+            except OSError:   # that spare died (the holder replaces it)
+                sock.close()
+        return None
 
     def active_sandboxes(self) -> int:
         """Sandboxes created and not yet destroyed (warm-pool sandboxes included; spare

@@ -186,12 +186,14 @@ def spawn_init(init_exe: int, bpf_fd: int, root: str, req: dict, egress_fd: int 
     return pid, mon_end
 
 
-def build_records(req: dict, sbx: str, lower: str) -> list[tuple[str, bytes]]:
-    """A create request for a spare native builder (`nodeagent/native/sbxinit.c`): the sandbox
-    dir, the lower layer relative to it, the /dev template, tmpfs caps, id slice, hostname,
-    the init's rlimits and the egress socket's path."""
-    recs = [("d", sbx), ("l", os.path.relpath(lower, sbx)),
-            ("v", os.path.join(os.path.dirname(os.path.dirname(sbx)), "dev")),
+def build_records(req: dict, state_dir: str) -> list[tuple[str, bytes]]:
+    """A create request for a native builder (`nodeagent/native/sbxinit.c`): the sandbox's id
+    and dir, the image's mount relative to it, the /dev template, tmpfs caps, id slice,
+    hostname, the init's rlimits and the egress socket's path (paths as the node holder sees
+    them: its state tmpfs is mounted at the state dir)."""
+    sbx = os.path.join(state_dir, "sbx", req["id"])
+    lower = os.path.join(state_dir, "images", req["image_key"])
+    recs = [("i", req["id"]), ("d", sbx), ("l", os.path.relpath(lower, sbx)), ("v", os.path.join(state_dir, "dev")),
             ("z", _tmpfs_caps(req.get("limits") or {})), ("b", str(int(req["slice_base"]))),
             ("n", str(int(req["slice_size"]))), ("h", str(req.get("hostname", "sandbox")))]
     recs += [("R", spec) for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [])]
@@ -237,8 +239,9 @@ def run_builder(agent: socket.socket, zygote: socket.socket, req: dict, lower: s
         init_ns_fd = map_init(pid, base, size, init)
         uid_map = open(f"/proc/{pid}/uid_map").read()
         ns_fd = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        framing.send_records(zygote, [("p", str(pid).encode())] + ([("D", str(daemon.pid).encode())] if daemon else []),
-                             [ns_fd, init_ns_fd])
+        report = [("p", str(pid)), ("i", req["id"]), ("d", sbx), ("b", str(base)), ("l", os.path.relpath(lower, sbx))]
+        framing.send_records(zygote, [(k, v.encode()) for k, v in report]
+                             + ([("D", str(daemon.pid).encode())] if daemon else []), [ns_fd, init_ns_fd])
     except Exception as exc:
         for p in ([pid] if pid else []) + ([daemon.pid] if daemon else []):
             try:

@@ -9,8 +9,9 @@ PID namespace and forks stage 2, the node init, which:
 - mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
   (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
   works), shared by every sandbox of the node;
-- keeps SPARE_BUILDERS forks of itself waiting (they hold nothing of any sandbox); each create
-  goes to one (see `nodeagent.sbxinit.run_builder`), which is replaced after the reply;
+- keeps SPARE_BUILDERS native builders (`nodeagent/native/sbxinit.c`) waiting, holding nothing
+  of any sandbox; the agent gets each one's request socket (over the spares channel) and sends
+  a create to it directly; the builder reports the sandbox here and is replaced;
 - keeps each sandbox's mount namespaces (fds) and its init's pidfd, forks a short-lived helper
   per file operation, kills on destroy.
 
@@ -33,8 +34,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import NamedTuple
-
 from nodeagent import framing, nsutil, sbxinit, seccomp
 
 MOUNT_TIMEOUT_S = 10.0
@@ -54,14 +53,10 @@ def _mounted(path: str) -> bool:
         return any(line.split()[4] == path for line in f)
 
 
-class Spare(NamedTuple):
-    pid: int                  # the spare builder (node PID)
-    sock: socket.socket
-
-
 class NodeInit:
-    def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int):
+    def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int, spares_chan: socket.socket):
         self.ctl = ctl
+        self.spares_chan = spares_chan   # spare builders' request sockets go to the agent here
         self.init_exe = init_exe   # the native sandbox init (an open file, exec'd via /proc/self/fd)
         self.bpf_fd = -1           # the seccomp program (raw BPF in a memfd), built once
         self.state = state_dir
@@ -72,10 +67,9 @@ class NodeInit:
         self.host_state = -1
         self.sandboxes: dict[str, dict] = {}           # id -> init pid, mount ns fd, paths
         self.sel = selectors.DefaultSelector()
-        self.spares: list[Spare] = []                             # waiting builders, oldest first
-        self.pending: dict[str, tuple] = {}     # sandbox id -> (its builder's socket, its record)
+        self.spares: set[int] = set()           # spare builders handed to the agent, not yet used
+        self.builders: dict[socket.socket, int] = {}   # builder -> its PID, until it reports (or dies)
         self.leaked: list[str] = []                               # what a teardown could not remove
-        self._after_reply = None                                  # work deferred past a reply
 
     def setup(self) -> None:
         # The host directory under the tmpfs below: extracted images live there (on disk).
@@ -103,12 +97,10 @@ class NodeInit:
                 if key.fileobj is self.ctl:
                     if not self.serve_agent():
                         return   # the agent went away: exiting tears the node namespace down
-                elif key.data and key.data[0] == "spare":
-                    self.spare_died(key.fileobj)
                 elif key.data and key.data[0] == "init":
                     self.finish_dead(key.data[1])
                 else:
-                    self.take_sandbox(key.fileobj)
+                    self.builder_done(key.fileobj)
             self.reap()
 
     def serve_agent(self) -> bool:
@@ -124,92 +116,110 @@ class NodeInit:
             for fd in fds:
                 os.close(fd)
         framing.send_msg(self.ctl, reply)
-        if self._after_reply is not None:
-            after, self._after_reply = self._after_reply, None
-            after()
         return True
 
-    # -- spares: native builders started ahead of time, holding nothing of any sandbox ------
+    # -- builders: native ones spawned ahead of time (spares, handed to the agent), holding --
+    # -- nothing of any sandbox; each builds one sandbox and reports it here ---------------
     def fill_spares(self) -> None:
         while len(self.spares) < SPARE_BUILDERS:
-            self.spares.append(self._spawn_spare())
+            ours, theirs = socket.socketpair()
+            try:
+                pid = self._spawn_builder(theirs.fileno())
+                framing.send_records(self.spares_chan, [("p", str(pid).encode())], [ours.fileno()])
+            finally:
+                ours.close()
+                theirs.close()
+            self.spares.add(pid)
 
-    def _spawn_spare(self) -> Spare:
+    def _spawn_builder(self, agent_fd: int) -> int:
         """A native builder (`nodeagent/native/sbxinit.c`, vfork+exec: no copy of this process)
-        waiting on its socket for one create request."""
+        that reads one create request on `agent_fd` and reports the sandbox here."""
         ours, theirs = socket.socketpair()
-        os.set_inheritable(theirs.fileno(), True)
-        os.set_inheritable(self.bpf_fd, True)
-        argv = ["paddock-sbxbuild", "builder", "--sock", str(theirs.fileno()), "--bpf-fd", str(self.bpf_fd)]
+        for fd in (theirs.fileno(), agent_fd, self.bpf_fd):
+            os.set_inheritable(fd, True)
+        argv = ["paddock-sbxbuild", "builder", "--sock", str(theirs.fileno()), "--agent-fd", str(agent_fd),
+                "--bpf-fd", str(self.bpf_fd)]
         try:
             pid = os.posix_spawn(f"/proc/self/fd/{self.init_exe}", argv, {})
         finally:
             theirs.close()
-        self.sel.register(ours, selectors.EVENT_READ, ("spare", pid))
-        return Spare(pid, ours)
+            os.set_inheritable(agent_fd, False)
+        self.builders[ours] = pid
+        self.sel.register(ours, selectors.EVENT_READ, ("builder", pid))
+        return pid
 
-    def _fork_builder(self, req: dict, fds: list[int]) -> Spare:
+    def _fork_builder(self, req: dict, agent_fd: int) -> None:
         """A Python builder for the fuse-overlayfs path (it starts the daemon, then spawns the
-        native init): `fds` is the agent's socket."""
+        native init), answering the agent on `agent_fd`."""
         ours, theirs = socket.socketpair()
-        dups = [os.dup(fd) for fd in fds]
+        dup = os.dup(agent_fd)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
                 # Only this sandbox's fds: never another sandbox's mount namespace or pidfd.
-                _close_fds_except({0, 1, 2, theirs.fileno(), self.init_exe, self.bpf_fd, *dups})
-                agent = socket.socket(fileno=dups[0])
+                _close_fds_except({0, 1, 2, theirs.fileno(), self.init_exe, self.bpf_fd, dup})
+                agent = socket.socket(fileno=dup)
                 code = sbxinit.run_builder(agent, theirs, req, lower=os.path.join(self.images_dir, req["image_key"]),
                                            sbx_root=self.sbx_dir, init_exe=self.init_exe, bpf_fd=self.bpf_fd)
             finally:
                 os._exit(code)
         theirs.close()
-        for fd in dups:
-            os.close(fd)
-        return Spare(pid, ours)
+        os.close(dup)
+        self.builders[ours] = pid
+        self.sel.register(ours, selectors.EVENT_READ, ("builder", pid))
 
-    def spare_died(self, sock: socket.socket) -> None:
-        """A spare's socket turned readable before it was given a request: it died (it holds
-        nothing to reclaim). Replaced at once."""
+    def builder_done(self, sock: socket.socket) -> None:
+        """A builder reported its sandbox (its init's PID; its mount namespaces as fds, which
+        keep them alive after it exits), or died. A spare is replaced either way."""
         self.sel.unregister(sock)
-        sock.close()
-        self.spares = [sp for sp in self.spares if sp.sock is not sock]
-        self.reap()
-        self.fill_spares()
-
-    def take_sandbox(self, sock: socket.socket) -> None:
-        """A builder reports a finished sandbox (its init's PID) and hands over its mount
-        namespaces (the fds in flight keep them alive after the builder exits)."""
-        self.sel.unregister(sock)
-        sid = next((k for k, v in self.pending.items() if v[0] is sock), None)
-        _, rec = self.pending.pop(sid, (None, None))
+        pid = self.builders.pop(sock)
         try:
             msg, fds = framing.recv_records(sock, max_bytes=4096, with_fds=True)
-            if len(fds) != 2 or rec is None or "p" not in msg:
-                for fd in fds:
-                    os.close(fd)
-                raise framing.FramingError(f"bad report from a builder: {msg}")
-            rec["init_pid"] = int(msg["p"][0])
-            rec["daemon_pid"] = int(msg["D"][0]) if msg.get("D") else None
-            rec["mnt_fd"], rec["init_mnt_fd"] = fds
-            self.sandboxes[sid] = rec
-            try:
-                rec["pidfd"] = os.pidfd_open(rec["init_pid"])
-            except ProcessLookupError:   # destroyed (and reaped) before this report was read
-                rec["pidfd"] = None
-                self.finish_dead(sid)
-            else:   # its exit (a destroy, or a crash) releases the rest of the sandbox
-                self.sel.register(rec["pidfd"], selectors.EVENT_READ, ("init", sid))
-        except (framing.FramingError, OSError, ValueError):
-            pass   # the builder failed; it reported that to the agent itself
+            self._take_sandbox(msg, fds)
+        except (framing.FramingError, OSError, ValueError, KeyError):
+            pass   # it failed (and told the agent) or died: nothing of it is kept
         finally:
             sock.close()
+        self.reap()
+        if pid in self.spares:
+            self.spares.discard(pid)
+            self.fill_spares()
+
+    def _take_sandbox(self, msg: dict, fds: list[int]) -> None:
+        try:
+            one = {k: v[0].decode() for k, v in msg.items()}
+            sid = one["i"]
+            sbx = os.path.join(self.sbx_dir, sid)
+            if len(fds) != 2 or "/" in sid or one["d"] != sbx or sid in self.sandboxes:
+                raise ValueError(f"bad report from a builder: {one}")
+            rec = {"id": sid, "root": os.path.join(sbx, "root"), "sbx": sbx, "base": int(one["b"]),
+                   "init_pid": int(one["p"]), "daemon_pid": int(one["D"]) if one.get("D") else None,
+                   "lower": os.path.normpath(os.path.join(sbx, one["l"])), "mnt_fd": fds[0], "init_mnt_fd": fds[1]}
+        except (KeyError, ValueError, UnicodeDecodeError):
+            for fd in fds:
+                os.close(fd)
+            raise
+        self.sandboxes[sid] = rec
+        try:
+            rec["pidfd"] = os.pidfd_open(rec["init_pid"])
+        except ProcessLookupError:   # destroyed (and reaped) before this report was read
+            rec["pidfd"] = None
+            self.finish_dead(sid)
+        else:   # its exit (a destroy, or a crash) releases the rest of the sandbox
+            self.sel.register(rec["pidfd"], selectors.EVENT_READ, ("init", sid))
 
     def _settle(self, sid) -> None:
-        """An op may arrive before the builder's report was read: read it first."""
-        if sid in self.pending:
-            self.take_sandbox(self.pending[sid][0])
+        """An op may arrive before a builder's report was read (it was sent before the agent
+        heard of the sandbox): read every report that is in."""
+        if sid in self.sandboxes or not self.builders:
+            return
+        poller = select.poll()
+        socks = {s.fileno(): s for s in self.builders}
+        for fd in socks:
+            poller.register(fd, select.POLLIN)
+        for fd, _ in poller.poll(0):
+            self.builder_done(socks[fd])
 
     def reap(self) -> None:
         while True:
@@ -225,7 +235,7 @@ class NodeInit:
         op = req.get("op")
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts),
-                    "spares": len(self.spares), "spare_pids": [sp.pid for sp in self.spares],
+                    "spares": len(self.spares), "spare_pids": sorted(self.spares),
                     "sandboxes": len(self.sandboxes)}
         if op == "settle":
             return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)), list(req.get("ids") or []))
@@ -236,7 +246,7 @@ class NodeInit:
         if op == "create":
             if len(fds) != 1:
                 return {"ok": False, "error": "create needs exactly one socket fd (the agent's, for this sandbox)"}
-            return self.create(req, fds)
+            return self.create(req, fds[0])
         if op == "sbx_op":
             if len(fds) != 1:
                 return {"ok": False, "error": "sbx_op needs exactly one reply socket fd"}
@@ -314,39 +324,17 @@ class NodeInit:
         os.rmdir(mnt)
         return {"ok": True}
 
-    def create(self, req: dict, fds: list[int]) -> dict:
-        """fds: the agent's socket for this sandbox (it sends the cgroup.procs files of the
-        sandbox's cgroups there, to the builder). A spare native builder (a Python one for
-        fuse-overlayfs) builds the sandbox and reports to the agent; the spare is replaced
-        right after the reply."""
-        key = req["image_key"]
-        if key not in self.mounts:
-            return {"ok": False, "error": f"image {key} is not mounted"}
-        sid = req["id"]
-        if sid in self.sandboxes or sid in self.pending:
-            return {"ok": False, "error": f"sandbox {sid} exists"}
-        lower = os.path.join(self.images_dir, key)
-        sbx = os.path.join(self.sbx_dir, sid)
-        rec = {"id": sid, "root": os.path.join(sbx, "root"), "sbx": sbx, "base": int(req["slice_base"]),
-               "lower": lower}
-        builder = None
+    def create(self, req: dict, fd: int) -> dict:
+        """A builder for one sandbox, answering the agent on `fd` (its socket for this sandbox):
+        native (the agent sends the request there, as to a spare), or for fuse-overlayfs a
+        Python one given `req`."""
         if req.get("overlay") == "fuse-overlayfs":
-            builder = self._fork_builder(req, fds)
-        while builder is None and self.spares:
-            sp = self.spares.pop(0)
-            self.sel.unregister(sp.sock)
-            try:
-                framing.send_records(sp.sock, sbxinit.build_records(req, sbx, lower), fds)
-                builder = sp
-            except OSError:
-                sp.sock.close()   # that spare died: try the next
-        if builder is None:
-            self.fill_spares()
-            return {"ok": False, "error": "no native builder could be started"}
-        self.sel.register(builder.sock, selectors.EVENT_READ)
-        self.pending[sid] = (builder.sock, rec)
-        self._after_reply = self.fill_spares
-        return {"ok": True, "pid": builder.pid}
+            if req.get("image_key") not in self.mounts:
+                return {"ok": False, "error": f"image {req.get('image_key')} is not mounted"}
+            self._fork_builder(req, fd)
+        else:
+            self._spawn_builder(fd)
+        return {"ok": True}
 
     def sandbox_op(self, req: dict, fd: int) -> dict:
         """Fork a helper that enters the sandbox's mount namespace and answers on `fd`."""
@@ -465,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctl-fd", type=int, required=True)
     ap.add_argument("--state", required=True)
     ap.add_argument("--init-fd", type=int, required=True)
+    ap.add_argument("--spares-fd", type=int, required=True)
     args = ap.parse_args(argv)
     ctl = socket.socket(fileno=args.ctl_fd)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -486,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
-    node = NodeInit(ctl, args.state, args.init_fd)
+    node = NodeInit(ctl, args.state, args.init_fd, socket.socket(fileno=args.spares_fd))
     try:
         node.setup()
     except OSError as exc:

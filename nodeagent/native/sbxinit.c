@@ -624,7 +624,7 @@ static void init_main(struct init_cfg *cfg) {
 /* ------------------------------------------------------------------ the builder */
 
 struct build_req {
-    const char *sbx, *lower, *dev, *tmpfs, *egress;
+    const char *id, *sbx, *lower, *dev, *tmpfs, *egress;
     long base, size;
     struct init_cfg init;
 };
@@ -650,6 +650,7 @@ static const char *parse_build(struct buf *b, struct build_req *r, struct buf *s
     for (size_t i = 0; i < nrec; i++) {
         const char *v = strings->p + offs[i];
         switch (tags[i]) {
+        case 'i': r->id = v; break;
         case 'd': r->sbx = v; break;
         case 'l': r->lower = v; break;
         case 'v': r->dev = v; break;
@@ -662,7 +663,7 @@ static const char *parse_build(struct buf *b, struct build_req *r, struct buf *s
         default: return "unknown field";
         }
     }
-    if (!r->sbx || !r->lower || !r->dev || !r->tmpfs || r->size <= 0) return "a field is missing";
+    if (!r->id || !r->sbx || !r->lower || !r->dev || !r->tmpfs || r->size <= 0) return "a field is missing";
     return NULL;
 }
 
@@ -720,17 +721,16 @@ static void init_failed(struct buf *msg, pid_t pid, const char *when) {
     fail("sandbox init %d failed %s", pid, when);
 }
 
-/* A spare builder: waits on `sock` (to the node holder) for one create request with the
- * agent's socket; builds the sandbox (the agent sends its cgroup.procs files meanwhile);
- * reports to the holder and the agent; exits. */
-static int builder_main(int sock, int bpf_fd) {
+/* A spare builder: waits on `agent` (a socket whose other end the node holder handed to the
+ * agent) for one create request; builds the sandbox (the agent sends its cgroup.procs files
+ * meanwhile); reports to the holder on `sock` and to the agent; exits. */
+static int builder_main(int sock, int agent, int bpf_fd) {
     struct buf req = {0}, strings = {0}, out = {0};
     struct build_req r;
     int fds[8], nfds = 0;
     char root[2048], path[64], uid_map[256];
-    if (recv_frame(sock, &req, fds, &nfds, 8)) return 0;   /* the node is closing */
-    if (nfds != 1) return 1;
-    report_fd = fds[0];   /* the agent's socket */
+    if (recv_frame(agent, &req, NULL, NULL, 0)) return 0;   /* never used: the node is closing */
+    report_fd = agent;
     struct buf stages = {0};
     mark(&stages, "builder");
     const char *bad = parse_build(&req, &r, &strings);
@@ -803,6 +803,10 @@ static int builder_main(int sock, int bpf_fd) {
     int ns[2] = {open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC), got[0]};
     if (ns[0] < 0) { kill(pid, SIGKILL); fail("open /proc/self/ns/mnt"); }
     rec_num(&out, 'p', pid);
+    rec_str(&out, 'i', r.id);
+    rec_str(&out, 'd', r.sbx);
+    rec_str(&out, 'l', r.lower);
+    rec_num(&out, 'b', r.base);
     if (send_frame(sock, &out, ns, 2)) { kill(pid, SIGKILL); fail("reporting to the node holder"); }
     /* The agent destroys through this pidfd: it turns readable once the init has exited,
      * which the kernel lets happen only after every other process of its PID namespace. */
@@ -824,16 +828,17 @@ static void usage_fail(const char *what) {
     fail("usage: %s", what);
 }
 
-/* paddock-sbxinit builder --sock N --bpf-fd M        a spare builder (see builder_main)
+/* paddock-sbxinit builder --sock N --agent-fd A --bpf-fd M     a spare builder (builder_main)
  * paddock-sbxinit --mon N --bpf-fd M --root DIR [--hostname H] [--rlimit NAME=V]... [--egress-fd E]
  *                                                     the init, spawned by a Python builder */
 int main(int argc, char **argv) {
     struct init_cfg cfg = {.hostname = "sandbox", .bpf_fd = -1};
-    int sock = -1, builder = argc > 1 && !strcmp(argv[1], "builder");
+    int sock = -1, agent = -1, builder = argc > 1 && !strcmp(argv[1], "builder");
     signal(SIGPIPE, SIG_IGN);
     for (int i = 1 + builder; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--mon")) mon = report_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--sock")) sock = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--agent-fd")) agent = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--bpf-fd")) cfg.bpf_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--egress-fd")) egress_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--root")) cfg.root = argv[i + 1];
@@ -842,7 +847,7 @@ int main(int argc, char **argv) {
         else if (mon >= 0) usage_fail(argv[i]);
         else return 2;
     }
-    if (builder) return sock >= 0 && cfg.bpf_fd >= 0 ? builder_main(sock, cfg.bpf_fd) : 2;
+    if (builder) return sock >= 0 && agent >= 0 && cfg.bpf_fd >= 0 ? builder_main(sock, agent, cfg.bpf_fd) : 2;
     if (mon < 0) return 2;
     if (!cfg.root || cfg.bpf_fd < 0) usage_fail("--root and --bpf-fd are required");
     init_main(&cfg);
