@@ -1,8 +1,11 @@
 """Warm pool: per sandbox spec (image + limits), a target number of ready sandboxes.
 
 `WarmPool.take()` hands out a ready sandbox at most once (a deque pop: microseconds), or None
-when the pool is empty; a background thread refills it to `target`, backing off exponentially
-when creation fails (the failure is logged and counted, never raised into the caller). A
+when the pool is empty. It takes no lock the refill thread holds and allocates nothing the
+collector tracks: it wakes the refill thread through a `queue.SimpleQueue` (C, lock-free for
+the caller), not a `Condition`. A background thread refills it to `target`, backing off
+exponentially when creation fails (the failure is logged and counted, never raised into the
+caller). A
 handed-out sandbox belongs to the caller, who destroys it after use; sandboxes are never
 returned to the pool. `stop()` destroys what is still waiting.
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
 import threading
 
 log = logging.getLogger(__name__)
@@ -26,7 +30,8 @@ class WarmPool:
             raise ValueError(f"warm pool target must be >= 0, not {target}")
         self.runtime, self.spec, self.target = runtime, spec, target
         self._ready: collections.deque = collections.deque()
-        self._wake = threading.Condition()
+        self._wake = threading.Condition()    # the refill thread tells waiters (`wait_ready`)
+        self._kick: queue.SimpleQueue = queue.SimpleQueue()   # anyone wakes the refill thread
         self._stopped = False
         self._thread: threading.Thread | None = None
         self.created = self.handed_out = self.failures = 0
@@ -48,14 +53,12 @@ class WarmPool:
             sb = None
         else:
             self.handed_out += 1
-        with self._wake:
-            self._wake.notify()
+        self._kick.put(None)
         return sb
 
     def set_target(self, target: int) -> None:
-        with self._wake:
-            self.target = target
-            self._wake.notify()
+        self.target = target
+        self._kick.put(None)
 
     def wait_ready(self, n: int | None = None, timeout_s: float = 30.0) -> bool:
         """Block until at least `n` (default: target) sandboxes are ready."""
@@ -65,14 +68,12 @@ class WarmPool:
 
     def _fill(self) -> None:
         backoff = 0.05
-        while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._stopped or len(self._ready) < self.target, IDLE_WAKE_S)
-                if self._stopped:
-                    return
-                short = len(self._ready) < self.target
-            if not short:
-                self.runtime.reap_images()
+        while not self._stopped:
+            if len(self._ready) >= self.target:
+                try:
+                    self._kick.get(timeout=IDLE_WAKE_S)
+                except queue.Empty:
+                    self.runtime.reap_images()   # idle: let unused images go
                 continue
             try:
                 sb = self.runtime.create(self.spec)
@@ -80,8 +81,10 @@ class WarmPool:
                 self.failures += 1
                 self.last_error = str(exc)
                 log.warning("warm pool refill failed (%d so far): %s", self.failures, exc)
-                with self._wake:
-                    self._wake.wait_for(lambda: self._stopped, backoff)
+                try:
+                    self._kick.get(timeout=backoff)   # `stop` cuts the wait short
+                except queue.Empty:
+                    pass
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             backoff = 0.05
@@ -97,6 +100,7 @@ class WarmPool:
         with self._wake:
             self._stopped = True
             self._wake.notify_all()
+        self._kick.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         while self._ready:

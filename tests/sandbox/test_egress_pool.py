@@ -102,6 +102,33 @@ def test_warm_pool_hands_out_each_sandbox_once_and_refills(runtime, busybox_imag
     assert len(pool) == 0
 
 
+def test_a_handout_never_waits_on_the_refill_threads_lock(runtime, busybox_image):
+    spec = SandboxSpec(image=busybox_image, hostname="handout")
+    pool = runtime.pool(spec, target=1)
+    held, release, got = threading.Event(), threading.Event(), []
+
+    def hold_the_lock() -> None:   # as the refill thread does while it appends
+        with pool._wake:
+            held.set()
+            release.wait(30)
+    holder = threading.Thread(target=hold_the_lock)
+    try:
+        assert pool.wait_ready(1, timeout_s=30)
+        holder.start()
+        assert held.wait(30)
+        taker = threading.Thread(target=lambda: got.append(runtime.acquire(spec)))
+        taker.start()
+        taker.join(timeout=10)
+        assert not taker.is_alive() and got and got[0].exec(["hostname"]).stdout == b"handout\n"
+    finally:
+        release.set()
+        holder.join(timeout=30)
+        for sb in got:
+            sb.destroy()
+        pool.stop()
+        runtime._pools.clear()
+
+
 def test_concurrent_acquire_exec_diff_destroy_from_several_threads(runtime, busybox_image):
     spec = SandboxSpec(image=busybox_image)
     pool = runtime.pool(spec, target=2)
