@@ -188,11 +188,23 @@ static long next_rec(const struct buf *b, size_t off, char *tag, const char **va
 
 /* ------------------------------------------------------------------ setup */
 
+/* A stage timestamp for the agent (CLOCK_MONOTONIC: comparable across processes). */
+static void mark(struct buf *b, const char *name) {
+    char s[96];
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    rec(b, 'T', s, (size_t)snprintf(s, sizeof s, "%s=%lld.%09ld", name, (long long)t.tv_sec, t.tv_nsec));
+}
+
+static struct buf init_marks;   /* the init's own stage times, sent with "unshared" */
+
 static int report_fd = -1;   /* where a failed setup call is reported: the builder, or the agent */
 
 static void stage(const char *name, int fd) {
     struct buf b = {0};
     rec_str(&b, 's', name);
+    buf_put(&b, init_marks.p, init_marks.len);
+    init_marks.len = 0;
     if (send_frame(mon, &b, &fd, fd >= 0)) _exit(1);
     free(b.p);
 }
@@ -226,6 +238,22 @@ static void expect(const char *name) {
     free(b.p);
 }
 
+/* Close every fd from 3 up except those in keep[] (-1 entries ignored): a few close_range calls. */
+static void close_all_but(int *keep, int n) {
+    for (int i = 1; i < n; i++) {   /* sort (n is tiny) */
+        for (int j = i; j > 0 && keep[j] < keep[j - 1]; j--) {
+            int t = keep[j]; keep[j] = keep[j - 1]; keep[j - 1] = t;
+        }
+    }
+    unsigned int lo = 3;
+    for (int i = 0; i < n; i++) {
+        if (keep[i] < (int)lo) continue;
+        if ((unsigned int)keep[i] > lo) syscall(SYS_close_range, lo, (unsigned int)keep[i] - 1, 0);
+        lo = (unsigned int)keep[i] + 1;
+    }
+    syscall(SYS_close_range, lo, ~0U, 0);
+}
+
 static void loopback_up(void) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     struct ifreq ifr = {0};
@@ -248,6 +276,7 @@ static void enter_root(const char *root) {
     if (strlen(root) > 1024) { errno = ENAMETOOLONG; fail("root %s", root); }
     if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
     snprintf(proc, sizeof proc, "%s/proc", root);
+    mark(&init_marks, "init_started");
     must_mount("proc", proc, "proc", locked, NULL);
     for (const char **name = PROC_MASKED; *name; name++) {
         snprintf(p, sizeof p, "%s/%s", proc, *name);
@@ -265,9 +294,12 @@ static void enter_root(const char *root) {
             must_mount(p, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | locked, NULL);
         }
     }
+    mark(&init_marks, "init_proc_mounted");
     if (chdir(root)) fail("chdir %s", root);
     if (syscall(SYS_pivot_root, ".", ".")) fail("pivot_root %s", root);
+    mark(&init_marks, "init_pivoted");
     if (umount2(".", MNT_DETACH)) fail("umount the old root");
+    mark(&init_marks, "init_old_root_gone");
     if (chdir("/")) fail("chdir /");
 }
 
@@ -586,17 +618,22 @@ struct init_cfg {
     const char *root, *hostname;
     const char *rlimits[MAX_RLIMITS];
     int nrl, bpf_fd;
+    int forked;   /* by the native builder: makes its own network namespace while the root is built */
 };
 
 /* PID 1 of the sandbox: `mon` is its socket to the builder (then to the agent). */
 static void init_main(struct init_cfg *cfg) {
     report_fd = mon;
     /* Only what it was given: never another sandbox's fd that a builder held. */
-    for (int fd = 3; fd < 1024; fd++) {
-        if (fd != mon && fd != cfg->bpf_fd && fd != egress_fd) close(fd);
+    int keep[3] = {mon, cfg->bpf_fd, egress_fd};
+    close_all_but(keep, 3);
+    if (cfg->forked) {
+        if (unshare(CLONE_NEWNET)) fail("unshare(CLONE_NEWNET)");
+        loopback_up();
+        expect("root");   /* the builder has mounted it meanwhile, in the namespace we share */
+    } else {
+        loopback_up();
     }
-    syscall(SYS_close_range, 1024, ~0U, 0);
-    loopback_up();
     enter_root(cfg->root);
     if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
     stage("unshared", -1);
@@ -675,11 +712,9 @@ static void write_file(const char *path, const char *data) {
 
 /* The sandbox's root at sbx/root: a capped tmpfs, the overlay over the image (mounted from
  * inside sbx with relative paths: its options name no host path), /dev and /dev/shm. */
-static void build_root(struct build_req *r, char *root, size_t root_len) {
+static void build_root(struct build_req *r) {
     const unsigned long flags = MS_NOSUID | MS_NODEV;
     char opts[4096];
-    if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
-    must_mount("none", "/", NULL, MS_REC | MS_SLAVE, NULL);   /* receives image mounts, sends nothing */
     if (mkdir(r->sbx, 0755)) fail("mkdir %s", r->sbx);
     snprintf(opts, sizeof opts, "mode=0755,%s", r->tmpfs);
     must_mount("paddock-sbx", r->sbx, "tmpfs", flags, opts);
@@ -696,15 +731,6 @@ static void build_root(struct build_req *r, char *root, size_t root_len) {
     must_mount("paddock-shm", "root/dev/shm", "tmpfs", flags | MS_NOEXEC, "mode=1777,size=16m");
     if (chown("root/work", (uid_t)r->base, (gid_t)r->base) || chmod("root/work", 0755)) fail("chown root/work");
     if (chdir("/")) fail("chdir /");
-    snprintf(root, root_len, "%s/root", r->sbx);
-}
-
-/* A stage timestamp for the agent (CLOCK_MONOTONIC: comparable across processes). */
-static void mark(struct buf *b, const char *name) {
-    char s[96];
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    rec(b, 'T', s, (size_t)snprintf(s, sizeof s, "%s=%lld.%09ld", name, (long long)t.tv_sec, t.tv_nsec));
 }
 
 /* The init did not answer as expected: kill it; pass its own report on if it sent one. */
@@ -738,24 +764,31 @@ static int builder_main(int sock, int agent, int bpf_fd) {
         errno = EINVAL;
         fail("create request: %s", bad);
     }
-    build_root(&r, root, sizeof root);
-    mark(&stages, "root_built");
+    /* Its own mount namespace: receives the node's image mounts, sends nothing. */
+    if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
+    must_mount("none", "/", NULL, MS_REC | MS_SLAVE, NULL);
     if (r.egress && (egress_fd = open(r.egress, O_PATH | O_CLOEXEC)) < 0) fail("open %s", r.egress);
-    if (unshare(CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)) fail("unshare the sandbox namespaces");
+    if (unshare(CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)) fail("unshare the sandbox namespaces");
+    snprintf(root, sizeof root, "%s/root", r.sbx);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) fail("socketpair");
-    pid_t pid = fork();
+    pid_t pid = fork();   /* the init, early: it makes its network namespace while the root is built */
     if (pid < 0) fail("fork the sandbox init");
     if (pid == 0) {
         mon = sv[1];
         r.init.root = root;
         r.init.bpf_fd = bpf_fd;
+        r.init.forked = 1;
         init_main(&r.init);
         _exit(0);
     }
     close(sv[1]);
     mon = sv[0];
     mark(&stages, "init_forked");
+    build_root(&r);
+    mark(&stages, "root_built");
+    rec_str(&out, 's', "root");
+    if (send_frame(mon, &out, NULL, 0)) { kill(pid, SIGKILL); fail("sandbox init %d is gone", pid); }
     /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
      * failure instead ends the create). Joined before "mapped": the init makes its cgroup
      * namespace after it. */
@@ -777,6 +810,9 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     if (recv_frame(mon, &req, NULL, NULL, 0) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 's'
         || n != 8 || memcmp(val, "unshared", 8))
         init_failed(&req, pid, "before its user namespace");
+    for (long off = 0; (off = next_rec(&req, (size_t)off, &tag, &val, &n)) > 0;) {
+        if (tag == 'T') rec(&stages, 'T', val, n);
+    }
     mark(&stages, "init_unshared");
     char map[64];
     snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
