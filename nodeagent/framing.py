@@ -36,10 +36,9 @@ def _hook(d: dict) -> Any:
 def send_msg(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
     payload = json.dumps(obj, default=_default, separators=(",", ":")).encode()
     data = _HDR.pack(len(payload)) + payload
-    if fds:
-        socket.send_fds(sock, [data[:_HDR.size]], fds)
-        sock.sendall(data[_HDR.size:])
-    else:
+    if fds:   # the whole frame in the same message as the fds: the peer wakes once
+        data = data[socket.send_fds(sock, [data], fds):]
+    if data:
         sock.sendall(data)
 
 

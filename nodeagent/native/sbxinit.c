@@ -104,12 +104,12 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
-/* Send one frame on `sock`; the fds (if any) travel with the length (SCM_RIGHTS). */
+/* Send one frame on `sock` in one message (the peer wakes once); the fds (if any) travel with it. */
 static int send_frame(int sock, struct buf *b, const int *fds, int nfds) {
     uint32_t be = htonl((uint32_t)b->len);
-    struct iovec iov = {&be, 4};
+    struct iovec iov[2] = {{&be, 4}, {b->p, b->len}};
     char ctl[CMSG_SPACE(4 * sizeof(int))] = {0};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = b->len ? 2 : 1};
     if (nfds > 0) {
         mh.msg_control = ctl;
         mh.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
@@ -119,8 +119,16 @@ static int send_frame(int sock, struct buf *b, const int *fds, int nfds) {
         c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
         memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
     }
-    if (sendmsg(sock, &mh, MSG_NOSIGNAL) != 4) return -1;
-    int rc = write_all(sock, b->p, b->len);
+    ssize_t sent;
+    do sent = sendmsg(sock, &mh, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
+    if (sent < 0) return -1;
+    int rc = 0;
+    if ((size_t)sent < 4) {   /* rare: the rest goes as a plain stream */
+        rc = write_all(sock, (const char *)&be + sent, 4 - (size_t)sent);
+        sent = 4;
+    }
+    size_t body_sent = (size_t)sent - 4;
+    if (!rc && body_sent < b->len) rc = write_all(sock, b->p + body_sent, b->len - body_sent);
     b->len = 0;
     return rc;
 }
@@ -480,7 +488,8 @@ static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) 
     return NULL;
 }
 
-/* In the forked child: never returns. */
+/* In the vfork child (it shares the init's memory until execve: it changes nothing there but
+ * `environ`, which the init does not use): never returns. */
 static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     char msg[600];
     setsid();
@@ -496,8 +505,10 @@ static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     const char *what = "chdir";
     if (chdir(c->cwd) == 0) {
         what = "setuid";
-        if (c->uid < 0 || (setresgid((gid_t)c->uid, (gid_t)c->uid, (gid_t)c->uid) == 0 &&
-                           setresuid((uid_t)c->uid, (uid_t)c->uid, (uid_t)c->uid) == 0)) {
+        /* Raw calls: glibc's would signal the init's threads (the egress relay), whose memory
+         * this vfork child shares. */
+        if (c->uid < 0 || (syscall(SYS_setresgid, c->uid, c->uid, c->uid) == 0 &&
+                           syscall(SYS_setresuid, c->uid, c->uid, c->uid) == 0)) {
             extern char **environ;
             environ = c->env;   /* execvp searches the command's PATH */
             what = "execve";
@@ -518,10 +529,10 @@ static void run_command(struct cmd *c, struct buf *reply) {
         rec_str(reply, '2', "paddock: cannot make pipes\n");
         return;
     }
-    pid_t pid = fork();
+    pid_t pid = vfork();   /* no copy of the init's page tables; it waits until the execve */
     if (pid < 0 && errno == EAGAIN) {   /* a fork bomb holds every PID: reclaim, try once more */
         kill_all_but_me();
-        pid = fork();
+        pid = vfork();
     }
     if (pid == 0) exec_child(c, in[0], out[1], err[1]);
     close(in[0]);
