@@ -1,14 +1,15 @@
 """Sandbox start latency: Paddock's native sandbox vs bare `bwrap` and the `unshare` floor, one run.
 
-- paddock cold: create (own mount ns, capped tmpfs, overlay over the node's shared squashfuse
-  mount, PID/net/IPC/UTS/cgroup ns, child user ns, cgroups with memory/pids/cpu caps) + exec
-  `true` (seccomp installed) + destroy. The runtime keeps up to 2 spare builders (pre-forked,
-  in their cgroup, root built for the last image, init inside it): a create takes one and the
-  holder prepares the next in the background, so a steady stream of creates measures the
-  production path. destroy returns once every process of the sandbox is gone; its mount
-  namespaces, cgroups and id slice are released right after, in the background (confirmed by
-  `runtime.settle()`: the time of one settle after the last cold cycle is printed). The split
-  create / exec / destroy is printed too;
+- paddock cold: create + exec `true` + destroy, with everything per sandbox made inside create():
+  its cgroups (memory, pids, cpu caps), id slice, mount namespace, tmpfs (size and inode caps),
+  overlay over the node's shared squashfuse mount of the image, PID/net/IPC/UTS/cgroup and
+  child user namespaces, and its init (seccomp installed). What exists ahead of time holds
+  nothing of any sandbox: the node holder, the image mount, two spare native builders (waiting
+  processes). The warm pool is not used here. destroy returns once every process of the
+  sandbox is gone; its mount namespaces, cgroups and id slice are released right after, in
+  the background (confirmed by `runtime.settle()`: the time of one settle after the last cold
+  cycle is printed). The split create / exec / destroy is printed too, and the builder's own
+  stage times (median gaps, from `Sandbox.start_stages`);
 - paddock warm handout: `runtime.acquire(spec)` from a warm pool (the sandbox is ready);
 - bwrap: `bwrap --unshare-all --die-with-parent --ro-bind ROOT / --proc /proc --dev /dev /bin/true`
   on an unpacked copy of the same image (read-only root: less work than Paddock does);
@@ -78,6 +79,8 @@ def main() -> None:
 
             phases = {"create": [], "exec": [], "destroy": []}
 
+            gaps: dict[str, list[float]] = {}
+
             def cold():
                 t0 = time.perf_counter()
                 sb = rt.create(spec)
@@ -88,6 +91,9 @@ def main() -> None:
                 t3 = time.perf_counter()
                 for k, a, b in (("create", t0, t1), ("exec", t1, t2), ("destroy", t2, t3)):
                     phases[k].append(b - a)
+                marks = sorted((at, name) for name, at in sb.start_stages.items())
+                for (a, _), (b, name) in zip(marks, marks[1:]):
+                    gaps.setdefault(name, []).append(b - a)
             ours, ref, low = [], [], []
             for _ in range(n):   # interleaved, so machine noise hits all three alike
                 ours += timed(cold, 1)
@@ -117,6 +123,7 @@ def main() -> None:
         line("paddock cold create+exec+destroy", ours, ref_p50)
         print("   phases p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in phases.items()))
         print(f"   settle() after the last cycle: {settle_s * 1e3:.2f} ms (background teardown confirmed)")
+        print("   create stages p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in gaps.items()))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
         line("unshare -Urmnp --fork true (floor)", low, ref_p50)
