@@ -19,6 +19,10 @@ def test_the_init_is_built_once_per_source_version_into_the_cache_dir(tmp_path):
     built_at = path.stat().st_mtime_ns
     assert native.init_binary(tmp_path) == path and path.stat().st_mtime_ns == built_at   # not rebuilt
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".build-")]   # no temporary left
+    (tmp_path / "paddock-sbxinit-0000000000000000").write_bytes(b"an older version")
+    path.unlink()
+    assert native.init_binary(tmp_path) == path
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]   # the older one is gone
 
 
 def test_an_edited_source_gets_another_binary_name():

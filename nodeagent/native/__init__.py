@@ -3,7 +3,7 @@
 `init_binary()` returns the path of `paddock-sbxinit-<hash>` in the cache directory
 (`$PADDOCK_NATIVE_DIR`, else `$XDG_CACHE_HOME/paddock/native`, else `~/.cache/paddock/native`),
 where `<hash>` covers the source and the compiler flags: an edited source gets a new binary,
-a stale one is never run. It is compiled into a temporary name and renamed into place, so
+a stale one is never run (and is removed once the new one is in place). It is compiled into a temporary name and renamed into place, so
 concurrent first uses (several agents on a node) never see a partial file. A missing compiler
 is a `NativeBuildError` naming the packages to install; `scripts/setup.sh` builds it ahead.
 
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("sbxinit.c")
-CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread")
+CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-static")   # static: a spare starts in half the CPU
 COMPILERS = ("cc", "gcc")
 
 
@@ -64,6 +64,9 @@ def init_binary(directory: Path | None = None) -> Path:
             raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
         os.chmod(tmp, 0o755)
         os.rename(tmp, path)   # atomic: a concurrent builder's identical binary is replaced, never torn
+        for old in directory.glob("paddock-sbxinit-*"):   # other versions (a runtime using one holds it open)
+            if old != path:
+                old.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -235,15 +235,18 @@ static void fail(const char *fmt, ...) {
     _exit(1);
 }
 
-static void expect(const char *name) {
+/* Wait for stage `name` from the builder; returns the fd that came with it, or -1. */
+static int expect(const char *name) {
     struct buf b = {0};
     char tag;
     const char *val;
     size_t n;
-    if (recv_frame(mon, &b, NULL, NULL, 0)) _exit(0);   /* the builder is gone: a failed create */
+    int fd = -1, nfd = 0;
+    if (recv_frame(mon, &b, &fd, &nfd, 1)) _exit(0);   /* the builder is gone: a failed create */
     if (next_rec(&b, 0, &tag, &val, &n) <= 0 || tag != 's' || n != strlen(name) || memcmp(val, name, n))
         _exit(1);
     free(b.p);
+    return nfd ? fd : -1;
 }
 
 /* Close every fd from 3 up except those in keep[] (-1 entries ignored): a few close_range calls. */
@@ -638,19 +641,31 @@ static void init_main(struct init_cfg *cfg) {
     /* Only what it was given: never another sandbox's fd that a builder held. */
     int keep[3] = {mon, cfg->bpf_fd, egress_fd};
     close_all_but(keep, 3);
+    int userns = -1;
     if (cfg->forked) {
         if (unshare(CLONE_NEWNET)) fail("unshare(CLONE_NEWNET)");
         loopback_up();
-        expect("root");   /* the builder has mounted it meanwhile, in the namespace we share */
+        /* Meanwhile the builder mounts the root (in the namespace we share), maps a user
+         * namespace made for us and moves us into our cgroups; "root" brings that namespace. */
+        userns = expect("root");
+        if (userns < 0) {
+            errno = EBADF;
+            fail("no user namespace came with the root");
+        }
     } else {
         loopback_up();
     }
     enter_root(cfg->root);
-    if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
-    stage("unshared", -1);
-    expect("mapped");
+    if (userns >= 0) {
+        if (setns(userns, CLONE_NEWUSER)) fail("setns into the sandbox user namespace");
+        close(userns);
+    } else {   /* spawned by the Python builder: it maps us once we have unshared */
+        if (unshare(CLONE_NEWUSER)) fail("unshare(CLONE_NEWUSER)");
+        stage("unshared", -1);
+        expect("mapped");
+    }
     if (setresgid(0, 0, 0) || setresuid(0, 0, 0)) fail("becoming root of the sandbox user namespace");
-    /* The builder moved this process into its cgroups before "mapped": they become its root. */
+    /* The builder moved this process into its cgroups already: they become its root. */
     if (unshare(CLONE_NEWCGROUP)) fail("unshare(CLONE_NEWCGROUP)");
     /* A UTS namespace of its own user namespace; seccomp then denies sethostname. */
     if (unshare(CLONE_NEWUTS)) fail("unshare(CLONE_NEWUTS)");
@@ -779,6 +794,20 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     if (unshare(CLONE_NEWNS)) fail("unshare(CLONE_NEWNS)");
     must_mount("none", "/", NULL, MS_REC | MS_SLAVE, NULL);
     if (r.egress && (egress_fd = open(r.egress, O_PATH | O_CLOEXEC)) < 0) fail("open %s", r.egress);
+    /* The sandbox's user namespace: made by a helper now, mapped while the root is built,
+     * entered by the init (setns) after its pivot_root. */
+    int us[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, us)) fail("socketpair");
+    pid_t helper = fork();
+    if (helper < 0) fail("fork the user namespace helper");
+    if (helper == 0) {
+        char c = 'u';
+        close(us[0]);
+        if (unshare(CLONE_NEWUSER) || write(us[1], &c, 1) != 1) _exit(1);
+        if (read(us[1], &c, 1) < 0) {}   /* until the builder has the namespace */
+        _exit(0);
+    }
+    close(us[1]);
     if (unshare(CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS)) fail("unshare the sandbox namespaces");
     snprintf(root, sizeof root, "%s/root", r.sbx);
     int sv[2];
@@ -798,10 +827,23 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     mark(&stages, "init_forked");
     build_root(&r);
     mark(&stages, "root_built");
-    rec_str(&out, 's', "root");
-    if (send_frame(mon, &out, NULL, 0)) { kill(pid, SIGKILL); fail("sandbox init %d is gone", pid); }
+    char c, map[64];
+    if (read(us[0], &c, 1) != 1) { kill(pid, SIGKILL); errno = ECHILD; fail("the user namespace helper failed"); }
+    snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", helper);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/setgroups", helper);
+    write_file(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/gid_map", helper);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", helper);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) { kill(pid, SIGKILL); fail("open %s", path); }
+    close(us[0]);
+    waitpid(helper, NULL, 0);
+    mark(&stages, "userns_mapped");
     /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
-     * failure instead ends the create). Joined before "mapped": the init makes its cgroup
+     * failure instead ends the create). Joined before "root": the init makes its cgroup
      * namespace after it. */
     int got[1], ngot = 0;
     char tag;
@@ -818,27 +860,16 @@ static int builder_main(int sock, int agent, int bpf_fd) {
         close(fds[i]);
     }
     mark(&stages, "init_in_cgroups");
-    if (recv_frame(mon, &req, NULL, NULL, 0) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 's'
-        || n != 8 || memcmp(val, "unshared", 8))
-        init_failed(&req, pid, "before its user namespace");
-    for (long off = 0; (off = next_rec(&req, (size_t)off, &tag, &val, &n)) > 0;) {
-        if (tag == 'T') rec(&stages, 'T', val, n);
-    }
-    mark(&stages, "init_unshared");
-    char map[64];
-    snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
-    snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
-    write_file(path, map);
-    snprintf(path, sizeof path, "/proc/%d/setgroups", pid);
-    write_file(path, "deny");
-    snprintf(path, sizeof path, "/proc/%d/gid_map", pid);
-    write_file(path, map);
-    rec_str(&out, 's', "mapped");
-    if (send_frame(mon, &out, NULL, 0)) fail("sandbox init %d is gone", pid);
+    rec_str(&out, 's', "root");
+    if (send_frame(mon, &out, &userns, 1)) { kill(pid, SIGKILL); fail("sandbox init %d is gone", pid); }
+    close(userns);
     if (recv_frame(mon, &req, got, &ngot, 1) || ngot != 1 || next_rec(&req, 0, &tag, &val, &n) <= 0
         || tag != 's' || n != 5 || memcmp(val, "ready", 5)) {
         if (ngot) close(got[0]);
-        init_failed(&req, pid, "in its user namespace");
+        init_failed(&req, pid, "during its setup");
+    }
+    for (long off = 0; (off = next_rec(&req, (size_t)off, &tag, &val, &n)) > 0;) {
+        if (tag == 'T') rec(&stages, 'T', val, n);   /* the init's own stage times */
     }
     mark(&stages, "init_ready");
     snprintf(path, sizeof path, "/proc/%d/uid_map", pid);
