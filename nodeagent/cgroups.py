@@ -31,9 +31,7 @@ log = logging.getLogger(__name__)
 
 CAPS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
-# CPU weight of a cgroup made ahead of time (a spare builder preparing a sandbox) until its
-# sandbox is created: running sandboxes get the CPU first. (default weight, idle weight)
-CPU_WEIGHT = {1: ("cpu.shares", "1024", "2"), 2: ("cpu.weight", "100", "1")}
+CPU_WEIGHT = {1: ("cpu.shares", "1024"), 2: ("cpu.weight", "100")}   # the kernel's default (file, value)
 NODE_PREFIX = "paddock-node-"
 
 
@@ -163,18 +161,14 @@ class CgroupManager:
         return node
 
     # -- per sandbox ------------------------------------------------------------------------
-    def create(self, sid: str, limits: dict, idle: bool = False) -> list[int]:
-        """Make the sandbox's cgroups, apply `limits`; return open `cgroup.procs` fds to join.
-        idle: the lowest CPU weight until `apply` (a cgroup made ahead of its sandbox)."""
+    def create(self, sid: str, limits: dict) -> list[int]:
+        """Make the sandbox's cgroups, apply `limits`; return open `cgroup.procs` fds to join."""
         fds: list[int] = []
         try:
             for ctrl, node in self.report.dirs.items():
                 d = os.path.join(node, sid)
                 os.mkdir(d, 0o755)
                 self._apply(ctrl, d, limits)
-                if idle and ctrl in ("cpu", ""):
-                    name, _, low = CPU_WEIGHT[self.version]
-                    _write(f"{d}/{name}", low)
                 fds.append(os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
         except OSError as exc:
             for fd in fds:
@@ -182,18 +176,6 @@ class CgroupManager:
             self.remove(sid)
             raise CapsError(f"cannot set up the cgroup of sandbox {sid}: {exc}") from None
         return fds
-
-    def apply(self, sid: str, limits: dict) -> None:
-        """Write `limits` into an existing sandbox cgroup (a spare's, once it is used), with the
-        default CPU weight."""
-        try:
-            for ctrl, d in self.paths(sid).items():
-                self._apply(ctrl, d, limits)
-                if ctrl in ("cpu", ""):
-                    name, default, _ = CPU_WEIGHT[self.version]
-                    _write(f"{d}/{name}", default)
-        except OSError as exc:
-            raise CapsError(f"cannot set the caps of cgroup {sid}: {exc}") from None
 
     def _apply(self, ctrl: str, d: str, limits: dict) -> None:
         mem = int(limits.get("memory_mb") or 0) << 20

@@ -38,7 +38,7 @@ def test_each_sandbox_gets_its_own_cgroups_with_the_spec_limits(runtime, busybox
 def test_sandboxes_run_at_the_default_cpu_weight(runtime, busybox_image):
     from nodeagent.cgroups import CPU_WEIGHT
     read = lambda p, f: open(os.path.join(p, f)).read().strip()  # noqa: E731
-    name, default, _low = CPU_WEIGHT[runtime.cgroups.version]
+    name, default = CPU_WEIGHT[runtime.cgroups.version]
     ctrl = "cpu" if runtime.cgroups.version == 1 else ""
     with runtime.create(SandboxSpec(image=busybox_image, limits=LIMITS)) as sb:
         assert read(sb.cgroup_paths[ctrl], name) == default
