@@ -245,6 +245,7 @@ class SandboxRuntime:
         self._init_exe: int | None = None   # the native sandbox init, open (handed to the holder)
         self._spares_chan: socket.socket | None = None   # the holder hands spare builders over here
         self._spares: collections.deque = collections.deque()   # their request sockets, oldest first
+        self._spares_lock = threading.Lock()   # creates run on several threads (warm pools)
         self.swept: list[str] = []
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -570,20 +571,22 @@ class SandboxRuntime:
         """The request socket of a spare builder (handed over by the holder) that took `req`, or
         None when none is left (the holder then starts one for this create)."""
         while True:
-            try:
-                _, fds = framing.recv_records(self._spares_chan, max_bytes=4096, with_fds=True)
-            except (BlockingIOError, framing.FramingError):
-                break
-            self._spares.extend(socket.socket(fileno=fd) for fd in fds)
-        while self._spares:
-            sock = self._spares.popleft()
+            with self._spares_lock:
+                while True:
+                    try:
+                        _, fds = framing.recv_records(self._spares_chan, max_bytes=4096, with_fds=True)
+                    except (BlockingIOError, framing.FramingError):
+                        break
+                    self._spares.extend(socket.socket(fileno=fd) for fd in fds)
+                if not self._spares:
+                    return None
+                sock = self._spares.popleft()
             sock.setblocking(True)
             try:
                 framing.send_records(sock, sbxinit.build_records(req, self.state_dir))
                 return sock
             except OSError:   # that spare died (the holder replaces it)
                 sock.close()
-        return None
 
     def active_sandboxes(self) -> int:
         """Sandboxes created and not yet destroyed (warm-pool sandboxes included; spare
