@@ -236,6 +236,7 @@ class NodeInit:
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts),
                     "spares": len(self.spares), "spare_pids": sorted(self.spares),
+                    "sbx_dirs": sorted(os.listdir(self.sbx_dir)),
                     "sandboxes": len(self.sandboxes)}
         if op == "settle":
             return self.settle(float(req.get("timeout_s", DESTROY_TIMEOUT_S)), list(req.get("ids") or []))

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import os
-import time
-import signal
-import select
 import re
+import select
+import signal
 import socket
+import time
 
 import psutil
 import pytest
@@ -129,6 +129,19 @@ def test_a_spare_builder_that_dies_is_replaced_at_once_and_held_nothing(busybox_
                    for d in runtime.cgroups.report.dirs.values())
         with runtime.create(SandboxSpec(image=busybox_image, hostname="after")) as sb:
             assert sb.exec(["hostname"]).stdout == b"after\n"
+
+
+def test_a_failed_create_names_the_call_and_errno_and_leaves_nothing(busybox_image):
+    with SandboxRuntime() as runtime:   # its own: counts every directory and cgroup of the node
+        free = len(runtime._free_slices)
+        with pytest.raises(SandboxError, match=r"sethostname x+: Invalid argument \(errno 22\)"):
+            runtime.create(SandboxSpec(image=busybox_image, hostname="x" * 100))
+        runtime.settle()
+        assert runtime._call({"op": "ping"})["sbx_dirs"] == []
+        assert len(runtime._free_slices) == free and runtime.active_sandboxes() == 0
+        assert all(not [e for e in os.scandir(d) if e.is_dir()] for d in runtime.cgroups.report.dirs.values())
+        with runtime.create(SandboxSpec(image=busybox_image)) as sb:   # and the node still works
+            assert sb.exec(["true"]).exit_code == 0
 
 
 def test_a_sandbox_sees_no_host_path_in_its_mountinfo(runtime, busybox_image):

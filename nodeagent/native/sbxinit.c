@@ -207,6 +207,16 @@ static void mark(struct buf *b, const char *name) {
 static struct buf init_marks;   /* the init's own stage times, sent with "unshared" */
 
 static int report_fd = -1;   /* where a failed setup call is reported: the builder, or the agent */
+static const char *made_dir;   /* a builder's sandbox dir, removed if the create fails */
+
+/* A failed create leaves nothing in the node's state dir (its mounts die with this namespace). */
+static void builder_cleanup(void) {
+    if (!made_dir) return;
+    if (chdir("/")) {}
+    umount2(made_dir, MNT_DETACH);
+    rmdir(made_dir);
+    made_dir = NULL;
+}
 
 static void stage(const char *name, int fd) {
     struct buf b = {0};
@@ -231,6 +241,7 @@ static void fail(const char *fmt, ...) {
     struct buf b = {0};
     rec_str(&b, 's', "failed");
     rec_str(&b, 'm', msg);
+    builder_cleanup();
     send_frame(report_fd, &b, NULL, 0);
     _exit(1);
 }
@@ -742,6 +753,7 @@ static void build_root(struct build_req *r) {
     const unsigned long flags = MS_NOSUID | MS_NODEV;
     char opts[4096];
     if (mkdir(r->sbx, 0755)) fail("mkdir %s", r->sbx);
+    made_dir = r->sbx;
     snprintf(opts, sizeof opts, "mode=0755,%s", r->tmpfs);
     must_mount("paddock-sbx", r->sbx, "tmpfs", flags, opts);
     if (chdir(r->sbx)) fail("chdir %s", r->sbx);
@@ -766,6 +778,7 @@ static void init_failed(struct buf *msg, pid_t pid, const char *when) {
     size_t n;
     kill(pid, SIGKILL);
     if (next_rec(msg, 0, &tag, &val, &n) > 0 && tag == 's' && n == 6 && !memcmp(val, "failed", 6)) {
+        builder_cleanup();
         send_frame(report_fd, msg, NULL, 0);
         _exit(1);
     }
@@ -851,6 +864,7 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     size_t n;
     if (recv_frame(report_fd, &req, fds, &nfds, 8) || next_rec(&req, 0, &tag, &val, &n) <= 0 || tag != 'c') {
         kill(pid, SIGKILL);
+        builder_cleanup();
         _exit(1);   /* the agent gave up on this create and knows why */
     }
     char pidstr[32];
