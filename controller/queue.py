@@ -167,7 +167,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
-    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL);
+    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
@@ -208,6 +208,7 @@ class RolloutQueue:
             self._db.execute("UPDATE rollouts SET failures = attempt")
         if "leased_at" not in cols:  # from before attempts rows were written when they end
             self._db.execute("ALTER TABLE rollouts ADD COLUMN leased_at REAL")
+            self._db.execute("ALTER TABLE rollouts ADD COLUMN commit_idem TEXT")
         if "idem" not in {r[1] for r in self._db.execute("PRAGMA table_info(attempts)")}:
             self._db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
             self._db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
@@ -502,7 +503,7 @@ class RolloutQueue:
                 return _COMMITTED
             row, reason = self._held(rollout_id, attempt, token)
             if row is None:
-                stored = self._stored_completion(rollout_id, attempt, idem)
+                stored = self._stored_completion(rollout_id, attempt, token, idem)
                 if stored is not None:
                     return stored
                 log.info("rollout %s attempt %d: result rejected (%s, token %d)", rollout_id,
@@ -514,8 +515,7 @@ class RolloutQueue:
                 if reward is None and outcome != "pass":
                     reward = 0.0
                 result = Completion(True, None, True)
-                self._finish_attempt(row, now, outcome, None, idem, result)
-                self._move(row, COMMITTED, now, outcome=outcome, reward=reward,
+                self._move(row, COMMITTED, now, outcome=outcome, reward=reward, commit_idem=idem,
                            shards=json.dumps(shards, sort_keys=True), lease_deadline=None,
                            commit_seq=self._next_commit_seq())
             else:
@@ -526,30 +526,32 @@ class RolloutQueue:
 
     def _commit_held(self, rollout_id: str, attempt: int, token: int, outcome: str,
                      reward: Optional[float], shards: dict[str, str], idem: str) -> bool:
-        """The common case of `complete` in two statements: if (attempt, token) is the live
-        lease, commit it (any held state may become committed: _COMMIT_IS_LEGAL) and record
-        the attempt's reply; False (nothing changed) otherwise."""
+        """The common case of `complete` in one statement: if (attempt, token) is the live
+        lease, commit it (any held state may become committed: _COMMIT_IS_LEGAL); False
+        (nothing changed) otherwise. The committed attempt is the rollout's row itself (no
+        attempts row: `attempts()` shows it from there, and a repeat of its result is
+        answered from there)."""
         now = self.clock()
         if reward is None and outcome != "pass":
             reward = 0.0
         seq = self._commit_seq + 1
-        r = self._db.execute(
+        cur = self._db.execute(
             _COMMIT_HELD_SQL,
             (COMMITTED, outcome, reward, json.dumps(shards, sort_keys=True) if shards else "{}",
-             seq, now, rollout_id, attempt, token, *HELD)).fetchone()
-        if r is None:
+             seq, now, idem, rollout_id, attempt, token, *HELD))
+        if cur.rowcount != 1:
             return False
         self._commit_seq = seq
         self._terminal_delta[COMMITTED] += 1
-        self._db.execute(_ATTEMPT_UPSERT_SQL, (rollout_id, attempt, token, r[0],
-                                               r[1] if r[1] is not None else now, outcome,
-                                               None, now, idem, _COMMITTED_REPLY))
         log.debug("rollout %s attempt %d: committed (%s)", rollout_id, attempt, outcome)
         return True
 
-    def _stored_completion(self, rollout_id: str, attempt: int,
+    def _stored_completion(self, rollout_id: str, attempt: int, token: int,
                            idem: str) -> Optional[Completion]:
-        """The stored reply of a result already accepted under this idempotency key."""
+        """The stored reply of a result already accepted under this idempotency key: the
+        rollout committed with it (its row keeps the key), or an attempt row keeps it."""
+        if self._db.execute(_IS_COMMITTED_SQL, (rollout_id, attempt, token, idem)).fetchone():
+            return Completion(True, None, True, duplicate=True)
         r = self._db.execute("SELECT reply FROM attempts WHERE rollout_id = ? AND attempt = ?"
                              " AND idem = ?", (rollout_id, attempt, idem)).fetchone()
         stored = json.loads(r[0]) if r is not None else self._idem_get("complete:" + idem)
@@ -666,17 +668,26 @@ class RolloutQueue:
         return [dict(r) for r in self._db.execute("SELECT * FROM rollouts ORDER BY seq")]
 
     def attempts(self, rollout_id: str) -> list[dict]:
-        """Every attempt of the rollout, oldest first; the one it holds now (not ended, so
-        not yet written) with outcome None."""
+        """Every attempt of the rollout, oldest first. Rows are written for attempts that
+        ended without committing; the attempt held now (outcome None) and the committed one
+        are read from the rollout's own row."""
         out = [dict(r) for r in self._db.execute(
             "SELECT * FROM attempts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))]
         row = self._row(rollout_id)
-        if row is not None and row["state"] in HELD and (
+        started = row["leased_at"] if row is not None else None
+        if out and row is not None and out[-1]["attempt"] == row["attempt"] and \
+                out[-1]["outcome"] is None:  # written at lease time by an older queue
+            started = out.pop()["started_at"]
+        if row is not None and row["state"] in (*HELD, COMMITTED) and row["attempt"] and (
                 not out or out[-1]["attempt"] < row["attempt"]):
+            ended = row["state"] == COMMITTED
             out.append({"rollout_id": rollout_id, "attempt": row["attempt"],
-                        "token": row["token"], "node": row["node"], "outcome": None,
-                        "reason": None, "started_at": row["leased_at"], "finished_at": None,
-                        "idem": None, "reply": None})
+                        "token": row["token"], "node": row["node"],
+                        "outcome": row["outcome"] if ended else None, "reason": None,
+                        "started_at": started,
+                        "finished_at": row["updated_at"] if ended else None,
+                        "idem": row["commit_idem"] if ended else None,
+                        "reply": _COMMITTED_REPLY if ended else None})
         return out
 
     def committed_rows(self) -> list[dict]:
@@ -760,8 +771,10 @@ _LIVE_COUNTS_SQL = (f"SELECT state, COUNT(*) FROM rollouts WHERE state IN"
 _LEASE_CHUNK = 500  # (rollout, token, node) triples per UPDATE of lease_to
 _COMMIT_HELD_SQL = (
     f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?, lease_deadline = NULL,"
-    f" commit_seq = ?, updated_at = ? WHERE rollout_id = ? AND attempt = ? AND token = ? AND"
-    f" state IN ({', '.join('?' for _ in HELD)}) RETURNING node, leased_at")
+    f" commit_seq = ?, updated_at = ?, commit_idem = ? WHERE rollout_id = ? AND attempt = ? AND token = ? AND"
+    f" state IN ({', '.join('?' for _ in HELD)})")
+_IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
+                     f" AND commit_idem = ? AND state = '{COMMITTED}'")
 # An attempt's row, written when it ends (a database from before that wrote it at lease
 # time: the row is there, its end is filled in).
 _ATTEMPT_UPSERT_SQL = (

@@ -764,3 +764,19 @@ def test_an_attempt_in_flight_is_listed_and_written_when_it_ends(q):
     (ended,) = q.attempts(a.rollout_id)
     assert (ended["token"], ended["outcome"], ended["started_at"]) == \
         (a.token, "pass", live["started_at"])
+
+
+def test_a_lease_taken_by_an_older_queue_completes_after_the_upgrade(make_queue):
+    """Older databases: no leased_at/commit_idem columns, attempt rows written at lease."""
+    q = make_queue()
+    q.submit_batch("s", [("a", 1)], 1)
+    (a,) = q.lease_next("n1", 1)
+    q._db.execute("ALTER TABLE rollouts DROP COLUMN leased_at")
+    q._db.execute("ALTER TABLE rollouts DROP COLUMN commit_idem")
+    q._db.execute("INSERT INTO attempts (rollout_id, attempt, token, node, started_at) VALUES"
+                  " (?, ?, ?, ?, 5.0)", (a.rollout_id, a.attempt, a.token, "n1"))
+    q.close()
+    q = make_queue()
+    assert done(q, a, idem="k").committed and done(q, a, idem="k").duplicate
+    (att,) = q.attempts(a.rollout_id)
+    assert (att["token"], att["outcome"]) == (a.token, "pass")
