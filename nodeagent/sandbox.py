@@ -162,6 +162,13 @@ def host_problems(fuse_dev: str = "/dev/fuse", which: Callable[[str], str | None
     return out
 
 
+def cgroup_migration_is_fast(mounts: str = "/proc/mounts") -> bool:
+    """Whether the cgroup core favours dynamic changes (a global flag, set through any cgroup2
+    mount's `favordynmods` option): then joining a cgroup does not wait for an RCU grace period."""
+    with open(mounts) as f:
+        return any(ln.split()[2] == "cgroup2" and "favordynmods" in ln.split()[3].split(",") for ln in f)
+
+
 def _check_traversable(path: str) -> None:
     """The node holder runs as a subordinate uid: every ancestor of its state dir needs o+x."""
     cur = os.path.abspath(path)
@@ -306,6 +313,9 @@ class SandboxRuntime:
             raise SandboxError(f"node namespace holder died during start: {exc}; {err}") from None
         log.info("sandbox runtime up: subids=%s slots=%d overlay=%s %s", self.subids, self.slots,
                  self.overlay, report)
+        if report.mode == "cgroup-v1" and not cgroup_migration_is_fast():
+            log.warning("every sandbox create waits for an RCU grace period to join its v1 cgroups: "
+                        "remount a cgroup2 mount with favordynmods (`make setup` does)")
         return self
 
     def caps_report(self) -> dict:
@@ -313,7 +323,9 @@ class SandboxRuntime:
         r = self.cgroups.report
         return {"caps": dict(r.mechanism), "mode": r.mode, "cgroup_dirs": dict(r.dirs),
                 "swap_accounted": r.swap_accounted, "degraded": r.unenforceable(self.caps),
-                "overlay": self.overlay, "kernel": platform.release(), "seccomp": "libseccomp (EPERM)"}
+                "overlay": self.overlay, "kernel": platform.release(), "seccomp": "libseccomp (EPERM)",
+                "cgroup_migration": "fast (favordynmods)" if cgroup_migration_is_fast()
+                else "waits for an RCU grace period"}
 
     def _write_maps(self, pid: int) -> None:
         base, count = self.subids

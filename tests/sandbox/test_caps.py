@@ -67,3 +67,14 @@ def test_degrade_runs_on_rlimits_and_says_so(busybox_image):
             assert sb.cgroup_paths == {}
             r = sb.exec(["sh", "-c", "unshare -U true; echo rc=$?"])   # seccomp holds here too
             assert b"rc=0" not in r.stdout and b"Operation not permitted" in r.stderr
+
+
+def test_the_report_says_whether_joining_a_cgroup_waits_for_rcu(runtime, tmp_path):
+    from nodeagent.sandbox import cgroup_migration_is_fast
+    fast = tmp_path / "fast"
+    fast.write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime,favordynmods 0 0\n")
+    slow = tmp_path / "slow"
+    slow.write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n"
+                    "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n")
+    assert cgroup_migration_is_fast(str(fast)) and not cgroup_migration_is_fast(str(slow))
+    assert runtime.caps_report()["cgroup_migration"] in ("fast (favordynmods)", "waits for an RCU grace period")
