@@ -1,6 +1,7 @@
 """Thin ctypes wrappers over the Linux calls the sandbox needs and Python 3.11 lacks.
 
-unshare, setns, mount, umount2, pivot_root, sethostname, prctl, and bringing up `lo`.
+unshare, setns, mount, umount2, prctl (the node holder's and the Python builder's; the sandbox
+init is native: `nodeagent/native/sbxinit.c`).
 Every failure raises OSError with errno and the call's arguments in the message.
 This module only wraps system calls: no policy, no logging, no imports from Paddock.
 """
@@ -8,11 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import fcntl
 import os
-import platform
-import socket
-import struct
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -40,7 +37,6 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(platform.machine(), 155)
 # Resolve every function now: processes forked from an importer then use them without building
 # ctypes function objects of their own (fewer pages copied into each sandbox process).
 for _name in ("unshare", "setns", "mount", "umount2", "syscall", "sethostname", "prctl"):
@@ -72,26 +68,7 @@ def umount(target: str, flags: int = 0) -> None:
     _check(_libc.umount2(target.encode(), ctypes.c_int(flags)), f"umount2({target!r})")
 
 
-def pivot_root(new_root: str, put_old: str) -> None:
-    rc = _libc.syscall(ctypes.c_long(_SYS_PIVOT_ROOT), new_root.encode(), put_old.encode())
-    _check(rc, f"pivot_root({new_root!r}, {put_old!r})")
-
-
-def sethostname(name: str) -> None:
-    raw = name.encode()
-    _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), f"sethostname({name!r})")
-
-
 def prctl(option: int, arg2: int = 0) -> None:
     rc = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0),
                      ctypes.c_ulong(0), ctypes.c_ulong(0))
     _check(rc, f"prctl({option})")
-
-
-def loopback_up() -> None:
-    """Set IFF_UP on `lo` in the current network namespace (SIOCGIFFLAGS/SIOCSIFFLAGS)."""
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        req = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), siocgifflags, req))[1]
-        fcntl.ioctl(s.fileno(), siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))

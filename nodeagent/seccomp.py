@@ -1,4 +1,4 @@
-"""The sandbox's seccomp filter: built once with libseccomp, installed before each workload exec.
+"""The sandbox's seccomp filter: built once with libseccomp, installed by each sandbox's init.
 
 Why libseccomp (through ctypes on `libseccomp.so.2`, which apt itself depends on, so every
 Debian has it) rather than hand-written BPF: it resolves syscall names per architecture,
@@ -7,8 +7,9 @@ and orders comparisons correctly; hand-numbered tables are where filters go wron
 Python bindings (python3-seccomp) exist only for the system interpreter, not a venv.
 
 `build()` returns the raw BPF program (bytes of `struct sock_filter`), exported once in the
-node holder and wrapped once in a `Program`; `install(prog)` loads it with one
-`prctl(PR_SET_SECCOMP)` in a forked child, so no library call runs there. Denied calls fail with EPERM (clone3
+node holder into a memfd that every builder inherits; the native init
+(`nodeagent/native/sbxinit.c`) reads it and loads it with one `prctl(PR_SET_SECCOMP)`, so no
+library call runs in a sandbox. Denied calls fail with EPERM (clone3
 with ENOSYS, so the C library falls back to clone, whose namespace flags are checked); the
 default is allow. Calls from a foreign architecture kill the process.
 
@@ -47,7 +48,6 @@ IOCTL_DENIED = {"TIOCSTI": 0x5412, "TIOCLINUX": 0x541C}
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_EQ, SCMP_CMP_NE, SCMP_CMP_MASKED_EQ = 4, 1, 7
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 
 
 def _errno(e: int) -> int:
@@ -57,10 +57,6 @@ def _errno(e: int) -> int:
 class _ArgCmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
                 ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
 class SeccompError(Exception):
@@ -121,32 +117,3 @@ def build() -> bytes:
             os.close(fd)
     finally:
         lib.seccomp_release(ctx)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_prctl = _libc.prctl
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
-
-
-class Program:
-    """A filter ready to load: the `sock_fprog` is built once (in the node holder), so a forked
-    child only makes one call (no ctypes objects built, no pages of the parent's copied)."""
-
-    def __init__(self, prog: bytes):
-        self.raw = prog
-        self._buf = ctypes.create_string_buffer(prog, len(prog))
-        self._fprog = _SockFprog(len(prog) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
-        self._ptr = ctypes.addressof(self._fprog)
-
-    def __bool__(self) -> bool:
-        return bool(self.raw)
-
-
-def install(prog: "Program | bytes") -> None:
-    """Load `prog` into the calling thread (needs no_new_privs). Irreversible."""
-    if not isinstance(prog, Program):
-        prog = Program(prog)
-    rc = _prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog._ptr, 0, 0)
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")
