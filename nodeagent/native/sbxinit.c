@@ -1,20 +1,28 @@
-/* paddock-sbxinit: PID 1 of one sandbox, native (no interpreter in any per-sandbox process).
+/* paddock-sbxinit: one sandbox's builder and its PID 1, native (no interpreter in any
+ * per-sandbox process). Two roles:
  *
- * Spawned by the sandbox's builder (nodeagent/sbxinit.py) inside the sandbox's fresh PID,
- * network, IPC and UTS namespaces once the writable root is built. In order, it:
- *   1. closes every fd but its socket, the seccomp program and the egress socket; brings up lo;
- *      unshares a mount namespace, mounts /proc in the root (sensitive paths masked, hidden or
- *      read-only, as OCI runtimes do) and pivots into the root;
- *   2. unshares a child user namespace and says "unshared"; the builder writes its uid/gid
- *      maps (a disjoint id slice) and answers "mapped";
- *   3. becomes root of that namespace; unshares cgroup and UTS namespaces, sets the hostname,
- *      no_new_privs, non-dumpable, the rlimits it was given, the seccomp filter (raw BPF,
- *      exported once by the node holder), starts the egress relay if asked, and says "ready"
- *      with its own mount namespace (an fd, for the node holder to hold);
- *   4. runs one command per request until its socket closes: fork, setsid, stdio pipes, the
+ * builder (`paddock-sbxinit builder --sock N --agent-fd A --bpf-fd M`): spawned ahead by the
+ * node holder (nodeagent/zygote.py), holding nothing of any sandbox. It reads one create
+ * request from the agent, then: unshares a mount namespace; forks a helper that makes the
+ * sandbox's user namespace; unshares PID, IPC and UTS namespaces and forks the init; mounts the
+ * root (a capped tmpfs, the overlay over the image with paths relative to the sandbox dir,
+ * /dev, /dev/shm); maps the user namespace onto the sandbox's id slice; moves the init into
+ * the cgroups the agent sent; gives the init its root and user namespace and waits for
+ * "ready"; reports to the holder (mount namespaces as fds) and to the agent (the init's socket
+ * and pidfd); exits. A failure is reported to the agent with the call and errno text.
+ *
+ * init (forked by the builder; or spawned by the Python builder of the fuse-overlayfs path as
+ * `paddock-sbxinit --mon N --bpf-fd M --root DIR ...`, which maps it after "unshared"):
+ *   1. keeps only its socket, the seccomp program and the egress socket; makes its network
+ *      namespace and brings up lo; unshares a mount namespace, mounts /proc in the root
+ *      (sensitive paths masked, hidden or read-only, as OCI runtimes do), pivots into it;
+ *   2. enters its user namespace; unshares cgroup and UTS namespaces, sets the hostname,
+ *      no_new_privs, non-dumpable, the rlimits it was given and the seccomp filter (raw BPF,
+ *      exported once by the holder), starts the egress relay if asked, and says "ready"
+ *      with its own mount namespace (an fd, for the holder to hold);
+ *   3. runs one command per request until its socket closes: vfork, setsid, stdio pipes, the
  *      OOM killer's first choice, cwd, uid, execve; output capped; past the deadline every
  *      other process of the sandbox is killed (kill(-1) from PID 1).
- * A failed setup call is reported as "failed" with the call and errno text, then exit 1.
  * Wire format (nodeagent/framing.py): a frame is a u32 big-endian length and records, each a
  * u8 tag, a u32 big-endian length and that many bytes.
  */
