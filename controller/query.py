@@ -65,15 +65,16 @@ class RunNotFound(QueryError):
 
 # -- views ----------------------------------------------------------------------------------
 
-def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with committed-only views over one run (or a runs/ dir).
+def connect(run_dir: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with committed-only views over one run (or a runs/ dir).
 
     Views: one per table in SCHEMAS (rollouts, steps, checks, spans, egress), `catalog`,
     `infra_attempts` (every infra_error attempt, committed or not, with its reason) and
     `bad_shards` (files skipped because they are truncated or have the wrong schema).
+    `database`: in memory (default), or a new DuckDB file that keeps the views (`export`).
     """
     runs = _run_dirs(Path(run_dir))
-    con = duckdb.connect(":memory:")
+    con = duckdb.connect(database)
     try:
         con.execute("SET TimeZone = 'UTC'")
     except duckdb.Error:  # ICU missing: timestamps still read correctly, shown in local time
@@ -87,7 +88,7 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
             _create_table_view(con, table, schema, runs, moved, bad, trusted)
         _create_infra_view(con, runs, moved, trusted)
         _create_span_summary_views(con, runs, moved, trusted)
-        con.register("_bad_shards", pa.table({"file": [b[0] for b in bad],
+        _table(con, "_bad_shards", pa.table({"file": [b[0] for b in bad],
                                                "error": [b[1] for b in bad]},
                                               schema=pa.schema([("file", pa.string()),
                                                                 ("error", pa.string())])))
@@ -97,6 +98,34 @@ def connect(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
             from None
     return con
+
+
+def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
+    """Make an Arrow table visible as `name`: registered in memory, or stored in a file
+    database (a registration would not outlive the connection)."""
+    if con.execute("SELECT current_database() = 'memory'").fetchall()[0][0]:
+        con.register(name, data)
+    else:
+        con.register("_arrow_in", data)
+        con.execute(f'CREATE OR REPLACE TABLE "{name}" AS SELECT * FROM _arrow_in')
+        con.unregister("_arrow_in")
+
+
+def export(run_dir: str | Path, path: str | Path) -> Path:
+    """Write a DuckDB database file holding the views of `connect(run_dir)`, for analysts'
+    own DuckDB (CLI, notebooks): `duckdb FILE`, then `SELECT ... FROM rollouts`. The views name
+    the run's shard files as of now (absolute paths): export again to see later rollouts.
+    Written under a temporary name and renamed, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        connect(run_dir, database=str(tmp)).close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
+    return path
 
 
 def bad_shards(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -206,7 +235,7 @@ def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved
     files = [f for f in _parquet_files(runs, CATALOG_DIR) if Path(f).name.startswith("commit-")]
     files, complete = _valid_files(files, CATALOG_SCHEMA, bad, CATALOG_KEYS)
     empty = CATALOG_SCHEMA.empty_table().append_column("filename", pa.array([], pa.string()))
-    con.register("_empty_catalog", empty)
+    _table(con, "_empty_catalog", empty)
     if files:
         source = f"read_parquet({_sql_list(files)}, union_by_name = true, filename = true)"
         if not complete:
@@ -224,7 +253,7 @@ def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved
             for r in pq.read_table(rec, columns=["source", "target"]).to_pylist():
                 if str(run / r["source"]) in moved:
                     moves.append((str(run), r["source"], r["target"]))
-    con.register("_moves", pa.table({"run": [m[0] for m in moves],
+    _table(con, "_moves", pa.table({"run": [m[0] for m in moves],
                                      "source": [m[1] for m in moves],
                                      "target": [m[2] for m in moves]},
                                     schema=pa.schema([("run", pa.string()), ("source", pa.string()),
@@ -284,7 +313,7 @@ def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Sc
     files = [f for f in _parquet_files(runs, table) if f not in moved]
     files, _ = _valid_files(files, schema, bad)
     files = [f for f in files if f not in exclude]
-    con.register(f"_empty_{table}", schema.empty_table())
+    _table(con, f"_empty_{table}", schema.empty_table())
     if not files:
         con.execute(f"CREATE VIEW {view} AS SELECT * FROM _empty_{table}")
         return None
@@ -325,7 +354,7 @@ def _create_span_summary_views(con: duckdb.DuckDBPyConnection, runs: list[Path],
             if summary.is_file():
                 covered.add(f)
                 summaries.append(str(summary))
-    con.register("_span_summaries", pa.table({"path": pa.array(summaries, pa.string())}))
+    _table(con, "_span_summaries", pa.table({"path": pa.array(summaries, pa.string())}))
     _create_table_view(con, "spans", SCHEMAS["spans"], runs, moved, [], trusted,
                        view="_spans_rest", exclude=covered)
 
@@ -555,7 +584,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="DIR", default=None,
                    help="run directory (or a directory of runs); default: newest under ./runs")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
-    p.add_argument("sql", help="the SQL query")
+    p.add_argument("--export", metavar="FILE.duckdb",
+                   help="instead of a query: write a DuckDB database with the same views (open it "
+                        "with your own DuckDB: `duckdb FILE`); a snapshot of the run's files")
+    p.add_argument("sql", nargs="?", help="the SQL query")
     p.set_defaults(func=cmd_query)
     c = subparsers.add_parser(
         "compact", help="merge a run's small committed shards (no row lost or duplicated)")
@@ -593,6 +625,14 @@ def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
     err = sys.stderr if err is None else err
     try:
         run_dir = Path(args.run) if args.run else newest_run()
+        if getattr(args, "export", None):
+            if args.sql:
+                raise QueryError("give either SQL or --export FILE, not both")
+            print(f"wrote {export(run_dir, args.export)} (views of {run_dir}); open it with DuckDB, "
+                  f"e.g. duckdb.connect({str(args.export)!r}, read_only=True)", file=out or sys.stdout)
+            return 0
+        if not args.sql:
+            raise QueryError("give the SQL query (or --export FILE)")
         con = connect(run_dir)
         for file, error in bad_shards(con):
             print(f"paddock query: warning: skipped {file}: {error}", file=err)

@@ -109,3 +109,19 @@ def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
     bank.put_set(TaskSet(name="elsewhere", tasks=(replace(tasks[0], image="sha256:" + "0" * 64),)))
     with pytest.raises(ConfigError, match="image sha256:0000.* is not in the image store"):
         run_local(RunConfig(taskset="elsewhere", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+
+
+def test_an_exported_database_opens_in_plain_duckdb_with_the_same_views(run_dir, tmp_path):
+    import subprocess
+    import sys
+    from controller.cli import build_parser
+    out = tmp_path / "run.duckdb"
+    args = build_parser().parse_args(["query", "--run", str(run_dir), "--export", str(out)])
+    assert args.func(args) == 0
+    sql = ("SELECT count(*), count(DISTINCT rollout_id), (SELECT count(*) FROM steps), "
+           "(SELECT count(*) FROM bad_shards) FROM rollouts")
+    want = list(connect(run_dir).execute(sql).fetchone())
+    code = f"import duckdb, json; print(json.dumps(list(duckdb.connect({str(out)!r}, read_only=True).execute({sql!r}).fetchone())))"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(got) == want and want[0] == 32
+    assert not list(tmp_path.glob(".*tmp*"))
