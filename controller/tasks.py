@@ -17,6 +17,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -158,6 +159,10 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
     if not task.instruction.strip():
         raise TaskError(f"{where}: 'instruction' is empty")
+    if not isinstance(task.image, str) or not (task.image == "builtin:python"
+                                               or re.fullmatch(r"sha256:[0-9a-f]{64}", task.image)):
+        raise TaskError(f"{where}: 'image' must be 'builtin:python' or 'sha256:<64 hex digits>' of an image "
+                        f"built with `paddock image build`, got {task.image!r}")
     for key in ("files", "hidden"):
         for path, text in getattr(task, key).items():
             if not _safe_relpath(path):

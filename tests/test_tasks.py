@@ -180,3 +180,12 @@ def test_declared_budgets_are_the_ones_the_harness_enforces():
     from controller.tasks import Budgets as Declared
     from nodeagent.harness import Budgets as Enforced
     assert Enforced is Declared
+
+
+@pytest.mark.parametrize("image", ["ubuntu:22.04", "sha256:abc", "", "builtin:rust"])
+def test_an_image_reference_that_no_store_can_hold_is_refused_by_name(image):
+    base = dict(name="t", family="math", instruction="1+1?", hidden={"answer.txt": "2"},
+                checker={"kind": "math", "answer": "2"})
+    with pytest.raises(TaskError, match=r"task 't': 'image' must be 'builtin:python' or 'sha256:<64 hex"):
+        Task(**base, image=image)
+    assert Task(**base, image="sha256:" + "a" * 64).image.startswith("sha256:")
