@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ class NodeView:
     drain_requested: bool = False  # by a client (drain_node), not by the agent itself
     drain_deadline_s: Optional[float] = None
     batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
+    sent_at: float = -1e18  # monotonic: when the controller last sent it anything
 
     def free(self) -> int:
         if self.state != LIVE:
@@ -167,6 +169,12 @@ class BrokerCore:
         batch; acks and leases commute)."""
         out, self.outbox = self._coalesce(self.outbox), []
         self.counters["frames_out"] += len(out)
+        if out:  # any frame is a heartbeat: a node sent something now needs none for a while
+            now, names, nodes = self.clock(), self.by_identity, self.nodes
+            for identity, _ in out:
+                name = names.get(identity)
+                if name is not None:
+                    nodes[name].sent_at = now
         return out
 
     def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
@@ -427,15 +435,22 @@ class BrokerCore:
             self._last_sweep = now
             self._sweep(now)
         self.dispatch()
-        if now - self._last_hb >= self.hb_s or now < self._last_hb:
+        if now - self._last_hb >= self.hb_s / 4 or now < self._last_hb:
             self._last_hb = now
-            for n in self.nodes.values():
-                if n.state != LOST:
-                    self._send(n.identity, P.Heartbeat())
+            self._heartbeat_idle(now)
         if self.watchers and (self._commits or any(d <= now for _, _, d in self.watchers)):
             self._commits = 0
             self.watchers = [(i, w, d) for i, w, d in self.watchers
                              if not self._answer_watch(i, w, final=d <= now)]
+
+    def _heartbeat_idle(self, now: float) -> None:
+        """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
+        spread over the interval (nodes that registered together are not all woken at once)
+        and none to a node that is being sent work anyway."""
+        for n in self.nodes.values():
+            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node)
+                                    or now < n.sent_at):
+                self._send(n.identity, P.Heartbeat())
 
     def dispatch(self) -> int:
         free = {n.node: n.free() for n in self.nodes.values()}
@@ -524,6 +539,12 @@ class BrokerCore:
         counters["watchers"] = len(self.watchers)
         return {"session": self.session, "time": self.wall(), "counts": self.queue.counts(),
                 "nodes": nodes, "counters": counters}
+
+
+def _phase(node: str) -> float:
+    """A node's heartbeat spacing as a fraction of the interval, in [0.5, 1): fixed per name
+    (deterministic for the simulation), different across names."""
+    return 0.5 + (zlib.crc32(node.encode()) % 1024) / 2048
 
 
 _AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch,

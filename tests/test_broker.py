@@ -195,6 +195,27 @@ def test_heartbeats_renew_the_leases_of_the_node(h):
     assert of_type(h.send("n1", result(lease)), P.Ack)[0].ok
 
 
+def test_controller_heartbeats_go_to_idle_nodes_spread_over_the_interval(h):
+    nodes = [f"n{i}" for i in range(8)]
+    for n in nodes:
+        h.register(n, 1)
+    sent: dict[str, list[float]] = {n: [] for n in nodes}
+    for _ in range(40):  # 4 s in steps of 0.1 s; n0 is sent something every step
+        h.clock.advance(0.1)
+        out = h.send("n0", P.Heartbeat(node="n0", slots_free=1, active=0, health={}))
+        out += h.send("client", P.Status())
+        h.core._send(b"n0", P.Ack(ref="x", ok=True))
+        out += h.core.take_outbox()
+        for peer, m in out:
+            if isinstance(m, P.Heartbeat) and peer.decode() in sent:
+                sent[peer.decode()].append(h.clock.now)
+    assert sent["n0"] == [], "a node sent frames anyway needs no heartbeat"
+    for n in nodes[1:]:
+        gaps = [b - a for a, b in zip(sent[n], sent[n][1:])]
+        assert len(sent[n]) >= 3 and all(0.45 <= g <= 1.0 * 1.25 + 0.11 for g in gaps), (n, gaps)
+    assert len({round(sent[n][0], 1) for n in nodes[1:]}) > 1, "not all at the same instant"
+
+
 def test_re_registration_keeps_the_leases_the_agent_still_holds_and_releases_the_rest(h):
     h.register("n1", 3)
     h.submit(n=3)
