@@ -481,7 +481,7 @@ class RolloutQueue:
         with self._tx():
             now = self.clock()
             sql = (f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
-                   f" AND state IN ({_qs(HELD)})")
+                   f" AND {_any_of('state', HELD)}")
             args = [now + self.config.lease_ttl_s, now, node, *HELD]
             if rollout_ids is not None:
                 if not rollout_ids:
@@ -765,14 +765,20 @@ class RolloutQueue:
         return None if r is None else Policy(**dict(r))
 
 
+def _any_of(column: str, values: Sequence[Any]) -> str:
+    """`(column = ? OR ...)`: a filter on a row found by another index. (`column IN (?, ...)`
+    would make SQLite build an ephemeral b-tree of the list on every execution.)"""
+    return "(" + " OR ".join(f"{column} = ?" for _ in values) + ")"
+
+
 _LIVE = tuple(s for s in STATES if s not in TERMINAL)
 _LIVE_COUNTS_SQL = (f"SELECT state, COUNT(*) FROM rollouts WHERE state IN"
                     f" ({', '.join('?' for _ in _LIVE)}) GROUP BY state")
 _LEASE_CHUNK = 500  # (rollout, token, node) triples per UPDATE of lease_to
 _COMMIT_HELD_SQL = (
     f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?, lease_deadline = NULL,"
-    f" commit_seq = ?, updated_at = ?, commit_idem = ? WHERE rollout_id = ? AND attempt = ? AND token = ? AND"
-    f" state IN ({', '.join('?' for _ in HELD)})")
+    f" commit_seq = ?, updated_at = ?, commit_idem = ? WHERE rollout_id = ? AND attempt = ? AND"
+    f" token = ? AND {_any_of('state', HELD)}")
 _IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
                      f" AND commit_idem = ? AND state = '{COMMITTED}'")
 # An attempt's row, written when it ends (a database from before that wrote it at lease
