@@ -8,7 +8,10 @@ slot count is the same for every agent count) and a trainer client in this proce
               committed rollouts per second
   latency     closed loop, `--latency-n` times: submit one rollout, wait for its commit:
               p50 / p99 of submit -> committed (the whole path: client, queue, dispatch,
-              agent, result, commit, watch)
+              agent, result, commit, watch). Every farm stays up after its throughput runs
+              and the probes go round the farms in turn (1, 8, 64, 8, 64, 1, ...), so each
+              agent count is measured under the same background load of this shared machine
+              (the idle farms' heartbeats included); the p99 ratio compares like with like.
 The co-located agents send heartbeats without health sampling (it reads all of /proc; 64
 agents on 2 cores would measure that, not dispatch).
 Slurm, on the in-test cluster (3 nodes): the same work with fewer items
@@ -146,27 +149,34 @@ class Farm:
 
 
 def bench_paddock(args, tmp: Path) -> dict[int, dict]:
-    out = {}
-    for agents in args.agents:
-        farm = Farm(tmp / f"paddock-{agents}", agents, args.slots, args.agent_procs,
-                    args.profile_controller)
-        try:
+    out, farms = {}, {}
+    try:
+        for agents in args.agents:
+            farm = farms[agents] = Farm(tmp / f"paddock-{agents}", agents, args.slots,
+                                        args.agent_procs, args.profile_controller)
             farm.throughput(min(1000, args.rollouts))  # warm up
             before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
             rates = [farm.throughput(args.rollouts) for _ in range(args.repeats)]
             after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
             used = [(b - a) / (args.rollouts * args.repeats) for a, b in zip(before, after)]
-            lat = farm.latency(args.latency_n)
-        finally:
+            out[agents] = {"rate": statistics.median(rates), "rates": rates}
+            print(f"paddock  {agents:3d} agents x {max(args.slots // agents, 1):2d} slots: "
+                  f"{out[agents]['rate']:9.0f} rollouts/s (runs "
+                  f"{', '.join(f'{r:.0f}' for r in rates)})\n         cpu per rollout: "
+                  f"controller {used[0] * 1e6:.0f} us, agents {sum(used[1:-1]) * 1e6:.0f} us, "
+                  f"client {used[-1] * 1e6:.0f} us", flush=True)
+        lat: dict[int, list[float]] = {a: [] for a in farms}
+        order = list(farms)
+        for i in range(args.latency_n):  # one probe per farm per round, the order rotating
+            for agents in order[i % len(order):] + order[:i % len(order)]:
+                lat[agents] += farms[agents].latency(1)
+    finally:
+        for farm in farms.values():
             farm.stop()
-        out[agents] = {"rate": statistics.median(rates), "rates": rates,
-                       "p50": pct(lat, 0.5), "p99": pct(lat, 0.99)}
-        cpu = (f"cpu per rollout: controller {used[0] * 1e6:.0f} us, agents "
-               f"{sum(used[1:-1]) * 1e6:.0f} us, client {used[-1] * 1e6:.0f} us")
-        print(f"paddock  {agents:3d} agents x {max(args.slots // agents, 1):2d} slots: "
-              f"{out[agents]['rate']:9.0f} rollouts/s (runs {', '.join(f'{r:.0f}' for r in rates)})"
-              f"  submit->commit p50 {ms(out[agents]['p50'])}  p99 {ms(out[agents]['p99'])}\n"
-              f"         {cpu}", flush=True)
+    for agents, xs in lat.items():
+        out[agents].update(p50=pct(xs, 0.5), p99=pct(xs, 0.99))
+        print(f"paddock  {agents:3d} agents: submit->commit p50 {ms(out[agents]['p50'])}  "
+              f"p99 {ms(out[agents]['p99'])}  ({len(xs)} probes, interleaved)", flush=True)
     return out
 
 
