@@ -132,8 +132,27 @@ class BrokerCore:
             msg = P.decode(data, self.deployment)
         except P.RemoteProtocolError as exc:
             self.drop(exc.reason, f"from {identity[:32]!r}: {exc}")
+            if exc.reason == P.WRONG_VERSION:
+                self._refuse_other_version(identity, data)
             return
         self.handle(identity, msg)
+
+    def _refuse_other_version(self, identity: bytes, data: bytes) -> None:
+        """A `register` of another protocol version: told so (in the frame layout every
+        version reads), so the agent stops instead of retrying forever."""
+        peeked = P.peek(data)
+        if peeked is None or peeked[1] != self.deployment or peeked[2] != P.Register.TYPE:
+            return
+        self._refuse_agent(identity, "protocol_version",
+                           f"the controller speaks protocol version(s) {list(P.PROTOCOL_VERSIONS)}"
+                           f", the agent sent {peeked[0]!r}")
+
+    def _refuse_agent(self, identity: bytes, reason: str, detail: str) -> None:
+        self.counters[f"refused_agents_{reason}"] += 1
+        log.warning("refused agent %r: %s", identity[:32], detail)
+        self._send(identity, P.Refused(
+            reason=reason, detail=detail, protocol_versions=list(P.PROTOCOL_VERSIONS),
+            min_agent_version=".".join(map(str, P.MIN_AGENT_VERSION))))
 
     def drop(self, reason: str, detail: str = "") -> None:
         self.dropped[reason] += 1
@@ -219,6 +238,10 @@ class BrokerCore:
     # ---- node agents ----------------------------------------------------------------------
 
     def _on_register(self, identity, msg: P.Register, _view) -> None:
+        if not P.agent_version_ok(msg.agent_version):
+            return self._refuse_agent(identity, "agent_version", (
+                f"agent version {msg.agent_version!r} is not one the controller takes (at "
+                f"least {'.'.join(map(str, P.MIN_AGENT_VERSION))}, dotted integers)"))
         held = set(self.queue.leases_of(msg.node))
         keep = held & set(msg.held)
         released = self.queue.release_node(msg.node, "agent registered without them",

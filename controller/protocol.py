@@ -210,6 +210,22 @@ class Welcome(Message):
     id: str = _id_field()
 
 
+RefusalReason = Literal["protocol_version", "agent_version"]
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """Controller -> agent, the answer to a `register` it cannot accept: the agent logs
+    `detail` and exits. Its frame layout is the same in every protocol version (an agent of
+    another version reads it with `refusal()`)."""
+    TYPE: ClassVar[str] = "refused"
+    reason: RefusalReason
+    detail: str
+    protocol_versions: list[int]  # the envelope versions this controller speaks
+    min_agent_version: str  # the oldest agent_version it takes
+    id: str = _id_field()
+
+
 @dataclass(frozen=True)
 class PolicyRef:
     version: int
@@ -369,6 +385,46 @@ MAX_BATCH_ITEMS = 256  # per frame; a batch frame over MAX_FRAME_BYTES is split 
 MAX_ACKS = 4 * MAX_BATCH_ITEMS  # acknowledged ids per frame
 
 
+MIN_AGENT_VERSION = (0, 1)  # the oldest agent_version the controller takes at `register`
+PROTOCOL_VERSIONS = (PROTOCOL_VERSION,)  # envelope versions this side speaks
+
+
+def agent_version_ok(agent_version: str) -> bool:
+    """Whether the controller takes an agent of this version (dotted integers, at least
+    MIN_AGENT_VERSION)."""
+    try:
+        return tuple(int(x) for x in agent_version.split(".")[:2]) >= MIN_AGENT_VERSION
+    except ValueError:
+        return False
+
+
+def peek(data: bytes) -> Optional[tuple[Any, Any, Any]]:
+    """(v, dep, type) of a frame that is a JSON object, whatever its version; else None.
+    For the one decision taken on a frame of another version (answering its `register`)."""
+    try:
+        frame = _DECODER.decode(data.decode("utf-8")) if len(data) <= MAX_FRAME_BYTES else None
+    except ValueError:
+        return None
+    if not isinstance(frame, dict):
+        return None
+    return frame.get("v"), frame.get("dep"), frame.get("type")
+
+
+def refusal(data: bytes, deployment: str) -> Optional[str]:
+    """The detail of a `refused` frame of ANY protocol version for this deployment (the
+    layout that never changes: {"type": "refused", "dep": ..., "body": {"detail": str}});
+    None for any other frame."""
+    try:
+        frame = _DECODER.decode(data.decode("utf-8")) if len(data) <= MAX_FRAME_BYTES else None
+    except ValueError:
+        return None
+    if not (isinstance(frame, dict) and frame.get("type") == Refused.TYPE
+            and frame.get("dep") == deployment and isinstance(frame.get("body"), dict)):
+        return None
+    detail = frame["body"].get("detail")
+    return detail if isinstance(detail, str) else "refused (no detail)"
+
+
 def speaks_batches(agent_version: str) -> bool:
     """Whether an agent of this version takes `leases` and `acks` frames."""
     try:
@@ -480,7 +536,7 @@ def split(msg: Message) -> list[Message]:
 # The one table: wire type name <-> class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Register, Heartbeat, Ready, Started, Result, Release, Disconnect,
-    Welcome, Lease, Ack, Reject, Drain, Shutdown,
+    Welcome, Refused, Lease, Ack, Reject, Drain, Shutdown,
     Submit, Submitted, PublishPolicy, Watch, Results, Cancel, Cancelled, DrainNode,
     Status, StatusReply, LeaseBatch, ResultBatch, AckBatch,
 )}

@@ -39,6 +39,7 @@ from nodeagent.rollout import Attempt, AttemptResult, run_attempt
 
 log = logging.getLogger("nodeagent")
 AGENT_VERSION = "0.3.0"  # >= protocol.BATCH_AGENT_VERSION: takes `leases` and `acks`
+EXIT_REFUSED = 3  # the controller refused this agent at registration (its version)
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 
 Runner = Callable[[Attempt], AttemptResult]
@@ -87,6 +88,7 @@ class NodeAgent:
         self.completed = 0
         self.infra_errors = 0
         self.registrations = 0
+        self.refused: Optional[str] = None  # why the controller refused this agent
         self.ctx = zmq.Context.instance()
         self.sock: Optional[zmq.Socket] = None
         # A worker finished: wake the loop at once. File objects, never closed by hand: a
@@ -193,6 +195,11 @@ class NodeAgent:
                     try:
                         msg = P.decode(data, self.deployment)
                     except P.ProtocolError as exc:
+                        refused = P.refusal(data, self.deployment) \
+                            if exc.reason == P.WRONG_VERSION else None
+                        if refused is not None:  # a controller of another protocol version
+                            self._refused(refused)
+                            break
                         self.bad_frames += 1
                         log.warning("dropped a malformed frame from the controller: %s", exc)
                         continue
@@ -219,7 +226,7 @@ class NodeAgent:
             timeout_ms = self._poll_timeout_ms(now, min(last_hb + self.hb_s, silent_by))
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.sock.close(linger=100)
-        return 0
+        return EXIT_REFUSED if self.refused is not None else 0
 
     def _poll_timeout_ms(self, now: float, next_due: float) -> int:
         """How long the loop may sleep: until the first of `next_due`, the next `started`
@@ -296,7 +303,18 @@ class NodeAgent:
         elif isinstance(msg, P.Shutdown):
             log.info("shutdown: %s", msg.reason)
             self.stopped = True
+        elif isinstance(msg, P.Refused):
+            self._refused(f"{msg.detail} (controller speaks protocol {msg.protocol_versions}, "
+                          f"agents from version {msg.min_agent_version})")
         # a controller heartbeat only proves the controller is alive
+
+    def _refused(self, detail: str) -> None:
+        """The controller will not take this agent (its version): say why and stop; run()
+        returns EXIT_REFUSED."""
+        log.error("the controller at %s refused this agent (version %s, protocol %d): %s",
+                  self.endpoint, AGENT_VERSION, P.PROTOCOL_VERSION, detail)
+        self.refused = detail
+        self.stopped = True
 
     def _on_lease(self, msg: P.Lease) -> None:
         a = self.active.get(msg.rollout_id)

@@ -71,7 +71,7 @@ class Harness:
 
     def register(self, node: str, slots: int, images=(), held=()) -> list:
         out = self.send(node, P.Register(node=node, slots=slots, images=list(images),
-                                         mem_free_mb=1, agent_version="t", held=list(held)))
+                                         mem_free_mb=1, agent_version="0.2.0", held=list(held)))
         return out + self.send(node, P.Ready(node=node, credit=slots))
 
     def submit(self, tasks=("t1",), n=1, policy=1) -> str:
@@ -637,3 +637,37 @@ def test_a_worker_waking_the_agent_during_its_read_is_not_lost(tmp_path):
     assert not agent._woken or real.read(4096), "flag set with no byte: the loop sleeps on"
     agent._wake()
     assert agent._woken and real.read(4096) == b"!", "the next result wakes the loop"
+
+
+# ---- versions ----------------------------------------------------------------------------
+
+def test_an_agent_version_the_controller_does_not_take_is_refused_at_registration(h):
+    out = h.send("n1", P.Register(node="n1", slots=2, images=[], mem_free_mb=1,
+                                  agent_version="0.0.9"))
+    (refused,) = of_type(out, P.Refused)
+    assert refused.reason == "agent_version" and "0.0.9" in refused.detail
+    assert "n1" not in h.core.nodes and h.core.counters["refused_agents_agent_version"] == 1
+
+
+def test_a_register_of_another_protocol_version_gets_a_refusal_every_version_reads(h):
+    reg = json.loads(P.encode(P.Register(node="n2", slots=2, images=[], mem_free_mb=1,
+                                         agent_version="9.0"), DEP))
+    out = h.frame(b"n2", json.dumps({**reg, "v": 2}).encode())
+    (peer, refused), = out
+    assert peer == b"n2" and refused.reason == "protocol_version" and "2" in refused.detail
+    assert h.core.dropped[P.WRONG_VERSION] == 1 and "n2" not in h.core.nodes
+    frame = json.loads(P.encode(refused, DEP))
+    frame["v"] = 7  # what an agent of another protocol version still reads
+    assert P.refusal(json.dumps(frame).encode(), DEP) == refused.detail
+    garbage = h.frame(b"n3", json.dumps({**reg, "v": 2, "type": "heartbeat"}).encode())
+    assert garbage == [], "only a register is answered; other frames are just dropped"
+
+
+def test_a_refused_agent_logs_why_and_exits(farm, monkeypatch, caplog):
+    import nodeagent.agent as agent_mod
+    monkeypatch.setattr(agent_mod, "AGENT_VERSION", "0.0.1")
+    a = NodeAgent("old", farm.endpoint, DEP, 1, runner=noop_runner(), heartbeat_interval_s=0.2)
+    with caplog.at_level("ERROR", logger="nodeagent"):
+        assert a.run() == agent_mod.EXIT_REFUSED
+    assert "0.0.1" in a.refused and "refused this agent" in caplog.text
+    assert farm.ctl.core.counters["refused_agents_agent_version"] == 1

@@ -51,6 +51,8 @@ SAMPLES: list[p.Message] = [
     p.Cancel(idem="c1", batch_id="b000001"),
     p.Cancelled(batch_id="b000001", rollouts=5),
     p.DrainNode(node="n1", deadline_s=None),
+    p.Refused(reason="agent_version", detail="agent version '0.0.1' is too old",
+              protocol_versions=[1], min_agent_version="0.1"),
 ]
 SAMPLES += [
     p.LeaseBatch(items=[m for m in SAMPLES if isinstance(m, p.Lease)] * 2),

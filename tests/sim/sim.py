@@ -102,9 +102,9 @@ class Running:
 class SimAgent:
     """A node agent: the rules of nodeagent/agent.py on the simulated network."""
 
-    def __init__(self, world: "World", node: str, slots: int, version: str = "sim"):
+    def __init__(self, world: "World", node: str, slots: int, version: str = "0.2.0"):
         self.w, self.node, self.slots = world, node, slots
-        self.version = version  # "0.3.0" takes batches (protocol.speaks_batches), "sim" not
+        self.version = version  # "0.3.0" takes batches (protocol.speaks_batches), "0.2.0" not
         self.ident = node.encode()
         self.up = True
         self.restart_at = 0.0
@@ -308,7 +308,7 @@ class World:
         self.controller_up_at = 0.0
         self.start_controller()
         self.agents = [SimAgent(self, f"n{i}", self.rng.randint(1, 3),
-                                self.rng.choice(["sim", "0.3.0"]))
+                                self.rng.choice(["0.2.0", "0.3.0"]))
                        for i in range(self.rng.randint(2, 4))]
         batches = [([self.rng.choice(list(TASKS)) for _ in range(self.rng.randint(1, 2))],
                     self.rng.randint(1, 4)) for _ in range(self.rng.randint(2, 3))]
