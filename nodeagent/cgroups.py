@@ -91,8 +91,12 @@ def _starttime(pid: int) -> str | None:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    """One write of `value` (cgroupfs takes a value per write; no buffered file object)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
 
 
 class CgroupManager:
@@ -197,8 +201,7 @@ class CgroupManager:
                 _write(f"{d}/memory.memsw.limit_in_bytes", str(mem))   # memory + swap: no swap
         elif ctrl == "pids" and pids:
             _write(f"{d}/pids.max", str(pids))
-        elif ctrl == "cpu" and cpu:
-            _write(f"{d}/cpu.cfs_period_us", str(CPU_PERIOD_US))
+        elif ctrl == "cpu" and cpu:   # the period is the kernel's default (100 ms) in a new cgroup
             _write(f"{d}/cpu.cfs_quota_us", str(int(cpu * CPU_PERIOD_US)))
 
     def stat(self, sid: str) -> dict:
