@@ -197,6 +197,8 @@ class BrokerCore:
         return out
 
     def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
+        if not outbox:
+            return outbox
         batching = {n.identity for n in self.nodes.values() if n.batches and n.state != LOST}
         if not batching:
             return outbox

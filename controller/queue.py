@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import sqlite3
 import time
@@ -214,6 +215,7 @@ class RolloutQueue:
             self._db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
         self._depth = 0
         self._terminal_delta: Counter = Counter()  # entered in the open transaction
+        self._idle_until = -math.inf  # due() is empty before this (see due)
         self._terminal: Counter = Counter({s: n for s, n in self._db.execute(
             f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({_qs(TERMINAL)})"
             f" GROUP BY state", TERMINAL)})
@@ -249,6 +251,7 @@ class RolloutQueue:
         except BaseException:
             self._depth = 0
             self._terminal_delta.clear()
+            self._idle_until = -math.inf  # what due() learnt inside may be rolled back
             self._db.execute("ROLLBACK")
             raise
         self._depth = 0
@@ -285,6 +288,8 @@ class RolloutQueue:
         check_transition(row["rollout_id"], row["state"], new)
         if new in TERMINAL:
             self._terminal_delta[new] += 1
+        elif new in LEASABLE:
+            self._idle_until = -math.inf  # due() must look again
         cols.update(state=new, updated_at=now)
         sets = ", ".join(f"{k} = ?" for k in cols)
         cur = self._db.execute(f"UPDATE rollouts SET {sets} WHERE rollout_id = ? AND state = ?",
@@ -328,6 +333,7 @@ class RolloutQueue:
                 raise ValueError(f"batch of {n} rollouts exceeds queue.max_batch_rollouts="
                                  f"{self.config.max_batch_rollouts}")
             now = self.clock()
+            self._idle_until = -math.inf  # due() must look again
             batch_id = f"b{self._next('batch_seq'):06d}"
             self._db.execute("INSERT INTO batches VALUES (?, ?, ?, ?, 0)",
                              (batch_id, idem, n, now))
@@ -389,13 +395,23 @@ class RolloutQueue:
         return self.lease_to([(d.rollout_id, node) for d in self.due(n)])
 
     def due(self, limit: int) -> list[Due]:
-        """Up to `limit` rollouts that may be leased now, oldest submission first (read only)."""
-        if limit <= 0:
+        """Up to `limit` rollouts that may be leased now, oldest submission first (read only).
+
+        When none is due, the earliest `not_before` of the leasable rollouts is remembered:
+        until then (or until a rollout becomes leasable: a submit, a hand-back, a failure)
+        the answer is empty without a query (the broker asks on every pass)."""
+        now = self.clock()
+        if limit <= 0 or now < self._idle_until:
             return []
-        return [Due(r[0], r[1], r[2]) for r in self._db.execute(
+        rows = [Due(r[0], r[1], r[2]) for r in self._db.execute(
             "SELECT rollout_id, task_ref, policy_version FROM rollouts WHERE state IN"
             f" ({_qs(LEASABLE)}) AND not_before <= ? ORDER BY seq LIMIT ?",
-            (*LEASABLE, self.clock(), limit))]
+            (*LEASABLE, now, limit))]
+        if not rows:
+            nxt = self._db.execute(f"SELECT MIN(not_before) FROM rollouts WHERE state IN"
+                                   f" ({_qs(LEASABLE)})", LEASABLE).fetchone()[0]
+            self._idle_until = float("inf") if nxt is None else nxt
+        return rows
 
     def lease_to(self, assignments: Sequence[tuple[str, str]]) -> list[Lease]:
         """Lease each (rollout_id, node), each with a fresh token; a rollout that is no longer

@@ -780,3 +780,21 @@ def test_a_lease_taken_by_an_older_queue_completes_after_the_upgrade(make_queue)
     assert done(q, a, idem="k").committed and done(q, a, idem="k").duplicate
     (att,) = q.attempts(a.rollout_id)
     assert (att["token"], att["outcome"]) == (a.token, "pass")
+
+
+def test_due_is_empty_until_a_retry_wait_ends_or_a_rollout_becomes_leasable(make_queue, clock):
+    q = make_queue(QueueConfig(backoff_base_s=10, backoff_max_s=10))
+    q.submit_batch("s", [("a", 1)], 2)
+    a, b = q.lease_next("n1", 2)
+    done(q, a, "infra_error", None, "boom")  # retry_wait, not before now + up to 10 s
+    not_before = q.rollout(a.rollout_id)["not_before"]
+    assert q.due(5) == [] and q.due(5) == []
+    q.release(b.rollout_id, b.attempt, b.token, "drain")  # leasable at once
+    assert [d.rollout_id for d in q.due(5)] == [b.rollout_id]
+    q.lease_next("n1", 1)
+    clock.advance(not_before - clock() + 0.001)
+    assert [d.rollout_id for d in q.due(5)] == [a.rollout_id]
+    q.lease_next("n1", 1)
+    assert q.due(5) == []
+    q.submit_batch("s2", [("a", 1)], 1)
+    assert len(q.due(5)) == 1, "a submit is seen at once"
