@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import sys
 import threading
 import time
@@ -34,6 +35,7 @@ import zmq
 
 from controller import protocol as P
 from controller.catalog import SHARD_TABLES, Catalog
+from controller.curriculum import Curriculum, CurriculumError
 from controller.queue import Due, PolicyConflict, QueueConfig, RolloutQueue, UnknownBatch
 
 log = logging.getLogger("controller")
@@ -100,7 +102,8 @@ class BrokerCore:
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, catalog: Catalog | None = None,
                  sweep_interval_s: float = 0.5, lost_keep_s: float = 3600.0,
-                 max_dispatch: int = 4096, max_watchers: int = 1024):
+                 max_dispatch: int = 4096, max_watchers: int = 1024,
+                 curriculum: Optional[Curriculum] = None):
         self.queue, self.tasks, self.deployment = queue, tasks, deployment
         self.run_id, self.run_dir = run_id, run_dir
         self.session = session or uuid.uuid4().hex[:12]
@@ -108,6 +111,8 @@ class BrokerCore:
         self.clock, self.wall, self.catalog = clock, wall, catalog
         self.sweep_interval_s, self.lost_keep_s = sweep_interval_s, lost_keep_s
         self.max_dispatch, self.max_watchers = max_dispatch, max_watchers
+        self.curriculum = curriculum  # resolves a submit's sampler request (None: refused)
+        self._ref_of_id = {d["task_id"]: ref for ref, d in tasks.items()}
         self.nodes: dict[str, NodeView] = {}
         self.by_identity: dict[bytes, str] = {}
         self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
@@ -371,17 +376,45 @@ class BrokerCore:
         unknown = [t for t in msg.tasks if t not in self.tasks]
         if unknown:
             return self._refuse(identity, msg, "unknown_task", f"unknown tasks: {unknown[:5]}")
-        if not msg.tasks:
+        if not msg.tasks and msg.sampler is None:
             return self._refuse(identity, msg, "bad_request", "submit needs at least one task")
         if self._policy(msg.policy_version) is None:
             return self._refuse(identity, msg, "unknown_policy",
                                 f"policy version {msg.policy_version} is not published")
-        items = [(self.tasks[t]["task_id"], msg.policy_version) for t in msg.tasks]
+        tasks = msg.tasks
+        if msg.sampler is not None:
+            if self.queue.submitted(msg.idem):
+                tasks = []  # a resend: the stored reply, without sampling again
+            else:
+                tasks = self._sample(identity, msg)
+                if tasks is None:
+                    return
+        items = [(self.tasks[t]["task_id"], msg.policy_version) for t in tasks]
         try:
             batch_id, n, _dup = self.queue.submit_batch(msg.idem, items, msg.n_per_task)
         except ValueError as exc:
             return self._refuse(identity, msg, "bad_request", str(exc))
         self._send(identity, P.Submitted(batch_id=batch_id, rollouts=n, ref=msg.id))
+
+    def _sample(self, identity: bytes, msg: P.Submit) -> Optional[list[str]]:
+        """The task refs a sampler request picks (None: refused, the reply is sent)."""
+        s = msg.sampler
+        if self.curriculum is None:
+            self._refuse(identity, msg, "bad_request", "this controller has no curriculum to "
+                         "sample from (start it with --curriculum-db)")
+            return None
+        try:
+            ids = self.curriculum.sample(s.n_tasks, random.Random(s.seed), msg.policy_version,
+                                         within=(s.band[0], s.band[1]))
+        except (CurriculumError, ValueError) as exc:
+            self._refuse(identity, msg, "bad_request", f"sampler: {exc}")
+            return None
+        unknown = [t for t in ids if t not in self._ref_of_id]
+        if unknown:
+            self._refuse(identity, msg, "unknown_task", f"the curriculum picked tasks this "
+                         f"controller does not serve: {unknown[:5]}")
+            return None
+        return [self._ref_of_id[t] for t in ids]
 
     def _on_publish_policy(self, identity, msg: P.PublishPolicy, _view) -> None:
         try:
@@ -586,14 +619,15 @@ class Controller:
     def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
                  tasks: dict[str, dict], db_path: str, heartbeat_interval_s: float = 1.0,
                  liveness: int = 5, queue_config: QueueConfig = QueueConfig(),
-                 clock=time.monotonic, max_batch: int = 1024, catalog: bool = True):
+                 clock=time.monotonic, max_batch: int = 1024, catalog: bool = True,
+                 curriculum: Optional[Curriculum] = None):
         self.queue = RolloutQueue(db_path, config=queue_config)
         self.catalog = Catalog(run_dir) if catalog else None
         if self.catalog is not None:
             self._reconcile_catalog()
         self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir,
                                heartbeat_interval_s=heartbeat_interval_s, liveness=liveness,
-                               clock=clock, catalog=self.catalog)
+                               clock=clock, catalog=self.catalog, curriculum=curriculum)
         self.max_batch = max_batch
         self.deployment = deployment
         self.ctx = zmq.Context.instance()
@@ -682,6 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-staleness", type=int, default=None,
                     help="policy versions a queued rollout may lag (default: unbounded)")
     ap.add_argument("--stale-policy", choices=("rerun", "drop"), default="rerun")
+    ap.add_argument("--curriculum-db", help="the curriculum (pass-rate estimates) a submit's "
+                    "sampler request is resolved against (default: none, such requests are "
+                    "refused)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics on this port (0: any free port; see controller/metrics.py)")
@@ -697,10 +734,12 @@ def main(argv: list[str] | None = None) -> int:
                              stale_policy=args.stale_policy)
     except ValueError as exc:
         ap.error(str(exc))
+    curriculum = Curriculum(args.curriculum_db, {d["task_id"] for d in tasks.values()}) \
+        if args.curriculum_db else None
     ctl = Controller(args.bind, args.deployment, str(run_dir), run_dir.name, tasks,
                      args.db or str(run_dir / "controller.db"),
                      heartbeat_interval_s=args.heartbeat_interval_s, liveness=args.liveness,
-                     queue_config=config)
+                     queue_config=config, curriculum=curriculum)
     if args.metrics_port is not None:   # published before the endpoint: a reader of one finds both
         from controller.metrics import serve_metrics
         server, _ = serve_metrics(ctl.snapshot, args.metrics_port, args.metrics_addr)

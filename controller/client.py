@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from controller import protocol as P
+from controller.protocol import BandRequest  # noqa: F401 - re-exported for trainers
 
 
 class ClientError(Exception):
@@ -89,9 +90,13 @@ def _match(msg: P.Message, reply: P.Message, expect: tuple[type, ...]) -> Option
 
 # The message builders, shared by both clients.
 
-def _submit(tasks, n_per_task, policy) -> P.Submit:
-    return P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks), n_per_task=n_per_task,
-                    policy_version=policy)
+def _submit(tasks, n_per_task, policy, sampler) -> P.Submit:
+    if policy is None:
+        raise TypeError("submit: policy (a published policy version) is required")
+    if (tasks is None) == (sampler is None):
+        raise TypeError("submit: give tasks or a sampler (BandRequest), not both")
+    return P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks or ()), n_per_task=n_per_task,
+                    policy_version=policy, sampler=sampler)
 
 
 def _publish(version, endpoint, model) -> P.PublishPolicy:
@@ -166,15 +171,19 @@ class Client(_Base):
                 raise self._unavailable()
             self._new_socket(self.ctx)  # Lazy Pirate: fresh socket, same message
 
-    def submit(self, tasks: list[str], n_per_task: int, policy: int) -> str:
-        """Enqueue n_per_task rollouts of each task under policy version `policy`;
-        returns the batch id."""
-        return self._request(_submit(tasks, n_per_task, policy), (P.Submitted,)).batch_id
+    def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
+               policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
+        """Enqueue n_per_task rollouts of each task under policy version `policy`; the tasks
+        are named (`tasks`) or picked by the controller's curriculum (`sampler`, e.g.
+        `BandRequest(n_tasks=8, band=[0.2, 0.8], seed=1)`). Returns the batch id."""
+        msg = _submit(tasks, n_per_task, policy, sampler)
+        return self._request(msg, (P.Submitted,)).batch_id
 
     def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
-        """N rollouts from the learning band: `curriculum.sample(n, rng, policy)` picks the task
-        ids (band tasks plus an exploration share, see controller/curriculum.py); one rollout
-        each. Returns the batch id."""
+        """N rollouts from the learning band of a curriculum the TRAINER holds:
+        `curriculum.sample(n, rng, policy)` picks the task ids (band tasks plus an
+        exploration share, see controller/curriculum.py) and `submit` sends them, one rollout
+        each. (`submit(sampler=BandRequest(...))` has the controller's curriculum pick.)"""
         return self.submit(curriculum.sample(n, rng, policy), 1, policy)
 
     def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
@@ -254,8 +263,10 @@ class AsyncClient(_Base):
                 raise self._unavailable()
             self._new_socket(self.ctx)
 
-    async def submit(self, tasks: list[str], n_per_task: int, policy: int) -> str:
-        return (await self._request(_submit(tasks, n_per_task, policy), (P.Submitted,))).batch_id
+    async def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
+                     policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
+        msg = _submit(tasks, n_per_task, policy, sampler)
+        return (await self._request(msg, (P.Submitted,))).batch_id
 
     async def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
         return await self.submit(curriculum.sample(n, rng, policy), 1, policy)

@@ -25,6 +25,7 @@ rollout id. Must not import zmq.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sqlite3
@@ -233,8 +234,14 @@ class Curriculum:
             out[t] = Estimate(t, a / (a + b), a, b, p + f)
         return out
 
-    def classify(self, version: int) -> dict[str, str]:
-        cfg, q = self.cfg, self.quarantined()
+    def _cfg_for(self, band: tuple[float, float] | None) -> CurriculumConfig:
+        """The config, with the band of one request if given (validated like the config's)."""
+        if band is None:
+            return self.cfg
+        return dataclasses.replace(self.cfg, band_low=float(band[0]), band_high=float(band[1]))
+
+    def classify(self, version: int, band: tuple[float, float] | None = None) -> dict[str, str]:
+        cfg, q = self._cfg_for(band), self.quarantined()
         out = {}
         for t, e in self.estimates(version).items():
             if t in q:
@@ -251,11 +258,13 @@ class Curriculum:
 
     # -- sampling ---------------------------------------------------------------------------
 
-    def sample(self, n: int, rng: random.Random, version: int) -> list[str]:
-        """`n` task ids for policy `version`: band tasks plus an exploration share."""
+    def sample(self, n: int, rng: random.Random, version: int,
+               within: tuple[float, float] | None = None) -> list[str]:
+        """`n` task ids for policy `version`: band tasks plus an exploration share (`within`:
+        this request's band (low, high) instead of the config's)."""
         if n < 0:
             raise ValueError("curriculum: n must be >= 0")
-        classes = self.classify(version)
+        classes = self.classify(version, within)
         band = [t for t in self.task_ids if classes[t] == "band"]
         explore = [t for t in self.task_ids if classes[t] == "explore"]
         n_explore = round(n * self.cfg.explore_share) if explore else 0
@@ -263,17 +272,18 @@ class Curriculum:
             n_explore = n if explore else 0
         picks = _cycle(explore, n_explore, rng) + _cycle(band, n - n_explore, rng)
         if len(picks) < n:
-            picks += _cycle(self._nearest_to_band(version, classes), n - len(picks), rng)
+            picks += _cycle(self._nearest_to_band(version, classes, within), n - len(picks), rng)
         rng.shuffle(picks)
         return picks
 
-    def _nearest_to_band(self, version: int, classes: dict[str, str]) -> list[str]:
+    def _nearest_to_band(self, version: int, classes: dict[str, str],
+                         band: tuple[float, float] | None = None) -> list[str]:
         live = [t for t in self.task_ids if classes[t] != "quarantined"]
         if not live:
             raise CurriculumError(f"curriculum: all {len(self.task_ids)} tasks are quarantined; "
                                   f"see `quarantined()`")
         est = self.estimates(version)
-        lo, hi = self.cfg.band_low, self.cfg.band_high
+        lo, hi = (self.cfg.band_low, self.cfg.band_high) if band is None else band
         dist = {t: max(lo - est[t].mean, est[t].mean - hi, 0.0) for t in live}
         best = min(dist.values())
         return [t for t in live if dist[t] - best < 0.05]

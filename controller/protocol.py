@@ -287,13 +287,37 @@ class Shutdown(Message):
 # ---- trainer client <-> controller ----
 
 @dataclass(frozen=True)
+class BandRequest:
+    """Tasks picked by the controller's curriculum: `n_tasks` of them from those whose
+    estimated pass rate lies in `band` [low, high] (plus its exploration share), drawn with
+    `seed` (controller/curriculum.py `Curriculum.sample`)."""
+    n_tasks: int
+    band: list[float]
+    seed: int
+
+
+@dataclass(frozen=True)
 class Submit(Message):
     TYPE: ClassVar[str] = "submit"
     idem: str
-    tasks: list[str]  # task names or ids
+    tasks: list[str]  # task names or ids; empty with a sampler
     n_per_task: int
     policy_version: int
+    sampler: Optional[BandRequest] = None  # the controller picks the tasks
     id: str = _id_field()
+
+    def check(self) -> None:
+        s = self.sampler
+        if s is None:
+            return
+        if self.tasks:
+            raise ProtocolError(BAD_FIELD, "submit: tasks or a sampler, not both", field="tasks")
+        if s.n_tasks < 1:
+            raise ProtocolError(BAD_FIELD, "submit: sampler.n_tasks must be >= 1",
+                                field="sampler.n_tasks")
+        if len(s.band) != 2 or not 0.0 <= s.band[0] < s.band[1] <= 1.0:
+            raise ProtocolError(BAD_FIELD, f"submit: sampler.band must be [low, high] with "
+                                f"0 <= low < high <= 1, got {s.band!r}", field="sampler.band")
 
 
 @dataclass(frozen=True)
@@ -545,7 +569,8 @@ assert all(name for name in MESSAGE_TYPES), "every message class needs a TYPE"
 # Non-negative integer fields (counts, attempts, tokens, cursors).
 _NON_NEGATIVE = frozenset({"slots", "mem_free_mb", "slots_free", "active", "credit",
                            "attempt", "token", "liveness", "seed", "n_per_task",
-                           "policy_version", "version", "rollouts", "after", "cursor"})
+                           "policy_version", "version", "rollouts", "after", "cursor",
+                           "n_tasks"})
 
 
 # --------------------------------------------------------------------------------------
@@ -739,7 +764,7 @@ def _body_plan(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
     if got is None:
         hints, fields = _schema(cls)
         nested = frozenset(n for n in fields if any(
-            isinstance(t, type) and (t is PolicyRef or issubclass(t, Message))
+            isinstance(t, type) and dataclasses.is_dataclass(t)
             for t in (hints[n], *typing.get_args(hints[n]))))
         got = _BODY_PLANS[cls] = (tuple(fields), nested)
     return got
@@ -881,6 +906,8 @@ def _to_json(value: Any) -> Any:
         out = value.body()
         out["id"] = value.id
         return out
+    if isinstance(value, BandRequest):
+        return {"n_tasks": value.n_tasks, "band": list(value.band), "seed": value.seed}
     if isinstance(value, list) and value and isinstance(value[0], Message):
         return [_to_json(v) for v in value]
     return value

@@ -352,6 +352,10 @@ class RolloutQueue:
         log.info("batch %s submitted: %d rollouts (idem %s)", batch_id, n, idem)
         return batch_id, n, False
 
+    def submitted(self, idem: str) -> bool:
+        """Whether a submit with this idempotency key was accepted (its reply is stored)."""
+        return self._idem_get("submit:" + idem) is not None
+
     def cancel_batch(self, batch_id: str) -> int:
         """Cancel every rollout of the batch not yet terminal; returns how many."""
         return self.cancel(batch_id).rollouts

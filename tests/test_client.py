@@ -205,3 +205,54 @@ def test_n_rollouts_from_the_band_go_to_the_band_tasks(farm, tmp_path):
             batch = c.submit_from_band(cur, 6, 1, random.Random(7))
             got = c.wait(batch)
     assert len(got) == 6 and {r["task_ref"] for r in got} == {"t1"}
+
+
+def test_a_sampler_request_is_resolved_by_the_controllers_curriculum(tmp_path):
+    # The same band as above, but the CONTROLLER's curriculum picks: the trainer sends only
+    # BandRequest(n_tasks, band, seed). A band holding no task of its own still serves the
+    # nearest ones; a controller without a curriculum refuses such a submit.
+    from controller.client import BandRequest
+    from controller.curriculum import Curriculum, CurriculumConfig
+    cur = Curriculum(tmp_path / "cur.db", ["t1", "t2"], CurriculumConfig(explore_share=0.0))
+    for i in range(12):
+        cur.record("t2", 1, "fail", rollout_id=f"b{i}")
+        cur.record("t1", 1, "pass" if i % 2 else "fail", rollout_id=f"c{i}")
+    (tmp_path / "with").mkdir()
+    (tmp_path / "bare").mkdir()
+    farm = Farm(tmp_path / "with", curriculum=cur)
+    bare = Farm(tmp_path / "bare")
+    try:
+        farm.agent("n1", 4, runner=lambda a: AttemptResult("pass", 1.0, {}, None))
+        with connect(farm) as c:
+            c.publish_policy(1, POLICY_URL)
+            batch = c.submit(sampler=BandRequest(n_tasks=3, band=[0.2, 0.8], seed=7),
+                             n_per_task=2, policy=1)
+            got = c.wait(batch)
+            assert len(got) == 6 and {r["task_ref"] for r in got} == {"t1"}
+            hard = c.wait(c.submit(sampler=BandRequest(2, [0.0, 0.1], 1), policy=1))
+            assert {r["task_ref"] for r in hard} == {"t2"}, "never solved: in the 0-0.1 band"
+            with pytest.raises(P.ProtocolError, match="sampler.band"):  # refused before sending
+                c.submit(sampler=BandRequest(2, [0.9, 0.1], 1), policy=1)
+        with connect(bare) as c:
+            c.publish_policy(1, POLICY_URL)
+            with pytest.raises(BadRequest, match="no curriculum"):
+                c.submit(sampler=BandRequest(2, [0.2, 0.8], 1), policy=1)
+    finally:
+        farm.stop()
+        bare.stop()
+        cur.close()
+
+
+def test_a_resent_sampler_submit_is_answered_without_sampling_again(tmp_path):
+    from controller.curriculum import Curriculum
+    from tests.test_broker import Harness
+    with Curriculum(tmp_path / "cur.db", ["t1", "t2"]) as cur:
+        h = Harness(tmp_path, curriculum=cur)
+        h.send(b"c", P.PublishPolicy(idem="p", version=1, endpoint=POLICY_URL, model="m"))
+        sub = P.Submit(idem="once", tasks=[], n_per_task=1, policy_version=1,
+                       sampler=P.BandRequest(n_tasks=4, band=[0.2, 0.8], seed=3))
+        first, again = (next(m for _, m in h.send(b"c", sub) if isinstance(m, P.Submitted))
+                        for _ in range(2))
+        assert (first.batch_id, first.rollouts) == (again.batch_id, again.rollouts) == \
+            (first.batch_id, 4)
+        assert h.queue.counts()["queued"] == 4

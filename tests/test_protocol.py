@@ -51,6 +51,8 @@ SAMPLES: list[p.Message] = [
     p.Cancel(idem="c1", batch_id="b000001"),
     p.Cancelled(batch_id="b000001", rollouts=5),
     p.DrainNode(node="n1", deadline_s=None),
+    p.Submit(idem="s2", tasks=[], n_per_task=2, policy_version=1,
+             sampler=p.BandRequest(n_tasks=8, band=[0.2, 0.8], seed=5)),
     p.Refused(reason="agent_version", detail="agent version '0.0.1' is too old",
               protocol_versions=[1], min_agent_version="0.1"),
 ]
@@ -355,3 +357,16 @@ def test_an_int_reward_or_ttl_still_widens_to_float_past_the_fast_path():
     body["reward"] = 1
     msg = p.decode(frame("result", body), DEP)
     assert msg.reward == 1.0 and type(msg.reward) is float
+
+
+def test_a_submit_names_tasks_or_a_valid_band_request():
+    ok = p.Submit(idem="s", tasks=[], n_per_task=1, policy_version=1,
+                  sampler=p.BandRequest(n_tasks=2, band=[0, 1], seed=0))
+    assert p.decode(p.encode(ok, DEP), DEP).sampler.band == [0.0, 1.0]
+    body = json.loads(p.encode(ok, DEP))["body"]
+    for bad, where in (({"tasks": ["t1"]}, "tasks"),
+                       ({"sampler": {**body["sampler"], "band": [0.5, 0.5]}}, "sampler.band"),
+                       ({"sampler": {**body["sampler"], "n_tasks": 0}}, "sampler.n_tasks"),
+                       ({"sampler": {**body["sampler"], "extra": 1}}, "sampler")):
+        err = reason_of(frame("submit", {**body, **bad}))
+        assert err.reason == p.BAD_FIELD and err.field == where, (bad, err)
