@@ -772,7 +772,9 @@ static void build_root(struct build_req *r) {
     for (const char **d = dirs; *d; d++) {
         if (mkdir(*d, 0755) && errno != EEXIST) fail("mkdir %s", *d);
     }
-    if (chmod("root/tmp", 01777)) fail("chmod root/tmp");
+    struct stat st;   /* a chmod copies the lower dir up (a dozen FUSE requests): only if needed */
+    if ((stat("root/tmp", &st) || (st.st_mode & 07777) != 01777) && chmod("root/tmp", 01777))
+        fail("chmod root/tmp");
     must_mount(r->dev, "root/dev", NULL, MS_BIND | MS_REC, NULL);
     must_mount("paddock-shm", "root/dev/shm", "tmpfs", flags | MS_NOEXEC, "mode=1777,size=16m");
     if (chown("root/work", (uid_t)r->base, (gid_t)r->base) || chmod("root/work", 0755)) fail("chown root/work");
