@@ -18,6 +18,7 @@ Must not touch SQLite directly (everything goes through controller.queue).
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import logging
 import random
@@ -81,17 +82,35 @@ def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
     else to the node with the most free slots (ties: node name). Pure function.
     """
     free = {n: k for n, k in free.items() if k > 0}
+    left = sum(free.values())
+    rank = {n: i for i, n in enumerate(sorted(free))}
+    heaps: dict[Optional[str], list] = {}  # per image (None: every node): a max-heap by
+    # (free, name) with lazy updates -- an entry whose count is stale is fixed when on top
+
+    def best(image: Optional[str]) -> Optional[str]:
+        h = heaps.get(image)
+        if h is None:
+            h = heaps[image] = [(-k, -rank[n], n) for n, k in free.items() if k and (
+                image is None or image in images.get(n, ()))]
+            heapq.heapify(h)
+        while h:
+            k, r, n = h[0]
+            if free[n] == -k:
+                return n
+            heapq.heappop(h)  # the node took leases meanwhile (counts only go down)
+            if free[n]:
+                heapq.heappush(h, (-free[n], r, n))
+        return None
+
     out = []
     for d in due:
-        if not free:
+        if not left:
             break
         image = image_of(d.task_ref)
-        pool = [n for n in free if image in images.get(n, ())] if image else []
-        node = max(pool or free, key=lambda n: (free[n], n))
+        node = (best(image) if image else None) or best(None)
         out.append((d.rollout_id, node))
         free[node] -= 1
-        if not free[node]:
-            del free[node]
+        left -= 1
     return out
 
 

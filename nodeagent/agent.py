@@ -21,12 +21,12 @@ import argparse
 import collections
 import logging
 import os
+import queue
 import random
 import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -43,6 +43,40 @@ EXIT_REFUSED = 3  # the controller refused this agent at registration (its versi
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 
 Runner = Callable[[Attempt], AttemptResult]
+
+
+class _Workers:
+    """The slot threads: each runs one attempt at a time, taken in order from one queue; a
+    thread is started when more attempts are in flight than there are threads (never more
+    than the agent's slots). What the agent needs of a pool, without a future per call."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable[[Attempt], None], arg: Attempt, in_flight: int) -> None:
+        self.jobs.put((fn, arg))
+        if len(self.threads) < in_flight:
+            t = threading.Thread(target=self._run, name=f"{self.name}-{len(self.threads)}",
+                                 daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job[0](job[1])
+
+    def shutdown(self) -> None:
+        """Queued attempts are dropped (their leases go back by the drain or expire); the
+        threads end after the attempt each may still run."""
+        try:
+            while True:
+                self.jobs.get_nowait()
+        except queue.Empty:
+            pass
+        for _ in self.threads:
+            self.jobs.put(None)
 
 
 @dataclass
@@ -75,7 +109,7 @@ class NodeAgent:
         # `started` not sent yet, with when the lease came: sent once the attempt has run for
         # STARTED_AFTER_S, skipped if it ended before (its result says it ran: one message less)
         self.starting: list[tuple[Attempt, float]] = []
-        self.pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{node}-slot")
+        self.pool = _Workers(f"{node}-slot")
         self.images: set[str] = set()
         self.draining = False
         self._drain_requested: Optional[float] = None
@@ -224,7 +258,7 @@ class NodeAgent:
                 break
             silent_by = last_rx + self.hb_s * (self.liveness - 1) + backoff_s
             timeout_ms = self._poll_timeout_ms(now, min(last_hb + self.hb_s, silent_by))
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
         self.sock.close(linger=100)
         return EXIT_REFUSED if self.refused is not None else 0
 
@@ -331,7 +365,7 @@ class NodeAgent:
                     msg.seed, msg.task, msg.policy.version, msg.policy.endpoint, msg.policy.model)
         self.active[msg.rollout_id] = a
         self.starting.append((a, self.clock()))
-        self.pool.submit(self._work, a)
+        self.pool.submit(self._work, a, len(self.active))
 
     def _run_attempt(self, a: Attempt) -> AttemptResult:
         image = self.image_store / "sha256" / (a.task["image_digest"].split(":", 1)[1] + ".sif")

@@ -119,6 +119,33 @@ def test_place_never_assigns_more_than_the_free_slots():
     assert len(got) == 3 and [n for _, n in got].count("a") == 2
 
 
+def test_place_is_the_greedy_rule_oldest_first_on_random_farms():
+    """The rule, spelled out the slow way: each due rollout in turn goes to the node with the
+    most free slots (ties: the larger name) among those holding its image, else among all."""
+    import random
+
+    def greedy(due, free, images, image_of):
+        free, out = {n: k for n, k in free.items() if k > 0}, []
+        for d in due:
+            if not free:
+                break
+            pool = [n for n in free if image_of(d.task_ref) in images.get(n, ())]
+            node = max(pool or free, key=lambda n: (free[n], n))
+            out.append((d.rollout_id, node))
+            free[node] -= 1
+            if not free[node]:
+                del free[node]
+        return out
+    rng = random.Random(4)
+    image_of = lambda t: None if t == "t4" else "i" + t[1:]
+    for _ in range(500):
+        nodes = [f"n{i}" for i in range(rng.randint(0, 10))]
+        free = {n: rng.randint(0, 3) for n in nodes}
+        images = {n: {f"i{j}" for j in range(4) if rng.random() < 0.3} for n in nodes}
+        due = [Due(f"r{k}", f"t{rng.randint(0, 4)}", 1) for k in range(rng.randint(0, 25))]
+        assert place(due, free, images, image_of) == greedy(due, free, images, image_of)
+
+
 def test_a_node_never_holds_more_leases_than_its_slots(h):
     h.register("n1", 2)
     h.submit(n=5)
