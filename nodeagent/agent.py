@@ -2,7 +2,8 @@
 free slots, runs each rollout attempt in a worker thread and reports results.
 
 One loop does receive, result sending, heartbeats and drain each pass (the ZeroMQ socket is
-touched only by this loop; workers hand results back through a queue). Rules:
+touched only by this loop; workers hand results back through a deque and wake it through a
+pipe; otherwise it sleeps until its next deadline). Rules:
 - Liveness (Paranoid Pirate): a controller silent for `liveness` heartbeat intervals means
   a fresh socket and a new registration, retried with exponential backoff (never blocking
   the loop: finished work keeps being collected).
