@@ -42,6 +42,7 @@ from controller.queue import Due, PolicyConflict, QueueConfig, RolloutQueue, Unk
 log = logging.getLogger("controller")
 
 LIVE, DRAINING, LOST = "live", "draining", "lost"
+_SHARD_TABLES = frozenset(SHARD_TABLES)
 NODE_STATES = (LIVE, DRAINING, LOST)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
@@ -317,8 +318,8 @@ class BrokerCore:
             self._reject(identity, msg, c.reason)
 
     def _on_result(self, identity, msg: P.Result, view) -> None:
-        unknown = sorted(set(msg.shards) - set(SHARD_TABLES))
-        if unknown:
+        if msg.shards and not _SHARD_TABLES.issuperset(msg.shards):
+            unknown = sorted(set(msg.shards) - _SHARD_TABLES)
             self.drop("bad_shards", f"result of {msg.rollout_id}: tables {unknown}")
             self._reject(identity, msg, "bad_request")
             return

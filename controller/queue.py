@@ -655,11 +655,10 @@ class RolloutQueue:
         """Committed and dead-lettered rollouts of the batch after `cursor`, in commit order."""
         limit = min(limit or self.config.max_results_per_watch,
                     self.config.max_results_per_watch)
-        rows = self._db.execute(
-            "SELECT * FROM rollouts WHERE batch_id = ? AND commit_seq > ? ORDER BY commit_seq"
-            " LIMIT ?", (batch_id, cursor, limit)).fetchall()
-        items = [_result_item(r) for r in rows]
-        return items, (rows[-1]["commit_seq"] if rows else cursor)
+        cur = self._db.execute(_RESULTS_SQL, (batch_id, cursor, limit))
+        cur.row_factory = None  # plain tuples, in _RESULT_KEYS order
+        items = [_result_dict(r) for r in cur]
+        return items, (items[-1]["commit_seq"] if items else cursor)
 
     def batch_done(self, batch_id: str) -> bool:
         if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
@@ -808,6 +807,11 @@ _ATTEMPT_UPSERT_SQL = (
     " finished_at, idem, reply) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
     " (rollout_id, attempt) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,"
     " finished_at = excluded.finished_at, idem = excluded.idem, reply = excluded.reply")
+_RESULT_KEYS = ("rollout_id", "batch_id", "task_ref", "policy_version", "seed", "state",
+                "attempt", "token", "node", "outcome", "reward", "shards", "infra_reason",
+                "commit_seq")  # a result item (watch): these columns, in this order
+_RESULTS_SQL = (f"SELECT {', '.join(_RESULT_KEYS)} FROM rollouts WHERE batch_id = ? AND"
+                f" commit_seq > ? ORDER BY commit_seq LIMIT ?")
 _COMMITTED = Completion(True, None, True)
 _COMMITTED_REPLY = json.dumps({"accepted": True, "reason": None, "committed": True})
 
@@ -816,10 +820,12 @@ def _qs(values: Sequence[Any]) -> str:
     return ", ".join("?" for _ in values)
 
 
+def _result_dict(r: tuple) -> dict:
+    d = dict(zip(_RESULT_KEYS, r))
+    shards = d["shards"]
+    d["shards"] = json.loads(shards) if shards and shards != "{}" else {}
+    return d
+
+
 def _result_item(r: sqlite3.Row) -> dict:
-    return {"rollout_id": r["rollout_id"], "batch_id": r["batch_id"], "task_ref": r["task_ref"],
-            "policy_version": r["policy_version"], "seed": r["seed"], "state": r["state"],
-            "attempt": r["attempt"], "token": r["token"], "node": r["node"],
-            "outcome": r["outcome"], "reward": r["reward"],
-            "shards": json.loads(r["shards"]) if r["shards"] else {},
-            "infra_reason": r["infra_reason"], "commit_seq": r["commit_seq"]}
+    return _result_dict(tuple(r[k] for k in _RESULT_KEYS))
