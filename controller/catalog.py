@@ -102,7 +102,8 @@ class Catalog:
         if shards and not _SHARD_TABLE_SET.issuperset(shards):
             unknown = sorted(set(shards) - _SHARD_TABLE_SET)
             raise ValueError(f"unknown shard table(s) {unknown}; valid: {SHARD_TABLES}")
-        at = _as_utc(committed_at) if isinstance(committed_at, datetime) else float(committed_at)
+        at = _as_utc(committed_at).timestamp() if isinstance(committed_at, datetime) \
+            else float(committed_at)
         with self._lock:
             existing = self._by_rollout.get(rollout_id)
             if existing == key:
@@ -126,7 +127,7 @@ class Catalog:
             rows = list(self._pending)
             seq = self._next_seq
             path = self.dir / f"commit-{seq:06d}.parquet"
-            table = pa.Table.from_pylist([_row(*r) for r in rows], schema=CATALOG_SCHEMA)
+            table = _table(rows)
             self._write_new(table, path)
             self._next_seq = seq + 1
             del self._pending[:len(rows)]
@@ -201,13 +202,16 @@ class Catalog:
             os.close(dir_fd)
 
 
-def _row(rollout_id: str, key: tuple[int, int], shards: dict | None,
-         at: datetime | float) -> dict:
-    row = {"rollout_id": rollout_id, "attempt": key[0], "fencing_token": key[1],
-           "committed_at": _as_utc(at)}
+def _table(rows: list[tuple]) -> pa.Table:
+    """The buffered keys (rollout_id, (attempt, token), shards or None, epoch seconds) as a
+    catalog table, built column by column."""
+    cols = {"rollout_id": [r[0] for r in rows], "attempt": [r[1][0] for r in rows],
+            "fencing_token": [r[1][1] for r in rows]}
     for t, col in _SHARD_COLUMNS:
-        row[col] = shards.get(t) if shards else None
-    return row
+        cols[col] = [r[2].get(t) if r[2] else None for r in rows]
+    cols["committed_at"] = pa.array([round(r[3] * 1e6) for r in rows], pa.int64()).cast(
+        CATALOG_SCHEMA.field("committed_at").type)
+    return pa.table(cols, schema=CATALOG_SCHEMA)
 
 
 def _as_utc(value: datetime | float) -> datetime:
