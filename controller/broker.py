@@ -630,6 +630,7 @@ _AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.Resu
 
 
 _NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
 
 
@@ -687,7 +688,8 @@ class Controller:
         while not self.core.stopped:
             frames = []
             if self.sock.poll(timeout=20):
-                while len(frames) < self.max_batch:
+                # EVENTS before each read: cheaper than the exception of an empty recv
+                while len(frames) < self.max_batch and self.sock.getsockopt(_EVENTS) & _POLLIN:
                     try:
                         frames.append(self.sock.recv_multipart(_NOBLOCK))
                     except zmq.Again:

@@ -222,6 +222,8 @@ class NodeAgent:
                 self._take_wakeup()  # `done` is drained below, after this
             if self.sock in ready:
                 for _ in range(256):
+                    if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        break  # (cheaper than the exception recv raises on an empty queue)
                     try:
                         data = self.sock.recv(zmq.NOBLOCK)
                     except zmq.Again:
@@ -392,11 +394,8 @@ class NodeAgent:
 
     def _flush_results(self) -> None:
         out: list[P.Result] = []
-        while True:
-            try:
-                a, outcome, reward, shards, infra = self.done.popleft()
-            except IndexError:
-                return self._send_results(out)
+        while self.done:  # only this thread pops: not empty here means popleft succeeds
+            a, outcome, reward, shards, infra = self.done.popleft()
             if (a.rollout_id, a.token) in self.abandoned:
                 self.abandoned.discard((a.rollout_id, a.token))
                 continue
@@ -413,6 +412,7 @@ class NodeAgent:
                            idem=f"{a.rollout_id}:{a.attempt}:{a.token}")
             self.unacked[msg.id] = _Pending(msg, self.clock())
             out.append(msg)
+        self._send_results(out)
 
     def _flush_started(self) -> None:
         """`started` for attempts still running STARTED_AFTER_S after their lease came."""
