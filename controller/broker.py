@@ -173,8 +173,11 @@ class BrokerCore:
                            f", the agent sent {peeked[0]!r}")
 
     def _refuse_agent(self, identity: bytes, reason: str, detail: str) -> None:
-        self.counters[f"refused_agents_{reason}"] += 1
-        log.warning("refused agent %r: %s", identity[:32], detail)
+        key = f"refused_agents_{reason}"
+        self.counters[key] += 1
+        n = self.counters[key]
+        if n <= 10 or n & (n - 1) == 0:  # a stream of such agents must not flood the log
+            log.warning("refused agent %r (%d so far): %s", identity[:32], n, detail)
         self._send(identity, P.Refused(
             reason=reason, detail=detail, protocol_versions=list(P.PROTOCOL_VERSIONS),
             min_agent_version=".".join(map(str, P.MIN_AGENT_VERSION))))
@@ -216,9 +219,9 @@ class BrokerCore:
         if out:  # any frame is a heartbeat: a node sent something now needs none for a while
             now, names, nodes = self.clock(), self.by_identity, self.nodes
             for identity, _ in out:
-                name = names.get(identity)
-                if name is not None:
-                    nodes[name].sent_at = now
+                view = nodes.get(names.get(identity))
+                if view is not None:
+                    view.sent_at = now
         return out
 
     def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
