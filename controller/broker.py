@@ -22,6 +22,7 @@ import heapq
 import json
 import logging
 import random
+import sqlite3
 import sys
 import threading
 import time
@@ -342,8 +343,27 @@ class BrokerCore:
                                     self.wall())
         else:
             self.counters["infra_failures"] += 1
+        if self.curriculum is not None:
+            self._teach_curriculum(msg, c.committed)
         self._commits += 1
         self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
+        """Feed the curriculum this controller samples from: a committed verdict counts for its
+        task and policy version (once per rollout); a dead-lettered rollout counts as an
+        infrastructure failure of its task (repeated ones quarantine it)."""
+        row = self.queue.rollout(msg.rollout_id)
+        task = self.tasks.get(row["task_ref"]) if row else None
+        if task is None:
+            return
+        try:
+            if committed:
+                self.curriculum.record(task["task_id"], row["policy_version"], msg.outcome,
+                                       rollout_id=msg.rollout_id)
+            elif row["state"] == "dead_letter":
+                self.curriculum.record_infra_failure(task["task_id"], msg.infra_reason or "?")
+        except (sqlite3.Error, ValueError) as exc:     # estimates, not the ledger: log and go on
+            log.warning("curriculum: cannot record %s: %s", msg.rollout_id, exc)
 
     def _on_result_batch(self, identity, msg: P.ResultBatch, view) -> None:
         for item in msg.items:

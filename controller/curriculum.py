@@ -110,6 +110,9 @@ class Curriculum:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # estimates, not a ledger: no fsync per recorded outcome (the controller records one
+        # per commit); a crash loses at most the last few, which only weakens the evidence
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:

@@ -227,6 +227,10 @@ def _stop_trainer(proc: subprocess.Popen, timeout_s: float) -> int:
     return 0 if rc in (0, -signal.SIGTERM) else rc
 
 
+def curriculum_path(run_dir: Path, bank: str) -> Path:
+    return Path(bank) / "curriculum.sqlite" if bank else run_dir / "curriculum.sqlite"
+
+
 def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
     argv = [sys.executable, "-m", "controller.broker", "--bind", f"tcp://{addr}:0",
             "--deployment", args.deployment, "--run-dir", str(run_dir),
@@ -234,6 +238,10 @@ def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
             "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
     if args.metrics_port is not None:
         argv += ["--metrics-port", str(args.metrics_port)]
+    if getattr(args, "trainer", ""):
+        # your trainer may submit sampler requests: the controller samples from, and learns
+        # into, the curriculum kept with the bank (or with this run)
+        argv += ["--curriculum-db", str(curriculum_path(run_dir, getattr(args, "bank", "")))]
     log_f = open(run_dir / "logs" / "controller.log", "ab")
     # Slurm signals every process of the step; the controller must outlive the drain, so it
     # starts with the end-of-time signals ignored (the disposition survives exec).

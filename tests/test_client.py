@@ -243,6 +243,27 @@ def test_a_sampler_request_is_resolved_by_the_controllers_curriculum(tmp_path):
         cur.close()
 
 
+def test_the_controllers_curriculum_learns_from_every_commit(tmp_path):
+    # With a curriculum, the controller counts each committed verdict (once per rollout) for
+    # its task and policy version: a trainer that only sends sampler requests still moves the
+    # estimates, and tasks leave "explore".
+    from controller.curriculum import Curriculum
+    cur = Curriculum(tmp_path / "cur.db", ["t1", "t2"])
+    (tmp_path / "farm").mkdir()
+    farm = Farm(tmp_path / "farm", curriculum=cur)
+    try:
+        farm.agent("n1", 4, runner=lambda a: AttemptResult("pass", 1.0, {}, None))
+        with connect(farm) as c:
+            c.publish_policy(1, POLICY_URL)
+            assert len(c.wait(c.submit(["t1"], n_per_task=4, policy=1))) == 4
+        est = cur.estimates(1)
+        assert est["t1"].evidence == 4 and est["t2"].evidence == 0
+        assert cur.classify(1) == {"t1": "too_easy", "t2": "explore"}
+    finally:
+        farm.stop()
+        cur.close()
+
+
 def test_a_resent_sampler_submit_is_answered_without_sampling_again(tmp_path):
     from controller.curriculum import Curriculum
     from tests.test_broker import Harness

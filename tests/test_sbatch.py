@@ -337,17 +337,22 @@ def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster,
     bank = TaskBank(tmp_path / "bank")
     mine = make_set("mine", builtin_taskset().tasks[:3] + builtin_taskset().tasks[-1:])
     bank.put_set(mine)
-    trainer = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}"
+    trainer = (f"PADDOCK_EXAMPLE_SAMPLER=1 {shlex.quote(sys.executable)} "
+               f"{shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}")
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", taskset="mine", bank=str(bank.root),
                              trainer=trainer)
     comps = wait_job(slurm_cluster, job_id, tmp_path)
     assert [c["JobState"] for c in comps] == ["COMPLETED", "COMPLETED"], logs(tmp_path)
     result = json.loads((run_dir / "trainer-result.json").read_text())
     assert result["taskset_hash"] == mine.manifest_hash
+    # the controller's curriculum picked 4 tasks (all unexplored: a seeded cycle over the set)
     assert sorted(result["rewards"]) == sorted(t.task_id for t in mine.tasks)
     con = connect(run_dir)
     assert con.execute("SELECT count(*), count(DISTINCT task_id) FROM rollouts WHERE taskset_hash = ?",
                        [mine.manifest_hash]).fetchone() == (4, 4)
+    from controller.curriculum import Curriculum
+    with Curriculum(bank.root / "curriculum.sqlite", [t.task_id for t in mine.tasks]) as cur:
+        assert sum(e.evidence for e in cur.estimates(0).values()) == 4      # every commit was counted
     head_log = (run_dir / "logs" / "head.log").read_text()
     assert "starting trainer" in head_log and "trainer exited with 0" in head_log
     assert "4 scored rollouts of 4 tasks" in (run_dir / "logs" / "trainer.log").read_text()

@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from controller.client import Client
+from controller.client import BandRequest, Client
 from controller.policy_server import PolicyServer
 from controller.run import load_taskset
 
@@ -36,7 +36,11 @@ def main() -> int:
     with PolicyServer(taskset, host=os.environ["PADDOCK_HEAD_ADDR"]) as policy, \
             Client(os.environ["PADDOCK_ENDPOINT"], os.environ["PADDOCK_DEPLOYMENT"]) as client:
         client.publish_policy(0, policy.url, model="scripted-v0")
-        batch = client.submit(names, n_per_task=1, policy=0)
+        if os.environ.get("PADDOCK_EXAMPLE_SAMPLER"):      # let the controller's curriculum pick
+            batch = client.submit(sampler=BandRequest(n_tasks=len(names), band=[0.2, 0.8], seed=0),
+                                  n_per_task=1, policy=0)
+        else:
+            batch = client.submit(names, n_per_task=1, policy=0)
         try:
             for item in client.results(batch):
                 if item["state"] == "committed":
