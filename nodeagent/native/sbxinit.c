@@ -766,6 +766,12 @@ static void build_root(struct build_req *r) {
     must_mount("paddock-sbx", r->sbx, "tmpfs", flags, opts);
     if (chdir(r->sbx)) fail("chdir %s", r->sbx);
     if (mkdir("upper", 0755) || mkdir("work", 0755) || mkdir("root", 0755)) fail("mkdir in %s", r->sbx);
+    /* The sandbox's /work, owned by its root, made in the upper layer before the overlay is
+     * mounted: a chown through the overlay would copy the image's /work up (a dozen FUSE
+     * requests). It merges with the image's /work like a copied-up directory. */
+    if (mkdir("upper/work", 0755) || chown("upper/work", (uid_t)r->base, (gid_t)r->base)
+        || chmod("upper/work", 0755))
+        fail("making /work in %s", r->sbx);
     snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,userxattr", r->lower);
     must_mount("paddock-overlay", "root", "overlay", flags, opts);
     static const char *dirs[] = {"root/work", "root/proc", "root/dev", "root/tmp", NULL};
@@ -777,7 +783,6 @@ static void build_root(struct build_req *r) {
         fail("chmod root/tmp");
     must_mount(r->dev, "root/dev", NULL, MS_BIND | MS_REC, NULL);
     must_mount("paddock-shm", "root/dev/shm", "tmpfs", flags | MS_NOEXEC, "mode=1777,size=16m");
-    if (chown("root/work", (uid_t)r->base, (gid_t)r->base) || chmod("root/work", 0755)) fail("chown root/work");
     if (chdir("/")) fail("chdir /");
 }
 
