@@ -244,6 +244,9 @@ class SandboxRuntime:
         self._dying: list["Sandbox"] = []     # destroyed, not yet reclaimed (see `settle`)
         self._images: dict[str, _ImageMount] = {}
         self._pools: dict[tuple, "warmpool.WarmPool"] = {}
+        # id(spec) -> (spec, pool) for the spec object a pool was made with: a handout for it
+        # builds no key (allocates nothing the collector tracks, so it never triggers a collection)
+        self._pool_of_spec: dict[int, tuple] = {}
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
@@ -346,6 +349,7 @@ class SandboxRuntime:
         return ""
 
     def close(self) -> None:
+        self._pool_of_spec.clear()
         for p in list(self._pools.values()):   # first: their refills still need the holder
             p.stop()
         self._pools.clear()
@@ -693,11 +697,13 @@ class SandboxRuntime:
                 p = self._pools[_pool_key(spec)] = warmpool.WarmPool(self, spec, target).start()
             else:
                 p.set_target(target)
+            self._pool_of_spec[id(spec)] = (spec, p)
         return p
 
     def acquire(self, spec: SandboxSpec, timeout_s: float = 30.0) -> "Sandbox":
         """A ready sandbox from the pool of `spec` if one exists, else a fresh one. Use once."""
-        p = self._pools.get(_pool_key(spec))
+        known = self._pool_of_spec.get(id(spec))
+        p = known[1] if known is not None and known[0] is spec else self._pools.get(_pool_key(spec))
         if p is not None:
             sb = p.take()
             if sb is not None:

@@ -2,6 +2,7 @@
 and the warm pool (handed out once, refilled in the background, destroyed after use)."""
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -124,6 +125,35 @@ def test_a_handout_never_waits_on_the_refill_threads_lock(runtime, busybox_image
         release.set()
         holder.join(timeout=30)
         for sb in got:
+            sb.destroy()
+        pool.stop()
+        runtime._pools.clear()
+
+
+def test_a_handout_allocates_nothing_the_garbage_collector_tracks(runtime, busybox_image):
+    """So a handout can never start a collection (a gen-2 one takes milliseconds)."""
+    spec = SandboxSpec(image=busybox_image, hostname="no-gc")
+    pool = runtime.pool(spec, target=2)
+    taken = []
+    try:
+        assert pool.wait_ready(2, timeout_s=30)
+        pool.set_target(0)   # the refill thread stays idle meanwhile
+        collections = []
+
+        def seen(phase, info):
+            collections.append(phase)
+        threshold = gc.get_threshold()
+        gc.collect()
+        gc.callbacks.append(seen)
+        gc.set_threshold(1)   # any tracked allocation now starts a collection
+        try:
+            taken.append(runtime.acquire(spec))
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(seen)
+        assert taken[0] is not None and collections == []
+    finally:
+        for sb in taken:
             sb.destroy()
         pool.stop()
         runtime._pools.clear()
