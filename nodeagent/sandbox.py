@@ -290,14 +290,22 @@ class SandboxRuntime:
             self.cgroups.close()
             self._remove_state_dir()
             raise SandboxError(f"the native sandbox init is not available: {exc}") from None
+        shim = _open_fuse_shim()
         ours, theirs = socket.socketpair()
         self._spares_chan, chan = socket.socketpair()
         self._spares_chan.setblocking(False)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "nodeagent.zygote", "--ctl-fd", str(theirs.fileno()),
-             "--state", self.state_dir, "--init-fd", str(self._init_exe), "--spares-fd", str(chan.fileno())],
-            pass_fds=(theirs.fileno(), self._init_exe, chan.fileno()), stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/", env=_clean_env())
+        argv = [sys.executable, "-m", "nodeagent.zygote", "--ctl-fd", str(theirs.fileno()),
+                "--state", self.state_dir, "--init-fd", str(self._init_exe), "--spares-fd", str(chan.fileno())]
+        if shim is not None:
+            argv += ["--fuse-shim-fd", str(shim)]
+        try:
+            self._proc = subprocess.Popen(
+                argv, pass_fds=(theirs.fileno(), self._init_exe, chan.fileno(), *([shim] if shim is not None else [])),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/",
+                env=_clean_env())
+        finally:
+            if shim is not None:
+                os.close(shim)
         theirs.close()
         chan.close()
         self._ctl = ours
@@ -727,6 +735,16 @@ def _descends_from(pid: int, ancestor: int | None) -> bool:
         except OSError:
             return False
     return False
+
+
+def _open_fuse_shim() -> int | None:
+    """The squashfuse_ll preload library (`native/fuseshim.c`), open; None (logged) when it cannot
+    be built: image mounts then work as before, with more FUSE round trips per sandbox."""
+    try:
+        return os.open(native.fuse_shim(), os.O_RDONLY | os.O_CLOEXEC)
+    except (native.NativeBuildError, OSError) as exc:
+        log.warning("squashfuse runs without the FUSE shim (more round trips per sandbox): %s", exc)
+        return None
 
 
 def _clean_env() -> dict:

@@ -37,9 +37,10 @@ import time
 from nodeagent import framing, nsutil, sbxinit, seccomp
 
 MOUNT_TIMEOUT_S = 10.0
-# squashfuse_ll: the low-level daemon, multi-threaded, lets the kernel cache entries and
-# attributes without timeout (an image never changes under its mount). The high-level
-# `squashfuse` (single-threaded) is the fallback, told to cache for a day.
+# squashfuse_ll: the low-level daemon lets the kernel cache entries (negative ones too) and
+# attributes without timeout (an image never changes under its mount); it runs with the FUSE
+# shim preloaded (native/fuseshim.c: no xattr requests, cached symlinks) when the agent sent
+# one. The high-level `squashfuse` is the fallback, told to cache for a day.
 SQUASHFUSE = "squashfuse_ll" if shutil.which("squashfuse_ll") else "squashfuse"
 FUSE_CACHE_OPTS = "" if SQUASHFUSE == "squashfuse_ll" else \
     ",entry_timeout=86400,negative_timeout=86400,attr_timeout=86400,kernel_cache"
@@ -54,8 +55,10 @@ def _mounted(path: str) -> bool:
 
 
 class NodeInit:
-    def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int, spares_chan: socket.socket):
+    def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int, spares_chan: socket.socket,
+                 fuse_shim: int = -1):
         self.ctl = ctl
+        self.fuse_shim = fuse_shim   # the squashfuse_ll preload library (native/fuseshim.c), open, or -1
         self.spares_chan = spares_chan   # spare builders' request sockets go to the agent here
         self.init_exe = init_exe   # the native sandbox init (an open file, exec'd via /proc/self/fd)
         self.bpf_fd = -1           # the seccomp program (raw BPF in a memfd), built once
@@ -265,8 +268,11 @@ class NodeInit:
         if extract:
             return self._extract_image(key, path, offset, mnt)
         argv = [SQUASHFUSE, "-f", "-o", f"ro,allow_other,offset={offset}{FUSE_CACHE_OPTS}", path, mnt]
+        env, keep = dict(os.environ), ()
+        if SQUASHFUSE == "squashfuse_ll" and self.fuse_shim >= 0:   # no xattr requests, cached symlinks
+            env["LD_PRELOAD"], keep = f"/proc/self/fd/{self.fuse_shim}", (self.fuse_shim,)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, env=env, pass_fds=keep)
         deadline = time.monotonic() + MOUNT_TIMEOUT_S
         while not _mounted(mnt):
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -455,7 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state", required=True)
     ap.add_argument("--init-fd", type=int, required=True)
     ap.add_argument("--spares-fd", type=int, required=True)
+    ap.add_argument("--fuse-shim-fd", type=int, default=-1)
     args = ap.parse_args(argv)
+    if args.fuse_shim_fd >= 0:
+        os.set_inheritable(args.fuse_shim_fd, False)   # only the squashfuse daemons get it
     ctl = socket.socket(fileno=args.ctl_fd)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     nsutil.unshare(nsutil.CLONE_NEWUSER | nsutil.CLONE_NEWNS)
@@ -476,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
-    node = NodeInit(ctl, args.state, args.init_fd, socket.socket(fileno=args.spares_fd))
+    node = NodeInit(ctl, args.state, args.init_fd, socket.socket(fileno=args.spares_fd), args.fuse_shim_fd)
     try:
         node.setup()
     except OSError as exc:

@@ -16,6 +16,7 @@ need_pkgs=(slurmctld slurmd slurm-client munge
            zstd   # zstd: .tar.zst image sources and zstd OCI layers (layers/staging.py)
            libseccomp2   # the sandbox's seccomp filter is built with libseccomp (nodeagent/seccomp.py)
            gcc libc6-dev   # the native sandbox init (nodeagent/native/sbxinit.c), built below and on first use
+           libfuse3-dev    # headers of the squashfuse_ll preload (nodeagent/native/fuseshim.c)
            bubblewrap    # bubblewrap: the reference point of benchmarks/sandbox_start.py
            tinyproxy-bin)   # the reference point of benchmarks/egress_proxy.py
 if [ "$(id -u)" -ne 0 ]; then
@@ -64,4 +65,5 @@ if grep -q " cgroup2 " /proc/mounts && ! grep " cgroup2 " /proc/mounts | grep -q
 fi
 # Build the native sandbox init now (the runtime would on first use).
 "$VENV/bin/python" -c 'from nodeagent import native; print("setup: sandbox init", native.init_binary())'
+"$VENV/bin/python" -c 'from nodeagent import native; print("setup: squashfuse preload", native.fuse_shim())'
 echo "setup: ok (sandbox user $SBX_USER: $(grep "^$SBX_USER:" /etc/subuid))"

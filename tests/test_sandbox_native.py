@@ -25,6 +25,15 @@ def test_the_init_is_built_once_per_source_version_into_the_cache_dir(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]   # the older one is gone
 
 
+def test_the_squashfuse_preload_is_built_once_per_source_version_beside_the_init(tmp_path):
+    path = native.fuse_shim(tmp_path)
+    assert path.name == native.shim_name() and path.name.endswith(".so")
+    assert path.read_bytes()[:4] == b"\x7fELF" and path.read_bytes()[16] == 3   # ET_DYN: a library
+    built_at = path.stat().st_mtime_ns
+    assert native.fuse_shim(tmp_path) == path and path.stat().st_mtime_ns == built_at
+    assert native.shim_name(native.SHIM_SOURCE.read_bytes() + b"\n") != path.name
+
+
 def test_an_edited_source_gets_another_binary_name():
     src = native.SOURCE.read_bytes()
     assert native.binary_name(src + b"\n/* edited */\n") != native.binary_name(src)

@@ -9,6 +9,8 @@ is a `NativeBuildError` naming the packages to install; `scripts/setup.sh` build
 
 The node agent opens the binary once and hands the open file to its node holder, which execs
 it through `/proc/self/fd/N`: the sandbox's ids need no access to the cache directory.
+`fuse_shim()` builds `fuseshim.c` the same way (`paddock-fuseshim-<hash>.so`), a library the
+holder preloads into its squashfuse_ll daemons through `/proc/self/fd/N` likewise.
 Standard library only.
 """
 from __future__ import annotations
@@ -22,6 +24,9 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("sbxinit.c")
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-static")   # static: a spare starts in half the CPU
+# The node's squashfuse_ll daemon preloads it (see fuseshim.c): fewer FUSE round trips per sandbox.
+SHIM_SOURCE = Path(__file__).with_name("fuseshim.c")
+SHIM_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC")
 COMPILERS = ("cc", "gcc")
 
 
@@ -36,35 +41,53 @@ def cache_dir() -> Path:
     return Path(base) / "paddock" / "native"
 
 
+def _name(prefix: str, src: bytes, flags: tuple[str, ...], suffix: str = "") -> str:
+    digest = hashlib.sha256(src + "\0".join(flags).encode()).hexdigest()[:16]
+    return f"{prefix}-{digest}{suffix}"
+
+
 def binary_name(source: bytes | None = None) -> str:
-    src = SOURCE.read_bytes() if source is None else source
-    digest = hashlib.sha256(src + "\0".join(CFLAGS).encode()).hexdigest()[:16]
-    return f"paddock-sbxinit-{digest}"
+    return _name("paddock-sbxinit", SOURCE.read_bytes() if source is None else source, CFLAGS)
+
+
+def shim_name(source: bytes | None = None) -> str:
+    return _name("paddock-fuseshim", SHIM_SOURCE.read_bytes() if source is None else source, SHIM_CFLAGS, ".so")
 
 
 def init_binary(directory: Path | None = None) -> Path:
     """The built init for the current source, compiling it if it is missing."""
+    return _built(SOURCE, CFLAGS, "paddock-sbxinit", "", "gcc and libc6-dev", directory)
+
+
+def fuse_shim(directory: Path | None = None) -> Path:
+    """The squashfuse_ll preload library for the current source, compiling it if it is missing
+    (needs libfuse 3's headers: libfuse3-dev)."""
+    return _built(SHIM_SOURCE, SHIM_CFLAGS, "paddock-fuseshim", ".so", "gcc and libfuse3-dev", directory)
+
+
+def _built(source: Path, flags: tuple[str, ...], prefix: str, suffix: str, packages: str,
+           directory: Path | None) -> Path:
     directory = directory or cache_dir()
-    src = SOURCE.read_bytes()
-    path = directory / binary_name(src)
+    src = source.read_bytes()
+    path = directory / _name(prefix, src, flags, suffix)
     if path.is_file() and os.access(path, os.X_OK):
         return path
     cc = next((shutil.which(c) for c in COMPILERS if shutil.which(c)), None)
     if cc is None:
-        raise NativeBuildError(f"no C compiler ({' or '.join(COMPILERS)}) to build the sandbox init "
-                               f"{SOURCE}: install gcc and libc6-dev (`make setup`, or "
-                               f"`apt-get install gcc libc6-dev`)")
+        raise NativeBuildError(f"no C compiler ({' or '.join(COMPILERS)}) to build {source}: install "
+                               f"{packages} (`make setup`, or `apt-get install {packages.replace(' and ', ' ')}`)")
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".build-", dir=directory)
     os.close(fd)
     try:
-        argv = [cc, *CFLAGS, "-o", tmp, str(SOURCE)]
+        argv = [cc, *flags, "-o", tmp, str(source)]
         res = subprocess.run(argv, capture_output=True, text=True)
         if res.returncode != 0:
-            raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}): {res.stderr.strip()[-2000:]}")
+            raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}; it needs {packages}): "
+                                   f"{res.stderr.strip()[-2000:]}")
         os.chmod(tmp, 0o755)
         os.rename(tmp, path)   # atomic: a concurrent builder's identical binary is replaced, never torn
-        for old in directory.glob("paddock-sbxinit-*"):   # other versions (a runtime using one holds it open)
+        for old in directory.glob(f"{prefix}-*"):   # other versions (a runtime using one holds it open)
             if old != path:
                 old.unlink(missing_ok=True)
     finally:

@@ -2,6 +2,7 @@
 (injected clock); the kernel path chosen at start; the fuse-overlayfs path; bad images."""
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -40,6 +41,31 @@ def test_one_mount_per_image_counted_and_unmounted_after_the_grace_period(busybo
         with rt.create(SandboxSpec(image=busybox_image)) as d:              # mounts again on demand
             assert d.exec(["true"]).exit_code == 0
             assert rt.mounted_images() == [key]
+
+
+XATTR_PROBE = """
+import os
+for call in (lambda: os.getxattr('/usr/bin', 'user.paddock'), lambda: os.listxattr('/usr/bin'),
+             lambda: os.getxattr(os.path.realpath('/usr/bin/env'), 'user.paddock')):
+    try:
+        call()
+        print('answered')
+    except OSError as exc:
+        print(exc.errno)
+print(os.readlink('/bin') if os.path.islink('/bin') else 'dir')
+"""
+
+
+def test_the_image_daemon_is_asked_for_no_xattrs_and_the_image_still_reads(runtime, python_image):
+    """The FUSE shim (native/fuseshim.c) answers getxattr/listxattr with ENOSYS once: the kernel
+    then answers EOPNOTSUPP itself, with no round trip (ENODATA would mean the daemon was asked)."""
+    with runtime.create(SandboxSpec(image=python_image)) as sb:
+        r = sb.exec(["python3", "-c", XATTR_PROBE])
+        assert r.exit_code == 0, r
+        lines = r.stdout.decode().split()
+        assert lines[:3] == [str(errno.EOPNOTSUPP)] * 3, r
+        again = sb.exec(["python3", "-c", XATTR_PROBE])   # symlinks read from the kernel's cache
+        assert again.stdout == r.stdout
 
 
 def test_kernel_path_is_detected_from_the_release():
