@@ -48,6 +48,7 @@ OVERLAY_ON_FUSE_KERNEL = (6, 5)   # writable kernel overlay over a FUSE lower wo
 OVERLAY_MODES = ("auto", "kernel", "fuse-overlayfs", "extracted")
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 DESTROY_TIMEOUT_S = 10.0
+RECORD_TEMPLATES_MAX = 64   # create-request templates kept (one per image and spec shape)
 
 
 class SandboxError(Exception):
@@ -248,6 +249,7 @@ class SandboxRuntime:
         # builds no key (allocates nothing the collector tracks, so it never triggers a collection)
         self._pool_of_spec: dict[int, tuple] = {}
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
+        self._record_templates: dict[tuple, list] = {}   # see _build_records
         self._ids = itertools.count(1)
         self._cg_ids = itertools.count(1)
         self._proc: subprocess.Popen | None = None
@@ -550,7 +552,7 @@ class SandboxRuntime:
 
                 def request_then_cgroups() -> None:
                     if self.overlay != "fuse-overlayfs":
-                        framing.send_records(ours, sbxinit.build_records(req, self.state_dir))
+                        framing.send_records(ours, self._build_records(req))
                     make_cgroups()
                 self._call(req, [theirs.fileno()], meanwhile=request_then_cgroups)
                 theirs.close()
@@ -577,10 +579,7 @@ class SandboxRuntime:
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
                      (reply.get("U") or [b""])[0].decode().strip(), spec, key, init_pidfd)
         sb.cgroup = cgroup
-        sb.start_stages = {"requested": t_req, "returned": time.monotonic()}
-        for mark in reply.get("T") or []:   # the builder's stage times (CLOCK_MONOTONIC, as ours)
-            name, _, at = mark.decode(errors="replace").partition("=")
-            sb.start_stages[name] = float(at)
+        sb._stage_marks = (t_req, time.monotonic(), reply.get("T") or [])   # parsed on demand
         with self._lock:
             self._live.add(sid)
         if spec.files:
@@ -607,10 +606,26 @@ class SandboxRuntime:
                 sock = self._spares.popleft()
             sock.setblocking(True)
             try:
-                framing.send_records(sock, sbxinit.build_records(req, self.state_dir))
+                framing.send_records(sock, self._build_records(req))
                 return sock
             except OSError:   # that spare died (the holder replaces it)
                 sock.close()
+
+    def _build_records(self, req: dict) -> list[tuple[str, bytes]]:
+        """`sbxinit.build_records(req)`: all but the sandbox's id, dir and id slice come from a
+        template per (image, limits, hostname, egress, caps), made once."""
+        tkey = (req["image_key"], tuple(sorted(req["limits"].items())), req["hostname"],
+                req["egress_socket"], tuple(req["cgroup_caps"]))
+        template = self._record_templates.get(tkey)
+        if template is None:
+            if len(self._record_templates) >= RECORD_TEMPLATES_MAX:
+                self._record_templates.clear()
+            template = [r for r in sbxinit.build_records({**req, "id": "s0", "slice_base": 0}, self.state_dir)
+                        if r[0] not in ("i", "d", "b")]
+            self._record_templates[tkey] = template
+        sid = req["id"]
+        return [("i", sid.encode()), ("d", f"{self.state_dir}/sbx/{sid}".encode()),
+                ("b", str(int(req["slice_base"])).encode()), *template]
 
     def active_sandboxes(self) -> int:
         """Sandboxes created and not yet destroyed (warm-pool sandboxes included; spare
@@ -762,6 +777,7 @@ class Sandbox:
         self.init_pid, self.uid_map, self.spec = init_pid, uid_map, spec
         self.image_key = image_key
         self.cgroup: str | None = None   # name of its cgroup under the node's (see cgroups.py)
+        self._stage_marks: tuple | None = None   # (requested, returned, the builder's raw marks)
         self._lock = threading.Lock()
         self.destroyed = False
 
@@ -774,6 +790,19 @@ class Sandbox:
             if pid > 0:
                 return pid
         return self.runtime.host_pid(self.init_pid)
+
+    @property
+    def start_stages(self) -> dict[str, float]:
+        """When each stage of its create() happened (CLOCK_MONOTONIC seconds): requested and
+        returned (the agent's), and the builder's and init's own marks in between."""
+        if self._stage_marks is None:
+            return {}
+        t_req, t_ret, marks = self._stage_marks
+        stages = {"requested": t_req, "returned": t_ret}
+        for mark in marks:
+            name, _, at = mark.decode(errors="replace").partition("=")
+            stages[name] = float(at)
+        return stages
 
     @property
     def cgroup_paths(self) -> dict[str, str]:
