@@ -6,8 +6,9 @@
  * request from the agent, then: unshares a mount namespace; forks a helper that makes the
  * sandbox's user namespace; unshares PID, IPC and UTS namespaces and forks the init; mounts the
  * root (a capped tmpfs, the overlay over the image with paths relative to the sandbox dir,
- * /dev, /dev/shm); maps the user namespace onto the sandbox's id slice; moves the init into
- * the cgroups the agent sent; gives the init its root and user namespace and waits for
+ * /dev, /dev/shm) and gives it to the init ("root": the init mounts /proc and pivots into it
+ * meanwhile); maps the user namespace onto the sandbox's id slice; moves the init into the
+ * cgroups the agent sent; gives the init its user namespace ("userns") and waits for
  * "ready"; reports to the holder (mount namespaces as fds) and to the agent (the init's socket
  * and pidfd); exits. A failure is reported to the agent with the call and errno text.
  *
@@ -664,17 +665,20 @@ static void init_main(struct init_cfg *cfg) {
     if (cfg->forked) {
         if (unshare(CLONE_NEWNET)) fail("unshare(CLONE_NEWNET)");
         loopback_up();
-        /* Meanwhile the builder mounts the root (in the namespace we share), maps a user
-         * namespace made for us and moves us into our cgroups; "root" brings that namespace. */
-        userns = expect("root");
+        /* Meanwhile the builder mounts the root (in the namespace we share): "root". */
+        expect("root");
+        /* Meanwhile the builder maps a user namespace made for us and moves us into our
+         * cgroups: "userns" brings that namespace. */
+        enter_root(cfg->root);
+        userns = expect("userns");
         if (userns < 0) {
             errno = EBADF;
-            fail("no user namespace came with the root");
+            fail("no user namespace came with \"userns\"");
         }
     } else {
         loopback_up();
+        enter_root(cfg->root);
     }
-    enter_root(cfg->root);
     if (userns >= 0) {
         if (setns(userns, CLONE_NEWUSER)) fail("setns into the sandbox user namespace");
         close(userns);
@@ -801,6 +805,13 @@ static void init_failed(struct buf *msg, pid_t pid, const char *when) {
     fail("sandbox init %d failed %s", pid, when);
 }
 
+/* The init closed its socket during its setup: pass its own report on if it sent one. */
+static void init_gone(pid_t pid) {
+    struct buf msg = {0};
+    if (recv_frame(mon, &msg, NULL, NULL, 0)) msg.len = 0;
+    init_failed(&msg, pid, "during its setup");
+}
+
 /* A spare builder: waits on `agent` (a socket whose other end the node holder handed to the
  * agent) for one create request; builds the sandbox (the agent sends its cgroup.procs files
  * meanwhile); reports to the holder on `sock` and to the agent; exits. */
@@ -855,6 +866,10 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     mark(&stages, "init_forked");
     build_root(&r);
     mark(&stages, "root_built");
+    /* The init mounts its /proc and pivots into the root while the user namespace is mapped
+     * and the cgroups are joined; it enters either only once "userns" comes. */
+    rec_str(&out, 's', "root");
+    if (send_frame(mon, &out, NULL, 0)) init_gone(pid);
     char c, map[64];
     if (read(us[0], &c, 1) != 1) { kill(pid, SIGKILL); errno = ECHILD; fail("the user namespace helper failed"); }
     snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
@@ -867,11 +882,10 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     snprintf(path, sizeof path, "/proc/%d/ns/user", helper);
     int userns = open(path, O_RDONLY | O_CLOEXEC);
     if (userns < 0) { kill(pid, SIGKILL); fail("open %s", path); }
-    close(us[0]);
-    waitpid(helper, NULL, 0);
+    close(us[0]);   /* the helper exits now; the node init reaps it (this builder does not wait) */
     mark(&stages, "userns_mapped");
     /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
-     * failure instead ends the create). Joined before "root": the init makes its cgroup
+     * failure instead ends the create). Joined before "userns": the init makes its cgroup
      * namespace after it. */
     int got[1], ngot = 0;
     char tag;
@@ -889,8 +903,8 @@ static int builder_main(int sock, int agent, int bpf_fd) {
         close(fds[i]);
     }
     mark(&stages, "init_in_cgroups");
-    rec_str(&out, 's', "root");
-    if (send_frame(mon, &out, &userns, 1)) { kill(pid, SIGKILL); fail("sandbox init %d is gone", pid); }
+    rec_str(&out, 's', "userns");
+    if (send_frame(mon, &out, &userns, 1)) init_gone(pid);
     close(userns);
     if (recv_frame(mon, &req, got, &ngot, 1) || ngot != 1 || next_rec(&req, 0, &tag, &val, &n) <= 0
         || tag != 's' || n != 5 || memcmp(val, "ready", 5)) {
