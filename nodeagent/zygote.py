@@ -9,7 +9,8 @@ PID namespace and forks stage 2, the node init, which:
 - mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
   (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
   works), shared by every sandbox of the node;
-- keeps SPARE_BUILDERS native builders (`nodeagent/native/sbxinit.c`) waiting, holding nothing
+- keeps SPARE_BUILDERS native builders (`nodeagent/native/sbxinit.c`, forked by its native
+  factory, which holds nothing of any sandbox either) waiting, holding nothing
   of any sandbox; the agent gets each one's request socket (over the spares channel) and sends
   a create to it directly; the builder reports the sandbox here and is replaced;
 - keeps each sandbox's mount namespaces (fds) and its init's pidfd, forks a short-lived helper
@@ -72,6 +73,7 @@ class NodeInit:
         self.sel = selectors.DefaultSelector()
         self.spares: set[int] = set()           # spare builders handed to the agent, not yet used
         self.builders: dict[socket.socket, int] = {}   # builder -> its PID, until it reports (or dies)
+        self.factory: socket.socket | None = None   # the native factory of spare builders
         self.leaked: list[str] = []                               # what a teardown could not remove
 
     def setup(self) -> None:
@@ -135,21 +137,53 @@ class NodeInit:
             self.spares.add(pid)
 
     def _spawn_builder(self, agent_fd: int) -> int:
-        """A native builder (`nodeagent/native/sbxinit.c`, vfork+exec: no copy of this process)
-        that reads one create request on `agent_fd` and reports the sandbox here."""
+        """A native builder (`nodeagent/native/sbxinit.c`) that reads one create request on
+        `agent_fd` and reports the sandbox here: forked by the native factory, or (if it is
+        gone) spawned (vfork+exec: no copy of this process)."""
         ours, theirs = socket.socketpair()
-        for fd in (theirs.fileno(), agent_fd, self.bpf_fd):
-            os.set_inheritable(fd, True)
-        argv = ["paddock-sbxbuild", "builder", "--sock", str(theirs.fileno()), "--agent-fd", str(agent_fd),
-                "--bpf-fd", str(self.bpf_fd)]
         try:
-            pid = os.posix_spawn(f"/proc/self/fd/{self.init_exe}", argv, {})
+            pid = self._factory_fork(theirs.fileno(), agent_fd)
+            if pid is None:
+                for fd in (theirs.fileno(), agent_fd, self.bpf_fd):
+                    os.set_inheritable(fd, True)
+                argv = ["paddock-sbxbuild", "builder", "--sock", str(theirs.fileno()), "--agent-fd",
+                        str(agent_fd), "--bpf-fd", str(self.bpf_fd)]
+                pid = os.posix_spawn(f"/proc/self/fd/{self.init_exe}", argv, {})
         finally:
             theirs.close()
             os.set_inheritable(agent_fd, False)
         self.builders[ours] = pid
         self.sel.register(ours, selectors.EVENT_READ, ("builder", pid))
         return pid
+
+    def start_factory(self) -> None:
+        """The native factory of spare builders (a fork of it costs a third of an exec)."""
+        ours, theirs = socket.socketpair()
+        os.set_inheritable(theirs.fileno(), True)
+        os.set_inheritable(self.bpf_fd, True)
+        argv = ["paddock-sbxfactory", "factory", "--ctl", str(theirs.fileno()), "--bpf-fd", str(self.bpf_fd)]
+        try:
+            os.posix_spawn(f"/proc/self/fd/{self.init_exe}", argv, {})
+            self.factory = ours
+        except OSError:
+            ours.close()
+        finally:
+            theirs.close()
+
+    def _factory_fork(self, sock_fd: int, agent_fd: int) -> int | None:
+        """A builder forked by the factory (its PID), or None when the factory is gone."""
+        if self.factory is None:
+            return None
+        try:
+            framing.send_records(self.factory, [("f", b"")], [sock_fd, agent_fd])
+            pid = int(framing.recv_records(self.factory, max_bytes=256)["p"][0])
+            if pid > 0:
+                return pid
+        except (framing.FramingError, OSError, KeyError, ValueError):
+            pass
+        self.factory.close()   # gone or failing: builders are spawned from now on
+        self.factory = None
+        return None
 
     def _fork_builder(self, req: dict, agent_fd: int) -> None:
         """A Python builder for the fuse-overlayfs path (it starts the daemon, then spawns the
@@ -496,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     # scanned by the collector, so the forks do not dirty (copy) the pages that hold them.
     gc.collect()
     gc.freeze()
+    node.start_factory()
     node.fill_spares()
     node.serve()
     os._exit(0)

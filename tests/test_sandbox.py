@@ -131,6 +131,20 @@ def test_a_spare_builder_that_dies_is_replaced_at_once_and_held_nothing(busybox_
             assert sb.exec(["hostname"]).stdout == b"after\n"
 
 
+def test_spares_are_forks_of_the_native_factory_and_a_dead_factory_only_costs_speed(busybox_image):
+    with SandboxRuntime() as runtime:   # its own: kills its factory
+        spares = [psutil.Process(runtime.host_pid(p)) for p in runtime.spare_builders()]
+        factory = spares[0].parent()
+        assert {s.parent().pid for s in spares} == {factory.pid} and factory.cmdline()[1] == "factory"
+        assert len(os.listdir(f"/proc/{spares[0].pid}/fd")) == 6   # stdio, 2 sockets, the seccomp program
+        factory.kill()
+        factory.wait(10)
+        for _ in range(3):   # each create uses a spare; its replacement is spawned now
+            with runtime.create(SandboxSpec(image=busybox_image)) as sb:
+                assert sb.exec(["true"]).exit_code == 0
+        assert len(runtime.spare_builders()) == 2
+
+
 def test_a_failed_create_names_the_call_and_errno_and_leaves_nothing(busybox_image):
     with SandboxRuntime() as runtime:   # its own: counts every directory and cgroup of the node
         free = len(runtime._free_slices)

@@ -942,6 +942,36 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ the factory */
+
+/* The node holder's source of spare builders: for each request (a frame with two fds: the
+ * builder's socket to the holder, its socket to the agent) it forks a builder and answers
+ * with its PID ('p'; minus errno if the fork failed). A fork of this small process costs a
+ * third of a fresh exec. It holds nothing of any sandbox; its builders are reaped by the
+ * kernel (SIGCHLD ignored here, default again in each builder). Exits when the holder closes. */
+static int factory_main(int ctl, int bpf_fd) {
+    struct buf req = {0}, out = {0};
+    int keep[2] = {ctl, bpf_fd};
+    close_all_but(keep, 2);   /* whatever else the holder had open: its builders get none of it */
+    signal(SIGCHLD, SIG_IGN);
+    for (;;) {
+        int fds[2], nfds = 0;
+        if (recv_frame(ctl, &req, fds, &nfds, 2)) return 0;
+        pid_t pid = -1;
+        errno = EINVAL;
+        if (nfds == 2) pid = fork();
+        if (pid == 0) {
+            signal(SIGCHLD, SIG_DFL);
+            close(ctl);
+            _exit(builder_main(fds[0], fds[1], bpf_fd));
+        }
+        long long answer = pid > 0 ? pid : -(long long)errno;
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        rec_num(&out, 'p', answer);
+        if (send_frame(ctl, &out, NULL, 0)) return 0;
+    }
+}
+
 /* ------------------------------------------------------------------ main */
 
 static void usage_fail(const char *what) {
@@ -950,15 +980,18 @@ static void usage_fail(const char *what) {
 }
 
 /* paddock-sbxinit builder --sock N --agent-fd A --bpf-fd M     a spare builder (builder_main)
+ * paddock-sbxinit factory --ctl N --bpf-fd M                   forks spare builders (factory_main)
  * paddock-sbxinit --mon N --bpf-fd M --root DIR [--hostname H] [--rlimit NAME=V]... [--egress-fd E]
  *                                                     the init, spawned by a Python builder */
 int main(int argc, char **argv) {
     struct init_cfg cfg = {.hostname = "sandbox", .bpf_fd = -1};
-    int sock = -1, agent = -1, builder = argc > 1 && !strcmp(argv[1], "builder");
+    int sock = -1, agent = -1, ctl = -1, builder = argc > 1 && !strcmp(argv[1], "builder");
+    int factory = argc > 1 && !strcmp(argv[1], "factory");
     signal(SIGPIPE, SIG_IGN);
-    for (int i = 1 + builder; i + 1 < argc; i += 2) {
+    for (int i = 1 + builder + factory; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--mon")) mon = report_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--sock")) sock = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ctl")) ctl = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--agent-fd")) agent = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--bpf-fd")) cfg.bpf_fd = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--egress-fd")) egress_fd = atoi(argv[i + 1]);
@@ -969,6 +1002,7 @@ int main(int argc, char **argv) {
         else return 2;
     }
     if (builder) return sock >= 0 && agent >= 0 && cfg.bpf_fd >= 0 ? builder_main(sock, agent, cfg.bpf_fd) : 2;
+    if (factory) return ctl >= 0 && cfg.bpf_fd >= 0 ? factory_main(ctl, cfg.bpf_fd) : 2;
     if (mon < 0) return 2;
     if (!cfg.root || cfg.bpf_fd < 0) usage_fail("--root and --bpf-fd are required");
     init_main(&cfg);
