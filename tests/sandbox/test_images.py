@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 
 import pytest
 
+from nodeagent import native
 from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, choose_overlay
 
 pytestmark = pytest.mark.sandbox
@@ -67,6 +69,16 @@ def test_the_image_daemon_is_asked_for_no_xattrs_and_the_image_still_reads(runti
         assert lines[:3] == [str(errno.EOPNOTSUPP)] * 3, r
         again = sb.exec(["python3", "-c", XATTR_PROBE])   # symlinks read from the kernel's cache
         assert again.stdout == r.stdout
+
+
+def test_without_the_fuse_shim_images_mount_as_before_and_the_agent_says_so(busybox_image, monkeypatch, caplog):
+    def no_headers(*_a, **_k):
+        raise native.NativeBuildError("fuse3/fuse_lowlevel.h: No such file (it needs gcc and libfuse3-dev)")
+    monkeypatch.setattr(native, "fuse_shim", no_headers)
+    with caplog.at_level(logging.WARNING, logger="nodeagent.sandbox"):
+        with SandboxRuntime() as rt, rt.create(SandboxSpec(image=busybox_image)) as sb:
+            assert sb.exec(["sh", "-c", "readlink /bin/sh && cat /etc/passwd >/dev/null"]).exit_code == 0
+    assert "without the FUSE shim" in caplog.text and "libfuse3-dev" in caplog.text
 
 
 def test_files_read_whole_and_at_offsets_from_a_fresh_image_mount_match_the_image(rw_image):
