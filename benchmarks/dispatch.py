@@ -246,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agents", default="1,8,64")
     ap.add_argument("--slots", type=int, default=64, help="total slots, split over the agents")
     ap.add_argument("--agent-procs", type=int, default=2)
-    ap.add_argument("--latency-n", type=int, default=500)
+    ap.add_argument("--latency-n", type=int, default=2000,
+                    help="probes per agent count (a p99 of 500 is their 5th largest: one stall of this shared machine moves it)")
     ap.add_argument("--slurm-jobs", type=int, default=40)
     ap.add_argument("--slurm-latency-n", type=int, default=10)
     ap.add_argument("--no-slurm", action="store_true")
