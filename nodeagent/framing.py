@@ -53,7 +53,9 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_msg(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):
+def _recv_frame(sock: socket.socket, max_bytes: int, with_fds: bool) -> tuple[bytes, list[int]]:
+    """One length-prefixed frame's body, and the fds that came with its header. An oversized
+    frame closes those fds and raises FramingError."""
     fds: list[int] = []
     if with_fds:
         hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, 4)
@@ -65,9 +67,16 @@ def recv_msg(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: 
         hdr = _recv_exact(sock, _HDR.size)
     (size,) = _HDR.unpack(hdr)
     if size > max_bytes:
+        for fd in fds:
+            os.close(fd)
         raise FramingError(f"message of {size} bytes exceeds the limit of {max_bytes}")
+    return _recv_exact(sock, size), fds
+
+
+def recv_msg(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):
+    body, fds = _recv_frame(sock, max_bytes, with_fds)
     try:
-        obj = json.loads(_recv_exact(sock, size), object_hook=_hook)
+        obj = json.loads(body, object_hook=_hook)
     except ValueError as exc:
         raise FramingError(f"malformed message: {exc}") from None
     return (obj, fds) if with_fds else obj
@@ -111,19 +120,6 @@ def send_records(sock: socket.socket, records: list[tuple[str, bytes]], fds: lis
 
 def recv_records(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_fds: bool = False):
     """One frame of records as {tag: [values]} (and the fds that came with it)."""
-    fds: list[int] = []
-    if with_fds:
-        hdr, fds, _flags, _addr = socket.recv_fds(sock, _HDR.size, 4)
-        if not hdr:
-            raise FramingError("peer closed the connection")
-        if len(hdr) < _HDR.size:
-            hdr += _recv_exact(sock, _HDR.size - len(hdr))
-    else:
-        hdr = _recv_exact(sock, _HDR.size)
-    (size,) = _HDR.unpack(hdr)
-    if size > max_bytes:
-        for fd in fds:
-            os.close(fd)
-        raise FramingError(f"message of {size} bytes exceeds the limit of {max_bytes}")
-    recs = decode_records(_recv_exact(sock, size))
+    body, fds = _recv_frame(sock, max_bytes, with_fds)
+    recs = decode_records(body)
     return (recs, fds) if with_fds else recs
