@@ -946,12 +946,16 @@ def _result_fields_ok(d: dict) -> bool:
             and (infra is not None or d["outcome"] != "infra_error"))
 
 
-def _build_result(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+def _exact_keys(body: dict, msg_id: Optional[str], want: frozenset) -> bool:
+    """The body has exactly the message's fields (`id` given apart, or in the body)."""
     keys = body.keys()
     if msg_id is None:
-        if keys != _RESULT_KEYS:
-            return None
-    elif len(keys) != 8 or "id" in keys or not (keys | {"id"}) == _RESULT_KEYS:
+        return keys == want
+    return len(keys) == len(want) - 1 and "id" not in keys and (keys | {"id"}) == want
+
+
+def _build_result(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+    if not _exact_keys(body, msg_id, _RESULT_KEYS):
         return None
     msg = object.__new__(Result)
     d = msg.__dict__
@@ -962,11 +966,7 @@ def _build_result(body: dict, msg_id: Optional[str]) -> Optional[Message]:
 
 
 def _build_lease(body: dict, msg_id: Optional[str]) -> Optional[Message]:
-    keys = body.keys()
-    if msg_id is None:
-        if keys != _LEASE_KEYS:
-            return None
-    elif len(keys) != 10 or "id" in keys or not (keys | {"id"}) == _LEASE_KEYS:
+    if not _exact_keys(body, msg_id, _LEASE_KEYS):
         return None
     pol = body["policy"]
     if type(pol) is not dict or pol.keys() != _POLICY_KEYS:
