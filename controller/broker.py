@@ -21,8 +21,10 @@ import argparse
 import heapq
 import json
 import logging
+import os
 import random
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -747,6 +749,43 @@ class Controller:
                 log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
 
 
+class AutoCompact:
+    """A Controller hook: once `every` rollouts have committed since the last compaction, merge
+    the run's small shards in a separate, niced process (`paddock compact`, crash-safe, one at
+    a time), so a long run's store stays fast to query. `wait()` at shutdown lets a running
+    compaction finish."""
+
+    def __init__(self, run_dir: str, every: int):
+        self.run_dir, self.every = run_dir, every
+        self.proc: Optional[subprocess.Popen] = None
+        self.last = 0
+        self.runs = 0
+
+    def __call__(self, ctl: "Controller") -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            log.info("compaction exited with %s (see logs/compact.log)", self.proc.returncode)
+            self.proc = None
+        committed = ctl.core.counters["committed"]
+        if self.proc is None and committed - self.last >= self.every:
+            self.last = committed
+            self.runs += 1
+            logs = Path(self.run_dir) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            with open(logs / "compact.log", "ab") as out:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "controller.cli", "compact", "--run", self.run_dir],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    preexec_fn=lambda: os.nice(10))
+
+    def wait(self, timeout_s: float = 120.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:      # it is crash-safe: the next one finishes it
+            log.warning("compaction still running after %.0fs at shutdown: leaving it", timeout_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="paddock controller")
     ap.add_argument("--bind", default="tcp://127.0.0.1:0")
@@ -768,6 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-port", type=int, default=None,
                     help="serve Prometheus metrics on this port (0: any free port; see controller/metrics.py)")
     ap.add_argument("--metrics-addr", default="0.0.0.0")
+    ap.add_argument("--compact-every", type=int, default=0, metavar="N",
+                    help="merge the run's small shards after every N commits (0: never)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s controller %(levelname)s %(message)s")
@@ -793,8 +834,13 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(args.endpoint_file + ".tmp")
     tmp.write_text(ctl.endpoint)
     tmp.rename(args.endpoint_file)
+    compactor = AutoCompact(str(run_dir), args.compact_every) if args.compact_every > 0 else None
+    if compactor is not None:
+        ctl.hooks.append(compactor)
     log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
     ctl.serve()
+    if compactor is not None:
+        compactor.wait()
     return 0
 
 

@@ -232,10 +232,12 @@ def curriculum_path(run_dir: Path, bank: str) -> Path:
 
 
 def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
+    from controller.run import COMPACT_EVERY
     argv = [sys.executable, "-m", "controller.broker", "--bind", f"tcp://{addr}:0",
             "--deployment", args.deployment, "--run-dir", str(run_dir),
             "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
-            "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
+            "--heartbeat-interval-s", str(args.heartbeat_interval_s),
+            "--compact-every", str(COMPACT_EVERY)]
     if args.metrics_port is not None:
         argv += ["--metrics-port", str(args.metrics_port)]
     if getattr(args, "trainer", ""):

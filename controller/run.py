@@ -22,6 +22,9 @@ import yaml
 log = logging.getLogger(__name__)
 
 
+COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
+
+
 class ConfigError(ValueError):
     """An invalid run config: the message names the key."""
 
@@ -44,6 +47,7 @@ class RunConfig:
     validate: str = "quick"           # quick | full | off: validate the task set first (validation.py)
     taskset: str = "builtin"          # "builtin", or a task set stored in the bank (`paddock tasks import`)
     bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
+    compact_every: int = COMPACT_EVERY  # the controller merges small shards after every N commits (0: never)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -52,6 +56,8 @@ class RunConfig:
         for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
             if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
                 raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+        if isinstance(self.compact_every, bool) or not isinstance(self.compact_every, int) or self.compact_every < 0:
+            raise ConfigError(f"config key 'compact_every' must be an integer >= 0, got {self.compact_every!r}")
         if self.validate not in ("quick", "full", "off"):
             raise ConfigError(f"config key 'validate' must be quick, full or off, got {self.validate!r}")
         if self.agents * self.slots_per_agent > 62:
@@ -199,7 +205,8 @@ def run_local(cfg: RunConfig, console=None) -> Path:
                           "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-                          "--lease-ttl-s", str(cfg.lease_ttl_s)], run_dir / "logs" / "controller.log")
+                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
+                         run_dir / "logs" / "controller.log")
             procs.append(ctl)
             endpoint = _wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
             for i in range(cfg.agents):

@@ -125,3 +125,21 @@ def test_an_exported_database_opens_in_plain_duckdb_with_the_same_views(run_dir,
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(got) == want and want[0] == 32
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_the_controller_compacts_a_run_as_it_goes_and_nothing_is_lost_or_doubled(tmp_path, python_image):
+    run_dir = run_local(RunConfig(versions=1, tasks_limit=16, compact_every=4, runs_dir=str(tmp_path / "runs"),
+                                  heartbeat_interval_s=0.5))
+    assert list((run_dir / "catalog").glob("compact-*.parquet")), (run_dir / "logs" / "compact.log").read_text()
+    assert list((run_dir / "rollouts").glob("compact-*.parquet"))
+    con = connect(run_dir)
+    assert con.execute("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone() == (16, 16)
+    assert con.execute("SELECT count(*) FROM bad_shards").fetchone()[0] == 0
+    # every step row once: the count each rollout row records equals the rows the steps view has
+    declared, stored = con.execute("SELECT (SELECT sum(steps) FROM rollouts), (SELECT count(*) FROM steps)").fetchone()
+    assert declared == stored > 0
+
+
+def test_compact_every_must_be_a_count():
+    with pytest.raises(ConfigError, match="compact_every"):
+        RunConfig(compact_every=-1)
