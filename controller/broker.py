@@ -21,7 +21,6 @@ import argparse
 import heapq
 import json
 import logging
-import os
 import random
 import sqlite3
 import subprocess
@@ -772,10 +771,12 @@ class AutoCompact:
             logs = Path(self.run_dir) / "logs"
             logs.mkdir(parents=True, exist_ok=True)
             with open(logs / "compact.log", "ab") as out:
+                # nice(1), not a preexec_fn: the controller has threads (metrics), and code run
+                # between fork and exec in a threaded process may deadlock
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "controller.cli", "compact", "--run", self.run_dir],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    preexec_fn=lambda: os.nice(10))
+                    ["nice", "-n", "10", sys.executable, "-m", "controller.cli", "compact",
+                     "--run", self.run_dir],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def wait(self, timeout_s: float = 120.0) -> None:
         if self.proc is None:
