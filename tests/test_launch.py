@@ -73,7 +73,8 @@ def test_launched_farm_trains_and_accounting_reports_it_completed(accounted_clus
 def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_cluster, tmp_path):
     # an agent count the head will wait for in vain: the job would run until its time limit
     handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), agents_wait_s=500, controller_wait_s=500))
-    wait_for(lambda: handle.state() == "RUNNING", 30, "the job to run")
+    # the nodes may still be finishing the previous test's job (epilog), and accounting lags
+    wait_for(lambda: handle.state() == "RUNNING", 90, "the job to run")
     subprocess.run(["scancel", "--signal=KILL", handle.job_id], check=True)   # the job dies
     t0 = time.monotonic()
     state = handle.wait(timeout_s=60, poll_s=0.5)
