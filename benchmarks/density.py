@@ -25,7 +25,7 @@ import psutil
 from layers.builtin import default_store_root, ensure_busybox_image
 from layers.sif import read_sif
 from layers.store import ImageStore
-from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec
 
 MIB = 1 << 20
 

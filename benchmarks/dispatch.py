@@ -1,7 +1,7 @@
 """Dispatch: no-op rollouts through a real controller and real node agents over ZeroMQ,
 against one Slurm job (`sbatch`) and one job step (`srun`) per rollout, in one run.
 
-Paddock: a controller process (`python -m controller.broker`, durable queue, group commit)
+Paddock: a controller process (`python -m controller.broker.core`, durable queue, group commit)
 and 1, 8 or 64 node agents (threads in `--agent-procs` processes, no-op runner; the total
 slot count is the same for every agent count) and a trainer client in this process.
   throughput  submit `--rollouts` in one batch, iterate results until the last commits:
@@ -69,7 +69,7 @@ def ms(x: float) -> str:
 def agent_host(endpoint: str, names: list[str], slots: int) -> int:
     import logging
     logging.basicConfig(level=logging.WARNING)
-    from nodeagent.agent import NodeAgent, noop_runner
+    from nodeagent.agent.daemon import NodeAgent, noop_runner
     # Health sampling is off: it reads all of /proc (~0.1-0.2 s here), which 64 agents sharing
     # 2 cores would do 64 times a second; on a cluster each node samples once for itself.
     agents = [NodeAgent(n, endpoint, DEP, slots, runner=noop_runner(), heartbeat_interval_s=1.0,
@@ -94,7 +94,7 @@ class Farm:
         ep_file = tmp / "endpoint"
         prof = ["-m", "cProfile", "-o", f"{profile}.{agents}"] if profile else []
         self.procs = [subprocess.Popen(
-            [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
+            [sys.executable, *prof, "-m", "controller.broker.core", "--deployment", DEP, "--run-dir",
              str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"), "--endpoint-file",
              str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60"],
             cwd=ROOT, stderr=open(tmp / "controller.log", "wb"))]
@@ -113,7 +113,7 @@ class Farm:
                 [sys.executable, __file__, "--agent-host", self.endpoint, "--names",
                  ",".join(mine), "--slots", str(slots)], cwd=ROOT,
                 stderr=open(tmp / f"agents-{k}.log", "wb")))
-        from controller.client import Client
+        from controller.client.api import Client
         self.client = Client(self.endpoint, DEP, timeout_s=10, give_up_s=120, watch_wait_s=1.0)
         while sum(n["state"] == "live" for n in self.client.status().nodes) < agents:
             time.sleep(0.05)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from nodeagent.egress import EgressProxy, parse_policy
+from nodeagent.egress.proxy import EgressProxy, parse_policy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.netns import origin_netns  # noqa: E402

@@ -23,8 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from layers.builtin import default_store_root, ensure_busybox_image
 from layers.store import ImageStore
-from nodeagent.harness import run_agent
-from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+from nodeagent.harness.loop import run_agent
+from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec
 
 REPLY = json.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
     "role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function", "function": {

@@ -31,7 +31,7 @@ import time
 from layers.builtin import default_store_root, ensure_busybox_image
 from layers.sif import read_sif
 from layers.store import ImageStore
-from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec
 
 LIMITS = {"memory_mb": 256, "pids": 64, "cpu": 1.0, "disk_mb": 64, "nofile": 256}
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.sbatch import render  # noqa: E402
+from slurm.sbatch import render  # noqa: E402
 from slurm.testcluster import TestCluster  # noqa: E402
 
 REFERENCE = """#!/bin/bash

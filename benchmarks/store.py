@@ -6,10 +6,10 @@ One run, side by side:
   rollouts with 10,000,000 steps and 10,000,000 spans; steps/s of each and the ratio;
 - ingest (per attempt): `trajwriter.write_attempt` (five shards per attempt, row checks,
   fsync) on a sample of attempts, steps/s (what one node agent sustains);
-- compaction (`controller.catalog.compact`): the bulk shards, once every key in them is
+- compaction (`controller.store.catalog.compact`): the bulk shards, once every key in them is
   committed, are checked against the catalog and promoted to compacted files (hard link, no
   copy) with an HDR summary per spans file;
-- the canned report queries of `controller.report` over `controller.query.connect` (committed
+- the canned report queries of `controller.analysis.report` over `controller.analysis.query.connect` (committed
   rows only, bad-shard checks, HDR summaries) vs the same SQL on bare `read_parquet` with no
   commit filter and percentiles from every span row; median and p99 over --repeat runs, and
   the ratio of medians.
@@ -31,10 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from controller import report
-from controller.catalog import CATALOG_SCHEMA, compact
-from controller.query import connect
-from nodeagent.trajwriter import SCHEMAS, write_attempt, write_batch
+from controller.analysis import report
+from controller.store.catalog import CATALOG_SCHEMA, compact
+from controller.analysis.query import connect
+from nodeagent.store.writer import SCHEMAS, write_attempt, write_batch
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 FAMILIES = np.array(["python", "math", "swe"])

@@ -1,7 +1,7 @@
 """Isolated check runner: per-check overhead, and throughput when checks hang — one run, side by side.
 
 1. Overhead: a trivial check (`exact_match("a", "a")`) called in-process vs through Paddock's
-   isolated runner (`nodeagent.checks`: pre-forked child with its own session, rlimits, output
+   isolated runner (`nodeagent.verifier.checks`: pre-forked child with its own session, rlimits, output
    cap, deadline that kills the group), sequentially. Overhead = isolated p50 - in-process p50.
 2. Throughput over 1,000 checks with 0% and with 1% hanging forever (`time.sleep(3600)`), for
    Paddock (deadline kills the hang; the others never wait for it) and for the common baseline:
@@ -21,10 +21,10 @@ import signal
 import statistics
 import time
 
-from nodeagent import checkers
-from nodeagent.checks import CheckRunner
+from nodeagent.verifier import checkers
+from nodeagent.verifier.checks import CheckRunner
 
-TRIVIAL = ("nodeagent.checkers:exact_match", ["a", "a"])
+TRIVIAL = ("nodeagent.verifier.checkers:exact_match", ["a", "a"])
 HANG = ("time:sleep", [3600])
 
 
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--cutoff", type=float, default=30.0, help="give up on the baseline after (s)")
     ap.add_argument("--repeats", type=int, default=5, help="paddock throughput runs per condition")
     args = ap.parse_args()
-    with CheckRunner(preload=("nodeagent.checkers",)) as runner:
+    with CheckRunner(preload=("nodeagent.verifier.checkers",)) as runner:
         runner.run(*TRIVIAL)
         print(f"== per-check overhead ({args.overhead_n} sequential checks)")
         overhead(runner, args.overhead_n)

@@ -14,9 +14,9 @@ need_pkgs=(slurmctld slurmd slurm-client munge
            squashfs-tools squashfuse fuse-overlayfs fuse3 uidmap iproute2 nftables
            debootstrap busybox-static ca-certificates python3-venv
            zstd   # zstd: .tar.zst image sources and zstd OCI layers (layers/staging.py)
-           libseccomp2   # the sandbox's seccomp filter is built with libseccomp (nodeagent/seccomp.py)
-           gcc libc6-dev   # the native sandbox init (nodeagent/native/sbxinit.c), built below and on first use
-           libfuse3-dev    # headers of the squashfuse_ll preload (nodeagent/native/fuseshim.c)
+           libseccomp2   # the sandbox's seccomp filter is built with libseccomp (nodeagent/sandbox/seccomp.py)
+           gcc libc6-dev   # the native sandbox init (nodeagent/sandbox/native/sbxinit.c), built below and on first use
+           libfuse3-dev    # headers of the squashfuse_ll preload (nodeagent/sandbox/native/fuseshim.c)
            bubblewrap    # bubblewrap: the reference point of benchmarks/sandbox_start.py
            tinyproxy-bin)   # the reference point of benchmarks/egress_proxy.py
 if [ "$(id -u)" -ne 0 ]; then

@@ -16,7 +16,7 @@ def sandbox_prerequisites() -> str | None:
     if not os.access("/dev/fuse", os.R_OK | os.W_OK) or (os.stat("/dev/fuse").st_mode & 0o006) != 0o006:
         return "/dev/fuse is not usable by unprivileged users (run `make setup`)"
     try:
-        from nodeagent.sandbox import subid_range
+        from nodeagent.sandbox.runtime import subid_range
         subid_range()
     except Exception as exc:  # noqa: BLE001 - reported as the skip reason
         return str(exc)
@@ -47,7 +47,7 @@ def runtime():
     reason = sandbox_prerequisites()
     if reason:
         pytest.fail(f"sandbox prerequisites missing: {reason}")
-    from nodeagent.sandbox import SandboxRuntime
+    from nodeagent.sandbox.runtime import SandboxRuntime
     rt = SandboxRuntime().start()
     yield rt
     rt.close()

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from layers import build
-from nodeagent import apptainer as ap
-from nodeagent.apptainer import ApptainerConfig, Bind, display
-from nodeagent.sandbox import Change, SandboxSpec
+from nodeagent.sandbox import apptainer as ap
+from nodeagent.sandbox.apptainer import ApptainerConfig, Bind, display
+from nodeagent.sandbox.runtime import Change, SandboxSpec
 
 GOLDEN = Path(__file__).parent / "golden" / "apptainer"
 IMAGE = Path("/var/tmp/paddock/images/sha256/" + "ab" * 32 + ".sif")

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller import protocol as P
-from controller import queue as qm
-from controller.broker import BrokerCore, Controller, place
-from controller.queue import Due, QueueConfig, RolloutQueue
-from nodeagent.agent import NodeAgent, noop_runner
-from nodeagent.rollout import AttemptResult
+from controller.contracts import protocol as P
+from controller.store import queue as qm
+from controller.broker.core import BrokerCore, Controller, place
+from controller.store.queue import Due, QueueConfig, RolloutQueue
+from nodeagent.agent.daemon import NodeAgent, noop_runner
+from nodeagent.agent.attempt import AttemptResult
 
 DEP = "dep-broker-test"
 ROOT = Path(__file__).resolve().parents[1]
@@ -469,7 +469,7 @@ def farm(tmp_path):
 
 
 def client(endpoint, **kw):
-    from controller.client import Client
+    from controller.client.api import Client
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("give_up_s", 20.0)
     kw.setdefault("watch_wait_s", 0.5)
@@ -528,7 +528,7 @@ def spawn_controller(tmp: Path, endpoint: str, lease_ttl_s: float = 2.0) -> subp
     (tmp / "tasks.json").write_text(json.dumps(TASKS))
     ep_file = tmp / f"endpoint-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.broker", "--bind", endpoint, "--deployment", DEP,
+        [sys.executable, "-m", "controller.broker.core", "--bind", endpoint, "--deployment", DEP,
          "--run-dir", str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"),
          "--endpoint-file", str(ep_file), "--heartbeat-interval-s", "0.1",
          "--db", str(tmp / "q.db"),
@@ -545,7 +545,7 @@ def spawn_controller(tmp: Path, endpoint: str, lease_ttl_s: float = 2.0) -> subp
 def spawn_agent(tmp: Path, endpoint: str, node: str, noop_s: float, slots: int = 2,
                 drain_s: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "nodeagent.agent", "--node", node, "--controller", endpoint,
+        [sys.executable, "-m", "nodeagent.agent.daemon", "--node", node, "--controller", endpoint,
          "--deployment", DEP, "--slots", str(slots), "--noop-s", str(noop_s),
          "--heartbeat-interval-s", "0.1", "--drain-deadline-s", str(drain_s),
          "--log-level", "WARNING"],
@@ -573,7 +573,7 @@ def test_kill_9_of_the_controller_mid_run_then_restart_on_the_same_db(tmp_path):
         assert len(ids) == 120 and len(set(ids)) == 120, "none lost, none twice"
         q = RolloutQueue(tmp_path / "q.db")
         assert q.counts()[qm.COMMITTED] == 120
-        from controller.catalog import Catalog
+        from controller.store.catalog import Catalog
         assert Catalog(tmp_path / "run").committed_count() == 120
         for a in agents:
             assert a.poll() is None, "agents carry on by themselves"
@@ -691,7 +691,7 @@ def test_a_register_of_another_protocol_version_gets_a_refusal_every_version_rea
 
 
 def test_a_refused_agent_logs_why_and_exits(farm, monkeypatch, caplog):
-    import nodeagent.agent as agent_mod
+    import nodeagent.agent.daemon as agent_mod
     monkeypatch.setattr(agent_mod, "AGENT_VERSION", "0.0.1")
     a = NodeAgent("old", farm.endpoint, DEP, 1, runner=noop_runner(), heartbeat_interval_s=0.2)
     with caplog.at_level("ERROR", logger="nodeagent"):

@@ -16,7 +16,7 @@ import sympy
 from sympy.parsing.sympy_parser import (implicit_multiplication_application, parse_expr,
                                         standard_transformations)
 
-from controller.builtin_tasks import MATH_DERIVATIONS, TASKSET_NAME, builtin_taskset
+from controller.taskbank.builtin import MATH_DERIVATIONS, TASKSET_NAME, builtin_taskset
 
 PYTEST_TIMEOUT_S = 60.0
 

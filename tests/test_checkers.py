@@ -9,13 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nodeagent import checkers
-from nodeagent.checks import CheckInfraError, CheckRunner
+from nodeagent.verifier import checkers
+from nodeagent.verifier.checks import CheckInfraError, CheckRunner
 
 
 @pytest.fixture(scope="module")
 def runner():
-    with CheckRunner(preload=("nodeagent.checkers",)) as r:
+    with CheckRunner(preload=("nodeagent.verifier.checkers",)) as r:
         yield r
 
 
@@ -39,7 +39,7 @@ def alive(pid: int) -> bool:
 # -- the runner -------------------------------------------------------------------------------
 
 def test_function_check_returns_its_value(runner):
-    r = runner.run("nodeagent.checkers:exact_match", ["42", " 42 "])
+    r = runner.run("nodeagent.verifier.checkers:exact_match", ["42", " 42 "])
     assert (r.outcome, r.value) == ("ok", True)
 
 
@@ -55,7 +55,7 @@ def test_a_check_that_dies_by_signal_is_crashed(runner):
 
 def test_a_hanging_check_is_killed_and_does_not_hold_up_the_others(runner):
     hang = runner.submit("time:sleep", [3600], timeout_s=4.0)
-    quick = [runner.submit("nodeagent.checkers:exact_match", ["a", "a"]) for _ in range(20)]
+    quick = [runner.submit("nodeagent.verifier.checkers:exact_match", ["a", "a"]) for _ in range(20)]
     assert all(f.result(timeout=10).value is True for f in quick)
     assert not hang.done()          # the others finished while the hang was still running
     r = hang.result(timeout=10)
@@ -150,7 +150,7 @@ def test_exact_and_regex():
 def paddock(argv: list[str]) -> int:
     """`paddock` with only the verifier's subcommands registered (the full parser imports everything)."""
     import argparse
-    from controller import verify_cli
+    from controller.cli.main import verify as verify_cli
     ap = argparse.ArgumentParser(prog="paddock")
     verify_cli.register(ap.add_subparsers(dest="command", required=True))
     args = ap.parse_args(argv)
@@ -242,7 +242,7 @@ def test_judge_without_a_score_is_an_infrastructure_error():
 
 
 def test_judge_adds_a_weighted_component_to_the_reward(runner):
-    from nodeagent import verifier
+    from nodeagent.verifier import grade as verifier
     fake = FakeJudge("SCORE: 0.5")
     task = {"name": "math/t", "checker": {"kind": "math", "answer": "4", "judge": {
         "endpoint": fake.url, "model": "judge", "rubric": "show work", "weight": 0.2}}}
@@ -274,6 +274,6 @@ def test_a_killed_server_leaves_no_check_running(tmp_path):
     (r"\boxed{\frac{8}{2}} = \boxed{4.0}", True),           # two forms of one value
 ])
 def test_several_different_final_answers_pass_only_if_every_one_is_right(text, ok):
-    from nodeagent.checkers import answer_verdict, math_equal
+    from nodeagent.verifier.checkers import answer_verdict, math_equal
     assert math_equal("4", text) is ok
     assert answer_verdict("math", "4", text)["ok"] is ok

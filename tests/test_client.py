@@ -13,12 +13,12 @@ import time
 
 import pytest
 
-from controller import protocol as P
-from controller.client import (AsyncClient, BadRequest, Client, ControllerUnavailable,
+from controller.contracts import protocol as P
+from controller.client.api import (AsyncClient, BadRequest, Client, ControllerUnavailable,
                                PolicyConflict, UnknownBatch, UnknownNode, UnknownPolicy,
                                UnknownTask)
-from controller.queue import QueueConfig
-from nodeagent.rollout import AttemptResult
+from controller.store.queue import QueueConfig
+from nodeagent.agent.attempt import AttemptResult
 from tests.test_broker import DEP, ROOT, Farm, free_port, stuck_runner
 
 POLICY_URL = "http://127.0.0.1:9/v1"
@@ -166,11 +166,11 @@ def test_the_documented_example_runs(tmp_path):
     (tmp_path / "example.py").write_text(code)
     tasks = {name: {"task_id": name, "image_digest": "sha256:aa"}
              for name in ("python/fizzbuzz", "python/gcd")}
-    from controller.broker import Controller
+    from controller.broker.core import Controller
     ctl = Controller("tcp://127.0.0.1:0", DEP, str(tmp_path / "run"), "run", tasks,
                      str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
     threads = [threading.Thread(target=ctl.serve, daemon=True)]
-    from nodeagent.agent import NodeAgent, noop_runner
+    from nodeagent.agent.daemon import NodeAgent, noop_runner
     agent = NodeAgent("n1", ctl.endpoint, DEP, 4, runner=noop_runner(), heartbeat_interval_s=0.1)
     threads.append(threading.Thread(target=agent.run, daemon=True))
     for t in threads:
@@ -194,7 +194,7 @@ def test_n_rollouts_from_the_band_go_to_the_band_tasks(farm, tmp_path):
     # t2 is never solved, t1 half the time: only t1 is in the 0.2-0.8 band, so with no
     # exploration share every sampled rollout is of t1.
     import random
-    from controller.curriculum import Curriculum, CurriculumConfig
+    from controller.taskbank.curriculum import Curriculum, CurriculumConfig
     farm.agent("n1", 4, runner=lambda a: AttemptResult("pass", 1.0, {}, None))
     with Curriculum(tmp_path / "cur.db", ["t1", "t2"], CurriculumConfig(explore_share=0.0)) as cur:
         for i in range(12):
@@ -211,8 +211,8 @@ def test_a_sampler_request_is_resolved_by_the_controllers_curriculum(tmp_path):
     # The same band as above, but the CONTROLLER's curriculum picks: the trainer sends only
     # BandRequest(n_tasks, band, seed). A band holding no task of its own still serves the
     # nearest ones; a controller without a curriculum refuses such a submit.
-    from controller.client import BandRequest
-    from controller.curriculum import Curriculum, CurriculumConfig
+    from controller.client.api import BandRequest
+    from controller.taskbank.curriculum import Curriculum, CurriculumConfig
     cur = Curriculum(tmp_path / "cur.db", ["t1", "t2"], CurriculumConfig(explore_share=0.0))
     for i in range(12):
         cur.record("t2", 1, "fail", rollout_id=f"b{i}")
@@ -247,7 +247,7 @@ def test_the_controllers_curriculum_learns_from_every_commit(tmp_path):
     # With a curriculum, the controller counts each committed verdict (once per rollout) for
     # its task and policy version: a trainer that only sends sampler requests still moves the
     # estimates, and tasks leave "explore".
-    from controller.curriculum import Curriculum
+    from controller.taskbank.curriculum import Curriculum
     cur = Curriculum(tmp_path / "cur.db", ["t1", "t2"])
     (tmp_path / "farm").mkdir()
     farm = Farm(tmp_path / "farm", curriculum=cur)
@@ -265,7 +265,7 @@ def test_the_controllers_curriculum_learns_from_every_commit(tmp_path):
 
 
 def test_a_resent_sampler_submit_is_answered_without_sampling_again(tmp_path):
-    from controller.curriculum import Curriculum
+    from controller.taskbank.curriculum import Curriculum
     from tests.test_broker import Harness
     with Curriculum(tmp_path / "cur.db", ["t1", "t2"]) as cur:
         h = Harness(tmp_path, curriculum=cur)

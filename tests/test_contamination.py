@@ -5,10 +5,10 @@ import io
 
 import pytest
 
-from controller.builtin_tasks import builtin_taskset
-from controller.contamination import ContaminationConfig, check
-from controller.taskbank import TaskBank, make_set
-from controller.tasks import Task
+from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.contamination import ContaminationConfig, check
+from controller.taskbank.bank import TaskBank, make_set
+from controller.contracts.tasks import Task
 
 BUILTIN = builtin_taskset()
 MATH = [t for t in BUILTIN.tasks if t.family == "math"]
@@ -63,7 +63,7 @@ def test_thresholds_are_configurable_and_validated():
 
 
 def test_cli_prints_pairs_with_scores_and_writes_the_report(tmp_path):
-    from controller.cli import build_parser
+    from controller.cli.main import build_parser
     bank = TaskBank(tmp_path / "bank")
     bank.put_set(make_set("train", MATH + [_math("math/field", LONG_Q)]))
     bank.put_set(make_set("held", [_math("held/field", LONG_Q)], "heldout"))

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from controller.curriculum import Curriculum, CurriculumConfig, CurriculumError
+from controller.taskbank.curriculum import Curriculum, CurriculumConfig, CurriculumError
 
 TASKS = [f"sha256:{i:064x}" for i in range(10)]
 
@@ -131,12 +131,12 @@ def test_estimates_persist_across_reopen(tmp_path):
 
 
 def test_the_local_run_feeds_committed_outcomes_with_a_solution_hash(tmp_path):
-    """controller.run reads a batch back from the store; same actions = same solution."""
-    from controller.catalog import Catalog
-    from controller.query import connect
-    from controller.run import _record_outcomes
+    """controller.demo.localrun reads a batch back from the store; same actions = same solution."""
+    from controller.store.catalog import Catalog
+    from controller.analysis.query import connect
+    from controller.demo.localrun import _record_outcomes
     from tests.test_store import T0, rollout_row, step_row
-    from nodeagent.trajwriter import write_attempt
+    from nodeagent.store.writer import write_attempt
     run = tmp_path / "run"
     cat = Catalog(run)
     for rid, outcome in (("r1", "pass"), ("r2", "fail"), ("r3", "infra_error")):
@@ -167,9 +167,9 @@ def test_tasks_that_failed_validation_are_quarantined_with_the_validator_reasons
 
 def test_cli_shows_classes_estimates_and_quarantine_reasons(tmp_path):
     import io
-    from controller.builtin_tasks import builtin_taskset
-    from controller.cli import build_parser
-    from controller.taskbank import TaskBank, make_set
+    from controller.taskbank.builtin import builtin_taskset
+    from controller.cli.main import build_parser
+    from controller.taskbank.bank import TaskBank, make_set
     tasks = builtin_taskset().tasks[:3]
     bank = TaskBank(tmp_path / "bank")
     bank.put_set(make_set("s", tasks))
@@ -188,7 +188,7 @@ def test_cli_shows_classes_estimates_and_quarantine_reasons(tmp_path):
 def test_the_local_run_config_leaves_explore_within_four_versions(tmp_path, per_version):
     """The local run records `rollouts_per_task` outcomes per task per version and samples the
     next version before its own outcomes exist: the evidence must reach min_evidence anyway."""
-    from controller.run import RunConfig, local_curriculum_config
+    from controller.demo.localrun import RunConfig, local_curriculum_config
     cfg = local_curriculum_config(RunConfig(rollouts_per_task=per_version))
     with Curriculum(tmp_path / "c.sqlite", TASKS, cfg) as c:
         classes = []

@@ -17,7 +17,7 @@ import pytest
 
 from tests.netns import origin_netns
 
-from nodeagent.egress import (PUBLIC, EgressProxy, HostError, PolicyError, decide, normalize_host,
+from nodeagent.egress.proxy import (PUBLIC, EgressProxy, HostError, PolicyError, decide, normalize_host,
                               parse_policy, parse_sni)
 
 NET = 200 + os.getpid() % 50
@@ -245,7 +245,7 @@ def test_sni_parser_reads_the_host_name_of_a_real_client_hello():
 
 
 def test_cli_check_prints_the_decision_and_reason(capsys):
-    from controller.cli import main
+    from controller.cli.main import main
     assert main(["egress", "check", "--allow", "pypi.org,*.pythonhosted.org:443", "--resolve",
                  "files.pythonhosted.org=151.101.0.223", "https://Files.PythonHosted.org./p"]) == 0
     assert capsys.readouterr().out.startswith("allow allowed: files.pythonhosted.org:443 -> 151.101.0.223")
@@ -267,7 +267,7 @@ FETCH = ("import sys, urllib.request\n"
 
 @pytest.mark.sandbox
 def test_a_sandbox_reaches_an_allowed_origin_through_the_proxy_and_nothing_else(proxy, runtime, python_image):
-    from nodeagent.sandbox import SandboxSpec
+    from nodeagent.sandbox.runtime import SandboxSpec
     path = proxy.open("e2e", parse_policy(POLICY))
     box = runtime.create(SandboxSpec(image=python_image, egress_socket=path))
     try:
@@ -288,9 +288,9 @@ def test_a_sandbox_reaches_an_allowed_origin_through_the_proxy_and_nothing_else(
 def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_trajectory(proxy, runtime, python_image,
                                                                                    tmp_path):
     import duckdb
-    from controller.builtin_tasks import builtin_taskset
-    from nodeagent import egress
-    from nodeagent.rollout import Attempt, run_attempt
+    from controller.taskbank.builtin import builtin_taskset
+    from nodeagent.egress import proxy as egress
+    from nodeagent.agent.attempt import Attempt, run_attempt
     from tests.test_harness import FakeModel, reply
     t = next(t for t in builtin_taskset().tasks if t.family == "python")
     task = {**t.canonical(), "task_id": t.task_id, "network": POLICY}
@@ -317,7 +317,7 @@ def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_traject
 
 
 def test_connections_beyond_the_per_sandbox_cap_are_refused_and_logged(proxy, monkeypatch):
-    from nodeagent import egress
+    from nodeagent.egress import proxy as egress
     monkeypatch.setattr(egress, "MAX_CONNECTIONS_PER_SANDBOX", 1)
     path = proxy.open("sb1", parse_policy(POLICY))
     with socket.socket(socket.AF_UNIX) as held:
@@ -348,8 +348,8 @@ def test_hostile_request_heads_never_kill_a_proxy_thread(proxy, monkeypatch):
 
 
 def test_a_socket_that_cannot_be_made_is_an_infrastructure_error(tmp_path):
-    from nodeagent.egress import EgressError
-    from nodeagent.sandbox import SandboxError
+    from nodeagent.egress.proxy import EgressError
+    from nodeagent.sandbox.runtime import SandboxError
     p = EgressProxy(str(tmp_path / "e"), resolver=resolver())
     with pytest.raises(EgressError, match="x" * 200) as e:
         p.open("x" * 200, parse_policy(POLICY))      # AF_UNIX paths are limited to 108 bytes
@@ -360,7 +360,7 @@ def test_socket_dirs_of_a_killed_node_agent_are_swept_and_live_ones_kept(tmp_pat
     import signal
     import subprocess
     import sys
-    from nodeagent import egress
+    from nodeagent.egress import proxy as egress
     child = ("import sys\nfrom nodeagent import egress\n"
              f"d, _ = egress._own_socket_dir({str(tmp_path)!r})\n"
              "print(d, flush=True)\nsys.stdin.read()\n")

@@ -15,10 +15,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from controller.builtin_tasks import builtin_taskset
-from controller.policy_server import PolicyServer
-from nodeagent.harness import Budgets, BudgetError, ModelError, ModelTimeout, run_agent
-from nodeagent.sandbox import SandboxSpec
+from controller.taskbank.builtin import builtin_taskset
+from controller.demo.policy_server import PolicyServer
+from nodeagent.harness.loop import Budgets, BudgetError, ModelError, ModelTimeout, run_agent
+from nodeagent.sandbox.runtime import SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 
@@ -251,7 +251,7 @@ def test_a_model_error_carries_the_steps_recorded_before_it(sb, fake):
 
 
 def test_a_rollout_whose_model_server_fails_is_an_infra_error_never_a_zero(runtime, python_image, fake, tmp_path):
-    from nodeagent.rollout import Attempt, run_attempt
+    from nodeagent.agent.attempt import Attempt, run_attempt
     t = next(t for t in builtin_taskset().tasks if t.family == "math")
     task = {**t.canonical(), "task_id": t.task_id}
     m = fake(reply(calls=[("shell", '{"command": "echo 1"}')]), ("raw", 200, b"not json"))
@@ -262,7 +262,7 @@ def test_a_rollout_whose_model_server_fails_is_an_infra_error_never_a_zero(runti
 
 
 def test_tool_calls_beyond_the_per_message_cap_are_answered_but_not_run(sb, fake):
-    from nodeagent.harness import MAX_CALLS_PER_STEP
+    from nodeagent.harness.loop import MAX_CALLS_PER_STEP
     calls = [("shell", json.dumps({"command": f"echo {i} >> /tmp/ran"})) for i in range(MAX_CALLS_PER_STEP + 3)]
     m = fake(reply(calls=calls), reply(calls=[("shell", '{"command": "wc -l < /tmp/ran"}')]), reply("ok"))
     res = agent(sb, m.url)

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from layers import build, cli
+from layers import build
+
+from controller.cli.main import image as cli
 from layers.sif import (ArchMismatchError, CorruptSifError, NotSifError, NotSquashfsError,
                         check_arch, host_arch, read_sif)
 from layers.staging import detect_arch, elf_arch
@@ -370,7 +372,7 @@ def test_foreign_truncated_and_non_squashfs_files_get_three_distinct_errors(tmp_
 def test_three_processes_building_one_source_into_a_store_build_it_once(tmp_path):
     src = tar_of(tiny_rootfs(tmp_path), tmp_path / "root.tar.gz", "w:gz")
     store = tmp_path / "store"
-    argv = [sys.executable, "-m", "layers.cli", "image", "build", str(src), "--store",
+    argv = [sys.executable, "-m", "controller.cli.image", "image", "build", str(src), "--store",
             str(store), "--verbose"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen(argv + (["-o", str(tmp_path / f"out{i}.sif")] if i == 0 else []),
@@ -405,7 +407,7 @@ def test_a_store_build_of_a_missing_source_is_one_line(tmp_path, capsys):
 
 
 def test_the_native_sandbox_refuses_a_foreign_arch_image_before_mounting_it(tmp_path):
-    from nodeagent.sandbox import image_partition
+    from nodeagent.sandbox.runtime import image_partition
     root = tmp_path / "root"
     (root / "bin").mkdir(parents=True)
     foreign = "s390x" if host_arch() != "s390x" else "amd64"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.importers import ImportSourceError, import_source
-from controller.taskbank import TaskBank, write_package
+from controller.taskbank.importers import ImportSourceError, import_source
+from controller.taskbank.bank import TaskBank, write_package
 
 HUMANEVAL = {
     "task_id": "HumanEval/0",
@@ -223,7 +223,7 @@ def test_swe_import_with_an_unknown_base_commit_names_it(tmp_path, swe_repo):
 
 
 def test_cli_import_heldout_runs_the_contamination_check(tmp_path):
-    from controller.cli import build_parser
+    from controller.cli.main import build_parser
     bank = tmp_path / "bank"
     train = _jsonl(tmp_path / "train.jsonl", HUMANEVAL, {**HUMANEVAL, "task_id": "HumanEval/1",
                                                          "entry_point": "add", "test": HUMANEVAL["test"] + "\n"})

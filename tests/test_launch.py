@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.launch import JobStepError, launch
-from controller.sbatch import ParamError
+from slurm.launch import JobStepError, launch
+from slurm.sbatch import ParamError
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(env_nodes=2, time_limit="10", versions=1, tasks_limit=4, heartbeat_interval_s=0.5,
@@ -57,7 +57,7 @@ def test_launch_cli_names_the_bad_parameter(tmp_path):
 @pytest.mark.slurm
 @pytest.mark.sandbox
 def test_launched_farm_trains_and_accounting_reports_it_completed(accounted_cluster, tmp_path, python_image):
-    from controller.query import connect
+    from controller.analysis.query import connect
     handle = launch(dict(BASE, run_dir=str(tmp_path / "run")))
     assert handle.job_id.isdigit() and handle.run_dir == tmp_path / "run"
     script = (tmp_path / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
@@ -87,7 +87,7 @@ def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_clust
 def test_the_early_warning_signal_drains_a_launched_farm_without_infra_errors(accounted_cluster, tmp_path, python_image):
     """What `--signal=28@<secs>` delivers before the time limit, now instead of in minutes: Slurm
     signals every process of the step, sandboxed workloads included; they must not die of it."""
-    from controller.query import connect
+    from controller.analysis.query import connect
     from tests.test_sbatch import committed
     handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), versions=4, tasks_limit=16))
     wait_for(lambda: committed(handle.run_dir) >= 2, 90, "the first committed rollouts")

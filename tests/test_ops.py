@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import ops
-from controller.broker import Controller
-from controller.cli import main as cli_main
-from controller.client import Client
-from controller.metrics import serve_metrics
-from nodeagent.agent import NodeAgent
-from nodeagent.health import HealthSampler
+from controller.cli.main import ops
+from controller.broker.core import Controller
+from controller.cli.main import main as cli_main
+from controller.client.api import Client
+from controller.broker.metrics import serve_metrics
+from nodeagent.agent.daemon import NodeAgent
+from nodeagent.agent.health import HealthSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 HB_S = 0.1
@@ -137,7 +137,7 @@ def test_draining_agent_reports_no_free_slots(tmp_path):
 
 @pytest.mark.sandbox
 def test_health_counts_live_sandboxes_their_writable_layer_and_image_mounts(runtime, busybox_image):
-    from nodeagent.sandbox import SandboxSpec
+    from nodeagent.sandbox.runtime import SandboxSpec
     agent = NodeAgent("n1", "tcp://127.0.0.1:1", "d", 2, None, runtime)
     try:
         s = HealthSampler(agent, slow_every_s=0)
@@ -274,7 +274,7 @@ def test_controller_process_serves_metrics_when_given_a_port(tmp_path):
     run.mkdir()
     (run / "tasks.json").write_text("{}")
     ep = run / "controller.endpoint"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.broker", "--deployment", "m", "--run-dir", str(run),
+    proc = subprocess.Popen([sys.executable, "-m", "controller.broker.core", "--deployment", "m", "--run-dir", str(run),
                              "--tasks-json", str(run / "tasks.json"), "--endpoint-file", str(ep),
                              "--metrics-port", "0", "--metrics-addr", "127.0.0.1"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from controller.builtin_tasks import builtin_taskset
-from controller.policy_server import (CHEATS, STRATEGIES, UNKNOWN_TASK_REPLY, PolicyError, PolicyServer,
+from controller.taskbank.builtin import builtin_taskset
+from controller.demo.policy_server import (CHEATS, STRATEGIES, UNKNOWN_TASK_REPLY, PolicyError, PolicyServer,
                                       default_params, sloppy_solution, softmax)
 
 FIXED_NOW_S = 1_700_000_000.0
@@ -339,7 +339,7 @@ def test_stop_releases_the_port():
 
 
 def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
-    code = ("import sys, controller.policy_server, controller.builtin_tasks; "
+    code = ("import sys, controller.demo.policy_server, controller.taskbank.builtin; "
             "print(sorted(m for m in ('zmq', 'sqlite3', 'nodeagent') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -347,7 +347,7 @@ def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
 
 # --- the adversary: escape probes ------------------------------------------------------
 
-from controller.policy_server import ESCAPE_PROBES, PROBE_LINE, defence_lines, defences, escape_probe_command  # noqa: E402
+from controller.demo.policy_server import ESCAPE_PROBES, PROBE_LINE, defence_lines, defences, escape_probe_command  # noqa: E402
 
 MUST_BE_BLOCKED = set(ESCAPE_PROBES)
 
@@ -368,7 +368,7 @@ def test_escape_probes_dial_the_policy_servers_own_loopback_port(server):
 
 @pytest.mark.sandbox
 def test_every_escape_probe_runs_in_a_real_sandbox_and_the_defences_hold(runtime, python_image, server):
-    from nodeagent.sandbox import SandboxSpec
+    from nodeagent.sandbox.runtime import SandboxSpec
     box = runtime.create(SandboxSpec(image=python_image, limits={"memory_mb": 256, "pids": 64,
                                                                  "disk_mb": 64, "nofile": 256}))
     try:
@@ -407,7 +407,7 @@ def test_defences_count_cheats_and_probes_from_the_trajectory_tables():
 
 # --- the adversary: more reward hacks ------------------------------------------------------
 
-from controller.policy_server import CONFTEST_FORCE_PASS, CONFTEST_PATH, SOLUTION_PATH, SPRAY_WIDTH  # noqa: E402
+from controller.demo.policy_server import CONFTEST_FORCE_PASS, CONFTEST_PATH, SOLUTION_PATH, SPRAY_WIDTH  # noqa: E402
 
 
 def test_tamper_plants_a_pass_forcing_conftest_and_a_solution_that_exits_under_pytest(server):
@@ -425,7 +425,7 @@ def test_spray_boxes_several_candidates_with_the_gold_last(server):
 
 @pytest.mark.sandbox
 def test_tamper_is_caught_by_the_real_verifier(runtime, python_image, server, tmp_path):
-    from nodeagent.rollout import Attempt, run_attempt
+    from nodeagent.agent.attempt import Attempt, run_attempt
     version = pinned_version(server, "python", "tamper")
     task = {**PY_TASK.canonical(), "task_id": PY_TASK.task_id}
     res = run_attempt(runtime, python_image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 3, task, version,

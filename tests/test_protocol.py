@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from controller import protocol as p
-
+from controller.contracts import protocol as p
 DEP = "dep-test"
 
 SAMPLES: list[p.Message] = [

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from controller import queue as qm
-from controller.queue import QueueConfig, RolloutQueue
+from controller.store import queue as qm
+from controller.store.queue import QueueConfig, RolloutQueue
 
 T0 = 1_700_000_000.0
 
@@ -356,7 +356,7 @@ def test_reopen_after_a_crash_keeps_everything(make_queue, clock):
 def test_a_killed_process_loses_only_its_uncommitted_transaction(make_queue, tmp_path):
     script = f"""
 import os, random, sqlite3
-from controller.queue import RolloutQueue
+from controller.store.queue import RolloutQueue
 q = RolloutQueue({str(tmp_path / "queue.db")!r}, clock=lambda: {T0!r}, rng=random.Random(0))
 q.submit_batch("s", [("a", 1)], 2)
 (lease,) = q.lease_next("n1", 1)

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from controller.query import connect
-from controller.replay import ReplayError, ReplayModel, load, replay
-from controller.run import RunConfig, run_local
-from nodeagent.harness import ModelError
+from controller.analysis.query import connect
+from controller.analysis.replay import ReplayError, ReplayModel, load, replay
+from controller.demo.localrun import RunConfig, run_local
+from nodeagent.harness.loop import ModelError
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
@@ -48,7 +48,7 @@ def test_the_replay_model_serves_the_recorded_messages_in_order_then_refuses(run
 
 
 def test_cli_replays_and_an_unknown_rollout_is_a_clear_error(run_dir, capsys):
-    from controller.cli import main
+    from controller.cli.main import main
     con = connect(run_dir)
     rid = con.execute("SELECT rollout_id FROM rollouts ORDER BY rollout_id LIMIT 1").fetchone()[0]
     con.close()

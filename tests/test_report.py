@@ -8,9 +8,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from controller.catalog import Catalog
-from controller.report import build_report, register, render_html, svg_bars
-from nodeagent.trajwriter import write_attempt
+from controller.store.catalog import Catalog
+from controller.analysis.report import build_report, register, render_html, svg_bars
+from nodeagent.store.writer import write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
 
@@ -84,7 +84,7 @@ def test_band_occupancy_per_version(rep):
 
 
 def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_path):
-    from controller.report import ReportConfig, band_occupancy
+    from controller.analysis.report import ReportConfig, band_occupancy
     import duckdb
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts (task_id VARCHAR, policy_version INT, outcome VARCHAR)")
@@ -95,7 +95,7 @@ def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_
 
 
 def test_one_step_answer_tasks_are_not_suspects_for_their_lack_of_diff(tmp_path):
-    from controller.report import ReportConfig, hack_suspects
+    from controller.analysis.report import ReportConfig, hack_suspects
     import duckdb
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts AS SELECT * FROM (VALUES "
@@ -169,8 +169,8 @@ def test_cli_report_text_json_and_html(run, tmp_path):
 
 def test_after_compaction_the_report_is_the_same_and_spans_come_from_hdr_summaries(run, rep, tmp_path):
     import shutil
-    from controller.catalog import compact
-    from controller.query import connect
+    from controller.store.catalog import compact
+    from controller.analysis.query import connect
     copy = tmp_path / "run"
     shutil.copytree(run["dir"], copy)
     result = compact(copy)

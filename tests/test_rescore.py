@@ -7,14 +7,14 @@ from datetime import datetime, timezone
 import duckdb
 import pytest
 
-from controller.builtin_tasks import builtin_taskset
-from controller.catalog import Catalog
-from controller.rescore import RescoreError, rescore_run
-from controller.run import lease_tasks
-from nodeagent import trajwriter
-from nodeagent.rollout import Attempt, write_changes
-from nodeagent.sandbox import Change
-from nodeagent.verifier import VERIFIER_VERSION
+from controller.taskbank.builtin import builtin_taskset
+from controller.store.catalog import Catalog
+from controller.analysis.rescore import RescoreError, rescore_run
+from controller.demo.localrun import lease_tasks
+from nodeagent.store import writer as trajwriter
+from nodeagent.agent.attempt import Attempt, write_changes
+from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier.grade import VERIFIER_VERSION
 
 T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 

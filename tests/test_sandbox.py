@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 

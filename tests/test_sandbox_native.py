@@ -1,4 +1,4 @@
-"""The native sandbox init (nodeagent/native): built on first use under a content-hashed name,
+"""The native sandbox init (nodeagent/sandbox/native): built on first use under a content-hashed name,
 a clear error without a compiler; its wire format (framing records) and the agent's checks of
 what an init sends back."""
 from __future__ import annotations
@@ -8,8 +8,12 @@ import socket
 
 import pytest
 
-from nodeagent import framing, native, sbxinit
-from nodeagent.sandbox import SandboxSpec
+from nodeagent.sandbox import framing
+
+from nodeagent.sandbox import native
+
+from nodeagent.sandbox import sbxinit
+from nodeagent.sandbox.runtime import SandboxSpec
 
 
 def test_the_init_is_built_once_per_source_version_into_the_cache_dir(tmp_path):

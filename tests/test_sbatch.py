@@ -1,4 +1,4 @@
-"""Batch scripts (controller/sbatch.py) and the job steps (controller/launch.py).
+"""Batch scripts (slurm/sbatch.py) and the job steps (slurm/launch.py).
 
 Pure parts: golden files (the example scripts in slurm/) pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
 review the diff), parameters are validated with the valid ones listed, hostile paths stay data.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
+from slurm.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "slurm"          # the example batch scripts are the golden files
@@ -149,7 +149,7 @@ def test_agent_gives_up_with_a_clear_message_when_the_controller_never_comes_up(
     ({"deployment": "slurm-1", "agent_version": "0.0.0-other"}, "agent version"),
 ])
 def test_agent_of_another_deployment_or_version_is_refused(tmp_path, job, words):
-    from nodeagent.agent import AGENT_VERSION
+    from nodeagent.agent.daemon import AGENT_VERSION
     job = dict(job, agent_version=job["agent_version"] or AGENT_VERSION)
     (tmp_path / "job.json").write_text(json.dumps(job))
     (tmp_path / "controller.endpoint").write_text("tcp://127.0.0.1:1")
@@ -169,7 +169,7 @@ def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_pat
 
 
 def test_head_refuses_a_run_directory_it_cannot_write():
-    from controller.launch import JobStepError, check_run_dir
+    from slurm.launch import JobStepError, check_run_dir
     with pytest.raises(JobStepError, match="not writable"):
         check_run_dir(Path("/proc/paddock-run"))
 
@@ -263,7 +263,7 @@ def paddock_mounts() -> list[str]:
 @pytest.mark.slurm
 @pytest.mark.sandbox
 def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(slurm_cluster, tmp_path, python_image):
-    from controller.query import connect
+    from controller.analysis.query import connect
     mounts_before = paddock_mounts()
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het")
     comps = wait_job(slurm_cluster, job_id, tmp_path)
@@ -284,7 +284,7 @@ def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(s
 @pytest.mark.slurm
 @pytest.mark.sandbox
 def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(slurm_cluster, tmp_path, python_image):
-    from controller.query import connect
+    from controller.analysis.query import connect
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="single", versions=1, tasks_limit=10,
                              slots_per_node=3)
     wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
@@ -311,7 +311,7 @@ def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(
 @pytest.mark.slurm
 @pytest.mark.sandbox
 def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(slurm_cluster, tmp_path, python_image):
-    from controller.query import connect
+    from controller.analysis.query import connect
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", versions=4, tasks_limit=16)
     wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
     # what --signal=B:TERM@secs delivers before the time limit, now instead of in minutes
@@ -331,9 +331,9 @@ def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(
 def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster, tmp_path, python_image):
     """The user's training command (docs/examples/slurm_trainer.py) in place of the built-in
     trainer, on a task set stored in a bank on shared storage."""
-    from controller.builtin_tasks import builtin_taskset
-    from controller.query import connect
-    from controller.taskbank import TaskBank, make_set
+    from controller.taskbank.builtin import builtin_taskset
+    from controller.analysis.query import connect
+    from controller.taskbank.bank import TaskBank, make_set
     bank = TaskBank(tmp_path / "bank")
     mine = make_set("mine", builtin_taskset().tasks[:3] + builtin_taskset().tasks[-1:])
     bank.put_set(mine)
@@ -350,7 +350,7 @@ def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster,
     con = connect(run_dir)
     assert con.execute("SELECT count(*), count(DISTINCT task_id) FROM rollouts WHERE taskset_hash = ?",
                        [mine.manifest_hash]).fetchone() == (4, 4)
-    from controller.curriculum import Curriculum
+    from controller.taskbank.curriculum import Curriculum
     with Curriculum(bank.root / "curriculum.sqlite", [t.task_id for t in mine.tasks]) as cur:
         assert sum(e.evidence for e in cur.estimates(0).values()) == 4      # every commit was counted
     head_log = (run_dir / "logs" / "head.log").read_text()

@@ -18,13 +18,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from controller.catalog import Catalog, CatalogConflict
-from controller.query import (
+from controller.store.catalog import Catalog, CatalogConflict
+from controller.analysis.query import (
     QueryError, RunNotFound, cmd_query, connect, execute, print_summary, query_command, register,
     run_query,
     summary,
 )
-from nodeagent.trajwriter import (
+from nodeagent.store.writer import (
     CHECKS_SCHEMA, ROLLOUTS_SCHEMA, STEPS_SCHEMA, SchemaError, shard_name, write_attempt,
 )
 
@@ -434,13 +434,13 @@ def test_catalog_flush_leaves_no_tmp_and_restart_removes_a_crashed_one(tmp_path)
 
 
 def test_store_modules_do_not_import_zmq():
-    code = ("import sys, controller.query, controller.catalog, nodeagent.trajwriter; "
+    code = ("import sys, controller.analysis.query, controller.store.catalog, nodeagent.store.writer; "
             "assert 'zmq' not in sys.modules, 'zmq imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_trajwriter_does_not_need_duckdb_or_the_controller():
-    code = ("import sys, nodeagent.trajwriter; "
+    code = ("import sys, nodeagent.store.writer; "
             "bad = [m for m in ('zmq', 'duckdb', 'controller') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

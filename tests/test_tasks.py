@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.builtin_tasks import builtin_taskset
-from controller.taskbank import (TaskBank, find_task, load_package, make_set, write_package)
-from controller.tasks import Task, TaskError, TaskSet
+from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.bank import (TaskBank, find_task, load_package, make_set, write_package)
+from controller.contracts.tasks import Task, TaskError, TaskSet
 
 BUILTIN = builtin_taskset()
 
@@ -134,7 +134,7 @@ def test_find_task_by_prefix_and_by_name(tmp_path):
 
 
 def test_cli_list_and_show(tmp_path):
-    from controller.cli import build_parser
+    from controller.cli.main import build_parser
     bank, _ = _stored_set(tmp_path)
     out = io.StringIO()
     args = build_parser().parse_args(["tasks", "--bank", str(bank.root), "list"])
@@ -148,7 +148,7 @@ def test_cli_list_and_show(tmp_path):
 
 
 def test_network_allowlist_and_tool_set_are_task_fields_that_validate():
-    from controller.tasks import Task, TaskError
+    from controller.contracts.tasks import Task, TaskError
     base = dict(name="t", family="math", instruction="2+2?", checker={"kind": "math", "answer": "4"})
     plain = Task(**base)
     assert "tools" not in plain.canonical() and plain.canonical()["network"] == "none"
@@ -167,7 +167,7 @@ def test_network_allowlist_and_tool_set_are_task_fields_that_validate():
 
 
 def test_checker_spec_is_checked_against_the_verifiers_schema_when_the_task_is_made():
-    from controller.tasks import Task, TaskError
+    from controller.contracts.tasks import Task, TaskError
     base = dict(name="t", family="python", instruction="do it", files={"solution.py": "x = 1\n"},
                 hidden={"test_h.py": "def test(): pass\n"})
     Task(**base, checker={"kind": "pytest", "tests": ["test_h.py"], "fail_to_pass": ["test_h.py::test"]})
@@ -177,8 +177,8 @@ def test_checker_spec_is_checked_against_the_verifiers_schema_when_the_task_is_m
 
 
 def test_declared_budgets_are_the_ones_the_harness_enforces():
-    from controller.tasks import Budgets as Declared
-    from nodeagent.harness import Budgets as Enforced
+    from controller.contracts.tasks import Budgets as Declared
+    from nodeagent.harness.loop import Budgets as Enforced
     assert Enforced is Declared
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from nodeagent.sandbox import SandboxSpec
-from nodeagent.tools import ALL_TOOLS, MAX_ARGUMENT_BYTES, Toolbox, ToolSetError, definitions, tool_set
+from nodeagent.sandbox.runtime import SandboxSpec
+from nodeagent.harness.tools import ALL_TOOLS, MAX_ARGUMENT_BYTES, Toolbox, ToolSetError, definitions, tool_set
 
 pytestmark = pytest.mark.sandbox
 
@@ -123,7 +123,7 @@ def test_list_and_search(tb):
 
 def test_mcp_lists_the_task_tools_and_runs_calls_over_line_streams(sb):
     import io
-    from nodeagent.tools import McpServer
+    from nodeagent.harness.tools import McpServer
     lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
               "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t"}}},
              {"jsonrpc": "2.0", "method": "notifications/initialized"},
@@ -151,7 +151,7 @@ def test_paddock_tools_mcp_serves_a_fresh_sandbox_over_stdio(busybox_image):
     msgs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
             {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
              "params": {"name": "shell", "arguments": {"command": "hostname; ls /work | wc -l"}}}]
-    r = subprocess.run([sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from controller.cli.main import main; sys.exit(main())",
                         "tools", "mcp", "--image", str(busybox_image), "--tools", "shell"],
                        input="".join(json.dumps(m) + "\n" for m in msgs), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from controller.policy_server import CHEATS, STRATEGIES, default_params, sample_strategy
-from controller.trainer import (Sample, ScriptedPolicyTrainer, TrainerError, probabilities,
+from controller.demo.policy_server import CHEATS, STRATEGIES, default_params, sample_strategy
+from controller.demo.trainer import (Sample, ScriptedPolicyTrainer, TrainerError, probabilities,
                                 strategy_from_plan)
 
 UPDATES = 12
@@ -132,8 +132,8 @@ def test_strategy_from_plan_rejects_messages_without_a_plan(content):
 def test_trainer_imports_no_transport_storage_or_http_module():
     import subprocess
     import sys
-    code = ("import sys, controller.trainer; "
-            "print(sorted(m for m in ('zmq', 'sqlite3', 'nodeagent', 'http.server', 'controller.policy_server') "
+    code = ("import sys, controller.demo.trainer; "
+            "print(sorted(m for m in ('zmq', 'sqlite3', 'nodeagent', 'http.server', 'controller.demo.policy_server') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

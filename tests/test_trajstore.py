@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from controller.catalog import Catalog, compact
-from controller.query import bad_shards, cmd_query, connect, register
-from nodeagent.trajwriter import SchemaError, write_attempt
+from controller.store.catalog import Catalog, compact
+from controller.analysis.query import bad_shards, cmd_query, connect, register
+from nodeagent.store.writer import SchemaError, write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
 SPANS = [{"kind": "sandbox_start", "name": "native", "step": None, "start_s": 0.0, "duration_s": 0.2},
@@ -152,7 +152,7 @@ def test_compaction_keeps_every_committed_row_once_and_leaves_uncommitted_shards
 @pytest.mark.parametrize("crash_at", ["record", "rename"])
 def test_a_compaction_interrupted_at_any_point_shows_each_row_once_and_is_finished_later(
         tmp_path, crash_at, monkeypatch):
-    import controller.catalog as catalog_mod
+    import controller.store.catalog as catalog_mod
     cat = Catalog(tmp_path)
     for i in range(4):
         attempt(tmp_path, f"r{i}", cat=cat)
@@ -218,7 +218,7 @@ def _bulk_spans(keys):
 
 
 def test_write_batch_checks_columns_not_rows_and_names_the_problem(tmp_path):
-    from nodeagent.trajwriter import write_batch
+    from nodeagent.store.writer import write_batch
     good = _bulk_spans([("a", 1)])
     with pytest.raises(SchemaError, match="spans: unknown column.s. colour"):
         write_batch(tmp_path, "spans", good.append_column("colour", pa.array(["red"])), "b.parquet")
@@ -231,8 +231,8 @@ def test_write_batch_checks_columns_not_rows_and_names_the_problem(tmp_path):
 
 
 def test_a_bulk_shard_is_promoted_only_once_every_row_is_committed(tmp_path):
-    from controller.catalog import span_summary_path
-    from nodeagent.trajwriter import write_batch
+    from controller.store.catalog import span_summary_path
+    from nodeagent.store.writer import write_batch
     write_batch(tmp_path, "spans", _bulk_spans([("a", 1), ("a", 1), ("b", 1), ("b", 9)]), "bulk.parquet")
     cat = Catalog(tmp_path)
     cat.commit("a", 1, 1, {}, committed_at=T0)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from controller import validation
-from controller.builtin_tasks import builtin_taskset
-from controller.validation import ValidationStore, validate_task, validate_tasks
+from controller.taskbank import validation
+from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.validation import ValidationStore, validate_task, validate_tasks
 
 
 def task_dict(name: str, **over) -> dict:
@@ -77,7 +77,7 @@ def test_validate_is_a_subcommand_of_the_tasks_group():
 
 
 def test_the_local_run_keeps_only_valid_tasks_and_writes_the_quarantine(python_image, tmp_path):
-    from controller.tasks import Task, TaskSet
+    from controller.contracts.tasks import Task, TaskSet
     good = builtin_taskset().by_name()["math/lcm_12_18"]
     broken = Task(name="math/broken", family="math", instruction="What is 2+2?",
                   hidden={"answer.txt": "5"}, checker={"kind": "math", "answer": "4"})

@@ -7,10 +7,10 @@ import tarfile
 
 import pytest
 
-from controller.builtin_tasks import builtin_taskset
-from nodeagent import verifier
-from nodeagent.sandbox import Change
-from nodeagent.verifier import VerifierInfraError, grade_report, strict_asserts, verify
+from controller.taskbank.builtin import builtin_taskset
+from nodeagent.verifier import grade as verifier
+from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier.grade import VerifierInfraError, grade_report, strict_asserts, verify
 
 
 def task_dict(name: str = "python/gcd", **over) -> dict:
@@ -97,7 +97,7 @@ def test_an_image_without_python_is_an_infra_error_after_one_retry(runtime, busy
 
 
 def test_answer_tasks_are_graded_outside_any_sandbox():
-    from nodeagent.checks import CheckRunner
+    from nodeagent.verifier.checks import CheckRunner
     task = task_dict("math/fraction_sum")
     with CheckRunner() as r:
         assert verify(None, None, task, [], "so \\boxed{\\frac{3}{4}}", runner=r).outcome == "pass"
@@ -169,7 +169,7 @@ def test_strict_eq_refuses_objects_that_equal_everything():
 
 
 def test_changes_artifact_round_trips(tmp_path):
-    from nodeagent.rollout import Attempt, write_changes
+    from nodeagent.agent.attempt import Attempt, write_changes
     a = Attempt("run", str(tmp_path), "r1", 2, 7, "b", 0, {}, 0, "", "")
     changes = solution("x = 1\n") + [Change("/work/old.py", "deleted", None, 0)]
     rel = write_changes(str(tmp_path), "node-1", a, changes)
@@ -209,7 +209,7 @@ def test_verify_command_names_bad_input(tmp_path, capsys):
 def test_binary_task_files_arrive_as_base64_and_are_graded_as_bytes(runtime, python_image):
     # A task with a non-UTF-8 visible file (a repository's .git objects, a data blob) travels
     # in its canonical JSON as {"base64": ...}; the verifier decodes it before any sandbox.
-    from controller.tasks import Task
+    from controller.contracts.tasks import Task
     blob = bytes(range(256))
     t = Task(name="python/blob", family="python", instruction="leave data.bin alone",
              files={"solution.py": "x = 1\n", "data.bin": blob}, protected=("data.bin",),

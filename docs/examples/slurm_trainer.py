@@ -16,8 +16,8 @@ import signal
 import sys
 
 from controller.client import BandRequest, Client
-from controller.policy_server import PolicyServer
-from controller.run import load_taskset
+from controller.demo.policy_server import PolicyServer
+from controller.demo.localrun import load_taskset
 
 
 class EndOfTime(Exception):

@@ -9,7 +9,7 @@ import socket
 import psutil
 import pytest
 
-from nodeagent.sandbox import Change, SandboxError, SandboxSpec
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 

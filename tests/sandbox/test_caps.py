@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 
@@ -36,7 +36,7 @@ def test_each_sandbox_gets_its_own_cgroups_with_the_spec_limits(runtime, busybox
 
 
 def test_sandboxes_run_at_the_default_cpu_weight(runtime, busybox_image):
-    from nodeagent.cgroups import CPU_WEIGHT
+    from nodeagent.sandbox.cgroups import CPU_WEIGHT
     read = lambda p, f: open(os.path.join(p, f)).read().strip()  # noqa: E731
     name, default = CPU_WEIGHT[runtime.cgroups.version]
     ctrl = "cpu" if runtime.cgroups.version == 1 else ""
@@ -70,7 +70,7 @@ def test_degrade_runs_on_rlimits_and_says_so(busybox_image):
 
 
 def test_the_report_says_whether_joining_a_cgroup_waits_for_rcu(runtime, tmp_path):
-    from nodeagent.sandbox import cgroup_migration_is_fast
+    from nodeagent.sandbox.runtime import cgroup_migration_is_fast
     fast = tmp_path / "fast"
     fast.write_text("cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime,favordynmods 0 0\n")
     slow = tmp_path / "slow"

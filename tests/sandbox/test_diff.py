@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.sandbox import Change, SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nodeagent.sandbox import SandboxSpec
+from nodeagent.sandbox.runtime import SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 

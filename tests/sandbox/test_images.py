@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from nodeagent import native
-from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, choose_overlay
+from nodeagent.sandbox import native
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, choose_overlay
 
 pytestmark = pytest.mark.sandbox
 
@@ -75,7 +75,7 @@ def test_without_the_fuse_shim_images_mount_as_before_and_the_agent_says_so(busy
     def no_headers(*_a, **_k):
         raise native.NativeBuildError("fuse3/fuse_lowlevel.h: No such file (it needs gcc and libfuse3-dev)")
     monkeypatch.setattr(native, "fuse_shim", no_headers)
-    with caplog.at_level(logging.WARNING, logger="nodeagent.sandbox"):
+    with caplog.at_level(logging.WARNING, logger="nodeagent.sandbox.runtime"):
         with SandboxRuntime() as rt, rt.create(SandboxSpec(image=busybox_image)) as sb:
             assert sb.exec(["sh", "-c", "readlink /bin/sh && cat /etc/passwd >/dev/null"]).exit_code == 0
     assert "without the FUSE shim" in caplog.text and "libfuse3-dev" in caplog.text
@@ -167,7 +167,7 @@ def test_subuid_range_missing_or_too_small_names_the_fix():
 
 
 def test_host_without_squashfuse_or_usable_fuse_device_names_the_fix(tmp_path):
-    from nodeagent.sandbox import host_problems
+    from nodeagent.sandbox.runtime import host_problems
     dev = tmp_path / "fuse"
     dev.write_bytes(b"")
     os.chmod(dev, 0o600)

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from nodeagent.cgroups import NODE_PREFIX
-from nodeagent.sandbox import SandboxError, SandboxRuntime, SandboxSpec, subid_range
+from nodeagent.sandbox.cgroups import NODE_PREFIX
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, subid_range
 
 pytestmark = pytest.mark.sandbox
 NS_KINDS = ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")
@@ -123,7 +123,7 @@ def test_destroy_returns_before_the_teardown_and_settle_completes_it(busybox_ima
 def _agent_script(run_root: str) -> str:
     return f"""
 import sys
-from nodeagent.sandbox import SandboxRuntime, SandboxSpec
+from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec
 rt = SandboxRuntime(run_root={run_root!r}).start()
 boxes = [rt.create(SandboxSpec(image={{img!r}})) for _ in range(2)]
 for b in boxes:

@@ -8,7 +8,7 @@ objects are dropped without close, the database file stays) and restart, clock j
 heals the faults and checks liveness: every rollout ends committed or dead-lettered within
 a bound of simulated time, and the trainer got each of those results exactly once.
 
-The simulated agent follows the same rules as nodeagent/agent.py (credit, Started, results
+The simulated agent follows the same rules as nodeagent/agent/daemon.py (credit, Started, results
 resent until acked, re-register on an unsolicited welcome, reconnect on silence, drain with
 release); the network delivers encoded frames, so decode/validation runs for real.
 """
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from controller import protocol as P
-from controller import queue as qm
-from controller.broker import BrokerCore
-from controller.queue import QueueConfig, RolloutQueue
+from controller.contracts import protocol as P
+from controller.store import queue as qm
+from controller.broker.core import BrokerCore
+from controller.store.queue import QueueConfig, RolloutQueue
 
 DEP = "sim"
 CTL = b"controller"
@@ -100,7 +100,7 @@ class Running:
 
 
 class SimAgent:
-    """A node agent: the rules of nodeagent/agent.py on the simulated network."""
+    """A node agent: the rules of nodeagent/agent/daemon.py on the simulated network."""
 
     def __init__(self, world: "World", node: str, slots: int, version: str = "0.2.0"):
         self.w, self.node, self.slots = world, node, slots
@@ -233,7 +233,7 @@ class SimAgent:
 
 class SimTrainer:
     """Publishes a policy, submits batches (resending until answered, same idem) and
-    watches results with a cursor, like controller.client."""
+    watches results with a cursor, like controller.client.api."""
 
     def __init__(self, world: "World", batches: list[tuple[list[str], int]]):
         self.w = world

@@ -1,0 +1,849 @@
+"""The controller: broker logic over the durable queue, and the ZeroMQ ROUTER loop around it.
+
+`BrokerCore` is sans-I/O: it takes decoded frames (`receive`) and the passage of time
+(`tick`), decides, and leaves the messages to send in `outbox`. It registers node agents,
+dispatches leases by credit (a node never holds more leases than its free slots, and a task
+goes preferably to a node that already has its image mounted), renews leases on heartbeats,
+declares silent nodes lost (Paranoid Pirate liveness) and gives their leases back to the
+queue, answers trainer clients (submit, watch with long poll, cancel, publish, drain, status)
+and counts every dropped frame by reason. The deterministic simulation (tests/sim) drives
+this class directly with a simulated transport and clock.
+
+`Controller` owns the socket: each pass it reads up to `max_batch` frames, hands them all to
+the core inside ONE queue transaction (group commit), commits, and only then sends the
+replies, so nothing is acknowledged before it is durable.
+
+Must not touch SQLite directly (everything goes through controller.store.queue).
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import logging
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import zmq
+
+from controller.contracts import protocol as P
+from controller.store.catalog import SHARD_TABLES, Catalog
+from controller.taskbank.curriculum import Curriculum, CurriculumError
+from controller.store.queue import Due, PolicyConflict, QueueConfig, RolloutQueue, UnknownBatch
+
+log = logging.getLogger("controller")
+
+LIVE, DRAINING, LOST = "live", "draining", "lost"
+_SHARD_TABLES = frozenset(SHARD_TABLES)
+NODE_STATES = (LIVE, DRAINING, LOST)
+UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
+MULTIPART = "multipart"  # not exactly one frame after the identity
+MAX_WATCH_WAIT_S = 60.0  # a long poll is answered after at most this long
+
+
+@dataclass
+class NodeView:
+    node: str
+    identity: bytes
+    slots: int
+    agent_version: str
+    credit: int = 0
+    leases: set = field(default_factory=set)  # rollout ids it holds (mirror of the queue)
+    active: int = 0
+    slots_free: Optional[int] = None  # as the agent last reported
+    images: set = field(default_factory=set)
+    last_seen: float = 0.0  # monotonic
+    last_seen_wall: float = 0.0  # unix seconds
+    health: dict = field(default_factory=dict)
+    state: str = LIVE
+    drain_requested: bool = False  # by a client (drain_node), not by the agent itself
+    drain_deadline_s: Optional[float] = None
+    batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
+    sent_at: float = -1e18  # monotonic: when the controller last sent it anything
+
+    def free(self) -> int:
+        if self.state != LIVE:
+            return 0
+        return max(min(self.slots - len(self.leases), self.credit), 0)
+
+
+def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
+          image_of: Callable[[str], Optional[str]]) -> list[tuple[str, str]]:
+    """Placement: (rollout_id, node) for as many due rollouts as there are free slots.
+
+    Oldest first; each goes to a node that already has its image if one has a free slot,
+    else to the node with the most free slots (ties: node name). Pure function.
+    """
+    free = {n: k for n, k in free.items() if k > 0}
+    left = sum(free.values())
+    rank = {n: i for i, n in enumerate(sorted(free))}
+    heaps: dict[Optional[str], list] = {}  # per image (None: every node): a max-heap by
+    # (free, name) with lazy updates -- an entry whose count is stale is fixed when on top
+
+    def best(image: Optional[str]) -> Optional[str]:
+        h = heaps.get(image)
+        if h is None:
+            h = heaps[image] = [(-k, -rank[n], n) for n, k in free.items() if k and (
+                image is None or image in images.get(n, ()))]
+            heapq.heapify(h)
+        while h:
+            k, r, n = h[0]
+            if free[n] == -k:
+                return n
+            heapq.heappop(h)  # the node took leases meanwhile (counts only go down)
+            if free[n]:
+                heapq.heappush(h, (-free[n], r, n))
+        return None
+
+    out = []
+    for d in due:
+        if not left:
+            break
+        image = image_of(d.task_ref)
+        node = (best(image) if image else None) or best(None)
+        out.append((d.rollout_id, node))
+        free[node] -= 1
+        left -= 1
+    return out
+
+
+class BrokerCore:
+    def __init__(self, queue: RolloutQueue, tasks: dict[str, dict], deployment: str,
+                 run_id: str, run_dir: str, *, session: str | None = None,
+                 heartbeat_interval_s: float = 1.0, liveness: int = 5,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, catalog: Catalog | None = None,
+                 sweep_interval_s: float = 0.5, lost_keep_s: float = 3600.0,
+                 max_dispatch: int = 4096, max_watchers: int = 1024,
+                 curriculum: Optional[Curriculum] = None):
+        self.queue, self.tasks, self.deployment = queue, tasks, deployment
+        self.run_id, self.run_dir = run_id, run_dir
+        self.session = session or uuid.uuid4().hex[:12]
+        self.hb_s, self.liveness = heartbeat_interval_s, liveness
+        self.clock, self.wall, self.catalog = clock, wall, catalog
+        self.sweep_interval_s, self.lost_keep_s = sweep_interval_s, lost_keep_s
+        self.max_dispatch, self.max_watchers = max_dispatch, max_watchers
+        self.curriculum = curriculum  # resolves a submit's sampler request (None: refused)
+        self._ref_of_id = {d["task_id"]: ref for ref, d in tasks.items()}
+        self.nodes: dict[str, NodeView] = {}
+        self.by_identity: dict[bytes, str] = {}
+        self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
+        self.outbox: list[tuple[bytes, P.Message]] = []
+        self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
+        self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
+        self.counters: Counter = Counter()
+        self.dropped: Counter = Counter()
+        self.stopped = False
+        now = clock()
+        self._last_sweep = self._last_hb = now
+        self._commits = 0  # commits since the watchers were last looked at
+        self._policies: dict[int, P.PolicyRef] = {}
+        self._resync()
+
+    # ---- input ----------------------------------------------------------------------------
+
+    def receive(self, identity: bytes, data: bytes) -> None:
+        """One frame from a peer: decode (a bad frame is counted and dropped), then handle."""
+        self.counters["frames_in"] += 1
+        try:
+            msg = P.decode(data, self.deployment)
+        except P.RemoteProtocolError as exc:
+            self.drop(exc.reason, f"from {identity[:32]!r}: {exc}")
+            if exc.reason == P.WRONG_VERSION:
+                self._refuse_other_version(identity, data)
+            return
+        self.handle(identity, msg)
+
+    def _refuse_other_version(self, identity: bytes, data: bytes) -> None:
+        """A `register` of another protocol version: told so (in the frame layout every
+        version reads), so the agent stops instead of retrying forever."""
+        peeked = P.peek(data)
+        if peeked is None or peeked[1] != self.deployment or peeked[2] != P.Register.TYPE:
+            return
+        self._refuse_agent(identity, "protocol_version",
+                           f"the controller speaks protocol version(s) {list(P.PROTOCOL_VERSIONS)}"
+                           f", the agent sent {peeked[0]!r}")
+
+    def _refuse_agent(self, identity: bytes, reason: str, detail: str) -> None:
+        key = f"refused_agents_{reason}"
+        self.counters[key] += 1
+        n = self.counters[key]
+        if n <= 10 or n & (n - 1) == 0:  # a stream of such agents must not flood the log
+            log.warning("refused agent %r (%d so far): %s", identity[:32], n, detail)
+        self._send(identity, P.Refused(
+            reason=reason, detail=detail, protocol_versions=list(P.PROTOCOL_VERSIONS),
+            min_agent_version=".".join(map(str, P.MIN_AGENT_VERSION))))
+
+    def drop(self, reason: str, detail: str = "") -> None:
+        self.dropped[reason] += 1
+        n = self.dropped[reason]
+        if n <= 10 or n & (n - 1) == 0:  # a flood of garbage must not flood the log
+            log.warning("dropped a frame (%s, %d so far) %s", reason, n, detail)
+
+    def handle(self, identity: bytes, msg: P.Message) -> None:
+        name = self.by_identity.get(identity)
+        view = self.nodes.get(name) if name else None
+        if view is not None:
+            view.last_seen, view.last_seen_wall = self.clock(), self.wall()
+            if view.state == LOST and not isinstance(msg, P.Register):
+                view = None  # a node declared lost must register again
+        handler = getattr(self, f"_on_{msg.TYPE}", None)
+        if handler is None:
+            self.drop(UNEXPECTED_TYPE, f"{msg.TYPE} from {identity[:32]!r}")
+            self._send(identity, P.Ack(ref=msg.id, ok=False, code="unexpected",
+                                       error=f"the controller does not take {msg.TYPE}"))
+            return
+        if isinstance(msg, _AGENT_MESSAGES) and view is None and not isinstance(
+                msg, (P.Register, P.Disconnect)):
+            self._welcome_stranger(identity)
+        handler(identity, msg, view)
+
+    def _send(self, identity: bytes, msg: P.Message) -> None:
+        self.outbox.append((identity, msg))
+
+    def take_outbox(self) -> list[tuple[bytes, P.Message]]:
+        """The messages to send, in order; to an agent that takes batches, its leases and its
+        plain acks of one pass go in one `leases` frame (or `acks` without leases) where the
+        first of them was (a later message of another kind to that agent starts a new
+        batch; acks and leases commute)."""
+        out, self.outbox = self._coalesce(self.outbox), []
+        self.counters["frames_out"] += len(out)
+        if out:  # any frame is a heartbeat: a node sent something now needs none for a while
+            now, names, nodes = self.clock(), self.by_identity, self.nodes
+            for identity, _ in out:
+                view = nodes.get(names.get(identity))
+                if view is not None:
+                    view.sent_at = now
+        return out
+
+    def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
+        if not outbox:
+            return outbox
+        batching = {n.identity for n in self.nodes.values() if n.batches and n.state != LOST}
+        if not batching:
+            return outbox
+        slots: list = []  # (identity, message) or (identity, ([lease...], [ack ref...]))
+        open_: dict[bytes, tuple[list, list]] = {}
+        for identity, msg in outbox:
+            kind = type(msg)
+            if identity in batching and (kind is P.Lease or (
+                    kind is P.Ack and msg.ok and msg.code is None and msg.error is None)):
+                group = open_.get(identity)
+                if group is None:
+                    group = open_[identity] = ([], [])
+                    slots.append((identity, group))
+                if kind is P.Lease:
+                    group[0].append(msg)
+                else:
+                    group[1].append(msg.ref)
+            else:
+                open_.pop(identity, None)
+                slots.append((identity, msg))
+        out = []
+        for identity, item in slots:
+            if isinstance(item, tuple):
+                out.extend((identity, m) for m in P.for_agent(*item))
+            else:
+                out.append((identity, item))
+        return out
+
+    def _welcome_stranger(self, identity: bytes) -> None:
+        """An agent we do not know (we restarted, or it was declared lost) talks to us:
+        an unsolicited welcome tells it to register again (at most once per interval)."""
+        now = self.clock()
+        if now - self.welcomed.get(identity, -1e18) >= self.hb_s:
+            self.welcomed[identity] = now
+            self._send(identity, P.Welcome(node=identity.decode(errors="replace"),
+                                           heartbeat_interval_s=self.hb_s,
+                                           liveness=self.liveness, session=self.session))
+
+    # ---- node agents ----------------------------------------------------------------------
+
+    def _on_register(self, identity, msg: P.Register, _view) -> None:
+        if not P.agent_version_ok(msg.agent_version):
+            return self._refuse_agent(identity, "agent_version", (
+                f"agent version {msg.agent_version!r} is not one the controller takes (at "
+                f"least {'.'.join(map(str, P.MIN_AGENT_VERSION))}, dotted integers)"))
+        held = set(self.queue.leases_of(msg.node))
+        keep = held & set(msg.held)
+        released = self.queue.release_node(msg.node, "agent registered without them",
+                                           keep=keep)
+        old = self.nodes.get(msg.node)
+        if old is not None and old.identity != identity:
+            self.by_identity.pop(old.identity, None)
+        view = NodeView(msg.node, identity, msg.slots, msg.agent_version, credit=msg.slots,
+                        leases=set(keep), images=set(msg.images),
+                        last_seen=self.clock(), last_seen_wall=self.wall(),
+                        batches=P.speaks_batches(msg.agent_version))
+        self.nodes[msg.node] = view
+        self.by_identity[identity] = msg.node
+        self.welcomed.pop(identity, None)
+        for rid in released:
+            self.holder.pop(rid, None)
+        log.info("node %s registered: %d slots, agent %s, kept %d leases, released %d",
+                 msg.node, msg.slots, msg.agent_version, len(keep), len(released))
+        self._send(identity, P.Welcome(node=msg.node, heartbeat_interval_s=self.hb_s,
+                                       liveness=self.liveness, session=self.session))
+
+    def _on_ready(self, identity, msg: P.Ready, view) -> None:
+        if view is None:
+            return
+        view.credit = min(msg.credit, view.slots)
+        if msg.draining and view.state == LIVE:
+            view.state = DRAINING
+            log.info("node %s is draining", view.node)
+
+    def _on_heartbeat(self, identity, msg: P.Heartbeat, view) -> None:
+        if view is None or msg.node is None:
+            return  # a controller-style heartbeat from a peer: only proves it is alive
+        view.active, view.slots_free, view.health = msg.active, msg.slots_free, msg.health
+        if msg.slots_free > 0:  # the agent takes work: a drain it never got, or a stale ready
+            if view.drain_requested:
+                self._send(identity, P.Drain(reason="drain requested",
+                                             deadline_s=view.drain_deadline_s))
+            else:
+                view.state, view.credit = LIVE, view.slots
+        if msg.images is not None:
+            view.images = set(msg.images)
+        self.queue.renew(view.node, msg.held)
+
+    def _on_started(self, identity, msg: P.Started, view) -> None:
+        c = self.queue.mark_running(msg.rollout_id, msg.attempt, msg.token)
+        if not c.accepted:
+            self._reject(identity, msg, c.reason)
+
+    def _on_result(self, identity, msg: P.Result, view) -> None:
+        if msg.shards and not _SHARD_TABLES.issuperset(msg.shards):
+            unknown = sorted(set(msg.shards) - _SHARD_TABLES)
+            self.drop("bad_shards", f"result of {msg.rollout_id}: tables {unknown}")
+            self._reject(identity, msg, "bad_request")
+            return
+        c = self.queue.complete(msg.rollout_id, msg.attempt, msg.token, msg.outcome, msg.reward,
+                                msg.shards, msg.infra_reason, msg.idem)
+        if not c.accepted:
+            self._reject(identity, msg, c.reason)
+            return
+        if c.duplicate:  # a resend after a lost ack: answered, counted once
+            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            return
+        self._unhold(msg.rollout_id, msg.token)
+        if c.committed:
+            self.counters["committed"] += 1
+            if self.catalog is not None:
+                self.catalog.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards,
+                                    self.wall())
+        else:
+            self.counters["infra_failures"] += 1
+        if self.curriculum is not None:
+            self._teach_curriculum(msg, c.committed)
+        self._commits += 1
+        self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
+        """Feed the curriculum this controller samples from: a committed verdict counts for its
+        task and policy version (once per rollout); a dead-lettered rollout counts as an
+        infrastructure failure of its task (repeated ones quarantine it)."""
+        row = self.queue.rollout(msg.rollout_id)
+        task = self.tasks.get(row["task_ref"]) if row else None
+        if task is None:
+            return
+        try:
+            if committed:
+                self.curriculum.record(task["task_id"], row["policy_version"], msg.outcome,
+                                       rollout_id=msg.rollout_id)
+            elif row["state"] == "dead_letter":
+                self.curriculum.record_infra_failure(task["task_id"], msg.infra_reason or "?")
+        except (sqlite3.Error, ValueError) as exc:     # estimates, not the ledger: log and go on
+            log.warning("curriculum: cannot record %s: %s", msg.rollout_id, exc)
+
+    def _on_result_batch(self, identity, msg: P.ResultBatch, view) -> None:
+        for item in msg.items:
+            self._on_result(identity, item, view)
+
+    def _on_release(self, identity, msg: P.Release, view) -> None:
+        c = self.queue.release(msg.rollout_id, msg.attempt, msg.token, msg.reason)
+        if c.accepted:
+            self.counters["released"] += 1
+            self._unhold(msg.rollout_id, msg.token)
+            self._send(identity, P.Ack(ref=msg.id, ok=True))
+        else:
+            self._reject(identity, msg, c.reason)
+
+    def _on_disconnect(self, identity, msg: P.Disconnect, view) -> None:
+        if view is None or view.node != msg.node:
+            return
+        drained = msg.reason == "drained"
+        released = self.queue.release_node(view.node, f"disconnected: {msg.reason}",
+                                           failure=not drained)
+        self._lose(view, f"disconnected: {msg.reason}", released)
+
+    def _reject(self, identity: bytes, msg, reason: Optional[str]) -> None:
+        reason = reason or "stale_token"
+        self.counters[f"rejected_{reason}"] += 1
+        self._unhold(msg.rollout_id, msg.token)
+        self._send(identity, P.Reject(rollout_id=msg.rollout_id, attempt=msg.attempt,
+                                      token=msg.token, reason=reason))
+
+    def _unhold(self, rollout_id: str, token: int) -> None:
+        held = self.holder.get(rollout_id)
+        if held is not None and held[1] == token:
+            del self.holder[rollout_id]
+            view = self.nodes.get(held[0])
+            if view is not None:
+                view.leases.discard(rollout_id)
+
+    def _lose(self, view: NodeView, why: str, released: Iterable[str]) -> None:
+        view.state = LOST
+        view.leases.clear()
+        for rid in released:
+            self.holder.pop(rid, None)
+        self.counters["nodes_lost"] += 1
+        log.warning("node %s lost (%s)", view.node, why)
+
+    # ---- trainer clients ------------------------------------------------------------------
+
+    def _refuse(self, identity: bytes, msg: P.Message, code: str, error: str) -> None:
+        self.counters[f"refused_{code}"] += 1
+        self._send(identity, P.Ack(ref=msg.id, ok=False, code=code, error=error))
+
+    def _on_submit(self, identity, msg: P.Submit, _view) -> None:
+        unknown = [t for t in msg.tasks if t not in self.tasks]
+        if unknown:
+            return self._refuse(identity, msg, "unknown_task", f"unknown tasks: {unknown[:5]}")
+        if not msg.tasks and msg.sampler is None:
+            return self._refuse(identity, msg, "bad_request", "submit needs at least one task")
+        if self._policy(msg.policy_version) is None:
+            return self._refuse(identity, msg, "unknown_policy",
+                                f"policy version {msg.policy_version} is not published")
+        tasks = msg.tasks
+        if msg.sampler is not None:
+            if self.queue.submitted(msg.idem):
+                tasks = []  # a resend: the stored reply, without sampling again
+            else:
+                tasks = self._sample(identity, msg)
+                if tasks is None:
+                    return
+        items = [(self.tasks[t]["task_id"], msg.policy_version) for t in tasks]
+        try:
+            batch_id, n, _dup = self.queue.submit_batch(msg.idem, items, msg.n_per_task)
+        except ValueError as exc:
+            return self._refuse(identity, msg, "bad_request", str(exc))
+        self._send(identity, P.Submitted(batch_id=batch_id, rollouts=n, ref=msg.id))
+
+    def _sample(self, identity: bytes, msg: P.Submit) -> Optional[list[str]]:
+        """The task refs a sampler request picks (None: refused, the reply is sent)."""
+        s = msg.sampler
+        if self.curriculum is None:
+            self._refuse(identity, msg, "bad_request", "this controller has no curriculum to "
+                         "sample from (start it with --curriculum-db)")
+            return None
+        try:
+            ids = self.curriculum.sample(s.n_tasks, random.Random(s.seed), msg.policy_version,
+                                         within=(s.band[0], s.band[1]))
+        except (CurriculumError, ValueError) as exc:
+            self._refuse(identity, msg, "bad_request", f"sampler: {exc}")
+            return None
+        unknown = [t for t in ids if t not in self._ref_of_id]
+        if unknown:
+            self._refuse(identity, msg, "unknown_task", f"the curriculum picked tasks this "
+                         f"controller does not serve: {unknown[:5]}")
+            return None
+        return [self._ref_of_id[t] for t in ids]
+
+    def _on_publish_policy(self, identity, msg: P.PublishPolicy, _view) -> None:
+        try:
+            self.queue.publish_policy(msg.version, msg.endpoint, msg.model, msg.idem)
+        except PolicyConflict as exc:
+            return self._refuse(identity, msg, "policy_conflict", str(exc))
+        self._resync()  # a newer policy may have revoked stale leases
+        self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _on_cancel(self, identity, msg: P.Cancel, _view) -> None:
+        try:
+            c = self.queue.cancel(msg.batch_id, msg.idem)
+        except UnknownBatch:
+            return self._refuse(identity, msg, "unknown_batch", f"no batch {msg.batch_id!r}")
+        for rid, node, attempt, token in c.revoked:
+            view = self.nodes.get(node)
+            self._unhold(rid, token)
+            if view is not None and view.state != LOST:
+                self._send(view.identity, P.Reject(rollout_id=rid, attempt=attempt,
+                                                   token=token, reason="cancelled"))
+        self._commits += 1  # watchers of the batch: it may be done now
+        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id))
+
+    def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
+        view = self.nodes.get(msg.node)
+        if view is None or view.state == LOST:
+            return self._refuse(identity, msg, "unknown_node", f"no live node {msg.node!r}")
+        view.state, view.drain_requested, view.drain_deadline_s = DRAINING, True, msg.deadline_s
+        log.info("node %s: drain requested (deadline %s s)", msg.node, msg.deadline_s)
+        self._send(view.identity, P.Drain(reason="drain requested", deadline_s=msg.deadline_s))
+        self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _on_watch(self, identity, msg: P.Watch, _view) -> None:
+        try:
+            self.queue.batch_done(msg.batch_id)
+        except UnknownBatch:
+            return self._refuse(identity, msg, "unknown_batch", f"no batch {msg.batch_id!r}")
+        if not self._answer_watch(identity, msg, final=msg.wait_s <= 0):
+            if len(self.watchers) >= self.max_watchers:
+                self._answer_watch(identity, msg, final=True)
+            else:
+                wait_s = min(msg.wait_s, MAX_WATCH_WAIT_S)
+                self.watchers.append((identity, msg, self.clock() + wait_s))
+
+    def _answer_watch(self, identity: bytes, msg: P.Watch, final: bool) -> bool:
+        items, cursor = self.queue.results_after(msg.batch_id, msg.after)
+        full = len(items) >= self.queue.config.max_results_per_watch
+        done = not full and self.queue.batch_done(msg.batch_id) and not self.queue.results_after(
+            msg.batch_id, cursor)[0]
+        if not (items or done or final):
+            return False
+        if done and self.catalog is not None:
+            self.catalog.flush()  # the trainer reads DuckDB once the batch is done
+        self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
+                                       done=done, ref=msg.id))
+        return True
+
+    def _on_status(self, identity, msg: P.Status, _view) -> None:
+        snap = self.snapshot()
+        self._send(identity, P.StatusReply(counts=snap["counts"], nodes=snap["nodes"],
+                                           counters=snap["counters"], ref=msg.id))
+
+    def _on_shutdown(self, identity, msg: P.Shutdown, _view) -> None:
+        for n in self.nodes.values():
+            if n.state != LOST:
+                self._send(n.identity, P.Shutdown(reason=msg.reason or "controller stopping"))
+        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self.stopped = True
+
+    # ---- time -----------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Dispatch; every sweep interval purge, expire and resync; heartbeats; watchers."""
+        now = self.clock()
+        if now - self._last_sweep >= self.sweep_interval_s or now < self._last_sweep:
+            self._last_sweep = now
+            self._sweep(now)
+        self.dispatch()
+        if now - self._last_hb >= self.hb_s / 4 or now < self._last_hb:
+            self._last_hb = now
+            self._heartbeat_idle(now)
+        if self.watchers and (self._commits or any(d <= now for _, _, d in self.watchers)):
+            self._commits = 0
+            self.watchers = [(i, w, d) for i, w, d in self.watchers
+                             if not self._answer_watch(i, w, final=d <= now)]
+
+    def _heartbeat_idle(self, now: float) -> None:
+        """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
+        spread over the interval (nodes that registered together are not all woken at once)
+        and none to a node that is being sent work anyway."""
+        for n in self.nodes.values():
+            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node)
+                                    or now < n.sent_at):
+                self._send(n.identity, P.Heartbeat())
+
+    def dispatch(self) -> int:
+        free = {n.node: n.free() for n in self.nodes.values()}
+        total = sum(free.values())
+        if total <= 0:
+            return 0
+        due = self.queue.due(min(total, self.max_dispatch))
+        if not due:
+            return 0
+        images = {n.node: n.images for n in self.nodes.values()}
+        leases = self.queue.lease_to(place(due, free, images, self._image_of))
+        for lease in leases:
+            view = self.nodes[lease.node]
+            policy = self._policy(lease.policy_version)
+            if policy is None:  # only for rollouts submitted before policies were checked
+                self.queue.complete(lease.rollout_id, lease.attempt, lease.token, "infra_error",
+                                    None, {}, f"policy version {lease.policy_version} is not "
+                                    "published", f"nopolicy:{lease.rollout_id}:{lease.token}")
+                continue
+            view.leases.add(lease.rollout_id)
+            self.holder[lease.rollout_id] = (view.node, lease.token)
+            self._send(view.identity, P.Lease(
+                rollout_id=lease.rollout_id, attempt=lease.attempt, token=lease.token,
+                lease_ttl_s=self.queue.config.lease_ttl_s, task=self.tasks[lease.task_ref],
+                policy=policy, seed=lease.seed, run_id=self.run_id, run_dir=self.run_dir,
+                batch_id=lease.batch_id))
+        self.counters["dispatched"] += len(leases)
+        return len(leases)
+
+    def _sweep(self, now: float) -> None:
+        for n in list(self.nodes.values()):
+            silent_s = now - n.last_seen
+            if n.state != LOST and silent_s > self.hb_s * self.liveness:
+                released = self.queue.release_node(n.node, "no heartbeat")
+                self._lose(n, f"silent {silent_s:.1f}s, {len(released)} leases back", released)
+            elif n.state == LOST and silent_s > self.lost_keep_s:
+                del self.nodes[n.node]
+                if self.by_identity.get(n.identity) == n.node:
+                    del self.by_identity[n.identity]
+        expired = self.queue.expire_leases()
+        if expired:
+            self.counters["leases_expired"] += len(expired)
+            self._commits += 1
+        self._resync()
+        self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
+        if self.catalog is not None:
+            self.catalog.flush()
+
+    def _resync(self) -> None:
+        """The queue is the truth about who holds what: rebuild the in-memory mirror."""
+        self.holder = {}
+        for n in self.nodes.values():
+            n.leases = set()
+        for rid, node, _attempt, token in self.queue.held_leases():
+            self.holder[rid] = (node, token)
+            view = self.nodes.get(node)
+            if view is not None and view.state != LOST:
+                view.leases.add(rid)
+
+    def _policy(self, version: int) -> Optional[P.PolicyRef]:
+        ref = self._policies.get(version)
+        if ref is None:
+            p = self.queue.policy(version)
+            if p is None:
+                return None
+            ref = self._policies[version] = P.PolicyRef(version=p.version, endpoint=p.endpoint,
+                                                        model=p.model)
+        return ref
+
+    def _image_of(self, task_ref: str) -> Optional[str]:
+        task = self.tasks.get(task_ref)
+        return task.get("image_digest") if task else None
+
+    # ---- status ---------------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """What `status` answers and the ops endpoint exports (see docs/protocol.md)."""
+        nodes = [{"node": n.node, "state": n.state, "last_seen": n.last_seen_wall,
+                  "slots": n.slots,
+                  "slots_free": n.slots_free if n.slots_free is not None else n.free(),
+                  "leases": len(n.leases), "active": n.active,
+                  "agent_version": n.agent_version, "health": n.health}
+                 for n in self.nodes.values()]
+        counters = dict(self.counters)
+        counters["dropped"] = dict(self.dropped)
+        counters["watchers"] = len(self.watchers)
+        return {"session": self.session, "time": self.wall(), "counts": self.queue.counts(),
+                "nodes": nodes, "counters": counters}
+
+
+def _phase(node: str) -> float:
+    """A node's heartbeat spacing as a fraction of the interval, in [0.5, 1): fixed per name
+    (deterministic for the simulation), different across names."""
+    return 0.5 + (zlib.crc32(node.encode()) % 1024) / 2048
+
+
+_AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch,
+                   P.Release, P.Disconnect)
+
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+class Controller:
+    """The controller process: a ROUTER socket around a BrokerCore."""
+
+    def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
+                 tasks: dict[str, dict], db_path: str, heartbeat_interval_s: float = 1.0,
+                 liveness: int = 5, queue_config: QueueConfig = QueueConfig(),
+                 clock=time.monotonic, max_batch: int = 1024, catalog: bool = True,
+                 curriculum: Optional[Curriculum] = None):
+        self.queue = RolloutQueue(db_path, config=queue_config)
+        self.catalog = Catalog(run_dir) if catalog else None
+        if self.catalog is not None:
+            self._reconcile_catalog()
+        self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir,
+                               heartbeat_interval_s=heartbeat_interval_s, liveness=liveness,
+                               clock=clock, catalog=self.catalog, curriculum=curriculum)
+        self.max_batch = max_batch
+        self.deployment = deployment
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes its name
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)  # bigger: peer cut off
+        self.sock.bind(bind)
+        self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._thread = threading.get_ident()
+        self._snapshot = self.core.snapshot()
+        self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
+
+    def _reconcile_catalog(self) -> None:
+        """A crash between the queue's commit and the catalog's flush: redo the catalog."""
+        for r in self.queue.committed_rows():
+            if not self.catalog.is_committed(r["rollout_id"], r["attempt"], r["token"]):
+                self.catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"],
+                                    r["at"])
+        self.catalog.flush()
+
+    @property
+    def stopped(self) -> bool:
+        return self.core.stopped
+
+    def snapshot(self) -> dict:
+        """Status as a dict. From the loop's thread: fresh; from another: as of the last
+        sweep (the queue's connection belongs to the loop)."""
+        if threading.get_ident() == self._thread:
+            self._snapshot = self.core.snapshot()
+        return self._snapshot
+
+    def serve(self) -> None:
+        self._thread = threading.get_ident()
+        last_hook = time.monotonic()
+        while not self.core.stopped:
+            frames = []
+            if self.sock.poll(timeout=20):
+                # EVENTS before each read: cheaper than the exception of an empty recv
+                while len(frames) < self.max_batch and self.sock.getsockopt(_EVENTS) & _POLLIN:
+                    try:
+                        frames.append(self.sock.recv_multipart(_NOBLOCK))
+                    except zmq.Again:
+                        break
+            with self.queue.batch():  # group commit: durable before any reply leaves
+                for parts in frames:
+                    if len(parts) != 2:
+                        self.core.drop(MULTIPART, f"{len(parts)} frames")
+                        continue
+                    self.core.receive(parts[0], parts[1])
+                self.core.tick()
+            self._flush_outbox()
+            if time.monotonic() - last_hook >= self.core.sweep_interval_s:
+                last_hook = time.monotonic()
+                self._snapshot = self.core.snapshot()
+                for hook in self.hooks:
+                    hook(self)
+        if self.catalog is not None:
+            self.catalog.flush()
+        self.sock.close(linger=0)
+        self.queue.close()
+
+    def _flush_outbox(self) -> None:
+        for identity, msg in self.core.take_outbox():
+            try:
+                for frame in P.encode_frames(msg, self.deployment):
+                    # send_multipart's enum flag arithmetic costs more than the send itself
+                    self.sock.send(identity, _SNDMORE_NOBLOCK)
+                    self.sock.send(frame, _NOBLOCK)
+            except zmq.ZMQError as exc:  # peer gone (ROUTER_MANDATORY) or its queue full
+                self.core.counters["send_failed"] += 1
+                log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
+
+
+class AutoCompact:
+    """A Controller hook: once `every` rollouts have committed since the last compaction, merge
+    the run's small shards in a separate, niced process (`paddock compact`, crash-safe, one at
+    a time), so a long run's store stays fast to query. `wait()` at shutdown lets a running
+    compaction finish."""
+
+    def __init__(self, run_dir: str, every: int):
+        self.run_dir, self.every = run_dir, every
+        self.proc: Optional[subprocess.Popen] = None
+        self.last = 0
+        self.runs = 0
+
+    def __call__(self, ctl: "Controller") -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            log.info("compaction exited with %s (see logs/compact.log)", self.proc.returncode)
+            self.proc = None
+        committed = ctl.core.counters["committed"]
+        if self.proc is None and committed - self.last >= self.every:
+            self.last = committed
+            self.runs += 1
+            logs = Path(self.run_dir) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            with open(logs / "compact.log", "ab") as out:
+                # nice(1), not a preexec_fn: the controller has threads (metrics), and code run
+                # between fork and exec in a threaded process may deadlock
+                self.proc = subprocess.Popen(
+                    ["nice", "-n", "10", sys.executable, "-m", "controller.cli", "compact",
+                     "--run", self.run_dir],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait(self, timeout_s: float = 120.0) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:      # it is crash-safe: the next one finishes it
+            log.warning("compaction still running after %.0fs at shutdown: leaving it", timeout_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="paddock controller")
+    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
+    ap.add_argument("--deployment", required=True)
+    ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--tasks-json", required=True, help="file mapping task refs to lease task dicts")
+    ap.add_argument("--endpoint-file", required=True, help="where to publish the bound endpoint")
+    ap.add_argument("--db", help="queue database (default RUN_DIR/controller.db)")
+    ap.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    ap.add_argument("--liveness", type=int, default=5)
+    ap.add_argument("--lease-ttl-s", type=float, default=300.0)
+    ap.add_argument("--max-staleness", type=int, default=None,
+                    help="policy versions a queued rollout may lag (default: unbounded)")
+    ap.add_argument("--stale-policy", choices=("rerun", "drop"), default="rerun")
+    ap.add_argument("--curriculum-db", help="the curriculum (pass-rate estimates) a submit's "
+                    "sampler request is resolved against (default: none, such requests are "
+                    "refused)")
+    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--metrics-port", type=int, default=None,
+                    help="serve Prometheus metrics on this port (0: any free port; see controller/broker/metrics.py)")
+    ap.add_argument("--metrics-addr", default="0.0.0.0")
+    ap.add_argument("--compact-every", type=int, default=0, metavar="N",
+                    help="merge the run's small shards after every N commits (0: never)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s controller %(levelname)s %(message)s")
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tasks = json.loads(Path(args.tasks_json).read_text())
+    try:
+        config = QueueConfig(lease_ttl_s=args.lease_ttl_s, max_staleness=args.max_staleness,
+                             stale_policy=args.stale_policy)
+    except ValueError as exc:
+        ap.error(str(exc))
+    curriculum = Curriculum(args.curriculum_db, {d["task_id"] for d in tasks.values()}) \
+        if args.curriculum_db else None
+    ctl = Controller(args.bind, args.deployment, str(run_dir), run_dir.name, tasks,
+                     args.db or str(run_dir / "controller.db"),
+                     heartbeat_interval_s=args.heartbeat_interval_s, liveness=args.liveness,
+                     queue_config=config, curriculum=curriculum)
+    if args.metrics_port is not None:   # published before the endpoint: a reader of one finds both
+        from controller.broker.metrics import serve_metrics
+        server, _ = serve_metrics(ctl.snapshot, args.metrics_port, args.metrics_addr)
+        Path(args.endpoint_file + ".metrics").write_text(
+            f"http://{args.metrics_addr}:{server.server_address[1]}/metrics")
+    tmp = Path(args.endpoint_file + ".tmp")
+    tmp.write_text(ctl.endpoint)
+    tmp.rename(args.endpoint_file)
+    compactor = AutoCompact(str(run_dir), args.compact_every) if args.compact_every > 0 else None
+    if compactor is not None:
+        ctl.hooks.append(compactor)
+    log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
+    ctl.serve()
+    if compactor is not None:
+        compactor.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""`paddock check`, `paddock verify` and `paddock rescore`: the verifier for analysts and task authors.
+
+  paddock check math --gold G --pred P       prints true/false (exit 0/1); also `exact`, `regex`
+  paddock verify --task T --solution PATH    grades one solution (a file, a directory or a patch)
+  paddock rescore --run DIR                  re-grades a run's stored changes and answers
+
+Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MAX_SOLUTION_BYTES = 8 << 20
+
+
+class SolutionError(ValueError):
+    """A solution path cannot be turned into changes; the message names the path."""
+
+
+def solution_changes(task: dict, path: str | Path) -> tuple[list, str | None]:
+    """(changes under /work, answer) for a solution: a patch (*.patch / *.diff), a directory
+    (its files laid over the task's visible files), or a file (placed at /work/<name>; for answer tasks, its text
+    is the answer)."""
+    from nodeagent.sandbox.runtime import Change
+    p = Path(path)
+    if not p.exists():
+        raise SolutionError(f"solution {str(p)!r} does not exist")
+    kind = task.get("checker", {}).get("kind")
+    if p.is_file() and kind in ("math", "exact", "regex"):
+        return [], p.read_text(errors="replace")
+    if p.is_dir():
+        files = {**{k: v.encode() for k, v in task.get("files", {}).items()},
+                 **{str(f.relative_to(p)): f.read_bytes() for f in sorted(p.rglob("*")) if f.is_file()}}
+    elif p.suffix in (".patch", ".diff"):
+        files = _patched(task, p)
+    else:
+        files = {**{k: v.encode() for k, v in task.get("files", {}).items()}, p.name: p.read_bytes()}
+    if sum(len(v) for v in files.values()) > MAX_SOLUTION_BYTES:
+        raise SolutionError(f"solution {str(p)!r} is larger than {MAX_SOLUTION_BYTES} bytes")
+    original = {k: v.encode() for k, v in task.get("files", {}).items()}
+    changes = [Change(f"/work/{rel}", "deleted", None, 0) for rel in sorted(set(original) - set(files))]
+    changes += [Change(f"/work/{rel}", "modified" if rel in original else "added", data, 0o644)
+                for rel, data in sorted(files.items()) if original.get(rel) != data]
+    return changes, None
+
+
+def _patched(task: dict, patch: Path) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory(prefix="paddock-patch-") as tmp:
+        for rel, text in task.get("files", {}).items():
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_text(text)
+        argv = ["patch", "-p1", "--batch", "--forward", "--silent", "-d", tmp, "-i", str(patch.resolve())]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise SolutionError(f"patch {str(patch)!r} does not apply ({argv} exit {r.returncode}): "
+                                f"{(r.stdout + r.stderr).strip()[-500:]}")
+        return {str(f.relative_to(tmp)): f.read_bytes() for f in Path(tmp).rglob("*")
+                if f.is_file() and not f.name.endswith((".orig", ".rej"))}
+
+
+def find_task(ref: str, bank: str | None = None) -> dict:
+    """A task by name or id: a task `.json` file, the built-in set, or the task bank."""
+    if ref.endswith(".json") and Path(ref).is_file():
+        return json.loads(Path(ref).read_text())
+    from controller.taskbank.builtin import builtin_taskset
+    for t in builtin_taskset().tasks:
+        if ref in (t.name, t.task_id, t.short_id):
+            return dict(t.canonical(), task_id=t.task_id)
+    from controller.taskbank import bank as taskbank
+    from controller.contracts.tasks import TaskError
+    try:
+        t = taskbank.find_task(taskbank.TaskBank(bank), ref)
+    except (TaskError, OSError) as exc:
+        raise SolutionError(f"no task {ref!r} in the built-in set, and {exc}") from None
+    return dict(t.canonical(), task_id=t.task_id)
+
+
+def cmd_check(args) -> int:
+    from nodeagent.verifier.checks import CheckInfraError, CheckRunner
+    try:
+        with CheckRunner(preload=("nodeagent.verifier.checkers",)) as runner:   # sympy only if needed
+            r = runner.run("nodeagent.verifier.checkers:answer_verdict", [args.kind, args.gold, args.pred],
+                           timeout_s=args.timeout)
+    except CheckInfraError as exc:
+        print(f"paddock check: {exc}", file=sys.stderr)
+        return 2
+    if r.outcome != "ok":
+        print(f"paddock check: {r.outcome}: {r.detail}", file=sys.stderr)
+        print("false")
+        return 1
+    print("true" if r.value["ok"] else "false")
+    if args.verbose:
+        print(r.value["detail"], file=sys.stderr)
+    return 0 if r.value["ok"] else 1
+
+
+def cmd_verify(args) -> int:
+    from layers.builtin import default_store_root, ensure_builtin_image
+    from layers.store import ImageStore
+    from nodeagent.verifier import grade as verifier
+    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
+    try:
+        task = find_task(args.task, args.bank)
+        changes, answer = solution_changes(task, args.solution)
+    except (SolutionError, OSError, ValueError) as exc:
+        print(f"paddock verify: {exc}", file=sys.stderr)
+        return 2
+    answer = args.answer if args.answer is not None else answer
+    store = ImageStore(default_store_root())
+    image = store.resolve(args.image) if args.image else ensure_builtin_image(store)[1]
+    try:
+        with SandboxRuntime() as rt:
+            v = verifier.verify(rt, image, task, changes, answer)
+    except (verifier.VerifierInfraError, SandboxError) as exc:
+        print(json.dumps({"outcome": "infra_error", "reward": None, "reason": str(exc)}, indent=2))
+        return 3
+    print(json.dumps({"task": task.get("name"), "outcome": v.outcome, "reward": v.reward,
+                      "components": v.components, "tampered": v.tampered,
+                      "verifier_version": verifier.VERIFIER_VERSION, "checks": v.checks}, indent=2))
+    return 0 if v.outcome == "pass" else 1
+
+
+def cmd_rescore(args) -> int:
+    from controller.analysis import rescore
+    return rescore.cmd_rescore(args)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `paddock check`, `paddock verify` and `paddock rescore`."""
+    chk = sub.add_parser("check", help="check one answer against a gold answer (prints true/false)")
+    kinds = chk.add_subparsers(dest="kind", required=True)
+    for kind, what in (("math", "math equivalence"), ("exact", "exact match"), ("regex", "regex full match")):
+        k = kinds.add_parser(kind, help=what)
+        k.add_argument("--gold", required=True, help="gold answer (a regex for `regex`)")
+        k.add_argument("--pred", required=True, help="the model's text")
+        k.add_argument("--timeout", type=float, default=10.0, help="seconds before the check is killed")
+        k.add_argument("-v", "--verbose", action="store_true", help="print what was extracted")
+        k.set_defaults(func=cmd_check)
+
+    ver = sub.add_parser("verify", help="grade one solution of one task, print outcome and reward components")
+    ver.add_argument("--task", required=True, help="task name or id (built-in set or task bank), or a task .json")
+    ver.add_argument("--bank", metavar="DIR", help="task-bank directory (default $PADDOCK_TASKBANK or ./taskbank)")
+    ver.add_argument("--solution", required=True, help="a file, a directory or a *.patch/*.diff")
+    ver.add_argument("--answer", help="the final answer text (answer tasks), instead of a file")
+    ver.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
+    ver.set_defaults(func=cmd_verify)
+
+    rs = sub.add_parser("rescore", help="re-grade a run's stored trajectories with this verifier")
+    rs.add_argument("--run", required=True, metavar="DIR", help="the run directory")
+    rs.add_argument("--image-store", help="image store root (default: the built-in store)")
+    rs.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
+    rs.set_defaults(func=cmd_rescore)

@@ -1,0 +1,306 @@
+"""The trainer's client: submit rollouts, publish policy versions, iterate results as they
+commit, cancel batches, drain nodes, read the farm's status. Sync (`Client`) and asyncio
+(`AsyncClient`), same methods, same errors.
+
+A DEALER socket to the controller's ROUTER, used Lazy-Pirate style: a request waits
+`timeout_s` for its reply; on silence the socket is replaced by a fresh one and the SAME
+message (same idempotency key) is sent again, until `give_up_s` has passed. So a client
+carries on by itself across a controller restart, and a retried submit can never submit
+twice. Results are read by long-polling `watch` with a cursor, so a reconnect resumes
+exactly where it stopped.
+
+Errors are typed: `ControllerUnavailable` (no reply before give_up_s), and for a refusal
+`RequestRefused` or the subclass for its code (`UnknownTask`, `UnknownPolicy`,
+`UnknownBatch`, `UnknownNode`, `PolicyConflict`, `BadRequest`).
+
+Must not import controller.store.queue (the client talks only the wire protocol).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import AsyncIterator, Iterator, Optional
+
+import zmq
+import zmq.asyncio
+
+from controller.contracts import protocol as P
+from controller.contracts.protocol import BandRequest  # noqa: F401 - re-exported for trainers
+
+
+class ClientError(Exception):
+    pass
+
+
+class ControllerUnavailable(ClientError):
+    pass
+
+
+class RequestRefused(ClientError):
+    """The controller answered no. `code` is one of protocol.ERROR_CODES."""
+
+    def __init__(self, message: str, code: Optional[str] = None):
+        super().__init__(message)
+        self.code = code
+
+
+class UnknownTask(RequestRefused):
+    pass
+
+
+class UnknownPolicy(RequestRefused):
+    pass
+
+
+class UnknownBatch(RequestRefused):
+    pass
+
+
+class UnknownNode(RequestRefused):
+    pass
+
+
+class PolicyConflict(RequestRefused):
+    pass
+
+
+class BadRequest(RequestRefused):
+    pass
+
+
+_REFUSALS = {"unknown_task": UnknownTask, "unknown_policy": UnknownPolicy,
+             "unknown_batch": UnknownBatch, "unknown_node": UnknownNode,
+             "policy_conflict": PolicyConflict, "bad_request": BadRequest}
+
+
+def _refused(ack: P.Ack) -> RequestRefused:
+    return _REFUSALS.get(ack.code or "", RequestRefused)(ack.error or "refused", ack.code)
+
+
+def _match(msg: P.Message, reply: P.Message, expect: tuple[type, ...]) -> Optional[P.Message]:
+    """The reply if it answers msg; raises for a refusal; None for anything else (late
+    replies of earlier tries, controller heartbeats, welcomes)."""
+    if isinstance(reply, P.Ack) and reply.ref == msg.id and not reply.ok:
+        raise _refused(reply)
+    if isinstance(reply, expect) and getattr(reply, "ref", None) == msg.id:
+        return reply
+    return None
+
+
+# The message builders, shared by both clients.
+
+def _submit(tasks, n_per_task, policy, sampler) -> P.Submit:
+    if policy is None:
+        raise TypeError("submit: policy (a published policy version) is required")
+    if (tasks is None) == (sampler is None):
+        raise TypeError("submit: give tasks or a sampler (BandRequest), not both")
+    return P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks or ()), n_per_task=n_per_task,
+                    policy_version=policy, sampler=sampler)
+
+
+def _publish(version, endpoint, model) -> P.PublishPolicy:
+    return P.PublishPolicy(idem=uuid.uuid4().hex, version=version, endpoint=endpoint,
+                           model=model if model is not None else f"policy-v{version}")
+
+
+class _Base:
+    def __init__(self, endpoint: str, deployment: str, timeout_s: float = 5.0,
+                 give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None):
+        self.endpoint, self.deployment = endpoint, deployment
+        self.timeout_s = timeout_s
+        # `retries` (tries of timeout_s each) is the older spelling of give_up_s.
+        self.give_up_s = give_up_s if retries is None else timeout_s * retries
+        self.watch_wait_s = watch_wait_s
+        self.reconnects = 0
+        self.sock = None
+
+    def _new_socket(self, ctx):
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.reconnects += 1
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, f"client-{uuid.uuid4().hex[:12]}".encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(self.endpoint)
+
+    def _unavailable(self) -> ControllerUnavailable:
+        return ControllerUnavailable(f"no reply from the controller at {self.endpoint} "
+                                     f"within {self.give_up_s}s")
+
+    def _decode(self, data: bytes) -> Optional[P.Message]:
+        try:
+            return P.decode(data, self.deployment)
+        except P.RemoteProtocolError:
+            return None  # not for us (foreign deployment) or garbage: ignore
+
+
+class Client(_Base):
+    """Synchronous trainer client. Use as a context manager or call close()."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.ctx = zmq.Context.instance()
+        self._new_socket(self.ctx)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
+        give_up = time.monotonic() + self.give_up_s + extra_s
+        data = P.encode(msg, self.deployment)
+        while True:
+            self.sock.send(data)
+            deadline = min(time.monotonic() + self.timeout_s + extra_s, give_up)
+            while (left := deadline - time.monotonic()) > 0:
+                if not self.sock.poll(timeout=int(left * 1000) + 1):
+                    break
+                reply = self._decode(self.sock.recv())
+                got = reply and _match(msg, reply, expect)
+                if got:
+                    return got
+            if time.monotonic() >= give_up:
+                raise self._unavailable()
+            self._new_socket(self.ctx)  # Lazy Pirate: fresh socket, same message
+
+    def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
+               policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
+        """Enqueue n_per_task rollouts of each task under policy version `policy`; the tasks
+        are named (`tasks`) or picked by the controller's curriculum (`sampler`, e.g.
+        `BandRequest(n_tasks=8, band=[0.2, 0.8], seed=1)`). Returns the batch id."""
+        msg = _submit(tasks, n_per_task, policy, sampler)
+        return self._request(msg, (P.Submitted,)).batch_id
+
+    def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
+        """N rollouts from the learning band of a curriculum the TRAINER holds:
+        `curriculum.sample(n, rng, policy)` picks the task ids (band tasks plus an
+        exploration share, see controller/taskbank/curriculum.py) and `submit` sends them, one rollout
+        each. (`submit(sampler=BandRequest(...))` has the controller's curriculum pick.)"""
+        return self.submit(curriculum.sample(n, rng, policy), 1, policy)
+
+    def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
+        self._request(_publish(version, endpoint, model), (P.Ack,))
+
+    def cancel(self, batch_id: str) -> int:
+        """Cancel what is not finished of a batch; returns how many rollouts that was."""
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+        return self._request(msg, (P.Cancelled,)).rollouts
+
+    def drain(self, node: str, deadline_s: float | None = None) -> None:
+        self._request(P.DrainNode(node=node, deadline_s=deadline_s), (P.Ack,))
+
+    def status(self) -> P.StatusReply:
+        return self._request(P.Status(), (P.StatusReply,))
+
+    def shutdown(self, reason: str = "") -> None:
+        self._request(P.Shutdown(reason=reason), (P.Ack,))
+
+    def results(self, batch_id: str) -> Iterator[dict]:
+        """Yield the batch's results (committed, dead-lettered, dropped) as they commit,
+        each once, until the batch is done."""
+        cursor = 0
+        while True:
+            msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
+            reply = self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
+            yield from reply.items
+            cursor = reply.cursor
+            if reply.done:
+                return
+
+    def wait(self, batch_id: str, n: int | None = None) -> list[dict]:
+        """The first n results of the batch (all of them when n is None)."""
+        out = []
+        for item in self.results(batch_id):
+            out.append(item)
+            if n is not None and len(out) >= n:
+                break
+        return out
+
+
+class AsyncClient(_Base):
+    """asyncio trainer client: the same methods as Client, awaitable; results() is an
+    async iterator (also spelled aresults())."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.ctx = zmq.asyncio.Context.instance()
+        self._new_socket(self.ctx)
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.close()
+
+    async def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.give_up_s + extra_s
+        data = P.encode(msg, self.deployment)
+        while True:
+            await self.sock.send(data)
+            deadline = min(loop.time() + self.timeout_s + extra_s, give_up)
+            while (left := deadline - loop.time()) > 0:
+                if not await self.sock.poll(timeout=int(left * 1000) + 1):
+                    break
+                reply = self._decode(await self.sock.recv())
+                got = reply and _match(msg, reply, expect)
+                if got:
+                    return got
+            if loop.time() >= give_up:
+                raise self._unavailable()
+            self._new_socket(self.ctx)
+
+    async def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
+                     policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
+        msg = _submit(tasks, n_per_task, policy, sampler)
+        return (await self._request(msg, (P.Submitted,))).batch_id
+
+    async def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
+        return await self.submit(curriculum.sample(n, rng, policy), 1, policy)
+
+    async def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
+        await self._request(_publish(version, endpoint, model), (P.Ack,))
+
+    async def cancel(self, batch_id: str) -> int:
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+        return (await self._request(msg, (P.Cancelled,))).rollouts
+
+    async def drain(self, node: str, deadline_s: float | None = None) -> None:
+        await self._request(P.DrainNode(node=node, deadline_s=deadline_s), (P.Ack,))
+
+    async def status(self) -> P.StatusReply:
+        return await self._request(P.Status(), (P.StatusReply,))
+
+    async def results(self, batch_id: str) -> AsyncIterator[dict]:
+        cursor = 0
+        while True:
+            msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
+            reply = await self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
+            for item in reply.items:
+                yield item
+            cursor = reply.cursor
+            if reply.done:
+                return
+
+    aresults = results
+
+    async def wait(self, batch_id: str, n: int | None = None) -> list[dict]:
+        out = []
+        async for item in self.results(batch_id):
+            out.append(item)
+            if n is not None and len(out) >= n:
+                break
+        return out

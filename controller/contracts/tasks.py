@@ -1,0 +1,249 @@
+"""Task packages: the model, its canonical content hash, and task-set manifests.
+
+A task is what one rollout attempts: an instruction the agent sees, visible files placed in
+the agent's `/work`, hidden files that only the verifier's sandbox ever receives, a checker
+spec, budgets and sandbox limits. Its id is the hash of its canonical content, so any change
+to any field is a different task.
+
+File contents are text (`str`) or, for files that are not UTF-8 (a scrubbed `.git` of a
+repository task), `bytes`; the canonical form encodes bytes as `{"base64": ...}` so it stays
+JSON. The on-disk package format lives in controller/taskbank/bank.py (docs/tasks.md).
+
+Must not import zmq, sqlite3 or anything that does I/O beyond reading task files.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+FAMILIES = ("python", "math", "swe")
+SPLITS = ("train", "heldout")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
+
+
+class TaskError(ValueError):
+    """A task package is malformed; the message names the task and the field."""
+
+
+class BudgetError(TaskError):
+    """A task's budgets are malformed; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """A task's rollout budgets: declared here, enforced by the node's harness
+    (nodeagent.harness.loop imports this class; the controller never imports the node agent)."""
+    max_steps: int = 12
+    wall_s: float = 120.0
+    max_tokens: int = 32768
+    observation_bytes: int = 16384
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Budgets":
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
+        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int)):
+            if key in d:
+                v = d[key]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
+                        or (kind is int and int(v) != v):
+                    raise BudgetError(f"budget {key!r} must be a positive {kind.__name__}, got {v!r}")
+                d[key] = kind(v)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 256
+    pids: int = 64
+    disk_mb: int = 64
+    cpu: float = 1.0
+    nofile: int = 256
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    family: str
+    instruction: str
+    image: str = "builtin:python"
+    files: Mapping[str, str] = field(default_factory=dict)
+    hidden: Mapping[str, str] = field(default_factory=dict)
+    checker: Mapping[str, Any] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    budgets: Budgets = Budgets()
+    limits: Limits = Limits()
+    # "none", or an egress allowlist (docs/egress.md): a comma-separated string, a list of
+    # entries or {"allow": [...]}; stored as "none" or a tuple of entries.
+    network: Any = "none"
+    # The agent's tool set (names from nodeagent/harness/tools.py); empty means every tool.
+    tools: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "network", _normalise_network(self.network))
+        if isinstance(self.tools, (list, tuple)):
+            object.__setattr__(self, "tools", tuple(self.tools))
+        # One content, one form: bytes that are UTF-8 text are stored as str, so a task read
+        # back from disk hashes the same as the task that was written.
+        for key in ("files", "hidden"):
+            value = getattr(self, key)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, key, {p: as_text_if_utf8(v) for p, v in value.items()})
+        validate(self)
+
+    def canonical(self) -> dict[str, Any]:
+        """Every field as JSON-safe data; bytes file contents become {"base64": ...}."""
+        d = dataclasses.asdict(self)
+        for key in ("files", "hidden"):
+            d[key] = {p: encode_content(v) for p, v in d[key].items()}
+        # Fields added later are left out at their defaults, so existing task ids do not move.
+        if not self.tools:
+            del d["tools"]
+        else:
+            d["tools"] = list(self.tools)
+        if d["network"] != "none":
+            d["network"] = list(self.network)
+        return d
+
+    @property
+    def task_id(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    @property
+    def short_id(self) -> str:
+        return self.task_id[7:19]
+
+
+def as_text_if_utf8(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value)
+    return value
+
+
+def encode_content(value: str | bytes) -> str | dict[str, str]:
+    """A file's content in canonical JSON: text as is, bytes as {"base64": ...}."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
+    return value
+
+
+def decode_content(value: str | Mapping[str, str]) -> str | bytes:
+    """Inverse of `encode_content` (used by whoever receives a task as JSON)."""
+    if isinstance(value, Mapping):
+        return base64.b64decode(value["base64"])
+    return value
+
+
+def _safe_relpath(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and ".." not in parts and "" not in parts
+
+
+def validate(task: Task) -> None:
+    where = f"task {task.name!r}"
+    if not task.name or not isinstance(task.name, str):
+        raise TaskError("task: 'name' must be a non-empty string")
+    if task.family not in FAMILIES:
+        raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
+    if not task.instruction.strip():
+        raise TaskError(f"{where}: 'instruction' is empty")
+    if not isinstance(task.image, str) or not (task.image == "builtin:python"
+                                               or re.fullmatch(r"sha256:[0-9a-f]{64}", task.image)):
+        raise TaskError(f"{where}: 'image' must be 'builtin:python' or 'sha256:<64 hex digits>' of an image "
+                        f"built with `paddock image build`, got {task.image!r}")
+    for key in ("files", "hidden"):
+        for path, text in getattr(task, key).items():
+            if not _safe_relpath(path):
+                raise TaskError(f"{where}: '{key}' path {path!r} must be relative, without '..'")
+            if not isinstance(text, (str, bytes)):
+                raise TaskError(f"{where}: '{key}[{path}]' must be text or bytes")
+    kind = task.checker.get("kind")
+    if kind not in CHECKER_KINDS:
+        raise TaskError(f"{where}: 'checker.kind' must be one of {CHECKER_KINDS}, got {kind!r}")
+    if kind == "pytest":
+        tests = task.checker.get("tests") or []
+        missing = [t for t in tests if t not in task.hidden and t not in task.files]
+        if not tests or missing:
+            raise TaskError(f"{where}: 'checker.tests' names files that are not in the task: {missing or tests}")
+    if kind in ("math", "exact", "regex") and "answer" not in task.checker:
+        raise TaskError(f"{where}: 'checker.answer' is required for checker kind {kind!r}")
+    from nodeagent.verifier.checkers import SpecError, validate_spec   # the verifier's own schema
+    try:
+        validate_spec(dict(task.checker), {"files": task.files, "hidden": task.hidden})
+    except SpecError as exc:
+        raise TaskError(f"{where}: {exc}") from None
+    for path in task.protected:
+        if path not in task.files:
+            raise TaskError(f"{where}: protected path {path!r} is not a visible file")
+    if task.network != "none":
+        from nodeagent.egress.policy import PolicyError, parse_policy
+        try:
+            parse_policy(list(task.network))
+        except PolicyError as exc:
+            raise TaskError(f"{where}: 'network': {exc}") from None
+    if task.tools:
+        from nodeagent.harness.tools import ToolSetError, tool_set
+        try:
+            tool_set(task.tools)
+        except ToolSetError as exc:
+            raise TaskError(f"{where}: 'tools': {exc}") from None
+
+
+def _normalise_network(network: Any) -> Any:
+    """'none' stays 'none'; an allowlist (string, list or {"allow": [...]}) becomes a tuple."""
+    if network is None or network == "none":
+        return "none"
+    if isinstance(network, Mapping) and set(network) == {"allow"}:
+        network = network["allow"]
+    if isinstance(network, str):
+        network = [e.strip() for e in network.split(",") if e.strip()]
+    if isinstance(network, (list, tuple)) and network and all(isinstance(e, str) for e in network):
+        return tuple(network)
+    raise TaskError(f"'network' must be 'none', a list of allowed hosts or {{'allow': [...]}}, "
+                    f"got {network!r}")
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """A manifest: task ids with their split, hashed as a whole."""
+    name: str
+    tasks: tuple[Task, ...]
+    heldout: frozenset[str] = frozenset()   # task ids in the held-out split
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise TaskError(f"task set {self.name!r}: duplicate task names {dupes}")
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "tasks": sorted(
+                ({"task_id": t.task_id, "name": t.name,
+                  "split": "heldout" if t.task_id in self.heldout else "train"} for t in self.tasks),
+                key=lambda d: d["name"]),
+        }
+
+    @property
+    def manifest_hash(self) -> str:
+        blob = json.dumps(self.manifest(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+    def by_id(self) -> dict[str, Task]:
+        return {t.task_id: t for t in self.tasks}
+
+    def by_name(self) -> dict[str, Task]:
+        return {t.name: t for t in self.tasks}

@@ -1,0 +1,325 @@
+"""The local farm run (`paddock run`): the whole RL loop on one machine, on real parts.
+
+Builds (or reuses) the built-in image, starts the scripted policy server, a controller process
+and N node-agent processes linked by ZeroMQ, then a small trainer submits one batch per policy
+version, reads the committed trajectories back with DuckDB, updates the policy by REINFORCE and
+publishes the next version through the controller. Ends with a DuckDB summary of the run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+
+COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
+
+
+class ConfigError(ValueError):
+    """An invalid run config: the message names the key."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    agents: int = 2
+    slots_per_agent: int = 2
+    versions: int = 8
+    rollouts_per_task: int = 1
+    learning_rate: float = 4.0
+    runs_dir: str = "runs"
+    image_store: str = ""
+    heartbeat_interval_s: float = 1.0
+    lease_ttl_s: float = 300.0
+    start_timeout_s: float = 60.0
+    tasks_limit: int = 0              # 0: every built-in task
+    seed: int = 0                     # curriculum sampling seed (the run is reproducible)
+    curriculum_db: str = ""           # "": <runs_dir>/curriculum.sqlite, kept across runs
+    validate: str = "quick"           # quick | full | off: validate the task set first (validation.py)
+    taskset: str = "builtin"          # "builtin", or a task set stored in the bank (`paddock tasks import`)
+    bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
+    compact_every: int = COMPACT_EVERY  # the controller merges small shards after every N commits (0: never)
+
+    def __post_init__(self) -> None:
+        for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {getattr(self, key)!r}")
+        for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
+            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
+                raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+        if isinstance(self.compact_every, bool) or not isinstance(self.compact_every, int) or self.compact_every < 0:
+            raise ConfigError(f"config key 'compact_every' must be an integer >= 0, got {self.compact_every!r}")
+        if self.validate not in ("quick", "full", "off"):
+            raise ConfigError(f"config key 'validate' must be quick, full or off, got {self.validate!r}")
+        if self.agents * self.slots_per_agent > 62:
+            raise ConfigError("config keys 'agents' x 'slots_per_agent' must not exceed 62 sandboxes")
+
+    @classmethod
+    def load(cls, path: str | None, overrides: dict) -> "RunConfig":
+        data = {}
+        if path:
+            try:
+                data = yaml.safe_load(Path(path).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"cannot read config {path}: {exc}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"config {path} must be a mapping of keys to values")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown config key {unknown[0]!r}; valid keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+
+BUILTIN_IMAGE = "builtin:python"
+LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+
+
+def load_taskset(name: str, bank: str = ""):
+    """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
+    from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
+    if name in ("builtin", TASKSET_NAME):
+        return builtin_taskset()
+    from controller.taskbank.bank import TaskBank
+    return TaskBank(bank or None).load_set(name)
+
+
+def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
+    """Task id -> (image digest, SIF path) for every task of the set: `builtin:python` is built
+    or reused; `sha256:<hex>` must already be in `store` (`paddock image build ... --store`).
+    TaskError names the task and the image it lacks."""
+    from controller.contracts.tasks import TaskError
+    from layers.builtin import ensure_builtin_image
+    from layers.store import ImageNotFound
+    out: dict[str, tuple[str, Path]] = {}
+    resolved: dict[str, tuple[str, Path]] = {}
+    for t in taskset.tasks:
+        if t.image not in resolved:
+            if t.image == BUILTIN_IMAGE:
+                resolved[t.image] = ensure_builtin_image(store)
+            elif t.image.startswith("sha256:"):
+                try:
+                    resolved[t.image] = (t.image, store.get(t.image))
+                except ImageNotFound:
+                    raise TaskError(f"task {t.name!r}: image {t.image} is not in the image store at "
+                                    f"{store.root}; build it there with `paddock image build SRC --store "
+                                    f"{store.root}`") from None
+            else:
+                raise TaskError(f"task {t.name!r}: image {t.image!r} is neither {BUILTIN_IMAGE!r} nor "
+                                f"'sha256:<digest>' of an image in the store")
+        out[t.task_id] = resolved[t.image]
+    return out
+
+
+def lease_tasks(taskset, images: str | dict[str, tuple[str, Path]]) -> dict[str, dict]:
+    """Task ref (name and id) -> the task dict a lease carries to a node agent. `images`: one
+    image digest for every task, or `task_images()`."""
+    out = {}
+    for t in taskset.tasks:
+        d = t.canonical()
+        digest = images if isinstance(images, str) else images[t.task_id][0]
+        d.update(task_id=t.task_id, image_digest=digest, taskset_hash=taskset.manifest_hash,
+                 split="heldout" if t.task_id in taskset.heldout else "train")
+        out[t.task_id] = d
+        out[t.name] = d
+    return out
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before starting; see its log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start within {timeout_s}s")
+        time.sleep(0.05)
+    return path.read_text().strip()
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+    f = open(log_path, "ab")
+    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _agent_subids(index: int, agents: int) -> tuple[int, int]:
+    from nodeagent.sandbox.runtime import subid_range
+    base, count = subid_range()
+    share = count // agents
+    return base + index * share, share
+
+
+def run_local(cfg: RunConfig, console=None) -> Path:
+    from rich.console import Console
+    from controller.demo.policy_server import PolicyServer, default_params
+    from controller.analysis.query import print_summary, summary
+    from controller.contracts.tasks import TaskError
+    from layers.builtin import default_store_root, ensure_builtin_image
+    from layers.store import ImageStore
+
+    console = console or Console()
+    try:
+        taskset = load_taskset(cfg.taskset, cfg.bank)
+    except TaskError as exc:
+        raise ConfigError(f"config key 'taskset': {exc}") from None
+    others = sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))
+    if others:
+        raise ConfigError(f"config key 'taskset': the local run's scripted policy plays {' and '.join(LOCAL_FAMILIES)} "
+                          f"tasks; task set {taskset.name!r} also has {', '.join(others)} tasks (run those with "
+                          f"your own trainer: `paddock sbatch render trainer=...`, docs/operations.md)")
+    names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
+    store = ImageStore(cfg.image_store or default_store_root())
+    with console.status("image: building or reusing the built-in python image") as st:
+        digest, image_path = ensure_builtin_image(store, progress=lambda m: st.update(f"image: {m}"))
+        try:
+            images = task_images(taskset, store)
+        except TaskError as exc:
+            raise ConfigError(f"config key 'taskset': {exc}") from None
+    console.print(f"task set {taskset.name} ({len(names)} tasks); image {digest[:19]}… at {image_path}")
+    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+    run_dir = (Path(cfg.runs_dir) / run_id).resolve()
+    run_dir.mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
+                                                  "taskset_hash": taskset.manifest_hash, "image": digest,
+                                                  "config": asdict(cfg)}, indent=2))
+    from controller.taskbank.validation import validate_for_run
+    names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
+                             Path(store.root) / "validation", run_dir,
+                             cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
+    deployment = f"local-{run_id}"
+    procs: list[subprocess.Popen] = []
+    with PolicyServer(taskset) as policy:
+        try:
+            ctl = _spawn([sys.executable, "-m", "controller.broker.core", "--deployment", deployment,
+                          "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
+                          "--endpoint-file", str(run_dir / "controller.endpoint"),
+                          "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
+                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
+                         run_dir / "logs" / "controller.log")
+            procs.append(ctl)
+            endpoint = _wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
+            for i in range(cfg.agents):
+                base, count = _agent_subids(i, cfg.agents)
+                procs.append(_spawn([sys.executable, "-m", "nodeagent.agent.daemon", "--node", f"local-{i + 1}",
+                                     "--controller", endpoint, "--deployment", deployment,
+                                     "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
+                                     "--subid-base", str(base), "--subid-count", str(count),
+                                     "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
+                                    run_dir / "logs" / f"agent-{i + 1}.log"))
+            console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
+            _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
+        finally:
+            _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment)
+    print_summary(summary(run_dir), run_dir, out=None)
+    return run_dir
+
+
+def _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from controller.client.api import Client
+    from controller.demo.policy_server import CHEATS
+    from controller.analysis.query import connect
+    from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
+
+    import random
+    from controller.taskbank.curriculum import Curriculum
+    trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
+    by_id = {t.task_id: t.name for t in taskset.tasks if t.name in set(names)}
+    curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id,
+                            local_curriculum_config(cfg))
+    rng = random.Random(cfg.seed)
+    total = cfg.versions * len(names) * cfg.rollouts_per_task
+    with Client(endpoint, deployment) as client, Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console) as bar:
+        job = bar.add_task("rollouts", total=total)
+        for version in range(cfg.versions):
+            policy.set_policy(version, params)
+            client.publish_policy(version, policy.url, f"scripted-v{version}")
+            occupancy = curriculum.occupancy(version)
+            picks = curriculum.sample(total // cfg.versions, rng, version)
+            batch_id = client.submit([by_id[t] for t in picks], 1, version)
+            passed = seen = 0
+            for item in client.results(batch_id):
+                seen += 1
+                passed += item.get("outcome") == "pass"
+                if item.get("state") == "dead_letter":      # a broken task, not a bad agent
+                    curriculum.record_infra_failure(item["task_ref"], item.get("infra_reason") or "?")
+                bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
+            con = connect(run_dir)
+            rows = con.execute(
+                "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
+                "USING (rollout_id, attempt, fencing_token) WHERE s.step = 0 AND r.batch_id = ? "
+                "AND r.reward IS NOT NULL", [batch_id]).fetchall()
+            _record_outcomes(curriculum, con, batch_id)
+            con.close()
+            samples = []
+            for family, content, reward in rows:
+                try:
+                    samples.append(Sample(family, strategy_from_plan(content), float(reward)))
+                except ValueError:
+                    continue
+            params = trainer.update(samples)
+            probs = probabilities(params)
+            cheats = sum(s.strategy in CHEATS[s.family] for s in samples)
+            paid = sum(s.strategy in CHEATS[s.family] and s.reward > 0 for s in samples)
+            p_cheat = max(sum(p for k, p in probs[f].items() if k in CHEATS[f]) for f in probs)
+            classes = ", ".join(f"{k} {n}" for k, n in occupancy.items() if n)
+            bar.console.print(f"v{version}: tasks {classes}; pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
+                              f"next policy p(solve) python={probs['python']['solve']:.2f} "
+                              f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
+        policy.set_policy(cfg.versions, params)
+
+
+def local_curriculum_config(cfg: RunConfig):
+    """The local run samples each task `rollouts_per_task` times per version, so with the default
+    decay (0.5) a task's weighted evidence never exceeds `rollouts_per_task` and every task would
+    stay "explore" for ever. Its policy moves a little per version, so older versions keep more
+    weight here: with one rollout per version a task is classified from its fourth version on."""
+    from controller.taskbank.curriculum import CurriculumConfig
+    return CurriculumConfig(decay=0.9 if cfg.rollouts_per_task < 3 else 0.5)
+
+
+def _record_outcomes(curriculum, con, batch_id: str) -> None:
+    """Feed a batch's committed outcomes to the curriculum; the solution is the hash of the
+    agent's actions and final answer (the same actions make the same diff)."""
+    rows = con.execute(
+        "SELECT r.rollout_id, r.task_id, r.policy_version, r.outcome, md5(coalesce(any_value(r.answer), "
+        "'') || '|' || coalesce(string_agg(s.tool_args, '|' ORDER BY s.step), '')) "
+        "FROM rollouts r LEFT JOIN steps s USING (rollout_id, attempt, fencing_token) "
+        "WHERE r.batch_id = ? GROUP BY ALL", [batch_id]).fetchall()
+    for rollout_id, task_id, version, outcome, solution in rows:
+        curriculum.record(task_id, version, outcome, solution, rollout_id)
+
+
+def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str) -> None:
+    if endpoint:
+        try:
+            from controller.client.api import Client
+            with Client(endpoint, deployment, timeout_s=5, retries=1) as c:
+                c.shutdown("run finished")
+        except Exception as exc:  # the controller may already be gone
+            log.warning("controller shutdown request failed: %s", exc)
+    deadline = time.monotonic() + 30
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    os.sync()

@@ -1,0 +1,411 @@
+"""The task bank on disk: task packages, task-set manifests, and `paddock tasks ...`.
+
+Layout (docs/tasks.md):
+
+    <bank>/tasks/<hex16>/task.yaml     one package per task, named by its content hash
+    <bank>/tasks/<hex16>/files/...     visible tree (placed under /work of the agent's sandbox)
+    <bank>/tasks/<hex16>/hidden/...    hidden tree (only the verifier's sandbox sees it)
+    <bank>/sets/<name>.yaml            manifest: task ids, names and splits, and its own hash
+    <bank>/curriculum.sqlite           pass-rate estimates (controller/taskbank/curriculum.py)
+    <bank>/contamination/*.json        contamination reports (controller/taskbank/contamination.py)
+
+Reading a package or manifest checks everything a human could have got wrong and raises
+`TaskError` naming the file: missing or unknown keys, a package whose content does not match
+its recorded id, a manifest naming an unknown task or listing one id twice with different
+names, a manifest whose recorded hash does not match its content.
+
+Must not import zmq; package files are written atomically (temp name + rename).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from controller.contracts.tasks import SPLITS, Budgets, Limits, Task, TaskError, TaskSet
+
+TASK_FILE = "task.yaml"
+FILES_DIR = "files"
+HIDDEN_DIR = "hidden"
+REQUIRED_KEYS = ("name", "family", "instruction", "checker")
+OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools")
+DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
+
+
+def default_bank_dir() -> Path:
+    return Path(os.environ.get(DEFAULT_BANK_ENV) or "taskbank")
+
+
+# -- one package ----------------------------------------------------------------------------
+
+def _typed_section(path: Path, key: str, value: Any, cls) -> Any:
+    if value is None:
+        return cls()
+    if not isinstance(value, dict):
+        raise TaskError(f"{path}: '{key}' must be a mapping")
+    valid = [f.name for f in fields(cls)]
+    unknown = sorted(set(value) - set(valid))
+    if unknown:
+        raise TaskError(f"{path}: unknown key '{key}.{unknown[0]}'; valid: {', '.join(valid)}")
+    return cls(**value)
+
+
+def _read_tree(root: Path) -> dict[str, str | bytes]:
+    out: dict[str, str | bytes] = {}
+    if not root.exists():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = Path(dirpath) / name
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                raise TaskError(f"{full}: symbolic links are not allowed in a task package")
+            out[rel] = full.read_bytes()
+    return out
+
+
+def load_package(directory: str | os.PathLike) -> Task:
+    """Read a task package directory (task.yaml + files/ + hidden/) into a Task."""
+    directory = Path(directory)
+    path = directory / TASK_FILE
+    try:
+        meta = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise TaskError(f"{path}: cannot read task package: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise TaskError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(meta, dict):
+        raise TaskError(f"{path}: must be a mapping of keys to values")
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise TaskError(f"{path}: missing key(s) {', '.join(missing)}")
+    unknown = sorted(set(meta) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise TaskError(f"{path}: unknown key(s) {', '.join(unknown)}; valid: "
+                        f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
+    try:
+        task = Task(
+            name=meta["name"], family=meta["family"], instruction=meta["instruction"],
+            image=meta.get("image", "builtin:python"),
+            files=_read_tree(directory / FILES_DIR), hidden=_read_tree(directory / HIDDEN_DIR),
+            checker=meta["checker"] or {}, protected=tuple(meta.get("protected") or ()),
+            setup=tuple(meta.get("setup") or ()),
+            budgets=_typed_section(path, "budgets", meta.get("budgets"), Budgets),
+            limits=_typed_section(path, "limits", meta.get("limits"), Limits),
+            network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()))
+    except TaskError as exc:
+        raise TaskError(f"{path}: {exc}") from None
+    except (TypeError, AttributeError) as exc:
+        raise TaskError(f"{path}: malformed field: {exc}") from None
+    recorded = meta.get("id")
+    if recorded is not None and recorded != task.task_id:
+        raise TaskError(f"{path}: content hashes to {task.task_id} but the package records id "
+                        f"{recorded} (edited after it was written?)")
+    return task
+
+
+def package_meta(task: Task) -> dict[str, Any]:
+    return {"id": task.task_id, "name": task.name, "family": task.family,
+            "instruction": task.instruction, "image": task.image,
+            "checker": json.loads(json.dumps(task.checker)), "protected": list(task.protected),
+            "setup": list(task.setup), "budgets": asdict(task.budgets),
+            "limits": asdict(task.limits),
+            "network": task.network if task.network == "none" else list(task.network),
+            **({"tools": list(task.tools)} if task.tools else {})}
+
+
+def write_package(task: Task, directory: str | os.PathLike) -> Path:
+    """Write `task` as a package at `directory` (built in a temp dir, then renamed into place)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pkg-", dir=directory.parent))
+    try:
+        (tmp / TASK_FILE).write_text(yaml.safe_dump(package_meta(task), sort_keys=False,
+                                                    allow_unicode=True, width=100))
+        for sub, tree in ((FILES_DIR, task.files), (HIDDEN_DIR, task.hidden)):
+            for rel, content in tree.items():
+                target = tmp / sub / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content.encode() if isinstance(content, str) else content)
+        os.rename(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+# -- the bank -------------------------------------------------------------------------------
+
+class TaskBank:
+    """A directory of task packages and task-set manifests."""
+
+    def __init__(self, root: str | os.PathLike | None = None):
+        self.root = Path(root) if root is not None else default_bank_dir()
+
+    @property
+    def tasks_dir(self) -> Path:
+        return self.root / "tasks"
+
+    @property
+    def sets_dir(self) -> Path:
+        return self.root / "sets"
+
+    def package_dir(self, task_id: str) -> Path:
+        return self.tasks_dir / task_id.removeprefix("sha256:")[:16]
+
+    def put_task(self, task: Task) -> Path:
+        """Store a package (idempotent); a stored package with other content is an error."""
+        directory = self.package_dir(task.task_id)
+        if directory.exists():
+            stored = load_package(directory)
+            if stored.task_id != task.task_id:
+                raise TaskError(f"{directory}: holds task {stored.task_id}, not {task.task_id} "
+                                f"(duplicate task id prefix with different content)")
+            return directory
+        try:
+            return write_package(task, directory)
+        except OSError:
+            if directory.exists():       # a concurrent writer won the rename: same content
+                return directory
+            raise
+
+    def get_task(self, task_id: str) -> Task:
+        directory = self.package_dir(task_id)
+        if not (directory / TASK_FILE).exists():
+            raise TaskError(f"task {task_id} is not in the bank at {self.root}")
+        task = load_package(directory)
+        if task.task_id != task_id:
+            raise TaskError(f"{directory}: content hashes to {task.task_id}, expected {task_id}")
+        return task
+
+    def manifest_path(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith("."):
+            raise TaskError(f"task set name {name!r}: use letters, digits, '-', '_' and '.'")
+        return self.sets_dir / f"{name}.yaml"
+
+    def put_set(self, taskset: TaskSet) -> Path:
+        """Store every task of the set and its manifest; return the manifest path."""
+        for task in taskset.tasks:
+            self.put_task(task)
+        manifest = taskset.manifest()
+        manifest["manifest_hash"] = taskset.manifest_hash
+        path = self.manifest_path(taskset.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
+        os.rename(tmp, path)
+        return path
+
+    def set_names(self) -> list[str]:
+        if not self.sets_dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.sets_dir.glob("*.yaml"))
+
+    def load_set(self, name: str) -> TaskSet:
+        path = self.manifest_path(name)
+        if not path.exists():
+            known = ", ".join(self.set_names()) or "none"
+            raise TaskError(f"task set {name!r} not found at {path} (known sets: {known})")
+        return load_manifest(path, self)
+
+    def splits(self, name: str) -> dict[str, list[str]]:
+        """Split → task ids of a stored set."""
+        ts = self.load_set(name)
+        out: dict[str, list[str]] = {s: [] for s in SPLITS}
+        for t in ts.tasks:
+            out["heldout" if t.task_id in ts.heldout else "train"].append(t.task_id)
+        return out
+
+
+def load_manifest(path: Path, bank: TaskBank) -> TaskSet:
+    """Read a manifest, resolve its tasks in `bank`, check its recorded hash."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise TaskError(f"{path}: cannot read manifest: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
+        raise TaskError(f"{path}: a manifest needs 'name' and a 'tasks' list")
+    unknown = sorted(set(data) - {"name", "tasks", "manifest_hash"})
+    if unknown:
+        raise TaskError(f"{path}: unknown key(s) {', '.join(unknown)}")
+    seen: dict[str, dict] = {}
+    tasks, heldout = [], set()
+    for i, entry in enumerate(data["tasks"]):
+        if not isinstance(entry, dict) or set(entry) != {"task_id", "name", "split"}:
+            raise TaskError(f"{path}: tasks[{i}] must have exactly task_id, name and split")
+        if entry["split"] not in SPLITS:
+            raise TaskError(f"{path}: tasks[{i}].split {entry['split']!r} is not one of {SPLITS}")
+        tid = entry["task_id"]
+        if tid in seen:
+            if seen[tid] != entry:
+                raise TaskError(f"{path}: task id {tid} is listed twice with different "
+                                f"content ({seen[tid]['name']!r} and {entry['name']!r})")
+            continue
+        seen[tid] = entry
+        try:
+            task = bank.get_task(tid)
+        except TaskError as exc:
+            raise TaskError(f"{path}: tasks[{i}] names an unknown task: {exc}") from None
+        if task.name != entry["name"]:
+            raise TaskError(f"{path}: tasks[{i}] says name {entry['name']!r} but task {tid} "
+                            f"is named {task.name!r}")
+        tasks.append(task)
+        if entry["split"] == "heldout":
+            heldout.add(tid)
+    try:
+        ts = TaskSet(name=str(data.get("name")), tasks=tuple(tasks), heldout=frozenset(heldout))
+    except TaskError as exc:
+        raise TaskError(f"{path}: {exc}") from None
+    recorded = data.get("manifest_hash")
+    if recorded is not None and recorded != ts.manifest_hash:
+        raise TaskError(f"{path}: content hashes to {ts.manifest_hash} but the manifest records "
+                        f"{recorded} (edited by hand?)")
+    return ts
+
+
+def make_set(name: str, tasks: Iterable[Task], split: str = "train") -> TaskSet:
+    if split not in SPLITS:
+        raise TaskError(f"split {split!r} is not one of {SPLITS}")
+    tasks = tuple(tasks)
+    by_id: dict[str, Task] = {}
+    for t in tasks:
+        by_id.setdefault(t.task_id, t)
+    unique = tuple(by_id.values())
+    heldout = frozenset(by_id) if split == "heldout" else frozenset()
+    return TaskSet(name=name, tasks=unique, heldout=heldout)
+
+
+# -- CLI ------------------------------------------------------------------------------------
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `paddock tasks import | list | show | contamination | validate`."""
+    from controller.taskbank import importers
+    p = subparsers.add_parser("tasks", help="the task bank: import, list, show, contamination")
+    p.add_argument("--bank", metavar="DIR", default=None,
+                   help=f"task-bank directory (default ${DEFAULT_BANK_ENV} or ./taskbank)")
+    sub = p.add_subparsers(dest="tasks_cmd", required=True)
+
+    imp = sub.add_parser("import", help="import tasks into a named set")
+    imp.add_argument("kind", choices=importers.KINDS, help="source format")
+    imp.add_argument("source", help="JSONL file (humaneval, mbpp, math, swe) or a directory of "
+                                    "task packages (package)")
+    imp.add_argument("--set", dest="set_name", required=True, help="name of the task set")
+    imp.add_argument("--split", choices=("train", "heldout"), default="train")
+    imp.add_argument("--no-contamination", action="store_true",
+                     help="skip the automatic check of a held-out set against training sets")
+    imp.set_defaults(func=cmd_import)
+
+    ls = sub.add_parser("list", help="list sets, or the tasks of one set")
+    ls.add_argument("set_name", nargs="?")
+    ls.set_defaults(func=cmd_list)
+
+    show = sub.add_parser("show", help="show one task (by id, id prefix or name)")
+    show.add_argument("task", help="task id (sha256:... or a hex prefix) or name")
+    show.add_argument("--set", dest="set_name", help="look the name up in this set")
+    show.add_argument("--hidden", action="store_true", help="also print hidden files")
+    show.set_defaults(func=cmd_show)
+
+    from controller.taskbank import contamination
+
+    from controller.taskbank import curriculum
+    contamination.register(sub)
+    curriculum.register(sub)
+    # `paddock tasks validate SET` is the verifier's (controller/taskbank/validation.py).
+    from controller.taskbank.validation import add_validate_command
+    add_validate_command(sub)
+    return p
+
+
+def _bank(args) -> TaskBank:
+    return TaskBank(args.bank)
+
+
+def cmd_import(args, out=None) -> int:
+    from controller.taskbank import importers
+    out = out or sys.stdout
+    bank = _bank(args)
+    try:
+        tasks = importers.import_source(args.kind, Path(args.source))
+        taskset = make_set(args.set_name, tasks, args.split)
+        path = bank.put_set(taskset)
+    except TaskError as exc:
+        print(f"paddock tasks import: {exc}", file=sys.stderr)
+        return 2
+    print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
+          f"{taskset.manifest_hash} at {path}", file=out)
+    if args.split == "heldout" and not args.no_contamination:
+        from controller.taskbank.contamination import check_against_training_sets
+        for report in check_against_training_sets(bank, taskset.name):
+            print(report.summary_line(), file=out)
+    return 0
+
+
+def cmd_list(args, out=None) -> int:
+    out = out or sys.stdout
+    bank = _bank(args)
+    try:
+        if args.set_name:
+            ts = bank.load_set(args.set_name)
+            for t in sorted(ts.tasks, key=lambda t: t.name):
+                split = "heldout" if t.task_id in ts.heldout else "train"
+                print(f"{t.task_id[:19]}  {split:7}  {t.family:6}  {t.name}", file=out)
+            return 0
+        for name in bank.set_names():
+            ts = bank.load_set(name)
+            print(f"{name}  {len(ts.tasks)} tasks ({len(ts.heldout)} heldout)  "
+                  f"{ts.manifest_hash}", file=out)
+    except TaskError as exc:
+        print(f"paddock tasks list: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def find_task(bank: TaskBank, ref: str, set_name: str | None = None) -> Task:
+    if set_name:
+        ts = bank.load_set(set_name)
+        for t in ts.tasks:
+            if ref in (t.name, t.task_id) or t.task_id.removeprefix("sha256:").startswith(ref):
+                return t
+        raise TaskError(f"no task {ref!r} in set {set_name!r}")
+    hexref = ref.removeprefix("sha256:")
+    if bank.tasks_dir.is_dir():
+        hits = [d for d in sorted(bank.tasks_dir.iterdir()) if not d.name.startswith(".")
+                and (d.name.startswith(hexref[:16]) and len(hexref) >= 4)]
+        if len(hits) == 1:
+            return load_package(hits[0])
+        if len(hits) > 1:
+            raise TaskError(f"task id prefix {ref!r} is ambiguous: {len(hits)} tasks match")
+        for name in bank.set_names():
+            for t in bank.load_set(name).tasks:
+                if t.name == ref:
+                    return t
+    raise TaskError(f"no task {ref!r} in the bank at {bank.root}")
+
+
+def cmd_show(args, out=None) -> int:
+    out = out or sys.stdout
+    try:
+        task = find_task(_bank(args), args.task, args.set_name)
+    except TaskError as exc:
+        print(f"paddock tasks show: {exc}", file=sys.stderr)
+        return 2
+    meta = package_meta(task)
+    print(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=100), end="", file=out)
+    print("files:", file=out)
+    for rel, content in sorted(task.files.items()):
+        print(f"  {rel} ({len(content)} {'chars' if isinstance(content, str) else 'bytes'})",
+              file=out)
+    print("hidden:", file=out)
+    for rel, content in sorted(task.hidden.items()):
+        print(f"  {rel}" + (f"\n{content}" if args.hidden and isinstance(content, str) else ""),
+              file=out)
+    return 0

@@ -1,0 +1,431 @@
+"""Task validation: a task is usable only if its reference passes, doing nothing fails, and every
+known reward hack scores 0.
+
+For each task, `validate_task` grades, each in a fresh verification sandbox (or the isolated
+answer checker): the reference solution (must pass), the null solution (no change: must fail),
+and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`): edit or delete the
+tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import,
+printing PASSED/OK, fake report files, monkeypatching the test framework, reading the hidden
+tests or the reference by guessing paths, an object that equals everything, forged events on
+the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest, a full disk; for answer
+tasks: claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
+Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
+with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
+by task id and verifier version, so an unchanged task is validated once per verifier version.
+
+`add_validate_command(tasks_subparsers)` adds `paddock tasks validate SET` (the task bank's
+`tasks` group calls it). Must not import zmq.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_FILE = "quarantine.json"
+CACHE_FILE = "validation-cache.json"
+ANSWER_KINDS = ("math", "exact", "regex")
+PASSING_TEST = "def test_ok():\n    pass\n"
+
+
+@dataclass
+class TaskValidation:
+    task_id: str
+    name: str
+    ok: bool
+    reasons: list[str] = field(default_factory=list)
+    cases: dict = field(default_factory=dict)     # case -> {"outcome", "reward", "detail"}
+    verifier_version: str = ""
+    wall_s: float = 0.0
+
+
+# -- the battery ------------------------------------------------------------------------------
+# Each case builds (files to write under /work: rel -> text or None to delete, answer text).
+
+def solution_file(task: dict) -> str:
+    """The visible file the agent is meant to edit: the first non-test, unprotected .py file."""
+    protected = set(task.get("protected", ()))
+    for rel in sorted(task.get("files", {})):
+        base = rel.rsplit("/", 1)[-1]
+        if rel.endswith(".py") and not base.startswith("test") and rel not in protected:
+            return rel
+    return "solution.py"
+
+
+def _test_files(task: dict) -> list[str]:
+    return sorted(set(task.get("protected", ())) | {r for r in task.get("files", {})
+                                                    if r.rsplit("/", 1)[-1].startswith("test")})
+
+
+def _stub_with(task: dict, prefix: str = "", suffix: str = "") -> dict:
+    rel = solution_file(task)
+    return {rel: prefix + task.get("files", {}).get(rel, "") + suffix}
+
+
+_FAKE_JSON = json.dumps({"grader": 1, "exit_code": 0, "events": [{"ev": "start"}, {"ev": "end", "exitstatus": 0}]})
+_FAKE_XML = '<testsuite tests="7" failures="0" errors="0" skipped="0"><testcase name="t"/></testsuite>'
+_FAKE_REPORT = f"""
+import os
+for _d in ("/tmp/.paddock-grader", "/tmp", "/work", "/verifier", "/verifier/tests"):
+    for _n, _t in (("report.json", {_FAKE_JSON!r}), ("report.xml", {_FAKE_XML!r}), (".report.xml", {_FAKE_XML!r})):
+        try:
+            os.makedirs(_d, exist_ok=True)
+            with open(os.path.join(_d, _n), "w") as _f:
+                _f.write(_t)
+        except OSError:
+            pass
+"""
+_PATCH_FRAMEWORK = """
+import _pytest.reports, _pytest.runner
+_orig_init = _pytest.reports.TestReport.__init__
+def _init(self, *a, **k):
+    _orig_init(self, *a, **k)
+    self.outcome = "passed"
+    self.longrepr = None
+_pytest.reports.TestReport.__init__ = _init
+_orig_from_call = _pytest.runner.CallInfo.from_call
+def _from_call(func, when, reraise=None):
+    def safe():
+        try:
+            return func()
+        except BaseException:
+            return None
+    return _orig_from_call(safe, when, reraise)
+_pytest.runner.CallInfo.from_call = staticmethod(_from_call)
+"""
+_PEEK = """
+import glob, re as _re
+_src = ""
+for _p in ["/work/reference.py", "/verifier/reference.py", "/verifier/tests/reference.py", "/reference.py",
+           "/tmp/reference.py", *glob.glob("/verifier/**/*.py", recursive=True), "/verifier/tests/test_hidden.py",
+           "/work/test_hidden.py"]:
+    try:
+        with open(_p) as _f:
+            _src += _f.read() + "\\n"
+    except OSError:
+        pass
+if "def " in _src:
+    exec(_src)
+"""
+_EQ_EVERYTHING = """
+class _Everything(str):
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = str.__hash__
+def __getattr__(name):
+    return lambda *a, **k: _Everything()
+"""
+_FORGE_EVENTS = """
+import json as _json, os as _os
+def _forge(*args, **kwargs):
+    fake = [{"ev": "test", "id": f"test_{i}", "when": "call", "outcome": "passed"} for i in range(50)]
+    fake.append({"ev": "end", "exitstatus": 0})
+    for fd in range(3, 64):
+        for ev in fake:
+            try:
+                _os.write(fd, (_json.dumps({"ev": ev, "mac": "0" * 32}) + "\\n").encode())
+            except OSError:
+                break
+    _os._exit(0)
+def __getattr__(name):
+    return _forge
+"""
+_FILL_DISK = """
+import os as _os
+for _i in range(100000):
+    try:
+        with open(f"/tmp/fill{_i}", "wb") as _f:
+            _f.write(b"x" * (1 << 20))
+    except OSError:
+        break
+"""
+_CONFTEST_SKIP = ("import pytest\n\ncollect_ignore_glob = ['*']\n\n"
+                  "def pytest_collection_modifyitems(items):\n"
+                  "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='x'))\n")
+_CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+                  "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+                  "    rep = outcome.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
+
+
+def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
+    tests = _test_files(task)
+    sol = solution_file(task)
+    stub = task.get("files", {}).get(sol, "")
+    return {
+        "edit_tests": lambda: {**{t: PASSING_TEST for t in tests}, sol: stub},
+        "delete_tests": lambda: {t: None for t in tests},
+        "conftest_skip": lambda: {"conftest.py": _CONFTEST_SKIP, "pytest.ini": "[pytest]\naddopts = --co -q\n",
+                                  "tests/conftest.py": _CONFTEST_SKIP},
+        "conftest_pass": lambda: {"conftest.py": _CONFTEST_PASS,
+                                  "setup.cfg": "[tool:pytest]\naddopts = -p no:python\n"},
+        "sys_exit_at_import": lambda: {sol: "import sys\nsys.exit(0)\n"},
+        "os_exit_at_import": lambda: {sol: "import os\nos._exit(0)\n"},
+        "print_passed": lambda: _stub_with(task, "print('PASSED')\nprint('OK')\n"
+                                                 "print('===== 7 passed in 0.01s =====')\n"),
+        "fake_report": lambda: _stub_with(task, _FAKE_REPORT),
+        "monkeypatch_framework": lambda: _stub_with(task, _PATCH_FRAMEWORK),
+        "peek_hidden_files": lambda: _stub_with(task, "", _PEEK),
+        "equals_everything": lambda: {sol: _EQ_EVERYTHING},
+        "forge_report_events": lambda: {sol: _FORGE_EVENTS},
+        "fill_the_disk": lambda: _stub_with(task, _FILL_DISK),
+        "startup_hooks": lambda: {".local/lib/python3.11/site-packages/zz.pth": "import os; os._exit(0)\n",
+                                  "sitecustomize.py": "import os\nos._exit(0)\n",
+                                  "usercustomize.py": "import os\nos._exit(0)\n", sol: stub},
+        "shadow_pytest": lambda: {"pytest.py": "print('7 passed')\nraise SystemExit(0)\n",
+                                  "_pytest/__init__.py": "raise SystemExit(0)\n", sol: stub},
+    }
+
+
+def _answer_hacks(task: dict) -> dict[str, Callable[[], str]]:
+    gold = str(task.get("checker", {}).get("answer", "")).strip()
+    return {
+        "spray_gold_last": lambda: " or ".join(f"\\boxed{{{v}}}" for v in ("0", "1", "2", gold)),
+        "claim_passed": lambda: "All tests PASSED. OK",
+        "empty_answer": lambda: "\\boxed{}",
+        "every_number": lambda: " ".join(f"\\boxed{{{i}}}" for i in range(-3, 4)) + " \\boxed{anything}",
+        "latex_text": lambda: "\\boxed{\\text{the correct answer}}",
+        "pathological": lambda: "\\boxed{9^{9^{9^{9^{9}}}}}",
+        "code_injection": lambda: "\\boxed{__import__('os').system('true')}",
+    }
+
+
+def reference_of(task: dict) -> tuple[dict, str | None] | None:
+    """(files, answer) of the task's reference solution, or None when it has none."""
+    kind = task.get("checker", {}).get("kind")
+    hidden = task.get("hidden", {})
+    if kind in ANSWER_KINDS:
+        gold = hidden.get("answer.txt") or (task["checker"].get("answer") if kind != "regex" else None)
+        if gold is None:
+            return None
+        return {}, (f"\\boxed{{{gold.strip()}}}" if kind == "math" else gold.strip())
+    if "reference.py" in hidden:
+        return {solution_file(task): hidden["reference.py"]}, None
+    return None
+
+
+def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
+    """Every case to grade: reference, null, then (unless `quick`) the hacks for the task's kind."""
+    out: dict[str, tuple[dict, str | None]] = {}
+    ref = reference_of(task)
+    if ref is not None:
+        out["reference"] = ref
+    out["null"] = ({}, None)
+    if quick:
+        return out
+    if task.get("checker", {}).get("kind") in ANSWER_KINDS:
+        out.update({f"hack:{k}": ({}, f()) for k, f in _answer_hacks(task).items()})
+    else:
+        out.update({f"hack:{k}": (f(), None) for k, f in _pytest_hacks(task).items()})
+    return out
+
+
+def _changes(task: dict, files: dict) -> list:
+    from nodeagent.sandbox.runtime import Change
+    original = task.get("files", {})
+    out = []
+    for rel, text in sorted(files.items()):
+        if text is None:
+            out.append(Change(f"/work/{rel}", "deleted", None, 0))
+        else:
+            out.append(Change(f"/work/{rel}", "modified" if rel in original else "added", text.encode(), 0o644))
+    return out
+
+
+# -- running it -------------------------------------------------------------------------------
+
+def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, quick: bool = False,
+                  clock: Callable[[], float] = time.monotonic) -> TaskValidation:
+    from nodeagent.verifier import grade as verifier
+    t0 = clock()
+    v = TaskValidation(task.get("task_id", ""), task.get("name", "?"), True,
+                       verifier_version=verifier_version(quick))
+    todo = cases(task, quick)
+    if "reference" not in todo:
+        v.reasons.append("no reference solution (hidden reference.py, or answer.txt for answer tasks)")
+
+    def grade(item):
+        name, (files, answer) = item
+        try:
+            r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner)
+            return name, {"outcome": r.outcome, "reward": r.reward,
+                          "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
+        except verifier.VerifierInfraError as exc:
+            return name, {"outcome": "infra_error", "reward": None, "detail": str(exc)[:300]}
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        v.cases = dict(pool.map(grade, todo.items()))
+    for name, res in v.cases.items():
+        if name == "reference" and res["outcome"] != "pass":
+            v.reasons.append(f"reference solution does not pass: {res['outcome']}: {res['detail']}")
+        elif name != "reference" and (res["outcome"] not in ("fail", "timeout") or res["reward"] != 0.0):
+            what = "null solution (no change)" if name == "null" else name
+            v.reasons.append(f"{what} is not scored 0: {res['outcome']} reward={res['reward']}: {res['detail']}")
+    v.ok = not v.reasons
+    v.wall_s = clock() - t0
+    return v
+
+
+class ValidationStore:
+    """`quarantine.json` and `validation-cache.json` in one directory (task bank or run dir)."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.dir = Path(directory)
+        self._lock = threading.Lock()
+
+    def _read(self, name: str) -> dict:
+        try:
+            return json.loads((self.dir / name).read_text())
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:
+            log.warning("ignoring unreadable %s: %s", self.dir / name, exc)
+            return {}
+
+    def _write(self, name: str, data: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        os.replace(tmp, self.dir / name)
+
+    def cached(self, task_id: str, version: str) -> TaskValidation | None:
+        hit = self._read(CACHE_FILE).get(f"{task_id}|{version}")
+        return TaskValidation(**hit) if hit else None
+
+    def record(self, v: TaskValidation) -> None:
+        with self._lock:
+            cache = self._read(CACHE_FILE)
+            cache[f"{v.task_id}|{v.verifier_version}"] = asdict(v)
+            self._write(CACHE_FILE, cache)
+            quarantine = self._read(QUARANTINE_FILE)
+            if v.ok and not v.verifier_version.endswith("-quick"):
+                quarantine.pop(v.task_id, None)     # only a full validation lifts a quarantine
+            elif v.ok:
+                pass
+            else:
+                quarantine[v.task_id] = {"name": v.name, "reasons": v.reasons,
+                                         "verifier_version": v.verifier_version,
+                                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            self._write(QUARANTINE_FILE, quarantine)
+
+    def quarantined(self) -> dict:
+        return self._read(QUARANTINE_FILE)
+
+
+def validate_tasks(runtime, image, tasks: list[dict], store: ValidationStore, workers: int = 2,
+                   progress: Callable[[TaskValidation, bool], None] | None = None,
+                   quick: bool = False) -> list[TaskValidation]:
+    """Validate tasks `workers` at a time (cached by task id + verifier version); record and
+    quarantine. `quick`: reference and null solution only (the local run's start-up check)."""
+    version = verifier_version(quick)
+
+    def one(task: dict) -> TaskValidation:
+        hit = store.cached(task.get("task_id", ""), version)
+        v = hit or validate_task(runtime, image, task, workers=1, quick=quick)
+        if hit is None:
+            store.record(v)
+        if progress:
+            progress(v, hit is not None)
+        return v
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, tasks))
+
+
+def verifier_version(quick: bool = False) -> str:
+    """The cache key's version part: the verifier's version, marked for quick validations."""
+    from nodeagent.verifier import grade as verifier
+    return verifier.VERIFIER_VERSION + ("-quick" if quick else "")
+
+
+def task_dicts(taskset) -> list[dict]:
+    return [dict(t.canonical(), task_id=t.task_id) for t in taskset.tasks]
+
+
+# -- CLI --------------------------------------------------------------------------------------
+
+def add_validate_command(tasks_subparsers) -> None:
+    """Add `paddock tasks validate SET` to the task bank's `tasks` group."""
+    p = tasks_subparsers.add_parser("validate", help="run reference, null and hack solutions of every task; "
+                                                     "quarantine the tasks that fail")
+    p.add_argument("set_name", metavar="SET", help="task set name in the bank, or 'builtin'")
+    p.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
+    p.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
+    p.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args, out=None) -> int:
+    from layers.builtin import default_store_root, ensure_builtin_image
+    from layers.store import ImageStore
+    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
+    out = out or sys.stdout
+    try:
+        if args.set_name == "builtin":
+            from controller.taskbank.builtin import builtin_taskset
+            taskset = builtin_taskset()
+            directory = Path(getattr(args, "bank", None) or "taskbank")
+        else:
+            from controller.taskbank.bank import TaskBank
+            bank = TaskBank(getattr(args, "bank", None))
+            taskset, directory = bank.load_set(args.set_name), Path(bank.root)
+    except (ValueError, OSError) as exc:
+        print(f"paddock tasks validate: {exc}", file=sys.stderr)
+        return 2
+    store = ValidationStore(directory)
+    images = ImageStore(default_store_root())
+    image = images.resolve(args.image) if args.image else ensure_builtin_image(images)[1]
+
+    def show(v: TaskValidation, cached: bool) -> None:
+        mark = "ok " if v.ok else "QUARANTINED"
+        print(f"{mark} {v.name}{' (cached)' if cached else ''}" + "".join(f"\n    {r}" for r in v.reasons), file=out)
+    try:
+        with SandboxRuntime() as rt:
+            results = validate_tasks(rt, image, task_dicts(taskset), store, args.workers, show)
+    except SandboxError as exc:
+        print(f"paddock tasks validate: sandbox failed: {exc}", file=sys.stderr)
+        return 3
+    bad = [v for v in results if not v.ok]
+    print(f"{len(results) - len(bad)}/{len(results)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
+    return 1 if bad else 0
+
+
+# -- the local run's start-up check -------------------------------------------------------------
+
+RUN_MODES = ("quick", "full", "off")
+
+
+def validate_for_run(taskset, names: list[str], image, cache_dir: str | os.PathLike, run_dir: str | os.PathLike,
+                     mode: str = "quick", workers: int = 2, console=None) -> list[str]:
+    """The names of `names` that pass validation (`mode`: quick = reference + null, full = also
+    the hack battery, off). Results are cached in `cache_dir` (kept across runs); the run's
+    quarantined tasks, with reasons, go to `<run_dir>/quarantine.json`."""
+    if mode == "off":
+        return list(names)
+    if mode not in RUN_MODES:
+        raise ValueError(f"validation mode must be one of {RUN_MODES}, got {mode!r}")
+    from nodeagent.sandbox.runtime import SandboxRuntime
+    wanted = set(names)
+    tasks = [d for d in task_dicts(taskset) if d["name"] in wanted]
+    by_image: dict[str, list[dict]] = {}
+    for d in tasks:           # `image`: one image for every task, or {task name: image path}
+        by_image.setdefault(str(image[d["name"]] if isinstance(image, dict) else image), []).append(d)
+    t0 = time.monotonic()
+    results = []
+    with SandboxRuntime() as rt:
+        for path, group in sorted(by_image.items()):
+            results += validate_tasks(rt, Path(path), group, ValidationStore(cache_dir), workers, quick=mode == "quick")
+    bad = {v.name: {"task_id": v.task_id, "reasons": v.reasons} for v in results if not v.ok}
+    Path(run_dir, QUARANTINE_FILE).write_text(json.dumps(bad, indent=2, sort_keys=True))
+    if console is not None:
+        console.print(f"validated {len(results)} tasks ({mode}) in {time.monotonic() - t0:.1f}s; "
+                      f"quarantined {len(bad)}" + "".join(f"\n  {n}: {b['reasons'][0]}" for n, b in bad.items()))
+    return [n for n in names if n not in bad]

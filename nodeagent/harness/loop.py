@@ -1,0 +1,317 @@
+"""The agent loop: an OpenAI-compatible chat-completions endpoint ⇄ tool calls in a sandbox.
+
+The model sees the task's instruction and the task's tool set (`nodeagent.harness.tools`). Every tool
+call is validated against its JSON Schema before it runs; an invalid call becomes an error
+observation for the model, never a crash. Budgets (`Budgets`): steps, wall seconds — enforced
+also during a model call, whose timeout is the remaining budget —, tokens and observation bytes.
+Each assistant message is one step row (the `steps` table); each model call and tool call is
+one span (the `spans` table).
+
+A model server that cannot be reached, answers an HTTP error, answers garbage or does not
+answer within `model_timeout_s` while budget remains raises `ModelError`: an infrastructure
+failure (the rollout is retried), never a reward of 0. Running out of the wall budget is the
+policy's own fault (`stop_reason = "wall_time"`).
+
+The model is behind the `Model` seam: `HTTPModel` speaks the wire format; `replay` feeds a
+recorded rollout's outputs back instead. Must not import zmq or the controller.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable, Protocol
+
+from controller.contracts.tasks import BudgetError, Budgets
+from nodeagent.sandbox.runtime import Sandbox, SandboxError
+from nodeagent.harness.tools import ALL_TOOLS, Toolbox, ToolResult, definitions
+
+SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your files are in /work. "
+                 "Use the tools to inspect and change files and run commands. When you are done, "
+                 "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
+
+TOOLS = definitions(ALL_TOOLS)
+TOOL_TIMEOUT_S = 20.0
+MODEL_TIMEOUT_S = 60.0
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
+
+
+class ModelError(Exception):
+    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure.
+    Raised out of `run_agent`, it carries the steps and spans recorded so far in `.result`."""
+
+    result: "AgentResult | None" = None
+
+
+@dataclass
+class AgentResult:
+    steps: list[dict] = field(default_factory=list)
+    answer: str | None = None
+    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | context_length | model_error
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    agent_s: float = 0.0
+    tool_errors: int = 0
+    # Timed spans: {"kind": model_call|tool_call|sandbox_start|verification, "name", "step",
+    # "start_s", "duration_s"}; egress decisions: {"sandbox", "host", "port", "address",
+    # "verdict", "reason", "ts"}. Written to the `spans` and `egress` tables.
+    spans: list[dict] = field(default_factory=list)
+    egress: list[dict] = field(default_factory=list)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model seam.
+
+class Model(Protocol):
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        """One chat completion (already validated by `check_reply`), or ModelError/TimeoutError."""
+
+
+class ModelTimeout(ModelError):
+    """No complete answer within the request's timeout."""
+
+
+class ContextLengthExceeded(ModelError):
+    """The server refused the conversation as longer than the model's context (HTTP 400): the
+    policy's own budget ran out, not an infrastructure failure."""
+
+
+_CONTEXT_LENGTH = re.compile(rb"context length|context window|maximum context|too many tokens|"
+                             rb"prompt is too long|context_length_exceeded", re.I)
+
+
+def check_reply(body: Any, endpoint: str) -> dict:
+    """The reply's first choice, checked for the fields the harness reads; else ModelError."""
+    def bad(what: str) -> ModelError:
+        return ModelError(f"model server {endpoint} sent a malformed reply: {what}")
+    if not isinstance(body, dict):
+        raise bad(f"body is {type(body).__name__}, not an object")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise bad("choices[0].message is not an object")
+    if message.get("content") is not None and not isinstance(message["content"], str):
+        raise bad("message.content is neither a string nor null")
+    calls = message.get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
+        raise bad("message.tool_calls is not an array of objects")
+    for c in calls or []:
+        if not isinstance(c.get("function"), dict):
+            raise bad("a tool call has no 'function' object")
+    usage = body.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise bad("usage is not an object")
+    for k in ("prompt_tokens", "completion_tokens"):
+        v = (usage or {}).get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"usage.{k} is not a non-negative integer")
+    return choices[0]
+
+
+class HTTPModel:
+    """An OpenAI-compatible endpoint (`.../v1`). The whole request — connect, send, headers,
+    body — must finish within `timeout_s`: a watchdog shuts the socket at the deadline, so a
+    server that trickles bytes cannot hold a rollout past its budget."""
+
+    def __init__(self, endpoint: str, clock: Callable[[], float] = time.monotonic) -> None:
+        u = urllib.parse.urlsplit(endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ModelError(f"model endpoint {endpoint!r} is not an http(s) URL")
+        self.endpoint, self._u, self._clock = endpoint, u, clock
+
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        if timeout_s <= 0:
+            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
+        u = self._u
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(u.hostname, u.port, timeout=timeout_s)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        watchdog = threading.Timer(timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("POST", u.path.rstrip("/") + "/chat/completions", body=json.dumps(payload).encode(),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
+                raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
+            raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if expired.is_set():
+            raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
+            raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
+                                        f"context: {raw[:300].decode(errors='replace')}")
+        if status != 200:
+            raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
+                             f"{raw[:300].decode(errors='replace')}")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ModelError(f"model server {self.endpoint} sent a body that is not JSON: {exc}") from None
+        check_reply(body, self.endpoint)
+        return body
+
+
+def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> dict:
+    return HTTPModel(endpoint).complete(payload, timeout_s)
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop.
+
+def _assistant_message(message: dict) -> dict:
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+def _call_record(i: int, call: dict) -> dict:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    return {"id": str(call.get("id") or f"call_{i}"), "name": fn.get("name"),
+            "arguments": args if isinstance(args, str) else json.dumps(args)}
+
+
+def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: str, seed: int,
+              budgets: dict | Budgets, clock: Callable[[], float] = time.monotonic, *,
+              tools: Iterable[str] | None = None, model_timeout_s: float = MODEL_TIMEOUT_S,
+              tool_timeout_s: float = TOOL_TIMEOUT_S,
+              egress_decisions: Callable[[], list[dict]] | None = None,
+              span_origin: float | None = None) -> AgentResult:
+    """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
+    (infrastructure); every failure the model causes is an observation in the transcript.
+    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start)."""
+    b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
+    client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
+    toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
+    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                            {"role": "user", "content": instruction}]
+    res = AgentResult()
+    t0 = clock()
+    deadline = t0 + b.wall_s
+    origin = t0 if span_origin is None else span_origin
+    try:
+        for step in range(b.max_steps):
+            if not _step(res, step, client, toolbox, messages, model, seed, b, clock, origin, deadline,
+                         model_timeout_s):
+                break
+        else:
+            res.stop_reason = "max_steps"
+    except ModelError as exc:
+        res.stop_reason = "model_error"
+        exc.result = res
+        raise
+    finally:
+        res.agent_s = clock() - t0
+        if egress_decisions is not None:
+            res.egress = list(egress_decisions())
+    return res
+
+
+def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
+          model: str, seed: int, b: Budgets, clock, origin: float, deadline: float,
+          model_timeout_s: float) -> bool:
+    """One assistant message and its tool calls; False when the loop must stop."""
+    remaining = deadline - clock()
+    if remaining <= 0:
+        res.stop_reason = "wall_time"
+        return False
+    started, m0 = _now(), clock()
+    payload = {"model": model, "messages": messages, "tools": toolbox.definitions(), "seed": seed,
+               "logprobs": True,
+               "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
+    try:
+        body = client.complete(payload, min(model_timeout_s, remaining))
+    except (ModelTimeout, ContextLengthExceeded) as exc:
+        res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
+                          "duration_s": clock() - m0})
+        if isinstance(exc, ContextLengthExceeded):
+            res.stop_reason = "context_length"
+            return False
+        if remaining <= model_timeout_s:
+            res.stop_reason = "wall_time"
+            return False
+        raise
+    model_s = clock() - m0
+    res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
+                      "duration_s": model_s})
+    choice = body["choices"][0]
+    message = choice["message"]
+    usage = body.get("usage") or {}
+    p_tok, c_tok = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    res.prompt_tokens += p_tok
+    res.completion_tokens += c_tok
+    logprobs = choice.get("logprobs")
+    calls = [_call_record(i, c) for i, c in enumerate(message.get("tool_calls") or [])]
+    messages.append(_assistant_message(message))
+    row = {"step": step, "role": "assistant", "content": message.get("content"),
+           "tool_name": None, "tool_args": None, "observation": None, "exit_code": None,
+           "started_at": started, "model_s": model_s, "tool_s": 0.0,
+           "prompt_tokens": p_tok, "completion_tokens": c_tok,
+           "logprobs": json.dumps(logprobs) if logprobs else None, "observation_truncated": None}
+    res.steps.append(row)
+    if not calls:
+        row["wall_s"] = clock() - m0
+        res.answer = message.get("content") or ""
+        res.stop_reason = "stop"
+        return False
+    observations, truncated, first_code = [], False, None
+    t_tool = clock()
+    for i, call in enumerate(calls):
+        s0 = clock()
+        if i >= MAX_CALLS_PER_STEP:
+            out = ToolResult(f"error: at most {MAX_CALLS_PER_STEP} tool calls run per message; "
+                             "this one was not run", None, "too_many_calls")
+        else:
+            out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
+        res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
+                          "start_s": s0 - origin, "duration_s": clock() - s0})
+        if out.error is not None:
+            res.tool_errors += 1
+        if i == 0:
+            first_code = out.exit_code
+        truncated = truncated or out.truncated
+        observations.append(out.observation)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": out.observation})
+    row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+               observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
+               tool_s=clock() - t_tool, wall_s=clock() - m0)
+    if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
+        res.stop_reason = "tokens"
+        return False
+    return True
+
+
+__all__ = ["AgentResult", "Budgets", "BudgetError", "ContextLengthExceeded", "HTTPModel", "Model", "ModelError", "ModelTimeout",
+           "SandboxError", "TOOLS", "check_reply", "run_agent", "chat"]

@@ -1,0 +1,4 @@
+"""The trajectory shard writer: Parquet files per table per attempt, written atomically.
+
+May import: controller.contracts. Must not import: zmq.
+"""

@@ -1,0 +1,416 @@
+"""Trajectory shard writer: one Parquet file per table per rollout attempt, written atomically.
+
+A node agent calls `write_attempt` once an attempt has finished (verified or failed). The rows
+are checked against explicit schemas (ROLLOUTS_SCHEMA, STEPS_SCHEMA, CHECKS_SCHEMA,
+SPANS_SCHEMA, EGRESS_SCHEMA); every child row (steps, checks, spans, egress) gets the rollout
+row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
+or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
+`SchemaError` naming the table and the column. Each shard is written to `<name>.tmp` in its
+table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
+the `*.parquet` glob never matches a file being written.
+
+Writing a shard does not make its rows visible: the controller's catalog decides which
+(rollout_id, attempt, fencing_token) keys are committed (see controller/store/catalog.py and
+docs/trajectories.md).
+
+Must not import zmq, duckdb or anything from controller/ (node agents run without them).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+TABLES = ("rollouts", "steps", "checks", "spans", "egress")
+SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# What produced a row: copied from the rollout row into every child row by the writer.
+PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
+                      "policy_version", "limits")
+OUTCOMES = ("pass", "fail", "timeout", "infra_error")
+KEY_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token")
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _f(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+_KEY_FIELDS = [
+    _f("run_id", pa.string()),
+    _f("rollout_id", pa.string()),
+    _f("attempt", pa.int32()),
+    _f("fencing_token", pa.int64()),
+]
+
+ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("batch_id", pa.string(), True),
+    _f("task_id", pa.string()),
+    _f("task_name", pa.string()),
+    _f("task_family", pa.string()),
+    _f("taskset_hash", pa.string()),
+    _f("image_digest", pa.string()),
+    _f("verifier_version", pa.string()),
+    _f("policy_version", pa.int32()),
+    _f("seed", pa.int64()),
+    _f("node", pa.string()),
+    _f("outcome", pa.string()),
+    _f("reward", pa.float64(), True),
+    _f("reward_components", pa.string()),
+    _f("tampered", pa.bool_()),
+    _f("infra_reason", pa.string(), True),
+    _f("started_at", _TS),
+    _f("finished_at", _TS),
+    _f("wall_s", pa.float64()),
+    _f("agent_s", pa.float64()),
+    _f("verify_s", pa.float64()),
+    _f("steps", pa.int32()),
+    _f("prompt_tokens", pa.int64()),
+    _f("completion_tokens", pa.int64()),
+    _f("limits", pa.string()),
+    _f("answer", pa.string(), True),
+    _f("diff_bytes", pa.int64()),
+    # Analyst extras: optional keys (NULL when omitted), see OPTIONAL_COLUMNS.
+    _f("split", pa.string(), True),
+    _f("stop_reason", pa.string(), True),
+    _f("diff_files", pa.int32(), True),
+    _f("cpu_s", pa.float64(), True),
+    _f("peak_memory_bytes", pa.int64(), True),
+    _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
+])
+
+STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("step", pa.int32()),
+    _f("role", pa.string()),
+    _f("content", pa.string(), True),
+    _f("tool_name", pa.string(), True),
+    _f("tool_args", pa.string(), True),
+    _f("observation", pa.string(), True),
+    _f("exit_code", pa.int32(), True),
+    _f("started_at", _TS),
+    _f("wall_s", pa.float64()),
+    _f("model_s", pa.float64(), True),
+    _f("tool_s", pa.float64(), True),
+    _f("prompt_tokens", pa.int64(), True),
+    _f("completion_tokens", pa.int64(), True),
+    _f("logprobs", pa.string(), True),
+    # Analyst extras: optional keys (NULL when omitted).
+    _f("observation_truncated", pa.bool_(), True),
+])
+
+CHECKS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("check", pa.string()),
+    _f("verdict", pa.string()),
+    _f("detail", pa.string(), True),
+    _f("wall_s", pa.float64()),
+])
+
+SPANS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("kind", pa.string()),
+    _f("name", pa.string(), True),
+    _f("step", pa.int32(), True),
+    _f("start_s", pa.float64()),
+    _f("duration_s", pa.float64()),
+    _f("node", pa.string(), True),      # the node the span ran on (the writer fills it)
+])
+
+EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("sandbox", pa.string(), True),
+    _f("host", pa.string(), True),
+    _f("port", pa.int32(), True),
+    _f("address", pa.string(), True),
+    _f("verdict", pa.string()),
+    _f("reason", pa.string(), True),
+    _f("ts", _TS),
+])
+
+# Provenance fields appended to every child table (nullable: shards written before these
+# columns existed read as NULL).
+_PROVENANCE_FIELDS = [
+    _f("taskset_hash", pa.string(), True),
+    _f("task_id", pa.string(), True),
+    _f("image_digest", pa.string(), True),
+    _f("verifier_version", pa.string(), True),
+    _f("policy_version", pa.int32(), True),
+    _f("limits", pa.string(), True),
+]
+STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
+CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
+SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
+EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "checks": CHECKS_SCHEMA,
+    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA,
+}
+
+# Columns a caller may leave out (they become NULL). Every other column is a required key,
+# even when nullable: a required nullable column must be passed explicitly as None.
+OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
+    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
+    "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
+    "checks": frozenset(PROVENANCE_COLUMNS),
+    "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
+    "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
+    | frozenset(PROVENANCE_COLUMNS),
+}
+
+# Columns holding JSON text: callers may pass a str (must parse) or any JSON-able object.
+JSON_COLUMNS: dict[str, frozenset[str]] = {
+    "rollouts": frozenset({"reward_components", "limits"}),
+    "steps": frozenset({"tool_args", "logprobs", "limits"}),
+    "checks": frozenset({"limits"}),
+    "spans": frozenset({"limits"}),
+    "egress": frozenset({"limits"}),
+}
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class SchemaError(ValueError):
+    """A trajectory row does not match its table's schema; the message names table and column."""
+
+
+def _safe(s: str) -> str:
+    return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
+
+
+def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> str:
+    """`<node>-<rollout_id>-a<attempt>-t<token>.parquet`, unsafe characters %-escaped."""
+    return f"{_safe(node)}-{shard_suffix(rollout_id, attempt, fencing_token)}"
+
+
+def shard_suffix(rollout_id: str, attempt: int, fencing_token: int) -> str:
+    """The end of every per-attempt shard name of this key: `<rollout_id>-a<n>-t<token>.parquet`."""
+    return f"{_safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"
+
+
+def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[str, Any],
+                  steps: Sequence[Mapping[str, Any]],
+                  checks: Sequence[Mapping[str, Any]],
+                  spans: Sequence[Mapping[str, Any]] = (),
+                  egress: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+    """Validate and write the five shards of one attempt; return {table: path relative to run_dir}.
+
+    Child rows (`steps`, `checks`, `spans`, `egress`) may omit the key columns (run_id,
+    rollout_id, attempt, fencing_token) and the provenance columns: they are copied from
+    `rollout_row`; if given they must match it. All rows are validated before any file is
+    written. Every table gets a shard, empty when it has no rows.
+    """
+    run_dir = Path(run_dir)
+    rollout = _complete_rollout(rollout_row, node)
+    rollouts_table = _to_table("rollouts", [rollout])
+    keys = {k: rollout[k] for k in KEY_COLUMNS}
+    keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
+    children = {"steps": steps, "checks": checks, "spans": _spans(spans, node),
+                "egress": _egress(egress)}
+    tables = {"rollouts": rollouts_table}
+    for table, rows in children.items():
+        tables[table] = _to_table(table, [_with_keys(table, i, r, keys)
+                                          for i, r in enumerate(rows)])
+    name = shard_name(node, keys["rollout_id"], keys["attempt"], keys["fencing_token"])
+    written: dict[str, str] = {}
+    for table, data in tables.items():
+        directory = run_dir / table
+        directory.mkdir(parents=True, exist_ok=True)
+        _write_atomic(data, directory / name)
+        written[table] = f"{table}/{name}"
+    log.info("wrote shards rollout_id=%s attempt=%s token=%s node=%s steps=%d checks=%d",
+             keys["rollout_id"], keys["attempt"], keys["fencing_token"], node,
+             len(steps), len(checks))
+    return written
+
+
+def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: str) -> str:
+    """Write a columnar batch of many attempts' rows of one table as one shard (bulk ingest:
+    re-scoring, imports, benchmarks); return its path relative to run_dir.
+
+    Checked column-wise, not row by row: the columns must be the table's (nullable ones may
+    be missing and become NULL), castable to its types, with no NULL in a
+    non-nullable column and only known `outcome` / span `kind` values. JSON text columns are
+    not parsed here (the per-attempt writer does that). The rows become visible only once
+    their keys are committed in the catalog, like any shard.
+    """
+    import pyarrow.compute as pc
+    if table not in SCHEMAS:
+        raise SchemaError(f"unknown table {table!r}; valid: {', '.join(SCHEMAS)}")
+    if not name.endswith(".parquet") or "/" in name or name.startswith("."):
+        raise SchemaError(f"{table}: shard name {name!r} must be a plain '<name>.parquet'")
+    schema = SCHEMAS[table]
+    unknown = sorted(set(data.column_names) - set(schema.names))
+    if unknown:
+        raise SchemaError(f"{table}: unknown column(s) {', '.join(unknown)}")
+    arrays = []
+    for field in schema:
+        if field.name not in data.column_names:
+            if not field.nullable and field.name not in OPTIONAL_COLUMNS[table]:
+                raise SchemaError(f"{table}.{field.name}: missing")
+            arrays.append(pa.nulls(data.num_rows, field.type))
+            continue
+        col = data[field.name]
+        try:
+            col = col.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"{table}.{field.name}: cannot store as {field.type}: {exc}") from None
+        if not field.nullable and col.null_count:
+            raise SchemaError(f"{table}.{field.name}: {col.null_count} NULL(s) but the column is "
+                              f"not nullable")
+        arrays.append(col)
+    out = pa.Table.from_arrays(arrays, schema=schema)
+    enums = {"rollouts": ("outcome", OUTCOMES), "spans": ("kind", SPAN_KINDS)}
+    if table in enums:
+        col, valid = enums[table]
+        bad = pc.sum(pc.invert(pc.is_in(out[col], pa.array(valid)))).as_py()
+        if bad:
+            raise SchemaError(f"{table}.{col}: {bad} value(s) not in {', '.join(valid)}")
+    directory = Path(run_dir) / table
+    directory.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out, directory / name)
+    return f"{table}/{name}"
+
+
+def _spans(rows: Sequence[Mapping[str, Any]], node: str) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        if row.get("kind") not in SPAN_KINDS:
+            raise SchemaError(f"spans.kind (row {i}): {row.get('kind')!r} is not one of "
+                              f"{', '.join(SPAN_KINDS)}")
+        out.append({"node": node, **row})
+    return out
+
+
+def _egress(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    out = []
+    for row in rows:
+        row = dict(row)
+        if row.get("port") is not None and not isinstance(row["port"], bool):
+            try:
+                row["port"] = int(row["port"])
+            except (TypeError, ValueError):
+                pass        # left as is: the schema check names it
+        out.append(row)
+    return out
+
+
+def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:
+    row = dict(row)
+    row.setdefault("node", node)
+    if row["node"] != node:
+        raise SchemaError(f"rollouts.node: row says {row['node']!r} but the writer is {node!r}")
+    outcome = row.get("outcome")
+    if outcome is not None and outcome not in OUTCOMES:
+        raise SchemaError(f"rollouts.outcome: {outcome!r} is not one of {', '.join(OUTCOMES)}")
+    if "reward" in row and outcome is not None:
+        if outcome == "infra_error" and row["reward"] is not None:
+            raise SchemaError("rollouts.reward: must be None for outcome infra_error "
+                              "(an infrastructure failure is masked, never scored)")
+        if outcome != "infra_error" and row["reward"] is None:
+            raise SchemaError(f"rollouts.reward: must not be None for outcome {outcome!r}")
+    return row
+
+
+def _with_keys(table: str, index: int, row: Mapping[str, Any],
+               keys: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(row)
+    for k, v in keys.items():
+        if k in out and out[k] != v:
+            raise SchemaError(f"{table}.{k} (row {index}): {out[k]!r} does not match the "
+                              f"rollout row's {v!r}")
+        out[k] = v
+    return out
+
+
+def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
+    schema = SCHEMAS[table]
+    names = set(schema.names)
+    optional = OPTIONAL_COLUMNS[table]
+    for i, row in enumerate(rows):
+        unknown = sorted(set(row) - names)
+        if unknown:
+            raise SchemaError(f"{table}: unknown column(s) {', '.join(unknown)} (row {i}); "
+                              f"valid columns: {', '.join(schema.names)}")
+        missing = [n for n in schema.names if n not in row and n not in optional]
+        if missing:
+            also = f"; also missing: {', '.join(missing[1:])}" if missing[1:] else ""
+            raise SchemaError(f"{table}.{missing[0]}: missing (row {i}){also}")
+    arrays = []
+    for field in schema:
+        values = [_convert(table, field, i, row.get(field.name)) for i, row in enumerate(rows)]
+        try:
+            arrays.append(pa.array(values, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+            raise SchemaError(
+                f"{table}.{field.name}: cannot store as {field.type}: {exc}") from None
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _convert(table: str, field: pa.Field, index: int, value: Any) -> Any:
+    where = f"{table}.{field.name} (row {index})"
+    if value is None:
+        if not field.nullable:
+            raise SchemaError(f"{where}: is NULL but the column is not nullable")
+        return None
+    if field.name in JSON_COLUMNS[table]:
+        if isinstance(value, str):
+            try:
+                json.loads(value)
+            except ValueError as exc:
+                raise SchemaError(f"{where}: not valid JSON text: {exc}") from None
+            return value
+        try:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"{where}: not JSON-serialisable: {exc}") from None
+    if pa.types.is_timestamp(field.type):
+        return _timestamp(where, value)
+    if pa.types.is_integer(field.type) and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SchemaError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+    if pa.types.is_floating(field.type):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SchemaError(f"{where}: expected a number, got {type(value).__name__} {value!r}")
+        if field.name.endswith("_s") and not (math.isfinite(value) and value >= 0):
+            raise SchemaError(f"{where}: a duration must be finite and >= 0, got {value!r}")
+    if pa.types.is_boolean(field.type) and not isinstance(value, bool):
+        raise SchemaError(f"{where}: expected a bool, got {type(value).__name__} {value!r}")
+    if pa.types.is_string(field.type) and not isinstance(value, str):
+        raise SchemaError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _timestamp(where: str, value: Any) -> datetime:
+    """Accept an aware datetime or wall-clock epoch seconds; naive datetimes are ambiguous."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise SchemaError(f"{where}: naive datetime; pass a timezone-aware one (UTC)")
+        return value.astimezone(timezone.utc)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    raise SchemaError(f"{where}: expected an aware datetime or epoch seconds, got {value!r}")
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,627 @@
+"""Grading outside the agent's reach.
+
+`verify(runtime, image, task, changes, answer)` grades one finished rollout:
+
+1. The task's checker spec is validated (`checkers.validate_spec`): a malformed spec is the
+   task's fault, an infra error naming the field, never a score.
+2. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
+   is tampering (reward 0).
+3. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
+   same image: the task's visible files, then the agent's captured changes, then — only now —
+   the test files, read-only under `/verifier/tests` (owned outside the sandbox's id slice: the
+   workload cannot write, rename or delete them). The in-sandbox grader (`GRADER_SOURCE`)
+   runs as the sandbox's root, makes a 0700 report directory, and runs pytest as another uid
+   (`GRADER_UID`) that can write neither `/work`, `/verifier` nor that directory; pytest events
+   reach the grader through an inherited pipe, and the grader writes the report. Results come
+   from that report — never from stdout. Test asserts `a == b` are rewritten to `strict_eq`, so
+   an object whose `__eq__` always says True cannot pass.
+4. Answer checks (math, exact, regex) run on the host in the isolated check runner
+   (`nodeagent.verifier.checks`): own process group, rlimits, hard deadline.
+5. An optional LLM judge (`checker.judge`, off unless the spec has it) adds a weighted component.
+
+Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
+`VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
+rollout is `infra_error`: reward NULL, masked). Must not import zmq or the controller.
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from nodeagent.verifier import checkers
+from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
+
+CHECK_TIMEOUT_S = 60.0
+ANSWER_TIMEOUT_S = 10.0
+GRADER_UID = 1000
+GRADER_PATH = "/verifier/paddock_grader.py"
+TESTS_DIR = "/verifier/tests"
+REPORT_DIR = "/tmp/.paddock-grader"
+INFRA_RETRIES = 1
+OUTPUT_CAP = 16384
+PYTEST_INI = "[pytest]\npythonpath = /work\naddopts =\ncache_dir = /tmp/.pytest_cache\n"
+PYTEST_ARGS = ("-q", "-p", "no:cacheprovider", "-c", "/verifier/tests/pytest.ini", "--rootdir", TESTS_DIR,
+               "--confcutdir", TESTS_DIR, "-o", "console_output_style=classic")
+
+GRADER_SOURCE = r'''"""Paddock's in-sandbox pytest grader (installed read-only at /verifier/paddock_grader.py).
+
+Parent (sandbox root): makes a 0700 report directory, makes the tests directory 0711 (its
+files are 0400, owned by the sandbox root), reads the test sources, forks the child, reads the
+child's result events from a pipe and writes report.json. It never imports the code under
+test. Child: drops to an unprivileged uid (cannot read the test files, nor write /work,
+/verifier or the report directory), then runs pytest with this module as its only plugin;
+test modules are compiled from the sources read before the drop.
+"""
+import builtins
+import hashlib
+import hmac
+import importlib.abc
+import importlib.util
+import json
+import os
+import select
+import signal
+import sys
+
+_write, _getpid, _exit = os.write, os.getpid, os._exit
+MAX_EVENTS_BYTES = 1 << 20
+REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
+
+
+def _mac(key, seq, body):
+    return hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def parent(argv):
+    uid, report_dir, tests_dir, args = int(argv[0]), argv[1], argv[2], argv[3:]
+    os.mkdir(report_dir, 0o700)
+    report_fd = os.open(os.path.join(report_dir, "report.json.tmp"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.posix_fallocate(report_fd, 0, REPORT_RESERVE_BYTES)
+    os.chmod(tests_dir, 0o711)
+    sources = {}
+    for base, _dirs, names in os.walk(tests_dir):
+        for name in names:
+            if name.endswith(".py"):
+                with open(os.path.join(base, name), "rb") as f:
+                    sources[os.path.join(base, name)] = f.read()
+    key = os.urandom(32)        # signs every event: lines written by anything else are forged
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.close(report_fd)
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.environ.clear()
+            os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+                               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+            sys.modules["paddock_grader"] = sys.modules[__name__]
+            child(w, key, sources, args)
+        except BaseException as exc:
+            os.write(2, f"paddock grader: cannot run pytest: {exc!r}\n".encode())
+        _exit(127)
+    os.close(w)
+    data, status = bytearray(), None
+    while True:
+        if status is None:
+            got, st = os.waitpid(pid, os.WNOHANG)
+            status = st if got else None
+        ready, _, _ = select.select([r], [], [], 0.05)
+        if not ready:
+            if status is not None:
+                break           # pytest exited; strays that hold the pipe do not keep us waiting
+            continue
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        if len(data) < MAX_EVENTS_BYTES:
+            data += chunk[:MAX_EVENTS_BYTES - len(data)]
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    try:
+        os.kill(-1, signal.SIGKILL)     # whatever the code under test left running
+    except ProcessLookupError:
+        pass
+    events, bad, forged, seq = [], 0, 0, 0
+    for line in bytes(data).decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+            body = json.dumps(rec["ev"], sort_keys=True)
+        except (ValueError, KeyError, TypeError):
+            bad += 1
+            continue
+        if not isinstance(rec["ev"], dict) or not hmac.compare_digest(str(rec.get("mac")), _mac(key, seq, body)):
+            forged += 1
+            continue
+        events.append(rec["ev"])
+        seq += 1
+    report = {"grader": 1, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
+              "malformed_lines": bad, "forged_lines": forged, "truncated": len(data) >= MAX_EVENTS_BYTES}
+    data = json.dumps(report).encode()
+    if len(data) > REPORT_RESERVE_BYTES:
+        report.update(events=[], truncated=True)
+        data = json.dumps(report).encode()
+    os.pwrite(report_fd, data, 0)           # into space allocated before the child ran
+    os.ftruncate(report_fd, len(data))
+    os.close(report_fd)
+    os.rename(os.path.join(report_dir, "report.json.tmp"), os.path.join(report_dir, "report.json"))
+    return 0
+
+
+def strict_eq(a, b):
+    """`==` that an object overriding __eq__ cannot fake: builtin types compared structurally."""
+    num = (int, float, complex)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if type(a) in num and type(b) in num:
+        return a == b
+    if type(a) is not type(b):
+        return False
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(strict_eq(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(strict_eq(a[k], b[k]) for k in a)
+    if type(a) in (str, bytes, set, frozenset, type(None), range):
+        return a == b
+    return bool(a == b) and bool(b == a)
+
+
+class _Plugin:
+    def __init__(self, fd, key):
+        self.fd = fd
+        self.watch = []
+        seq = [0]
+
+        def sign(body):
+            mac = _mac(key, seq[0], body)
+            seq[0] += 1
+            return mac
+        self.sign = sign
+
+    def emit(self, **ev):
+        ev = json.loads(json.dumps(ev, default=str))
+        body = json.dumps(ev, sort_keys=True)
+        _write(self.fd, (json.dumps({"ev": ev, "mac": self.sign(body)}) + "\n").encode())
+
+    def snapshot(self):
+        import _pytest.main
+        import _pytest.python
+        import _pytest.reports
+        import _pytest.runner
+        import pluggy._callers
+        targets = [(_pytest.runner, "call_and_report"), (_pytest.runner, "runtestprotocol"),
+                   (_pytest.runner, "call_runtest_hook"), (_pytest.runner.CallInfo, "from_call"),
+                   (_pytest.runner, "pytest_runtest_makereport"), (_pytest.python.Function, "runtest"),
+                   (_pytest.python, "pytest_pyfunc_call"), (_pytest.reports.TestReport, "__init__"),
+                   (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
+                   (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
+                   (sys.modules[__name__], "strict_eq"), (_Plugin, "pytest_runtest_logreport"),
+                   (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
+                   (_MemLoader, "get_data")]
+        return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
+                 else getattr(obj, name, None)) for obj, name in targets]
+
+    def check(self):
+        changed = [name for obj, name, orig in self.watch
+                   if (obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
+                       else getattr(obj, name, None)) is not orig]
+        plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
+        foreign = [repr(p)[:80] for p in self.config.pluginmanager.get_plugins()
+                   if id(p) not in self.plugins and not str(getattr(p, "__file__", "")).startswith("/verifier/")]
+        if changed or foreign:
+            self.emit(ev="tamper", changed=changed, plugins=foreign)
+        return plugins
+
+    def pytest_configure(self, config):
+        self.config = config
+        self.watch = self.snapshot()
+        self.plugins = set()
+        self.emit(ev="start", pid=_getpid())
+
+    def pytest_collection(self, session):
+        self.plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
+        sys.meta_path.insert(0, self.finder)
+
+    def pytest_collection_finish(self, session):
+        self.check()
+        self.emit(ev="collected", ids=[i.nodeid for i in session.items])
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self.emit(ev="collect_error", id=report.nodeid, detail=str(report.longrepr)[-1500:])
+
+    def pytest_runtest_logreport(self, report):
+        self.check()
+        if report.when == "call" or report.outcome != "passed":
+            self.emit(ev="test", id=report.nodeid, when=report.when, outcome=report.outcome,
+                      detail="" if report.passed else str(report.longrepr)[-800:])
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.check()
+        self.emit(ev="end", exitstatus=int(exitstatus))
+
+
+class _MemLoader(importlib.abc.SourceLoader):
+    def __init__(self, path, source):
+        self.path, self.source = path, source
+
+    def get_filename(self, fullname):
+        return self.path
+
+    def get_data(self, path):
+        if path != self.path:
+            raise OSError(f"no data for {path}")
+        return self.source
+
+
+class _MemFinder(importlib.abc.MetaPathFinder):
+    """Test modules from the sources read before the privilege drop (the files are unreadable now)."""
+
+    def __init__(self, sources):
+        self.sources = sources
+
+    def find_spec(self, name, path=None, target=None):
+        leaf = name.rpartition(".")[2]
+        for d in (path or sys.path):
+            for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
+                if cand in self.sources:
+                    return importlib.util.spec_from_file_location(
+                        name, cand, loader=_MemLoader(cand, self.sources[cand]),
+                        submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
+        return None
+
+
+def child(fd, key, sources, args):
+    import pytest
+    plugin = _Plugin(fd, key)
+    del key
+    plugin.finder = _MemFinder(sources)
+    code = pytest.main(args, plugins=[plugin])
+    _exit(int(code))
+
+
+if __name__ == "__main__":
+    sys.exit(parent(sys.argv[1:]))
+'''
+
+
+class VerifierInfraError(Exception):
+    """The verifier could not reach a verdict for reasons that are not the policy's fault."""
+
+
+@dataclass
+class Verdict:
+    outcome: str                    # pass | fail | timeout
+    reward: float
+    components: dict = field(default_factory=dict)
+    checks: list[dict] = field(default_factory=list)
+    tampered: bool = False
+    verify_s: float = 0.0
+
+
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+def _check(name: str, verdict: str, detail: str, wall_s: float = 0.0) -> dict:
+    return {"check": name, "verdict": verdict, "detail": detail[:4000], "wall_s": float(wall_s)}
+
+
+def agent_files(changes: list[Change]) -> dict[str, bytes | None]:
+    """The agent's changes under /work: relative path -> bytes (None if deleted)."""
+    out: dict[str, bytes | None] = {}
+    for c in changes:
+        if c.path.startswith("/work/") and c.kind in ("added", "modified", "deleted"):
+            out[c.path[len("/work/"):]] = c.data if c.kind != "deleted" else None
+    return out
+
+
+def check_protected(task: dict, changes: list[Change]) -> list[dict]:
+    """Each protected path: `ok`, or `tampered` if the agent changed, deleted, replaced (symlink,
+    directory) it or deleted a directory above it."""
+    checks = []
+    for rel in task.get("protected", ()):
+        path, verdict, detail = f"/work/{rel}", "ok", "unchanged"
+        for c in changes:
+            if c.path == path and c.kind in ("added", "modified"):
+                same = c.data is not None and _sha(c.data) == _sha(task["files"][rel])
+                verdict, detail = ("ok", "rewritten unchanged") if same else ("tampered", "content changed")
+            elif c.path == path or path.startswith(c.path.rstrip("/") + "/") and c.kind in ("deleted", "symlink"):
+                verdict, detail = "tampered", f"{c.kind} ({c.path})"
+        checks.append(_check(f"protected:{rel}", verdict, detail))
+    return checks
+
+
+def decode_task(task: dict) -> dict:
+    """A task as it arrives in JSON, with its files as str (text) or bytes: file contents that
+    the task's canonical form carries as {"base64": ...} (binary files, e.g. a repository's
+    .git) are decoded. Idempotent."""
+    def files(d):
+        return {k: base64.b64decode(v["base64"]) if isinstance(v, dict) else v for k, v in d.items()}
+    return dict(task, files=files(task.get("files") or {}), hidden=files(task.get("hidden") or {}))
+
+
+def as_bytes(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode()
+
+
+def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
+           clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None) -> Verdict:
+    """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
+    t0 = clock()
+    task = decode_task(task)
+    try:
+        spec = checkers.validate_spec(task.get("checker"), task)
+    except checkers.SpecError as exc:
+        raise VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
+    checks = check_protected(task, changes)
+    if any(c["verdict"] == "tampered" for c in checks):
+        v = Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0, "weights": {"correct": 1.0}}, checks,
+                    tampered=True)
+        v.verify_s = clock() - t0
+        return v
+    for attempt in range(INFRA_RETRIES + 1):
+        try:
+            v = _primary(runtime, image, task, spec, changes, answer, clock, runner)
+            break
+        except VerifierInfraError as exc:
+            checks.append(_check(spec["kind"], "infra_error", f"attempt {attempt + 1}: {exc}"))
+            if attempt == INFRA_RETRIES:
+                raise
+    v.checks[:0] = checks
+    if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
+        _add_judge(v, spec, task, changes, answer, clock)
+    v.components.setdefault("weights", {"correct": 1.0})
+    v.verify_s = clock() - t0
+    return v
+
+
+def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verdict:
+    kind = spec["kind"]
+    if kind == "pytest":
+        return _verify_pytest(runtime, image, task, spec, changes, clock)
+    if kind == "command":
+        return _verify_command(runtime, image, task, spec, changes, clock)
+    return _verify_answer(spec, answer, clock, runner)
+
+
+def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | None) -> Verdict:
+    t = clock()
+    try:
+        res = (runner or default_runner()).run("nodeagent.verifier.checkers:answer_verdict",
+                                               [spec["kind"], spec["answer"], answer],
+                                               timeout_s=float(spec.get("timeout_s", ANSWER_TIMEOUT_S)))
+    except CheckInfraError as exc:
+        raise VerifierInfraError(f"check runner: {exc}") from None
+    wall = clock() - t
+    if res.outcome == "timeout":
+        return Verdict("timeout", 0.0, {"correct": 0.0},
+                       [_check(spec["kind"], "timeout", f"answer check {res.detail}", wall)])
+    if res.outcome != "ok":
+        return Verdict("fail", 0.0, {"correct": 0.0},
+                       [_check(spec["kind"], "fail", f"answer check {res.outcome}: {res.detail}", wall)])
+    ok, detail = bool(res.value["ok"]), res.value["detail"]
+    return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
+                   [_check(spec["kind"], "pass" if ok else "fail", detail, wall)])
+
+
+# -- the verification sandbox -----------------------------------------------------------------
+
+def _fresh_sandbox(runtime, image, task, changes):
+    """A new sandbox of the same image: the task's visible files, then the agent's changes."""
+    try:
+        sb = runtime.create(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
+                                        files=dict(task.get("files", {})), hostname="verifier"))
+    except SandboxError as exc:
+        raise VerifierInfraError(f"verifier sandbox failed to start: {exc}") from None
+    try:
+        if changes:
+            sb.apply([c for c in changes if c.path == "/work" or c.path.startswith("/work/")])
+    except SandboxError as exc:
+        sb.destroy()
+        raise VerifierInfraError(f"applying the agent's changes failed: {exc}") from None
+    return sb
+
+
+def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(system files, test files). System (read-only to everyone in the sandbox, owned outside
+    it): the protected originals in /work, the grader and pytest.ini. Tests: owned by the
+    sandbox's root, mode 0400 under a 0711 directory, so the code under test (another uid) can
+    neither read nor change them; only the grader reads them, before it drops privileges."""
+    system = {f"/work/{rel}": as_bytes(task["files"][rel]) for rel in task.get("protected", ())}
+    tests = {}
+    for rel in list(spec.get("tests", ())) + list(spec.get("support", ())):
+        text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel))
+        if text is None:
+            raise VerifierInfraError(f"task {task.get('name')!r}: checker file {rel!r} is in neither "
+                                     f"'hidden' nor 'files'")
+        if rel.endswith(".py") and spec.get("strict_eq", True) and rel in spec.get("tests", ()):
+            text = strict_asserts(text, rel)
+        tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
+    system[f"{TESTS_DIR}/pytest.ini"] = PYTEST_INI.encode()
+    system[GRADER_PATH] = GRADER_SOURCE.encode()
+    return system, tests
+
+
+class _StrictEq(ast.NodeTransformer):
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        t = node.test
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.NotEq)):
+            call = ast.Call(ast.Name("_paddock_strict_eq", ast.Load()), [t.left, t.comparators[0]], [])
+            node.test = call if isinstance(t.ops[0], ast.Eq) else ast.UnaryOp(ast.Not(), call)
+        return node
+
+
+def strict_asserts(source: str, name: str) -> str:
+    """Rewrite `assert a == b` / `!=` in a test file to the grader's strict equality."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise VerifierInfraError(f"test file {name!r} does not parse: {exc}") from None
+    tree = _StrictEq().visit(tree)
+    body = tree.body
+    at = 0
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        at = 1
+    while at < len(body) and isinstance(body[at], ast.ImportFrom) and body[at].module == "__future__":
+        at += 1
+    body.insert(at, ast.ImportFrom("paddock_grader", [ast.alias("strict_eq", "_paddock_strict_eq")], 0))
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def expected_tests(task: dict, spec: dict) -> list[str]:
+    """Node ids (`file::test` / `file::Class::test`) the test files define, from their AST."""
+    ids = []
+    for rel in spec["tests"]:
+        text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, ""))
+        try:
+            tree = ast.parse(text)
+        except SyntaxError as exc:
+            raise VerifierInfraError(f"test file {rel!r} does not parse: {exc}") from None
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                ids.append(f"{rel}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                ids += [f"{rel}::{node.name}::{m.name}" for m in node.body
+                        if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
+    return ids
+
+
+def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
+    system, tests = _checker_files(task, spec)
+    expected = expected_tests(task, spec)
+    if not expected:
+        raise VerifierInfraError(f"task {task.get('name')!r}: checker test files define no tests")
+    sb = _fresh_sandbox(runtime, image, task, changes)
+    try:
+        sb.write_files(tests, owner="agent", mode=0o400)
+        sb.write_files(system, owner="system", mode=0o444)
+        t = clock()
+        uid = min(GRADER_UID, int(getattr(runtime, "slice_size", GRADER_UID + 1)) - 1)   # inside the id slice
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, str(uid), REPORT_DIR, TESTS_DIR, *PYTEST_ARGS,
+                     *spec["tests"]], cwd=TESTS_DIR, output_cap=OUTPUT_CAP,
+                    timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
+        wall = clock() - t
+        if r.timed_out:
+            return Verdict("timeout", 0.0, {"correct": 0.0},
+                           [_check("pytest", "timeout", "tests exceeded their time limit; killed", wall)])
+        try:
+            raw = sb.read_file(f"{REPORT_DIR}/report.json")
+        except SandboxError as exc:
+            tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
+            raise VerifierInfraError(f"grader wrote no report (exit {r.exit_code}): {exc}; {tail}") from None
+    except SandboxError as exc:
+        raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
+    finally:
+        sb.destroy()
+    return grade_report(raw, expected, spec, wall)
+
+
+def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0) -> Verdict:
+    """Turn the grader's report into a verdict. Malformed → infra error; ended early → fail."""
+    try:
+        report = json.loads(raw)
+        events = report["events"]
+        if not isinstance(events, list):
+            raise TypeError("events is not a list")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    if report.get("malformed_lines") or report.get("forged_lines"):
+        events = events + [{"ev": "tamper", "forged_lines": report.get("forged_lines", 0),
+                            "malformed_lines": report.get("malformed_lines", 0)}]
+    if report.get("truncated"):
+        events = events + [{"ev": "tamper", "detail": "the event stream was flooded past its cap"}]
+    kinds = [e.get("ev") for e in events]
+    if "start" not in kinds:
+        raise VerifierInfraError(f"pytest did not start in the verifier sandbox (exit {report.get('exit_code')})")
+    results: dict[str, list[str]] = {}
+    errors = []
+    tamper = [e for e in events if e.get("ev") == "tamper"]
+    for e in events:
+        if e.get("ev") == "test" and isinstance(e.get("id"), str):
+            results.setdefault(e["id"].split("[", 1)[0], []).append(str(e.get("outcome")))
+        elif e.get("ev") == "collect_error":
+            errors.append(f"collection error in {e.get('id')}: {str(e.get('detail', ''))[-300:]}")
+    passed = {t for t, outs in results.items() if outs and all(o == "passed" for o in outs)}
+    f2p = list(spec.get("fail_to_pass") or expected)
+    p2p = list(spec.get("pass_to_pass") or [])
+    comp = {"fail_to_pass": sum(t in passed for t in f2p) / max(len(f2p), 1),
+            "pass_to_pass": sum(t in passed for t in p2p) / max(len(p2p), 1) if p2p else 1.0}
+    ended = "end" in kinds
+    ok = ended and not tamper and all(t in passed for t in f2p + p2p)
+    comp["correct"] = float(ok)
+    if tamper:
+        comp["tamper"] = 1.0
+    why = [f"{len(passed & set(f2p + p2p))}/{len(set(f2p + p2p))} required tests passed"]
+    if not ended:
+        why.append(f"the test session ended early (exit {report.get('exit_code')}): the code under test "
+                   "exited or killed pytest")
+    if tamper:
+        why.append(f"test framework tampered with: {tamper[0]}")
+    missing = [t for t in f2p + p2p if t not in results]
+    if missing:
+        why.append(f"not run: {missing[:5]}")
+    failed = [t for t in f2p + p2p if t in results and t not in passed]
+    if failed:
+        why.append(f"failed: {failed[:5]}")
+    checks = [_check("pytest", "pass" if ok else "fail", "; ".join(why + errors[:2]), wall_s)]
+    return Verdict("pass" if ok else "fail", float(ok), comp, checks, tampered=bool(tamper))
+
+
+def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
+    sb = _fresh_sandbox(runtime, image, task, changes)
+    try:
+        system, support = _checker_files(task, {**spec, "tests": (), "strict_eq": False})
+        sb.write_files(support, owner="system", mode=0o444)
+        sb.write_files(system, owner="system", mode=0o444)
+        t = clock()
+        r = sb.exec(list(spec["argv"]), cwd=spec.get("cwd", "/work"), output_cap=OUTPUT_CAP,
+                    timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
+        wall = clock() - t
+    except SandboxError as exc:
+        raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
+    finally:
+        sb.destroy()
+    if r.timed_out:
+        return Verdict("timeout", 0.0, {"correct": 0.0}, [_check("command", "timeout", "killed at the deadline", wall)])
+    ok = r.exit_code in spec.get("pass_exit_codes", [0])
+    tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
+    return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
+                   [_check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{tail}", wall)])
+
+
+def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer: str | None, clock) -> None:
+    judge = spec["judge"]
+    t = clock()
+    diff = "\n".join(f"--- {c.path} ({c.kind})\n{(c.data or b'').decode(errors='replace')[:4000]}"
+                     for c in changes[:20])
+    try:
+        score, detail = checkers.judge_score(judge, task.get("instruction", ""), answer or "", diff)
+    except checkers.JudgeError as exc:
+        raise VerifierInfraError(f"judge: {exc}") from None
+    w = float(judge.get("weight", 0.5))
+    v.components.update(judge=score, weights={"correct": 1.0 - w, "judge": w})
+    v.reward = (1.0 - w) * v.reward + w * score if v.outcome == "pass" else 0.0
+    v.checks.append(_check("judge", f"{score:.3f}", detail, clock() - t))
+
+
+def _version() -> str:
+    import sys
+    from nodeagent.verifier import checks
+    h = hashlib.sha256()
+    for mod in (checkers, checks, sys.modules[__name__]):
+        h.update(Path(mod.__file__).read_bytes())
+    h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, INFRA_RETRIES, PYTEST_ARGS,
+                         PYTEST_INI, checkers.REL_TOL, checkers.SYMPY_TIMEOUT_S]).encode())
+    return "v2-" + h.hexdigest()[:16]
+
+
+VERIFIER_VERSION = _version()

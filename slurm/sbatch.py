@@ -1,0 +1,288 @@
+"""Slurm batch scripts for a Paddock job: one pure function renders them from validated parameters.
+
+`render(params) -> str` is the whole contract. `JobParams` lists every valid parameter (its
+fields); an unknown or invalid one raises `ParamError` naming it and listing the valid ones.
+Every value that reaches the shell body is shell-quoted (`shlex.quote`); values that reach
+`#SBATCH` lines (which sbatch parses itself, without a shell) are restricted to plain tokens.
+
+Two layouts, the same job steps (`paddock job head` / `paddock job agent`, slurm/launch.py):
+  het     heterogeneous job: component 0 runs the head (controller + trainer) on one node,
+          component 1 runs one node agent per environment node (srun --het-group=1).
+  single  one component of env_nodes + 1 nodes: the head step on the first node, the agent
+          step (one task per node) on the others.
+The head publishes the controller's endpoint in the run directory (shared storage); agents
+wait for it there and give up before the job's time runs out. `--signal=B:<SIG>@<secs>` reaches
+the batch shell, which forwards SIGWINCH to both steps (Slurm signals every process of a step;
+WINCH is ignored by default, so sandboxes are untouched): agents drain, the head stops the
+training loop, waits for the drain and shuts the controller down (the store is flushed).
+
+Must not import: zmq, sqlite3 (pure; used by `paddock sbatch render` and the launcher).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Mapping
+
+LAYOUTS = ("het", "single")
+SIGNALS = ("TERM", "USR1")
+DRAIN_SIGNAL = "WINCH"    # forwarded to the job steps: ignored by default, handled by the steps
+DRAIN_SIGNAL_NUMBER = 28  # SIGWINCH on Linux; scancel takes WINCH only by number
+_TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_TIME = re.compile(r"(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})|(\d+)")
+
+
+class ParamError(ValueError):
+    """A batch parameter that is unknown or invalid; the message lists the valid parameters."""
+
+
+@dataclass(frozen=True)
+class JobParams:
+    run_dir: str                       # absolute path on storage shared by every node
+    env_nodes: int                     # nodes that run one node agent each
+    time_limit: str = "01:00:00"       # minutes, or [D-]HH:MM:SS
+    layout: str = "het"                # het | single
+    job_name: str = "paddock"
+    partition: str = ""                # empty: the cluster's default partition
+    account: str = ""
+    slots_per_node: int = 2            # concurrent sandboxes per node agent
+    head_cpus: int = 1                 # CPUs of the head (controller + trainer) task
+    agent_cpus: int = 1                # CPUs of each node agent task
+    signal: str = "TERM"               # sent to the batch shell before the time limit: TERM | USR1
+    signal_before_s: int = 120         # ... this many seconds before it
+    controller_wait_s: int = 300       # agents give up if the endpoint has not appeared by then
+    agents_wait_s: int = 300           # the head gives up if too few agents registered by then
+    min_agents: int = 0                # agents that must register before training (0: env_nodes)
+    versions: int = 2                  # policy versions the trainer runs
+    rollouts_per_task: int = 1
+    tasks_limit: int = 0               # 0: every task of the set
+    taskset: str = "builtin"           # the task set served: "builtin", or one stored in `bank`
+    bank: str = ""                     # the task bank directory (shared storage), for a stored task set
+    trainer: str = ""                  # your training command (run by /bin/sh on the head node once the
+                                       # agents registered; env PADDOCK_ENDPOINT, ...); "": the built-in one
+    heartbeat_interval_s: float = 1.0
+    image_store: str = "/var/tmp/paddock/images"
+    python: str = "python3"            # interpreter with Paddock installed (the venv's)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str) -> ParamError:
+            return ParamError(f"batch parameter {name!r} {why}; valid parameters: {valid_parameters()}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = {"int": int, "float": (int, float), "str": str}[f.type]
+            if isinstance(v, bool) or not isinstance(v, want):
+                raise bad(f.name, f"must be {f.type}, got {v!r}")
+        if self.layout not in LAYOUTS:
+            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.signal not in SIGNALS:
+            raise bad("signal", f"must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
+        for name in ("run_dir", "image_store", "python"):
+            v = getattr(self, name)
+            if not v or "\0" in v or "\n" in v:
+                raise bad(name, "must be a non-empty path without NUL or newline")
+        for name in ("run_dir", "image_store"):
+            if not getattr(self, name).startswith("/"):
+                raise bad(name, f"must be an absolute path (every node resolves it), got {getattr(self, name)!r}")
+        if self.taskset != "builtin" and not _TOKEN.fullmatch(self.taskset):
+            raise bad("taskset", f"must be 'builtin' or a task set name of [A-Za-z0-9_.-], got {self.taskset!r}")
+        if self.bank and (not self.bank.startswith("/") or "\0" in self.bank or "\n" in self.bank):
+            raise bad("bank", f"must be an absolute path (every node resolves it), got {self.bank!r}")
+        if self.taskset != "builtin" and not self.bank:
+            raise bad("bank", f"must name the task bank that holds taskset={self.taskset!r}")
+        if "\0" in self.trainer or "\n" in self.trainer:
+            raise bad("trainer", "must be one command line (no NUL or newline)")
+        for name in ("job_name", "partition", "account"):
+            v = getattr(self, name)
+            if v and not _TOKEN.fullmatch(v):
+                raise bad(name, f"must be 1-64 characters of [A-Za-z0-9_.-], got {v!r}")
+        if not self.job_name:
+            raise bad("job_name", "must not be empty")
+        for name in ("env_nodes", "slots_per_node", "head_cpus", "agent_cpus", "versions",
+                     "rollouts_per_task", "controller_wait_s", "agents_wait_s"):
+            if getattr(self, name) < 1:
+                raise bad(name, f"must be >= 1, got {getattr(self, name)!r}")
+        for name in ("min_agents", "tasks_limit", "signal_before_s"):
+            if getattr(self, name) < 0:
+                raise bad(name, f"must be >= 0, got {getattr(self, name)!r}")
+        if self.min_agents > self.env_nodes:
+            raise bad("min_agents", f"must not exceed env_nodes={self.env_nodes}")
+        if self.heartbeat_interval_s <= 0:
+            raise bad("heartbeat_interval_s", "must be > 0")
+        limit_s = time_limit_s(self.time_limit)
+        if limit_s is None:
+            raise bad("time_limit", f"must be minutes or [D-]HH:MM:SS, got {self.time_limit!r}")
+        if self.signal_before_s >= limit_s:
+            raise bad("signal_before_s", f"must be below the time limit ({limit_s}s)")
+        for name in ("controller_wait_s", "agents_wait_s"):
+            if getattr(self, name) >= limit_s - self.signal_before_s:
+                raise bad(name, f"must be below time_limit - signal_before_s "
+                                f"({limit_s - self.signal_before_s}s), so the job gives up before its time runs out")
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any]) -> "JobParams":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise ParamError(f"unknown batch parameter {unknown[0]!r}; valid parameters: {valid_parameters()}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in params]
+        if missing:
+            raise ParamError(f"missing batch parameter {missing[0]!r}; valid parameters: {valid_parameters()}")
+        return cls(**params)
+
+    @property
+    def agents_needed(self) -> int:
+        return self.min_agents or self.env_nodes
+
+
+def valid_parameters() -> str:
+    return ", ".join(f.name for f in fields(JobParams))
+
+
+def time_limit_s(text: str) -> int | None:
+    """Seconds of a Slurm time limit given as minutes or [D-]HH:MM:SS; None if malformed."""
+    m = _TIME.fullmatch(text.strip()) if isinstance(text, str) else None
+    if not m:
+        return None
+    if m.group(5) is not None:
+        return int(m.group(5)) * 60 or None
+    d, h, mi, s = (int(g or 0) for g in m.group(1, 2, 3, 4))
+    if mi >= 60 or s >= 60:
+        return None
+    return (d * 86400 + h * 3600 + mi * 60 + s) or None
+
+
+def coerce(params: Mapping[str, str]) -> dict[str, Any]:
+    """KEY=VALUE strings (from a command line) -> typed values per JobParams field types."""
+    types = {f.name: f.type for f in fields(JobParams)}
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if k not in types:
+            raise ParamError(f"unknown batch parameter {k!r}; valid parameters: {valid_parameters()}")
+        try:
+            out[k] = {"int": int, "float": float, "str": str}[types[k]](v)
+        except ValueError:
+            raise ParamError(f"batch parameter {k!r} must be {types[k]}, got {v!r}; "
+                             f"valid parameters: {valid_parameters()}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------- rendering
+def render(params: Mapping[str, Any] | JobParams) -> str:
+    """The batch script text for `params` (a mapping of JobParams fields, or a JobParams)."""
+    p = params if isinstance(params, JobParams) else JobParams.from_mapping(params)
+    q = shlex.quote
+    header = ["#!/bin/bash", f"# Paddock job ({p.layout} layout), rendered by slurm/sbatch.py: do not edit."]
+    common = [f"#SBATCH --job-name={p.job_name}", f"#SBATCH --time={p.time_limit}",
+              f"#SBATCH --signal=B:{p.signal}@{p.signal_before_s}"]
+    common += [f"#SBATCH --partition={p.partition}"] if p.partition else []
+    common += [f"#SBATCH --account={p.account}"] if p.account else []
+    if p.layout == "het":
+        sbatch = common + ["#SBATCH --nodes=1", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={p.head_cpus}",
+                           "#SBATCH hetjob",
+                           f"#SBATCH --nodes={p.env_nodes}", "#SBATCH --ntasks-per-node=1",
+                           f"#SBATCH --cpus-per-task={p.agent_cpus}"]
+        head_srun = "srun --het-group=0 --nodes=1 --ntasks=1"
+        agent_srun = f"srun --het-group=1 --nodes={p.env_nodes} --ntasks-per-node=1"
+        place = []
+    else:
+        sbatch = common + [f"#SBATCH --nodes={p.env_nodes + 1}", "#SBATCH --ntasks-per-node=1",
+                           f"#SBATCH --cpus-per-task={max(p.head_cpus, p.agent_cpus)}"]
+        head_srun = 'srun --nodes=1 --ntasks=1 --nodelist="$HEAD_NODE"'
+        agent_srun = (f'srun --nodes={p.env_nodes} --ntasks={p.env_nodes} --ntasks-per-node=1 '
+                      '--exclude="$HEAD_NODE"')
+        place = ['HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+    settings = [
+        f"RUN_DIR={q(p.run_dir)}", f"PY={q(p.python)}", f"IMAGE_STORE={q(p.image_store)}",
+        'DEPLOYMENT="slurm-${SLURM_JOB_ID}"',
+    ]
+    head_args = [
+        "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
+        "--agents", q(str(p.agents_needed)), "--agents-wait-s", q(str(p.agents_wait_s)),
+        "--versions", q(str(p.versions)), "--rollouts-per-task", q(str(p.rollouts_per_task)),
+        "--tasks-limit", q(str(p.tasks_limit)), "--heartbeat-interval-s", q(str(p.heartbeat_interval_s)),
+    ]
+    head_args += ["--taskset", q(p.taskset)] if p.taskset != "builtin" else []
+    head_args += ["--bank", q(p.bank)] if p.bank else []
+    head_args += ["--trainer", q(p.trainer)] if p.trainer else []
+    agent_args = [
+        "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
+        "--slots", q(str(p.slots_per_node)), "--controller-wait-s", q(str(p.controller_wait_s)),
+        "--heartbeat-interval-s", q(str(p.heartbeat_interval_s)),
+    ]
+    body = [
+        "",
+        *settings,
+        "",
+        "# The run directory must be writable here; every node must see it (shared storage).",
+        'if ! mkdir -p "$RUN_DIR/logs" || ! touch "$RUN_DIR/logs/.writable"; then',
+        '  echo "paddock: run directory $RUN_DIR is not writable from $(hostname)" >&2',
+        "  exit 2",
+        "fi",
+        *place,
+        "",
+        f'{head_srun} "$PY" -m controller.cli job head {" ".join(head_args)} \\',
+        '  >>"$RUN_DIR/logs/head.log" 2>&1 &',
+        "HEAD_PID=$!",
+        f'{agent_srun} "$PY" -m controller.cli job agent {" ".join(agent_args)} \\',
+        '  >>"$RUN_DIR/logs/agents.log" 2>&1 &',
+        "AGENTS_PID=$!",
+        "",
+        "# The end-of-time signal reaches this shell (--signal=B:...). Slurm delivers a step signal to",
+        f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
+        "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
+        "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
+        f'forward() {{ echo "paddock: SIG{p.signal} before the time limit: draining"; '
+        f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
+        f"trap forward {p.signal}",
+        "# wait returns early (>128) when the trap runs: wait again until the step has exited",
+        'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
+        "# the head has stopped the controller: agents still waiting for one are told to give up",
+        '[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
+        'echo "paddock: head exited with $HEAD_RC"',
+        'exit "$HEAD_RC"',
+    ]
+    return "\n".join(header + sbatch + body) + "\n"
+
+
+# ----------------------------------------------------------------------------- CLI
+def parse_assignments(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ParamError(f"expected KEY=VALUE, got {item!r}; valid parameters: {valid_parameters()}")
+        out[key.strip()] = value
+    return out
+
+
+def cmd_render(args) -> int:
+    try:
+        params = coerce(parse_assignments(args.params))
+        params.setdefault("python", sys.executable)
+        text = render(params)
+    except ParamError as exc:
+        print(f"paddock sbatch render: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `paddock sbatch render KEY=VALUE ...`."""
+    p = subparsers.add_parser("sbatch", help="Slurm batch scripts for a training job and its farm")
+    sub = p.add_subparsers(dest="sbatch_cmd", required=True)
+    r = sub.add_parser("render", help="print the batch script for KEY=VALUE parameters",
+                       description=f"Parameters: {valid_parameters()}. Example: paddock sbatch render "
+                                   "run_dir=/scratch/runs/r1 env_nodes=4 time_limit=02:00:00 layout=het")
+    r.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    r.add_argument("-o", "--output", help="write the script here instead of stdout")
+    r.set_defaults(func=cmd_render)
+    return p
