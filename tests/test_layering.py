@@ -1,0 +1,233 @@
+"""The layout's rules, read from the code's own imports (`ast`), so the map in docs/internals.md
+cannot drift from the code:
+
+- no import circle between the project's modules (imports inside functions count too: a lazy
+  import that closes a circle is still a circle);
+- the node agent imports nothing of the controller but `controller.contracts`;
+- `controller.contracts` is a leaf: it imports nothing else of the project;
+- only the CLI (`controller.cli`) and `slurm` import the node agent from outside it;
+- every "Must not import: a, b." line in a module or package docstring holds.
+
+Imports under `if TYPE_CHECKING:` are not imports at run time and are left out.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("controller", "nodeagent", "layers", "slurm")
+STDLIB = set(sys.stdlib_module_names)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+@lru_cache(maxsize=1)
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_pkg: bool):
+    """(imported dotted name, line, at module level?) for every import statement."""
+    out = []
+
+    def visit(node, top: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(ast.Module(body=[sub], type_ignores=[]), top)
+                continue
+            if isinstance(child, ast.Import):
+                out.extend((a.name, child.lineno, top) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    pkg_parts = module.split(".") if is_pkg else module.split(".")[:-1]
+                    pkg_parts = pkg_parts[:len(pkg_parts) - (child.level - 1)]
+                    base = ".".join(pkg_parts + ([base] if base else []))
+                for a in child.names:
+                    out.append((f"{base}.{a.name}" if a.name != "*" else base, child.lineno, top))
+            inner_top = top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            visit(child, inner_top)
+
+    visit(tree, True)
+    return out
+
+
+def _resolve(name: str) -> str | None:
+    """The project module an imported dotted name refers to (longest known prefix)."""
+    mods = modules()
+    while name:
+        if name in mods:
+            return name
+        if "." not in name:
+            return None
+        name = name.rsplit(".", 1)[0]
+    return None
+
+
+@lru_cache(maxsize=1)
+def graph() -> dict[str, list[tuple[str, int, bool]]]:
+    edges: dict[str, list[tuple[str, int, bool]]] = {}
+    for mod, path in modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        lst = []
+        for name, line, top in _imports(tree, mod, path.name == "__init__.py"):
+            target = _resolve(name)
+            if target and target != mod:
+                lst.append((target, line, top))
+        edges[mod] = lst
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(10000, sys.getrecursionlimit()))
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def _within(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def _package_parents(mod: str) -> set[str]:
+    parts = mod.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_the_project_has_no_import_circles():
+    # A package's __init__ importing its own submodules (re-exports) is not a circle of
+    # responsibilities; imports of a parent package's __init__ are left out for that reason.
+    edges = {m: {t for t, _l, _top in lst if t not in _package_parents(m)} for m, lst in graph().items()}
+    assert _cycles(edges) == []
+
+
+def test_the_node_agent_imports_only_the_contracts_of_the_controller():
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "nodeagent")
+           for t, line, _top in lst if _within(t, "controller") and not _within(t, "controller.contracts")]
+    assert bad == []
+
+
+def test_the_contracts_are_a_leaf():
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "controller.contracts")
+           for t, line, _top in lst if not _within(t, "controller.contracts")]
+    assert bad == []
+
+
+def test_only_the_cli_and_slurm_import_the_node_agent():
+    allowed = ("nodeagent", "controller.cli", "slurm")
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items()
+           if not any(_within(m, a) for a in allowed)
+           for t, line, _top in lst if _within(t, "nodeagent")]
+    assert bad == []
+
+
+_MUST_NOT = re.compile(r"must not import:?\s*(.+?)(?:\.\s|\.$|$)", re.IGNORECASE | re.DOTALL)
+
+
+def _forbidden(doc: str) -> list[str]:
+    """The names a docstring's "Must not import: a, b, c." line forbids."""
+    out = []
+    for m in _MUST_NOT.finditer(doc):
+        text = " ".join(m.group(1).split())
+        for tok in re.split(r",|\bor\b|\band\b|;", text):
+            tok = tok.strip().strip("`").strip()
+            tok = re.sub(r"\s*\(.*$", "", tok)      # a parenthesised reason
+            tok = tok.removesuffix(".*").removesuffix(".")
+            if tok:
+                out.append(tok)
+    return out
+
+
+def _docstrings() -> dict[str, str]:
+    docs = {}
+    for mod, path in modules().items():
+        doc = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+        docs[mod] = doc
+    return docs
+
+
+def test_every_must_not_import_line_names_modules():
+    """Each forbidden name is a dotted module name (of the project or an installed library),
+    so the rule can be checked; prose such as "anything with I/O" cannot be."""
+    bad = []
+    for mod, doc in _docstrings().items():
+        for tok in _forbidden(doc):
+            if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*", tok):
+                bad.append(f"{mod}: {tok!r}")
+    assert bad == []
+
+
+def test_every_must_not_import_line_holds():
+    docs = _docstrings()
+    bad = []
+    for mod, lst in graph().items():
+        rules = set(_forbidden(docs[mod]))
+        for parent in _package_parents(mod):       # a package's rules bind its modules
+            rules |= set(_forbidden(docs.get(parent, "")))
+        if not rules:
+            continue
+        path = modules()[mod]
+        external = [(n, line) for n, line, _top in
+                    _imports(ast.parse(path.read_text(), str(path)), mod, path.name == "__init__.py")]
+        for rule in sorted(rules):
+            if _within(mod, rule):
+                continue
+            for name, line in external:
+                if _within(name, rule) or (_resolve(name) and _within(_resolve(name), rule)):
+                    bad.append(f"{mod}:{line} imports {name} (its docstring says: must not import {rule})")
+    assert bad == []
+
+
+@pytest.mark.parametrize("limit", [700])
+def test_no_module_is_far_over_six_hundred_lines(limit):
+    long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > limit}
+    assert long == {}
