@@ -21,7 +21,7 @@ its own session with an output cap and a wall-clock kill; with an egress socket 
 File operations (`handle_op`: write, read, diff, apply) run in a short-lived fork of the node
 init that entered the sandbox's mount namespace. Replies from the init are untrusted data (the
 workload shares its uid): the agent checks their shape and size (`checked_exec_reply`).
-Standard library and nodeagent.{nsutil,framing} only.
+Standard library and nodeagent.sandbox.{nsutil,framing} only.
 """
 from __future__ import annotations
 
