@@ -26,6 +26,7 @@ Standard library and nodeagent.sandbox.{nsutil,framing} only.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -466,7 +467,6 @@ def _xattr(path: str, name: str) -> bytes | None:
 
 def apply_changes(root: str, changes: list[dict], base: int) -> None:
     """Replay another sandbox's diff into this merged tree; everything is owned by the agent."""
-    import shutil
     for c in changes:
         path, kind = c["path"], c["kind"]
         if kind not in ("added", "modified", "deleted", "symlink", "dir"):
