@@ -1,7 +1,8 @@
 """Specification of the Apptainer backend: its command lines are pure functions of the spec,
 pinned by golden files (tests/golden/apptainer/*.txt; regenerate with PADDOCK_UPDATE_GOLDEN=1
 and review the diff), shell-safe for hostile values; its diff logic runs on a real image and a
-real tar; and the whole backend runs against real apptainer where it is installed."""
+real tar. The whole backend runs against real apptainer where it is installed in
+tests/sandbox/test_conformance.py, the contract both backends share."""
 
 from __future__ import annotations
 
@@ -207,31 +208,3 @@ def test_the_runtime_says_why_it_cannot_start_without_apptainer(tmp_path):
                                              workdir=str(tmp_path)))
     with pytest.raises(ap.SandboxError, match="/nonexistent/apptainer is not on PATH"):
         rt.start()
-
-
-# ------------------------------------------------------------------ real apptainer
-
-@pytest.mark.skipif(ap.apptainer_available() is not None,
-                    reason=f"integration needs apptainer: {ap.apptainer_available()}")
-def test_apptainer_runs_the_same_sif_with_the_same_interface(busybox_image, tmp_path):
-    with ap.ApptainerRuntime(ApptainerConfig(workdir=str(tmp_path))) as rt:
-        sb = rt.create(spec(image=busybox_image, files={"hello.txt": b"hi\n"}))
-        try:
-            r = sb.exec(["cat", "/work/hello.txt"])
-            assert (r.exit_code, r.stdout) == (0, b"hi\n")
-            assert sb.exec(["hostname"]).stdout.strip() == b"sandbox"
-            net = sb.exec(["cat", "/proc/net/dev"]).stdout.decode()
-            assert [ln.split(":")[0].strip() for ln in net.splitlines()[2:]] == ["lo"]
-            sb.write_files({"/work/new.txt": b"new"})
-            assert sb.read_file("/work/new.txt") == b"new"
-            kinds = {(c.path, c.kind) for c in sb.diff("/work")}
-            assert {("/work/hello.txt", "added"), ("/work/new.txt", "added")} <= kinds
-            assert sb.exec(["sleep", "10"], timeout_s=0.5).timed_out
-            fresh = rt.create(spec(image=busybox_image))
-            try:
-                fresh.apply(sb.diff_archive("/work"))
-                assert fresh.read_file("/work/new.txt") == b"new"
-            finally:
-                fresh.destroy()
-        finally:
-            sb.destroy()

@@ -21,8 +21,13 @@ command, `instance stop` at destroy), so the agent's many commands share one wri
 from the image's squashfs (once per image), since the overlay's upper layer lives inside an ext3
 image the host cannot read without mounting it.
 
+`ApptainerRuntime` and `ApptainerSandbox` implement `nodeagent.sandbox.interface` (SandboxBackend,
+SandboxHandle), warm pools included (`nodeagent.sandbox.warmpool.PooledBackend`);
+tests/sandbox/test_conformance.py holds them to the same contract as the native backend.
+
 Every failure of `apptainer` itself is a SandboxError carrying argv, exit code and stderr.
-Must not import zmq or the controller.
+Must not import: zmq, controller.*, nodeagent.agent, nodeagent.harness, nodeagent.verifier,
+nodeagent.sandbox.runtime (the native backend).
 """
 from __future__ import annotations
 
@@ -38,12 +43,15 @@ import stat
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from nodeagent.sandbox.runtime import (Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar,
-                               tar_to_changes)
+from layers import sif   # refuses foreign-arch, corrupt and non-SIF files; finds the partition
+from nodeagent.sandbox import cgroups, warmpool
+from nodeagent.sandbox.interface import EXIT_TIMEOUT, SandboxBackend, SandboxHandle
+from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar, tar_to_changes
 
 ISOLATIONS = ("userns", "fakeroot")
 WRITABLE_MODES = ("overlay", "tmpfs")
@@ -52,7 +60,6 @@ INSTANCE_PREFIX = "paddock-"
 STDERR_TAIL_BYTES = 4096
 OVERLAY_CREATE_TIMEOUT_S = 120.0
 INSTANCE_TIMEOUT_S = 120.0
-EXIT_TIMEOUT = 124
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HOSTNAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -318,8 +325,8 @@ def apptainer_available(binary: str = "apptainer") -> str | None:
     return None
 
 
-class ApptainerRuntime:
-    """Creates Apptainer-backed sandboxes; the same create(spec) shape as SandboxRuntime."""
+class ApptainerRuntime(warmpool.PooledBackend, SandboxBackend):
+    """Creates Apptainer-backed sandboxes: the native SandboxRuntime's interface."""
 
     def __init__(self, cfg: ApptainerConfig | None = None):
         self.cfg = cfg or ApptainerConfig()
@@ -327,24 +334,32 @@ class ApptainerRuntime:
         self.workdir = Path(self.cfg.workdir or tempfile.mkdtemp(prefix="paddock-apptainer-"))
         self._ids = itertools.count(1)
         self._lower_cache: dict[tuple[str, str], Path] = {}
+        self._lock = threading.Lock()   # the warm pools
+        self._init_pools()
 
     def start(self) -> "ApptainerRuntime":
         if (why := apptainer_available(self.cfg.binary)) is not None:
             raise SandboxError(why)
         return self
 
-    def __enter__(self) -> "ApptainerRuntime":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
+        self._stop_pools()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def caps_report(self) -> dict:
+        """Caps are apptainer's cgroup flags (when `cgroup_limits`), nofile a prlimit, disk the
+        overlay image's size (or apptainer.conf's sessiondir size for tmpfs)."""
+        cgroup = "apptainer --memory/--pids-limit/--cpus" if self.cfg.cgroup_limits else None
+        caps = {cap: cgroup for cap in cgroups.CAPS}
+        return {"caps": caps, "mode": "apptainer-cgroups" if cgroup else "none",
+                "degraded": [cap for cap, how in caps.items() if not how],
+                "isolation": self.cfg.isolation, "writable": self.cfg.writable}
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Nothing to wait for: `destroy` returns once `instance stop` has stopped the instance."""
+
     def create(self, spec: SandboxSpec) -> "ApptainerSandbox":
-        from layers import sif  # refuses foreign-arch, corrupt and non-SIF files
         try:
             sif.check_arch(spec.image)
         except (sif.SifError, OSError) as exc:
@@ -370,7 +385,6 @@ class ApptainerRuntime:
         """The image's files under `prefix`, extracted once per (image, prefix)."""
         key = (str(image), prefix)
         if key not in self._lower_cache:
-            from layers import sif
             offset = sif.read_sif(image).primary_partition_offset
             dest = self.workdir / f"lower-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
             argv = ["unsquashfs", "-no-xattrs", "-quiet", "-no-progress", "-o", str(offset),
@@ -383,15 +397,20 @@ class ApptainerRuntime:
 
 
 @dataclass
-class ApptainerSandbox:
+class ApptainerSandbox(SandboxHandle):
     runtime: ApptainerRuntime
     name: str
     spec: SandboxSpec
     overlay: str | None
     destroyed: bool = field(default=False)
 
+    def _check_live(self) -> None:
+        if self.destroyed:
+            raise SandboxError(f"sandbox {self.name} is destroyed")
+
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float = 30.0,
              cwd: str = "/work", env: dict | None = None, output_cap: int = 65536) -> ExecResult:
+        self._check_live()
         cmd = instance_exec_argv(self.name, argv, self.runtime.cfg, cwd=cwd, env=env)
         start = time.monotonic()
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -442,6 +461,7 @@ class ApptainerSandbox:
 
     def apply(self, changes: "list[Change] | bytes") -> None:
         """Apply a `diff()` (or `diff_archive()`) of either backend, in order."""
+        self._check_live()
         if isinstance(changes, (bytes, bytearray)):
             changes = tar_to_changes(bytes(changes))
         for c in changes:
@@ -466,9 +486,3 @@ class ApptainerSandbox:
         finally:
             if self.overlay:
                 Path(self.overlay).unlink(missing_ok=True)
-
-    def __enter__(self) -> "ApptainerSandbox":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.destroy()

@@ -21,11 +21,12 @@ its own session with an output cap and a wall-clock kill; with an egress socket 
 File operations (`handle_op`: write, read, diff, apply) run in a short-lived fork of the node
 init that entered the sandbox's mount namespace. Replies from the init are untrusted data (the
 workload shares its uid): the agent checks their shape and size (`checked_exec_reply`).
-Standard library and nodeagent.{nsutil,framing} only.
+Standard library and nodeagent.sandbox.{nsutil,framing} only.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -466,7 +467,6 @@ def _xattr(path: str, name: str) -> bytes | None:
 
 def apply_changes(root: str, changes: list[dict], base: int) -> None:
     """Replay another sandbox's diff into this merged tree; everything is owned by the agent."""
-    import shutil
     for c in changes:
         path, kind = c["path"], c["kind"]
         if kind not in ("added", "modified", "deleted", "symlink", "dir"):

@@ -9,6 +9,10 @@ caller). A
 handed-out sandbox belongs to the caller, who destroys it after use; sandboxes are never
 returned to the pool. `stop()` destroys what is still waiting.
 
+`PooledBackend` gives a backend `pool(spec, target)` and `acquire(spec)` over its own `create`:
+one pool per spec shape (image, limits, hostname, egress), and a handout for the very spec object
+a pool was made with that builds no key. Both backends mix it in.
+
 Imports only the standard library; the runtime is passed in.
 """
 from __future__ import annotations
@@ -105,3 +109,52 @@ class WarmPool:
             self._thread.join(timeout=30)
         while self._ready:
             self._ready.popleft().destroy()
+
+
+def pool_key(spec) -> tuple:
+    return (str(spec.image), tuple(sorted(spec.limits.items())), spec.hostname, spec.egress_socket)
+
+
+class PooledBackend:
+    """Warm pools for a backend that has `create(spec)`, a `_lock` and called `_init_pools()`."""
+
+    _lock: threading.Lock
+
+    def _init_pools(self) -> None:
+        self._pools: dict[tuple, WarmPool] = {}
+        # id(spec) -> (spec, pool) for the spec object a pool was made with: a handout for it
+        # builds no key (allocates nothing the collector tracks, so it never triggers a collection)
+        self._pool_of_spec: dict[int, tuple] = {}
+
+    def pool(self, spec, target: int) -> WarmPool:
+        """Keep `target` ready sandboxes of `spec` (started in the background); see `acquire`."""
+        with self._lock:
+            p = self._pools.get(pool_key(spec))
+            if p is None:
+                p = self._pools[pool_key(spec)] = WarmPool(self, spec, target).start()
+            else:
+                p.set_target(target)
+            self._pool_of_spec[id(spec)] = (spec, p)
+        return p
+
+    def acquire(self, spec, timeout_s: float = 30.0):
+        """A ready sandbox from the pool of `spec` if one exists, else a fresh one. Use once."""
+        known = self._pool_of_spec.get(id(spec))
+        p = known[1] if known is not None and known[0] is spec else self._pools.get(pool_key(spec))
+        if p is not None:
+            sb = p.take()
+            if sb is not None:
+                if spec.files:
+                    sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
+                return sb
+        return self.create(spec)
+
+    def reap_images(self) -> list[str]:
+        """What an idle pool calls: a backend with image mounts unmounts unused ones."""
+        return []
+
+    def _stop_pools(self) -> None:
+        self._pool_of_spec.clear()
+        for p in list(self._pools.values()):
+            p.stop()
+        self._pools.clear()

@@ -1,7 +1,9 @@
 """The node's namespace holder: one long-lived user + mount + PID namespace per node agent.
 
 Started by `nodeagent.sandbox.runtime.SandboxRuntime` as `python -m nodeagent.sandbox.zygote --ctl-fd N
---state DIR`. Stage 1 unshares a user and mount namespace and waits while the agent writes its
+--state DIR --init-fd N --spares-fd N [--fuse-shim-fd N]`: an INTERNAL entry point, not a user
+command (users go through `paddock`); its fixed flags are read by `parse_args`, no argparse.
+Stage 1 unshares a user and mount namespace and waits while the agent writes its
 subordinate-id mapping (`0 <subuid base> <count>`), becomes root of that namespace, unshares a
 PID namespace and forks stage 2, the node init, which:
 
@@ -20,11 +22,11 @@ Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the ke
 every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
 namespace, with its mounts and tmpfs, disappears. Nothing outlives the agent.
 
-Imports only the standard library and nodeagent.{nsutil,framing,sbxinit,seccomp}.
+Imports only the standard library and nodeagent.sandbox.{nsutil,framing,sbxinit,seccomp}. Must not
+import: zmq, controller.*, nodeagent.agent, nodeagent.harness, nodeagent.verifier.
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import select
@@ -491,17 +493,28 @@ def _kill_and_wait(pid: int, pidfd: int | None, timeout_s: float) -> bool:
             os.close(pidfd)
 
 
+# The holder's fixed flags: flag -> (type, default; None = required). Only SandboxRuntime passes them.
+FLAGS = {"--ctl-fd": (int, None), "--state": (str, None), "--init-fd": (int, None),
+         "--spares-fd": (int, None), "--fuse-shim-fd": (int, -1)}
+
+
+def parse_args(argv: list[str]) -> dict:
+    """`--flag value` pairs of FLAGS -> {"ctl_fd": 5, "state": "/tmp/...", ...}; a wrong command
+    line is the runtime's bug: SystemExit naming it (the runtime reports the holder's stderr)."""
+    given = dict(zip(argv[0::2], argv[1::2]))
+    unknown = sorted(set(given) - set(FLAGS))
+    missing = sorted(f for f, (_, default) in FLAGS.items() if default is None and f not in given)
+    if len(argv) % 2 or unknown or missing:
+        raise SystemExit(f"nodeagent.sandbox.zygote (internal; started by SandboxRuntime): bad command line "
+                         f"{argv!r}: unknown {unknown}, missing {missing}; flags: {' '.join(FLAGS)}")
+    return {f[2:].replace("-", "_"): kind(given.get(f, default)) for f, (kind, default) in FLAGS.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="nodeagent.sandbox.zygote")
-    ap.add_argument("--ctl-fd", type=int, required=True)
-    ap.add_argument("--state", required=True)
-    ap.add_argument("--init-fd", type=int, required=True)
-    ap.add_argument("--spares-fd", type=int, required=True)
-    ap.add_argument("--fuse-shim-fd", type=int, default=-1)
-    args = ap.parse_args(argv)
-    if args.fuse_shim_fd >= 0:
-        os.set_inheritable(args.fuse_shim_fd, False)   # only the squashfuse daemons get it
-    ctl = socket.socket(fileno=args.ctl_fd)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args["fuse_shim_fd"] >= 0:
+        os.set_inheritable(args["fuse_shim_fd"], False)   # only the squashfuse daemons get it
+    ctl = socket.socket(fileno=args["ctl_fd"])
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     nsutil.unshare(nsutil.CLONE_NEWUSER | nsutil.CLONE_NEWNS)
     framing.send_msg(ctl, {"stage": "unshared", "pid": os.getpid()})
@@ -521,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         _, status = os.waitpid(pid, 0)
         return os.waitstatus_to_exitcode(status)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
-    node = NodeInit(ctl, args.state, args.init_fd, socket.socket(fileno=args.spares_fd), args.fuse_shim_fd)
+    node = NodeInit(ctl, args["state"], args["init_fd"], socket.socket(fileno=args["spares_fd"]),
+                    args["fuse_shim_fd"])
     try:
         node.setup()
     except OSError as exc:

@@ -1,5 +1,5 @@
-"""Fixtures of the sandbox suite: a tiny squashfs image with a world-writable tree (so deletions
-in the lower layer, i.e. whiteouts, can be exercised) and helpers."""
+"""Fixtures of the sandbox suite: a tiny image with a world-writable tree (so deletions in the
+lower layer, i.e. whiteouts, can be exercised), as a raw squashfs and as a SIF file."""
 from __future__ import annotations
 
 import os
@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from layers import build
 
-@pytest.fixture(scope="session")
-def rw_image():
-    """A raw squashfs: busybox + /data (mode 0777) holding files, a subdir and a symlink."""
-    base = Path(tempfile.mkdtemp(prefix="paddock-rwimg-", dir="/tmp"))   # reachable by subuids
-    os.chmod(base, 0o755)
-    root = base / "root"
+
+def _rw_tree(root: Path) -> None:
+    """busybox + /data (mode 0777) holding files, a subdir and a symlink, under `root`."""
     (root / "bin").mkdir(parents=True)
     shutil.copy("/bin/busybox", root / "bin" / "busybox")
     for app in ("sh", "ls", "cat", "rm", "mkdir", "echo", "chmod", "ln", "stat", "readlink", "mv", "true"):
@@ -35,10 +33,32 @@ def rw_image():
     for p in (data / "keep.txt", data / "gone.txt", data / "sub" / "inner.txt"):
         os.chmod(p, 0o666)
     os.chmod(root / "tmp", 0o1777)
+
+
+@pytest.fixture(scope="session")
+def rw_image():
+    """A raw squashfs: busybox + /data (mode 0777) holding files, a subdir and a symlink."""
+    base = Path(tempfile.mkdtemp(prefix="paddock-rwimg-", dir="/tmp"))   # reachable by subuids
+    os.chmod(base, 0o755)
+    root = base / "root"
+    _rw_tree(root)
     img = base / "rw.sqfs"
     subprocess.run(["mksquashfs", str(root), str(img), "-all-root", "-noappend", "-quiet", "-no-progress"],
                    check=True, capture_output=True)
     os.chmod(img, 0o644)
     shutil.rmtree(root)
     yield str(img)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def rw_sif():
+    """The same tree as `rw_image`, built into a SIF file (what both backends can run)."""
+    base = Path(tempfile.mkdtemp(prefix="paddock-rwsif-", dir="/tmp"))   # reachable by subuids
+    os.chmod(base, 0o755)
+    _rw_tree(base / "root")
+    img = build.build_image(base / "root", base / "rw.sif", workdir=base)
+    os.chmod(img, 0o644)
+    shutil.rmtree(base / "root")
+    yield img
     shutil.rmtree(base, ignore_errors=True)

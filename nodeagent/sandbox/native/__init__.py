@@ -3,15 +3,18 @@
 `init_binary()` returns the path of `paddock-sbxinit-<hash>` in the cache directory
 (`$PADDOCK_NATIVE_DIR`, else `$XDG_CACHE_HOME/paddock/native`, else `~/.cache/paddock/native`),
 where `<hash>` covers the source and the compiler flags: an edited source gets a new binary,
-a stale one is never run (and is removed once the new one is in place). It is compiled into a temporary name and renamed into place, so
-concurrent first uses (several agents on a node) never see a partial file. A missing compiler
+a stale one is never run (and is removed once the new one is in place). It is compiled into a
+temporary name and renamed into place with mode 0755 (`controller.contracts.fileio.
+atomic_write_with`, whose temporary name is per process; within one process builds take turns),
+so concurrent first uses (several agents on a node, several threads) never see a partial file. A missing compiler
 is a `NativeBuildError` naming the packages to install; `scripts/setup.sh` builds it ahead.
 
 The node agent opens the binary once and hands the open file to its node holder, which execs
 it through `/proc/self/fd/N`: the sandbox's ids need no access to the cache directory.
 `fuse_shim()` builds `fuseshim.c` the same way (`paddock-fuseshim-<hash>.so`), a library the
 holder preloads into its squashfuse_ll daemons through `/proc/self/fd/N` likewise.
-Standard library only.
+Standard library and controller.contracts.fileio only. Must not import: zmq, any other part of
+controller or nodeagent.
 """
 from __future__ import annotations
 
@@ -19,8 +22,10 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
+import threading
 from pathlib import Path
+
+from controller.contracts.fileio import atomic_write_with
 
 SOURCE = Path(__file__).with_name("sbxinit.c")
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-static")   # static: a spare starts in half the CPU
@@ -28,6 +33,7 @@ CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-static")   # stati
 SHIM_SOURCE = Path(__file__).with_name("fuseshim.c")
 SHIM_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC")
 COMPILERS = ("cc", "gcc")
+_BUILD_LOCK = threading.Lock()   # one build at a time in this process (the temporary name is per process)
 
 
 class NativeBuildError(Exception):
@@ -70,27 +76,31 @@ def _built(source: Path, flags: tuple[str, ...], prefix: str, suffix: str, packa
     directory = directory or cache_dir()
     src = source.read_bytes()
     path = directory / _name(prefix, src, flags, suffix)
-    if path.is_file() and os.access(path, os.X_OK):
+    if _usable(path):
         return path
     cc = next((shutil.which(c) for c in COMPILERS if shutil.which(c)), None)
     if cc is None:
         raise NativeBuildError(f"no C compiler ({' or '.join(COMPILERS)}) to build {source}: install "
                                f"{packages} (`make setup`, or `apt-get install {packages.replace(' and ', ' ')}`)")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".build-", dir=directory)
-    os.close(fd)
-    try:
-        argv = [cc, *flags, "-o", tmp, str(source)]
-        res = subprocess.run(argv, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}; it needs {packages}): "
-                                   f"{res.stderr.strip()[-2000:]}")
-        os.chmod(tmp, 0o755)
-        os.rename(tmp, path)   # atomic: a concurrent builder's identical binary is replaced, never torn
+    with _BUILD_LOCK:
+        if _usable(path):   # another thread built it meanwhile
+            return path
+        # atomic: a concurrent builder's identical binary is replaced, never torn
+        atomic_write_with(path, lambda tmp: _compile(cc, flags, source, tmp, packages), fsync=False, mode=0o755)
         for old in directory.glob(f"{prefix}-*"):   # other versions (a runtime using one holds it open)
             if old != path:
                 old.unlink(missing_ok=True)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path
+
+
+def _usable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def _compile(cc: str, flags: tuple[str, ...], source: Path, out: Path, packages: str) -> None:
+    argv = [cc, *flags, "-o", str(out), str(source)]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise NativeBuildError(f"{' '.join(argv)} failed (exit {res.returncode}; it needs {packages}): "
+                               f"{res.stderr.strip()[-2000:]}")
