@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 
-from nodeagent.egress.proxy import EgressProxy, parse_policy
+from controller.contracts.network import parse_policy
+from nodeagent.egress.proxy import EgressProxy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tests.netns import origin_netns  # noqa: E402

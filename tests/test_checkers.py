@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.verifier import checkers
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner
 
@@ -179,15 +180,15 @@ def test_check_math_command_prints_true_or_false(capsys):
      "checker.judge.endpoint"),
 ])
 def test_bad_checker_specs_are_rejected_naming_the_field(spec, message):
-    with pytest.raises(checkers.SpecError, match=None) as exc:
-        checkers.validate_spec(spec)
+    with pytest.raises(SpecError, match=None) as exc:
+        validate_spec(spec)
     assert message in str(exc.value)
 
 
 def test_pytest_spec_must_name_files_the_task_has():
     task = {"files": {"test_a.py": ""}, "hidden": {}}
-    with pytest.raises(checkers.SpecError, match="missing from the task"):
-        checkers.validate_spec({"kind": "pytest", "tests": ["test_a.py", "test_b.py"]}, task)
+    with pytest.raises(SpecError, match="missing from the task"):
+        validate_spec({"kind": "pytest", "tests": ["test_a.py", "test_b.py"]}, task)
 
 
 # -- the judge hook against a local fake OpenAI server ------------------------------------------

@@ -17,8 +17,9 @@ import pytest
 
 from tests.netns import origin_netns
 
-from nodeagent.egress.proxy import (PUBLIC, EgressProxy, HostError, PolicyError, decide, normalize_host,
-                              parse_policy, parse_sni)
+from controller.contracts.network import HostError, PolicyError, normalize_host, parse_policy
+from nodeagent.egress.policy import PUBLIC, decide, parse_sni
+from nodeagent.egress.proxy import EgressProxy
 
 NET = 200 + os.getpid() % 50
 HOST_ADDR, ORIGIN_ADDR = f"10.231.{NET}.1", f"10.231.{NET}.2"
@@ -361,7 +362,7 @@ def test_socket_dirs_of_a_killed_node_agent_are_swept_and_live_ones_kept(tmp_pat
     import subprocess
     import sys
     from nodeagent.egress import proxy as egress
-    child = ("import sys\nfrom nodeagent import egress\n"
+    child = ("import sys\nfrom nodeagent.egress import proxy as egress\n"
              f"d, _ = egress._own_socket_dir({str(tmp_path)!r})\n"
              "print(d, flush=True)\nsys.stdin.read()\n")
     procs = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -17,7 +17,9 @@ import pytest
 
 from controller.taskbank.builtin import builtin_taskset
 from controller.demo.policy_server import PolicyServer
-from nodeagent.harness.loop import Budgets, BudgetError, ModelError, ModelTimeout, run_agent
+from controller.contracts.tasks import BudgetError, Budgets
+from nodeagent.harness.loop import run_agent
+from nodeagent.harness.model import ModelError, ModelTimeout
 from nodeagent.sandbox.runtime import SandboxSpec
 
 pytestmark = pytest.mark.sandbox

@@ -9,7 +9,7 @@ import pytest
 from controller.analysis.query import connect
 from controller.analysis.replay import ReplayError, ReplayModel, load, replay
 from controller.demo.localrun import RunConfig, run_local
-from nodeagent.harness.loop import ModelError
+from nodeagent.harness.model import ModelError
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from nodeagent.sandbox.runtime import SandboxSpec
-from nodeagent.harness.tools import ALL_TOOLS, MAX_ARGUMENT_BYTES, Toolbox, ToolSetError, definitions, tool_set
+from controller.contracts.tools import ALL_TOOLS, ToolSetError, definitions, tool_set
+from nodeagent.harness.tools import MAX_ARGUMENT_BYTES, Toolbox
 
 pytestmark = pytest.mark.sandbox
 

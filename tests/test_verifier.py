@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -156,10 +157,14 @@ def test_asserts_are_rewritten_to_strict_equality():
     assert src.index("__future__") < src.index("paddock_grader")
 
 
+def test_the_grader_shipped_into_the_sandbox_is_the_grader_plugin_source_file():
+    from nodeagent.verifier import grader_plugin
+    system, _tests = verifier._checker_files(task_dict(), task_dict()["checker"])
+    assert system[verifier.GRADER_PATH] == Path(grader_plugin.__file__).read_bytes()
+
+
 def test_strict_eq_refuses_objects_that_equal_everything():
-    ns: dict = {}
-    exec(verifier.GRADER_SOURCE.split("class _Plugin")[0], ns)   # the grader's strict_eq, as shipped
-    strict_eq = ns["strict_eq"]
+    from nodeagent.verifier.grader_plugin import strict_eq     # the grader's strict_eq, as shipped
 
     class Any_:
         def __eq__(self, other):

@@ -83,14 +83,14 @@ def _calls(row: dict) -> list[dict]:
 
 
 class ReplayModel:
-    """A `nodeagent.harness.loop.Model` that answers with a recorded rollout's assistant messages."""
+    """A `nodeagent.harness.model.Model` that answers with a recorded rollout's assistant messages."""
 
     def __init__(self, steps: list[dict]) -> None:
         self.steps = sorted(steps, key=lambda r: r["step"])
         self.served = 0
 
     def complete(self, payload: dict, timeout_s: float) -> dict:
-        from nodeagent.harness.loop import ModelError
+        from nodeagent.harness.model import ModelError
         if self.served >= len(self.steps):
             raise ModelError(f"replay diverged: the harness asked for step {self.served} "
                              f"but only {len(self.steps)} were recorded")

@@ -1,6 +1,6 @@
 """`paddock egress check --allow HOSTS [--resolve HOST=ADDR ...] URL`: print the egress decision.
 
-Runs the node proxy's own decision (`nodeagent.egress.proxy.decide`) for one URL (`http://…`,
+Runs the node proxy's own decision (`nodeagent.egress.policy.decide`) for one URL (`http://…`,
 `https://…`) or CONNECT target (`host:port`), so an operator can see why a task's request is
 allowed or refused. Exit 0 allowed, 1 refused, 2 invalid policy or arguments.
 """
@@ -12,7 +12,8 @@ import urllib.parse
 from typing import TextIO
 
 from nodeagent.egress.proxy import node_addresses, system_resolver
-from nodeagent.egress.policy import HostError, PolicyError, decide, parse_policy, split_authority
+from controller.contracts.network import HostError, PolicyError, parse_policy
+from nodeagent.egress.policy import decide, split_authority
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from nodeagent.harness.tools import McpServer, Toolbox, ToolSetError, definitions, tool_set
+from controller.contracts.tools import ToolSetError, definitions, tool_set
+from nodeagent.harness.tools import McpServer, Toolbox
 
 
 def cmd_list(args: argparse.Namespace) -> int:

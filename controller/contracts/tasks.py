@@ -21,6 +21,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from controller.contracts.checkerspec import SpecError, validate_spec
+from controller.contracts.network import PolicyError, parse_policy
+from controller.contracts.tools import ToolSetError, tool_set
+
 FAMILIES = ("python", "math", "swe")
 SPLITS = ("train", "heldout")
 CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
@@ -179,7 +183,6 @@ def validate(task: Task) -> None:
             raise TaskError(f"{where}: 'checker.tests' names files that are not in the task: {missing or tests}")
     if kind in ("math", "exact", "regex") and "answer" not in task.checker:
         raise TaskError(f"{where}: 'checker.answer' is required for checker kind {kind!r}")
-    from nodeagent.verifier.checkers import SpecError, validate_spec   # the verifier's own schema
     try:
         validate_spec(dict(task.checker), {"files": task.files, "hidden": task.hidden})
     except SpecError as exc:
@@ -188,13 +191,11 @@ def validate(task: Task) -> None:
         if path not in task.files:
             raise TaskError(f"{where}: protected path {path!r} is not a visible file")
     if task.network != "none":
-        from nodeagent.egress.policy import PolicyError, parse_policy
         try:
             parse_policy(list(task.network))
         except PolicyError as exc:
             raise TaskError(f"{where}: 'network': {exc}") from None
     if task.tools:
-        from nodeagent.harness.tools import ToolSetError, tool_set
         try:
             tool_set(task.tools)
         except ToolSetError as exc:

@@ -24,8 +24,11 @@ from typing import Callable
 from nodeagent.egress import proxy as egress
 
 from nodeagent.store import writer as trajwriter
-from nodeagent.harness.loop import AgentResult, BudgetError, ModelError, run_agent
-from nodeagent.harness.tools import ToolSetError
+from controller.contracts.network import PolicyError
+from controller.contracts.tasks import BudgetError
+from controller.contracts.tools import ToolSetError
+from nodeagent.harness.loop import AgentResult, run_agent
+from nodeagent.harness.model import ModelError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, decode_task, verify
 
@@ -69,7 +72,7 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task["limits"]),
                                         files={k: as_bytes(v) for k, v in task["files"].items()},
                                         egress_socket=egress.open_for_task(task.get("network"), egress_id)))
-    except (SandboxError, egress.PolicyError) as exc:
+    except (SandboxError, PolicyError) as exc:
         infra = f"sandbox_start: {exc}"
         egress.close_for_task(egress_id)
     start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())

@@ -1,4 +1,6 @@
-"""Egress: the pure policy decision and the node-local proxy that enforces it.
+"""Egress: the pure decision (`policy`) and the node-local proxy that enforces it (`proxy`).
+What a task's `network` field means is `controller.contracts.network`.
 
-May import: controller.contracts. Must not import: zmq, nodeagent.agent.
+May import: controller.contracts, nodeagent.sandbox (the error type). Must not import: zmq,
+nodeagent.agent.
 """

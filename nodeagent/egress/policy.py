@@ -1,161 +1,30 @@
-"""The egress policy, as pure functions: hosts, allowlists, the decision, the TLS ClientHello's SNI.
+"""The egress decision, as pure functions: may this request go out, and to which address.
 
-`parse_policy(task["network"])` → `Policy`; `normalize_host`; `decide(policy, host, port,
-resolver, allowed_networks, own)` → `Decision` (allow/deny, reason, the vetted address);
-`split_authority` for request targets; `client_hello_length` / `parse_sni` for CONNECT. No
-sockets here (the resolver is passed in): `nodeagent.egress.proxy` is the proxy that does the I/O.
-See docs/egress.md. Must not import zmq or the controller.
+`decide(policy, host, port, resolver, allowed_networks, own)` → `Decision` (allow/deny, a reason
+code, the vetted address): the host is normalised and matched against the task's `Policy`
+(`controller.contracts.network`, which also parses the task's `network` field), resolved through
+the resolver passed in, and every answer must be a dialable public address (`address_allowed`:
+not loopback, link-local, multicast, unspecified, the node's own, nor outside
+`allowed_networks`). `split_authority` parses request targets; `client_hello_length` /
+`parse_sni` read a TLS ClientHello's SNI for CONNECT. No sockets here (the resolver is passed
+in): `nodeagent.egress.proxy` is the proxy that does the I/O. See docs/egress.md.
+Must not import zmq, controller.* outside contracts, nodeagent.agent.
 """
 from __future__ import annotations
 
 import ipaddress
 import logging
-import re
-import socket
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
-import idna
-from publicsuffixlist import PublicSuffixList
+from controller.contracts.network import HostError, Policy, normalize_host, registrable_domain
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PORTS = (80, 443)
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Resolver = Callable[[str, int], Sequence[str]]
-
-_PSL = PublicSuffixList(only_icann=False)   # ICANN and private sections
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
-
-
-class PolicyError(ValueError):
-    """A network policy is malformed; the message names the bad entry."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Hosts and the policy.
-
-class HostError(ValueError):
-    """A host that cannot be allowed: the first arg is the reason code."""
-
-
-def _is_ip_literal(host: str) -> bool:
-    h = host.strip("[]")
-    try:
-        ipaddress.ip_address(h)
-        return True
-    except ValueError:
-        pass
-    try:   # the legacy forms inet_aton accepts: 2130706433, 0x7f.1, 127.1, 017700000001
-        socket.inet_aton(h)
-        return True
-    except OSError:
-        return False
-
-
-def normalize_host(host: str) -> str:
-    """Lower-case A-label form without a trailing dot; HostError(reason) if it is not a DNS name."""
-    if not isinstance(host, str) or not host:
-        raise HostError("invalid_host", "empty host")
-    if "@" in host:
-        raise HostError("userinfo", f"host {host!r} carries userinfo")
-    if _is_ip_literal(host):
-        raise HostError("ip_literal", f"{host!r} is an IP literal; only names may be allowed")
-    h = host[:-1] if host.endswith(".") else host
-    if h.isascii() and "xn--" not in h.lower():
-        h = h.lower()          # UTS 46 maps plain ASCII LDH names to lower case only
-    else:
-        try:
-            h = idna.encode(h, uts46=True).decode("ascii")
-        except (idna.IDNAError, UnicodeError) as exc:
-            raise HostError("invalid_host", f"host {host!r} is not a valid IDNA name: {exc}") from None
-    labels = h.split(".")
-    if len(h) > 253 or len(labels) < 2 or not all(_LABEL.match(x) for x in labels):
-        raise HostError("invalid_host", f"host {host!r} is not a valid DNS name")
-    if labels[-1].isdigit() or _is_ip_literal(h):
-        raise HostError("ip_literal", f"{host!r} reads as an IP address")
-    return h
-
-
-@dataclass(frozen=True)
-class Rule:
-    host: str                 # normalised; for a wildcard, the part after "*."
-    wildcard: bool
-    ports: tuple[int, ...]
-    registrable: str          # the registrable domain (eTLD+1) the rule lives in
-
-    def matches(self, host: str, registrable: str | None = None) -> bool:
-        """`host` is normalised. Never a bare suffix match: the host's own registrable domain
-        must equal the rule's (so allowed.example.com.attacker.net never matches)."""
-        if (registrable if registrable is not None else _PSL.privatesuffix(host)) != self.registrable:
-            return False
-        return host.endswith("." + self.host) if self.wildcard else host == self.host
-
-
-@dataclass(frozen=True)
-class Policy:
-    rules: tuple[Rule, ...] = ()
-
-    @property
-    def none(self) -> bool:
-        return not self.rules
-
-    def describe(self) -> str:
-        return ",".join(f"{'*.' if r.wildcard else ''}{r.host}:{'|'.join(map(str, r.ports))}"
-                        for r in self.rules) or "none"
-
-
-def _parse_entry(entry: str) -> Rule:
-    if not isinstance(entry, str) or not entry.strip():
-        raise PolicyError(f"network allowlist entry {entry!r} must be a non-empty string 'host[:port|port]'")
-    text = entry.strip()
-    host, ports = text, DEFAULT_PORTS
-    if text.count(":") == 1:
-        host, port_text = text.split(":")
-        try:
-            ports = tuple(sorted({int(p) for p in port_text.split("|")}))
-        except ValueError:
-            raise PolicyError(f"network allowlist entry {entry!r}: ports must be integers joined by '|'") from None
-        if not all(0 < p < 65536 for p in ports):
-            raise PolicyError(f"network allowlist entry {entry!r}: ports must be in 1..65535")
-    elif ":" in text:
-        raise PolicyError(f"network allowlist entry {entry!r}: IP literals are not allowed")
-    wildcard = host.startswith("*.")
-    if "*" in (host[2:] if wildcard else host):
-        raise PolicyError(f"network allowlist entry {entry!r}: '*' is allowed only as a leading '*.'")
-    if wildcard and "." not in host[2:].strip("."):
-        raise PolicyError(f"network allowlist entry {entry!r} is a wildcard over the public suffix {host[2:]!r}")
-    try:
-        name = normalize_host(host[2:] if wildcard else host)
-    except HostError as exc:
-        raise PolicyError(f"network allowlist entry {entry!r}: {exc.args[1]}") from None
-    registrable = _PSL.privatesuffix(name)
-    if registrable is None:
-        kind = "a wildcard over the public suffix" if wildcard else "the public suffix"
-        raise PolicyError(f"network allowlist entry {entry!r} is {kind} {name!r}: name a registrable domain")
-    return Rule(name, wildcard, ports, registrable)
-
-
-def parse_policy(network: object) -> Policy:
-    """A task's `network` field: "none" (default), or an allowlist — a comma-separated string or a
-    list of entries `host`, `host:443`, `host:80|443`, `*.domain` (ports default to 80 and 443)."""
-    if network is None or network == "none":
-        return Policy()
-    if isinstance(network, str):
-        entries: Iterable = [e for e in network.split(",") if e.strip()]
-    elif isinstance(network, dict) and set(network) == {"allow"} and isinstance(network["allow"], list):
-        entries = network["allow"]
-    elif isinstance(network, (list, tuple)):
-        entries = network
-    else:
-        raise PolicyError(f"network policy must be 'none', a list of hosts or {{'allow': [...]}}, got {network!r}")
-    rules = tuple(_parse_entry(e) for e in entries)
-    if not rules:
-        raise PolicyError("network allowlist is empty: use 'none'")
-    return Policy(rules)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +73,7 @@ def decide(policy: Policy, host: str, port: int, resolver: Resolver,
         host = normalize_host(host)
     except HostError as exc:
         return Decision("deny", exc.args[0], raw, port)
-    registrable = _PSL.privatesuffix(host) or ""
+    registrable = registrable_domain(host) or ""
     rules = [r for r in policy.rules if r.matches(host, registrable)]
     if not rules:
         return Decision("deny", "host_not_allowed", host, port)
@@ -312,6 +181,5 @@ def parse_sni(buf: bytes) -> str | None:
     return None
 
 
-__all__ = ["DEFAULT_PORTS", "PUBLIC", "ClientHelloError", "Decision", "HostError", "Policy", "PolicyError", "Resolver",
-           "Rule", "address_allowed", "client_hello_length", "decide", "normalize_host", "parse_policy", "parse_sni",
-           "split_authority"]
+__all__ = ["PUBLIC", "Address", "ClientHelloError", "Decision", "Network", "Resolver", "address_allowed",
+           "client_hello_length", "decide", "parse_sni", "split_authority"]

@@ -11,31 +11,35 @@ the vetted address and no other, and for CONNECT checks that the TLS ClientHello
 the CONNECT host. Every decision is recorded per sandbox (`decisions(sandbox)`), and the harness
 puts them in the trajectory.
 
-The decision itself is pure and lives in `nodeagent.egress.policy` (re-exported here); this
-module is the I/O: sockets, the resolver, the node's addresses. Must not import zmq or the
-controller.
+What a task's `network` field means is `controller.contracts.network` (`parse_policy`); the
+decision itself is pure and lives in `nodeagent.egress.policy`; this module is the I/O:
+sockets, the resolver, the node's addresses, the per-process socket directory (swept when its
+owner died). Must not import zmq, controller.* outside contracts, nodeagent.agent.
 """
 from __future__ import annotations
 
+import atexit
+import fcntl
 import ipaddress
 import logging
 import os
 import re
 import selectors
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Callable, Sequence
 
 import psutil
 
-from nodeagent.egress.policy import (DEFAULT_PORTS, PUBLIC, ClientHelloError, Decision, HostError, Network,
-                                     Policy, PolicyError, Resolver, Rule, address_allowed, client_hello_length,
-                                     decide, normalize_host, parse_policy, parse_sni, split_authority)
-
+from controller.contracts.fileio import utc_now
+from controller.contracts.network import HostError, Policy, normalize_host, parse_policy
+from nodeagent.egress.policy import (PUBLIC, ClientHelloError, Decision, Network, Resolver, client_hello_length,
+                                     decide, parse_sni, split_authority)
 from nodeagent.sandbox.runtime import SandboxError
 
 log = logging.getLogger(__name__)
@@ -80,10 +84,6 @@ def node_addresses(clock: Callable[[], float] = time.monotonic) -> frozenset[str
 
 # ---------------------------------------------------------------------------------------------
 # The proxy (I/O).
-
-def _utc() -> datetime:
-    return datetime.now(timezone.utc)
-
 
 class _BadRequest(Exception):
     pass
@@ -202,7 +202,7 @@ class EgressProxy:
 
     def _record(self, sandbox: str, box: _Sandbox, d: Decision, reason: str | None = None) -> None:
         row = {"sandbox": sandbox, "host": d.host, "port": d.port, "address": d.address,
-               "verdict": d.verdict if reason is None else "deny", "reason": reason or d.reason, "ts": _utc()}
+               "verdict": d.verdict if reason is None else "deny", "reason": reason or d.reason, "ts": utc_now()}
         log.info("egress %s sandbox=%s host=%s port=%s address=%s reason=%s", row["verdict"], sandbox,
                  d.host, d.port, d.address, row["reason"])
         with self._lock:
@@ -398,8 +398,6 @@ def _own_socket_dir(parent: str | None = None) -> tuple[str, int]:
     """A fresh socket directory under `parent` (default: the temp dir) and the fd of its owner
     lock, held for the life of this process. Directories left by a node agent that died without
     cleaning up (SIGKILL, node reboot of a shared /tmp) are swept first: their lock is free."""
-    import fcntl
-    import tempfile
     parent = parent or tempfile.gettempdir()
     sweep_socket_dirs(parent)
     socket_dir = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=parent)
@@ -412,8 +410,6 @@ def sweep_socket_dirs(parent: str) -> list[str]:
     """Remove the socket directories under `parent` whose owner lock no process holds; returns
     their paths. A directory without an owner lock (another tool's, or one being created) is
     left alone."""
-    import fcntl
-    import shutil
     swept = []
     try:
         names = [n for n in os.listdir(parent) if n.startswith(SOCKET_DIR_PREFIX)]
@@ -445,8 +441,6 @@ def node_proxy(socket_dir: str | None = None) -> EgressProxy:
     global _node_proxy
     with _node_lock:
         if _node_proxy is None:
-            import atexit
-            import shutil
             own_dir = socket_dir is None
             if own_dir:
                 socket_dir, lock_fd = _own_socket_dir()
@@ -472,7 +466,8 @@ def set_node_proxy(proxy: EgressProxy | None) -> EgressProxy | None:
 
 def open_for_task(network: object, sandbox: str) -> str | None:
     """The egress socket for a task's sandbox: None for network "none" (no socket, no route);
-    else the node proxy's socket for `sandbox`. PolicyError names a malformed policy."""
+    else the node proxy's socket for `sandbox`. `controller.contracts.network.PolicyError` names a
+    malformed policy."""
     policy = parse_policy(network)
     return None if policy.none else node_proxy().open(sandbox, policy)
 
@@ -485,7 +480,5 @@ def close_for_task(sandbox: str) -> list[dict]:
     return _node_proxy.close(sandbox) if _node_proxy is not None else []
 
 
-__all__ = ["DEFAULT_PORTS", "ClientHelloError", "Decision", "EgressError", "EgressProxy", "HostError", "PUBLIC", "Policy",
-           "PolicyError", "Rule", "close_for_task", "decisions_for", "open_for_task", "set_node_proxy",
-           "address_allowed", "decide", "node_addresses", "node_proxy", "normalize_host", "parse_policy",
-           "client_hello_length", "parse_sni", "sweep_socket_dirs", "system_resolver"]
+__all__ = ["EgressError", "EgressProxy", "close_for_task", "decisions_for", "node_addresses", "node_proxy",
+           "open_for_task", "set_node_proxy", "sweep_socket_dirs", "system_resolver"]

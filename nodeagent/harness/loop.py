@@ -1,7 +1,7 @@
 """The agent loop: an OpenAI-compatible chat-completions endpoint ⇄ tool calls in a sandbox.
 
-The model sees the task's instruction and the task's tool set (`nodeagent.harness.tools`). Every tool
-call is validated against its JSON Schema before it runs; an invalid call becomes an error
+The model sees the task's instruction and the task's tool set (`nodeagent.harness.tools`; the
+names and schemas are `controller.contracts.tools`). Every tool call is validated against its JSON Schema before it runs; an invalid call becomes an error
 observation for the model, never a crash. Budgets (`Budgets`): steps, wall seconds — enforced
 also during a model call, whose timeout is the remaining budget —, tokens and observation bytes.
 Each assistant message is one step row (the `steps` table); each model call and tool call is
@@ -12,42 +12,29 @@ answer within `model_timeout_s` while budget remains raises `ModelError`: an inf
 failure (the rollout is retried), never a reward of 0. Running out of the wall budget is the
 policy's own fault (`stop_reason = "wall_time"`).
 
-The model is behind the `Model` seam: `HTTPModel` speaks the wire format; `replay` feeds a
-recorded rollout's outputs back instead. Must not import zmq or the controller.
+The model is behind the `Model` seam (`nodeagent.harness.model`): `HTTPModel` speaks the wire
+format; `replay` feeds a recorded rollout's outputs back instead. Must not import zmq,
+controller.* outside contracts, nodeagent.agent or nodeagent.verifier.
 """
 from __future__ import annotations
 
-import http.client
 import json
-import re
-import socket
-import threading
 import time
-import urllib.parse
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
-from controller.contracts.tasks import BudgetError, Budgets
-from nodeagent.sandbox.runtime import Sandbox, SandboxError
-from nodeagent.harness.tools import ALL_TOOLS, Toolbox, ToolResult, definitions
+from controller.contracts.fileio import utc_now
+from controller.contracts.tasks import Budgets
+from nodeagent.harness.model import MODEL_TIMEOUT_S, ContextLengthExceeded, HTTPModel, Model, ModelError, ModelTimeout
+from nodeagent.harness.tools import Toolbox, ToolResult
+from nodeagent.sandbox.runtime import Sandbox
 
 SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your files are in /work. "
                  "Use the tools to inspect and change files and run commands. When you are done, "
                  "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
 
-TOOLS = definitions(ALL_TOOLS)
 TOOL_TIMEOUT_S = 20.0
-MODEL_TIMEOUT_S = 60.0
-MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
-
-
-class ModelError(Exception):
-    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure.
-    Raised out of `run_agent`, it carries the steps and spans recorded so far in `.result`."""
-
-    result: "AgentResult | None" = None
 
 
 @dataclass
@@ -65,129 +52,6 @@ class AgentResult:
     spans: list[dict] = field(default_factory=list)
     egress: list[dict] = field(default_factory=list)
 
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-# ---------------------------------------------------------------------------------------------
-# The model seam.
-
-class Model(Protocol):
-    def complete(self, payload: dict, timeout_s: float) -> dict:
-        """One chat completion (already validated by `check_reply`), or ModelError/TimeoutError."""
-
-
-class ModelTimeout(ModelError):
-    """No complete answer within the request's timeout."""
-
-
-class ContextLengthExceeded(ModelError):
-    """The server refused the conversation as longer than the model's context (HTTP 400): the
-    policy's own budget ran out, not an infrastructure failure."""
-
-
-_CONTEXT_LENGTH = re.compile(rb"context length|context window|maximum context|too many tokens|"
-                             rb"prompt is too long|context_length_exceeded", re.I)
-
-
-def check_reply(body: Any, endpoint: str) -> dict:
-    """The reply's first choice, checked for the fields the harness reads; else ModelError."""
-    def bad(what: str) -> ModelError:
-        return ModelError(f"model server {endpoint} sent a malformed reply: {what}")
-    if not isinstance(body, dict):
-        raise bad(f"body is {type(body).__name__}, not an object")
-    choices = body.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise bad("no choices[0]")
-    message = choices[0].get("message")
-    if not isinstance(message, dict):
-        raise bad("choices[0].message is not an object")
-    if message.get("content") is not None and not isinstance(message["content"], str):
-        raise bad("message.content is neither a string nor null")
-    calls = message.get("tool_calls")
-    if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
-        raise bad("message.tool_calls is not an array of objects")
-    for c in calls or []:
-        if not isinstance(c.get("function"), dict):
-            raise bad("a tool call has no 'function' object")
-    usage = body.get("usage")
-    if usage is not None and not isinstance(usage, dict):
-        raise bad("usage is not an object")
-    for k in ("prompt_tokens", "completion_tokens"):
-        v = (usage or {}).get(k, 0)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise bad(f"usage.{k} is not a non-negative integer")
-    return choices[0]
-
-
-class HTTPModel:
-    """An OpenAI-compatible endpoint (`.../v1`). The whole request — connect, send, headers,
-    body — must finish within `timeout_s`: a watchdog shuts the socket at the deadline, so a
-    server that trickles bytes cannot hold a rollout past its budget."""
-
-    def __init__(self, endpoint: str, clock: Callable[[], float] = time.monotonic) -> None:
-        u = urllib.parse.urlsplit(endpoint)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ModelError(f"model endpoint {endpoint!r} is not an http(s) URL")
-        self.endpoint, self._u, self._clock = endpoint, u, clock
-
-    def complete(self, payload: dict, timeout_s: float) -> dict:
-        if timeout_s <= 0:
-            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
-        u = self._u
-        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-        conn = conn_cls(u.hostname, u.port, timeout=timeout_s)
-        expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        watchdog = threading.Timer(timeout_s, expire)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            conn.request("POST", u.path.rstrip("/") + "/chat/completions", body=json.dumps(payload).encode(),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            raw = resp.read(MAX_RESPONSE_BYTES + 1)
-            status = resp.status
-        except (OSError, http.client.HTTPException) as exc:
-            if expired.is_set() or isinstance(exc, TimeoutError):
-                raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
-            raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
-        finally:
-            watchdog.cancel()
-            conn.close()
-        if expired.is_set():
-            raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
-        if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
-            raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
-                                        f"context: {raw[:300].decode(errors='replace')}")
-        if status != 200:
-            raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
-                             f"{raw[:300].decode(errors='replace')}")
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise ModelError(f"model server {self.endpoint} sent a body that is not JSON: {exc}") from None
-        check_reply(body, self.endpoint)
-        return body
-
-
-def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> dict:
-    return HTTPModel(endpoint).complete(payload, timeout_s)
-
-
-# ---------------------------------------------------------------------------------------------
-# The loop.
 
 def _assistant_message(message: dict) -> dict:
     out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
@@ -247,7 +111,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     if remaining <= 0:
         res.stop_reason = "wall_time"
         return False
-    started, m0 = _now(), clock()
+    started, m0 = utc_now(), clock()
     payload = {"model": model, "messages": messages, "tools": toolbox.definitions(), "seed": seed,
                "logprobs": True,
                "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
@@ -286,8 +150,22 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         res.answer = message.get("content") or ""
         res.stop_reason = "stop"
         return False
-    observations, truncated, first_code = [], False, None
     t_tool = clock()
+    observations, truncated, first_code = _run_calls(res, step, calls, toolbox, messages, clock, origin, deadline)
+    row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+               observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
+               tool_s=clock() - t_tool, wall_s=clock() - m0)
+    if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
+        res.stop_reason = "tokens"
+        return False
+    return True
+
+
+def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],
+               clock, origin: float, deadline: float) -> tuple[list[str], bool, int | None]:
+    """Run one message's tool calls (at most MAX_CALLS_PER_STEP); (observations, any truncated,
+    the first call's exit code)."""
+    observations, truncated, first_code = [], False, None
     for i, call in enumerate(calls):
         s0 = clock()
         if i >= MAX_CALLS_PER_STEP:
@@ -304,14 +182,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         truncated = truncated or out.truncated
         observations.append(out.observation)
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": out.observation})
-    row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
-               observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
-               tool_s=clock() - t_tool, wall_s=clock() - m0)
-    if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
-        res.stop_reason = "tokens"
-        return False
-    return True
+    return observations, truncated, first_code
 
 
-__all__ = ["AgentResult", "Budgets", "BudgetError", "ContextLengthExceeded", "HTTPModel", "Model", "ModelError", "ModelTimeout",
-           "SandboxError", "TOOLS", "check_reply", "run_agent", "chat"]
+__all__ = ["AgentResult", "MAX_CALLS_PER_STEP", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S", "run_agent"]

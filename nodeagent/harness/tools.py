@@ -1,6 +1,7 @@
 """The agent's tools: shell, read_file, write_file, edit, list, search — run inside a sandbox.
 
-Each tool has a JSON Schema (`TOOL_SPECS`); `Toolbox.call(name, raw_arguments)` checks the
+The tool names, their JSON Schemas (`TOOL_SPECS`) and the task's tool set (`tool_set`) are a
+contract: `controller.contracts.tools`. `Toolbox.call(name, raw_arguments)` checks the
 name against the task's tool set, the size of the raw arguments, parses them as JSON and
 validates them against the schema *before* anything runs. Every failure a model can cause
 (unknown tool, malformed JSON, schema violation, oversized arguments, a missing file, an edit
@@ -10,7 +11,7 @@ observation the model reads, never an exception. Only infrastructure failures ra
 
 Paths are passed to commands as argv elements, never through a shell; relative paths are
 taken under /work. `McpServer` serves the same tools over MCP (JSON-RPC lines on stdio).
-Must not import zmq or the controller.
+Must not import zmq, controller.* outside contracts, nodeagent.agent or nodeagent.verifier.
 """
 from __future__ import annotations
 
@@ -18,78 +19,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-import jsonschema
-
+from controller.contracts.tools import MAX_TIMEOUT_S, TOOL_SPECS, argument_error, definitions, tool_set
 from nodeagent.sandbox.runtime import Sandbox
 
 WORKDIR = "/work"
 DEFAULT_TIMEOUT_S = 20.0
-MAX_TIMEOUT_S = 120.0
 DEFAULT_OBSERVATION_BYTES = 16384
 MAX_ARGUMENT_BYTES = 256 * 1024        # raw JSON arguments of one call
 MAX_EDIT_FILE_BYTES = 1024 * 1024      # edit reads the whole file
 MAX_LIST_ENTRIES = 500
-
-_PATH = {"type": "string", "minLength": 1, "maxLength": 4096}
-TOOL_SPECS: dict[str, dict[str, Any]] = {
-    "shell": {
-        "description": "Run a shell command (sh -c) in /work. Output (stdout then stderr) is capped.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["command"],
-                       "properties": {"command": {"type": "string", "minLength": 1},
-                                      "timeout_s": {"type": "number", "exclusiveMinimum": 0,
-                                                    "maximum": MAX_TIMEOUT_S}}}},
-    "read_file": {
-        "description": "Read a text file, optionally only lines start_line..start_line+max_lines-1.",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["path"],
-                       "properties": {"path": _PATH,
-                                      "start_line": {"type": "integer", "minimum": 1},
-                                      "max_lines": {"type": "integer", "minimum": 1}}}},
-    "write_file": {
-        "description": "Create or overwrite a text file (parent directories are created).",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["path", "content"],
-                       "properties": {"path": _PATH, "content": {"type": "string"}}}},
-    "edit": {
-        "description": ("Replace the text `old` by `new` in a file. `old` must occur exactly once, "
-                        "unless replace_all is true (then at least once)."),
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["path", "old", "new"],
-                       "properties": {"path": _PATH, "old": {"type": "string", "minLength": 1},
-                                      "new": {"type": "string"}, "replace_all": {"type": "boolean"}}}},
-    "list": {
-        "description": "List the files under a directory (default /work), up to `depth` levels.",
-        "parameters": {"type": "object", "additionalProperties": False,
-                       "properties": {"path": _PATH, "depth": {"type": "integer", "minimum": 1, "maximum": 8}}}},
-    "search": {
-        "description": "Search files under a path (default /work) for a regular expression (grep -E).",
-        "parameters": {"type": "object", "additionalProperties": False, "required": ["pattern"],
-                       "properties": {"pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
-                                      "path": _PATH, "ignore_case": {"type": "boolean"},
-                                      "fixed_strings": {"type": "boolean"}}}},
-}
-ALL_TOOLS: tuple[str, ...] = tuple(TOOL_SPECS)
-_VALIDATORS = {name: jsonschema.Draft202012Validator(spec["parameters"]) for name, spec in TOOL_SPECS.items()}
-
-
-class ToolSetError(ValueError):
-    """A task names a tool that does not exist."""
-
-
-def tool_set(names: Iterable[str] | None) -> tuple[str, ...]:
-    """The task's tool set (`task["tools"]`; None means all), validated and in canonical order."""
-    if names is None:
-        return ALL_TOOLS
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise ToolSetError(f"task tools must be a list of tool names, got {names!r}")
-    unknown = sorted(set(names) - set(ALL_TOOLS))
-    if unknown:
-        raise ToolSetError(f"unknown tool(s) {unknown} in the task's tool set; available: {list(ALL_TOOLS)}")
-    return tuple(n for n in ALL_TOOLS if n in set(names))
-
-
-def definitions(names: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """The OpenAI `tools` array for a tool set."""
-    return [{"type": "function", "function": {"name": n, "description": TOOL_SPECS[n]["description"],
-                                              "parameters": TOOL_SPECS[n]["parameters"]}}
-            for n in tool_set(names)]
 
 
 @dataclass(frozen=True)
@@ -151,10 +89,9 @@ class Toolbox:
             args = json.loads(raw_args)
         except ValueError as exc:
             return None, _refuse("malformed_json", f"arguments of {name} are not valid JSON: {exc}")
-        error = next(iter(sorted(_VALIDATORS[name].iter_errors(args), key=lambda e: list(e.path))), None)
+        error = argument_error(name, args)
         if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "arguments"
-            return None, _refuse("invalid_arguments", f"invalid arguments for {name} at {where}: {error.message}")
+            return None, _refuse("invalid_arguments", f"invalid arguments for {name} {error}")
         return args, None
 
     def call(self, name: Any, raw_args: Any, budget_s: float | None = None) -> ToolResult:
@@ -321,4 +258,4 @@ class McpServer:
                 out.flush()
 
 
-__all__ = ["ALL_TOOLS", "McpServer", "TOOL_SPECS", "ToolResult", "ToolSetError", "Toolbox", "definitions", "tool_set"]
+__all__ = ["McpServer", "ToolResult", "Toolbox"]

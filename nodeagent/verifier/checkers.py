@@ -1,21 +1,23 @@
-"""Checkers: the checker-spec schema, and answer checks (math equivalence, exact, regex, judge).
+"""Checkers: answer checks (math equivalence, exact, regex) and the LLM judge.
 
-`validate_spec(spec)` checks a task's checker spec against `CHECKER_SCHEMA` (jsonschema):
-unknown fields, a missing answer or test list raise `SpecError` naming the field.
-`math_equal(gold, pred)`: extract the final answer (\\boxed{...}, "answer:", last number),
-normalise LaTeX, compare exactly, then as numbers with a tolerance, then symbolically with
-sympy — only on expressions made of allowlisted tokens (sympify evaluates its input). These
-functions can be slow or hang on pathological input: the verifier calls them only through the
-isolated check runner (`nodeagent.verifier.checks`, `answer_verdict`), which kills them at a deadline.
-`judge_score` asks an OpenAI-compatible endpoint to grade against a rubric (off by default).
-Must not import zmq or the controller.
+The checker spec itself (schema, `validate_spec`, `SpecError`) is a contract:
+`controller.contracts.checkerspec`. `answer_verdict(kind, gold, text)` is the answer check the
+verifier runs. `math_equal(gold, pred)`: extract the final answer (\\boxed{...}, "answer:",
+last number), normalise LaTeX, compare exactly, then as numbers with a tolerance, then
+symbolically with sympy — only on expressions made of allowlisted tokens (sympify evaluates its
+input). These functions can be slow or hang on pathological input: the verifier calls them only
+through the isolated check runner (`nodeagent.verifier.checks`, `answer_verdict`), which kills
+them at a deadline. `judge_score` asks an OpenAI-compatible endpoint to grade against a rubric
+(off by default), through the harness's model client (`nodeagent.harness.model`).
+Must not import zmq, controller.* outside contracts, nodeagent.agent, nodeagent.harness.loop.
 """
 from __future__ import annotations
 
 import re
 from fractions import Fraction
 
-import jsonschema
+from controller.contracts.checkerspec import SpecError
+from nodeagent.harness.model import HTTPModel, ModelError, check_reply
 
 SYMPY_TIMEOUT_S = 5.0
 REL_TOL = 1e-6
@@ -200,72 +202,6 @@ def regex_match(pattern: str, pred_text: str | None) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Checker specs
-
-class SpecError(ValueError):
-    """A checker spec is malformed; the message names the field."""
-
-
-_JUDGE = {"type": "object", "additionalProperties": False, "required": ["endpoint", "model", "rubric"],
-          "properties": {"endpoint": {"type": "string", "pattern": "^https?://"},
-                         "model": {"type": "string", "minLength": 1},
-                         "rubric": {"type": "string", "minLength": 1},
-                         "weight": {"type": "number", "minimum": 0, "maximum": 1},
-                         "timeout_s": {"type": "number", "exclusiveMinimum": 0}}}
-_COMMON = {"timeout_s": {"type": "number", "exclusiveMinimum": 0}, "judge": _JUDGE}
-_STR_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
-
-
-def _kind(name: str, required: list[str], props: dict) -> dict:
-    return {"type": "object", "additionalProperties": False, "required": ["kind", *required],
-            "properties": {"kind": {"const": name}, **_COMMON, **props}}
-
-
-CHECKER_SCHEMA = {"oneOf": [
-    _kind("pytest", ["tests"], {"tests": {**_STR_LIST, "minItems": 1}, "support": _STR_LIST,
-                                "fail_to_pass": _STR_LIST, "pass_to_pass": _STR_LIST,
-                                "strict_eq": {"type": "boolean"}}),
-    _kind("math", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
-    _kind("exact", ["answer"], {"answer": {"type": "string"}}),
-    _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
-    _kind("command", ["argv"], {"argv": {**_STR_LIST, "minItems": 1}, "cwd": {"type": "string"},
-                                "pass_exit_codes": {"type": "array", "items": {"type": "integer"}}}),
-]}
-KINDS = ("pytest", "math", "exact", "regex", "command")
-
-
-def validate_spec(spec, task: dict | None = None) -> dict:
-    """Return `spec` if it is a valid checker spec (and consistent with `task`), else SpecError."""
-    if not spec:
-        raise SpecError("task has no checker")
-    if not isinstance(spec, dict):
-        raise SpecError(f"checker must be an object, got {type(spec).__name__}")
-    if spec.get("kind") not in KINDS:
-        raise SpecError(f"checker.kind must be one of {KINDS}, got {spec.get('kind')!r}")
-    schema = next(s for s in CHECKER_SCHEMA["oneOf"] if s["properties"]["kind"]["const"] == spec["kind"])
-    unknown = sorted(set(spec) - set(schema["properties"]))
-    if unknown:
-        raise SpecError(f"checker has unknown field(s) {unknown}; valid for kind {spec['kind']!r}: "
-                        f"{sorted(schema['properties'])}")
-    try:
-        jsonschema.validate(spec, schema)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise SpecError(f"checker.{where}: {exc.message}") from None
-    if spec["kind"] == "regex":
-        try:
-            re.compile(spec["answer"])
-        except re.error as exc:
-            raise SpecError(f"checker.answer is not a valid regular expression: {exc}") from None
-    if task is not None and spec["kind"] == "pytest":
-        have = set(task.get("hidden", {})) | set(task.get("files", {}))
-        missing = [f for f in list(spec["tests"]) + list(spec.get("support", ())) if f not in have]
-        if missing:
-            raise SpecError(f"checker names files missing from the task's hidden and visible files: {missing}")
-    return spec
-
-
-# ---------------------------------------------------------------------------------------------
 # The judge hook
 
 class JudgeError(Exception):
@@ -280,7 +216,6 @@ _SCORE = re.compile(r"SCORE:\s*([01](?:\.\d+)?)\s*$", re.MULTILINE)
 
 def judge_score(judge: dict, instruction: str, answer: str, diff: str) -> tuple[float, str]:
     """(score in [0, 1], the judge's text) from an OpenAI-compatible chat endpoint."""
-    from nodeagent.harness.loop import HTTPModel, ModelError, check_reply
     payload = {"model": judge["model"], "temperature": 0, "messages": [
         {"role": "user", "content": JUDGE_PROMPT.format(rubric=judge["rubric"], instruction=instruction[:4000],
                                                         answer=answer[:4000], diff=diff[:16000])}]}

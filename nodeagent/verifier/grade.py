@@ -2,17 +2,18 @@
 
 `verify(runtime, image, task, changes, answer)` grades one finished rollout:
 
-1. The task's checker spec is validated (`checkers.validate_spec`): a malformed spec is the
-   task's fault, an infra error naming the field, never a score.
+1. The task's checker spec is validated (`controller.contracts.checkerspec.validate_spec`): a
+   malformed spec is the task's fault, an infra error naming the field, never a score.
 2. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
    is tampering (reward 0).
 3. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
    same image: the task's visible files, then the agent's captured changes, then — only now —
    the test files, read-only under `/verifier/tests` (owned outside the sandbox's id slice: the
-   workload cannot write, rename or delete them). The in-sandbox grader (`GRADER_SOURCE`)
-   runs as the sandbox's root, makes a 0700 report directory, and runs pytest as another uid
-   (`GRADER_UID`) that can write neither `/work`, `/verifier` nor that directory; pytest events
-   reach the grader through an inherited pipe, and the grader writes the report. Results come
+   workload cannot write, rename or delete them). The in-sandbox grader (`grader_plugin.py` of
+   this package, shipped as `GRADER_PATH`) runs as the sandbox's root, makes a 0700 report
+   directory, and runs pytest as another uid (`GRADER_UID`) that can write neither `/work`,
+   `/verifier` nor that directory; pytest events reach the grader through an inherited pipe,
+   signed, and the grader writes the report. Results come
    from that report — never from stdout. Test asserts `a == b` are rewritten to `strict_eq`, so
    an object whose `__eq__` always says True cannot pass.
 4. Answer checks (math, exact, regex) run on the host in the isolated check runner
@@ -21,7 +22,11 @@
 
 Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
 `VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
-rollout is `infra_error`: reward NULL, masked). Must not import zmq or the controller.
+rollout is `infra_error`: reward NULL, masked).
+
+`VERIFIER_VERSION` hashes every source that decides a verdict (see `_version`); trajectories
+record it. Must not import zmq, controller.* outside contracts, nodeagent.agent,
+nodeagent.harness.loop.
 """
 from __future__ import annotations
 
@@ -34,9 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from controller.contracts import checkerspec
+from controller.contracts.checkerspec import SpecError, validate_spec
+from nodeagent.harness import model as model_client
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
 from nodeagent.verifier import checkers
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
-from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
 
 CHECK_TIMEOUT_S = 60.0
 ANSWER_TIMEOUT_S = 10.0
@@ -50,247 +58,8 @@ PYTEST_INI = "[pytest]\npythonpath = /work\naddopts =\ncache_dir = /tmp/.pytest_
 PYTEST_ARGS = ("-q", "-p", "no:cacheprovider", "-c", "/verifier/tests/pytest.ini", "--rootdir", TESTS_DIR,
                "--confcutdir", TESTS_DIR, "-o", "console_output_style=classic")
 
-GRADER_SOURCE = r'''"""Paddock's in-sandbox pytest grader (installed read-only at /verifier/paddock_grader.py).
-
-Parent (sandbox root): makes a 0700 report directory, makes the tests directory 0711 (its
-files are 0400, owned by the sandbox root), reads the test sources, forks the child, reads the
-child's result events from a pipe and writes report.json. It never imports the code under
-test. Child: drops to an unprivileged uid (cannot read the test files, nor write /work,
-/verifier or the report directory), then runs pytest with this module as its only plugin;
-test modules are compiled from the sources read before the drop.
-"""
-import builtins
-import hashlib
-import hmac
-import importlib.abc
-import importlib.util
-import json
-import os
-import select
-import signal
-import sys
-
-_write, _getpid, _exit = os.write, os.getpid, os._exit
-MAX_EVENTS_BYTES = 1 << 20
-REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
-
-
-def _mac(key, seq, body):
-    return hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()[:32]
-
-
-def parent(argv):
-    uid, report_dir, tests_dir, args = int(argv[0]), argv[1], argv[2], argv[3:]
-    os.mkdir(report_dir, 0o700)
-    report_fd = os.open(os.path.join(report_dir, "report.json.tmp"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.posix_fallocate(report_fd, 0, REPORT_RESERVE_BYTES)
-    os.chmod(tests_dir, 0o711)
-    sources = {}
-    for base, _dirs, names in os.walk(tests_dir):
-        for name in names:
-            if name.endswith(".py"):
-                with open(os.path.join(base, name), "rb") as f:
-                    sources[os.path.join(base, name)] = f.read()
-    key = os.urandom(32)        # signs every event: lines written by anything else are forged
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            os.close(report_fd)
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            os.environ.clear()
-            os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
-                               "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
-            sys.modules["paddock_grader"] = sys.modules[__name__]
-            child(w, key, sources, args)
-        except BaseException as exc:
-            os.write(2, f"paddock grader: cannot run pytest: {exc!r}\n".encode())
-        _exit(127)
-    os.close(w)
-    data, status = bytearray(), None
-    while True:
-        if status is None:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            status = st if got else None
-        ready, _, _ = select.select([r], [], [], 0.05)
-        if not ready:
-            if status is not None:
-                break           # pytest exited; strays that hold the pipe do not keep us waiting
-            continue
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        if len(data) < MAX_EVENTS_BYTES:
-            data += chunk[:MAX_EVENTS_BYTES - len(data)]
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-    try:
-        os.kill(-1, signal.SIGKILL)     # whatever the code under test left running
-    except ProcessLookupError:
-        pass
-    events, bad, forged, seq = [], 0, 0, 0
-    for line in bytes(data).decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-            body = json.dumps(rec["ev"], sort_keys=True)
-        except (ValueError, KeyError, TypeError):
-            bad += 1
-            continue
-        if not isinstance(rec["ev"], dict) or not hmac.compare_digest(str(rec.get("mac")), _mac(key, seq, body)):
-            forged += 1
-            continue
-        events.append(rec["ev"])
-        seq += 1
-    report = {"grader": 1, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
-              "malformed_lines": bad, "forged_lines": forged, "truncated": len(data) >= MAX_EVENTS_BYTES}
-    data = json.dumps(report).encode()
-    if len(data) > REPORT_RESERVE_BYTES:
-        report.update(events=[], truncated=True)
-        data = json.dumps(report).encode()
-    os.pwrite(report_fd, data, 0)           # into space allocated before the child ran
-    os.ftruncate(report_fd, len(data))
-    os.close(report_fd)
-    os.rename(os.path.join(report_dir, "report.json.tmp"), os.path.join(report_dir, "report.json"))
-    return 0
-
-
-def strict_eq(a, b):
-    """`==` that an object overriding __eq__ cannot fake: builtin types compared structurally."""
-    num = (int, float, complex)
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if type(a) in num and type(b) in num:
-        return a == b
-    if type(a) is not type(b):
-        return False
-    if type(a) in (list, tuple):
-        return len(a) == len(b) and all(strict_eq(x, y) for x, y in zip(a, b))
-    if type(a) is dict:
-        return a.keys() == b.keys() and all(strict_eq(a[k], b[k]) for k in a)
-    if type(a) in (str, bytes, set, frozenset, type(None), range):
-        return a == b
-    return bool(a == b) and bool(b == a)
-
-
-class _Plugin:
-    def __init__(self, fd, key):
-        self.fd = fd
-        self.watch = []
-        seq = [0]
-
-        def sign(body):
-            mac = _mac(key, seq[0], body)
-            seq[0] += 1
-            return mac
-        self.sign = sign
-
-    def emit(self, **ev):
-        ev = json.loads(json.dumps(ev, default=str))
-        body = json.dumps(ev, sort_keys=True)
-        _write(self.fd, (json.dumps({"ev": ev, "mac": self.sign(body)}) + "\n").encode())
-
-    def snapshot(self):
-        import _pytest.main
-        import _pytest.python
-        import _pytest.reports
-        import _pytest.runner
-        import pluggy._callers
-        targets = [(_pytest.runner, "call_and_report"), (_pytest.runner, "runtestprotocol"),
-                   (_pytest.runner, "call_runtest_hook"), (_pytest.runner.CallInfo, "from_call"),
-                   (_pytest.runner, "pytest_runtest_makereport"), (_pytest.python.Function, "runtest"),
-                   (_pytest.python, "pytest_pyfunc_call"), (_pytest.reports.TestReport, "__init__"),
-                   (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
-                   (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
-                   (sys.modules[__name__], "strict_eq"), (_Plugin, "pytest_runtest_logreport"),
-                   (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
-                   (_MemLoader, "get_data")]
-        return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
-                 else getattr(obj, name, None)) for obj, name in targets]
-
-    def check(self):
-        changed = [name for obj, name, orig in self.watch
-                   if (obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
-                       else getattr(obj, name, None)) is not orig]
-        plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
-        foreign = [repr(p)[:80] for p in self.config.pluginmanager.get_plugins()
-                   if id(p) not in self.plugins and not str(getattr(p, "__file__", "")).startswith("/verifier/")]
-        if changed or foreign:
-            self.emit(ev="tamper", changed=changed, plugins=foreign)
-        return plugins
-
-    def pytest_configure(self, config):
-        self.config = config
-        self.watch = self.snapshot()
-        self.plugins = set()
-        self.emit(ev="start", pid=_getpid())
-
-    def pytest_collection(self, session):
-        self.plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
-        sys.meta_path.insert(0, self.finder)
-
-    def pytest_collection_finish(self, session):
-        self.check()
-        self.emit(ev="collected", ids=[i.nodeid for i in session.items])
-
-    def pytest_collectreport(self, report):
-        if report.failed:
-            self.emit(ev="collect_error", id=report.nodeid, detail=str(report.longrepr)[-1500:])
-
-    def pytest_runtest_logreport(self, report):
-        self.check()
-        if report.when == "call" or report.outcome != "passed":
-            self.emit(ev="test", id=report.nodeid, when=report.when, outcome=report.outcome,
-                      detail="" if report.passed else str(report.longrepr)[-800:])
-
-    def pytest_sessionfinish(self, session, exitstatus):
-        self.check()
-        self.emit(ev="end", exitstatus=int(exitstatus))
-
-
-class _MemLoader(importlib.abc.SourceLoader):
-    def __init__(self, path, source):
-        self.path, self.source = path, source
-
-    def get_filename(self, fullname):
-        return self.path
-
-    def get_data(self, path):
-        if path != self.path:
-            raise OSError(f"no data for {path}")
-        return self.source
-
-
-class _MemFinder(importlib.abc.MetaPathFinder):
-    """Test modules from the sources read before the privilege drop (the files are unreadable now)."""
-
-    def __init__(self, sources):
-        self.sources = sources
-
-    def find_spec(self, name, path=None, target=None):
-        leaf = name.rpartition(".")[2]
-        for d in (path or sys.path):
-            for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
-                if cand in self.sources:
-                    return importlib.util.spec_from_file_location(
-                        name, cand, loader=_MemLoader(cand, self.sources[cand]),
-                        submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
-        return None
-
-
-def child(fd, key, sources, args):
-    import pytest
-    plugin = _Plugin(fd, key)
-    del key
-    plugin.finder = _MemFinder(sources)
-    code = pytest.main(args, plugins=[plugin])
-    _exit(int(code))
-
-
-if __name__ == "__main__":
-    sys.exit(parent(sys.argv[1:]))
-'''
+GRADER_FILE = Path(__file__).with_name("grader_plugin.py")
+GRADER_SOURCE = GRADER_FILE.read_bytes()    # read once: the bytes shipped are the bytes hashed below
 
 
 class VerifierInfraError(Exception):
@@ -359,8 +128,8 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     t0 = clock()
     task = decode_task(task)
     try:
-        spec = checkers.validate_spec(task.get("checker"), task)
-    except checkers.SpecError as exc:
+        spec = validate_spec(task.get("checker"), task)
+    except SpecError as exc:
         raise VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
     checks = check_protected(task, changes)
     if any(c["verdict"] == "tampered" for c in checks):
@@ -447,7 +216,7 @@ def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, 
             text = strict_asserts(text, rel)
         tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
     system[f"{TESTS_DIR}/pytest.ini"] = PYTEST_INI.encode()
-    system[GRADER_PATH] = GRADER_SOURCE.encode()
+    system[GRADER_PATH] = GRADER_SOURCE
     return system, tests
 
 
@@ -614,11 +383,13 @@ def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer
 
 
 def _version() -> str:
-    import sys
-    from nodeagent.verifier import checks
+    """A hash of everything that decides a verdict: every source file of this package (the
+    grader plugin included), the checker-spec contract, the judge's model client, and the
+    grading constants. Any change to them is a new verifier version."""
     h = hashlib.sha256()
-    for mod in (checkers, checks, sys.modules[__name__]):
-        h.update(Path(mod.__file__).read_bytes())
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
+    for path in sources:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, INFRA_RETRIES, PYTEST_ARGS,
                          PYTEST_INI, checkers.REL_TOL, checkers.SYMPY_TIMEOUT_S]).encode())
     return "v2-" + h.hexdigest()[:16]

@@ -1,0 +1,92 @@
+"""The checker spec: what a task's `checker` field may say, and its validation.
+
+A checker spec is a JSON object with a `kind` and that kind's fields (`CHECKER_SCHEMA`, JSON
+Schema; docs/verifier.md lists them):
+- `pytest`: `tests` (files run by the grader), `support`, `fail_to_pass`, `pass_to_pass`,
+  `strict_eq`;
+- `math`, `exact`, `regex`: `answer` (the gold answer, or the pattern);
+- `command`: `argv`, `cwd`, `pass_exit_codes`;
+- every kind: `timeout_s` and an optional LLM `judge` (`endpoint`, `model`, `rubric`, `weight`,
+  `timeout_s`).
+
+`validate_spec(spec, task)` returns the spec or raises `SpecError` naming the field: an
+unknown field, a missing answer or test list, an invalid regular expression, a test file the
+task does not carry. The task bank validates a task with it when the task is made; the verifier
+validates again before it grades (a malformed spec is the task's fault: an infra error, never a
+score).
+
+A leaf of the contracts: no I/O. Must not import: zmq, sqlite3, controller.* outside
+contracts, nodeagent.
+"""
+from __future__ import annotations
+
+import re
+
+import jsonschema
+
+KINDS = ("pytest", "math", "exact", "regex", "command")
+
+
+class SpecError(ValueError):
+    """A checker spec is malformed; the message names the field."""
+
+
+_JUDGE = {"type": "object", "additionalProperties": False, "required": ["endpoint", "model", "rubric"],
+          "properties": {"endpoint": {"type": "string", "pattern": "^https?://"},
+                         "model": {"type": "string", "minLength": 1},
+                         "rubric": {"type": "string", "minLength": 1},
+                         "weight": {"type": "number", "minimum": 0, "maximum": 1},
+                         "timeout_s": {"type": "number", "exclusiveMinimum": 0}}}
+_COMMON = {"timeout_s": {"type": "number", "exclusiveMinimum": 0}, "judge": _JUDGE}
+_STR_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
+
+
+def _kind(name: str, required: list[str], props: dict) -> dict:
+    return {"type": "object", "additionalProperties": False, "required": ["kind", *required],
+            "properties": {"kind": {"const": name}, **_COMMON, **props}}
+
+
+CHECKER_SCHEMA = {"oneOf": [
+    _kind("pytest", ["tests"], {"tests": {**_STR_LIST, "minItems": 1}, "support": _STR_LIST,
+                                "fail_to_pass": _STR_LIST, "pass_to_pass": _STR_LIST,
+                                "strict_eq": {"type": "boolean"}}),
+    _kind("math", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
+    _kind("exact", ["answer"], {"answer": {"type": "string"}}),
+    _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
+    _kind("command", ["argv"], {"argv": {**_STR_LIST, "minItems": 1}, "cwd": {"type": "string"},
+                                "pass_exit_codes": {"type": "array", "items": {"type": "integer"}}}),
+]}
+
+
+def validate_spec(spec, task: dict | None = None) -> dict:
+    """Return `spec` if it is a valid checker spec (and consistent with `task`), else SpecError."""
+    if not spec:
+        raise SpecError("task has no checker")
+    if not isinstance(spec, dict):
+        raise SpecError(f"checker must be an object, got {type(spec).__name__}")
+    if spec.get("kind") not in KINDS:
+        raise SpecError(f"checker.kind must be one of {KINDS}, got {spec.get('kind')!r}")
+    schema = next(s for s in CHECKER_SCHEMA["oneOf"] if s["properties"]["kind"]["const"] == spec["kind"])
+    unknown = sorted(set(spec) - set(schema["properties"]))
+    if unknown:
+        raise SpecError(f"checker has unknown field(s) {unknown}; valid for kind {spec['kind']!r}: "
+                        f"{sorted(schema['properties'])}")
+    try:
+        jsonschema.validate(spec, schema)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise SpecError(f"checker.{where}: {exc.message}") from None
+    if spec["kind"] == "regex":
+        try:
+            re.compile(spec["answer"])
+        except re.error as exc:
+            raise SpecError(f"checker.answer is not a valid regular expression: {exc}") from None
+    if task is not None and spec["kind"] == "pytest":
+        have = set(task.get("hidden", {})) | set(task.get("files", {}))
+        missing = [f for f in list(spec["tests"]) + list(spec.get("support", ())) if f not in have]
+        if missing:
+            raise SpecError(f"checker names files missing from the task's hidden and visible files: {missing}")
+    return spec
+
+
+__all__ = ["CHECKER_SCHEMA", "KINDS", "SpecError", "validate_spec"]

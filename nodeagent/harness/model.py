@@ -1,0 +1,152 @@
+"""The model client: one chat completion from an OpenAI-compatible endpoint, checked.
+
+`HTTPModel(endpoint).complete(payload, timeout_s)` POSTs to `<endpoint>/chat/completions`; the
+whole request (connect, send, headers, body) must finish within `timeout_s` (a watchdog shuts
+the socket at the deadline). `check_reply(body, endpoint)` checks the fields a caller reads
+(`choices[0].message` with `content` and `tool_calls`, `usage`) and returns the first choice.
+`Model` is the seam the agent loop calls (a replayed rollout implements it too).
+
+Errors: `ModelError` (unreachable, HTTP error, malformed or oversized reply) is infrastructure;
+`ModelTimeout` (no complete answer in time) is a ModelError; `ContextLengthExceeded` (HTTP 400
+naming the context) is the policy's own budget running out. The agent loop and the verifier's
+LLM judge both use this module. Must not import zmq, the controller, the agent loop or the
+verifier.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Protocol
+
+MODEL_TIMEOUT_S = 60.0
+MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+class ModelError(Exception):
+    """The model server failed (unreachable, HTTP error, malformed reply, too slow): infrastructure.
+    Raised out of `nodeagent.harness.loop.run_agent`, it carries the steps and spans recorded so
+    far in `.result` (an AgentResult)."""
+
+    result: Any = None
+
+
+class Model(Protocol):
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        """One chat completion (already validated by `check_reply`), or ModelError/TimeoutError."""
+
+
+class ModelTimeout(ModelError):
+    """No complete answer within the request's timeout."""
+
+
+class ContextLengthExceeded(ModelError):
+    """The server refused the conversation as longer than the model's context (HTTP 400): the
+    policy's own budget ran out, not an infrastructure failure."""
+
+
+_CONTEXT_LENGTH = re.compile(rb"context length|context window|maximum context|too many tokens|"
+                             rb"prompt is too long|context_length_exceeded", re.I)
+
+
+def check_reply(body: Any, endpoint: str) -> dict:
+    """The reply's first choice, checked for the fields the harness reads; else ModelError."""
+    def bad(what: str) -> ModelError:
+        return ModelError(f"model server {endpoint} sent a malformed reply: {what}")
+    if not isinstance(body, dict):
+        raise bad(f"body is {type(body).__name__}, not an object")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise bad("no choices[0]")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise bad("choices[0].message is not an object")
+    if message.get("content") is not None and not isinstance(message["content"], str):
+        raise bad("message.content is neither a string nor null")
+    calls = message.get("tool_calls")
+    if calls is not None and (not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls)):
+        raise bad("message.tool_calls is not an array of objects")
+    for c in calls or []:
+        if not isinstance(c.get("function"), dict):
+            raise bad("a tool call has no 'function' object")
+    usage = body.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise bad("usage is not an object")
+    for k in ("prompt_tokens", "completion_tokens"):
+        v = (usage or {}).get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"usage.{k} is not a non-negative integer")
+    return choices[0]
+
+
+class HTTPModel:
+    """An OpenAI-compatible endpoint (`.../v1`). The whole request — connect, send, headers,
+    body — must finish within `timeout_s`: a watchdog shuts the socket at the deadline, so a
+    server that trickles bytes cannot hold a rollout past its budget."""
+
+    def __init__(self, endpoint: str, clock: Callable[[], float] = time.monotonic) -> None:
+        u = urllib.parse.urlsplit(endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ModelError(f"model endpoint {endpoint!r} is not an http(s) URL")
+        self.endpoint, self._u, self._clock = endpoint, u, clock
+
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        if timeout_s <= 0:
+            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
+        u = self._u
+        conn_cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        conn = conn_cls(u.hostname, u.port, timeout=timeout_s)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        watchdog = threading.Timer(timeout_s, expire)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            conn.request("POST", u.path.rstrip("/") + "/chat/completions", body=json.dumps(payload).encode(),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            raw = resp.read(MAX_RESPONSE_BYTES + 1)
+            status = resp.status
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set() or isinstance(exc, TimeoutError):
+                raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
+            raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
+        if expired.is_set():
+            raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
+            raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
+                                        f"context: {raw[:300].decode(errors='replace')}")
+        if status != 200:
+            raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
+                             f"{raw[:300].decode(errors='replace')}")
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:
+            raise ModelError(f"model server {self.endpoint} sent a body that is not JSON: {exc}") from None
+        check_reply(body, self.endpoint)
+        return body
+
+
+def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> dict:
+    return HTTPModel(endpoint).complete(payload, timeout_s)
+
+
+__all__ = ["ContextLengthExceeded", "HTTPModel", "MAX_RESPONSE_BYTES", "MODEL_TIMEOUT_S", "Model", "ModelError",
+           "ModelTimeout", "chat", "check_reply"]
