@@ -289,6 +289,15 @@ def _compile(tp: Any) -> Checker:
         return ProtocolError(BAD_FIELD, f"{mtype}: field {path!r} must be {_type_name(tp)}, "
                              f"got {type(value).__name__} {value!r:.60}", field=path)
 
+    for compile_kind in (_compile_generic, _compile_class, _compile_scalar):
+        check = compile_kind(tp, bad)
+        if check is not None:
+            return check
+    raise AssertionError(f"protocol schema uses unsupported type {tp!r}")
+
+
+def _compile_generic(tp: Any, bad: Callable) -> Optional[Checker]:
+    """Optional/union, Literal, list[...] and dict[str, ...] annotations."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Union:
         nullable = type(None) in args
@@ -328,7 +337,14 @@ def _compile(tp: Any) -> Checker:
             if val_tp is str and all(isinstance(x, str) for x in v.values()):
                 return v
             return {k: val(x, f"{path}.{k}", mtype) for k, x in v.items()}
-    elif isinstance(tp, type) and issubclass(tp, Message):  # an item of a batch
+    else:
+        return None
+    return check
+
+
+def _compile_class(tp: Any, bad: Callable) -> Optional[Checker]:
+    """A message (an item of a batch) or a nested dataclass (PolicyRef, BandRequest)."""
+    if isinstance(tp, type) and issubclass(tp, Message):
         def check(v, path, mtype):
             fast = _FAST_BUILD.get(tp)
             if fast is not None and type(v) is dict:
@@ -341,19 +357,25 @@ def _compile(tp: Any) -> Checker:
                 raise bad(v, path, mtype)
             body = dict(v)
             return _build(tp, body, msg_id=body.pop("id"))
-    elif dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        names = frozenset(f.name for f in dataclasses.fields(tp))
+        return check
+    if not dataclasses.is_dataclass(tp):
+        return None
+    hints = typing.get_type_hints(tp)
+    names = frozenset(f.name for f in dataclasses.fields(tp))
+    checks = {k: _checker(hints[k]) for k in names}
 
-        checks = {k: _checker(hints[k]) for k in names}
+    def check(v, path, mtype):
+        if isinstance(v, tp):
+            v = dataclasses.asdict(v)
+        if not isinstance(v, dict) or v.keys() != names:
+            raise bad(v, path, mtype)
+        return tp(**{k: checks[k](x, f"{path}.{k}", mtype) for k, x in v.items()})
+    return check
 
-        def check(v, path, mtype):
-            if isinstance(v, tp):
-                v = dataclasses.asdict(v)
-            if not isinstance(v, dict) or v.keys() != names:
-                raise bad(v, path, mtype)
-            return tp(**{k: checks[k](x, f"{path}.{k}", mtype) for k, x in v.items()})
-    elif tp is bool:
+
+def _compile_scalar(tp: Any, bad: Callable) -> Optional[Checker]:
+    """bool, int (counts non-negative), float (finite; an int widens), str, dict."""
+    if tp is bool:
         def check(v, path, mtype):
             if type(v) is not bool:
                 raise bad(v, path, mtype)
@@ -379,6 +401,5 @@ def _compile(tp: Any) -> Checker:
                 raise bad(v, path, mtype)
             return v
     else:
-        raise AssertionError(f"protocol schema uses unsupported type {tp!r}")
+        return None
     return check
-
