@@ -1,7 +1,7 @@
 """Dispatch: no-op rollouts through a real controller and real node agents over ZeroMQ,
 against one Slurm job (`sbatch`) and one job step (`srun`) per rollout, in one run.
 
-Paddock: a controller process (`python -m controller.broker.core`, durable queue, group commit)
+Paddock: a controller process (`python -m controller.broker`, durable queue, group commit)
 and 1, 8 or 64 node agents (threads in `--agent-procs` processes, no-op runner; the total
 slot count is the same for every agent count) and a trainer client in this process.
   throughput  submit `--rollouts` in one batch, iterate results until the last commits:
@@ -94,7 +94,7 @@ class Farm:
         ep_file = tmp / "endpoint"
         prof = ["-m", "cProfile", "-o", f"{profile}.{agents}"] if profile else []
         self.procs = [subprocess.Popen(
-            [sys.executable, *prof, "-m", "controller.broker.core", "--deployment", DEP, "--run-dir",
+            [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
              str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"), "--endpoint-file",
              str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60"],
             cwd=ROOT, stderr=open(tmp / "controller.log", "wb"))]

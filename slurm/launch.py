@@ -233,7 +233,7 @@ def curriculum_path(run_dir: Path, bank: str) -> Path:
 
 def _spawn_controller(args, run_dir: Path, addr: str) -> subprocess.Popen:
     from controller.demo.localrun import COMPACT_EVERY
-    argv = [sys.executable, "-m", "controller.broker.core", "--bind", f"tcp://{addr}:0",
+    argv = [sys.executable, "-m", "controller.broker", "--bind", f"tcp://{addr}:0",
             "--deployment", args.deployment, "--run-dir", str(run_dir),
             "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
             "--heartbeat-interval-s", str(args.heartbeat_interval_s),

@@ -18,7 +18,9 @@ import zmq
 
 from controller.contracts import protocol as P
 from controller.store import queue as qm
-from controller.broker.core import BrokerCore, Controller, place
+from controller.broker.core import BrokerCore
+from controller.broker.daemon import Controller
+from controller.broker.placement import place
 from controller.store.queue import Due, QueueConfig, RolloutQueue
 from nodeagent.agent.daemon import NodeAgent, noop_runner
 from nodeagent.agent.attempt import AttemptResult
@@ -528,7 +530,7 @@ def spawn_controller(tmp: Path, endpoint: str, lease_ttl_s: float = 2.0) -> subp
     (tmp / "tasks.json").write_text(json.dumps(TASKS))
     ep_file = tmp / f"endpoint-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.broker.core", "--bind", endpoint, "--deployment", DEP,
+        [sys.executable, "-m", "controller.broker", "--bind", endpoint, "--deployment", DEP,
          "--run-dir", str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"),
          "--endpoint-file", str(ep_file), "--heartbeat-interval-s", "0.1",
          "--db", str(tmp / "q.db"),

@@ -132,7 +132,7 @@ def test_cancel_ends_the_batch_and_a_late_result_is_rejected(farm):
 
 
 def test_staleness_bound_reruns_old_rollouts_with_the_new_policy(tmp_path):
-    f = Farm(tmp_path, queue_config=QueueConfig(max_staleness=1, stale_policy="rerun"))
+    f = Farm(tmp_path, queue=QueueConfig(max_staleness=1, stale_policy="rerun"))
     try:
         with connect(f) as c:
             c.publish_policy(1, POLICY_URL)
@@ -147,7 +147,7 @@ def test_staleness_bound_reruns_old_rollouts_with_the_new_policy(tmp_path):
 
 
 def test_staleness_bound_can_drop_instead(tmp_path):
-    f = Farm(tmp_path, queue_config=QueueConfig(max_staleness=0, stale_policy="drop"))
+    f = Farm(tmp_path, queue=QueueConfig(max_staleness=0, stale_policy="drop"))
     try:
         with connect(f) as c:
             c.publish_policy(1, POLICY_URL)
@@ -166,7 +166,7 @@ def test_the_documented_example_runs(tmp_path):
     (tmp_path / "example.py").write_text(code)
     tasks = {name: {"task_id": name, "image_digest": "sha256:aa"}
              for name in ("python/fizzbuzz", "python/gcd")}
-    from controller.broker.core import Controller
+    from controller.broker.daemon import Controller
     ctl = Controller("tcp://127.0.0.1:0", DEP, str(tmp_path / "run"), "run", tasks,
                      str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
     threads = [threading.Thread(target=ctl.serve, daemon=True)]

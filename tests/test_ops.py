@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.cli import ops
-from controller.broker.core import Controller
+from controller.broker.daemon import Controller
 from controller.cli.main import main as cli_main
 from controller.client.api import Client
 from controller.broker.metrics import serve_metrics
@@ -274,7 +274,7 @@ def test_controller_process_serves_metrics_when_given_a_port(tmp_path):
     run.mkdir()
     (run / "tasks.json").write_text("{}")
     ep = run / "controller.endpoint"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.broker.core", "--deployment", "m", "--run-dir", str(run),
+    proc = subprocess.Popen([sys.executable, "-m", "controller.broker", "--deployment", "m", "--run-dir", str(run),
                              "--tasks-json", str(run / "tasks.json"), "--endpoint-file", str(ep),
                              "--metrics-port", "0", "--metrics-addr", "127.0.0.1"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from controller.contracts import codec
 from controller.contracts import protocol as p
 DEP = "dep-test"
 
@@ -313,7 +314,7 @@ EDGE_CASES: list[p.Message] = [
 ]
 
 
-@pytest.mark.parametrize("msg", [m for m in SAMPLES + EDGE_CASES if type(m) in p._FAST_BODY]
+@pytest.mark.parametrize("msg", [m for m in SAMPLES + EDGE_CASES if type(m) in codec._FAST_BODY]
                          + [p.ResultBatch(items=EDGE_CASES[1:]),
                             p.LeaseBatch(items=EDGE_CASES[:1] * 2, acks=["a\"b"])],
                          ids=lambda m: m.TYPE)
@@ -321,8 +322,8 @@ def test_hand_built_frames_mean_what_the_generic_encoder_writes(msg, monkeypatch
     fast = p.encode(msg, DEP)
     assert p.decode(fast, DEP) == msg
     with monkeypatch.context() as m:
-        m.setattr(p, "_FAST_BODY", {})
-        m.setattr(p, "_FAST_BUILD", {})
+        m.setattr(codec, "_FAST_BODY", {})
+        m.setattr(codec, "_FAST_BUILD", {})
         generic = p.encode(msg, DEP)
         assert p.decode(fast, DEP) == p.decode(generic, DEP) == msg
     assert json.loads(fast) == json.loads(generic)

@@ -33,7 +33,7 @@ def clock():
 
 @pytest.fixture
 def make_queue(tmp_path, clock):
-    def make(config: QueueConfig = QueueConfig(), seed: int = 0) -> RolloutQueue:
+    def make(config: QueueConfig = QueueConfig(lease_ttl_s=60.0), seed: int = 0) -> RolloutQueue:
         return RolloutQueue(tmp_path / "queue.db", clock=clock, rng=random.Random(seed),
                             config=config)
     return make
@@ -200,7 +200,7 @@ def test_duplicate_result_returns_the_stored_completion_and_changes_nothing(q):
     row = q.rollout(a.rollout_id)
     assert done(q, a, idem="k") == first == qm.Completion(True, None, True)
     assert q.rollout(a.rollout_id) == row
-    assert q.results_after("b000001", 0)[0] == [qm._result_item(q._row(a.rollout_id))]
+    assert q.results_after("b000001", 0)[0] == [qm.result_item(q._row(a.rollout_id))]
 
 
 def test_duplicate_infra_result_does_not_count_twice(q):

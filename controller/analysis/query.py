@@ -37,6 +37,7 @@ from rich.table import Table
 
 from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
                                 span_summary_path)
+from controller.contracts.states import OUTCOMES
 from controller.demo import policy_server
 from nodeagent.store.writer import KEY_COLUMNS, SCHEMAS, shard_suffix
 
@@ -45,8 +46,7 @@ CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
 log = logging.getLogger(__name__)
 
 FORMATS = ("table", "csv", "json")
-RUN_MARKERS = ("rollouts", "steps", "checks", "spans", "egress", CATALOG_DIR, "run.json")
-OUTCOMES = ("pass", "fail", "timeout", "infra_error")
+RUN_MARKERS = (*SHARD_TABLES, CATALOG_DIR, "run.json")
 EXAMPLE_SQL = ("SELECT task_family, policy_version, count(*) AS n, "
                "avg((outcome = 'pass')::INT) AS pass_rate FROM rollouts "
                "WHERE outcome <> 'infra_error' GROUP BY ALL ORDER BY ALL")

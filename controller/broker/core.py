@@ -1,138 +1,72 @@
-"""The controller: broker logic over the durable queue, and the ZeroMQ ROUTER loop around it.
+"""The broker's logic, sans-I/O: `BrokerCore` over the durable queue.
 
-`BrokerCore` is sans-I/O: it takes decoded frames (`receive`) and the passage of time
-(`tick`), decides, and leaves the messages to send in `outbox`. It registers node agents,
-dispatches leases by credit (a node never holds more leases than its free slots, and a task
-goes preferably to a node that already has its image mounted), renews leases on heartbeats,
-declares silent nodes lost (Paranoid Pirate liveness) and gives their leases back to the
-queue, answers trainer clients (submit, watch with long poll, cancel, publish, drain, status)
-and counts every dropped frame by reason. The deterministic simulation (tests/sim) drives
-this class directly with a simulated transport and clock.
+It takes decoded frames (`receive`) and the passage of time (`tick`), decides, and leaves the
+messages to send in `outbox`. It registers node agents, dispatches leases by credit (a node
+never holds more leases than its free slots, and a task goes preferably to a node that
+already has its image mounted: placement.py), renews leases on heartbeats, declares silent
+nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue, answers
+trainer clients (submit, watch with long poll, cancel, publish, drain, status) and counts
+every dropped frame by reason. Its knobs are one `BrokerConfig` (config.py). The
+deterministic simulation (tests/sim) drives this class directly with a simulated transport
+and clock; daemon.py runs it on the ZeroMQ socket.
 
-`Controller` owns the socket: each pass it reads up to `max_batch` frames, hands them all to
-the core inside ONE queue transaction (group commit), commits, and only then sends the
-replies, so nothing is acknowledged before it is durable.
-
-Must not touch SQLite directly (everything goes through controller.store.queue).
+Must not import: zmq, sqlite3 beyond its error type (everything goes through
+controller.store.queue), controller.cli, nodeagent.
 """
 from __future__ import annotations
 
-import argparse
-import heapq
-import json
 import logging
 import random
 import sqlite3
-import subprocess
-import sys
-import threading
 import time
 import uuid
 import zlib
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional
 
-import zmq
-
+from controller.broker.config import BrokerConfig, with_knobs
+from controller.broker.placement import NodeView, place
 from controller.contracts import protocol as P
-from controller.store.catalog import SHARD_TABLES, Catalog
+from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INFRA_ERROR, LIVE,
+                                         LOST, POLICY_CONFLICT, REFUSED_AGENT_VERSION,
+                                         REFUSED_PROTOCOL_VERSION, REJECT_BAD_REQUEST,
+                                         REJECT_CANCELLED, STALE_TOKEN, UNEXPECTED,
+                                         UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
+                                         UNKNOWN_TASK)
+from controller.contracts.trajectory import SHARD_TABLES
+from controller.store.catalog import Catalog
+from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.taskbank.curriculum import Curriculum, CurriculumError
-from controller.store.queue import Due, PolicyConflict, QueueConfig, RolloutQueue, UnknownBatch
 
 log = logging.getLogger("controller")
 
-LIVE, DRAINING, LOST = "live", "draining", "lost"
 _SHARD_TABLES = frozenset(SHARD_TABLES)
-NODE_STATES = (LIVE, DRAINING, LOST)
+# Why a frame was dropped, besides the protocol's error reasons (P.ERROR_REASONS).
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
-MAX_WATCH_WAIT_S = 60.0  # a long poll is answered after at most this long
-
-
-@dataclass
-class NodeView:
-    node: str
-    identity: bytes
-    slots: int
-    agent_version: str
-    credit: int = 0
-    leases: set = field(default_factory=set)  # rollout ids it holds (mirror of the queue)
-    active: int = 0
-    slots_free: Optional[int] = None  # as the agent last reported
-    images: set = field(default_factory=set)
-    last_seen: float = 0.0  # monotonic
-    last_seen_wall: float = 0.0  # unix seconds
-    health: dict = field(default_factory=dict)
-    state: str = LIVE
-    drain_requested: bool = False  # by a client (drain_node), not by the agent itself
-    drain_deadline_s: Optional[float] = None
-    batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
-    sent_at: float = -1e18  # monotonic: when the controller last sent it anything
-
-    def free(self) -> int:
-        if self.state != LIVE:
-            return 0
-        return max(min(self.slots - len(self.leases), self.credit), 0)
-
-
-def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
-          image_of: Callable[[str], Optional[str]]) -> list[tuple[str, str]]:
-    """Placement: (rollout_id, node) for as many due rollouts as there are free slots.
-
-    Oldest first; each goes to a node that already has its image if one has a free slot,
-    else to the node with the most free slots (ties: node name). Pure function.
-    """
-    free = {n: k for n, k in free.items() if k > 0}
-    left = sum(free.values())
-    rank = {n: i for i, n in enumerate(sorted(free))}
-    heaps: dict[Optional[str], list] = {}  # per image (None: every node): a max-heap by
-    # (free, name) with lazy updates -- an entry whose count is stale is fixed when on top
-
-    def best(image: Optional[str]) -> Optional[str]:
-        h = heaps.get(image)
-        if h is None:
-            h = heaps[image] = [(-k, -rank[n], n) for n, k in free.items() if k and (
-                image is None or image in images.get(n, ()))]
-            heapq.heapify(h)
-        while h:
-            k, r, n = h[0]
-            if free[n] == -k:
-                return n
-            heapq.heappop(h)  # the node took leases meanwhile (counts only go down)
-            if free[n]:
-                heapq.heappush(h, (-free[n], r, n))
-        return None
-
-    out = []
-    for d in due:
-        if not left:
-            break
-        image = image_of(d.task_ref)
-        node = (best(image) if image else None) or best(None)
-        out.append((d.rollout_id, node))
-        free[node] -= 1
-        left -= 1
-    return out
+BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
 
 
 class BrokerCore:
+    """The broker: frames and time in, decisions on the queue, messages out (`outbox`).
+
+    `config` holds the knobs (its `queue` part is the queue's: the queue was opened with it);
+    keyword knobs (`heartbeat_interval_s=...`) override single fields of it.
+    """
+
     def __init__(self, queue: RolloutQueue, tasks: dict[str, dict], deployment: str,
-                 run_id: str, run_dir: str, *, session: str | None = None,
-                 heartbeat_interval_s: float = 1.0, liveness: int = 5,
-                 clock: Callable[[], float] = time.monotonic,
+                 run_id: str, run_dir: str, *, config: BrokerConfig = BrokerConfig(),
+                 session: str | None = None, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, catalog: Catalog | None = None,
-                 sweep_interval_s: float = 0.5, lost_keep_s: float = 3600.0,
-                 max_dispatch: int = 4096, max_watchers: int = 1024,
-                 curriculum: Optional[Curriculum] = None):
+                 curriculum: Optional[Curriculum] = None, **knobs):
+        self.config = config = with_knobs(config, knobs)
         self.queue, self.tasks, self.deployment = queue, tasks, deployment
         self.run_id, self.run_dir = run_id, run_dir
         self.session = session or uuid.uuid4().hex[:12]
-        self.hb_s, self.liveness = heartbeat_interval_s, liveness
+        self.hb_s, self.liveness = config.heartbeat_interval_s, config.liveness
         self.clock, self.wall, self.catalog = clock, wall, catalog
-        self.sweep_interval_s, self.lost_keep_s = sweep_interval_s, lost_keep_s
-        self.max_dispatch, self.max_watchers = max_dispatch, max_watchers
+        self.sweep_interval_s, self.lost_keep_s = config.sweep_interval_s, config.lost_keep_s
+        self.max_dispatch, self.max_watchers = config.max_dispatch, config.max_watchers
         self.curriculum = curriculum  # resolves a submit's sampler request (None: refused)
         self._ref_of_id = {d["task_id"]: ref for ref, d in tasks.items()}
         self.nodes: dict[str, NodeView] = {}
@@ -170,7 +104,7 @@ class BrokerCore:
         peeked = P.peek(data)
         if peeked is None or peeked[1] != self.deployment or peeked[2] != P.Register.TYPE:
             return
-        self._refuse_agent(identity, "protocol_version",
+        self._refuse_agent(identity, REFUSED_PROTOCOL_VERSION,
                            f"the controller speaks protocol version(s) {list(P.PROTOCOL_VERSIONS)}"
                            f", the agent sent {peeked[0]!r}")
 
@@ -200,7 +134,7 @@ class BrokerCore:
         handler = getattr(self, f"_on_{msg.TYPE}", None)
         if handler is None:
             self.drop(UNEXPECTED_TYPE, f"{msg.TYPE} from {identity[:32]!r}")
-            self._send(identity, P.Ack(ref=msg.id, ok=False, code="unexpected",
+            self._send(identity, P.Ack(ref=msg.id, ok=False, code=UNEXPECTED,
                                        error=f"the controller does not take {msg.TYPE}"))
             return
         if isinstance(msg, _AGENT_MESSAGES) and view is None and not isinstance(
@@ -271,7 +205,7 @@ class BrokerCore:
 
     def _on_register(self, identity, msg: P.Register, _view) -> None:
         if not P.agent_version_ok(msg.agent_version):
-            return self._refuse_agent(identity, "agent_version", (
+            return self._refuse_agent(identity, REFUSED_AGENT_VERSION, (
                 f"agent version {msg.agent_version!r} is not one the controller takes (at "
                 f"least {'.'.join(map(str, P.MIN_AGENT_VERSION))}, dotted integers)"))
         held = set(self.queue.leases_of(msg.node))
@@ -300,7 +234,7 @@ class BrokerCore:
             return
         view.credit = min(msg.credit, view.slots)
         if msg.draining and view.state == LIVE:
-            view.state = DRAINING
+            view.move(DRAINING)
             log.info("node %s is draining", view.node)
 
     def _on_heartbeat(self, identity, msg: P.Heartbeat, view) -> None:
@@ -312,7 +246,8 @@ class BrokerCore:
                 self._send(identity, P.Drain(reason="drain requested",
                                              deadline_s=view.drain_deadline_s))
             else:
-                view.state, view.credit = LIVE, view.slots
+                view.move(LIVE)
+                view.credit = view.slots
         if msg.images is not None:
             view.images = set(msg.images)
         self.queue.renew(view.node, msg.held)
@@ -325,8 +260,8 @@ class BrokerCore:
     def _on_result(self, identity, msg: P.Result, view) -> None:
         if msg.shards and not _SHARD_TABLES.issuperset(msg.shards):
             unknown = sorted(set(msg.shards) - _SHARD_TABLES)
-            self.drop("bad_shards", f"result of {msg.rollout_id}: tables {unknown}")
-            self._reject(identity, msg, "bad_request")
+            self.drop(BAD_SHARDS, f"result of {msg.rollout_id}: tables {unknown}")
+            self._reject(identity, msg, REJECT_BAD_REQUEST)
             return
         c = self.queue.complete(msg.rollout_id, msg.attempt, msg.token, msg.outcome, msg.reward,
                                 msg.shards, msg.infra_reason, msg.idem)
@@ -361,7 +296,7 @@ class BrokerCore:
             if committed:
                 self.curriculum.record(task["task_id"], row["policy_version"], msg.outcome,
                                        rollout_id=msg.rollout_id)
-            elif row["state"] == "dead_letter":
+            elif row["state"] == DEAD_LETTER:
                 self.curriculum.record_infra_failure(task["task_id"], msg.infra_reason or "?")
         except (sqlite3.Error, ValueError) as exc:     # estimates, not the ledger: log and go on
             log.warning("curriculum: cannot record %s: %s", msg.rollout_id, exc)
@@ -388,7 +323,7 @@ class BrokerCore:
         self._lose(view, f"disconnected: {msg.reason}", released)
 
     def _reject(self, identity: bytes, msg, reason: Optional[str]) -> None:
-        reason = reason or "stale_token"
+        reason = reason or STALE_TOKEN
         self.counters[f"rejected_{reason}"] += 1
         self._unhold(msg.rollout_id, msg.token)
         self._send(identity, P.Reject(rollout_id=msg.rollout_id, attempt=msg.attempt,
@@ -403,7 +338,7 @@ class BrokerCore:
                 view.leases.discard(rollout_id)
 
     def _lose(self, view: NodeView, why: str, released: Iterable[str]) -> None:
-        view.state = LOST
+        view.move(LOST)
         view.leases.clear()
         for rid in released:
             self.holder.pop(rid, None)
@@ -419,11 +354,11 @@ class BrokerCore:
     def _on_submit(self, identity, msg: P.Submit, _view) -> None:
         unknown = [t for t in msg.tasks if t not in self.tasks]
         if unknown:
-            return self._refuse(identity, msg, "unknown_task", f"unknown tasks: {unknown[:5]}")
+            return self._refuse(identity, msg, UNKNOWN_TASK, f"unknown tasks: {unknown[:5]}")
         if not msg.tasks and msg.sampler is None:
-            return self._refuse(identity, msg, "bad_request", "submit needs at least one task")
+            return self._refuse(identity, msg, BAD_REQUEST, "submit needs at least one task")
         if self._policy(msg.policy_version) is None:
-            return self._refuse(identity, msg, "unknown_policy",
+            return self._refuse(identity, msg, UNKNOWN_POLICY,
                                 f"policy version {msg.policy_version} is not published")
         tasks = msg.tasks
         if msg.sampler is not None:
@@ -437,25 +372,25 @@ class BrokerCore:
         try:
             batch_id, n, _dup = self.queue.submit_batch(msg.idem, items, msg.n_per_task)
         except ValueError as exc:
-            return self._refuse(identity, msg, "bad_request", str(exc))
+            return self._refuse(identity, msg, BAD_REQUEST, str(exc))
         self._send(identity, P.Submitted(batch_id=batch_id, rollouts=n, ref=msg.id))
 
     def _sample(self, identity: bytes, msg: P.Submit) -> Optional[list[str]]:
         """The task refs a sampler request picks (None: refused, the reply is sent)."""
         s = msg.sampler
         if self.curriculum is None:
-            self._refuse(identity, msg, "bad_request", "this controller has no curriculum to "
+            self._refuse(identity, msg, BAD_REQUEST, "this controller has no curriculum to "
                          "sample from (start it with --curriculum-db)")
             return None
         try:
             ids = self.curriculum.sample(s.n_tasks, random.Random(s.seed), msg.policy_version,
                                          within=(s.band[0], s.band[1]))
         except (CurriculumError, ValueError) as exc:
-            self._refuse(identity, msg, "bad_request", f"sampler: {exc}")
+            self._refuse(identity, msg, BAD_REQUEST, f"sampler: {exc}")
             return None
         unknown = [t for t in ids if t not in self._ref_of_id]
         if unknown:
-            self._refuse(identity, msg, "unknown_task", f"the curriculum picked tasks this "
+            self._refuse(identity, msg, UNKNOWN_TASK, f"the curriculum picked tasks this "
                          f"controller does not serve: {unknown[:5]}")
             return None
         return [self._ref_of_id[t] for t in ids]
@@ -464,7 +399,7 @@ class BrokerCore:
         try:
             self.queue.publish_policy(msg.version, msg.endpoint, msg.model, msg.idem)
         except PolicyConflict as exc:
-            return self._refuse(identity, msg, "policy_conflict", str(exc))
+            return self._refuse(identity, msg, POLICY_CONFLICT, str(exc))
         self._resync()  # a newer policy may have revoked stale leases
         self._send(identity, P.Ack(ref=msg.id, ok=True))
 
@@ -472,21 +407,22 @@ class BrokerCore:
         try:
             c = self.queue.cancel(msg.batch_id, msg.idem)
         except UnknownBatch:
-            return self._refuse(identity, msg, "unknown_batch", f"no batch {msg.batch_id!r}")
+            return self._refuse(identity, msg, UNKNOWN_BATCH, f"no batch {msg.batch_id!r}")
         for rid, node, attempt, token in c.revoked:
             view = self.nodes.get(node)
             self._unhold(rid, token)
             if view is not None and view.state != LOST:
                 self._send(view.identity, P.Reject(rollout_id=rid, attempt=attempt,
-                                                   token=token, reason="cancelled"))
+                                                   token=token, reason=REJECT_CANCELLED))
         self._commits += 1  # watchers of the batch: it may be done now
         self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id))
 
     def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
         view = self.nodes.get(msg.node)
         if view is None or view.state == LOST:
-            return self._refuse(identity, msg, "unknown_node", f"no live node {msg.node!r}")
-        view.state, view.drain_requested, view.drain_deadline_s = DRAINING, True, msg.deadline_s
+            return self._refuse(identity, msg, UNKNOWN_NODE, f"no live node {msg.node!r}")
+        view.move(DRAINING)
+        view.drain_requested, view.drain_deadline_s = True, msg.deadline_s
         log.info("node %s: drain requested (deadline %s s)", msg.node, msg.deadline_s)
         self._send(view.identity, P.Drain(reason="drain requested", deadline_s=msg.deadline_s))
         self._send(identity, P.Ack(ref=msg.id, ok=True))
@@ -495,12 +431,12 @@ class BrokerCore:
         try:
             self.queue.batch_done(msg.batch_id)
         except UnknownBatch:
-            return self._refuse(identity, msg, "unknown_batch", f"no batch {msg.batch_id!r}")
+            return self._refuse(identity, msg, UNKNOWN_BATCH, f"no batch {msg.batch_id!r}")
         if not self._answer_watch(identity, msg, final=msg.wait_s <= 0):
             if len(self.watchers) >= self.max_watchers:
                 self._answer_watch(identity, msg, final=True)
             else:
-                wait_s = min(msg.wait_s, MAX_WATCH_WAIT_S)
+                wait_s = min(msg.wait_s, self.config.max_watch_wait_s)
                 self.watchers.append((identity, msg, self.clock() + wait_s))
 
     def _answer_watch(self, identity: bytes, msg: P.Watch, final: bool) -> bool:
@@ -568,17 +504,16 @@ class BrokerCore:
             view = self.nodes[lease.node]
             policy = self._policy(lease.policy_version)
             if policy is None:  # only for rollouts submitted before policies were checked
-                self.queue.complete(lease.rollout_id, lease.attempt, lease.token, "infra_error",
+                self.queue.complete(lease.rollout_id, lease.attempt, lease.token, INFRA_ERROR,
                                     None, {}, f"policy version {lease.policy_version} is not "
                                     "published", f"nopolicy:{lease.rollout_id}:{lease.token}")
                 continue
             view.leases.add(lease.rollout_id)
             self.holder[lease.rollout_id] = (view.node, lease.token)
-            self._send(view.identity, P.Lease(
-                rollout_id=lease.rollout_id, attempt=lease.attempt, token=lease.token,
-                lease_ttl_s=self.queue.config.lease_ttl_s, task=self.tasks[lease.task_ref],
-                policy=policy, seed=lease.seed, run_id=self.run_id, run_dir=self.run_dir,
-                batch_id=lease.batch_id))
+            self._send(view.identity, lease.message(
+                task=self.tasks[lease.task_ref], policy=policy,
+                lease_ttl_s=self.queue.config.lease_ttl_s, run_id=self.run_id,
+                run_dir=self.run_dir))
         self.counters["dispatched"] += len(leases)
         return len(leases)
 
@@ -618,8 +553,7 @@ class BrokerCore:
             p = self.queue.policy(version)
             if p is None:
                 return None
-            ref = self._policies[version] = P.PolicyRef(version=p.version, endpoint=p.endpoint,
-                                                        model=p.model)
+            ref = self._policies[version] = p.ref()
         return ref
 
     def _image_of(self, task_ref: str) -> Optional[str]:
@@ -651,199 +585,3 @@ def _phase(node: str) -> float:
 
 _AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch,
                    P.Release, P.Disconnect)
-
-
-_NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
-_SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
-
-
-class Controller:
-    """The controller process: a ROUTER socket around a BrokerCore."""
-
-    def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
-                 tasks: dict[str, dict], db_path: str, heartbeat_interval_s: float = 1.0,
-                 liveness: int = 5, queue_config: QueueConfig = QueueConfig(),
-                 clock=time.monotonic, max_batch: int = 1024, catalog: bool = True,
-                 curriculum: Optional[Curriculum] = None):
-        self.queue = RolloutQueue(db_path, config=queue_config)
-        self.catalog = Catalog(run_dir) if catalog else None
-        if self.catalog is not None:
-            self._reconcile_catalog()
-        self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir,
-                               heartbeat_interval_s=heartbeat_interval_s, liveness=liveness,
-                               clock=clock, catalog=self.catalog, curriculum=curriculum)
-        self.max_batch = max_batch
-        self.deployment = deployment
-        self.ctx = zmq.Context.instance()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes its name
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)  # bigger: peer cut off
-        self.sock.bind(bind)
-        self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self._thread = threading.get_ident()
-        self._snapshot = self.core.snapshot()
-        self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
-
-    def _reconcile_catalog(self) -> None:
-        """A crash between the queue's commit and the catalog's flush: redo the catalog."""
-        for r in self.queue.committed_rows():
-            if not self.catalog.is_committed(r["rollout_id"], r["attempt"], r["token"]):
-                self.catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"],
-                                    r["at"])
-        self.catalog.flush()
-
-    @property
-    def stopped(self) -> bool:
-        return self.core.stopped
-
-    def snapshot(self) -> dict:
-        """Status as a dict. From the loop's thread: fresh; from another: as of the last
-        sweep (the queue's connection belongs to the loop)."""
-        if threading.get_ident() == self._thread:
-            self._snapshot = self.core.snapshot()
-        return self._snapshot
-
-    def serve(self) -> None:
-        self._thread = threading.get_ident()
-        last_hook = time.monotonic()
-        while not self.core.stopped:
-            frames = []
-            if self.sock.poll(timeout=20):
-                # EVENTS before each read: cheaper than the exception of an empty recv
-                while len(frames) < self.max_batch and self.sock.getsockopt(_EVENTS) & _POLLIN:
-                    try:
-                        frames.append(self.sock.recv_multipart(_NOBLOCK))
-                    except zmq.Again:
-                        break
-            with self.queue.batch():  # group commit: durable before any reply leaves
-                for parts in frames:
-                    if len(parts) != 2:
-                        self.core.drop(MULTIPART, f"{len(parts)} frames")
-                        continue
-                    self.core.receive(parts[0], parts[1])
-                self.core.tick()
-            self._flush_outbox()
-            if time.monotonic() - last_hook >= self.core.sweep_interval_s:
-                last_hook = time.monotonic()
-                self._snapshot = self.core.snapshot()
-                for hook in self.hooks:
-                    hook(self)
-        if self.catalog is not None:
-            self.catalog.flush()
-        self.sock.close(linger=0)
-        self.queue.close()
-
-    def _flush_outbox(self) -> None:
-        for identity, msg in self.core.take_outbox():
-            try:
-                for frame in P.encode_frames(msg, self.deployment):
-                    # send_multipart's enum flag arithmetic costs more than the send itself
-                    self.sock.send(identity, _SNDMORE_NOBLOCK)
-                    self.sock.send(frame, _NOBLOCK)
-            except zmq.ZMQError as exc:  # peer gone (ROUTER_MANDATORY) or its queue full
-                self.core.counters["send_failed"] += 1
-                log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
-
-
-class AutoCompact:
-    """A Controller hook: once `every` rollouts have committed since the last compaction, merge
-    the run's small shards in a separate, niced process (`paddock compact`, crash-safe, one at
-    a time), so a long run's store stays fast to query. `wait()` at shutdown lets a running
-    compaction finish."""
-
-    def __init__(self, run_dir: str, every: int):
-        self.run_dir, self.every = run_dir, every
-        self.proc: Optional[subprocess.Popen] = None
-        self.last = 0
-        self.runs = 0
-
-    def __call__(self, ctl: "Controller") -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            log.info("compaction exited with %s (see logs/compact.log)", self.proc.returncode)
-            self.proc = None
-        committed = ctl.core.counters["committed"]
-        if self.proc is None and committed - self.last >= self.every:
-            self.last = committed
-            self.runs += 1
-            logs = Path(self.run_dir) / "logs"
-            logs.mkdir(parents=True, exist_ok=True)
-            with open(logs / "compact.log", "ab") as out:
-                # nice(1), not a preexec_fn: the controller has threads (metrics), and code run
-                # between fork and exec in a threaded process may deadlock
-                self.proc = subprocess.Popen(
-                    ["nice", "-n", "10", sys.executable, "-m", "controller.cli", "compact",
-                     "--run", self.run_dir],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def wait(self, timeout_s: float = 120.0) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:      # it is crash-safe: the next one finishes it
-            log.warning("compaction still running after %.0fs at shutdown: leaving it", timeout_s)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="paddock controller")
-    ap.add_argument("--bind", default="tcp://127.0.0.1:0")
-    ap.add_argument("--deployment", required=True)
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--tasks-json", required=True, help="file mapping task refs to lease task dicts")
-    ap.add_argument("--endpoint-file", required=True, help="where to publish the bound endpoint")
-    ap.add_argument("--db", help="queue database (default RUN_DIR/controller.db)")
-    ap.add_argument("--heartbeat-interval-s", type=float, default=1.0)
-    ap.add_argument("--liveness", type=int, default=5)
-    ap.add_argument("--lease-ttl-s", type=float, default=300.0)
-    ap.add_argument("--max-staleness", type=int, default=None,
-                    help="policy versions a queued rollout may lag (default: unbounded)")
-    ap.add_argument("--stale-policy", choices=("rerun", "drop"), default="rerun")
-    ap.add_argument("--curriculum-db", help="the curriculum (pass-rate estimates) a submit's "
-                    "sampler request is resolved against (default: none, such requests are "
-                    "refused)")
-    ap.add_argument("--log-level", default="INFO")
-    ap.add_argument("--metrics-port", type=int, default=None,
-                    help="serve Prometheus metrics on this port (0: any free port; see controller/broker/metrics.py)")
-    ap.add_argument("--metrics-addr", default="0.0.0.0")
-    ap.add_argument("--compact-every", type=int, default=0, metavar="N",
-                    help="merge the run's small shards after every N commits (0: never)")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s controller %(levelname)s %(message)s")
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tasks = json.loads(Path(args.tasks_json).read_text())
-    try:
-        config = QueueConfig(lease_ttl_s=args.lease_ttl_s, max_staleness=args.max_staleness,
-                             stale_policy=args.stale_policy)
-    except ValueError as exc:
-        ap.error(str(exc))
-    curriculum = Curriculum(args.curriculum_db, {d["task_id"] for d in tasks.values()}) \
-        if args.curriculum_db else None
-    ctl = Controller(args.bind, args.deployment, str(run_dir), run_dir.name, tasks,
-                     args.db or str(run_dir / "controller.db"),
-                     heartbeat_interval_s=args.heartbeat_interval_s, liveness=args.liveness,
-                     queue_config=config, curriculum=curriculum)
-    if args.metrics_port is not None:   # published before the endpoint: a reader of one finds both
-        from controller.broker.metrics import serve_metrics
-        server, _ = serve_metrics(ctl.snapshot, args.metrics_port, args.metrics_addr)
-        Path(args.endpoint_file + ".metrics").write_text(
-            f"http://{args.metrics_addr}:{server.server_address[1]}/metrics")
-    tmp = Path(args.endpoint_file + ".tmp")
-    tmp.write_text(ctl.endpoint)
-    tmp.rename(args.endpoint_file)
-    compactor = AutoCompact(str(run_dir), args.compact_every) if args.compact_every > 0 else None
-    if compactor is not None:
-        ctl.hooks.append(compactor)
-    log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
-    ctl.serve()
-    if compactor is not None:
-        compactor.wait()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -26,6 +26,7 @@ import zmq
 import zmq.asyncio
 
 from controller.contracts import protocol as P
+from controller.contracts import states as S
 from controller.contracts.protocol import BandRequest  # noqa: F401 - re-exported for trainers
 
 
@@ -38,7 +39,7 @@ class ControllerUnavailable(ClientError):
 
 
 class RequestRefused(ClientError):
-    """The controller answered no. `code` is one of protocol.ERROR_CODES."""
+    """The controller answered no. `code` is one of contracts.states.ERROR_CODES."""
 
     def __init__(self, message: str, code: Optional[str] = None):
         super().__init__(message)
@@ -69,9 +70,9 @@ class BadRequest(RequestRefused):
     pass
 
 
-_REFUSALS = {"unknown_task": UnknownTask, "unknown_policy": UnknownPolicy,
-             "unknown_batch": UnknownBatch, "unknown_node": UnknownNode,
-             "policy_conflict": PolicyConflict, "bad_request": BadRequest}
+_REFUSALS = {S.UNKNOWN_TASK: UnknownTask, S.UNKNOWN_POLICY: UnknownPolicy,
+             S.UNKNOWN_BATCH: UnknownBatch, S.UNKNOWN_NODE: UnknownNode,
+             S.POLICY_CONFLICT: PolicyConflict, S.BAD_REQUEST: BadRequest}
 
 
 def _refused(ack: P.Ack) -> RequestRefused:

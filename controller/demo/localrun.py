@@ -201,7 +201,7 @@ def run_local(cfg: RunConfig, console=None) -> Path:
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset) as policy:
         try:
-            ctl = _spawn([sys.executable, "-m", "controller.broker.core", "--deployment", deployment,
+            ctl = _spawn([sys.executable, "-m", "controller.broker", "--deployment", deployment,
                           "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),

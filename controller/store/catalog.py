@@ -25,6 +25,8 @@ Must not import zmq or duckdb; it does no network I/O.
 """
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import re
@@ -37,10 +39,12 @@ from typing import Mapping
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from controller.contracts.fileio import atomic_write_with, fsync_dir
+from controller.contracts.trajectory import SHARD_TABLES
+
 log = logging.getLogger(__name__)
 
 CATALOG_DIR = "catalog"
-SHARD_TABLES = ("rollouts", "steps", "checks", "spans", "egress")
 _SHARD_TABLE_SET = frozenset(SHARD_TABLES)
 _SHARD_COLUMNS = tuple((t, f"{t}_shard") for t in SHARD_TABLES)
 
@@ -195,11 +199,7 @@ class Catalog:
             raise CatalogError(f"cannot write catalog file {path}: {exc}") from exc
         finally:
             tmp.unlink(missing_ok=True)
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(self.dir)
 
 
 def _table(rows: list[tuple]) -> pa.Table:
@@ -240,7 +240,6 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
     stays where it is: it may still be committed, or is evidence of an infra failure).
     Unreadable shards are left alone. One compactor per run (an flock on catalog/compact.lock).
     """
-    import fcntl
     from nodeagent.store.writer import SCHEMAS
     run_dir = Path(run_dir)
     cat_dir = run_dir / CATALOG_DIR
@@ -341,9 +340,9 @@ def _promote(run_dir: Path, table: str, rel: str, keys: pa.Table, seq: int) -> i
         _write_span_summary(pq.read_table(path), target)
     _write_record(run_dir, table, [(rel, data.num_rows)], target_rel, seq)
     os.link(path, target)                       # the commit point
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     path.unlink()
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return data.num_rows
 
 
@@ -368,7 +367,7 @@ def bucket_us(us):
 
 def _write_span_summary(spans: pa.Table, target: Path) -> None:
     """Per (node, kind) HDR histogram of the spans' durations, encoded, as JSON."""
-    import json
+    # numpy and hdrh only for compaction: lazy, so the controller's start does not pay them
     import numpy as np
     from hdrh.histogram import HdrHistogram
     us = np.rint(spans["duration_s"].to_numpy(zero_copy_only=False) * 1e6).astype(np.int64)
@@ -385,13 +384,7 @@ def _write_span_summary(spans: pa.Table, target: Path) -> None:
     doc = {"format": SPAN_SUMMARY_FORMAT, "rows": spans.num_rows,
            "histograms": [{"node": n, "kind": k, "hdr": h.encode().decode()}
                           for (n, k), h in sorted(hists.items())]}
-    out = span_summary_path(target)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(doc, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.rename(tmp, out)
+    atomic_write_with(span_summary_path(target), lambda tmp: tmp.write_text(json.dumps(doc)))
 
 
 def _write_record(run_dir: Path, table: str, sources: list[tuple[str, int]], target_rel: str,
@@ -409,7 +402,7 @@ def _write_record(run_dir: Path, table: str, sources: list[tuple[str, int]], tar
         os.link(rec_tmp, rec_path)
     finally:
         rec_tmp.unlink(missing_ok=True)
-    _fsync_dir(rec_path.parent)
+    fsync_dir(rec_path.parent)
 
 
 def _records(run_dir: Path) -> list[tuple[Path, list[dict]]]:
@@ -442,11 +435,11 @@ def _finish_unfinished(run_dir: Path) -> int:
             sources = [run_dir / r["source"] for r in rows if r["target"] == t]
             if not target.exists() and tmp.exists():
                 os.rename(tmp, target)                  # a merge: its target was complete
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
                 unfinished = True
             elif not target.exists() and len(sources) == 1 and sources[0].exists():
                 os.link(sources[0], target)             # a promotion: link the shard
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
                 unfinished = True
         if not all((run_dir / t).exists() for t in targets):
             continue    # cannot happen unless someone deleted files; sources stay visible
@@ -502,16 +495,9 @@ def _compact_group(run_dir: Path, table: str, schema: pa.Schema,
         _write_span_summary(merged, target)
     _write_record(run_dir, table, group, target_rel, seq)
     os.rename(tmp, target)                      # the commit point
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     for rel, _ in group:
         (run_dir / rel).unlink(missing_ok=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return merged.num_rows
 
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from controller.contracts.states import POLICY_OUTCOMES
+
 log = logging.getLogger(__name__)
 
 CLASSES = ("band", "explore", "too_easy", "too_hard", "quarantined")
-SCORED = ("pass", "fail", "timeout")
+SCORED = POLICY_OUTCOMES
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outcomes (

@@ -1,0 +1,205 @@
+"""The controller process: the ZeroMQ ROUTER loop around a `BrokerCore`, the automatic
+compaction hook, and `run`, the daemon's entry point (called by controller/cli/controller.py
+with plain arguments and one `BrokerConfig`).
+
+`Controller` owns the socket: each pass it reads up to `max_frames_per_pass` frames, hands
+them all to the core inside ONE queue transaction (group commit), commits, and only then
+sends the replies, so nothing is acknowledged before it is durable.
+
+Must not import: sqlite3 (everything goes through controller.store.queue), controller.cli,
+nodeagent.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import zmq
+
+from controller.broker.config import BrokerConfig, with_knobs
+from controller.broker.core import MULTIPART, BrokerCore
+from controller.contracts import protocol as P
+from controller.contracts.fileio import atomic_write
+from controller.store.catalog import Catalog
+from controller.store.queue import RolloutQueue
+from controller.taskbank.curriculum import Curriculum
+
+log = logging.getLogger("controller")
+
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_SNDMORE_NOBLOCK = int(zmq.NOBLOCK | zmq.SNDMORE)
+
+
+class Controller:
+    """The controller process: a ROUTER socket around a BrokerCore."""
+
+    def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
+                 tasks: dict[str, dict], db_path: str, *, config: BrokerConfig = BrokerConfig(),
+                 clock=time.monotonic, catalog: bool = True,
+                 curriculum: Optional[Curriculum] = None, **knobs):
+        """`knobs` override single fields of `config` (`heartbeat_interval_s=...`,
+        `queue=QueueConfig(...)`)."""
+        self.config = config = with_knobs(config, knobs)
+        self.queue = RolloutQueue(db_path, config=config.queue)
+        self.catalog = Catalog(run_dir) if catalog else None
+        if self.catalog is not None:
+            self._reconcile_catalog()
+        self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir, config=config,
+                               clock=clock, catalog=self.catalog, curriculum=curriculum)
+        self.max_batch = config.max_frames_per_pass
+        self.poll_timeout_ms = config.poll_timeout_ms
+        self.deployment = deployment
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes its name
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)  # bigger: peer cut off
+        self.sock.bind(bind)
+        self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._thread = threading.get_ident()
+        self._snapshot = self.core.snapshot()
+        self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
+
+    def _reconcile_catalog(self) -> None:
+        """A crash between the queue's commit and the catalog's flush: redo the catalog."""
+        for r in self.queue.committed_rows():
+            if not self.catalog.is_committed(r["rollout_id"], r["attempt"], r["token"]):
+                self.catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"],
+                                    r["at"])
+        self.catalog.flush()
+
+    @property
+    def stopped(self) -> bool:
+        return self.core.stopped
+
+    def snapshot(self) -> dict:
+        """Status as a dict. From the loop's thread: fresh; from another: as of the last
+        sweep (the queue's connection belongs to the loop)."""
+        if threading.get_ident() == self._thread:
+            self._snapshot = self.core.snapshot()
+        return self._snapshot
+
+    def serve(self) -> None:
+        self._thread = threading.get_ident()
+        last_hook = time.monotonic()
+        while not self.core.stopped:
+            frames = []
+            if self.sock.poll(timeout=self.poll_timeout_ms):
+                # EVENTS before each read: cheaper than the exception of an empty recv
+                while len(frames) < self.max_batch and self.sock.getsockopt(_EVENTS) & _POLLIN:
+                    try:
+                        frames.append(self.sock.recv_multipart(_NOBLOCK))
+                    except zmq.Again:
+                        break
+            with self.queue.batch():  # group commit: durable before any reply leaves
+                for parts in frames:
+                    if len(parts) != 2:
+                        self.core.drop(MULTIPART, f"{len(parts)} frames")
+                        continue
+                    self.core.receive(parts[0], parts[1])
+                self.core.tick()
+            self._flush_outbox()
+            if time.monotonic() - last_hook >= self.core.sweep_interval_s:
+                last_hook = time.monotonic()
+                self._snapshot = self.core.snapshot()
+                for hook in self.hooks:
+                    hook(self)
+        if self.catalog is not None:
+            self.catalog.flush()
+        self.sock.close(linger=0)
+        self.queue.close()
+
+    def _flush_outbox(self) -> None:
+        for identity, msg in self.core.take_outbox():
+            try:
+                for frame in P.encode_frames(msg, self.deployment):
+                    # send_multipart's enum flag arithmetic costs more than the send itself
+                    self.sock.send(identity, _SNDMORE_NOBLOCK)
+                    self.sock.send(frame, _NOBLOCK)
+            except zmq.ZMQError as exc:  # peer gone (ROUTER_MANDATORY) or its queue full
+                self.core.counters["send_failed"] += 1
+                log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
+
+
+class AutoCompact:
+    """A Controller hook: once `every` rollouts have committed since the last compaction, merge
+    the run's small shards in a separate, niced process (`paddock compact`, crash-safe, one at
+    a time), so a long run's store stays fast to query. `wait()` at shutdown lets a running
+    compaction finish."""
+
+    def __init__(self, run_dir: str, every: int, wait_s: float = BrokerConfig.compact_wait_s):
+        self.run_dir, self.every, self.wait_s = run_dir, every, wait_s
+        self.proc: Optional[subprocess.Popen] = None
+        self.last = 0
+        self.runs = 0
+
+    def __call__(self, ctl: "Controller") -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            log.info("compaction exited with %s (see logs/compact.log)", self.proc.returncode)
+            self.proc = None
+        committed = ctl.core.counters["committed"]
+        if self.proc is None and committed - self.last >= self.every:
+            self.last = committed
+            self.runs += 1
+            logs = Path(self.run_dir) / "logs"
+            logs.mkdir(parents=True, exist_ok=True)
+            with open(logs / "compact.log", "ab") as out:
+                # nice(1), not a preexec_fn: the controller has threads (metrics), and code run
+                # between fork and exec in a threaded process may deadlock
+                self.proc = subprocess.Popen(
+                    ["nice", "-n", "10", sys.executable, "-m", "controller.cli", "compact",
+                     "--run", self.run_dir],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=self.wait_s)
+        except subprocess.TimeoutExpired:      # it is crash-safe: the next one finishes it
+            log.warning("compaction still running after %.0fs at shutdown: leaving it",
+                        self.wait_s)
+
+
+def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, tasks: dict,
+        endpoint_file: str, db_path: Optional[str] = None,
+        curriculum_db: Optional[str] = None) -> int:
+    """Serve until a `shutdown`: the queue at `db_path` (default RUN_DIR/controller.db), the
+    run's catalog, the bound endpoint published (atomically) in `endpoint_file` -- and the
+    metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    curriculum = Curriculum(curriculum_db, {d["task_id"] for d in tasks.values()}) \
+        if curriculum_db else None
+    ctl = Controller(bind, deployment, str(run_dir), run_dir.name, tasks,
+                     db_path or str(run_dir / "controller.db"), config=config,
+                     curriculum=curriculum)
+    if config.metrics_port is not None:   # published before the endpoint: a reader of one finds both
+        # prometheus_client is loaded only when metrics are served
+        from controller.broker.metrics import serve_metrics
+        server, _ = serve_metrics(ctl.snapshot, config.metrics_port, config.metrics_addr)
+        atomic_write(endpoint_file + ".metrics",
+                     f"http://{config.metrics_addr}:{server.server_address[1]}/metrics",
+                     fsync=False)
+    atomic_write(endpoint_file, ctl.endpoint, fsync=False)
+    compactor = AutoCompact(str(run_dir), config.compact_every, config.compact_wait_s) \
+        if config.compact_every > 0 else None
+    if compactor is not None:
+        ctl.hooks.append(compactor)
+    log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
+    ctl.serve()
+    if compactor is not None:
+        compactor.wait()
+    return 0
+
+
+def load_tasks(path: str | Path) -> dict[str, dict]:
+    """The tasks file: task ref -> the task's lease form (JSON)."""
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,96 @@
+"""Placement: the broker's view of each node agent, and the pure choice of which node gets
+which due rollout.
+
+`NodeView` is what the broker knows of one node (slots, credit, held leases, mounted images,
+liveness, state); its state changes go through `move`, which asserts the node state table
+(controller.contracts.states.NODE_TRANSITIONS). `place` is a pure function of (due work, free
+slots per node, images per node).
+
+Must not import: zmq, sqlite3, controller.store (beyond its records), controller.cli,
+nodeagent.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from controller.contracts.states import LIVE, check_node_transition
+from controller.store.records import Due
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeView:
+    """The broker's view of one node agent (mirrors the queue for its leases)."""
+    node: str
+    identity: bytes
+    slots: int
+    agent_version: str
+    credit: int = 0
+    leases: set = field(default_factory=set)  # rollout ids it holds (mirror of the queue)
+    active: int = 0
+    slots_free: Optional[int] = None  # as the agent last reported
+    images: set = field(default_factory=set)
+    last_seen: float = 0.0  # monotonic
+    last_seen_wall: float = 0.0  # unix seconds
+    health: dict = field(default_factory=dict)
+    state: str = LIVE
+    drain_requested: bool = False  # by a client (drain_node), not by the agent itself
+    drain_deadline_s: Optional[float] = None
+    batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
+    sent_at: float = -1e18  # monotonic: when the controller last sent it anything
+
+    def move(self, new: str) -> None:
+        """Change the node's state (asserting the node state table)."""
+        check_node_transition(self.node, self.state, new)
+        if new != self.state:
+            log.debug("node %s: %s -> %s", self.node, self.state, new)
+        self.state = new
+
+    def free(self) -> int:
+        if self.state != LIVE:
+            return 0
+        return max(min(self.slots - len(self.leases), self.credit), 0)
+
+
+def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
+          image_of: Callable[[str], Optional[str]]) -> list[tuple[str, str]]:
+    """Placement: (rollout_id, node) for as many due rollouts as there are free slots.
+
+    Oldest first; each goes to a node that already has its image if one has a free slot,
+    else to the node with the most free slots (ties: node name). Pure function.
+    """
+    free = {n: k for n, k in free.items() if k > 0}
+    left = sum(free.values())
+    rank = {n: i for i, n in enumerate(sorted(free))}
+    heaps: dict[Optional[str], list] = {}  # per image (None: every node): a max-heap by
+    # (free, name) with lazy updates -- an entry whose count is stale is fixed when on top
+
+    def best(image: Optional[str]) -> Optional[str]:
+        h = heaps.get(image)
+        if h is None:
+            h = heaps[image] = [(-k, -rank[n], n) for n, k in free.items() if k and (
+                image is None or image in images.get(n, ()))]
+            heapq.heapify(h)
+        while h:
+            k, r, n = h[0]
+            if free[n] == -k:
+                return n
+            heapq.heappop(h)  # the node took leases meanwhile (counts only go down)
+            if free[n]:
+                heapq.heappush(h, (-free[n], r, n))
+        return None
+
+    out = []
+    for d in due:
+        if not left:
+            break
+        image = image_of(d.task_ref)
+        node = (best(image) if image else None) or best(None)
+        out.append((d.rollout_id, node))
+        free[node] -= 1
+        left -= 1
+    return out

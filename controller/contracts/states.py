@@ -1,0 +1,110 @@
+"""The state tables and the codes both sides speak: rollout states and their legal
+transitions, node states, rollout outcomes, and the reason codes of rejections, refusals and
+infrastructure failures.
+
+A state machine is a table here, asserted on every change by its owner (the queue for
+rollouts, the broker for nodes): an illegal change is an `AssertionError` naming both states
+and the id (a programmer error). Each code list is a `Literal` type (the protocol's message
+schemas use it for validation) and the tuple of its values; the named constants are those
+values. Documented in docs/protocol.md ("Rollout states", "Node states").
+
+Must not import: anything of Paddock, or anything that does I/O.
+"""
+from __future__ import annotations
+
+import typing
+from typing import Literal
+
+# ---- rollout states ----------------------------------------------------------------------
+
+QUEUED = "queued"
+LEASED = "leased"
+RUNNING = "running"
+VERIFYING = "verifying"
+COMMITTED = "committed"
+RETRY_WAIT = "retry_wait"
+DEAD_LETTER = "dead_letter"
+CANCELLED = "cancelled"
+
+# The rollout state table: state -> states it may move to. Nothing else is legal.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    QUEUED: frozenset({LEASED, CANCELLED}),
+    LEASED: frozenset({QUEUED, RUNNING, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER,
+                       CANCELLED}),
+    RUNNING: frozenset({QUEUED, VERIFYING, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    VERIFYING: frozenset({QUEUED, COMMITTED, RETRY_WAIT, DEAD_LETTER, CANCELLED}),
+    RETRY_WAIT: frozenset({LEASED, CANCELLED}),
+    COMMITTED: frozenset(),
+    DEAD_LETTER: frozenset(),
+    CANCELLED: frozenset(),
+}
+STATES: tuple[str, ...] = tuple(TRANSITIONS)
+HELD = (LEASED, RUNNING, VERIFYING)  # a node holds a lease on the rollout
+LEASABLE = (QUEUED, RETRY_WAIT)
+TERMINAL = (COMMITTED, DEAD_LETTER, CANCELLED)
+UNFINISHED = tuple(s for s in STATES if s not in TERMINAL)
+
+_LEASE_IS_LEGAL = all(LEASED in TRANSITIONS[s] for s in LEASABLE)
+assert _LEASE_IS_LEGAL, "every leasable state must be allowed to become leased"
+_COMMIT_IS_LEGAL = all(COMMITTED in TRANSITIONS[s] for s in HELD)
+assert _COMMIT_IS_LEGAL, "every held state must be allowed to become committed"
+
+
+def check_transition(rollout_id: str, old: str, new: str) -> None:
+    assert new in TRANSITIONS[old], (
+        f"illegal rollout transition {old} -> {new} for rollout {rollout_id}")
+
+
+# ---- node states (the broker's view of a node agent) -------------------------------------
+
+LIVE, DRAINING, LOST = "live", "draining", "lost"
+# A lost node stays lost: if it comes back it registers again, as a new live node.
+NODE_TRANSITIONS: dict[str, frozenset[str]] = {
+    LIVE: frozenset({DRAINING, LOST}),
+    DRAINING: frozenset({LIVE, LOST}),
+    LOST: frozenset(),
+}
+NODE_STATES: tuple[str, ...] = tuple(NODE_TRANSITIONS)
+
+
+def check_node_transition(node: str, old: str, new: str) -> None:
+    assert new == old or new in NODE_TRANSITIONS[old], (
+        f"illegal node transition {old} -> {new} for node {node}")
+
+
+# ---- outcomes ----------------------------------------------------------------------------
+
+Outcome = Literal["pass", "fail", "timeout", "infra_error"]
+OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
+PASS, FAIL, TIMEOUT, INFRA_ERROR = OUTCOMES
+POLICY_OUTCOMES = (PASS, FAIL, TIMEOUT)  # the policy's doing: committed, scored
+# INFRA_ERROR is never the policy's fault: retried, then dead-lettered, never scored.
+
+# How an attempt that did not commit ended (the queue's attempts table), besides OUTCOMES.
+RELEASED, REVOKED, ATTEMPT_CANCELLED = "released", "revoked", "cancelled"
+
+# ---- reason codes ------------------------------------------------------------------------
+
+# Why the controller refused an agent's result, started or release (`reject`).
+RejectReason = Literal["stale_token", "unknown_rollout", "cancelled", "draining", "bad_request"]
+REJECT_REASONS: tuple[str, ...] = typing.get_args(RejectReason)
+STALE_TOKEN, UNKNOWN_ROLLOUT, REJECT_CANCELLED, REJECT_DRAINING, REJECT_BAD_REQUEST = \
+    REJECT_REASONS
+
+# Why the controller refused a client request (`ack` code); the client raises one type per code.
+ErrorCode = Literal["unknown_task", "unknown_policy", "unknown_batch", "unknown_node",
+                    "policy_conflict", "bad_request", "unexpected"]
+ERROR_CODES: tuple[str, ...] = typing.get_args(ErrorCode)
+(UNKNOWN_TASK, UNKNOWN_POLICY, UNKNOWN_BATCH, UNKNOWN_NODE, POLICY_CONFLICT, BAD_REQUEST,
+ UNEXPECTED) = ERROR_CODES
+
+# Why the controller refused an agent's `register` (`refused`).
+RefusalReason = Literal["protocol_version", "agent_version"]
+REFUSAL_REASONS: tuple[str, ...] = typing.get_args(RefusalReason)
+REFUSED_PROTOCOL_VERSION, REFUSED_AGENT_VERSION = REFUSAL_REASONS
+
+# Infrastructure-failure reasons the controller itself records (an agent's infra_error
+# carries its own, free-form `infra_reason`).
+LEASE_EXPIRED = "lease_expired"
+STALE_POLICY = "stale_policy"
+NODE_LOST = "node_lost"  # recorded as "node_lost: <why>"

@@ -1,0 +1,117 @@
+"""The rollout queue's SQLite layout: the tables, opening a database (WAL, synchronous=FULL)
+with the migrations of older files, and the statements the queue runs on its hot paths.
+
+The queue (queue.py) is the only code that runs these. Tables and indexes are described in
+docs/protocol.md ("Durability").
+
+Must not import: zmq, controller.broker, controller.cli, nodeagent.
+"""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any, Sequence
+
+from controller.contracts.states import COMMITTED, HELD, LEASABLE, UNFINISHED
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, batch_id TEXT NOT NULL,
+    task_ref TEXT NOT NULL, policy_version INTEGER NOT NULL, seed INTEGER NOT NULL,
+    state TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 0, token INTEGER,
+    node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
+    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT);
+CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
+DROP INDEX IF EXISTS rollouts_node;
+CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
+CREATE INDEX IF NOT EXISTS rollouts_batch_state ON rollouts (batch_id, state);
+CREATE TABLE IF NOT EXISTS attempts (
+    rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
+    node TEXT NOT NULL, outcome TEXT, reason TEXT, started_at REAL NOT NULL,
+    finished_at REAL, idem TEXT, reply TEXT, PRIMARY KEY (rollout_id, attempt));
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
+    created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, reply TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS policies (
+    version INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL,
+    published_at REAL NOT NULL);
+"""
+COUNTERS = ("token", "commit_seq", "batch_seq", "rollout_seq")  # rows of `meta`
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The queue's one connection: WAL, synchronous=FULL, the tables made or migrated."""
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    assert mode == "wal", f"SQLite refused WAL mode for {path}: {mode}"
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA busy_timeout=5000")
+    db.executescript(SCHEMA)  # idempotent; executescript commits on its own
+    _migrate(db)
+    return db
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Columns added since the first layout (each an ALTER TABLE of an older file)."""
+    cols = {r[1] for r in db.execute("PRAGMA table_info(rollouts)")}
+    if "failures" not in cols:  # a database from before failures were counted apart
+        db.execute("ALTER TABLE rollouts ADD COLUMN failures INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE rollouts SET failures = attempt")
+    if "leased_at" not in cols:  # from before attempts rows were written when they end
+        db.execute("ALTER TABLE rollouts ADD COLUMN leased_at REAL")
+        db.execute("ALTER TABLE rollouts ADD COLUMN commit_idem TEXT")
+    if "idem" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
+        db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
+        db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
+
+
+def qs(values: Sequence[Any]) -> str:
+    """`?, ?, ...`: one placeholder per value."""
+    return ", ".join("?" for _ in values)
+
+
+def any_of(column: str, values: Sequence[Any]) -> str:
+    """`(column = ? OR ...)`: a filter on a row found by another index. (`column IN (?, ...)`
+    would make SQLite build an ephemeral b-tree of the list on every execution.)"""
+    return "(" + " OR ".join(f"{column} = ?" for _ in values) + ")"
+
+
+def lease_sql(n: int) -> str:
+    """Lease n (rollout_id, token, node) triples in one statement. The WHERE clause admits
+    only LEASABLE states, all of which may become LEASED (asserted on the table at import).
+    Parameters: LEASED, deadline, now, now, the triples, *LEASABLE, now."""
+    return (f"UPDATE rollouts SET state = ?, attempt = attempt + 1, token = v.tok,"
+            f" node = v.node, lease_deadline = ?, updated_at = ?, leased_at = ?"
+            f" FROM (SELECT"
+            f" column1 AS rid, column2 AS tok, column3 AS node FROM (VALUES"
+            f" {', '.join('(?, ?, ?)' for _ in range(n))})) AS v WHERE"
+            f" rollouts.rollout_id = v.rid AND rollouts.state IN ({qs(LEASABLE)})"
+            f" AND rollouts.not_before <= ? RETURNING rollouts.rollout_id,"
+            f" rollouts.attempt, task_ref, policy_version, seed, batch_id")
+
+
+LIVE_COUNTS_SQL = (f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({qs(UNFINISHED)})"
+                   f" GROUP BY state")
+COMMIT_HELD_SQL = (
+    f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?, lease_deadline = NULL,"
+    f" commit_seq = ?, updated_at = ?, commit_idem = ? WHERE rollout_id = ? AND attempt = ? AND"
+    f" token = ? AND {any_of('state', HELD)}")
+IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
+                    f" AND commit_idem = ? AND state = '{COMMITTED}'")
+# An attempt's row, written when it ends (a database from before that wrote it at lease
+# time: the row is there, its end is filled in).
+ATTEMPT_UPSERT_SQL = (
+    "INSERT INTO attempts (rollout_id, attempt, token, node, started_at, outcome, reason,"
+    " finished_at, idem, reply) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+    " (rollout_id, attempt) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,"
+    " finished_at = excluded.finished_at, idem = excluded.idem, reply = excluded.reply")
+RESULT_KEYS = ("rollout_id", "batch_id", "task_ref", "policy_version", "seed", "state",
+               "attempt", "token", "node", "outcome", "reward", "shards", "infra_reason",
+               "commit_seq")  # a result item (watch): these columns, in this order
+RESULTS_SQL = (f"SELECT {', '.join(RESULT_KEYS)} FROM rollouts WHERE batch_id = ? AND"
+               f" commit_seq > ? ORDER BY commit_seq LIMIT ?")
