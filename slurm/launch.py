@@ -111,7 +111,7 @@ def run_head(args) -> int:
     from controller.contracts.tasks import TaskError
     from layers.builtin import ensure_builtin_image
     from layers.store import ImageStore
-    from nodeagent.agent.daemon import AGENT_VERSION
+    from nodeagent.agent.version import AGENT_VERSION
 
     run_dir = Path(args.run_dir).resolve()
     check_run_dir(run_dir)
@@ -301,7 +301,8 @@ def agent_subids(procid: int, ntasks: int) -> tuple[int, int]:
 
 
 def run_agent(args) -> int:
-    from nodeagent.agent import daemon as node_agent
+    from controller.cli import agent as agent_cli
+    from nodeagent.agent.version import AGENT_VERSION
     run_dir = Path(args.run_dir).resolve()
 
     def on_signal(signum, _frame):
@@ -311,7 +312,7 @@ def run_agent(args) -> int:
     node = socket.gethostname()
     try:
         endpoint, job = wait_endpoint(run_dir, args.controller_wait_s)
-        check_job(job, args.deployment, node_agent.AGENT_VERSION)
+        check_job(job, args.deployment, AGENT_VERSION)
     except JobStepError as exc:
         print(f"paddock agent on {node}: {exc}", file=sys.stderr, flush=True)
         return EXIT_GAVE_UP
@@ -326,10 +327,10 @@ def run_agent(args) -> int:
     base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
-    return node_agent.main(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
-                            "--slots", str(args.slots), "--image-store", args.image_store,
-                            "--subid-base", str(base), "--subid-count", str(count),
-                            "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
+    return agent_cli.main(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
+                           "--slots", str(args.slots), "--image-store", args.image_store,
+                           "--subid-base", str(base), "--subid-count", str(count),
+                           "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -547,7 +547,7 @@ def spawn_controller(tmp: Path, endpoint: str, lease_ttl_s: float = 2.0) -> subp
 def spawn_agent(tmp: Path, endpoint: str, node: str, noop_s: float, slots: int = 2,
                 drain_s: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "nodeagent.agent.daemon", "--node", node, "--controller", endpoint,
+        [sys.executable, "-m", "controller.cli", "agent", "--node", node, "--controller", endpoint,
          "--deployment", DEP, "--slots", str(slots), "--noop-s", str(noop_s),
          "--heartbeat-interval-s", "0.1", "--drain-deadline-s", str(drain_s),
          "--log-level", "WARNING"],

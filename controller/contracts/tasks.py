@@ -9,6 +9,10 @@ File contents are text (`str`) or, for files that are not UTF-8 (a scrubbed `.gi
 repository task), `bytes`; the canonical form encodes bytes as `{"base64": ...}` so it stays
 JSON. The on-disk package format lives in controller/taskbank/bank.py (docs/tasks.md).
 
+`LeaseTask` is the task as a lease carries it to a node (`Task.canonical()` plus the bank's
+`task_id`, `image_digest`, `taskset_hash` and `split`), decoded once when the lease arrives
+(`LeaseTask.decode`); a malformed one is a `TaskError` naming the field.
+
 Must not import zmq, sqlite3 or anything that does I/O beyond reading task files.
 """
 from __future__ import annotations
@@ -19,7 +23,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from controller.contracts.checkerspec import SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
@@ -248,3 +252,117 @@ class TaskSet:
 
     def by_name(self) -> dict[str, Task]:
         return {t.name: t for t in self.tasks}
+
+
+# -- the task on the node -------------------------------------------------------------------
+_LIMIT_KEYS = tuple(Limits.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class LeaseTask:
+    """A task as a lease carries it to a node, decoded once on arrival (`decode`): file
+    contents are `str` or `bytes` (the wire's {"base64": ...} decoded), budgets are `Budgets`.
+
+    Only `task_id` is required: a controller may lease bare tasks ({"task_id", "image_digest"})
+    to agents that run no sandbox (tests, benchmarks); every other field has the default of
+    `Task`, and the attempt pipeline refuses a task it cannot run (no instruction, no image).
+    `limits` keeps the keys the lease gave (they go to the sandbox and the rollouts row as is).
+    """
+    task_id: str
+    image_digest: str = ""
+    name: str = ""
+    family: str = ""
+    instruction: str = ""
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    hidden: Mapping[str, str | bytes] = field(default_factory=dict)
+    checker: Mapping[str, Any] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()
+    budgets: Budgets = Budgets()
+    limits: Mapping[str, int | float] = field(default_factory=lambda: dataclasses.asdict(Limits()))
+    network: Any = "none"  # "none" or a tuple of allowlist entries (as `Task.network`)
+    tools: Optional[tuple[str, ...]] = None  # None: every tool
+    taskset_hash: str = ""
+    split: Optional[str] = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def decode(cls, d: Any) -> "LeaseTask":
+        """The lease's task dict, checked field by field. Raises TaskError naming the field."""
+        if not isinstance(d, Mapping):
+            raise TaskError(f"lease task must be an object, got {type(d).__name__}")
+        out: dict[str, Any] = {"task_id": _text(d, "task_id", required=True), "raw": d}
+        for key in ("image_digest", "name", "family", "instruction", "taskset_hash"):
+            out[key] = _text(d, key)
+        if out["image_digest"] and not re.fullmatch(r"sha256:\S+", out["image_digest"]):
+            raise TaskError(f"lease task 'image_digest' must be 'sha256:<digest>', got {out['image_digest']!r}")
+        out["files"], out["hidden"] = _contents(d, "files"), _contents(d, "hidden")
+        checker = d.get("checker") or {}
+        if not isinstance(checker, Mapping):
+            raise TaskError(f"lease task 'checker' must be an object, got {checker!r}")
+        out["checker"] = dict(checker)
+        out["protected"] = _names(d, "protected") or ()
+        out["tools"] = _names(d, "tools")
+        out["budgets"] = Budgets.from_dict(d.get("budgets"))
+        out["limits"] = _limits(d.get("limits"))
+        out["network"] = _normalise_network(d.get("network"))
+        split = d.get("split")
+        if split is not None and split not in SPLITS:
+            raise TaskError(f"lease task 'split' must be one of {SPLITS}, got {split!r}")
+        out["split"] = split
+        return cls(**out)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The lease's task dict with its file contents decoded (for code that takes a dict)."""
+        return dict(self.raw, files=dict(self.files), hidden=dict(self.hidden))
+
+    @property
+    def checker_kind(self) -> str:
+        return str(self.checker.get("kind", "?"))
+
+
+def _text(d: Mapping, key: str, required: bool = False) -> str:
+    v = d.get(key)
+    if v is None and not required:
+        return ""
+    if not isinstance(v, str) or (required and not v):
+        raise TaskError(f"lease task {key!r} must be a {'non-empty ' if required else ''}string, got {v!r}")
+    return v
+
+
+def _contents(d: Mapping, key: str) -> dict[str, str | bytes]:
+    files = d.get(key) or {}
+    if not isinstance(files, Mapping):
+        raise TaskError(f"lease task {key!r} must be an object of path -> content, got {type(files).__name__}")
+    out = {}
+    for path, v in files.items():
+        ok = isinstance(path, str) and (isinstance(v, (str, bytes)) or (
+            isinstance(v, Mapping) and set(v) == {"base64"} and isinstance(v["base64"], str)))
+        if not ok:
+            raise TaskError(f"lease task '{key}[{path}]' must be text, bytes or {{'base64': ...}}")
+        try:
+            out[path] = decode_content(v)
+        except ValueError as exc:  # binascii.Error: not base64
+            raise TaskError(f"lease task '{key}[{path}]' is not valid base64: {exc}") from None
+    return out
+
+
+def _names(d: Mapping, key: str) -> Optional[tuple[str, ...]]:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, str) or not isinstance(v, (list, tuple)) or not all(isinstance(n, str) for n in v):
+        raise TaskError(f"lease task {key!r} must be a list of strings, got {v!r}")
+    return tuple(v)
+
+
+def _limits(v: Any) -> dict[str, int | float]:
+    if v is None:
+        return dataclasses.asdict(Limits())
+    if not isinstance(v, Mapping):
+        raise TaskError(f"lease task 'limits' must be an object, got {v!r}")
+    for key, n in v.items():
+        if key not in _LIMIT_KEYS:
+            raise TaskError(f"lease task limit {key!r} is unknown; valid: {list(_LIMIT_KEYS)}")
+        if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
+            raise TaskError(f"lease task limit {key!r} must be a number >= 0, got {n!r}")
+    return dict(v)

@@ -211,7 +211,7 @@ def run_local(cfg: RunConfig, console=None) -> Path:
             endpoint = _wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
             for i in range(cfg.agents):
                 base, count = _agent_subids(i, cfg.agents)
-                procs.append(_spawn([sys.executable, "-m", "nodeagent.agent.daemon", "--node", f"local-{i + 1}",
+                procs.append(_spawn([sys.executable, "-m", "controller.cli", "agent", "--node", f"local-{i + 1}",
                                      "--controller", endpoint, "--deployment", deployment,
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-base", str(base), "--subid-count", str(count),

@@ -1,5 +1,8 @@
-"""The node agent daemon: its DEALER loop, slots, drain, health samples, and the attempt
-pipeline (sandbox -> harness -> verifier -> shards).
+"""The node agent: its protocol logic as a sans-I/O core (core.py, which the deterministic
+simulation drives), the daemon around it (daemon.py: DEALER socket, slot threads, `serve`),
+health samples (health.py), the attempt pipeline (attempt.py: sandbox -> harness -> verifier
+-> shards) and its version (version.py).
 
-May import: controller.contracts, nodeagent.*, layers.
+May import: controller.contracts, nodeagent.*, layers. Must not import: controller.cli (its
+argparse front is controller/cli/agent.py) or any other part of the controller.
 """

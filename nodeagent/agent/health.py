@@ -15,7 +15,8 @@ sample is also appended as one line to `<jsonl_dir>/<node>.jsonl`; the file is r
 `.1` past `max_jsonl_bytes`. A failure to read one figure leaves it null: health never stops
 the heartbeat.
 
-Must not import: zmq, controller.* (the agent sends what this returns).
+Must not import: zmq, controller.* (the agent sends what this returns), nodeagent.agent.daemon
+or nodeagent.agent.core (it reads the agent it is given).
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
+
+from nodeagent.agent.version import AGENT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,7 @@ class HealthSampler:
         slots = int(getattr(a, "slots", 0))
         draining = bool(getattr(a, "draining", False))
         out = {
-            "ts": round(self.wall(), 3), "node": a.node, "agent_version": _agent_version(),
+            "ts": round(self.wall(), 3), "node": a.node, "agent_version": AGENT_VERSION,
             "draining": draining, "slots": slots, "slots_used": active,
             "slots_free": 0 if draining else max(slots - active, 0),
             "rollouts_total": completed, "rollouts_per_s": rate,
@@ -137,11 +140,6 @@ def sampler_for(agent) -> HealthSampler:
     if s is None:
         s = agent.__dict__["_health_sampler"] = HealthSampler(agent, os.environ.get(HEALTH_DIR_ENV) or None)
     return s
-
-
-def _agent_version() -> str:
-    from nodeagent.agent.daemon import AGENT_VERSION
-    return AGENT_VERSION
 
 
 def _pool_size(pool) -> int:

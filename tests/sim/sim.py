@@ -1,5 +1,6 @@
-"""Deterministic simulation of the controller: the real BrokerCore and RolloutQueue (a real
-SQLite file), simulated node agents, trainer, network and clock, and seeded faults.
+"""Deterministic simulation of the farm: the real BrokerCore and RolloutQueue (a real SQLite
+file), the real node-agent cores, a simulated trainer, network, clock and attempt runner, and
+seeded faults.
 
 Everything that varies comes from one `random.Random(seed)`: message loss, delay (and so
 reordering), duplication, agent crash and restart, agent drain, controller crash (the
@@ -8,9 +9,10 @@ objects are dropped without close, the database file stays) and restart, clock j
 heals the faults and checks liveness: every rollout ends committed or dead-lettered within
 a bound of simulated time, and the trainer got each of those results exactly once.
 
-The simulated agent follows the same rules as nodeagent/agent/daemon.py (credit, Started, results
-resent until acked, re-register on an unsolicited welcome, reconnect on silence, drain with
-release); the network delivers encoded frames, so decode/validation runs for real.
+The agents are the real `nodeagent.agent.core.AgentCore` (credit, Started, results resent until
+acked, re-register on an unsolicited welcome, reconnect on silence, drain with release), with
+a simulated attempt runner; the network delivers encoded frames both ways, so decode and
+validation run for real on both sides.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from controller.contracts import protocol as P
 from controller.store import queue as qm
 from controller.broker.core import BrokerCore
 from controller.store.queue import QueueConfig, RolloutQueue
+from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult
 
 DEP = "sim"
 CTL = b"controller"
@@ -93,14 +96,10 @@ class Network:
         heapq.heapify(self.heap)
 
 
-@dataclass
-class Running:
-    lease: P.Lease
-    done_at: float
-
-
 class SimAgent:
-    """A node agent: the rules of nodeagent/agent/daemon.py on the simulated network."""
+    """A node agent: the real AgentCore on the simulated network and clock, with a simulated
+    attempt runner (an attempt ends after a drawn duration, with a drawn outcome). A crash
+    drops the core (the process); a restart is a fresh core that registers."""
 
     def __init__(self, world: "World", node: str, slots: int, version: str = "0.2.0"):
         self.w, self.node, self.slots = world, node, slots
@@ -108,127 +107,68 @@ class SimAgent:
         self.ident = node.encode()
         self.up = True
         self.restart_at = 0.0
-        self.reset()
+        self.core: Optional[AgentCore] = None
+        self.running: list[tuple[float, int, Attempt]] = []  # (done_at, seq, attempt) heap
 
-    def reset(self) -> None:
-        self.active: dict[str, Running] = {}
-        self.finished: set[int] = set()  # tokens of attempts this agent ran
-        self.unacked: dict[str, tuple[P.Result, float]] = {}
-        self.draining = False
-        self.drain_by = 0.0
-        self.awaiting = False
-        self.last_rx = self.last_hb = self.w.clock.now
-        self.backoff_s = self.w.hb_s
-        self.peer_batches = False  # the controller sent a batch since we registered
-
-    def send(self, msg: P.Message) -> None:
-        self.w.net.send(self.ident, CTL, msg)
-
-    def register(self) -> None:
-        self.awaiting, self.peer_batches = True, False
-        held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
-        self.send(P.Register(node=self.node, slots=self.slots, images=[], mem_free_mb=1,
-                             agent_version=self.version, held=held))
-        self.send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
-
-    def free(self) -> int:
-        return 0 if self.draining else max(self.slots - len(self.active), 0)
+    def boot(self) -> None:
+        """A new agent process: a fresh core, registered."""
+        self.core = AgentCore(self.node, self.slots, DEP, agent_version=self.version,
+                              heartbeat_interval_s=self.w.hb_s, liveness=self.w.liveness,
+                              drain_deadline_s=2.0, backoff_max_s=8.0, clock=self.w.clock,
+                              health=dict, mem_free_mb=lambda: 1,
+                              rng=random.Random(self.w.rng.random()))
+        self.running = []
+        self.core.start()
+        self.flush()
 
     def crash(self, down_s: float) -> None:
         self.up, self.restart_at = False, self.w.clock.now + down_s
+        self.core, self.running = None, []
         self.w.net.drop_to(self.ident)
 
-    def send_results(self, results: list[P.Result]) -> None:
-        """Like the agent: one `result_batch` once the controller has sent a batch."""
-        for m in (P.batched(results) if self.peer_batches and results else results):
-            self.send(m)
+    def flush(self, leases: Optional[dict[int, P.Lease]] = None) -> None:
+        """What the core decided: frames onto the network, attempts onto the runner (only a
+        lease just delivered, one of `leases` by token, makes an attempt)."""
+        for msg in self.core.take_outbox():
+            if msg is not RECONNECT:  # a fresh socket: same identity on the simulated network
+                self.w.net.send(self.ident, CTL, msg)
+        for a in self.core.take_attempts():
+            self.w.leases_seen.append(leases[a.token])
+            self.w.net.seq += 1
+            heapq.heappush(self.running, (self.w.clock.now + self.w.rng.uniform(0.2, 6.0),
+                                          self.w.net.seq, a))
 
-    def receive(self, msg: P.Message) -> None:
-        self.last_rx = self.w.clock.now
+    def deliver(self, data: bytes) -> None:
+        """One frame from the controller, as the daemon hands it to its core."""
+        msg = P.decode(data, DEP)
         if isinstance(msg, (P.LeaseBatch, P.AckBatch)):
             assert P.speaks_batches(self.version), f"a batch sent to agent {self.version}"
-            self.peer_batches = True
-            for item in P.unbatched(msg):
-                self.receive(item)
-        elif isinstance(msg, P.Lease):
-            run = self.active.get(msg.rollout_id)
-            if (run is not None and run.lease.token == msg.token) or msg.token in self.finished:
-                return
-            if self.draining or len(self.active) >= self.slots:
-                self.send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt,
-                                    token=msg.token, reason="no slot"))
-                return
-            self.w.leases_seen.append(msg)
-            self.active[msg.rollout_id] = Running(msg, self.w.clock.now +
-                                                  self.w.rng.uniform(0.2, 6.0))
-            self.send(P.Started(rollout_id=msg.rollout_id, attempt=msg.attempt, token=msg.token))
-        elif isinstance(msg, P.Welcome):
-            if self.awaiting:
-                self.awaiting, self.backoff_s = False, self.w.hb_s
-                self.send_results([r for r, _ in self.unacked.values()])
-            else:
-                self.register()
-        elif isinstance(msg, P.Ack):
-            self.unacked.pop(msg.ref, None)
-        elif isinstance(msg, P.Reject):
-            for key, (r, _) in list(self.unacked.items()):
-                if (r.rollout_id, r.token) == (msg.rollout_id, msg.token):
-                    del self.unacked[key]
-            run = self.active.get(msg.rollout_id)
-            if run is not None and run.lease.token == msg.token:
-                del self.active[msg.rollout_id]
-        elif isinstance(msg, P.Drain):
-            self.drain(msg.deadline_s or 2.0)
+        leases = {m.token: m for m in P.unbatched(msg) if isinstance(m, P.Lease)}
+        self.core.receive_data(data)
+        self.flush(leases)
 
     def drain(self, deadline_s: float) -> None:
-        if not self.draining:
-            self.draining, self.drain_by = True, self.w.clock.now + deadline_s
-            self.send(P.Ready(node=self.node, credit=0, draining=True))
+        self.core.drain(deadline_s)
+        self.flush()
 
     def step(self) -> None:
         now = self.w.clock.now
         if not self.up:
             if now >= self.restart_at:
                 self.up = True
-                self.reset()
-                self.register()
+                self.boot()
             return
-        results = []
-        for rid, run in list(self.active.items()):
-            if run.done_at <= now:
-                del self.active[rid]
-                self.finished.add(run.lease.token)
-                outcome = self.w.rng.choices(["pass", "fail", "timeout", "infra_error"],
-                                             [4, 2, 1, 3])[0]
-                lease = run.lease
-                r = P.Result(rollout_id=rid, attempt=lease.attempt, token=lease.token,
-                             outcome=outcome, reward=1.0 if outcome == "pass" else None,
-                             shards={}, infra_reason="sim" if outcome == "infra_error" else None,
-                             idem=f"{rid}:{lease.attempt}:{lease.token}")
-                self.unacked[r.id] = (r, now)
-                results.append(r)
-        self.send_results(results)
-        if now - self.last_hb >= self.w.hb_s:
-            self.last_hb = now
-            held = sorted(set(self.active) | {r.rollout_id for r, _ in self.unacked.values()})
-            self.send(P.Heartbeat(node=self.node, slots_free=self.free(),
-                                  active=len(self.active), health={}, held=held))
-            again = []
-            for key, (r, sent) in list(self.unacked.items()):
-                if now - sent >= self.w.hb_s * self.w.liveness:
-                    self.unacked[key] = (r, now)
-                    again.append(r)
-            self.send_results(again)
-        if now - self.last_rx > self.w.hb_s * self.w.liveness + self.backoff_s - self.w.hb_s:
-            self.backoff_s = min(self.backoff_s * 2, 8.0)
-            self.last_rx = now
-            self.register()
-        if self.draining and ((not self.active and not self.unacked) or now >= self.drain_by):
-            for rid, run in self.active.items():
-                self.send(P.Release(rollout_id=rid, attempt=run.lease.attempt,
-                                    token=run.lease.token, reason="drain deadline"))
-            self.send(P.Disconnect(node=self.node, reason="drained"))
-            self.crash(self.w.rng.uniform(1, 10))  # the job step ends; a new one starts later
+        done = []
+        while self.running and self.running[0][0] <= now:
+            a = heapq.heappop(self.running)[2]
+            outcome = self.w.rng.choices(["pass", "fail", "timeout", "infra_error"], [4, 2, 1, 3])[0]
+            done.append((a, AttemptResult(outcome, 1.0 if outcome == "pass" else None, {},
+                                          "sim" if outcome == "infra_error" else None)))
+        self.core.attempts_done(done)
+        self.core.tick()
+        self.flush()
+        if self.core.done:  # drained and disconnected: the job step ends; a new one starts later
+            self.crash(self.w.rng.uniform(1, 10))
 
 
 class SimTrainer:
@@ -314,7 +254,7 @@ class World:
                     self.rng.randint(1, 4)) for _ in range(self.rng.randint(2, 3))]
         self.trainer = SimTrainer(self, batches)
         for a in self.agents:
-            a.register()
+            a.boot()
 
     # ---- the controller ----
 
@@ -365,13 +305,12 @@ class World:
         for dst, src, data in frames:
             if dst == CTL:
                 continue
-            msg = P.decode(data, DEP)
             if dst == TRAINER:
-                self.trainer.receive(msg)
+                self.trainer.receive(P.decode(data, DEP))
             else:
                 agent = next(a for a in self.agents if a.ident == dst)
                 if agent.up:
-                    agent.receive(msg)
+                    agent.deliver(data)
         if faults and self.rng.random() < self.faults.client_drain:
             node = self.rng.choice(self.agents).node
             self.net.send(TRAINER, CTL, P.DrainNode(node=node, deadline_s=self.rng.uniform(0, 4)))

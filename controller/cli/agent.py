@@ -1,0 +1,75 @@
+"""`paddock agent`: run a node agent (one per compute node; `paddock run` and the Slurm job
+steps start it). Parses the arguments, configures logging and calls
+`nodeagent.agent.daemon.serve` with plain arguments.
+
+  paddock agent --controller tcp://HOST:PORT --deployment ID [--node N] [--slots N]
+                (--image-store DIR | --noop-s S) [--subid-base B --subid-count C]
+                [--heartbeat-interval-s S] [--drain-deadline-s S] [--degrade] [--log-level L]
+
+`register(subparsers)` adds the subcommand to `paddock`; `main(argv)` runs it alone
+(`python -m controller.cli agent ...` goes through `paddock`).
+
+Must not import: controller.broker, controller.store (an agent holds no controller state).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from nodeagent.agent.daemon import serve
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--node", default=os.uname().nodename, help="this node's name (default: the host name)")
+    ap.add_argument("--controller", required=True, help="ZeroMQ endpoint, e.g. tcp://10.0.0.1:5555")
+    ap.add_argument("--deployment", required=True, help="the deployment id every frame carries")
+    ap.add_argument("--slots", type=int, default=2, help="rollouts run at once (default 2)")
+    ap.add_argument("--image-store", default="", help="the image store directory (required unless --noop-s)")
+    ap.add_argument("--subid-base", type=int, help="first subordinate id of the sandboxes' user range")
+    ap.add_argument("--subid-count", type=int, help="how many subordinate ids from --subid-base")
+    ap.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="seconds between heartbeats (default 1)")
+    ap.add_argument("--drain-deadline-s", type=float, default=60.0,
+                    help="on SIGTERM or drain: how long running attempts may take to finish")
+    ap.add_argument("--noop-s", type=float, default=None,
+                    help="no sandbox: every rollout passes after this many seconds (benchmarks)")
+    ap.add_argument("--degrade", action="store_true",
+                    help="start even where a sandbox cap (memory, pids, cpu) cannot be enforced by a "
+                         "cgroup: fall back to rlimits for it and say so in the log (default: refuse)")
+    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> int:
+    if args.noop_s is None and not args.image_store:
+        msg = "--image-store is required (unless --noop-s)"
+        if ap is not None:
+            ap.error(msg)  # exits 2 with the usage
+        print(f"paddock agent: {msg}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(),
+                        format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
+    subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
+    return serve(args.node, args.controller, args.deployment, slots=args.slots,
+                 image_store=args.image_store, subids=subids,
+                 heartbeat_interval_s=args.heartbeat_interval_s,
+                 drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade)
+
+
+def register(subparsers) -> None:
+    """Add `paddock agent` to the `paddock` command's subparsers."""
+    ap = subparsers.add_parser("agent", help="run a node agent", description="Run a node agent.")
+    add_arguments(ap)
+    ap.set_defaults(func=lambda args: run(args, ap))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`paddock agent` on its own (the Slurm job step calls this with its arguments)."""
+    ap = argparse.ArgumentParser(prog="paddock agent", description="Run a node agent.")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    return run(args, ap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""The node agent's protocol logic, sans-I/O: registration, credit, leases in and attempts out,
+`started`, results resent until acknowledged, heartbeats with health, liveness, drain.
+
+`AgentCore` takes frames (`receive_data`: decoded and validated here; a malformed frame is
+counted and dropped), finished attempts (`attempts_done`) and the passage of time (`tick`,
+reading the injected clock), decides, and leaves what to do in two lists:
+- `take_outbox()`: the messages to send, in order; `RECONNECT` among them means "replace the
+  socket by a fresh one here, then send the rest on it";
+- `take_attempts()`: the attempts to start (each one `Attempt`, built from its lease).
+It touches no socket, thread, process or host figure: the daemon (nodeagent/agent/daemon.py)
+owns those, and the deterministic simulation (tests/sim) drives this same class over a
+simulated network and clock.
+
+Rules:
+- Registration: `register` then `ready` (credit = free slots) on start and after every
+  reconnect; `refused` (this agent's protocol or agent version) stops the agent with its
+  reason (`refused`).
+- Liveness (Paranoid Pirate): any frame is a sign of life; a controller silent for
+  `liveness` heartbeat intervals (plus the backoff) means `RECONNECT` and a new registration,
+  the backoff doubling up to `backoff_max_s` while it stays silent, reset by a `welcome`.
+- A `welcome` the agent did not ask for (the controller restarted, or declared it lost)
+  makes it register again, listing the rollouts it still holds so their leases are kept.
+- A lease it runs or ran (same token) is ignored; one while draining or full is released at
+  once; a newer lease of a rollout it runs makes the old attempt stale (never reported). The
+  lease's task is decoded once, here (`LeaseTask.decode`): a malformed task is an
+  `infra_error` result naming the field, never a crash.
+- `started` goes out once an attempt has run STARTED_AFTER_S (one that ends sooner says so
+  in its result only).
+- A result stays unacknowledged until `ack` or `reject`; it is sent again after a `welcome`
+  and every liveness period (its idempotency key makes that safe); results go as one
+  `result_batch` once the controller has sent a batch since the registration.
+- Heartbeats every interval, from a random phase, with the health payload and `held`.
+- Drain (`drain()`, or a `drain` from the controller): no new leases (credit 0), finish what
+  runs until the deadline, then `release` what is still unfinished and `disconnect`.
+
+Phases (`PHASES`, checked on every change): serving -> draining -> done (disconnected).
+`stopped` (a `shutdown`, a refusal, or the owner) ends the agent in any phase.
+
+Must not import: zmq, psutil, threading, os, nodeagent.sandbox/harness/verifier/egress/store
+(anything that runs an attempt), controller.* other than controller.contracts.
+"""
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Union
+
+from controller.contracts import protocol as P
+from controller.contracts.tasks import LeaseTask, TaskError
+from nodeagent.agent.version import AGENT_VERSION
+
+log = logging.getLogger("nodeagent")
+STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
+FINISHED_TOKENS_KEPT = 4096  # tokens of attempts run, remembered to ignore their late duplicates
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt the node runs: its lease's facts and the task decoded (`from_lease`).
+    Code that runs attempts by hand (replay, tests) may build one with the task's dict."""
+    run_id: str
+    run_dir: str
+    rollout_id: str
+    attempt: int
+    token: int
+    batch_id: str
+    seed: int
+    task: LeaseTask
+    policy_version: int
+    endpoint: str
+    model: str
+
+    @classmethod
+    def from_lease(cls, lease: P.Lease) -> "Attempt":
+        """The attempt a lease asks for. Raises TaskError (naming the field) for a bad task."""
+        return cls(lease.run_id, lease.run_dir, lease.rollout_id, lease.attempt, lease.token,
+                   lease.batch_id, lease.seed, LeaseTask.decode(lease.task), lease.policy.version,
+                   lease.policy.endpoint, lease.policy.model)
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    outcome: str
+    reward: float | None
+    shards: dict
+    infra_reason: str | None
+
+
+class Phase(str, enum.Enum):
+    SERVING = "serving"
+    DRAINING = "draining"
+    DONE = "done"  # drained and disconnected: the owner ends the agent
+
+
+PHASES: dict[Phase, frozenset[Phase]] = {
+    Phase.SERVING: frozenset({Phase.DRAINING}),
+    Phase.DRAINING: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+class _Reconnect:
+    """Outbox marker: close the socket, open a fresh one, send what follows on it."""
+
+    def __repr__(self) -> str:
+        return "RECONNECT"
+
+
+RECONNECT = _Reconnect()
+Outgoing = Union[P.Message, _Reconnect]
+
+
+@dataclass
+class _Pending:
+    msg: P.Result
+    sent_at: float
+
+
+class AgentCore:
+    def __init__(self, node: str, slots: int, deployment: str, *,
+                 agent_version: str = AGENT_VERSION, heartbeat_interval_s: float = 1.0,
+                 liveness: int = 5, drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 health: Callable[[], dict] = dict, mem_free_mb: Callable[[], int] = lambda: 0,
+                 rng: Any = random, endpoint: str = "?"):
+        self.node, self.slots, self.deployment = node, slots, deployment
+        self.agent_version, self.endpoint = agent_version, endpoint  # endpoint: for the log only
+        self.hb_s, self.liveness = heartbeat_interval_s, liveness
+        self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
+        self.clock, self.health, self.mem_free_mb, self.rng = clock, health, mem_free_mb, rng
+        self.phase = Phase.SERVING
+        self.stopped = False
+        self.refused: Optional[str] = None  # why the controller refused this agent
+        self.active: dict[str, Attempt] = {}
+        self.abandoned: set[tuple[str, int]] = set()  # (rollout, token) not to report
+        self.finished: set[int] = set()  # tokens of attempts run (the last FINISHED_TOKENS_KEPT)
+        self._finished_order: collections.deque = collections.deque()
+        self.unacked: dict[str, _Pending] = {}  # result message id -> pending
+        # `started` not sent yet, with when the lease came
+        self.starting: list[tuple[Attempt, float]] = []
+        self.images: set[str] = set()  # digests the runner has used on this node
+        self.drain_by: Optional[float] = None
+        self.session: Optional[str] = None
+        self.peer_batches = False  # the controller sent a batch since we registered
+        self.awaiting_welcome = False
+        self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
+        self.last_rx = self.last_hb = 0.0
+        self.backoff_s = heartbeat_interval_s
+        self._outbox: list[Outgoing] = []
+        self._to_run: list[Attempt] = []
+
+    # -- phases -----------------------------------------------------------------------------
+    def _enter(self, phase: Phase) -> None:
+        assert phase in PHASES[self.phase], f"agent {self.node}: illegal phase {self.phase} -> {phase}"
+        self.phase = phase
+
+    @property
+    def draining(self) -> bool:
+        return self.phase is not Phase.SERVING
+
+    @property
+    def done(self) -> bool:
+        """Drained and disconnected."""
+        return self.phase is Phase.DONE
+
+    # -- outputs ----------------------------------------------------------------------------
+    def take_outbox(self) -> list[Outgoing]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def take_attempts(self) -> list[Attempt]:
+        out, self._to_run = self._to_run, []
+        return out
+
+    def held(self) -> list[str]:
+        """The rollouts this agent runs or has unacknowledged results for."""
+        return sorted(set(self.active) | {p.msg.rollout_id for p in self.unacked.values()})
+
+    def free(self) -> int:
+        return 0 if self.draining else max(self.slots - len(self.active), 0)
+
+    def poll_timeout_ms(self) -> int:
+        """How long the owner may wait for a frame: until the next heartbeat, liveness check,
+        `started` or drain deadline (at most a heartbeat interval, at least 1 ms)."""
+        now = self.clock()
+        silent_by = self.last_rx + self.hb_s * (self.liveness - 1) + self.backoff_s
+        next_due = min(self.last_hb + self.hb_s, silent_by)
+        if self.starting:
+            next_due = min(next_due, self.starting[0][1] + STARTED_AFTER_S)
+        if self.draining and self.drain_by is not None:
+            next_due = min(next_due, self.drain_by)
+        return max(1, min(int((next_due - now) * 1000) + 1, int(self.hb_s * 1000) + 1))
+
+    # -- inputs -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """A fresh connection: register, and start the liveness and heartbeat clocks (the
+        heartbeat from a random phase: agents started together do not beat at once)."""
+        self._register()
+        self.last_rx = self.clock()
+        self.last_hb = self.last_rx - self.rng.uniform(0.0, self.hb_s)
+        self.backoff_s = self.hb_s
+
+    def receive_data(self, data: bytes) -> bool:
+        """One frame from the controller. False: stop reading (the controller refused us)."""
+        self.last_rx = self.clock()
+        try:
+            msg = P.decode(data, self.deployment)
+        except P.ProtocolError as exc:
+            refused = P.refusal(data, self.deployment) if exc.reason == P.WRONG_VERSION else None
+            if refused is not None:  # a controller of another protocol version
+                self._refused(refused)
+                return False
+            self.bad_frames += 1
+            log.warning("dropped a malformed frame from the controller: %s", exc)
+            return True
+        self._handle(msg)
+        return True
+
+    def receive(self, msg: P.Message) -> None:
+        """One decoded message from the controller (any message is a sign of life)."""
+        self.last_rx = self.clock()
+        self._handle(msg)
+
+    def attempts_done(self, items: Iterable[tuple[Attempt, AttemptResult]]) -> None:
+        """Attempts that ended: their results go out (one batch), unless abandoned."""
+        out: list[P.Result] = []
+        for a, res in items:
+            if (a.rollout_id, a.token) in self.abandoned:
+                self.abandoned.discard((a.rollout_id, a.token))
+                continue
+            if self.active.get(a.rollout_id) is a:
+                del self.active[a.rollout_id]
+            out.append(self._record(a.rollout_id, a.attempt, a.token, res))
+        self._send_results(out)
+
+    def drain(self, deadline_s: Optional[float] = None) -> None:
+        """Take no new leases; finish what runs within deadline_s, then hand the rest back."""
+        if self.draining:
+            return
+        self._enter(Phase.DRAINING)
+        self.drain_by = self.clock() + (deadline_s if deadline_s is not None else self.drain_deadline_s)
+        log.info("draining: %d attempts running, deadline in %.1fs", len(self.active),
+                 self.drain_by - self.clock())
+        self._send(P.Ready(node=self.node, credit=0, draining=True))
+
+    def tick(self) -> None:
+        """The passage of time: `started`, heartbeats and resends, liveness, the drain's end."""
+        self._flush_started()
+        now = self.clock()
+        if now - self.last_hb >= self.hb_s:
+            self._heartbeat()
+            self._resend_unacked(now)
+            self.last_hb = now
+        if now - self.last_rx > self.hb_s * self.liveness + self.backoff_s - self.hb_s:
+            log.warning("controller silent for %.1fs: reconnecting", now - self.last_rx)
+            self.backoff_s = min(self.backoff_s * 2, self.backoff_max_s)
+            self._outbox.append(RECONNECT)
+            self._register()
+            self.last_rx = now
+        if self.phase is Phase.DRAINING and self._drain_over(now):
+            self._enter(Phase.DONE)
+
+    # -- messages ---------------------------------------------------------------------------
+    def _send(self, msg: P.Message) -> None:
+        self._outbox.append(msg)
+
+    def _register(self) -> None:
+        self.registrations += 1
+        self.awaiting_welcome = True
+        self.peer_batches = False
+        self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
+                              mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
+                              held=self.held()))
+        self._send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
+
+    def _handle(self, msg: P.Message) -> None:
+        if isinstance(msg, P.Lease):
+            self._on_lease(msg)
+        elif isinstance(msg, P.LeaseBatch):
+            self.peer_batches = True
+            for ref in msg.acks:
+                self.unacked.pop(ref, None)
+            for lease in msg.items:
+                self._on_lease(lease)
+        elif isinstance(msg, P.AckBatch):
+            self.peer_batches = True
+            for ref in msg.refs:
+                self.unacked.pop(ref, None)
+        elif isinstance(msg, P.Welcome):
+            self._on_welcome(msg)
+        elif isinstance(msg, P.Ack):
+            self.unacked.pop(msg.ref, None)
+        elif isinstance(msg, P.Reject):
+            self._on_reject(msg)
+        elif isinstance(msg, P.Drain):
+            log.info("drain: %s", msg.reason)
+            self.drain(msg.deadline_s)
+        elif isinstance(msg, P.Shutdown):
+            log.info("shutdown: %s", msg.reason)
+            self.stopped = True
+        elif isinstance(msg, P.Refused):
+            self._refused(f"{msg.detail} (controller speaks protocol {msg.protocol_versions}, "
+                          f"agents from version {msg.min_agent_version})")
+        # a controller heartbeat only proves the controller is alive
+
+    def _on_welcome(self, msg: P.Welcome) -> None:
+        self.backoff_s = self.hb_s
+        if self.awaiting_welcome:
+            self.awaiting_welcome, self.session = False, msg.session
+            self._resend_unacked(None)
+        else:  # the controller does not know us (it restarted, or we were lost)
+            log.info("unsolicited welcome (session %s): registering again", msg.session)
+            self._register()
+
+    def _on_reject(self, msg: P.Reject) -> None:
+        log.info("rejected: %s attempt %d token %d: %s", msg.rollout_id, msg.attempt,
+                 msg.token, msg.reason)
+        for key, p in list(self.unacked.items()):
+            if (p.msg.rollout_id, p.msg.token) == (msg.rollout_id, msg.token):
+                del self.unacked[key]
+        a = self.active.get(msg.rollout_id)
+        if a is not None and a.token == msg.token:  # cancelled or stale: don't report it
+            self.abandoned.add((a.rollout_id, a.token))
+            del self.active[a.rollout_id]
+
+    def _refused(self, detail: str) -> None:
+        """The controller will not take this agent (its version): say why and stop."""
+        log.error("the controller at %s refused this agent (version %s, protocol %d): %s",
+                  self.endpoint, self.agent_version, P.PROTOCOL_VERSION, detail)
+        self.refused = detail
+        self.stopped = True
+
+    def _on_lease(self, msg: P.Lease) -> None:
+        a = self.active.get(msg.rollout_id)
+        if (a is not None and a.token == msg.token) or msg.token in self.finished:
+            return  # a duplicate delivery of a lease we run or ran
+        if self.draining or len(self.active) >= self.slots:
+            self._send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt, token=msg.token,
+                                 reason="draining" if self.draining else "no free slot"))
+            return
+        if a is not None:  # a newer lease of the same rollout: the old attempt is stale
+            self.abandoned.add((a.rollout_id, a.token))
+            del self.active[a.rollout_id]
+        try:
+            new = Attempt.from_lease(msg)
+        except TaskError as exc:
+            log.warning("rollout %s attempt %d infra_error: malformed task: %s", msg.rollout_id,
+                        msg.attempt, exc)
+            res = AttemptResult("infra_error", None, {}, f"task: {exc}")
+            self._send_results([self._record(msg.rollout_id, msg.attempt, msg.token, res)])
+            return
+        self.active[msg.rollout_id] = new
+        self.starting.append((new, self.clock()))
+        self._to_run.append(new)
+
+    # -- results ----------------------------------------------------------------------------
+    def _record(self, rollout_id: str, attempt: int, token: int, res: AttemptResult) -> P.Result:
+        """An attempt ended: count it, remember its token, keep its result until acked."""
+        self.completed += 1
+        self.finished.add(token)
+        self._finished_order.append(token)
+        if len(self._finished_order) > FINISHED_TOKENS_KEPT:
+            self.finished.discard(self._finished_order.popleft())
+        self.infra_errors += res.outcome == "infra_error"
+        msg = P.Result(rollout_id=rollout_id, attempt=attempt, token=token, outcome=res.outcome,
+                       reward=res.reward, shards=res.shards, infra_reason=res.infra_reason,
+                       idem=f"{rollout_id}:{attempt}:{token}")
+        self.unacked[msg.id] = _Pending(msg, self.clock())
+        return msg
+
+    def _send_results(self, msgs: list[P.Result]) -> None:
+        """Results as one `result_batch` frame if the controller speaks batches."""
+        if not msgs:
+            return
+        for m in (P.batched(msgs) if self.peer_batches else msgs):
+            self._send(m)
+
+    def _resend_unacked(self, now: Optional[float]) -> None:
+        """Results not acknowledged: resend (all of them after a welcome, else the old)."""
+        out = []
+        for p in self.unacked.values():
+            if now is None or now - p.sent_at >= self.hb_s * self.liveness:
+                p.sent_at = self.clock()
+                out.append(p.msg)
+        self._send_results(out)
+
+    def _flush_started(self) -> None:
+        """`started` for attempts still running STARTED_AFTER_S after their lease came."""
+        if not self.starting:
+            return
+        now, keep = self.clock(), []
+        for a, t in self.starting:
+            if self.active.get(a.rollout_id) is not a:
+                continue  # ended (its result went out) or dropped
+            if now - t >= STARTED_AFTER_S:
+                self._send(P.Started(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token))
+            else:
+                keep.append((a, t))
+        self.starting = keep
+
+    def _heartbeat(self) -> None:
+        self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=len(self.active),
+                               health=self.health(), images=sorted(self.images), held=self.held()))
+
+    def _drain_over(self, now: float) -> bool:
+        """True when the drain is over: `release` what still runs, then `disconnect`."""
+        if (self.active or self.unacked) and now < self.drain_by:
+            return False
+        for a in list(self.active.values()):
+            self._send(P.Release(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
+                                 reason="drain deadline"))
+            self.abandoned.add((a.rollout_id, a.token))
+        log.info("drained: %d attempts handed back, %d results unacknowledged",
+                 len(self.active), len(self.unacked))
+        self.active.clear()
+        self._send(P.Disconnect(node=self.node, reason="drained"))
+        return True
