@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 from controller.analysis import report
 from controller.store.catalog import CATALOG_SCHEMA, compact
 from controller.analysis.query import connect
-from nodeagent.store.writer import SCHEMAS, write_attempt, write_batch
+from controller.contracts.trajectory import SCHEMAS
+from nodeagent.store.writer import write_attempt, write_batch
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 FAMILIES = np.array(["python", "math", "swe"])

@@ -39,7 +39,7 @@ from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFI
                                 span_summary_path)
 from controller.contracts.states import OUTCOMES
 from controller.demo import policy_server
-from nodeagent.store.writer import KEY_COLUMNS, SCHEMAS, shard_suffix
+from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
 
 CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
 

@@ -1,8 +1,175 @@
-"""The trajectory store's vocabulary shared by its writers (node agents) and readers
-(catalog, DuckDB views): the names of the shard tables, one directory each under a run.
+"""The trajectory store's schema, shared by its writers (node agents) and readers (catalog,
+DuckDB views, reports): the shard tables and their Arrow schemas, key and provenance columns,
+which columns are optional or JSON, and how a shard is named.
 
-Must not import: anything of Paddock, or anything that does I/O.
+Pure data and pure functions (pyarrow types only; nothing is read or written here). The
+writer is `nodeagent.store.writer`; the columns are documented in docs/trajectories.md.
+
+Must not import: zmq, duckdb, sqlite3, nodeagent, controller.store, controller.broker.
 """
 from __future__ import annotations
 
+import re
+
+import pyarrow as pa
+
 SHARD_TABLES: tuple[str, ...] = ("rollouts", "steps", "checks", "spans", "egress")
+TABLES = SHARD_TABLES
+SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# What produced a row: copied from the rollout row into every child row by the writer.
+PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
+                      "policy_version", "limits")
+KEY_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token")
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _f(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable)
+
+
+_KEY_FIELDS = [
+    _f("run_id", pa.string()),
+    _f("rollout_id", pa.string()),
+    _f("attempt", pa.int32()),
+    _f("fencing_token", pa.int64()),
+]
+
+ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("batch_id", pa.string(), True),
+    _f("task_id", pa.string()),
+    _f("task_name", pa.string()),
+    _f("task_family", pa.string()),
+    _f("taskset_hash", pa.string()),
+    _f("image_digest", pa.string()),
+    _f("verifier_version", pa.string()),
+    _f("policy_version", pa.int32()),
+    _f("seed", pa.int64()),
+    _f("node", pa.string()),
+    _f("outcome", pa.string()),
+    _f("reward", pa.float64(), True),
+    _f("reward_components", pa.string()),
+    _f("tampered", pa.bool_()),
+    _f("infra_reason", pa.string(), True),
+    _f("started_at", _TS),
+    _f("finished_at", _TS),
+    _f("wall_s", pa.float64()),
+    _f("agent_s", pa.float64()),
+    _f("verify_s", pa.float64()),
+    _f("steps", pa.int32()),
+    _f("prompt_tokens", pa.int64()),
+    _f("completion_tokens", pa.int64()),
+    _f("limits", pa.string()),
+    _f("answer", pa.string(), True),
+    _f("diff_bytes", pa.int64()),
+    # Analyst extras: optional keys (NULL when omitted), see OPTIONAL_COLUMNS.
+    _f("split", pa.string(), True),
+    _f("stop_reason", pa.string(), True),
+    _f("diff_files", pa.int32(), True),
+    _f("cpu_s", pa.float64(), True),
+    _f("peak_memory_bytes", pa.int64(), True),
+    _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
+])
+
+STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("step", pa.int32()),
+    _f("role", pa.string()),
+    _f("content", pa.string(), True),
+    _f("tool_name", pa.string(), True),
+    _f("tool_args", pa.string(), True),
+    _f("observation", pa.string(), True),
+    _f("exit_code", pa.int32(), True),
+    _f("started_at", _TS),
+    _f("wall_s", pa.float64()),
+    _f("model_s", pa.float64(), True),
+    _f("tool_s", pa.float64(), True),
+    _f("prompt_tokens", pa.int64(), True),
+    _f("completion_tokens", pa.int64(), True),
+    _f("logprobs", pa.string(), True),
+    # Analyst extras: optional keys (NULL when omitted).
+    _f("observation_truncated", pa.bool_(), True),
+])
+
+CHECKS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("check", pa.string()),
+    _f("verdict", pa.string()),
+    _f("detail", pa.string(), True),
+    _f("wall_s", pa.float64()),
+])
+
+SPANS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("kind", pa.string()),
+    _f("name", pa.string(), True),
+    _f("step", pa.int32(), True),
+    _f("start_s", pa.float64()),
+    _f("duration_s", pa.float64()),
+    _f("node", pa.string(), True),      # the node the span ran on (the writer fills it)
+])
+
+EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("sandbox", pa.string(), True),
+    _f("host", pa.string(), True),
+    _f("port", pa.int32(), True),
+    _f("address", pa.string(), True),
+    _f("verdict", pa.string()),
+    _f("reason", pa.string(), True),
+    _f("ts", _TS),
+])
+
+# Provenance fields appended to every child table (nullable: shards written before these
+# columns existed read as NULL).
+_PROVENANCE_FIELDS = [
+    _f("taskset_hash", pa.string(), True),
+    _f("task_id", pa.string(), True),
+    _f("image_digest", pa.string(), True),
+    _f("verifier_version", pa.string(), True),
+    _f("policy_version", pa.int32(), True),
+    _f("limits", pa.string(), True),
+]
+STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
+CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
+SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
+EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "checks": CHECKS_SCHEMA,
+    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA,
+}
+
+# Columns a caller may leave out (they become NULL). Every other column is a required key,
+# even when nullable: a required nullable column must be passed explicitly as None.
+OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
+    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
+    "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
+    "checks": frozenset(PROVENANCE_COLUMNS),
+    "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
+    "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
+    | frozenset(PROVENANCE_COLUMNS),
+}
+
+# Columns holding JSON text: callers may pass a str (must parse) or any JSON-able object.
+JSON_COLUMNS: dict[str, frozenset[str]] = {
+    "rollouts": frozenset({"reward_components", "limits"}),
+    "steps": frozenset({"tool_args", "logprobs", "limits"}),
+    "checks": frozenset({"limits"}),
+    "spans": frozenset({"limits"}),
+    "egress": frozenset({"limits"}),
+}
+
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _safe(s: str) -> str:
+    return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
+
+
+def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> str:
+    """`<node>-<rollout_id>-a<attempt>-t<token>.parquet`, unsafe characters %-escaped."""
+    return f"{_safe(node)}-{shard_suffix(rollout_id, attempt, fencing_token)}"
+
+
+def shard_suffix(rollout_id: str, attempt: int, fencing_token: int) -> str:
+    """The end of every per-attempt shard name of this key: `<rollout_id>-a<n>-t<token>.parquet`."""
+    return f"{_safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from controller.contracts.fileio import atomic_write_with, fsync_dir
-from controller.contracts.trajectory import SHARD_TABLES
+from controller.contracts.trajectory import SCHEMAS, SHARD_TABLES, shard_suffix
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,6 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
     stays where it is: it may still be committed, or is evidence of an infra failure).
     Unreadable shards are left alone. One compactor per run (an flock on catalog/compact.lock).
     """
-    from nodeagent.store.writer import SCHEMAS
     run_dir = Path(run_dir)
     cat_dir = run_dir / CATALOG_DIR
     cat_dir.mkdir(parents=True, exist_ok=True)
@@ -289,7 +288,6 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
 def _committed_shards(run_dir: Path) -> tuple[dict[str, set[str]], pa.Table]:
     """Per table, the per-attempt shards committed catalog rows name (under their own key),
     and every committed key as a table (rollout_id, attempt, fencing_token)."""
-    from nodeagent.store.writer import shard_suffix
     out: dict[str, set[str]] = {}
     key_tables = []
     for path in sorted((run_dir / CATALOG_DIR).glob("commit-*.parquet")):

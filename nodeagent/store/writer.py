@@ -1,11 +1,10 @@
 """Trajectory shard writer: one Parquet file per table per rollout attempt, written atomically.
 
 A node agent calls `write_attempt` once an attempt has finished (verified or failed). The rows
-are checked against explicit schemas (ROLLOUTS_SCHEMA, STEPS_SCHEMA, CHECKS_SCHEMA,
-SPANS_SCHEMA, EGRESS_SCHEMA); every child row (steps, checks, spans, egress) gets the rollout
+are checked against the schemas of `controller.contracts.trajectory` (one per table); every child row (steps, checks, spans, egress) gets the rollout
 row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
 or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
-`SchemaError` naming the table and the column. Each shard is written to `<name>.tmp` in its
+`SchemaError` naming the table and the column. Each shard is written to a `.tmp` name (`controller.contracts.fileio`) in its
 table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
 the `*.parquet` glob never matches a file being written.
 
@@ -13,7 +12,8 @@ Writing a shard does not make its rows visible: the controller's catalog decides
 (rollout_id, attempt, fencing_token) keys are committed (see controller/store/catalog.py and
 docs/trajectories.md).
 
-Must not import zmq, duckdb or anything from controller/ (node agents run without them).
+Must not import: zmq, duckdb, controller.store, controller.broker, controller.analysis (node agents run
+without them; the schema comes from controller.contracts).
 """
 from __future__ import annotations
 
@@ -29,170 +29,15 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from controller.contracts.fileio import atomic_write_with
+from controller.contracts.states import OUTCOMES
+from controller.contracts.trajectory import (JSON_COLUMNS, KEY_COLUMNS, OPTIONAL_COLUMNS, PROVENANCE_COLUMNS,
+                                             SCHEMAS, SPAN_KINDS, TABLES, shard_name, shard_suffix)
+
 log = logging.getLogger(__name__)
-
-TABLES = ("rollouts", "steps", "checks", "spans", "egress")
-SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
-# What produced a row: copied from the rollout row into every child row by the writer.
-PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
-                      "policy_version", "limits")
-OUTCOMES = ("pass", "fail", "timeout", "infra_error")
-KEY_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token")
-
-_TS = pa.timestamp("us", tz="UTC")
-
-
-def _f(name: str, type_: pa.DataType, nullable: bool = False) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable)
-
-
-_KEY_FIELDS = [
-    _f("run_id", pa.string()),
-    _f("rollout_id", pa.string()),
-    _f("attempt", pa.int32()),
-    _f("fencing_token", pa.int64()),
-]
-
-ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
-    _f("batch_id", pa.string(), True),
-    _f("task_id", pa.string()),
-    _f("task_name", pa.string()),
-    _f("task_family", pa.string()),
-    _f("taskset_hash", pa.string()),
-    _f("image_digest", pa.string()),
-    _f("verifier_version", pa.string()),
-    _f("policy_version", pa.int32()),
-    _f("seed", pa.int64()),
-    _f("node", pa.string()),
-    _f("outcome", pa.string()),
-    _f("reward", pa.float64(), True),
-    _f("reward_components", pa.string()),
-    _f("tampered", pa.bool_()),
-    _f("infra_reason", pa.string(), True),
-    _f("started_at", _TS),
-    _f("finished_at", _TS),
-    _f("wall_s", pa.float64()),
-    _f("agent_s", pa.float64()),
-    _f("verify_s", pa.float64()),
-    _f("steps", pa.int32()),
-    _f("prompt_tokens", pa.int64()),
-    _f("completion_tokens", pa.int64()),
-    _f("limits", pa.string()),
-    _f("answer", pa.string(), True),
-    _f("diff_bytes", pa.int64()),
-    # Analyst extras: optional keys (NULL when omitted), see OPTIONAL_COLUMNS.
-    _f("split", pa.string(), True),
-    _f("stop_reason", pa.string(), True),
-    _f("diff_files", pa.int32(), True),
-    _f("cpu_s", pa.float64(), True),
-    _f("peak_memory_bytes", pa.int64(), True),
-    _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
-])
-
-STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
-    _f("step", pa.int32()),
-    _f("role", pa.string()),
-    _f("content", pa.string(), True),
-    _f("tool_name", pa.string(), True),
-    _f("tool_args", pa.string(), True),
-    _f("observation", pa.string(), True),
-    _f("exit_code", pa.int32(), True),
-    _f("started_at", _TS),
-    _f("wall_s", pa.float64()),
-    _f("model_s", pa.float64(), True),
-    _f("tool_s", pa.float64(), True),
-    _f("prompt_tokens", pa.int64(), True),
-    _f("completion_tokens", pa.int64(), True),
-    _f("logprobs", pa.string(), True),
-    # Analyst extras: optional keys (NULL when omitted).
-    _f("observation_truncated", pa.bool_(), True),
-])
-
-CHECKS_SCHEMA = pa.schema(_KEY_FIELDS + [
-    _f("check", pa.string()),
-    _f("verdict", pa.string()),
-    _f("detail", pa.string(), True),
-    _f("wall_s", pa.float64()),
-])
-
-SPANS_SCHEMA = pa.schema(_KEY_FIELDS + [
-    _f("kind", pa.string()),
-    _f("name", pa.string(), True),
-    _f("step", pa.int32(), True),
-    _f("start_s", pa.float64()),
-    _f("duration_s", pa.float64()),
-    _f("node", pa.string(), True),      # the node the span ran on (the writer fills it)
-])
-
-EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
-    _f("sandbox", pa.string(), True),
-    _f("host", pa.string(), True),
-    _f("port", pa.int32(), True),
-    _f("address", pa.string(), True),
-    _f("verdict", pa.string()),
-    _f("reason", pa.string(), True),
-    _f("ts", _TS),
-])
-
-# Provenance fields appended to every child table (nullable: shards written before these
-# columns existed read as NULL).
-_PROVENANCE_FIELDS = [
-    _f("taskset_hash", pa.string(), True),
-    _f("task_id", pa.string(), True),
-    _f("image_digest", pa.string(), True),
-    _f("verifier_version", pa.string(), True),
-    _f("policy_version", pa.int32(), True),
-    _f("limits", pa.string(), True),
-]
-STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
-CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
-SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
-EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "checks": CHECKS_SCHEMA,
-    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA,
-}
-
-# Columns a caller may leave out (they become NULL). Every other column is a required key,
-# even when nullable: a required nullable column must be passed explicitly as None.
-OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
-    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
-    "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
-    "checks": frozenset(PROVENANCE_COLUMNS),
-    "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
-    "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
-    | frozenset(PROVENANCE_COLUMNS),
-}
-
-# Columns holding JSON text: callers may pass a str (must parse) or any JSON-able object.
-JSON_COLUMNS: dict[str, frozenset[str]] = {
-    "rollouts": frozenset({"reward_components", "limits"}),
-    "steps": frozenset({"tool_args", "logprobs", "limits"}),
-    "checks": frozenset({"limits"}),
-    "spans": frozenset({"limits"}),
-    "egress": frozenset({"limits"}),
-}
-
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
 
 class SchemaError(ValueError):
     """A trajectory row does not match its table's schema; the message names table and column."""
-
-
-def _safe(s: str) -> str:
-    return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
-
-
-def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> str:
-    """`<node>-<rollout_id>-a<attempt>-t<token>.parquet`, unsafe characters %-escaped."""
-    return f"{_safe(node)}-{shard_suffix(rollout_id, attempt, fencing_token)}"
-
-
-def shard_suffix(rollout_id: str, attempt: int, fencing_token: int) -> str:
-    """The end of every per-attempt shard name of this key: `<rollout_id>-a<n>-t<token>.parquet`."""
-    return f"{_safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"
 
 
 def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[str, Any],
@@ -399,18 +244,4 @@ def _timestamp(where: str, value: Any) -> datetime:
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    atomic_write_with(path, lambda tmp: pq.write_table(table, str(tmp), compression="zstd"))
