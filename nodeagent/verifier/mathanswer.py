@@ -22,10 +22,11 @@ How a prediction is judged:
    their folded text. Everything else goes to Math-Verify's `verify` (sets, intervals,
    relations, matrices, symbolic equality), with the exact rule for numeric expressions.
 
-Time: Math-Verify's own timeouts are used when running on the main thread (they use SIGALRM,
-which works only there); on another thread they are off and the caller's deadline (the check
-runner kills the process) bounds the check. Inputs are capped (`mathnorm.MAX_ANSWER_CHARS`,
-`MAX_TEXT_CHARS`, `MAX_CANDIDATES`). No exception escapes `math_verdict`.
+Time: one check starts no new parse or comparison after CHECK_BUDGET_S (the rest counts as
+"not shown equal"); each parse and comparison runs under Math-Verify's own timeouts on the
+main thread (they use SIGALRM, which works only there); on another thread those are off and
+the caller's deadline (the check runner kills the process) bounds the check. Inputs are capped (`mathnorm.MAX_ANSWER_CHARS`,
+`MAX_TEXT_CHARS`, `MAX_CANDIDATES`, `mathnorm.MAX_BOXED`). No exception escapes `math_verdict`.
 
 Must not import zmq, the controller, or the other verifier modules (checkers imports this one).
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from fractions import Fraction
 
 from nodeagent.verifier import mathnorm as mn
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 
 PARSE_TIMEOUT_S = 3
 VERIFY_TIMEOUT_S = 3
+CHECK_BUDGET_S = 8.0             # past this, no new parse/verify starts: what is left is "not equal"
 MAX_CANDIDATES = 8
 MAX_TEXT_CHARS = 200_000
 MAX_SET_ITEMS = 32
@@ -69,8 +72,22 @@ def _timeouts() -> tuple[int | None, int | None]:
     return None, None
 
 
+class _Budget(threading.local):
+    deadline: float | None = None
+
+
+_budget = _Budget()
+
+
+def _out_of_time() -> bool:
+    return _budget.deadline is not None and time.monotonic() > _budget.deadline
+
+
 def mv_parse(text: str) -> list:
-    """Math-Verify's parse with its LaTeX and expression extraction; [] on any failure."""
+    """Math-Verify's parse with its LaTeX and expression extraction; [] on any failure or when
+    the check's CHECK_BUDGET_S is spent."""
+    if _out_of_time():
+        return []
     mv = _math_verify()
     try:
         return mv.parse(text, extraction_config=[mv.LatexExtractionConfig(), mv.ExprExtractionConfig()],
@@ -81,6 +98,8 @@ def mv_parse(text: str) -> list:
 
 def mv_verify(gold: list, pred: list) -> bool:
     """Math-Verify's verify (float rounding 6, strict); False on any failure or timeout."""
+    if _out_of_time():
+        return False
     try:
         return bool(_math_verify().verify(gold, pred, timeout_seconds=_timeouts()[1], raise_on_error=False))
     except Exception:  # noqa: BLE001 - undecidable means "not shown equal"
@@ -324,6 +343,8 @@ def _bounded(fn, *args) -> bool:
     """`fn(*args)` under Math-Verify's SIGALRM timeout (VERIFY_TIMEOUT_S) when on the main
     thread; elsewhere unbounded here and bounded by the caller's deadline. A timeout is False."""
     seconds = _timeouts()[1]
+    if _out_of_time():
+        return False
     if seconds is None:
         return fn(*args)
     mv = _math_verify()
@@ -342,11 +363,14 @@ def _multi_valued(gold: str) -> bool:
 def math_verdict(gold: str, pred_text: str | None) -> dict:
     """{"ok": bool, "detail": str} for a math answer check (the `checkers.answer_verdict`
     contract for kind "math"). Never raises."""
+    _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
         return {"ok": False, "detail": f"math check error: {type(exc).__name__}"}
+    finally:
+        _budget.deadline = None
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:

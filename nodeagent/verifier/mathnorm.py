@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 MAX_ANSWER_CHARS = 2000          # a longer "answer" is not one; its checks fail fast
+MAX_BOXED = 64                   # \\boxed{} bodies read from one text
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
@@ -39,12 +40,15 @@ _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
 
 
-def boxed_contents(text: str) -> list[str]:
-    """The bodies of every \\boxed{...} in `text`, in order (an unclosed one is dropped)."""
+def boxed_contents(text: str, limit: int = MAX_BOXED) -> list[str]:
+    """The bodies of the first `limit` \\boxed{...} in `text`, in order; an unclosed one, or
+    one longer than MAX_ANSWER_CHARS, is dropped (so the scan costs at most limit x that)."""
     out: list[str] = []
-    for m in _BOXED.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
+    for n, m in enumerate(_BOXED.finditer(text)):
+        if n >= limit:
+            break
+        depth, i, end = 1, m.end(), min(len(text), m.end() + MAX_ANSWER_CHARS)
+        while i < end and depth:
             depth += (text[i] == "{") - (text[i] == "}")
             i += 1
         if depth == 0:
@@ -129,7 +133,7 @@ def structure(s: str) -> Shape:
         rows = [split_top(r, "&") for r in re.split(r"\\\\", matrix.group(2)) if r.strip()]
         if rows and all(len(r) == len(rows[0]) for r in rows):
             return Shape("group", tuple(i for r in rows for i in r), "matrix", f"{len(rows)}x{len(rows[0])}")
-    if t.startswith("\\{") and t.endswith("\\}") and _matching_close(t, 1) == len(t) - 2:
+    if t.startswith("\\{") and t.endswith("\\}") and _matching_close(t, 1) == len(t) - 1:
         return Shape("set", tuple(i for i in split_top(t[2:-2]) if i))
     if t.startswith("{") and t.endswith("}") and _matching_close(t, 0) == len(t) - 1:
         items = split_top(t[1:-1])
