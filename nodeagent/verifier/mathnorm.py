@@ -1,0 +1,187 @@
+"""Math answer text: finding the final answers in a model's text and reading their shape.
+
+Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
+- `boxed_contents(text)`: every \\boxed{...} / \\fbox{...} body, nested braces kept;
+- `answer_lines(text)`: every "answer: X" / "answer is X" line;
+- `is_bare_answer(text)`: the text is itself an answer ("4, .1, 2", "\\frac{1}{2}"), not prose;
+- `normalise(s)`: strip dollars, spacing commands, \\left/\\right, trailing dots, thin-space
+  thousands separators (`14{,}916`, `11,\\! 111`);
+- `split_top(s, sep)`: split at separators outside brackets and braces;
+- `structure(s)`: the answer's shape: a bracketed group ("(", "]" ...), a braced set, a bare
+  list, or a scalar; `text_answer(s)`: the content of a pure \\text{...} or option-letter answer;
+- `number_literal(s)`: an integer / decimal / thousands-grouped literal, as (Fraction, places).
+
+Commas are thousands separators only when they group digits by three after a leading group of
+1-3 digits that does not start with 0; a lone comma between digits otherwise is a decimal comma.
+Must not import sympy, math_verify, zmq or the controller.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+MAX_ANSWER_CHARS = 2000          # a longer "answer" is not one; its checks fail fast
+MAX_BOXED = 64                   # \\boxed{} bodies read from one text
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
+_PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+_OPTION = re.compile(r"\(?([A-Ea-e])\)?")
+_SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))")   # not the \\ row break
+_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
+_LIST_WORD = re.compile(r"\s+(?:\\text\{\s*(?:and|or)\s*\}|and|or)\s+")
+_MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
+_ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+
+
+def boxed_contents(text: str, limit: int = MAX_BOXED) -> list[str]:
+    """The bodies of the first `limit` \\boxed{...} in `text`, in order; an unclosed one, or
+    one longer than MAX_ANSWER_CHARS, is dropped (so the scan costs at most limit x that)."""
+    out: list[str] = []
+    for n, m in enumerate(_BOXED.finditer(text)):
+        if n >= limit:
+            break
+        depth, i, end = 1, m.end(), min(len(text), m.end() + MAX_ANSWER_CHARS)
+        while i < end and depth:
+            depth += (text[i] == "{") - (text[i] == "}")
+            i += 1
+        if depth == 0:
+            out.append(text[m.end():i - 1].strip())
+    return out
+
+
+def answer_lines(text: str) -> list[str]:
+    """The value of every "answer: X" / "the answer is X" line, trailing dot removed."""
+    found = (f.strip().rstrip(".").strip() for f in _ANSWER_LINE.findall(text))
+    return [f for f in found if f]
+
+
+def is_bare_answer(text: str) -> bool:
+    """True when `text` is an answer on its own (no delimiters, no prose words)."""
+    s = text.strip()
+    if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
+        return False
+    return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", s)))
+
+
+def normalise(s: str) -> str:
+    """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
+    s = s.strip()
+    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
+    s = s.replace("{,}", ",")
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
+    s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
+    s = _SPACING.sub(" ", s)
+    s = _PERCENT_WORD.sub("\\%", s)
+    s = re.sub(r"\s+", " ", s).strip()
+    return s.rstrip(".").strip()
+
+
+def split_top(s: str, sep: str = ",") -> list[str]:
+    """`s` split at `sep` where no bracket or brace is open (\\{ and \\} count as braces)."""
+    parts, depth, buf, i = [], 0, [], 0
+    while i < len(s):
+        ch = s[i]
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(0, depth - 1)
+        if depth == 0 and s.startswith(sep, i):
+            parts.append("".join(buf).strip())
+            buf, i = [], i + len(sep)
+            continue
+        buf.append(ch)
+        i += 1
+    parts.append("".join(buf).strip())
+    return parts
+
+
+def _matching_close(s: str, start: int) -> int:
+    """Index of the bracket closing the one opened at `start` (any bracket kind), or -1."""
+    depth = 0
+    for i in range(start, len(s)):
+        if s[i] in _OPEN:
+            depth += 1
+        elif s[i] in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+@dataclass(frozen=True)
+class Shape:
+    kind: str                      # scalar | group | set | list
+    items: tuple[str, ...]
+    left: str = ""                 # group only: "(" or "["
+    right: str = ""                # group only: ")" or "]"
+
+
+def structure(s: str) -> Shape:
+    """The shape of a normalised answer. "(1,2]" is a group (interval or tuple), "\\{1,2\\}" a
+    set, "1, 2" a bare list, anything else (thousands-grouped numbers included) a scalar."""
+    t = s.strip()
+    matrix = _MATRIX.fullmatch(t)
+    if matrix and "\\begin" not in matrix.group(2):
+        rows = [split_top(r, "&") for r in re.split(r"\\\\", matrix.group(2)) if r.strip()]
+        if rows and all(len(r) == len(rows[0]) for r in rows):
+            return Shape("group", tuple(i for r in rows for i in r), "matrix", f"{len(rows)}x{len(rows[0])}")
+    if t.startswith("\\{") and t.endswith("\\}") and _matching_close(t, 1) == len(t) - 1:
+        return Shape("set", tuple(i for i in split_top(t[2:-2]) if i))
+    if t.startswith("{") and t.endswith("}") and _matching_close(t, 0) == len(t) - 1:
+        items = split_top(t[1:-1])
+        if len(items) >= 2:
+            return Shape("set", tuple(i for i in items if i))
+    if t[:1] in "([" and t[-1:] in ")]" and _matching_close(t, 0) == len(t) - 1:
+        items = split_top(t[1:-1])
+        if len(items) < 2 and ";" in t:
+            items = split_top(t[1:-1], ";")
+        if len(items) >= 2:
+            return Shape("group", tuple(items), t[0], t[-1])
+    if _THOUSANDS.fullmatch(t) or _DECIMAL_COMMA.fullmatch(t):
+        return Shape("scalar", (t,))
+    items = split_top(_LIST_WORD.sub(", ", t))
+    if len(items) >= 2 and all(items):
+        return Shape("list", tuple(items))
+    return Shape("scalar", (t,))
+
+
+def text_answer(s: str) -> str | None:
+    """The folded content of a pure text answer (\\text{(E)}, \\textbf{Evelyn}, (C)), else None."""
+    t = s.strip()
+    m = _TEXT_CMD.fullmatch(t)
+    if m:
+        t = m.group(1)
+    elif not _OPTION.fullmatch(t):
+        return None
+    t = re.sub(r"[\s()]", "", t).lower()
+    return t or None
+
+
+def number_literal(s: str) -> tuple[Fraction, int | None] | None:
+    """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
+    "1000,99" (decimal comma); places is None for an integer. Percent and degree marks and a
+    leading currency sign are dropped. None for anything else."""
+    t = s.replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
+    t = t.replace("\\$", "").replace(" ", "").strip()
+    if _THOUSANDS.fullmatch(t):
+        t = t.replace(",", "")
+    elif _DECIMAL_COMMA.fullmatch(t):
+        t = t.replace(",", ".")
+    if not _PLAIN_NUMBER.fullmatch(t) or len(t) > 400:
+        return None
+    places = len(t.split(".", 1)[1]) if "." in t else None
+    return Fraction(t if not t.endswith(".") else t[:-1]), places or None
+
+
+def significant_digits(value: Fraction, places: int) -> int:
+    """How many significant digits a decimal with `places` places of `value` carries."""
+    digits = str(abs(round(value * 10 ** places))).lstrip("0")
+    return len(digits)
