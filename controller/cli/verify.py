@@ -83,7 +83,7 @@ def find_task(ref: str, bank: str | None = None) -> dict:
 def cmd_check(args) -> int:
     from nodeagent.verifier.checks import CheckInfraError, CheckRunner
     try:
-        with CheckRunner(preload=("nodeagent.verifier.checkers",)) as runner:   # sympy only if needed
+        with CheckRunner(preload=("nodeagent.verifier.checkers", "math_verify")) as runner:
             r = runner.run("nodeagent.verifier.checkers:answer_verdict", [args.kind, args.gold, args.pred],
                            timeout_s=args.timeout)
     except CheckInfraError as exc:

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from controller.contracts.answers import boxed_contents
 from controller.contracts.tasks import Budgets, Task, TaskError
 
 KINDS = ("humaneval", "mbpp", "math", "swe", "package")
@@ -170,8 +171,7 @@ def gold_answer(rec: dict) -> str:
             raise ValueError("'answer' is empty")
         return answer
     if isinstance(rec.get("solution"), str):
-        from nodeagent.verifier.checkers import boxed_answers
-        boxed = [b for b in boxed_answers(rec["solution"]) if b]
+        boxed = [b for b in boxed_contents(rec["solution"]) if b]
         if not boxed:
             raise ValueError("no 'answer', and 'solution' has no \\boxed{...} final answer")
         return boxed[-1]

@@ -271,7 +271,7 @@ def default_runner() -> CheckRunner:
 
             def keeper() -> None:
                 try:
-                    started["runner"] = CheckRunner(preload=("nodeagent.verifier.checkers", "sympy")).start()
+                    started["runner"] = CheckRunner(preload=("nodeagent.verifier.checkers", "sympy", "math_verify")).start()
                 except CheckInfraError as exc:
                     started["error"] = exc
                 ready.set()

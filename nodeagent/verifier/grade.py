@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import base64
 import hashlib
+import importlib.metadata
 import json
 import time
 from dataclasses import dataclass, field
@@ -382,6 +383,18 @@ def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer
     v.checks.append(_check("judge", f"{score:.3f}", detail, clock() - t))
 
 
+def _dependency_versions() -> dict[str, str]:
+    """Versions of the libraries that decide verdicts (an upgrade of the math parser changes
+    which answers are equal, so it is a new verifier version)."""
+    out = {}
+    for dist in ("math-verify", "latex2sympy2_extended", "sympy"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
 def _version() -> str:
     """A hash of everything that decides a verdict: every source file of this package (the
     grader plugin included), the checker-spec contract, the judge's model client, and the
@@ -391,7 +404,7 @@ def _version() -> str:
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, INFRA_RETRIES, PYTEST_ARGS,
-                         PYTEST_INI, checkers.REL_TOL, checkers.SYMPY_TIMEOUT_S]).encode())
+                         PYTEST_INI, _dependency_versions()]).encode())
     return "v2-" + h.hexdigest()[:16]
 
 

@@ -13,7 +13,7 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
 
 Commas are thousands separators only when they group digits by three after a leading group of
 1-3 digits that does not start with 0; a lone comma between digits otherwise is a decimal comma.
-Must not import sympy, math_verify, zmq or the controller.
+Must not import: sympy, math_verify, zmq, controller.store, controller.broker.
 """
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-MAX_ANSWER_CHARS = 2000          # a longer "answer" is not one; its checks fail fast
-MAX_BOXED = 64                   # \\boxed{} bodies read from one text
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+from controller.contracts.answers import MAX_ANSWER_CHARS, boxed_contents  # noqa: F401 (re-read here)
+
 _ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -38,22 +37,6 @@ _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", r
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
-
-
-def boxed_contents(text: str, limit: int = MAX_BOXED) -> list[str]:
-    """The bodies of the first `limit` \\boxed{...} in `text`, in order; an unclosed one, or
-    one longer than MAX_ANSWER_CHARS, is dropped (so the scan costs at most limit x that)."""
-    out: list[str] = []
-    for n, m in enumerate(_BOXED.finditer(text)):
-        if n >= limit:
-            break
-        depth, i, end = 1, m.end(), min(len(text), m.end() + MAX_ANSWER_CHARS)
-        while i < end and depth:
-            depth += (text[i] == "{") - (text[i] == "}")
-            i += 1
-        if depth == 0:
-            out.append(text[m.end():i - 1].strip())
-    return out
 
 
 def answer_lines(text: str) -> list[str]:
