@@ -6,6 +6,8 @@
     runtime.py    the native backend, SandboxRuntime (re-exports the names the rest imports)
     handle.py     one native sandbox, Sandbox
     host.py       host checks and detection (subids, kernel overlay path, FUSE), the state-dir sweep
+    statedir.py   the per-user run root ($XDG_RUNTIME_DIR/paddock or /tmp/paddock-<uid>) and its checks
+    usercaps.py   caps without cgroups: the memory monitor, CPU slices + SCHED_BATCH, pids per id slice
     warmpool.py   ready sandboxes per spec; PooledBackend gives a backend pool/acquire
     zygote.py     the node namespace holder (internal entry point `python -m nodeagent.sandbox.zygote`)
     sbxinit.py    requests to the native builder and init, file operations in a sandbox's namespace

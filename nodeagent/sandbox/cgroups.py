@@ -7,7 +7,8 @@ At start, `CgroupManager.detect()` picks one mechanism per cap and says which (`
 - cgroup v1, per controller, when this process may create a child of its own cgroup in the
   `memory`, `pids` and `cpu` hierarchies (root on this machine, or a delegated v1 tree);
 - otherwise rlimits: memory → `RLIMIT_AS`, pids → `RLIMIT_NPROC` (per uid: every sandbox has
-  its own id slice). A CPU quota has no rlimit equivalent: it is a cap the host cannot enforce.
+  its own id slice). A CPU quota has no rlimit equivalent: it is a cap the host cannot enforce
+  here; `nodeagent.sandbox.usercaps.upgrade` gives such caps their user-space mechanism.
 
 Layout: one node directory per runtime, `paddock-node-<pid>-<starttime>-<random>` (the agent's
 PID and start time, so a directory whose owner is gone is recognised and swept at the next start),

@@ -45,8 +45,9 @@ def subid_range(user: str | None = None) -> tuple[int, int]:
             entries = [ln.strip().split(":") for ln in f if ln.strip() and not ln.startswith("#")]
         match = [e for e in entries if e[0] == user and len(e) == 3]
         if not match:
-            raise SandboxError(f"user {user!r} has no range in {path}: run `make setup` "
-                               f"(or `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`)")
+            raise SandboxError(f"user {user!r} has no range in {path}: run `make setup`, or have an admin "
+                               f"give it one: `usermod --add-subuids A-B --add-subgids A-B {user}` with a "
+                               f"range of at least 2048 ids no other user has (e.g. 100000-165535)")
         if path == "/etc/subuid":
             base, count = int(match[0][1]), int(match[0][2])
     return base, count
@@ -99,6 +100,11 @@ def choose_overlay(mode: str = "auto", release: str | None = None,
 def host_problems(fuse_dev: str = "/dev/fuse", which: Callable[[str], str | None] = shutil.which) -> list[str]:
     """What this host lacks for native sandboxes, each with its fix (empty when ready)."""
     out = []
+    if os.geteuid() != 0:
+        for tool in ("newuidmap", "newgidmap"):
+            if not which(tool):
+                out.append(f"{tool} is missing: an ordinary user maps its subordinate ids with it "
+                           f"(apt-get install uidmap)")
     if not which("squashfuse"):
         out.append("squashfuse is not installed: run `make setup` (apt-get install squashfuse)")
     try:

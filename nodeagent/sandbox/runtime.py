@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from nodeagent.sandbox import cgroups, framing, native, sbxinit, warmpool
+from nodeagent.sandbox import cgroups, framing, native, sbxinit, statedir, usercaps, warmpool
 from nodeagent.sandbox.handle import Sandbox
 from nodeagent.sandbox.host import (OVERLAY_MODES, cgroup_migration_is_fast, check_traversable, choose_overlay,
                                     find_host_pid, host_problems, image_partition, kernel_version, owner_tag,
@@ -48,7 +48,6 @@ __all__ = ["Change", "ExecResult", "OVERLAY_MODES", "Sandbox", "SandboxError", "
 log = logging.getLogger(__name__)
 
 DEFAULT_SLICE_SIZE = 1024
-DEFAULT_RUN_ROOT = "/tmp/paddock-nodes"
 RECORD_TEMPLATES_MAX = 64   # create-request templates kept (one per image and spec shape)
 
 
@@ -64,6 +63,10 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
 
     caps: the caps every sandbox must get; one the host cannot enforce fails `start()` with an
     error naming it, unless degrade=True (then it is logged and reported by `caps_report()`).
+    Without cgroups, user-space caps hold them (`nodeagent.sandbox.usercaps`: a memory monitor
+    over rlimits, CPU affinity and SCHED_BATCH, pids per id slice) unless user_space_caps=False.
+    run_root: the per-user directory of node state dirs (`nodeagent.sandbox.statedir`; default
+    `$XDG_RUNTIME_DIR/paddock` when usable, else /tmp/paddock-<uid>), checked before use.
     overlay: "auto" (kernel overlay on kernels ≥ 6.5, else fuse-overlayfs), "kernel" or
     "fuse-overlayfs". image_grace_s: how long an unused image stays mounted; clock: monotonic.
     """
@@ -72,7 +75,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
                  slice_size: int = DEFAULT_SLICE_SIZE, user: str | None = None,
                  caps: tuple[str, ...] = cgroups.CAPS, degrade: bool = False, use_cgroups: bool = True,
                  overlay: str = "auto", image_grace_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, run_root: str = DEFAULT_RUN_ROOT):
+                 clock: Callable[[], float] = time.monotonic, run_root: str | None = None,
+                 user_space_caps: bool = True):
         self.subids = subids or subid_range(user)
         self.slice_size = slice_size
         self.slots = self.subids[1] // slice_size - 1   # slice 0 is the holder's own root
@@ -83,7 +87,10 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         self.overlay = choose_overlay(overlay)
         self.caps, self.degrade, self.clock = tuple(caps), degrade, clock
         self.image_grace_s = image_grace_s
-        self.run_root = run_root
+        self.run_root = run_root or statedir.default_run_root()
+        self.user_space_caps = user_space_caps
+        self.monitor: usercaps.MemoryMonitor | None = None
+        self._cpu_slices = usercaps.CpuSlices()
         self._own_state = state_dir is None
         self.state_dir = state_dir
         self.cgroups = cgroups.CgroupManager(enabled=use_cgroups)
@@ -125,12 +132,16 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
     def _prepare_state(self) -> cgroups.CapsReport:
         """The state dir (after the sweep), the caps check, the native init opened."""
         if self._own_state:
-            os.makedirs(self.run_root, mode=0o755, exist_ok=True)
+            statedir.ensure_run_root(self.run_root)
             self.swept = sweep_state_dirs(self.run_root)
             self.state_dir = os.path.join(self.run_root, owner_tag())
-            os.mkdir(self.state_dir, 0o755)
+            os.mkdir(self.state_dir, statedir.RUN_ROOT_MODE)
+        else:
+            statedir.check_owned_dir(self.state_dir)
         check_traversable(self.state_dir)
         report = self.cgroups.detect()
+        if self.user_space_caps:
+            report = self.cgroups.report = usercaps.upgrade(report)
         missing = report.unenforceable(self.caps)
         if missing and not self.degrade:
             self.cgroups.close()
@@ -141,7 +152,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
                 f"cgroup v1 memory/pids/cpu hierarchies; or run without them: degrade=True (`paddock agent --degrade`, `paddock sandbox run --degrade`)")
         if missing:
             log.warning("running DEGRADED: %s not enforced (%s)", ", ".join(missing), report)
-        os.chmod(self.state_dir, 0o755)
+        os.chmod(self.state_dir, statedir.RUN_ROOT_MODE)   # others may pass (the holder's ids), not list
         if self.overlay == "extracted":   # written by the holder (root of the node namespace)
             os.mkdir(os.path.join(self.state_dir, "extracted"), 0o700)
             os.chown(os.path.join(self.state_dir, "extracted"), self.subids[0], self.subids[0])
@@ -221,6 +232,9 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
 
     def close(self) -> None:
         self._stop_pools()   # first: their refills still need the holder
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
         if self._ctl and self._dying:
             try:
                 self.settle()
@@ -361,6 +375,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
                "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
+        if usercaps.held_in_user_space(self.cgroups.report, "cpu"):
+            req["sched"] = usercaps.sched_specs(self._cpu_slices.take(float(spec.limits.get("cpu") or 0)))
         try:
             reply, init_sock, init_pidfd = self._build(req, cgroup)
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
@@ -372,6 +388,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         sb._stage_marks = (t_req, time.monotonic(), reply.get("T") or [])   # parsed on demand
         with self._lock:
             self._live.add(sid)
+        self._watch_memory(sb)
         if spec.files:
             try:
                 sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
@@ -379,6 +396,19 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
                 sb.destroy()
                 raise
         return sb
+
+    def _watch_memory(self, sb: "Sandbox") -> None:
+        """Put `sb` under the user-space memory monitor when no cgroup holds its memory cap."""
+        mem_mb = int(sb.spec.limits.get("memory_mb") or 0)
+        if not mem_mb or not usercaps.held_in_user_space(self.cgroups.report, "memory"):
+            return
+        if self.monitor is None:
+            self.monitor = usercaps.MemoryMonitor()
+        self.monitor.watch(sb.id, sb.init_pid_host, mem_mb << 20)
+
+    def memory_watch(self, sid: str) -> "usercaps.Watched | None":
+        """The memory monitor's record of sandbox `sid` (kills, peak), if it is watched."""
+        return self.monitor.get(sid) if self.monitor is not None else None
 
     def _take_slice(self, key: str) -> int:
         """A free id slice, after waiting for destroyed sandboxes' teardown if none is free; none
@@ -468,17 +498,18 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         """`sbxinit.build_records(req)`: all but the sandbox's id, dir and id slice come from a
         template per (image, limits, hostname, egress, caps), made once."""
         tkey = (req["image_key"], tuple(sorted(req["limits"].items())), req["hostname"],
-                req["egress_socket"], tuple(req["cgroup_caps"]))
+                req["egress_socket"], tuple(req["cgroup_caps"]), tuple(req.get("sched", ())[:2]))
         template = self._record_templates.get(tkey)
         if template is None:
             if len(self._record_templates) >= RECORD_TEMPLATES_MAX:
                 self._record_templates.clear()
             template = [r for r in sbxinit.build_records({**req, "id": "s0", "slice_base": 0}, self.state_dir)
-                        if r[0] not in ("i", "d", "b")]
+                        if r[0] not in ("i", "d", "b") and not (r[0] == "R" and r[1].startswith(b"cpus="))]
             self._record_templates[tkey] = template
         sid = req["id"]
+        cpus = [("R", s.encode()) for s in req.get("sched", ()) if s.startswith("cpus=")]   # per sandbox
         return [("i", sid.encode()), ("d", f"{self.state_dir}/sbx/{sid}".encode()),
-                ("b", str(int(req["slice_base"])).encode()), *template]
+                ("b", str(int(req["slice_base"])).encode()), *template, *cpus]
 
     def active_sandboxes(self) -> int:
         """Sandboxes created and not yet destroyed (warm-pool sandboxes included; spare
@@ -513,6 +544,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
             ours.close()
 
     def _destroyed(self, sb: "Sandbox") -> None:
+        if self.monitor is not None:
+            self.monitor.forget(sb.id)
         with self._lock:
             self._live.discard(sb.id)
             self._dying.append(sb)

@@ -151,9 +151,10 @@ def enter_mount_ns() -> None:
     nsutil.mount("none", "/", None, nsutil.MS_REC | nsutil.MS_SLAVE)
 
 
-def init_rlimits(limits: dict, cgroup_caps) -> list[str]:
+def init_rlimits(limits: dict, cgroup_caps, sched=()) -> list[str]:
     """The init's rlimits (`NAME=VALUE` for sbxinit.c's --rlimit): caps no cgroup enforces,
-    file size, open files, no core dumps."""
+    file size, open files, no core dumps; then `sched`, its scheduling settings when no cgroup
+    holds the CPU cap (`nodeagent.sandbox.usercaps.sched_specs`: the init applies them too)."""
     mb = 1024 * 1024
     out = []
     for name, val, cap in (("as", int(limits.get("memory_mb", 0)) * mb, "memory"),
@@ -162,7 +163,7 @@ def init_rlimits(limits: dict, cgroup_caps) -> list[str]:
                            ("nofile", int(limits.get("nofile", 0)), None)):
         if val and cap not in cgroup_caps:
             out.append(f"{name}={val}")
-    return out + ["core=0"]
+    return out + ["core=0"] + list(sched)
 
 
 def spawn_init(init_exe: int, bpf_fd: int, root: str, req: dict, egress_fd: int | None) -> tuple[int, socket.socket]:
@@ -173,7 +174,7 @@ def spawn_init(init_exe: int, bpf_fd: int, root: str, req: dict, egress_fd: int 
     mon_end, init_end = socket.socketpair()
     argv = ["paddock-sbxinit", "--mon", str(init_end.fileno()), "--bpf-fd", str(bpf_fd), "--root", root,
             "--hostname", str(req.get("hostname", "sandbox"))]
-    for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or []):
+    for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [], req.get("sched") or []):
         argv += ["--rlimit", spec]
     passed = [init_end.fileno(), bpf_fd]
     if egress_fd is not None:
@@ -198,7 +199,7 @@ def build_records(req: dict, state_dir: str) -> list[tuple[str, bytes]]:
     recs = [("i", req["id"]), ("d", sbx), ("l", os.path.relpath(lower, sbx)), ("v", os.path.join(state_dir, "dev")),
             ("z", _tmpfs_caps(req.get("limits") or {})), ("b", str(int(req["slice_base"]))),
             ("n", str(int(req["slice_size"]))), ("h", str(req.get("hostname", "sandbox")))]
-    recs += [("R", spec) for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [])]
+    recs += [("R", spec) for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [], req.get("sched") or [])]
     if req.get("egress_socket"):
         recs.append(("g", str(req["egress_socket"])))
     return [(tag, val.encode()) for tag, val in recs]

@@ -53,11 +53,11 @@ def test_the_sandbox_sees_its_cgroup_as_the_root(runtime, busybox_image):
 
 def test_a_cap_the_host_cannot_enforce_is_refused_by_name(busybox_image):
     with pytest.raises(SandboxError, match=r"cap\(s\) cpu cannot be enforced.*degrade=True"):
-        SandboxRuntime(use_cgroups=False).start()
+        SandboxRuntime(use_cgroups=False, user_space_caps=False).start()
 
 
 def test_degrade_runs_on_rlimits_and_says_so(busybox_image):
-    with SandboxRuntime(use_cgroups=False, degrade=True) as rt:
+    with SandboxRuntime(use_cgroups=False, user_space_caps=False, degrade=True) as rt:
         rep = rt.caps_report()
         assert rep["caps"] == {"memory": "rlimit", "pids": "rlimit", "cpu": None}
         assert rep["degraded"] == ["cpu"]

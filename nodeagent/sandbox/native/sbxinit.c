@@ -334,8 +334,33 @@ static void enter_root(const char *root) {
     if (chdir("/")) fail("chdir /");
 }
 
+static void set_sched(const char *spec) {
+    /* "sched=batch", "nice=N", "cpus=A,B,...": the CPU cap held without a cgroup
+     * (nodeagent/sandbox/usercaps.py); the init applies them to itself, every command inherits */
+    const char *v = strchr(spec, '=') + 1;
+    if (!strncmp(spec, "sched=", 6)) {
+        struct sched_param sp = {0};
+        if (strcmp(v, "batch") || sched_setscheduler(0, SCHED_BATCH, &sp)) fail("sched %s", spec);
+    } else if (!strncmp(spec, "nice=", 5)) {
+        if (setpriority(PRIO_PROCESS, 0, (int)strtol(v, NULL, 10))) fail("setpriority %s", spec);
+    } else {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (char *end; *v; v = *end ? end + 1 : end) {
+            long c = strtol(v, &end, 10);
+            if (end == v || c < 0 || c >= CPU_SETSIZE) { errno = EINVAL; fail("cpus %s", spec); }
+            CPU_SET((int)c, &set);
+        }
+        if (sched_setaffinity(0, sizeof set, &set)) fail("sched_setaffinity %s", spec);
+    }
+}
+
 static void set_rlimit(const char *spec) {
-    /* "NAME=VALUE", NAME in as, nproc, fsize, nofile, core */
+    /* "NAME=VALUE", NAME in as, nproc, fsize, nofile, core; or a scheduling spec (set_sched) */
+    if (!strncmp(spec, "sched=", 6) || !strncmp(spec, "nice=", 5) || !strncmp(spec, "cpus=", 5)) {
+        set_sched(spec);
+        return;
+    }
     static const struct { const char *name; int res; } names[] = {
         {"as", RLIMIT_AS}, {"nproc", RLIMIT_NPROC}, {"fsize", RLIMIT_FSIZE},
         {"nofile", RLIMIT_NOFILE}, {"core", RLIMIT_CORE}};
