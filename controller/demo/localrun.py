@@ -228,7 +228,7 @@ def run_local(cfg: RunConfig, console=None) -> Path:
 def _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from controller.client.api import Client
-    from controller.demo.policy_server import CHEATS
+    from controller.analysis.defences import CHEATS
     from controller.analysis.query import connect
     from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 
