@@ -21,7 +21,7 @@ import pytest
 
 from layers import build
 
-from controller.cli.main import image as cli
+from controller.cli import image as cli
 from layers.sif import (ArchMismatchError, CorruptSifError, NotSifError, NotSquashfsError,
                         check_arch, host_arch, read_sif)
 from layers.staging import detect_arch, elf_arch

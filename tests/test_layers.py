@@ -21,7 +21,7 @@ import pytest
 
 from layers import build
 
-from controller.cli.main import image as cli
+from controller.cli import image as cli
 from layers.builtin import (default_store_root, ensure_builtin_image, ensure_busybox_image,
                             python_image_recipe)
 from layers.sif import (CorruptSifError, NotSifError, NotSquashfsError, content_uuid, read_sif,

@@ -28,7 +28,7 @@ import duckdb
 from hdrh.histogram import HdrHistogram
 
 from controller.store.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
-from controller.analysis.query import QueryError, RunNotFound, connect, newest_run
+from controller.analysis.query import QueryError, connect
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 

@@ -11,7 +11,10 @@ import argparse
 import json
 import sys
 
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore, ImageStoreError
 from nodeagent.harness.tools import McpServer, Toolbox, ToolSetError, definitions, tool_set
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -24,9 +27,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore, ImageStoreError
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
     try:
         names = tool_set(args.tools.split(",") if args.tools else None)
         store = ImageStore(default_store_root())

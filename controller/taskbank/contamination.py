@@ -29,7 +29,7 @@ from typing import Iterable
 from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
-from controller.contracts.tasks import Task, TaskError, TaskSet
+from controller.contracts.tasks import Task, TaskSet
 
 _WORD = re.compile(r"[a-z0-9_]+")
 
