@@ -153,34 +153,13 @@ def run_head(args: HeadStep) -> int:
     run_dir = Path(args.run_dir).resolve()
     check_run_dir(run_dir)
     (run_dir / "logs").mkdir(exist_ok=True)
-    console = Console(file=sys.stdout, force_terminal=False, width=120)
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
     for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
         signal.signal(sig, on_signal)
-
-    trainer = args.trainer
-    try:
-        taskset = load_taskset(args.taskset, args.bank)
-        if not trainer and (others := sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))):
-            raise TaskError(f"the built-in scripted trainer plays {' and '.join(LOCAL_FAMILIES)} tasks; task set "
-                            f"{taskset.name!r} also has {', '.join(others)} tasks: give your own trainer=")
-        store = ImageStore(args.image_store)
-        digest, _image = ensure_builtin_image(store)
-        images = task_images(taskset, store)
-    except TaskError as exc:
-        raise JobStepError(str(exc)) from None
-    names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+    taskset, cfg = _prepare_run(args, run_dir)
     addr = args.bind_addr or node_address()
-    cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
-                    heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
-                    image_store=args.image_store, runs_dir=str(run_dir.parent))
-    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
-    (run_dir / "run.json").write_text(json.dumps({
-        "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
-        "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "head_node": socket.gethostname()}, indent=2))
     atomic_write(run_dir / JOB_FILE, json.dumps({"deployment": args.deployment, "agent_version": AGENT_VERSION,
                                                  "head_node": socket.gethostname(), "head_addr": addr}))
     (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
@@ -189,28 +168,7 @@ def run_head(args: HeadStep) -> int:
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = 0
-        with contextlib.ExitStack() as stack:
-            policy = None if trainer else stack.enter_context(PolicyServer(taskset, host=addr))
-            client = stack.enter_context(Client(endpoint, args.deployment))
-            trainer_proc = None
-            try:
-                n = _wait_agents(client, args.agents, args.agents_wait_s)
-                print(f"paddock head: {n} agents registered; training", flush=True)
-                if trainer:
-                    trainer_proc = _start_trainer(trainer, run_dir, endpoint, args, taskset, addr)
-                    rc = trainer_proc.wait()
-                    print(f"paddock head: trainer exited with {rc}", flush=True)
-                else:
-                    train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
-            except StopRequested as stop:
-                print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
-                if trainer_proc is not None:
-                    rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
-                _wait_drained(client, args.drain_timeout_s)
-            finally:
-                if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
-                    _stop_trainer(trainer_proc, 10.0)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -222,6 +180,61 @@ def run_head(args: HeadStep) -> int:
             print_summary(summary(run_dir), run_dir, out=sys.stdout)
         except Exception as exc:  # an empty run has nothing to summarise
             print(f"paddock head: no summary: {exc}", flush=True)
+    return rc
+
+
+def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
+    """Load the task set, make sure its images are in the store, write `tasks.json` (what leases
+    carry) and `run.json`; return (task set, the built-in trainer's RunConfig). JobStepError
+    names what is missing."""
+    try:
+        taskset = load_taskset(args.taskset, args.bank)
+        if not args.trainer and (others := sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))):
+            raise TaskError(f"the built-in scripted trainer plays {' and '.join(LOCAL_FAMILIES)} tasks; task set "
+                            f"{taskset.name!r} also has {', '.join(others)} tasks: give your own trainer=")
+        store = ImageStore(args.image_store)
+        digest, _image = ensure_builtin_image(store)
+        images = task_images(taskset, store)
+    except TaskError as exc:
+        raise JobStepError(str(exc)) from None
+    cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
+                    heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
+                    image_store=args.image_store, runs_dir=str(run_dir.parent))
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
+        "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "head_node": socket.gethostname()}, indent=2))
+    return taskset, cfg
+
+
+def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str) -> int:
+    """Once enough agents registered: the built-in trainer (with the scripted policy server) or
+    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain."""
+    rc = 0
+    with contextlib.ExitStack() as stack:
+        policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
+        client = stack.enter_context(Client(endpoint, args.deployment))
+        trainer_proc = None
+        try:
+            n = _wait_agents(client, args.agents, args.agents_wait_s)
+            print(f"paddock head: {n} agents registered; training", flush=True)
+            if args.trainer:
+                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                rc = trainer_proc.wait()
+                print(f"paddock head: trainer exited with {rc}", flush=True)
+            else:
+                names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+                console = Console(file=sys.stdout, force_terminal=False, width=120)
+                train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
+        except StopRequested as stop:
+            print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
+            if trainer_proc is not None:
+                rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
+            _wait_drained(client, args.drain_timeout_s)
+        finally:
+            if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
+                _stop_trainer(trainer_proc, 10.0)
     return rc
 
 

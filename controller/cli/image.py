@@ -160,7 +160,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m controller.cli.image image ...`) until the paddock CLI wires it."""
+    """`python -m controller.cli.image image ...`: only the image commands (no other library loaded)."""
     parser = argparse.ArgumentParser(prog="paddock")
     register(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)
