@@ -1,5 +1,8 @@
-"""Paddock on Slurm: the batch-script renderer, the job steps (`paddock job head|agent`), the
-submitit launcher, and the in-test cluster used by the test suite.
+"""Paddock on Slurm: the batch-script renderer (sbatch.py), the job steps `paddock job head|agent`
+(jobsteps.py), the submitit launcher (launch.py), and the in-test cluster used by the test suite
+(testcluster.py, with its ops script clusterctl.py). Their command lines are
+controller/cli/slurm.py.
 
-May import: controller.*, nodeagent.*, layers.
+May import: controller.*, nodeagent.*, layers. testcluster.py and clusterctl.py import none of
+them (but controller.contracts.fileio).
 """

@@ -9,7 +9,7 @@
 children) and reports "ok" or the start error through a pipe; `down` stops the supervisor,
 which stops the cluster, and cleans up from the record if the supervisor died.
 
-Must not import: zmq, controller.*, nodeagent.*.
+Must not import: zmq, nodeagent.*, controller.* (it imports slurm.testcluster, one way).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ if __package__ in (None, ""):   # run as a script: make `slurm` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from slurm.testcluster import (DEFAULT_PREFIX, REGISTRY_DIR, ClusterError, TestCluster,  # noqa: E402
-                               _signal, _write_json, cleanup_record, proc_alive, proc_start_ticks,
-                               run_cmd, sweep, terminate_pids)
+                               cleanup_record, proc_alive, proc_start_ticks, run_cmd, send_signal, sweep,
+                               terminate_pids, write_record)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -80,7 +80,7 @@ def cmd_up(workdir: Path, nodes: int, prefix: str, timeout_s: float, accounting:
         return 0
     if not text:
         text = f"no answer within {timeout_s}s; see {workdir}/log/supervisor.log"
-        _signal(proc.pid, signal.SIGTERM)
+        send_signal(proc.pid, signal.SIGTERM)
     print(f"error: cluster did not come up: {text}", file=sys.stderr)
     return 1
 
@@ -90,7 +90,7 @@ def cmd_supervise(workdir: Path, nodes: int, prefix: str, ready_fd: int, account
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     me = os.getpid()
-    _write_json(_supervisor_file(workdir), {"pid": me, "start_ticks": proc_start_ticks(me)})
+    write_record(_supervisor_file(workdir), {"pid": me, "start_ticks": proc_start_ticks(me)})
     cluster = TestCluster(workdir, nodes=nodes, name_prefix=prefix, accounting=accounting)
     try:
         cluster.start()
@@ -127,7 +127,7 @@ def cmd_down(workdir: Path, timeout_s: float) -> int:
         stuck = cleanup_record(rec)
         Path(REGISTRY_DIR, f"{rec['prefix']}-{rec['id']}.json").unlink(missing_ok=True)
         rec["state"] = "stopped"
-        _write_json(workdir / "cluster.json", rec)
+        write_record(workdir / "cluster.json", rec)
         if stuck:
             print(f"error: processes still alive: {stuck}", file=sys.stderr)
             return 1

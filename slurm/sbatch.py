@@ -5,7 +5,7 @@ fields); an unknown or invalid one raises `ParamError` naming it and listing the
 Every value that reaches the shell body is shell-quoted (`shlex.quote`); values that reach
 `#SBATCH` lines (which sbatch parses itself, without a shell) are restricted to plain tokens.
 
-Two layouts, the same job steps (`paddock job head` / `paddock job agent`, slurm/launch.py):
+Two layouts, the same job steps (`paddock job head` / `paddock job agent`, slurm/jobsteps.py):
   het     heterogeneous job: component 0 runs the head (controller + trainer) on one node,
           component 1 runs one node agent per environment node (srun --het-group=1).
   single  one component of env_nodes + 1 nodes: the head step on the first node, the agent
@@ -20,10 +20,8 @@ Must not import: zmq, sqlite3 (pure; used by `paddock sbatch render` and the lau
 """
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
-import sys
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Mapping
 
@@ -248,8 +246,9 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
     return "\n".join(header + sbatch + body) + "\n"
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- KEY=VALUE
 def parse_assignments(items: list[str]) -> dict[str, str]:
+    """`["env_nodes=4", ...]` (the command line's KEY=VALUE words) -> {key: text}; see `coerce`."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -257,32 +256,3 @@ def parse_assignments(items: list[str]) -> dict[str, str]:
             raise ParamError(f"expected KEY=VALUE, got {item!r}; valid parameters: {valid_parameters()}")
         out[key.strip()] = value
     return out
-
-
-def cmd_render(args) -> int:
-    try:
-        params = coerce(parse_assignments(args.params))
-        params.setdefault("python", sys.executable)
-        text = render(params)
-    except ParamError as exc:
-        print(f"paddock sbatch render: {exc}", file=sys.stderr)
-        return 2
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `paddock sbatch render KEY=VALUE ...`."""
-    p = subparsers.add_parser("sbatch", help="Slurm batch scripts for a training job and its farm")
-    sub = p.add_subparsers(dest="sbatch_cmd", required=True)
-    r = sub.add_parser("render", help="print the batch script for KEY=VALUE parameters",
-                       description=f"Parameters: {valid_parameters()}. Example: paddock sbatch render "
-                                   "run_dir=/scratch/runs/r1 env_nodes=4 time_limit=02:00:00 layout=het")
-    r.add_argument("params", nargs="*", metavar="KEY=VALUE")
-    r.add_argument("-o", "--output", help="write the script here instead of stdout")
-    r.set_defaults(func=cmd_render)
-    return p

@@ -2,7 +2,7 @@
 its own network and UTS namespace (hostname nodeK), brought up and torn down by one owner.
 
 Importable (``TestCluster``, ``sweep``, ``missing_requirements``); the ops commands (up, status,
-down, sweep) are in slurm/clusterctl.py, also reachable as ``python slurm/testcluster.py ...``.
+down, sweep) are ``python slurm/clusterctl.py ...``, which imports this module (never the reverse).
 With ``accounting=True`` the cluster also gets job accounting: a private MariaDB and slurmdbd
 (``sacct`` works; submitit uses it to see jobs that died).
 
@@ -14,7 +14,8 @@ reaps them and stops them by PID. Before any namespace or link exists, a JSON re
 instance goes to ``REGISTRY_DIR``; ``sweep`` uses the records to clean up after an owner that
 was SIGKILLed. The working directory (config, munge key, state, logs) is kept after stop.
 
-Must not import: zmq, controller.*, nodeagent.* (this is test/ops infrastructure; it only runs
+Must not import: zmq, nodeagent.*, controller.* other than controller.contracts.fileio (the one
+atomic write, a leaf), slurm.clusterctl (this is test/ops infrastructure; it only runs
 system commands: ip, nsenter, unshare, mungekey, munged, slurmctld, slurmd, sinfo, and for
 accounting mariadb-install-db, mariadbd, mariadb, slurmdbd).
 """
@@ -38,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
+
+from controller.contracts.fileio import atomic_write
 
 REGISTRY_DIR = Path("/run/paddock-testcluster")
 DEFAULT_PREFIX = "pdk"
@@ -136,7 +139,8 @@ def proc_alive(pid: int, start_ticks: int | None = None) -> bool:
     return start_ticks is None or st[1] == start_ticks
 
 
-def _signal(pid: int, sig: int) -> None:
+def send_signal(pid: int, sig: int) -> None:
+    """`kill(pid, sig)`; a process that is already gone is not an error."""
     try:
         os.kill(pid, sig)
     except ProcessLookupError:
@@ -151,7 +155,7 @@ def terminate_pids(pids: dict[int, int | None], *, timeout_s: float,
     live = {p: t for p, t in pids.items() if proc_alive(p, t)}
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in live:
-            _signal(pid, sig)
+            send_signal(pid, sig)
         deadline = clock() + timeout_s
         while True:
             reap()
@@ -336,10 +340,9 @@ def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, c
 
 
 # ----------------------------------------------------------------------------- records
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+def write_record(path: Path, data: dict) -> None:
+    """A JSON record (registry entry, cluster.json, supervisor.json), replaced atomically."""
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _registry_lock(registry_dir: Path):
@@ -527,7 +530,7 @@ class TestCluster:
                 shutil.rmtree(self._record["munge_dir"], ignore_errors=True)
                 (self.registry_dir / self.names.record_name).unlink(missing_ok=True)
                 self._record["state"] = "stopped"
-                _write_json(self.workdir / "cluster.json", self._record)
+                write_record(self.workdir / "cluster.json", self._record)
                 self._record = None
             if stuck:
                 raise ClusterStopError(f"processes still alive after SIGKILL: {stuck}")
@@ -588,8 +591,8 @@ class TestCluster:
 
     def _save_record(self) -> None:
         assert self._record is not None
-        _write_json(self.registry_dir / self.names.record_name, self._record)
-        _write_json(self.workdir / "cluster.json", self._record)
+        write_record(self.registry_dir / self.names.record_name, self._record)
+        write_record(self.workdir / "cluster.json", self._record)
 
     def _write_conf(self) -> None:
         self.ctld_port = _free_port(self.controller_addr)
@@ -731,9 +734,3 @@ def _free_port(addr: str) -> int:
             except OSError:
                 continue
     raise ClusterStartError(f"no free TCP port in {CTLD_PORT_RANGE} for slurmctld on {addr}")
-
-
-if __name__ == "__main__":   # the ops CLI lives in slurm/clusterctl.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from slurm.clusterctl import main
-    sys.exit(main())

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm.launch import JobStepError, launch
+from slurm.jobsteps import JobStepError
+from slurm.launch import launch
 from slurm.sbatch import ParamError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from controller.taskbank.builtin import builtin_taskset
-from controller.demo.policy_server import (CHEATS, STRATEGIES, UNKNOWN_TASK_REPLY, PolicyError, PolicyServer,
-                                      default_params, sloppy_solution, softmax)
+from controller.analysis.defences import CHEATS
+from controller.demo.policy_server import (STRATEGIES, UNKNOWN_TASK_REPLY, PolicyError, PolicyServer, default_params,
+                                           sloppy_solution)
+from controller.demo.trainer import softmax
 
 FIXED_NOW_S = 1_700_000_000.0
 TASKSET = builtin_taskset()
@@ -347,7 +349,8 @@ def test_policy_server_and_task_bank_import_no_zmq_sqlite_or_nodeagent():
 
 # --- the adversary: escape probes ------------------------------------------------------
 
-from controller.demo.policy_server import ESCAPE_PROBES, PROBE_LINE, defence_lines, defences, escape_probe_command  # noqa: E402
+from controller.analysis.defences import PROBE_LINE, defence_lines, defences  # noqa: E402
+from controller.demo.policy_server import ESCAPE_PROBES, escape_probe_command  # noqa: E402
 
 MUST_BE_BLOCKED = set(ESCAPE_PROBES)
 

@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from controller.store.catalog import Catalog
-from controller.analysis.report import build_report, register, render_html, svg_bars
+from controller.analysis.report import build_report, render_html, svg_bars
+from controller.cli.analysis import register
 from nodeagent.store.writer import write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 

@@ -1,4 +1,4 @@
-"""Batch scripts (slurm/sbatch.py) and the job steps (slurm/launch.py).
+"""Batch scripts (slurm/sbatch.py) and the job steps (slurm/jobsteps.py).
 
 Pure parts: golden files (the example scripts in slurm/) pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
 review the diff), parameters are validated with the valid ones listed, hostile paths stay data.
@@ -149,7 +149,7 @@ def test_agent_gives_up_with_a_clear_message_when_the_controller_never_comes_up(
     ({"deployment": "slurm-1", "agent_version": "0.0.0-other"}, "agent version"),
 ])
 def test_agent_of_another_deployment_or_version_is_refused(tmp_path, job, words):
-    from nodeagent.agent.daemon import AGENT_VERSION
+    from nodeagent.agent.version import AGENT_VERSION
     job = dict(job, agent_version=job["agent_version"] or AGENT_VERSION)
     (tmp_path / "job.json").write_text(json.dumps(job))
     (tmp_path / "controller.endpoint").write_text("tcp://127.0.0.1:1")
@@ -169,7 +169,7 @@ def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_pat
 
 
 def test_head_refuses_a_run_directory_it_cannot_write():
-    from slurm.launch import JobStepError, check_run_dir
+    from slurm.jobsteps import JobStepError, check_run_dir
     with pytest.raises(JobStepError, match="not writable"):
         check_run_dir(Path("/proc/paddock-run"))
 

@@ -20,10 +20,11 @@ import pytest
 
 from controller.store.catalog import Catalog, CatalogConflict
 from controller.analysis.query import (
-    QueryError, RunNotFound, cmd_query, connect, execute, print_summary, query_command, register,
+    QueryError, RunNotFound, connect, execute, print_summary, query_command,
     run_query,
     summary,
 )
+from controller.cli.analysis import cmd_query, register
 from controller.contracts.trajectory import CHECKS_SCHEMA, ROLLOUTS_SCHEMA, STEPS_SCHEMA, shard_name
 from nodeagent.store.writer import SchemaError, write_attempt
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from controller.demo.policy_server import CHEATS, STRATEGIES, default_params, sample_strategy
+from controller.analysis.defences import CHEATS
+from controller.demo.policy_server import STRATEGIES, default_params, sample_strategy
 from controller.demo.trainer import (Sample, ScriptedPolicyTrainer, TrainerError, probabilities,
                                 strategy_from_plan)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from controller.cli import tasks as tasks_cli
 from controller.taskbank import validation
 from controller.taskbank.builtin import builtin_taskset
 from controller.taskbank.validation import ValidationStore, validate_task, validate_tasks
@@ -71,9 +72,9 @@ def test_a_task_without_a_reference_is_not_valid(runtime, python_image):
 def test_validate_is_a_subcommand_of_the_tasks_group():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd")
-    validation.add_validate_command(sub)
+    tasks_cli.add_validate_command(sub)
     args = ap.parse_args(["validate", "myset", "--workers", "3"])
-    assert (args.set_name, args.workers, args.func) == ("myset", 3, validation.cmd_validate)
+    assert (args.set_name, args.workers, args.func) == ("myset", 3, tasks_cli.cmd_validate)
 
 
 def test_the_local_run_keeps_only_valid_tasks_and_writes_the_quarantine(python_image, tmp_path):

@@ -1,4 +1,5 @@
-"""DuckDB views over a run's trajectory store, `paddock query`, and the run summary.
+"""DuckDB views over a run's trajectory store and the run summary (`paddock query` is
+controller/cli/analysis.py).
 
 `connect(run_dir)` opens an in-memory DuckDB connection with views `rollouts`, `steps`,
 `checks`, `spans`, `egress`, `catalog`, `infra_attempts` and `bad_shards`. A shard row appears in a view only if its (rollout_id, attempt,
@@ -16,7 +17,6 @@ Must not import zmq or sqlite3; it never writes to the run directory.
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import logging
@@ -37,8 +37,8 @@ from rich.table import Table
 
 from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
                                 span_summary_path)
+from controller.analysis.defences import defence_lines, defences
 from controller.contracts.states import OUTCOMES
-from controller.demo import policy_server
 from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
 
 CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
@@ -491,7 +491,7 @@ def summary(run_dir: str | Path) -> dict:
             "by_family": _grouped(con, ["task_family"]),
             "by_policy_version": _grouped(con, ["policy_version"]),
             "by_family_version": _grouped(con, ["task_family", "policy_version"]),
-            "defences": policy_server.defences(con),
+            "defences": defences(con),
         }
     except duckdb.Error as exc:
         raise QueryError(f"summary failed: {_one_line(exc)}") from None
@@ -545,7 +545,7 @@ def print_summary(summary: dict, run_dir: str | Path, out: TextIO | None = None)
     console.print("outcomes: " + ", ".join(f"{k}={oc[k]}" for k in oc), markup=False)
     w = summary["wall_s"]
     console.print(f"wall_s: p50 {_num(w['p50'])}  p99 {_num(w['p99'])}", markup=False)
-    for line in policy_server.defence_lines(summary.get("defences") or {}):
+    for line in defence_lines(summary.get("defences") or {}):
         console.print(line, markup=False, soft_wrap=True)
     for title, key, cols in (("by task family", "by_family", ["task_family"]),
                              ("by policy version", "by_policy_version", ["policy_version"]),
@@ -572,44 +572,6 @@ def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-# -- CLI ------------------------------------------------------------------------------------
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `paddock query [--run DIR] [--format table|csv|json] SQL`."""
-    p = subparsers.add_parser(
-        "query", help="run SQL over a run's committed trajectories (DuckDB)",
-        description="Views: rollouts, steps, checks, spans, egress, catalog (committed rows "
-                    "only), infra_attempts (every infra_error attempt), bad_shards. "
-                    f"Example: {query_command('runs/<run_id>')}")
-    p.add_argument("--run", metavar="DIR", default=None,
-                   help="run directory (or a directory of runs); default: newest under ./runs")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
-    p.add_argument("--export", metavar="FILE.duckdb",
-                   help="instead of a query: write a DuckDB database with the same views (open it "
-                        "with your own DuckDB: `duckdb FILE`); a snapshot of the run's files")
-    p.add_argument("sql", nargs="?", help="the SQL query")
-    p.set_defaults(func=cmd_query)
-    c = subparsers.add_parser(
-        "compact", help="merge a run's small committed shards (no row lost or duplicated)")
-    c.add_argument("--run", metavar="DIR", required=True, help="run directory")
-    c.add_argument("--max-shard-bytes", type=int, default=1 << 20,
-                   help="only shards up to this size are merged (default 1 MiB)")
-    c.set_defaults(func=cmd_compact)
-    return p
-
-
-def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from controller.store.catalog import CatalogError, compact
-    try:
-        r = compact(args.run, max_shard_bytes=args.max_shard_bytes)
-    except (CatalogError, OSError) as exc:
-        print(f"paddock compact: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"compacted {r.sources} shards into {r.targets} files ({r.rows} rows); "
-          f"finished {r.recovered} interrupted compactions", file=out or sys.stdout)
-    return 0
-
-
 def newest_run(runs_root: str | Path = "runs") -> Path:
     """The most recently modified directory under `runs_root`."""
     root = Path(runs_root)
@@ -617,28 +579,3 @@ def newest_run(runs_root: str | Path = "runs") -> Path:
     if not candidates:
         raise RunNotFound(f"no run directories under {root.resolve()}; pass --run DIR")
     return max(candidates, key=lambda p: (p.stat().st_mtime, p.name))
-
-
-def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
-              err: TextIO | None = None) -> int:
-    """Entry point of `paddock query`: 0 on success, 2 on bad SQL or a missing run."""
-    err = sys.stderr if err is None else err
-    try:
-        run_dir = Path(args.run) if args.run else newest_run()
-        if getattr(args, "export", None):
-            if args.sql:
-                raise QueryError("give either SQL or --export FILE, not both")
-            print(f"wrote {export(run_dir, args.export)} (views of {run_dir}); open it with DuckDB, "
-                  f"e.g. duckdb.connect({str(args.export)!r}, read_only=True)", file=out or sys.stdout)
-            return 0
-        if not args.sql:
-            raise QueryError("give the SQL query (or --export FILE)")
-        con = connect(run_dir)
-        for file, error in bad_shards(con):
-            print(f"paddock query: warning: skipped {file}: {error}", file=err)
-        con.close()
-        run_query(run_dir, args.sql, fmt=args.format, out=out)
-    except QueryError as exc:
-        print(f"paddock query: error: {exc}", file=err)
-        return 2
-    return 0

@@ -13,14 +13,12 @@ run's image. Must not import zmq.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -190,28 +188,3 @@ def _read_steps(scratch: Path, shard: str | None) -> list[dict]:
     import pyarrow.parquet as pq
     path = Path(shard) if Path(shard).is_absolute() else scratch / shard
     return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["step"])
-
-
-# -- CLI ------------------------------------------------------------------------------------
-
-def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """0: same verdict; 1: a different verdict; 2: the rollout cannot be replayed."""
-    out = out or sys.stdout
-    try:
-        report = replay(args.run, args.rollout_id, image_store=args.image_store)
-    except ReplayError as exc:
-        print(f"paddock replay: error: {exc}", file=sys.stderr)
-        return 2
-    print(report.line(), file=out)
-    return 0 if report.same_verdict else 1
-
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("replay", help="re-execute a rollout from its record and check the verdict",
-                              description="Feeds the recorded model outputs to the harness, re-runs the tools "
-                                          "in a fresh sandbox and the verifier, and compares verdicts.")
-    p.add_argument("rollout_id")
-    p.add_argument("--run", required=True, metavar="DIR", help="the run directory")
-    p.add_argument("--image-store", default=None, help="image store (default: the run's, else the default)")
-    p.set_defaults(func=cmd_replay)
-    return p

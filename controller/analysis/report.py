@@ -18,10 +18,8 @@ Must not import zmq; never writes to the run directory.
 """
 from __future__ import annotations
 
-import argparse
 import html
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -30,7 +28,7 @@ import duckdb
 from hdrh.histogram import HdrHistogram
 
 from controller.store.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
-from controller.analysis.query import QueryError, RunNotFound, connect, newest_run
+from controller.analysis.query import QueryError, connect
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 
@@ -339,35 +337,3 @@ def render_html(rep: dict) -> str:
              "collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Paddock report</title>"
             f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
-
-
-# -- CLI ------------------------------------------------------------------------------------
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("report", help="canned analyst report over a run (text, JSON, HTML)")
-    p.add_argument("--run", metavar="DIR", default=None,
-                   help="run directory (or a directory of runs); default: newest under ./runs")
-    p.add_argument("--html", metavar="FILE", help="also write an HTML report with plots")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=(0.2, 0.8),
-                   help="learning band for occupancy (default 0.2 0.8)")
-    p.set_defaults(func=cmd_report)
-    return p
-
-
-def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    try:
-        run_dir = Path(args.run) if args.run else newest_run()
-        rep = build_report(run_dir, ReportConfig(band_low=args.band[0], band_high=args.band[1]))
-    except (QueryError, RunNotFound) as exc:
-        print(f"paddock report: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        out.write(json.dumps(rep, indent=1, default=str) + "\n")
-    else:
-        print_text(rep, out)
-    if args.html:
-        Path(args.html).write_text(render_html(rep))
-        print(f"HTML report: {args.html}", file=out)
-    return 0

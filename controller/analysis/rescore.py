@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
@@ -109,28 +108,3 @@ def rescore_run(run_dir: str | os.PathLike, runtime, image_for: Callable[[str], 
     pq.write_table(pa.Table.from_pylist(results, schema=RESULTS_SCHEMA), tmp)
     os.replace(tmp, out_dir / "results.parquet")
     return out_dir / "results.parquet", results
-
-
-def cmd_rescore(args) -> int:
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore, ImageStoreError
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
-    store = ImageStore(args.image_store or default_store_root())
-
-    def image_for(digest: str) -> Path:
-        try:
-            return Path(store.resolve(digest))
-        except (ImageStoreError, OSError, ValueError):
-            return Path(ensure_builtin_image(store)[1])
-    try:
-        with SandboxRuntime() as rt:
-            path, rows = rescore_run(args.run, rt, image_for, args.workers)
-    except (RescoreError, SandboxError) as exc:
-        print(f"paddock rescore: {exc}", file=sys.stderr)
-        return 2
-    changed = [r for r in rows if r["rescored"] and r["outcome"] != r["stored_outcome"]]
-    print(f"re-scored {sum(r['rescored'] for r in rows)}/{len(rows)} rollouts into {path}")
-    print(f"outcome changed for {len(changed)}" + "".join(
-        f"\n  {r['rollout_id']} {r['task_name']}: {r['stored_outcome']} -> {r['outcome']}"
-        + (f" ({r['infra_reason']})" if r["infra_reason"] else "") for r in changed[:20]))
-    return 0

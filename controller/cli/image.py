@@ -4,14 +4,13 @@ Thin: parses arguments, calls layers.build / layers.store / layers.sif, renders 
 Operating errors (a foreign, corrupt or non-squashfs file, a failed build) print one line to
 stderr and return exit code 2.
 
-Must not import: zmq, controller.*.
+Must not import: zmq, controller.* other than controller.contracts.fileio (the atomic write).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from controller.contracts.fileio import atomic_write_with
 from layers import build
 from layers.sif import (ARCH_CODES, DATA_PARTITION, FSTYPE_NAMES, PARTTYPE_NAMES,
                         ArchMismatchError, SifError, check_arch, read_sif)
@@ -86,12 +86,7 @@ def _builder(args: argparse.Namespace, progress: Callable[[str], None]
 
 
 def _copy_atomically(src: Path, dest: Path) -> None:
-    partial = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(src, partial)
-        os.replace(partial, dest)
-    finally:
-        partial.unlink(missing_ok=True)
+    atomic_write_with(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -165,7 +160,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (`python -m controller.cli.image image ...`) until the paddock CLI wires it."""
+    """`python -m controller.cli.image image ...`: only the image commands (no other library loaded)."""
     parser = argparse.ArgumentParser(prog="paddock")
     register(parser.add_subparsers(dest="cmd", required=True))
     args = parser.parse_args(argv)

@@ -1,143 +1,57 @@
-"""`paddock`: the one command-line entry point. Parses arguments and calls into the packages.
+"""`paddock`: the one command-line entry point. Builds the parser from each CLI module's
+`register(subparsers)` and calls the chosen subcommand's `func(args)`.
 
-  paddock run [--config FILE] [--versions N] ...     the local farm run
-  paddock sandbox run [--image IMG] [caps] -- CMD    one command in a fresh sandbox
-  paddock query [--run DIR] [--format F] "SQL"       DuckDB over a run's trajectories
-  paddock image build|inspect ...                    images (squashfs in SIF)
-  paddock controller ... / paddock agent ...         the daemons (used by run and Slurm jobs)
+  paddock run | sandbox run                            local farm run, one sandboxed command   (run.py)
+  paddock tasks import|list|show|validate|...          the task bank                           (tasks.py)
+  paddock query | compact | report | replay | rescore  the analyst's commands                  (analysis.py)
+  paddock check | verify                               the verifier                            (verify.py)
+  paddock image build|inspect                          images (squashfs in SIF)                (image.py)
+  paddock egress check / tools list|mcp                egress decisions, the agent's tools     (egress.py, tools.py)
+  paddock top | agents | health | drain                ops view of a running farm              (ops.py)
+  paddock sbatch render | launch | job head|agent      Slurm                                   (slurm.py)
+  paddock controller / paddock agent                   the daemons                             (controller.py, agent.py)
+
+`COMMANDS` maps each command to the module that registers it. `paddock <command> ...` imports
+only that module, so a daemon or a quick command does not load every library (DuckDB, the
+sandbox runtime, datasketch/scipy); `paddock --help` and `build_parser()` load them all
+(tests/test_cli_help.py checks that `COMMANDS` and the modules' commands agree).
+
+Thin: no logic of its own. Nothing in the project imports this module.
 """
 from __future__ import annotations
 
 import argparse
-import re
+import importlib
 import sys
 
-
-def _size_mb(text: str) -> int:
-    m = re.fullmatch(r"(\d+)([KMG]?)i?B?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 256M, 1G)")
-    n, unit = int(m.group(1)), m.group(2).upper()
-    mb = {"": n / 2**20, "K": n / 1024, "M": n, "G": n * 1024}[unit] if unit else n
-    return max(int(mb), 1)
-
-
-def cmd_run(args) -> int:
-    from controller.demo.localrun import ConfigError, RunConfig, run_local
-    try:
-        cfg = RunConfig.load(args.config, {"versions": args.versions, "agents": args.agents,
-                                           "rollouts_per_task": args.rollouts_per_task,
-                                           "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
-                                           "taskset": args.taskset, "bank": args.bank})
-        run_local(cfg)
-    except (ConfigError, TypeError) as exc:
-        print(f"paddock run: {exc}", file=sys.stderr)
-        return 2
-    return 0
+COMMANDS = {
+    "run": "run", "sandbox": "run",
+    "tasks": "tasks",
+    "query": "analysis", "compact": "analysis", "report": "analysis", "replay": "analysis",
+    "rescore": "analysis",
+    "check": "verify", "verify": "verify",
+    "image": "image", "egress": "egress", "tools": "tools",
+    "top": "ops", "agents": "ops", "health": "ops", "drain": "ops",
+    "sbatch": "slurm", "launch": "slurm", "job": "slurm",
+    "controller": "controller", "agent": "agent",
+}
+GROUPS = tuple(dict.fromkeys(COMMANDS.values()))   # in the order of `paddock --help`
 
 
-def cmd_sandbox_run(args) -> int:
-    import os
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore, ImageStoreError
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        print("paddock sandbox run: give a command after --", file=sys.stderr)
-        return 2
-    store = ImageStore(default_store_root())
-    try:
-        image = store.resolve(args.image) if args.image else ensure_builtin_image(store)[1]
-    except (ImageStoreError, OSError) as exc:
-        print(f"paddock sandbox run: {exc}", file=sys.stderr)
-        return 2
-    limits = {"memory_mb": args.memory, "disk_mb": args.disk, "pids": args.pids, "cpu": args.cpu,
-              "nofile": 1024}
-    try:
-        with SandboxRuntime(degrade=args.degrade) as rt:
-            if rt.caps_report()["degraded"]:
-                print(f"paddock sandbox run: caps NOT enforced: {rt.caps_report()['degraded']}", file=sys.stderr)
-            sb = rt.create(SandboxSpec(image=image, limits=limits))
-            try:
-                r = sb.exec(cmd, stdin=b"" if sys.stdin.isatty() else sys.stdin.buffer.read(1 << 20),
-                            timeout_s=args.timeout, output_cap=args.output_cap)
-            finally:
-                sb.destroy()
-    except SandboxError as exc:
-        print(f"paddock sandbox run: sandbox failed: {exc}", file=sys.stderr)
-        return 125
-    os.write(1, r.stdout)
-    os.write(2, r.stderr)
-    if r.truncated:
-        print(f"\n[paddock: output truncated at {args.output_cap} bytes]", file=sys.stderr)
-    if r.timed_out:
-        print(f"[paddock: killed after {args.timeout}s]", file=sys.stderr)
-    return r.exit_code
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from slurm import launch
-    from controller.cli import ops
-    from controller.analysis import query
-    from controller.analysis import report
-    from slurm import sbatch
-    from controller.taskbank import bank as taskbank
-    from controller.cli import verify as verify_cli
-    from controller.cli import egress as egress_cli
-    from controller.analysis import replay
-    from controller.cli import tools as tools_cli
-    from controller.cli import image as layers_cli
+def build_parser(groups: tuple[str, ...] = GROUPS) -> argparse.ArgumentParser:
+    """The `paddock` parser with the commands of `groups` (default: every command)."""
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run the whole RL loop locally (controller, 2 node agents, trainer)")
-    run.add_argument("--config", help="YAML file of run settings (see docs/operations.md)")
-    run.add_argument("--versions", type=int, help="policy versions to train (default 8)")
-    run.add_argument("--agents", type=int, help="node agents (default 2)")
-    run.add_argument("--rollouts-per-task", type=int, help="rollouts per task per version (default 1)")
-    run.add_argument("--tasks-limit", type=int, help="use only the first N tasks of the set")
-    run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
-    run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_TASKBANK, else ./taskbank)")
-    run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
-    run.set_defaults(func=cmd_run)
-
-    sbx = sub.add_parser("sandbox", help="sandbox tools").add_subparsers(dest="sandbox_cmd", required=True)
-    sr = sbx.add_parser("run", help="run one command in a fresh sandbox")
-    sr.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
-    sr.add_argument("--memory", type=_size_mb, default=256, help="memory cap (default 256M)")
-    sr.add_argument("--disk", type=_size_mb, default=64, help="writable layer size (default 64M)")
-    sr.add_argument("--pids", type=int, default=64, help="process cap (default 64)")
-    sr.add_argument("--cpu", type=float, default=1.0, help="CPU quota in cores (default 1.0)")
-    sr.add_argument("--degrade", action="store_true",
-                    help="run even if the host cannot enforce every cap (rlimits only; says which)")
-    sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit in seconds (default 10)")
-    sr.add_argument("--output-cap", type=int, default=1 << 20, help="bytes of stdout/stderr kept")
-    sr.add_argument("cmd", nargs=argparse.REMAINDER)
-    sr.set_defaults(func=cmd_sandbox_run)
-
-    query.register(sub)
-    taskbank.register(sub)
-    report.register(sub)
-    sbatch.register(sub)
-    launch.register(sub)
-    ops.register(sub)
-    verify_cli.register(sub)
-    egress_cli.register(sub)
-    replay.register(sub)
-    tools_cli.register(sub)
-    layers_cli.register(sub)
-
-    ctl = sub.add_parser("controller", help="run the controller daemon", add_help=False)
-    ctl.add_argument("rest", nargs=argparse.REMAINDER)
-    ctl.set_defaults(func=lambda a: __import__("controller.broker.core", fromlist=["main"]).main(a.rest))
-    agent = sub.add_parser("agent", help="run a node agent", add_help=False)
-    agent.add_argument("rest", nargs=argparse.REMAINDER)
-    agent.set_defaults(func=lambda a: __import__("nodeagent.agent.daemon", fromlist=["main"]).main(a.rest))
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in groups:
+        # imported here, not at the top: `main` imports only the chosen command's module
+        importlib.import_module(f"controller.cli.{group}").register(sub)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    group = COMMANDS.get(argv[0]) if argv else None
+    args = build_parser((group,) if group else GROUPS).parse_args(argv)
     return int(args.func(args) or 0)
 
 

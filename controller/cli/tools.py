@@ -12,7 +12,10 @@ import json
 import sys
 
 from controller.contracts.tools import ToolSetError, definitions, tool_set
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore, ImageStoreError
 from nodeagent.harness.tools import McpServer, Toolbox
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -25,9 +28,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore, ImageStoreError
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
     try:
         names = tool_set(args.tools.split(",") if args.tools else None)
         store = ImageStore(default_store_root())

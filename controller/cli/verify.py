@@ -1,10 +1,10 @@
-"""`paddock check`, `paddock verify` and `paddock rescore`: the verifier for analysts and task authors.
+"""`paddock check` and `paddock verify`: the verifier for analysts and task authors.
 
   paddock check math --gold G --pred P       prints true/false (exit 0/1); also `exact`, `regex`
   paddock verify --task T --solution PATH    grades one solution (a file, a directory or a patch)
-  paddock rescore --run DIR                  re-grades a run's stored changes and answers
 
 Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier.
+(`paddock rescore` is controller/cli/analysis.py.) Must not import: zmq, controller.broker.
 """
 from __future__ import annotations
 
@@ -14,6 +14,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from controller.contracts.tasks import TaskError
+from controller.taskbank import bank as taskbank
+from controller.taskbank.builtin import builtin_taskset
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime
+from nodeagent.verifier import grade as verifier
+from nodeagent.verifier.checks import CheckInfraError, CheckRunner
 
 MAX_SOLUTION_BYTES = 8 << 20
 
@@ -26,7 +35,6 @@ def solution_changes(task: dict, path: str | Path) -> tuple[list, str | None]:
     """(changes under /work, answer) for a solution: a patch (*.patch / *.diff), a directory
     (its files laid over the task's visible files), or a file (placed at /work/<name>; for answer tasks, its text
     is the answer)."""
-    from nodeagent.sandbox.runtime import Change
     p = Path(path)
     if not p.exists():
         raise SolutionError(f"solution {str(p)!r} does not exist")
@@ -67,12 +75,9 @@ def find_task(ref: str, bank: str | None = None) -> dict:
     """A task by name or id: a task `.json` file, the built-in set, or the task bank."""
     if ref.endswith(".json") and Path(ref).is_file():
         return json.loads(Path(ref).read_text())
-    from controller.taskbank.builtin import builtin_taskset
     for t in builtin_taskset().tasks:
         if ref in (t.name, t.task_id, t.short_id):
             return dict(t.canonical(), task_id=t.task_id)
-    from controller.taskbank import bank as taskbank
-    from controller.contracts.tasks import TaskError
     try:
         t = taskbank.find_task(taskbank.TaskBank(bank), ref)
     except (TaskError, OSError) as exc:
@@ -81,7 +86,6 @@ def find_task(ref: str, bank: str | None = None) -> dict:
 
 
 def cmd_check(args) -> int:
-    from nodeagent.verifier.checks import CheckInfraError, CheckRunner
     try:
         with CheckRunner(preload=("nodeagent.verifier.checkers", "math_verify")) as runner:
             r = runner.run("nodeagent.verifier.checkers:answer_verdict", [args.kind, args.gold, args.pred],
@@ -100,10 +104,6 @@ def cmd_check(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore
-    from nodeagent.verifier import grade as verifier
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
     try:
         task = find_task(args.task, args.bank)
         changes, answer = solution_changes(task, args.solution)
@@ -125,13 +125,8 @@ def cmd_verify(args) -> int:
     return 0 if v.outcome == "pass" else 1
 
 
-def cmd_rescore(args) -> int:
-    from controller.analysis import rescore
-    return rescore.cmd_rescore(args)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `paddock check`, `paddock verify` and `paddock rescore`."""
+    """Add `paddock check` and `paddock verify`."""
     chk = sub.add_parser("check", help="check one answer against a gold answer (prints true/false)")
     kinds = chk.add_subparsers(dest="kind", required=True)
     for kind, what in (("math", "math equivalence"), ("exact", "exact match"), ("regex", "regex full match")):
@@ -150,8 +145,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     ver.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
     ver.set_defaults(func=cmd_verify)
 
-    rs = sub.add_parser("rescore", help="re-grade a run's stored trajectories with this verifier")
-    rs.add_argument("--run", required=True, metavar="DIR", help="the run directory")
-    rs.add_argument("--image-store", help="image store root (default: the built-in store)")
-    rs.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
-    rs.set_defaults(func=cmd_rescore)

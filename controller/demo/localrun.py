@@ -4,12 +4,17 @@ Builds (or reuses) the built-in image, starts the scripted policy server, a cont
 and N node-agent processes linked by ZeroMQ, then a small trainer submits one batch per policy
 version, reads the committed trajectories back with DuckDB, updates the policy by REINFORCE and
 publishes the next version through the controller. Ends with a DuckDB summary of the run.
+`train` and `wait_file` are shared with the Slurm head step (slurm/jobsteps.py). The command
+line is controller/cli/run.py; the daemons are started as `python -m controller.cli controller|agent`.
+
+Must not import: slurm, controller.cli (this is a library of the CLI's `paddock run`).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -18,11 +23,28 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from controller.analysis.defences import CHEATS
+from controller.analysis.query import connect, print_summary, summary
+from controller.client.api import Client
+from controller.contracts.tasks import TaskError
+from controller.demo.policy_server import PolicyServer, default_params
+from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
+from controller.taskbank.bank import TaskBank
+from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
+from controller.taskbank.curriculum import Curriculum, CurriculumConfig
+from controller.taskbank.validation import validate_for_run
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageNotFound, ImageStore
+from nodeagent.sandbox.runtime import subid_range
 
 log = logging.getLogger(__name__)
 
 
 COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
+PADDOCK_CLI = (sys.executable, "-m", "controller.cli")   # the daemons run as `paddock controller|agent`
 
 
 class ConfigError(ValueError):
@@ -87,10 +109,8 @@ LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy c
 
 def load_taskset(name: str, bank: str = ""):
     """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
-    from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
     if name in ("builtin", TASKSET_NAME):
         return builtin_taskset()
-    from controller.taskbank.bank import TaskBank
     return TaskBank(bank or None).load_set(name)
 
 
@@ -98,9 +118,6 @@ def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
     """Task id -> (image digest, SIF path) for every task of the set: `builtin:python` is built
     or reused; `sha256:<hex>` must already be in `store` (`paddock image build ... --store`).
     TaskError names the task and the image it lacks."""
-    from controller.contracts.tasks import TaskError
-    from layers.builtin import ensure_builtin_image
-    from layers.store import ImageNotFound
     out: dict[str, tuple[str, Path]] = {}
     resolved: dict[str, tuple[str, Path]] = {}
     for t in taskset.tasks:
@@ -135,7 +152,7 @@ def lease_tasks(taskset, images: str | dict[str, tuple[str, Path]]) -> dict[str,
     return out
 
 
-def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+def wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if proc.poll() is not None:
@@ -152,19 +169,12 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
 
 
 def _agent_subids(index: int, agents: int) -> tuple[int, int]:
-    from nodeagent.sandbox.runtime import subid_range
     base, count = subid_range()
     share = count // agents
     return base + index * share, share
 
 
 def run_local(cfg: RunConfig, console=None) -> Path:
-    from rich.console import Console
-    from controller.demo.policy_server import PolicyServer, default_params
-    from controller.analysis.query import print_summary, summary
-    from controller.contracts.tasks import TaskError
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore
 
     console = console or Console()
     try:
@@ -193,7 +203,6 @@ def run_local(cfg: RunConfig, console=None) -> Path:
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg)}, indent=2))
-    from controller.taskbank.validation import validate_for_run
     names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
                              Path(store.root) / "validation", run_dir,
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
@@ -201,39 +210,33 @@ def run_local(cfg: RunConfig, console=None) -> Path:
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset) as policy:
         try:
-            ctl = _spawn([sys.executable, "-m", "controller.broker", "--deployment", deployment,
+            ctl = _spawn([*PADDOCK_CLI, "controller", "--deployment", deployment,
                           "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
                           "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
                          run_dir / "logs" / "controller.log")
             procs.append(ctl)
-            endpoint = _wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
+            endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
             for i in range(cfg.agents):
                 base, count = _agent_subids(i, cfg.agents)
-                procs.append(_spawn([sys.executable, "-m", "controller.cli", "agent", "--node", f"local-{i + 1}",
+                procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
                                      "--controller", endpoint, "--deployment", deployment,
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-base", str(base), "--subid-count", str(count),
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
                                     run_dir / "logs" / f"agent-{i + 1}.log"))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
-            _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
+            train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
             _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment)
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
 
 
-def _train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from controller.client.api import Client
-    from controller.demo.policy_server import CHEATS
-    from controller.analysis.query import connect
-    from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
-
-    import random
-    from controller.taskbank.curriculum import Curriculum
+def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
+    """One batch per policy version from the curriculum sampler; each batch's committed rows
+    update the scripted policy (REINFORCE), published to the controller as the next version."""
     trainer = ScriptedPolicyTrainer(params, lr=cfg.learning_rate)
     by_id = {t.task_id: t.name for t in taskset.tasks if t.name in set(names)}
     curriculum = Curriculum(cfg.curriculum_db or Path(cfg.runs_dir) / "curriculum.sqlite", by_id,
@@ -287,7 +290,6 @@ def local_curriculum_config(cfg: RunConfig):
     decay (0.5) a task's weighted evidence never exceeds `rollouts_per_task` and every task would
     stay "explore" for ever. Its policy moves a little per version, so older versions keep more
     weight here: with one rollout per version a task is classified from its fourth version on."""
-    from controller.taskbank.curriculum import CurriculumConfig
     return CurriculumConfig(decay=0.9 if cfg.rollouts_per_task < 3 else 0.5)
 
 
@@ -306,7 +308,6 @@ def _record_outcomes(curriculum, con, batch_id: str) -> None:
 def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str) -> None:
     if endpoint:
         try:
-            from controller.client.api import Client
             with Client(endpoint, deployment, timeout_s=5, retries=1) as c:
                 c.shutdown("run finished")
         except Exception as exc:  # the controller may already be gone

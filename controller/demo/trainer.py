@@ -7,17 +7,18 @@ per-family mean-reward baseline:
 
     logit[f][k] += lr * mean over samples i of family f of (r_i - mean_r[f]) * (1[a_i = k] - p[f][k])
 
-Pure arithmetic on dicts: must not import zmq, sqlite3, nodeagent or the HTTP server.
+Pure arithmetic on dicts; `softmax` is the one the policy server samples with. Must not import
+zmq, sqlite3, nodeagent or the HTTP server (controller.demo.policy_server imports this).
 """
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from controller.analysis.defences import PLAN_LINE
+
 Params = dict[str, dict[str, float]]
-_PLAN = re.compile(r"^\s*plan:\s*(\S+)")
 
 
 class TrainerError(ValueError):
@@ -46,7 +47,7 @@ def probabilities(params: Mapping[str, Mapping[str, float]]) -> dict[str, dict[s
 def strategy_from_plan(content: str | None) -> str:
     """The strategy named on the first line `plan: <strategy>` of a first assistant message.
     Raises TrainerError when the message carries no plan line."""
-    match = _PLAN.match(content or "")
+    match = PLAN_LINE.match(content or "")
     if match is None:
         raise TrainerError(f"no 'plan: <strategy>' line in {(content or '')[:80]!r}")
     return match.group(1)

@@ -1,4 +1,5 @@
-"""The task bank on disk: task packages, task-set manifests, and `paddock tasks ...`.
+"""The task bank on disk: task packages and task-set manifests (`paddock tasks ...` is
+controller/cli/tasks.py).
 
 Layout (docs/tasks.md):
 
@@ -18,11 +19,9 @@ Must not import zmq; package files are written atomically (temp name + rename).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -284,92 +283,8 @@ def make_set(name: str, tasks: Iterable[Task], split: str = "train") -> TaskSet:
     return TaskSet(name=name, tasks=unique, heldout=heldout)
 
 
-# -- CLI ------------------------------------------------------------------------------------
-
-def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `paddock tasks import | list | show | contamination | validate`."""
-    from controller.taskbank import importers
-    p = subparsers.add_parser("tasks", help="the task bank: import, list, show, contamination")
-    p.add_argument("--bank", metavar="DIR", default=None,
-                   help=f"task-bank directory (default ${DEFAULT_BANK_ENV} or ./taskbank)")
-    sub = p.add_subparsers(dest="tasks_cmd", required=True)
-
-    imp = sub.add_parser("import", help="import tasks into a named set")
-    imp.add_argument("kind", choices=importers.KINDS, help="source format")
-    imp.add_argument("source", help="JSONL file (humaneval, mbpp, math, swe) or a directory of "
-                                    "task packages (package)")
-    imp.add_argument("--set", dest="set_name", required=True, help="name of the task set")
-    imp.add_argument("--split", choices=("train", "heldout"), default="train")
-    imp.add_argument("--no-contamination", action="store_true",
-                     help="skip the automatic check of a held-out set against training sets")
-    imp.set_defaults(func=cmd_import)
-
-    ls = sub.add_parser("list", help="list sets, or the tasks of one set")
-    ls.add_argument("set_name", nargs="?")
-    ls.set_defaults(func=cmd_list)
-
-    show = sub.add_parser("show", help="show one task (by id, id prefix or name)")
-    show.add_argument("task", help="task id (sha256:... or a hex prefix) or name")
-    show.add_argument("--set", dest="set_name", help="look the name up in this set")
-    show.add_argument("--hidden", action="store_true", help="also print hidden files")
-    show.set_defaults(func=cmd_show)
-
-    from controller.taskbank import contamination
-
-    from controller.taskbank import curriculum
-    contamination.register(sub)
-    curriculum.register(sub)
-    # `paddock tasks validate SET` is the verifier's (controller/taskbank/validation.py).
-    from controller.taskbank.validation import add_validate_command
-    add_validate_command(sub)
-    return p
-
-
-def _bank(args) -> TaskBank:
-    return TaskBank(args.bank)
-
-
-def cmd_import(args, out=None) -> int:
-    from controller.taskbank import importers
-    out = out or sys.stdout
-    bank = _bank(args)
-    try:
-        tasks = importers.import_source(args.kind, Path(args.source))
-        taskset = make_set(args.set_name, tasks, args.split)
-        path = bank.put_set(taskset)
-    except TaskError as exc:
-        print(f"paddock tasks import: {exc}", file=sys.stderr)
-        return 2
-    print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
-          f"{taskset.manifest_hash} at {path}", file=out)
-    if args.split == "heldout" and not args.no_contamination:
-        from controller.taskbank.contamination import check_against_training_sets
-        for report in check_against_training_sets(bank, taskset.name):
-            print(report.summary_line(), file=out)
-    return 0
-
-
-def cmd_list(args, out=None) -> int:
-    out = out or sys.stdout
-    bank = _bank(args)
-    try:
-        if args.set_name:
-            ts = bank.load_set(args.set_name)
-            for t in sorted(ts.tasks, key=lambda t: t.name):
-                split = "heldout" if t.task_id in ts.heldout else "train"
-                print(f"{t.task_id[:19]}  {split:7}  {t.family:6}  {t.name}", file=out)
-            return 0
-        for name in bank.set_names():
-            ts = bank.load_set(name)
-            print(f"{name}  {len(ts.tasks)} tasks ({len(ts.heldout)} heldout)  "
-                  f"{ts.manifest_hash}", file=out)
-    except TaskError as exc:
-        print(f"paddock tasks list: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def find_task(bank: TaskBank, ref: str, set_name: str | None = None) -> Task:
+    """A task by id, id prefix (4+ hex digits) or name; in one set if `set_name` is given."""
     if set_name:
         ts = bank.load_set(set_name)
         for t in ts.tasks:
@@ -389,23 +304,3 @@ def find_task(bank: TaskBank, ref: str, set_name: str | None = None) -> Task:
                 if t.name == ref:
                     return t
     raise TaskError(f"no task {ref!r} in the bank at {bank.root}")
-
-
-def cmd_show(args, out=None) -> int:
-    out = out or sys.stdout
-    try:
-        task = find_task(_bank(args), args.task, args.set_name)
-    except TaskError as exc:
-        print(f"paddock tasks show: {exc}", file=sys.stderr)
-        return 2
-    meta = package_meta(task)
-    print(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=100), end="", file=out)
-    print("files:", file=out)
-    for rel, content in sorted(task.files.items()):
-        print(f"  {rel} ({len(content)} {'chars' if isinstance(content, str) else 'bytes'})",
-              file=out)
-    print("hidden:", file=out)
-    for rel, content in sorted(task.hidden.items()):
-        print(f"  {rel}" + (f"\n{content}" if args.hidden and isinstance(content, str) else ""),
-              file=out)
-    return 0

@@ -19,11 +19,9 @@ Must not import zmq.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -31,7 +29,7 @@ from typing import Iterable
 from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
-from controller.contracts.tasks import Task, TaskError, TaskSet
+from controller.contracts.tasks import Task, TaskSet
 
 _WORD = re.compile(r"[a-z0-9_]+")
 
@@ -193,47 +191,3 @@ def check_against_training_sets(bank, heldout_name: str,
         write_report(bank, report)
         reports.append(report)
     return reports
-
-
-# -- CLI ------------------------------------------------------------------------------------
-
-def register(tasks_sub: argparse._SubParsersAction) -> None:
-    p = tasks_sub.add_parser("contamination", help="near-duplicates between a training set and "
-                                                   "a held-out set (MinHash LSH + n-gram Bloom)")
-    p.add_argument("train_set")
-    p.add_argument("heldout_set")
-    d = ContaminationConfig()
-    p.add_argument("--jaccard", type=float, default=d.jaccard_threshold,
-                   help=f"MinHash Jaccard threshold for a suspected pair (default {d.jaccard_threshold})")
-    p.add_argument("--overlap", type=float, default=d.overlap_threshold,
-                   help=f"n-gram overlap threshold (default {d.overlap_threshold})")
-    p.add_argument("--ngram", type=int, default=d.ngram_words,
-                   help=f"words per n-gram for exact overlap (default {d.ngram_words})")
-    p.add_argument("--shingle", type=int, default=d.shingle_words,
-                   help=f"words per MinHash shingle (default {d.shingle_words})")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_contamination)
-
-
-def cmd_contamination(args, out=None) -> int:
-    from controller.taskbank.bank import TaskBank
-    out = out or sys.stdout
-    bank = TaskBank(args.bank)
-    try:
-        cfg = ContaminationConfig(shingle_words=args.shingle, jaccard_threshold=args.jaccard,
-                                  ngram_words=args.ngram, overlap_threshold=args.overlap)
-        report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg)
-    except (TaskError, ValueError) as exc:
-        print(f"paddock tasks contamination: {exc}", file=sys.stderr)
-        return 2
-    write_report(bank, report)
-    if args.json:
-        print(json.dumps(report.to_json(), indent=1), file=out)
-        return 0
-    print(report.summary_line(), file=out)
-    for s in report.suspects:
-        other = s.train_name or "(training set as a whole)"
-        jac = "n/a" if s.jaccard is None else f"{s.jaccard:.3f}"
-        print(f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap "
-              f"{s.ngram_overlap:.3f}", file=out)
-    return 0

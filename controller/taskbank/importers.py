@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 from controller.contracts.answers import boxed_contents
 from controller.contracts.tasks import Budgets, Task, TaskError
+from controller.taskbank.bank import TASK_FILE, load_package
 
 KINDS = ("humaneval", "mbpp", "math", "swe", "package")
 SOLUTION_FILE = "solution.py"
@@ -308,7 +309,6 @@ def swe_task(rec: dict, source: Path, lineno: int) -> Task:
 # -- packages -------------------------------------------------------------------------------
 
 def import_packages(directory: Path) -> list[Task]:
-    from controller.taskbank.bank import TASK_FILE, load_package
     if (directory / TASK_FILE).exists():
         return [load_package(directory)]
     if not directory.is_dir():

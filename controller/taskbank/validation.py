@@ -13,15 +13,13 @@ Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
-`add_validate_command(tasks_subparsers)` adds `paddock tasks validate SET` (the task bank's
-`tasks` group calls it). Must not import zmq.
+`paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`. Must not import zmq.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -349,53 +347,6 @@ def verifier_version(quick: bool = False) -> str:
 
 def task_dicts(taskset) -> list[dict]:
     return [dict(t.canonical(), task_id=t.task_id) for t in taskset.tasks]
-
-
-# -- CLI --------------------------------------------------------------------------------------
-
-def add_validate_command(tasks_subparsers) -> None:
-    """Add `paddock tasks validate SET` to the task bank's `tasks` group."""
-    p = tasks_subparsers.add_parser("validate", help="run reference, null and hack solutions of every task; "
-                                                     "quarantine the tasks that fail")
-    p.add_argument("set_name", metavar="SET", help="task set name in the bank, or 'builtin'")
-    p.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
-    p.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
-    p.set_defaults(func=cmd_validate)
-
-
-def cmd_validate(args, out=None) -> int:
-    from layers.builtin import default_store_root, ensure_builtin_image
-    from layers.store import ImageStore
-    from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
-    out = out or sys.stdout
-    try:
-        if args.set_name == "builtin":
-            from controller.taskbank.builtin import builtin_taskset
-            taskset = builtin_taskset()
-            directory = Path(getattr(args, "bank", None) or "taskbank")
-        else:
-            from controller.taskbank.bank import TaskBank
-            bank = TaskBank(getattr(args, "bank", None))
-            taskset, directory = bank.load_set(args.set_name), Path(bank.root)
-    except (ValueError, OSError) as exc:
-        print(f"paddock tasks validate: {exc}", file=sys.stderr)
-        return 2
-    store = ValidationStore(directory)
-    images = ImageStore(default_store_root())
-    image = images.resolve(args.image) if args.image else ensure_builtin_image(images)[1]
-
-    def show(v: TaskValidation, cached: bool) -> None:
-        mark = "ok " if v.ok else "QUARANTINED"
-        print(f"{mark} {v.name}{' (cached)' if cached else ''}" + "".join(f"\n    {r}" for r in v.reasons), file=out)
-    try:
-        with SandboxRuntime() as rt:
-            results = validate_tasks(rt, image, task_dicts(taskset), store, args.workers, show)
-    except SandboxError as exc:
-        print(f"paddock tasks validate: sandbox failed: {exc}", file=sys.stderr)
-        return 3
-    bad = [v for v in results if not v.ok]
-    print(f"{len(results) - len(bad)}/{len(results)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
-    return 1 if bad else 0
 
 
 # -- the local run's start-up check -------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""The analyst's commands: `paddock query`, `compact`, `report`, `replay`, `rescore`.
+
+  paddock query [--run DIR] [--format table|csv|json] SQL    DuckDB over committed rows
+  paddock query [--run DIR] --export FILE.duckdb             the same views, for your own DuckDB
+  paddock compact --run DIR                                  merge a run's small shards
+  paddock report [--run DIR] [--html FILE] [--json]          the canned report
+  paddock replay ROLLOUT_ID --run DIR                        re-execute one rollout from its record
+  paddock rescore --run DIR                                  re-grade stored changes and answers
+
+Thin: parses arguments, calls controller.analysis and controller.store.catalog with plain
+arguments. Operating errors print one line to stderr and exit 2.
+
+Must not import: zmq, controller.broker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from controller.analysis.query import (FORMATS, QueryError, RunNotFound, bad_shards, connect, export,
+                                       newest_run, query_command, run_query)
+from controller.analysis.replay import ReplayError, replay
+from controller.analysis.report import ReportConfig, build_report, print_text, render_html
+from controller.analysis.rescore import RescoreError, rescore_run
+from controller.store.catalog import CatalogError, compact
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore, ImageStoreError
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
+
+RUN_HELP = "run directory (or a directory of runs); default: newest under ./runs"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `paddock query`, `compact`, `report`, `replay` and `rescore`."""
+    add_query_commands(subparsers)
+    add_report_command(subparsers)
+    add_replay_command(subparsers)
+    add_rescore_command(subparsers)
+
+
+def add_query_commands(subparsers: argparse._SubParsersAction) -> None:
+    """`paddock query [--run DIR] [--format table|csv|json] SQL` and `paddock compact`."""
+    p = subparsers.add_parser(
+        "query", help="run SQL over a run's committed trajectories (DuckDB)",
+        description="Views: rollouts, steps, checks, spans, egress, catalog (committed rows "
+                    "only), infra_attempts (every infra_error attempt), bad_shards. "
+                    f"Example: {query_command('runs/<run_id>')}")
+    p.add_argument("--run", metavar="DIR", default=None, help=RUN_HELP)
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
+    p.add_argument("--export", metavar="FILE.duckdb",
+                   help="instead of a query: write a DuckDB database with the same views (open it "
+                        "with your own DuckDB: `duckdb FILE`); a snapshot of the run's files")
+    p.add_argument("sql", nargs="?", help="the SQL query")
+    p.set_defaults(func=cmd_query)
+    c = subparsers.add_parser(
+        "compact", help="merge a run's small committed shards (no row lost or duplicated)")
+    c.add_argument("--run", metavar="DIR", required=True, help="run directory")
+    c.add_argument("--max-shard-bytes", type=int, default=1 << 20,
+                   help="only shards up to this size are merged (default 1 MiB)")
+    c.set_defaults(func=cmd_compact)
+
+
+def add_report_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("report", help="canned analyst report over a run (text, JSON, HTML)")
+    p.add_argument("--run", metavar="DIR", default=None, help=RUN_HELP)
+    p.add_argument("--html", metavar="FILE", help="also write an HTML report with plots")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=(0.2, 0.8),
+                   help="learning band for occupancy (default 0.2 0.8)")
+    p.set_defaults(func=cmd_report)
+
+
+def add_replay_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="re-execute a rollout from its record and check the verdict",
+                              description="Feeds the recorded model outputs to the harness, re-runs the tools "
+                                          "in a fresh sandbox and the verifier, and compares verdicts.")
+    p.add_argument("rollout_id")
+    p.add_argument("--run", required=True, metavar="DIR", help="the run directory")
+    p.add_argument("--image-store", default=None, help="image store (default: the run's, else the default)")
+    p.set_defaults(func=cmd_replay)
+
+
+def add_rescore_command(subparsers: argparse._SubParsersAction) -> None:
+    rs = subparsers.add_parser("rescore", help="re-grade a run's stored trajectories with this verifier")
+    rs.add_argument("--run", required=True, metavar="DIR", help="the run directory")
+    rs.add_argument("--image-store", help="image store root (default: the built-in store)")
+    rs.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
+    rs.set_defaults(func=cmd_rescore)
+
+
+# -- query, compact -------------------------------------------------------------------------
+
+def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
+              err: TextIO | None = None) -> int:
+    """Entry point of `paddock query`: 0 on success, 2 on bad SQL or a missing run."""
+    err = sys.stderr if err is None else err
+    try:
+        run_dir = Path(args.run) if args.run else newest_run()
+        if getattr(args, "export", None):
+            if args.sql:
+                raise QueryError("give either SQL or --export FILE, not both")
+            print(f"wrote {export(run_dir, args.export)} (views of {run_dir}); open it with DuckDB, "
+                  f"e.g. duckdb.connect({str(args.export)!r}, read_only=True)", file=out or sys.stdout)
+            return 0
+        if not args.sql:
+            raise QueryError("give the SQL query (or --export FILE)")
+        con = connect(run_dir)
+        for file, error in bad_shards(con):
+            print(f"paddock query: warning: skipped {file}: {error}", file=err)
+        con.close()
+        run_query(run_dir, args.sql, fmt=args.format, out=out)
+    except QueryError as exc:
+        print(f"paddock query: error: {exc}", file=err)
+        return 2
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    try:
+        r = compact(args.run, max_shard_bytes=args.max_shard_bytes)
+    except (CatalogError, OSError) as exc:
+        print(f"paddock compact: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"compacted {r.sources} shards into {r.targets} files ({r.rows} rows); "
+          f"finished {r.recovered} interrupted compactions", file=out or sys.stdout)
+    return 0
+
+
+# -- report, replay, rescore ----------------------------------------------------------------
+
+def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        run_dir = Path(args.run) if args.run else newest_run()
+        rep = build_report(run_dir, ReportConfig(band_low=args.band[0], band_high=args.band[1]))
+    except (QueryError, RunNotFound) as exc:
+        print(f"paddock report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        out.write(json.dumps(rep, indent=1, default=str) + "\n")
+    else:
+        print_text(rep, out)
+    if args.html:
+        Path(args.html).write_text(render_html(rep))
+        print(f"HTML report: {args.html}", file=out)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """0: same verdict; 1: a different verdict; 2: the rollout cannot be replayed."""
+    out = out or sys.stdout
+    try:
+        report = replay(args.run, args.rollout_id, image_store=args.image_store)
+    except ReplayError as exc:
+        print(f"paddock replay: error: {exc}", file=sys.stderr)
+        return 2
+    print(report.line(), file=out)
+    return 0 if report.same_verdict else 1
+
+
+def cmd_rescore(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    store = ImageStore(args.image_store or default_store_root())
+
+    def image_for(digest: str) -> Path:
+        try:
+            return Path(store.resolve(digest))
+        except (ImageStoreError, OSError, ValueError):
+            return Path(ensure_builtin_image(store)[1])
+    try:
+        with SandboxRuntime() as rt:
+            path, rows = rescore_run(args.run, rt, image_for, args.workers)
+    except (RescoreError, SandboxError) as exc:
+        print(f"paddock rescore: {exc}", file=sys.stderr)
+        return 2
+    changed = [r for r in rows if r["rescored"] and r["outcome"] != r["stored_outcome"]]
+    print(f"re-scored {sum(r['rescored'] for r in rows)}/{len(rows)} rollouts into {path}", file=out)
+    print(f"outcome changed for {len(changed)}" + "".join(
+        f"\n  {r['rollout_id']} {r['task_name']}: {r['stored_outcome']} -> {r['outcome']}"
+        + (f" ({r['infra_reason']})" if r["infra_reason"] else "") for r in changed[:20]), file=out)
+    return 0

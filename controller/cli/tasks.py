@@ -1,0 +1,250 @@
+"""`paddock tasks ...`: the task bank from the command line.
+
+  paddock tasks [--bank DIR] import KIND SOURCE --set NAME [--split heldout]
+  paddock tasks [--bank DIR] list [SET]
+  paddock tasks [--bank DIR] show TASK [--set NAME] [--hidden]
+  paddock tasks [--bank DIR] validate SET [--workers N] [--image IMG]
+  paddock tasks [--bank DIR] contamination TRAIN_SET HELDOUT_SET [--json] [thresholds]
+  paddock tasks [--bank DIR] curriculum SET [--version V] [--db FILE]
+
+Thin: parses arguments and calls controller.taskbank (bank, importers, contamination,
+curriculum, validation) with plain arguments. Operating errors print one line to stderr and
+exit 2 (`validate`: 3 if the sandbox fails, 1 if a task is quarantined).
+
+Must not import: zmq, controller.broker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import yaml
+
+from controller.contracts.tasks import TaskError
+from controller.taskbank import importers
+from controller.taskbank.bank import DEFAULT_BANK_ENV, TaskBank, find_task, make_set, package_meta
+from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.contamination import (ContaminationConfig, check, check_against_training_sets,
+                                               write_report)
+from controller.taskbank.curriculum import Curriculum
+from controller.taskbank.validation import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
+                                            validate_tasks)
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add `paddock tasks import | list | show | validate | contamination | curriculum`."""
+    p = subparsers.add_parser("tasks", help="the task bank: import, list, show, validate, contamination, "
+                                            "curriculum")
+    p.add_argument("--bank", metavar="DIR", default=None,
+                   help=f"task-bank directory (default ${DEFAULT_BANK_ENV} or ./taskbank)")
+    sub = p.add_subparsers(dest="tasks_cmd", required=True)
+    add_bank_commands(sub)
+    add_validate_command(sub)
+    add_contamination_command(sub)
+    add_curriculum_command(sub)
+    return p
+
+
+def add_bank_commands(sub: argparse._SubParsersAction) -> None:
+    """`import`, `list` and `show` of the `tasks` group."""
+    imp = sub.add_parser("import", help="import tasks into a named set")
+    imp.add_argument("kind", choices=importers.KINDS, help="source format")
+    imp.add_argument("source", help="JSONL file (humaneval, mbpp, math, swe) or a directory of "
+                                    "task packages (package)")
+    imp.add_argument("--set", dest="set_name", required=True, help="name of the task set")
+    imp.add_argument("--split", choices=("train", "heldout"), default="train")
+    imp.add_argument("--no-contamination", action="store_true",
+                     help="skip the automatic check of a held-out set against training sets")
+    imp.set_defaults(func=cmd_import)
+
+    ls = sub.add_parser("list", help="list sets, or the tasks of one set")
+    ls.add_argument("set_name", nargs="?")
+    ls.set_defaults(func=cmd_list)
+
+    show = sub.add_parser("show", help="show one task (by id, id prefix or name)")
+    show.add_argument("task", help="task id (sha256:... or a hex prefix) or name")
+    show.add_argument("--set", dest="set_name", help="look the name up in this set")
+    show.add_argument("--hidden", action="store_true", help="also print hidden files")
+    show.set_defaults(func=cmd_show)
+
+
+def add_validate_command(sub: argparse._SubParsersAction) -> None:
+    """`paddock tasks validate SET` (the verifier's check of every task of a set)."""
+    p = sub.add_parser("validate", help="run reference, null and hack solutions of every task; "
+                                        "quarantine the tasks that fail")
+    p.add_argument("set_name", metavar="SET", help="task set name in the bank, or 'builtin'")
+    p.add_argument("--workers", type=int, default=2, help="parallel verifications (default 2)")
+    p.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
+    p.set_defaults(func=cmd_validate)
+
+
+def add_contamination_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("contamination", help="near-duplicates between a training set and "
+                                             "a held-out set (MinHash LSH + n-gram Bloom)")
+    p.add_argument("train_set")
+    p.add_argument("heldout_set")
+    d = ContaminationConfig()
+    p.add_argument("--jaccard", type=float, default=d.jaccard_threshold,
+                   help=f"MinHash Jaccard threshold for a suspected pair (default {d.jaccard_threshold})")
+    p.add_argument("--overlap", type=float, default=d.overlap_threshold,
+                   help=f"n-gram overlap threshold (default {d.overlap_threshold})")
+    p.add_argument("--ngram", type=int, default=d.ngram_words,
+                   help=f"words per n-gram for exact overlap (default {d.ngram_words})")
+    p.add_argument("--shingle", type=int, default=d.shingle_words,
+                   help=f"words per MinHash shingle (default {d.shingle_words})")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_contamination)
+
+
+def add_curriculum_command(sub: argparse._SubParsersAction) -> None:
+    """`paddock tasks curriculum SET [--version V] [--db FILE]`: estimates, classes, quarantine."""
+    p = sub.add_parser("curriculum", help="pass-rate estimates, band classes and quarantine "
+                                          "of a set's tasks")
+    p.add_argument("set_name", metavar="SET")
+    p.add_argument("--version", type=int, default=None,
+                   help="target policy version (default: the newest recorded)")
+    p.add_argument("--db", help="curriculum database (default <bank>/curriculum.sqlite)")
+    p.set_defaults(func=cmd_curriculum)
+
+
+# -- import, list, show ---------------------------------------------------------------------
+
+def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    bank = TaskBank(args.bank)
+    try:
+        tasks = importers.import_source(args.kind, Path(args.source))
+        taskset = make_set(args.set_name, tasks, args.split)
+        path = bank.put_set(taskset)
+    except TaskError as exc:
+        print(f"paddock tasks import: {exc}", file=sys.stderr)
+        return 2
+    print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
+          f"{taskset.manifest_hash} at {path}", file=out)
+    if args.split == "heldout" and not args.no_contamination:
+        for report in check_against_training_sets(bank, taskset.name):
+            print(report.summary_line(), file=out)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    bank = TaskBank(args.bank)
+    try:
+        if args.set_name:
+            ts = bank.load_set(args.set_name)
+            for t in sorted(ts.tasks, key=lambda t: t.name):
+                split = "heldout" if t.task_id in ts.heldout else "train"
+                print(f"{t.task_id[:19]}  {split:7}  {t.family:6}  {t.name}", file=out)
+            return 0
+        for name in bank.set_names():
+            ts = bank.load_set(name)
+            print(f"{name}  {len(ts.tasks)} tasks ({len(ts.heldout)} heldout)  "
+                  f"{ts.manifest_hash}", file=out)
+    except TaskError as exc:
+        print(f"paddock tasks list: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        task = find_task(TaskBank(args.bank), args.task, args.set_name)
+    except TaskError as exc:
+        print(f"paddock tasks show: {exc}", file=sys.stderr)
+        return 2
+    meta = package_meta(task)
+    print(yaml.safe_dump(meta, sort_keys=False, allow_unicode=True, width=100), end="", file=out)
+    print("files:", file=out)
+    for rel, content in sorted(task.files.items()):
+        print(f"  {rel} ({len(content)} {'chars' if isinstance(content, str) else 'bytes'})",
+              file=out)
+    print("hidden:", file=out)
+    for rel, content in sorted(task.hidden.items()):
+        print(f"  {rel}" + (f"\n{content}" if args.hidden and isinstance(content, str) else ""),
+              file=out)
+    return 0
+
+
+# -- validate, contamination, curriculum -----------------------------------------------------
+
+def cmd_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    try:
+        if args.set_name == "builtin":
+            taskset = builtin_taskset()
+            directory = Path(getattr(args, "bank", None) or "taskbank")
+        else:
+            bank = TaskBank(getattr(args, "bank", None))
+            taskset, directory = bank.load_set(args.set_name), Path(bank.root)
+    except (ValueError, OSError) as exc:
+        print(f"paddock tasks validate: {exc}", file=sys.stderr)
+        return 2
+    store = ValidationStore(directory)
+    images = ImageStore(default_store_root())
+    image = images.resolve(args.image) if args.image else ensure_builtin_image(images)[1]
+
+    def show(v: TaskValidation, cached: bool) -> None:
+        mark = "ok " if v.ok else "QUARANTINED"
+        print(f"{mark} {v.name}{' (cached)' if cached else ''}" + "".join(f"\n    {r}" for r in v.reasons), file=out)
+    try:
+        with SandboxRuntime() as rt:
+            results = validate_tasks(rt, image, task_dicts(taskset), store, args.workers, show)
+    except SandboxError as exc:
+        print(f"paddock tasks validate: sandbox failed: {exc}", file=sys.stderr)
+        return 3
+    bad = [v for v in results if not v.ok]
+    print(f"{len(results) - len(bad)}/{len(results)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
+    return 1 if bad else 0
+
+
+def cmd_contamination(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    bank = TaskBank(args.bank)
+    try:
+        cfg = ContaminationConfig(shingle_words=args.shingle, jaccard_threshold=args.jaccard,
+                                  ngram_words=args.ngram, overlap_threshold=args.overlap)
+        report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg)
+    except (TaskError, ValueError) as exc:
+        print(f"paddock tasks contamination: {exc}", file=sys.stderr)
+        return 2
+    write_report(bank, report)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1), file=out)
+        return 0
+    print(report.summary_line(), file=out)
+    for s in report.suspects:
+        other = s.train_name or "(training set as a whole)"
+        jac = "n/a" if s.jaccard is None else f"{s.jaccard:.3f}"
+        print(f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap "
+              f"{s.ngram_overlap:.3f}", file=out)
+    return 0
+
+
+def cmd_curriculum(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    bank = TaskBank(args.bank)
+    try:
+        ts = bank.load_set(args.set_name)
+    except TaskError as exc:
+        print(f"paddock tasks curriculum: {exc}", file=sys.stderr)
+        return 2
+    with Curriculum(args.db or bank.root / "curriculum.sqlite", [t.task_id for t in ts.tasks]) as c:
+        version = c.latest_version() if args.version is None else args.version
+        est, classes, q = c.estimates(version), c.classify(version), c.quarantined()
+        names = {t.task_id: t.name for t in ts.tasks}
+        print(f"policy version {version}: " + ", ".join(f"{k} {v}" for k, v in
+                                                      c.occupancy(version).items()), file=out)
+        for tid in sorted(c.task_ids, key=lambda t: (classes[t], names[t])):
+            e = est[tid]
+            extra = f"  {q[tid]}" if tid in q else ""
+            print(f"  {classes[tid]:11} {e.mean:5.2f} (evidence {e.evidence:5.1f})  {names[tid]}{extra}",
+                  file=out)
+    return 0

@@ -1,0 +1,385 @@
+"""The two job steps of a Paddock job on Slurm (what the batch scripts of slurm/sbatch.py and the
+tasks of a `paddock launch` job run, one per layout component):
+
+  `paddock job head`   controller + scripted policy server + trainer on one node (`run_head`).
+                       Publishes the controller endpoint in the run directory (shared storage) with
+                       `job.json` (deployment, agent version); trains once enough agents have
+                       registered; then shuts the controller down, which stops the agents.
+  `paddock job agent`  one per environment node (`run_agent`): waits for the endpoint file (gives
+                       up with a clear message after `controller_wait_s`), checks deployment and
+                       version, then runs `paddock agent` in this process.
+
+SIGWINCH (forwarded by the batch shell before the time limit; sent by Slurm itself to a
+`paddock launch` job, whose --signal names it) or SIGTERM: agents drain; the head stops
+training, waits until every agent has drained and disconnected, then shuts the controller down
+so the catalog is flushed. The controller ignores the signal itself (it must outlive the drain).
+
+The steps take their settings as `HeadStep` / `AgentStep` (plain dataclasses; the command line
+is controller/cli/slurm.py). The controller and the node agent run as `paddock controller` and
+`paddock agent` (controller/cli/controller.py, controller/cli/agent.py).
+
+Must not import: sqlite3 (the queue belongs to the controller process), submitit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+
+from controller.analysis.query import print_summary, summary
+from controller.cli import agent as agent_cli
+from controller.client.api import Client, ClientError
+from controller.contracts.fileio import atomic_write
+from controller.contracts.tasks import TaskError
+from controller.demo.localrun import (COMPACT_EVERY, LOCAL_FAMILIES, RunConfig, lease_tasks, load_taskset,
+                                      task_images, train, wait_file)
+from controller.demo.policy_server import PolicyServer, default_params
+from layers.builtin import ensure_builtin_image
+from layers.store import ImageStore
+from nodeagent.agent.version import AGENT_VERSION
+from nodeagent.sandbox.runtime import subid_range
+
+log = logging.getLogger("paddock.job")
+
+ENDPOINT_FILE = "controller.endpoint"
+JOB_FILE = "job.json"
+LIVE_STATES = ("live", "ready")
+EXIT_BAD_INPUT = 2
+EXIT_GAVE_UP = 3
+PADDOCK_CLI = (sys.executable, "-m", "controller.cli")
+
+
+@dataclass(frozen=True)
+class HeadStep:
+    """Settings of `paddock job head` (the command line's flags, one field each)."""
+    run_dir: str
+    deployment: str
+    image_store: str
+    agents: int                          # agents that must register before training
+    heartbeat_interval_s: float = 1.0
+    agents_wait_s: float = 300.0
+    drain_timeout_s: float = 60.0
+    versions: int = 2
+    rollouts_per_task: int = 1
+    tasks_limit: int = 0
+    taskset: str = "builtin"             # the task set served
+    bank: str = ""                       # the task bank holding `taskset` (shared storage)
+    trainer: str = ""                    # your training command ("": the built-in scripted trainer)
+    bind_addr: str | None = None         # address the controller binds (None: this node's)
+    metrics_port: int | None = None      # serve Prometheus metrics on this port
+
+
+@dataclass(frozen=True)
+class AgentStep:
+    """Settings of `paddock job agent`."""
+    run_dir: str
+    deployment: str
+    image_store: str
+    heartbeat_interval_s: float = 1.0
+    slots: int = 2
+    controller_wait_s: float = 300.0
+
+
+class JobStepError(RuntimeError):
+    """A job step cannot go on; the message says what is wrong and where to look."""
+
+
+class StopRequested(Exception):
+    """The end-of-time signal arrived (the batch shell forwards --signal=B:...)."""
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """The run directory exists (or can be created) and is writable, else JobStepError."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".writable-{socket.gethostname()}-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise JobStepError(f"run directory {run_dir} is not writable from {socket.gethostname()}: "
+                           f"{exc.strerror or exc}") from None
+
+
+def node_address() -> str:
+    """The first non-loopback IPv4 address of this node (where agents on other nodes reach us)."""
+    for name, addrs in sorted(psutil.net_if_addrs().items()):
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return "127.0.0.1"
+
+
+# ----------------------------------------------------------------------------- head step
+def _wait_agents(client, want: int, timeout_s: float, clock=time.monotonic) -> int:
+    deadline = clock() + timeout_s
+    while True:
+        live = sum(n.get("state") in LIVE_STATES for n in client.status().nodes)
+        if live >= want:
+            return live
+        if clock() >= deadline:
+            raise JobStepError(f"only {live} of {want} node agents registered within {timeout_s:.0f}s; "
+                               "see logs/agents.log in the run directory")
+        time.sleep(0.2)
+
+
+def _wait_drained(client, timeout_s: float, clock=time.monotonic) -> None:
+    deadline = clock() + timeout_s
+    while clock() < deadline:
+        try:
+            nodes = client.status().nodes
+        except Exception as exc:  # the controller is the one that must answer; log and stop waiting
+            log.warning("status during drain failed: %s", exc)
+            return
+        if not any(n.get("state") in LIVE_STATES + ("draining",) for n in nodes):
+            return
+        time.sleep(0.2)
+    log.warning("agents still connected after %.0fs of draining", timeout_s)
+
+
+def run_head(args: HeadStep) -> int:
+    """The head step; returns its exit status (EXIT_GAVE_UP when the farm never came up)."""
+    run_dir = Path(args.run_dir).resolve()
+    check_run_dir(run_dir)
+    (run_dir / "logs").mkdir(exist_ok=True)
+
+    def on_signal(signum, _frame):
+        raise StopRequested(signal.Signals(signum).name)
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
+        signal.signal(sig, on_signal)
+    taskset, cfg = _prepare_run(args, run_dir)
+    addr = args.bind_addr or node_address()
+    atomic_write(run_dir / JOB_FILE, json.dumps({"deployment": args.deployment, "agent_version": AGENT_VERSION,
+                                                 "head_node": socket.gethostname(), "head_addr": addr}))
+    (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    ctl = _spawn_controller(args, run_dir, addr)
+    endpoint = None
+    try:
+        endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
+        print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr)
+    except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
+        print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
+        rc = EXIT_GAVE_UP
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _shutdown_controller(ctl, endpoint, args.deployment)
+    if rc == 0:
+        try:
+            print_summary(summary(run_dir), run_dir, out=sys.stdout)
+        except Exception as exc:  # an empty run has nothing to summarise
+            print(f"paddock head: no summary: {exc}", flush=True)
+    return rc
+
+
+def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
+    """Load the task set, make sure its images are in the store, write `tasks.json` (what leases
+    carry) and `run.json`; return (task set, the built-in trainer's RunConfig). JobStepError
+    names what is missing."""
+    try:
+        taskset = load_taskset(args.taskset, args.bank)
+        if not args.trainer and (others := sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))):
+            raise TaskError(f"the built-in scripted trainer plays {' and '.join(LOCAL_FAMILIES)} tasks; task set "
+                            f"{taskset.name!r} also has {', '.join(others)} tasks: give your own trainer=")
+        store = ImageStore(args.image_store)
+        digest, _image = ensure_builtin_image(store)
+        images = task_images(taskset, store)
+    except TaskError as exc:
+        raise JobStepError(str(exc)) from None
+    cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
+                    heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
+                    image_store=args.image_store, runs_dir=str(run_dir.parent))
+    (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
+    (run_dir / "run.json").write_text(json.dumps({
+        "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
+        "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "head_node": socket.gethostname()}, indent=2))
+    return taskset, cfg
+
+
+def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str) -> int:
+    """Once enough agents registered: the built-in trainer (with the scripted policy server) or
+    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain."""
+    rc = 0
+    with contextlib.ExitStack() as stack:
+        policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
+        client = stack.enter_context(Client(endpoint, args.deployment))
+        trainer_proc = None
+        try:
+            n = _wait_agents(client, args.agents, args.agents_wait_s)
+            print(f"paddock head: {n} agents registered; training", flush=True)
+            if args.trainer:
+                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                rc = trainer_proc.wait()
+                print(f"paddock head: trainer exited with {rc}", flush=True)
+            else:
+                names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+                console = Console(file=sys.stdout, force_terminal=False, width=120)
+                train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
+        except StopRequested as stop:
+            print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
+            if trainer_proc is not None:
+                rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
+            _wait_drained(client, args.drain_timeout_s)
+        finally:
+            if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
+                _stop_trainer(trainer_proc, 10.0)
+    return rc
+
+
+TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_TASKSET",
+               "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR")
+
+
+def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str) -> subprocess.Popen:
+    """The user's training command, by /bin/sh in its own process group on the head node, with
+    what it needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log.
+    It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
+    env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
+               PADDOCK_RUN_DIR=str(run_dir), PADDOCK_TASKSET=taskset.name,
+               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_HEAD_ADDR=addr)
+    if args.bank:
+        env["PADDOCK_TASKBANK"] = args.bank
+    log_f = open(run_dir / "logs" / "trainer.log", "ab")
+    print(f"paddock head: starting trainer: {command}", flush=True)
+    return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_trainer(proc: subprocess.Popen, timeout_s: float) -> int:
+    """End of time: SIGTERM to the trainer's process group (it may checkpoint), SIGKILL after
+    `timeout_s`. Returns its exit code (0 if it exited cleanly on the signal)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning("trainer did not exit %.0fs after SIGTERM: killing it", timeout_s)
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = proc.wait()
+    # /bin/sh itself may die of the SIGTERM while the trainer exits cleanly: both mean "stopped"
+    print(f"paddock head: trainer stopped after the end-of-time signal (exit status {rc})", flush=True)
+    return 0 if rc in (0, -signal.SIGTERM) else rc
+
+
+def curriculum_path(run_dir: Path, bank: str) -> Path:
+    return Path(bank) / "curriculum.sqlite" if bank else run_dir / "curriculum.sqlite"
+
+
+def _spawn_controller(args: HeadStep, run_dir: Path, addr: str) -> subprocess.Popen:
+    argv = [*PADDOCK_CLI, "controller", "--bind", f"tcp://{addr}:0",
+            "--deployment", args.deployment, "--run-dir", str(run_dir),
+            "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
+            "--heartbeat-interval-s", str(args.heartbeat_interval_s),
+            "--compact-every", str(COMPACT_EVERY)]
+    if args.metrics_port is not None:
+        argv += ["--metrics-port", str(args.metrics_port)]
+    if args.trainer:
+        # your trainer may submit sampler requests: the controller samples from, and learns
+        # into, the curriculum kept with the bank (or with this run)
+        argv += ["--curriculum-db", str(curriculum_path(run_dir, args.bank))]
+    log_f = open(run_dir / "logs" / "controller.log", "ab")
+    # Slurm signals every process of the step; the controller must outlive the drain, so it
+    # starts with the end-of-time signals ignored (the disposition survives exec).
+    return subprocess.Popen(argv, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN)
+                                                for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)])
+
+
+def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str) -> None:
+    if endpoint and ctl.poll() is None:
+        try:
+            with Client(endpoint, deployment, timeout_s=5, retries=2) as c:
+                c.shutdown("job finished")
+        except Exception as exc:
+            log.warning("controller shutdown request failed: %s", exc)
+    try:
+        ctl.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        ctl.kill()
+        ctl.wait()
+
+
+# ----------------------------------------------------------------------------- agent step
+def wait_endpoint(run_dir: Path, timeout_s: float, clock=time.monotonic,
+                  poll_s: float = 0.2) -> tuple[str, dict]:
+    """(endpoint, job.json) once the head has published both, else JobStepError after timeout_s."""
+    deadline = clock() + timeout_s
+    ep, job = run_dir / ENDPOINT_FILE, run_dir / JOB_FILE
+    while not (ep.exists() and job.exists()):
+        if clock() >= deadline:
+            raise JobStepError(
+                f"no controller endpoint at {ep} after {timeout_s:.0f}s: the head step did not start "
+                f"(see {run_dir}/logs/head.log), or {run_dir} is not on storage shared with "
+                f"{socket.gethostname()}")
+        time.sleep(poll_s)
+    return ep.read_text().strip(), json.loads(job.read_text())
+
+
+def check_job(job: dict, deployment: str, agent_version: str) -> None:
+    if job.get("deployment") != deployment:
+        raise JobStepError(f"the run directory belongs to deployment {job.get('deployment')!r}, "
+                           f"this agent to {deployment!r}: two jobs share one run directory")
+    if job.get("agent_version") != agent_version:
+        raise JobStepError(f"agent version {agent_version} cannot join a controller of version "
+                           f"{job.get('agent_version')}: install the same Paddock on every node")
+
+
+def agent_subids(procid: int, ntasks: int) -> tuple[int, int]:
+    """This task's share of the sandbox user's subordinate ids (tasks may share one host)."""
+    base, count = subid_range()
+    share = count // max(ntasks, 1)
+    return base + procid * share, share
+
+
+def run_agent(args: AgentStep) -> int:
+    """The agent step; returns the node agent's exit status (EXIT_GAVE_UP without a controller)."""
+    run_dir = Path(args.run_dir).resolve()
+
+    def on_signal(signum, _frame):
+        raise StopRequested(signal.Signals(signum).name)
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(sig, on_signal)
+    node = socket.gethostname()
+    try:
+        endpoint, job = wait_endpoint(run_dir, args.controller_wait_s)
+        check_job(job, args.deployment, AGENT_VERSION)
+    except JobStepError as exc:
+        print(f"paddock agent on {node}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_GAVE_UP
+    except StopRequested as s:
+        print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
+        return 0
+    # `paddock agent` installs its SIGTERM drain handler; the job's drain signal
+    # (SIGWINCH, see slurm/sbatch.py) is turned into that SIGTERM, for this process only
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in (signal.SIGWINCH, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
+        signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGTERM))
+    base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
+    os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
+    print(f"paddock agent on {node}: joining {endpoint}", flush=True)
+    return run_paddock_agent(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
+                              "--slots", str(args.slots), "--image-store", args.image_store,
+                              "--subid-base", str(base), "--subid-count", str(count),
+                              "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
+
+
+def run_paddock_agent(argv: list[str]) -> int:
+    """`paddock agent ARGV...` in this process (it keeps the signal handlers set up above)."""
+    parser = argparse.ArgumentParser(prog="paddock")
+    agent_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["agent", *argv])
+    return int(args.func(args) or 0)
