@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.cli.main import ops
+from controller.cli import ops
 from controller.broker.core import Controller
 from controller.cli.main import main as cli_main
 from controller.client.api import Client

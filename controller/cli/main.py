@@ -77,16 +77,16 @@ def cmd_sandbox_run(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from slurm import launch
-    from controller.cli.main import ops
+    from controller.cli import ops
     from controller.analysis import query
     from controller.analysis import report
     from slurm import sbatch
     from controller.taskbank import bank as taskbank
-    from controller.cli.main import verify as verify_cli
-    from controller.cli.main import egress as egress_cli
+    from controller.cli import verify as verify_cli
+    from controller.cli import egress as egress_cli
     from controller.analysis import replay
-    from controller.cli.main import tools as tools_cli
-    from controller.cli.main import image as layers_cli
+    from controller.cli import tools as tools_cli
+    from controller.cli import image as layers_cli
     ap = argparse.ArgumentParser(prog="paddock", description="RL environment farm for Slurm clusters.")
     sub = ap.add_subparsers(dest="command", required=True)
 
