@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from controller.store.catalog import Catalog
-from controller.analysis.report import build_report, register, render_html, svg_bars
+from controller.analysis.charts import bar_chart
+from controller.analysis.report import build_report, register, render_html
 from nodeagent.store.writer import write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
@@ -75,7 +76,7 @@ def test_pass_rate_by_family_and_version_masks_infra_errors(rep):
 
 
 def test_band_occupancy_per_version(rep):
-    occ = {r["policy_version"]: (r["below"], r["band"], r["above"], r["little_data"])
+    occ = {r["policy_version"]: (r["too_hard"], r["band"], r["too_easy"], r["explore"])
            for r in rep["band_occupancy"]}
     # The curriculum's estimate (decay 0.5, Beta(1, 1), evidence >= 3). v0: every task has at
     # most 2 rollouts: little data. v1: t0 has 0.5 (v0 pass) + 3 (2 pass, 1 fail) = 3.5 weighted
@@ -91,7 +92,7 @@ def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_
     rows = [("easy", 0, "pass")] * 8 + [("hard", 0, "fail")] * 8 + [("mid", 0, "pass"), ("mid", 0, "fail")] * 4
     con.executemany("INSERT INTO rollouts VALUES (?, ?, ?)", rows + [("hard", 0, "infra_error")] * 5)
     (occ,) = band_occupancy(con, ReportConfig())
-    assert (occ["below"], occ["band"], occ["above"], occ["little_data"]) == (1, 1, 1, 0)
+    assert (occ["too_hard"], occ["band"], occ["too_easy"], occ["explore"]) == (1, 1, 1, 0)
 
 
 def test_one_step_answer_tasks_are_not_suspects_for_their_lack_of_diff(tmp_path):
@@ -145,7 +146,7 @@ def test_html_report_has_every_section_and_well_formed_svg_plots(rep):
 
 
 def test_svg_escapes_labels():
-    svg = svg_bars(["<v1>"], {"a&b": [1.0]}, "t<")
+    svg = bar_chart(["<v1>"], {"a&b": [1.0]}, "t<", x_label="x<", y_label="y&")
     ET.fromstring(svg)
     assert "&lt;v1&gt;" in svg
 
