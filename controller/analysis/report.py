@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import TextIO
 
 import duckdb
-import pyarrow as pa
 from hdrh.histogram import HdrHistogram
 
 from controller.store.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
@@ -45,6 +44,12 @@ from controller.analysis.report_render import print_text, render_html
 from controller.taskbank.bands import BandSpec, classify, evidence_sql, posterior_mean
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# The rollouts columns the sections read. build_report copies them out of the committed-only
+# view once (a temp table that shadows the view): every section then scans memory instead of
+# joining the shards with the catalog again.
+REPORT_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token", "task_id", "task_name",
+                  "task_family", "policy_version", "node", "outcome", "reward", "tampered",
+                  "wall_s", "steps", "prompt_tokens", "completion_tokens", "diff_bytes")
 OCCUPANCY_CLASSES = ("too_hard", "band", "too_easy", "explore")
 
 # pass@k (Chen et al. 2021, unbiased): 1 - C(n - c, k) / C(n, k), via log-gamma so that
@@ -280,25 +285,19 @@ def slowest_rollouts(con: duckdb.DuckDBPyConnection, run_dir: Path, n: int = 10)
     """The `n` rollouts with the longest wall time and the seconds their spans of each kind
     took (`other_s`: wall time no span covers: harness, queueing inside the node, I/O)."""
     top = con.execute(
-        "SELECT run_id, rollout_id, attempt, fencing_token, task_name, policy_version, node, "
-        "outcome, wall_s FROM rollouts ORDER BY wall_s DESC, rollout_id LIMIT ?", [n]).fetchall()
+        "SELECT run_id, rollout_id, task_name, policy_version, node, outcome, wall_s "
+        "FROM rollouts ORDER BY wall_s DESC, rollout_id LIMIT ?", [n]).fetchall()
     if not top:
         return []
-    con.register("_slow_keys", pa.table({"rollout_id": [r[1] for r in top],
-                                         "attempt": [r[2] for r in top],
-                                         "fencing_token": [r[3] for r in top]}))
-    try:
-        spent = con.execute(
-            "SELECT s.rollout_id, s.kind, sum(s.duration_s) FROM spans s "
-            "SEMI JOIN _slow_keys k ON s.rollout_id = k.rollout_id AND s.attempt = k.attempt "
-            "AND s.fencing_token = k.fencing_token GROUP BY ALL").fetchall()
-    finally:
-        con.unregister("_slow_keys")
+    # The spans view holds committed attempts only, and a rollout has one committed attempt:
+    # its id is the key. A list parameter lets DuckDB skip the row groups that cannot match.
+    spent = con.execute("SELECT rollout_id, kind, sum(duration_s) FROM spans "
+                        "WHERE rollout_id = ANY(?) GROUP BY ALL", [[r[1] for r in top]]).fetchall()
     by_rollout: dict[str, dict[str, float]] = {}
     for rid, kind, secs in spent:
         by_rollout.setdefault(rid, {})[kind] = secs
     out = []
-    for run_id, rid, _a, _t, task, version, node, outcome, wall in top:
+    for run_id, rid, task, version, node, outcome, wall in top:
         kinds = by_rollout.get(rid, {})
         row = {"rollout_id": rid, "task_name": task, "policy_version": version, "node": node,
                "outcome": outcome, "wall_s": wall,
@@ -318,6 +317,8 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
         spec, spec_source = cfg.bands, "given to the report"
     con = connect(run_dir)
     try:
+        con.execute(f"CREATE TEMP TABLE rollouts AS SELECT {', '.join(REPORT_COLUMNS)} "
+                    "FROM main.rollouts")
         classes = task_classes(con, spec)
         names = dict(con.execute("SELECT task_id, any_value(task_name) FROM rollouts "
                                  "GROUP BY task_id").fetchall())
