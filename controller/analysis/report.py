@@ -31,7 +31,7 @@ import dataclasses
 import json
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
