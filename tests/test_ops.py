@@ -306,3 +306,42 @@ def test_process_tree_figures_are_refreshed_at_most_every_slow_interval(tmp_path
         now[0] = t
         assert s.sample()["rss_mb"] > 0
     assert calls == [0.0, 5.0, 10.5]
+
+
+# ------------------------------------------------------------------ the top screen (pure)
+def _frame(nodes, width, height, **kw) -> list[str]:
+    from rich.console import Console
+    from controller.cli.top import TopView
+    console = Console(width=width, height=height, record=True, file=io.StringIO(), color_system=None)
+    console.print(TopView("run1", **kw).render(nodes, {"queued": 3}, width, height, now_wall=1000.0,
+                                               now_mono=5.0))
+    return console.export_text().rstrip("\n").split("\n")
+
+
+def _node(i, state="live"):
+    return {"node": f"node-{i:02d}", "state": state, "slots": 4, "slots_free": 1, "last_seen": 998.5,
+            "health": {"sandboxes_active": 3, "mem_free_mb": 2048, "disk_free_mb": 512,
+                       "rollouts_per_s": 0.5, "errors": {"bad_frames": 0, "infra_errors": 2}}}
+
+
+def test_top_fits_a_hundred_nodes_into_80x24_and_says_how_many_are_not_shown():
+    screen = _frame([_node(i, "lost" if i == 99 else "live") for i in range(100)], 80, 24)
+    assert len(screen) <= 24 and max(map(len, screen)) <= 80
+    assert "nodes 100: live 99, lost 1" in screen[0]
+    assert any("more nodes (lost 1, draining 0)" in ln for ln in screen)
+
+
+def test_top_marks_lost_and_draining_nodes_and_shows_headroom_and_heartbeat_age():
+    screen = _frame([_node(1), _node(2, "draining"), _node(3, "lost")], 80, 24)
+    rows = {ln.split("│")[1].strip(): [c.strip() for c in ln.split("│")[2:-1]]
+            for ln in screen if ln.startswith("│ node")}
+    assert rows["node-01"][:7] == ["live", "3/4", "3", "2.0G", "512M", "1.5s", "0.50"]
+    assert rows["node-02"][0] == "DRAIN" and rows["node-03"][0] == "LOST"
+
+
+def test_top_error_rate_is_per_minute_between_frames():
+    from controller.cli.top import TopView
+    view, n = TopView("r"), _node(1)
+    assert view.rows([n], 1000.0, 0.0)[0]["err_per_min"] is None
+    n["health"]["errors"] = {"infra_errors": 5}
+    assert view.rows([n], 1010.0, 30.0)[0]["err_per_min"] == pytest.approx(6.0)

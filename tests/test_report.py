@@ -9,7 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from controller.store.catalog import Catalog
-from controller.analysis.report import build_report, render_html, svg_bars
+from controller.analysis.charts import bar_chart
+from controller.analysis.report import build_report, render_html
 from controller.cli.analysis import register
 from nodeagent.store.writer import write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
@@ -76,7 +77,7 @@ def test_pass_rate_by_family_and_version_masks_infra_errors(rep):
 
 
 def test_band_occupancy_per_version(rep):
-    occ = {r["policy_version"]: (r["below"], r["band"], r["above"], r["little_data"])
+    occ = {r["policy_version"]: (r["too_hard"], r["band"], r["too_easy"], r["explore"])
            for r in rep["band_occupancy"]}
     # The curriculum's estimate (decay 0.5, Beta(1, 1), evidence >= 3). v0: every task has at
     # most 2 rollouts: little data. v1: t0 has 0.5 (v0 pass) + 3 (2 pass, 1 fail) = 3.5 weighted
@@ -92,7 +93,7 @@ def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_
     rows = [("easy", 0, "pass")] * 8 + [("hard", 0, "fail")] * 8 + [("mid", 0, "pass"), ("mid", 0, "fail")] * 4
     con.executemany("INSERT INTO rollouts VALUES (?, ?, ?)", rows + [("hard", 0, "infra_error")] * 5)
     (occ,) = band_occupancy(con, ReportConfig())
-    assert (occ["below"], occ["band"], occ["above"], occ["little_data"]) == (1, 1, 1, 0)
+    assert (occ["too_hard"], occ["band"], occ["too_easy"], occ["explore"]) == (1, 1, 1, 0)
 
 
 def test_one_step_answer_tasks_are_not_suspects_for_their_lack_of_diff(tmp_path):
@@ -146,7 +147,7 @@ def test_html_report_has_every_section_and_well_formed_svg_plots(rep):
 
 
 def test_svg_escapes_labels():
-    svg = svg_bars(["<v1>"], {"a&b": [1.0]}, "t<")
+    svg = bar_chart(["<v1>"], {"a&b": [1.0]}, "t<", x_label="x<", y_label="y&")
     ET.fromstring(svg)
     assert "&lt;v1&gt;" in svg
 
@@ -184,3 +185,105 @@ def test_after_compaction_the_report_is_the_same_and_spans_come_from_hdr_summari
     for key in ("pass_rates", "band_occupancy", "hack_suspects", "infra_by_node",
                 "span_percentiles"):
         assert again[key] == rep[key], key
+
+
+# ------------------------------------------------------------------ what analysts ask next
+def test_pass_at_k_is_the_unbiased_estimator_per_family_and_version():
+    import duckdb
+    from math import comb
+    from controller.analysis.report import pass_at_k
+    con = duckdb.connect()
+    con.execute("CREATE TABLE rollouts (task_id VARCHAR, task_family VARCHAR, policy_version INT, "
+                "outcome VARCHAR)")
+    # task a: 10 samples, 3 correct; task b: 10 samples, 0 correct; task c: 4 samples (< k=5)
+    rows = ([("a", "python", 0, "pass")] * 3 + [("a", "python", 0, "fail")] * 7
+            + [("b", "python", 0, "fail")] * 10 + [("c", "python", 0, "pass")] * 4
+            + [("a", "python", 0, "infra_error")] * 5)
+    con.executemany("INSERT INTO rollouts VALUES (?, ?, ?, ?)", rows)
+    got = {r["k"]: (r["tasks"], r["pass_at_k"]) for r in pass_at_k(con, (1, 5, 10, 20))}
+    exact = lambda n, c, k: 1 - comb(n - c, k) / comb(n, k)   # noqa: E731
+    assert got[1] == (3, pytest.approx((0.3 + 0.0 + 1.0) / 3))
+    assert got[5] == (2, pytest.approx((exact(10, 3, 5) + 0.0) / 2))
+    assert got[10] == (2, pytest.approx(0.5)) and 20 not in got
+    assert con.execute("SELECT pass_at_k(10, 3, 5)").fetchone()[0] == pytest.approx(exact(10, 3, 5))
+
+
+def test_band_movement_names_the_tasks_entering_and_leaving_the_band():
+    from controller.analysis.report import band_movement
+    classes = {0: {"a": "explore", "b": "band", "c": "band"},
+               1: {"a": "band", "b": "band", "c": "too_easy", "d": "explore"}}
+    (move,) = band_movement(classes, {"a": "task-a", "c": "task-c"})
+    assert (move["policy_version"], move["entered"], move["left"]) == (1, 1, 1)
+    assert move["entered_from"] == {"explore": 1} and move["left_to"] == {"too_easy": 1}
+    assert move["entered_tasks"] == ["task-a"] and move["left_tasks"] == ["task-c"]
+
+
+def test_the_report_and_the_curriculum_classify_the_same_outcomes_alike(tmp_path):
+    import duckdb
+    import random
+    from controller.analysis.report import ReportConfig, band_occupancy
+    from controller.taskbank.bands import BandSpec
+    from controller.taskbank.curriculum import Curriculum, CurriculumConfig
+    rng = random.Random(7)
+    tasks = [f"t{i}" for i in range(30)]
+    cfg = CurriculumConfig(decay=0.9)
+    rows = [(t, v, "pass" if rng.random() < (i % 10) / 10 + v * 0.03 else "fail")
+            for v in range(6) for i, t in enumerate(tasks) for _ in range(rng.randint(0, 2))]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE rollouts (task_id VARCHAR, policy_version INT, outcome VARCHAR)")
+    con.executemany("INSERT INTO rollouts VALUES (?, ?, ?)", rows)
+    seen = {t for t, _, _ in rows}
+    with Curriculum(tmp_path / "c.sqlite", seen, cfg) as cur:
+        for n, (t, v, outcome) in enumerate(rows):
+            cur.record(t, v, outcome, rollout_id=f"r{n}")
+        report = {r["policy_version"]: r for r in band_occupancy(con, ReportConfig(bands=cfg.bands))}
+        for v in range(6):
+            seen_by_v = {t for t, u, _ in rows if u <= v}
+            classes = {t: c for t, c in cur.classify(v).items() if t in seen_by_v}
+            counts = {c: sum(x == c for x in classes.values()) for c in ("too_hard", "band", "too_easy", "explore")}
+            assert counts == {c: report[v][c] for c in counts}, v
+    assert BandSpec.from_mapping({**cfg.__dict__}) == cfg.bands
+
+
+def test_a_run_that_recorded_its_curriculum_config_is_classified_with_it(run, tmp_path):
+    import shutil
+    copy = tmp_path / "run"
+    shutil.copytree(run["dir"], copy)
+    (copy / "run.json").write_text(json.dumps({"run_id": "x", "curriculum": {
+        "decay": 1.0, "min_evidence": 2.0, "explore_share": 0.2}}))
+    rep = build_report(copy)
+    assert rep["band_spec"]["decay"] == 1.0 and "run.json" in rep["band_spec_source"]
+    v1 = rep["band_occupancy"][-1]
+    assert v1["explore"] < 4      # pooled over both versions with no decay: more tasks classified
+
+
+def test_top_rollouts_by_reward_per_step_come_with_the_commands_that_open_them(rep, run):
+    top = rep["top_by_effort"]
+    assert top[0]["rollout_id"] == run["lazy"] and top[0]["reward_per_step"] == 1.0
+    assert top[0]["replay"] == f"paddock replay {run['lazy']} --run {run['dir']}"
+    assert top[0]["query"].startswith(f"paddock query --run {run['dir']} \"SELECT step")
+    assert f"rollout_id = '{run['lazy']}'" in top[0]["query"]
+
+
+def test_slowest_rollouts_split_their_wall_time_by_span_kind(rep):
+    slow = {r["rollout_id"]: r for r in rep["slowest_rollouts"]}
+    first = slow["r001"]            # 50 x 10 ms model calls, 10 x 100 ms tool calls, 10 s wall
+    assert first["model_call_s"] == pytest.approx(0.5) and first["tool_call_s"] == pytest.approx(1.0)
+    assert first["other_s"] == pytest.approx(first["wall_s"] - 1.5)
+
+
+def test_text_rounds_for_reading_and_json_keeps_full_precision(run):
+    ap = argparse.ArgumentParser()
+    register(ap.add_subparsers())
+    out = io.StringIO()
+    args = ap.parse_args(["report", "--run", str(run["dir"])])
+    assert args.func(args, out=out) == 0
+    text = out.getvalue()
+    assert "85.7%" in text and "0.857142" not in text and "At a glance" in text
+    assert "explore: little data: fewer than 3 weighted rollouts" in text
+    out = io.StringIO()
+    args = ap.parse_args(["report", "--run", str(run["dir"]), "--json"])
+    assert args.func(args, out=out) == 0
+    rates = {(r["task_family"], r["policy_version"]): r["pass_rate"]
+             for r in json.loads(out.getvalue())["pass_rates"]}
+    assert rates[("python", 1)] == 6 / 7

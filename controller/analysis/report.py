@@ -3,23 +3,33 @@
 Sections, each one function of a DuckDB connection from `controller.analysis.query.connect` (so
 committed rows only):
 
-- pass rate by task family and policy version (infra errors masked);
-- band occupancy by policy version: how many tasks had a pass rate below, inside or above
-  the learning band (default 0.2-0.8) in that version;
+- pass rate by task family and policy version (infra errors masked), and pass@k per family
+  and version (the unbiased estimator over each task's n samples with c correct, averaged over
+  the tasks with n >= k; also the DuckDB macro `pass_at_k(n, c, k)`, PASS_AT_K_MACRO);
+- band occupancy by policy version, with the curriculum's classes (controller/taskbank/bands.py:
+  too_hard / band / too_easy / explore = little data) under the run's recorded curriculum
+  config (`run.json` key `curriculum`; defaults if none), and band movement: the tasks that
+  entered or left the band at each version, and where they went;
 - hack suspects: reward at the top with little effort (few steps, a tiny diff) or a touched
   protected path (`tampered`, or a failed `protected:` check);
+- the top rollouts by reward per step (ties: fewer tokens, less wall time), each with the
+  `paddock replay` and `paddock query` commands that open it;
+- the slowest rollouts and where their wall time went (model calls, tool calls, sandbox
+  start, verification, the rest);
 - infra errors by node and reason, from every attempt (committed or retried);
 - p50/p99 per span kind (model_call, tool_call, sandbox_start, verification) from HDR
   histograms: DuckDB buckets span durations to 3 significant digits per (node, kind), each
   node's buckets fill one HdrHistogram, and the nodes' histograms are merged with `add`.
 
-The HTML report carries inline SVG plots generated here (no plotting dependency).
-Must not import zmq; never writes to the run directory.
+The JSON form keeps full precision; text and HTML (controller/analysis/report_render.py)
+round for reading. Must not import zmq; never writes to the run directory.
 """
 from __future__ import annotations
 
-import html
+import dataclasses
 import json
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -28,28 +38,52 @@ import duckdb
 from hdrh.histogram import HdrHistogram
 
 from controller.store.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
-from controller.analysis.query import QueryError, connect
+from controller.analysis.query import QueryError, RunNotFound, connect, newest_run
+from controller.analysis.report_render import print_text, render_html
+from controller.taskbank.bands import BandSpec, classify, evidence_sql, posterior_mean
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# The rollouts columns the sections read. build_report copies them out of the committed-only
+# view once (a temp table that shadows the view): every section then scans memory instead of
+# joining the shards with the catalog again.
+REPORT_COLUMNS = ("run_id", "rollout_id", "attempt", "fencing_token", "task_id", "task_name",
+                  "task_family", "policy_version", "node", "outcome", "reward", "tampered",
+                  "wall_s", "steps", "prompt_tokens", "completion_tokens", "diff_bytes")
+OCCUPANCY_CLASSES = ("too_hard", "band", "too_easy", "explore")
+
+# pass@k (Chen et al. 2021, unbiased): 1 - C(n - c, k) / C(n, k), via log-gamma so that
+# large n stays finite; NULL when a task has fewer than k samples.
+PASS_AT_K_MACRO = (
+    "CREATE OR REPLACE MACRO pass_at_k(n, c, k) AS CASE WHEN n < k THEN NULL "
+    "WHEN n - c < k THEN 1.0 ELSE 1.0 - exp(lgamma(n - c + 1) + lgamma(n - k + 1) "
+    "- lgamma(n - c - k + 1) - lgamma(n + 1)) END")
 
 
 @dataclass(frozen=True)
 class ReportConfig:
-    band_low: float = 0.2
-    band_high: float = 0.8
-    # The curriculum's estimator (controller/taskbank/curriculum.py): per task and version v, a Beta
-    # posterior over every version u <= v weighted by decay ** (v - u); below min_evidence
-    # weighted rollouts a task is "little data" (the curriculum explores it).
-    decay: float = 0.5
-    prior_alpha: float = 1.0
-    prior_beta: float = 1.0
-    min_evidence: float = 3.0
+    # The band classes and their estimator (controller/taskbank/bands.py); None: the run's
+    # recorded curriculum config (run.json), else BandSpec's defaults.
+    bands: BandSpec | None = None
     hack_max_steps: int = 2
     hack_max_diff_bytes: int = 64
     hack_min_reward: float = 1.0
     # Families graded on an answer, not a diff: a one-step, no-diff pass is how they are solved.
     answer_families: tuple[str, ...] = ("math",)
     limit_suspects: int = 50
+    ks: tuple[int, ...] = (1, 5, 10)
+    top_n: int = 10
+    movers_listed: int = 8
+
+
+def run_band_spec(run_dir: str | Path) -> tuple[BandSpec, str]:
+    """The run's curriculum config (its `run.json` key `curriculum`) and where it came from."""
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text()).get("curriculum")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if isinstance(recorded, dict):
+        return BandSpec.from_mapping(recorded), "the run's curriculum config (run.json)"
+    return BandSpec(), "the curriculum's defaults (the run recorded no curriculum config)"
 
 
 def pass_rates(con: duckdb.DuckDBPyConnection) -> list[dict]:
@@ -61,29 +95,70 @@ def pass_rates(con: duckdb.DuckDBPyConnection) -> list[dict]:
              "pass_rate": p / n if n else None} for f, v, n, p in rows]
 
 
-def band_occupancy(con: duckdb.DuckDBPyConnection, cfg: ReportConfig) -> list[dict]:
-    """Per policy version: tasks whose estimate (the curriculum's decayed Beta posterior over
-    that version and the earlier ones) lies below, inside or above the band, or that have too
-    little evidence to say. One rollout per task per version is never evidence of a rate on its
-    own, so the estimate pools versions the way the sampler does."""
+def pass_at_k(con: duckdb.DuckDBPyConnection, ks: tuple[int, ...] = (1, 5, 10)) -> list[dict]:
+    """pass@k per task family and version: the mean over tasks with n >= k samples of the
+    unbiased estimator; a k no task reaches is left out."""
+    con.execute(PASS_AT_K_MACRO)
     rows = con.execute(
-        "WITH per AS (SELECT task_id, policy_version AS u, "
-        "  count(*) FILTER (WHERE outcome = 'pass') AS p, count(*) FILTER (WHERE outcome <> 'pass') AS f "
-        "  FROM rollouts WHERE outcome <> 'infra_error' GROUP BY ALL), "
-        "vs AS (SELECT DISTINCT u AS v FROM per), "
-        "est AS (SELECT v, task_id, sum(p * pow(?, v - u)) AS wp, sum(f * pow(?, v - u)) AS wf "
-        "  FROM vs JOIN per ON u <= v GROUP BY ALL), "
-        "cls AS (SELECT v, CASE WHEN wp + wf < ? THEN 'little' "
-        "  WHEN (? + wp) / (? + ? + wp + wf) < ? THEN 'below' "
-        "  WHEN (? + wp) / (? + ? + wp + wf) > ? THEN 'above' ELSE 'band' END AS c FROM est) "
-        "SELECT v, count(*) FILTER (WHERE c = 'below'), count(*) FILTER (WHERE c = 'band'), "
-        "count(*) FILTER (WHERE c = 'above'), count(*) FILTER (WHERE c = 'little'), count(*) "
-        "FROM cls GROUP BY v ORDER BY v",
-        [cfg.decay, cfg.decay, cfg.min_evidence,
-         cfg.prior_alpha, cfg.prior_alpha, cfg.prior_beta, cfg.band_low,
-         cfg.prior_alpha, cfg.prior_alpha, cfg.prior_beta, cfg.band_high]).fetchall()
-    return [{"policy_version": v, "below": b, "band": m, "above": a, "little_data": ld, "tasks": n,
-             "band_share": m / n if n else None} for v, b, m, a, ld, n in rows]
+        "WITH t AS (SELECT task_family, policy_version, task_id, count(*) AS n, "
+        "  count(*) FILTER (WHERE outcome = 'pass') AS c FROM rollouts "
+        "  WHERE outcome <> 'infra_error' GROUP BY ALL), "
+        "ks AS (SELECT unnest(?::INT[]) AS k) "
+        "SELECT task_family, policy_version, k, count(*) AS tasks, avg(pass_at_k(n, c, k)) "
+        "FROM t JOIN ks ON n >= k GROUP BY ALL ORDER BY ALL", [list(ks)]).fetchall()
+    return [{"task_family": f, "policy_version": v, "k": k, "tasks": n, "pass_at_k": p}
+            for f, v, k, n, p in rows]
+
+
+def task_classes(con: duckdb.DuckDBPyConnection, spec: BandSpec) -> dict[int, dict[str, str]]:
+    """version -> task id -> class, for every task with a scored rollout at or before it."""
+    out: dict[int, dict[str, str]] = {}
+    for v, task_id, wp, wf in con.execute(evidence_sql(), {"decay": spec.decay}).fetchall():
+        out.setdefault(v, {})[task_id] = classify(posterior_mean(wp, wf, spec), wp + wf, spec)
+    return out
+
+
+def band_occupancy(con: duckdb.DuckDBPyConnection, cfg: ReportConfig,
+                   classes: dict[int, dict[str, str]] | None = None) -> list[dict]:
+    """Per policy version: how many tasks sit in each class (the curriculum's estimate over
+    that version and the earlier ones). One rollout per task per version is never evidence
+    of a rate on its own, so the estimate pools versions the way the sampler does."""
+    classes = task_classes(con, cfg.bands or BandSpec()) if classes is None else classes
+    out = []
+    for v, per_task in sorted(classes.items()):
+        row = {"policy_version": v, **{c: 0 for c in OCCUPANCY_CLASSES}}
+        for c in per_task.values():
+            row[c] += 1
+        row["tasks"] = len(per_task)
+        row["band_share"] = row["band"] / len(per_task) if per_task else None
+        out.append(row)
+    return out
+
+
+def band_movement(classes: dict[int, dict[str, str]], names: dict[str, str],
+                  listed: int = 8) -> list[dict]:
+    """Per version after the first: tasks that entered the band (and from which class) and
+    tasks that left it (and to which class), with up to `listed` task names of each."""
+    out, versions = [], sorted(classes)
+    for prev, v in zip(versions, versions[1:]):
+        before, now = classes[prev], classes[v]
+        entered = sorted((t for t, c in now.items() if c == "band" and before.get(t) != "band"),
+                         key=lambda t: names.get(t, t))
+        left = sorted((t for t, c in before.items() if c == "band" and now.get(t) != "band"),
+                      key=lambda t: names.get(t, t))
+        out.append({"policy_version": v, "entered": len(entered), "left": len(left),
+                    "entered_from": _tally(before.get(t, "unseen") for t in entered),
+                    "left_to": _tally(now.get(t, "unseen") for t in left),
+                    "entered_tasks": [names.get(t, t) for t in entered[:listed]],
+                    "left_tasks": [names.get(t, t) for t in left[:listed]]})
+    return out
+
+
+def _tally(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def hack_suspects(con: duckdb.DuckDBPyConnection, cfg: ReportConfig) -> list[dict]:
@@ -174,16 +249,93 @@ def span_percentiles(con: duckdb.DuckDBPyConnection) -> list[dict]:
             for k, h in sorted(merged.items(), key=lambda kv: (order.get(kv[0], 99), kv[0]))]
 
 
+def _open_commands(run_dir: Path, run_id: str, rollout_id: str) -> dict[str, str]:
+    """The shell commands that open one rollout: its replay and its steps."""
+    run = run_dir if (run_dir / "run.json").exists() or not (run_dir / run_id).is_dir() \
+        else run_dir / run_id
+    sql = ("SELECT step, role, tool_name, tool_args, observation FROM steps "
+           f"WHERE rollout_id = '{rollout_id.replace(chr(39), chr(39) * 2)}' ORDER BY step")
+    return {"replay": f"paddock replay {shlex.quote(rollout_id)} --run {shlex.quote(str(run))}",
+            "query": f"paddock query --run {shlex.quote(str(run))} {_shell_sql(sql)}"}
+
+
+def _shell_sql(sql: str) -> str:
+    """SQL as one shell word: in double quotes when nothing in it is special there (the
+    SQL's own single quotes stay readable), else shlex-quoted."""
+    return f'"{sql}"' if not set(sql) & set('"$`\\!') else shlex.quote(sql)
+
+
+def top_by_effort(con: duckdb.DuckDBPyConnection, run_dir: Path, n: int = 10) -> list[dict]:
+    """The rewarded rollouts with the most reward per step (ties: fewer tokens, less wall
+    time), each with the commands that open it."""
+    rows = con.execute(
+        "SELECT run_id, rollout_id, task_name, task_family, policy_version, node, reward, steps, "
+        "prompt_tokens + completion_tokens AS tokens, wall_s, "
+        "reward / greatest(steps, 1) AS reward_per_step FROM rollouts "
+        "WHERE reward > 0 AND outcome <> 'infra_error' "
+        "ORDER BY reward_per_step DESC, tokens, wall_s, rollout_id LIMIT ?", [n]).fetchall()
+    cols = ["run_id", "rollout_id", "task_name", "task_family", "policy_version", "node",
+            "reward", "steps", "tokens", "wall_s", "reward_per_step"]
+    return [{**d, **_open_commands(run_dir, d["run_id"], d["rollout_id"])}
+            for d in (dict(zip(cols, r)) for r in rows)]
+
+
+def slowest_rollouts(con: duckdb.DuckDBPyConnection, run_dir: Path, n: int = 10) -> list[dict]:
+    """The `n` rollouts with the longest wall time and the seconds their spans of each kind
+    took (`other_s`: wall time no span covers: harness, queueing inside the node, I/O)."""
+    top = con.execute(
+        "SELECT run_id, rollout_id, task_name, policy_version, node, outcome, wall_s "
+        "FROM rollouts ORDER BY wall_s DESC, rollout_id LIMIT ?", [n]).fetchall()
+    if not top:
+        return []
+    # The spans view holds committed attempts only, and a rollout has one committed attempt:
+    # its id is the key. A list parameter lets DuckDB skip the row groups that cannot match.
+    spent = con.execute("SELECT rollout_id, kind, sum(duration_s) FROM spans "
+                        "WHERE rollout_id = ANY(?) GROUP BY ALL", [[r[1] for r in top]]).fetchall()
+    by_rollout: dict[str, dict[str, float]] = {}
+    for rid, kind, secs in spent:
+        by_rollout.setdefault(rid, {})[kind] = secs
+    out = []
+    for run_id, rid, task, version, node, outcome, wall in top:
+        kinds = by_rollout.get(rid, {})
+        row = {"rollout_id": rid, "task_name": task, "policy_version": version, "node": node,
+               "outcome": outcome, "wall_s": wall,
+               **{f"{k}_s": kinds.get(k, 0.0) for k in SPAN_KINDS}}
+        row["other_s"] = max(wall - sum(kinds.get(k, 0.0) for k in SPAN_KINDS), 0.0)
+        row.update(_open_commands(run_dir, run_id, rid))
+        out.append(row)
+    return out
+
+
 def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
     cfg = cfg or ReportConfig()
+    run_dir = Path(run_dir)
+    if cfg.bands is None:
+        spec, spec_source = run_band_spec(run_dir)
+    else:
+        spec, spec_source = cfg.bands, "given to the report"
     con = connect(run_dir)
     try:
+        con.execute(f"CREATE TEMP TABLE rollouts AS SELECT {', '.join(REPORT_COLUMNS)} "
+                    "FROM main.rollouts")
+        classes = task_classes(con, spec)
+        names = dict(con.execute("SELECT task_id, any_value(task_name) FROM rollouts "
+                                 "GROUP BY task_id").fetchall())
         return {
             "run_dir": str(run_dir),
             "pass_rates": pass_rates(con),
-            "band_occupancy": band_occupancy(con, cfg),
-            "band": [cfg.band_low, cfg.band_high],
+            "pass_at_k": pass_at_k(con, cfg.ks),
+            "band": [spec.band_low, spec.band_high],
+            "band_spec": dataclasses.asdict(spec),
+            "band_spec_source": spec_source,
+            "band_occupancy": band_occupancy(con, cfg, classes),
+            "band_movement": band_movement(classes, names, cfg.movers_listed),
             "hack_suspects": hack_suspects(con, cfg),
+            "hack_rule": {"min_reward": cfg.hack_min_reward, "max_steps": cfg.hack_max_steps,
+                          "max_diff_bytes": cfg.hack_max_diff_bytes,
+                          "answer_families": list(cfg.answer_families)},
+            "top_by_effort": top_by_effort(con, run_dir, cfg.top_n),
+            "slowest_rollouts": slowest_rollouts(con, run_dir, cfg.top_n),
             "infra_by_node": infra_by_node(con),
             "span_percentiles": span_percentiles(con),
             "bad_shards": [{"file": f, "error": e} for f, e in
@@ -195,145 +347,26 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
         con.close()
 
 
-# -- text -----------------------------------------------------------------------------------
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
-
-
-def print_text(rep: dict, out: TextIO) -> None:
-    w = out.write
-    w(f"Report for {rep['run_dir']}\n\nPass rate by task family and policy version "
-      f"(infra errors masked):\n")
-    for r in rep["pass_rates"]:
-        w(f"  {r['task_family']:10} v{r['policy_version']:<4} {r['passed']:>6}/{r['scored']:<6} "
-          f"{_pct(r['pass_rate'])}\n")
-    lo, hi = rep["band"]
-    w(f"\nBand occupancy ({lo:g}-{hi:g}) by policy version, on the curriculum's estimate: "
-      f"tasks below / in band / above / little data\n")
-    for r in rep["band_occupancy"]:
-        w(f"  v{r['policy_version']:<4} {r['below']:>5} / {r['band']:>5} / {r['above']:>5} / "
-          f"{r['little_data']:>5}  ({_pct(r['band_share'])} in band)\n")
-    w(f"\nHack suspects (high reward, little effort): {len(rep['hack_suspects'])}\n")
-    for r in rep["hack_suspects"]:
-        w(f"  {r['rollout_id']}  {r['task_name']}  v{r['policy_version']}  reward {r['reward']:g}"
-          f"  {r['why']}\n")
-    w("\nInfra errors by node (every attempt, retried or not):\n")
-    for r in rep["infra_by_node"] or [{"node": "-", "reason": "none", "attempts": 0, "committed": 0}]:
-        w(f"  {r['node']:12} {r['reason']:20} {r['attempts']:>6} attempts "
-          f"({r['committed']} committed as infra_error)\n")
-    w("\nTime per span kind (HDR histograms merged across nodes):\n")
-    for r in rep["span_percentiles"]:
-        w(f"  {r['kind']:14} n={r['count']:<8} p50 {r['p50_s']:.4f}s  p99 {r['p99_s']:.4f}s  "
-          f"({r['nodes']} nodes)\n")
-    for b in rep["bad_shards"]:
-        w(f"\nwarning: skipped {b['file']}: {b['error']}")
-
-
-# -- HTML -----------------------------------------------------------------------------------
-
-_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
-
-
-def svg_lines(series: dict[str, list[tuple[float, float]]], title: str, y_max: float = 1.0,
-              width: int = 520, height: int = 220) -> str:
-    """A line chart: series name -> [(x, y)], y in [0, y_max]."""
-    pad, xs = 40, [x for pts in series.values() for x, _ in pts]
-    x0, x1 = (min(xs), max(xs)) if xs else (0, 1)
-    span = (x1 - x0) or 1
-
-    def px(x, y):
-        return (pad + (x - x0) / span * (width - 2 * pad),
-                height - pad - (y / y_max if y_max else 0) * (height - 2 * pad))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img"><title>{html.escape(title)}</title>',
-             f'<text x="{pad}" y="16" font-size="13">{html.escape(title)}</text>',
-             f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="#888"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="#888"/>',
-             f'<text x="4" y="{pad + 4}" font-size="10">{y_max:g}</text>',
-             f'<text x="4" y="{height - pad}" font-size="10">0</text>']
-    for i, (name, pts) in enumerate(sorted(series.items())):
-        colour = _COLOURS[i % len(_COLOURS)]
-        coords = " ".join(f"{px(x, y)[0]:.1f},{px(x, y)[1]:.1f}" for x, y in pts if y is not None)
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}"/>')
-        parts.append(f'<text x="{width - pad + 4}" y="{pad + 14 * i}" font-size="11" '
-                     f'fill="{colour}">{html.escape(str(name))}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def svg_bars(labels: list[str], groups: dict[str, list[float]], title: str, width: int = 520,
-             height: int = 220, stacked: bool = False) -> str:
-    """Grouped (or stacked) bars: one group per label, one bar per series."""
-    pad = 40
-    n = max(len(labels), 1)
-    totals = ([sum(v[i] for v in groups.values()) for i in range(len(labels))] if stacked
-              else [max((v[i] for v in groups.values()), default=0) for i in range(len(labels))])
-    top = max(totals, default=0) or 1
-    slot = (width - 2 * pad) / n
-    bar_w = slot * 0.8 / (1 if stacked else max(len(groups), 1))
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'role="img"><title>{html.escape(title)}</title>',
-             f'<text x="{pad}" y="16" font-size="13">{html.escape(title)}</text>',
-             f'<text x="4" y="{pad + 4}" font-size="10">{top:.3g}</text>']
-    for i, label in enumerate(labels):
-        base = height - pad
-        for j, (name, values) in enumerate(groups.items()):
-            h = values[i] / top * (height - 2 * pad)
-            x = pad + i * slot + (0 if stacked else j * bar_w)
-            y = base - h
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}" '
-                         f'fill="{_COLOURS[j % len(_COLOURS)]}"><title>{html.escape(name)} '
-                         f'{html.escape(label)}: {values[i]:.4g}</title></rect>')
-            if stacked:
-                base = y
-        parts.append(f'<text x="{pad + i * slot:.1f}" y="{height - pad + 14}" font-size="10">'
-                     f'{html.escape(label)}</text>')
-    for j, name in enumerate(groups):
-        parts.append(f'<text x="{width - pad + 4 - 60}" y="{pad + 14 * j}" font-size="11" '
-                     f'fill="{_COLOURS[j % len(_COLOURS)]}">{html.escape(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _table(rows: list[dict], cols: list[str]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c)))}</td>" for c in cols)
-                   + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def render_html(rep: dict) -> str:
-    by_family: dict[str, list[tuple[float, float]]] = {}
-    for r in rep["pass_rates"]:
-        by_family.setdefault(r["task_family"], []).append((r["policy_version"], r["pass_rate"]))
-    occ = rep["band_occupancy"]
-    labels = [f"v{r['policy_version']}" for r in occ]
-    spans = rep["span_percentiles"]
-    lo, hi = rep["band"]
-    sections = [
-        f"<h1>Paddock run report</h1><p>{html.escape(rep['run_dir'])}</p>",
-        "<h2>Pass rate by task family and policy version</h2>",
-        svg_lines(by_family, "pass rate by policy version"),
-        _table(rep["pass_rates"], ["task_family", "policy_version", "scored", "passed", "pass_rate"]),
-        f"<h2>Band occupancy ({lo:g}-{hi:g})</h2>",
-        svg_bars(labels, {"below": [r["below"] for r in occ], "band": [r["band"] for r in occ],
-                          "above": [r["above"] for r in occ],
-                          "little data": [r["little_data"] for r in occ]}, "tasks per class", stacked=True),
-        "<h2>Hack suspects</h2>",
-        _table(rep["hack_suspects"], ["rollout_id", "task_name", "policy_version", "reward",
-                                      "steps", "diff_bytes", "why"]),
-        "<h2>Infra errors by node</h2>",
-        _table(rep["infra_by_node"], ["node", "reason", "attempts", "committed", "example"]),
-        "<h2>Time per span kind (HDR, merged across nodes)</h2>",
-        svg_bars([r["kind"] for r in spans], {"p50 s": [r["p50_s"] for r in spans],
-                                              "p99 s": [r["p99_s"] for r in spans]},
-                 "seconds per span kind"),
-        _table(spans, ["kind", "count", "nodes", "p50_s", "p99_s"]),
-    ]
-    if rep["bad_shards"]:
-        sections += ["<h2>Skipped shards</h2>", _table(rep["bad_shards"], ["file", "error"])]
-    style = ("body{font-family:sans-serif;max-width:980px;margin:auto}table{border-collapse:"
-             "collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Paddock report</title>"
-            f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
+def write_report(run: str | None, out: TextIO, *, html_path: str | None = None,
+                 as_json: bool = False, band: tuple[float, float] | None = None) -> int:
+    """The library side of `paddock report`: build, then print text or JSON, and write the
+    HTML page if asked. `band`: (low, high) instead of the run's curriculum band."""
+    try:
+        run_dir = Path(run) if run else newest_run()
+        cfg = ReportConfig()
+        if band is not None:
+            spec, _ = run_band_spec(run_dir)
+            cfg = ReportConfig(bands=dataclasses.replace(spec, band_low=float(band[0]),
+                                                         band_high=float(band[1])))
+        rep = build_report(run_dir, cfg)
+    except (QueryError, RunNotFound, ValueError) as exc:
+        print(f"paddock report: error: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        out.write(json.dumps(rep, indent=1, default=str) + "\n")
+    else:
+        print_text(rep, out)
+    if html_path:
+        Path(html_path).write_text(render_html(rep))
+        print(f"HTML report: {html_path}", file=out)
+    return 0

@@ -15,15 +15,14 @@ Must not import: zmq, controller.broker.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TextIO
 
-from controller.analysis.query import (FORMATS, QueryError, RunNotFound, bad_shards, connect, export,
+from controller.analysis.query import (FORMATS, QueryError, bad_shards, connect, export,
                                        newest_run, query_command, run_query)
 from controller.analysis.replay import ReplayError, replay
-from controller.analysis.report import ReportConfig, build_report, print_text, render_html
+from controller.analysis.report import write_report
 from controller.analysis.rescore import RescoreError, rescore_run
 from controller.store.catalog import CatalogError, compact
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -68,8 +67,8 @@ def add_report_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", metavar="DIR", default=None, help=RUN_HELP)
     p.add_argument("--html", metavar="FILE", help="also write an HTML report with plots")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=(0.2, 0.8),
-                   help="learning band for occupancy (default 0.2 0.8)")
+    p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
+                   help="learning band (default: the run's curriculum band)")
     p.set_defaults(func=cmd_report)
 
 
@@ -132,21 +131,8 @@ def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
 # -- report, replay, rescore ----------------------------------------------------------------
 
 def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
-    try:
-        run_dir = Path(args.run) if args.run else newest_run()
-        rep = build_report(run_dir, ReportConfig(band_low=args.band[0], band_high=args.band[1]))
-    except (QueryError, RunNotFound) as exc:
-        print(f"paddock report: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        out.write(json.dumps(rep, indent=1, default=str) + "\n")
-    else:
-        print_text(rep, out)
-    if args.html:
-        Path(args.html).write_text(render_html(rep))
-        print(f"HTML report: {args.html}", file=out)
-    return 0
+    band = tuple(args.band) if args.band is not None else None
+    return write_report(args.run, out or sys.stdout, html_path=args.html, as_json=args.json, band=band)
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:

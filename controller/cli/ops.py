@@ -1,4 +1,5 @@
 """The ops view of a running farm: `paddock top`, `paddock agents`, `paddock health`, `paddock drain`.
+(`paddock top`'s screen is controller/cli/top.py.)
 
 Every command finds the controller through the run directory: `controller.endpoint` (the bound
 ZeroMQ endpoint) and the deployment id from `job.json` (Slurm jobs), `run.json`, or
@@ -18,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
+
+from controller.cli import top
 
 COLUMNS = ("node", "state", "last_seen", "slots", "free", "leases", "active", "rate", "cpu",
            "mem_free", "tmpfs", "disk_free", "images", "errors", "version")
@@ -116,17 +119,6 @@ def _fmt(col: str, v) -> str:
     return str(v)
 
 
-def render_table(rows: list[dict], counts: dict, title: str):
-    from rich.table import Table
-    t = Table(title=title, caption="queue: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-    for c in COLUMNS:
-        t.add_column(c, justify="right" if c in NUMERIC else "left")
-    styles = {"lost": "red", "draining": "yellow"}
-    for r in rows:
-        t.add_row(*(_fmt(c, r[c]) for c in COLUMNS), style=styles.get(r["state"], ""))
-    return t
-
-
 # ----------------------------------------------------------------------------- commands
 def cmd_agents(args) -> int:
     run_dir = resolve_run(args.run)
@@ -148,27 +140,18 @@ def cmd_agents(args) -> int:
 
 def cmd_top(args) -> int:
     from rich.console import Console
-    from rich.live import Live
     run_dir = resolve_run(args.run)
     endpoint, deployment = controller_address(run_dir, args.endpoint, args.deployment)
-    if args.sort not in COLUMNS:
-        raise OpsError(f"cannot sort by {args.sort!r}; columns: {', '.join(COLUMNS)}")
-
-    def table():
-        nodes, counts = fetch_nodes(endpoint, deployment)
-        rows = sort_rows([node_row(n, time.time()) for n in nodes], args.sort, args.desc)
-        return render_table(rows, counts, f"paddock top: {run_dir.name} (sorted by {args.sort})")
+    if args.sort not in top.SORTS:
+        raise OpsError(f"cannot sort by {args.sort!r}; columns: {', '.join(top.SORTS)}")
+    view = top.TopView(run_dir.name, args.sort, args.desc)
     console = Console(width=args.width) if args.width else Console()
     if args.once:
-        console.print(table())
+        nodes, counts = fetch_nodes(endpoint, deployment)
+        console.print(view.render(nodes, counts, console.size.width, height=10_000))
         return 0
-    with Live(table(), console=console, refresh_per_second=4, screen=False) as live:
-        try:
-            while True:
-                time.sleep(args.interval_s)
-                live.update(table())
-        except KeyboardInterrupt:
-            return 0
+    return top.run_live(view, lambda: fetch_nodes(endpoint, deployment), args.interval_s,
+                        (OpsError,), console)
 
 
 def follow_lines(paths: Callable[[], list[Path]], follow: bool, poll_s: float = 0.25,
@@ -255,7 +238,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--run", metavar="DIR", help="run directory (default: newest under ./runs)")
         p.add_argument("--endpoint", help="controller endpoint (default: RUN/controller.endpoint)")
         p.add_argument("--deployment", help="deployment id (default: from the run directory)")
-    top = subparsers.add_parser("top", help="live table of node agents (refreshing)")
+    top = subparsers.add_parser("top", help="live view of the node agents (q or Ctrl-C quits)")
     common(top)
     top.add_argument("--sort", default="node", help=f"column to sort by: {', '.join(COLUMNS)}")
     top.add_argument("--desc", action="store_true", help="sort descending")

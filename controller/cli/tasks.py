@@ -29,6 +29,7 @@ from controller.taskbank.bank import DEFAULT_BANK_ENV, TaskBank, find_task, make
 from controller.taskbank.builtin import builtin_taskset
 from controller.taskbank.contamination import (ContaminationConfig, check, check_against_training_sets,
                                                write_report)
+from controller.taskbank.bands import explain, format_counts
 from controller.taskbank.curriculum import Curriculum
 from controller.taskbank.validation import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
                                             validate_tasks)
@@ -240,8 +241,9 @@ def cmd_curriculum(args: argparse.Namespace, out: TextIO | None = None) -> int:
         version = c.latest_version() if args.version is None else args.version
         est, classes, q = c.estimates(version), c.classify(version), c.quarantined()
         names = {t.task_id: t.name for t in ts.tasks}
-        print(f"policy version {version}: " + ", ".join(f"{k} {v}" for k, v in
-                                                      c.occupancy(version).items()), file=out)
+        print(f"policy version {version}: " + format_counts(c.occupancy(version), skip_zero=False),
+              file=out)
+        print(f"  (explore = {explain('explore', c.cfg.bands)})", file=out)
         for tid in sorted(c.task_ids, key=lambda t: (classes[t], names[t])):
             e = est[tid]
             extra = f"  {q[tid]}" if tid in q else ""

@@ -202,7 +202,8 @@ def run_local(cfg: RunConfig, console=None) -> Path:
     (run_dir / "tasks.json").write_text(json.dumps(lease_tasks(taskset, images)))
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
-                                                  "config": asdict(cfg)}, indent=2))
+                                                  "config": asdict(cfg),
+                                                  "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
     names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
                              Path(store.root) / "validation", run_dir,
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
@@ -250,7 +251,6 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
         for version in range(cfg.versions):
             policy.set_policy(version, params)
             client.publish_policy(version, policy.url, f"scripted-v{version}")
-            occupancy = curriculum.occupancy(version)
             picks = curriculum.sample(total // cfg.versions, rng, version)
             batch_id = client.submit([by_id[t] for t in picks], 1, version)
             passed = seen = 0
@@ -267,6 +267,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                 "AND r.reward IS NOT NULL", [batch_id]).fetchall()
             _record_outcomes(curriculum, con, batch_id)
             con.close()
+            occupancy = curriculum.occupancy(version)   # through this version: what `paddock report` shows
             samples = []
             for family, content, reward in rows:
                 try:

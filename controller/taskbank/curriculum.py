@@ -8,7 +8,8 @@ weighted count. Recent versions dominate, so a task drifts out of the band as th
 learns it (always solved) or as it turns out never solved.
 
 Classes (per target version): `quarantined`; `explore` (evidence < min_evidence: little
-data); `band` (band_low <= mean <= band_high); `too_easy`; `too_hard`.
+data); `band` (band_low <= mean <= band_high); `too_easy`; `too_hard`. They are defined once,
+in controller/taskbank/bands.py, which the report uses too.
 
 Sampler. `sample(n, rng, version)` serves round(n * explore_share) rollouts from explore tasks
 and the rest from band tasks, each pool visited in a seeded shuffled cycle so tasks are
@@ -36,10 +37,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from controller.contracts.states import POLICY_OUTCOMES
+from controller.taskbank.bands import CLASSES, BandSpec, classify
 
 log = logging.getLogger(__name__)
 
-CLASSES = ("band", "explore", "too_easy", "too_hard", "quarantined")
 SCORED = POLICY_OUTCOMES
 
 _SCHEMA = """
@@ -75,17 +76,17 @@ class CurriculumConfig:
     max_infra_failures: int = 3
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.band_low < self.band_high <= 1.0:
-            raise ValueError(f"curriculum: need 0 <= band_low < band_high <= 1, got "
-                             f"{self.band_low!r}, {self.band_high!r}")
+        self.bands   # validates the band and the estimator's fields
         if not 0.0 <= self.explore_share <= 1.0:
             raise ValueError(f"curriculum: 'explore_share' must be in [0, 1], got {self.explore_share!r}")
-        if not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"curriculum: 'decay' must be in (0, 1], got {self.decay!r}")
-        if self.prior_alpha <= 0 or self.prior_beta <= 0 or self.min_evidence < 0:
-            raise ValueError("curriculum: priors must be > 0 and 'min_evidence' >= 0")
         if self.max_infra_failures < 1:
             raise ValueError("curriculum: 'max_infra_failures' must be >= 1")
+
+    @property
+    def bands(self) -> BandSpec:
+        """The fields that decide a task's class (controller/taskbank/bands.py)."""
+        return BandSpec(self.band_low, self.band_high, self.min_evidence, self.decay,
+                        self.prior_alpha, self.prior_beta)
 
 
 @dataclass(frozen=True)
@@ -246,20 +247,9 @@ class Curriculum:
         return dataclasses.replace(self.cfg, band_low=float(band[0]), band_high=float(band[1]))
 
     def classify(self, version: int, band: tuple[float, float] | None = None) -> dict[str, str]:
-        cfg, q = self._cfg_for(band), self.quarantined()
-        out = {}
-        for t, e in self.estimates(version).items():
-            if t in q:
-                out[t] = "quarantined"
-            elif e.evidence < cfg.min_evidence:
-                out[t] = "explore"
-            elif e.mean < cfg.band_low:
-                out[t] = "too_hard"
-            elif e.mean > cfg.band_high:
-                out[t] = "too_easy"
-            else:
-                out[t] = "band"
-        return out
+        spec, q = self._cfg_for(band).bands, self.quarantined()
+        return {t: classify(e.mean, e.evidence, spec, t in q)
+                for t, e in self.estimates(version).items()}
 
     # -- sampling ---------------------------------------------------------------------------
 

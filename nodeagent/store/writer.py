@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -32,7 +31,7 @@ import pyarrow.parquet as pq
 from controller.contracts.fileio import atomic_write_with
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import (JSON_COLUMNS, KEY_COLUMNS, OPTIONAL_COLUMNS, PROVENANCE_COLUMNS,
-                                             SCHEMAS, SPAN_KINDS, TABLES, shard_name, shard_suffix)
+                                             SCHEMAS, SPAN_KINDS, shard_name)
 
 log = logging.getLogger(__name__)
 
