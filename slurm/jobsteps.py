@@ -49,7 +49,6 @@ from controller.demo.policy_server import PolicyServer, default_params
 from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
-from nodeagent.sandbox.runtime import subid_range
 
 log = logging.getLogger("paddock.job")
 
@@ -338,13 +337,6 @@ def check_job(job: dict, deployment: str, agent_version: str) -> None:
                            f"{job.get('agent_version')}: install the same Paddock on every node")
 
 
-def agent_subids(procid: int, ntasks: int) -> tuple[int, int]:
-    """This task's share of the sandbox user's subordinate ids (tasks may share one host)."""
-    base, count = subid_range()
-    share = count // max(ntasks, 1)
-    return base + procid * share, share
-
-
 def run_agent(args: AgentStep) -> int:
     """The agent step; returns the node agent's exit status (EXIT_GAVE_UP without a controller)."""
     run_dir = Path(args.run_dir).resolve()
@@ -368,12 +360,12 @@ def run_agent(args: AgentStep) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for sig in (signal.SIGWINCH, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
         signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGTERM))
-    base, count = agent_subids(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
+    share = f'{os.environ.get("SLURM_PROCID", "0")}/{os.environ.get("SLURM_NTASKS", "1")}'
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
     return run_paddock_agent(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
                               "--slots", str(args.slots), "--image-store", args.image_store,
-                              "--subid-base", str(base), "--subid-count", str(count),
+                              "--subid-share", share,
                               "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
 
 

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from controller.analysis.query import connect
-from controller.analysis.replay import ReplayError, ReplayModel, load, replay
+from controller.analysis.replay import ReplayError, load, replay
+from nodeagent.agent.replay import ReplayModel, reexecute
 from controller.demo.localrun import RunConfig, run_local
 from nodeagent.harness.model import ModelError
 
@@ -26,7 +27,7 @@ def test_a_sample_of_the_run_replays_to_the_same_verdict(run_dir, runtime):
     con.close()
     assert len(ids) >= 2    # tasks whose reference fails are quarantined before the run
     for rid in ids[::2]:
-        report = replay(run_dir, rid, runtime=runtime)
+        report = replay(run_dir, rid, reexecute, runtime=runtime)
         assert report.same_verdict, report.line()
         assert report.steps_replayed == report.steps_recorded and report.infra_reason is None, report.line()
 

@@ -10,6 +10,7 @@ import pytest
 from controller.taskbank.builtin import builtin_taskset
 from controller.store.catalog import Catalog
 from controller.analysis.rescore import RescoreError, rescore_run
+from nodeagent.verifier.rescore import regrade
 from controller.demo.localrun import lease_tasks
 from nodeagent.store import writer as trajwriter
 from nodeagent.agent.attempt import Attempt, write_changes
@@ -44,7 +45,7 @@ def test_rescore_regrades_stored_changes_into_a_new_result_set(runtime, python_i
     store_rollout(tmp_path, "r2", gcd, "pass", 1.0, [])                    # an old verifier's false positive
     store_rollout(tmp_path, "r3", frac, "fail", 0.0, answer="\\boxed{0.75}")  # an old verifier's false negative
     store_rollout(tmp_path, "r4", gcd, "infra_error", None)
-    path, rows = rescore_run(tmp_path, runtime, lambda digest: python_image, workers=2)
+    path, rows = rescore_run(tmp_path, regrade, VERIFIER_VERSION, runtime, lambda digest: python_image, workers=2)
     assert path == tmp_path / "rescore" / VERIFIER_VERSION / "results.parquet"
     got = dict(duckdb.sql(f"SELECT rollout_id, outcome FROM '{path}' ORDER BY rollout_id").fetchall())
     assert got == {"r1": "pass", "r2": "fail", "r3": "pass", "r4": "infra_error"}
@@ -57,4 +58,4 @@ def test_rescore_regrades_stored_changes_into_a_new_result_set(runtime, python_i
 
 def test_rescore_of_a_run_without_tasks_is_a_clear_error(runtime, python_image, tmp_path):
     with pytest.raises(RescoreError, match="tasks.json is missing"):
-        rescore_run(tmp_path, runtime, lambda d: python_image)
+        rescore_run(tmp_path, regrade, VERIFIER_VERSION, runtime, lambda d: python_image)

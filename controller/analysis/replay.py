@@ -1,24 +1,28 @@
 """Record and replay: re-execute a committed rollout from its recorded model outputs.
 
 `paddock replay ROLLOUT_ID --run DIR` reads the rollout's committed attempt and its steps from
-the run's trajectory store, and runs the same attempt pipeline (`nodeagent.agent.attempt.run_attempt`:
-fresh sandbox, harness, diff, verifier) with a `ReplayModel` in place of the model server: the
-model's answers are the recorded assistant messages, in order. The tools really run again in a
+the run's trajectory store, and has the node side (`nodeagent.agent.replay.reexecute`, handed in
+by the CLI) run the same attempt pipeline (fresh sandbox, harness, diff, verifier) with a
+`ReplayModel` in place of the model server: the model's answers are the recorded assistant
+messages, in order. The tools really run again in a
 fresh sandbox; their new observations are compared with the recorded ones, and the new verdict
 with the recorded one. A replay that reaches a different verdict is a non-determinism (or a
 changed sandbox, verifier or image) worth reading.
 
 Needs the run directory (trajectories, `tasks.json`, `run.json`) and the image store holding the
-run's image. Must not import zmq.
+run's image. Must not import: zmq, nodeagent.
 """
 from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from controller.analysis.query import connect
+from layers.builtin import default_store_root
+from layers.store import ImageStore
 
 log = logging.getLogger(__name__)
 
@@ -66,47 +70,7 @@ class ReplayReport:
                 f"{self.observations_same}/{self.steps_recorded} identical{extra}{infra}")
 
 
-def _calls(row: dict) -> list[dict]:
-    """The tool calls of a recorded step, as OpenAI `tool_calls`."""
-    raw = row.get("tool_args")
-    if raw is None:
-        return []
-    args = json.loads(raw) if isinstance(raw, str) else raw
-    if isinstance(args, list):     # the harness's record: [{"id", "name", "arguments"}]
-        calls = args
-    else:                          # one call recorded as its argument object
-        calls = [{"id": "call_0", "name": row.get("tool_name"), "arguments": json.dumps(args)}]
-    return [{"id": c.get("id") or f"call_{i}", "type": "function",
-             "function": {"name": c.get("name"), "arguments": c.get("arguments")}} for i, c in enumerate(calls)]
-
-
-class ReplayModel:
-    """A `nodeagent.harness.model.Model` that answers with a recorded rollout's assistant messages."""
-
-    def __init__(self, steps: list[dict]) -> None:
-        self.steps = sorted(steps, key=lambda r: r["step"])
-        self.served = 0
-
-    def complete(self, payload: dict, timeout_s: float) -> dict:
-        from nodeagent.harness.model import ModelError
-        if self.served >= len(self.steps):
-            raise ModelError(f"replay diverged: the harness asked for step {self.served} "
-                             f"but only {len(self.steps)} were recorded")
-        row = self.steps[self.served]
-        self.served += 1
-        message: dict[str, Any] = {"role": "assistant", "content": row.get("content")}
-        calls = _calls(row)
-        if calls:
-            message["tool_calls"] = calls
-        logprobs = json.loads(row["logprobs"]) if row.get("logprobs") else None
-        return {"choices": [{"index": 0, "message": message, "logprobs": logprobs,
-                             "finish_reason": "tool_calls" if calls else "stop"}],
-                "usage": {"prompt_tokens": int(row.get("prompt_tokens") or 0),
-                          "completion_tokens": int(row.get("completion_tokens") or 0)}}
-
-
 def load(run_dir: str | Path, rollout_id: str) -> Recorded:
-    from controller.analysis.query import connect
     con = connect(run_dir)
     try:
         cur = con.execute("SELECT rollout_id, attempt, fencing_token, seed, policy_version, outcome, reward, "
@@ -136,8 +100,6 @@ def _task(run_dir: Path, task_id: str) -> dict:
 
 
 def _image(run_dir: Path, digest: str, image_store: str | None) -> Path:
-    from layers.builtin import default_store_root
-    from layers.store import ImageStore
     root = image_store
     if root is None:
         try:
@@ -150,29 +112,18 @@ def _image(run_dir: Path, digest: str, image_store: str | None) -> Path:
     return store.path_of(digest)
 
 
-def replay(run_dir: str | Path, rollout_id: str, runtime=None, image_store: str | None = None) -> ReplayReport:
-    """Re-run one committed rollout from its record; compare observations and verdict."""
-    from nodeagent.agent.attempt import Attempt, run_attempt
-    from nodeagent.sandbox.runtime import SandboxRuntime
+def replay(run_dir: str | Path, rollout_id: str, reexecute: Callable[..., tuple[Any, list[dict]]],
+           runtime=None, image_store: str | None = None) -> ReplayReport:
+    """Re-run one committed rollout from its record; compare observations and verdict.
+
+    `reexecute` is the node side (`nodeagent.agent.replay.reexecute`, passed in by the CLI):
+    it takes the task, the image and the record's fields and returns (result, new step rows)."""
     run_dir = Path(run_dir)
     rec = load(run_dir, rollout_id)
     task = _task(run_dir, rec.task_id)
     image = _image(run_dir, rec.image_digest, image_store)
-    model = ReplayModel(rec.steps)
-    own_runtime = runtime is None
-    runtime = runtime or SandboxRuntime().start()
-    scratch = tempfile.mkdtemp(prefix="paddock-replay-")
-    try:
-        attempt = Attempt(run_id="replay", run_dir=scratch, rollout_id=rec.rollout_id, attempt=rec.attempt,
-                          token=0, batch_id="replay", seed=rec.seed, task=task, policy_version=rec.policy_version,
-                          endpoint=model, model=f"replay-of-{rec.rollout_id}")   # type: ignore[arg-type]
-        result = run_attempt(runtime, image, "replay", attempt)
-        replayed = _read_steps(Path(scratch), result.shards.get("steps"))
-    finally:
-        if own_runtime:
-            runtime.close()
-        import shutil
-        shutil.rmtree(scratch, ignore_errors=True)
+    result, replayed = reexecute(task, image, rollout_id=rec.rollout_id, attempt=rec.attempt, seed=rec.seed,
+                                 policy_version=rec.policy_version, steps=rec.steps, runtime=runtime)
     recorded_obs = [r.get("observation") for r in rec.steps]
     new_obs = [r.get("observation") for r in replayed]
     diverged = [i for i, (a, b) in enumerate(zip(recorded_obs, new_obs)) if a != b]
@@ -180,11 +131,3 @@ def replay(run_dir: str | Path, rollout_id: str, runtime=None, image_store: str 
     return ReplayReport(rec.rollout_id, rec.outcome, rec.reward, result.outcome, result.reward,
                         len(rec.steps), len(replayed), sum(a == b for a, b in zip(recorded_obs, new_obs)),
                         diverged, result.infra_reason)
-
-
-def _read_steps(scratch: Path, shard: str | None) -> list[dict]:
-    if not shard:
-        return []
-    import pyarrow.parquet as pq
-    path = Path(shard) if Path(shard).is_absolute() else scratch / shard
-    return sorted(pq.read_table(path).to_pylist(), key=lambda r: r["step"])

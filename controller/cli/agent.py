@@ -3,7 +3,7 @@ steps start it). Parses the arguments, configures logging and calls
 `nodeagent.agent.daemon.serve` with plain arguments.
 
   paddock agent --controller tcp://HOST:PORT --deployment ID [--node N] [--slots N]
-                (--image-store DIR | --noop-s S) [--subid-base B --subid-count C]
+                (--image-store DIR | --noop-s S) [--subid-base B --subid-count C | --subid-share K/N]
                 [--heartbeat-interval-s S] [--drain-deadline-s S] [--degrade] [--log-level L]
 
 `register(subparsers)` adds the subcommand to `paddock`; `main(argv)` runs it alone
@@ -19,6 +19,7 @@ import os
 import sys
 
 from nodeagent.agent.daemon import serve
+from nodeagent.sandbox.runtime import SandboxError, subid_range
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -29,6 +30,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--image-store", default="", help="the image store directory (required unless --noop-s)")
     ap.add_argument("--subid-base", type=int, help="first subordinate id of the sandboxes' user range")
     ap.add_argument("--subid-count", type=int, help="how many subordinate ids from --subid-base")
+    ap.add_argument("--subid-share", type=_share, metavar="K/N",
+                    help="use the K-th of N equal shares of this user's subordinate id range "
+                         "(several agents of one user on one host: K = 0..N-1)")
     ap.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="seconds between heartbeats (default 1)")
     ap.add_argument("--drain-deadline-s", type=float, default=60.0,
                     help="on SIGTERM or drain: how long running attempts may take to finish")
@@ -38,6 +42,23 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="start even where a sandbox cap (memory, pids, cpu) cannot be enforced by a "
                          "cgroup: fall back to rlimits for it and say so in the log (default: refuse)")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def _share(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--subid-share: {text!r} is not K/N (e.g. 0/2)") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise argparse.ArgumentTypeError(f"--subid-share: {text!r} needs 0 <= K < N")
+    return k, n
+
+
+def share_of_subids(k: int, n: int) -> tuple[int, int]:
+    """(base, count) of the K-th of N equal shares of this user's subordinate id range."""
+    base, count = subid_range()
+    share = count // n
+    return base + k * share, share
 
 
 def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> int:
@@ -50,6 +71,12 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
     subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
+    if args.subid_share is not None:
+        try:
+            subids = share_of_subids(*args.subid_share)
+        except SandboxError as exc:
+            print(f"paddock agent: {exc}", file=sys.stderr)
+            return 2
     return serve(args.node, args.controller, args.deployment, slots=args.slots,
                  image_store=args.image_store, subids=subids,
                  heartbeat_interval_s=args.heartbeat_interval_s,

@@ -26,6 +26,9 @@ from controller.analysis.report import write_report
 from controller.analysis.rescore import RescoreError, rescore_run
 from controller.store.catalog import CatalogError, compact
 from layers.builtin import default_store_root, ensure_builtin_image
+from nodeagent.agent.replay import reexecute
+from nodeagent.verifier.grade import VERIFIER_VERSION
+from nodeagent.verifier.rescore import regrade
 from layers.store import ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
@@ -139,7 +142,7 @@ def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """0: same verdict; 1: a different verdict; 2: the rollout cannot be replayed."""
     out = out or sys.stdout
     try:
-        report = replay(args.run, args.rollout_id, image_store=args.image_store)
+        report = replay(args.run, args.rollout_id, reexecute, image_store=args.image_store)
     except ReplayError as exc:
         print(f"paddock replay: error: {exc}", file=sys.stderr)
         return 2
@@ -158,7 +161,7 @@ def cmd_rescore(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return Path(ensure_builtin_image(store)[1])
     try:
         with SandboxRuntime() as rt:
-            path, rows = rescore_run(args.run, rt, image_for, args.workers)
+            path, rows = rescore_run(args.run, regrade, VERIFIER_VERSION, rt, image_for, args.workers)
     except (RescoreError, SandboxError) as exc:
         print(f"paddock rescore: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,6 @@ from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from controller.taskbank.validation import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
-from nodeagent.sandbox.runtime import subid_range
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +167,6 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _agent_subids(index: int, agents: int) -> tuple[int, int]:
-    base, count = subid_range()
-    share = count // agents
-    return base + index * share, share
-
-
 def run_local(cfg: RunConfig, console=None) -> Path:
 
     console = console or Console()
@@ -220,11 +213,10 @@ def run_local(cfg: RunConfig, console=None) -> Path:
             procs.append(ctl)
             endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
             for i in range(cfg.agents):
-                base, count = _agent_subids(i, cfg.agents)
                 procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
                                      "--controller", endpoint, "--deployment", deployment,
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
-                                     "--subid-base", str(base), "--subid-count", str(count),
+                                     "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
                                     run_dir / "logs" / f"agent-{i + 1}.log"))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")

@@ -1,0 +1,51 @@
+"""Grading a stored rollout again on this node: its stored changes and answer through the
+verifier in fresh sandboxes (`paddock rescore`; the run-level bookkeeping, which rows and
+where the results go, is `controller.analysis.rescore`).
+
+`regrade(row, run_dir, tasks, runtime, image_for, clock)` takes one committed rollout row (the
+columns of `controller.analysis.rescore`) and returns its result row; a rollout that was never
+verified (infra_error, or an agent out of wall time) is carried over as it was. A grading
+failure is an `infra_error` result naming the reason, never an exception.
+
+Must not import: zmq, controller.analysis, controller.store, controller.broker.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from controller.contracts.fileio import utc_now
+from nodeagent.sandbox.runtime import SandboxError, tar_to_changes
+from nodeagent.verifier import grade as verifier
+
+
+def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[[str], Path],
+                clock: Callable[[], float] = time.monotonic) -> dict:
+    out = {k: row[k] for k in ("rollout_id", "attempt", "fencing_token", "task_id", "task_name")}
+    out.update(stored_outcome=row["outcome"], stored_reward=row["reward"],
+               stored_verifier_version=row["verifier_version"], verifier_version=verifier.VERIFIER_VERSION,
+               rescored=False, note=None, tampered=False, infra_reason=None, reward_components="{}",
+               outcome=row["outcome"], reward=row["reward"], verify_s=0.0,
+               rescored_at=utc_now())
+    if row["outcome"] == "infra_error" or row.get("stop_reason") == "wall_time":
+        out["note"] = "never verified (infra_error or agent out of wall time): carried over"
+        return out
+    task = tasks.get(row["task_id"])
+    kind = (task or {}).get("checker", {}).get("kind")
+    try:
+        if task is None:
+            raise verifier.VerifierInfraError(f"task {row['task_id']} is not in the run's tasks.json")
+        changes = []
+        if kind not in ("math", "exact", "regex"):
+            if not row.get("changes_path"):
+                raise verifier.VerifierInfraError("no stored changes (changes_path is NULL)")
+            changes = tar_to_changes((run_dir / row["changes_path"]).read_bytes())
+        v = verifier.verify(runtime, image_for(task.get("image_digest") or row.get("image_digest") or ""),
+                            task, changes, row.get("answer"), clock)
+        out.update(outcome=v.outcome, reward=v.reward, reward_components=json.dumps(v.components),
+                   tampered=v.tampered, rescored=True, verify_s=v.verify_s)
+    except (verifier.VerifierInfraError, SandboxError, OSError, ValueError) as exc:
+        out.update(outcome="infra_error", reward=None, infra_reason=str(exc)[:1000], rescored=True)
+    return out
