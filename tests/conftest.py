@@ -1,12 +1,41 @@
-"""Shared fixtures: the image store, the built-in images and a node's sandbox runtime."""
+"""Shared test utilities: `wait_for` (a condition with a deadline, never a bare sleep),
+`FakeClock` (an injectable monotonic clock), and the fixtures: the image store, the built-in
+images and a node's sandbox runtime."""
 from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
 pytest_plugins = ["tests.slurm_fixture"]
+
+
+def wait_for(cond, timeout_s: float, what: str, interval_s: float = 0.05):
+    """Poll `cond()` until it returns something true (returned), or fail after `timeout_s`
+    naming `what`. For conditions another process or thread makes true."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class FakeClock:
+    """A clock the test moves: `clock()` reads `now`, `advance(dt_s)` moves it forward."""
+
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, dt_s: float) -> None:
+        self.now += dt_s
 
 
 def sandbox_prerequisites() -> str | None:

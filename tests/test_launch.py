@@ -12,6 +12,7 @@ import pytest
 from slurm.jobsteps import JobStepError
 from slurm.launch import launch
 from slurm.sbatch import ParamError
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(env_nodes=2, time_limit="10", versions=1, tasks_limit=4, heartbeat_interval_s=0.5,
@@ -27,14 +28,6 @@ def accounted_cluster(slurm_cluster, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))   # submitit runs sbatch and sacct
     return slurm_cluster
 
-
-def wait_for(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
-    return value
 
 
 def test_launch_refuses_the_het_layout_and_unknown_parameters(tmp_path):

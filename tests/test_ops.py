@@ -24,6 +24,7 @@ from controller.client.api import Client
 from controller.broker.metrics import serve_metrics
 from nodeagent.agent.daemon import NodeAgent
 from nodeagent.agent.health import HealthSampler
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 HB_S = 0.1
@@ -33,16 +34,6 @@ HEALTH_KEYS = {"ts", "node", "agent_version", "draining", "slots", "slots_used",
                "mem_used_mb", "mem_free_mb", "tmpfs_used_mb", "disk_used_mb", "disk_free_mb",
                "image_mounts", "errors"}
 
-
-def wait_for(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.02)
 
 
 class Farm:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurm.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "slurm"          # the example batch scripts are the golden files
@@ -218,14 +219,6 @@ def logs(tmp_path: Path) -> str:
         parts.append(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-25:]))
     return "\n".join(parts)
 
-
-def wait_for(cond, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.1)
-    return value
 
 
 def committed(run_dir: Path) -> int:

@@ -21,6 +21,7 @@ import pytest
 from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, choose_subnet,
                                missing_accounting, missing_requirements, proc_alive, render_slurm_conf,
                                sweep, validate_prefix)
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "slurm" / "clusterctl.py"
@@ -31,16 +32,6 @@ TERMINAL_JOB_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL
 needs_cluster = pytest.mark.skipif(bool(missing_requirements()),
                                    reason="; ".join(missing_requirements()) or "ok")
 
-
-def wait_for(cond, timeout_s: float, what: str, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def slurm(cluster_env: dict, *argv: str, timeout_s: float = 30.0) -> str:
