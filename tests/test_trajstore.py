@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from controller.store.catalog import Catalog, compact
-from controller.analysis.query import bad_shards, cmd_query, connect, register
+from controller.analysis.query import bad_shards, connect
+from controller.cli.analysis import cmd_query, register
 from nodeagent.store.writer import SchemaError, write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
