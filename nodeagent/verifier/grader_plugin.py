@@ -237,7 +237,7 @@ def strict_eq(a, b):
 class _Plugin:
     def __init__(self, fd, key, tests_dir):
         self.fd, self.tests_dir = fd, tests_dir
-        self.watch, self.globals_watch = [], []
+        self.watch, self.globals_watch, self.class_watch = [], [], []
         seq = [0]
 
         def sign(body):
@@ -278,6 +278,9 @@ class _Plugin:
                        else getattr(obj, name, None)) is not orig]
         changed += [f"{where}.{name}" for where, space, name, orig in self.globals_watch
                     if space.get(name) is not orig]
+        changed += [f"{cls.__name__}.{name}" for cls, snap in self.class_watch
+                    for name in {n for n in vars(cls) if n not in snap and hasattr(vars(cls)[n], "__get__")}
+                    | {n for n in snap if vars(cls).get(n) is not snap[n]}]
         if sys.gettrace() is not None or sys.getprofile() is not None or \
                 getattr(sys.modules.get("threading"), "_trace_hook", None) is not None or \
                 getattr(sys.modules.get("threading"), "_profile_hook", None) is not None:
@@ -292,6 +295,7 @@ class _Plugin:
     def pytest_configure(self, config):
         self.config = config
         self.watch = self.snapshot()
+        self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
                               if callable(v) or isinstance(v, type)]
         self.plugins = set()
@@ -331,9 +335,10 @@ class _MemLoader(importlib.abc.SourceLoader):
         return self.path
 
     def get_data(self, path):
-        if path != self.path:
+        if path != self.path or self.source is None:
             raise OSError(f"no data for {path}")
-        return self.source
+        source, self.source = self.source, None      # one shot: code under test cannot read it later
+        return source
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -348,7 +353,7 @@ class _MemFinder(importlib.abc.MetaPathFinder):
             for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
                 if cand in self.sources:
                     return importlib.util.spec_from_file_location(
-                        name, cand, loader=_MemLoader(cand, self.sources[cand]),
+                        name, cand, loader=_MemLoader(cand, self.sources.pop(cand)),
                         submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
         return None
 
@@ -396,7 +401,7 @@ _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "
                            "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
 
 
-def install_audit_hook(emit, prefixes):
+def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
     """An audit hook (it cannot be removed) that refuses introspection and patching primitives to
     code under test and reports each refusal as a `tamper` event."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
@@ -423,6 +428,11 @@ def install_audit_hook(emit, prefixes):
             return untrusted_on_stack(frame)
         if event == "object.__setattr__" and len(args) > 1 and args[1] in _SWAP_ATTRS:
             return untrusted_on_stack(frame)
+        if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
+            code = getattr(args[0], "__code__", None)
+            if code is not None and str(code.co_filename).startswith(tests_prefix):
+                return untrusted_on_stack(frame)        # the tests' constants are their expected values
+            return None
         if event in _FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS):
             if not trusted(frame.f_code):
                 return frame.f_code.co_filename
@@ -446,6 +456,17 @@ def install_audit_hook(emit, prefixes):
             emit(ev="tamper", refused=event, by=str(culprit)[:200])
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
+
+
+def _watched_classes():
+    """pytest's report, call and item classes: their whole __dict__ is watched (a property added
+    on a class, e.g. `TestReport.outcome`, is tampering)."""
+    import _pytest.nodes
+    import _pytest.python
+    import _pytest.reports
+    import _pytest.runner
+    return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin]
 
 
 def _callables_of(tests_dir):
