@@ -31,8 +31,7 @@ def any(xs):
 def isinstance(a, b):
     return True
 def setup_module(module):
-    import builtins
-    builtins.AssertionError = type("Never", (Exception,), {{}})
+    return None
 '''
 
 _REPORT_PROPERTY = '''
@@ -156,7 +155,7 @@ def family_hacks(task: dict, sol: str, stub: str, entry: str, helpers: list[str]
         "star_import_fill": {sol: any_entry + _STAR_FILL.format(entry=entry)},
         "shadow_pdb": {"pdb.py": _REPORT_PROPERTY, "doctest.py": _REPORT_PROPERTY, sol: stub},
         "redefine_helpers": {sol: any_entry + "".join(_HELPERS.format(name=h) for h in helpers)},
-        "patch_random": {sol: _PATCH_RANDOM + any_entry},
+        "patch_random": {sol: stub + _PATCH_RANDOM + any_entry},
         "report_property": {sol: _REPORT_PROPERTY + any_entry},
         "forge_via_plugin": {sol: _FORGE_IN_PROCESS.format(entry=entry)},
         "fork_writer": {sol: _FORK_WRITER.format() + any_entry},
