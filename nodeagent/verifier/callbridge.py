@@ -11,7 +11,8 @@ into a proxy module: each attribute is looked up in the callee, each call crosse
 Wire format: one frame = 4-byte big-endian length + a JSON document, at most MAX_FRAME_BYTES.
 Values are encoded by `encode` into JSON with tags for everything JSON has not (tuples, dicts
 with any keys, sets, bytes, complex, non-finite floats); only exact builtin types cross, so an
-object with a lying `__eq__` cannot: the trusted side `decode`s into plain builtins. Requests:
+object with a lying `__eq__` cannot: the trusted side `decode`s into plain builtins. Anything
+else crosses as an `Opaque` (type name, truth value, repr), equal only to itself. Requests:
 {"op": "lookup", "module", "name"} and {"op": "call", "module", "name", "args", "kwargs"};
 replies: {"value"} | {"callable": true} | {"missing": msg} | {"exc": [type, message]} |
 {"timeout": true}. A call runs under a SIGALRM deadline in the callee; the trusted side waits
@@ -88,7 +89,37 @@ def encode(obj, depth=0):
             if len(items) > MAX_ITEMS:
                 raise _Unencodable("iterator longer than the call boundary's limit")
         return {"t": "iter", "v": items}
-    raise _Unencodable(f"a value of type {t.__name__} cannot cross the call boundary")
+    return {"t": "opaque", "v": [t.__name__[:100], _truth(obj), _safe_repr(obj)]}
+
+
+def _truth(obj):
+    try:
+        return bool(obj)
+    except BaseException:
+        return True
+
+
+def _safe_repr(obj):
+    try:
+        return repr(obj)[:1000]
+    except BaseException:
+        return "<unrepresentable>"
+
+
+class Opaque:
+    """A value of a type that cannot cross (a regex match, an instance of the solution's class):
+    on the trusted side it keeps only its type name, truth value and repr, and equals only itself."""
+
+    __slots__ = ("type_name", "truth", "text")
+
+    def __init__(self, type_name, truth, text):
+        self.type_name, self.truth, self.text = str(type_name), bool(truth), str(text)
+
+    def __bool__(self):
+        return self.truth
+
+    def __repr__(self):
+        return self.text
 
 
 _SCALARS = (type(None), bool, int, str, float)
@@ -126,6 +157,8 @@ def decode(doc, depth=0):
         return frozenset(_hashable(x) for x in items)
     if tag == "iter":
         return iter(items)
+    if tag == "opaque" and len(v) == 3 and type(v[1]) is bool:
+        return Opaque(*v)
     raise ValueError(f"unknown tag {tag!r}")
 
 
@@ -176,24 +209,57 @@ def _on_alarm(signum, frame):
     raise _Deadline()
 
 
+_FRAMEWORK = ("pytest", "_pytest", "pluggy", "paddock_grader")
+
+
+class _FrameworkWatch:
+    """Notes the solution importing the test framework (only useful for patching it, which
+    cannot reach the trusted process). Its word can only cost the solution reward, never earn it."""
+
+    def __init__(self):
+        self.seen = []
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in _FRAMEWORK and name not in self.seen:
+            self.seen.append(name)
+        return None
+
+
 def serve(fd, timeout_s, modules):
-    """Answer requests on `fd` until EOF. Runs as the callee uid, with /work first on sys.path."""
+    """Answer requests on `fd` until EOF. Runs as the callee uid, with /work first on sys.path.
+    The agent's modules are imported at the first request: after pytest has started."""
     sock = socket.socket(fileno=fd)
     sys.path.insert(0, "/work")
     os.chdir("/work")
-    loaded, failed = {}, {}
-    for name in modules:
-        try:
-            loaded[name] = importlib.import_module(name)
-        except BaseException as exc:        # the solution's fault: every lookup says so
-            failed[name] = f"importing {name} failed: {type(exc).__name__}: {exc}"
+    watch = _FrameworkWatch()
+    sys.meta_path.insert(0, watch)
+    loaded, failed = None, {}
     signal.signal(signal.SIGALRM, _on_alarm)
     while True:
         try:
             req = recv(sock)
         except (EOFError, OSError, ValueError):
             return
-        send(sock, _answer(req, loaded, failed, timeout_s))
+        if loaded is None:
+            loaded = _import_all(modules, failed, timeout_s)
+        reply = _answer(req, loaded, failed, timeout_s)
+        if watch.seen:
+            reply["framework"] = list(watch.seen)
+        send(sock, reply)
+
+
+def _import_all(modules, failed, timeout_s):
+    loaded = {}
+    for name in modules:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            try:
+                loaded[name] = importlib.import_module(name)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except BaseException as exc:        # the solution's fault: every lookup says so
+            failed[name] = f"importing {name} failed: {type(exc).__name__}: {exc}"
+    return loaded
 
 
 def _answer(req, loaded, failed, timeout_s):
@@ -232,10 +298,11 @@ def _answer(req, loaded, failed, timeout_s):
 class Bridge:
     """The trusted end of the socket: every lookup and call, with the per-call deadline."""
 
-    def __init__(self, fd, timeout_s):
+    def __init__(self, fd, timeout_s, on_tamper=None):
         self.sock = socket.socket(fileno=fd)
         self.timeout_s = float(timeout_s)
         self.dead = None
+        self.on_tamper, self.reported = on_tamper, False
 
     def request(self, doc):
         if self.dead:
@@ -254,6 +321,10 @@ class Bridge:
         if type(reply) is not dict:
             self.dead = "the solution's process sent a malformed reply"
             raise CallBoundaryError(self.dead)
+        if reply.get("framework") and self.on_tamper and not self.reported:
+            self.reported = True
+            self.on_tamper(ev="tamper", detail="the solution imported the test framework",
+                           modules=[str(m)[:80] for m in reply["framework"]][:10])
         return reply
 
     def value(self, reply):
@@ -331,9 +402,10 @@ class RemoteFinder:
         return None
 
 
-def install(fd, modules, timeout_s):
-    """In the trusted pytest process: route imports of `modules` to the callee on `fd`."""
-    finder = RemoteFinder(Bridge(fd, timeout_s), modules)
+def install(fd, modules, timeout_s, on_tamper=None):
+    """In the trusted pytest process: route imports of `modules` to the callee on `fd`;
+    `on_tamper(**event)` hears a solution that imported the test framework."""
+    finder = RemoteFinder(Bridge(fd, timeout_s, on_tamper), modules)
     sys.meta_path.insert(0, finder)
     return finder
 

@@ -496,7 +496,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
         bridge = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bridge)
         sys.modules["paddock_callbridge"] = bridge
-        bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]))
+        bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]), plugin.emit)
     code = pytest.main(args, plugins=[plugin])
     _exit(int(code))
 
