@@ -10,7 +10,11 @@
    time until the last of them finished; "all resolved" is when every check had a result or a
    timeout. The baseline is cut off after --cutoff seconds (its stuck workers are then killed).
 
+3. `--humaneval-rounds R`: whole `verify` calls on real HumanEval tasks (tests/data), call
+   isolation side by side with the in-process reference mode.
+
     .venv/bin/python benchmarks/verifier.py [--n 1000] [--timeout 0.5] [--workers 4] [--repeats 5]
+                                            [--humaneval-rounds 5]
 """
 from __future__ import annotations
 
@@ -120,8 +124,41 @@ def show(name: str, r: dict, ref: float | None) -> float:
     return rate
 
 
+def humaneval_grading(rounds: int) -> None:
+    """A real HumanEval task (tests/data) graded with its reference, call isolation vs the
+    in-process reference mode (`isolation: process`), alternating; p50 of whole `verify` calls."""
+    import json
+    from pathlib import Path
+
+    from controller.taskbank.importers import humaneval_task
+    from layers.builtin import default_store_root, ensure_builtin_image
+    from layers.store import ImageStore
+    from nodeagent.sandbox.runtime import Change, SandboxRuntime
+    from nodeagent.verifier.grade import verify
+    data = Path(__file__).resolve().parent.parent / "tests" / "data" / "humaneval_sample.jsonl"
+    image = ensure_builtin_image(ImageStore(default_store_root()))[1]
+    times: dict[str, list[float]] = {"call": [], "process": []}
+    with SandboxRuntime() as rt:
+        for _ in range(rounds):
+            for line in data.read_text().splitlines():
+                t = humaneval_task(json.loads(line), Path("x"), 1)
+                for mode in times:
+                    task = {**t.canonical(), "task_id": t.task_id, "checker": {**t.checker, "isolation": mode}}
+                    change = [Change("/work/solution.py", "modified", task["hidden"]["reference.py"].encode(), 0o644)]
+                    t0 = time.perf_counter()
+                    v = verify(rt, image, task, change, None)
+                    times[mode].append(time.perf_counter() - t0)
+                    assert v.outcome == "pass", v.checks
+    p50 = {m: statistics.median(ts) for m, ts in times.items()}
+    for m, ts in times.items():
+        print(f"  humaneval reference, isolation={m:<8} p50 {p50[m] * 1e3:7.1f} ms   p99 {pct(ts, .99) * 1e3:7.1f} ms")
+    print(f"  call / in-process p50: {p50['call'] / p50['process']:.2f}x   (goal <= 1.3x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--humaneval-rounds", type=int, default=0,
+                    help="also grade the tests/data HumanEval sample this many rounds, call vs in-process")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--overhead-n", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=0.5, help="per-check deadline (s)")
@@ -129,6 +166,9 @@ def main() -> None:
     ap.add_argument("--cutoff", type=float, default=30.0, help="give up on the baseline after (s)")
     ap.add_argument("--repeats", type=int, default=5, help="paddock throughput runs per condition")
     args = ap.parse_args()
+    if args.humaneval_rounds:
+        print(f"== HumanEval grading ({args.humaneval_rounds} rounds of tests/data/humaneval_sample.jsonl)")
+        humaneval_grading(args.humaneval_rounds)
     with CheckRunner(preload=("nodeagent.verifier.checkers",)) as runner:
         runner.run(*TRIVIAL)
         print(f"== per-check overhead ({args.overhead_n} sequential checks)")

@@ -66,8 +66,26 @@ def test_a_hanging_solution_is_a_timeout_not_a_fail(runtime, python_image):
 
 
 def test_a_solution_that_exits_pytest_fails(runtime, python_image, gcd):
-    v = verify(runtime, python_image, gcd, solution("import os\nos._exit(0)\n"), None)
+    in_process = {**gcd, "checker": {**gcd["checker"], "isolation": "process"}}
+    v = verify(runtime, python_image, in_process, solution("import os\nos._exit(0)\n"), None)
     assert v.outcome == "fail" and "ended early" in v.checks[-1]["detail"]
+
+
+def test_a_solution_that_exits_behind_the_call_boundary_fails_every_test(runtime, python_image, gcd):
+    assert verifier.isolation(gcd, gcd["checker"]) == "call"
+    v = verify(runtime, python_image, gcd, solution("import os\nos._exit(0)\n"), None)
+    assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False)
+    assert "the solution's process is gone" in v.checks[-1]["detail"]
+
+
+def test_a_call_that_never_returns_fails_that_test_and_the_others_still_run(runtime, python_image, gcd):
+    hang_on_zero = gcd["hidden"]["reference.py"].replace("a, b = abs(a), abs(b)",
+                                                         "a, b = abs(a), abs(b)\n    while a == 0: pass")
+    task = {**gcd, "checker": {**gcd["checker"], "call_timeout_s": 1}}
+    v = verify(runtime, python_image, task, solution(hang_on_zero), None)
+    assert (v.outcome, v.reward) == ("fail", 0.0)
+    detail = v.checks[-1]["detail"]
+    assert detail.startswith("5/7 required tests passed") and "test_hidden.py::test_hidden_1" in detail
 
 
 def test_changing_or_deleting_a_protected_file_is_tampering(runtime, python_image, gcd):

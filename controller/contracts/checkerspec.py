@@ -3,7 +3,9 @@
 A checker spec is a JSON object with a `kind` and that kind's fields (`CHECKER_SCHEMA`, JSON
 Schema; docs/verifier.md lists them):
 - `pytest`: `tests` (files run by the grader), `support`, `fail_to_pass`, `pass_to_pass`,
-  `strict_eq`;
+  `strict_eq`, `isolation` (`auto` | `call` | `process`: whether the agent's code runs behind a
+  call boundary in a process of its own), `modules` (the agent's modules the tests call, for
+  `call`; default `["solution"]`), `call_timeout_s` (per-call deadline);
 - `math`, `exact`, `regex`: `answer` (the gold answer, or the pattern);
 - `command`: `argv`, `cwd`, `pass_exit_codes`;
 - every kind: `timeout_s` and an optional LLM `judge` (`endpoint`, `model`, `rubric`, `weight`,
@@ -49,7 +51,11 @@ def _kind(name: str, required: list[str], props: dict) -> dict:
 CHECKER_SCHEMA = {"oneOf": [
     _kind("pytest", ["tests"], {"tests": {**_STR_LIST, "minItems": 1}, "support": _STR_LIST,
                                 "fail_to_pass": _STR_LIST, "pass_to_pass": _STR_LIST,
-                                "strict_eq": {"type": "boolean"}}),
+                                "strict_eq": {"type": "boolean"},
+                                "isolation": {"enum": ["auto", "call", "process"]},
+                                "modules": {"type": "array", "minItems": 1,
+                                            "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+                                "call_timeout_s": {"type": "number", "exclusiveMinimum": 0}}),
     _kind("math", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
     _kind("exact", ["answer"], {"answer": {"type": "string"}}),
     _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),

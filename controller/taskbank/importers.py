@@ -96,19 +96,30 @@ def _slug(text: str) -> str:
 
 # -- python function tasks ------------------------------------------------------------------
 
+def reference_helpers(reference: str, exclude: set[str]) -> str:
+    """The reference's top-level statements except the definitions of `exclude` (the functions
+    the agent writes): its imports and the helpers a HumanEval `check` uses (an encoder, a
+    polynomial). The tests take them from here, never from the agent's file."""
+    tree = ast.parse(reference)
+    keep = [node for node in tree.body
+            if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in exclude)
+            and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    return ast.unparse(ast.Module(body=keep, type_ignores=[])) + "\n" if keep else ""
+
+
 def humaneval_task(rec: dict, source: Path, lineno: int) -> Task:
     prompt, entry = rec["prompt"], rec["entry_point"]
     tests = rec["test"]
+    reference = prompt + rec["canonical_solution"]
     stub = prompt.rstrip("\n") + "\n    raise NotImplementedError\n"
-    hidden_tests = (f"from solution import *  # noqa: F401,F403\nfrom solution import {entry}\n\n"
+    hidden_tests = (f"{reference_helpers(reference, {entry})}\nfrom solution import {entry}\n\n"
                     f"{tests}\n\n\ndef test_check():\n    check({entry})\n")
     instruction = (f"Complete the function `{entry}` in /work/solution.py so that it does what "
                    f"its docstring says. Hidden tests check it.\n\n{prompt}")
     return Task(name=f"humaneval/{_slug(rec.get('task_id', lineno))}", family="python",
                 instruction=instruction, files={SOLUTION_FILE: stub},
-                hidden={HIDDEN_TESTS_FILE: hidden_tests,
-                        REFERENCE_FILE: prompt + rec["canonical_solution"]},
-                checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE]})
+                hidden={HIDDEN_TESTS_FILE: hidden_tests, REFERENCE_FILE: reference},
+                checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE], "isolation": "call"})
 
 
 def _tested_function(code: str, asserts: list) -> ast.FunctionDef:
@@ -144,7 +155,7 @@ def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
     if not isinstance(imports, list):
         raise ValueError("'test_imports' must be a list of import statements")
     setup = (rec.get("test_setup_code") or "").replace("\r\n", "\n")
-    lines = [*imports, "from solution import *  # noqa: F401,F403", setup, ""]
+    lines = [*imports, f"from solution import {', '.join(_called_functions(code, asserts, fn.name))}", setup, ""]
     for i, stmt in enumerate(asserts):
         lines += ["", f"def test_{i}():", f"    {stmt.strip()}", ""]
     instruction = (f"{text.strip()}\n\nWrite the function `{fn.name}({signature})` in "
@@ -152,7 +163,16 @@ def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
     return Task(name=f"mbpp/{_slug(rec.get('task_id', lineno))}", family="python",
                 instruction=instruction, files={SOLUTION_FILE: stub},
                 hidden={HIDDEN_TESTS_FILE: "\n".join(lines), REFERENCE_FILE: code},
-                checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE]})
+                checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE], "isolation": "call"})
+
+
+def _called_functions(code: str, asserts: list, tested: str) -> list[str]:
+    """The reference's top-level functions the asserts call (the tested one first): the names the
+    tests import from the agent's module, explicitly (never a star import)."""
+    defined = {node.name for node in ast.parse(code).body if isinstance(node, ast.FunctionDef)}
+    called = {node.func.id for stmt in asserts for node in ast.walk(ast.parse(str(stmt).strip()))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in defined}
+    return [tested] + sorted(called - {tested})
 
 
 # -- math -----------------------------------------------------------------------------------

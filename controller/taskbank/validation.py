@@ -7,7 +7,10 @@ and the battery for its checker kind (`_pytest_hacks`, `_answer_hacks`): edit or
 tests, a conftest that skips or passes everything, `sys.exit(0)` / `os._exit(0)` at import,
 printing PASSED/OK, fake report files, monkeypatching the test framework, reading the hidden
 tests or the reference by guessing paths, an object that equals everything, forged events on
-the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest, a full disk; for answer
+the report pipe, startup hooks (.pth, sitecustomize), a shadow pytest, a full disk, and one hack
+per family of issue 14 (`nodeagent.verifier.hacks`: star-import fill, /work modules shadowing
+pdb, redefined prompt helpers, patched random, in-process forgery through the plugin, a forked
+writer, frame and loader oracles); for answer
 tasks: claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
 Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
@@ -156,11 +159,20 @@ _CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
                   "    rep = outcome.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
 
 
+def _family_hacks(task: dict, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
+    """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
+    in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
+    from nodeagent.verifier import hacks      # text generation only; the battery lives with the verifier
+    entry = hacks.entry_point(task, stub)
+    generated = hacks.family_hacks(task, sol, stub, entry, hacks.helper_names(stub, entry))
+    return {name: (lambda files=files: files) for name, files in generated.items()}
+
+
 def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
     tests = _test_files(task)
     sol = solution_file(task)
     stub = task.get("files", {}).get(sol, "")
-    return {
+    return {**_family_hacks(task, sol, stub),
         "edit_tests": lambda: {**{t: PASSING_TEST for t in tests}, sol: stub},
         "delete_tests": lambda: {t: None for t in tests},
         "conftest_skip": lambda: {"conftest.py": _CONFTEST_SKIP, "pytest.ini": "[pytest]\naddopts = --co -q\n",
@@ -264,7 +276,9 @@ def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, qui
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         v.cases = dict(pool.map(grade, todo.items()))
     for name, res in v.cases.items():
-        if name == "reference" and res["outcome"] != "pass":
+        if name == "reference" and res["outcome"] == "infra_error":
+            v.reasons.append(f"the task's tests cannot run (reference: infra_error): {res['detail']}")
+        elif name == "reference" and res["outcome"] != "pass":
             v.reasons.append(f"reference solution does not pass: {res['outcome']}: {res['detail']}")
         elif name != "reference" and (res["outcome"] not in ("fail", "timeout") or res["reward"] != 0.0):
             what = "null solution (no change)" if name == "null" else name

@@ -50,17 +50,24 @@ from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runn
 CHECK_TIMEOUT_S = 60.0
 ANSWER_TIMEOUT_S = 10.0
 GRADER_UID = 1000
+CALLEE_UID = 1001           # the agent's code under call isolation: neither root, nor pytest's uid
+CALL_TIMEOUT_S = 10.0
 GRADER_PATH = "/verifier/paddock_grader.py"
+CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
 TESTS_DIR = "/verifier/tests"
 REPORT_DIR = "/tmp/.paddock-grader"
 INFRA_RETRIES = 1
 OUTPUT_CAP = 16384
 PYTEST_INI = "[pytest]\npythonpath = /work\naddopts =\ncache_dir = /tmp/.pytest_cache\n"
-PYTEST_ARGS = ("-q", "-p", "no:cacheprovider", "-c", "/verifier/tests/pytest.ini", "--rootdir", TESTS_DIR,
-               "--confcutdir", TESTS_DIR, "-o", "console_output_style=classic")
+PYTEST_INI_CALL = "[pytest]\naddopts =\ncache_dir = /tmp/.pytest_cache\n"     # /work never on the path
+UNUSED_PLUGINS = ("cacheprovider", "pastebin", "nose", "doctest", "junitxml", "stepwise", "setuponly",
+                  "setupplan", "freeze_support", "legacypath")
+PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "-c", "/verifier/tests/pytest.ini",
+               "--rootdir", TESTS_DIR, "--confcutdir", TESTS_DIR, "-o", "console_output_style=classic")
 
 GRADER_FILE = Path(__file__).with_name("grader_plugin.py")
 GRADER_SOURCE = GRADER_FILE.read_bytes()    # read once: the bytes shipped are the bytes hashed below
+CALLBRIDGE_SOURCE = GRADER_FILE.with_name("callbridge.py").read_bytes()
 
 
 class VerifierInfraError(Exception):
@@ -216,9 +223,60 @@ def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, 
         if rel.endswith(".py") and spec.get("strict_eq", True) and rel in spec.get("tests", ()):
             text = strict_asserts(text, rel)
         tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
-    system[f"{TESTS_DIR}/pytest.ini"] = PYTEST_INI.encode()
+    system[f"{TESTS_DIR}/pytest.ini"] = (PYTEST_INI_CALL if isolation(task, spec) == "call" else PYTEST_INI).encode()
     system[GRADER_PATH] = GRADER_SOURCE
+    system[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
     return system, tests
+
+
+def _test_sources(task: dict, spec: dict):
+    for rel in spec.get("tests", ()):
+        yield rel, as_bytes(task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, b"")))
+
+
+def _is_test_file(rel: str) -> bool:
+    base = rel.rsplit("/", 1)[-1]
+    return base.startswith("test") or base.endswith("_test.py") or base == "conftest.py"
+
+
+def isolation(task: dict, spec: dict) -> str:
+    """`call` or `process` (see docs/verifier.md, "Call isolation"). `auto` (the default) is
+    `call` for a function-level task: every visible file at the top of /work, its agent modules
+    (top-level .py files that are not tests) exactly the modules the tests import, and the tests
+    import them only as `import m` / `from m import name` (no star import, no submodule)."""
+    chosen = spec.get("isolation", "auto")
+    if chosen != "auto":
+        return chosen
+    files = task.get("files", {})
+    if not spec.get("tests") or any("/" in rel for rel in files):
+        return "process"
+    agent = {rel[:-3] for rel in files if rel.endswith(".py") and not _is_test_file(rel)
+             and rel not in task.get("protected", ())}
+    used: set[str] = set()
+    for _rel, text in _test_sources(task, spec):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return "process"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                return "process"
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                top = name.partition(".")[0]
+                if top in agent:
+                    if name != top or (isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)):
+                        return "process"
+                    used.add(top)
+    return "call" if agent and used == agent else "process"
+
+
+def call_modules(task: dict, spec: dict) -> list[str]:
+    if "modules" in spec:
+        return list(spec["modules"])
+    return sorted(rel[:-3] for rel in task.get("files", {}) if rel.endswith(".py") and "/" not in rel
+                  and not _is_test_file(rel) and rel not in task.get("protected", ())) or ["solution"]
 
 
 class _StrictEq(ast.NodeTransformer):
@@ -275,8 +333,7 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         sb.write_files(tests, owner="agent", mode=0o400)
         sb.write_files(system, owner="system", mode=0o444)
         t = clock()
-        uid = min(GRADER_UID, int(getattr(runtime, "slice_size", GRADER_UID + 1)) - 1)   # inside the id slice
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, str(uid), REPORT_DIR, TESTS_DIR, *PYTEST_ARGS,
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *PYTEST_ARGS,
                      *spec["tests"]], cwd=TESTS_DIR, output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
         wall = clock() - t
@@ -293,6 +350,19 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     finally:
         sb.destroy()
     return grade_report(raw, expected, spec, wall)
+
+
+def grader_config(runtime, task: dict, spec: dict) -> str:
+    """The grader's first argument: uids inside the sandbox's id slice, paths, call isolation."""
+    top = int(getattr(runtime, "slice_size", CALLEE_UID + 1)) - 1
+    uid, callee = min(GRADER_UID, top), min(CALLEE_UID, top)
+    if callee == uid:
+        callee = uid - 1
+    call = None
+    if isolation(task, spec) == "call":
+        call = {"uid": callee, "modules": call_modules(task, spec),
+                "timeout_s": float(spec.get("call_timeout_s", CALL_TIMEOUT_S))}
+    return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call})
 
 
 def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0) -> Verdict:
@@ -403,9 +473,9 @@ def _version() -> str:
     sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, INFRA_RETRIES, PYTEST_ARGS,
-                         PYTEST_INI, _dependency_versions()]).encode())
-    return "v2-" + h.hexdigest()[:16]
+    h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, CALL_TIMEOUT_S, INFRA_RETRIES,
+                         PYTEST_ARGS, PYTEST_INI, PYTEST_INI_CALL, _dependency_versions()]).encode())
+    return "v3-" + h.hexdigest()[:16]
 
 
 VERIFIER_VERSION = _version()

@@ -2,7 +2,8 @@
 
 This file is not imported by Paddock on the host: `nodeagent.verifier.grade` reads its bytes and
 writes them into the grading sandbox, where it runs as `python3 -I -B /verifier/paddock_grader.py
-UID REPORT_DIR TESTS_DIR PYTEST_ARGS...` (it is still a normal module, importable and lintable).
+CONFIG_JSON PYTEST_ARGS...` (it is still a normal module, importable and lintable). CONFIG_JSON:
+{"uid", "report_dir", "tests_dir", "call": null | {"uid", "modules", "timeout_s"}}.
 
 Parent (sandbox root): makes a 0700 report directory, makes the tests directory 0711 (its
 files are 0400, owned by the sandbox root), reads the test sources, forks the child, reads the
@@ -11,30 +12,51 @@ test. Child: drops to an unprivileged uid (cannot read the test files, nor write
 /verifier or the report directory), then runs pytest with this module as its only plugin;
 test modules are compiled from the sources read before the drop.
 
-Every event the plugin emits is signed with an HMAC (a key made by the parent, held only by the
-plugin object): a line written to the pipe by anything else is counted as forged. Test asserts
+Events travel over a SOCK_SEQPACKET socket with SO_PASSCRED: the kernel names the sending pid,
+and only messages from the pytest child itself count (a writer it forks, or the callee, is
+forged). Each event is also signed with an HMAC (a key made by the parent, held by the plugin
+object): defence in depth only, the key lives in the same process as code under test in
+repository mode. With call isolation (`call` in the config) the parent also starts the callee
+(`paddock_callbridge.py serve`, under the callee uid, stdout/stderr to /dev/null) and the
+pytest child imports the agent's modules only as proxies over a socket: the code under test
+never runs in pytest's process. In every mode the child, before any agent code can run, puts a
+finder first on sys.meta_path that loads the standard library and the test framework only from
+the trusted sys.path (nothing in /work can shadow them), and installs an audit hook
+(`sys.addaudithook`, which cannot be removed) that refuses ctypes, gc.get_objects/
+get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
+the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
+settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
+is a `tamper` event. Test asserts
 `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
 `paddock_grader`. Before and after each test the plugin checks that the pytest internals it
-depends on (`_Plugin.snapshot`) are the very objects it saw at start; any change is a `tamper`
+depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
+objects it saw at start, and that no trace or profile hook is set; any change is a `tamper`
 event.
 
 Standard library only at import (it runs inside the task's image, with no Paddock installed);
 must not import Paddock, the code under test, or pytest before the child drops privileges.
 """
 
+import _imp
+import _thread
 import builtins
 import hashlib
 import hmac
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
 import select
 import signal
+import socket
+import struct
 import sys
+import sysconfig
 
 _write, _getpid, _exit = os.write, os.getpid, os._exit
 MAX_EVENTS_BYTES = 1 << 20
+CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
 REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
 
 
@@ -43,30 +65,61 @@ def _mac(key, seq, body):
 
 
 def parent(argv):
-    """Run the child, collect its signed events, write the report. Returns the exit code."""
-    uid, report_dir, tests_dir, args = int(argv[0]), argv[1], argv[2], argv[3:]
+    """Run the child (and the callee), collect the child's events, write the report. Returns 0."""
+    cfg, args = json.loads(argv[0]), argv[1:]
+    uid, report_dir, tests_dir, call = int(cfg["uid"]), cfg["report_dir"], cfg["tests_dir"], cfg.get("call")
     os.mkdir(report_dir, 0o700)
     report_fd = os.open(os.path.join(report_dir, "report.json.tmp"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.posix_fallocate(report_fd, 0, REPORT_RESERVE_BYTES)
     os.chmod(tests_dir, 0o711)
     sources = _read_sources(tests_dir)
-    key = os.urandom(32)        # signs every event: lines written by anything else are forged
-    r, w = os.pipe()
+    key = os.urandom(32)        # signs every event (defence in depth: the sender pid is what counts)
+    r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    r.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    bridge_fd = _start_callee(call, [r.fileno(), w.fileno(), report_fd]) if call else None
     pid = os.fork()
     if pid == 0:
-        os.close(r)
-        _become_child(uid, report_fd, w, key, sources, args)
-    os.close(w)
+        r.close()
+        _become_child(uid, report_fd, w.detach(), key, sources, args, cfg, bridge_fd)
+    w.close()
+    if bridge_fd is not None:
+        os.close(bridge_fd)
     data, status = _collect(r, pid)
     try:
         os.kill(-1, signal.SIGKILL)     # whatever the code under test left running
     except ProcessLookupError:
         pass
     events, bad, forged = _verified_events(data, key)
-    report = {"grader": 1, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
-              "malformed_lines": bad, "forged_lines": forged, "truncated": len(data) >= MAX_EVENTS_BYTES}
+    report = {"grader": 2, "exit_code": os.waitstatus_to_exitcode(status), "events": events,
+              "malformed_lines": bad, "forged_lines": forged,
+              "truncated": sum(len(m) for _p, m in data) >= MAX_EVENTS_BYTES}
     _write_report(report_fd, report_dir, report)
     return 0
+
+
+def _start_callee(call, close_fds):
+    """Fork and exec the callee (the agent's code, under call["uid"]); return pytest's end."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in close_fds + [ours.fileno()]:
+                os.close(fd)
+            os.dup2(theirs.fileno(), 3)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(4, 65536)
+            cuid = int(call["uid"])
+            os.setresgid(cuid, cuid, cuid)
+            os.setresuid(cuid, cuid, cuid)
+            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+            os.execve(sys.executable, [sys.executable, "-I", "-B", CALLBRIDGE_PATH, "serve", "3",
+                                       str(float(call["timeout_s"])), *call["modules"]], env)
+        finally:
+            _exit(127)
+    theirs.close()
+    return ours.detach()
 
 
 def _read_sources(tests_dir):
@@ -80,7 +133,7 @@ def _read_sources(tests_dir):
     return sources
 
 
-def _become_child(uid, report_fd, w, key, sources, args):
+def _become_child(uid, report_fd, w, key, sources, args, cfg, bridge_fd):
     """In the forked child: drop to `uid`, then run pytest. Never returns."""
     try:
         os.close(report_fd)
@@ -90,49 +143,64 @@ def _become_child(uid, report_fd, w, key, sources, args):
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
                            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
         sys.modules["paddock_grader"] = sys.modules[__name__]
-        child(w, key, sources, args)
+        child(w, key, sources, args, cfg, bridge_fd)
     except BaseException as exc:
         os.write(2, f"paddock grader: cannot run pytest: {exc!r}\n".encode())
     _exit(127)
 
 
-def _collect(r, pid):
-    """(the child's event bytes, capped at MAX_EVENTS_BYTES; its wait status)."""
-    data, status = bytearray(), None
+def _collect(sock, pid):
+    """([(sender pid, message bytes)], capped at MAX_EVENTS_BYTES in all; the child's wait status)."""
+    msgs, total, status = [], 0, None
+    cred_size = socket.CMSG_SPACE(struct.calcsize("3i"))
     while True:
         if status is None:
             got, st = os.waitpid(pid, os.WNOHANG)
             status = st if got else None
-        ready, _, _ = select.select([r], [], [], 0.05)
+        ready, _, _ = select.select([sock], [], [], 0.05)
         if not ready:
             if status is not None:
-                break           # pytest exited; strays that hold the pipe do not keep us waiting
+                break           # pytest exited; strays that hold the socket do not keep us waiting
             continue
-        chunk = os.read(r, 65536)
-        if not chunk:
+        data, anc, _flags, _addr = sock.recvmsg(1 << 20, cred_size)
+        if not data and not anc:
             break
-        if len(data) < MAX_EVENTS_BYTES:
-            data += chunk[:MAX_EVENTS_BYTES - len(data)]
+        sender = -1
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                sender = struct.unpack("3i", payload[:struct.calcsize("3i")])[0]
+        if total < MAX_EVENTS_BYTES:
+            msgs.append((sender if sender == pid else -1, data[:MAX_EVENTS_BYTES - total]))
+            total += len(data)
     if status is None:
         _, status = os.waitpid(pid, 0)
-    return bytes(data), status
+    return msgs, status
 
 
-def _verified_events(data, key):
-    """(events whose signature checks, in sequence; malformed lines; forged lines)."""
-    events, bad, forged, seq = [], 0, 0, 0
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            rec = json.loads(line)
-            body = json.dumps(rec["ev"], sort_keys=True)
-        except (ValueError, KeyError, TypeError):
-            bad += 1
-            continue
-        if not isinstance(rec["ev"], dict) or not hmac.compare_digest(str(rec.get("mac")), _mac(key, seq, body)):
-            forged += 1
-            continue
-        events.append(rec["ev"])
-        seq += 1
+def _verified_events(msgs, key):
+    """(events sent by the pytest child whose signature checks, in sequence; malformed lines;
+    forged lines: another sender, a bad signature, or a second report of the same test phase)."""
+    events, bad, forged, seq, seen = [], 0, 0, 0, set()
+    for sender, data in msgs:
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+                body = json.dumps(rec["ev"], sort_keys=True)
+            except (ValueError, KeyError, TypeError):
+                bad += 1
+                continue
+            if sender < 0 or not isinstance(rec["ev"], dict) or not hmac.compare_digest(
+                    str(rec.get("mac")), _mac(key, seq, body)):
+                forged += 1
+                continue
+            seq += 1
+            ev = rec["ev"]
+            phase = (ev.get("ev"), str(ev.get("id")), str(ev.get("when"))) if ev.get("ev") in ("test", "end") else None
+            if phase is not None and phase in seen:
+                forged += 1
+                continue
+            seen.add(phase)
+            events.append(ev)
     return events, bad, forged
 
 
@@ -167,9 +235,9 @@ def strict_eq(a, b):
 
 
 class _Plugin:
-    def __init__(self, fd, key):
-        self.fd = fd
-        self.watch = []
+    def __init__(self, fd, key, tests_dir):
+        self.fd, self.tests_dir = fd, tests_dir
+        self.watch, self.globals_watch, self.class_watch = [], [], []
         seq = [0]
 
         def sign(body):
@@ -208,6 +276,15 @@ class _Plugin:
         changed = [name for obj, name, orig in self.watch
                    if (obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
                        else getattr(obj, name, None)) is not orig]
+        changed += [f"{where}.{name}" for where, space, name, orig in self.globals_watch
+                    if space.get(name) is not orig]
+        changed += [f"{cls.__name__}.{name}" for cls, snap in self.class_watch
+                    for name in {n for n in vars(cls) if n not in snap and hasattr(vars(cls)[n], "__get__")}
+                    | {n for n in snap if vars(cls).get(n) is not snap[n]}]
+        if sys.gettrace() is not None or sys.getprofile() is not None or \
+                getattr(sys.modules.get("threading"), "_trace_hook", None) is not None or \
+                getattr(sys.modules.get("threading"), "_profile_hook", None) is not None:
+            changed.append("a trace or profile hook is set")
         plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
         foreign = [repr(p)[:80] for p in self.config.pluginmanager.get_plugins()
                    if id(p) not in self.plugins and not str(getattr(p, "__file__", "")).startswith("/verifier/")]
@@ -218,6 +295,9 @@ class _Plugin:
     def pytest_configure(self, config):
         self.config = config
         self.watch = self.snapshot()
+        self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
+        self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
+                              if callable(v) or isinstance(v, type)]
         self.plugins = set()
         self.emit(ev="start", pid=_getpid())
 
@@ -226,8 +306,11 @@ class _Plugin:
         sys.meta_path.insert(0, self.finder)
 
     def pytest_collection_finish(self, session):
+        self.globals_watch += _callables_of(self.tests_dir)
         self.check()
-        self.emit(ev="collected", ids=[i.nodeid for i in session.items])
+        ids = [i.nodeid for i in session.items]
+        for at in range(0, max(len(ids), 1), 500):      # one socket message each, well under its limit
+            self.emit(ev="collected", ids=ids[at:at + 500])
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -252,9 +335,10 @@ class _MemLoader(importlib.abc.SourceLoader):
         return self.path
 
     def get_data(self, path):
-        if path != self.path:
+        if path != self.path or self.source is None:
             raise OSError(f"no data for {path}")
-        return self.source
+        source, self.source = self.source, None      # one shot: code under test cannot read it later
+        return source
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -269,17 +353,150 @@ class _MemFinder(importlib.abc.MetaPathFinder):
             for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
                 if cand in self.sources:
                     return importlib.util.spec_from_file_location(
-                        name, cand, loader=_MemLoader(cand, self.sources[cand]),
+                        name, cand, loader=_MemLoader(cand, self.sources.pop(cand)),
                         submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
         return None
 
 
-def child(fd, key, sources, args):
-    """Run pytest with the signing plugin and the in-memory test finder; exits with its code."""
+# -- defences that hold before any code under test runs ------------------------------------------
+
+TRUSTED_TOPS = frozenset(sys.stdlib_module_names) | {
+    "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup", "tomli", "attr",
+    "more_itertools", "paddock_grader", "paddock_callbridge"}
+
+
+class _TrustedImports(importlib.abc.MetaPathFinder):
+    """First on sys.meta_path: the standard library and the test framework come only from the
+    trusted sys.path taken before /work was on it; a module of theirs in /work is never loaded."""
+
+    def __init__(self, trusted_path):
+        self.path = list(trusted_path)
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
+            return None
+        where = self.path if path is None else [p for p in path if not str(p).startswith("/work")]
+        spec = importlib.machinery.PathFinder.find_spec(name, where)
+        if spec is None:
+            raise ModuleNotFoundError(f"No module named {name!r} (outside /work)", name=name)
+        return spec
+
+
+def trusted_prefixes(tests_dir):
+    """Directories whose code is trusted: the interpreter's library, its site directories, the
+    grader's own and the tests'. Everything else (/work, /tmp, `<string>`) is code under test."""
+    dirs = {v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    dirs |= {p for p in sys.path if p and p.startswith(("/usr/lib/python3", "/usr/local/lib/python3"))}
+    dirs |= {"/verifier/", tests_dir}
+    return tuple(sorted(d.rstrip("/") + "/" for d in dirs if not d.startswith(("/work", "/tmp"))))
+
+
+_STACK_EVENTS = ("ctypes.", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
+                 "function.__new__", "sys.setprofile", "sys.settrace", "sys._current_frames")
+_FRAME_EVENTS = ("sys._getframe",)
+_FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code"})
+_SWAP_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "walk_stack",
+                           "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
+
+
+def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
+    """An audit hook (it cannot be removed) that refuses introspection and patching primitives to
+    code under test and reports each refusal as a `tamper` event."""
+    getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
+
+    def trusted(code):
+        name = code.co_filename
+        return name.startswith(prefixes) and name not in tainted
+
+    def untrusted_on_stack(frame):
+        while frame is not None:
+            if not trusted(frame.f_code):
+                return frame.f_code.co_filename
+            frame = frame.f_back
+        return None
+
+    def verdict(event, args, frame):
+        """The file of the code under test behind this event, or None if the event may proceed."""
+        if event == "compile":
+            culprit = untrusted_on_stack(frame)
+            if culprit and len(args) > 1 and isinstance(args[1], str):
+                tainted.add(args[1])        # code compiled for the code under test is not trusted
+            return None
+        if event.startswith(_STACK_EVENTS):
+            return untrusted_on_stack(frame)
+        if event == "object.__setattr__" and len(args) > 1 and args[1] in _SWAP_ATTRS:
+            return untrusted_on_stack(frame)
+        if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
+            code = getattr(args[0], "__code__", None)
+            if code is not None and str(code.co_filename).startswith(tests_prefix):
+                return untrusted_on_stack(frame)        # the tests' constants are their expected values
+            return None
+        if event in _FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS):
+            if not trusted(frame.f_code):
+                return frame.f_code.co_filename
+            if frame.f_code.co_name in _FRAME_GIVERS and frame.f_back is not None and not trusted(frame.f_back.f_code):
+                return frame.f_back.f_code.co_filename
+        return None
+
+    def hook(event, args):
+        if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
+                or event in ("object.__getattr__", "object.__setattr__")):
+            return
+        me = ident()
+        if me in busy:
+            return
+        busy.add(me)
+        try:
+            culprit = verdict(event, args, getframe(1))
+        finally:
+            busy.discard(me)
+        if culprit:
+            emit(ev="tamper", refused=event, by=str(culprit)[:200])
+            raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
+    sys.addaudithook(hook)
+
+
+def _watched_classes():
+    """pytest's report, call and item classes: their whole __dict__ is watched (a property added
+    on a class, e.g. `TestReport.outcome`, is tampering)."""
+    import _pytest.nodes
+    import _pytest.python
+    import _pytest.reports
+    import _pytest.runner
+    return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin]
+
+
+def _callables_of(tests_dir):
+    """(module, its globals, name, object) of every function, class and module the test
+    modules hold after collection: the code under test must not swap any of them."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        if str(getattr(mod, "__file__", "")).startswith(tests_dir + "/"):
+            out += [(name, vars(mod), n, v) for n, v in list(vars(mod).items())
+                    if callable(v) or isinstance(v, type(sys))]
+    return out
+
+
+def child(fd, key, sources, args, cfg, bridge_fd):
+    """Guard the imports, install the audit hook, route the agent's modules to the callee (call
+    isolation) or put /work on the path (repository mode); run pytest; exit with its code."""
+    trusted_path = [p for p in sys.path if p and not p.startswith("/work")]
+    sys.meta_path.insert(0, _TrustedImports(trusted_path))
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
-    plugin = _Plugin(fd, key)
+    import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
+    plugin = _Plugin(fd, key, cfg["tests_dir"])
     del key
     plugin.finder = _MemFinder(sources)
+    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]))
+    if bridge_fd is not None:
+        spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
+        bridge = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bridge)
+        sys.modules["paddock_callbridge"] = bridge
+        bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]), plugin.emit)
     code = pytest.main(args, plugins=[plugin])
     _exit(int(code))
 
