@@ -6,6 +6,7 @@ import json
 import pytest
 
 from controller.analysis.query import connect, summary
+from nodeagent.verifier.validate import validate_for_run
 from controller.demo.localrun import ConfigError, RunConfig, run_local
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
@@ -17,7 +18,7 @@ ROLLOUT_COLUMNS = {"run_id", "rollout_id", "attempt", "task_id", "task_family", 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, python_image):
     runs = tmp_path_factory.mktemp("runs")
-    return run_local(RunConfig(versions=2, tasks_limit=16, runs_dir=str(runs), heartbeat_interval_s=0.5))
+    return run_local(validate=validate_for_run, cfg=RunConfig(versions=2, tasks_limit=16, runs_dir=str(runs), heartbeat_interval_s=0.5))
 
 
 def test_every_requested_rollout_is_committed_once(run_dir):
@@ -88,7 +89,7 @@ def _bank_with_set(tmp_path, name="mine"):
 
 def test_the_local_run_plays_a_task_set_from_the_bank(tmp_path, python_image):
     bank, tasks = _bank_with_set(tmp_path)
-    run_dir = run_local(RunConfig(versions=1, taskset="mine", bank=str(bank.root), runs_dir=str(tmp_path / "runs"),
+    run_dir = run_local(validate=validate_for_run, cfg=RunConfig(versions=1, taskset="mine", bank=str(bank.root), runs_dir=str(tmp_path / "runs"),
                                   heartbeat_interval_s=0.5))
     con = connect(run_dir)
     names = {r[0] for r in con.execute("SELECT task_id FROM rollouts").fetchall()}
@@ -102,13 +103,13 @@ def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
     from controller.contracts.tasks import TaskSet
     bank, tasks = _bank_with_set(tmp_path)
     with pytest.raises(ConfigError, match=r"'taskset'.*'nope' not found.*known sets: mine"):
-        run_local(RunConfig(taskset="nope", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+        run_local(validate=validate_for_run, cfg=RunConfig(taskset="nope", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
     bank.put_set(TaskSet(name="repo", tasks=(replace(tasks[0], name="swe/x", family="swe"),)))
     with pytest.raises(ConfigError, match="plays python and math tasks; task set 'repo' also has swe"):
-        run_local(RunConfig(taskset="repo", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+        run_local(validate=validate_for_run, cfg=RunConfig(taskset="repo", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
     bank.put_set(TaskSet(name="elsewhere", tasks=(replace(tasks[0], image="sha256:" + "0" * 64),)))
     with pytest.raises(ConfigError, match="image sha256:0000.* is not in the image store"):
-        run_local(RunConfig(taskset="elsewhere", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
+        run_local(validate=validate_for_run, cfg=RunConfig(taskset="elsewhere", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
 
 
 def test_an_exported_database_opens_in_plain_duckdb_with_the_same_views(run_dir, tmp_path):
@@ -128,7 +129,7 @@ def test_an_exported_database_opens_in_plain_duckdb_with_the_same_views(run_dir,
 
 
 def test_the_controller_compacts_a_run_as_it_goes_and_nothing_is_lost_or_doubled(tmp_path, python_image):
-    run_dir = run_local(RunConfig(versions=1, tasks_limit=16, compact_every=4, runs_dir=str(tmp_path / "runs"),
+    run_dir = run_local(validate=validate_for_run, cfg=RunConfig(versions=1, tasks_limit=16, compact_every=4, runs_dir=str(tmp_path / "runs"),
                                   heartbeat_interval_s=0.5))
     assert list((run_dir / "catalog").glob("compact-*.parquet")), (run_dir / "logs" / "compact.log").read_text()
     assert list((run_dir / "rollouts").glob("compact-*.parquet"))

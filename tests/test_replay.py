@@ -9,6 +9,7 @@ import pytest
 from controller.analysis.query import connect
 from controller.analysis.replay import ReplayError, load, replay
 from nodeagent.agent.replay import ReplayModel, reexecute
+from nodeagent.verifier.validate import validate_for_run
 from controller.demo.localrun import RunConfig, run_local
 from nodeagent.harness.model import ModelError
 
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, python_image):
     runs = tmp_path_factory.mktemp("runs")
-    return run_local(RunConfig(versions=1, tasks_limit=4, runs_dir=str(runs), heartbeat_interval_s=0.5))
+    return run_local(validate=validate_for_run, cfg=RunConfig(versions=1, tasks_limit=4, runs_dir=str(runs), heartbeat_interval_s=0.5))
 
 
 def test_a_sample_of_the_run_replays_to_the_same_verdict(run_dir, runtime):

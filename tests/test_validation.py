@@ -5,9 +5,9 @@ import argparse
 import json
 
 from controller.cli import tasks as tasks_cli
-from controller.taskbank import validation
+from nodeagent.verifier import validate as validation
 from controller.taskbank.builtin import builtin_taskset
-from controller.taskbank.validation import ValidationStore, validate_task, validate_tasks
+from nodeagent.verifier.validate import ValidationStore, validate_task, validate_tasks
 
 
 def task_dict(name: str, **over) -> dict:

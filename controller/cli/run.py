@@ -18,6 +18,7 @@ import re
 import sys
 
 from controller.demo.localrun import ConfigError, RunConfig, run_local
+from nodeagent.verifier.validate import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
@@ -70,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                            "rollouts_per_task": args.rollouts_per_task,
                                            "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
                                            "taskset": args.taskset, "bank": args.bank})
-        run_local(cfg)
+        run_local(cfg, validate_for_run)
     except (ConfigError, TypeError) as exc:
         print(f"paddock run: {exc}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ from controller.taskbank.contamination import (ContaminationConfig, check, check
                                                write_report)
 from controller.taskbank.bands import explain, format_counts
 from controller.taskbank.curriculum import Curriculum
-from controller.taskbank.validation import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
+from nodeagent.verifier.validate import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
                                             validate_tasks)
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore

@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from rich.console import Console
@@ -35,7 +36,6 @@ from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities
 from controller.taskbank.bank import TaskBank
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
-from controller.taskbank.validation import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
 
@@ -167,7 +167,9 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def run_local(cfg: RunConfig, console=None) -> Path:
+def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) -> Path:
+    """The whole local run; `validate` is the node side's start-up check of the task set
+    (`nodeagent.verifier.validate.validate_for_run`, handed in by the CLI)."""
 
     console = console or Console()
     try:
@@ -197,7 +199,7 @@ def run_local(cfg: RunConfig, console=None) -> Path:
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg),
                                                   "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
-    names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
+    names = validate(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
                              Path(store.root) / "validation", run_dir,
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
     deployment = f"local-{run_id}"

@@ -1,6 +1,6 @@
 """The task bank: task packages and manifests on disk, importers of public formats, the
-built-in task set, the curriculum, the contamination check and task validation.
+built-in task set, the curriculum and its band classes, and the contamination check. (Task
+validation grades solutions, so it is node-side work: `nodeagent.verifier.validate`.)
 
-May import: controller.contracts (validation also grades, through nodeagent.verifier and
-nodeagent.sandbox). Must not import: zmq, controller.broker, controller.cli.
+May import: controller.contracts. Must not import: zmq, nodeagent, controller.broker, controller.cli.
 """

@@ -16,7 +16,9 @@ Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
-`paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`. Must not import zmq.
+`paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`; the local run calls
+`validate_for_run` (handed to it by the CLI). Must not import: zmq, controller.taskbank,
+controller.store, controller.broker.
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from controller.contracts.fileio import atomic_write
+from nodeagent.sandbox.runtime import Change, SandboxRuntime
+from nodeagent.verifier import grade as verifier
+from nodeagent.verifier import hacks
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +169,6 @@ _CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
 def _family_hacks(task: dict, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
     """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
-    from nodeagent.verifier import hacks      # text generation only; the battery lives with the verifier
     entry = hacks.entry_point(task, stub)
     generated = hacks.family_hacks(task, sol, stub, entry, hacks.helper_names(stub, entry))
     return {name: (lambda files=files: files) for name, files in generated.items()}
@@ -241,7 +247,6 @@ def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]
 
 
 def _changes(task: dict, files: dict) -> list:
-    from nodeagent.sandbox.runtime import Change
     original = task.get("files", {})
     out = []
     for rel, text in sorted(files.items()):
@@ -256,7 +261,6 @@ def _changes(task: dict, files: dict) -> list:
 
 def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, quick: bool = False,
                   clock: Callable[[], float] = time.monotonic) -> TaskValidation:
-    from nodeagent.verifier import grade as verifier
     t0 = clock()
     v = TaskValidation(task.get("task_id", ""), task.get("name", "?"), True,
                        verifier_version=verifier_version(quick))
@@ -306,9 +310,7 @@ class ValidationStore:
 
     def _write(self, name: str, data: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-        os.replace(tmp, self.dir / name)
+        atomic_write(self.dir / name, json.dumps(data, indent=2, sort_keys=True), fsync=False)
 
     def cached(self, task_id: str, version: str) -> TaskValidation | None:
         hit = self._read(CACHE_FILE).get(f"{task_id}|{version}")
@@ -355,7 +357,6 @@ def validate_tasks(runtime, image, tasks: list[dict], store: ValidationStore, wo
 
 def verifier_version(quick: bool = False) -> str:
     """The cache key's version part: the verifier's version, marked for quick validations."""
-    from nodeagent.verifier import grade as verifier
     return verifier.VERIFIER_VERSION + ("-quick" if quick else "")
 
 
@@ -377,7 +378,6 @@ def validate_for_run(taskset, names: list[str], image, cache_dir: str | os.PathL
         return list(names)
     if mode not in RUN_MODES:
         raise ValueError(f"validation mode must be one of {RUN_MODES}, got {mode!r}")
-    from nodeagent.sandbox.runtime import SandboxRuntime
     wanted = set(names)
     tasks = [d for d in task_dicts(taskset) if d["name"] in wanted]
     by_image: dict[str, list[dict]] = {}
