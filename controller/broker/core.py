@@ -22,6 +22,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
+from functools import partial
 from typing import Callable, Iterable, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
@@ -34,7 +35,7 @@ from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INF
                                          UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
                                          UNKNOWN_TASK)
 from controller.contracts.trajectory import SHARD_TABLES
-from controller.store.catalog import Catalog
+from controller.store.catalog import Catalog, CatalogConflict, CatalogError
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.taskbank.curriculum import Curriculum, CurriculumError
 
@@ -82,6 +83,7 @@ class BrokerCore:
         self._last_sweep = self._last_hb = now
         self._commits = 0  # commits since the watchers were last looked at
         self._policies: dict[int, P.PolicyRef] = {}
+        self._flush_wanted = False
         self._resync()
 
     # ---- input ----------------------------------------------------------------------------
@@ -274,15 +276,42 @@ class BrokerCore:
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
             self.counters["committed"] += 1
-            if self.catalog is not None:
-                self.catalog.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards,
-                                    self.wall())
+            if self.catalog is not None:  # written only once the queue's COMMIT is durable
+                self.queue.on_commit(partial(self._catalog_commit, msg.rollout_id,
+                                             msg.attempt, msg.token, msg.shards, self.wall()))
         else:
             self.counters["infra_failures"] += 1
         if self.curriculum is not None:
             self._teach_curriculum(msg, c.committed)
         self._commits += 1
         self._send(identity, P.Ack(ref=msg.id, ok=True))
+
+    def _catalog_commit(self, rollout_id: str, attempt: int, token: int, shards: dict,
+                        at: float) -> None:
+        """A committed key into the catalog (after the queue's COMMIT). A conflict (the
+        catalog holds another key of the rollout) is an anomaly of that rollout, counted and
+        logged; the queue stays the truth and the controller carries on."""
+        try:
+            self.catalog.commit(rollout_id, attempt, token, shards, at)
+        except CatalogConflict as exc:
+            self.counters["catalog_conflicts"] += 1
+            log.error("catalog anomaly (%d so far): %s", self.counters["catalog_conflicts"],
+                      exc)
+
+    def _want_catalog_flush(self) -> None:
+        """Flush the catalog once the open transaction has committed (once per pass)."""
+        if self.catalog is not None and not self._flush_wanted:
+            self._flush_wanted = True
+            self.queue.on_commit(self._flush_catalog)
+
+    def _flush_catalog(self) -> None:
+        self._flush_wanted = False
+        try:
+            self.catalog.flush()
+        except CatalogError as exc:  # the keys stay buffered: the next sweep tries again
+            self.counters["catalog_flush_failed"] += 1
+            log.error("catalog flush failed (%d so far): %s",
+                      self.counters["catalog_flush_failed"], exc)
 
     def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
         """Feed the curriculum this controller samples from: a committed verdict counts for its
@@ -446,8 +475,8 @@ class BrokerCore:
             msg.batch_id, cursor)[0]
         if not (items or done or final):
             return False
-        if done and self.catalog is not None:
-            self.catalog.flush()  # the trainer reads DuckDB once the batch is done
+        if done:
+            self._want_catalog_flush()  # the trainer reads DuckDB once the batch is done
         self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
                                        done=done, ref=msg.id))
         return True
@@ -533,8 +562,7 @@ class BrokerCore:
             self._commits += 1
         self._resync()
         self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
-        if self.catalog is not None:
-            self.catalog.flush()
+        self._want_catalog_flush()
 
     def _resync(self) -> None:
         """The queue is the truth about who holds what: rebuild the in-memory mirror."""

@@ -26,7 +26,8 @@ from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
-from controller.store.catalog import Catalog
+from controller.store.catalog import Catalog, reconcile
+from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
 from controller.taskbank.curriculum import Curriculum
 
@@ -43,16 +44,22 @@ class Controller:
     def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
                  tasks: dict[str, dict], db_path: str, *, config: BrokerConfig = BrokerConfig(),
                  clock=time.monotonic, catalog: bool = True,
-                 curriculum: Optional[Curriculum] = None, **knobs):
+                 curriculum: Optional[Curriculum] = None, fault: FaultHook = no_fault,
+                 **knobs):
         """`knobs` override single fields of `config` (`heartbeat_interval_s=...`,
-        `queue=QueueConfig(...)`)."""
+        `queue=QueueConfig(...)`); `fault` is called at the commit path's fault points
+        (controller/store/faults.py; tests kill the process there)."""
         self.config = config = with_knobs(config, knobs)
-        self.queue = RolloutQueue(db_path, config=config.queue)
-        self.catalog = Catalog(run_dir) if catalog else None
-        if self.catalog is not None:
-            self._reconcile_catalog()
+        self.fault = fault
+        self.queue = RolloutQueue(db_path, config=config.queue, fault=fault)
+        self.catalog = Catalog(run_dir, fault=fault) if catalog else None
+        ahead, behind = reconcile(self.catalog, self.queue.committed_rows()) \
+            if self.catalog is not None else ((), ())
         self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir, config=config,
                                clock=clock, catalog=self.catalog, curriculum=curriculum)
+        if ahead or behind:  # anomalies of the last incarnation, for `status`
+            self.core.counters["catalog_ahead_at_start"] += len(ahead)
+            self.core.counters["catalog_behind_at_start"] += len(behind)
         self.max_batch = config.max_frames_per_pass
         self.poll_timeout_ms = config.poll_timeout_ms
         self.deployment = deployment
@@ -67,14 +74,6 @@ class Controller:
         self._thread = threading.get_ident()
         self._snapshot = self.core.snapshot()
         self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
-
-    def _reconcile_catalog(self) -> None:
-        """A crash between the queue's commit and the catalog's flush: redo the catalog."""
-        for r in self.queue.committed_rows():
-            if not self.catalog.is_committed(r["rollout_id"], r["attempt"], r["token"]):
-                self.catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"],
-                                    r["at"])
-        self.catalog.flush()
 
     @property
     def stopped(self) -> bool:
@@ -99,14 +98,7 @@ class Controller:
                         frames.append(self.sock.recv_multipart(_NOBLOCK))
                     except zmq.Again:
                         break
-            with self.queue.batch():  # group commit: durable before any reply leaves
-                for parts in frames:
-                    if len(parts) != 2:
-                        self.core.drop(MULTIPART, f"{len(parts)} frames")
-                        continue
-                    self.core.receive(parts[0], parts[1])
-                self.core.tick()
-            self._flush_outbox()
+            self.step(frames)
             if time.monotonic() - last_hook >= self.core.sweep_interval_s:
                 last_hook = time.monotonic()
                 self._snapshot = self.core.snapshot()
@@ -116,6 +108,21 @@ class Controller:
             self.catalog.flush()
         self.sock.close(linger=0)
         self.queue.close()
+
+    def step(self, frames: list[list[bytes]]) -> None:
+        """One pass over the frames read: decide, COMMIT (group commit; the catalog is
+        written from the committed state, by the queue's on-commit hooks), then reply. So
+        nothing is acknowledged or shown as committed before the queue has it on disk."""
+        with self.queue.batch():
+            for parts in frames:
+                if len(parts) != 2:
+                    self.core.drop(MULTIPART, f"{len(parts)} frames")
+                    continue
+                self.core.receive(parts[0], parts[1])
+            self.core.tick()
+        self.fault(BEFORE_REPLY)
+        self._flush_outbox()
+        self.fault(AFTER_REPLY)
 
     def _flush_outbox(self) -> None:
         for identity, msg in self.core.take_outbox():

@@ -36,6 +36,7 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
     TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition)
 from controller.store import schema
+from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
 from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
     STALE_POLICY_ACTIONS, Cancellation, Completion, Due, HeldLease, Lease, Policy,
     PolicyConflict, QueueConfig, UnknownBatch)
@@ -49,8 +50,11 @@ class RolloutQueue(QueueReads):
     """The durable rollout queue (the reads are QueueReads'); one connection, one writer."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, config: QueueConfig = QueueConfig()):
+                 rng: random.Random | None = None, config: QueueConfig = QueueConfig(),
+                 fault: FaultHook = no_fault):
         self.path = Path(path)
+        self.fault = fault  # called at the commit path's fault points (store/faults.py)
+        self._on_commit: list[Callable[[], None]] = []  # run once the open transaction commits
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.config = config
@@ -93,16 +97,31 @@ class RolloutQueue(QueueReads):
         except BaseException:
             self._depth = 0
             self._terminal_delta.clear()
+            self._on_commit.clear()  # what they would publish never happened
             self._idle_until = -math.inf  # what due() learnt inside may be rolled back
             self._db.execute("ROLLBACK")
             raise
         self._depth = 0
+        self.fault(QUEUE_BEFORE_COMMIT)
         try:
             self._db.execute("COMMIT")
         finally:
             delta, self._terminal_delta = self._terminal_delta, Counter()
+            hooks, self._on_commit = self._on_commit, []
+        self.fault(QUEUE_AFTER_COMMIT)
         for state, n in delta.items():  # counted only once on disk
             self._terminal[state] += n
+        for hook in hooks:  # after the COMMIT: they publish only what is durable
+            hook()
+
+    def on_commit(self, hook: Callable[[], None]) -> None:
+        """Run `hook` once the open transaction has committed (at once when none is open);
+        never if it rolls back. What is derived from the queue (the catalog) is written from
+        here, so it can never be ahead of the queue."""
+        if self._depth:
+            self._on_commit.append(hook)
+        else:
+            hook()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
