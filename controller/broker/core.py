@@ -46,6 +46,7 @@ _SHARD_TABLES = frozenset(SHARD_TABLES)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
+_DROPPED = "dropped."  # the persisted name of a dropped-frames counter: dropped.<reason>
 
 
 class BrokerCore:
@@ -76,8 +77,13 @@ class BrokerCore:
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
-        self.counters: Counter = Counter()
-        self.dropped: Counter = Counter()
+        # Status counters, persisted with each pass's transaction (they survive a restart;
+        # dropped frames as "dropped.<reason>").
+        saved = queue.counters()
+        self.counters: Counter = Counter({k: v for k, v in saved.items() if "." not in k})
+        self.dropped: Counter = Counter({k[len(_DROPPED):]: v for k, v in saved.items()
+                                         if k.startswith(_DROPPED)})
+        self._saved = Counter(saved)
         self.stopped = False
         now = clock()
         self._last_sweep = self._last_hb = now
@@ -509,6 +515,16 @@ class BrokerCore:
             self._commits = 0
             self.watchers = [(i, w, d) for i, w, d in self.watchers
                              if not self._answer_watch(i, w, final=d <= now)]
+        self._save_counters()
+
+    def _save_counters(self) -> None:
+        """What the counters gained since last saved, into the queue (this pass's
+        transaction)."""
+        now = {**self.counters, **{_DROPPED + k: v for k, v in self.dropped.items()}}
+        delta = {k: v - self._saved[k] for k, v in now.items() if v != self._saved[k]}
+        if delta:
+            self.queue.add_counters(delta)
+            self._saved.update(delta)
 
     def _heartbeat_idle(self, now: float) -> None:
         """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:

@@ -176,12 +176,16 @@ class AutoCompact:
                         self.wait_s)
 
 
+STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose
+
+
 def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, tasks: dict,
         endpoint_file: str, db_path: Optional[str] = None,
         curriculum_db: Optional[str] = None) -> int:
     """Serve until a `shutdown`: the queue at `db_path` (default RUN_DIR/controller.db), the
     run's catalog, the bound endpoint published (atomically) in `endpoint_file` -- and the
-    metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set."""
+    metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set. On a
+    clean stop `<endpoint_file>.stopped` is written (removed again at the next start)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     curriculum = Curriculum(curriculum_db, {d["task_id"] for d in tasks.values()}) \
         if curriculum_db else None
@@ -195,6 +199,8 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
         atomic_write(endpoint_file + ".metrics",
                      f"http://{config.metrics_addr}:{server.server_address[1]}/metrics",
                      fsync=False)
+    stopped = Path(endpoint_file + STOPPED_SUFFIX)
+    stopped.unlink(missing_ok=True)
     atomic_write(endpoint_file, ctl.endpoint, fsync=False)
     compactor = AutoCompact(str(run_dir), config.compact_every, config.compact_wait_s) \
         if config.compact_every > 0 else None
@@ -202,6 +208,9 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
         ctl.hooks.append(compactor)
     log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
     ctl.serve()
+    # A clean stop is said next to the endpoint: a peer that never heard the `shutdown`
+    # (an agent that had not registered yet) finds it there instead of retrying for ever.
+    atomic_write(str(stopped), f"{ctl.endpoint}\n", fsync=False)
     if compactor is not None:
         compactor.wait()
     return 0

@@ -166,6 +166,12 @@ class RolloutQueue(QueueReads):
     def _idem_put(self, key: str, reply: Any) -> None:
         self._db.execute("INSERT INTO idempotency VALUES (?, ?)", (key, json.dumps(reply)))
 
+    def add_counters(self, delta: dict[str, int]) -> None:
+        """Add to the broker's persisted status counters (so they survive a restart)."""
+        if delta:
+            with self._tx():
+                self._db.executemany(schema.COUNTER_ADD_SQL, delta.items())
+
     def backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform(0, min(max, base * 2**(attempt-1)))."""
         cap = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (attempt - 1))

@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
     created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, reply TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (
     version INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL,
     published_at REAL NOT NULL);
@@ -115,3 +116,5 @@ RESULT_KEYS = ("rollout_id", "batch_id", "task_ref", "policy_version", "seed", "
                "commit_seq")  # a result item (watch): these columns, in this order
 RESULTS_SQL = (f"SELECT {', '.join(RESULT_KEYS)} FROM rollouts WHERE batch_id = ? AND"
                f" commit_seq > ? ORDER BY commit_seq LIMIT ?")
+COUNTER_ADD_SQL = ("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET"
+                   " value = value + excluded.value")  # the broker's status counters
