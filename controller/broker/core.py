@@ -535,8 +535,16 @@ class BrokerCore:
                                     or now < n.sent_at):
                 self._send(n.identity, P.Heartbeat())
 
+    def _heard_since(self) -> float:
+        """Nodes not heard from since this (monotonic) missed a heartbeat."""
+        return self.clock() - self.hb_s * self.config.lease_silence_intervals
+
     def dispatch(self) -> int:
-        free = {n.node: n.free() for n in self.nodes.values()}
+        """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent
+        for `lease_silence_intervals` keeps its leases until it is declared lost, but gets no
+        new one)."""
+        heard = self._heard_since()
+        free = {n.node: n.free() if n.last_seen >= heard else 0 for n in self.nodes.values()}
         total = sum(free.values())
         if total <= 0:
             return 0
@@ -572,7 +580,9 @@ class BrokerCore:
                 del self.nodes[n.node]
                 if self.by_identity.get(n.identity) == n.node:
                     del self.by_identity[n.identity]
-        expired = self.queue.expire_leases()
+        heard = self._heard_since()
+        expired = self.queue.expire_leases(live_nodes={
+            n.node for n in self.nodes.values() if n.state != LOST and n.last_seen >= heard})
         if expired:
             self.counters["leases_expired"] += len(expired)
             self._commits += 1

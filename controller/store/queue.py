@@ -445,20 +445,26 @@ class RolloutQueue(QueueReads):
                  "committed": reply.committed})))
 
     def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool,
-                      idem: Optional[str] = None, reply: Optional[Completion] = None) -> str:
-        """An infrastructure failure of the current attempt: retry_wait or dead_letter."""
+                      idem: Optional[str] = None, reply: Optional[Completion] = None,
+                      lost: bool = False) -> str:
+        """An infrastructure failure of the current attempt: retry_wait or dead_letter.
+        `lost`: the attempt was lost with its node (not the task's fault): it counts toward
+        `max_node_losses`, not toward `max_attempts`, so a flapping node cannot dead-letter
+        good tasks."""
         self._finish_attempt(row, now, INFRA_ERROR, reason, idem, reply)
-        failures = row["failures"] + 1
-        if failures >= self.config.max_attempts:
+        failures, losses = row["failures"] + (not lost), row["losses"] + lost
+        counts = {"failures": failures, "losses": losses}
+        if failures >= self.config.max_attempts or losses >= self.config.max_node_losses:
             self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
-                       infra_reason=reason, lease_deadline=None, failures=failures,
-                       commit_seq=self._next_commit_seq())
-            log.warning("rollout %s dead-lettered after %d attempts (last: %s)",
-                        row["rollout_id"], row["attempt"], reason)
+                       infra_reason=reason, lease_deadline=None,
+                       commit_seq=self._next_commit_seq(), **counts)
+            log.warning("rollout %s dead-lettered after %d attempts, %d failed, %d lost with "
+                        "their node (last: %s)", row["rollout_id"], row["attempt"], failures,
+                        losses, reason)
             return DEAD_LETTER
-        delay_s = 0.0 if retry_now else self.backoff_s(failures)
+        delay_s = 0.0 if retry_now else self.backoff_s(failures if not lost else losses)
         self._move(row, RETRY_WAIT, now, infra_reason=reason, lease_deadline=None,
-                   not_before=now + delay_s, failures=failures)
+                   not_before=now + delay_s, **counts)
         return RETRY_WAIT
 
     def release(self, rollout_id: str, attempt: int, token: int, reason: str) -> Completion:
@@ -473,22 +479,27 @@ class RolloutQueue(QueueReads):
             self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
         return Completion(True, None, False)
 
-    def expire_leases(self) -> list[str]:
-        """Leases past their deadline become infrastructure failures ("lease_expired")."""
+    def expire_leases(self, live_nodes: Optional[frozenset[str] | set[str]] = None
+                      ) -> list[str]:
+        """Leases past their deadline become infrastructure failures ("lease_expired").
+        Given `live_nodes` (the nodes heard from lately), an expired lease of any other node
+        was lost with its node: counted as a loss, not as the task's failure."""
         with self._tx():
             now = self.clock()
             rows = self._db.execute(
                 f"SELECT * FROM rollouts WHERE state IN ({qs(HELD)}) AND lease_deadline <= ?"
                 f" ORDER BY seq", (*HELD, now)).fetchall()
             for row in rows:
-                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False)
+                lost = live_nodes is not None and row["node"] not in live_nodes
+                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False, lost=lost)
         return [row["rollout_id"] for row in rows]
 
     def release_node(self, node: str, reason: str, failure: bool = True,
                      keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
         """Every lease `node` holds (except the rollout ids in `keep`) ends now.
 
-        failure=True (a dead node): an infrastructure failure, retryable at once.
+        failure=True (a dead node): an attempt lost with its node (`max_node_losses`, not
+        the task's `max_attempts`), retryable at once.
         failure=False (a drained node): handed back, not counted as a failed attempt.
         """
         with self._tx():
@@ -498,7 +509,8 @@ class RolloutQueue(QueueReads):
                 (node, *HELD)).fetchall() if r["rollout_id"] not in keep]
             for row in rows:
                 if failure:
-                    self._fail_attempt(row, now, f"{NODE_LOST}: {reason}", retry_now=True)
+                    self._fail_attempt(row, now, f"{NODE_LOST}: {reason}", retry_now=True,
+                                       lost=True)
                 else:
                     self._finish_attempt(row, now, RELEASED, reason)
                     self._move(row, QUEUED, now, lease_deadline=None, not_before=now)

@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
-    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT);
+    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT,
+    losses INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
@@ -66,6 +67,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     if "leased_at" not in cols:  # from before attempts rows were written when they end
         db.execute("ALTER TABLE rollouts ADD COLUMN leased_at REAL")
         db.execute("ALTER TABLE rollouts ADD COLUMN commit_idem TEXT")
+    if "losses" not in cols:  # from before attempts lost with a node were counted apart
+        db.execute("ALTER TABLE rollouts ADD COLUMN losses INTEGER NOT NULL DEFAULT 0")
     if "idem" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
         db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
         db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
