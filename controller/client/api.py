@@ -135,16 +135,17 @@ class _Base:
         for `reread_s`)."""
         self.endpoint_file = Path(endpoint_file) if endpoint_file is not None else None
         self.reread_s = reread_s
-        if endpoint is None:
-            if self.endpoint_file is None:
-                raise TypeError("Client: give an endpoint or an endpoint_file")
-            endpoint = self._read_endpoint() or ""
-            if not endpoint:
-                raise ControllerUnavailable(f"no controller endpoint in {self.endpoint_file}")
-        self.endpoint, self.deployment = endpoint, deployment
+        self._endpoint_stamp: Optional[tuple[int, int]] = None
+        if self.endpoint_file is not None and endpoint is not None:
+            self._read_endpoint()  # the version of the file this endpoint is from
         self.timeout_s = timeout_s
         # `retries` (tries of timeout_s each) is the older spelling of give_up_s.
         self.give_up_s = give_up_s if retries is None else timeout_s * retries
+        if endpoint is None:
+            if self.endpoint_file is None:
+                raise TypeError("Client: give an endpoint or an endpoint_file")
+            endpoint = self._wait_endpoint()
+        self.endpoint, self.deployment = endpoint, deployment
         self.watch_wait_s = watch_wait_s
         self.reconnects = 0
         self.sock = None
@@ -164,19 +165,37 @@ class _Base:
         across restarts by) its `controller.endpoint` file."""
         return cls(None, deployment, endpoint_file=Path(run_dir) / ENDPOINT_FILE, **kw)
 
+    def _wait_endpoint(self) -> str:
+        """The endpoint file's endpoint; while there is none (the controller is starting or
+        restarting), look again every `reread_s`, up to `give_up_s`."""
+        give_up = time.monotonic() + self.give_up_s
+        while (endpoint := self._read_endpoint()) is None:
+            if time.monotonic() >= give_up:
+                raise ControllerUnavailable(f"no controller endpoint in {self.endpoint_file} "
+                                            f"within {self.give_up_s}s")
+            time.sleep(self.reread_s)  # polling a file another process writes
+        return endpoint
+
     def _read_endpoint(self) -> Optional[str]:
+        """The endpoint the file names (None: no file, or empty), noting which version of
+        the file it was (every controller start writes it anew)."""
         try:
-            return self.endpoint_file.read_text().strip() or None
+            st = self.endpoint_file.stat()
+            text = self.endpoint_file.read_text().strip()
         except OSError:  # being replaced, or not written yet
             return None
+        self._endpoint_stamp = (st.st_ino, st.st_mtime_ns)
+        return text or None
 
     def _moved(self) -> bool:
-        """The endpoint file names another endpoint than the one in use (the controller
-        restarted elsewhere): adopt it and say so."""
+        """The endpoint file was written since it was last read (a controller started, on
+        another endpoint or the same one): adopt what it names and say so, so that the
+        request is sent again at once rather than after `timeout_s`."""
         if self.endpoint_file is None:
             return False
+        before = self._endpoint_stamp
         endpoint = self._read_endpoint()
-        if endpoint is None or endpoint == self.endpoint:
+        if endpoint is None or (endpoint == self.endpoint and self._endpoint_stamp == before):
             return False
         self.endpoint = endpoint
         return True
