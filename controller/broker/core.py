@@ -6,7 +6,8 @@ never holds more leases than its free slots, and a task goes preferably to a nod
 already has its image mounted: placement.py), renews leases on heartbeats, declares silent
 nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue, answers
 trainer clients (submit, watch with long poll, cancel, publish, drain, status) and counts
-every dropped frame by reason. Its knobs are one `BrokerConfig` (config.py). The
+every dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
+(ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
 and clock; daemon.py runs it on the ZeroMQ socket.
 
@@ -22,10 +23,10 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from functools import partial
 from typing import Callable, Iterable, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
+from controller.broker.ledger import Ledger
 from controller.broker.placement import NodeView, place
 from controller.contracts import protocol as P
 from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INFRA_ERROR, LIVE,
@@ -35,7 +36,7 @@ from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INF
                                          UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
                                          UNKNOWN_TASK)
 from controller.contracts.trajectory import SHARD_TABLES
-from controller.store.catalog import Catalog, CatalogConflict, CatalogError
+from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.taskbank.curriculum import Curriculum, CurriculumError
 
@@ -46,7 +47,6 @@ _SHARD_TABLES = frozenset(SHARD_TABLES)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
-_DROPPED = "dropped."  # the persisted name of a dropped-frames counter: dropped.<reason>
 
 
 class BrokerCore:
@@ -77,19 +77,16 @@ class BrokerCore:
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
-        # Status counters, persisted with each pass's transaction (they survive a restart;
-        # dropped frames as "dropped.<reason>").
-        saved = queue.counters()
-        self.counters: Counter = Counter({k: v for k, v in saved.items() if "." not in k})
-        self.dropped: Counter = Counter({k[len(_DROPPED):]: v for k, v in saved.items()
-                                         if k.startswith(_DROPPED)})
-        self._saved = Counter(saved)
+        # The catalog (written after each COMMIT) and the status counters (persisted with
+        # each pass: they survive a restart).
+        self.ledger = Ledger(queue, catalog)
+        self.counters: Counter = self.ledger.counters
+        self.dropped: Counter = self.ledger.dropped
         self.stopped = False
         now = clock()
         self._last_sweep = self._last_hb = now
         self._commits = 0  # commits since the watchers were last looked at
         self._policies: dict[int, P.PolicyRef] = {}
-        self._flush_wanted = False
         self._resync()
 
     # ---- input ----------------------------------------------------------------------------
@@ -282,42 +279,14 @@ class BrokerCore:
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
             self.counters["committed"] += 1
-            if self.catalog is not None:  # written only once the queue's COMMIT is durable
-                self.queue.on_commit(partial(self._catalog_commit, msg.rollout_id,
-                                             msg.attempt, msg.token, msg.shards, self.wall()))
+            # into the catalog once the queue's COMMIT is durable
+            self.ledger.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards, self.wall())
         else:
             self.counters["infra_failures"] += 1
         if self.curriculum is not None:
             self._teach_curriculum(msg, c.committed)
         self._commits += 1
         self._send(identity, P.Ack(ref=msg.id, ok=True))
-
-    def _catalog_commit(self, rollout_id: str, attempt: int, token: int, shards: dict,
-                        at: float) -> None:
-        """A committed key into the catalog (after the queue's COMMIT). A conflict (the
-        catalog holds another key of the rollout) is an anomaly of that rollout, counted and
-        logged; the queue stays the truth and the controller carries on."""
-        try:
-            self.catalog.commit(rollout_id, attempt, token, shards, at)
-        except CatalogConflict as exc:
-            self.counters["catalog_conflicts"] += 1
-            log.error("catalog anomaly (%d so far): %s", self.counters["catalog_conflicts"],
-                      exc)
-
-    def _want_catalog_flush(self) -> None:
-        """Flush the catalog once the open transaction has committed (once per pass)."""
-        if self.catalog is not None and not self._flush_wanted:
-            self._flush_wanted = True
-            self.queue.on_commit(self._flush_catalog)
-
-    def _flush_catalog(self) -> None:
-        self._flush_wanted = False
-        try:
-            self.catalog.flush()
-        except CatalogError as exc:  # the keys stay buffered: the next sweep tries again
-            self.counters["catalog_flush_failed"] += 1
-            log.error("catalog flush failed (%d so far): %s",
-                      self.counters["catalog_flush_failed"], exc)
 
     def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
         """Feed the curriculum this controller samples from: a committed verdict counts for its
@@ -482,7 +451,7 @@ class BrokerCore:
         if not (items or done or final):
             return False
         if done:
-            self._want_catalog_flush()  # the trainer reads DuckDB once the batch is done
+            self.ledger.want_flush()  # the trainer reads DuckDB once the batch is done
         self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
                                        done=done, ref=msg.id))
         return True
@@ -515,16 +484,7 @@ class BrokerCore:
             self._commits = 0
             self.watchers = [(i, w, d) for i, w, d in self.watchers
                              if not self._answer_watch(i, w, final=d <= now)]
-        self._save_counters()
-
-    def _save_counters(self) -> None:
-        """What the counters gained since last saved, into the queue (this pass's
-        transaction)."""
-        now = {**self.counters, **{_DROPPED + k: v for k, v in self.dropped.items()}}
-        delta = {k: v - self._saved[k] for k, v in now.items() if v != self._saved[k]}
-        if delta:
-            self.queue.add_counters(delta)
-            self._saved.update(delta)
+        self.ledger.save_counters()
 
     def _heartbeat_idle(self, now: float) -> None:
         """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
@@ -588,7 +548,7 @@ class BrokerCore:
             self._commits += 1
         self._resync()
         self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
-        self._want_catalog_flush()
+        self.ledger.want_flush()
 
     def _resync(self) -> None:
         """The queue is the truth about who holds what: rebuild the in-memory mirror."""

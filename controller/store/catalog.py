@@ -1,11 +1,14 @@
 """The committed-row catalog: which (rollout_id, attempt, fencing_token) keys are committed.
 
 The controller decides that an attempt is committed (its fencing token was current when the
-result arrived) and records the key here. `commit` buffers; `flush` appends the buffered keys
+result arrived) and records the key here -- only once the queue's transaction committing it
+is durable (controller/broker/ledger.py), and `reconcile` makes the catalog equal to the
+queue's committed rows at start (rebuilding it when it lists a key the queue lacks). `commit` buffers; `flush` appends the buffered keys
 as one new, small file `catalog/commit-<seq:06d>.parquet` (written to a `.tmp` name, fsynced,
 then hard-linked into place so an existing file is never overwritten). Old files are never
-rewritten. On start the catalog reads what is on disk, so the numbering continues and a key
-committed before a restart is not written again.
+rewritten (a rebuild renames them `retired-commit-*`, which no reader lists). On start the
+catalog reads what is on disk, so the numbering continues and a key committed before a
+restart is not written again.
 
 Invariants: a key is written at most once (committing it again is a no-op); a rollout has at
 most one committed attempt (committing a different attempt or token for an already committed

@@ -10,7 +10,11 @@ TRANSITIONS`, asserted here on every change. Every lease takes the next value of
 fencing token; a result is accepted only with the rollout's current (attempt, token) while
 it is leased, running or verifying. Infrastructure failures (infra_error, an expired lease,
 a lost node) go to retry_wait with full-jitter exponential backoff, and to dead_letter after
-`max_attempts`; every attempt's reason is kept in the attempts table. The records it hands
+`max_attempts` failures, or `max_node_losses` attempts lost with their node (counted apart: a
+flapping node must not dead-letter good tasks); every attempt's reason is kept in the
+attempts table. `on_commit` hooks run once the open transaction has committed (what is
+derived from the queue, the catalog, is written there); `fault` is called at the commit
+path's fault points (faults.py). The records it hands
 back and its config are records.py; its reads are reads.py.
 
 Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
