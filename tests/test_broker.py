@@ -230,6 +230,15 @@ def test_status_counters_survive_a_controller_restart(h, tmp_path):
     assert after["dropped"] == before["dropped"]
 
 
+def test_shutdown_reaches_an_agent_told_to_register_that_has_not_yet(h):
+    h.register("n1", 1)
+    out = h.send("ghost", P.Heartbeat(node="ghost", slots_free=1, active=0, health={}))
+    assert of_type(out, P.Welcome), "a stranger is told to register"
+    out = h.send(b"client", P.Shutdown(reason="done"))
+    told = {peer for peer, m in out if isinstance(m, P.Shutdown)}
+    assert told == {b"n1", b"ghost"} and h.core.stopped
+
+
 def test_a_lost_node_stays_listed_for_a_while_then_is_forgotten(tmp_path):
     h = Harness(tmp_path, lost_keep_s=100)
     h.register("n1", 1)

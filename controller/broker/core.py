@@ -462,9 +462,12 @@ class BrokerCore:
                                            counters=snap["counters"], ref=msg.id))
 
     def _on_shutdown(self, identity, msg: P.Shutdown, _view) -> None:
+        reason = msg.reason or "controller stopping"
         for n in self.nodes.values():
             if n.state != LOST:
-                self._send(n.identity, P.Shutdown(reason=msg.reason or "controller stopping"))
+                self._send(n.identity, P.Shutdown(reason=reason))
+        for stranger in self.welcomed:  # agents told to register that have not yet
+            self._send(stranger, P.Shutdown(reason=reason))
         self._send(identity, P.Ack(ref=msg.id, ok=True))
         self.stopped = True
 

@@ -237,6 +237,8 @@ class Client(_Base):
     def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
         give_up = time.monotonic() + self.give_up_s + extra_s
         data = P.encode(msg, self.deployment)
+        if self._moved():  # a controller started since the last request: go there first
+            self._new_socket(self.ctx)
         while True:
             self.sock.send(data)
             deadline = min(time.monotonic() + self.timeout_s + extra_s, give_up)
@@ -337,6 +339,8 @@ class AsyncClient(_Base):
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.give_up_s + extra_s
         data = P.encode(msg, self.deployment)
+        if self._moved():
+            self._new_socket(self.ctx)
         while True:
             await self.sock.send(data)
             deadline = min(loop.time() + self.timeout_s + extra_s, give_up)
