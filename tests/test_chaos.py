@@ -183,6 +183,8 @@ def check(farm: Farm, seed: int) -> None:
     assert sorted(r[0] for r in rows) == sorted(state["seen"]), "every rollout ends once"
     assert {r[1] for r in rows} <= {"committed", "dead_letter"}
     committed = {r[0]: (r[2], r[3]) for r in rows if r[1] == "committed"}
+    log = (farm.tmp / "controller.log").read_text(errors="replace")
+    assert "Traceback" not in log and "catalog anomaly" not in log, log[-3000:]
     farm.controller.kill()  # the catalog as a restart finds it (no clean-stop flush)
     farm.controller.wait()
     assert Catalog(farm.run_dir).keys() == committed or _flushed_later(farm, committed), \
