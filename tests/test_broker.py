@@ -202,6 +202,43 @@ def test_a_silent_node_is_declared_lost_and_its_leases_go_to_a_live_one(h):
     assert reasons[0].startswith("node_lost")
 
 
+def test_a_node_that_missed_a_heartbeat_gets_no_new_lease(h):
+    h.register("n1", 4)
+    h.register("n2", 4)
+    h.clock.advance(2.5)  # n1 silent 2.5 intervals: missed a heartbeat, not yet lost (3)
+    h.send("n2", P.Heartbeat(node="n2", slots_free=4, active=0, health={}))
+    h.submit(n=3)
+    out = h.tick()
+    assert len(leases(out, "n2")) == 3 and not leases(out, "n1")
+    h.send("n1", P.Heartbeat(node="n1", slots_free=4, active=0, health={}))
+    h.submit(n=1)
+    assert len(leases(h.tick(), "n1")) == 1, "heard from again: leases again"
+
+
+def test_status_counters_survive_a_controller_restart(h, tmp_path):
+    h.register("n1", 2)
+    h.submit(n=2)
+    for lease in leases(h.tick(), "n1"):
+        h.send("n1", result(lease))
+    h.frame(b"peer", b"\x00 not json")
+    before = h.core.snapshot()["counters"]
+    assert before["committed"] == 2 and before["dropped"]
+    h.queue.close()
+    again = Harness(tmp_path, h.clock)
+    after = again.core.snapshot()["counters"]
+    assert after["committed"] == 2 and after["dispatched"] == before["dispatched"]
+    assert after["dropped"] == before["dropped"]
+
+
+def test_shutdown_reaches_an_agent_told_to_register_that_has_not_yet(h):
+    h.register("n1", 1)
+    out = h.send("ghost", P.Heartbeat(node="ghost", slots_free=1, active=0, health={}))
+    assert of_type(out, P.Welcome), "a stranger is told to register"
+    out = h.send(b"client", P.Shutdown(reason="done"))
+    told = {peer for peer, m in out if isinstance(m, P.Shutdown)}
+    assert told == {b"n1", b"ghost"} and h.core.stopped
+
+
 def test_a_lost_node_stays_listed_for_a_while_then_is_forgotten(tmp_path):
     h = Harness(tmp_path, lost_keep_s=100)
     h.register("n1", 1)

@@ -4,6 +4,7 @@ runnable example of docs/client.md."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -22,6 +23,14 @@ from nodeagent.agent.attempt import AttemptResult
 from tests.test_broker import DEP, ROOT, Farm, free_port, stuck_runner
 
 POLICY_URL = "http://127.0.0.1:9/v1"
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:
+    """Poll `cond` until true or the deadline (then fail naming `what`)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -277,3 +286,112 @@ def test_a_resent_sampler_submit_is_answered_without_sampling_again(tmp_path):
         assert (first.batch_id, first.rollouts) == (again.batch_id, again.rollouts) == \
             (first.batch_id, 4)
         assert h.queue.counts()["queued"] == 4
+
+
+# ---- trainer restarts: keyed submits, resumable results, the endpoint file -------------------
+
+def test_a_submit_with_a_key_gets_the_same_batch_every_time(farm):
+    with connect(farm) as c:
+        c.publish_policy(1, POLICY_URL)
+        first = c.submit(["t1"], 3, 1, key="run-7/step-0")
+        with connect(farm) as restarted:  # another process, the same training step
+            assert restarted.submit(["t1"], 3, 1, key="run-7/step-0") == first
+        assert c.submit(["t1"], 3, 1, key="run-7/step-1") != first
+        assert sum(c.status().counts.values()) == 6, "no orphan batch"
+        with pytest.raises(TypeError, match="key"):
+            c.submit(["t1"], 1, 1, key="")
+
+
+def test_every_result_has_a_cursor_and_results_after_it_resume_exactly(farm):
+    farm.agent("n1", 4)
+    with connect(farm) as c:
+        c.publish_policy(1, POLICY_URL)
+        batch = c.submit(["t1"], 6, 1)
+        everything = c.wait(batch)
+        cursors = [i["cursor"] for i in everything]
+        assert cursors == sorted(cursors) and len(set(cursors)) == 6
+        rest = list(c.results(batch, after=everything[2]["cursor"]))
+        assert [i["rollout_id"] for i in rest] == [i["rollout_id"] for i in everything[3:]]
+        assert list(c.results(batch, after=cursors[-1])) == []
+
+
+def test_a_client_follows_the_endpoint_file_to_a_controller_on_another_port(tmp_path):
+    first = Farm(tmp_path)
+    ep_file = tmp_path / "run" / "controller.endpoint"
+    ep_file.write_text(first.endpoint)
+    with Client.for_run(tmp_path / "run", DEP, timeout_s=5.0, give_up_s=30.0,
+                        watch_wait_s=0.2, reread_s=0.2) as c:
+        c.publish_policy(1, POLICY_URL)
+        first.stop()
+        first.ctl.sock.close(linger=0)
+        first.ctl.queue.close()
+        second = Farm(tmp_path)  # the same queue, another port
+        try:
+            assert second.endpoint != first.endpoint
+            ep_file.write_text(second.endpoint)
+            t0 = time.monotonic()
+            batch = c.submit(["t1"], 2, 1)
+            assert time.monotonic() - t0 < 3.0, "found well within the request timeout"
+            assert c.endpoint == second.endpoint
+            second.agent("n1", 2)
+            assert len(c.wait(batch)) == 2
+        finally:
+            second.stop()
+
+
+def test_docs_client_md_shows_the_loop_of_the_resumable_trainer_example():
+    example = (ROOT / "docs" / "examples" / "resumable_trainer.py").read_text()
+    loop = re.search(r"# --8<-- \[start:loop\]\n(.*?)# --8<-- \[end:loop\]", example, re.S)
+    (shown,) = re.findall(r"```py\n(.*?)```", (ROOT / "docs" / "client.md").read_text(), re.S)
+    assert shown.strip() == loop.group(1).strip(), "docs/client.md shows the tested example"
+
+
+def test_the_resumable_trainer_example_survives_kill_9_and_resumes(tmp_path):
+    import signal
+    tasks = {name: {"task_id": name, "image_digest": "sha256:aa"}
+             for name in ("python/fizzbuzz", "python/gcd")}
+    from controller.broker.daemon import Controller
+    from nodeagent.agent.daemon import NodeAgent, noop_runner
+    ctl = Controller("tcp://127.0.0.1:0", DEP, str(tmp_path / "run"), "run", tasks,
+                     str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
+    (tmp_path / "run" / "controller.endpoint").write_text(ctl.endpoint)
+    agent = NodeAgent("n1", ctl.endpoint, DEP, 2, runner=noop_runner(0.05),
+                      heartbeat_interval_s=0.1)
+    threads = [threading.Thread(target=t, daemon=True) for t in (ctl.serve, agent.run)]
+    for t in threads:
+        t.start()
+    ckpt = tmp_path / "trainer.json"
+    env = {**os.environ, "PADDOCK_RUN_DIR": str(tmp_path / "run"), "PADDOCK_DEPLOYMENT": DEP,
+           "TRAINER_CHECKPOINT": str(ckpt), "TRAINER_STEPS": "3", "PYTHONPATH": str(ROOT)}
+    script = [sys.executable, str(ROOT / "docs" / "examples" / "resumable_trainer.py")]
+    def folded() -> int:
+        try:
+            return len(json.loads(ckpt.read_text())["seen"])
+        except (OSError, ValueError):
+            return 0
+    kills = 0
+    try:
+        for kill_at in (2, 7, 8, 13, 21):  # inside a batch, at a step's end, in the last one
+            proc = subprocess.Popen(script, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE)
+            wait_for(lambda: folded() >= kill_at or proc.poll() is not None, 60,
+                     f"{kill_at} results folded in")
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                kills += 1
+            proc.communicate()
+        r = subprocess.run(script, env=env, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = r.stdout
+        state = json.loads(ckpt.read_text())
+        assert len(state["seen"]) == 3 * 8 and len(set(state["seen"])) == 24, "none twice"
+        assert "done: 3 steps, 24 results" in out
+        assert kills >= 3, "killed mid-run"
+        from controller.store.queue import RolloutQueue
+        assert sum(RolloutQueue(tmp_path / "q.db").counts().values()) == 24, "no orphan batch"
+    finally:
+        agent.stopped = True
+        ctl.core.stopped = True
+        for t in threads:
+            t.join(10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 import subprocess
 import sys
 
@@ -390,7 +391,7 @@ def test_a_released_lease_is_queued_again_and_is_not_a_failure(q):
     assert [x["outcome"] for x in q.attempts(a.rollout_id)] == ["released", None]
 
 
-def test_dead_letter_counts_failures_not_handbacks(make_queue):
+def test_dead_letter_counts_failures_not_handbacks(make_queue, clock):
     q = make_queue(QueueConfig(max_attempts=2, backoff_base_s=0.001, backoff_max_s=0.001))
     q.submit_batch("s", [("a", 1)], 1)
     for _ in range(3):  # three drains in a row: never dead-lettered
@@ -400,11 +401,41 @@ def test_dead_letter_counts_failures_not_handbacks(make_queue):
     q.release_node("n1", "drained", failure=False)
     assert q.rollout(a.rollout_id)["state"] == qm.QUEUED
     (a,) = q.lease_next("n1", 1)
-    q.release_node("n1", "gone")
+    q.release_node("n1", "gone")  # lost with its node: a loss, not the task's failure
     (a,) = q.lease_next("n1", 1)
     done(q, a, "infra_error", None, "boom")
     row = q.rollout(a.rollout_id)
-    assert (row["state"], row["failures"], row["attempt"]) == (qm.DEAD_LETTER, 2, 6)
+    assert (row["state"], row["failures"], row["losses"]) == (qm.RETRY_WAIT, 1, 1)
+    clock.advance(1)  # past the (1 ms) backoff
+    (a,) = q.lease_next("n1", 1)
+    done(q, a, "infra_error", None, "boom")
+    row = q.rollout(a.rollout_id)
+    assert (row["state"], row["failures"], row["attempt"]) == (qm.DEAD_LETTER, 2, 7)
+
+
+def test_attempts_lost_with_their_node_count_toward_their_own_limit(make_queue):
+    """A flapping node does not dead-letter a good task: node losses have their own limit."""
+    q = make_queue(QueueConfig(max_attempts=2, max_node_losses=5))
+    q.submit_batch("s", [("a", 1)], 1)
+    for i in range(1, 5):
+        (a,) = q.lease_next("n1", 1)
+        q.release_node("n1", "no heartbeat")
+        row = q.rollout(a.rollout_id)
+        assert (row["state"], row["failures"], row["losses"]) == (qm.RETRY_WAIT, 0, i)
+    (a,) = q.lease_next("n1", 1)
+    q.release_node("n1", "no heartbeat")
+    row = q.rollout(a.rollout_id)
+    assert (row["state"], row["losses"], row["attempt"]) == (qm.DEAD_LETTER, 5, 5)
+
+
+def test_an_expired_lease_of_a_silent_node_is_a_loss_of_a_live_one_a_failure(q, clock):
+    q.submit_batch("s", [("a", 1)], 2)
+    a, b = q.lease_next("n1", 1) + q.lease_next("n2", 1)
+    clock.advance(q.config.lease_ttl_s + 1)
+    assert sorted(q.expire_leases(live_nodes={"n2"})) == [a.rollout_id, b.rollout_id]
+    lost, failed = q.rollout(a.rollout_id), q.rollout(b.rollout_id)
+    assert (lost["failures"], lost["losses"]) == (0, 1)
+    assert (failed["failures"], failed["losses"]) == (1, 0)
 
 
 def test_renew_with_ids_keeps_only_the_leases_the_node_reports(q, clock):
@@ -512,6 +543,8 @@ class Sim:
         self.attempts: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # rid -> token that committed
         self.dead: set[str] = set()
+        self.failures: Counter = Counter()  # per rollout: the task's own failed attempts
+        self.losses: Counter = Counter()  # per rollout: attempts lost with their node
         self.max_token = 0
         self.submits: list[tuple[str, tuple]] = []  # (idem, reply)
         self.sent: list[tuple[tuple, qm.Completion]] = []  # (complete args, first reply)
@@ -594,8 +627,12 @@ class Sim:
             assert not r.committed
             self.failed(rid)
 
-    def failed(self, rid: str) -> None:
-        if self.attempts[rid] >= self.config.max_attempts:
+    def failed(self, rid: str, lost: bool = False) -> None:
+        """An attempt failed (the task's failure) or was lost with its node (its own limit)."""
+        kind = self.losses if lost else self.failures
+        kind[rid] += 1
+        if self.failures[rid] >= self.config.max_attempts or \
+                self.losses[rid] >= self.config.max_node_losses:
             self.dead.add(rid)
 
     def duplicate(self) -> None:
@@ -629,7 +666,7 @@ class Sim:
         assert sorted(self.q.release_node(node, "liveness")) == expected
         for rid in expected:
             del self.live[rid]
-            self.failed(rid)
+            self.failed(rid, lost=True)
         if self.rng.random() < 0.5:
             self.held[node] = []  # restarted clean; otherwise a zombie still holding old leases
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 from controller.store.records import QueueConfig
 
 _POSITIVE_S = ("heartbeat_interval_s", "sweep_interval_s", "lost_keep_s", "max_watch_wait_s",
-               "compact_wait_s")
+               "compact_wait_s", "lease_silence_intervals")
 _AT_LEAST_1 = ("liveness", "max_dispatch", "max_watchers", "max_frames_per_pass")
 _AT_LEAST_0 = ("poll_timeout_ms", "compact_every")
 
@@ -27,6 +27,7 @@ _AT_LEAST_0 = ("poll_timeout_ms", "compact_every")
 class BrokerConfig:
     heartbeat_interval_s: float = 1.0  # both directions; told to agents in `welcome`
     liveness: int = 5  # silent intervals before a peer is declared lost
+    lease_silence_intervals: float = 2.0  # silent this many intervals: no new leases
     sweep_interval_s: float = 0.5  # purge lost nodes, expire leases, flush the catalog
     lost_keep_s: float = 3600.0  # a lost node stays in `status` this long
     max_dispatch: int = 4096  # leases placed per pass

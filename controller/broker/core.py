@@ -6,7 +6,8 @@ never holds more leases than its free slots, and a task goes preferably to a nod
 already has its image mounted: placement.py), renews leases on heartbeats, declares silent
 nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue, answers
 trainer clients (submit, watch with long poll, cancel, publish, drain, status) and counts
-every dropped frame by reason. Its knobs are one `BrokerConfig` (config.py). The
+every dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
+(ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
 and clock; daemon.py runs it on the ZeroMQ socket.
 
@@ -25,6 +26,7 @@ from collections import Counter
 from typing import Callable, Iterable, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
+from controller.broker.ledger import Ledger
 from controller.broker.placement import NodeView, place
 from controller.contracts import protocol as P
 from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INFRA_ERROR, LIVE,
@@ -75,8 +77,11 @@ class BrokerCore:
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
-        self.counters: Counter = Counter()
-        self.dropped: Counter = Counter()
+        # The catalog (written after each COMMIT) and the status counters (persisted with
+        # each pass: they survive a restart).
+        self.ledger = Ledger(queue, catalog)
+        self.counters: Counter = self.ledger.counters
+        self.dropped: Counter = self.ledger.dropped
         self.stopped = False
         now = clock()
         self._last_sweep = self._last_hb = now
@@ -274,9 +279,8 @@ class BrokerCore:
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
             self.counters["committed"] += 1
-            if self.catalog is not None:
-                self.catalog.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards,
-                                    self.wall())
+            # into the catalog once the queue's COMMIT is durable
+            self.ledger.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards, self.wall())
         else:
             self.counters["infra_failures"] += 1
         if self.curriculum is not None:
@@ -446,8 +450,8 @@ class BrokerCore:
             msg.batch_id, cursor)[0]
         if not (items or done or final):
             return False
-        if done and self.catalog is not None:
-            self.catalog.flush()  # the trainer reads DuckDB once the batch is done
+        if done:
+            self.ledger.want_flush()  # the trainer reads DuckDB once the batch is done
         self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
                                        done=done, ref=msg.id))
         return True
@@ -458,9 +462,12 @@ class BrokerCore:
                                            counters=snap["counters"], ref=msg.id))
 
     def _on_shutdown(self, identity, msg: P.Shutdown, _view) -> None:
+        reason = msg.reason or "controller stopping"
         for n in self.nodes.values():
             if n.state != LOST:
-                self._send(n.identity, P.Shutdown(reason=msg.reason or "controller stopping"))
+                self._send(n.identity, P.Shutdown(reason=reason))
+        for stranger in self.welcomed:  # agents told to register that have not yet
+            self._send(stranger, P.Shutdown(reason=reason))
         self._send(identity, P.Ack(ref=msg.id, ok=True))
         self.stopped = True
 
@@ -480,6 +487,7 @@ class BrokerCore:
             self._commits = 0
             self.watchers = [(i, w, d) for i, w, d in self.watchers
                              if not self._answer_watch(i, w, final=d <= now)]
+        self.ledger.save_counters()
 
     def _heartbeat_idle(self, now: float) -> None:
         """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
@@ -490,8 +498,16 @@ class BrokerCore:
                                     or now < n.sent_at):
                 self._send(n.identity, P.Heartbeat())
 
+    def _heard_since(self) -> float:
+        """Nodes not heard from since this (monotonic) missed a heartbeat."""
+        return self.clock() - self.hb_s * self.config.lease_silence_intervals
+
     def dispatch(self) -> int:
-        free = {n.node: n.free() for n in self.nodes.values()}
+        """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent
+        for `lease_silence_intervals` keeps its leases until it is declared lost, but gets no
+        new one)."""
+        heard = self._heard_since()
+        free = {n.node: n.free() if n.last_seen >= heard else 0 for n in self.nodes.values()}
         total = sum(free.values())
         if total <= 0:
             return 0
@@ -527,14 +543,15 @@ class BrokerCore:
                 del self.nodes[n.node]
                 if self.by_identity.get(n.identity) == n.node:
                     del self.by_identity[n.identity]
-        expired = self.queue.expire_leases()
+        heard = self._heard_since()
+        expired = self.queue.expire_leases(live_nodes={
+            n.node for n in self.nodes.values() if n.state != LOST and n.last_seen >= heard})
         if expired:
             self.counters["leases_expired"] += len(expired)
             self._commits += 1
         self._resync()
         self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
-        if self.catalog is not None:
-            self.catalog.flush()
+        self.ledger.want_flush()
 
     def _resync(self) -> None:
         """The queue is the truth about who holds what: rebuild the in-memory mirror."""

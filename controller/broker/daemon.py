@@ -26,7 +26,8 @@ from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
-from controller.store.catalog import Catalog
+from controller.store.catalog import Catalog, reconcile
+from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
 from controller.taskbank.curriculum import Curriculum
 
@@ -43,16 +44,22 @@ class Controller:
     def __init__(self, bind: str, deployment: str, run_dir: str, run_id: str,
                  tasks: dict[str, dict], db_path: str, *, config: BrokerConfig = BrokerConfig(),
                  clock=time.monotonic, catalog: bool = True,
-                 curriculum: Optional[Curriculum] = None, **knobs):
+                 curriculum: Optional[Curriculum] = None, fault: FaultHook = no_fault,
+                 **knobs):
         """`knobs` override single fields of `config` (`heartbeat_interval_s=...`,
-        `queue=QueueConfig(...)`)."""
+        `queue=QueueConfig(...)`); `fault` is called at the commit path's fault points
+        (controller/store/faults.py; tests kill the process there)."""
         self.config = config = with_knobs(config, knobs)
-        self.queue = RolloutQueue(db_path, config=config.queue)
-        self.catalog = Catalog(run_dir) if catalog else None
-        if self.catalog is not None:
-            self._reconcile_catalog()
+        self.fault = fault
+        self.queue = RolloutQueue(db_path, config=config.queue, fault=fault)
+        self.catalog = Catalog(run_dir, fault=fault) if catalog else None
+        ahead, behind = reconcile(self.catalog, self.queue.committed_rows()) \
+            if self.catalog is not None else ((), ())
         self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir, config=config,
                                clock=clock, catalog=self.catalog, curriculum=curriculum)
+        if ahead or behind:  # anomalies of the last incarnation, for `status`
+            self.core.counters["catalog_ahead_at_start"] += len(ahead)
+            self.core.counters["catalog_behind_at_start"] += len(behind)
         self.max_batch = config.max_frames_per_pass
         self.poll_timeout_ms = config.poll_timeout_ms
         self.deployment = deployment
@@ -67,14 +74,6 @@ class Controller:
         self._thread = threading.get_ident()
         self._snapshot = self.core.snapshot()
         self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
-
-    def _reconcile_catalog(self) -> None:
-        """A crash between the queue's commit and the catalog's flush: redo the catalog."""
-        for r in self.queue.committed_rows():
-            if not self.catalog.is_committed(r["rollout_id"], r["attempt"], r["token"]):
-                self.catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"],
-                                    r["at"])
-        self.catalog.flush()
 
     @property
     def stopped(self) -> bool:
@@ -99,14 +98,7 @@ class Controller:
                         frames.append(self.sock.recv_multipart(_NOBLOCK))
                     except zmq.Again:
                         break
-            with self.queue.batch():  # group commit: durable before any reply leaves
-                for parts in frames:
-                    if len(parts) != 2:
-                        self.core.drop(MULTIPART, f"{len(parts)} frames")
-                        continue
-                    self.core.receive(parts[0], parts[1])
-                self.core.tick()
-            self._flush_outbox()
+            self.step(frames)
             if time.monotonic() - last_hook >= self.core.sweep_interval_s:
                 last_hook = time.monotonic()
                 self._snapshot = self.core.snapshot()
@@ -116,6 +108,21 @@ class Controller:
             self.catalog.flush()
         self.sock.close(linger=0)
         self.queue.close()
+
+    def step(self, frames: list[list[bytes]]) -> None:
+        """One pass over the frames read: decide, COMMIT (group commit; the catalog is
+        written from the committed state, by the queue's on-commit hooks), then reply. So
+        nothing is acknowledged or shown as committed before the queue has it on disk."""
+        with self.queue.batch():
+            for parts in frames:
+                if len(parts) != 2:
+                    self.core.drop(MULTIPART, f"{len(parts)} frames")
+                    continue
+                self.core.receive(parts[0], parts[1])
+            self.core.tick()
+        self.fault(BEFORE_REPLY)
+        self._flush_outbox()
+        self.fault(AFTER_REPLY)
 
     def _flush_outbox(self) -> None:
         for identity, msg in self.core.take_outbox():
@@ -169,12 +176,16 @@ class AutoCompact:
                         self.wait_s)
 
 
+STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose
+
+
 def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, tasks: dict,
         endpoint_file: str, db_path: Optional[str] = None,
         curriculum_db: Optional[str] = None) -> int:
     """Serve until a `shutdown`: the queue at `db_path` (default RUN_DIR/controller.db), the
     run's catalog, the bound endpoint published (atomically) in `endpoint_file` -- and the
-    metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set."""
+    metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set. On a
+    clean stop `<endpoint_file>.stopped` is written (removed again at the next start)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     curriculum = Curriculum(curriculum_db, {d["task_id"] for d in tasks.values()}) \
         if curriculum_db else None
@@ -188,6 +199,8 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
         atomic_write(endpoint_file + ".metrics",
                      f"http://{config.metrics_addr}:{server.server_address[1]}/metrics",
                      fsync=False)
+    stopped = Path(endpoint_file + STOPPED_SUFFIX)
+    stopped.unlink(missing_ok=True)
     atomic_write(endpoint_file, ctl.endpoint, fsync=False)
     compactor = AutoCompact(str(run_dir), config.compact_every, config.compact_wait_s) \
         if config.compact_every > 0 else None
@@ -195,6 +208,9 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
         ctl.hooks.append(compactor)
     log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
     ctl.serve()
+    # A clean stop is said next to the endpoint: a peer that never heard the `shutdown`
+    # (an agent that had not registered yet) finds it there instead of retrying for ever.
+    atomic_write(str(stopped), f"{ctl.endpoint}\n", fsync=False)
     if compactor is not None:
         compactor.wait()
     return 0

@@ -20,7 +20,8 @@ from controller.broker.config import BrokerConfig, load
 _DEFAULTS = BrokerConfig()
 # argparse dest -> BrokerConfig (or QueueConfig) key: the knobs this command sets.
 _KNOBS = ("heartbeat_interval_s", "liveness", "lease_ttl_s", "max_staleness", "stale_policy",
-          "metrics_port", "metrics_addr", "compact_every")
+          "metrics_port", "metrics_addr", "compact_every", "max_attempts", "max_node_losses",
+          "lease_silence_intervals")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -44,6 +45,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="silent intervals before a node is lost (default %(default)s)")
     ap.add_argument("--lease-ttl-s", type=float, default=_DEFAULTS.queue.lease_ttl_s,
                     help="a lease not renewed for this long goes back to the queue "
+                    "(default %(default)s)")
+    ap.add_argument("--max-attempts", type=int, default=_DEFAULTS.queue.max_attempts,
+                    help="a rollout's own infrastructure failures before it is dead-lettered "
+                    "(default %(default)s)")
+    ap.add_argument("--max-node-losses", type=int, default=_DEFAULTS.queue.max_node_losses,
+                    help="attempts of a rollout lost with their node (vanished, restarted) "
+                    "before it is dead-lettered; counted apart from failures "
+                    "(default %(default)s)")
+    ap.add_argument("--lease-silence-intervals", type=float,
+                    default=_DEFAULTS.lease_silence_intervals,
+                    help="a node silent this many heartbeat intervals gets no new lease "
                     "(default %(default)s)")
     ap.add_argument("--max-staleness", type=int, default=_DEFAULTS.queue.max_staleness,
                     help="policy versions a queued rollout may lag (default: unbounded)")

@@ -7,7 +7,13 @@ A DEALER socket to the controller's ROUTER, used Lazy-Pirate style: a request wa
 message (same idempotency key) is sent again, until `give_up_s` has passed. So a client
 carries on by itself across a controller restart, and a retried submit can never submit
 twice. Results are read by long-polling `watch` with a cursor, so a reconnect resumes
-exactly where it stopped.
+exactly where it stopped; every result carries its `cursor`, and `results(batch, after=c)`
+resumes after it, so a trainer that checkpoints the cursor resumes across its own restart.
+`submit(..., key=...)` makes a re-run of the same training step get the same batch.
+
+Given the endpoint file (`endpoint_file=`, or `Client.for_run(run_dir, ...)`), a client whose
+controller is silent re-reads the file every `reread_s`: a controller restarted on another
+port is found within about that long.
 
 Errors are typed: `ControllerUnavailable` (no reply before give_up_s), and for a refusal
 `RequestRefused` or the subclass for its code (`UnknownTask`, `UnknownPolicy`,
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 from typing import AsyncIterator, Iterator, Optional
 
 import zmq
@@ -89,15 +96,29 @@ def _match(msg: P.Message, reply: P.Message, expect: tuple[type, ...]) -> Option
     return None
 
 
+ENDPOINT_FILE = "controller.endpoint"  # in the run directory: the bound endpoint
+KEY_PREFIX = "key:"  # a caller's submit key, as an idempotency key (never a uuid4 hex)
+
+
 # The message builders, shared by both clients.
 
-def _submit(tasks, n_per_task, policy, sampler) -> P.Submit:
+def _submit(tasks, n_per_task, policy, sampler, key) -> P.Submit:
     if policy is None:
         raise TypeError("submit: policy (a published policy version) is required")
     if (tasks is None) == (sampler is None):
         raise TypeError("submit: give tasks or a sampler (BandRequest), not both")
-    return P.Submit(idem=uuid.uuid4().hex, tasks=list(tasks or ()), n_per_task=n_per_task,
+    if key is not None and (not isinstance(key, str) or not key):
+        raise TypeError(f"submit: key must be a non-empty string, got {key!r}")
+    idem = uuid.uuid4().hex if key is None else KEY_PREFIX + key
+    return P.Submit(idem=idem, tasks=list(tasks or ()), n_per_task=n_per_task,
                     policy_version=policy, sampler=sampler)
+
+
+def _with_cursors(items: list[dict]) -> list[dict]:
+    """Each result with its `cursor`: `results(batch, after=cursor)` resumes after it."""
+    for item in items:
+        item["cursor"] = item["commit_seq"]
+    return items
 
 
 def _publish(version, endpoint, model) -> P.PublishPolicy:
@@ -106,12 +127,25 @@ def _publish(version, endpoint, model) -> P.PublishPolicy:
 
 
 class _Base:
-    def __init__(self, endpoint: str, deployment: str, timeout_s: float = 5.0,
-                 give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None):
-        self.endpoint, self.deployment = endpoint, deployment
+    def __init__(self, endpoint: Optional[str], deployment: str, timeout_s: float = 5.0,
+                 give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None,
+                 endpoint_file: Optional[str | Path] = None, reread_s: float = 0.5):
+        """`endpoint` may be None when `endpoint_file` names the file the controller
+        publishes its endpoint in (read now, and again whenever the controller is silent
+        for `reread_s`)."""
+        self.endpoint_file = Path(endpoint_file) if endpoint_file is not None else None
+        self.reread_s = reread_s
+        self._endpoint_stamp: Optional[tuple[int, int]] = None
+        if self.endpoint_file is not None and endpoint is not None:
+            self._read_endpoint()  # the version of the file this endpoint is from
         self.timeout_s = timeout_s
         # `retries` (tries of timeout_s each) is the older spelling of give_up_s.
         self.give_up_s = give_up_s if retries is None else timeout_s * retries
+        if endpoint is None:
+            if self.endpoint_file is None:
+                raise TypeError("Client: give an endpoint or an endpoint_file")
+            endpoint = self._wait_endpoint()
+        self.endpoint, self.deployment = endpoint, deployment
         self.watch_wait_s = watch_wait_s
         self.reconnects = 0
         self.sock = None
@@ -124,6 +158,51 @@ class _Base:
         self.sock.setsockopt(zmq.IDENTITY, f"client-{uuid.uuid4().hex[:12]}".encode())
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.endpoint)
+
+    @classmethod
+    def for_run(cls, run_dir: str | Path, deployment: str, **kw):
+        """A client of the controller of a run directory, found through (and followed
+        across restarts by) its `controller.endpoint` file."""
+        return cls(None, deployment, endpoint_file=Path(run_dir) / ENDPOINT_FILE, **kw)
+
+    def _wait_endpoint(self) -> str:
+        """The endpoint file's endpoint; while there is none (the controller is starting or
+        restarting), look again every `reread_s`, up to `give_up_s`."""
+        give_up = time.monotonic() + self.give_up_s
+        while (endpoint := self._read_endpoint()) is None:
+            if time.monotonic() >= give_up:
+                raise ControllerUnavailable(f"no controller endpoint in {self.endpoint_file} "
+                                            f"within {self.give_up_s}s")
+            time.sleep(self.reread_s)  # polling a file another process writes
+        return endpoint
+
+    def _read_endpoint(self) -> Optional[str]:
+        """The endpoint the file names (None: no file, or empty), noting which version of
+        the file it was (every controller start writes it anew)."""
+        try:
+            st = self.endpoint_file.stat()
+            text = self.endpoint_file.read_text().strip()
+        except OSError:  # being replaced, or not written yet
+            return None
+        self._endpoint_stamp = (st.st_ino, st.st_mtime_ns)
+        return text or None
+
+    def _moved(self) -> bool:
+        """The endpoint file was written since it was last read (a controller started, on
+        another endpoint or the same one): adopt what it names and say so, so that the
+        request is sent again at once rather than after `timeout_s`."""
+        if self.endpoint_file is None:
+            return False
+        before = self._endpoint_stamp
+        endpoint = self._read_endpoint()
+        if endpoint is None or (endpoint == self.endpoint and self._endpoint_stamp == before):
+            return False
+        self.endpoint = endpoint
+        return True
+
+    def _slice_s(self, left: float) -> float:
+        """How long to wait for a reply before looking at the endpoint file again."""
+        return left if self.endpoint_file is None else min(left, self.reread_s)
 
     def _unavailable(self) -> ControllerUnavailable:
         return ControllerUnavailable(f"no reply from the controller at {self.endpoint} "
@@ -158,12 +237,16 @@ class Client(_Base):
     def _request(self, msg: P.Message, expect: tuple[type, ...], extra_s: float = 0.0):
         give_up = time.monotonic() + self.give_up_s + extra_s
         data = P.encode(msg, self.deployment)
+        if self._moved():  # a controller started since the last request: go there first
+            self._new_socket(self.ctx)
         while True:
             self.sock.send(data)
             deadline = min(time.monotonic() + self.timeout_s + extra_s, give_up)
             while (left := deadline - time.monotonic()) > 0:
-                if not self.sock.poll(timeout=int(left * 1000) + 1):
-                    break
+                if not self.sock.poll(timeout=int(self._slice_s(left) * 1000) + 1):
+                    if self._moved():
+                        break  # a fresh socket to the new endpoint, the same message
+                    continue
                 reply = self._decode(self.sock.recv())
                 got = reply and _match(msg, reply, expect)
                 if got:
@@ -173,11 +256,16 @@ class Client(_Base):
             self._new_socket(self.ctx)  # Lazy Pirate: fresh socket, same message
 
     def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
-               policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
+               policy: Optional[int] = None, sampler: Optional[BandRequest] = None, *,
+               key: Optional[str] = None) -> str:
         """Enqueue n_per_task rollouts of each task under policy version `policy`; the tasks
         are named (`tasks`) or picked by the controller's curriculum (`sampler`, e.g.
-        `BandRequest(n_tasks=8, band=[0.2, 0.8], seed=1)`). Returns the batch id."""
-        msg = _submit(tasks, n_per_task, policy, sampler)
+        `BandRequest(n_tasks=8, band=[0.2, 0.8], seed=1)`). Returns the batch id.
+
+        `key` (e.g. f"{run}/step-{step}") names the batch: every submit with the same key
+        gets the batch the first one made, whatever it asks (a trainer restarted inside or
+        after `submit` gets its batch back instead of an orphan)."""
+        msg = _submit(tasks, n_per_task, policy, sampler, key)
         return self._request(msg, (P.Submitted,)).batch_id
 
     def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
@@ -204,14 +292,15 @@ class Client(_Base):
     def shutdown(self, reason: str = "") -> None:
         self._request(P.Shutdown(reason=reason), (P.Ack,))
 
-    def results(self, batch_id: str) -> Iterator[dict]:
+    def results(self, batch_id: str, after: int = 0) -> Iterator[dict]:
         """Yield the batch's results (committed, dead-lettered, dropped) as they commit,
-        each once, until the batch is done."""
-        cursor = 0
+        each once, until the batch is done; only those after cursor `after` (a result's
+        `cursor`: checkpoint it with what the result fed, resume from it)."""
+        cursor = after
         while True:
             msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
             reply = self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
-            yield from reply.items
+            yield from _with_cursors(reply.items)
             cursor = reply.cursor
             if reply.done:
                 return
@@ -250,12 +339,16 @@ class AsyncClient(_Base):
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.give_up_s + extra_s
         data = P.encode(msg, self.deployment)
+        if self._moved():
+            self._new_socket(self.ctx)
         while True:
             await self.sock.send(data)
             deadline = min(loop.time() + self.timeout_s + extra_s, give_up)
             while (left := deadline - loop.time()) > 0:
-                if not await self.sock.poll(timeout=int(left * 1000) + 1):
-                    break
+                if not await self.sock.poll(timeout=int(self._slice_s(left) * 1000) + 1):
+                    if self._moved():
+                        break
+                    continue
                 reply = self._decode(await self.sock.recv())
                 got = reply and _match(msg, reply, expect)
                 if got:
@@ -265,8 +358,9 @@ class AsyncClient(_Base):
             self._new_socket(self.ctx)
 
     async def submit(self, tasks: Optional[list[str]] = None, n_per_task: int = 1,
-                     policy: Optional[int] = None, sampler: Optional[BandRequest] = None) -> str:
-        msg = _submit(tasks, n_per_task, policy, sampler)
+                     policy: Optional[int] = None, sampler: Optional[BandRequest] = None, *,
+                     key: Optional[str] = None) -> str:
+        msg = _submit(tasks, n_per_task, policy, sampler, key)
         return (await self._request(msg, (P.Submitted,))).batch_id
 
     async def submit_from_band(self, curriculum, n: int, policy: int, rng) -> str:
@@ -285,12 +379,12 @@ class AsyncClient(_Base):
     async def status(self) -> P.StatusReply:
         return await self._request(P.Status(), (P.StatusReply,))
 
-    async def results(self, batch_id: str) -> AsyncIterator[dict]:
-        cursor = 0
+    async def results(self, batch_id: str, after: int = 0) -> AsyncIterator[dict]:
+        cursor = after
         while True:
             msg = P.Watch(batch_id=batch_id, after=cursor, wait_s=self.watch_wait_s)
             reply = await self._request(msg, (P.Results,), extra_s=self.watch_wait_s)
-            for item in reply.items:
+            for item in _with_cursors(reply.items):
                 yield item
             cursor = reply.cursor
             if reply.done:

@@ -1,11 +1,14 @@
 """The committed-row catalog: which (rollout_id, attempt, fencing_token) keys are committed.
 
 The controller decides that an attempt is committed (its fencing token was current when the
-result arrived) and records the key here. `commit` buffers; `flush` appends the buffered keys
+result arrived) and records the key here -- only once the queue's transaction committing it
+is durable (controller/broker/ledger.py), and `reconcile` makes the catalog equal to the
+queue's committed rows at start (rebuilding it when it lists a key the queue lacks). `commit` buffers; `flush` appends the buffered keys
 as one new, small file `catalog/commit-<seq:06d>.parquet` (written to a `.tmp` name, fsynced,
 then hard-linked into place so an existing file is never overwritten). Old files are never
-rewritten. On start the catalog reads what is on disk, so the numbering continues and a key
-committed before a restart is not written again.
+rewritten (a rebuild renames them `retired-commit-*`, which no reader lists). On start the
+catalog reads what is on disk, so the numbering continues and a key committed before a
+restart is not written again.
 
 Invariants: a key is written at most once (committing it again is a no-op); a rollout has at
 most one committed attempt (committing a different attempt or token for an already committed
@@ -41,6 +44,7 @@ import pyarrow.parquet as pq
 
 from controller.contracts.fileio import atomic_write_with, fsync_dir
 from controller.contracts.trajectory import SCHEMAS, SHARD_TABLES, shard_suffix
+from controller.store.faults import CATALOG_AFTER_LINK, CATALOG_BEFORE_LINK, FaultHook, no_fault
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ CATALOG_SCHEMA = pa.schema([
 ])
 
 _COMMIT_FILE = re.compile(r"^commit-(\d{6,})\.parquet$")
+RETIRED_PREFIX = "retired-"  # a commit file a rebuild replaced (kept for forensics, unread)
 COMPACT_PREFIX = "compact-"
 _COMPACT_FILE = re.compile(r"^compact-(\d{6,})\.parquet$")
 COMPACT_RECORD_SCHEMA = pa.schema([
@@ -82,8 +87,9 @@ class CatalogConflict(CatalogError):
 class Catalog:
     """Append-only catalog of committed keys for one run directory (single writer)."""
 
-    def __init__(self, run_dir: str | os.PathLike):
+    def __init__(self, run_dir: str | os.PathLike, fault: FaultHook = no_fault):
         self.run_dir = Path(run_dir)
+        self.fault = fault  # called at the commit path's fault points (store/faults.py)
         self.dir = self.run_dir / CATALOG_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -152,6 +158,34 @@ class Catalog:
         with self._lock:
             return self._by_rollout.get(rollout_id) == (int(attempt), int(fencing_token))
 
+    def keys(self) -> dict[str, tuple[int, int]]:
+        """rollout id -> its committed (attempt, fencing_token), flushed or buffered."""
+        with self._lock:
+            return dict(self._by_rollout)
+
+    def rebuild(self, rows: list[dict]) -> Path:
+        """Replace the catalog by exactly `rows` (the queue's committed rows: `rollout_id`,
+        `attempt`, `token`, `shards`, `at`): written as the next commit file, then the older
+        commit files are retired (renamed `retired-commit-*`, which no reader lists). A crash
+        in between leaves keys listed twice, never a key missing; the next start rebuilds
+        again. Used at start when the catalog shows a key the queue did not commit."""
+        with self._lock:
+            old = [p for p in self.dir.iterdir() if _COMMIT_FILE.match(p.name)]
+            seq = self._next_seq
+            path = self.dir / f"commit-{seq:06d}.parquet"
+            self._write_new(_table([(r["rollout_id"], (r["attempt"], r["token"]),
+                                     r["shards"] or None, r["at"]) for r in rows]), path)
+            self._next_seq = seq + 1
+            for p in old:
+                os.replace(p, p.with_name(RETIRED_PREFIX + p.name))
+            fsync_dir(self.dir)
+            self._pending.clear()
+            self._by_rollout = {r["rollout_id"]: (int(r["attempt"]), int(r["token"]))
+                                for r in rows}
+        log.warning("catalog rebuilt from the queue: %d keys in %s, %d files retired",
+                    len(rows), path.name, len(old))
+        return path
+
     def close(self) -> None:
         self.flush()
 
@@ -191,7 +225,9 @@ class Catalog:
                 pq.write_table(table, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
+            self.fault(CATALOG_BEFORE_LINK)
             os.link(tmp, path)  # fails if the file exists: old files are never rewritten
+            self.fault(CATALOG_AFTER_LINK)
         except FileExistsError:
             raise CatalogError(f"catalog file {path} already exists; is a second controller "
                                f"writing this run?") from None
@@ -200,6 +236,33 @@ class Catalog:
         finally:
             tmp.unlink(missing_ok=True)
         fsync_dir(self.dir)
+
+
+def reconcile(catalog: Catalog, committed: list[dict]) -> tuple[list[str], list[str]]:
+    """Make the catalog show exactly the queue's `committed` rows (`committed_rows()`), at
+    start. A key the queue committed that the catalog lacks (a crash between the COMMIT and
+    the catalog's flush) is written; a key the catalog shows that the queue did not commit
+    (a catalog written ahead of the queue by an older controller) makes the catalog rebuilt
+    from the queue. Returns (ahead, behind): the rollout ids of each kind."""
+    queue_keys = {r["rollout_id"]: (int(r["attempt"]), int(r["token"])) for r in committed}
+    have = catalog.keys()
+    ahead = sorted(rid for rid, key in have.items() if queue_keys.get(rid) != key)
+    behind = sorted(rid for rid, key in queue_keys.items() if have.get(rid) != key)
+    for rid in ahead[:20]:
+        log.error("catalog anomaly: rollout %s is in the catalog as attempt %d token %d but "
+                  "the queue has %s: the catalog is rebuilt from the queue", rid, *have[rid],
+                  "it uncommitted" if rid not in queue_keys else
+                  "attempt %d token %d" % queue_keys[rid])
+    if ahead:
+        catalog.rebuild(committed)
+    elif behind:
+        wanted = set(behind)
+        for r in committed:
+            if r["rollout_id"] in wanted:
+                catalog.commit(r["rollout_id"], r["attempt"], r["token"], r["shards"], r["at"])
+        catalog.flush()
+        log.info("catalog: %d keys the queue committed were written at start", len(behind))
+    return ahead, behind
 
 
 def _table(rows: list[tuple]) -> pa.Table:

@@ -10,7 +10,11 @@ TRANSITIONS`, asserted here on every change. Every lease takes the next value of
 fencing token; a result is accepted only with the rollout's current (attempt, token) while
 it is leased, running or verifying. Infrastructure failures (infra_error, an expired lease,
 a lost node) go to retry_wait with full-jitter exponential backoff, and to dead_letter after
-`max_attempts`; every attempt's reason is kept in the attempts table. The records it hands
+`max_attempts` failures, or `max_node_losses` attempts lost with their node (counted apart: a
+flapping node must not dead-letter good tasks); every attempt's reason is kept in the
+attempts table. `on_commit` hooks run once the open transaction has committed (what is
+derived from the queue, the catalog, is written there); `fault` is called at the commit
+path's fault points (faults.py). The records it hands
 back and its config are records.py; its reads are reads.py.
 
 Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
@@ -36,6 +40,7 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
     TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition)
 from controller.store import schema
+from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
 from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
     STALE_POLICY_ACTIONS, Cancellation, Completion, Due, HeldLease, Lease, Policy,
     PolicyConflict, QueueConfig, UnknownBatch)
@@ -49,8 +54,11 @@ class RolloutQueue(QueueReads):
     """The durable rollout queue (the reads are QueueReads'); one connection, one writer."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, config: QueueConfig = QueueConfig()):
+                 rng: random.Random | None = None, config: QueueConfig = QueueConfig(),
+                 fault: FaultHook = no_fault):
         self.path = Path(path)
+        self.fault = fault  # called at the commit path's fault points (store/faults.py)
+        self._on_commit: list[Callable[[], None]] = []  # run once the open transaction commits
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.config = config
@@ -93,16 +101,31 @@ class RolloutQueue(QueueReads):
         except BaseException:
             self._depth = 0
             self._terminal_delta.clear()
+            self._on_commit.clear()  # what they would publish never happened
             self._idle_until = -math.inf  # what due() learnt inside may be rolled back
             self._db.execute("ROLLBACK")
             raise
         self._depth = 0
+        self.fault(QUEUE_BEFORE_COMMIT)
         try:
             self._db.execute("COMMIT")
         finally:
             delta, self._terminal_delta = self._terminal_delta, Counter()
+            hooks, self._on_commit = self._on_commit, []
+        self.fault(QUEUE_AFTER_COMMIT)
         for state, n in delta.items():  # counted only once on disk
             self._terminal[state] += n
+        for hook in hooks:  # after the COMMIT: they publish only what is durable
+            hook()
+
+    def on_commit(self, hook: Callable[[], None]) -> None:
+        """Run `hook` once the open transaction has committed (at once when none is open);
+        never if it rolls back. What is derived from the queue (the catalog) is written from
+        here, so it can never be ahead of the queue."""
+        if self._depth:
+            self._on_commit.append(hook)
+        else:
+            hook()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -146,6 +169,12 @@ class RolloutQueue(QueueReads):
 
     def _idem_put(self, key: str, reply: Any) -> None:
         self._db.execute("INSERT INTO idempotency VALUES (?, ?)", (key, json.dumps(reply)))
+
+    def add_counters(self, delta: dict[str, int]) -> None:
+        """Add to the broker's persisted status counters (so they survive a restart)."""
+        if delta:
+            with self._tx():
+                self._db.executemany(schema.COUNTER_ADD_SQL, delta.items())
 
     def backoff_s(self, attempt: int) -> float:
         """Full jitter: uniform(0, min(max, base * 2**(attempt-1)))."""
@@ -420,20 +449,26 @@ class RolloutQueue(QueueReads):
                  "committed": reply.committed})))
 
     def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool,
-                      idem: Optional[str] = None, reply: Optional[Completion] = None) -> str:
-        """An infrastructure failure of the current attempt: retry_wait or dead_letter."""
+                      idem: Optional[str] = None, reply: Optional[Completion] = None,
+                      lost: bool = False) -> str:
+        """An infrastructure failure of the current attempt: retry_wait or dead_letter.
+        `lost`: the attempt was lost with its node (not the task's fault): it counts toward
+        `max_node_losses`, not toward `max_attempts`, so a flapping node cannot dead-letter
+        good tasks."""
         self._finish_attempt(row, now, INFRA_ERROR, reason, idem, reply)
-        failures = row["failures"] + 1
-        if failures >= self.config.max_attempts:
+        failures, losses = row["failures"] + (not lost), row["losses"] + lost
+        counts = {"failures": failures, "losses": losses}
+        if failures >= self.config.max_attempts or losses >= self.config.max_node_losses:
             self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
-                       infra_reason=reason, lease_deadline=None, failures=failures,
-                       commit_seq=self._next_commit_seq())
-            log.warning("rollout %s dead-lettered after %d attempts (last: %s)",
-                        row["rollout_id"], row["attempt"], reason)
+                       infra_reason=reason, lease_deadline=None,
+                       commit_seq=self._next_commit_seq(), **counts)
+            log.warning("rollout %s dead-lettered after %d attempts, %d failed, %d lost with "
+                        "their node (last: %s)", row["rollout_id"], row["attempt"], failures,
+                        losses, reason)
             return DEAD_LETTER
-        delay_s = 0.0 if retry_now else self.backoff_s(failures)
+        delay_s = 0.0 if retry_now else self.backoff_s(failures if not lost else losses)
         self._move(row, RETRY_WAIT, now, infra_reason=reason, lease_deadline=None,
-                   not_before=now + delay_s, failures=failures)
+                   not_before=now + delay_s, **counts)
         return RETRY_WAIT
 
     def release(self, rollout_id: str, attempt: int, token: int, reason: str) -> Completion:
@@ -448,22 +483,27 @@ class RolloutQueue(QueueReads):
             self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
         return Completion(True, None, False)
 
-    def expire_leases(self) -> list[str]:
-        """Leases past their deadline become infrastructure failures ("lease_expired")."""
+    def expire_leases(self, live_nodes: Optional[frozenset[str] | set[str]] = None
+                      ) -> list[str]:
+        """Leases past their deadline become infrastructure failures ("lease_expired").
+        Given `live_nodes` (the nodes heard from lately), an expired lease of any other node
+        was lost with its node: counted as a loss, not as the task's failure."""
         with self._tx():
             now = self.clock()
             rows = self._db.execute(
                 f"SELECT * FROM rollouts WHERE state IN ({qs(HELD)}) AND lease_deadline <= ?"
                 f" ORDER BY seq", (*HELD, now)).fetchall()
             for row in rows:
-                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False)
+                lost = live_nodes is not None and row["node"] not in live_nodes
+                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False, lost=lost)
         return [row["rollout_id"] for row in rows]
 
     def release_node(self, node: str, reason: str, failure: bool = True,
                      keep: frozenset[str] | set[str] = frozenset()) -> list[str]:
         """Every lease `node` holds (except the rollout ids in `keep`) ends now.
 
-        failure=True (a dead node): an infrastructure failure, retryable at once.
+        failure=True (a dead node): an attempt lost with its node (`max_node_losses`, not
+        the task's `max_attempts`), retryable at once.
         failure=False (a drained node): handed back, not counted as a failed attempt.
         """
         with self._tx():
@@ -473,7 +513,8 @@ class RolloutQueue(QueueReads):
                 (node, *HELD)).fetchall() if r["rollout_id"] not in keep]
             for row in rows:
                 if failure:
-                    self._fail_attempt(row, now, f"{NODE_LOST}: {reason}", retry_now=True)
+                    self._fail_attempt(row, now, f"{NODE_LOST}: {reason}", retry_now=True,
+                                       lost=True)
                 else:
                     self._finish_attempt(row, now, RELEASED, reason)
                     self._move(row, QUEUED, now, lease_deadline=None, not_before=now)

@@ -96,6 +96,10 @@ class QueueReads:
                 for r in self._db.execute("SELECT rollout_id, attempt, token, shards, updated_at"
                                           " FROM rollouts WHERE state = ?", (COMMITTED,))]
 
+    def counters(self) -> dict[str, int]:
+        """The broker's persisted status counters (`add_counters`), by name."""
+        return dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+
     def held_leases(self) -> list[HeldLease]:
         """(rollout_id, node, attempt, token) of every held lease."""
         return [HeldLease(*r) for r in self._db.execute(

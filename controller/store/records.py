@@ -23,7 +23,8 @@ LEASE_TTL_S = 300.0  # the one default: a lease not renewed for this long goes b
 @dataclass(frozen=True)
 class QueueConfig:
     lease_ttl_s: float = LEASE_TTL_S
-    max_attempts: int = 4
+    max_attempts: int = 4  # the task's own infrastructure failures before dead letter
+    max_node_losses: int = 10  # attempts lost with their node (vanished, restarted) before it
     backoff_base_s: float = 1.0
     backoff_max_s: float = 30.0
     max_batch_rollouts: int = 100_000
@@ -42,7 +43,8 @@ class QueueConfig:
         for key in ("lease_ttl_s", "backoff_base_s", "backoff_max_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"queue.{key} must be > 0, got {getattr(self, key)!r}")
-        for key in ("max_attempts", "max_batch_rollouts", "max_results_per_watch"):
+        for key in ("max_attempts", "max_node_losses", "max_batch_rollouts",
+                    "max_results_per_watch"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ValueError(f"queue.{key} must be an integer >= 1, got {getattr(self, key)!r}")
 

@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS rollouts (
     node TEXT, lease_deadline REAL, not_before REAL NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
-    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT);
+    failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT,
+    losses INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
@@ -36,6 +37,7 @@ CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
     created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, reply TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS policies (
     version INTEGER PRIMARY KEY, endpoint TEXT NOT NULL, model TEXT NOT NULL,
     published_at REAL NOT NULL);
@@ -65,6 +67,8 @@ def _migrate(db: sqlite3.Connection) -> None:
     if "leased_at" not in cols:  # from before attempts rows were written when they end
         db.execute("ALTER TABLE rollouts ADD COLUMN leased_at REAL")
         db.execute("ALTER TABLE rollouts ADD COLUMN commit_idem TEXT")
+    if "losses" not in cols:  # from before attempts lost with a node were counted apart
+        db.execute("ALTER TABLE rollouts ADD COLUMN losses INTEGER NOT NULL DEFAULT 0")
     if "idem" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
         db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
         db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
@@ -115,3 +119,5 @@ RESULT_KEYS = ("rollout_id", "batch_id", "task_ref", "policy_version", "seed", "
                "commit_seq")  # a result item (watch): these columns, in this order
 RESULTS_SQL = (f"SELECT {', '.join(RESULT_KEYS)} FROM rollouts WHERE batch_id = ? AND"
                f" commit_seq > ? ORDER BY commit_seq LIMIT ?")
+COUNTER_ADD_SQL = ("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET"
+                   " value = value + excluded.value")  # the broker's status counters

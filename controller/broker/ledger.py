@@ -1,0 +1,79 @@
+"""What the broker derives from the queue's committed state: the catalog of committed keys,
+written only once the queue's COMMIT is durable, and the status counters, persisted with
+each pass's transaction.
+
+`Ledger.commit` and `Ledger.want_flush` hand their work to `RolloutQueue.on_commit`: it runs
+after the open transaction commits (never if it rolls back), so the catalog can never show a
+key the queue has not committed (docs/protocol.md, "One commit point"). A catalog conflict or
+a failed flush is a logged, counted anomaly: never an exception out of the broker.
+
+Must not import: zmq, sqlite3, controller.cli, nodeagent.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from functools import partial
+from typing import Optional
+
+from controller.store.catalog import Catalog, CatalogConflict, CatalogError
+from controller.store.queue import RolloutQueue
+
+log = logging.getLogger("controller")
+
+DROPPED = "dropped."  # the persisted name of a dropped-frames counter: dropped.<reason>
+
+
+class Ledger:
+    """The catalog and counters of one BrokerCore (`counters`, `dropped`: the core's)."""
+
+    def __init__(self, queue: RolloutQueue, catalog: Optional[Catalog]):
+        self.queue, self.catalog = queue, catalog
+        saved = queue.counters()
+        self.counters: Counter = Counter({k: v for k, v in saved.items() if "." not in k})
+        self.dropped: Counter = Counter({k[len(DROPPED):]: v for k, v in saved.items()
+                                         if k.startswith(DROPPED)})
+        self._saved = Counter(saved)
+        self._flush_wanted = False
+
+    def commit(self, rollout_id: str, attempt: int, token: int, shards: dict,
+               at: float) -> None:
+        """A key the open transaction commits: into the catalog once it has."""
+        if self.catalog is not None:
+            self.queue.on_commit(partial(self._catalog_commit, rollout_id, attempt, token,
+                                         shards, at))
+
+    def _catalog_commit(self, rollout_id: str, attempt: int, token: int, shards: dict,
+                        at: float) -> None:
+        """A conflict (the catalog holds another key of the rollout) is an anomaly of that
+        rollout, counted and logged; the queue stays the truth."""
+        try:
+            self.catalog.commit(rollout_id, attempt, token, shards, at)
+        except CatalogConflict as exc:
+            self.counters["catalog_conflicts"] += 1
+            log.error("catalog anomaly (%d so far): %s", self.counters["catalog_conflicts"],
+                      exc)
+
+    def want_flush(self) -> None:
+        """Flush the catalog once the open transaction has committed (once per pass)."""
+        if self.catalog is not None and not self._flush_wanted:
+            self._flush_wanted = True
+            self.queue.on_commit(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_wanted = False
+        try:
+            self.catalog.flush()
+        except CatalogError as exc:  # the keys stay buffered: the next sweep tries again
+            self.counters["catalog_flush_failed"] += 1
+            log.error("catalog flush failed (%d so far): %s",
+                      self.counters["catalog_flush_failed"], exc)
+
+    def save_counters(self) -> None:
+        """What the counters gained since last saved, into the queue (the open
+        transaction: they survive a controller restart)."""
+        now = {**self.counters, **{DROPPED + k: v for k, v in self.dropped.items()}}
+        delta = {k: v - self._saved[k] for k, v in now.items() if v != self._saved[k]}
+        if delta:
+            self.queue.add_counters(delta)
+            self._saved.update(delta)
