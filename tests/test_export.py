@@ -142,7 +142,7 @@ def synthetic_run(run_dir, n_rollouts: int, calls_per: int = 3):
 
 def test_a_10000_rollout_run_exports_in_under_10_seconds(tmp_path):
     synthetic_run(tmp_path, 10_000)
-    for fmt in ("hf",):
+    for fmt in ("hf", "verifiers"):
         t0 = time.monotonic()
         stats = write(tmp_path, fmt, tmp_path / f"out.{fmt}")
         took = time.monotonic() - t0

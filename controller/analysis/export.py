@@ -181,8 +181,11 @@ def _messages(run_dir: str | Path, table: pa.Table) -> dict[tuple[str, int], tup
         prompt = json.loads(by_key[(rid, first)][0])
         final_req, final_resp = by_key[(rid, last)]
         tail = json.loads(final_req)[len(prompt):]
-        msg = json.loads(final_resp)["choices"][0]["message"]
-        out[(rid, first)] = (prompt, tail + [{k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")}])
+        final = []
+        if final_resp is not None:
+            msg = json.loads(final_resp)["choices"][0]["message"]
+            final = [{k: v for k, v in msg.items() if k in ("role", "content", "tool_calls")}]
+        out[(rid, first)] = (prompt, tail + final)
     return out
 
 
