@@ -2,7 +2,8 @@
 controller/cli/analysis.py).
 
 `connect(run_dir)` opens an in-memory DuckDB connection with views `rollouts`, `steps`,
-`checks`, `spans`, `egress`, `catalog`, `infra_attempts` and `bad_shards`. A shard row appears in a view only if its (rollout_id, attempt,
+`checks`, `spans`, `egress`, `model_calls` (one row per model call through the node's gateway:
+its shards are read through the catalog's committed keys), `catalog`, `infra_attempts` and `bad_shards`. A shard row appears in a view only if its (rollout_id, attempt,
 fencing_token) is in the catalog of the same run directory: a shard with no catalog entry
 (crashed node, attempt still in flight) or a stale token never appears. A table with no
 shards yet is an empty view with the schema's columns. `run_dir` may also be a parent
@@ -492,12 +493,27 @@ def summary(run_dir: str | Path) -> dict:
             "by_policy_version": _grouped(con, ["policy_version"]),
             "by_family_version": _grouped(con, ["task_family", "policy_version"]),
             "defences": defences(con),
+            "model_calls": _model_call_counts(con),
         }
     except duckdb.Error as exc:
         raise QueryError(f"summary failed: {_one_line(exc)}") from None
     finally:
         con.close()
     return result
+
+
+def _model_call_counts(con: duckdb.DuckDBPyConnection) -> dict:
+    """Committed model calls, and how many lack what a trainer needs (the server did not send
+    it: recorded as NULL, never invented)."""
+    calls, ok, no_prompt, no_completion, no_logprobs, retried = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'ok'), "
+        "count(*) FILTER (WHERE status = 'ok' AND prompt_token_ids IS NULL), "
+        "count(*) FILTER (WHERE status = 'ok' AND completion_token_ids IS NULL), "
+        "count(*) FILTER (WHERE status = 'ok' AND completion_logprobs IS NULL), "
+        "count(*) FILTER (WHERE retries > 0) FROM model_calls").fetchone()
+    return {"calls": calls, "answered": ok, "missing_prompt_token_ids": no_prompt,
+            "missing_completion_token_ids": no_completion, "missing_logprobs": no_logprobs,
+            "retried_for_weight_update": retried}
 
 
 def _grouped(con: duckdb.DuckDBPyConnection, keys: list[str]) -> list[dict]:

@@ -50,6 +50,9 @@ class Budgets:
     wall_s: float = 120.0
     max_tokens: int = 32768
     observation_bytes: int = 16384
+    # Model calls the gateway answers per rollout; 0 means max_steps (left out of the task's
+    # canonical form at 0, so existing task ids do not move).
+    max_model_calls: int = 0
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Budgets":
@@ -57,7 +60,8 @@ class Budgets:
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
-        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int)):
+        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int),
+                          ("max_model_calls", int)):
             if key in d:
                 v = d[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
@@ -94,11 +98,20 @@ class Task:
     network: Any = "none"
     # The agent's tool set (names from nodeagent/harness/tools.py); empty means every tool.
     tools: tuple[str, ...] = ()
+    # Bring your own harness: an argv run inside the sandbox (installed in the task's image)
+    # with OPENAI_BASE_URL/OPENAI_API_KEY pointing at the node's model gateway; empty means the
+    # built-in harness. (docs/harness.md)
+    harness: tuple[str, ...] = ()
+    # Seeded tool faults for the built-in harness, e.g. {"seed": 1, "error": 0.1, "latency":
+    # 0.2, "latency_s": 0.5, "kill": 0.05} (rates per tool call; nodeagent/harness/faults.py).
+    tool_faults: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "network", _normalise_network(self.network))
         if isinstance(self.tools, (list, tuple)):
             object.__setattr__(self, "tools", tuple(self.tools))
+        if isinstance(self.harness, (list, tuple)):
+            object.__setattr__(self, "harness", tuple(self.harness))
         # One content, one form: bytes that are UTF-8 text are stored as str, so a task read
         # back from disk hashes the same as the task that was written.
         for key in ("files", "hidden"):
@@ -117,6 +130,13 @@ class Task:
             del d["tools"]
         else:
             d["tools"] = list(self.tools)
+        for key in ("harness", "tool_faults"):
+            if not d[key]:
+                del d[key]
+            elif key == "harness":
+                d[key] = list(self.harness)
+        if not d["budgets"]["max_model_calls"]:
+            del d["budgets"]["max_model_calls"]
         if d["network"] != "none":
             d["network"] = list(self.network)
         return d
@@ -199,6 +219,10 @@ def validate(task: Task) -> None:
             parse_policy(list(task.network))
         except PolicyError as exc:
             raise TaskError(f"{where}: 'network': {exc}") from None
+    if task.harness and not all(isinstance(a, str) and a for a in task.harness):
+        raise TaskError(f"{where}: 'harness' must be a list of non-empty strings (an argv)")
+    if not isinstance(task.tool_faults, Mapping):
+        raise TaskError(f"{where}: 'tool_faults' must be an object")
     if task.tools:
         try:
             tool_set(task.tools)
@@ -281,6 +305,8 @@ class LeaseTask:
     limits: Mapping[str, int | float] = field(default_factory=lambda: dataclasses.asdict(Limits()))
     network: Any = "none"  # "none" or a tuple of allowlist entries (as `Task.network`)
     tools: Optional[tuple[str, ...]] = None  # None: every tool
+    harness: tuple[str, ...] = ()            # empty: the built-in harness
+    tool_faults: Mapping[str, Any] = field(default_factory=dict)
     taskset_hash: str = ""
     split: Optional[str] = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -302,6 +328,11 @@ class LeaseTask:
         out["checker"] = dict(checker)
         out["protected"] = _names(d, "protected") or ()
         out["tools"] = _names(d, "tools")
+        out["harness"] = _names(d, "harness") or ()
+        faults = d.get("tool_faults") or {}
+        if not isinstance(faults, Mapping):
+            raise TaskError(f"lease task 'tool_faults' must be an object, got {faults!r}")
+        out["tool_faults"] = dict(faults)
         out["budgets"] = Budgets.from_dict(d.get("budgets"))
         out["limits"] = _limits(d.get("limits"))
         out["network"] = _normalise_network(d.get("network"))

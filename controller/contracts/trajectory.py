@@ -13,8 +13,15 @@ import re
 
 import pyarrow as pa
 
+# Tables whose shards the catalog names per committed key (controller/store/catalog.py).
 SHARD_TABLES: tuple[str, ...] = ("rollouts", "steps", "checks", "spans", "egress")
 TABLES = SHARD_TABLES
+# Every table a node writes per attempt: the shard tables and `model_calls`, whose shard has
+# the same name as the attempt's other shards and whose rows the views show through the
+# catalog's committed keys (it is not one of the catalog's shard columns).
+ATTEMPT_TABLES: tuple[str, ...] = SHARD_TABLES + ("model_calls",)
+CALL_STATUSES = ("ok", "error", "budget")
+CALL_SOURCES = ("builtin", "harness")
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 # What produced a row: copied from the rollout row into every child row by the writer.
 PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
@@ -88,6 +95,7 @@ STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("logprobs", pa.string(), True),
     # Analyst extras: optional keys (NULL when omitted).
     _f("observation_truncated", pa.bool_(), True),
+    _f("tool_faults", pa.string(), True),   # JSON list of the faults injected in this step's tool calls
 ])
 
 CHECKS_SCHEMA = pa.schema(_KEY_FIELDS + [
@@ -116,6 +124,34 @@ EGRESS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("ts", _TS),
 ])
 
+# One row per model call through the node's gateway (nodeagent/gateway/session.py).
+MODEL_CALLS_SCHEMA = pa.schema(_KEY_FIELDS + [
+    _f("call_index", pa.int32()),
+    _f("parent_call", pa.int32(), True),              # branches: the call this prompt continues
+    _f("prompt_extends_previous", pa.bool_(), True),  # prompt ids = previous prompt + completion + ...
+    _f("source", pa.string()),                        # builtin | harness
+    _f("step", pa.int32(), True),
+    _f("call_policy_version", pa.int32(), True),      # the version that answered this call
+    _f("model", pa.string(), True),
+    _f("request_model", pa.string(), True),
+    _f("request_messages", pa.string()),
+    _f("request_tools", pa.string(), True),
+    _f("request_params", pa.string()),
+    _f("response", pa.string(), True),
+    _f("finish_reason", pa.string(), True),
+    _f("prompt_token_ids", pa.list_(pa.int32()), True),
+    _f("completion_token_ids", pa.list_(pa.int32()), True),
+    _f("completion_logprobs", pa.list_(pa.float64()), True),
+    _f("prompt_tokens", pa.int64(), True),
+    _f("completion_tokens", pa.int64(), True),
+    _f("status", pa.string()),                        # ok | error | budget
+    _f("error", pa.string(), True),
+    _f("retries", pa.int32()),                        # refused while a new version loaded
+    _f("started_at", _TS),
+    _f("upstream_s", pa.float64()),
+    _f("gateway_s", pa.float64()),
+])
+
 # Provenance fields appended to every child table (nullable: shards written before these
 # columns existed read as NULL).
 _PROVENANCE_FIELDS = [
@@ -130,30 +166,36 @@ STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
 CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
 SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
 EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
+MODEL_CALLS_SCHEMA = pa.schema(list(MODEL_CALLS_SCHEMA) + _PROVENANCE_FIELDS)
 
 SCHEMAS: dict[str, pa.Schema] = {
     "rollouts": ROLLOUTS_SCHEMA, "steps": STEPS_SCHEMA, "checks": CHECKS_SCHEMA,
-    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA,
+    "spans": SPANS_SCHEMA, "egress": EGRESS_SCHEMA, "model_calls": MODEL_CALLS_SCHEMA,
 }
 
 # Columns a caller may leave out (they become NULL). Every other column is a required key,
 # even when nullable: a required nullable column must be passed explicitly as None.
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
-    "steps": frozenset({"observation_truncated"}) | frozenset(PROVENANCE_COLUMNS),
+    "steps": frozenset({"observation_truncated", "tool_faults"}) | frozenset(PROVENANCE_COLUMNS),
     "checks": frozenset(PROVENANCE_COLUMNS),
     "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
     "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
     | frozenset(PROVENANCE_COLUMNS),
+    "model_calls": frozenset({"parent_call", "prompt_extends_previous", "step", "call_policy_version", "model",
+                              "request_model", "request_tools", "response", "finish_reason", "prompt_token_ids",
+                              "completion_token_ids", "completion_logprobs", "prompt_tokens",
+                              "completion_tokens", "error"}) | frozenset(PROVENANCE_COLUMNS),
 }
 
 # Columns holding JSON text: callers may pass a str (must parse) or any JSON-able object.
 JSON_COLUMNS: dict[str, frozenset[str]] = {
     "rollouts": frozenset({"reward_components", "limits"}),
-    "steps": frozenset({"tool_args", "logprobs", "limits"}),
+    "steps": frozenset({"tool_args", "logprobs", "limits", "tool_faults"}),
     "checks": frozenset({"limits"}),
     "spans": frozenset({"limits"}),
     "egress": frozenset({"limits"}),
+    "model_calls": frozenset({"request_messages", "request_tools", "request_params", "response", "limits"}),
 }
 
 

@@ -10,8 +10,15 @@ sandbox-escape probe per step (`ESCAPE_PROBES`). What was attempted and caught i
 from a run's trajectories by controller/analysis/defences.py, which also holds `CHEATS` and the
 probes' output format (`PROBE_LINE`).
 
-Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`.
-See docs/policy.md for the scripts and the wire format.
+A request that asks for token ids (vLLM's `return_token_ids`, SGLang's `return_prompt_token_ids`
+/ `return_meta_info`) gets the token-level wire format of `controller.demo.tokenizer`: the
+policy's own deterministic token ids and per-token logprobs, every turn; `served` keeps the
+last SERVED_RECORDS replies' ids so tests can check that what was stored is what was served.
+While a new version is being loaded (`POST /admin/loading {"loading": true}`), completions are
+refused with HTTP 503 `model_loading`, as a model server does during a weight update.
+
+Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
+`POST /admin/loading`. See docs/policy.md for the scripts and the wire format.
 
 Must not import zmq, sqlite3 or nodeagent; analysts' code (controller.analysis) never imports it.
 """
@@ -33,6 +40,7 @@ from typing import Any, Callable, Mapping
 
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
+from controller.demo import tokenizer
 from controller.demo.trainer import softmax
 
 log = logging.getLogger(__name__)
@@ -46,6 +54,7 @@ MODEL_PREFIX = "scripted-v"
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 LEAK_MAX_CHARS = 64          # a tool result this short, with no spaces, reads as a leaked answer
 UNKNOWN_TASK_REPLY = "I don't know how to solve this task."
+SERVED_RECORDS = 100_000
 
 Params = dict[str, dict[str, float]]
 
@@ -357,6 +366,10 @@ class ScriptedPolicy:
         self._lock = threading.Lock()
         self._versions: dict[int, Params] = {0: default_params()}
         self.loopback_port = 0          # the escape probe dials it on 127.0.0.1 (set by PolicyServer)
+        # Token-level replies served: {response id: (prompt ids, completion ids, logprobs)}.
+        self.served: dict[str, tuple[list[int], list[int], list[float]]] = {}
+        self.loading = False            # a weight update in progress: completions get 503
+        self.refused_loading = 0
 
     def set_policy(self, version: int, params: Any) -> bool:
         """Register `version`; returns True if new, False if already registered with the same
@@ -392,6 +405,11 @@ class ScriptedPolicy:
     def complete(self, req: Any) -> dict[str, Any]:
         """Answer one chat-completions request (already JSON-decoded)."""
         _validate_request(req)
+        if self.loading:
+            with self._lock:
+                self.refused_loading += 1
+            raise RequestError(503, "a new policy version is being loaded; retry", code="model_loading",
+                               kind="service_unavailable")
         model = req["model"]
         version = self._version_of(model)
         messages = req["messages"]
@@ -400,7 +418,7 @@ class ScriptedPolicy:
         n_assistant = sum(1 for m in messages if m["role"] == "assistant")
         tool_results = [_text(m.get("content")) for m in messages if m["role"] == "tool"]
         task = self._tasks.get(instruction) or self._tasks.get(instruction.strip())
-        logprobs = None
+        logprobs, strategy, logprob = None, None, None
         if task is None:
             step: Step = FinalStep(UNKNOWN_TASK_REPLY)
         else:
@@ -421,7 +439,7 @@ class ScriptedPolicy:
                                       "function": {"name": step.name, "arguments": arguments}}]
             completion_words += _words(arguments)
         prompt_words = sum(_words(_text(m.get("content"))) for m in messages)
-        return {
+        out = {
             "id": f"chatcmpl-{digest[:24]}", "object": "chat.completion", "created": int(self._clock()),
             "model": model,
             "choices": [{"index": 0, "message": message, "logprobs": logprobs,
@@ -429,6 +447,28 @@ class ScriptedPolicy:
             "usage": {"prompt_tokens": prompt_words, "completion_tokens": completion_words,
                       "total_tokens": prompt_words + completion_words},
         }
+        if tokenizer.wants_tokens(req):
+            self._token_level(out, req, message, strategy if n_assistant == 0 else None, logprob)
+        return out
+
+    def _token_level(self, out: dict, req: dict, message: dict, strategy: str | None,
+                     logprob: float | None) -> None:
+        """Replace the word-count reply's logprobs and usage by the token-level fields."""
+        top, choice_fields, usage = tokenizer.token_fields(req, message, strategy, logprob)
+        choice = out["choices"][0]
+        choice["logprobs"] = None
+        choice.update(choice_fields)
+        out.update(top)
+        out["usage"] = usage
+        # Branches share (seed, turn): the conversation's digest keeps their ids apart.
+        out["id"] += "-" + hashlib.sha256(json.dumps(req["messages"], sort_keys=True).encode()).hexdigest()[:12]
+        prompt_ids, _ = tokenizer.render_prompt(req["messages"])
+        ids, _ = tokenizer.render_completion(message)
+        lps = [e["logprob"] for e in (choice.get("logprobs") or {}).get("content", [])]
+        with self._lock:
+            if len(self.served) >= SERVED_RECORDS:
+                self.served.pop(next(iter(self.served)))
+            self.served[out["id"]] = (prompt_ids, ids, lps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +518,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, self.server.policy.complete(self._read_json()))
             elif self.path == "/admin/policies":
                 self._send(*self._admin(self._read_json()))
+            elif self.path == "/admin/loading":
+                body = self._read_json()
+                if not isinstance(body, dict) or not isinstance(body.get("loading"), bool):
+                    raise RequestError(400, "body must be an object with a boolean 'loading'")
+                self.server.policy.loading = body["loading"]
+                self._send(200, {"loading": body["loading"]})
             else:
                 raise RequestError(404, f"no route POST {self.path}", code="not_found")
         except RequestError as e:

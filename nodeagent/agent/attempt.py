@@ -5,6 +5,13 @@ atomically; its path relative to the run dir is the rollouts row's `changes_path
 `paddock rescore` can grade the attempt again without re-running the agent. The agent's
 spans get a `sandbox_start` and a `verification` span.
 
+Every model call passes the node's gateway (`nodeagent.gateway`): the built-in harness calls
+the attempt's `Session` in process; a task that names its own `harness` runs it in the sandbox
+against the session's HTTP front, which the sandbox's relay reaches at 127.0.0.1:3128 (the
+gateway's socket takes the relay's place: such a task gets no other egress). The session's
+rows are the attempt's `model_calls` shard. Seeded tool faults (`tool_faults`) are drawn per
+rollout seed and are the policy's weather, never an infra_error.
+
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
 NULL, retried by the controller), recorded with its reason. A policy that runs out of wall
@@ -28,6 +35,10 @@ from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from nodeagent.agent.core import Attempt, AttemptResult
 from nodeagent.egress import proxy as egress
+from nodeagent.gateway.server import GatewayServer
+from nodeagent.gateway.session import GatewayBudgets, Session, Upstream
+from nodeagent.harness.external import run_harness
+from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
 from nodeagent.harness.model import ModelError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
@@ -53,7 +64,9 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     if not task.instruction:
         return AttemptResult("infra_error", None, {}, "task: the lease task has no 'instruction'")
     started, t0 = utc_now(), clock()
-    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0)
+    session = Session(Upstream(a.policy_version, a.endpoint, a.model), GatewayBudgets.of(task.budgets),
+                      source="harness" if task.harness else "builtin", clock=clock)
+    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session)
     verdict = None
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0
@@ -77,42 +90,63 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     checks = verdict.checks if verdict else []
     try:
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
-                                          spans=agent.spans, egress=agent.egress)
+                                          spans=agent.spans, egress=agent.egress,
+                                          model_calls=_call_rows(session, bool(task.harness)))
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)
 
 
+def _call_rows(session: Session, harness: bool) -> list[dict]:
+    """The session's rows; the built-in harness makes one call per step, in order."""
+    rows = [dict(r) for r in session.rows]
+    if not harness:
+        for r in rows:
+            r["step"] = r["call_index"]
+    return rows
+
+
 def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
-               clock: Callable[[], float], t0: float) -> tuple[AgentResult, str | None, list]:
-    """The agent's sandbox and loop: (its result, the infra reason or None, its changes).
+               clock: Callable[[], float], t0: float, session: Session) -> tuple[AgentResult, str | None, list]:
+    """The agent's sandbox and harness: (its result, the infra reason or None, its changes).
     The result's spans start with `sandbox_start`."""
     agent, infra, changes = AgentResult(), None, []
     egress_id = f"{a.rollout_id}.{a.attempt}"
+    gateway = GatewayServer(session) if task.harness else None
     try:
+        if gateway is not None:
+            gateway.start()
+        relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task.limits),
                                         files={k: as_bytes(v) for k, v in task.files.items()},
-                                        egress_socket=egress.open_for_task(task.network, egress_id)))
-    except (SandboxError, PolicyError) as exc:
+                                        egress_socket=relay))
+    except (SandboxError, PolicyError, OSError) as exc:
         infra = f"sandbox_start: {exc}"
         egress.close_for_task(egress_id)
+        if gateway is not None:
+            gateway.stop()
     start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
     if infra is None:
         try:
-            agent = run_agent(sb, task.instruction, a.endpoint, a.model, a.seed, task.budgets, clock,
-                              tools=task.tools, egress_decisions=lambda: egress.decisions_for(egress_id),
-                              span_origin=t0)
+            if task.harness:
+                agent = run_harness(sb, task.harness, task.instruction, session, task.budgets, clock, span_origin=t0)
+            else:
+                agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
+                                  tools=task.tools, egress_decisions=lambda: egress.decisions_for(egress_id),
+                                  span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed))
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
             agent = exc.result or agent     # the steps and spans before the failure, for the record
-        except (BudgetError, ToolSetError) as exc:
+        except (BudgetError, ToolSetError, FaultSpecError) as exc:
             infra = f"task: {exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
             sb.destroy()
             egress.close_for_task(egress_id)
+            if gateway is not None:
+                gateway.stop()
     agent.spans.insert(0, start_span)
     return agent, infra, changes
 

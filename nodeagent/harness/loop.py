@@ -13,7 +13,11 @@ failure (the rollout is retried), never a reward of 0. Running out of the wall b
 policy's own fault (`stop_reason = "wall_time"`).
 
 The model is behind the `Model` seam (`nodeagent.harness.model`): `HTTPModel` speaks the wire
-format; `replay` feeds a recorded rollout's outputs back instead. Must not import zmq,
+format; the node's gateway session (`nodeagent.gateway.session`, which records every call)
+and `replay` implement it too. A gateway that refuses a call because the rollout's model
+budget is spent (`BudgetExhausted`) stops the loop with that budget as stop reason. Seeded tool
+faults (`faults`, a task's `tool_faults`) replace or delay tool calls; each step row lists
+the faults of its calls in `tool_faults`. Must not import zmq,
 controller.* outside contracts, nodeagent.agent or nodeagent.verifier.
 """
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import Any, Callable, Iterable
 
 from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
-from nodeagent.harness.model import MODEL_TIMEOUT_S, ContextLengthExceeded, HTTPModel, Model, ModelError, ModelTimeout
+from nodeagent.harness.faults import ToolFaults, faulted_result
+from nodeagent.harness.model import (MODEL_TIMEOUT_S, BudgetExhausted, ContextLengthExceeded, HTTPModel, Model,
+                                     ModelError, ModelTimeout)
 from nodeagent.harness.tools import Toolbox, ToolResult
 from nodeagent.sandbox.runtime import Sandbox
 
@@ -41,11 +47,13 @@ MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest a
 class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | context_length | model_error
+    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | calls | context_length | model_error
+    #                                 (an external harness: harness_exit | harness_error | harness_timeout)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     agent_s: float = 0.0
     tool_errors: int = 0
+    tool_faults: int = 0
     # Timed spans: {"kind": model_call|tool_call|sandbox_start|verification, "name", "step",
     # "start_s", "duration_s"}; egress decisions: {"sandbox", "host", "port", "address",
     # "verdict", "reason", "ts"}. Written to the `spans` and `egress` tables.
@@ -72,7 +80,8 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
               tools: Iterable[str] | None = None, model_timeout_s: float = MODEL_TIMEOUT_S,
               tool_timeout_s: float = TOOL_TIMEOUT_S,
               egress_decisions: Callable[[], list[dict]] | None = None,
-              span_origin: float | None = None) -> AgentResult:
+              span_origin: float | None = None, faults: ToolFaults | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> AgentResult:
     """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
     (infrastructure); every failure the model causes is an observation in the transcript.
     Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start)."""
@@ -88,7 +97,7 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
     try:
         for step in range(b.max_steps):
             if not _step(res, step, client, toolbox, messages, model, seed, b, clock, origin, deadline,
-                         model_timeout_s):
+                         model_timeout_s, (faults, sleep)):
                 break
         else:
             res.stop_reason = "max_steps"
@@ -105,7 +114,7 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
 
 def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
           model: str, seed: int, b: Budgets, clock, origin: float, deadline: float,
-          model_timeout_s: float) -> bool:
+          model_timeout_s: float, inject: tuple[ToolFaults | None, Callable[[float], None]]) -> bool:
     """One assistant message and its tool calls; False when the loop must stop."""
     remaining = deadline - clock()
     if remaining <= 0:
@@ -117,9 +126,12 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
                "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
     try:
         body = client.complete(payload, min(model_timeout_s, remaining))
-    except (ModelTimeout, ContextLengthExceeded) as exc:
+    except (ModelTimeout, ContextLengthExceeded, BudgetExhausted) as exc:
         res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
                           "duration_s": clock() - m0})
+        if isinstance(exc, BudgetExhausted):
+            res.stop_reason = exc.kind
+            return False
         if isinstance(exc, ContextLengthExceeded):
             res.stop_reason = "context_length"
             return False
@@ -143,7 +155,8 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
            "tool_name": None, "tool_args": None, "observation": None, "exit_code": None,
            "started_at": started, "model_s": model_s, "tool_s": 0.0,
            "prompt_tokens": p_tok, "completion_tokens": c_tok,
-           "logprobs": json.dumps(logprobs) if logprobs else None, "observation_truncated": None}
+           "logprobs": json.dumps(logprobs) if logprobs else None, "observation_truncated": None,
+           "tool_faults": None}
     res.steps.append(row)
     if not calls:
         row["wall_s"] = clock() - m0
@@ -151,8 +164,9 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         res.stop_reason = "stop"
         return False
     t_tool = clock()
-    observations, truncated, first_code = _run_calls(res, step, calls, toolbox, messages, clock, origin, deadline)
-    row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+    observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
+                                                             deadline, inject)
+    row.update(tool_faults=json.dumps(faults) if faults else None,tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
                observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
                tool_s=clock() - t_tool, wall_s=clock() - m0)
     if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
@@ -162,27 +176,38 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
 
 
 def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],
-               clock, origin: float, deadline: float) -> tuple[list[str], bool, int | None]:
+               clock, origin: float, deadline: float,
+               inject: tuple[ToolFaults | None, Callable[[float], None]] = (None, time.sleep)
+               ) -> tuple[list[str], bool, int | None, list[dict]]:
     """Run one message's tool calls (at most MAX_CALLS_PER_STEP); (observations, any truncated,
-    the first call's exit code)."""
-    observations, truncated, first_code = [], False, None
+    the first call's exit code, the faults injected)."""
+    observations, truncated, first_code, faults = [], False, None, []
+    plan, sleep = inject
     for i, call in enumerate(calls):
         s0 = clock()
+        fault = plan.draw(step, i) if plan is not None and i < MAX_CALLS_PER_STEP else None
+        if fault is not None:
+            res.tool_faults += 1
+            faults.append({"call": i, "tool": str(call["name"]), "kind": fault})
         if i >= MAX_CALLS_PER_STEP:
             out = ToolResult(f"error: at most {MAX_CALLS_PER_STEP} tool calls run per message; "
                              "this one was not run", None, "too_many_calls")
+        elif fault in ("error", "kill"):
+            out = faulted_result(fault)
         else:
-            out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - s0, 0.1))
+            if fault == "latency":
+                sleep(min(plan.latency_s, max(deadline - s0, 0.0)))
+            out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - clock(), 0.1))
         res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
                           "start_s": s0 - origin, "duration_s": clock() - s0})
-        if out.error is not None:
+        if out.error is not None and fault is None:
             res.tool_errors += 1
         if i == 0:
             first_code = out.exit_code
         truncated = truncated or out.truncated
         observations.append(out.observation)
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": out.observation})
-    return observations, truncated, first_code
+    return observations, truncated, first_code, faults
 
 
 __all__ = ["AgentResult", "MAX_CALLS_PER_STEP", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S", "run_agent"]

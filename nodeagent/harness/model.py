@@ -33,6 +33,8 @@ class ModelError(Exception):
     far in `.result` (an AgentResult)."""
 
     result: Any = None
+    status: int | None = None     # the HTTP status, when the server answered with an error
+    body: Any = None              # its decoded JSON body, if it was JSON
 
 
 class Model(Protocol):
@@ -42,6 +44,15 @@ class Model(Protocol):
 
 class ModelTimeout(ModelError):
     """No complete answer within the request's timeout."""
+
+
+class BudgetExhausted(ModelError):
+    """The model gateway refused the call: the rollout's model budget is spent (`kind`: calls,
+    tokens or wall_time). The policy's own limit, not an infrastructure failure."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class ContextLengthExceeded(ModelError):
@@ -134,8 +145,14 @@ class HTTPModel:
             raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
                                         f"context: {raw[:300].decode(errors='replace')}")
         if status != 200:
-            raise ModelError(f"model server {self.endpoint} answered HTTP {status}: "
+            err = ModelError(f"model server {self.endpoint} answered HTTP {status}: "
                              f"{raw[:300].decode(errors='replace')}")
+            err.status = status
+            try:
+                err.body = json.loads(raw)
+            except ValueError:
+                pass
+            raise err
         try:
             body = json.loads(raw)
         except ValueError as exc:
@@ -148,5 +165,5 @@ def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> di
     return HTTPModel(endpoint).complete(payload, timeout_s)
 
 
-__all__ = ["ContextLengthExceeded", "HTTPModel", "MAX_RESPONSE_BYTES", "MODEL_TIMEOUT_S", "Model", "ModelError",
+__all__ = ["BudgetExhausted", "ContextLengthExceeded", "HTTPModel", "MAX_RESPONSE_BYTES", "MODEL_TIMEOUT_S", "Model", "ModelError",
            "ModelTimeout", "chat", "check_reply"]

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from controller.contracts.fileio import atomic_write_with
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import (JSON_COLUMNS, KEY_COLUMNS, OPTIONAL_COLUMNS, PROVENANCE_COLUMNS,
-                                             SCHEMAS, SPAN_KINDS, shard_name)
+                                             SCHEMAS, SHARD_TABLES, SPAN_KINDS, shard_name)
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,13 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
                   steps: Sequence[Mapping[str, Any]],
                   checks: Sequence[Mapping[str, Any]],
                   spans: Sequence[Mapping[str, Any]] = (),
-                  egress: Sequence[Mapping[str, Any]] = ()) -> dict[str, str]:
+                  egress: Sequence[Mapping[str, Any]] = (),
+                  model_calls: Sequence[Mapping[str, Any]] | None = None) -> dict[str, str]:
     """Validate and write the five shards of one attempt; return {table: path relative to run_dir}.
+
+    `model_calls` (the gateway's rows), when given, is written as a sixth shard of the same
+    name under `model_calls/`; it is not in the returned dict (the catalog names the five
+    shard tables; the model_calls view reads the committed keys).
 
     Child rows (`steps`, `checks`, `spans`, `egress`) may omit the key columns (run_id,
     rollout_id, attempt, fencing_token) and the provenance columns: they are copied from
@@ -58,6 +63,8 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
     children = {"steps": steps, "checks": checks, "spans": _spans(spans, node),
                 "egress": _egress(egress)}
+    if model_calls is not None:
+        children["model_calls"] = model_calls
     tables = {"rollouts": rollouts_table}
     for table, rows in children.items():
         tables[table] = _to_table(table, [_with_keys(table, i, r, keys)
@@ -68,7 +75,8 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
         directory = run_dir / table
         directory.mkdir(parents=True, exist_ok=True)
         _write_atomic(data, directory / name)
-        written[table] = f"{table}/{name}"
+        if table in SHARD_TABLES:
+            written[table] = f"{table}/{name}"
     log.info("wrote shards rollout_id=%s attempt=%s token=%s node=%s steps=%d checks=%d",
              keys["rollout_id"], keys["attempt"], keys["fencing_token"], node,
              len(steps), len(checks))
@@ -226,6 +234,10 @@ def _convert(table: str, field: pa.Field, index: int, value: Any) -> Any:
             raise SchemaError(f"{where}: a duration must be finite and >= 0, got {value!r}")
     if pa.types.is_boolean(field.type) and not isinstance(value, bool):
         raise SchemaError(f"{where}: expected a bool, got {type(value).__name__} {value!r}")
+    if pa.types.is_list(field.type):
+        if not isinstance(value, (list, tuple)):
+            raise SchemaError(f"{where}: expected a list, got {type(value).__name__}")
+        return list(value)
     if pa.types.is_string(field.type) and not isinstance(value, str):
         raise SchemaError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
     return value

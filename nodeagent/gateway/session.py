@@ -1,0 +1,208 @@
+"""One rollout's passage through the gateway: budgets, forwarding, retries across a weight
+update, and the exact record of every call (the `model_calls` rows).
+
+`Session.complete(payload, timeout_s)` is the `nodeagent.harness.model.Model` seam, so the
+built-in harness calls it in process; `nodeagent.gateway.server` puts it behind HTTP for a
+harness inside the sandbox. Each call:
+1. is refused with `BudgetExhausted` (kind `calls`, `tokens` or `wall_time`) once the rollout's
+   budget is spent; a request's `max_tokens` is clamped to the tokens left;
+2. is forwarded to the endpoint and model of the *current* policy version (`upstream()` is read
+   per attempt of the call) with the token flags of `wire.upstream_payload`;
+3. is retried, the environment untouched, when the server refuses or aborts it because a new
+   version is being loaded (`wire.is_loading_refusal`): at most `max_version_retries` times,
+   with exponential backoff, within the wall budget; the row records the version that answered
+   and the number of retries;
+4. is recorded: request messages, tools and other parameters, the reply (without its
+   prompt ids, which have their own column), prompt and completion ids and per-token logprobs
+   as the server sent them (None when it did not: never invented), finish reason, the parent
+   call and whether the prompt extends the previous call's tokens, timings.
+
+Time is injected (`clock` monotonic for durations, `wall` for `started_at`, `sleep` for the
+backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from controller.contracts.fileio import utc_now
+from controller.contracts.tasks import Budgets
+from nodeagent.gateway import wire
+from nodeagent.harness.model import BudgetExhausted, HTTPModel, Model, ModelError, ModelTimeout
+
+log = logging.getLogger(__name__)
+
+MAX_VERSION_RETRIES = 8
+RETRY_BASE_S = 0.05
+RETRY_MAX_S = 2.0
+_REQUEST_KEYS_APART = ("messages", "tools", "model", "stream", "stream_options")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where the current policy version is served."""
+    version: int
+    endpoint: str
+    model: str
+
+
+@dataclass(frozen=True)
+class GatewayBudgets:
+    max_calls: int
+    max_tokens: int
+    wall_s: float
+
+    @classmethod
+    def of(cls, b: Budgets) -> "GatewayBudgets":
+        """A task's budgets as the gateway enforces them: calls default to the step budget."""
+        return cls(max_calls=b.max_model_calls or b.max_steps, max_tokens=b.max_tokens, wall_s=b.wall_s)
+
+
+class Session:
+    """The gateway's state for one rollout attempt. Thread-safe: calls are serialised."""
+
+    def __init__(self, upstream: Upstream | Callable[[], Upstream], budgets: GatewayBudgets, *,
+                 source: str = "builtin", flavor: str = "both",
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], Any] = utc_now,
+                 sleep: Callable[[float], None] = time.sleep,
+                 client: Callable[[str], Model] | None = None,
+                 max_version_retries: int = MAX_VERSION_RETRIES) -> None:
+        if flavor not in wire.FLAVORS:
+            raise ValueError(f"gateway flavor {flavor!r}; valid: {', '.join(wire.FLAVORS)}")
+        self._upstream = upstream if callable(upstream) else (lambda: upstream)
+        self.budgets, self.source, self.flavor = budgets, source, flavor
+        self._clock, self._wall, self._sleep = clock, wall, sleep
+        self._client = client or (lambda endpoint: HTTPModel(endpoint, clock))
+        self._clients: dict[str, Model] = {}
+        self.max_version_retries = max_version_retries
+        self.key = "pdk-" + secrets.token_hex(16)     # the OPENAI_API_KEY a harness is given
+        self.deadline = clock() + budgets.wall_s
+        self.rows: list[dict] = []
+        self.tokens_used = 0
+        self._history: list[tuple[list[int] | None, list[int] | None]] = []
+        self._lock = threading.Lock()
+
+    # -- the Model seam ---------------------------------------------------------------------
+
+    def complete(self, payload: dict, timeout_s: float) -> dict:
+        with self._lock:
+            return self._call(payload, timeout_s)
+
+    @property
+    def calls(self) -> int:
+        return len(self.rows)
+
+    def last_content(self) -> str | None:
+        """The content of the last answered call's message (a harness's final answer)."""
+        for row in reversed(self.rows):
+            if row["status"] == "ok":
+                return json.loads(row["response"])["choices"][0]["message"].get("content")
+        return None
+
+    # -- one call -----------------------------------------------------------------------------
+
+    def _check_budget(self, now: float) -> None:
+        b = self.budgets
+        if len([r for r in self.rows if r["status"] != "budget"]) >= b.max_calls:
+            raise BudgetExhausted("calls", f"the rollout's budget of {b.max_calls} model calls is spent")
+        if self.tokens_used >= b.max_tokens:
+            raise BudgetExhausted("tokens", f"the rollout's budget of {b.max_tokens} tokens is spent")
+        if now >= self.deadline:
+            raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
+
+    def _call(self, payload: dict, timeout_s: float) -> dict:
+        t_in, started = self._clock(), self._wall()
+        wire.check_request(payload)
+        try:
+            self._check_budget(t_in)
+        except BudgetExhausted as exc:
+            self._record(payload, started, t_in, None, None, 0, 0.0, "budget", str(exc))
+            raise
+        left = self.budgets.max_tokens - self.tokens_used
+        payload = dict(payload)
+        for key in ("max_tokens", "max_completion_tokens"):
+            if key in payload or key == "max_tokens":
+                asked = payload.get(key)
+                payload[key] = left if not isinstance(asked, int) or isinstance(asked, bool) else min(asked, left)
+        retries, upstream_s = 0, 0.0
+        while True:
+            up = self._upstream()
+            remaining = min(timeout_s, self.deadline - self._clock())
+            t0 = self._clock()
+            try:
+                if remaining <= 0:
+                    raise ModelTimeout("no wall budget left for the model call")
+                body = self._client_for(up.endpoint).complete(wire.upstream_payload(payload, up.model, self.flavor),
+                                                              remaining)
+                status, err = 200, None
+            except ModelError as exc:
+                body, status, err = exc.body, exc.status, exc
+            upstream_s += self._clock() - t0
+            if wire.is_loading_refusal(status, body) and retries < self.max_version_retries \
+                    and self._clock() < self.deadline:
+                retries += 1
+                log.info("model server is loading a new version; retry %d of the call (version %d)",
+                         retries, up.version)
+                self._sleep(min(RETRY_BASE_S * 2 ** (retries - 1), RETRY_MAX_S,
+                                max(self.deadline - self._clock(), 0.0)))
+                continue
+            if err is not None:
+                self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
+                raise err
+            self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
+            return body
+
+    def _client_for(self, endpoint: "str | Model") -> Model:
+        if not isinstance(endpoint, str):
+            return endpoint             # a Model given as the endpoint (replay, tests)
+        c = self._clients.get(endpoint)
+        if c is None:
+            c = self._clients[endpoint] = self._client(endpoint)
+        return c
+
+    def _record(self, payload: dict, started, t_in: float, up: Upstream | None, body: dict | None,
+                retries: int, upstream_s: float, status: str, error: str | None) -> None:
+        toks = wire.extract(body) if body is not None else wire.Tokens(None, None, None, None)
+        if status == "ok":
+            parent, extends = wire.find_parent(self._history, toks.prompt_ids)
+            self._history.append((toks.prompt_ids, toks.completion_ids))
+        else:
+            parent, extends = None, None
+        usage = (body or {}).get("usage") or {}
+        p_tok, c_tok = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if status == "ok":
+            self.tokens_used += int(p_tok or 0) + int(c_tok or 0)
+        params = {k: v for k, v in payload.items() if k not in _REQUEST_KEYS_APART}
+        self.rows.append({
+            "call_index": len(self.rows), "parent_call": parent, "prompt_extends_previous": extends,
+            "source": self.source, "step": None,
+            "call_policy_version": up.version if up else None, "model": up.model if up else None,
+            "request_model": payload.get("model") if isinstance(payload.get("model"), str) else None,
+            "request_messages": json.dumps(payload.get("messages")),
+            "request_tools": json.dumps(payload["tools"]) if payload.get("tools") else None,
+            "request_params": json.dumps(params, sort_keys=True, default=str),
+            "response": json.dumps(_without_prompt_ids(body)) if body is not None else None,
+            "finish_reason": toks.finish_reason, "prompt_token_ids": toks.prompt_ids,
+            "completion_token_ids": toks.completion_ids, "completion_logprobs": toks.logprobs,
+            "prompt_tokens": p_tok if isinstance(p_tok, int) else None,
+            "completion_tokens": c_tok if isinstance(c_tok, int) else None,
+            "status": status, "error": error, "retries": retries, "started_at": started,
+            "upstream_s": upstream_s, "gateway_s": max(self._clock() - t_in - upstream_s, 0.0),
+        })
+
+
+def _without_prompt_ids(body: dict) -> dict:
+    """The reply as stored in `response`: the prompt ids live in their own list column."""
+    out = {k: v for k, v in body.items() if k != "prompt_token_ids"}
+    if isinstance(out.get("choices"), list):
+        out["choices"] = [{k: v for k, v in c.items() if k != "prompt_token_ids"} if isinstance(c, dict) else c
+                          for c in out["choices"]]
+    return out
+
+
+__all__ = ["BudgetExhausted", "GatewayBudgets", "Session", "Upstream"]
