@@ -1,6 +1,6 @@
 """The sandbox vocabulary both backends share: what a sandbox is asked for and what it answers.
 
-`SandboxSpec` (image, limits, visible files, hostname, egress socket) is the request;
+`SandboxSpec` (image, layers, limits, visible files, hostname, egress socket) is the request;
 `ExecResult` is a command's outcome (a command that fails inside the sandbox is an ExecResult,
 never an error); `Change` is one entry of a writable layer's diff; `SandboxError` is every
 infrastructure failure (the sandbox could not be made, or died under us, or refused a call).
@@ -51,6 +51,10 @@ class SandboxSpec:
     files: dict = field(default_factory=dict)     # relative to /work -> bytes, owned by the agent
     hostname: str = "sandbox"
     egress_socket: str | None = None   # host path of the node egress proxy's Unix socket
+    # Read-only layers (squashfs files of `layers.treelayer`), bottom first: layers[0] lies just
+    # above the image, the last just below the sandbox's writable layer. Shared by every
+    # sandbox of the node that names them, never copied per sandbox; diff() sees none of them.
+    layers: tuple = ()
 
 
 def changes_to_tar(changes: list[Change]) -> bytes:
