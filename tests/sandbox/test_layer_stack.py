@@ -157,3 +157,35 @@ def test_layers_on_fuse_overlayfs_are_refused_saying_why(rw_image, repo_layer):
         with pytest.raises(SandboxError, match="layers need the kernel overlay"):
             rt.create(SandboxSpec(image=rw_image, layers=(repo_layer,)))
         assert rt.settle() is None
+
+
+@pytest.fixture(scope="module")
+def sdist_tree(base):
+    """A real repository: sympy 1.12's source distribution (pip download; skipped offline)."""
+    import subprocess
+    import sys
+    import tarfile
+    cache = Path(os.environ.get("PADDOCK_SDIST_CACHE", "/var/tmp/paddock/sdists"))
+    tree = cache / "sympy-1.12"
+    if not tree.is_dir():
+        cache.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                            "sympy==1.12", "-d", str(cache), "-q"], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot download the sympy sdist: {r.stderr[-300:]}")
+        with tarfile.open(cache / "sympy-1.12.tar.gz") as tf:
+            tf.extractall(cache, filter="data")
+    return tree
+
+
+@pytest.mark.slow
+def test_a_real_repository_layer_gives_a_one_change_diff_for_a_one_line_edit(runtime, rw_image, store, sdist_tree):
+    layer = treelayer.ensure_tree_layer(store, sdist_tree, "/work/repo")[1]
+    with runtime.create(SandboxSpec(image=rw_image, layers=(layer,))) as sb:
+        r = sb.exec(["sh", "-c", "echo '# fixed' >> /work/repo/sympy/core/numbers.py && "
+                                 "test -x /work/repo/bin/isympy && ls /work/repo/sympy | wc -l"])
+        assert r.exit_code == 0, r.stderr
+        assert int(r.stdout) > 30
+        changes = sb.diff("/work")
+    assert [(c.path, c.kind) for c in changes] == [("/work/repo/sympy/core/numbers.py", "modified")]
+    assert changes[0].data.endswith(b"# fixed\n")
