@@ -26,11 +26,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from layers import archives
 from layers.sif import ARCH_CODES, SOURCE_DATE_EPOCH_ENV, source_date_epoch, write_sif
 from layers.staging import (  # noqa: F401 - re-exported: build.* is the public API
     STDERR_TAIL_BYTES, BuildError, CommandFailed, Progress, _remove, clamp_times, detect_arch,
-    is_oci_layout, run_command, sanitise_tree, source_content_key, source_kind,
-    stage_directory, stage_oci_layout, stage_tarball)
+    is_oci_layout, run_command, sanitise_tree, stage_directory, stage_oci_layout, stage_tarball)
+from layers.staging import source_content_key as _tree_content_key
+from layers.staging import source_kind as _shape_kind
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,23 @@ SLIM_GLOBS = ("var/cache/apt/archives/*.deb", "var/cache/apt/*.bin", "var/lib/ap
 
 def _noop(_msg: str) -> None:
     pass
+
+
+def source_kind(src: Path) -> str:
+    """"oci", "dir", "docker-archive", "oci-archive" or "tar" (a root filesystem tarball)."""
+    kind = _shape_kind(Path(src))
+    if kind == "tar":
+        kind = archives.archive_kind(Path(src)) or "tar"
+    return kind
+
+
+def source_content_key(src: Path) -> dict[str, Any]:
+    """What identifies a source's content (the store's recipe key for `--store` builds):
+    `staging.source_content_key`, or for an image archive its kind and sha256."""
+    kind = source_kind(Path(src))
+    if kind in (archives.DOCKER_ARCHIVE, archives.OCI_ARCHIVE):
+        return archives.archive_content_key(Path(src), kind)
+    return _tree_content_key(Path(src))
 
 
 # ---------------------------------------------------------------- squashfs + SIF
@@ -93,7 +112,8 @@ def tree_to_sif(rootfs: Path, out_sif: Path, metadata: dict[str, Any],
 def build_image(src: Path | str, out_sif: Path | str, workdir: Path | str | None = None,
                 progress: Progress | None = None,
                 metadata: dict[str, Any] | None = None, arch: str | None = None) -> Path:
-    """Build a SIF from a rootfs directory, a tarball or an OCI layout directory."""
+    """Build a SIF from a rootfs directory, a tarball, an OCI layout directory, or an image
+    archive (`docker save` output, a tarred OCI layout: `layers.archives`)."""
     src, out_sif = Path(src), Path(out_sif)
     progress = progress or _noop
     if not src.exists():
@@ -108,6 +128,8 @@ def build_image(src: Path | str, out_sif: Path | str, workdir: Path | str | None
         source = kind
         if kind == "oci":
             source = f"oci:{stage_oci_layout(src, root, progress, epoch_s)}"
+        elif kind in (archives.DOCKER_ARCHIVE, archives.OCI_ARCHIVE):
+            source = archives.stage_archive(src, root, kind, progress, epoch_s)
         elif kind == "dir":
             stage_directory(src, root)
         else:

@@ -4,6 +4,7 @@ Layout under `root` (directories 0755, files 0644, so the unprivileged subordina
 sandbox runs as can read every image):
 
     sha256/<hex>.sif        an image; <hex> = sha256 of the SIF file's bytes
+    layers/sha256/<hex>.sqfs  a layer (a squashfs stacked above an image; `layers.treelayer`)
     recipes/<recipe_hash>   text "sha256:<hex>\\n": the image a recipe produced
     locks/<recipe_hash>.lock  fcntl lock held while that recipe is being built
     tmp/                    partial files; renamed into place atomically (same filesystem)
@@ -93,15 +94,25 @@ def _hex_of(digest: str) -> str:
 class ImageStore:
     def __init__(self, root: os.PathLike | str):
         self.root = Path(root)
-        for sub in ("sha256", "recipes", "locks", "tmp"):
+        for sub in ("sha256", "recipes", "locks", "tmp", "layers/sha256"):
             _makedirs(self.root / sub)
 
     # ------------------------------------------------------------ lookup
-    def path_of(self, digest: str) -> Path:
+    def path_of(self, digest: str, kind: str = "image") -> Path:
+        """Where the image (kind "image") or layer (kind "layer") with this digest lives."""
+        if kind == "layer":
+            return self.root / "layers" / "sha256" / f"{_hex_of(digest)}.sqfs"
         return self.root / "sha256" / f"{_hex_of(digest)}.sif"
 
-    def has(self, digest: str) -> bool:
-        return self.path_of(digest).is_file()
+    def has(self, digest: str, kind: str = "image") -> bool:
+        return self.path_of(digest, kind).is_file()
+
+    def layer(self, digest: str) -> Path:
+        """Path of the layer with this digest; missing -> ImageNotFound."""
+        p = self.path_of(digest, "layer")
+        if not p.is_file():
+            raise ImageNotFound(f"layer sha256:{_hex_of(digest)}", self.root)
+        return p
 
     def get(self, digest: str) -> Path:
         """Path of the image with this digest (`sha256:<hex>` or bare hex)."""
@@ -124,14 +135,14 @@ class ImageStore:
         return sorted(f"sha256:{p.stem}" for p in (self.root / "sha256").glob("*.sif")
                       if _HEX64.match(p.stem))
 
-    def lookup_recipe(self, recipe: dict[str, Any]) -> str | None:
-        """The digest a recipe built earlier, if that image is still present."""
+    def lookup_recipe(self, recipe: dict[str, Any], kind: str = "image") -> str | None:
+        """The digest a recipe built earlier, if that image (or layer) is still present."""
         idx = self.root / "recipes" / recipe_hash(recipe)
         try:
             digest = idx.read_text().strip()
         except FileNotFoundError:
             return None
-        return digest if self.has(digest) else None
+        return digest if self.has(digest, kind) else None
 
     # ------------------------------------------------------------ writing
     def _atomic_write(self, final: Path, write: Callable[[Path], Any]) -> None:
@@ -147,11 +158,12 @@ class ImageStore:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def add(self, sif_path: os.PathLike | str) -> tuple[str, Path]:
-        """Copy a SIF file into the store. Returns ("sha256:<hex>", stored path)."""
+    def add(self, sif_path: os.PathLike | str, kind: str = "image") -> tuple[str, Path]:
+        """Copy a SIF file (or, kind "layer", a squashfs layer) into the store. Returns
+        ("sha256:<hex>", stored path)."""
         src = Path(sif_path)
         hexd = sha256_file(src)
-        final = self.root / "sha256" / f"{hexd}.sif"
+        final = self.path_of(hexd, kind)
         if not final.is_file():
             def copy(tmp: Path) -> None:
                 with open(src, "rb") as i, open(tmp, "wb") as o:
@@ -165,14 +177,15 @@ class ImageStore:
         self._atomic_write(final, lambda tmp: tmp.write_text(digest + "\n"))
 
     def build_or_reuse(self, recipe: dict[str, Any], builder: Builder,
-                       progress: StoreProgress | None = None) -> tuple[str, Path]:
-        """Return the image of `recipe`, building it with `builder(out_path)` only if no
-        earlier build (by this or any concurrent process) produced it."""
+                       progress: StoreProgress | None = None, kind: str = "image") -> tuple[str, Path]:
+        """Return the image (or, kind "layer", the layer) of `recipe`, building it with
+        `builder(out_path)` only if no earlier build (by this or any concurrent process)
+        produced it."""
         progress = progress or (lambda _m: None)
         rh = recipe_hash(recipe)
-        if (digest := self.lookup_recipe(recipe)) is not None:
+        if (digest := self.lookup_recipe(recipe, kind)) is not None:
             progress(f"reusing {digest} for recipe {rh[:12]}")
-            return digest, self.get(digest)
+            return digest, self.path_of(digest, kind)
         lock_path = self.root / "locks" / f"{rh}.lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, FILE_MODE)
         try:
@@ -181,16 +194,16 @@ class ImageStore:
             except BlockingIOError:
                 progress(f"waiting for another builder of recipe {rh[:12]}")
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            if (digest := self.lookup_recipe(recipe)) is not None:
+            if (digest := self.lookup_recipe(recipe, kind)) is not None:
                 progress(f"reusing {digest} for recipe {rh[:12]} (built concurrently)")
-                return digest, self.get(digest)
+                return digest, self.path_of(digest, kind)
             progress(f"building recipe {rh[:12]}")
             with tempfile.TemporaryDirectory(prefix="build-", dir=self.root / "tmp") as tmp:
-                out = Path(tmp) / "image.sif"
+                out = Path(tmp) / ("layer.sqfs" if kind == "layer" else "image.sif")
                 builder(out)
-                digest, path = self.add(out)
+                digest, path = self.add(out, kind)
             self._index_recipe(recipe, digest)
-            log.info("built image %s for recipe %s", digest, rh)
+            log.info("built %s %s for recipe %s", kind, digest, rh)
             return digest, path
         finally:
             os.close(fd)           # releases the flock

@@ -10,6 +10,8 @@
     usercaps.py   caps without cgroups: the memory monitor, CPU slices + SCHED_BATCH, pids per id slice
     warmpool.py   ready sandboxes per spec; PooledBackend gives a backend pool/acquire
     zygote.py     the node namespace holder (internal entry point `python -m nodeagent.sandbox.zygote`)
+    layerfs.py    the node's copies of layers (unpacked once onto the layer tmpfs, whiteouts for the overlay)
+    setuplayer.py set-up once: a task's setup commands run in one sandbox, their diff kept as a layer
     sbxinit.py    requests to the native builder and init, file operations in a sandbox's namespace
     cgroups.py, seccomp.py, nsutil.py, framing.py, native/   caps, syscall filter, syscalls, wire, C
     apptainer.py  the Apptainer backend

@@ -33,6 +33,7 @@ class Sandbox(SandboxHandle):
         self._pidfd = pidfd   # the init's: destroy kills through it and waits on it
         self.init_pid, self.uid_map, self.spec = init_pid, uid_map, spec
         self.image_key = image_key
+        self.layer_keys: tuple[str, ...] = ()   # the node's references on its layers (bottom first)
         self.cgroup: str | None = None   # name of its cgroup under the node's (see cgroups.py)
         self._stage_marks: tuple | None = None   # (requested, returned, the builder's raw marks)
         self._lock = threading.Lock()

@@ -2,7 +2,8 @@
 
 `SandboxRuntime` owns one node namespace holder (`nodeagent.sandbox.zygote`): a user namespace that
 maps the agent's subordinate-id range, in which each image is mounted once (squashfuse,
-counted, unmounted after a grace period) and from which every sandbox is forked with its own
+counted, unmounted after a grace period), each layer of `spec.layers` unpacked once onto the
+node's layer tmpfs (`nodeagent.sandbox.layerfs`; counted and released likewise), and from which every sandbox is forked with its own
 disjoint id slice. At start it detects how caps are enforced (`nodeagent.sandbox.cgroups`: cgroup v2,
 v1 or rlimits; `caps_report()`), refuses caps the host cannot enforce unless told to degrade,
 picks the writable-root path for the kernel and sweeps what a killed predecessor left (both in
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLICE_SIZE = 1024
 RECORD_TEMPLATES_MAX = 64   # create-request templates kept (one per image and spec shape)
+MAX_LAYERS = 16             # per sandbox (native/sbxinit.c MAX_LAYERS)
+LAYER_KEY_PREFIX = "L"      # a layer's key (image keys are hex digits)
 
 
 class _ImageMount:
@@ -68,7 +71,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
     run_root: the per-user directory of node state dirs (`nodeagent.sandbox.statedir`; default
     `$XDG_RUNTIME_DIR/paddock` when usable, else /tmp/paddock-<uid>), checked before use.
     overlay: "auto" (kernel overlay on kernels ≥ 6.5, else fuse-overlayfs), "kernel" or
-    "fuse-overlayfs". image_grace_s: how long an unused image stays mounted; clock: monotonic.
+    "fuse-overlayfs". image_grace_s: how long an unused image (or layer) stays mounted; clock:
+    monotonic. layer_cache_mb: the cap of the node's layer tmpfs (unpacked layers).
     """
 
     def __init__(self, state_dir: str | None = None, subids: tuple[int, int] | None = None,
@@ -76,7 +80,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
                  caps: tuple[str, ...] = cgroups.CAPS, degrade: bool = False, use_cgroups: bool = True,
                  overlay: str = "auto", image_grace_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, run_root: str | None = None,
-                 user_space_caps: bool = True):
+                 user_space_caps: bool = True, layer_cache_mb: int = 4096):
         self.subids = subids or subid_range(user)
         self.slice_size = slice_size
         self.slots = self.subids[1] // slice_size - 1   # slice 0 is the holder's own root
@@ -87,6 +91,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         self.overlay = choose_overlay(overlay)
         self.caps, self.degrade, self.clock = tuple(caps), degrade, clock
         self.image_grace_s = image_grace_s
+        self.layer_cache_mb = int(layer_cache_mb)
         self.run_root = run_root or statedir.default_run_root()
         self.user_space_caps = user_space_caps
         self.monitor: usercaps.MemoryMonitor | None = None
@@ -171,7 +176,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         self._spares_chan, chan = socket.socketpair()
         self._spares_chan.setblocking(False)
         argv = [sys.executable, "-m", "nodeagent.sandbox.zygote", "--ctl-fd", str(theirs.fileno()),
-                "--state", self.state_dir, "--init-fd", str(self._init_exe), "--spares-fd", str(chan.fileno())]
+                "--state", self.state_dir, "--init-fd", str(self._init_exe), "--spares-fd", str(chan.fileno()),
+                "--layer-cache-mb", str(self.layer_cache_mb)]
         if shim is not None:
             argv += ["--fuse-shim-fd", str(shim)]
         try:
@@ -302,11 +308,20 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
     # -- images: one mount per digest, counted, unmounted after a grace period ---------------
     def mount_image(self, image: Path) -> str:
         """Mount `image` (once) and take a reference on it; the sandbox's destroy gives it back."""
+        return self._mount(image, "image")
+
+    def mount_layer(self, layer: Path) -> str:
+        """Unpack `layer` (a squashfs of `layers.treelayer`) on the node (once) and take a
+        reference on it; the sandbox's destroy gives it back. Its key starts with "L"."""
+        return self._mount(layer, "layer")
+
+    def _mount(self, image: Path, kind: str) -> str:
         try:
             st = os.stat(image)
         except FileNotFoundError:
-            raise SandboxError(f"image {image} does not exist: build it with `paddock image build` "
-                               f"or give the path of a SIF file in the image store") from None
+            how = "`layers.treelayer.ensure_tree_layer`" if kind == "layer" else "`paddock image build`"
+            raise SandboxError(f"{kind} {image} does not exist: build it with {how} "
+                               f"or give the path of a file in the image store") from None
         ident = (str(image), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         cached = self._partitions.get(ident)   # the same file, unchanged: no need to re-read it
         if cached is None:
@@ -316,17 +331,22 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
             except SandboxError:
                 raise
             except Exception as exc:   # layers.sif.SifError: corrupt, truncated, another architecture
-                raise SandboxError(f"image {image} cannot be used: {exc}") from exc
+                raise SandboxError(f"{kind} {image} cannot be used: {exc}") from exc
             self._partitions[ident] = cached
         key, offset, image = cached
+        if kind == "layer":
+            key = LAYER_KEY_PREFIX + key
         with self._lock:
             m = self._images.get(key)
             if m is not None:
                 m.refs += 1
                 m.idle_since = None
                 return key
-        self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset,
-                    "extract": self.overlay == "extracted"})
+        if kind == "layer":
+            self._call({"op": "mount_layer", "key": key, "path": str(image), "offset": offset})
+        else:
+            self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset,
+                        "extract": self.overlay == "extracted"})
         with self._lock:
             m = self._images.setdefault(key, _ImageMount(str(image)))
             m.refs += 1
@@ -343,7 +363,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
                 del self._images[k]
         for k in idle:
             try:
-                self._call({"op": "unmount_image", "key": k})
+                self._call({"op": "unmount_layer" if k.startswith(LAYER_KEY_PREFIX) else "unmount_image", "key": k})
                 gone.append(k)
             except SandboxError as exc:
                 log.warning("unmounting image %s failed: %s", k, exc)
@@ -360,6 +380,26 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
     def mounted_images(self) -> list[str]:
         return sorted(self._call({"op": "ping"})["images"])
 
+    def mounted_layers(self) -> list[str]:
+        """Keys of the layers unpacked on the node now (in use or within their grace period)."""
+        return sorted(self._call({"op": "ping"})["layers"])
+
+    def _mount_layers(self, spec: SandboxSpec) -> list[str]:
+        """A reference on each of `spec.layers` (bottom first); all or none."""
+        layers = tuple(getattr(spec, "layers", ()) or ())
+        if len(layers) > MAX_LAYERS:
+            raise SandboxError(f"a sandbox takes at most {MAX_LAYERS} layers, not {len(layers)}")
+        keys: list[str] = []
+        try:
+            for layer in layers:
+                keys.append(self.mount_layer(Path(layer)))
+        except SandboxError:
+            with self._lock:
+                for k in keys:
+                    self._unref_image_locked(k)
+            raise
+        return keys
+
     # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
         """A sandbox built from nothing: its cgroup (caps written before anything runs), id
@@ -367,23 +407,32 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         The cgroups are made while the builder mounts the root (they are sent to it after)."""
         self.reap_images()
         key = self.mount_image(spec.image)
-        slice_no = self._take_slice(key)
+        try:
+            layer_keys = self._mount_layers(spec)
+        except SandboxError:
+            with self._lock:
+                self._unref_image_locked(key)
+            raise
+        keys = [key, *layer_keys]
+        slice_no = self._take_slice(keys)
         sid = f"s{next(self._ids)}"
         cgroup = f"c{next(self._cg_ids)}"
         t_req = time.monotonic()
         cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
         req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
                "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-               "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket}
+               "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
+               "layer_keys": layer_keys}
         if usercaps.held_in_user_space(self.cgroups.report, "cpu"):
             req["sched"] = usercaps.sched_specs(self._cpu_slices.take(float(spec.limits.get("cpu") or 0)))
         try:
             reply, init_sock, init_pidfd = self._build(req, cgroup)
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
-            self._release(slice_no, key)
+            self._release(slice_no, keys)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
                      (reply.get("U") or [b""])[0].decode().strip(), spec, key, init_pidfd)
+        sb.layer_keys = tuple(layer_keys)
         sb.cgroup = cgroup
         sb._stage_marks = (t_req, time.monotonic(), reply.get("T") or [])   # parsed on demand
         with self._lock:
@@ -410,9 +459,9 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         """The memory monitor's record of sandbox `sid` (kills, peak), if it is watched."""
         return self.monitor.get(sid) if self.monitor is not None else None
 
-    def _take_slice(self, key: str) -> int:
+    def _take_slice(self, keys: list[str]) -> int:
         """A free id slice, after waiting for destroyed sandboxes' teardown if none is free; none
-        at all gives back the image reference `key` and raises SandboxError."""
+        at all gives back the image and layer references `keys` and raises SandboxError."""
         with self._lock:
             short = not self._free_slices
         if short:
@@ -420,7 +469,8 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
             self.settle()   # destroyed sandboxes still hold slices: wait for their teardown
         with self._lock:
             if not self._free_slices:
-                self._unref_image_locked(key)
+                for key in keys:
+                    self._unref_image_locked(key)
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
             return self._free_slices.pop()
 
@@ -497,7 +547,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
     def _build_records(self, req: dict) -> list[tuple[str, bytes]]:
         """`sbxinit.build_records(req)`: all but the sandbox's id, dir and id slice come from a
         template per (image, limits, hostname, egress, caps), made once."""
-        tkey = (req["image_key"], tuple(sorted(req["limits"].items())), req["hostname"],
+        tkey = (req["image_key"], tuple(req.get("layer_keys") or ()), tuple(sorted(req["limits"].items())), req["hostname"],
                 req["egress_socket"], tuple(req["cgroup_caps"]), tuple(req.get("sched", ())[:2]))
         template = self._record_templates.get(tkey)
         if template is None:
@@ -524,10 +574,10 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
             if m.refs <= 0:
                 m.refs, m.idle_since = 0, self.clock()
 
-    def _release(self, slice_no: int, key: str | None = None) -> None:
+    def _release(self, slice_no: int, keys: list[str] = ()) -> None:
         with self._lock:
             self._free_slices.append(slice_no)
-            if key is not None:
+            for key in keys:
                 self._unref_image_locked(key)
 
     def _sandbox_op(self, sid: str, req: dict, max_bytes: int) -> dict:
@@ -549,8 +599,9 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         with self._lock:
             self._live.discard(sb.id)
             self._dying.append(sb)
-            # Its processes are killed: the image may go (a detached mount outlives no one).
-            self._unref_image_locked(sb.image_key)
+            # Its processes are killed: the image and layers may go (a detached mount outlives no one).
+            for key in (sb.image_key, *sb.layer_keys):
+                self._unref_image_locked(key)
         self._reclaim()
 
     def _reclaim(self) -> None:

@@ -191,12 +191,13 @@ def spawn_init(init_exe: int, bpf_fd: int, root: str, req: dict, egress_fd: int 
 
 def build_records(req: dict, state_dir: str) -> list[tuple[str, bytes]]:
     """A create request for a native builder (`nodeagent/sandbox/native/sbxinit.c`): the sandbox's id
-    and dir, the image's mount relative to it, the /dev template, tmpfs caps, id slice,
+    and dir, the image's mount relative to it, the layers' node copies (bottom first), the /dev template, tmpfs caps, id slice,
     hostname, the init's rlimits and the egress socket's path (paths as the node holder sees
     them: its state tmpfs is mounted at the state dir)."""
     sbx = os.path.join(state_dir, "sbx", req["id"])
     lower = os.path.join(state_dir, "images", req["image_key"])
-    recs = [("i", req["id"]), ("d", sbx), ("l", os.path.relpath(lower, sbx)), ("v", os.path.join(state_dir, "dev")),
+    recs = [("y", os.path.join(state_dir, "layers", key)) for key in req.get("layer_keys") or ()]
+    recs += [("i", req["id"]), ("d", sbx), ("l", os.path.relpath(lower, sbx)), ("v", os.path.join(state_dir, "dev")),
             ("z", _tmpfs_caps(req.get("limits") or {})), ("b", str(int(req["slice_base"]))),
             ("n", str(int(req["slice_size"]))), ("h", str(req.get("hostname", "sandbox")))]
     recs += [("R", spec) for spec in init_rlimits(req.get("limits") or {}, req.get("cgroup_caps") or [], req.get("sched") or [])]
@@ -341,7 +342,7 @@ def handle_op(req: dict, rec: dict) -> dict:
         return {"ok": True, "data": data[:cap], "truncated": len(data) > cap}
     if op == "diff":
         return {"ok": True, "changes": upper_diff(rec["sbx"], req.get("prefix", "/"),
-                                                  int(req.get("max_bytes", 8 << 20)), rec.get("lower"))}
+                                                  int(req.get("max_bytes", 8 << 20)), rec.get("lowers"))}
     if op == "apply":
         apply_changes(root, req["changes"], base)
         return {"ok": True}
@@ -392,21 +393,30 @@ def checked_exec_reply(recs: dict) -> dict:
     return reply
 
 
-def upper_diff(sbx: str, prefix: str, max_bytes: int, lower: str | None = None) -> list[dict]:
+def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
     (content, mode), directories new or changed ('dir', mode), symlinks, and deletions. Whiteouts
     are the kernel's (char 0:0, `user.overlay.whiteout`, opaque `user.overlay.opaque`) or
-    fuse-overlayfs's (`.wh.NAME`, `.wh..wh..opq`); an opaque directory is 'deleted' then 'dir'."""
+    fuse-overlayfs's (`.wh.NAME`, `.wh..wh..opq`); an opaque directory is 'deleted' then 'dir'.
+    `lowers`: the lower dirs, top first (layers, then the image); a path is in the lower tree
+    when the topmost lower that has it holds no whiteout there."""
     upper = os.path.join(sbx, "upper")
-    lower = lower or _lowerdir(os.path.join(sbx, "root"))
+    if isinstance(lowers, str):
+        lowers = [lowers]
+    if not lowers:
+        found = _lowerdir(os.path.join(sbx, "root"))
+        lowers = [os.path.normpath(os.path.join(sbx, p)) for p in found.split(":")] if found else []
     start = os.path.join(upper, prefix.strip("/"))
     changes, total = [], 0
 
     def in_lower(rel: str):
-        try:
-            return os.lstat(os.path.join(lower, rel.lstrip("/"))) if lower else None
-        except OSError:
-            return None
+        for lower in lowers:
+            try:
+                st = os.lstat(os.path.join(lower, rel.lstrip("/")))
+            except OSError:
+                continue
+            return None if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 else st
+        return None
 
     for dirpath, dirnames, filenames in os.walk(start):
         dirnames.sort()

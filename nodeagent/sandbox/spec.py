@@ -1,6 +1,7 @@
 """The sandbox vocabulary both backends share: what a sandbox is asked for and what it answers.
 
-`SandboxSpec` (image, limits, visible files, hostname, egress socket) is the request;
+`SandboxSpec` (image, layers, limits, visible files, hostname, egress socket) is the request;
+`SetupError` (a SandboxError) is a task setup command that failed;
 `ExecResult` is a command's outcome (a command that fails inside the sandbox is an ExecResult,
 never an error); `Change` is one entry of a writable layer's diff; `SandboxError` is every
 infrastructure failure (the sandbox could not be made, or died under us, or refused a call).
@@ -24,6 +25,17 @@ DEFAULT_LIMITS = {"memory_mb": 256, "pids": 64, "disk_mb": 64, "nofile": 256}
 
 class SandboxError(Exception):
     """Infrastructure failure: the sandbox could not be created or died under us."""
+
+
+class SetupError(SandboxError):
+    """A task's setup command failed (`nodeagent.sandbox.setuplayer`): the task's environment is
+    broken, not the agent's work. The caller records the rollout as infra_error and quarantines
+    the task. Carries the command, its exit code (124: timed out) and the tail of its output."""
+
+    def __init__(self, command: str, exit_code: int, output_tail: str, timed_out: bool = False):
+        self.command, self.exit_code, self.output_tail, self.timed_out = command, exit_code, output_tail, timed_out
+        how = "timed out" if timed_out else f"exited {exit_code}"
+        super().__init__(f"setup command {command!r} {how}; output (tail):\n{output_tail}")
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,10 @@ class SandboxSpec:
     files: dict = field(default_factory=dict)     # relative to /work -> bytes, owned by the agent
     hostname: str = "sandbox"
     egress_socket: str | None = None   # host path of the node egress proxy's Unix socket
+    # Read-only layers (squashfs files of `layers.treelayer`), bottom first: layers[0] lies just
+    # above the image, the last just below the sandbox's writable layer. Shared by every
+    # sandbox of the node that names them, never copied per sandbox; diff() sees none of them.
+    layers: tuple = ()
 
 
 def changes_to_tar(changes: list[Change]) -> bytes:

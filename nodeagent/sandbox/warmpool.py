@@ -112,7 +112,8 @@ class WarmPool:
 
 
 def pool_key(spec) -> tuple:
-    return (str(spec.image), tuple(sorted(spec.limits.items())), spec.hostname, spec.egress_socket)
+    return (str(spec.image), tuple(str(p) for p in spec.layers), tuple(sorted(spec.limits.items())),
+            spec.hostname, spec.egress_socket)
 
 
 class PooledBackend:

@@ -1,7 +1,7 @@
 """The node's namespace holder: one long-lived user + mount + PID namespace per node agent.
 
 Started by `nodeagent.sandbox.runtime.SandboxRuntime` as `python -m nodeagent.sandbox.zygote --ctl-fd N
---state DIR --init-fd N --spares-fd N [--fuse-shim-fd N]`: an INTERNAL entry point, not a user
+--state DIR --init-fd N --spares-fd N [--fuse-shim-fd N] [--layer-cache-mb N]`: an INTERNAL entry point, not a user
 command (users go through `paddock`); its fixed flags are read by `parse_args`, no argparse.
 Stage 1 unshares a user and mount namespace and waits while the agent writes its
 subordinate-id mapping (`0 <subuid base> <count>`), becomes root of that namespace, unshares a
@@ -11,6 +11,8 @@ PID namespace and forks stage 2, the node init, which:
 - mounts each image once with `squashfuse -f -o ro,allow_other,offset=N` under `DIR/images/`
   (a FUSE mount made inside the namespace, so image uid 0 is the namespace's root and copy-up
   works), shared by every sandbox of the node;
+- unpacks each layer once onto the node's layer tmpfs `DIR/layers/` (`nodeagent.sandbox.layerfs`),
+  shared by every sandbox stacked on it (each sees it through its own idmapped clone);
 - keeps SPARE_BUILDERS native builders (`nodeagent/sandbox/native/sbxinit.c`, forked by its native
   factory, which holds nothing of any sandbox either) waiting, holding nothing
   of any sandbox; the agent gets each one's request socket (over the spares channel) and sends
@@ -22,7 +24,7 @@ Both stages set PDEATHSIG=SIGKILL: if the agent dies, the node init dies, the ke
 every process in the node PID namespace (sandboxes and squashfuse daemons) and the mount
 namespace, with its mounts and tmpfs, disappears. Nothing outlives the agent.
 
-Imports only the standard library and nodeagent.sandbox.{nsutil,framing,sbxinit,seccomp}. Must not
+Imports only the standard library and nodeagent.sandbox.{nsutil,framing,layerfs,sbxinit,seccomp}. Must not
 import: zmq, controller.*, nodeagent.agent, nodeagent.harness, nodeagent.verifier.
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import time
 from nodeagent.sandbox import framing
+from nodeagent.sandbox import layerfs
 from nodeagent.sandbox import nsutil
 from nodeagent.sandbox import sbxinit
 from nodeagent.sandbox import seccomp
@@ -61,8 +64,11 @@ def _mounted(path: str) -> bool:
 
 class NodeInit:
     def __init__(self, ctl: socket.socket, state_dir: str, init_exe: int, spares_chan: socket.socket,
-                 fuse_shim: int = -1):
+                 fuse_shim: int = -1, layer_cache_mb: int = 4096):
         self.ctl = ctl
+        self.layer_cache_mb = layer_cache_mb
+        self.layers_dir = os.path.join(state_dir, "layers")
+        self.layers: set[str] = set()   # keys of the layers unpacked under layers_dir
         self.fuse_shim = fuse_shim   # the squashfuse_ll preload library (native/fuseshim.c), open, or -1
         self.spares_chan = spares_chan   # spare builders' request sockets go to the agent here
         self.init_exe = init_exe   # the native sandbox init (an open file, exec'd via /proc/self/fd)
@@ -89,6 +95,9 @@ class NodeInit:
                      "mode=0755,size=4m,nr_inodes=65536")
         os.mkdir(self.images_dir, 0o755)
         os.mkdir(self.sbx_dir, 0o755)
+        os.mkdir(self.layers_dir, 0o755)
+        nsutil.mount(layerfs.TMPFS_NAME, self.layers_dir, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NODEV,
+                     layerfs.tmpfs_options(self.layer_cache_mb))
         # Image mounts propagate into the builders' namespaces (spares are forked before an
         # image may be mounted); nothing propagates back (builders make their copies slaves).
         nsutil.mount(self.images_dir, self.images_dir, None, nsutil.MS_BIND)
@@ -236,7 +245,7 @@ class NodeInit:
                 raise ValueError(f"bad report from a builder: {one}")
             rec = {"id": sid, "root": os.path.join(sbx, "root"), "sbx": sbx, "base": int(one["b"]),
                    "init_pid": int(one["p"]), "daemon_pid": int(one["D"]) if one.get("D") else None,
-                   "lower": os.path.normpath(os.path.join(sbx, one["l"])), "mnt_fd": fds[0], "init_mnt_fd": fds[1]}
+                   "lowers": layerfs.layer_lowers(sbx, one["l"]), "mnt_fd": fds[0], "init_mnt_fd": fds[1]}
         except (KeyError, ValueError, UnicodeDecodeError):
             for fd in fds:
                 os.close(fd)
@@ -275,7 +284,7 @@ class NodeInit:
     def handle(self, req: dict, fds: list[int]) -> dict:
         op = req.get("op")
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts),
+            return {"ok": True, "pid": os.getpid(), "images": sorted(self.mounts), "layers": sorted(self.layers),
                     "spares": len(self.spares), "spare_pids": sorted(self.spares),
                     "sbx_dirs": sorted(os.listdir(self.sbx_dir)),
                     "sandboxes": len(self.sandboxes)}
@@ -285,6 +294,10 @@ class NodeInit:
             return self.mount_image(req["key"], req["path"], int(req.get("offset", 0)), bool(req.get("extract")))
         if op == "unmount_image":
             return self.unmount_image(req["key"])
+        if op == "mount_layer":
+            return self.mount_layer(req["key"], req["path"], int(req.get("offset", 0)))
+        if op == "unmount_layer":
+            return self.unmount_layer(req["key"])
         if op == "create":
             if len(fds) != 1:
                 return {"ok": False, "error": "create needs exactly one socket fd (the agent's, for this sandbox)"}
@@ -320,6 +333,27 @@ class NodeInit:
             time.sleep(0.005)
         self.mounts[key] = proc
         return {"ok": True, "mountpoint": mnt}
+
+    def mount_layer(self, key: str, path: str, offset: int) -> dict:
+        """Unpack layer `key` (the squashfs at `path`) onto the layer tmpfs, once."""
+        dest = layerfs.layer_dir(self.layers_dir, key)
+        if key in self.layers:
+            return {"ok": True, "dir": dest}
+        if not os.access(path, os.R_OK):
+            return {"ok": False, "error": f"layer {path} is not readable by the sandbox user "
+                                          f"(uid {os.getuid()} in the node namespace)"}
+        why = layerfs.unpack_layer(path, offset, dest)
+        if why is not None:
+            return {"ok": False, "error": why}
+        self.layers.add(key)
+        return {"ok": True, "dir": dest}
+
+    def unmount_layer(self, key: str) -> dict:
+        if key not in self.layers:
+            return {"ok": False, "error": f"layer {key} is not unpacked"}
+        self.layers.discard(key)
+        layerfs.remove_layer(layerfs.layer_dir(self.layers_dir, key))
+        return {"ok": True}
 
     def _extract_image(self, key: str, path: str, offset: int, mnt: str) -> dict:
         """The lower layer for kernels whose overlay cannot stack on FUSE and hosts without
@@ -374,6 +408,9 @@ class NodeInit:
         native (the agent sends the request there, as to a spare), or for fuse-overlayfs a
         Python one given `req`."""
         if req.get("overlay") == "fuse-overlayfs":
+            if req.get("layer_keys"):
+                return {"ok": False, "error": "layers need the kernel overlay (Linux 6.5 or later): "
+                                              "fuse-overlayfs cannot show them as the sandbox's own"}
             if req.get("image_key") not in self.mounts:
                 return {"ok": False, "error": f"image {req.get('image_key')} is not mounted"}
             self._fork_builder(req, fd)
@@ -495,7 +532,7 @@ def _kill_and_wait(pid: int, pidfd: int | None, timeout_s: float) -> bool:
 
 # The holder's fixed flags: flag -> (type, default; None = required). Only SandboxRuntime passes them.
 FLAGS = {"--ctl-fd": (int, None), "--state": (str, None), "--init-fd": (int, None),
-         "--spares-fd": (int, None), "--fuse-shim-fd": (int, -1)}
+         "--spares-fd": (int, None), "--fuse-shim-fd": (int, -1), "--layer-cache-mb": (int, 4096)}
 
 
 def parse_args(argv: list[str]) -> dict:
@@ -535,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         return os.waitstatus_to_exitcode(status)
     nsutil.prctl(nsutil.PR_SET_PDEATHSIG, signal.SIGKILL)
     node = NodeInit(ctl, args["state"], args["init_fd"], socket.socket(fileno=args["spares_fd"]),
-                    args["fuse_shim_fd"])
+                    args["fuse_shim_fd"], args["layer_cache_mb"])
     try:
         node.setup()
     except OSError as exc:

@@ -5,12 +5,17 @@
  * node holder (nodeagent/sandbox/zygote.py), holding nothing of any sandbox. It reads one create
  * request from the agent, then: unshares a mount namespace; forks a helper that makes the
  * sandbox's user namespace; unshares PID, IPC and UTS namespaces and forks the init; mounts the
- * root (a capped tmpfs, the overlay over the image with paths relative to the sandbox dir,
- * /dev, /dev/shm) and gives it to the init ("root": the init mounts /proc and pivots into it
+ * root (a capped tmpfs, the overlay over the task's layers and the image with paths relative to
+ * the sandbox dir, /dev, /dev/shm) and gives it to the init ("root": the init mounts /proc and pivots into it
  * meanwhile); maps the user namespace onto the sandbox's id slice; moves the init into the
  * cgroups the agent sent; gives the init its user namespace ("userns") and waits for
  * "ready"; reports to the holder (mount namespaces as fds) and to the agent (the init's socket
  * and pidfd); exits. A failure is reported to the agent with the call and errno text.
+ * Layers ('y' records, bottom first: the node's extracted copies, on its tmpfs) are stacked
+ * between the image and the upper dir through idmapped clones (open_tree, mount_setattr with
+ * the sandbox's user namespace): a layer's root-owned files are the sandbox root's, so its
+ * workload edits them (copy-up) as its own; with layers the user namespace is mapped before
+ * the root is built.
  *
  * init (forked by the builder; or spawned by the Python builder of the fuse-overlayfs path as
  * `paddock-sbxinit --mon N --bpf-fd M --root DIR ...`, which maps it after "unshared"):
@@ -62,6 +67,8 @@
 #define EGRESS_PORT 3128
 #define EGRESS_MAX_CONNECTIONS 32
 #define MAX_ARGS 4096
+#define MAX_LAYERS 16
+#define BUILD_FIELDS_MAX 96
 
 static const char *PROC_MASKED[] = {"kcore", "keys", "timer_list", "timer_stats", "sched_debug",
                                     "latency_stats", "sysrq-trigger", "kallsyms", NULL};
@@ -736,13 +743,16 @@ static void init_main(struct init_cfg *cfg) {
 
 struct build_req {
     const char *id, *sbx, *lower, *dev, *tmpfs, *egress;
+    const char *layers[MAX_LAYERS];   /* bottom first */
+    int nlayers;
     long base, size;
     struct init_cfg init;
+    char lowerdir[2048];   /* the overlay's lowerdir: layers (top first), then the image */
 };
 
 static const char *parse_build(struct buf *b, struct build_req *r, struct buf *strings) {
-    size_t offs[64];
-    char tags[64];
+    size_t offs[BUILD_FIELDS_MAX];
+    char tags[BUILD_FIELDS_MAX];
     size_t nrec = 0;
     long off = 0;
     char tag;
@@ -771,6 +781,7 @@ static const char *parse_build(struct buf *b, struct build_req *r, struct buf *s
         case 'n': r->size = strtol(v, NULL, 10); break;
         case 'h': r->init.hostname = v; break;
         case 'R': if (r->init.nrl == MAX_RLIMITS) return "too many rlimits"; r->init.rlimits[r->init.nrl++] = v; break;
+        case 'y': if (r->nlayers == MAX_LAYERS) return "too many layers"; r->layers[r->nlayers++] = v; break;
         default: return "unknown field";
         }
     }
@@ -784,9 +795,41 @@ static void write_file(const char *path, const char *data) {
     close(fd);
 }
 
-/* The sandbox's root at sbx/root: a capped tmpfs, the overlay over the image (mounted from
- * inside sbx with relative paths: its options name no host path), /dev and /dev/shm. */
-static void build_root(struct build_req *r) {
+#ifndef MOUNT_ATTR_IDMAP
+#define MOUNT_ATTR_IDMAP 0x00100000
+#endif
+struct paddock_mount_attr { unsigned long long attr_set, attr_clr, propagation, userns_fd; };
+
+/* Layer i at sbx/y<i> (cwd: sbx): an idmapped, read-only clone of the node's copy, whose
+ * owners are seen through the sandbox's user namespace (node root -> sandbox root). */
+static void mount_layer(const char *src, int i, int userns) {
+    char name[16];
+    snprintf(name, sizeof name, "y%d", i);
+    if (mkdir(name, 0755)) fail("mkdir %s", name);
+    int fd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (fd < 0) fail("open_tree %s", src);
+    struct paddock_mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
+                                      | MOUNT_ATTR_NODEV, .userns_fd = (unsigned long long)userns};
+    if (syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH, &attr, sizeof attr))
+        fail("mount_setattr(idmap) %s", src);
+    if (syscall(SYS_move_mount, fd, "", AT_FDCWD, name, MOVE_MOUNT_F_EMPTY_PATH)) fail("move_mount %s", name);
+    close(fd);
+}
+
+/* The overlay's lowerdir: y<n-1>:...:y0:<image> (relative to sbx). */
+static void lowerdir_of(struct build_req *r) {
+    size_t off = 0;
+    r->lowerdir[0] = 0;
+    for (int i = r->nlayers - 1; i >= 0; i--)
+        off += (size_t)snprintf(r->lowerdir + off, sizeof r->lowerdir - off, "y%d:", i);
+    if (off + strlen(r->lower) + 1 > sizeof r->lowerdir) { errno = ENAMETOOLONG; fail("lowerdir"); }
+    strcpy(r->lowerdir + off, r->lower);
+}
+
+/* The sandbox's root at sbx/root: a capped tmpfs, the overlay over the layers and the image
+ * (mounted from inside sbx with relative paths: its options name no host path), /dev and
+ * /dev/shm. `userns`: the sandbox's mapped user namespace (needed with layers). */
+static void build_root(struct build_req *r, int userns) {
     const unsigned long flags = MS_NOSUID | MS_NODEV;
     char opts[4096];
     if (mkdir(r->sbx, 0755)) fail("mkdir %s", r->sbx);
@@ -801,7 +844,9 @@ static void build_root(struct build_req *r) {
     if (mkdir("upper/work", 0755) || chown("upper/work", (uid_t)r->base, (gid_t)r->base)
         || chmod("upper/work", 0755))
         fail("making /work in %s", r->sbx);
-    snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,userxattr", r->lower);
+    for (int i = 0; i < r->nlayers; i++) mount_layer(r->layers[i], i, userns);
+    lowerdir_of(r);
+    snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=upper,workdir=work,userxattr", r->lowerdir);
     must_mount("paddock-overlay", "root", "overlay", flags, opts);
     static const char *dirs[] = {"root/work", "root/proc", "root/dev", "root/tmp", NULL};
     for (const char **d = dirs; *d; d++) {
@@ -835,6 +880,25 @@ static void init_gone(pid_t pid) {
     struct buf msg = {0};
     if (recv_frame(mon, &msg, NULL, NULL, 0)) msg.len = 0;
     init_failed(&msg, pid, "during its setup");
+}
+
+/* The sandbox's user namespace (made by `helper`, which wrote a byte on `us0` once it had
+ * unshared) mapped onto the id slice, setgroups denied: an fd of it. */
+static int map_userns(struct build_req *r, int us0, pid_t helper, pid_t init) {
+    char c, map[64], path[64];
+    if (read(us0, &c, 1) != 1) { kill(init, SIGKILL); errno = ECHILD; fail("the user namespace helper failed"); }
+    snprintf(map, sizeof map, "0 %ld %ld\n", r->base, r->size);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", helper);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/setgroups", helper);
+    write_file(path, "deny");
+    snprintf(path, sizeof path, "/proc/%d/gid_map", helper);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/ns/user", helper);
+    int userns = open(path, O_RDONLY | O_CLOEXEC);
+    if (userns < 0) { kill(init, SIGKILL); fail("open %s", path); }
+    close(us0);   /* the helper exits now; the node init reaps it (this builder does not wait) */
+    return userns;
 }
 
 /* A spare builder: waits on `agent` (a socket whose other end the node holder handed to the
@@ -889,26 +953,21 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     close(sv[1]);
     mon = sv[0];
     mark(&stages, "init_forked");
-    build_root(&r);
+    int userns = -1;
+    if (r.nlayers) {   /* the layers' idmapped clones need the mapped namespace */
+        userns = map_userns(&r, us[0], helper, pid);
+        mark(&stages, "userns_mapped");
+    }
+    build_root(&r, userns);
     mark(&stages, "root_built");
     /* The init mounts its /proc and pivots into the root while the user namespace is mapped
      * and the cgroups are joined; it enters either only once "userns" comes. */
     rec_str(&out, 's', "root");
     if (send_frame(mon, &out, NULL, 0)) init_gone(pid);
-    char c, map[64];
-    if (read(us[0], &c, 1) != 1) { kill(pid, SIGKILL); errno = ECHILD; fail("the user namespace helper failed"); }
-    snprintf(map, sizeof map, "0 %ld %ld\n", r.base, r.size);
-    snprintf(path, sizeof path, "/proc/%d/uid_map", helper);
-    write_file(path, map);
-    snprintf(path, sizeof path, "/proc/%d/setgroups", helper);
-    write_file(path, "deny");
-    snprintf(path, sizeof path, "/proc/%d/gid_map", helper);
-    write_file(path, map);
-    snprintf(path, sizeof path, "/proc/%d/ns/user", helper);
-    int userns = open(path, O_RDONLY | O_CLOEXEC);
-    if (userns < 0) { kill(pid, SIGKILL); fail("open %s", path); }
-    close(us[0]);   /* the helper exits now; the node init reaps it (this builder does not wait) */
-    mark(&stages, "userns_mapped");
+    if (userns < 0) {
+        userns = map_userns(&r, us[0], helper, pid);
+        mark(&stages, "userns_mapped");
+    }
     /* The agent made the sandbox's cgroups meanwhile: their cgroup.procs files come now (a
      * failure instead ends the create). Joined before "userns": the init makes its cgroup
      * namespace after it. */
@@ -951,7 +1010,7 @@ static int builder_main(int sock, int agent, int bpf_fd) {
     rec_num(&out, 'p', pid);
     rec_str(&out, 'i', r.id);
     rec_str(&out, 'd', r.sbx);
-    rec_str(&out, 'l', r.lower);
+    rec_str(&out, 'l', r.lowerdir);
     rec_num(&out, 'b', r.base);
     if (send_frame(sock, &out, ns, 2)) { kill(pid, SIGKILL); fail("reporting to the node holder"); }
     /* The agent destroys through this pidfd: it turns readable once the init has exited,
