@@ -34,6 +34,7 @@ COMMANDS = {
     "top": "ops", "agents": "ops", "health": "ops", "drain": "ops",
     "sbatch": "slurm", "launch": "slurm", "job": "slurm",
     "controller": "controller", "agent": "agent",
+    "export": "export",
 }
 GROUPS = tuple(dict.fromkeys(COMMANDS.values()))   # in the order of `paddock --help`
 
