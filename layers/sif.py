@@ -15,7 +15,7 @@ the sha256 of the squashfs partition and the metadata.
 
 The facts come from /work/shared/notes/sif-format.md. All integers are little-endian.
 
-Must not import: subprocess, zmq, controller.*, or any other layers module.
+Must not import: subprocess, zmq, controller, layers other than layers.sif.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ legend items never overlap each other or the plot. Elements carry classes and
 `data-series` attributes (`legend-item`, `axis-label`, `tick`, `mark`) so a test can check
 the rendered page from the DOM.
 
-Pure string building; must not import DuckDB, zmq or anything of the run directory.
+Pure string building; Must not import: duckdb, zmq, controller.store (it reads
+nothing of the run directory).
 """
 from __future__ import annotations
 

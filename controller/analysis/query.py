@@ -14,7 +14,7 @@ Files ending in `.tmp` (a writer in progress) are never read. A truncated or wro
 shard is left out and listed in `bad_shards`; it never hides the good ones. Files replaced by
 a finished compaction are hidden (see controller/store/catalog.py).
 
-Must not import zmq or sqlite3; it never writes to the run directory.
+Must not import: zmq, sqlite3 (it never writes to the run directory).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ committed rows only):
   node's buckets fill one HdrHistogram, and the nodes' histograms are merged with `add`.
 
 The JSON form keeps full precision; text and HTML (controller/analysis/report_render.py)
-round for reading. Must not import zmq; never writes to the run directory.
+round for reading. Must not import: zmq (it never writes to the run directory).
 """
 from __future__ import annotations
 

@@ -5,6 +5,6 @@ object (config.py), the ZeroMQ ROUTER loop around it (daemon.py), and its Promet
 metrics (metrics.py).
 
 May import: controller.contracts, controller.store, controller.taskbank. Must not import:
-nodeagent, controller.cli (except __main__.py, the thin `python -m controller.broker` entry
-point, which is controller.cli.controller's).
+nodeagent. (Only `__main__.py`, the thin `python -m controller.broker` entry point, imports
+controller.cli.controller.)
 """

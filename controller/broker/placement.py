@@ -6,8 +6,8 @@ liveness, state); its state changes go through `move`, which asserts the node st
 (controller.contracts.states.NODE_TRANSITIONS). `place` is a pure function of (due work, free
 slots per node, images per node).
 
-Must not import: zmq, sqlite3, controller.store (beyond its records), controller.cli,
-nodeagent.
+Must not import: zmq, sqlite3, controller.store other than controller.store.records (its typed
+records), controller.cli, nodeagent.
 """
 from __future__ import annotations
 

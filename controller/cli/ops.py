@@ -8,7 +8,8 @@ the controller's status (`Client.status()`: live, draining, lost, with the wall 
 was last seen); `paddock health` reads the JSON-lines stream the agents append to
 `<run>/health/<node>.jsonl` and needs no controller.
 
-Must not import: sqlite3, the queue (it talks to the controller only through controller.client.api).
+Must not import: sqlite3, controller.store (it talks to the controller only through
+controller.client.api).
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ rich renderable; it remembers the previous frame's error counters to give an err
 loop (`run_live`) redraws in the terminal's alternate screen (rich Live, no scrolling, no
 flicker), reads keys in cbreak mode and returns on `q` or Ctrl-C with the terminal restored.
 
-Pure apart from `run_live` (terminal I/O); must not import zmq, sqlite3 or the client: the
-status comes in through a callable.
+Pure apart from `run_live` (terminal I/O); Must not import: zmq, sqlite3,
+controller.client (the status comes in through a callable).
 """
 from __future__ import annotations
 

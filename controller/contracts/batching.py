@@ -12,8 +12,8 @@ precise error); they change the cost, never what is accepted or the JSON's meani
 (tests/test_protocol.py pins the bytes and checks both paths agree). Documented in
 docs/protocol.md ("Batches").
 
-Must not import: zmq, sqlite3, anything that does I/O; of Paddock only controller.contracts
-(errors, states, messages) -- not codec, which imports this module.
+No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than controller.contracts,
+controller.contracts.codec (which imports this module).
 """
 from __future__ import annotations
 

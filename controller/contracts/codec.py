@@ -14,7 +14,7 @@ fault: `LocalProtocolError`). `MESSAGE_TYPES` is the one table mapping type name
 classes. The hottest messages take the hand-built paths of batching.py. Documented in
 docs/protocol.md ("Transport and frame").
 
-Must not import: zmq, sqlite3, anything that does I/O; of Paddock only controller.contracts.
+No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than controller.contracts.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ side). Both are `ProtocolError` with `reason`, one of ERROR_REASONS (the codes c
 logs use), and `field`, the offending body field for bad_field. Documented in
 docs/protocol.md ("Errors").
 
-Must not import: anything of Paddock, or anything that does I/O.
+No I/O. Must not import: anything of Paddock, zmq, sqlite3, socket, subprocess.
 """
 from __future__ import annotations
 

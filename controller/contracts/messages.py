@@ -8,8 +8,8 @@ type-name table in codec.py. Also here: the one JSON dialect of the wire (`JSON_
 `json_str`), shared by the generic encoder and the hand-built frames. Documented in
 docs/protocol.md ("Messages").
 
-Must not import: zmq, sqlite3, anything that does I/O; of Paddock only controller.contracts
-(errors, states).
+No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than
+controller.contracts.errors and controller.contracts.states.
 """
 from __future__ import annotations
 

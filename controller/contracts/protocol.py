@@ -11,7 +11,7 @@ It defines nothing; it gathers what lives in its parts:
 - states.py   the outcome and reason codes messages carry (Outcome, RejectReason, ...)
 Documented in docs/protocol.md.
 
-Must not import: zmq, sqlite3, anything that does I/O; of Paddock only controller.contracts.
+No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than controller.contracts.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ and the id (a programmer error). Each code list is a `Literal` type (the protoco
 schemas use it for validation) and the tuple of its values; the named constants are those
 values. Documented in docs/protocol.md ("Rollout states", "Node states").
 
-Must not import: anything of Paddock, or anything that does I/O.
+No I/O. Must not import: anything of Paddock, zmq, sqlite3, socket, subprocess.
 """
 from __future__ import annotations
 

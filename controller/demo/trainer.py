@@ -7,8 +7,8 @@ per-family mean-reward baseline:
 
     logit[f][k] += lr * mean over samples i of family f of (r_i - mean_r[f]) * (1[a_i = k] - p[f][k])
 
-Pure arithmetic on dicts; `softmax` is the one the policy server samples with. Must not import
-zmq, sqlite3, nodeagent or the HTTP server (controller.demo.policy_server imports this).
+Pure arithmetic on dicts; `softmax` is the one the policy server samples with. Must not import:
+zmq, sqlite3, nodeagent, http.server (controller.demo.policy_server imports this).
 """
 from __future__ import annotations
 

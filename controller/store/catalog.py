@@ -24,7 +24,7 @@ target into place (the commit point); unlink the sources. Readers hide a record'
 once its target exists, so at every instant each row is visible exactly once; a crash at any
 point is finished by the next `compact` (a `.tmp` target whose record exists is complete).
 
-Must not import zmq or duckdb; it does no network I/O.
+Must not import: zmq, duckdb (it does no network I/O).
 """
 from __future__ import annotations
 

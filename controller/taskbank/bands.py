@@ -16,7 +16,7 @@ The curriculum (controller/taskbank/curriculum.py), the local run's console line
 tasks curriculum` and `paddock report` (text, JSON and HTML) all classify with this module, so
 the same outcomes under the same `BandSpec` give the same numbers everywhere.
 
-Pure: standard library only; must not import the curriculum, DuckDB or zmq.
+Pure: standard library only. Must not import: controller.taskbank.curriculum, duckdb, zmq.
 """
 from __future__ import annotations
 

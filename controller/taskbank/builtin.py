@@ -8,7 +8,7 @@ answer is the math checker's `answer` and the hidden `answer.txt`.
 `MATH_DERIVATIONS` gives, for each math task, an independent sympy expression whose value is
 the gold answer, so the bank's own tests can prove each gold answer right.
 
-Pure data and string building: must not import zmq, sqlite3, nodeagent, or do any I/O.
+Pure data and string building, no I/O. Must not import: zmq, sqlite3, nodeagent.
 """
 from __future__ import annotations
 

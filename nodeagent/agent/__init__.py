@@ -3,6 +3,6 @@ simulation drives), the daemon around it (daemon.py: DEALER socket, slot threads
 health samples (health.py), the attempt pipeline (attempt.py: sandbox -> harness -> verifier
 -> shards) and its version (version.py).
 
-May import: controller.contracts, nodeagent.*, layers. Must not import: controller.cli (its
-argparse front is controller/cli/agent.py) or any other part of the controller.
+May import: controller.contracts, nodeagent.*, layers. Must not import: controller
+other than controller.contracts (its argparse front is controller/cli/agent.py).
 """

@@ -9,8 +9,8 @@ the socket at the deadline). `check_reply(body, endpoint)` checks the fields a c
 Errors: `ModelError` (unreachable, HTTP error, malformed or oversized reply) is infrastructure;
 `ModelTimeout` (no complete answer in time) is a ModelError; `ContextLengthExceeded` (HTTP 400
 naming the context) is the policy's own budget running out. The agent loop and the verifier's
-LLM judge both use this module. Must not import zmq, the controller, the agent loop or the
-verifier.
+LLM judge both use this module. Must not import: zmq, controller other than
+controller.contracts, nodeagent.harness.loop, nodeagent.verifier.
 """
 from __future__ import annotations
 

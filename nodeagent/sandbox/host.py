@@ -10,9 +10,9 @@ namespace PID as this namespace sees it). `owner_tag` names a runtime's
 state dir so that `sweep_state_dirs` can tell a live owner from a dead one and remove (and
 unmount) what the dead left.
 
-No processes are started here (the sweep only unmounts and removes). Must not import: zmq,
-controller.*, nodeagent.agent, nodeagent.harness, nodeagent.verifier; of the sandbox folder only
-spec, cgroups and nsutil.
+No processes are started here (the sweep only unmounts and removes). Of the sandbox folder it uses only spec, cgroups,
+nsutil and statedir. Must not import: zmq, controller other than controller.contracts, nodeagent.agent,
+nodeagent.harness, nodeagent.verifier, nodeagent.sandbox.runtime, nodeagent.sandbox.zygote.
 """
 from __future__ import annotations
 

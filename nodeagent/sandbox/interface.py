@@ -25,7 +25,7 @@ The contract (what callers may rely on, whatever the backend):
 - `destroy()` is idempotent and leaves no process of the sandbox; afterwards every call
   (exec, files, diff, apply) raises SandboxError.
 
-Must not import: zmq, controller.*, any other nodeagent module but nodeagent.sandbox.spec.
+Must not import: zmq, controller, nodeagent other than nodeagent.sandbox.spec.
 """
 from __future__ import annotations
 

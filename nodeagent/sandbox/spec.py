@@ -9,7 +9,7 @@ infrastructure failure (the sandbox could not be made, or died under us, or refu
 entries, as in OCI layers), so a diff of either backend applies to the other.
 
 Pure data and tar encoding: no processes, no sockets, no mounts. Must not import: zmq,
-controller.*, any other nodeagent module.
+controller, nodeagent other than nodeagent.sandbox.spec.
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ replies: {"value"} | {"callable": true} | {"missing": msg} | {"exc": [type, mess
 one raise `CallBoundaryError` (a BaseException, so a test's `except Exception` cannot swallow a
 hang into a pass).
 
-Standard library only (it runs in the task's image); must not import pytest, Paddock or, on the
-trusted side, anything from /work.
+Standard library only (it runs in the task's image; on the trusted side nothing from /work).
+Must not import: pytest, anything of Paddock.
 """
 
 import base64

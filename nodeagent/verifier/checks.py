@@ -17,8 +17,8 @@ more than its output cap: killed). `CheckInfraError` means the runner itself fai
 gone): never a verdict on the policy.
 
 `default_runner()` is the process-wide runner the verifier uses. Standard library,
-nodeagent.sandbox.framing and the server's wire limits only; must not import zmq or the
-controller.
+nodeagent.sandbox.framing and the server's wire limits only; Must not import: zmq,
+controller other than controller.contracts.
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ and exits. A check that hangs, forks, allocates without bound or floods output c
 own result. The wire limits (`MAX_REQUEST_BYTES`, `MAX_REPLY_BYTES`, `MAX_OUTPUT_CAP`) are
 defined here; the client imports them.
 
-Standard library and nodeagent.sandbox.framing only; must not import zmq, the controller, or
-the checker modules (they come by `--preload` and by name in each request).
+Standard library and nodeagent.sandbox.framing only; Must not import: zmq, controller,
+nodeagent.verifier.checkers (the checkers come by `--preload` and by name in each request).
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ objects it saw at start, and that no trace or profile hook is set; any change is
 event.
 
 Standard library only at import (it runs inside the task's image, with no Paddock installed);
-must not import Paddock, the code under test, or pytest before the child drops privileges.
+nothing of the code under test, and pytest only after the child drops privileges. Must not
+import: anything of Paddock.
 """
 
 import _imp

@@ -9,7 +9,7 @@ test randomness patched, in-process forgery (the plugin's emitter, the key from 
 frame, clearing the watched checks, a forked writer speaking after pytest exits), oracles (the
 test loader's source, the caller's bytecode constants and frame locals).
 
-Pure text generation: no I/O. Must not import the sandbox, the grader or zmq.
+Pure text generation: no I/O. Must not import: nodeagent.sandbox, nodeagent.verifier.grade, zmq.
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ main thread (they use SIGALRM, which works only there); on another thread those 
 the caller's deadline (the check runner kills the process) bounds the check. Inputs are capped (`mathnorm.MAX_ANSWER_CHARS`,
 `MAX_TEXT_CHARS`, `MAX_CANDIDATES`, `mathnorm.MAX_BOXED`). No exception escapes `math_verdict`.
 
-Must not import zmq, the controller, or the other verifier modules (checkers imports this one).
+Must not import: zmq, controller other than controller.contracts, nodeagent.verifier.checkers
+(which imports this one), nodeagent.verifier.grade.
 """
 from __future__ import annotations
 

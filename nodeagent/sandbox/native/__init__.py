@@ -13,8 +13,8 @@ The node agent opens the binary once and hands the open file to its node holder,
 it through `/proc/self/fd/N`: the sandbox's ids need no access to the cache directory.
 `fuse_shim()` builds `fuseshim.c` the same way (`paddock-fuseshim-<hash>.so`), a library the
 holder preloads into its squashfuse_ll daemons through `/proc/self/fd/N` likewise.
-Standard library and controller.contracts.fileio only. Must not import: zmq, any other part of
-controller or nodeagent.
+Standard library and controller.contracts.fileio only. Must not import: zmq, controller
+other than controller.contracts, nodeagent other than nodeagent.sandbox.native.
 """
 from __future__ import annotations
 
