@@ -268,3 +268,29 @@ def test_every_must_not_import_line_holds():
 def test_no_module_is_far_over_six_hundred_lines(limit):
     long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > limit}
     assert long == {}
+
+
+def test_nothing_but_slurm_and_entry_points_imports_the_cli():
+    """The CLI is the front floor: libraries never import it. `__main__` modules (thin
+    `python -m` entry points) and the Slurm job steps (which run `paddock agent` in-process)
+    may."""
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items()
+           if not (_within(m, "controller.cli") or _within(m, "slurm") or m.endswith(".__main__"))
+           for t, line, _top in lst if _within(t, "controller.cli")]
+    assert bad == []
+
+
+# Imports inside functions that are there for a reason other than an import circle.
+LAZY_IMPORTS = {
+    "controller.broker.daemon": {"controller.broker.metrics"},   # prometheus_client only with --metrics-port
+}
+
+
+def test_imports_inside_functions_are_only_for_start_up_time():
+    """A project import inside a function dodges a circle or delays a load. Circles are gone;
+    the CLI delays loads so `paddock X` starts only what X needs; elsewhere each one is listed
+    in LAZY_IMPORTS with its reason."""
+    bad = [f"{m}:{line} imports {t} inside a function" for m, lst in graph().items()
+           if not _within(m, "controller.cli")
+           for t, line, top in lst if not top and t not in LAZY_IMPORTS.get(m, set())]
+    assert bad == []
