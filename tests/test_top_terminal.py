@@ -41,10 +41,11 @@ class Terminal:
         return "\n".join(self.screen())
 
     def dead(self) -> tuple[bool, str]:
+        """(the pane's process has exited and tmux has recorded how, its exit status)."""
         out = self.tmux("display-message", "-p", "-t", "top",
                         "#{pane_dead} #{pane_dead_status}#{?pane_dead_signal,signal #{pane_dead_signal},}")
         flag, _, status = out.strip().partition(" ")
-        return flag == "1", status
+        return flag == "1" and status != "", status   # tmux marks the pane dead before the status
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)
