@@ -77,7 +77,7 @@ def subid_range(user: str) -> tuple[int, int]:
 
 def stepd_pids(table: dict[int, Proc], job_ids: set[str]) -> set[int]:
     """The slurmstepd processes of these job ids (`slurmstepd: [<id>.<step>]`)."""
-    want = re.compile(r"slurmstepd: \[(\d+)\.")
+    want = re.compile(r"slurmstepd: \[(\d+)[.+]")
     return {p.pid for p in table.values()
             if p.comm == "slurmstepd" and (m := want.match(p.cmdline)) and m.group(1) in job_ids}
 
@@ -96,7 +96,16 @@ class FarmWatch:
         return self.sub_first <= p.uids[0] < self.sub_first + self.sub_count
 
     def sample(self, roots: set[int], exclude_roots: bool = False) -> None:
+        """One census: the descendants of `roots` (and the roots, unless excluded), and every
+        process of the subordinate range."""
+        self._collect(snapshot(), roots, exclude_roots)
+
+    def sample_job(self, job_ids: set[str]) -> None:
+        """One census of a Slurm job: under its slurmstepd processes (those excluded)."""
         table = snapshot()
+        self._collect(table, stepd_pids(table, job_ids), exclude_roots=True)
+
+    def _collect(self, table: dict[int, Proc], roots: set[int], exclude_roots: bool) -> None:
         pids = descendants(table, roots) | (set() if exclude_roots else roots & set(table))
         pids |= {p.pid for p in table.values() if self.in_subrange(p)}
         for pid in pids:
