@@ -428,7 +428,7 @@ class TestCluster:
         m = self.workdir / "munge"
         self._spawn("munged", ["munged", "-F", f"--socket={self.munge_socket}",
                                f"--key-file={m}/munge.key", f"--seed-file={m}/munged.seed",
-                               f"--pid-file={self.workdir}/run/munged.pid",
+                               f"--pid-file={m}/munged.pid",   # munged: not in run/ (SlurmUser owns it)
                                f"--log-file={self.log_dir}/munged.log"])
         self._wait("munged socket to appear", self.munge_socket.is_socket)
 

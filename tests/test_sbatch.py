@@ -269,9 +269,10 @@ def stray_processes(cluster) -> dict[str, list[str]]:
 
 def assert_no_farm_process_ran_as_root(watch: FarmWatch, agents: int) -> None:
     assert watch.as_root() == [], "farm processes with a uid 0:\n" + watch.describe(watch.as_root())
-    assert len(watch.matching(r"controller\.cli job head ")) == 1
-    assert len(watch.matching(r"controller\.cli controller ")) == 1
-    assert len(watch.matching(r"controller\.cli job agent ")) == agents
+    # the interpreters themselves (srun's command lines name them too)
+    assert len(watch.matching(r"^\S+ -m controller\.cli job head ")) == 1
+    assert len(watch.matching(r"^\S+ -m controller\.cli controller ")) == 1
+    assert len(watch.matching(r"^\S+ -m controller\.cli job agent ")) == agents
     assert watch.sandbox_side(), "no holder or sandbox process seen: the census would prove nothing"
     uid = __import__("pwd").getpwnam(JOB_USER).pw_uid
     others = [p for p in watch.seen.values() if not (set(p.uids) == {uid} or watch.in_subrange(p))]
