@@ -9,8 +9,8 @@
 children) and reports "ok" or the start error through a pipe; `down` stops the supervisor,
 which stops the cluster, and cleans up from the record if the supervisor died.
 
-Must not import: zmq, nodeagent.*, controller.* (it imports slurm.testcluster and
-slurm.clusterhost, one way).
+Must not import: zmq, nodeagent.*, controller.*.
+It imports slurm.testcluster and slurm.clusterhost, one way (they never import it).
 """
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ reaps them and stops them by PID. Before any namespace or link exists, a JSON re
 instance goes to ``REGISTRY_DIR``; ``sweep`` uses the records to clean up after an owner that
 was SIGKILLed. The working directory (config, munge key, state, logs) is kept after stop.
 
-Must not import: zmq, nodeagent.*, controller.* other than controller.contracts.fileio (the one
-atomic write, a leaf), slurm.clusterctl (this is test/ops infrastructure; it only runs
-system commands: ip, nsenter, unshare, mungekey, munged, slurmctld, slurmd, sinfo, runuser; the
-accounting daemons are slurm/accounting.py's).
+Must not import: zmq, nodeagent.*, slurm.clusterctl.
+Of the controller it imports only controller.contracts.fileio (the one atomic write, a leaf).
+This is test/ops infrastructure: it runs system commands only (mungekey, munged, slurmctld,
+slurmd, sinfo, through slurm.clusterhost; the accounting daemons through slurm.accounting).
 """
 from __future__ import annotations
 
