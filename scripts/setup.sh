@@ -106,6 +106,14 @@ if [ "$(cat "$SHARED_VENV/.paddock-src" 2>/dev/null)" != "$src_hash" ] \
   echo "$src_hash" > "$SHARED_VENV/.paddock-src"
 fi
 chmod -R a+rX "$(dirname "$SHARED_VENV")"
+# Slurm as a real cluster runs it: slurmctld/slurmdbd as the `slurm` user (Debian's packages
+# make it; made here if they did not), jobs as their submitter. The in-test cluster's jobs are
+# submitted by the first test user with its own sbatch (runuser, util-linux).
+id slurm >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin slurm
+command -v runuser >/dev/null || { echo "setup: runuser (util-linux) is missing" >&2; exit 1; }
+# Their jobs read the shared image store (0755/0644; the built-in image is built there by root,
+# e.g. by the first `make test`) and run this interpreter; each user's task validations are
+# cached in its ~/.cache, not in the store.
 for u in $TEST_USERS; do   # each user's own build of the native init (in its ~/.cache)
   runuser -u "$u" -- "$SHARED_VENV/bin/python" -c 'from nodeagent.sandbox import native; native.init_binary(); native.fuse_shim()' \
     || echo "setup: cannot build the native sandbox init as $u" >&2

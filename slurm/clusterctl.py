@@ -9,7 +9,8 @@
 children) and reports "ok" or the start error through a pipe; `down` stops the supervisor,
 which stops the cluster, and cleans up from the record if the supervisor died.
 
-Must not import: zmq, nodeagent.*, controller.* (it imports slurm.testcluster, one way).
+Must not import: zmq, nodeagent.*, controller.*.
+It imports slurm.testcluster and slurm.clusterhost, one way (they never import it).
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from pathlib import Path
 if __package__ in (None, ""):   # run as a script: make `slurm` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm.testcluster import (DEFAULT_PREFIX, REGISTRY_DIR, ClusterError, TestCluster,  # noqa: E402
-                               cleanup_record, proc_alive, proc_start_ticks, run_cmd, send_signal, sweep,
-                               terminate_pids, write_record)
+from slurm.clusterhost import (ClusterError, proc_alive, proc_start_ticks, run_cmd, send_signal,  # noqa: E402
+                               terminate_pids)
+from slurm.testcluster import (DEFAULT_PREFIX, REGISTRY_DIR, TestCluster, cleanup_record, sweep,  # noqa: E402
+                               write_record)
 
 
 def _read_json(path: Path) -> dict | None:

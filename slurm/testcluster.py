@@ -4,7 +4,14 @@ its own network and UTS namespace (hostname nodeK), brought up and torn down by 
 Importable (``TestCluster``, ``sweep``, ``missing_requirements``); the ops commands (up, status,
 down, sweep) are ``python slurm/clusterctl.py ...``, which imports this module (never the reverse).
 With ``accounting=True`` the cluster also gets job accounting: a private MariaDB and slurmdbd
-(``sacct`` works; submitit uses it to see jobs that died).
+(slurm/accounting.py; ``sacct`` works, submitit uses it to see jobs that died).
+
+Users, as on a real cluster: slurmctld (and slurmdbd) run as ``SlurmUser`` (the ``slurm`` user
+when it exists), slurmd as root (it starts each job's slurmstepd, which runs the job as its
+submitter). With ``job_user``, `job_argv()` / `job_env` run Slurm commands as that ordinary user
+(``runuser``: the user's own submission, not ``sbatch --uid``). The working directory must then
+be reachable by those users (every ancestor o+x: not a pytest ``tmp_path``); slurm.conf is
+world-readable, the state, log and run directories belong to SlurmUser.
 
 Layout: a bridge ``<prefix><id>br`` in the root netns holds ``10.A.B.1/24``; node K lives in
 netns ``<prefix>-<id>-nodeK`` behind veth ``<prefix><id>vK`` with eth0 at ``10.A.B.(10+K)``
@@ -14,301 +21,63 @@ reaps them and stops them by PID. Before any namespace or link exists, a JSON re
 instance goes to ``REGISTRY_DIR``; ``sweep`` uses the records to clean up after an owner that
 was SIGKILLed. The working directory (config, munge key, state, logs) is kept after stop.
 
-Must not import: zmq, nodeagent.*, controller.* other than controller.contracts.fileio (the one
-atomic write, a leaf), slurm.clusterctl (this is test/ops infrastructure; it only runs
-system commands: ip, nsenter, unshare, mungekey, munged, slurmctld, slurmd, sinfo, and for
-accounting mariadb-install-db, mariadbd, mariadb, slurmdbd).
+Must not import: zmq, nodeagent.*, slurm.clusterctl.
+Of the controller it imports only controller.contracts.fileio (the one atomic write, a leaf).
+This is test/ops infrastructure: it runs system commands only (mungekey, munged, slurmctld,
+slurmd, sinfo, through slurm.clusterhost; the accounting daemons through slurm.accounting).
 """
 from __future__ import annotations
 
-import ctypes
 import fcntl
-import ipaddress
 import json
 import os
+import pwd
 import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from controller.contracts.fileio import atomic_write
+from slurm.accounting import Owner, missing_accounting, start_accounting, tcp_listening
+from slurm.clusterhost import (ClusterConfigError, ClusterError, ClusterStartError, ClusterStopError,  # noqa: F401
+                               CommandError, Names, _die_with_parent, _netns_exists, _tail, _used_networks,
+                               bridge_addr, choose_subnet, create_network, default_slurm_user, delete_network,
+                               missing_requirements, netns_pids, node_addr, proc_alive, proc_start_ticks,
+                               RUNUSER, reachable_by_others, run_cmd, send_signal, terminate_pids, validate_prefix)
+
+__all__ = ["TestCluster", "sweep", "missing_requirements", "missing_accounting", "render_slurm_conf",
+           "ClusterError", "ClusterConfigError", "choose_subnet", "proc_alive", "validate_prefix"]
 
 REGISTRY_DIR = Path("/run/paddock-testcluster")
 DEFAULT_PREFIX = "pdk"
-MAX_PREFIX_CHARS = 5          # "<prefix><6 hex>v<k>" must fit IFNAMSIZ-1 = 15 characters
 MAX_NODES = 100
 NODE_CPUS = 2
 NODE_REAL_MEMORY_MB = 2000
 CTLD_PORT_RANGE = (20000, 32000)   # below the ephemeral range, so outgoing sockets don't take it
-SUBNET_SECOND_OCTETS = range(160, 224)  # 10.160.0.0/11: the /24s we choose from
-REQUIRED_COMMANDS = ("ip", "nsenter", "unshare", "mungekey", "munged", "slurmctld", "slurmd",
-                     "sinfo", "srun")
-ACCOUNTING_COMMANDS = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacct")
 UNIX_SOCKET_PATH_MAX_BYTES = 107
-LOG_TAIL_LINES = 15
-
-
-# ----------------------------------------------------------------------------- errors
-class ClusterError(Exception):
-    """An operating failure of the in-test cluster (bring-up, teardown, host commands)."""
-
-
-class ClusterConfigError(ClusterError, ValueError):
-    """A bad argument to TestCluster (prefix, node count, working directory)."""
-
-
-class CommandError(ClusterError):
-    """A host command failed; carries argv, exit code (None: did not run/timed out), stderr."""
-
-    def __init__(self, argv: list[str], exit_code: int | None, stderr: str):
-        self.argv, self.exit_code, self.stderr = list(argv), exit_code, stderr
-        super().__init__(f"command {argv!r} failed (exit {exit_code}): {stderr.strip()}")
-
-
-class ClusterStartError(ClusterError):
-    """The cluster did not come up; the message names the step and carries log tails."""
-
-
-class ClusterStopError(ClusterError):
-    """Something the cluster started is still there after the stop deadline."""
-
-
-# ----------------------------------------------------------------------------- host helpers
-def run_cmd(argv: list[str], *, env: dict | None = None, timeout_s: float = 30.0,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """Run a host command; failures become CommandError with argv, exit code and stderr."""
-    try:
-        cp = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s,
-                            stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise CommandError(argv, None, f"{argv[0]}: not found on PATH") from None
-    except subprocess.TimeoutExpired:
-        raise CommandError(argv, None, f"timed out after {timeout_s}s") from None
-    if check and cp.returncode != 0:
-        raise CommandError(argv, cp.returncode, cp.stderr)
-    return cp
-
-
-def missing_requirements() -> list[str]:
-    """Why the cluster cannot run here ([] if it can): not root, or commands not on PATH."""
-    missing = []
-    if os.geteuid() != 0:
-        missing.append("needs root (network namespaces, slurmd)")
-    absent = [c for c in REQUIRED_COMMANDS if shutil.which(c) is None]
-    if absent:
-        missing.append("not on PATH: " + ", ".join(absent))
-    return missing
-
-
-def missing_accounting() -> list[str]:
-    """Why the cluster cannot have job accounting here ([] if it can)."""
-    absent = [c for c in ACCOUNTING_COMMANDS if shutil.which(c) is None]
-    return ["not on PATH: " + ", ".join(absent)] if absent else []
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of pid, or None if there is no such process."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()
-    return fields[0], int(fields[19])
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    st = _proc_stat(pid)
-    return None if st is None else st[1]
-
-
-def proc_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """True if pid runs (a zombie counts as dead: PID 1 here reaps orphans lazily) and, when
-    start_ticks is given, is the same process that was recorded (not a reused PID)."""
-    st = _proc_stat(pid)
-    if st is None or st[0] in ("Z", "X"):
-        return False
-    return start_ticks is None or st[1] == start_ticks
-
-
-def send_signal(pid: int, sig: int) -> None:
-    """`kill(pid, sig)`; a process that is already gone is not an error."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def terminate_pids(pids: dict[int, int | None], *, timeout_s: float,
-                   clock: Callable[[], float], sleep: Callable[[float], None],
-                   poll_interval_s: float, reap: Callable[[], None] = lambda: None) -> list[int]:
-    """SIGTERM each pid (checked against its recorded start time), SIGKILL what is left after
-    timeout_s, wait again; return the pids still alive. `reap` lets an owner reap its children."""
-    live = {p: t for p, t in pids.items() if proc_alive(p, t)}
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in live:
-            send_signal(pid, sig)
-        deadline = clock() + timeout_s
-        while True:
-            reap()
-            live = {p: t for p, t in live.items() if proc_alive(p, t)}
-            if not live or clock() >= deadline:
-                break
-            sleep(poll_interval_s)
-        if not live:
-            return []
-    return sorted(live)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG: a SIGKILLed owner takes its daemons along
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()[-lines:]
-    except FileNotFoundError:
-        return "    (missing)"
-    return "\n".join("    " + line for line in text) or "    (empty)"
-
-
-# ----------------------------------------------------------------------------- naming, network
-@dataclass(frozen=True)
-class Names:
-    """Host-wide names of one instance: unique by (prefix, random id)."""
-    prefix: str
-    instance_id: str
-
-    @property
-    def bridge(self) -> str:
-        return f"{self.prefix}{self.instance_id}br"
-
-    def netns(self, k: int) -> str:
-        return f"{self.prefix}-{self.instance_id}-node{k}"
-
-    def veth(self, k: int) -> str:
-        return f"{self.prefix}{self.instance_id}v{k}"
-
-    @property
-    def record_name(self) -> str:
-        return f"{self.prefix}-{self.instance_id}.json"
-
-    @property
-    def munge_dir_name(self) -> str:
-        return f"{self.prefix}-{self.instance_id}.munge"
-
-
-def validate_prefix(prefix: str) -> str:
-    if not re.fullmatch(rf"[a-z]{{1,{MAX_PREFIX_CHARS}}}", prefix):
-        raise ClusterConfigError(
-            f"name_prefix {prefix!r} must be 1..{MAX_PREFIX_CHARS} lowercase letters "
-            "(it is part of interface names limited to 15 characters)")
-    return prefix
-
-
-def _used_networks() -> list[ipaddress.IPv4Network]:
-    nets = []
-    for argv in (["ip", "-4", "-o", "addr", "show"], ["ip", "-4", "route", "show", "table", "all"]):
-        for tok in run_cmd(argv).stdout.split():
-            try:
-                if "/" in tok and tok[0].isdigit():
-                    nets.append(ipaddress.ip_network(tok, strict=False))
-            except ValueError:
-                continue
-    return nets
-
-
-def choose_subnet(used: Iterable[ipaddress.IPv4Network],
-                  rng: random.Random) -> ipaddress.IPv4Network:
-    """A random private /24 in 10.160.0.0/11 that overlaps no network in `used`."""
-    used = list(used)
-    candidates = [(a, b) for a in SUBNET_SECOND_OCTETS for b in range(256)]
-    rng.shuffle(candidates)
-    for a, b in candidates:
-        net = ipaddress.ip_network(f"10.{a}.{b}.0/24")
-        if not any(net.overlaps(u) for u in used):
-            return net
-    raise ClusterStartError("no free /24 left in 10.160.0.0/11 for the cluster bridge")
-
-
-def node_addr(subnet: ipaddress.IPv4Network, k: int) -> str:
-    return str(subnet.network_address + 10 + k)
-
-
-def bridge_addr(subnet: ipaddress.IPv4Network) -> str:
-    return str(subnet.network_address + 1)
-
-
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
-
-
-def _netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
-def create_network(names: Names, subnet: ipaddress.IPv4Network, nodes: int) -> None:
-    plen = subnet.prefixlen
-    run_cmd(["ip", "link", "add", names.bridge, "type", "bridge"])
-    run_cmd(["ip", "addr", "add", f"{bridge_addr(subnet)}/{plen}", "dev", names.bridge])
-    run_cmd(["ip", "link", "set", names.bridge, "up"])
-    for k in range(1, nodes + 1):
-        ns, veth = names.netns(k), names.veth(k)
-        run_cmd(["ip", "netns", "add", ns])
-        run_cmd(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
-        run_cmd(["ip", "link", "set", veth, "master", names.bridge, "up"])
-        run_cmd(["ip", "-n", ns, "addr", "add", f"{node_addr(subnet, k)}/{plen}", "dev", "eth0"])
-        run_cmd(["ip", "-n", ns, "link", "set", "eth0", "up"])
-        run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"])
-
-
-def netns_pids(ns: str) -> list[int]:
-    if not _netns_exists(ns):
-        return []
-    cp = run_cmd(["ip", "netns", "pids", ns], check=False)
-    return [int(p) for p in cp.stdout.split() if p.isdigit()]
-
-
-def delete_network(netns: Iterable[str], links: Iterable[str]) -> None:
-    """Delete namespaces then links (veths first, bridge last); absent ones are skipped."""
-    # deleting a netns removes its veth peer, and the root-side end goes away asynchronously:
-    # a failed delete of something that is gone by now is success
-    for ns in netns:
-        try:
-            run_cmd(["ip", "netns", "del", ns]) if _netns_exists(ns) else None
-        except CommandError:
-            if _netns_exists(ns):
-                raise
-    for link in links:
-        try:
-            run_cmd(["ip", "link", "del", link]) if _link_exists(link) else None
-        except CommandError:
-            if _link_exists(link):
-                raise
 
 
 # ----------------------------------------------------------------------------- slurm.conf
 def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, ctld_host: str,
                       ctld_addr: str, ctld_port: int, node_addrs: dict[str, str],
-                      dbd_port: int | None = None) -> str:
-    """The slurm.conf text: everything lives under workdir; one NodeName line per node. With
-    dbd_port, job accounting goes to the cluster's own slurmdbd on 127.0.0.1:dbd_port."""
+                      dbd_port: int | None = None, slurm_user: str = "root") -> str:
+    """The slurm.conf text: everything lives under workdir; one NodeName line per node; slurmctld
+    runs as slurm_user. With dbd_port, job accounting goes to the cluster's own slurmdbd on
+    127.0.0.1:dbd_port."""
     d = workdir
     lines = [
         f"ClusterName={cluster_name}",
         f"SlurmctldHost={ctld_host}({ctld_addr})",
         f"SlurmctldPort={ctld_port}",
         "SlurmdPort=6818",
-        "SlurmUser=root", "SlurmdUser=root",
+        f"SlurmUser={slurm_user}", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={d}/state",
@@ -431,7 +200,8 @@ class TestCluster:
 
     After start(): `conf` (slurm.conf path), `env` (os.environ without inherited SLURM_*
     variables, plus SLURM_CONF), `nodes` (("node1", ...)), `node_addrs` ({host: address}),
-    `netns` ({host: netns name}), `controller_addr`, `ctld_port`, `pids` ({name: pid}).
+    `netns` ({host: netns name}), `controller_addr`, `ctld_port`, `pids` ({name: pid}),
+    `slurm_user`, `job_user`; `job_argv(argv)` and `job_env` run a command as the job user.
     The daemons get SIGTERM if the thread that called start() exits (PR_SET_PDEATHSIG)."""
 
     __test__ = False  # not a pytest test class despite the name
@@ -440,7 +210,8 @@ class TestCluster:
                  *, start_timeout_s: float = 30.0, stop_timeout_s: float = 10.0,
                  poll_interval_s: float = 0.05, registry_dir: Path = REGISTRY_DIR,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, accounting: bool = False):
+                 sleep: Callable[[float], None] = time.sleep, accounting: bool = False,
+                 slurm_user: str | None = None, job_user: str | None = None):
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterConfigError(f"nodes={nodes}: must be between 1 and {MAX_NODES}")
         self.workdir = Path(workdir).resolve()
@@ -448,6 +219,14 @@ class TestCluster:
             raise ClusterConfigError(f"workdir {str(self.workdir)!r}: slurm.conf cannot hold paths "
                                      "with whitespace, quotes, '#', '=' or backslashes")
         self.names = Names(validate_prefix(name_prefix), secrets.token_hex(3))
+        self.slurm_user = slurm_user or default_slurm_user()
+        self.job_user = job_user
+        for role, user in (("slurm_user", self.slurm_user), ("job_user", job_user)):
+            try:
+                user and pwd.getpwnam(user)
+            except KeyError:
+                raise ClusterConfigError(f"{role} {user!r} does not exist on this machine "
+                                         "(scripts/setup.sh makes the test users)") from None
         self.registry_dir = Path(registry_dir)
         # munged wants o+x on every directory above its socket, which a pytest tmp dir (0700)
         # lacks: the socket lives in the registry instead, in a per-instance 0711 directory
@@ -479,6 +258,20 @@ class TestCluster:
     @property
     def log_dir(self) -> Path:
         return self.workdir / "log"
+
+    def job_argv(self, argv: list[str]) -> list[str]:
+        """argv run as the job user (its own submission: `runuser -u USER -- argv`); as is without one."""
+        return [RUNUSER, "-u", self.job_user, "--", *argv] if self.job_user else list(argv)
+
+    @property
+    def job_env(self) -> dict[str, str]:
+        """The environment for `job_argv`: a plain login-like one for the job user plus SLURM_CONF
+        (sbatch exports it to the job); `env` without a job user."""
+        if not self.job_user:
+            return dict(self.env)
+        pw = pwd.getpwnam(self.job_user)
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "LANG": "C.UTF-8", "HOME": pw.pw_dir,
+                "USER": pw.pw_name, "LOGNAME": pw.pw_name, "SLURM_CONF": str(self.conf)}
 
     def node_argv(self, host: str, argv: list[str]) -> list[str]:
         """argv that runs `argv` "on" node `host`: in its netns and a UTS ns named after it."""
@@ -556,6 +349,14 @@ class TestCluster:
         for sub in ("etc", "state", "spool", "log", "run", *(f"spool/{h}" for h in self.nodes)):
             (w / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(w, 0o755)
+        os.chmod(w / "etc", 0o755)
+        if (self.slurm_user != "root" or self.job_user) and not reachable_by_others(w):
+            raise ClusterConfigError(
+                f"workdir {w}: users {self.slurm_user!r}/{self.job_user!r} cannot reach it (a directory "
+                "above it lacks o+x, e.g. a pytest tmp_path): use one under /tmp (mode 0755)")
+        sl = pwd.getpwnam(self.slurm_user)
+        for sub in ("state", "log", "run"):   # slurmctld writes here after it dropped root
+            os.chown(w / sub, sl.pw_uid, sl.pw_gid)
         munge = w / "munge"
         munge.mkdir(mode=0o700, exist_ok=True)
         key = munge / "munge.key"
@@ -603,7 +404,9 @@ class TestCluster:
         self.conf.write_text(render_slurm_conf(
             workdir=self.workdir, munge_socket=self.munge_socket, cluster_name=f"{self.names.prefix}{self.names.instance_id}",
             ctld_host=socket.gethostname().split(".")[0], ctld_addr=self.controller_addr,
-            ctld_port=self.ctld_port, node_addrs=self.node_addrs, dbd_port=self.dbd_port or None))
+            ctld_port=self.ctld_port, node_addrs=self.node_addrs, dbd_port=self.dbd_port or None,
+            slurm_user=self.slurm_user))
+        os.chmod(self.conf, 0o644)   # every user's sbatch/srun reads it
 
     def _spawn(self, name: str, argv: list[str]) -> _Daemon:
         out_path = self.log_dir / f"{name}.out"
@@ -625,61 +428,21 @@ class TestCluster:
         m = self.workdir / "munge"
         self._spawn("munged", ["munged", "-F", f"--socket={self.munge_socket}",
                                f"--key-file={m}/munge.key", f"--seed-file={m}/munged.seed",
-                               f"--pid-file={self.workdir}/run/munged.pid",
+                               f"--pid-file={m}/munged.pid",   # munged: not in run/ (SlurmUser owns it)
                                f"--log-file={self.log_dir}/munged.log"])
         self._wait("munged socket to appear", self.munge_socket.is_socket)
 
     def _start_accounting(self) -> None:
-        """A private MariaDB (datadir and socket under workdir/dbd, TCP on 127.0.0.1) and slurmdbd on
-        127.0.0.1:dbd_port, both foreground children like the other daemons."""
-        d = self.workdir / "dbd"
-        shutil.rmtree(d, ignore_errors=True)      # a fresh database each start, like the state
-        for sub in ("db", "run"):
-            (d / sub).mkdir(parents=True)
-        sock = d / "run" / "mysqld.sock"
         db_port = _free_port("127.0.0.1")
         self._record["db_port"] = db_port
-        run_cmd(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={d / 'db'}", "--skip-test-db",
-                 "--auth-root-authentication-method=socket"], timeout_s=120)
-        self._spawn("mariadbd", ["mariadbd", "--no-defaults", "--user=root", f"--datadir={d / 'db'}",
-                                 f"--socket={sock}", f"--pid-file={d / 'run' / 'mariadb.pid'}",
-                                 "--bind-address=127.0.0.1", f"--port={db_port}", "--skip-name-resolve",
-                                 f"--log-error={self.log_dir / 'mariadb.err'}",
-                                 "--innodb-log-file-size=8M", "--innodb-buffer-pool-size=16M"])
-        self._wait("mariadbd socket to appear", sock.is_socket)
-        password = secrets.token_hex(12)
-        run_cmd(["mariadb", f"--socket={sock}", "-u", "root", "-e",
-                 f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
-                 "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"])
-        conf = self.conf.parent / "slurmdbd.conf"   # slurmdbd reads it next to $SLURM_CONF
-        conf.write_text("\n".join([
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "DbdHost=localhost",
-            "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", "SlurmUser=root",
-            f"LogFile={self.log_dir / 'slurmdbd.log'}", f"PidFile={self.workdir / 'run' / 'slurmdbd.pid'}",
-            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={db_port}",
-            "StorageLoc=slurm_acct_db", "StorageUser=slurm", f"StoragePass={password}",
-        ]) + "\n")
-        os.chmod(conf, 0o600)
-        self._spawn("slurmdbd", ["slurmdbd", "-D"])
-
-        def listening() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", self.dbd_port), timeout=0.2).close()
-                return True
-            except OSError:
-                return False
-        self._wait(f"slurmdbd to listen on 127.0.0.1:{self.dbd_port}", listening)
+        start_accounting(Owner(spawn=self._spawn, wait=self._wait, run=run_cmd), workdir=self.workdir,
+                         conf_dir=self.conf.parent, log_dir=self.log_dir, munge_socket=self.munge_socket,
+                         slurm_user=self.slurm_user, dbd_port=self.dbd_port, db_port=db_port)
 
     def _start_slurmctld(self) -> None:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-
-        def listening() -> bool:
-            try:
-                socket.create_connection((self.controller_addr, self.ctld_port), timeout=0.2).close()
-                return True
-            except OSError:
-                return False
-        self._wait(f"slurmctld to listen on {self.controller_addr}:{self.ctld_port}", listening)
+        self._wait(f"slurmctld to listen on {self.controller_addr}:{self.ctld_port}",
+                   lambda: tcp_listening(self.controller_addr, self.ctld_port))
 
     def _wait_nodes_idle(self) -> None:
         want = set(self.nodes)

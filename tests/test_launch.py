@@ -1,7 +1,10 @@
 """`paddock launch`: the farm submitted with submitit to the in-test cluster, whose job states come
-from Slurm accounting (its own slurmdbd), so a job that dies is seen as dead, not waited on."""
+from Slurm accounting (its own slurmdbd), so a job that dies is seen as dead, not waited on. The
+launches are the ordinary user paddock-u1's own (tests/launchworker.py runs `launch` as that
+user), and no process of the launched farm runs as root."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -10,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from slurm.jobsteps import JobStepError
-from slurm.launch import launch
+from slurm.launch import TERMINAL_STATES, launch
 from slurm.sbatch import ParamError
 from tests.conftest import wait_for
+from tests.farmprocs import FarmWatch
+from tests.slurm_fixture import JOB_USER, USER_PYTHON, job_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = dict(env_nodes=2, time_limit="10", versions=1, tasks_limit=4, heartbeat_interval_s=0.5,
@@ -25,8 +30,65 @@ def accounted_cluster(slurm_cluster, monkeypatch):
         pytest.skip("the in-test cluster has no accounting here (install slurmdbd, mariadb-server)")
     for k in [k for k in list(__import__("os").environ) if k.startswith("SLURM_")]:
         monkeypatch.delenv(k)
-    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))   # submitit runs sbatch and sacct
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))   # the test's own scancel
     return slurm_cluster
+
+
+class UserLaunch:
+    """A `launch()` made by the job user in tests/launchworker.py; the same questions as a JobHandle."""
+
+    def __init__(self, cluster, params: dict):
+        code = (Path(__file__).with_name("launchworker.py")).read_text()
+        self.proc = subprocess.Popen(cluster.job_argv([USER_PYTHON, "-c", code]), env=job_env(cluster), cwd="/tmp",
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        got = self.ask(op="launch", params=dict(params, python=USER_PYTHON))
+        self.job_id, self.run_dir = got["job_id"], Path(got["run_dir"])
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the launch worker of {JOB_USER} died (exit {self.proc.poll()})"
+        got = json.loads(line)
+        assert "error" not in got, got["error"]
+        return got
+
+    def state(self) -> str:
+        return self.ask(op="state")["state"]
+
+    def wait(self, timeout_s: float, poll_s: float) -> str:
+        return self.ask(op="wait", timeout_s=timeout_s, poll_s=poll_s)["state"]
+
+    def results(self) -> list:
+        return self.ask(op="results")["results"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()   # the worker's loop ends at EOF
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()      # by its PID
+                self.proc.wait()
+
+
+@pytest.fixture
+def user_launch(accounted_cluster, job_user_dir):
+    made: list[UserLaunch] = []
+
+    def make(**params) -> UserLaunch:
+        made.append(UserLaunch(accounted_cluster, dict(BASE, run_dir=str(job_user_dir / "run"), **params)))
+        return made[-1]
+    yield make
+    for h in made:
+        h.close()
+
+
+def wait_watching(handle: UserLaunch, watch: FarmWatch, timeout_s: float) -> str:
+    """handle.wait(), taking a census of the job's processes while it runs."""
+    wait_for(lambda: watch.sample_job({handle.job_id}) or handle.state() in TERMINAL_STATES, timeout_s,
+             f"launched job {handle.job_id} to finish", interval_s=0.3)
+    return handle.wait(timeout_s=30, poll_s=0.5)
 
 
 
@@ -50,23 +112,26 @@ def test_launch_cli_names_the_bad_parameter(tmp_path):
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_launched_farm_trains_and_accounting_reports_it_completed(accounted_cluster, tmp_path, python_image):
+def test_launched_farm_trains_and_accounting_reports_it_completed(user_launch, job_user_dir, python_image):
     from controller.analysis.query import connect
-    handle = launch(dict(BASE, run_dir=str(tmp_path / "run")))
-    assert handle.job_id.isdigit() and handle.run_dir == tmp_path / "run"
-    script = (tmp_path / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
+    handle = user_launch()
+    assert handle.job_id.isdigit() and handle.run_dir == job_user_dir / "run"
+    script = (job_user_dir / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
     assert "#SBATCH --signal=28@60" in script and "USR2" not in script   # sandboxes ignore WINCH
-    assert handle.wait(timeout_s=120, poll_s=0.5) == "COMPLETED", (tmp_path / "run" / "logs" / "head.log").read_text()
+    watch = FarmWatch(JOB_USER)
+    assert wait_watching(handle, watch, 120) == "COMPLETED", (job_user_dir / "run" / "logs" / "head.log").read_text()
     n, distinct = connect(handle.run_dir).execute(
         "SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
     assert n == distinct == 4
-    assert handle.job.results() == [0, 0, 0]      # head and two agents
+    assert handle.results() == [0, 0, 0]      # head and two agents
+    assert watch.as_root() == [], watch.describe(watch.as_root())
+    assert watch.matching(r"submitit") and watch.sandbox_side()   # the census saw the farm
 
 
 @pytest.mark.slurm
-def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_cluster, tmp_path):
+def test_a_launched_job_that_dies_is_reported_dead_by_accounting(user_launch):
     # an agent count the head will wait for in vain: the job would run until its time limit
-    handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), agents_wait_s=500, controller_wait_s=500))
+    handle = user_launch(agents_wait_s=500, controller_wait_s=500)
     # the nodes may still be finishing the previous test's job (epilog), and accounting lags
     wait_for(lambda: handle.state() == "RUNNING", 90, "the job to run")
     subprocess.run(["scancel", "--signal=KILL", handle.job_id], check=True)   # the job dies
@@ -78,18 +143,20 @@ def test_a_launched_job_that_dies_is_reported_dead_by_accounting(accounted_clust
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_the_early_warning_signal_drains_a_launched_farm_without_infra_errors(accounted_cluster, tmp_path, python_image):
+def test_the_early_warning_signal_drains_a_launched_farm_without_infra_errors(user_launch, python_image):
     """What `--signal=28@<secs>` delivers before the time limit, now instead of in minutes: Slurm
     signals every process of the step, sandboxed workloads included; they must not die of it."""
     from controller.analysis.query import connect
     from tests.test_sbatch import committed
-    handle = launch(dict(BASE, run_dir=str(tmp_path / "run"), versions=4, tasks_limit=16))
+    handle = user_launch(versions=4, tasks_limit=16)
     wait_for(lambda: committed(handle.run_dir) >= 2, 90, "the first committed rollouts")
     subprocess.run(["scancel", "--signal=28", handle.job_id], check=True)
     head_out = handle.run_dir / "submitit" / f"{handle.job_id}_0_log.out"
-    assert handle.wait(timeout_s=120, poll_s=0.5) == "COMPLETED", head_out.read_text()
+    watch = FarmWatch(JOB_USER)
+    assert wait_watching(handle, watch, 120) == "COMPLETED", head_out.read_text()
     con = connect(handle.run_dir)
     stored, infra = con.execute("SELECT count(*), count(*) FILTER (outcome = 'infra_error') FROM rollouts").fetchone()
     assert 2 <= stored < 4 * 16 and infra == 0
     assert "SIGWINCH before the time limit: waiting for agents to drain" in head_out.read_text()
-    assert handle.job.results() == [0, 0, 0]
+    assert handle.results() == [0, 0, 0]
+    assert watch.as_root() == [], watch.describe(watch.as_root())

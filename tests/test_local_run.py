@@ -2,12 +2,18 @@
 from __future__ import annotations
 
 import json
+import pwd
+import subprocess
 
 import pytest
 
 from controller.analysis.query import connect, summary
 from nodeagent.verifier.validate import validate_for_run
 from controller.demo.localrun import ConfigError, RunConfig, run_local
+from slurm.clusterhost import RUNUSER
+from tests.conftest import wait_for
+from tests.farmprocs import FarmWatch
+from tests.slurm_fixture import JOB_USER, REPO, USER_PYTHON
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 
@@ -144,3 +150,38 @@ def test_the_controller_compacts_a_run_as_it_goes_and_nothing_is_lost_or_doubled
 def test_compact_every_must_be_a_count():
     with pytest.raises(ConfigError, match="compact_every"):
         RunConfig(compact_every=-1)
+
+
+def test_the_local_run_completes_as_an_ordinary_user_and_none_of_its_processes_is_root(job_user_dir, python_image):
+    """`paddock run` as paddock-u1 (its own subordinate range, no cgroup delegation, the shared image
+    store read-only to it): every rollout scored, no infra_error, and no process of the farm
+    (controller, agents, policy server, node holders, sandbox inits) ever has a uid 0."""
+    runs = job_user_dir / "runs"
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": f"/home/{JOB_USER}", "LANG": "C.UTF-8",
+           "PYTHONPATH": str(REPO)}
+    log = job_user_dir / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([RUNUSER, "-u", JOB_USER, "--", USER_PYTHON, "-m", "controller.cli", "run",
+                                 "--versions", "1", "--tasks-limit", "4", "--runs-dir", str(runs)],
+                                env=env, cwd=job_user_dir, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    watch = FarmWatch(JOB_USER)
+    try:
+        # runuser itself (the test's tool, root) is the root of the tree, not part of the farm
+        wait_for(lambda: watch.sample({proc.pid}, exclude_roots=True) or proc.poll() is not None, 180,
+                 "the local run as an ordinary user to finish", interval_s=0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    [run_dir] = [p for p in runs.iterdir() if p.is_dir()]
+    con = connect(run_dir)
+    assert con.execute("SELECT count(*), count(*) FILTER (outcome = 'infra_error') FROM rollouts").fetchone() == (4, 0)
+    assert watch.as_root() == [], watch.describe(watch.as_root())
+    assert len(watch.matching(r"controller\.cli controller ")) == 1
+    assert len(watch.matching(r"controller\.cli agent ")) == 2
+    assert watch.sandbox_side(), "no holder or sandbox process was seen: the census would prove nothing"
+    uid = pwd.getpwnam(JOB_USER).pw_uid
+    others = [p for p in watch.seen.values() if not (set(p.uids) == {uid} or watch.in_subrange(p))]
+    assert others == [], watch.describe(others)   # each one runs as the user or as one of its subordinate ids

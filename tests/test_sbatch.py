@@ -3,7 +3,10 @@
 Pure parts: golden files (the example scripts in slurm/) pin the rendered scripts (regenerate with PADDOCK_UPDATE_GOLDEN=1 and
 review the diff), parameters are validated with the valid ones listed, hostile paths stay data.
 Real parts: the rendered scripts are submitted with sbatch to the in-test cluster (three nodes,
-each in its own network and UTS namespace) and run the scripted-policy training loop.
+each in its own network and UTS namespace) and run the scripted-policy training loop. They are
+submitted by the ordinary user paddock-u1 (its own `sbatch`, its run directory, the interpreter
+every user can run, the shared image store read-only to it), and no process of the farm — head,
+controller, policy server, trainer, agents, node holders, sandbox inits — ever runs as root.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ import pytest
 
 from slurm.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
 from tests.conftest import wait_for
+from tests.farmprocs import FarmWatch
+from tests.slurm_fixture import JOB_USER, USER_PYTHON, job_env
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "slurm"          # the example batch scripts are the golden files
@@ -182,17 +187,27 @@ def slurm_out(cluster, *argv: str) -> str:
     return cp.stdout
 
 
+def give_to_user(path: Path) -> None:
+    """chown -R to the job user what the test prepared for it (a task bank, a script)."""
+    pw = __import__("pwd").getpwnam(JOB_USER)
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+
 def submit(cluster, tmp_path: Path, **params) -> tuple[str, Path]:
+    """Render the script into the job user's directory `tmp_path` and submit it as that user."""
     run_dir = tmp_path / "run"
-    p = dict(run_dir=str(run_dir), env_nodes=2, time_limit="10", python=sys.executable, versions=1,
+    p = dict(run_dir=str(run_dir), env_nodes=2, time_limit="10", python=USER_PYTHON, versions=1,
              tasks_limit=8, heartbeat_interval_s=0.5, controller_wait_s=90, agents_wait_s=90,
              signal_before_s=60, slots_per_node=2)
     p.update(params)
     script = tmp_path / "job.sh"
     script.write_text(render(p))
-    job_id = slurm_out(cluster, "sbatch", "--parsable", "-o", str(tmp_path / "slurm-%j.out"),
-                       str(script)).strip().split(";")[0]
-    return job_id, run_dir
+    give_to_user(script)
+    cp = subprocess.run(cluster.job_argv(["sbatch", "--parsable", "-o", str(tmp_path / "slurm-%j.out"), str(script)]),
+                        env=job_env(cluster), capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert cp.returncode == 0, f"sbatch as {JOB_USER}: {cp.stderr}"
+    return cp.stdout.strip().split(";")[0], run_dir
 
 
 def job_components(cluster, job_id: str) -> list[dict]:
@@ -200,10 +215,13 @@ def job_components(cluster, job_id: str) -> list[dict]:
     return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
 
 
-def wait_job(cluster, job_id: str, tmp_path: Path) -> list[dict]:
+def wait_job(cluster, job_id: str, tmp_path: Path, watch: FarmWatch | None = None) -> list[dict]:
+    """The job's components once all are done; meanwhile each poll takes a census of its processes."""
     deadline = time.monotonic() + JOB_DEADLINE_S
     while True:
         comps = job_components(cluster, job_id)
+        if watch is not None:
+            watch.sample_job({c["JobId"] for c in comps} | {job_id})
         if comps and all(c["JobState"] in TERMINAL for c in comps):
             return comps
         if time.monotonic() > deadline:
@@ -249,17 +267,31 @@ def stray_processes(cluster) -> dict[str, list[str]]:
     return out
 
 
+def assert_no_farm_process_ran_as_root(watch: FarmWatch, agents: int) -> None:
+    assert watch.as_root() == [], "farm processes with a uid 0:\n" + watch.describe(watch.as_root())
+    # the interpreters themselves (srun's command lines name them too)
+    assert len(watch.matching(r"^\S+ -m controller\.cli job head ")) == 1
+    assert len(watch.matching(r"^\S+ -m controller\.cli controller ")) == 1
+    assert len(watch.matching(r"^\S+ -m controller\.cli job agent ")) == agents
+    assert watch.sandbox_side(), "no holder or sandbox process seen: the census would prove nothing"
+    uid = __import__("pwd").getpwnam(JOB_USER).pw_uid
+    others = [p for p in watch.seen.values() if not (set(p.uids) == {uid} or watch.in_subrange(p))]
+    assert others == [], watch.describe(others)
+
+
 def paddock_mounts() -> list[str]:
     return [ln for ln in Path("/proc/mounts").read_text().splitlines() if "paddock" in ln]
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(slurm_cluster, tmp_path, python_image):
+def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(slurm_cluster, job_user_dir, python_image):
     from controller.analysis.query import connect
+    tmp_path = job_user_dir
     mounts_before = paddock_mounts()
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het")
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    watch = FarmWatch(JOB_USER)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch)
     assert [c["JobState"] for c in comps] == ["COMPLETED", "COMPLETED"], logs(tmp_path)
     assert comps[0]["ExitCode"] == "0:0"
     env_nodes = set(slurm_out(slurm_cluster, "scontrol", "show", "hostnames", comps[1]["NodeList"]).split())
@@ -270,13 +302,15 @@ def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(s
     assert len(env_nodes) == 2
     assert con.execute("SELECT count(*) FROM rollouts WHERE outcome = 'infra_error'").fetchone()[0] == 0
     assert {p.stem for p in (run_dir / "health").glob("*.jsonl")} == env_nodes
+    assert_no_farm_process_ran_as_root(watch, agents=2)
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
     assert paddock_mounts() == mounts_before
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(slurm_cluster, tmp_path, python_image):
+def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(slurm_cluster, job_user_dir, python_image):
+    tmp_path = job_user_dir
     from controller.analysis.query import connect
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="single", versions=1, tasks_limit=10,
                              slots_per_node=3)
@@ -290,7 +324,7 @@ def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(
     assert len(agents) == 1, f"agent processes on {victim}: {agents}"
     killed_at = time.time()
     os.kill(agents[0], signal.SIGKILL)
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch := FarmWatch(JOB_USER))
     assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
     con = connect(run_dir)
     n, distinct = con.execute("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone()
@@ -298,43 +332,48 @@ def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(
     survivors = con.execute("SELECT count(*) FROM rollouts WHERE node <> ? AND epoch(started_at) > ?",
                             [victim, killed_at]).fetchone()[0]
     assert survivors > 0
+    assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(slurm_cluster, tmp_path, python_image):
+def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(slurm_cluster, job_user_dir, python_image):
+    tmp_path = job_user_dir
     from controller.analysis.query import connect
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", versions=4, tasks_limit=16)
     wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
     # what --signal=B:TERM@secs delivers before the time limit, now instead of in minutes
     slurm_out(slurm_cluster, "scancel", "--batch", "--signal=TERM", job_id)
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch := FarmWatch(JOB_USER))
     assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
     stored = connect(run_dir).execute("SELECT count(*) FROM rollouts").fetchone()[0]
     assert stored == committed(run_dir)
     assert 2 <= stored < 4 * 16
     head_log = (run_dir / "logs" / "head.log").read_text()
     assert "waiting for agents to drain" in head_log
+    assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster, tmp_path, python_image):
+def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster, job_user_dir, python_image):
     """The user's training command (docs/examples/slurm_trainer.py) in place of the built-in
-    trainer, on a task set stored in a bank on shared storage."""
+    trainer, on a task set stored in a bank on shared storage (the user's own)."""
+    tmp_path = job_user_dir
     from controller.taskbank.builtin import builtin_taskset
     from controller.analysis.query import connect
     from controller.taskbank.bank import TaskBank, make_set
     bank = TaskBank(tmp_path / "bank")
     mine = make_set("mine", builtin_taskset().tasks[:3] + builtin_taskset().tasks[-1:])
     bank.put_set(mine)
-    trainer = (f"PADDOCK_EXAMPLE_SAMPLER=1 {shlex.quote(sys.executable)} "
+    give_to_user(bank.root)
+    trainer = (f"PADDOCK_EXAMPLE_SAMPLER=1 {shlex.quote(USER_PYTHON)} "
                f"{shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}")
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", taskset="mine", bank=str(bank.root),
                              trainer=trainer)
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch := FarmWatch(JOB_USER))
     assert [c["JobState"] for c in comps] == ["COMPLETED", "COMPLETED"], logs(tmp_path)
     result = json.loads((run_dir / "trainer-result.json").read_text())
     assert result["taskset_hash"] == mine.manifest_hash
@@ -349,30 +388,36 @@ def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster,
     head_log = (run_dir / "logs" / "head.log").read_text()
     assert "starting trainer" in head_log and "trainer exited with 0" in head_log
     assert "4 scored rollouts of 4 tasks" in (run_dir / "logs" / "trainer.log").read_text()
+    assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
 
 
 @pytest.mark.slurm
-def test_a_task_set_missing_from_the_bank_stops_the_head_with_its_name(slurm_cluster, tmp_path):
+def test_a_task_set_missing_from_the_bank_stops_the_head_with_its_name(slurm_cluster, job_user_dir):
+    tmp_path = job_user_dir
     (tmp_path / "bank").mkdir()
+    give_to_user(tmp_path / "bank")
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", taskset="nope", bank=str(tmp_path / "bank"),
                              controller_wait_s=20)
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch := FarmWatch(JOB_USER))
     assert comps[0]["JobState"] == "FAILED"
     assert "task set 'nope' not found" in (run_dir / "logs" / "head.log").read_text()
+    assert watch.as_root() == [], watch.describe(watch.as_root())
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
-def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm_cluster, tmp_path, python_image):
-    trainer = (f"PADDOCK_EXAMPLE_TASKS=40 {shlex.quote(sys.executable)} "
+def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm_cluster, job_user_dir, python_image):
+    tmp_path = job_user_dir
+    trainer = (f"PADDOCK_EXAMPLE_TASKS=40 {shlex.quote(USER_PYTHON)} "
                f"{shlex.quote(str(ROOT / 'docs' / 'examples' / 'slurm_trainer.py'))}")
     job_id, run_dir = submit(slurm_cluster, tmp_path, layout="het", tasks_limit=0, trainer=trainer)
     wait_for(lambda: committed(run_dir) >= 2, 60, "the first committed rollouts")
     slurm_out(slurm_cluster, "scancel", "--batch", "--signal=TERM", job_id)
-    comps = wait_job(slurm_cluster, job_id, tmp_path)
+    comps = wait_job(slurm_cluster, job_id, tmp_path, watch := FarmWatch(JOB_USER))
     assert comps[0]["JobState"] == "COMPLETED", logs(tmp_path)
     result = json.loads((run_dir / "trainer-result.json").read_text())
     assert result["stopped"] is True and 2 <= len(result["rewards"]) < 40
     assert "trainer stopped after the end-of-time signal" in (run_dir / "logs" / "head.log").read_text()
+    assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")

@@ -1,4 +1,6 @@
-"""Specification of the in-test Slurm cluster (slurm/testcluster.py) and its pytest fixture.
+"""Specification of the in-test Slurm cluster (slurm/testcluster.py) and its pytest fixture. The
+session cluster's jobs are submitted by, and run as, the ordinary user paddock-u1; slurmctld runs
+as the `slurm` user.
 
 Run: .venv/bin/python -m pytest -p tests.slurm_fixture tests/test_slurm_cluster.py -q
 """
@@ -7,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import pwd
 import random
 import re
 import select
@@ -22,6 +25,7 @@ from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, 
                                missing_accounting, missing_requirements, proc_alive, render_slurm_conf,
                                sweep, validate_prefix)
 from tests.conftest import wait_for
+from tests.slurm_fixture import JOB_USER
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "slurm" / "clusterctl.py"
@@ -37,6 +41,14 @@ needs_cluster = pytest.mark.skipif(bool(missing_requirements()),
 def slurm(cluster_env: dict, *argv: str, timeout_s: float = 30.0) -> str:
     cp = subprocess.run(argv, env=cluster_env, capture_output=True, text=True, timeout=timeout_s)
     assert cp.returncode == 0, f"{argv} exited {cp.returncode}: {cp.stderr}"
+    return cp.stdout
+
+
+def user_slurm(cluster, *argv: str, timeout_s: float = 30.0) -> str:
+    """A Slurm command of the job user's own (runuser), as on a login node."""
+    cp = subprocess.run(cluster.job_argv(list(argv)), env=cluster.job_env, capture_output=True, text=True,
+                        timeout=timeout_s, cwd="/tmp")
+    assert cp.returncode == 0, f"{argv} as {cluster.job_user} exited {cp.returncode}: {cp.stderr}"
     return cp.stdout
 
 
@@ -101,17 +113,31 @@ def test_workdir_that_slurm_conf_cannot_hold_is_rejected_before_anything_starts(
     assert not (tmp_path / bad).exists()
 
 
+def test_a_workdir_the_cluster_users_cannot_reach_is_refused_naming_the_fix(tmp_path):
+    if os.geteuid() != 0 or bool(missing_requirements()):
+        pytest.skip("; ".join(missing_requirements()) or "needs root")
+    os.chmod(tmp_path, 0o700)
+    with pytest.raises(ClusterConfigError, match=r"cannot reach it .* use one under /tmp"):
+        TestCluster(tmp_path / "c", nodes=1, name_prefix="pdkr").start()
+    assert not (tmp_path / "c" / "cluster.json").exists()   # nothing started, no record
+
+
+def test_an_unknown_job_user_is_refused_by_name(tmp_path):
+    with pytest.raises(ClusterConfigError, match="job_user 'no-such-user' does not exist"):
+        TestCluster(tmp_path, job_user="no-such-user")
+
+
 # ------------------------------------------------------------------ the session cluster
 @pytest.mark.slurm
 def test_srun_on_three_nodes_returns_each_node_hostname_once(slurm_cluster):
-    out = slurm(slurm_cluster.env, "srun", "-N3", "hostname")
+    out = user_slurm(slurm_cluster, "srun", "-N3", "hostname")
     assert sorted(out.split()) == ["node1", "node2", "node3"]
     assert slurm_cluster.nodes == ("node1", "node2", "node3")
 
 
 @pytest.mark.slurm
 def test_each_node_has_its_own_network_address(slurm_cluster):
-    out = slurm(slurm_cluster.env, "srun", "-N3", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
+    out = user_slurm(slurm_cluster, "srun", "-N3", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
     seen = {}
     for line in out.splitlines():
         host, *addrs = line.split()
@@ -121,13 +147,14 @@ def test_each_node_has_its_own_network_address(slurm_cluster):
 
 
 @pytest.mark.slurm
-def test_two_node_batch_job_with_srun_steps_completes(slurm_cluster, tmp_path):
-    out = tmp_path / "job.out"
-    script = tmp_path / "job.sh"
+def test_two_node_batch_job_with_srun_steps_completes(slurm_cluster, job_user_dir):
+    out = job_user_dir / "job.out"
+    script = job_user_dir / "job.sh"
     script.write_text("#!/bin/sh\n#SBATCH -N2\n"
                       "srun -N2 hostname\n"
                       "srun -N2 -n2 sh -c 'echo step2 $SLURM_PROCID'\n")
-    job_id = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", str(out), str(script)).strip()
+    os.chmod(script, 0o644)
+    job_id = user_slurm(slurm_cluster, "sbatch", "--parsable", "-o", str(out), str(script)).strip()
     assert job_id.isdigit()
 
     def finished():
@@ -146,15 +173,26 @@ def test_two_node_batch_job_with_srun_steps_completes(slurm_cluster, tmp_path):
 def test_sacct_reports_the_state_of_a_finished_and_a_failed_job(slurm_cluster):
     if not slurm_cluster.accounting:
         pytest.skip("no accounting on this machine: " + "; ".join(missing_accounting()))
-    ok = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").strip()
-    bad = slurm(slurm_cluster.env, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 3").strip()
+    ok = user_slurm(slurm_cluster, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "true").strip()
+    bad = user_slurm(slurm_cluster, "sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 3").strip()
 
     def states():
-        out = slurm(slurm_cluster.env, "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", f"{ok},{bad}")
+        out = user_slurm(slurm_cluster, "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", f"{ok},{bad}")
         got = {ln.split("|")[0]: ln.split("|")[1:] for ln in out.splitlines() if ln.strip()}
         return got if set(got) == {ok, bad} and all(v[0] in TERMINAL_JOB_STATES for v in got.values()) else None
     got = wait_for(states, JOB_DEADLINE_S, "sacct to report both jobs finished")
     assert got[ok] == ["COMPLETED", "0:0"] and got[bad] == ["FAILED", "3:0"]
+
+
+@pytest.mark.slurm
+def test_jobs_run_as_their_submitter_and_slurmctld_as_the_slurm_user(slurm_cluster):
+    user = pwd.getpwnam(JOB_USER)
+    out = user_slurm(slurm_cluster, "srun", "-N3", "sh", "-c", 'echo "$(id -u) $(id -g) $HOME"')
+    assert out.splitlines() == [f"{user.pw_uid} {user.pw_gid} {user.pw_dir}"] * 3
+    status = Path(f"/proc/{slurm_cluster.pids['slurmctld']}/status").read_text()
+    uids = re.search(r"^Uid:\s+(.*)$", status, re.M).group(1).split()
+    assert set(uids) == {str(pwd.getpwnam(slurm_cluster.slurm_user).pw_uid)} and slurm_cluster.slurm_user == "slurm"
+    assert "SlurmUser=slurm" in slurm_cluster.conf.read_text().splitlines()
 
 
 @pytest.mark.slurm
@@ -168,9 +206,9 @@ def test_sweep_leaves_a_live_cluster_alone(slurm_cluster):
 # ------------------------------------------------------------------ own clusters: teardown
 @pytest.mark.slurm
 @needs_cluster
-def test_stop_leaves_no_process_netns_veth_or_bridge_behind(tmp_path):
-    cluster = TestCluster(tmp_path / "c", nodes=2, name_prefix="pdks").start()
-    record = json.loads((tmp_path / "c" / "cluster.json").read_text())
+def test_stop_leaves_no_process_netns_veth_or_bridge_behind(cluster_workdir):
+    cluster = TestCluster(cluster_workdir / "c", nodes=2, name_prefix="pdks").start()
+    record = json.loads((cluster_workdir / "c" / "cluster.json").read_text())
     pids = recorded_pids(record)
     assert len(pids) == 4 and all(proc_alive(p, t) for p, t in pids.items())
     slurm(cluster.env, "srun", "-N2", "true")   # leaves slurmstepds behind to be cleaned too
@@ -182,16 +220,16 @@ def test_stop_leaves_no_process_netns_veth_or_bridge_behind(tmp_path):
     assert not set(record["netns"]) & netns_names()
     assert not (set(record["veths"]) | {record["bridge"]}) & link_names()
     assert not (cluster.registry_dir / cluster.names.record_name).exists()
-    assert (tmp_path / "c" / "log" / "slurmctld.log").exists()  # logs are kept
+    assert (cluster_workdir / "c" / "log" / "slurmctld.log").exists()  # logs are kept
     cluster.stop()  # idempotent
 
 
 @pytest.mark.slurm
 @needs_cluster
-def test_a_stopped_cluster_can_start_again_in_the_same_workdir(tmp_path):
-    with TestCluster(tmp_path, nodes=2, name_prefix="pdks") as first:
+def test_a_stopped_cluster_can_start_again_in_the_same_workdir(cluster_workdir):
+    with TestCluster(cluster_workdir, nodes=2, name_prefix="pdks") as first:
         slurm(first.env, "srun", "-N2", "true")
-    with TestCluster(tmp_path, nodes=2, name_prefix="pdks") as second:
+    with TestCluster(cluster_workdir, nodes=2, name_prefix="pdks") as second:
         assert sorted(slurm(second.env, "srun", "-N2", "hostname").split()) == ["node1", "node2"]
 
 
@@ -207,14 +245,14 @@ sys.stdin.read()
 
 @pytest.mark.slurm
 @needs_cluster
-def test_sweep_removes_leftovers_of_a_sigkilled_owner(tmp_path):
+def test_sweep_removes_leftovers_of_a_sigkilled_owner(cluster_workdir):
     sweep("pdkw")
-    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT)), str(tmp_path)],
+    owner = subprocess.Popen([sys.executable, "-c", OWNER.format(root=str(ROOT)), str(cluster_workdir)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         ready, _, _ = select.select([owner.stdout], [], [], 60)
         assert ready and owner.stdout.readline().strip() == "up"
-        record = json.loads((tmp_path / "cluster.json").read_text())
+        record = json.loads((cluster_workdir / "cluster.json").read_text())
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait()
@@ -245,8 +283,8 @@ def test_sweep_removes_prefixed_names_that_have_no_record():
 # ------------------------------------------------------------------ ops script
 @pytest.mark.slurm
 @needs_cluster
-def test_script_up_status_down_round_trip(tmp_path):
-    workdir = tmp_path / "ops"
+def test_script_up_status_down_round_trip(cluster_workdir):
+    workdir = cluster_workdir / "ops"
 
     def script(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,

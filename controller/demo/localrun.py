@@ -162,6 +162,16 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -
     return path.read_text().strip()
 
 
+def validation_cache_dir(store_root: Path) -> Path:
+    """Where task validations are cached: next to the images when this user may write there (one
+    cache for everyone sharing the store), else in the user's own cache directory (a shared store
+    an admin keeps read-only for ordinary users)."""
+    shared = store_root / "validation"
+    if os.access(shared if shared.is_dir() else store_root, os.W_OK):
+        return shared
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
+
+
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     f = open(log_path, "ab")
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -200,7 +210,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                                   "config": asdict(cfg),
                                                   "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
     names = validate(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
-                             Path(store.root) / "validation", run_dir,
+                             validation_cache_dir(Path(store.root)), run_dir,
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
