@@ -23,7 +23,8 @@ need_pkgs=(slurmctld slurmd slurm-client munge
            gcc libc6-dev   # the native sandbox init (nodeagent/sandbox/native/sbxinit.c), built below and on first use
            libfuse3-dev    # headers of the squashfuse_ll preload (nodeagent/sandbox/native/fuseshim.c)
            bubblewrap    # bubblewrap: the reference point of benchmarks/sandbox_start.py
-           tinyproxy-bin)   # the reference point of benchmarks/egress_proxy.py
+           tinyproxy-bin   # the reference point of benchmarks/egress_proxy.py
+           chromium tmux)   # the report is checked as a person sees it (headless Chromium), `paddock top` in a real terminal
 if [ "$(id -u)" -ne 0 ]; then
   echo "setup: run as root (it installs Debian packages and creates the sandbox user)" >&2
   exit 1
