@@ -15,8 +15,7 @@ A request that asks for token ids (vLLM's `return_token_ids`, SGLang's `return_p
 policy's own deterministic token ids and per-token logprobs, every turn; `served` keeps the
 last SERVED_RECORDS replies' ids so tests can check that what was stored is what was served.
 While a new version is being loaded (`POST /admin/loading {"loading": true}`), completions are
-refused with HTTP 503 `model_loading`, as a model server does during a weight update. A request whose
-only tool is `bash` (mini-swe-agent) is answered in `controller.demo.bash_dialect`.
+refused with HTTP 503 `model_loading`, as during a weight update. Bash-only harnesses: bash_dialect.py.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
 `POST /admin/loading`. See docs/policy.md for the scripts and the wire format.
@@ -482,6 +481,7 @@ class ScriptedPolicy:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True      # kept connections: headers and body must not wait for an ACK
     server: "_HTTPServer"
 
     def log_message(self, fmt: str, *args: Any) -> None:

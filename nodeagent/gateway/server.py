@@ -34,21 +34,25 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"          # keep-alive: one thread per client connection
+    disable_nagle_algorithm = True         # TCP: a reply is one write, sent at once
     server: "_Server"
 
     def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("gateway %s", fmt % args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("gateway %s", fmt % args)
 
     def address_string(self) -> str:          # AF_UNIX peers have no (host, port)
         return "sandbox"
 
     def _send(self, status: int, blob: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(blob)))
-        self.end_headers()
-        self.wfile.write(blob)
+        """Status line, headers and body in one write."""
+        self.log_request(status)
+        head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(blob)}\r\n")
+        if self.close_connection:
+            head += "Connection: close\r\n"
+        self.wfile.write(head.encode("latin-1") + b"\r\n" + blob)
 
     def _error(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error") -> None:
         self._send(status, json.dumps({"error": {"message": message, "type": kind, "param": None,
