@@ -93,6 +93,11 @@ class Session:
 
     def complete(self, payload: dict, timeout_s: float) -> dict:
         with self._lock:
+            return self._call(payload, timeout_s)[0]
+
+    def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
+        """(reply, its bytes as the server sent them, or None if the client does not keep them)."""
+        with self._lock:
             return self._call(payload, timeout_s)
 
     def close(self) -> None:
@@ -126,7 +131,7 @@ class Session:
         if now >= self.deadline:
             raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
 
-    def _call(self, payload: dict, timeout_s: float) -> dict:
+    def _call(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
         try:
@@ -148,8 +153,11 @@ class Session:
             try:
                 if remaining <= 0:
                     raise ModelTimeout("no wall budget left for the model call")
-                body = self._client_for(up.endpoint).complete(wire.upstream_payload(payload, up.model, self.flavor),
-                                                              remaining)
+                client, fwd = self._client_for(up.endpoint), wire.upstream_payload(payload, up.model, self.flavor)
+                if hasattr(client, "complete_raw"):
+                    body, raw = client.complete_raw(fwd, remaining)
+                else:
+                    body, raw = client.complete(fwd, remaining), None
                 status, err = 200, None
             except ModelError as exc:
                 body, status, err = exc.body, exc.status, exc
@@ -166,7 +174,7 @@ class Session:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
                 raise err
             self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
-            return body
+            return body, raw
 
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):

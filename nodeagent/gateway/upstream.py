@@ -126,6 +126,10 @@ class KeepAliveModel:
         raise AssertionError("unreachable")
 
     def complete(self, payload: dict, timeout_s: float) -> dict:
+        return self.complete_raw(payload, timeout_s)[0]
+
+    def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes]:
+        """(the decoded reply, its bytes as the server sent them: forwarded without re-encoding)."""
         if timeout_s <= 0:
             raise ModelTimeout(f"no time left for a request to {self.endpoint}")
         deadline = self._clock() + timeout_s
@@ -138,7 +142,7 @@ class KeepAliveModel:
                 if self.fired or isinstance(exc, TimeoutError):
                     raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
                 raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
-        return _decode(self.endpoint, status, raw)
+        return _decode(self.endpoint, status, raw), raw
 
     def close(self) -> None:
         """Close the kept connection (the next call opens a new one)."""
