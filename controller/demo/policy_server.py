@@ -15,7 +15,7 @@ A request that asks for token ids (vLLM's `return_token_ids`, SGLang's `return_p
 policy's own deterministic token ids and per-token logprobs, every turn; `served` keeps the
 last SERVED_RECORDS replies' ids so tests can check that what was stored is what was served.
 While a new version is being loaded (`POST /admin/loading {"loading": true}`), completions are
-refused with HTTP 503 `model_loading`, as a model server does during a weight update.
+refused with HTTP 503 `model_loading`, as during a weight update. Bash-only harnesses: bash_dialect.py.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
 `POST /admin/loading`. See docs/policy.md for the scripts and the wire format.
@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
-from controller.demo import tokenizer
+from controller.demo import bash_dialect, tokenizer
 from controller.demo.trainer import softmax
 
 log = logging.getLogger(__name__)
@@ -417,7 +417,9 @@ class ScriptedPolicy:
         instruction = next(_text(m.get("content")) for m in messages if m["role"] == "user")
         n_assistant = sum(1 for m in messages if m["role"] == "assistant")
         tool_results = [_text(m.get("content")) for m in messages if m["role"] == "tool"]
-        task = self._tasks.get(instruction) or self._tasks.get(instruction.strip())
+        bash_only = bash_dialect.wants_bash(req.get("tools"))
+        task = self._tasks.get(instruction) or self._tasks.get(instruction.strip()) \
+            or (bash_dialect.find_task(self._tasks, instruction) if bash_only else None)
         logprobs, strategy, logprob = None, None, None
         if task is None:
             step: Step = FinalStep(UNKNOWN_TASK_REPLY)
@@ -430,6 +432,9 @@ class ScriptedPolicy:
         content = step.content if isinstance(step, FinalStep) else ""
         if task is not None and n_assistant == 0:
             content = f"plan: {strategy}" + (f"\n{content}" if content else "")
+        if bash_only:         # a harness whose one tool is `bash`: controller/demo/bash_dialect.py
+            step = ToolStep(bash_dialect.BASH_TOOL_NAME, {"command": bash_dialect.command_of(
+                step.name if isinstance(step, ToolStep) else None, getattr(step, "arguments", {}))})
         digest = hashlib.sha256(json.dumps([model, seed, n_assistant, instruction]).encode()).hexdigest()
         message: dict[str, Any] = {"role": "assistant", "content": content}
         completion_words = _words(content)
@@ -476,6 +481,7 @@ class ScriptedPolicy:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True      # kept connections: headers and body must not wait for an ACK
     server: "_HTTPServer"
 
     def log_message(self, fmt: str, *args: Any) -> None:

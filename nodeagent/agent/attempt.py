@@ -67,6 +67,7 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     session = Session(Upstream(a.policy_version, a.endpoint, a.model), GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
     agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session)
+    session.close()                 # its kept model-server connections; the rows stay
     verdict = None
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0

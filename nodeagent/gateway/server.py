@@ -6,7 +6,8 @@ on TCP (`tcp=("127.0.0.1", 0)`). A sandbox given the socket as its relay target
 (`SandboxSpec.egress_socket`) reaches it as `IN_SANDBOX_BASE_URL` (http://127.0.0.1:3128/v1):
 no network is opened.
 
-Routes: `POST /v1/chat/completions` (with `stream: true` answered as one SSE stream of the
+Routes: `POST /v1/chat/completions` (the reply forwarded as the model server sent its bytes;
+with `stream: true` answered as one SSE stream of the
 finished reply: `wire.sse`), `GET /v1/models` (the rollout's model). A request must carry the
 session's key (`Authorization: Bearer <key>`) when `require_key` is set. Errors are OpenAI error
 bodies: 400 bad request, 401 wrong key, 429 `budget_exhausted` (with the budget's kind), 502 the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import socketserver
 import tempfile
 import threading
@@ -34,21 +36,24 @@ MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.1"          # keep-alive: one thread per client connection
     server: "_Server"
 
     def log_message(self, fmt: str, *args: Any) -> None:
-        log.debug("gateway %s", fmt % args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("gateway %s", fmt % args)
 
     def address_string(self) -> str:          # AF_UNIX peers have no (host, port)
         return "sandbox"
 
     def _send(self, status: int, blob: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(blob)))
-        self.end_headers()
-        self.wfile.write(blob)
+        """Status line, headers and body in one write."""
+        self.log_request(status)
+        head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(blob)}\r\n")
+        if self.close_connection:
+            head += "Connection: close\r\n"
+        self.wfile.write(head.encode("latin-1") + b"\r\n" + blob)
 
     def _error(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error") -> None:
         self._send(status, json.dumps({"error": {"message": message, "type": kind, "param": None,
@@ -89,7 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ValueError, wire.WireError) as exc:
             return self._error(400, f"bad request: {exc}")
         try:
-            body = session.complete(payload, MODEL_TIMEOUT_S)
+            body, raw = session.complete_raw(payload, MODEL_TIMEOUT_S)
         except BudgetExhausted as exc:
             return self._error(429, str(exc), f"budget_exhausted:{exc.kind}", "budget_exhausted")
         except ModelTimeout as exc:
@@ -99,13 +104,18 @@ class _Handler(BaseHTTPRequestHandler):
         if payload.get("stream"):
             usage = bool((payload.get("stream_options") or {}).get("include_usage"))
             return self._send(200, wire.sse(body, usage), "text/event-stream")
-        self._send(200, json.dumps(body).encode())
+        self._send(200, raw if raw is not None else json.dumps(body).encode())    # as the server sent it
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     session: Session
     require_key: bool
+
+    def get_request(self):                  # TCP: a reply is one write, sent at once (no Nagle)
+        conn, addr = self.socket.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn, addr
 
 
 class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -7,7 +7,8 @@ harness inside the sandbox. Each call:
 1. is refused with `BudgetExhausted` (kind `calls`, `tokens` or `wall_time`) once the rollout's
    budget is spent; a request's `max_tokens` is clamped to the tokens left;
 2. is forwarded to the endpoint and model of the *current* policy version (`upstream()` is read
-   per attempt of the call) with the token flags of `wire.upstream_payload`;
+   per attempt of the call) with the token flags of `wire.upstream_payload`, over one kept
+   connection per endpoint (`nodeagent.gateway.upstream`; `close()` closes them);
 3. is retried, the environment untouched, when the server refuses or aborts it because a new
    version is being loaded (`wire.is_loading_refusal`): at most `max_version_retries` times,
    with exponential backoff, within the wall budget; the row records the version that answered
@@ -33,7 +34,8 @@ from typing import Any, Callable
 from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
-from nodeagent.harness.model import BudgetExhausted, HTTPModel, Model, ModelError, ModelTimeout
+from nodeagent.gateway.upstream import KeepAliveModel
+from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,7 @@ class Session:
         self._upstream = upstream if callable(upstream) else (lambda: upstream)
         self.budgets, self.source, self.flavor = budgets, source, flavor
         self._clock, self._wall, self._sleep = clock, wall, sleep
-        self._client = client or (lambda endpoint: HTTPModel(endpoint, clock))
+        self._client = client or (lambda endpoint: KeepAliveModel(endpoint, clock))
         self._clients: dict[str, Model] = {}
         self.max_version_retries = max_version_retries
         self.key = "pdk-" + secrets.token_hex(16)     # the OPENAI_API_KEY a harness is given
@@ -91,7 +93,21 @@ class Session:
 
     def complete(self, payload: dict, timeout_s: float) -> dict:
         with self._lock:
+            return self._call(payload, timeout_s)[0]
+
+    def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
+        """(reply, its bytes as the server sent them, or None if the client does not keep them)."""
+        with self._lock:
             return self._call(payload, timeout_s)
+
+    def close(self) -> None:
+        """Close the kept connections to the model servers (the rows stay)."""
+        with self._lock:
+            for client in self._clients.values():
+                close = getattr(client, "close", None)
+                if close is not None:
+                    close()
+            self._clients.clear()
 
     @property
     def calls(self) -> int:
@@ -115,7 +131,7 @@ class Session:
         if now >= self.deadline:
             raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
 
-    def _call(self, payload: dict, timeout_s: float) -> dict:
+    def _call(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
         try:
@@ -137,8 +153,11 @@ class Session:
             try:
                 if remaining <= 0:
                     raise ModelTimeout("no wall budget left for the model call")
-                body = self._client_for(up.endpoint).complete(wire.upstream_payload(payload, up.model, self.flavor),
-                                                              remaining)
+                client, fwd = self._client_for(up.endpoint), wire.upstream_payload(payload, up.model, self.flavor)
+                if hasattr(client, "complete_raw"):
+                    body, raw = client.complete_raw(fwd, remaining)
+                else:
+                    body, raw = client.complete(fwd, remaining), None
                 status, err = 200, None
             except ModelError as exc:
                 body, status, err = exc.body, exc.status, exc
@@ -155,7 +174,7 @@ class Session:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
                 raise err
             self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
-            return body
+            return body, raw
 
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):
