@@ -294,3 +294,12 @@ def test_imports_inside_functions_are_only_for_start_up_time():
            if not _within(m, "controller.cli")
            for t, line, top in lst if not top and t not in LAZY_IMPORTS.get(m, set())]
     assert bad == []
+
+
+def test_the_module_map_in_the_docs_names_every_module():
+    """docs/internals.md is the map of where things live: every module has its row."""
+    doc = (ROOT / "docs" / "internals.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for m, p in modules().items()
+               if p.name != "__main__.py" and m not in ("controller", "layers")
+               and f"`{p.relative_to(ROOT)}`" not in doc]
+    assert missing == []
