@@ -131,10 +131,13 @@ def as_bytes(content: str | bytes) -> bytes:
 
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
-           clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None) -> Verdict:
+           clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
+           layers: tuple = ()) -> Verdict:
     """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
     t0 = clock()
     task = decode_task(task)
+    if layers:
+        task["_layers"] = tuple(layers)
     try:
         spec = validate_spec(task.get("checker"), task)
     except SpecError as exc:
@@ -196,7 +199,8 @@ def _fresh_sandbox(runtime, image, task, changes):
     """A new sandbox of the same image: the task's visible files, then the agent's changes."""
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
-                                        files=dict(task.get("files", {})), hostname="verifier"))
+                                        files=dict(task.get("files", {})), hostname="verifier",
+                                        layers=tuple(task.get("_layers", ()))))
     except SandboxError as exc:
         raise VerifierInfraError(f"verifier sandbox failed to start: {exc}") from None
     try:
