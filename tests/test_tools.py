@@ -180,3 +180,36 @@ def test_seeded_garbage_arguments_are_always_refused_or_parsed_never_raised(sb):
         assert (args is None) != (refused is None)
         if refused is not None:
             assert refused.observation.startswith("error: ") and refused.error
+
+
+# -- files of any size: never a silent truncation ----------------------------------------------
+
+def _megabyte_text() -> str:
+    return "".join(f"line {i:07d} of a large source file\n" for i in range(30000))   # ~1 MB
+
+
+def test_write_file_stores_a_1mb_file_whole(sb):
+    data = _megabyte_text()
+    r = call(Toolbox(sb), "write_file", path="big/write.txt", content=data)
+    assert r.error is None and f"wrote {len(data)} bytes" in r.observation
+    assert sb.read_file("/work/big/write.txt", max_bytes=4 << 20) == data.encode()
+
+
+def test_edit_of_a_1mb_file_changes_one_line_and_keeps_the_rest(sb):
+    data = _megabyte_text()
+    sb.write_files({"/work/big/edit.txt": data.encode()})
+    r = call(Toolbox(sb), "edit", path="big/edit.txt", old="line 0029999 of", new="LAST LINE of")
+    assert r.error is None
+    stored = sb.read_file("/work/big/edit.txt", max_bytes=4 << 20)
+    assert stored == data.replace("line 0029999 of", "LAST LINE of").encode()
+
+
+def test_a_write_past_the_disk_cap_is_an_error_not_a_truncation(runtime, busybox_image):
+    box = runtime.create(SandboxSpec(image=busybox_image, limits={"memory_mb": 128, "pids": 32, "disk_mb": 1,
+                                                                  "nofile": 128}))
+    try:
+        data = "y" * (3 << 20)
+        r = call(Toolbox(box, max_argument_bytes=8 << 20), "write_file", path="full.txt", content=data)
+        assert r.error == "command_failed" and "cannot write" in r.observation
+    finally:
+        box.destroy()

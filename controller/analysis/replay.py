@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.contracts import taskblobs
 from controller.analysis.query import connect
 from layers.builtin import default_store_root
 from layers.store import ImageStore
@@ -96,7 +97,7 @@ def _task(run_dir: Path, task_id: str) -> dict:
         raise ReplayError(f"cannot read the run's tasks ({run_dir / 'tasks.json'}): {exc}") from None
     if task_id not in tasks:
         raise ReplayError(f"task {task_id} is not in {run_dir / 'tasks.json'}")
-    return tasks[task_id]
+    return taskblobs.inflate(tasks[task_id])
 
 
 def _image(run_dir: Path, digest: str, image_store: str | None) -> Path:

@@ -9,7 +9,10 @@ trainer clients (submit, watch with long poll, cancel, publish, drain, status) a
 every dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
 (ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
-and clock; daemon.py runs it on the ZeroMQ socket.
+and clock; daemon.py runs it on the ZeroMQ socket. Tasks travel by reference: the tasks file
+holds each task's id, small metadata and blob digest (controller/contracts/taskblobs.py); an
+entry that is not a small well-formed reference is refused at load, naming the task
+(`admit_tasks`), and a submit naming it is refused; the other tasks run.
 
 Must not import: zmq, sqlite3 beyond its error type (everything goes through
 controller.store.queue), controller.cli, nodeagent.
@@ -35,6 +38,7 @@ from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INF
                                          REJECT_CANCELLED, STALE_TOKEN, UNEXPECTED,
                                          UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
                                          UNKNOWN_TASK)
+from controller.contracts.taskblobs import check_reference
 from controller.contracts.trajectory import SHARD_TABLES
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
@@ -62,7 +66,8 @@ class BrokerCore:
                  wall: Callable[[], float] = time.time, catalog: Catalog | None = None,
                  curriculum: Optional[Curriculum] = None, **knobs):
         self.config = config = with_knobs(config, knobs)
-        self.queue, self.tasks, self.deployment = queue, tasks, deployment
+        self.tasks, self.refused_tasks = admit_tasks(tasks)
+        self.queue, self.deployment = queue, deployment
         self.run_id, self.run_dir = run_id, run_dir
         self.session = session or uuid.uuid4().hex[:12]
         self.hb_s, self.liveness = config.heartbeat_interval_s, config.liveness
@@ -70,7 +75,7 @@ class BrokerCore:
         self.sweep_interval_s, self.lost_keep_s = config.sweep_interval_s, config.lost_keep_s
         self.max_dispatch, self.max_watchers = config.max_dispatch, config.max_watchers
         self.curriculum = curriculum  # resolves a submit's sampler request (None: refused)
-        self._ref_of_id = {d["task_id"]: ref for ref, d in tasks.items()}
+        self._ref_of_id = {d["task_id"]: ref for ref, d in self.tasks.items()}
         self.nodes: dict[str, NodeView] = {}
         self.by_identity: dict[bytes, str] = {}
         self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
@@ -356,6 +361,10 @@ class BrokerCore:
         self._send(identity, P.Ack(ref=msg.id, ok=False, code=code, error=error))
 
     def _on_submit(self, identity, msg: P.Submit, _view) -> None:
+        refused = [t for t in msg.tasks if t in self.refused_tasks]
+        if refused:
+            return self._refuse(identity, msg, UNKNOWN_TASK, f"task refused when the task set was loaded: "
+                                f"{self.refused_tasks[refused[0]]}")
         unknown = [t for t in msg.tasks if t not in self.tasks]
         if unknown:
             return self._refuse(identity, msg, UNKNOWN_TASK, f"unknown tasks: {unknown[:5]}")
@@ -592,6 +601,21 @@ class BrokerCore:
         counters["watchers"] = len(self.watchers)
         return {"session": self.session, "time": self.wall(), "counts": self.queue.counts(),
                 "nodes": nodes, "counters": counters}
+
+
+def admit_tasks(tasks: dict) -> tuple[dict[str, dict], dict[str, str]]:
+    """(the tasks file's entries a lease may carry, ref -> why each other entry was refused).
+    An entry is refused, logged with its name, when it is not a small well-formed reference
+    (`taskblobs.check_reference`: a task inlined whole would not fit a frame); the others run."""
+    admitted, refused = {}, {}
+    for ref, entry in (tasks or {}).items():
+        why = check_reference(str(ref), entry)
+        if why is None:
+            admitted[ref] = entry
+        else:
+            refused[ref] = why
+            log.error("refused when loading the task set: %s", why)
+    return admitted, refused
 
 
 def _phase(node: str) -> float:

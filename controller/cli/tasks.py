@@ -1,6 +1,6 @@
 """`paddock tasks ...`: the task bank from the command line.
 
-  paddock tasks [--bank DIR] import KIND SOURCE --set NAME [--split heldout]
+  paddock tasks [--bank DIR] import KIND SOURCE --set NAME [--split heldout] [--store DIR] [--repos DIR] [--inline]
   paddock tasks [--bank DIR] list [SET]
   paddock tasks [--bank DIR] show TASK [--set NAME] [--hidden]
   paddock tasks [--bank DIR] validate SET [--workers N] [--image IMG]
@@ -62,6 +62,14 @@ def add_bank_commands(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("--split", choices=("train", "heldout"), default="train")
     imp.add_argument("--no-contamination", action="store_true",
                      help="skip the automatic check of a held-out set against training sets")
+    imp.add_argument("--store", metavar="DIR", default=None,
+                     help="swe: image store for repository layers and record images (default: the "
+                          "default image store)")
+    imp.add_argument("--repos", metavar="DIR", default=None,
+                     help="swe: directory of local clones that `repo: owner/name` records name")
+    imp.add_argument("--inline", action="store_true",
+                     help="swe: keep the repository in the package's files instead of a layer "
+                          "(small repositories only)")
     imp.set_defaults(func=cmd_import)
 
     ls = sub.add_parser("list", help="list sets, or the tasks of one set")
@@ -120,7 +128,7 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     bank = TaskBank(args.bank)
     try:
-        tasks = importers.import_source(args.kind, Path(args.source))
+        tasks = importers.import_source(args.kind, Path(args.source), _swe_context(args))
         taskset = make_set(args.set_name, tasks, args.split)
         path = bank.put_set(taskset)
     except TaskError as exc:
@@ -132,6 +140,14 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for report in check_against_training_sets(bank, taskset.name):
             print(report.summary_line(), file=out)
     return 0
+
+
+def _swe_context(args: argparse.Namespace) -> importers.SweContext:
+    if args.kind != "swe":
+        return importers.SweContext()
+    store = None if getattr(args, "inline", False) else ImageStore(getattr(args, "store", None) or default_store_root())
+    repos = getattr(args, "repos", None)
+    return importers.SweContext(store=store, repos_dir=Path(repos).resolve() if repos else None)
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -105,9 +105,15 @@ class Task:
     # Seeded tool faults for the built-in harness, e.g. {"seed": 1, "error": 0.1, "latency":
     # 0.2, "latency_s": 0.5, "kill": 0.05} (rates per tool call; nodeagent/harness/faults.py).
     tool_faults: Mapping[str, Any] = field(default_factory=dict)
+    # Read-only layers under the visible files, bottom first: digests (`sha256:<hex>`) of
+    # squashfs layers in the image store (a repository at its base commit, built by the swe
+    # importer with `layers.treelayer`); the node stacks them under the sandbox's upper dir.
+    layers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "network", _normalise_network(self.network))
+        if isinstance(self.layers, (list, tuple)):
+            object.__setattr__(self, "layers", tuple(self.layers))
         if isinstance(self.tools, (list, tuple)):
             object.__setattr__(self, "tools", tuple(self.tools))
         if isinstance(self.harness, (list, tuple)):
@@ -130,11 +136,11 @@ class Task:
             del d["tools"]
         else:
             d["tools"] = list(self.tools)
-        for key in ("harness", "tool_faults"):
+        for key in ("harness", "tool_faults", "layers"):
             if not d[key]:
                 del d[key]
-            elif key == "harness":
-                d[key] = list(self.harness)
+            elif key in ("harness", "layers"):
+                d[key] = list(getattr(self, key))
         if not d["budgets"]["max_model_calls"]:
             del d["budgets"]["max_model_calls"]
         if d["network"] != "none":
@@ -202,7 +208,7 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'checker.kind' must be one of {CHECKER_KINDS}, got {kind!r}")
     if kind == "pytest":
         tests = task.checker.get("tests") or []
-        missing = [t for t in tests if t not in task.hidden and t not in task.files]
+        missing = [t for t in tests if t not in task.hidden and t not in task.files and not task.layers]
         if not tests or missing:
             raise TaskError(f"{where}: 'checker.tests' names files that are not in the task: {missing or tests}")
     if kind in ("math", "exact", "regex") and "answer" not in task.checker:
@@ -211,6 +217,10 @@ def validate(task: Task) -> None:
         validate_spec(dict(task.checker), {"files": task.files, "hidden": task.hidden})
     except SpecError as exc:
         raise TaskError(f"{where}: {exc}") from None
+    for digest in task.layers:
+        if not isinstance(digest, str) or not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise TaskError(f"{where}: 'layers' entries must be 'sha256:<64 hex digits>' of layers in the "
+                            f"image store, got {digest!r}")
     for path in task.protected:
         if path not in task.files:
             raise TaskError(f"{where}: protected path {path!r} is not a visible file")
@@ -309,6 +319,11 @@ class LeaseTask:
     tool_faults: Mapping[str, Any] = field(default_factory=dict)
     taskset_hash: str = ""
     split: Optional[str] = None
+    layers: tuple[str, ...] = ()             # layer digests in the image store, bottom first
+    setup: tuple[str, ...] = ()              # set-up commands, run once per task on the node
+    # A reference lease: {"root", "digest", "bytes"} of the task's content blob (the node
+    # fetches it: nodeagent/agent/taskcache.py); None when the lease carries the content.
+    blob: Optional[Mapping[str, Any]] = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -340,7 +355,24 @@ class LeaseTask:
         if split is not None and split not in SPLITS:
             raise TaskError(f"lease task 'split' must be one of {SPLITS}, got {split!r}")
         out["split"] = split
+        out["layers"] = _names(d, "layers") or ()
+        out["setup"] = _names(d, "setup") or ()
+        blob = d.get("blob")
+        if blob is not None and not (isinstance(blob, Mapping) and isinstance(blob.get("root"), str)
+                                     and isinstance(blob.get("digest"), str)):
+            raise TaskError(f"lease task 'blob' must be an object with 'root' and 'digest', got {blob!r}")
+        out["blob"] = dict(blob) if blob is not None else None
         return cls(**out)
+
+    def with_content(self, content: Mapping[str, Any]) -> "LeaseTask":
+        """The full task of a reference lease: the blob's content (`Task.canonical()`) under
+        the lease's own metadata (id, image, task set, split). TaskError if the blob is not the
+        task the lease names."""
+        if content.get("name") not in (None, self.name) and self.name:
+            raise TaskError(f"task blob {self.blob and self.blob.get('digest')} holds task "
+                            f"{content.get('name')!r}, not {self.name!r}")
+        meta = {k: v for k, v in self.raw.items() if k != "blob"}
+        return LeaseTask.decode({**content, **meta, "limits": content.get("limits", meta.get("limits"))})
 
     def as_dict(self) -> dict[str, Any]:
         """The lease's task dict with its file contents decoded (for code that takes a dict)."""

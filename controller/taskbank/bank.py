@@ -35,7 +35,7 @@ TASK_FILE = "task.yaml"
 FILES_DIR = "files"
 HIDDEN_DIR = "hidden"
 REQUIRED_KEYS = ("name", "family", "instruction", "checker")
-OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools")
+OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools", "layers")
 DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
 
 
@@ -100,7 +100,8 @@ def load_package(directory: str | os.PathLike) -> Task:
             setup=tuple(meta.get("setup") or ()),
             budgets=_typed_section(path, "budgets", meta.get("budgets"), Budgets),
             limits=_typed_section(path, "limits", meta.get("limits"), Limits),
-            network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()))
+            network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()),
+            layers=tuple(meta.get("layers") or ()))
     except TaskError as exc:
         raise TaskError(f"{path}: {exc}") from None
     except (TypeError, AttributeError) as exc:
@@ -119,7 +120,8 @@ def package_meta(task: Task) -> dict[str, Any]:
             "setup": list(task.setup), "budgets": asdict(task.budgets),
             "limits": asdict(task.limits),
             "network": task.network if task.network == "none" else list(task.network),
-            **({"tools": list(task.tools)} if task.tools else {})}
+            **({"tools": list(task.tools)} if task.tools else {}),
+            **({"layers": list(task.layers)} if task.layers else {})}
 
 
 def write_package(task: Task, directory: str | os.PathLike) -> Path:

@@ -4,81 +4,90 @@
   mbpp       JSONL of {task_id, text|prompt, code, test_list[, test_setup_code, test_imports]}
   math       JSONL of {question|problem, answer} (GSM8K: the answer after "####") or
              {problem, solution} (MATH: the last \\boxed{} of the solution)
-  swe        JSONL of {instance_id, repo, base_commit, problem_statement, test_patch,
-                       FAIL_TO_PASS, PASS_TO_PASS} where `repo` is a local git repository
-             (path relative to the JSONL file or absolute)
+  swe        SWE-bench / SWE-Gym JSONL (controller/taskbank/swe.py: repositories as layers)
   package    a directory whose subdirectories are task packages (task.yaml + files/ + hidden/)
 
-Every record error names the file and line. A repository task's visible tree is the
-repository at its base commit with a scrubbed `.git`: only the base commit's history (no
-later commits, so no future fix), no reflogs, tags, remotes, stashes or hooks.
-
-Must not import zmq. Runs `git` (argv lists, never a shell).
+JSONL is streamed (plain or gzip), one record at a time (`iter_source`). Every record error
+names the file and line. Must not import zmq.
 """
 from __future__ import annotations
 
 import ast
+import functools
+import gzip
+import io
 import json
-import os
 import re
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from controller.contracts.answers import boxed_contents
 from controller.contracts.tasks import Budgets, Task, TaskError
 from controller.taskbank.bank import TASK_FILE, load_package
+from controller.taskbank.swe import (TEST_PATCH_FILE, ImportSourceError, SweContext, scrubbed_checkout,  # noqa: F401
+                                     slug, swe_task)
 
 KINDS = ("humaneval", "mbpp", "math", "swe", "package")
 SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
 REFERENCE_FILE = "reference.py"
 ANSWER_FILE = "answer.txt"
-TEST_PATCH_FILE = "test.patch"
-GIT_TIMEOUT_S = 120.0
 
 
-class ImportSourceError(TaskError):
-    """A source record cannot be imported; the message names the file and line."""
-
-
-def import_source(kind: str, source: Path) -> list[Task]:
-    if kind not in KINDS:
-        raise ImportSourceError(f"unknown import kind {kind!r}; valid: {', '.join(KINDS)}")
-    if kind == "package":
-        return import_packages(source)
-    convert: Callable[[dict, Path, int], Task] = {
-        "humaneval": humaneval_task, "mbpp": mbpp_task, "math": math_task, "swe": swe_task,
-    }[kind]
-    tasks = []
-    for lineno, record in _jsonl(source):
-        try:
-            tasks.append(convert(record, source, lineno))
-        except ImportSourceError:
-            raise
-        except (TaskError, KeyError, TypeError, ValueError, SyntaxError) as exc:
-            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise ImportSourceError(f"{source}:{lineno}: {detail}") from None
+def import_source(kind: str, source: Path, context: SweContext = SweContext()) -> list[Task]:
+    """Every task of `source` (see `iter_source`)."""
+    tasks = list(iter_source(kind, source, context))
     if not tasks:
         raise ImportSourceError(f"{source}: no records")
     return tasks
 
 
+def iter_source(kind: str, source: Path, context: SweContext = SweContext()) -> Iterator[Task]:
+    """The tasks of `source`, one record at a time (memory bounded by one record: a large
+    dataset streams). `context`: the image store and clones directory of swe records."""
+    if kind not in KINDS:
+        raise ImportSourceError(f"unknown import kind {kind!r}; valid: {', '.join(KINDS)}")
+    if kind == "package":
+        yield from import_packages(source)
+        return
+    convert: Callable[[dict, Path, int], Task] = {
+        "humaneval": humaneval_task, "mbpp": mbpp_task, "math": math_task,
+        "swe": functools.partial(swe_task, ctx=context),
+    }[kind]
+    for lineno, record in _jsonl(source):
+        try:
+            task = convert(record, source, lineno)
+        except ImportSourceError as exc:
+            raise ImportSourceError(f"{source}:{lineno}: {exc}") from None
+        except (TaskError, KeyError, TypeError, ValueError, SyntaxError) as exc:
+            detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ImportSourceError(f"{source}:{lineno}: {detail}") from None
+        yield task
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a plain or gzip-compressed text file, streamed."""
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        stream = gzip.open(raw) if gz else raw
+        yield from io.TextIOWrapper(stream, encoding="utf-8")
+
+
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Records of a JSONL file, plain or gzip-compressed (HumanEval ships `.jsonl.gz`)."""
-    import gzip
-    try:
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        lines = data.decode("utf-8").splitlines()
-    except OSError as exc:
-        raise ImportSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (EOFError, UnicodeDecodeError) as exc:
-        raise ImportSourceError(f"{path}: not UTF-8 JSON lines (plain or gzip): {exc}") from None
-    for lineno, line in enumerate(lines, 1):
+    """Records of a JSONL file, plain or gzip-compressed (HumanEval ships `.jsonl.gz`), streamed."""
+    lines = _lines(path)
+    lineno = 0
+    while True:
+        try:
+            line = next(lines)
+        except StopIteration:
+            return
+        except OSError as exc:
+            raise ImportSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except (EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
+            raise ImportSourceError(f"{path}: not UTF-8 JSON lines (plain or gzip): {exc}") from None
+        lineno += 1
         if not line.strip():
             continue
         try:
@@ -90,8 +99,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         yield lineno, record
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("_") or "task"
+_slug = slug
 
 
 # -- python function tasks ------------------------------------------------------------------
@@ -209,121 +217,6 @@ def math_task(rec: dict, source: Path, lineno: int) -> Task:
                    + question.strip())
     return Task(name=f"math/{_slug(name)}", family="math", instruction=instruction,
                 hidden={ANSWER_FILE: answer}, checker={"kind": "math", "answer": answer})
-
-
-# -- repository (SWE-style) tasks -----------------------------------------------------------
-
-def _git(cwd: Path, *argv: str, check: bool = True) -> str:
-    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "protocol.file.allow=always", *argv]
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0",
-                                   "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(cwd)})
-    except subprocess.TimeoutExpired:
-        raise ImportSourceError(f"{' '.join(cmd)} (in {cwd}) timed out") from None
-    if check and proc.returncode != 0:
-        raise ImportSourceError(f"{' '.join(cmd)} (in {cwd}) exited {proc.returncode}: "
-                                f"{proc.stderr.strip()[:500]}")
-    return proc.stdout
-
-
-def scrubbed_checkout(repo: Path, base_commit: str, dest: Path) -> None:
-    """Clone `repo` into `dest` at `base_commit` with nothing beyond it.
-
-    Keeps the base commit and its ancestors on one branch `main`; drops every other ref,
-    tags, remotes, reflogs, stashes, hooks and unreachable objects.
-    """
-    if not (repo / ".git").exists() and not (repo / "HEAD").exists():
-        raise ImportSourceError(f"{repo}: not a git repository")
-    _git(dest.parent, "clone", "--quiet", "--no-local", "--no-checkout", "--no-tags",
-         str(repo), dest.name)
-    full = _git(dest, "rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}",
-                check=False).strip()
-    if not full:
-        raise ImportSourceError(f"{repo}: base commit {base_commit!r} not found")
-    _git(dest, "checkout", "--quiet", "-B", "main", full)
-    _git(dest, "remote", "remove", "origin")
-    for ref in _git(dest, "for-each-ref", "--format=%(refname)").split():
-        if ref != "refs/heads/main":
-            _git(dest, "update-ref", "-d", ref)
-    _git(dest, "reflog", "expire", "--expire=all", "--all")
-    _git(dest, "gc", "--quiet", "--prune=now")
-    git_dir = dest / ".git"
-    # A package stores files only: keep the one ref loose so `.git/refs` is not an empty dir.
-    head = _git(dest, "rev-parse", "HEAD").strip()
-    (git_dir / "refs" / "heads").mkdir(parents=True, exist_ok=True)
-    (git_dir / "refs" / "heads" / "main").write_text(head + "\n")
-    for leftover in ("logs", "hooks", "FETCH_HEAD", "ORIG_HEAD", "packed-refs",
-                     "description"):
-        target = git_dir / leftover
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
-
-
-def _read_tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = Path(dirpath) / name
-            if full.is_symlink():
-                raise ImportSourceError(f"{full}: symbolic links are not supported in repository tasks")
-            out[full.relative_to(root).as_posix()] = full.read_bytes()
-    return out
-
-
-def _patched_paths(patch: str) -> list[str]:
-    paths = re.findall(r"^\+\+\+ b/(\S+)", patch, flags=re.M)
-    return sorted(set(paths))
-
-
-def _test_ids(rec: dict, key: str) -> list[str]:
-    """A list of test ids; the public SWE-bench files hold it as a JSON-encoded string."""
-    value = rec.get(key) or []
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            raise ValueError(f"{key!r} is a string but not a JSON list of test ids: {value[:80]!r}") from None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"{key!r} must be a list of test ids (strings)")
-    return value
-
-
-def swe_task(rec: dict, source: Path, lineno: int) -> Task:
-    repo = Path(rec["repo"])
-    repo = repo if repo.is_absolute() else (source.parent / repo)
-    base, patch = rec["base_commit"], rec["test_patch"]
-    f2p, p2p = _test_ids(rec, "FAIL_TO_PASS"), _test_ids(rec, "PASS_TO_PASS")
-    if not f2p:
-        raise ValueError("'FAIL_TO_PASS' must list at least one test")
-    test_files = _patched_paths(patch)
-    if not test_files:
-        raise ValueError("'test_patch' changes no file ('+++ b/<path>' lines)")
-    with tempfile.TemporaryDirectory(prefix="paddock-swe-") as tmp:
-        work = Path(tmp) / "repo"
-        scrubbed_checkout(repo, base, work)
-        files = _read_tree(work)
-        patched = Path(tmp) / "patched"
-        _git(Path(tmp), "clone", "--quiet", "--no-local", str(work), "patched")
-        (Path(tmp) / TEST_PATCH_FILE).write_text(patch)
-        _git(patched, "apply", "--whitespace=nowarn", str(Path(tmp) / TEST_PATCH_FILE))
-        hidden: dict[str, Any] = {TEST_PATCH_FILE: patch}
-        for rel in test_files:
-            hidden[rel] = (patched / rel).read_bytes()
-    protected = tuple(p for p in test_files if p in files)
-    name = rec.get("instance_id", f"{source.stem}-{lineno}")
-    instruction = (f"The repository is checked out at /work (git, branch main). Resolve this "
-                   f"issue by changing the code; do not modify the tests.\n\n"
-                   f"{rec['problem_statement'].strip()}")
-    return Task(name=f"swe/{_slug(name)}", family="swe", instruction=instruction,
-                files=files, hidden=hidden, protected=protected,
-                checker={"kind": "pytest", "tests": test_files,
-                         "fail_to_pass": f2p, "pass_to_pass": p2p},
-                budgets=Budgets(max_steps=30, wall_s=600.0))
 
 
 # -- packages -------------------------------------------------------------------------------

@@ -12,6 +12,12 @@ gateway's socket takes the relay's place: such a task gets no other egress). The
 rows are the attempt's `model_calls` shard. Seeded tool faults (`tool_faults`) are drawn per
 rollout seed and are the policy's weather, never an infra_error.
 
+A lease may carry the task by reference (`blob`): its content is fetched by digest from shared
+storage, verified and cached per node (`nodeagent.agent.taskcache`). A task's `layers` (its
+repository) and its set-up layer (`setup` commands, run once: `nodeagent.sandbox.setuplayer`)
+are stacked under both the agent's and the grading sandbox; a failing set-up is `infra_error`
+with reason `setup: ...` (the controller quarantines the task).
+
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
 NULL, retried by the controller), recorded with its reason. A policy that runs out of wall
@@ -41,7 +47,11 @@ from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
 from nodeagent.harness.model import ModelError
+from nodeagent.agent.taskcache import default_cache, task_layers
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
+from nodeagent.sandbox.setuplayer import ensure_setup_layer
+from nodeagent.sandbox.spec import SetupError
+from layers.store import ImageStore
 from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 
@@ -51,8 +61,21 @@ __all__ = ["Attempt", "AttemptResult", "run_attempt", "write_changes"]
 
 def _task_of(a: Attempt) -> LeaseTask:
     """The attempt's task: decoded when its lease arrived; an attempt built by hand (replay,
-    tests) may carry the task's dict, decoded here. Raises TaskError naming the field."""
-    return a.task if isinstance(a.task, LeaseTask) else LeaseTask.decode(a.task)
+    tests) may carry the task's dict, decoded here. A reference lease's content is fetched by
+    digest (nodeagent.agent.taskcache). Raises TaskError naming the field."""
+    task = a.task if isinstance(a.task, LeaseTask) else LeaseTask.decode(a.task)
+    return default_cache().resolve(task)
+
+
+def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -> tuple[Path, ...]:
+    """The task's layers (its repository), then its set-up layer (built once per task and
+    image, then reused by every rollout and the grading sandbox). Raises TaskError (a layer
+    missing from the store) or SetupError (a set-up command failed)."""
+    layers = task_layers(image, task.layers)
+    if not task.setup:
+        return layers
+    setup = ensure_setup_layer(runtime, ImageStore(Path(image).parent.parent), image, layers, task.setup)
+    return layers + ((setup,) if setup is not None else ())
 
 
 def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
@@ -63,10 +86,19 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         return AttemptResult("infra_error", None, {}, f"task: {exc}")
     if not task.instruction:
         return AttemptResult("infra_error", None, {}, "task: the lease task has no 'instruction'")
+    try:
+        layers = task_sandbox_layers(runtime, image, task)
+    except TaskError as exc:
+        return AttemptResult("infra_error", None, {}, f"task: {exc}")
+    except SetupError as exc:
+        log.warning("rollout %s attempt %d: task %s set-up failed: %s", a.rollout_id, a.attempt, task.name, exc)
+        return AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+    except SandboxError as exc:
+        return AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
     started, t0 = utc_now(), clock()
     session = Session(Upstream(a.policy_version, a.endpoint, a.model), GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
-    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session)
+    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers)
     session.close()                 # its kept model-server connections; the rows stay
     verdict = None
     if infra is None and agent.stop_reason == "wall_time":
@@ -74,7 +106,7 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     elif infra is None:
         tv = clock()
         try:
-            verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock)
+            verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = f"verifier: {exc}"
@@ -108,7 +140,8 @@ def _call_rows(session: Session, harness: bool) -> list[dict]:
 
 
 def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
-               clock: Callable[[], float], t0: float, session: Session) -> tuple[AgentResult, str | None, list]:
+               clock: Callable[[], float], t0: float, session: Session,
+               layers: tuple[Path, ...] = ()) -> tuple[AgentResult, str | None, list]:
     """The agent's sandbox and harness: (its result, the infra reason or None, its changes).
     The result's spans start with `sandbox_start`."""
     agent, infra, changes = AgentResult(), None, []
@@ -120,7 +153,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task.limits),
                                         files={k: as_bytes(v) for k, v in task.files.items()},
-                                        egress_socket=relay))
+                                        egress_socket=relay, layers=layers))
     except (SandboxError, PolicyError, OSError) as exc:
         infra = f"sandbox_start: {exc}"
         egress.close_for_task(egress_id)

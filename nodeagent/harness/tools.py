@@ -25,8 +25,9 @@ from nodeagent.sandbox.runtime import Sandbox
 WORKDIR = "/work"
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_OBSERVATION_BYTES = 16384
-MAX_ARGUMENT_BYTES = 256 * 1024        # raw JSON arguments of one call
-MAX_EDIT_FILE_BYTES = 1024 * 1024      # edit reads the whole file
+MAX_ARGUMENT_BYTES = 4 * 1024 * 1024   # raw JSON arguments of one call (write_file's content)
+MAX_EDIT_FILE_BYTES = 32 * 1024 * 1024  # edit reads the whole file
+WRITE_CHUNK_BYTES = 32 * 1024          # one exec's stdin (the sandbox passes at most 64 KiB)
 MAX_LIST_ENTRIES = 500
 
 
@@ -135,11 +136,23 @@ class Toolbox:
         return ToolResult(text, 0, None, truncated)
 
     def _write(self, path: str, data: bytes) -> ToolResult | None:
-        r = self._run(["sh", "-c", 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "write_file", path],
-                      stdin=data)
-        if r.exit_code != 0:
-            return ToolResult(f"error: cannot write {path}: {r.stderr.decode(errors='replace').strip()}",
-                              r.exit_code, "command_failed")
+        """Write `data` to `path` in stdin chunks of WRITE_CHUNK_BYTES (the first truncates, the
+        rest append; an existing file keeps its mode), then check the size on disk: a short
+        write (disk cap reached) is an error observation, never a silent truncation."""
+        chunks = [data[i:i + WRITE_CHUNK_BYTES] for i in range(0, len(data), WRITE_CHUNK_BYTES)] or [b""]
+        for i, chunk in enumerate(chunks):
+            script = ('mkdir -p -- "$(dirname -- "$1")" && cat > "$1"' if i == 0 else 'cat >> "$1"')
+            if i == len(chunks) - 1:
+                script += ' && wc -c < "$1"'
+            r = self._run(["sh", "-c", script, "write_file", path], stdin=chunk)
+            if r.exit_code != 0:
+                return ToolResult(f"error: cannot write {path} (after {i * WRITE_CHUNK_BYTES} of {len(data)} "
+                                  f"bytes): {r.stderr.decode(errors='replace').strip()}",
+                                  r.exit_code, "command_failed")
+        written = r.stdout.decode(errors="replace").strip()
+        if written != str(len(data)):
+            return ToolResult(f"error: writing {path} stored {written or '?'} of {len(data)} bytes "
+                              "(is the disk full?)", r.exit_code, "command_failed")
         return None
 
     def _write_file(self, args: dict) -> ToolResult:

@@ -35,6 +35,7 @@ import base64
 import hashlib
 import importlib.metadata
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,10 +132,13 @@ def as_bytes(content: str | bytes) -> bytes:
 
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
-           clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None) -> Verdict:
+           clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
+           layers: tuple = ()) -> Verdict:
     """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
     t0 = clock()
     task = decode_task(task)
+    if layers:
+        task["_layers"] = tuple(layers)
     try:
         spec = validate_spec(task.get("checker"), task)
     except SpecError as exc:
@@ -196,7 +200,8 @@ def _fresh_sandbox(runtime, image, task, changes):
     """A new sandbox of the same image: the task's visible files, then the agent's changes."""
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
-                                        files=dict(task.get("files", {})), hostname="verifier"))
+                                        files=dict(task.get("files", {})), hostname="verifier",
+                                        layers=tuple(task.get("_layers", ()))))
     except SandboxError as exc:
         raise VerifierInfraError(f"verifier sandbox failed to start: {exc}") from None
     try:
@@ -323,18 +328,45 @@ def expected_tests(task: dict, spec: dict) -> list[str]:
     return ids
 
 
+def repo_scope(task: dict) -> bool:
+    """Repository-level tests (the swe family): the hidden test files go to their paths under
+    /work and pytest runs in the repository (its conftest and config), not in /verifier/tests."""
+    return task.get("family") == "swe"
+
+
+REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--rootdir", "/work",
+                    "-o", "console_output_style=classic")
+
+
+def _repo_files(task: dict, spec: dict) -> dict[str, bytes]:
+    """System files of a repository-level check: the hidden tests at their /work paths (they
+    replace whatever the agent left there), the grader, and an empty tests directory."""
+    files = {f"/work/{rel}": as_bytes(text) for rel, text in _test_sources(task, spec)}
+    if spec.get("strict_eq", False):
+        files = {p: strict_asserts(t.decode(), p).encode() if p.endswith(".py") else t for p, t in files.items()}
+    files[f"{TESTS_DIR}/.paddock"] = b""
+    files[GRADER_PATH] = GRADER_SOURCE
+    files[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
+    return files
+
+
 def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
-    system, tests = _checker_files(task, spec)
+    repo = repo_scope(task)
+    if repo:
+        system, tests, cwd, args = _repo_files(task, spec), {}, "/work", REPO_PYTEST_ARGS
+    else:
+        (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
     expected = expected_tests(task, spec)
     if not expected:
         raise VerifierInfraError(f"task {task.get('name')!r}: checker test files define no tests")
     sb = _fresh_sandbox(runtime, image, task, changes)
     try:
-        sb.write_files(tests, owner="agent", mode=0o400)
+        if tests:
+            sb.write_files(tests, owner="agent", mode=0o400)
         sb.write_files(system, owner="system", mode=0o444)
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *PYTEST_ARGS,
-                     *spec["tests"]], cwd=TESTS_DIR, output_cap=OUTPUT_CAP,
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *args,
+                     *spec["tests"]], cwd=cwd, output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
         wall = clock() - t
         if r.timed_out:
@@ -349,7 +381,7 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
     finally:
         sb.destroy()
-    return grade_report(raw, expected, spec, wall)
+    return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
 
 
 def grader_config(runtime, task: dict, spec: dict) -> str:
@@ -365,8 +397,51 @@ def grader_config(runtime, task: dict, spec: dict) -> str:
     return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call})
 
 
-def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0) -> Verdict:
-    """Turn the grader's report into a verdict. Malformed → infra error; ended early → fail."""
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def _touches(detail: str, module: str, changed: set[str]) -> bool:
+    """Whether a traceback names a file the agent changed, or the missing module is one."""
+    for rel in changed:
+        if rel.split("/")[0].removesuffix(".py") == module:
+            return True
+        if re.search(rf"(?<![\w/.-]){re.escape(rel)}|/work/{re.escape(rel)}", detail):
+            return True
+    return False
+
+
+def environment_error(errors: list[dict], changed: set[str]) -> str | None:
+    """A collection error the test environment caused, not the agent: a module that is not
+    installed (`ModuleNotFoundError`), in a traceback that touches no file the agent changed,
+    naming no module the agent changed (a dependency missing from the image). None when the
+    agent may be at fault."""
+    for e in errors:
+        detail = str(e.get("detail", ""))
+        m = _MISSING_MODULE.search(detail)
+        if m and not _touches(detail, m.group(1).split(".")[0], changed):
+            return f"{e.get('id')}: {m.group(0)}"
+    return None
+
+
+def match_outcomes(wanted: str, results: dict[str, list[str]]) -> list[str]:
+    """Outcomes of the reported tests that test id `wanted` names, in SWE-bench's forms: the
+    exact node id (`file::Class::test[p]`); a node id without parameters (every
+    parametrisation); a name without the file (`test_x[3]`, `Class::test_x`), matched as the
+    tail of a node id."""
+    if wanted in results:
+        return results[wanted]
+    out: list[str] = []
+    for rid, outs in results.items():
+        base = rid.split("[", 1)[0]
+        if base == wanted or rid.endswith("::" + wanted) or base.endswith("::" + wanted):
+            out += outs
+    return out
+
+
+def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0,
+                 changed: set[str] | None = None) -> Verdict:
+    """Turn the grader's report into a verdict. Malformed → infra error; ended early → fail;
+    a test environment that cannot import a dependency → infra error (`environment_error`)."""
     try:
         report = json.loads(raw)
         events = report["events"]
@@ -387,11 +462,15 @@ def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.
     tamper = [e for e in events if e.get("ev") == "tamper"]
     for e in events:
         if e.get("ev") == "test" and isinstance(e.get("id"), str):
-            results.setdefault(e["id"].split("[", 1)[0], []).append(str(e.get("outcome")))
+            results.setdefault(e["id"], []).append(str(e.get("outcome")))
         elif e.get("ev") == "collect_error":
             errors.append(f"collection error in {e.get('id')}: {str(e.get('detail', ''))[-300:]}")
-    passed = {t for t, outs in results.items() if outs and all(o == "passed" for o in outs)}
+    env = environment_error([e for e in events if e.get("ev") == "collect_error"], changed or set())
+    if env is not None and not tamper:
+        raise VerifierInfraError(f"the test environment cannot import a dependency: {env}")
     f2p = list(spec.get("fail_to_pass") or expected)
+    outcomes = {t: match_outcomes(t, results) for t in set(f2p) | set(spec.get("pass_to_pass") or [])}
+    passed = {t for t, outs in outcomes.items() if outs and all(o == "passed" for o in outs)}
     p2p = list(spec.get("pass_to_pass") or [])
     comp = {"fail_to_pass": sum(t in passed for t in f2p) / max(len(f2p), 1),
             "pass_to_pass": sum(t in passed for t in p2p) / max(len(p2p), 1) if p2p else 1.0}
@@ -406,10 +485,10 @@ def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.
                    "exited or killed pytest")
     if tamper:
         why.append(f"test framework tampered with: {tamper[0]}")
-    missing = [t for t in f2p + p2p if t not in results]
+    missing = [t for t in f2p + p2p if not outcomes.get(t)]
     if missing:
         why.append(f"not run: {missing[:5]}")
-    failed = [t for t in f2p + p2p if t in results and t not in passed]
+    failed = [t for t in f2p + p2p if outcomes.get(t) and t not in passed]
     if failed:
         why.append(f"failed: {failed[:5]}")
     checks = [_check("pytest", "pass" if ok else "fail", "; ".join(why + errors[:2]), wall_s)]

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from controller.contracts import taskblobs
 from controller.contracts.fileio import utc_now
 from nodeagent.sandbox.runtime import SandboxError, tar_to_changes
 from nodeagent.verifier import grade as verifier
@@ -33,6 +34,7 @@ def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[
         out["note"] = "never verified (infra_error or agent out of wall time): carried over"
         return out
     task = tasks.get(row["task_id"])
+    task = taskblobs.inflate(task) if task else task
     kind = (task or {}).get("checker", {}).get("kind")
     try:
         if task is None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from controller.contracts.fileio import atomic_write
+from layers.store import ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import Change, SandboxRuntime
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
@@ -43,6 +44,8 @@ QUARANTINE_FILE = "quarantine.json"
 CACHE_FILE = "validation-cache.json"
 ANSWER_KINDS = ("math", "exact", "regex")
 PASSING_TEST = "def test_ok():\n    pass\n"
+GOLD_PATCH = "gold.patch"        # a repository task's reference (controller/taskbank/swe.py)
+GOLD_PREFIX = "gold/"
 
 
 @dataclass
@@ -227,7 +230,22 @@ def reference_of(task: dict) -> tuple[dict, str | None] | None:
         return {}, (f"\\boxed{{{gold.strip()}}}" if kind == "math" else gold.strip())
     if "reference.py" in hidden:
         return {solution_file(task): hidden["reference.py"]}, None
+    if GOLD_PATCH in hidden:       # a repository task: the gold patch's post-images
+        return {rel[len(GOLD_PREFIX):]: text for rel, text in hidden.items() if rel.startswith(GOLD_PREFIX)}, None
     return None
+
+
+def task_layers(image, task: dict) -> tuple[Path, ...]:
+    """The task's layer files, from the image store that holds `image`. A layer missing from
+    the store is a VerifierInfraError naming it."""
+    digests = task.get("layers") or ()
+    if not digests:
+        return ()
+    store = ImageStore(Path(image).parent.parent)
+    try:
+        return tuple(store.layer(d) for d in digests)
+    except ImageStoreError as exc:
+        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
 
 
 def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
@@ -253,7 +271,8 @@ def _changes(task: dict, files: dict) -> list:
         if text is None:
             out.append(Change(f"/work/{rel}", "deleted", None, 0))
         else:
-            out.append(Change(f"/work/{rel}", "modified" if rel in original else "added", text.encode(), 0o644))
+            data = text if isinstance(text, bytes) else text.encode()
+            out.append(Change(f"/work/{rel}", "modified" if rel in original else "added", data, 0o644))
     return out
 
 
@@ -266,12 +285,14 @@ def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, qui
                        verifier_version=verifier_version(quick))
     todo = cases(task, quick)
     if "reference" not in todo:
-        v.reasons.append("no reference solution (hidden reference.py, or answer.txt for answer tasks)")
+        v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "
+                         "or answer.txt for answer tasks)")
 
     def grade(item):
         name, (files, answer) = item
         try:
-            r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner)
+            r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner,
+                                layers=task_layers(image, task))
             return name, {"outcome": r.outcome, "reward": r.reward,
                           "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
         except verifier.VerifierInfraError as exc:

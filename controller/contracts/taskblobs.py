@@ -1,0 +1,119 @@
+"""Task blobs: a task's content, content-addressed on shared storage, and the lease reference.
+
+Tasks travel by reference. The content of a task (`Task.canonical()` as canonical JSON) is
+written once to `<root>/sha256/<hh>/<hex>.json`, where `<hex>` is the SHA-256 of the bytes; a
+lease carries only the task's *reference*: its id and small metadata (`REF_KEYS`) plus
+`blob = {"root", "digest", "bytes"}`. The node reads the blob by digest, checks its hash and
+size (`read_blob`), caches it (nodeagent/agent/taskcache.py) and decodes it into the full
+`LeaseTask`. The controller never holds task content: `check_reference` refuses, naming the
+task, any entry of the tasks file that is not a small, well-formed reference.
+
+Must not import zmq, sqlite3 or anything that does I/O beyond reading and writing blob files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from controller.contracts.tasks import TaskError
+
+BLOB_DIR = "sha256"
+MAX_REFERENCE_BYTES = 16 * 1024          # one entry of the tasks file (what a lease carries)
+MAX_BLOB_BYTES = 256 * 1024 * 1024       # one task's content (a repository is a layer, not a blob)
+REF_KEYS = ("task_id", "name", "family", "image_digest", "taskset_hash", "split", "limits", "blob")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def canonical_bytes(content: Mapping[str, Any]) -> bytes:
+    return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+
+
+def blob_path(root: str | os.PathLike, digest: str) -> Path:
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise TaskError(f"task blob digest must be 'sha256:<64 hex digits>', got {digest!r}")
+    hex_ = digest[7:]
+    return Path(root) / BLOB_DIR / hex_[:2] / f"{hex_}.json"
+
+
+def write_blob(root: str | os.PathLike, data: bytes) -> str:
+    """Store `data` (idempotent: an existing blob is kept); return its digest."""
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    path = blob_path(root, digest)
+    if path.exists() and path.stat().st_size == len(data):
+        return digest
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".blob-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return digest
+
+
+def read_blob(path: str | os.PathLike, digest: str, max_bytes: int = MAX_BLOB_BYTES) -> bytes:
+    """The bytes at `path`, checked against `digest` and `max_bytes`. Raises TaskError."""
+    try:
+        size = os.stat(path).st_size
+        if size > max_bytes:
+            raise TaskError(f"task blob {digest} is {size} bytes; the limit is {max_bytes}")
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise TaskError(f"task blob {digest} cannot be read at {path}: {exc.strerror or exc}") from None
+    got = "sha256:" + hashlib.sha256(data).hexdigest()
+    if got != digest:
+        raise TaskError(f"task blob at {path} hashes to {got}, not {digest} (corrupt or replaced)")
+    return data
+
+
+def reference(task_id: str, content: Mapping[str, Any], blob: Mapping[str, Any], **meta: Any) -> dict:
+    """A lease's task reference: id, the small metadata of `content`, and the blob."""
+    ref = {"task_id": task_id, "name": content.get("name", ""), "family": content.get("family", ""),
+           "limits": dict(content.get("limits") or {}), "blob": dict(blob)}
+    ref.update({k: v for k, v in meta.items() if k in REF_KEYS})
+    return ref
+
+
+def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES) -> str | None:
+    """Why the tasks-file entry `key` cannot be leased (None if it can): not an object, no
+    task id, larger than `max_bytes` as JSON (a task inlined instead of referenced)."""
+    if not isinstance(entry, Mapping):
+        return f"task {key!r}: entry must be an object, got {type(entry).__name__}"
+    if not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
+        return f"task {key!r}: entry has no 'task_id'"
+    try:
+        size = len(json.dumps(entry, separators=(",", ":")))
+    except (TypeError, ValueError) as exc:
+        return f"task {key!r}: entry is not JSON data: {exc}"
+    if size > max_bytes:
+        return (f"task {key!r} ({entry.get('name') or entry['task_id']}): its lease entry is {size} bytes, over "
+                f"the {max_bytes}-byte limit: a lease carries a reference (task id, metadata, blob digest), "
+                "not the task's content")
+    blob = entry.get("blob")
+    if blob is not None:
+        if not isinstance(blob, Mapping) or not isinstance(blob.get("root"), str):
+            return f"task {key!r}: 'blob' must be an object with 'root', 'digest' and 'bytes'"
+        try:
+            blob_path(blob["root"], blob.get("digest"))
+        except TaskError as exc:
+            return f"task {key!r}: {exc}"
+    return None
+
+
+def inflate(entry: Mapping[str, Any]) -> dict:
+    """A tasks-file entry with its content: a reference's blob read (verified) and merged under
+    the reference's metadata; an inline entry as is (runs written before references)."""
+    blob = entry.get("blob")
+    if not isinstance(blob, Mapping):
+        return dict(entry)
+    content = json.loads(read_blob(blob_path(blob["root"], blob["digest"]), blob["digest"]))
+    meta = {k: v for k, v in entry.items() if k != "blob"}
+    return {**content, **meta, "limits": content.get("limits", meta.get("limits"))}
