@@ -20,6 +20,7 @@ from controller.demo.policy_server import PolicyServer
 from controller.contracts.tasks import BudgetError, Budgets
 from nodeagent.harness.loop import run_agent
 from nodeagent.harness.model import ModelError, ModelTimeout
+from nodeagent.harness.tools import MAX_ARGUMENT_BYTES
 from nodeagent.sandbox.runtime import SandboxSpec
 
 pytestmark = pytest.mark.sandbox
@@ -135,7 +136,7 @@ def test_the_task_tool_set_is_what_the_model_sees_and_may_call(sb, fake):
 @pytest.mark.parametrize("name,args,expect", [
     ("shell", '{"command": "echo hi"', "not valid JSON"),
     ("teleport", '{}', "unknown tool 'teleport'"),
-    ("write_file", json.dumps({"path": "x", "content": "y" * 300_000}), "the limit is"),
+    ("write_file", json.dumps({"path": "x", "content": "y" * (MAX_ARGUMENT_BYTES + 1)}), "the limit is"),
     ("edit", '{"path": "notes.txt"}', "invalid arguments for edit"),
 ])
 def test_bad_tool_calls_become_error_observations_and_the_loop_goes_on(sb, fake, name, args, expect):
