@@ -12,7 +12,7 @@ length (words drawn from the pairs' vocabulary), end to end through `check`, col
 the time of each stage; then again with the training embeddings cached (the importer keeps them
 under <bank>/embeddings, so a new held-out set only embeds itself).
 
-    .venv/bin/python benchmarks/contamination.py [--max-fpr 0.05] [--timing-n 10000] [--no-timing]
+    .venv/bin/python benchmarks/contamination.py [--max-fpr 0.05] [--timing-n 10000] [--no-timing] [--no-quality]
 """
 from __future__ import annotations
 
@@ -86,9 +86,19 @@ def main() -> int:
     ap.add_argument("--max-fpr", type=float, default=0.05, help="calibration target")
     ap.add_argument("--timing-n", type=int, default=10_000)
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-quality", action="store_true", help="only the timing")
     ap.add_argument("--cache", help="embedding cache directory (default: a temporary one)")
     args = ap.parse_args()
     rows = ev.load_pairs(args.pairs)
+    if not args.no_quality:
+        quality(rows, args)
+    if not args.no_timing:
+        print()
+        timing(rows, args.timing_n)
+    return 0
+
+
+def quality(rows: list[dict], args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scored = score_groups(rows, Path(args.cache or tmp))
     calib = [s for (d, v, sp), ss in scored.items() if v == "rephrase" and sp == "calib" for s in ss]
@@ -98,10 +108,6 @@ def main() -> int:
     print_table(scored, ev.defaults(), "at the defaults")
     if fitted != ev.defaults():
         print_table(scored, fitted, "at the thresholds calibrated now")
-    if not args.no_timing:
-        print()
-        timing(rows, args.timing_n)
-    return 0
 
 
 if __name__ == "__main__":

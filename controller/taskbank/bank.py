@@ -344,7 +344,8 @@ def cmd_import(args, out=None) -> int:
           f"{taskset.manifest_hash} at {path}", file=out)
     if args.split == "heldout" and not args.no_contamination:
         from controller.taskbank.contamination import check_against_training_sets
-        for report in check_against_training_sets(bank, taskset.name):
+        for report in check_against_training_sets(
+                bank, taskset.name, quarantine=getattr(args, "quarantine_suspects", False)):
             print(report.summary_line(), file=out)
     return 0
 

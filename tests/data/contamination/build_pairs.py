@@ -88,6 +88,8 @@ def mmlu_rows(decon: str) -> list[dict]:
 def main(argv: list[str]) -> int:
     decon, gsm = argv
     for row in math_rows(decon, gsm) + code_rows(decon) + mmlu_rows(decon):
+        if not row["copy"].strip():     # a few rephrasings in the source are empty
+            continue
         print(json.dumps(row, ensure_ascii=False))
     return 0
 
