@@ -234,7 +234,7 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
             for h, row, srow in zip(held_list, idx, sims)}
 
 
-def _judge(report: Report, suspects: list[Suspect], near: list[Suspect], cfg: JudgeConfig,
+def _judge(suspects: list[Suspect], near: list[Suspect], cfg: JudgeConfig,
            texts: dict[str, str]) -> list[Suspect]:
     """Judge the top candidates; return the suspects (with verdicts) plus near-misses judged copies."""
     candidates = sorted((s for s in suspects if s.train_id is not None), key=lambda s: -s.score())
@@ -277,7 +277,7 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
     if cfg.judge is not None:
         t0 = time.monotonic()
         texts = {t.task_id: semantic.task_text(t) for t in train_list + held_list}
-        suspects = _judge(report, suspects, near, cfg.judge, texts)
+        suspects = _judge(suspects, near, cfg.judge, texts)
         report.seconds["judge"] = time.monotonic() - t0
     else:
         report.skipped["judge"] = "off (no judge configured)"

@@ -103,7 +103,7 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                                    "overlap_threshold": 1.0, "cosine_threshold": 0.001,
                                    "code_cosine_threshold": 0.001,
                                    "semantic_top_k": 1, "judge": None})
-    by_id = {}
+    by_id = {to_task(r, "heldout", r["heldout"]).task_id: r for r in rows}
     out = []
     for fold in (0, 1):
         train, held, labels = fold_sets(rows, fold)
@@ -118,7 +118,6 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
             b["ngram"] = max(b["ngram"], s.ngram_overlap)
             b["semantic"] = max(b["semantic"], s.cosine or 0.0)
-        by_id = {to_task(r, "heldout", r["heldout"]).task_id: r for r in rows}
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
