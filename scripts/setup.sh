@@ -59,7 +59,7 @@ stamp="$VENV/.paddock-deps"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c 'import controller, nodeagent, layers' 2>/dev/null; then
   "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e '.[test]'
+  "$VENV/bin/pip" install -q -e '.[test,semantic]'   # semantic: the contamination check's embedding stage is tested too
   echo "$want" > "$stamp"
 fi
 # A cgroup v1 migration (each sandbox init joins its cgroups) waits for an RCU grace period

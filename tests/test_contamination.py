@@ -56,7 +56,8 @@ def test_thresholds_are_configurable_and_validated():
     loose = check(train, make_set("h", [half], "heldout"),
                   ContaminationConfig(jaccard_threshold=0.2, overlap_threshold=0.3))
     strict = check(train, make_set("h", [half], "heldout"),
-                   ContaminationConfig(jaccard_threshold=0.95, overlap_threshold=0.95))
+                   ContaminationConfig(jaccard_threshold=0.95, overlap_threshold=0.95,
+                                       cosine_threshold=0.95))
     assert loose.suspects and not strict.suspects
     with pytest.raises(ValueError, match="jaccard_threshold"):
         ContaminationConfig(jaccard_threshold=0)

@@ -28,9 +28,11 @@ from controller.taskbank import importers
 from controller.taskbank.bank import DEFAULT_BANK_ENV, TaskBank, find_task, make_set, package_meta
 from controller.taskbank.builtin import builtin_taskset
 from controller.taskbank.contamination import (ContaminationConfig, check, check_against_training_sets,
-                                               write_report)
+                                               format_suspect, quarantine_suspects, write_report)
+from controller.taskbank.judge import JudgeConfig
 from controller.taskbank.bands import explain, format_counts
 from controller.taskbank.curriculum import Curriculum
+from nodeagent.verifier.checkers import judge_score
 from nodeagent.verifier.validate import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
                                             validate_tasks)
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -62,6 +64,8 @@ def add_bank_commands(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("--split", choices=("train", "heldout"), default="train")
     imp.add_argument("--no-contamination", action="store_true",
                      help="skip the automatic check of a held-out set against training sets")
+    imp.add_argument("--quarantine-suspects", action="store_true",
+                     help="quarantine held-out tasks the contamination check suspects")
     imp.add_argument("--store", metavar="DIR", default=None,
                      help="swe: image store for repository layers and record images (default: the "
                           "default image store)")
@@ -94,8 +98,8 @@ def add_validate_command(sub: argparse._SubParsersAction) -> None:
 
 
 def add_contamination_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("contamination", help="near-duplicates between a training set and "
-                                             "a held-out set (MinHash LSH + n-gram Bloom)")
+    p = sub.add_parser("contamination", help="copies of training tasks in a held-out set (MinHash LSH, "
+                                             "n-gram Bloom filter, sentence embeddings, optional judge)")
     p.add_argument("train_set")
     p.add_argument("heldout_set")
     d = ContaminationConfig()
@@ -107,6 +111,16 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
                    help=f"words per n-gram for exact overlap (default {d.ngram_words})")
     p.add_argument("--shingle", type=int, default=d.shingle_words,
                    help=f"words per MinHash shingle (default {d.shingle_words})")
+    p.add_argument("--cosine", type=float, default=d.cosine_threshold,
+                   help=f"embedding cosine threshold (default {d.cosine_threshold}, calibrated: docs/tasks.md)")
+    p.add_argument("--code-cosine", type=float, default=d.code_cosine_threshold,
+                   help=f"cosine threshold for held-out code tasks (default {d.code_cosine_threshold})")
+    p.add_argument("--no-semantic", action="store_true", help="skip the embedding stage")
+    p.add_argument("--judge-endpoint", metavar="URL",
+                   help="OpenAI-compatible endpoint of a judge model for the top candidates (off by default)")
+    p.add_argument("--judge-model", help="the judge's model name (with --judge-endpoint)")
+    p.add_argument("--quarantine-suspects", action="store_true",
+                   help="quarantine the suspect held-out tasks in the bank's curriculum")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_contamination)
 
@@ -137,7 +151,7 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
     print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
           f"{taskset.manifest_hash} at {path}", file=out)
     if args.split == "heldout" and not args.no_contamination:
-        for report in check_against_training_sets(bank, taskset.name):
+        for report in check_against_training_sets(bank, taskset.name, quarantine=args.quarantine_suspects):
             print(report.summary_line(), file=out)
     return 0
 
@@ -226,22 +240,26 @@ def cmd_contamination(args: argparse.Namespace, out: TextIO | None = None) -> in
     out = out or sys.stdout
     bank = TaskBank(args.bank)
     try:
+        judge = (JudgeConfig(args.judge_endpoint, args.judge_model or "", score=judge_score)
+                 if args.judge_endpoint else None)
         cfg = ContaminationConfig(shingle_words=args.shingle, jaccard_threshold=args.jaccard,
-                                  ngram_words=args.ngram, overlap_threshold=args.overlap)
-        report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg)
+                                  ngram_words=args.ngram, overlap_threshold=args.overlap,
+                                  cosine_threshold=args.cosine, code_cosine_threshold=args.code_cosine,
+                                  semantic=not args.no_semantic, judge=judge)
+        report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg,
+                       cache_dir=bank.root / "embeddings")
     except (TaskError, ValueError) as exc:
         print(f"paddock tasks contamination: {exc}", file=sys.stderr)
         return 2
     write_report(bank, report)
+    if args.quarantine_suspects:
+        quarantine_suspects(bank, [report])
     if args.json:
         print(json.dumps(report.to_json(), indent=1), file=out)
         return 0
     print(report.summary_line(), file=out)
     for s in report.suspects:
-        other = s.train_name or "(training set as a whole)"
-        jac = "n/a" if s.jaccard is None else f"{s.jaccard:.3f}"
-        print(f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap "
-              f"{s.ngram_overlap:.3f}", file=out)
+        print(format_suspect(s), file=out)
     return 0
 
 

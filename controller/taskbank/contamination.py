@@ -1,27 +1,43 @@
 """Contamination check between a training set and a held-out set.
 
-Two signals, both over each task's *text* (instruction + visible text files + hidden text
-files, lowercased, split into word tokens):
+Four stages over each task's *text* (instruction + visible text files + hidden text files):
 
-- **Near duplicates**: MinHash signatures of word shingles indexed in a MinHash LSH
-  (datasketch); each held-out task queries the index, and every candidate training task gets
-  its estimated Jaccard similarity. Pairs at or above `jaccard_threshold` are suspects.
-- **Exact n-gram overlap**: every word n-gram of the training set goes into one Bloom filter
-  (rbloom); a held-out task's overlap is the fraction of its n-grams found in the filter.
+- **Near duplicates** (`minhash`): MinHash signatures of word shingles indexed in a MinHash
+  LSH (datasketch); each held-out task queries the index, and every candidate training task
+  gets its estimated Jaccard similarity. Pairs at or above `jaccard_threshold` are suspects.
+- **Exact n-gram overlap** (`ngram`): every word n-gram of the training set goes into one Bloom
+  filter (rbloom); a held-out task's overlap is the fraction of its n-grams found in the filter.
   A task at or above `overlap_threshold` is a suspect even when no single training task is
   near it (text stitched from several tasks). The Bloom filter's false-positive rate
   (`bloom_fp_rate`) bounds how much it can overstate overlap.
+- **Semantic** (`semantic`, controller/taskbank/semantic.py): sentence embeddings of each task
+  (instruction + reference solution); each held-out task's `semantic_top_k` nearest training
+  tasks by cosine similarity; pairs at or above `cosine_threshold` are suspects. This is the
+  stage that catches rephrased copies, which share few n-grams. It needs the optional extra
+  `paddock[semantic]`; without it the stage is skipped and the report says why.
+- **Judge** (`judge`, controller/taskbank/judge.py, off by default): the top candidate pairs
+  (suspects, and semantic near-misses at or above `judge.min_cosine`) go to an
+  OpenAI-compatible model through the verifier's judge hook; its verdict and reason are in
+  the report, and a near-miss it calls a copy becomes a suspect.
 
-Suspects are reported, not removed: the report names both tasks and both scores. Runs
-automatically when a held-out set is imported into a bank that holds training sets.
+The default thresholds are calibrated on public labelled pairs (tests/data/contamination,
+`benchmarks/contamination.py`; docs/tasks.md gives the recall and false-positive rates).
+
+Suspects are reported, not removed: the report names both tasks and every score. Runs
+automatically when a held-out set is imported into a bank that holds training sets;
+`quarantine_suspects` quarantines the suspect held-out tasks (curriculum quarantine) when the
+user asks.
 
 Must not import zmq.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -30,8 +46,15 @@ from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
 from controller.contracts.tasks import Task, TaskSet
+from controller.taskbank import semantic
+from controller.taskbank.curriculum import Curriculum
+from controller.taskbank.judge import JudgeConfig, judge_pair
+
+log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[a-z0-9_]+")
+STAGES = ("minhash", "ngram", "semantic", "judge")
+CODE_FAMILIES = ("python", "swe")     # held-out tasks judged by `code_cosine_threshold`
 
 
 @dataclass(frozen=True)
@@ -43,13 +66,23 @@ class ContaminationConfig:
     overlap_threshold: float = 0.5
     bloom_fp_rate: float = 0.001
     include_hidden: bool = True
+    semantic: bool = True             # run the semantic stage when the extra is installed
+    cosine_threshold: float = 0.89        # calibrated on rephrased GSM8K (docs/tasks.md)
+    code_cosine_threshold: float = 0.84   # for held-out code tasks (CODE_FAMILIES)
+    semantic_top_k: int = 1           # nearest training tasks reported per held-out task
+    max_tokens: int = 256             # of each task's text, for the embedding
+    judge: JudgeConfig | None = None  # off by default
+
+    def cosine_for(self, family: str) -> float:
+        return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
 
     def __post_init__(self) -> None:
-        for key in ("jaccard_threshold", "overlap_threshold"):
+        for key in ("jaccard_threshold", "overlap_threshold", "cosine_threshold",
+                    "code_cosine_threshold"):
             v = getattr(self, key)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"contamination: {key!r} must be in (0, 1], got {v!r}")
-        for key in ("shingle_words", "num_perm", "ngram_words"):
+        for key in ("shingle_words", "num_perm", "ngram_words", "semantic_top_k", "max_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"contamination: {key!r} must be >= 1")
         if not 0.0 < self.bloom_fp_rate < 0.5:
@@ -64,6 +97,13 @@ class Suspect:
     train_name: str | None
     jaccard: float | None         # MinHash estimate for the pair
     ngram_overlap: float          # fraction of the held-out task's n-grams seen in training
+    cosine: float | None = None   # embedding cosine similarity for the pair
+    stages: tuple[str, ...] = ()  # which stages flagged it
+    judge_verdict: str | None = None   # contaminated | clean | error; None: not judged
+    judge_reason: str | None = None
+
+    def score(self) -> float:
+        return max(self.jaccard or 0.0, self.cosine or 0.0)
 
 
 @dataclass
@@ -75,16 +115,34 @@ class Report:
     config: ContaminationConfig
     suspects: list[Suspect] = field(default_factory=list)
     checked: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)     # stage -> why it did not run
+    seconds: dict[str, float] = field(default_factory=dict)   # stage -> wall time
 
     def summary_line(self) -> str:
-        return (f"contamination {self.heldout_set} vs {self.train_set}: {len(self.suspects)} "
+        line = (f"contamination {self.heldout_set} vs {self.train_set}: {len(self.suspects)} "
                 f"suspect(s) among {self.checked} held-out tasks")
+        if "semantic" in self.skipped:
+            line += f" (semantic stage skipped: {self.skipped['semantic']})"
+        return line
 
     def to_json(self) -> dict:
         return {"train_set": self.train_set, "heldout_set": self.heldout_set,
                 "train_hash": self.train_hash, "heldout_hash": self.heldout_hash,
                 "config": asdict(self.config), "checked": self.checked,
+                "skipped": self.skipped, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                 "suspects": [asdict(s) for s in self.suspects]}
+
+
+def format_suspect(s: Suspect) -> str:
+    """One line of the human-readable report."""
+    other = s.train_name or "(training set as a whole)"
+    jac = "n/a" if s.jaccard is None else f"{s.jaccard:.3f}"
+    line = f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap {s.ngram_overlap:.3f}"
+    if s.cosine is not None:
+        line += f"  cosine {s.cosine:.3f}"
+    if s.judge_verdict is not None:
+        line += f"  judge {s.judge_verdict}: {(s.judge_reason or '').splitlines()[-1:] or ''}"
+    return line
 
 
 def task_words(task: Task, include_hidden: bool = True) -> list[str]:
@@ -116,47 +174,166 @@ def _bloom_key(gram: str) -> int:
     return int.from_bytes(hashlib.blake2b(gram.encode(), digest_size=16).digest(), "big", signed=True)
 
 
-def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = None,
-          train_tasks: Iterable[Task] | None = None,
-          heldout_tasks: Iterable[Task] | None = None) -> Report:
-    """Suspected contamination of `heldout` (its held-out split, or all its tasks) by `train`."""
-    cfg = cfg or ContaminationConfig()
-    train_list = list(train_tasks if train_tasks is not None else _split(train, "train"))
-    held_list = list(heldout_tasks if heldout_tasks is not None else _split(heldout, "heldout"))
-    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
+# -- the stages -----------------------------------------------------------------------------
+
+@dataclass
+class _Pair:
+    jaccard: float | None = None
+    cosine: float | None = None
+
+
+def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig
+             ) -> tuple[dict[str, dict[str, _Pair]], dict[str, float]]:
+    """MinHash pairs at or above the Jaccard threshold, and each held-out task's n-gram overlap."""
     lsh = MinHashLSH(threshold=cfg.jaccard_threshold, num_perm=cfg.num_perm)
     hashes: dict[str, MinHash] = {}
     train_grams: dict[str, set[str]] = {}
-    train_grams_inserted: set[str] = set()
     for t in train_list:
         words = task_words(t, cfg.include_hidden)
-        hashes[t.task_id] = _minhash(words, cfg)
-        train_grams[t.task_id] = set(ngrams(words, cfg.ngram_words))
-        if t.task_id not in train_grams_inserted:
-            train_grams_inserted.add(t.task_id)
+        if t.task_id not in hashes:
+            hashes[t.task_id] = _minhash(words, cfg)
             lsh.insert(t.task_id, hashes[t.task_id])
+        train_grams[t.task_id] = set(ngrams(words, cfg.ngram_words))
     expected = max(sum(len(g) for g in train_grams.values()), 1)
     bloom = Bloom(expected, cfg.bloom_fp_rate, _bloom_key)
     for grams in train_grams.values():
         bloom.update(grams)
-    names = {t.task_id: t.name for t in train_list}
+    pairs: dict[str, dict[str, _Pair]] = {}
+    overlaps: dict[str, float] = {}
     for h in held_list:
         words = task_words(h, cfg.include_hidden)
         grams = set(ngrams(words, cfg.ngram_words))
-        overlap = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
+        overlaps[h.task_id] = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
         mh = _minhash(words, cfg)
-        pairs = []
+        found = pairs.setdefault(h.task_id, {})
         for tid in sorted(lsh.query(mh)):
             j = mh.jaccard(hashes[tid])
             if j >= cfg.jaccard_threshold:
-                pairs.append(Suspect(h.task_id, h.name, tid, names[tid], round(j, 4),
-                                     round(overlap, 4)))
-        if not pairs and overlap >= cfg.overlap_threshold:
-            pairs.append(Suspect(h.task_id, h.name, None, None, None, round(overlap, 4)))
-        report.suspects.extend(pairs)
-        report.checked += 1
-    report.suspects.sort(key=lambda s: (-(s.jaccard or 0.0), -s.ngram_overlap, s.heldout_name))
+                found[tid] = _Pair(jaccard=round(j, 4))
+    return pairs, overlaps
+
+
+@functools.lru_cache(maxsize=4)
+def default_embedder(max_tokens: int) -> semantic.Embedder:
+    """One embedder per process and max_tokens (loading the model takes a moment)."""
+    return semantic.load_embedder(max_tokens)
+
+
+def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
+              embedder: semantic.Embedder, cache_dir: Path | None
+              ) -> dict[str, list[tuple[str, float]]]:
+    """Each held-out task's nearest training tasks: [(train_id, cosine)], best first."""
+    cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
+             if cache_dir is not None else None)
+    train_vecs = semantic.embed_texts(embedder, [semantic.task_text(t) for t in train_list], cache)
+    held_vecs = semantic.embed_texts(embedder, [semantic.task_text(h) for h in held_list], cache)
+    idx, sims = semantic.nearest(held_vecs, train_vecs, cfg.semantic_top_k)
+    return {h.task_id: [(train_list[j].task_id, round(float(c), 4)) for j, c in zip(row, srow)]
+            for h, row, srow in zip(held_list, idx, sims)}
+
+
+def _judge(suspects: list[Suspect], near: list[Suspect], cfg: JudgeConfig,
+           texts: dict[str, str]) -> list[Suspect]:
+    """Judge the top candidates; return the suspects (with verdicts) plus near-misses judged copies."""
+    candidates = sorted((s for s in suspects if s.train_id is not None), key=lambda s: -s.score())
+    candidates += sorted(near, key=lambda s: -s.score())
+    judged: dict[tuple[str, str | None], Suspect] = {}
+    for s in candidates[:cfg.top_k]:
+        verdict, reason = judge_pair(cfg, texts[s.heldout_id], texts[s.train_id])
+        log.info("contamination judge heldout=%s train=%s verdict=%s", s.heldout_name,
+                 s.train_name, verdict)
+        judged[(s.heldout_id, s.train_id)] = _with(s, judge_verdict=verdict, judge_reason=reason)
+    out = [judged.get((s.heldout_id, s.train_id), s) for s in suspects]
+    out += [_with(judged[(s.heldout_id, s.train_id)], stages=("judge",)) for s in near
+            if judged.get((s.heldout_id, s.train_id), s).judge_verdict == "contaminated"]
+    return out
+
+
+def _with(s: Suspect, **changes) -> Suspect:
+    return Suspect(**{**asdict(s), **changes})
+
+
+def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = None,
+          train_tasks: Iterable[Task] | None = None,
+          heldout_tasks: Iterable[Task] | None = None,
+          embedder: semantic.Embedder | None = None,
+          cache_dir: str | Path | None = None) -> Report:
+    """Suspected contamination of `heldout` (its held-out split, or all its tasks) by `train`.
+
+    `embedder` replaces the default model (tests); `cache_dir` keeps embeddings across runs.
+    """
+    cfg = cfg or ContaminationConfig()
+    train_list = list(train_tasks if train_tasks is not None else _split(train, "train"))
+    held_list = list(heldout_tasks if heldout_tasks is not None else _split(heldout, "heldout"))
+    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
+    t0 = time.monotonic()
+    pairs, overlaps = _lexical(train_list, held_list, cfg)
+    report.seconds["lexical"] = time.monotonic() - t0
+    nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir)
+    names = {t.task_id: t.name for t in train_list}
+    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg)
+    if cfg.judge is not None:
+        t0 = time.monotonic()
+        texts = {t.task_id: semantic.task_text(t) for t in train_list + held_list}
+        suspects = _judge(suspects, near, cfg.judge, texts)
+        report.seconds["judge"] = time.monotonic() - t0
+    else:
+        report.skipped["judge"] = "off (no judge configured)"
+    report.checked = len(held_list)
+    report.suspects = sorted(suspects, key=lambda s: (-s.score(), -s.ngram_overlap, s.heldout_name))
     return report
+
+
+def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
+                  cfg: ContaminationConfig, embedder: semantic.Embedder | None,
+                  cache_dir: str | Path | None) -> dict[str, list[tuple[str, float]]]:
+    if not cfg.semantic:
+        report.skipped["semantic"] = "off (semantic = False)"
+        return {}
+    if not train_list or not held_list:
+        return {}
+    try:
+        embedder = embedder or default_embedder(cfg.max_tokens)
+    except semantic.SemanticUnavailable as exc:
+        log.warning("contamination: semantic stage skipped: %s", exc)
+        report.skipped["semantic"] = str(exc)
+        return {}
+    t0 = time.monotonic()
+    found = _semantic(train_list, held_list, cfg, embedder,
+                      Path(cache_dir) if cache_dir is not None else None)
+    report.seconds["semantic"] = time.monotonic() - t0
+    return found
+
+
+def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: dict[str, float],
+           nearest: dict[str, list[tuple[str, float]]], names: dict[str, str],
+           cfg: ContaminationConfig) -> tuple[list[Suspect], list[Suspect]]:
+    """(suspects, semantic near-misses for the judge), one entry per held-out/training pair."""
+    suspects: list[Suspect] = []
+    near: list[Suspect] = []
+    judge_floor = cfg.judge.min_cosine if cfg.judge is not None else 1.1
+    for h in held_list:
+        found = dict(pairs.get(h.task_id, {}))
+        for tid, cos in nearest.get(h.task_id, []):
+            found.setdefault(tid, _Pair()).cosine = cos
+        overlap = round(overlaps[h.task_id], 4)
+        cosine_threshold = cfg.cosine_for(h.family)
+        flagged = []
+        for tid in sorted(found):
+            p = found[tid]
+            stages = tuple(st for st, hit in (
+                ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
+                ("ngram", overlap >= cfg.overlap_threshold),
+                ("semantic", p.cosine is not None and p.cosine >= cosine_threshold)) if hit)
+            s = Suspect(h.task_id, h.name, tid, names[tid], p.jaccard, overlap, p.cosine, stages)
+            if {"minhash", "semantic"} & set(stages):
+                flagged.append(s)
+            elif p.cosine is not None and p.cosine >= judge_floor:
+                near.append(s)
+        if not flagged and overlap >= cfg.overlap_threshold:
+            flagged.append(Suspect(h.task_id, h.name, None, None, None, overlap, None, ("ngram",)))
+        suspects.extend(flagged)
+    return suspects, near
 
 
 def _split(ts: TaskSet, split: str) -> list[Task]:
@@ -176,9 +353,31 @@ def write_report(bank, report: Report) -> Path:
     return path
 
 
-def check_against_training_sets(bank, heldout_name: str,
-                                cfg: ContaminationConfig | None = None) -> list[Report]:
-    """Check a stored held-out set against every stored set that has a training split."""
+def quarantine_suspects(bank, reports: Iterable[Report], db_path: str | Path | None = None
+                        ) -> dict[str, str]:
+    """Quarantine every suspect held-out task (not judged clean) in the bank's curriculum;
+    return task id -> reason. The quarantine holds until `Curriculum.release`."""
+    reasons: dict[str, str] = {}
+    for r in reports:
+        for s in r.suspects:
+            if s.judge_verdict == "clean" or s.heldout_id in reasons:
+                continue
+            scores = ", ".join(f"{k} {v:.3f}" for k, v in (("cosine", s.cosine), ("jaccard", s.jaccard),
+                                                           ("ngram_overlap", s.ngram_overlap))
+                               if v is not None)
+            where = f"{r.train_set}/{s.train_name}" if s.train_name else f"set {r.train_set}"
+            reasons[s.heldout_id] = f"contaminated: near {where} ({scores}; {'+'.join(s.stages)})"
+    if reasons:
+        with Curriculum(db_path or Path(bank.root) / "curriculum.sqlite", reasons) as cur:
+            for tid, reason in sorted(reasons.items()):
+                cur.quarantine(tid, reason)
+    return reasons
+
+
+def check_against_training_sets(bank, heldout_name: str, cfg: ContaminationConfig | None = None,
+                                quarantine: bool = False) -> list[Report]:
+    """Check a stored held-out set against every stored set that has a training split;
+    with `quarantine`, quarantine the suspects (`quarantine_suspects`)."""
     heldout = bank.load_set(heldout_name)
     reports = []
     for name in bank.set_names():
@@ -187,7 +386,9 @@ def check_against_training_sets(bank, heldout_name: str,
         ts = bank.load_set(name)
         if len(ts.heldout) == len(ts.tasks):      # a held-out-only set is not training data
             continue
-        report = check(ts, heldout, cfg)
+        report = check(ts, heldout, cfg, cache_dir=Path(bank.root) / "embeddings")
         write_report(bank, report)
         reports.append(report)
+    if quarantine:
+        quarantine_suspects(bank, reports)
     return reports

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from controller.contracts.answers import boxed_contents
-from controller.contracts.tasks import Budgets, Task, TaskError
+from controller.contracts.tasks import Task, TaskError
 from controller.taskbank.bank import TASK_FILE, load_package
 from controller.taskbank.swe import (TEST_PATCH_FILE, ImportSourceError, SweContext, scrubbed_checkout,  # noqa: F401
                                      slug, swe_task)

