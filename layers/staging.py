@@ -16,7 +16,7 @@ common binary), resolving symlinks inside the tree, never on the host.
 Every external command goes through `run_command`, whose failure is a `CommandFailed` carrying
 argv, exit code and the tail of stderr.
 
-Must not import: zmq, controller.*, layers.store, layers.build.
+Must not import: zmq, controller other than controller.contracts.fileio, layers.store, layers.build.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from controller.contracts.fileio import sha256_file
 from layers.sif import host_arch
 
 STDERR_TAIL_BYTES = 4096
@@ -41,7 +42,6 @@ SPECIAL_MODE_BITS = stat.S_ISUID | stat.S_ISGID
 DEFAULT_DIR_MODE = 0o755
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 ZSTD_TIMEOUT_S = 1800.0
-HASH_CHUNK_BYTES = 1 << 20
 OCI_WHITEOUT_PREFIX = ".wh."
 OCI_OPAQUE_MARKER = ".wh..wh..opq"
 # Binaries whose ELF header tells the image's architecture, in order of preference.
@@ -310,21 +310,13 @@ def _apply_oci_layer(tf: tarfile.TarFile, dest: Path, times: Times) -> None:
     _extract_members(tf, dest, keep, times)
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def oci_blob(layout: Path, digest: str, verify: bool = True) -> Path:
     """Path of a blob of the layout; with `verify`, its bytes must hash to its digest."""
     algo, _, hexd = str(digest).partition(":")
     p = layout / "blobs" / algo / hexd
     if algo != "sha256" or "/" in hexd or not p.is_file():
         raise BuildError(f"OCI layout {layout}: missing blob {digest}")
-    if verify and _sha256_file(p) != hexd:
+    if verify and sha256_file(p) != hexd:
         raise BuildError(f"OCI layout {layout}: blob {digest} is corrupt (its content does not "
                          f"hash to its digest)")
     return p
@@ -394,7 +386,7 @@ def source_content_key(src: Path) -> dict[str, Any]:
     if kind == "oci":
         return {"kind": "oci", "manifest": oci_manifest(src)[0]}
     if kind == "tar":
-        return {"kind": "tar", "sha256": _sha256_file(src)}
+        return {"kind": "tar", "sha256": sha256_file(src)}
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames.sort()
@@ -406,7 +398,7 @@ def source_content_key(src: Path) -> dict[str, Any]:
             if stat.S_ISLNK(st.st_mode):
                 h.update(os.readlink(p).encode(errors="surrogateescape"))
             elif stat.S_ISREG(st.st_mode):
-                h.update(_sha256_file(Path(p)).encode())
+                h.update(sha256_file(Path(p)).encode())
             h.update(b"\n")
     return {"kind": "dir", "tree_sha256": h.hexdigest()}
 

@@ -13,7 +13,8 @@ Building a recipe that is already indexed (and whose image is present) reuses th
 Concurrent builders of one recipe serialise on the recipe's lock; the later one finds the
 index entry written by the earlier one and does not build.
 
-Must not import: zmq, controller.*, layers.build (builders are passed in as callables).
+Must not import: zmq, controller other than controller.contracts.fileio, layers.build (builders are
+passed in as callables).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+from controller.contracts.fileio import atomic_write_with, sha256_file  # noqa: F401 (sha256_file: the store's digest)
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,6 @@ class ImageNotFound(ImageStoreError):
 
 class InvalidImageRef(ImageStoreError):
     """A reference that is neither `sha256:<64 hex>` nor an existing path."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def recipe_hash(recipe: dict[str, Any]) -> str:
@@ -146,17 +141,7 @@ class ImageStore:
 
     # ------------------------------------------------------------ writing
     def _atomic_write(self, final: Path, write: Callable[[Path], Any]) -> None:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            write(tmp)
-            os.chmod(tmp, FILE_MODE)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.rename(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write_with(final, write, mode=FILE_MODE)
 
     def add(self, sif_path: os.PathLike | str, kind: str = "image") -> tuple[str, Path]:
         """Copy a SIF file (or, kind "layer", a squashfs layer) into the store. Returns

@@ -12,24 +12,13 @@ import pytest
 
 from controller.store import queue as qm
 from controller.store.queue import QueueConfig, RolloutQueue
+from tests.conftest import FakeClock
 
 T0 = 1_700_000_000.0
 
-
-class FakeClock:
-    def __init__(self, now: float = T0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, dt_s: float) -> None:
-        self.now += dt_s
-
-
 @pytest.fixture
 def clock():
-    return FakeClock()
+    return FakeClock(T0)
 
 
 @pytest.fixture

@@ -14,16 +14,18 @@ no processes. Must not import: anything of Paddock.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 CHUNK_BYTES = 1 << 20
+_SEQ = itertools.count()   # a temporary name is unique per process, thread and call
 
 
 def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}.{next(_SEQ)}.tmp")
 
 
 def fsync_dir(directory: os.PathLike | str) -> None:

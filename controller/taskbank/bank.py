@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from controller.contracts.fileio import atomic_write
 from controller.contracts.tasks import SPLITS, Budgets, Limits, Task, TaskError, TaskSet
 
 TASK_FILE = "task.yaml"
@@ -201,9 +202,7 @@ class TaskBank:
         manifest["manifest_hash"] = taskset.manifest_hash
         path = self.manifest_path(taskset.name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
-        os.rename(tmp, path)
+        atomic_write(path, yaml.safe_dump(manifest, sort_keys=False, width=100), fsync=False)
         return path
 
     def set_names(self) -> list[str]:

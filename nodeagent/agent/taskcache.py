@@ -22,6 +22,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
+from controller.contracts.fileio import atomic_write
 from controller.contracts.taskblobs import blob_path, read_blob
 from controller.contracts.tasks import LeaseTask, TaskError
 from layers.store import ImageStore, ImageStoreError
@@ -73,10 +74,7 @@ class TaskCache:
     def _keep(self, local: Path, data: bytes) -> None:
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".blob-", dir=local.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, local)
+            atomic_write(local, data, fsync=False)
         except OSError:
             pass            # a cache that cannot be written only costs a re-fetch
 
