@@ -14,8 +14,8 @@ holds each task's id, small metadata and blob digest (controller/contracts/taskb
 entry that is not a small well-formed reference is refused at load, naming the task
 (`admit_tasks`), and a submit naming it is refused; the other tasks run.
 
-Must not import: zmq, sqlite3 beyond its error type (everything goes through
-controller.store.queue), controller.cli, nodeagent.
+Everything durable goes through controller.store.queue (sqlite3 only for its error type).
+Must not import: zmq, controller.cli, nodeagent.
 """
 from __future__ import annotations
 

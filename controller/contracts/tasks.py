@@ -13,7 +13,8 @@ JSON. The on-disk package format lives in controller/taskbank/bank.py (docs/task
 `task_id`, `image_digest`, `taskset_hash` and `split`), decoded once when the lease arrives
 (`LeaseTask.decode`); a malformed one is a `TaskError` naming the field.
 
-Must not import zmq, sqlite3 or anything that does I/O beyond reading task files.
+No I/O beyond reading task files. Must not import: zmq, sqlite3, socket, subprocess, Paddock
+other than controller.contracts.
 """
 from __future__ import annotations
 

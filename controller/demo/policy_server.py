@@ -20,7 +20,7 @@ refused with HTTP 503 `model_loading`, as during a weight update. Bash-only harn
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
 `POST /admin/loading`. See docs/policy.md for the scripts and the wire format.
 
-Must not import zmq, sqlite3 or nodeagent; analysts' code (controller.analysis) never imports it.
+Analysts' code (controller.analysis) never imports it. Must not import: zmq, sqlite3, nodeagent.
 """
 from __future__ import annotations
 

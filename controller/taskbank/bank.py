@@ -15,7 +15,7 @@ Reading a package or manifest checks everything a human could have got wrong and
 its recorded id, a manifest naming an unknown task or listing one id twice with different
 names, a manifest whose recorded hash does not match its content.
 
-Must not import zmq; package files are written atomically (temp name + rename).
+Package files are written atomically (temp name + rename). Must not import: zmq, nodeagent.
 """
 from __future__ import annotations
 
