@@ -203,3 +203,88 @@ def test_disk_fill_by_bytes_and_by_inodes_stops_at_the_tmpfs_caps(worker, make_b
     assert r["exit"] == 3 and "No space left on device" in r["stderr"], r
     r = worker.sh("disk", "rm -f /work/fill*; i=0; while [ $i -lt 2000 ]; do touch /work/f$i || exit 3; i=$((i+1)); done")
     assert r["exit"] == 3 and "No space left on device" in r["stderr"], r
+
+
+# -- escapes ---------------------------------------------------------------------------------
+SYSCALLS = [("mount", 165, (0, 0, 0, 0, 0)), ("unshare", 272, (0x10000000,)), ("setns", 308, (0, 0)),
+            ("ptrace", 101, (16, 1)), ("process_vm_readv", 310, (1, 0, 0, 0, 0, 0)), ("bpf", 321, (0, 0, 0)),
+            ("pivot_root", 155, (0, 0)), ("fsopen", 430, (0, 0)), ("keyctl", 250, (0, 0)),
+            ("sched_setaffinity", 203, (0, 0, 0)), ("sched_setattr", 314, (0, 0, 0))]
+
+
+def test_namespace_mount_and_trace_syscalls_fail_with_eperm(worker, make_box):
+    if os.uname().machine != "x86_64":
+        pytest.skip("syscall numbers in this test are x86_64's")
+    make_box("sys", python=True, inodes=4096)
+    code = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"for name, nr, args in {SYSCALLS!r}:\n"
+            "    rc = libc.syscall(nr, *args)\n"
+            "    print(name, ctypes.get_errno() if rc == -1 else 'ok')\n")
+    r = worker.ask("exec", name="sys", argv=["python3", "-c", code])
+    assert dict(ln.split() for ln in r["stdout"].splitlines()) == {n: "1" for n, _, _ in SYSCALLS}, r
+    r = worker.sh("sys", "mount -t tmpfs none /tmp; echo rc=$?; unshare -U true; echo rc=$?")
+    assert "rc=0" not in r["stdout"], r
+
+
+def test_host_pid_1_and_other_processes_are_out_of_reach(worker, make_box):
+    make_box("proc")
+    with open("/proc/1/cmdline", "rb") as f:
+        host_init = f.read().split(b"\0")[0].decode()
+    r = worker.sh("proc", "tr '\\0' ' ' </proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'; "
+                          "ls /proc/1/root/ >/dev/null && echo listed")
+    cmdline, nprocs = r["stdout"].splitlines()[:2]
+    assert cmdline.split()[0] != host_init and cmdline.startswith("paddock-sbx"), r   # its own PID 1
+    assert int(nprocs) <= 4, r
+    me, holder = worker.facts["pid"], worker.facts["holder"]
+    r = worker.sh("proc", f"kill -9 {me}; echo rc=$?; kill -9 {holder}; echo rc=$?; kill -9 -1; echo done")
+    assert "rc=0" not in r["stdout"], r
+    assert worker.proc.poll() is None and _alive(holder)
+    # the user itself, outside any sandbox, gets nothing of the host's PID 1
+    res = worker.ask("access", paths=["/proc/1/root", "/proc/1/environ", "/proc/1/fd"])
+    assert res["/proc/1/root"]["list"] == EACCES and res["/proc/1/environ"]["open"] == EACCES, res
+    assert res["/proc/1/fd"]["list"] == EACCES, res
+
+
+def test_the_network_is_the_sandboxs_own_loopback_only(worker, make_box):
+    make_box("net", python=True, inodes=4096)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    try:
+        port = server.getsockname()[1]
+        code = ("import socket\nfor target in (('127.0.0.1', %d), ('1.1.1.1', 53)):\n"
+                "    try:\n        socket.create_connection(target, timeout=2); print('connected')\n"
+                "    except OSError as e:\n        print('refused', e.errno)\n"
+                "try:\n    socket.getaddrinfo('example.com', 80); print('resolved')\n"
+                "except OSError:\n    print('unresolved')\n"
+                "print(sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]))\n" % port)
+        r = worker.ask("exec", name="net", argv=["python3", "-c", code], timeout_s=20)
+        lines = r["stdout"].splitlines()
+        assert lines[0].startswith("refused") and lines[1].startswith("refused") and lines[2] == "unresolved", r
+        assert lines[3] == "['lo']", r
+        with pytest.raises(socket.timeout):
+            server.accept()
+    finally:
+        server.close()
+
+
+def test_another_users_state_dir_and_sandboxes_are_out_of_reach(worker, make_box, busybox_image):
+    make_box("mine")
+    other = AbuseWorker(USERS[1])
+    try:
+        other.ask("create", name="theirs", image=str(busybox_image), limits=LIMITS)
+        their_init = other.ask("tree", name="theirs")["pids"][0]
+        paths = [other.facts["state_dir"], other.facts["run_root"]]
+        res = worker.ask("access", paths=paths + [f"/proc/{their_init}/root", f"/proc/{other.facts['holder']}/environ"])
+        for p in paths:
+            assert res[p]["list"] == EACCES, res
+        assert res[f"/proc/{their_init}/root"]["list"] != "ok", res
+        assert res[f"/proc/{other.facts['holder']}/environ"]["open"] != "ok", res
+        r = worker.sh("mine", f"ls {paths[0]}; echo rc=$?; kill -0 {their_init}; echo rc=$?")
+        assert "rc=0" not in r["stdout"], r
+        assert other.sh("theirs", "echo ok")["stdout"] == "ok\n"
+        other.ask("destroy", name="theirs")
+    finally:
+        other.stop()
+    assert not os.path.exists(other.facts["state_dir"])
