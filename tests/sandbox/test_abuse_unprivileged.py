@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -25,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.sandbox.usercaps import SANDBOX_NICE
-from tests.sandbox.test_users import RUNUSER, USERS, VENV_PY, _env, _not_zombie, _rmdir_if_empty, _why_not
+from tests.sandbox.test_users import (RUNUSER, USERS, VENV_PY, _env, _not_zombie, _rmdir_if_empty, _why_not,
+                                     run_as)
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 
@@ -288,3 +290,12 @@ def test_another_users_state_dir_and_sandboxes_are_out_of_reach(worker, make_box
     finally:
         other.stop()
     assert not os.path.exists(other.facts["state_dir"])
+
+
+def test_sandbox_run_as_the_user_names_each_caps_mechanism(busybox_image):
+    r = run_as(USERS[0], [VENV_PY, "-m", "controller.cli", "sandbox", "run", "--show-caps", "--image",
+                          str(busybox_image), "--", "true"])
+    assert r.returncode == 0, r.stderr
+    want = " ".join(f"{cap}={how}" for cap, how in USER_CAPS.items())
+    assert r.stderr.splitlines()[0] == f"paddock sandbox run: caps: {want}", r.stderr
+    _rmdir_if_empty(f"/tmp/paddock-{pwd.getpwnam(USERS[0]).pw_uid}")
