@@ -165,7 +165,7 @@ def test_fork_flood_stops_at_the_pids_cap(worker, make_box):
     assert "can't fork" in r["stderr"], r
     held = worker.ask("tree", name="fork")["pids"]
     assert LIMITS["pids"] - 3 <= len(held) <= LIMITS["pids"], len(held)   # up to the cap, not past it
-    worker.sh("fork", "kill -9 -1; echo ok")   # the held sleepers go: the bomb below starts from the cap
+    worker.sh("fork", "kill -9 -1; echo ok")   # the held sleepers go: the bomb below starts with the slice empty
     r = worker.sh("fork", "bomb() { bomb | bomb & }; bomb; wait", timeout_s=2)
     assert "can't fork" in r["stderr"]
     assert worker.sh("fork", "echo ok")["stdout"] == "ok\n"
