@@ -39,8 +39,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--noop-s", type=float, default=None,
                     help="no sandbox: every rollout passes after this many seconds (benchmarks)")
     ap.add_argument("--degrade", action="store_true",
-                    help="start even where a sandbox cap (memory, pids, cpu) cannot be enforced by a "
-                         "cgroup: fall back to rlimits for it and say so in the log (default: refuse)")
+                    help="start even where a sandbox cap (memory, pids, cpu) can be held neither by a "
+                         "cgroup nor from user space (memory monitor, CPU slice + SCHED_BATCH, pids per id "
+                         "slice): it is then not enforced, and the log says which (default: refuse)")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
 

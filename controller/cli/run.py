@@ -2,7 +2,7 @@
 fresh sandbox).
 
   paddock run [--config FILE] [--versions N] [--agents N] ...
-  paddock sandbox run [--image IMG] [--memory 256M] [--pids N] [--cpu C] [--degrade] -- CMD
+  paddock sandbox run [--image IMG] [--memory 256M] [--pids N] [--cpu C] [--degrade] [--show-caps] -- CMD
 
 Thin: parses arguments and calls controller.demo.localrun (`RunConfig`, `run_local`) or the
 sandbox runtime. A bad config exits 2; `sandbox run` exits with the command's status (125 if
@@ -58,7 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sr.add_argument("--pids", type=int, default=64, help="process cap (default 64)")
     sr.add_argument("--cpu", type=float, default=1.0, help="CPU quota in cores (default 1.0)")
     sr.add_argument("--degrade", action="store_true",
-                    help="run even if the host cannot enforce every cap (rlimits only; says which)")
+                    help="run even if a cap can be held neither by a cgroup nor from user space (the memory "
+                         "monitor, CPU slice + SCHED_BATCH, pids per id slice): it is then not enforced, and "
+                         "says which (default: refuse)")
+    sr.add_argument("--show-caps", action="store_true",
+                    help="print how each cap is held (e.g. memory=monitor+rlimit cpu=cgroup-v2) on stderr")
     sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit in seconds (default 10)")
     sr.add_argument("--output-cap", type=int, default=1 << 20, help="bytes of stdout/stderr kept")
     sr.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -93,8 +97,12 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
               "nofile": 1024}
     try:
         with SandboxRuntime(degrade=args.degrade) as rt:
-            if rt.caps_report()["degraded"]:
-                print(f"paddock sandbox run: caps NOT enforced: {rt.caps_report()['degraded']}", file=sys.stderr)
+            report = rt.caps_report()
+            if args.show_caps:
+                print("paddock sandbox run: caps: " + " ".join(f"{cap}={how or 'NOT ENFORCED'}"
+                                                           for cap, how in report["caps"].items()), file=sys.stderr)
+            if report["degraded"]:
+                print(f"paddock sandbox run: caps NOT enforced: {report['degraded']}", file=sys.stderr)
             sb = rt.create(SandboxSpec(image=image, limits=limits))
             try:
                 r = sb.exec(cmd, stdin=b"" if sys.stdin.isatty() else sys.stdin.buffer.read(1 << 20),

@@ -23,7 +23,9 @@ import os
 
 # Denied outright (EPERM). The notes' list: mounts (old and new API), namespaces, tracing and
 # cross-process memory, keyrings, bpf, perf, io_uring, userfaultfd, handles, kernel modules and
-# kexec, and the host-wide knobs a namespaced root must not reach.
+# kexec, and the host-wide knobs a namespaced root must not reach; and the scheduling calls
+# that would undo the CPU cap held without a cgroup (the init's CPU slice and SCHED_BATCH,
+# nodeagent.sandbox.usercaps: set before the filter is loaded, inherited by every command).
 DENIED = (
     "mount", "umount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig", "fsmount", "fspick",
     "move_mount", "open_tree", "mount_setattr",
@@ -38,6 +40,7 @@ DENIED = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "iopl", "ioperm", "lookup_dcookie", "uselib", "ustat", "sysfs", "_sysctl", "nfsservctl",
     "setdomainname", "sethostname",
+    "sched_setaffinity", "sched_setscheduler", "sched_setattr",
 )
 CLONE_NS_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000,
                   0x40000000, 0x00000080)   # NEWNS CGROUP UTS IPC USER PID NET, NEWTIME
