@@ -23,7 +23,8 @@ from controller.broker.daemon import Controller
 from controller.contracts.keys import read_key_file
 from controller.broker.placement import place
 from controller.store.queue import Due, QueueConfig, RolloutQueue
-from nodeagent.agent.daemon import NodeAgent, noop_runner
+from nodeagent.agent.core import RECONNECT, AgentCore, EndpointNews
+from nodeagent.agent.daemon import EXIT_GAVE_UP, EndpointFile, NodeAgent, noop_runner
 from nodeagent.agent.attempt import AttemptResult
 
 DEP = "dep-broker-test"
@@ -752,3 +753,88 @@ def test_a_refused_agent_logs_why_and_exits(farm, monkeypatch, caplog):
         assert a.run() == agent_mod.EXIT_REFUSED
     assert "0.0.1" in a.refused and "refused this agent" in caplog.text
     assert farm.ctl.core.counters["refused_agents_agent_version"] == 1
+
+
+# ---- finding the controller again (agent side) ---------------------------------------------
+
+
+def welcomed_core(watch, clock: FakeClock, **kw) -> AgentCore:
+    core = AgentCore("n1", 2, DEP, heartbeat_interval_s=1.0, liveness=5, clock=clock,
+                     endpoint="tcp://old:1", watch=watch, **kw)
+    core.start()
+    core.receive(P.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=5, session="s1"))
+    core.take_outbox()
+    return core
+
+
+def test_a_silent_controller_published_elsewhere_means_reconnect_there_now():
+    clock, asked = FakeClock(), []
+    news = [None]
+    core = welcomed_core(lambda: asked.append(clock()) or news[0], clock)
+    for _ in range(3):  # the controller talks: the file is never looked at
+        clock.advance(1.0)
+        core.receive(P.Heartbeat(node="controller"))
+        core.tick()
+    assert asked == []
+    clock.advance(1.0)
+    core.tick()  # silent for one interval: look at the file, nothing new
+    assert len(asked) == 1 and RECONNECT not in core.take_outbox()
+    news[0] = EndpointNews(endpoint="tcp://new:2")
+    clock.advance(1.0)
+    core.tick()
+    out = core.take_outbox()
+    assert out.index(RECONNECT) < next(i for i, m in enumerate(out) if isinstance(m, P.Register))
+    assert core.endpoint == "tcp://new:2" and core.backoff_s == 1.0 and core.moves == 1
+
+
+def test_a_controller_stopped_on_purpose_ends_a_waiting_agent():
+    clock = FakeClock()
+    core = welcomed_core(lambda: EndpointNews(stopped=True), clock)
+    clock.advance(1.0)
+    core.tick()
+    assert core.stopped and not core.gave_up
+
+
+def test_an_agent_never_welcomed_gives_up_after_give_up_s():
+    clock = FakeClock()
+    core = AgentCore("n1", 2, DEP, heartbeat_interval_s=1.0, clock=clock, give_up_s=5.0)
+    core.start()
+    for _ in range(4):
+        clock.advance(1.0)
+        core.tick()
+    assert not core.stopped
+    clock.advance(1.0)
+    core.tick()
+    assert core.stopped and core.gave_up
+
+
+def test_the_endpoint_file_has_news_only_when_rewritten_or_stopped_after_it(tmp_path):
+    ep = tmp_path / "controller.endpoint"
+    ep.write_text("tcp://a:1")
+    watch = EndpointFile(ep)
+    assert watch.read() == "tcp://a:1" and watch() is None
+    tmp = tmp_path / "new"
+    tmp.write_text("tcp://b:2")
+    tmp.replace(ep)  # how the controller publishes it (atomic_write): a new inode
+    assert watch() == EndpointNews(endpoint="tcp://b:2") and watch() is None
+    (tmp_path / "controller.endpoint.stopped").write_text("tcp://b:2\n")
+    assert watch() == EndpointNews(stopped=True)
+
+
+def test_an_agent_that_never_registered_exits_when_the_controller_stops(tmp_path):
+    """A real agent whose controller never answers (nothing listens): the `.stopped` file
+    the controller writes on a clean stop ends it with 0; with nothing at all, give_up_s."""
+    ep = tmp_path / "controller.endpoint"
+    ep.write_text(f"tcp://127.0.0.1:{free_port()}")
+    agent = NodeAgent("n1", ep.read_text(), DEP, 1, runner=noop_runner(), insecure=True,
+                      heartbeat_interval_s=0.05, endpoint_file=str(ep))
+    result = []
+    t = threading.Thread(target=lambda: result.append(agent.run()), daemon=True)
+    t.start()
+    (tmp_path / "controller.endpoint.stopped").write_text(ep.read_text())
+    t.join(10)
+    assert result == [0]
+    lonely = NodeAgent("n2", ep.read_text(), DEP, 1, runner=noop_runner(), insecure=True,
+                       heartbeat_interval_s=0.05, give_up_s=0.3)
+    t0 = time.monotonic()
+    assert lonely.run() == EXIT_GAVE_UP and time.monotonic() - t0 < 5
