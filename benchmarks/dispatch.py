@@ -20,8 +20,9 @@ Slurm, on the in-test cluster (3 nodes): the same work with fewer items
   srun        `--slurm-jobs` steps `srun -N1 true`, 8 at a time: steps per second; and the
               wall time of single steps
 Every Paddock farm runs twice side by side, with CURVE (the default control plane: the run's
-keys, encrypted and authenticated) and with `--insecure` (plain text), interleaved in the
-latency probes like the agent counts; `--curve on|off` runs one mode only.
+keys, encrypted and authenticated) and with `--insecure` (plain text): both farms of an agent
+count are up at once and their throughput runs alternate, and the latency probes interleave
+all farms; `--curve on|off` runs one mode only.
 Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1,
 CURVE / plain throughput and p50 at each agent count),
 and the CPU time per rollout of the controller, the agent processes and the client over the
@@ -171,22 +172,30 @@ def bench_paddock(args, tmp: Path) -> dict[tuple[bool, int], dict]:
     out, farms = {}, {}
     try:
         for agents in args.agents:
-            for curve in MODES[args.curve]:
-                key = (curve, agents)
-                farm = farms[key] = Farm(tmp / f"paddock-{agents}-{'curve' if curve else 'plain'}",
-                                         agents, args.slots, args.agent_procs,
-                                         args.profile_controller, curve)
-                farm.throughput(min(1000, args.rollouts))  # warm up
-                before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-                rates = [farm.throughput(args.rollouts) for _ in range(args.repeats)]
-                after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-                used = [(b - a) / (args.rollouts * args.repeats) for a, b in zip(before, after)]
-                out[key] = {"rate": statistics.median(rates), "rates": rates}
+            modes = MODES[args.curve]
+            for curve in modes:  # both modes up at once, measured in turn (same load)
+                farms[(curve, agents)] = Farm(
+                    tmp / f"paddock-{agents}-{'curve' if curve else 'plain'}", agents,
+                    args.slots, args.agent_procs, args.profile_controller, curve)
+                farms[(curve, agents)].throughput(min(1000, args.rollouts))  # warm up
+            rates = {c: [] for c in modes}
+            used = {c: [0.0] * (len(farms[(c, agents)].procs) + 1) for c in modes}
+            for r in range(args.repeats):
+                for curve in modes[r % len(modes):] + modes[:r % len(modes)]:
+                    farm = farms[(curve, agents)]
+                    before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
+                    rates[curve].append(farm.throughput(args.rollouts))
+                    after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
+                    used[curve] = [u + (b - a) / (args.rollouts * args.repeats)
+                                   for u, a, b in zip(used[curve], before, after)]
+            for curve in modes:
+                key, u = (curve, agents), used[curve]
+                out[key] = {"rate": statistics.median(rates[curve]), "rates": rates[curve]}
                 print(f"paddock  {label(key)} x {max(args.slots // agents, 1):2d} slots: "
                       f"{out[key]['rate']:9.0f} rollouts/s (runs "
-                      f"{', '.join(f'{r:.0f}' for r in rates)})\n         cpu per rollout: "
-                      f"controller {used[0] * 1e6:.0f} us, agents {sum(used[1:-1]) * 1e6:.0f} us, "
-                      f"client {used[-1] * 1e6:.0f} us", flush=True)
+                      f"{', '.join(f'{r:.0f}' for r in rates[curve])})\n         cpu per rollout: "
+                      f"controller {u[0] * 1e6:.0f} us, agents {sum(u[1:-1]) * 1e6:.0f} us, "
+                      f"client {u[-1] * 1e6:.0f} us", flush=True)
         lat: dict[tuple[bool, int], list[float]] = {k: [] for k in farms}
         order = list(farms)
         for i in range(args.latency_n):  # one probe per farm per round, the order rotating
@@ -275,7 +284,7 @@ def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
         if (True, agents) in pad and (False, agents) in pad:
             on, off = pad[(True, agents)], pad[(False, agents)]
             print(f"  CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
-                  f"(cost {100 * (1 - on['rate'] / off['rate']):+.1f}%), p50 latency "
+                  f"(costs {100 * (1 - on["rate"] / off["rate"]):.1f}% of it), p50 latency "
                   f"{on['p50'] / off['p50']:5.3f}x")
 
 
