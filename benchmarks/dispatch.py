@@ -284,7 +284,7 @@ def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
         if (True, agents) in pad and (False, agents) in pad:
             on, off = pad[(True, agents)], pad[(False, agents)]
             print(f"  CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
-                  f"(costs {100 * (1 - on["rate"] / off["rate"]):.1f}% of it), p50 latency "
+                  f"(costs {100 * (1 - on['rate'] / off['rate']):.1f}% of it), p50 latency "
                   f"{on['p50'] / off['p50']:5.3f}x")
 
 
