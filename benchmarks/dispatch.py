@@ -19,13 +19,18 @@ Slurm, on the in-test cluster (3 nodes): the same work with fewer items
               have left the queue: jobs per second; and submit -> gone for single jobs
   srun        `--slurm-jobs` steps `srun -N1 true`, 8 at a time: steps per second; and the
               wall time of single steps
-Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1),
+Every Paddock farm runs twice side by side, with CURVE (the default control plane: the run's
+keys, encrypted and authenticated) and with `--insecure` (plain text): both farms of an agent
+count are up at once and their throughput runs alternate, and the latency probes interleave
+all farms; `--curve on|off` runs one mode only.
+Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1,
+CURVE / plain throughput and p50 at each agent count),
 and the CPU time per rollout of the controller, the agent processes and the client over the
 throughput runs (all on the same cores); `--profile-controller PATH` runs the controller under
 cProfile (stats in PATH.<agents>).
 
     .venv/bin/python benchmarks/dispatch.py [--rollouts 20000] [--agents 1,8,64]
-                                            [--slurm-jobs 40] [--no-slurm]
+                                            [--curve both|on|off] [--slurm-jobs 40] [--no-slurm]
 """
 from __future__ import annotations
 
@@ -66,14 +71,17 @@ def ms(x: float) -> str:
 
 # ---- agent host (a child process running many agents in threads) ----------------------------
 
-def agent_host(endpoint: str, names: list[str], slots: int) -> int:
+def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None) -> int:
+    """Agents in threads; with the run's keys from `key_file`, or plain text (None)."""
     import logging
     logging.basicConfig(level=logging.WARNING)
+    from controller.contracts.keys import read_key_file
     from nodeagent.agent.daemon import NodeAgent, noop_runner
+    keys = read_key_file(key_file) if key_file else None
     # Health sampling is off: it reads all of /proc (~0.1-0.2 s here), which 64 agents sharing
     # 2 cores would do 64 times a second; on a cluster each node samples once for itself.
     agents = [NodeAgent(n, endpoint, DEP, slots, runner=noop_runner(), heartbeat_interval_s=1.0,
-                        health=lambda n=n: {"node": n})
+                        health=lambda n=n: {"node": n}, keys=keys, insecure=keys is None)
               for n in names]
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
     for t in threads:
@@ -87,8 +95,10 @@ def agent_host(endpoint: str, names: list[str], slots: int) -> int:
 
 class Farm:
     def __init__(self, tmp: Path, agents: int, slots_total: int, agent_procs: int,
-                 profile: str | None = None):
+                 profile: str | None = None, curve: bool = True):
         self.tmp = tmp
+        key_file = str(tmp / "run" / "controller.key") if curve else None
+        plain = [] if curve else ["--insecure"]
         tmp.mkdir(parents=True)
         (tmp / "tasks.json").write_text(json.dumps(TASKS))
         ep_file = tmp / "endpoint"
@@ -96,7 +106,7 @@ class Farm:
         self.procs = [subprocess.Popen(
             [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
              str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"), "--endpoint-file",
-             str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60"],
+             str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60", *plain],
             cwd=ROOT, stderr=open(tmp / "controller.log", "wb"))]
         deadline = time.monotonic() + 30
         while not ep_file.exists():
@@ -111,10 +121,12 @@ class Farm:
             mine = names[k::procs]
             self.procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--agent-host", self.endpoint, "--names",
-                 ",".join(mine), "--slots", str(slots)], cwd=ROOT,
+                 ",".join(mine), "--slots", str(slots), *(["--key-file", key_file] if curve
+                                                          else [])], cwd=ROOT,
                 stderr=open(tmp / f"agents-{k}.log", "wb")))
         from controller.client.api import Client
-        self.client = Client(self.endpoint, DEP, timeout_s=10, give_up_s=120, watch_wait_s=1.0)
+        self.client = Client(self.endpoint, DEP, timeout_s=10, give_up_s=120, watch_wait_s=1.0,
+                             key_file=key_file, insecure=not curve)
         while sum(n["state"] == "live" for n in self.client.status().nodes) < agents:
             time.sleep(0.05)
         self.client.publish_policy(1, "http://127.0.0.1:9/v1", "noop")
@@ -148,35 +160,54 @@ class Farm:
                     p.wait()
 
 
-def bench_paddock(args, tmp: Path) -> dict[int, dict]:
+MODES = {"on": (True,), "off": (False,), "both": (True, False)}
+
+
+def label(key: tuple[bool, int]) -> str:
+    return f"{key[1]:3d} agents {'curve' if key[0] else 'plain'}"
+
+
+def bench_paddock(args, tmp: Path) -> dict[tuple[bool, int], dict]:
+    """Throughput then interleaved latency of every (CURVE or plain, agent count) farm."""
     out, farms = {}, {}
     try:
         for agents in args.agents:
-            farm = farms[agents] = Farm(tmp / f"paddock-{agents}", agents, args.slots,
-                                        args.agent_procs, args.profile_controller)
-            farm.throughput(min(1000, args.rollouts))  # warm up
-            before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-            rates = [farm.throughput(args.rollouts) for _ in range(args.repeats)]
-            after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-            used = [(b - a) / (args.rollouts * args.repeats) for a, b in zip(before, after)]
-            out[agents] = {"rate": statistics.median(rates), "rates": rates}
-            print(f"paddock  {agents:3d} agents x {max(args.slots // agents, 1):2d} slots: "
-                  f"{out[agents]['rate']:9.0f} rollouts/s (runs "
-                  f"{', '.join(f'{r:.0f}' for r in rates)})\n         cpu per rollout: "
-                  f"controller {used[0] * 1e6:.0f} us, agents {sum(used[1:-1]) * 1e6:.0f} us, "
-                  f"client {used[-1] * 1e6:.0f} us", flush=True)
-        lat: dict[int, list[float]] = {a: [] for a in farms}
+            modes = MODES[args.curve]
+            for curve in modes:  # both modes up at once, measured in turn (same load)
+                farms[(curve, agents)] = Farm(
+                    tmp / f"paddock-{agents}-{'curve' if curve else 'plain'}", agents,
+                    args.slots, args.agent_procs, args.profile_controller, curve)
+                farms[(curve, agents)].throughput(min(1000, args.rollouts))  # warm up
+            rates = {c: [] for c in modes}
+            used = {c: [0.0] * (len(farms[(c, agents)].procs) + 1) for c in modes}
+            for r in range(args.repeats):
+                for curve in modes[r % len(modes):] + modes[:r % len(modes)]:
+                    farm = farms[(curve, agents)]
+                    before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
+                    rates[curve].append(farm.throughput(args.rollouts))
+                    after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
+                    used[curve] = [u + (b - a) / (args.rollouts * args.repeats)
+                                   for u, a, b in zip(used[curve], before, after)]
+            for curve in modes:
+                key, u = (curve, agents), used[curve]
+                out[key] = {"rate": statistics.median(rates[curve]), "rates": rates[curve]}
+                print(f"paddock  {label(key)} x {max(args.slots // agents, 1):2d} slots: "
+                      f"{out[key]['rate']:9.0f} rollouts/s (runs "
+                      f"{', '.join(f'{r:.0f}' for r in rates[curve])})\n         cpu per rollout: "
+                      f"controller {u[0] * 1e6:.0f} us, agents {sum(u[1:-1]) * 1e6:.0f} us, "
+                      f"client {u[-1] * 1e6:.0f} us", flush=True)
+        lat: dict[tuple[bool, int], list[float]] = {k: [] for k in farms}
         order = list(farms)
         for i in range(args.latency_n):  # one probe per farm per round, the order rotating
-            for agents in order[i % len(order):] + order[:i % len(order)]:
-                lat[agents] += farms[agents].latency(1)
+            for key in order[i % len(order):] + order[:i % len(order)]:
+                lat[key] += farms[key].latency(1)
     finally:
         for farm in farms.values():
             farm.stop()
-    for agents, xs in lat.items():
-        out[agents].update(p50=pct(xs, 0.5), p99=pct(xs, 0.99))
-        print(f"paddock  {agents:3d} agents: submit->commit p50 {ms(out[agents]['p50'])}  "
-              f"p99 {ms(out[agents]['p99'])}  ({len(xs)} probes, interleaved)", flush=True)
+    for key, xs in lat.items():
+        out[key].update(p50=pct(xs, 0.5), p99=pct(xs, 0.99))
+        print(f"paddock  {label(key)}: submit->commit p50 {ms(out[key]['p50'])}  "
+              f"p99 {ms(out[key]['p99'])}  ({len(xs)} probes, interleaved)", flush=True)
     return out
 
 
@@ -239,6 +270,24 @@ def bench_slurm(args, tmp: Path) -> dict:
     return res
 
 
+def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
+    print("\nratios")
+    mode = max(k[0] for k in pad)  # CURVE's figures when it ran (the default control plane)
+    mine = {k[1]: r for k, r in pad.items() if k[0] == mode}
+    best, first = max(r["rate"] for r in mine.values()), mine[min(mine)]
+    for kind, r in slurm.items():
+        print(f"  paddock throughput / {kind} per rollout: {best / r['rate']:10.0f}x")
+        print(f"  {kind} p50 latency / paddock p50 (1 agent): {r['p50'] / first['p50']:10.0f}x")
+    for agents, r in mine.items():
+        print(f"  p99 latency at {agents:3d} agents / at {min(mine)}: {r['p99'] / first['p99']:6.2f}x")
+    for agents in sorted({k[1] for k in pad}):
+        if (True, agents) in pad and (False, agents) in pad:
+            on, off = pad[(True, agents)], pad[(False, agents)]
+            print(f"  CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
+                  f"(costs {100 * (1 - on['rate'] / off['rate']):.1f}% of it), p50 latency "
+                  f"{on['p50'] / off['p50']:5.3f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rollouts", type=int, default=20000)
@@ -253,11 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-slurm", action="store_true")
     ap.add_argument("--profile-controller", metavar="PATH",
                     help="run the controller under cProfile, stats to PATH.<agents>")
+    ap.add_argument("--curve", choices=sorted(MODES), default="both",
+                    help="CURVE on, off (--insecure) or both side by side (default)")
     ap.add_argument("--agent-host", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
+    ap.add_argument("--key-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.agent_host:
-        return agent_host(args.agent_host, args.names.split(","), args.slots)
+        return agent_host(args.agent_host, args.names.split(","), args.slots, args.key_file)
     args.agents = [int(a) for a in args.agents.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="paddock-bench-dispatch-"))
     try:
@@ -265,15 +317,7 @@ def main(argv: list[str] | None = None) -> int:
               f"run, {args.slots} slots in total", flush=True)
         pad = bench_paddock(args, tmp)
         slurm = {} if args.no_slurm else bench_slurm(args, tmp)
-        print("\nratios")
-        best = max(r["rate"] for r in pad.values())
-        for kind, r in slurm.items():
-            print(f"  paddock throughput / {kind} per rollout: {best / r['rate']:10.0f}x")
-            print(f"  {kind} p50 latency / paddock p50 (1 agent): "
-                  f"{r['p50'] / pad[min(pad)]['p50']:10.0f}x")
-        base = pad[min(pad)]["p99"]
-        for agents, r in pad.items():
-            print(f"  p99 latency at {agents:3d} agents / at {min(pad)}: {r['p99'] / base:6.2f}x")
+        print_ratios(pad, slurm)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

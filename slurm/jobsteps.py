@@ -39,9 +39,11 @@ import psutil
 from rich.console import Console
 
 from controller.analysis.query import print_summary, summary
+from controller.broker.curve import ensure_run_keys
 from controller.cli import agent as agent_cli
 from controller.client.api import Client, ClientError
 from controller.contracts.fileio import atomic_write
+from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.taskbank.blobs import BLOBS_DIR, publish
 from controller.demo.localrun import (COMPACT_EVERY, LOCAL_FAMILIES, RunConfig, load_taskset,
@@ -101,15 +103,17 @@ class StopRequested(Exception):
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """The run directory exists (or can be created) and is writable, else JobStepError."""
+    """The run directory exists (or can be created, 0700) and is writable, else JobStepError."""
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir)
         probe = run_dir / f".writable-{socket.gethostname()}-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
         raise JobStepError(f"run directory {run_dir} is not writable from {socket.gethostname()}: "
                            f"{exc.strerror or exc}") from None
+    except KeyFileError as exc:
+        raise JobStepError(str(exc)) from None
 
 
 def node_address() -> str:
@@ -158,6 +162,11 @@ def run_head(args: HeadStep) -> int:
         raise StopRequested(signal.Signals(signum).name)
     for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
         signal.signal(sig, on_signal)
+    try:
+        ensure_run_keys(key_file_of(run_dir))  # before the endpoint: agents load it then
+    except KeyFileError as exc:
+        print(f"paddock head: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     taskset, cfg = _prepare_run(args, run_dir)
     addr = args.bind_addr or node_address()
     atomic_write(run_dir / JOB_FILE, json.dumps({"deployment": args.deployment, "agent_version": AGENT_VERSION,
@@ -174,7 +183,7 @@ def run_head(args: HeadStep) -> int:
         rc = EXIT_GAVE_UP
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _shutdown_controller(ctl, endpoint, args.deployment)
+        _shutdown_controller(ctl, endpoint, args.deployment, key_file_of(run_dir))
     if rc == 0:
         try:
             print_summary(summary(run_dir), run_dir, out=sys.stdout)
@@ -214,7 +223,8 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
     rc = 0
     with contextlib.ExitStack() as stack:
         policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
-        client = stack.enter_context(Client(endpoint, args.deployment))
+        client = stack.enter_context(Client(endpoint, args.deployment,
+                                            key_file=key_file_of(run_dir)))
         trainer_proc = None
         try:
             n = _wait_agents(client, args.agents, args.agents_wait_s)
@@ -238,8 +248,8 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
     return rc
 
 
-TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_TASKSET",
-               "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR")
+TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_KEY_FILE",
+               "PADDOCK_TASKSET", "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR")
 
 
 def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str) -> subprocess.Popen:
@@ -247,7 +257,8 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, t
     what it needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log.
     It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
     env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
-               PADDOCK_RUN_DIR=str(run_dir), PADDOCK_TASKSET=taskset.name,
+               PADDOCK_RUN_DIR=str(run_dir), PADDOCK_KEY_FILE=str(key_file_of(run_dir)),
+               PADDOCK_TASKSET=taskset.name,
                PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_HEAD_ADDR=addr)
     if args.bank:
         env["PADDOCK_TASKBANK"] = args.bank
@@ -283,10 +294,11 @@ def _spawn_controller(args: HeadStep, run_dir: Path, addr: str) -> subprocess.Po
     argv = [*PADDOCK_CLI, "controller", "--bind", f"tcp://{addr}:0",
             "--deployment", args.deployment, "--run-dir", str(run_dir),
             "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
+            "--key-file", str(key_file_of(run_dir)),
             "--heartbeat-interval-s", str(args.heartbeat_interval_s),
             "--compact-every", str(COMPACT_EVERY)]
     if args.metrics_port is not None:
-        argv += ["--metrics-port", str(args.metrics_port)]
+        argv += ["--metrics-port", str(args.metrics_port), "--metrics-addr", addr]  # the node's, not 0.0.0.0
     if args.trainer:
         # your trainer may submit sampler requests: the controller samples from, and learns
         # into, the curriculum kept with the bank (or with this run)
@@ -299,10 +311,11 @@ def _spawn_controller(args: HeadStep, run_dir: Path, addr: str) -> subprocess.Po
                                                 for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)])
 
 
-def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str) -> None:
+def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str,
+                         key_file: Path) -> None:
     if endpoint and ctl.poll() is None:
         try:
-            with Client(endpoint, deployment, timeout_s=5, retries=2) as c:
+            with Client(endpoint, deployment, timeout_s=5, retries=2, key_file=key_file) as c:
                 c.shutdown("job finished")
         except Exception as exc:
             log.warning("controller shutdown request failed: %s", exc)
@@ -365,6 +378,8 @@ def run_agent(args: AgentStep) -> int:
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
     return run_paddock_agent(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
+                              "--endpoint-file", str(run_dir / ENDPOINT_FILE),
+                              "--key-file", str(key_file_of(run_dir)),
                               "--slots", str(args.slots), "--image-store", args.image_store,
                               "--subid-share", share,
                               "--heartbeat-interval-s", str(args.heartbeat_interval_s)])

@@ -20,9 +20,11 @@ from controller.contracts import protocol as P
 from controller.store import queue as qm
 from controller.broker.core import BrokerCore
 from controller.broker.daemon import Controller
+from controller.contracts.keys import read_key_file
 from controller.broker.placement import place
 from controller.store.queue import Due, QueueConfig, RolloutQueue
-from nodeagent.agent.daemon import NodeAgent, noop_runner
+from nodeagent.agent.core import RECONNECT, AgentCore, EndpointNews
+from nodeagent.agent.daemon import EXIT_GAVE_UP, EndpointFile, NodeAgent, noop_runner
 from nodeagent.agent.attempt import AttemptResult
 
 DEP = "dep-broker-test"
@@ -477,13 +479,15 @@ class Farm:
         self.tmp = tmp
         self.ctl = Controller(bind, DEP, str(tmp / "run"), "run", TASKS, str(tmp / "q.db"),
                               heartbeat_interval_s=hb_s, liveness=5, **ctl_kw)
-        self.endpoint = self.ctl.endpoint
+        self.endpoint, self.key_file = self.ctl.endpoint, self.ctl.key_file
+        self.keys = read_key_file(self.key_file)  # what every peer of the run loads
         self.hb_s = hb_s
         self.threads = [threading.Thread(target=self.ctl.serve, daemon=True)]
         self.threads[0].start()
         self.agents: list[NodeAgent] = []
 
     def agent(self, node: str, slots: int = 2, runner=None, **kw) -> NodeAgent:
+        kw.setdefault("keys", self.keys)
         a = NodeAgent(node, self.endpoint, DEP, slots, runner=runner or noop_runner(),
                       heartbeat_interval_s=self.hb_s, **kw)
         t = threading.Thread(target=a.run, daemon=True)
@@ -507,8 +511,10 @@ def farm(tmp_path):
     f.stop()
 
 
-def client(endpoint, **kw):
+def client(endpoint, key_file, **kw):
+    """A client of the controller at `endpoint` with the run's keys (`key_file`)."""
     from controller.client.api import Client
+    kw["key_file"] = key_file
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("give_up_s", 20.0)
     kw.setdefault("watch_wait_s", 0.5)
@@ -518,7 +524,7 @@ def client(endpoint, **kw):
 def test_rollouts_flow_through_real_sockets_each_committed_once(farm):
     farm.agent("n1", 3)
     farm.agent("n2", 3)
-    with client(farm.endpoint) as c:
+    with client(farm.endpoint, farm.key_file) as c:
         c.publish_policy(1, "http://127.0.0.1:9/v1")
         batch = c.submit(["t1", "t2"], 50, 1)
         items = c.wait(batch)
@@ -541,7 +547,7 @@ def stuck_runner():
 def test_drain_hands_back_unfinished_work_which_another_node_finishes(farm):
     stuck, started, gate = stuck_runner()
     stuck_agent = farm.agent("stuck", 1, runner=stuck)
-    with client(farm.endpoint) as c:
+    with client(farm.endpoint, farm.key_file) as c:
         c.publish_policy(1, "http://127.0.0.1:9/v1")
         batch = c.submit(["t1"], 1, 1)
         assert started.wait(10)
@@ -585,7 +591,7 @@ def spawn_agent(tmp: Path, endpoint: str, node: str, noop_s: float, slots: int =
                 drain_s: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "controller.cli", "agent", "--node", node, "--controller", endpoint,
-         "--deployment", DEP, "--slots", str(slots), "--noop-s", str(noop_s),
+         "--key-file", str(tmp / "run" / "controller.key"), "--deployment", DEP, "--slots", str(slots), "--noop-s", str(noop_s),
          "--heartbeat-interval-s", "0.1", "--drain-deadline-s", str(drain_s),
          "--log-level", "WARNING"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp / f"{node}.log", "ab"))
@@ -596,7 +602,7 @@ def test_kill_9_of_the_controller_mid_run_then_restart_on_the_same_db(tmp_path):
     ctl = spawn_controller(tmp_path, endpoint)
     agents = [spawn_agent(tmp_path, endpoint, f"a{i}", noop_s=0.01) for i in range(2)]
     try:
-        with client(endpoint) as c:
+        with client(endpoint, tmp_path / "run" / "controller.key") as c:
             c.publish_policy(1, "http://127.0.0.1:9/v1")
             batch = c.submit(["t1"], 120, 1)
             seen = []
@@ -627,7 +633,7 @@ def test_sigterm_drains_a_real_agent_process_and_nothing_is_lost(tmp_path):
     ctl = spawn_controller(tmp_path, endpoint, lease_ttl_s=30)
     agent = spawn_agent(tmp_path, endpoint, "slow", noop_s=0.3, slots=2, drain_s=0.1)
     try:
-        with client(endpoint) as c:
+        with client(endpoint, tmp_path / "run" / "controller.key") as c:
             c.publish_policy(1, "http://127.0.0.1:9/v1")
             batch = c.submit(["t1"], 6, 1)
             deadline = time.monotonic() + 60
@@ -652,9 +658,18 @@ def test_sigterm_drains_a_real_agent_process_and_nothing_is_lost(tmp_path):
             p.wait()
 
 
-def test_garbage_over_a_real_socket_is_counted_and_the_controller_keeps_serving(farm):
+def curve_dealer(keys) -> zmq.Socket:
+    """A raw DEALER holding the run's keys (a peer of the run, speaking garbage)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.curve_serverkey = keys.server_public.encode()
+    sock.curve_publickey = keys.client_public.encode()
+    sock.curve_secretkey = keys.client_secret.encode()
+    return sock
+
+
+def test_garbage_over_a_real_socket_is_counted_and_the_controller_keeps_serving(farm):
+    sock = curve_dealer(farm.keys)
     sock.connect(farm.endpoint)
     try:
         good = json.loads(P.encode(P.Status(), DEP))
@@ -672,7 +687,7 @@ def test_garbage_over_a_real_socket_is_counted_and_the_controller_keeps_serving(
             replies.append(P.decode(sock.recv(), DEP))
         assert [type(m) for m in replies] == [P.Welcome, P.Reject], "a stranger: register!"
         assert replies[1].reason == "unknown_rollout"
-        with client(farm.endpoint) as c:
+        with client(farm.endpoint, farm.key_file) as c:
             counters = c.status().counters
     finally:
         sock.close(linger=0)
@@ -685,7 +700,7 @@ def test_a_worker_waking_the_agent_during_its_read_is_not_lost(tmp_path):
     """The loop reads the wake-up pipe, then clears the flag: a worker finishing in between
     either sees the flag set (its result is drained after the clear) or writes a new byte.
     The invariant that makes results wake the loop: flag set => a byte is in the pipe."""
-    agent = NodeAgent("n1", "tcp://127.0.0.1:1", DEP, 2, runner=noop_runner())
+    agent = NodeAgent("n1", "tcp://127.0.0.1:1", DEP, 2, runner=noop_runner(), insecure=True)
     real = agent._wake_r
 
     class WorkerFinishesDuringRead:
@@ -732,8 +747,94 @@ def test_a_register_of_another_protocol_version_gets_a_refusal_every_version_rea
 def test_a_refused_agent_logs_why_and_exits(farm, monkeypatch, caplog):
     import nodeagent.agent.daemon as agent_mod
     monkeypatch.setattr(agent_mod, "AGENT_VERSION", "0.0.1")
-    a = NodeAgent("old", farm.endpoint, DEP, 1, runner=noop_runner(), heartbeat_interval_s=0.2)
+    a = NodeAgent("old", farm.endpoint, DEP, 1, runner=noop_runner(), heartbeat_interval_s=0.2,
+                  keys=farm.keys)
     with caplog.at_level("ERROR", logger="nodeagent"):
         assert a.run() == agent_mod.EXIT_REFUSED
     assert "0.0.1" in a.refused and "refused this agent" in caplog.text
     assert farm.ctl.core.counters["refused_agents_agent_version"] == 1
+
+
+# ---- finding the controller again (agent side) ---------------------------------------------
+
+
+def welcomed_core(watch, clock: FakeClock, **kw) -> AgentCore:
+    core = AgentCore("n1", 2, DEP, heartbeat_interval_s=1.0, liveness=5, clock=clock,
+                     endpoint="tcp://old:1", watch=watch, **kw)
+    core.start()
+    core.receive(P.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=5, session="s1"))
+    core.take_outbox()
+    return core
+
+
+def test_a_silent_controller_published_elsewhere_means_reconnect_there_now():
+    clock, asked = FakeClock(), []
+    news = [None]
+    core = welcomed_core(lambda: asked.append(clock()) or news[0], clock)
+    for _ in range(3):  # the controller talks: the file is never looked at
+        clock.advance(1.0)
+        core.receive(P.Heartbeat(node="controller"))
+        core.tick()
+    assert asked == []
+    clock.advance(1.0)
+    core.tick()  # silent for one interval: look at the file, nothing new
+    assert len(asked) == 1 and RECONNECT not in core.take_outbox()
+    news[0] = EndpointNews(endpoint="tcp://new:2")
+    clock.advance(1.0)
+    core.tick()
+    out = core.take_outbox()
+    assert out.index(RECONNECT) < next(i for i, m in enumerate(out) if isinstance(m, P.Register))
+    assert core.endpoint == "tcp://new:2" and core.backoff_s == 1.0 and core.moves == 1
+
+
+def test_a_controller_stopped_on_purpose_ends_a_waiting_agent():
+    clock = FakeClock()
+    core = welcomed_core(lambda: EndpointNews(stopped=True), clock)
+    clock.advance(1.0)
+    core.tick()
+    assert core.stopped and not core.gave_up
+
+
+def test_an_agent_never_welcomed_gives_up_after_give_up_s():
+    clock = FakeClock()
+    core = AgentCore("n1", 2, DEP, heartbeat_interval_s=1.0, clock=clock, give_up_s=5.0)
+    core.start()
+    for _ in range(4):
+        clock.advance(1.0)
+        core.tick()
+    assert not core.stopped
+    clock.advance(1.0)
+    core.tick()
+    assert core.stopped and core.gave_up
+
+
+def test_the_endpoint_file_has_news_only_when_rewritten_or_stopped_after_it(tmp_path):
+    ep = tmp_path / "controller.endpoint"
+    ep.write_text("tcp://a:1")
+    watch = EndpointFile(ep)
+    assert watch.read() == "tcp://a:1" and watch() is None
+    tmp = tmp_path / "new"
+    tmp.write_text("tcp://b:2")
+    tmp.replace(ep)  # how the controller publishes it (atomic_write): a new inode
+    assert watch() == EndpointNews(endpoint="tcp://b:2") and watch() is None
+    (tmp_path / "controller.endpoint.stopped").write_text("tcp://b:2\n")
+    assert watch() == EndpointNews(stopped=True)
+
+
+def test_an_agent_that_never_registered_exits_when_the_controller_stops(tmp_path):
+    """A real agent whose controller never answers (nothing listens): the `.stopped` file
+    the controller writes on a clean stop ends it with 0; with nothing at all, give_up_s."""
+    ep = tmp_path / "controller.endpoint"
+    ep.write_text(f"tcp://127.0.0.1:{free_port()}")
+    agent = NodeAgent("n1", ep.read_text(), DEP, 1, runner=noop_runner(), insecure=True,
+                      heartbeat_interval_s=0.05, endpoint_file=str(ep))
+    result = []
+    t = threading.Thread(target=lambda: result.append(agent.run()), daemon=True)
+    t.start()
+    (tmp_path / "controller.endpoint.stopped").write_text(ep.read_text())
+    t.join(10)
+    assert result == [0]
+    lonely = NodeAgent("n2", ep.read_text(), DEP, 1, runner=noop_runner(), insecure=True,
+                       heartbeat_interval_s=0.05, give_up_s=0.3)
+    t0 = time.monotonic()
+    assert lonely.run() == EXIT_GAVE_UP and time.monotonic() - t0 < 5

@@ -18,6 +18,7 @@ from controller.contracts import protocol as P
 from controller.client.api import (AsyncClient, BadRequest, Client, ControllerUnavailable,
                                PolicyConflict, UnknownBatch, UnknownNode, UnknownPolicy,
                                UnknownTask)
+from controller.contracts.keys import read_key_file
 from controller.store.queue import QueueConfig
 from nodeagent.agent.attempt import AttemptResult
 from tests.test_broker import DEP, ROOT, Farm, free_port, stuck_runner
@@ -44,6 +45,7 @@ def connect(farm, **kw) -> Client:
     kw.setdefault("timeout_s", 2.0)
     kw.setdefault("give_up_s", 20.0)
     kw.setdefault("watch_wait_s", 0.5)
+    kw.setdefault("key_file", farm.key_file)
     return Client(farm.endpoint, DEP, **kw)
 
 
@@ -68,7 +70,8 @@ def test_refusals_are_typed(farm):
 
 
 def test_a_controller_that_never_answers_is_unavailable_after_give_up():
-    with Client(f"tcp://127.0.0.1:{free_port()}", DEP, timeout_s=0.2, give_up_s=0.5) as c:
+    with Client(f"tcp://127.0.0.1:{free_port()}", DEP, timeout_s=0.2, give_up_s=0.5,
+                insecure=True) as c:
         t0 = time.monotonic()
         with pytest.raises(ControllerUnavailable, match="within 0.5s"):
             c.status()
@@ -112,7 +115,8 @@ def test_async_client_submits_and_iterates_results(farm):
     farm.agent("n1", 4)
 
     async def main():
-        async with AsyncClient(farm.endpoint, DEP, timeout_s=2, watch_wait_s=0.5) as c:
+        async with AsyncClient(farm.endpoint, DEP, timeout_s=2, watch_wait_s=0.5,
+                               key_file=farm.key_file) as c:
             await c.publish_policy(1, POLICY_URL)
             batch = await c.submit(["t1", "t2"], 5, 1)
             seen = [item["rollout_id"] async for item in c.aresults(batch)]
@@ -180,13 +184,14 @@ def test_the_documented_example_runs(tmp_path):
                      str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
     threads = [threading.Thread(target=ctl.serve, daemon=True)]
     from nodeagent.agent.daemon import NodeAgent, noop_runner
-    agent = NodeAgent("n1", ctl.endpoint, DEP, 4, runner=noop_runner(), heartbeat_interval_s=0.1)
+    agent = NodeAgent("n1", ctl.endpoint, DEP, 4, runner=noop_runner(), heartbeat_interval_s=0.1,
+                      keys=read_key_file(ctl.key_file))
     threads.append(threading.Thread(target=agent.run, daemon=True))
     for t in threads:
         t.start()
     try:
         env = {**os.environ, "PADDOCK_ENDPOINT": ctl.endpoint, "PADDOCK_DEPLOYMENT": DEP,
-               "PYTHONPATH": str(ROOT)}
+               "PADDOCK_KEY_FILE": ctl.key_file, "PYTHONPATH": str(ROOT)}
         r = subprocess.run([sys.executable, str(tmp_path / "example.py")], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
@@ -322,9 +327,7 @@ def test_a_client_follows_the_endpoint_file_to_a_controller_on_another_port(tmp_
     with Client.for_run(tmp_path / "run", DEP, timeout_s=5.0, give_up_s=30.0,
                         watch_wait_s=0.2, reread_s=0.2) as c:
         c.publish_policy(1, POLICY_URL)
-        first.stop()
-        first.ctl.sock.close(linger=0)
-        first.ctl.queue.close()
+        first.stop()  # (its serve closed the socket and the queue)
         second = Farm(tmp_path)  # the same queue, another port
         try:
             assert second.endpoint != first.endpoint
@@ -356,7 +359,7 @@ def test_the_resumable_trainer_example_survives_kill_9_and_resumes(tmp_path):
                      str(tmp_path / "q.db"), heartbeat_interval_s=0.1)
     (tmp_path / "run" / "controller.endpoint").write_text(ctl.endpoint)
     agent = NodeAgent("n1", ctl.endpoint, DEP, 2, runner=noop_runner(0.05),
-                      heartbeat_interval_s=0.1)
+                      heartbeat_interval_s=0.1, keys=read_key_file(ctl.key_file))
     threads = [threading.Thread(target=t, daemon=True) for t in (ctl.serve, agent.run)]
     for t in threads:
         t.start()

@@ -22,6 +22,7 @@ from controller.broker.daemon import Controller
 from controller.cli.main import main as cli_main
 from controller.client.api import Client
 from controller.broker.metrics import serve_metrics
+from controller.contracts.keys import read_key_file
 from nodeagent.agent.daemon import NodeAgent
 from nodeagent.agent.health import HealthSampler
 from tests.conftest import wait_for
@@ -49,14 +50,17 @@ class Farm:
         (run_dir / "controller.endpoint").write_text(self.ctl.endpoint)
         self.ctl_thread = threading.Thread(target=self.ctl.serve, daemon=True)
         self.ctl_thread.start()
+        keys = read_key_file(self.ctl.key_file)
         self.agents = {n: NodeAgent(n, self.ctl.endpoint, self.deployment, 2, None, None,
-                                    heartbeat_interval_s=HB_S, liveness=LIVENESS) for n in nodes}
+                                    heartbeat_interval_s=HB_S, liveness=LIVENESS, keys=keys)
+                       for n in nodes}
         self.threads = {n: threading.Thread(target=a.run, daemon=True) for n, a in self.agents.items()}
         for t in self.threads.values():
             t.start()
 
     def status(self) -> list[dict]:
-        with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1) as c:
+        with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1,
+                    key_file=self.ctl.key_file) as c:
             return list(c.status().nodes)
 
     def states(self) -> dict[str, str]:
@@ -69,7 +73,8 @@ class Farm:
 
     def stop(self) -> None:
         try:
-            with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1) as c:
+            with Client(self.ctl.endpoint, self.deployment, timeout_s=2, retries=1,
+                    key_file=self.ctl.key_file) as c:
                 c.shutdown("test over")
         finally:
             for n, a in self.agents.items():
@@ -276,7 +281,8 @@ def test_controller_process_serves_metrics_when_given_a_port(tmp_path):
         assert url.startswith("http://127.0.0.1:")
         fams = {f.name for f in text_string_to_metric_families(urllib.request.urlopen(url, timeout=5).read().decode())}
         assert {"paddock_rollouts", "paddock_nodes", "paddock_controller_events"} <= fams
-        with Client(ep.read_text(), "m", timeout_s=5, retries=1) as c:
+        with Client(ep.read_text(), "m", timeout_s=5, retries=1,
+                    key_file=run / "controller.key") as c:
             c.shutdown("test over")
         assert proc.wait(10) == 0
     finally:

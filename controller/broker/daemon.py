@@ -4,7 +4,10 @@ with plain arguments and one `BrokerConfig`).
 
 `Controller` owns the socket: each pass it reads up to `max_frames_per_pass` frames, hands
 them all to the core inside ONE queue transaction (group commit), commits, and only then
-sends the replies, so nothing is acknowledged before it is durable.
+sends the replies, so nothing is acknowledged before it is durable. The socket is a CURVE
+server (controller/broker/curve.py) with the run's keys (`RUN/controller.key`, made at the
+first start, 0600; the run directory is made 0700): only peers holding that file get an
+answer. `insecure=True` (`paddock controller --insecure`, for benchmarks) serves in plain text.
 
 Must not import: sqlite3 (everything goes through controller.store.queue), controller.cli,
 nodeagent.
@@ -24,8 +27,10 @@ import zmq
 
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
+from controller.broker.curve import Gate, ensure_run_keys
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
+from controller.contracts.keys import key_file_of, private_dir
 from controller.store.catalog import Catalog, reconcile
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
@@ -45,11 +50,16 @@ class Controller:
                  tasks: dict[str, dict], db_path: str, *, config: BrokerConfig = BrokerConfig(),
                  clock=time.monotonic, catalog: bool = True,
                  curriculum: Optional[Curriculum] = None, fault: FaultHook = no_fault,
-                 **knobs):
+                 key_file: Optional[str] = None, insecure: bool = False, **knobs):
         """`knobs` override single fields of `config` (`heartbeat_interval_s=...`,
         `queue=QueueConfig(...)`); `fault` is called at the commit path's fault points
-        (controller/store/faults.py; tests kill the process there)."""
+        (controller/store/faults.py; tests kill the process there). `key_file` (default
+        RUN_DIR/controller.key, made if absent) holds the run's CURVE keys; a key file with
+        the wrong owner or mode raises KeyFileError before anything is opened."""
         self.config = config = with_knobs(config, knobs)
+        private_dir(run_dir)
+        self.key_file = None if insecure else str(key_file or key_file_of(run_dir))
+        keys = None if insecure else ensure_run_keys(self.key_file)
         self.fault = fault
         self.queue = RolloutQueue(db_path, config=config.queue, fault=fault)
         self.catalog = Catalog(run_dir, fault=fault) if catalog else None
@@ -63,14 +73,18 @@ class Controller:
         self.max_batch = config.max_frames_per_pass
         self.poll_timeout_ms = config.poll_timeout_ms
         self.deployment = deployment
-        self.ctx = zmq.Context.instance()
+        self.ctx = zmq.Context()  # its own: the ZAP endpoint is one per context
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.gate = None if keys is None else Gate(self.ctx, self.sock, keys, self.core.counters)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting agent takes its name
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)  # bigger: peer cut off
         self.sock.bind(bind)
         self.endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._poller = zmq.Poller()
+        for s in (self.sock, *(self.gate.sockets() if self.gate else ())):
+            self._poller.register(s, zmq.POLLIN)
         self._thread = threading.get_ident()
         self._snapshot = self.core.snapshot()
         self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
@@ -91,7 +105,7 @@ class Controller:
         last_hook = time.monotonic()
         while not self.core.stopped:
             frames = []
-            if self.sock.poll(timeout=self.poll_timeout_ms):
+            if self._poll():
                 # EVENTS before each read: cheaper than the exception of an empty recv
                 while len(frames) < self.max_batch and self.sock.getsockopt(_EVENTS) & _POLLIN:
                     try:
@@ -106,8 +120,25 @@ class Controller:
                     hook(self)
         if self.catalog is not None:
             self.catalog.flush()
+        self.close()
+
+    def close(self) -> None:
+        """Close the sockets, the context and the queue (serve does it when it returns)."""
+        if self.gate is not None:
+            self.gate.close()
         self.sock.close(linger=0)
+        self.ctx.term()
         self.queue.close()
+
+    def _poll(self) -> bool:
+        """Wait up to poll_timeout_ms for a frame; serve the gate (ZAP requests, failed
+        handshakes) on the way. True when the ROUTER has frames."""
+        if self.gate is None:
+            return bool(self.sock.poll(timeout=self.poll_timeout_ms))
+        ready = dict(self._poller.poll(self.poll_timeout_ms))
+        if len(ready) > (self.sock in ready):
+            self.gate.service()
+        return self.sock in ready
 
     def step(self, frames: list[list[bytes]]) -> None:
         """One pass over the frames read: decide, COMMIT (group commit; the catalog is
@@ -181,17 +212,24 @@ STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped
 
 def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, tasks: dict,
         endpoint_file: str, db_path: Optional[str] = None,
-        curriculum_db: Optional[str] = None) -> int:
+        curriculum_db: Optional[str] = None, key_file: Optional[str] = None,
+        insecure: bool = False) -> int:
     """Serve until a `shutdown`: the queue at `db_path` (default RUN_DIR/controller.db), the
     run's catalog, the bound endpoint published (atomically) in `endpoint_file` -- and the
     metrics URL in `<endpoint_file>.metrics` first, when `config.metrics_port` is set. On a
-    clean stop `<endpoint_file>.stopped` is written (removed again at the next start)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    clean stop `<endpoint_file>.stopped` is written (removed again at the next start). The
+    run directory is made 0700 and the keys checked (or made) before anything else."""
+    private_dir(run_dir)
+    if not insecure:
+        ensure_run_keys(key_file or key_file_of(run_dir))  # KeyFileError before the queue opens
+    else:
+        log.warning("--insecure: the control plane is NOT authenticated or encrypted; anyone "
+                    "who can reach %s can drive this controller", bind)
     curriculum = Curriculum(curriculum_db, {d["task_id"] for d in tasks.values()}) \
         if curriculum_db else None
     ctl = Controller(bind, deployment, str(run_dir), run_dir.name, tasks,
                      db_path or str(run_dir / "controller.db"), config=config,
-                     curriculum=curriculum)
+                     curriculum=curriculum, key_file=key_file, insecure=insecure)
     if config.metrics_port is not None:   # published before the endpoint: a reader of one finds both
         # prometheus_client is loaded only when metrics are served
         from controller.broker.metrics import serve_metrics

@@ -2,9 +2,15 @@
 steps start it). Parses the arguments, configures logging and calls
 `nodeagent.agent.daemon.serve` with plain arguments.
 
-  paddock agent --controller tcp://HOST:PORT --deployment ID [--node N] [--slots N]
+  paddock agent (--run-dir RUN | --endpoint-file F [--controller tcp://HOST:PORT] [--key-file K])
+                --deployment ID [--node N] [--slots N]
                 (--image-store DIR | --noop-s S) [--subid-base B --subid-count C | --subid-share K/N]
-                [--heartbeat-interval-s S] [--drain-deadline-s S] [--degrade] [--log-level L]
+                [--heartbeat-interval-s S] [--drain-deadline-s S] [--give-up-s S] [--degrade]
+                [--insecure] [--log-level L]
+
+The run's CURVE keys come from `--key-file` (default: `controller.key` next to the endpoint
+file); a missing key file, or one of another user or readable by others, is an error naming the
+path and the fix, before anything starts. `--insecure` (a `--insecure` controller) goes without.
 
 `register(subparsers)` adds the subcommand to `paddock`; `main(argv)` runs it alone
 (`python -m controller.cli agent ...` goes through `paddock`).
@@ -17,14 +23,28 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
-from nodeagent.agent.daemon import serve
+from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
+from nodeagent.agent.daemon import EndpointFile, serve
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--node", default=os.uname().nodename, help="this node's name (default: the host name)")
-    ap.add_argument("--controller", required=True, help="ZeroMQ endpoint, e.g. tcp://10.0.0.1:5555")
+    ap.add_argument("--controller", help="ZeroMQ endpoint, e.g. tcp://10.0.0.1:5555 (default: "
+                    "what the endpoint file names)")
+    ap.add_argument("--run-dir", help="the run directory: its controller.endpoint and "
+                    f"{KEY_FILE} are the defaults of --endpoint-file and --key-file")
+    ap.add_argument("--endpoint-file", help="the controller's endpoint file, looked at again "
+                    "while the controller is silent (a restart on another port is followed)")
+    ap.add_argument("--key-file", help=f"the run's CURVE keys (default: {KEY_FILE} next to the "
+                    "endpoint file); mode 0600, yours")
+    ap.add_argument("--insecure", action="store_true",
+                    help="no CURVE (only against a `paddock controller --insecure`)")
+    ap.add_argument("--give-up-s", type=float, default=None,
+                    help="exit (status 4) if no controller has welcomed this agent this long "
+                         "after its start (default: keep trying)")
     ap.add_argument("--deployment", required=True, help="the deployment id every frame carries")
     ap.add_argument("--slots", type=int, default=2, help="rollouts run at once (default 2)")
     ap.add_argument("--image-store", default="", help="the image store directory (required unless --noop-s)")
@@ -62,12 +82,46 @@ def share_of_subids(k: int, n: int) -> tuple[int, int]:
     return base + k * share, share
 
 
+def _usage(ap: argparse.ArgumentParser | None, msg: str) -> int:
+    if ap is not None:
+        ap.error(msg)  # exits 2 with the usage
+    print(f"paddock agent: {msg}", file=sys.stderr)
+    return 2
+
+
+def connection(args: argparse.Namespace) -> tuple[str, str | None, RunKeys | None]:
+    """(endpoint, endpoint file, keys) from the arguments; ValueError or KeyFileError (the
+    message names the path and the fix) when they do not add up."""
+    endpoint_file = args.endpoint_file or (str(Path(args.run_dir) / "controller.endpoint")
+                                           if args.run_dir else None)
+    endpoint = args.controller
+    if endpoint is None:
+        if endpoint_file is None:
+            raise ValueError("give --run-dir, --endpoint-file or --controller")
+        endpoint = EndpointFile(endpoint_file).read()
+        if endpoint is None:
+            raise ValueError(f"no controller endpoint in {endpoint_file}: start the controller "
+                             "first (or give --controller)")
+    if args.insecure:
+        return endpoint, endpoint_file, None
+    key_file = args.key_file or (str(Path(endpoint_file).with_name(KEY_FILE))
+                                 if endpoint_file else None)
+    if key_file is None:
+        raise KeyFileError("no key file: give --key-file RUN_DIR/controller.key (or --run-dir "
+                           "RUN_DIR); only `--insecure` goes without, against an insecure "
+                           "controller")
+    return endpoint, endpoint_file, read_key_file(key_file)
+
+
 def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> int:
     if args.noop_s is None and not args.image_store:
-        msg = "--image-store is required (unless --noop-s)"
-        if ap is not None:
-            ap.error(msg)  # exits 2 with the usage
-        print(f"paddock agent: {msg}", file=sys.stderr)
+        return _usage(ap, "--image-store is required (unless --noop-s)")
+    try:
+        endpoint, endpoint_file, keys = connection(args)
+    except ValueError as exc:
+        return _usage(ap, str(exc))
+    except KeyFileError as exc:
+        print(f"paddock agent: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
@@ -78,10 +132,12 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
         except SandboxError as exc:
             print(f"paddock agent: {exc}", file=sys.stderr)
             return 2
-    return serve(args.node, args.controller, args.deployment, slots=args.slots,
+    return serve(args.node, endpoint, args.deployment, slots=args.slots,
                  image_store=args.image_store, subids=subids,
                  heartbeat_interval_s=args.heartbeat_interval_s,
-                 drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade)
+                 drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade,
+                 keys=keys, insecure=args.insecure, endpoint_file=endpoint_file,
+                 give_up_s=args.give_up_s)
 
 
 def register(subparsers) -> None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from controller.broker import daemon
 from controller.broker.config import BrokerConfig, load
+from controller.contracts.keys import KEY_FILE, KeyFileError
 
 _DEFAULTS = BrokerConfig()
 # argparse dest -> BrokerConfig (or QueueConfig) key: the knobs this command sets.
@@ -35,6 +37,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="file mapping task refs to lease task dicts")
     ap.add_argument("--endpoint-file", required=True, help="where to publish the bound endpoint")
     ap.add_argument("--db", help="queue database (default RUN_DIR/controller.db)")
+    ap.add_argument("--key-file", help=f"the run's CURVE keys (default RUN_DIR/{KEY_FILE}, made "
+                    "0600 at the first start); only peers holding this file get an answer")
+    ap.add_argument("--insecure", action="store_true",
+                    help="no CURVE: plain-text, unauthenticated control plane (benchmarks' "
+                    "side-by-side only; anyone who reaches the port can drive the farm)")
     ap.add_argument("--curriculum-db", help="the curriculum (pass-rate estimates) a submit's "
                     "sampler request is resolved against (default: none, such requests are "
                     "refused)")
@@ -80,10 +87,15 @@ def run_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         ap.error(str(exc))
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s controller %(levelname)s %(message)s")
-    return daemon.run(config, bind=args.bind, deployment=args.deployment,
-                      run_dir=Path(args.run_dir), tasks=daemon.load_tasks(args.tasks_json),
-                      endpoint_file=args.endpoint_file, db_path=args.db,
-                      curriculum_db=args.curriculum_db)
+    try:
+        return daemon.run(config, bind=args.bind, deployment=args.deployment,
+                          run_dir=Path(args.run_dir), tasks=daemon.load_tasks(args.tasks_json),
+                          endpoint_file=args.endpoint_file, db_path=args.db,
+                          curriculum_db=args.curriculum_db, key_file=args.key_file,
+                          insecure=args.insecure)
+    except KeyFileError as exc:
+        print(f"paddock controller: {exc}", file=sys.stderr)
+        return 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

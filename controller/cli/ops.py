@@ -68,10 +68,11 @@ def controller_address(run_dir: Path, endpoint: str | None = None,
     return endpoint, deployment
 
 
-def fetch_nodes(endpoint: str, deployment: str, timeout_s: float = 3.0) -> tuple[list[dict], dict]:
+def fetch_nodes(endpoint: str, deployment: str, timeout_s: float = 3.0,
+                key_file: Path | None = None) -> tuple[list[dict], dict]:
     from controller.client.api import Client, ClientError
     try:
-        with Client(endpoint, deployment, timeout_s=timeout_s, retries=1) as c:
+        with Client(endpoint, deployment, timeout_s=timeout_s, retries=1, key_file=key_file) as c:
             reply = c.status()
     except ClientError as exc:
         raise OpsError(f"controller at {endpoint} (deployment {deployment}) did not answer: {exc}") from None
@@ -123,7 +124,8 @@ def _fmt(col: str, v) -> str:
 # ----------------------------------------------------------------------------- commands
 def cmd_agents(args) -> int:
     run_dir = resolve_run(args.run)
-    nodes, _ = fetch_nodes(*controller_address(run_dir, args.endpoint, args.deployment))
+    nodes, _ = fetch_nodes(*controller_address(run_dir, args.endpoint, args.deployment),
+                           key_file=run_dir / "controller.key")
     now = time.time()
     if args.json:
         print(json.dumps([node_row(n, now) for n in nodes], indent=1))
@@ -148,10 +150,10 @@ def cmd_top(args) -> int:
     view = top.TopView(run_dir.name, args.sort, args.desc)
     console = Console(width=args.width) if args.width else Console()
     if args.once:
-        nodes, counts = fetch_nodes(endpoint, deployment)
+        nodes, counts = fetch_nodes(endpoint, deployment, key_file=run_dir / "controller.key")
         console.print(view.render(nodes, counts, console.size.width, height=10_000))
         return 0
-    return top.run_live(view, lambda: fetch_nodes(endpoint, deployment), args.interval_s,
+    return top.run_live(view, lambda: fetch_nodes(endpoint, deployment, key_file=run_dir / "controller.key"), args.interval_s,
                         (OpsError,), console)
 
 
@@ -209,12 +211,13 @@ def cmd_drain(args) -> int:
     from controller.client.api import Client, ClientError
     run_dir = resolve_run(args.run)
     endpoint, deployment = controller_address(run_dir, args.endpoint, args.deployment)
-    nodes, _ = fetch_nodes(endpoint, deployment)
+    nodes, _ = fetch_nodes(endpoint, deployment, key_file=run_dir / "controller.key")
     known = {n.get("node") for n in nodes}
     if args.node not in known:
         raise OpsError(f"no node {args.node!r} in this farm; nodes: {', '.join(sorted(map(str, known))) or 'none'}")
     try:
-        with Client(endpoint, deployment, timeout_s=5, retries=2) as c:
+        with Client(endpoint, deployment, timeout_s=5, retries=2,
+                    key_file=run_dir / "controller.key") as c:
             c.drain(args.node, deadline_s=args.deadline_s)
     except ClientError as exc:
         raise OpsError(f"drain of {args.node} failed: {exc}") from None

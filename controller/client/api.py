@@ -15,7 +15,12 @@ Given the endpoint file (`endpoint_file=`, or `Client.for_run(run_dir, ...)`), a
 controller is silent re-reads the file every `reread_s`: a controller restarted on another
 port is found within about that long.
 
-Errors are typed: `ControllerUnavailable` (no reply before give_up_s), and for a refusal
+The control plane is CURVE-encrypted and authenticated: the client loads the run's key file
+(`key_file=`, default: `controller.key` next to the endpoint file, else `$PADDOCK_KEY_FILE`),
+0600 and its own user's or refused (`BadKeyFile`, naming the path and the fix). Without it a
+controller gives no answer at all. `insecure=True` talks to a `--insecure` controller.
+
+Errors are typed: `ControllerUnavailable` (no reply before give_up_s), `BadKeyFile`, and for a refusal
 `RequestRefused` or the subclass for its code (`UnknownTask`, `UnknownPolicy`,
 `UnknownBatch`, `UnknownNode`, `PolicyConflict`, `BadRequest`).
 
@@ -24,6 +29,7 @@ Must not import controller.store.queue (the client talks only the wire protocol)
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from pathlib import Path
@@ -34,6 +40,7 @@ import zmq.asyncio
 
 from controller.contracts import protocol as P
 from controller.contracts import states as S
+from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 from controller.contracts.protocol import BandRequest  # noqa: F401 - re-exported for trainers
 
 
@@ -43,6 +50,11 @@ class ClientError(Exception):
 
 class ControllerUnavailable(ClientError):
     pass
+
+
+class BadKeyFile(ClientError):
+    """No usable key file (missing, another user's, readable by others): the message names
+    the path and the fix."""
 
 
 class RequestRefused(ClientError):
@@ -129,10 +141,11 @@ def _publish(version, endpoint, model) -> P.PublishPolicy:
 class _Base:
     def __init__(self, endpoint: Optional[str], deployment: str, timeout_s: float = 5.0,
                  give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None,
-                 endpoint_file: Optional[str | Path] = None, reread_s: float = 0.5):
+                 endpoint_file: Optional[str | Path] = None, reread_s: float = 0.5,
+                 key_file: Optional[str | Path] = None, insecure: bool = False):
         """`endpoint` may be None when `endpoint_file` names the file the controller
         publishes its endpoint in (read now, and again whenever the controller is silent
-        for `reread_s`)."""
+        for `reread_s`). `key_file`: the run's CURVE keys (see the module's docstring)."""
         self.endpoint_file = Path(endpoint_file) if endpoint_file is not None else None
         self.reread_s = reread_s
         self._endpoint_stamp: Optional[tuple[int, int]] = None
@@ -146,6 +159,7 @@ class _Base:
                 raise TypeError("Client: give an endpoint or an endpoint_file")
             endpoint = self._wait_endpoint()
         self.endpoint, self.deployment = endpoint, deployment
+        self.keys: Optional[RunKeys] = None if insecure else self._load_keys(key_file)
         self.watch_wait_s = watch_wait_s
         self.reconnects = 0
         self.sock = None
@@ -157,12 +171,32 @@ class _Base:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, f"client-{uuid.uuid4().hex[:12]}".encode())
         self.sock.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:  # before connect: the handshake uses them
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, self.keys.server_public.encode())
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.client_public.encode())
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.client_secret.encode())
         self.sock.connect(self.endpoint)
+
+    def _load_keys(self, key_file: Optional[str | Path]) -> RunKeys:
+        """The run's keys: `key_file`, else the endpoint file's neighbour, else
+        $PADDOCK_KEY_FILE; BadKeyFile when there is none or it may not be used."""
+        if key_file is None and self.endpoint_file is not None:
+            key_file = self.endpoint_file.with_name(KEY_FILE)
+        key_file = key_file or os.environ.get("PADDOCK_KEY_FILE")
+        if not key_file:
+            raise BadKeyFile("no key file: the controller answers only holders of the run's "
+                             "keys; give key_file=RUN_DIR/controller.key, use "
+                             "Client.for_run(run_dir, ...), or set PADDOCK_KEY_FILE")
+        try:
+            return read_key_file(key_file)
+        except KeyFileError as exc:
+            raise BadKeyFile(str(exc)) from None
 
     @classmethod
     def for_run(cls, run_dir: str | Path, deployment: str, **kw):
         """A client of the controller of a run directory, found through (and followed
-        across restarts by) its `controller.endpoint` file."""
+        across restarts by) its `controller.endpoint` file, with the keys of its
+        `controller.key`."""
         return cls(None, deployment, endpoint_file=Path(run_dir) / ENDPOINT_FILE, **kw)
 
     def _wait_endpoint(self) -> str:

@@ -29,7 +29,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from controller.analysis.defences import CHEATS
 from controller.analysis.query import connect, print_summary, summary
+from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
+from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
@@ -203,7 +205,11 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
     console.print(f"task set {taskset.name} ({len(names)} tasks); image {digest[:19]}… at {image_path}")
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     run_dir = (Path(cfg.runs_dir) / run_id).resolve()
-    run_dir.mkdir(parents=True)
+    Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir()
+    private_dir(run_dir)  # 0700: hidden tests, rewards and the run's keys are the owner's
+    key_file = key_file_of(run_dir)
+    ensure_run_keys(key_file)  # before any daemon: every peer loads it
     (run_dir / "logs").mkdir()
     (run_dir / "tasks.json").write_text(json.dumps(publish(taskset, images, run_dir / BLOBS_DIR)))
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
@@ -220,6 +226,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
             ctl = _spawn([*PADDOCK_CLI, "controller", "--deployment", deployment,
                           "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
+                          "--key-file", str(key_file),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
                           "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
                          run_dir / "logs" / "controller.log")
@@ -227,7 +234,9 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
             endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
             for i in range(cfg.agents):
                 procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
-                                     "--controller", endpoint, "--deployment", deployment,
+                                     "--controller", endpoint, "--key-file", str(key_file),
+                                     "--endpoint-file", str(run_dir / "controller.endpoint"),
+                                     "--deployment", deployment,
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
@@ -235,7 +244,8 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
-            _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment)
+            _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment,
+                  key_file)
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
 
@@ -249,7 +259,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                             local_curriculum_config(cfg))
     rng = random.Random(cfg.seed)
     total = cfg.versions * len(names) * cfg.rollouts_per_task
-    with Client(endpoint, deployment) as client, Progress(
+    with Client(endpoint, deployment, key_file=key_file_of(run_dir)) as client, Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console) as bar:
         job = bar.add_task("rollouts", total=total)
@@ -311,10 +321,11 @@ def _record_outcomes(curriculum, con, batch_id: str) -> None:
         curriculum.record(task_id, version, outcome, solution, rollout_id)
 
 
-def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str) -> None:
+def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str,
+          key_file: Path) -> None:
     if endpoint:
         try:
-            with Client(endpoint, deployment, timeout_s=5, retries=1) as c:
+            with Client(endpoint, deployment, timeout_s=5, retries=1, key_file=key_file) as c:
                 c.shutdown("run finished")
         except Exception as exc:  # the controller may already be gone
             log.warning("controller shutdown request failed: %s", exc)

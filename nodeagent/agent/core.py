@@ -30,6 +30,13 @@ Rules:
   and every liveness period (its idempotency key makes that safe); results go as one
   `result_batch` once the controller has sent a batch since the registration.
 - Heartbeats every interval, from a random phase, with the health payload and `held`.
+- Finding the controller again: with a `watch` (a callable the owner injects; the daemon's
+  looks at the endpoint file), each heartbeat while the controller has been silent for at
+  least one interval asks it for news: a new endpoint (a controller started, on any port)
+  means `RECONNECT` to it now, the backoff reset, a new registration; `stopped` (the
+  controller stopped on purpose since it last started) ends the agent (exit 0).
+- `give_up_s`: an agent that has never been welcomed that long after its start stops
+  (`gave_up`), rather than retry for ever.
 - Drain (`drain()`, or a `drain` from the controller): no new leases (credit 0), finish what
   runs until the deadline, then `release` what is still unfinished and `disconnect`.
 
@@ -114,6 +121,16 @@ RECONNECT = _Reconnect()
 Outgoing = Union[P.Message, _Reconnect]
 
 
+@dataclass(frozen=True)
+class EndpointNews:
+    """What a `watch` saw: a controller now at `endpoint`, or `stopped` on purpose."""
+    endpoint: Optional[str] = None
+    stopped: bool = False
+
+
+Watch = Callable[[], Optional[EndpointNews]]
+
+
 @dataclass
 class _Pending:
     msg: P.Result
@@ -126,9 +143,15 @@ class AgentCore:
                  liveness: int = 5, drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
                  health: Callable[[], dict] = dict, mem_free_mb: Callable[[], int] = lambda: 0,
-                 rng: Any = random, endpoint: str = "?"):
+                 rng: Any = random, endpoint: str = "?", watch: Optional[Watch] = None,
+                 give_up_s: Optional[float] = None):
         self.node, self.slots, self.deployment = node, slots, deployment
-        self.agent_version, self.endpoint = agent_version, endpoint  # endpoint: for the log only
+        # the controller's endpoint: the owner connects a RECONNECT's fresh socket to it
+        self.agent_version, self.endpoint = agent_version, endpoint
+        self.watch, self.give_up_s = watch, give_up_s
+        self.gave_up = False  # never welcomed within give_up_s
+        self.welcomed = False  # a welcome came at least once
+        self.moves = 0  # endpoints taken from the watch
         self.hb_s, self.liveness = heartbeat_interval_s, liveness
         self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
         self.clock, self.health, self.mem_free_mb, self.rng = clock, health, mem_free_mb, rng
@@ -150,6 +173,7 @@ class AgentCore:
         self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
         self.last_rx = self.last_hb = 0.0
         self.backoff_s = heartbeat_interval_s
+        self.started_at: Optional[float] = None
         self._outbox: list[Outgoing] = []
         self._to_run: list[Attempt] = []
 
@@ -201,6 +225,8 @@ class AgentCore:
         heartbeat from a random phase: agents started together do not beat at once)."""
         self._register()
         self.last_rx = self.clock()
+        if self.started_at is None:
+            self.started_at = self.last_rx
         self.last_hb = self.last_rx - self.rng.uniform(0.0, self.hb_s)
         self.backoff_s = self.hb_s
 
@@ -255,6 +281,10 @@ class AgentCore:
             self._heartbeat()
             self._resend_unacked(now)
             self.last_hb = now
+            if now - self.last_rx >= self.hb_s and self._look_for_controller(now):
+                return
+        if self._give_up(now):
+            return
         if now - self.last_rx > self.hb_s * self.liveness + self.backoff_s - self.hb_s:
             log.warning("controller silent for %.1fs: reconnecting", now - self.last_rx)
             self.backoff_s = min(self.backoff_s * 2, self.backoff_max_s)
@@ -263,6 +293,35 @@ class AgentCore:
             self.last_rx = now
         if self.phase is Phase.DRAINING and self._drain_over(now):
             self._enter(Phase.DONE)
+
+    def _look_for_controller(self, now: float) -> bool:
+        """The controller is silent: ask the watch. True when the agent stopped."""
+        news = self.watch() if self.watch is not None else None
+        if news is None:
+            return False
+        if news.stopped:
+            log.info("the controller stopped on purpose while this agent waited: exiting")
+            self.stopped = True
+            return True
+        if news.endpoint:
+            log.info("controller silent for %.1fs and published at %s: reconnecting there",
+                     now - self.last_rx, news.endpoint)
+            self.endpoint, self.backoff_s = news.endpoint, self.hb_s
+            self.moves += 1
+            self._outbox.append(RECONNECT)
+            self._register()
+            self.last_rx = now
+        return False
+
+    def _give_up(self, now: float) -> bool:
+        """Never welcomed within give_up_s of the start: stop (True)."""
+        if self.welcomed or self.give_up_s is None or self.started_at is None \
+                or now - self.started_at < self.give_up_s:
+            return False
+        log.error("no controller answered at %s within %.0fs of the start: giving up",
+                  self.endpoint, self.give_up_s)
+        self.gave_up = self.stopped = True
+        return True
 
     # -- messages ---------------------------------------------------------------------------
     def _send(self, msg: P.Message) -> None:
@@ -309,6 +368,7 @@ class AgentCore:
 
     def _on_welcome(self, msg: P.Welcome) -> None:
         self.backoff_s = self.hb_s
+        self.welcomed = True
         if self.awaiting_welcome:
             self.awaiting_welcome, self.session = False, msg.session
             self._resend_unacked(None)

@@ -7,6 +7,13 @@ pipe; otherwise it sleeps until the core's next deadline). Each pass: frames in 
 finished attempts -> the core; `core.tick()`; then the core's outbox goes out (a `RECONNECT`
 in it: a fresh socket, Paranoid Pirate) and its new attempts go to the slot threads.
 
+The socket is a CURVE client with the run's keys (`keys=`, read from `RUN/controller.key` by
+the command line; controller/contracts/keys.py); only `insecure=True` connects in plain text.
+With an `endpoint_file`, `EndpointFile` is the core's watch: while the controller is silent it
+looks at the file's (inode, mtime) each heartbeat, so a controller restarted on any port is
+found within about two heartbeats, and `<endpoint_file>.stopped` newer than the endpoint ends
+the agent.
+
 `serve(...)` is the entry point with plain arguments (`paddock agent`, controller/cli/agent.py):
 it starts the sandbox runtime (or a no-op runner), runs the agent, and turns SIGTERM into a
 drain. Must not import: controller.* other than controller.contracts (not controller.cli).
@@ -27,8 +34,9 @@ import psutil
 import zmq
 
 from controller.contracts import protocol as P
+from controller.contracts.keys import RunKeys
 from nodeagent.agent.attempt import run_attempt
-from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult
+from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, EndpointNews
 from nodeagent.agent.health import sampler_for
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
@@ -36,8 +44,48 @@ from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 log = logging.getLogger("nodeagent")
 EXIT_REFUSED = 3  # the controller refused this agent at registration (its version)
 EXIT_NO_RUNTIME = 2  # the sandbox runtime could not start
+EXIT_GAVE_UP = 4  # no controller welcomed this agent within give_up_s
+STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose
 
 Runner = Callable[[Attempt], AttemptResult]
+
+
+class EndpointFile:
+    """The controller's endpoint file as the core's watch: `read()` takes the endpoint and
+    notes the file's (inode, mtime); a call returns news only when the file was written since
+    (a controller started) or `<file>.stopped` is newer than it (stopped on purpose)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.stopped_path = self.path.with_name(self.path.name + STOPPED_SUFFIX)
+        self.stamp: Optional[tuple[int, int]] = None
+
+    def read(self) -> Optional[str]:
+        try:
+            st = os.stat(self.path)
+            text = self.path.read_text().strip()
+        except OSError:  # not written yet, or being replaced
+            return None
+        self.stamp = (st.st_ino, st.st_mtime_ns)
+        return text or None
+
+    def __call__(self) -> Optional[EndpointNews]:
+        st, stopped = _stat(self.path), _stat(self.stopped_path)
+        if st is None:
+            return None
+        if stopped is not None and stopped.st_mtime_ns >= st.st_mtime_ns:
+            return EndpointNews(stopped=True)
+        if (st.st_ino, st.st_mtime_ns) == self.stamp:
+            return None
+        endpoint = self.read()
+        return EndpointNews(endpoint=endpoint) if endpoint else None
+
+
+def _stat(path: Path) -> Optional[os.stat_result]:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 class _Workers:
@@ -79,9 +127,17 @@ class NodeAgent:
                  image_store: str | None = None, runtime=None,
                  heartbeat_interval_s: float = 1.0, liveness: int = 5,
                  clock=time.monotonic, runner: Optional[Runner] = None,
-                 drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0,
-                 health: Optional[Callable[[], dict]] = None):
+                 drain_deadline_s: float = 60.0, backoff_max_s: float = 2.0,
+                 health: Optional[Callable[[], dict]] = None, keys: Optional[RunKeys] = None,
+                 insecure: bool = False, endpoint_file: Optional[str] = None,
+                 give_up_s: Optional[float] = None):
+        """`keys`: the run's CURVE keys (required unless `insecure`); `endpoint_file`: watched
+        while the controller is silent; `give_up_s`: stop if never welcomed by then."""
         self.node, self.endpoint, self.deployment = node, endpoint, deployment
+        self.keys, self.insecure = keys, insecure
+        self.endpoint_watch = EndpointFile(endpoint_file) if endpoint_file else None
+        if self.endpoint_watch is not None:
+            self.endpoint_watch.read()  # the version of the file `endpoint` came from
         self.image_store = Path(image_store) if image_store else None
         self.runtime, self.clock = runtime, clock
         self.runner: Runner = runner or self._run_attempt
@@ -91,7 +147,7 @@ class NodeAgent:
                               heartbeat_interval_s=heartbeat_interval_s, liveness=liveness,
                               drain_deadline_s=drain_deadline_s, backoff_max_s=backoff_max_s,
                               clock=clock, health=self.health, mem_free_mb=_mem_free_mb,
-                              endpoint=endpoint)
+                              endpoint=endpoint, watch=self.endpoint_watch, give_up_s=give_up_s)
         self.done: collections.deque = collections.deque()  # workers append, the loop pops
         self.pool = _Workers(f"{node}-slot")
         self._drain_requested: Optional[float] = None
@@ -176,9 +232,16 @@ class NodeAgent:
     def _new_socket(self) -> None:
         if self.sock is not None:
             self.sock.close(linger=0)
+        if self.keys is None and not self.insecure:
+            raise ValueError("NodeAgent: give keys= (the run's controller.key) or insecure=True")
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, self.node.encode())
         self.sock.setsockopt(zmq.LINGER, 0)
+        if self.keys is not None:  # before connect: the handshake uses them
+            self.sock.setsockopt(zmq.CURVE_SERVERKEY, self.keys.server_public.encode())
+            self.sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.client_public.encode())
+            self.sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.client_secret.encode())
+        self.endpoint = self.core.endpoint  # where the core says the controller is now
         self.sock.connect(self.endpoint)
 
     def _flush(self) -> None:
@@ -238,7 +301,9 @@ class NodeAgent:
             timeout_ms = self.core.poll_timeout_ms()
         self.pool.shutdown()
         self.sock.close(linger=100)
-        return EXIT_REFUSED if self.refused is not None else 0
+        if self.refused is not None:
+            return EXIT_REFUSED
+        return EXIT_GAVE_UP if self.core.gave_up else 0
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
         """Take no new leases; finish what runs within deadline_s, then hand the rest back."""
@@ -271,9 +336,13 @@ def _mem_free_mb() -> int:
 def serve(node: str, controller: str, deployment: str, slots: int = 2, image_store: str = "",
           subids: Optional[tuple[int, int]] = None, heartbeat_interval_s: float = 1.0,
           drain_deadline_s: float = 60.0, noop_s: Optional[float] = None,
-          degrade: bool = False) -> int:
-    """Run a node agent until it drains, is shut down or refused; return its exit status.
-    Without `noop_s`, attempts run in sandboxes of images from `image_store` (required)."""
+          degrade: bool = False, keys: Optional[RunKeys] = None, insecure: bool = False,
+          endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None) -> int:
+    """Run a node agent until it drains, is shut down, refused or gives up; return its exit
+    status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
+    (required). `keys` (unless `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent."""
+    if keys is None and not insecure:
+        raise ValueError("serve: the run's keys are required (unless insecure)")
     runtime, runner = None, None
     if noop_s is not None:
         runner = noop_runner(noop_s)
@@ -288,7 +357,8 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
         log.info("sandbox caps: %s", runtime.caps_report())
     agent = NodeAgent(node, controller, deployment, slots, image_store, runtime,
                       heartbeat_interval_s=heartbeat_interval_s,
-                      drain_deadline_s=drain_deadline_s, runner=runner)
+                      drain_deadline_s=drain_deadline_s, runner=runner, keys=keys,
+                      insecure=insecure, endpoint_file=endpoint_file, give_up_s=give_up_s)
     # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
     signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", drain_deadline_s))
     try:
