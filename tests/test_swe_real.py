@@ -196,3 +196,40 @@ def test_rescore_stacks_the_task_layers(tmp_path, runtime, python_image):
            "changes_path": write_changes(str(run), "n1", a, gold), "image_digest": task.image}
     out = regrade(row, run, {task.task_id: _task_dict(task)}, runtime, lambda digest: python_image)
     assert (out["outcome"], out["reward"], out["infra_reason"]) == ("pass", 1.0, None)
+
+
+# -- a real instance: humanize 4.10.0 with its metric() precision fix reverse-applied ----------
+
+@pytest.mark.slow
+def test_a_real_instance_is_imported_validated_and_graded_in_its_own_image(tmp_path, capsys, runtime, python_image):
+    """Gold passes, no change and a wrong fix fail, graded by the project's own (parametrised)
+    tests in an image holding its test dependencies."""
+    from controller.cli.main import main
+    from nodeagent.verifier.validate import validate_task
+    from tests.data.swe import instances
+    store = ImageStore(python_image.parent.parent)
+    try:
+        image = instances.test_image(store, python_image)
+    except subprocess.CalledProcessError as exc:      # pip cannot reach the package index
+        pytest.skip(f"cannot build the test-dependency image: {exc.stderr!r:.300}")
+    spec = instances.INSTANCES["humanize"]
+    repo, base = instances.make_repo(spec, instances.sdist_path(spec, tmp_path), tmp_path)
+    (tmp_path / "swe.jsonl").write_text(json.dumps(instances.record(spec, repo, base, image)) + "\n")
+    bank = tmp_path / "bank"
+    assert main(["tasks", "--bank", str(bank), "import", "swe", str(tmp_path / "swe.jsonl"), "--set", "real",
+                 "--store", str(store.root), "--no-contamination"]) == 0
+    [task] = TaskBank(bank).load_set("real").tasks
+    assert task.image == image and len(task.layers) == 1
+    v = validate_task(runtime, python_image, _task_dict(task), quick=True)
+    assert v.ok, v.reasons
+    assert (v.cases["reference"]["outcome"], v.cases["null"]["outcome"]) == ("pass", "fail")
+    (tmp_path / "wrong.patch").write_text(instances.wrong_patch(spec, repo))
+    (tmp_path / "gold.patch").write_text(task.hidden["gold.patch"])
+    argv = ["verify", "--task", task.task_id, "--bank", str(bank), "--image-store", str(store.root)]
+    capsys.readouterr()
+    assert main([*argv, "--solution", str(tmp_path / "gold.patch")]) == 0
+    gold = json.loads(capsys.readouterr().out)
+    assert (gold["outcome"], gold["components"]["fail_to_pass"], gold["components"]["pass_to_pass"]) == ("pass", 1.0, 1.0)
+    assert main([*argv, "--solution", str(tmp_path / "wrong.patch")]) == 1
+    wrong = json.loads(capsys.readouterr().out)
+    assert (wrong["outcome"], wrong["reward"], wrong["components"]["fail_to_pass"]) == ("fail", 0.0, 0.0)

@@ -381,7 +381,13 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
     finally:
         sb.destroy()
-    return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+    try:
+        return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+    except VerifierInfraError as exc:
+        if "did not start" not in str(exc):
+            raise
+        tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]     # why: the grader's own words
+        raise VerifierInfraError(f"{exc}: {tail}") from None
 
 
 def grader_config(runtime, task: dict, spec: dict) -> str:
