@@ -92,11 +92,16 @@ def sdist_path(spec: dict, cache: Path) -> Path:
     return cache / spec["sdist"]
 
 
+def _ours(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """The `tar` filter, owned by us (git refuses a repository of another owner)."""
+    return tarfile.tar_filter(member, dest).replace(uid=os.getuid(), gid=os.getgid(), uname="", gname="")
+
+
 def make_repo(spec: dict, sdist: Path, workdir: Path) -> tuple[Path, str]:
     """A git repository of the sdist with the fix and its tests reverse-applied: (path, base)."""
     with tarfile.open(sdist) as tf:
         top = tf.getnames()[0].split("/")[0]
-        tf.extractall(workdir, filter="tar")
+        tf.extractall(workdir, filter=_ours)
     repo = workdir / top
     for name in (spec["gold"], spec["test"]):
         subprocess.run(["patch", "-p1", "-R", "--batch", "--silent", "-i", str(HERE / name)], cwd=repo, check=True)
