@@ -56,6 +56,8 @@ def make_clones(tmp_path, symlink=True):
     (repo / "calc.py").write_text("def add(a, b):\n    return abs(a) + abs(b)\n")
     (repo / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n")
     (repo / "conftest.py").write_text("")        # puts the repository root on sys.path, as projects do
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "setup.cfg").write_text("[tool:pytest]\nfilterwarnings =\n    ignore:calc.old:DeprecationWarning\n")
     (repo / "run.sh").write_text("#!/bin/sh\necho hi\n")
     (repo / "run.sh").chmod(0o755)
     if symlink:
