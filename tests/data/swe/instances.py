@@ -68,8 +68,8 @@ INSTANCES = {
         "PASS_TO_PASS": ["tests/test_numbers.py::test_format_decimal_precision[1.1-1.1]",
                          "tests/test_numbers.py::NumberParsingTestCase::test_can_parse_decimals",
                          "test_parse_decimal_strict_mode"],
-        "wrong": ("babel/numbers.py", "        string = string.replace(' ', group_symbol)\n",
-                  "        string = string.replace(' ', '')\n"),
+        "wrong": ("babel/numbers.py", "        ' ' in string  # but it does contain a space instead,\n",
+                  "        '  ' in string  # but it does contain a space instead,\n"),
     },
 }
 
