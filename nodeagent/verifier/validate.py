@@ -12,7 +12,10 @@ per family of issue 14 (`nodeagent.verifier.hacks`: star-import fill, /work modu
 pdb, redefined prompt helpers, patched random, in-process forgery through the plugin, a forked
 writer, frame and loader oracles); for answer
 tasks: claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
-Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
+Every hack must get reward 0 (`fail` or `timeout`). Each case is graded in the task's own image
+(`own_image`: its `image: sha256:...`, else the one handed in) with its layers stacked
+(`sandbox_layers`: repository layers, then the set-up layer, built once; a failing set-up
+quarantines the task). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
