@@ -3,13 +3,17 @@
   paddock check math --gold G --pred P       prints true/false (exit 0/1); also `exact`, `regex`
   paddock verify --task T --solution PATH    grades one solution (a file, a directory or a patch)
 
-Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier.
+Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier in the
+task's own image (its `image: sha256:...`, unless `--image` is given) with its layers stacked
+(its repository, then its set-up layer, as a rollout's grading sandbox). A patch on a
+repository task is applied to the files it touches, read from the task's layers.
 (`paddock rescore` is controller/cli/analysis.py.) Must not import: zmq, controller.broker.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from layers.store import ImageStore
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner
+from nodeagent.verifier.validate import own_image, sandbox_layers, task_layers
 
 MAX_SOLUTION_BYTES = 8 << 20
 
@@ -31,37 +36,63 @@ class SolutionError(ValueError):
     """A solution path cannot be turned into changes; the message names the path."""
 
 
-def solution_changes(task: dict, path: str | Path) -> tuple[list, str | None]:
+def solution_changes(task: dict, path: str | Path, layers: tuple = ()) -> tuple[list, str | None]:
     """(changes under /work, answer) for a solution: a patch (*.patch / *.diff), a directory
     (its files laid over the task's visible files), or a file (placed at /work/<name>; for answer tasks, its text
-    is the answer)."""
+    is the answer). `layers`: the task's layer files (a patch's pre-images are read from them)."""
+    task = verifier.decode_task(task)
     p = Path(path)
     if not p.exists():
         raise SolutionError(f"solution {str(p)!r} does not exist")
     kind = task.get("checker", {}).get("kind")
     if p.is_file() and kind in ("math", "exact", "regex"):
         return [], p.read_text(errors="replace")
+    original = {k: verifier.as_bytes(v) for k, v in task.get("files", {}).items()}
     if p.is_dir():
-        files = {**{k: v.encode() for k, v in task.get("files", {}).items()},
+        files = {**original,
                  **{str(f.relative_to(p)): f.read_bytes() for f in sorted(p.rglob("*")) if f.is_file()}}
     elif p.suffix in (".patch", ".diff"):
-        files = _patched(task, p)
+        original.update(layer_files(layers, patch_paths(p.read_text(errors="replace"))))
+        files = _patched(original, p)
     else:
-        files = {**{k: v.encode() for k, v in task.get("files", {}).items()}, p.name: p.read_bytes()}
+        files = {**original, p.name: p.read_bytes()}
     if sum(len(v) for v in files.values()) > MAX_SOLUTION_BYTES:
         raise SolutionError(f"solution {str(p)!r} is larger than {MAX_SOLUTION_BYTES} bytes")
-    original = {k: v.encode() for k, v in task.get("files", {}).items()}
     changes = [Change(f"/work/{rel}", "deleted", None, 0) for rel in sorted(set(original) - set(files))]
     changes += [Change(f"/work/{rel}", "modified" if rel in original else "added", data, 0o644)
                 for rel, data in sorted(files.items()) if original.get(rel) != data]
     return changes, None
 
 
-def _patched(task: dict, patch: Path) -> dict[str, bytes]:
+def patch_paths(patch: str) -> list[str]:
+    """The repository paths a unified diff reads or writes (its `--- a/` and `+++ b/` lines)."""
+    return sorted({m for m in re.findall(r"^(?:---|\+\+\+) [ab]/(\S+)", patch, flags=re.M)})
+
+
+def layer_files(layers: tuple, paths: list[str]) -> dict[str, bytes]:
+    """The files at `paths` (under /work) as the stacked `layers` show them: the topmost layer
+    holding a path wins; a path no layer holds is left out. Reads each layer with `unsquashfs`."""
+    out: dict[str, bytes] = {}
+    if not paths:
+        return out
+    for layer in layers:
+        with tempfile.TemporaryDirectory(prefix="paddock-layer-") as tmp:
+            argv = ["unsquashfs", "-q", "-n", "-f", "-d", f"{tmp}/x", str(layer), *(f"work/{p}" for p in paths)]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            if r.returncode not in (0, 2):      # 2: some of the paths are not in this layer
+                raise SolutionError(f"cannot read {layer}: {argv} exit {r.returncode}: {r.stderr.strip()[-300:]}")
+            for rel in paths:
+                f = Path(tmp, "x", "work", rel)
+                if f.is_file() and not f.is_symlink():
+                    out[rel] = f.read_bytes()
+    return out
+
+
+def _patched(original: dict[str, bytes], patch: Path) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory(prefix="paddock-patch-") as tmp:
-        for rel, text in task.get("files", {}).items():
+        for rel, data in original.items():
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
-            (Path(tmp) / rel).write_text(text)
+            (Path(tmp) / rel).write_bytes(data)
         argv = ["patch", "-p1", "--batch", "--forward", "--silent", "-d", tmp, "-i", str(patch.resolve())]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
@@ -104,18 +135,18 @@ def cmd_check(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    store = ImageStore(args.image_store or default_store_root())
     try:
         task = find_task(args.task, args.bank)
-        changes, answer = solution_changes(task, args.solution)
-    except (SolutionError, OSError, ValueError) as exc:
+        image = store.resolve(args.image) if args.image else own_image(ensure_builtin_image(store)[1], task)
+        changes, answer = solution_changes(task, args.solution, task_layers(image, task))
+    except (SolutionError, OSError, ValueError, verifier.VerifierInfraError) as exc:
         print(f"paddock verify: {exc}", file=sys.stderr)
         return 2
     answer = args.answer if args.answer is not None else answer
-    store = ImageStore(default_store_root())
-    image = store.resolve(args.image) if args.image else ensure_builtin_image(store)[1]
     try:
         with SandboxRuntime() as rt:
-            v = verifier.verify(rt, image, task, changes, answer)
+            v = verifier.verify(rt, image, task, changes, answer, layers=sandbox_layers(rt, image, task))
     except (verifier.VerifierInfraError, SandboxError) as exc:
         print(json.dumps({"outcome": "infra_error", "reward": None, "reason": str(exc)}, indent=2))
         return 3
@@ -142,6 +173,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ver.add_argument("--bank", metavar="DIR", help="task-bank directory (default $PADDOCK_TASKBANK or ./taskbank)")
     ver.add_argument("--solution", required=True, help="a file, a directory or a *.patch/*.diff")
     ver.add_argument("--answer", help="the final answer text (answer tasks), instead of a file")
-    ver.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
+    ver.add_argument("--image", help="image path or sha256:<digest> (default: the task's own image, else "
+                                     "the built-in python image)")
+    ver.add_argument("--image-store", metavar="DIR", help="the image store holding the task's image and "
+                                                          "layers (default: the default image store)")
     ver.set_defaults(func=cmd_verify)
 

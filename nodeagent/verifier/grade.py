@@ -340,11 +340,11 @@ REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")
 
 def _repo_files(task: dict, spec: dict) -> dict[str, bytes]:
     """System files of a repository-level check: the hidden tests at their /work paths (they
-    replace whatever the agent left there), the grader, and an empty tests directory."""
+    replace whatever the agent left there) and the grader. (The empty tests directory is
+    written as the agent, like a file-level check's tests: the grader makes it its own.)"""
     files = {f"/work/{rel}": as_bytes(text) for rel, text in _test_sources(task, spec)}
     if spec.get("strict_eq", False):
         files = {p: strict_asserts(t.decode(), p).encode() if p.endswith(".py") else t for p, t in files.items()}
-    files[f"{TESTS_DIR}/.paddock"] = b""
     files[GRADER_PATH] = GRADER_SOURCE
     files[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
     return files
@@ -353,7 +353,7 @@ def _repo_files(task: dict, spec: dict) -> dict[str, bytes]:
 def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     repo = repo_scope(task)
     if repo:
-        system, tests, cwd, args = _repo_files(task, spec), {}, "/work", REPO_PYTEST_ARGS
+        system, tests, cwd, args = _repo_files(task, spec), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
     expected = expected_tests(task, spec)
@@ -381,7 +381,13 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
     finally:
         sb.destroy()
-    return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+    try:
+        return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+    except VerifierInfraError as exc:
+        if "did not start" not in str(exc):
+            raise
+        tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]     # why: the grader's own words
+        raise VerifierInfraError(f"{exc}: {tail}") from None
 
 
 def grader_config(runtime, task: dict, spec: dict) -> str:

@@ -407,9 +407,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
     code under test and reports each refusal as a `tamper` event."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
 
-    def trusted(code):
+    def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
         name = code.co_filename
-        return name.startswith(prefixes) and name not in tainted
+        return name.startswith((*prefixes, "<frozen ")) and name not in tainted
 
     def untrusted_on_stack(frame):
         while frame is not None:

@@ -4,7 +4,8 @@ where the results go, is `controller.analysis.rescore`).
 
 `regrade(row, run_dir, tasks, runtime, image_for, clock)` takes one committed rollout row (the
 columns of `controller.analysis.rescore`) and returns its result row; a rollout that was never
-verified (infra_error, or an agent out of wall time) is carried over as it was. A grading
+verified (infra_error, or an agent out of wall time) is carried over as it was. The grading
+sandbox stacks the task's layers (repository, then set-up layer) as the rollout's did. A grading
 failure is an `infra_error` result naming the reason, never an exception.
 
 Must not import: zmq, controller.analysis, controller.store, controller.broker.
@@ -20,6 +21,7 @@ from controller.contracts import taskblobs
 from controller.contracts.fileio import utc_now
 from nodeagent.sandbox.runtime import SandboxError, tar_to_changes
 from nodeagent.verifier import grade as verifier
+from nodeagent.verifier.validate import sandbox_layers
 
 
 def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[[str], Path],
@@ -44,8 +46,9 @@ def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[
             if not row.get("changes_path"):
                 raise verifier.VerifierInfraError("no stored changes (changes_path is NULL)")
             changes = tar_to_changes((run_dir / row["changes_path"]).read_bytes())
-        v = verifier.verify(runtime, image_for(task.get("image_digest") or row.get("image_digest") or ""),
-                            task, changes, row.get("answer"), clock)
+        image = image_for(task.get("image_digest") or row.get("image_digest") or "")
+        v = verifier.verify(runtime, image, task, changes, row.get("answer"), clock,
+                            layers=sandbox_layers(runtime, image, task))
         out.update(outcome=v.outcome, reward=v.reward, reward_components=json.dumps(v.components),
                    tampered=v.tampered, rescored=True, verify_s=v.verify_s)
     except (verifier.VerifierInfraError, SandboxError, OSError, ValueError) as exc:

@@ -12,7 +12,10 @@ per family of issue 14 (`nodeagent.verifier.hacks`: star-import fill, /work modu
 pdb, redefined prompt helpers, patched random, in-process forgery through the plugin, a forked
 writer, frame and loader oracles); for answer
 tasks: claiming success, empty or multiple answers, a LaTeX text box, a power tower, code.
-Every hack must get reward 0 (`fail` or `timeout`). A task that fails validation is quarantined
+Every hack must get reward 0 (`fail` or `timeout`). Each case is graded in the task's own image
+(`own_image`: its `image: sha256:...`, else the one handed in) with its layers stacked
+(`sandbox_layers`: repository layers, then the set-up layer, built once; a failing set-up
+quarantines the task). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
@@ -33,8 +36,9 @@ from pathlib import Path
 from typing import Callable
 
 from controller.contracts.fileio import atomic_write
-from layers.store import ImageStore, ImageStoreError
-from nodeagent.sandbox.runtime import Change, SandboxRuntime
+from layers.store import ImageNotFound, ImageStore, ImageStoreError
+from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime
+from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
 
@@ -248,6 +252,36 @@ def task_layers(image, task: dict) -> tuple[Path, ...]:
         raise verifier.VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
 
 
+def own_image(image, task: dict) -> Path:
+    """The image a task is graded in: its own (`image: sha256:<digest>`, from the store that
+    holds `image`), else `image` (the built-in python image or the caller's choice). An image
+    missing from the store is a VerifierInfraError naming it."""
+    ref = task.get("image") or ""
+    if not ref.startswith("sha256:"):
+        return Path(image)
+    store = ImageStore(Path(image).parent.parent)
+    try:
+        return Path(store.get(ref))
+    except (ImageNotFound, ImageStoreError) as exc:
+        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: image {ref} is not in the image "
+                                          f"store at {store.root}: {exc}") from None
+
+
+def sandbox_layers(runtime, image, task: dict) -> tuple[Path, ...]:
+    """The layers a task's grading sandbox stacks on `image`, as a rollout's: its repository
+    layers, then its set-up layer (built once per task and image, reused). A missing layer or
+    a failing set-up is a VerifierInfraError naming the task."""
+    layers = task_layers(image, task)
+    setup = task.get("setup") or ()
+    if not setup:
+        return layers
+    try:
+        made = ensure_setup_layer(runtime, ImageStore(Path(image).parent.parent), Path(image), layers, setup)
+    except SandboxError as exc:     # SetupError included: quarantine, never a score
+        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: set-up failed: {exc}") from None
+    return layers + ((made,) if made is not None else ())
+
+
 def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
     """Every case to grade: reference, null, then (unless `quick`) the hacks for the task's kind."""
     out: dict[str, tuple[dict, str | None]] = {}
@@ -288,11 +322,20 @@ def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, qui
         v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "
                          "or answer.txt for answer tasks)")
 
+    try:
+        image = own_image(image, task)
+        layers = sandbox_layers(runtime, image, task)
+    except verifier.VerifierInfraError as exc:
+        v.ok, v.wall_s = False, clock() - t0
+        v.reasons.append(f"the task's environment cannot be made: {exc}")
+        v.cases = {"reference": {"outcome": "infra_error", "reward": None, "detail": str(exc)[:300]}}
+        return v
+
     def grade(item):
         name, (files, answer) = item
         try:
             r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner,
-                                layers=task_layers(image, task))
+                                layers=layers)
             return name, {"outcome": r.outcome, "reward": r.reward,
                           "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
         except verifier.VerifierInfraError as exc:
