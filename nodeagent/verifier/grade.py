@@ -438,17 +438,26 @@ def match_outcomes(wanted: str, results: dict[str, list[str]]) -> list[str]:
     return out
 
 
+def parse_report(raw: bytes) -> tuple[dict, list[dict]]:
+    """The grader's report and its events, or VerifierInfraError when it is malformed: not JSON,
+    nested past the parser's depth, not an object, or events that are not a list of objects."""
+    try:
+        report = json.loads(raw)
+        if not isinstance(report, dict):
+            raise TypeError("the report is not an object")
+        events = report["events"]
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise TypeError("events is not a list of objects")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    return report, events
+
+
 def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0,
                  changed: set[str] | None = None) -> Verdict:
     """Turn the grader's report into a verdict. Malformed → infra error; ended early → fail;
     a test environment that cannot import a dependency → infra error (`environment_error`)."""
-    try:
-        report = json.loads(raw)
-        events = report["events"]
-        if not isinstance(events, list):
-            raise TypeError("events is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    report, events = parse_report(raw)
     if report.get("malformed_lines") or report.get("forged_lines"):
         events = events + [{"ev": "tamper", "forged_lines": report.get("forged_lines", 0),
                             "malformed_lines": report.get("malformed_lines", 0)}]
