@@ -3,8 +3,9 @@
 `grade.grade_report` (report.json → verdict).
 
 Each input drives one of two cases:
-1. *pipeline*: messages from the pytest child's pid or another sender, each a mix of lines the
-   harness signs with the parent's key (start, test results, end, tamper; sometimes with a wrong
+1. *pipeline*: messages from the pytest child's pid or another sender, either a whole passing
+   session whose events the fuzzer perturbs (`_session`), or a free mix of lines the harness
+   signs with the parent's key (start, test results, end, tamper; sometimes with a wrong
    sequence number or a damaged signature) and fuzzed text (JSON fragments, nesting far past the
    parser's depth, unsigned look-alike events). The report is built as `grader_plugin.parent`
    builds it and graded.
@@ -93,6 +94,41 @@ def _messages(fdp: atheris.FuzzedDataProvider) -> tuple[list, list[str], bool]:
     return msgs, signed, clean
 
 
+def _required(spec: dict) -> list[str]:
+    return list(spec.get("fail_to_pass") or EXPECTED) + list(spec.get("pass_to_pass") or [])
+
+
+def _session(fdp: atheris.FuzzedDataProvider, spec: dict) -> tuple[list, list[str], bool]:
+    """A whole passing session (start, every required test passed, end), one message per event
+    as the plugin sends them, each perhaps perturbed: another sender, a wrong sequence number, a
+    damaged signature, another outcome, dropped, or followed by a fuzzed line. Unperturbed (the
+    fuzzer's zero), it is a genuine pass."""
+    script = [{"ev": "start"}] + [{"ev": "test", "id": t, "when": "call", "outcome": "passed"}
+                                  for t in _required(spec)] + [{"ev": "end", "exitstatus": 0}]
+    msgs, signed, good, seq = [], [], set(), 0
+    for ev in script:
+        how = fdp.ConsumeIntInRange(0, 15)
+        if how == 1:
+            continue
+        if how == 2 and ev["ev"] == "test":
+            ev = {**ev, "outcome": OUTCOMES[fdp.ConsumeIntInRange(0, len(OUTCOMES) - 1)]}
+        body = json.dumps(ev, sort_keys=True)
+        mac = grader_plugin._mac(KEY, seq + (how == 3), body)
+        if how == 4:
+            mac = mac[:-1] + ("0" if mac[-1] != "0" else "1")
+        sender = -1 if how == 5 else CHILD_PID
+        line = json.dumps({"ev": ev, "mac": mac})
+        if sender == CHILD_PID:
+            signed.append(body)
+            if how not in (3, 4):
+                good.add(line)
+                seq += 1
+        extra = ("\n" + _text(fdp, 4)) if how == 6 else ""
+        msgs.append((sender, (line + extra).encode("utf-8", "surrogatepass")))
+    clean = all(line in good for _s, data in msgs for line in data.decode("utf-8", "replace").splitlines())
+    return msgs, signed, clean
+
+
 def _matches(rid: str, wanted: str) -> bool:
     base = rid.split("[", 1)[0]
     return rid == wanted or base == wanted or rid.endswith("::" + wanted) or base.endswith("::" + wanted)
@@ -107,7 +143,7 @@ def _pass_is_earned(raw: bytes, spec: dict) -> bool:
         return False
     if report.get("malformed_lines") or report.get("forged_lines") or report.get("truncated"):
         return False
-    for wanted in list(spec.get("fail_to_pass") or EXPECTED) + list(spec.get("pass_to_pass") or []):
+    for wanted in _required(spec):
         outs = [e.get("outcome") for e in events if e.get("ev") == "test" and isinstance(e.get("id"), str)
                 and _matches(e["id"], wanted)]
         if not outs or any(str(o) != "passed" for o in outs):
@@ -128,14 +164,15 @@ def _grade(raw: bytes, spec: dict) -> str | None:
 
 
 def check_pipeline(fdp: atheris.FuzzedDataProvider) -> None:
-    msgs, signed, clean = _messages(fdp)
+    spec = SPECS[fdp.ConsumeIntInRange(0, len(SPECS) - 1)]
+    msgs, signed, clean = _session(fdp, spec) if fdp.ConsumeBool() else _messages(fdp)
     events, bad, forged = grader_plugin._verified_events(msgs, KEY)
     assert isinstance(bad, int) and isinstance(forged, int)
     for ev in events:
         assert json.dumps(ev, sort_keys=True) in signed, ("an unsigned event was accepted", ev)
     report = {"grader": 2, "exit_code": 0, "events": events, "malformed_lines": bad, "forged_lines": forged,
               "truncated": False}
-    outcome = _grade(json.dumps(report).encode(), SPECS[fdp.ConsumeIntInRange(0, len(SPECS) - 1)])
+    outcome = _grade(json.dumps(report).encode(), spec)
     if outcome == "pass":
         assert clean, ("a pass with forged, unsigned or malformed lines in the stream", msgs)
 
