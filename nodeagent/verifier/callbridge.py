@@ -315,7 +315,7 @@ class Bridge:
         except TimeoutError:
             self.dead = f"the solution did not answer within {self.timeout_s:g} s; its process is abandoned"
             raise CallBoundaryError(self.dead) from None
-        except (EOFError, OSError, ValueError) as exc:
+        except (EOFError, OSError, ValueError, RecursionError) as exc:      # RecursionError: nested too deep
             self.dead = f"the solution's process is gone ({type(exc).__name__}: {exc})"
             raise CallBoundaryError(self.dead) from None
         if type(reply) is not dict:

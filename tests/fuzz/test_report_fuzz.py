@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from nodeagent.verifier import grader_plugin
+from nodeagent.verifier import callbridge, grader_plugin
 from nodeagent.verifier.grade import VerifierInfraError, grade_report
 
 FUZZ_RUNS = 4000
@@ -51,3 +53,16 @@ def test_a_line_nested_past_the_parsers_depth_is_malformed_and_the_report_still_
     good = json.dumps({"ev": {"ev": "start"}, "mac": grader_plugin._mac(key, 0, body)}).encode()
     events, bad, forged = grader_plugin._verified_events([(-1, b"[" * 100_000), (7, good)], key)
     assert (events, bad, forged) == ([{"ev": "start"}], 1, 0)
+
+
+def test_a_callee_reply_nested_past_the_parsers_depth_kills_the_bridge_not_the_test():
+    mine, callee = socket.socketpair()
+    bridge = callbridge.Bridge(mine.detach(), 1.0)
+    payload = b"[" * 200_000
+    callee.sendall(struct.pack(">I", len(payload)) + payload)
+    with pytest.raises(callbridge.CallBoundaryError, match="RecursionError"):
+        bridge.request({"op": "lookup", "module": "solution", "name": "f"})
+    with pytest.raises(callbridge.CallBoundaryError):
+        bridge.request({"op": "lookup", "module": "solution", "name": "f"})
+    callee.close()
+    bridge.sock.close()
