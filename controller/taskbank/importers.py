@@ -178,7 +178,8 @@ def _module_imports(code: str) -> list[str]:
     """The reference's top-level absolute imports: tests that use them (MBPP 596's asserts call
     `sys.getsizeof`) got them from the solution's namespace; now from the hidden reference."""
     return [ast.unparse(n) for n in ast.parse(code).body
-            if isinstance(n, ast.Import) or (isinstance(n, ast.ImportFrom) and not n.level)]
+            if isinstance(n, ast.Import) or (isinstance(n, ast.ImportFrom) and not n.level
+                                             and all(a.name != "*" for a in n.names))]
 
 
 def _called_functions(code: str, asserts: list, tested: str) -> list[str]:
