@@ -80,6 +80,14 @@ def test_a_work_module_shadowing_pdb_with_the_stub_untouched_earns_nothing(runti
     assert_unrewarded(grade(runtime, python_image, task, hack(task, "shadow_pdb")))
 
 
+@pytest.mark.parametrize("isolation", ["call", "process"])
+def test_a_work_module_shadowing_pdb_that_keeps_pytest_running_earns_nothing(runtime, python_image, isolation):
+    # rewarded by the grader before issue 14 (235901e): the real pdb is loaded under its name and
+    # the report patch waits for _pytest.reports, so pytest starts and every outcome reads "passed"
+    task = task_of(HUMANEVAL["HumanEval/2"], isolation=isolation)
+    assert_unrewarded(grade(runtime, python_image, task, hack(task, "shadow_pdb_deferred")))
+
+
 def test_redefining_the_prompts_helpers_earns_nothing(runtime, python_image):
     for key in ("HumanEval/32", "HumanEval/38"):
         task = task_of(HUMANEVAL[key])
@@ -103,6 +111,17 @@ def test_forging_through_the_plugins_emitter_and_key_earns_nothing(runtime, pyth
 def test_a_forked_writer_that_speaks_for_pytest_is_not_heard(runtime, python_image):
     task = task_of(SQUARE, isolation="process")
     assert_unrewarded(grade(runtime, python_image, task, hack(task, "fork_writer")))
+
+
+@pytest.mark.parametrize("isolation", ["call", "process"])
+def test_a_forked_writer_signing_with_the_plugins_key_is_not_heard(runtime, python_image, isolation):
+    # rewarded before issue 14 (235901e): the key and sequence number from the plugin's closure,
+    # a forked writer speaks for pytest, which exits silent
+    task = task_of(SQUARE, isolation=isolation)
+    v = grade(runtime, python_image, task, hack(task, "fork_writer_signed"))
+    assert_unrewarded(v)
+    if isolation == "process":
+        assert v.tampered
 
 
 def test_patching_report_properties_in_process_earns_nothing(runtime, python_image):

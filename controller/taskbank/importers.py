@@ -163,7 +163,7 @@ def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
     if not isinstance(imports, list):
         raise ValueError("'test_imports' must be a list of import statements")
     setup = (rec.get("test_setup_code") or "").replace("\r\n", "\n")
-    lines = [*imports, f"from solution import {', '.join(_called_functions(code, asserts, fn.name))}", setup, ""]
+    lines = [*imports, *_module_imports(code), f"from solution import {', '.join(_called_functions(code, asserts, fn.name))}", setup, ""]
     for i, stmt in enumerate(asserts):
         lines += ["", f"def test_{i}():", f"    {stmt.strip()}", ""]
     instruction = (f"{text.strip()}\n\nWrite the function `{fn.name}({signature})` in "
@@ -172,6 +172,14 @@ def mbpp_task(rec: dict, source: Path, lineno: int) -> Task:
                 instruction=instruction, files={SOLUTION_FILE: stub},
                 hidden={HIDDEN_TESTS_FILE: "\n".join(lines), REFERENCE_FILE: code},
                 checker={"kind": "pytest", "tests": [HIDDEN_TESTS_FILE], "isolation": "call"})
+
+
+def _module_imports(code: str) -> list[str]:
+    """The reference's top-level absolute imports: tests that use them (MBPP 596's asserts call
+    `sys.getsizeof`) got them from the solution's namespace; now from the hidden reference."""
+    return [ast.unparse(n) for n in ast.parse(code).body
+            if isinstance(n, ast.Import) or (isinstance(n, ast.ImportFrom) and not n.level
+                                             and all(a.name != "*" for a in n.names))]
 
 
 def _called_functions(code: str, asserts: list, tested: str) -> list[str]:

@@ -52,7 +52,6 @@ CHECK_TIMEOUT_S = 60.0
 ANSWER_TIMEOUT_S = 10.0
 GRADER_UID = 1000
 CALLEE_UID = 1001           # the agent's code under call isolation: neither root, nor pytest's uid
-CALL_TIMEOUT_S = 10.0
 GRADER_PATH = "/verifier/paddock_grader.py"
 CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
 TESTS_DIR = "/verifier/tests"
@@ -399,8 +398,15 @@ def grader_config(runtime, task: dict, spec: dict) -> str:
     call = None
     if isolation(task, spec) == "call":
         call = {"uid": callee, "modules": call_modules(task, spec),
-                "timeout_s": float(spec.get("call_timeout_s", CALL_TIMEOUT_S))}
+                "timeout_s": call_timeout(spec)}
     return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call})
+
+
+def call_timeout(spec: dict) -> float:
+    """The per-call deadline: the task's `call_timeout_s`, else the whole check's time limit (so
+    a correct but slow call passes whenever it passed in-process: MBPP 123's reference takes 12 s
+    for one call on a loaded node; a hang is still a `timeout`, the whole run's limit)."""
+    return float(spec.get("call_timeout_s", spec.get("timeout_s", CHECK_TIMEOUT_S)))
 
 
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
@@ -444,17 +450,26 @@ def match_outcomes(wanted: str, results: dict[str, list[str]]) -> list[str]:
     return out
 
 
+def parse_report(raw: bytes) -> tuple[dict, list[dict]]:
+    """The grader's report and its events, or VerifierInfraError when it is malformed: not JSON,
+    nested past the parser's depth, not an object, or events that are not a list of objects."""
+    try:
+        report = json.loads(raw)
+        if not isinstance(report, dict):
+            raise TypeError("the report is not an object")
+        events = report["events"]
+        if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+            raise TypeError("events is not a list of objects")
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    return report, events
+
+
 def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.0,
                  changed: set[str] | None = None) -> Verdict:
     """Turn the grader's report into a verdict. Malformed → infra error; ended early → fail;
     a test environment that cannot import a dependency → infra error (`environment_error`)."""
-    try:
-        report = json.loads(raw)
-        events = report["events"]
-        if not isinstance(events, list):
-            raise TypeError("events is not a list")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise VerifierInfraError(f"malformed grader report: {exc}") from None
+    report, events = parse_report(raw)
     if report.get("malformed_lines") or report.get("forged_lines"):
         events = events + [{"ev": "tamper", "forged_lines": report.get("forged_lines", 0),
                             "malformed_lines": report.get("malformed_lines", 0)}]
@@ -558,7 +573,7 @@ def _version() -> str:
     sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
-    h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, CALL_TIMEOUT_S, INFRA_RETRIES,
+    h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, "call-deadline=check", INFRA_RETRIES,
                          PYTEST_ARGS, PYTEST_INI, PYTEST_INI_CALL, _dependency_versions()]).encode())
     return "v3-" + h.hexdigest()[:16]
 

@@ -187,7 +187,7 @@ def _verified_events(msgs, key):
             try:
                 rec = json.loads(line)
                 body = json.dumps(rec["ev"], sort_keys=True)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):     # RecursionError: nested too deep
                 bad += 1
                 continue
             if sender < 0 or not isinstance(rec["ev"], dict) or not hmac.compare_digest(
