@@ -8,7 +8,7 @@ size (`read_blob`), caches it (nodeagent/agent/taskcache.py) and decodes it into
 `LeaseTask`. The controller never holds task content: `check_reference` refuses, naming the
 task, any entry of the tasks file that is not a small, well-formed reference.
 
-Must not import zmq, sqlite3 or anything that does I/O beyond reading and writing blob files.
+No I/O beyond reading and writing blob files. Must not import: zmq, sqlite3, socket, subprocess.
 """
 from __future__ import annotations
 

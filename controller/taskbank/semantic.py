@@ -17,7 +17,7 @@ Nearest neighbours are brute force: the held-out matrix times the training matri
 second). An `EmbeddingCache` keeps vectors on disk keyed by the text's hash, so a training set
 is embedded once per bank.
 
-Must not import zmq, torch, or anything that reaches the network.
+Nothing here reaches the network. Must not import: zmq, torch, urllib.request, http.client, nodeagent.
 """
 from __future__ import annotations
 

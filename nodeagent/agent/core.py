@@ -43,8 +43,8 @@ Rules:
 Phases (`PHASES`, checked on every change): serving -> draining -> done (disconnected).
 `stopped` (a `shutdown`, a refusal, or the owner) ends the agent in any phase.
 
-Must not import: zmq, psutil, threading, os, nodeagent.sandbox/harness/verifier/egress/store
-(anything that runs an attempt), controller.* other than controller.contracts.
+Must not import: zmq, psutil, threading, os, nodeagent.sandbox, nodeagent.harness, nodeagent.verifier,
+nodeagent.egress, nodeagent.store (anything that runs an attempt), controller other than controller.contracts.
 """
 from __future__ import annotations
 
