@@ -30,7 +30,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 from nodeagent.sandbox import cgroups, framing, native, sbxinit, statedir, usercaps, warmpool
@@ -39,6 +38,7 @@ from nodeagent.sandbox.host import (OVERLAY_MODES, cgroup_migration_is_fast, che
                                     find_host_pid, host_problems, image_partition, kernel_version, owner_tag,
                                     subid_range, sweep_state_dirs)
 from nodeagent.sandbox.interface import SandboxBackend
+from nodeagent.sandbox.mounts import ImageMount, MountTable
 from nodeagent.sandbox.spec import (Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar,
                                     tar_to_changes)
 
@@ -50,18 +50,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLICE_SIZE = 1024
 RECORD_TEMPLATES_MAX = 64   # create-request templates kept (one per image and spec shape)
-MAX_LAYERS = 16             # per sandbox (native/sbxinit.c MAX_LAYERS)
-LAYER_KEY_PREFIX = "L"      # a layer's key (image keys are hex digits)
 
 
-class _ImageMount:
-    """One image mounted by the node holder, counted by the sandboxes that use it."""
-
-    def __init__(self, path: str):
-        self.path, self.refs, self.idle_since = path, 0, None
-
-
-class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
+class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
     """One node's sandbox factory. Start it from a long-lived thread (PDEATHSIG follows the thread).
 
     caps: the caps every sandbox must get; one the host cannot enforce fails `start()` with an
@@ -104,7 +95,7 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         self._free_slices = list(range(1, self.slots + 1))
         self._live: set[str] = set()          # ids of sandboxes created and not yet destroyed
         self._dying: list["Sandbox"] = []     # destroyed, not yet reclaimed (see `settle`)
-        self._images: dict[str, _ImageMount] = {}
+        self._images: dict[str, ImageMount] = {}
         self._init_pools()   # warm pools: `pool`, `acquire` (nodeagent.sandbox.warmpool)
         self._partitions: dict[tuple, tuple[str, int, str]] = {}   # stat identity -> key, offset, path
         self._record_templates: dict[tuple, list] = {}   # see _build_records
@@ -305,100 +296,9 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         """Translate a PID of the node namespace into the agent's PID namespace (via NSpid)."""
         return find_host_pid(node_pid, self.holder_pid)
 
-    # -- images: one mount per digest, counted, unmounted after a grace period ---------------
-    def mount_image(self, image: Path) -> str:
-        """Mount `image` (once) and take a reference on it; the sandbox's destroy gives it back."""
-        return self._mount(image, "image")
-
-    def mount_layer(self, layer: Path) -> str:
-        """Unpack `layer` (a squashfs of `layers.treelayer`) on the node (once) and take a
-        reference on it; the sandbox's destroy gives it back. Its key starts with "L"."""
-        return self._mount(layer, "layer")
-
-    def _mount(self, image: Path, kind: str) -> str:
-        try:
-            st = os.stat(image)
-        except FileNotFoundError:
-            how = "`layers.treelayer.ensure_tree_layer`" if kind == "layer" else "`paddock image build`"
-            raise SandboxError(f"{kind} {image} does not exist: build it with {how} "
-                               f"or give the path of a file in the image store") from None
-        ident = (str(image), st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        cached = self._partitions.get(ident)   # the same file, unchanged: no need to re-read it
-        if cached is None:
-            image = Path(image).resolve()
-            try:
-                cached = (*image_partition(image), str(image))
-            except SandboxError:
-                raise
-            except Exception as exc:   # layers.sif.SifError: corrupt, truncated, another architecture
-                raise SandboxError(f"{kind} {image} cannot be used: {exc}") from exc
-            self._partitions[ident] = cached
-        key, offset, image = cached
-        if kind == "layer":
-            key = LAYER_KEY_PREFIX + key
-        with self._lock:
-            m = self._images.get(key)
-            if m is not None:
-                m.refs += 1
-                m.idle_since = None
-                return key
-        if kind == "layer":
-            self._call({"op": "mount_layer", "key": key, "path": str(image), "offset": offset})
-        else:
-            self._call({"op": "mount_image", "key": key, "path": str(image), "offset": offset,
-                        "extract": self.overlay == "extracted"})
-        with self._lock:
-            m = self._images.setdefault(key, _ImageMount(str(image)))
-            m.refs += 1
-            m.idle_since = None
-        return key
-
-    def reap_images(self) -> list[str]:
-        """Unmount images unused for longer than the grace period. Returns their keys."""
-        now, gone = self.clock(), []
-        with self._lock:
-            idle = [k for k, m in self._images.items()
-                    if m.refs == 0 and m.idle_since is not None and now - m.idle_since >= self.image_grace_s]
-            for k in idle:
-                del self._images[k]
-        for k in idle:
-            try:
-                self._call({"op": "unmount_layer" if k.startswith(LAYER_KEY_PREFIX) else "unmount_image", "key": k})
-                gone.append(k)
-            except SandboxError as exc:
-                log.warning("unmounting image %s failed: %s", k, exc)
-        return gone
-
-    def image_refs(self) -> dict[str, int]:
-        with self._lock:
-            return {k: m.refs for k, m in self._images.items()}
-
     def spare_builders(self) -> list[int]:
         """Node PIDs of the holder's spare builders (forks waiting for a create; ops and tests)."""
         return list(self._call({"op": "ping"})["spare_pids"])
-
-    def mounted_images(self) -> list[str]:
-        return sorted(self._call({"op": "ping"})["images"])
-
-    def mounted_layers(self) -> list[str]:
-        """Keys of the layers unpacked on the node now (in use or within their grace period)."""
-        return sorted(self._call({"op": "ping"})["layers"])
-
-    def _mount_layers(self, spec: SandboxSpec) -> list[str]:
-        """A reference on each of `spec.layers` (bottom first); all or none."""
-        layers = tuple(getattr(spec, "layers", ()) or ())
-        if len(layers) > MAX_LAYERS:
-            raise SandboxError(f"a sandbox takes at most {MAX_LAYERS} layers, not {len(layers)}")
-        keys: list[str] = []
-        try:
-            for layer in layers:
-                keys.append(self.mount_layer(Path(layer)))
-        except SandboxError:
-            with self._lock:
-                for k in keys:
-                    self._unref_image_locked(k)
-            raise
-        return keys
 
     # -- sandboxes --------------------------------------------------------------------------
     def create(self, spec: SandboxSpec) -> "Sandbox":
@@ -566,13 +466,6 @@ class SandboxRuntime(warmpool.PooledBackend, SandboxBackend):
         builders, which are not sandboxes yet, not)."""
         with self._lock:
             return len(self._live)
-
-    def _unref_image_locked(self, key: str) -> None:
-        m = self._images.get(key)
-        if m is not None:
-            m.refs -= 1
-            if m.refs <= 0:
-                m.refs, m.idle_since = 0, self.clock()
 
     def _release(self, slice_no: int, keys: list[str] = ()) -> None:
         with self._lock:
