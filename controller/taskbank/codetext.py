@@ -23,7 +23,10 @@ import tokenize
 
 from controller.contracts.tasks import Task
 
-_DEF_NAME = re.compile(r"\b(?:def|function|class)\s+([A-Za-z_]\w*)|\b([A-Za-z_]\w*)\s*\([^)]*\)\s*\{")
+_DEF_NAME = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)"      # Python
+                       r"|\bfunction\s+([A-Za-z_]\w*)\s*\("                      # JavaScript
+                       r"|^[A-Za-z_][\w \t*]*?\b([A-Za-z_]\w*)\s*\([^)]*\)\s*\{",  # C
+                       re.M)
 _C_COMMENT = re.compile(r"/\*(.*?)\*/|//([^\n]*)|#([^\n]*)", re.S)
 _PY_STRING = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -67,7 +70,7 @@ def code_view(code: str) -> str:
     prose = [p for p in prose if p]
     if not prose:
         return code
-    names = [name_words(a or b) for a, b in _DEF_NAME.findall(code)]
+    names = [name_words(next(g for g in m if g)) for m in _DEF_NAME.findall(code)]
     return "\n".join([" ".join(dict.fromkeys(n for n in names if n)), *prose])
 
 
