@@ -228,7 +228,8 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
              if cache_dir is not None else None)
     tasks = train_list + held_list
     vecs = semantic.task_vectors(embedder, tasks, cache,
-                                 semantic.TEXT_WEIGHT if cfg.code_view else None)
+                                 semantic.TEXT_WEIGHT if cfg.code_view else None,
+                                 split=len(train_list))
     idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
     return {h.task_id: [(train_list[j].task_id, round(float(c), 4)) for j, c in zip(row, srow)]
             for h, row, srow in zip(held_list, idx, sims)}

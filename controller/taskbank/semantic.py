@@ -237,16 +237,23 @@ class EmbeddingCache:
 
 
 def task_vectors(embedder: Embedder, tasks: Sequence[Task], cache: EmbeddingCache | None = None,
-                 text_weight: float | None = TEXT_WEIGHT, stats: EmbedStats | None = None
-                 ) -> np.ndarray:
+                 text_weight: float | None = TEXT_WEIGHT, stats: EmbedStats | None = None,
+                 split: int | None = None) -> np.ndarray:
     """One unit vector per task, whose dot products are the pair's semantic score.
 
     Each task's text (`set_texts`) is embedded. Unless `text_weight` is None, a task that has
     code also embeds its prose view (codetext.code_view: docstrings, comments, names), and its
     vector is [sqrt(w) * text, sqrt(1 - w) * prose]: between two code tasks the dot product is
     w * text cosine + (1 - w) * prose cosine. A task without code stands in its text embedding
-    for its prose, so between two such tasks the score is the plain text cosine."""
-    text_vecs = embed_texts(embedder, set_texts(tasks), cache, stats)
+    for its prose, so between two such tasks the score is the plain text cosine.
+
+    With `split`, tasks[:split] (a training set) and tasks[split:] are embedded by separate
+    calls, so a training set found whole in the cache costs no call of the embedder."""
+    texts = set_texts(tasks)
+    cut = len(tasks) if split is None else split
+    parts = [p for p in (texts[:cut], texts[cut:]) if p]
+    text_vecs = np.vstack([embed_texts(embedder, p, cache, stats) for p in parts]) if parts \
+        else np.zeros((0, DIMENSION), dtype=np.float32)
     if text_weight is None:
         return text_vecs
     views = [codetext.task_code_view(t) for t in tasks]
