@@ -80,8 +80,11 @@ def timing(rows: list[dict], n: int) -> None:
             report = check(train, held, ContaminationConfig(), cache_dir=cache)
             wall, cpu = time.monotonic() - t0, time.process_time() - c0
             stages = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
+            embedded = 2 * n if label == "cold cache" else n
+            rate = embedded / max(report.seconds.get("semantic", 0.0), 1e-9)
             print(f"{n} x {n} ({label}): {wall:.1f} s wall, {cpu:.1f} s CPU ({stages}); "
-                  f"{len(report.suspects)} suspects", flush=True)
+                  f"{len(report.suspects)} suspects; embedding {rate:.0f} texts/s wall, "
+                  f"{1000 * cpu / embedded:.1f} ms CPU per text", flush=True)
     vecs = semantic.normalise(np.random.default_rng(1).normal(size=(2 * n, semantic.DIMENSION))
                               .astype(np.float32))
     t0 = time.monotonic()
