@@ -43,6 +43,7 @@ from controller.cli import agent as agent_cli
 from controller.client.api import Client, ClientError
 from controller.contracts.fileio import atomic_write
 from controller.contracts.tasks import TaskError
+from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.demo.localrun import (COMPACT_EVERY, LOCAL_FAMILIES, RunConfig, load_taskset,
                                       task_images, train, wait_file)
@@ -200,7 +201,7 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent))
-    (run_dir / "tasks.json").write_text(json.dumps(publish(taskset, images, blob_root(args.bank, taskset, run_dir))))
+    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

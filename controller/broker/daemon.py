@@ -11,7 +11,6 @@ nodeagent.
 """
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
+from controller.contracts.taskblobs import load_tasks_file
 from controller.store.catalog import Catalog, reconcile
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
@@ -217,5 +217,5 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
 
 
 def load_tasks(path: str | Path) -> dict[str, dict]:
-    """The tasks file: task ref -> the task's lease form (JSON)."""
-    return json.loads(Path(path).read_text())
+    """The tasks file: task ref -> the task's lease form (JSON), read an entry at a time."""
+    return load_tasks_file(path)

@@ -34,6 +34,7 @@ from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
+from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
@@ -205,7 +206,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
     run_dir = (Path(cfg.runs_dir) / run_id).resolve()
     run_dir.mkdir(parents=True)
     (run_dir / "logs").mkdir()
-    (run_dir / "tasks.json").write_text(json.dumps(publish(taskset, images, blob_root(cfg.bank, taskset, run_dir))))
+    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(cfg.bank, taskset, run_dir)))
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg),
