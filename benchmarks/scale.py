@@ -6,7 +6,7 @@ simulation at training size, with the controller's CPU per event.
          a fresh child process, does what `paddock controller` does at start: `load_tasks`, the
          `Controller` (opens the SQLite queue and the catalog, `BrokerCore` admits the tasks,
          binds the ROUTER socket) and, with `--curriculum`, the curriculum database over every
-         task id. Prints the wall time of each step and the child's peak RSS (`ru_maxrss`).
+         task id. Prints the wall time of each step and the child's peak RSS (VmHWM).
          Synthetic: the references are generated (task ids, image digests, blob digests are
          hashes of the index, names are `swe/<owner>__<repo>-<n>`, limits are a SWE task's), so
          no blob exists; their size and shape are what `publish` writes for an imported SWE
@@ -26,7 +26,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -70,6 +69,7 @@ def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
     c0, t0 = time.process_time(), time.perf_counter()
     tasks = daemon.load_tasks(tasks_json)
     t1 = time.perf_counter()
+    peak_load = _status_mb("VmHWM")
     cur = Curriculum(os.path.join(work, "curriculum.sqlite"), {d["task_id"] for d in tasks.values()}) \
         if curriculum else None
     t2 = time.perf_counter()
@@ -80,18 +80,19 @@ def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
     t3 = time.perf_counter()
     out = {"cpu_s": time.process_time() - c0, "load_tasks_s": t1 - t0, "curriculum_s": t2 - t1, "controller_s": t3 - t2, "total_s": t3 - t0,
            "admitted": len(ctl.core.tasks), "refused": len(ctl.core.refused_tasks),
-           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+           "peak_rss_load_mb": peak_load, "peak_rss_mb": _status_mb("VmHWM")}
     del tasks
     import gc
     gc.collect()
-    out["rss_after_mb"] = _rss_mb()
+    out["rss_after_mb"] = _status_mb("VmRSS")
     ctl.sock.close()
     return out
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
+    """VmRSS or VmHWM (this process's peak: `ru_maxrss` would carry the parent's across exec)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
 
@@ -114,7 +115,8 @@ def bench_load(args) -> dict:
     print(f"controller start: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
           f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
           f"({out['cpu_s']:.2f} s CPU); admitted "
-          f"{out['admitted']} refs, refused {out['refused']}; peak RSS {out['peak_rss_mb']:.0f} MB, "
+          f"{out['admitted']} refs, refused {out['refused']}; peak RSS {out['peak_rss_mb']:.0f} MB "
+          f"({out['peak_rss_load_mb']:.0f} MB after load_tasks), "
           f"RSS after start {out['rss_after_mb']:.0f} MB")
     return out
 

@@ -18,6 +18,7 @@ Must not import zmq, sqlite3 or anything that does I/O beyond reading and writin
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ MAX_REFERENCE_BYTES = 16 * 1024          # one entry of the tasks file (what a l
 MAX_BLOB_BYTES = 256 * 1024 * 1024       # one task's content (a repository is a layer, not a blob)
 REF_KEYS = ("task_id", "name", "family", "image_digest", "taskset_hash", "split", "limits", "blob")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+LOAD_CHUNK = 10_000                      # tasks-file lines parsed at once
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
@@ -181,13 +183,16 @@ def load_tasks_file(path: str | os.PathLike) -> dict[str, Any]:
     with open(path) as f:
         if f.readline().strip() == "{":
             try:
-                for line in f:
-                    line = line.rstrip().removesuffix(",")
-                    if line == "}":
-                        return out
-                    if line:
-                        ((key, value),) = json.loads("{" + line + "}").items()
+                while True:     # LOAD_CHUNK lines per json.loads: C speed, bounded memory
+                    lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
+                    if not lines:
+                        raise ValueError("no closing '}'")      # truncated: parsed whole, it fails
+                    done = "}" in lines
+                    body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
+                    for key, value in json.loads("{" + body + "}").items():
                         out[key] = share.entry(value)
+                    if done:
+                        return out
             except ValueError:
                 pass                # not one entry per line (indented by hand): parsed whole
         f.seek(0)
