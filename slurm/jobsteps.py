@@ -45,7 +45,8 @@ from controller.client.api import Client, ClientError
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
-from controller.taskbank.blobs import BLOBS_DIR, publish
+from controller.contracts.taskblobs import write_tasks_file
+from controller.taskbank.blobs import blob_root, publish
 from controller.demo.localrun import (COMPACT_EVERY, LOCAL_FAMILIES, RunConfig, load_taskset,
                                       task_images, train, wait_file)
 from controller.demo.policy_server import PolicyServer, default_params
@@ -209,7 +210,7 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent))
-    (run_dir / "tasks.json").write_text(json.dumps(publish(taskset, images, run_dir / BLOBS_DIR)))
+    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),

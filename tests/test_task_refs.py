@@ -6,10 +6,12 @@ import json
 import pytest
 
 from controller.contracts import protocol as P
-from controller.contracts.taskblobs import MAX_REFERENCE_BYTES, blob_path, check_reference
+from controller.contracts.taskblobs import (MAX_REFERENCE_BYTES, blob_path, check_reference, load_tasks_file,
+                                           write_tasks_file)
+from controller.broker.core import admit_tasks
 from controller.contracts.tasks import LeaseTask, Task, TaskError
-from controller.taskbank.bank import make_set
-from controller.taskbank.blobs import publish
+from controller.taskbank.bank import TaskBank, make_set
+from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.taskcache import TaskCache
 from tests import test_broker
@@ -33,6 +35,37 @@ def test_a_published_task_set_is_small_references_to_verified_blobs(tmp_path):
     assert blob_path(big["blob"]["root"], big["blob"]["digest"]).stat().st_size == big["blob"]["bytes"] > 400_000
     again = publish(ts, "sha256:" + "a" * 64, tmp_path / "blobs")
     assert again == refs, "publishing is deterministic and idempotent"
+
+
+def test_runs_on_a_bank_share_its_blobs_and_the_builtin_set_keeps_its_own(tmp_path):
+    bank = TaskBank(tmp_path / "bank")
+    ts = make_set("s", builtin_taskset().tasks[:3])
+    bank.put_set(ts)
+    roots = [blob_root(bank.root, ts, tmp_path / run) for run in ("run1", "run2")]
+    assert roots == [bank.root / "blobs"] * 2
+    first = publish(ts, "sha256:" + "a" * 64, roots[0])
+    blobs = sorted((bank.root / "blobs").rglob("*.json"))
+    stamps = [p.stat().st_mtime_ns for p in blobs]
+    assert publish(ts, "sha256:" + "a" * 64, roots[1]) == first and len(blobs) == 3
+    assert [p.stat().st_mtime_ns for p in blobs] == stamps, "a second run writes no task again"
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "run2").exists()
+    assert blob_root(bank.root, builtin_taskset(), tmp_path / "run3") == tmp_path / "run3" / "blobs"
+
+
+def test_the_tasks_file_lists_each_task_once_and_the_broker_knows_it_by_name_too(tmp_path):
+    ts = make_set("s", builtin_taskset().tasks[:5])
+    refs = publish(ts, "sha256:" + "a" * 64, tmp_path / "blobs")
+    path = write_tasks_file(tmp_path / "tasks.json", refs)
+    assert json.loads(path.read_text()) == {t.task_id: refs[t.task_id] for t in ts.tasks}
+    loaded = load_tasks_file(path)
+    assert loaded == json.loads(path.read_text())
+    admitted, refused = admit_tasks(loaded)
+    assert not refused and all(admitted[t.name] is admitted[t.task_id] for t in ts.tasks)
+    (tmp_path / "old.json").write_text(json.dumps(refs, indent=2))     # an older run's file
+    assert load_tasks_file(tmp_path / "old.json") == json.loads(json.dumps(refs))
+    (tmp_path / "cut.json").write_text(path.read_text()[:-4])
+    with pytest.raises(ValueError):
+        load_tasks_file(tmp_path / "cut.json")
 
 
 def test_the_node_fetches_a_task_by_digest_once_and_checks_its_hash(tmp_path):

@@ -606,15 +606,24 @@ class BrokerCore:
 def admit_tasks(tasks: dict) -> tuple[dict[str, dict], dict[str, str]]:
     """(the tasks file's entries a lease may carry, ref -> why each other entry was refused).
     An entry is refused, logged with its name, when it is not a small well-formed reference
-    (`taskblobs.check_reference`: a task inlined whole would not fit a frame); the others run."""
+    (`taskblobs.check_reference`: a task inlined whole would not fit a frame); the others run.
+    A task listed by id alone (the tasks file of `taskblobs.write_tasks_file`) is also known by
+    its name: the same entry, not a copy."""
     admitted, refused = {}, {}
-    for ref, entry in (tasks or {}).items():
+    tasks = tasks or {}
+    for ref, entry in tasks.items():
         why = check_reference(str(ref), entry)
-        if why is None:
-            admitted[ref] = entry
-        else:
-            refused[ref] = why
+        if why is not None:
             log.error("refused when loading the task set: %s", why)
+        name = entry.get("name") if isinstance(entry, dict) else None
+        keys = [ref]
+        if isinstance(name, str) and name and ref == entry.get("task_id") and name not in tasks:
+            keys.append(name)
+        for key in keys:
+            if why is None:
+                admitted[key] = entry
+            else:
+                refused[key] = why
     return admitted, refused
 
 

@@ -14,7 +14,6 @@ nodeagent.
 """
 from __future__ import annotations
 
-import json
 import logging
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from controller.broker.curve import Gate, ensure_run_keys
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import key_file_of, private_dir
+from controller.contracts.taskblobs import load_tasks_file
 from controller.store.catalog import Catalog, reconcile
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
@@ -255,5 +255,5 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
 
 
 def load_tasks(path: str | Path) -> dict[str, dict]:
-    """The tasks file: task ref -> the task's lease form (JSON)."""
-    return json.loads(Path(path).read_text())
+    """The tasks file: task ref -> the task's lease form (JSON), read an entry at a time."""
+    return load_tasks_file(path)

@@ -8,14 +8,22 @@ size (`read_blob`), caches it (nodeagent/agent/taskcache.py) and decodes it into
 `LeaseTask`. The controller never holds task content: `check_reference` refuses, naming the
 task, any entry of the tasks file that is not a small, well-formed reference.
 
-No I/O beyond reading and writing blob files. Must not import: zmq, sqlite3, socket, subprocess.
+The tasks file (`tasks.json` of a run) lists each task once, by id, one entry per line
+(`write_tasks_file`): still one JSON object for any reader, and `load_tasks_file` reads it line
+by line, sharing the strings and limits every task repeats, so 450,000 tasks load in a few
+hundred MB (docs/operations.md, sizing). The broker adds each task's name as an alias.
+
+No I/O beyond reading and writing blob files and the tasks file. Must not import: zmq, sqlite3, socket,
+subprocess.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -27,15 +35,21 @@ MAX_REFERENCE_BYTES = 16 * 1024          # one entry of the tasks file (what a l
 MAX_BLOB_BYTES = 256 * 1024 * 1024       # one task's content (a repository is a layer, not a blob)
 REF_KEYS = ("task_id", "name", "family", "image_digest", "taskset_hash", "split", "limits", "blob")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+LOAD_CHUNK = 10_000                      # tasks-file lines parsed at once
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def canonical_bytes(content: Mapping[str, Any]) -> bytes:
     return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
 
 
-def blob_path(root: str | os.PathLike, digest: str) -> Path:
+def _check_digest(digest: Any) -> None:
     if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
         raise TaskError(f"task blob digest must be 'sha256:<64 hex digits>', got {digest!r}")
+
+
+def blob_path(root: str | os.PathLike, digest: str) -> Path:
+    _check_digest(digest)
     hex_ = digest[7:]
     return Path(root) / BLOB_DIR / hex_[:2] / f"{hex_}.json"
 
@@ -85,12 +99,12 @@ def reference(task_id: str, content: Mapping[str, Any], blob: Mapping[str, Any],
 def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES) -> str | None:
     """Why the tasks-file entry `key` cannot be leased (None if it can): not an object, no
     task id, larger than `max_bytes` as JSON (a task inlined instead of referenced)."""
-    if not isinstance(entry, Mapping):
+    if type(entry) is not dict and not isinstance(entry, Mapping):  # type(): the common case, fast
         return f"task {key!r}: entry must be an object, got {type(entry).__name__}"
     if not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
         return f"task {key!r}: entry has no 'task_id'"
     try:
-        size = len(json.dumps(entry, separators=(",", ":")))
+        size = len(_COMPACT.encode(entry))
     except (TypeError, ValueError) as exc:
         return f"task {key!r}: entry is not JSON data: {exc}"
     if size > max_bytes:
@@ -99,10 +113,10 @@ def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES) 
                 "not the task's content")
     blob = entry.get("blob")
     if blob is not None:
-        if not isinstance(blob, Mapping) or not isinstance(blob.get("root"), str):
+        if type(blob) is not dict and not isinstance(blob, Mapping) or not isinstance(blob.get("root"), str):
             return f"task {key!r}: 'blob' must be an object with 'root', 'digest' and 'bytes'"
         try:
-            blob_path(blob["root"], blob.get("digest"))
+            _check_digest(blob.get("digest"))
         except TaskError as exc:
             return f"task {key!r}: {exc}"
     return None
@@ -117,3 +131,73 @@ def inflate(entry: Mapping[str, Any]) -> dict:
     content = json.loads(read_blob(blob_path(blob["root"], blob["digest"]), blob["digest"]))
     meta = {k: v for k, v in entry.items() if k != "blob"}
     return {**content, **meta, "limits": content.get("limits", meta.get("limits"))}
+
+
+def write_tasks_file(path: str | os.PathLike, refs: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write the tasks file: each reference once, keyed by its task id, one per line
+    (entries of `refs` under another key, its name, are the same task and are skipped)."""
+    path = Path(path)
+    lines = [json.dumps(key) + ":" + json.dumps(ref, separators=(",", ":"))
+             for key, ref in refs.items()
+             if not (isinstance(ref, Mapping) and ref.get("task_id") != key and ref.get("task_id") in refs)]
+    fd, tmp = tempfile.mkstemp(prefix=".tasks-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write("{\n" + ",\n".join(lines) + "\n}\n")
+    os.replace(tmp, path)
+    return path
+
+
+_SHARED_KEYS = ("family", "split", "taskset_hash", "image_digest")
+
+
+class _Sharer:
+    """One object for every equal string a task repeats (family, split, set hash, image,
+    blob root) and every equal limits dict: the tasks file's entries are parsed one by one."""
+
+    def __init__(self):
+        self.limits: dict[tuple, dict] = {}
+
+    def entry(self, e: Any) -> Any:
+        if not isinstance(e, dict):
+            return e
+        for k in _SHARED_KEYS:
+            if isinstance(e.get(k), str):
+                e[k] = sys.intern(e[k])
+        lim = e.get("limits")
+        if isinstance(lim, dict):
+            try:
+                e["limits"] = self.limits.setdefault(tuple(sorted(lim.items())), lim)
+            except TypeError:                     # an unhashable value: kept as it is
+                pass
+        blob = e.get("blob")
+        if isinstance(blob, dict) and isinstance(blob.get("root"), str):
+            blob["root"] = sys.intern(blob["root"])
+        return e
+
+
+def load_tasks_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The tasks file: key -> entry. A file of `write_tasks_file` is parsed an entry at a time
+    (its text is never held whole); any other JSON object (older runs, hand-written files) is
+    parsed whole. Raises ValueError (json.JSONDecodeError) or OSError."""
+    share = _Sharer()
+    out: dict[str, Any] = {}
+    with open(path) as f:
+        if f.readline().strip() == "{":
+            try:
+                while True:     # LOAD_CHUNK lines per json.loads: C speed, bounded memory
+                    lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
+                    if not lines:
+                        raise ValueError("no closing '}'")      # truncated: parsed whole, it fails
+                    done = "}" in lines
+                    body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
+                    for key, value in json.loads("{" + body + "}").items():
+                        out[key] = share.entry(value)
+                    if done:
+                        return out
+            except ValueError:
+                pass                # not one entry per line (indented by hand): parsed whole
+        f.seek(0)
+        data = json.loads(f.read())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the tasks file must hold a JSON object, not {type(data).__name__}")
+    return {k: share.entry(v) for k, v in data.items()}

@@ -36,7 +36,8 @@ from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
-from controller.taskbank.blobs import BLOBS_DIR, publish
+from controller.contracts.taskblobs import write_tasks_file
+from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -211,7 +212,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
     key_file = key_file_of(run_dir)
     ensure_run_keys(key_file)  # before any daemon: every peer loads it
     (run_dir / "logs").mkdir()
-    (run_dir / "tasks.json").write_text(json.dumps(publish(taskset, images, run_dir / BLOBS_DIR)))
+    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(cfg.bank, taskset, run_dir)))
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg),

@@ -3,8 +3,10 @@
 `publish(taskset, images, blob_root)` writes each task's content once (content-addressed:
 `controller.contracts.taskblobs`) and returns the tasks file (`tasks.json` of the run dir:
 task ref, by id and by name, -> the small reference a lease carries). A task whose content is
-over `max_blob_bytes` is refused here, naming it. The default blob root is `<bank>/blobs`,
-shared by every run of the bank (the same task is written once).
+over `max_blob_bytes` is refused here, naming it. `blob_root(bank, taskset, run_dir)` says where
+a run publishes: `<bank>/blobs` for a set stored in the bank, shared by every run of the bank (a
+task already there is not written again: the blob's name is its hash), `<run_dir>/blobs` only
+for a set that is not in the bank (the built-in one) or a bank that cannot be written.
 
 Must not import zmq, nodeagent.
 """
@@ -16,8 +18,29 @@ from typing import Any
 
 from controller.contracts.taskblobs import MAX_BLOB_BYTES, canonical_bytes, reference, write_blob
 from controller.contracts.tasks import TaskError
+from controller.taskbank.bank import TaskBank
 
 BLOBS_DIR = "blobs"
+
+
+def blob_root(bank: str | os.PathLike | None, taskset, run_dir: str | os.PathLike) -> Path:
+    """Where a run's task blobs go: `<bank>/blobs` when `taskset` is stored in the bank at `bank`
+    (the default bank if empty), else `<run_dir>/blobs`. The bank must be on storage every
+    node reads (it is, for a Slurm run: the head and the agents read the same paths)."""
+    store = TaskBank(bank or None)
+    try:
+        in_bank = store.manifest_path(taskset.name).is_file()
+    except TaskError:           # a name no bank set can have (the built-in set's is fine)
+        in_bank = False
+    if in_bank:
+        root = store.root / BLOBS_DIR
+        try:
+            root.mkdir(exist_ok=True)
+            if os.access(root, os.W_OK | os.X_OK):
+                return root
+        except OSError:
+            pass                # a read-only bank: this run keeps its own copy
+    return Path(run_dir) / BLOBS_DIR
 
 
 def publish(taskset, images: str | dict[str, tuple[str, Path]], blob_root: str | os.PathLike,

@@ -9,6 +9,10 @@ objects are dropped without close, the database file stays) and restart, clock j
 heals the faults and checks liveness: every rollout ends committed or dead-lettered within
 a bound of simulated time, and the trainer got each of those results exactly once.
 
+`ScaleWorld` is the same world at a training run's size and without faults (`agents` x `slots`,
+thousands of tasks, attempts of a minute): it measures the controller's CPU per event
+(tests/sim/test_sim_scale.py, benchmarks/scale.py).
+
 The agents are the real `nodeagent.agent.core.AgentCore` (credit, Started, results resent until
 acked, re-register on an unsolicited welcome, reconnect on silence, drain with release), with
 a simulated attempt runner; the network delivers encoded frames both ways, so decode and
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -135,7 +140,7 @@ class SimAgent:
         for a in self.core.take_attempts():
             self.w.leases_seen.append(leases[a.token])
             self.w.net.seq += 1
-            heapq.heappush(self.running, (self.w.clock.now + self.w.rng.uniform(0.2, 6.0),
+            heapq.heappush(self.running, (self.w.clock.now + self.w.attempt_s(),
                                           self.w.net.seq, a))
 
     def deliver(self, data: bytes) -> None:
@@ -279,6 +284,10 @@ class World:
     def t(self) -> float:
         return self.clock.now - 1_700_000_000.0
 
+    def attempt_s(self) -> float:
+        """How long an attempt runs (simulated seconds)."""
+        return self.rng.uniform(0.2, 6.0)
+
     # ---- one tick ----
 
     def tick(self, faults: bool) -> None:
@@ -388,3 +397,122 @@ class World:
             self.check_safety()
         states = {r["state"] for r in self.queue.rollouts()}
         assert states <= {qm.COMMITTED, qm.DEAD_LETTER}
+
+
+@dataclass
+class ScaleStats:
+    """What the controller did in a `ScaleWorld` run: its CPU (decode, decide, commit,
+    encode), the frames in and out and their bytes, the passes (one SQLite commit each)."""
+    cpu_s: float = 0.0
+    frames_in: int = 0
+    frames_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    max_frame_in: int = 0
+    max_frame_out: int = 0
+    passes: int = 0
+    sim_s: float = 0.0
+
+
+class ScaleWorld(World):
+    """The farm at size, no faults: `agents` agents of `slots` slots (all speaking batches),
+    `n_tasks` SWE-shaped task references, a trainer keeping ~1.5x the slots queued in batches
+    of `batch` rollouts, attempts of `attempt_s` +- 50% simulated seconds, heartbeats every
+    `hb_s`. The controller's part of each tick is timed (process CPU), in passes of at most
+    `max_frames_per_pass` frames as the daemon reads them."""
+
+    def __init__(self, seed: int, db_dir: Path, agents: int, slots: int, n_tasks: int = 2000,
+                 attempt_s: float = 60.0, batch: int = 1024, hb_s: float = 5.0, liveness: int = 3):
+        self.seed, self.rng, self.clock = seed, random.Random(seed), SimClock()
+        self.net = Network(self.rng, self.clock)
+        self.db = db_dir / f"scale-{seed}.db"
+        self.hb_s, self.liveness, self.mean_attempt_s = hb_s, liveness, attempt_s
+        self.config = QueueConfig(lease_ttl_s=max(30.0, 3 * hb_s), max_attempts=3,
+                                  backoff_base_s=0.5, backoff_max_s=4.0)
+        self.fault_ticks, self.faults = 0, Faults()
+        self.trace, self.leases_seen, self.committed = [], [], {}
+        self.max_token, self.core, self.controller_up_at = 0, None, 0.0
+        self.tasks = scale_tasks(n_tasks)
+        self.stats = ScaleStats()
+        self.start_controller()
+        self.agents = [SimAgent(self, f"node{i:05d}", slots, "0.3.0") for i in range(agents)]
+        self.names, self.batch, self.submits = [t["name"] for t in self.tasks.values()], batch, 0
+        self.trainer = SimTrainer(self, [])
+        for a in self.agents:
+            a.boot()
+
+    def start_controller(self) -> None:
+        self.queue = RolloutQueue(self.db, clock=self.clock, rng=random.Random(self.rng.random()),
+                                  config=self.config)
+        self.core = BrokerCore(self.queue, self.tasks, DEP, "sim", "/nonexistent",
+                               session="scale", heartbeat_interval_s=self.hb_s,
+                               liveness=self.liveness, clock=self.clock, wall=self.clock)
+
+    def attempt_s(self) -> float:
+        return self.rng.uniform(0.5, 1.5) * self.mean_attempt_s
+
+    def refill(self) -> None:
+        """The trainer submits another batch whenever fewer than ~1.5x the slots are queued."""
+        if not self.trainer.todo and self.trainer.pending is None:
+            counts = self.queue.counts()
+            open_ = sum(v for k, v in counts.items() if k not in (qm.COMMITTED, qm.DEAD_LETTER))
+            slots = sum(a.slots for a in self.agents)
+            if open_ < 1.5 * slots:
+                self.submits += 1
+                start = (self.submits * self.batch) % len(self.names)
+                self.trainer.todo.append(P.Submit(idem=f"more{self.submits}", n_per_task=1, policy_version=1,
+                                                  tasks=(self.names * 2)[start:start + self.batch]))
+
+    def tick(self, faults: bool = False) -> None:
+        self.clock.now += TICK_S
+        frames = self.net.due()
+        to_ctl = [(src, data) for dst, src, data in frames if dst == CTL]
+        st, per = self.stats, self.core.config.max_frames_per_pass
+        for i in range(0, max(len(to_ctl), 1), per):
+            c0 = time.process_time()
+            with self.queue.batch():
+                for src, data in to_ctl[i:i + per]:
+                    self.core.receive(src, data)
+                self.core.tick()
+            for dst, msg in self.core.take_outbox():
+                self.net.send(CTL, dst, msg)
+            st.cpu_s += time.process_time() - c0
+            st.passes += 1
+        for data in (d for _, d in to_ctl):
+            st.bytes_in += len(data)
+            st.max_frame_in = max(st.max_frame_in, len(data))
+        st.frames_in += len(to_ctl)
+        for dst, src, data in frames:
+            if dst == CTL:
+                continue
+            st.frames_out += 1
+            st.bytes_out += len(data)
+            st.max_frame_out = max(st.max_frame_out, len(data))
+            if dst == TRAINER:
+                self.trainer.receive(P.decode(data, DEP))
+            else:
+                self.by_ident[dst].deliver(data)
+        for a in self.agents:
+            a.step()
+        self.refill()
+        self.trainer.step()
+        st.sim_s += TICK_S
+
+    def run_for(self, sim_s: float) -> ScaleStats:
+        self.by_ident = {a.ident: a for a in self.agents}
+        for _ in range(int(sim_s / TICK_S)):
+            self.tick()
+        return self.stats
+
+
+def scale_tasks(n: int) -> dict[str, dict]:
+    """`n` SWE-shaped task references (as the tasks file lists them: by id; names are aliases)."""
+    out = {}
+    for i in range(n):
+        tid = f"sha256:{i:064x}"
+        out[tid] = {"task_id": tid, "name": f"swe/repo__proj-{i}", "family": "swe",
+                    "image_digest": f"sha256:{i + 1:064x}", "taskset_hash": "sha256:" + "5" * 64,
+                    "split": "train", "limits": {"memory_mb": 4096, "pids": 512, "disk_mb": 4096,
+                                                 "cpu": 2.0, "nofile": 1024},
+                    "blob": {"root": "/shared/taskbank/blobs", "digest": f"sha256:{i + 7:064x}", "bytes": 9000}}
+    return out

@@ -1,0 +1,188 @@
+"""Scale: the controller's start with a training-sized task set, and the deterministic
+simulation at training size, with the controller's CPU per event.
+
+  load   writes a tasks file (`tasks.json`, as a run writes it: `taskblobs.write_tasks_file` of
+         what `controller.taskbank.blobs.publish` returns: each task once, by id, one per line) of `--tasks` synthetic SWE-shaped references, then, in
+         a fresh child process, does what `paddock controller` does at start: `load_tasks`, the
+         `Controller` (opens the SQLite queue and the catalog, `BrokerCore` admits the tasks,
+         binds the ROUTER socket) and, with `--curriculum`, the curriculum database over every
+         task id. Prints the wall time of each step and the child's peak RSS (VmHWM).
+         Synthetic: the references are generated (task ids, image digests, blob digests are
+         hashes of the index, names are `swe/<owner>__<repo>-<n>`, limits are a SWE task's), so
+         no blob exists; their size and shape are what `publish` writes for an imported SWE
+         task (`controller.contracts.taskblobs.reference`).
+  sim    the simulation of tests/sim/sim.py at scale (`ScaleWorld`: real BrokerCore, real
+         SQLite queue on tmpfs, real AgentCore agents; no faults): `--agents` x `--slots`,
+         attempts lasting `--attempt-s` simulated seconds, the trainer keeping every slot
+         busy. Prints the controller's CPU seconds per event (a frame in, or a tick),
+         the events per simulated second, the frames' sizes and the SQLite commits.
+
+    .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
+    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controller.contracts.taskblobs import reference, write_tasks_file  # noqa: E402
+
+SWE_LIMITS = {"memory_mb": 4096, "pids": 512, "disk_mb": 4096, "cpu": 2.0, "nofile": 1024}
+REPOS = ["django__django", "sympy__sympy", "astropy__astropy", "scikit-learn__scikit-learn",
+         "matplotlib__matplotlib", "sphinx-doc__sphinx", "pytest-dev__pytest", "psf__requests"]
+
+
+def _hex(kind: str, i: int) -> str:
+    return hashlib.sha256(f"{kind}{i}".encode()).hexdigest()
+
+
+def synthetic_tasks(n: int, blob_root: str = "/shared/paddock/taskbank/blobs") -> dict[str, dict]:
+    """`n` SWE-shaped task references keyed by task id and by name, as `publish` returns them."""
+    taskset_hash = "sha256:" + _hex("set", n)
+    out: dict[str, dict] = {}
+    for i in range(n):
+        name = f"swe/{REPOS[i % len(REPOS)]}-{10000 + i}"
+        content = {"name": name, "family": "swe", "limits": SWE_LIMITS}
+        ref = reference("sha256:" + _hex("task", i), content,
+                        {"root": blob_root, "digest": "sha256:" + _hex("blob", i), "bytes": 6000 + i % 5000},
+                        image_digest="sha256:" + _hex("image", i), taskset_hash=taskset_hash,
+                        split="heldout" if i % 50 == 0 else "train")
+        out[ref["task_id"]] = ref
+        out[name] = ref
+    return out
+
+
+def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
+    """What the controller process does at start, timed; run in a fresh process."""
+    from controller.broker import daemon
+    from controller.taskbank.curriculum import Curriculum
+    c0, t0 = time.process_time(), time.perf_counter()
+    tasks = daemon.load_tasks(tasks_json)
+    t1 = time.perf_counter()
+    peak_load = _status_mb("VmHWM")
+    cur = Curriculum(os.path.join(work, "curriculum.sqlite"), {d["task_id"] for d in tasks.values()}) \
+        if curriculum else None
+    t2 = time.perf_counter()
+    run_dir = Path(work) / "run"
+    run_dir.mkdir(exist_ok=True)
+    ctl = daemon.Controller("tcp://127.0.0.1:0", "bench-scale", str(run_dir), "run", tasks,
+                            str(run_dir / "controller.db"), curriculum=cur)
+    t3 = time.perf_counter()
+    out = {"cpu_s": time.process_time() - c0, "load_tasks_s": t1 - t0, "curriculum_s": t2 - t1, "controller_s": t3 - t2, "total_s": t3 - t0,
+           "admitted": len(ctl.core.tasks), "refused": len(ctl.core.refused_tasks),
+           "peak_rss_load_mb": peak_load, "peak_rss_mb": _status_mb("VmHWM")}
+    del tasks
+    import gc
+    gc.collect()
+    out["rss_after_mb"] = _status_mb("VmRSS")
+    ctl.sock.close()
+    return out
+
+
+def _status_mb(field: str) -> float:
+    """VmRSS or VmHWM (this process's peak: `ru_maxrss` would carry the parent's across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench_load(args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=args.tmp) as d:
+        path = Path(d) / "tasks.json"
+        t0 = time.perf_counter()
+        write_tasks_file(path, synthetic_tasks(args.tasks))
+        size = path.stat().st_size
+        print(f"tasks file: {args.tasks} synthetic SWE references, {size / 1e6:.1f} MB "
+              f"({size / args.tasks:.0f} bytes per task), written in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+        cmd = [sys.executable, __file__, "_child", str(path), d] + (["--curriculum"] if args.curriculum else [])
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if res.returncode != 0:
+            raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        out["file_mb"] = size / 1e6
+    print(f"controller start: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
+          f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
+          f"({out['cpu_s']:.2f} s CPU); admitted "
+          f"{out['admitted']} refs, refused {out['refused']}; peak RSS {out['peak_rss_mb']:.0f} MB "
+          f"({out['peak_rss_load_mb']:.0f} MB after load_tasks), "
+          f"RSS after start {out['rss_after_mb']:.0f} MB")
+    return out
+
+
+def bench_sim(args) -> dict:
+    from dataclasses import asdict, replace
+    from tests.sim.sim import ScaleWorld
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=base) as d:
+        t0 = time.perf_counter()
+        w = ScaleWorld(args.seed, Path(d), args.agents, args.slots, n_tasks=args.tasks,
+                       attempt_s=args.attempt_s, hb_s=args.hb_s)
+        warm = w.run_for(args.warmup_s)
+        warm = replace(warm)
+        st = w.run_for(args.sim_s)
+        wall = time.perf_counter() - t0
+        counts = w.queue.counts()
+        db = sum(p.stat().st_size for p in Path(d).glob("scale-*"))
+    m = {k: getattr(st, k) - getattr(warm, k) for k in ("cpu_s", "frames_in", "frames_out", "bytes_in",
+                                                        "bytes_out", "passes", "sim_s")}
+    held = counts["leased"] + counts["running"]
+    print(f"sim: {args.agents} agents x {args.slots} slots, attempts {args.attempt_s:.0f} s +-50%, heartbeat "
+          f"{args.hb_s:.0f} s, {args.tasks} task refs; measured {m['sim_s']:.0f} simulated s after "
+          f"{args.warmup_s:.0f} s warm-up ({wall:.0f} s wall for the whole run)")
+    print(f"  held leases at the end {held} of {args.agents * args.slots} slots; queue {counts}")
+    print(f"  controller CPU {m['cpu_s']:.2f} s for {m['frames_in']} frames in, {m['frames_out']} out, "
+          f"{m['passes']} passes (one SQLite commit each): {1e3 * m['cpu_s'] / m['frames_in']:.3f} ms per frame "
+          f"in; {m['frames_in'] / m['sim_s']:.0f} frames in per simulated s -> "
+          f"{m['cpu_s'] / m['sim_s']:.2f} controller cores")
+    print(f"  frames: in {m['bytes_in'] / m['frames_in']:.0f} B mean, max {st.max_frame_in} B; out "
+          f"{m['bytes_out'] / max(m['frames_out'], 1):.0f} B mean, max {st.max_frame_out} B; "
+          f"{m['bytes_in'] / m['sim_s'] / 1e6:.2f} MB/s in, {m['bytes_out'] / m['sim_s'] / 1e6:.2f} MB/s out; "
+          f"queue file {db / 1e6:.0f} MB; commits {m['passes'] / m['sim_s']:.1f}/s")
+    out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lo = sub.add_parser("load")
+    lo.add_argument("--tasks", type=int, default=450_000)
+    lo.add_argument("--curriculum", action="store_true")
+    lo.add_argument("--tmp", default=None)
+    ch = sub.add_parser("_child")
+    ch.add_argument("tasks_json")
+    ch.add_argument("work")
+    ch.add_argument("--curriculum", action="store_true")
+    si = sub.add_parser("sim")
+    si.add_argument("--agents", type=int, default=1000)
+    si.add_argument("--slots", type=int, default=32)
+    si.add_argument("--sim-s", type=float, default=120.0, help="simulated seconds measured")
+    si.add_argument("--warmup-s", type=float, default=120.0, help="simulated seconds before")
+    si.add_argument("--hb-s", type=float, default=5.0)
+    si.add_argument("--attempt-s", type=float, default=60.0)
+    si.add_argument("--tasks", type=int, default=10_000)
+    si.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.cmd == "_child":
+        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum)))
+    elif args.cmd == "load":
+        bench_load(args)
+    else:
+        bench_sim(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
