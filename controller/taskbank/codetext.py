@@ -13,7 +13,7 @@ embeds beside the task's whole text (controller/taskbank/semantic.py).
 Code in which Python's tokenizer finds no prose (C, JavaScript, a syntax error) gets the same view from
 regular expressions over its comments and docstrings.
 
-Must not import zmq, onnxruntime or anything of the semantic extra: pure standard library.
+Pure standard library. Must not import: zmq, onnxruntime, tokenizers, numpy (the semantic extra).
 """
 from __future__ import annotations
 
