@@ -22,8 +22,7 @@ import time
 import urllib.parse
 from typing import Callable
 
-from nodeagent.harness.model import (  # _CONTEXT_LENGTH: the same rule as HTTPModel's
-    _CONTEXT_LENGTH, MAX_RESPONSE_BYTES, ContextLengthExceeded, ModelError, ModelTimeout, check_reply)
+from nodeagent.harness.model import MAX_RESPONSE_BYTES, ModelError, ModelTimeout, decode_reply
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
@@ -142,7 +141,7 @@ class KeepAliveModel:
                 if self.fired or isinstance(exc, TimeoutError):
                     raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
                 raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
-        return _decode(self.endpoint, status, raw), raw
+        return decode_reply(self.endpoint, status, raw), raw
 
     def close(self) -> None:
         """Close the kept connection (the next call opens a new one)."""
@@ -152,27 +151,6 @@ class KeepAliveModel:
 
 
 
-def _decode(endpoint: str, status: int, raw: bytes) -> dict:
-    """The reply's body, or the ModelError of HTTPModel for the same reply."""
-    if len(raw) > MAX_RESPONSE_BYTES:
-        raise ModelError(f"model server {endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
-    if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
-        raise ContextLengthExceeded(f"model server {endpoint}: the conversation exceeds the model's "
-                                    f"context: {raw[:300].decode(errors='replace')}")
-    if status != 200:
-        err = ModelError(f"model server {endpoint} answered HTTP {status}: {raw[:300].decode(errors='replace')}")
-        err.status = status
-        try:
-            err.body = json.loads(raw)
-        except ValueError:
-            pass
-        raise err
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ModelError(f"model server {endpoint} sent a body that is not JSON: {exc}") from None
-    check_reply(body, endpoint)
-    return body
 
 
 __all__ = ["KeepAliveModel"]

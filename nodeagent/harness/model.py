@@ -139,26 +139,7 @@ class HTTPModel:
             conn.close()
         if expired.is_set():
             raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
-        if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
-            raise ContextLengthExceeded(f"model server {self.endpoint}: the conversation exceeds the model's "
-                                        f"context: {raw[:300].decode(errors='replace')}")
-        if status != 200:
-            err = ModelError(f"model server {self.endpoint} answered HTTP {status}: "
-                             f"{raw[:300].decode(errors='replace')}")
-            err.status = status
-            try:
-                err.body = json.loads(raw)
-            except ValueError:
-                pass
-            raise err
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:
-            raise ModelError(f"model server {self.endpoint} sent a body that is not JSON: {exc}") from None
-        check_reply(body, self.endpoint)
-        return body
+        return decode_reply(self.endpoint, status, raw)
 
 
 def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> dict:
@@ -166,4 +147,29 @@ def chat(endpoint: str, payload: dict, timeout_s: float = MODEL_TIMEOUT_S) -> di
 
 
 __all__ = ["BudgetExhausted", "ContextLengthExceeded", "HTTPModel", "MAX_RESPONSE_BYTES", "MODEL_TIMEOUT_S", "Model", "ModelError",
-           "ModelTimeout", "chat", "check_reply"]
+           "ModelTimeout", "chat", "check_reply", "decode_reply"]
+
+
+def decode_reply(endpoint: str, status: int, raw: bytes) -> dict:
+    """A chat-completions reply's body, checked; or the ModelError (with `status` and `body`
+    when the server sent them) that says what is wrong. The one reading of a reply, for the
+    harness's client and the node gateway."""
+    if len(raw) > MAX_RESPONSE_BYTES:
+        raise ModelError(f"model server {endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+    if status == 400 and _CONTEXT_LENGTH.search(raw[:4096]):
+        raise ContextLengthExceeded(f"model server {endpoint}: the conversation exceeds the model's "
+                                    f"context: {raw[:300].decode(errors='replace')}")
+    if status != 200:
+        err = ModelError(f"model server {endpoint} answered HTTP {status}: {raw[:300].decode(errors='replace')}")
+        err.status = status
+        try:
+            err.body = json.loads(raw)
+        except ValueError:
+            pass
+        raise err
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ModelError(f"model server {endpoint} sent a body that is not JSON: {exc}") from None
+    check_reply(body, endpoint)
+    return body
