@@ -250,6 +250,22 @@ def committed(run_dir: Path) -> int:
         return 0
 
 
+def _cmdline(pid: str) -> bytes:
+    """A process's command line; b"" for one that is gone meanwhile (sandboxes come and go)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def wait_no_strays(cluster, timeout_s: float) -> None:
+    """Every process of the job has left the nodes; the failure names what stayed."""
+    try:
+        wait_for(lambda: not stray_processes(cluster), timeout_s, "job processes to leave the nodes")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {stray_processes(cluster)}") from None
+
+
 def stray_processes(cluster) -> dict[str, list[str]]:
     """Processes other than slurmd/slurmstepd left in the nodes' namespaces."""
     out = {}
@@ -303,7 +319,7 @@ def test_het_job_trains_on_two_environment_nodes_and_completes_leaving_nothing(s
     assert con.execute("SELECT count(*) FROM rollouts WHERE outcome = 'infra_error'").fetchone()[0] == 0
     assert {p.stem for p in (run_dir / "health").glob("*.jsonl")} == env_nodes
     assert_no_farm_process_ran_as_root(watch, agents=2)
-    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    wait_no_strays(slurm_cluster, 15)
     assert paddock_mounts() == mounts_before
 
 
@@ -320,7 +336,7 @@ def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(
     victim = hosts[-1]                                  # an environment node (the head is on hosts[0])
     victim_ns = slurm_cluster.netns[victim]
     pids = subprocess.run(["ip", "netns", "pids", victim_ns], capture_output=True, text=True).stdout.split()
-    agents = [int(p) for p in pids if b"job\0agent" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    agents = [int(p) for p in pids if b"job\0agent" in _cmdline(p)]
     assert len(agents) == 1, f"agent processes on {victim}: {agents}"
     killed_at = time.time()
     os.kill(agents[0], signal.SIGKILL)
@@ -333,7 +349,7 @@ def test_single_layout_job_survives_a_killed_agent_with_nothing_lost_or_doubled(
                             [victim, killed_at]).fetchone()[0]
     assert survivors > 0
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
-    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    wait_no_strays(slurm_cluster, 15)
 
 
 @pytest.mark.slurm
@@ -353,7 +369,7 @@ def test_end_of_time_signal_drains_agents_and_every_committed_rollout_is_stored(
     head_log = (run_dir / "logs" / "head.log").read_text()
     assert "waiting for agents to drain" in head_log
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
-    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    wait_no_strays(slurm_cluster, 15)
 
 
 @pytest.mark.slurm
@@ -389,7 +405,7 @@ def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster,
     assert "starting trainer" in head_log and "trainer exited with 0" in head_log
     assert "4 scored rollouts of 4 tasks" in (run_dir / "logs" / "trainer.log").read_text()
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
-    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    wait_no_strays(slurm_cluster, 15)
 
 
 @pytest.mark.slurm
@@ -420,4 +436,4 @@ def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm
     assert result["stopped"] is True and 2 <= len(result["rewards"]) < 40
     assert "trainer stopped after the end-of-time signal" in (run_dir / "logs" / "head.log").read_text()
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
-    wait_for(lambda: not stray_processes(slurm_cluster), 15, "job processes to leave the nodes")
+    wait_no_strays(slurm_cluster, 15)

@@ -27,8 +27,13 @@ class Terminal:
         self.conf.write_text("set -g remain-on-exit on\nset -g status off\n")
         # COLUMNS/LINES from the test process would override the size of the pane
         env = f"env -u COLUMNS -u LINES PYTHONPATH={shlex.quote(str(ROOT))} TERM=xterm-256color"
+        # tmux 3.3a does not always record a pane's exit status (#{pane_dead_status} stays
+        # empty), so a small shell writes it to a file; its INT trap is a handler, not SIG_IGN,
+        # so the command itself still gets Ctrl-C with the default action
+        self.status_file = tmp_path / "exit-status"
+        script = f"trap : INT; {shlex.join(argv)}; echo $? > {shlex.quote(str(self.status_file))}"
         self.tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top",
-                  f"cd {shlex.quote(str(ROOT))} && {env} {shlex.join(argv)}")
+                  f"cd {shlex.quote(str(ROOT))} && {env} sh -c {shlex.quote(script)}")
 
     def tmux(self, *args: str) -> str:
         return subprocess.run(["tmux", "-f", str(self.conf), "-S", self.socket, *args], check=True, text=True,
@@ -41,11 +46,12 @@ class Terminal:
         return "\n".join(self.screen())
 
     def dead(self) -> tuple[bool, str]:
-        """(the pane's process has exited and tmux has recorded how, its exit status)."""
-        out = self.tmux("display-message", "-p", "-t", "top",
-                        "#{pane_dead} #{pane_dead_status}#{?pane_dead_signal,signal #{pane_dead_signal},}")
-        flag, _, status = out.strip().partition(" ")
-        return flag == "1" and status != "", status   # tmux marks the pane dead before the status
+        """(the command has exited, its exit status; 128+N for a signal N)."""
+        try:
+            status = self.status_file.read_text().strip()
+        except FileNotFoundError:
+            return False, ""
+        return status != "", status
 
     def close(self) -> None:
         subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)

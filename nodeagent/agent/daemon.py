@@ -121,6 +121,14 @@ class _Workers:
         for _ in self.threads:
             self.jobs.put(None)
 
+    def busy(self, join_s: float) -> bool:
+        """After `shutdown`: is a slot thread still running an attempt (once the idle ones,
+        which end at once, have had `join_s` in all to finish)?"""
+        deadline = time.monotonic() + join_s
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return any(t.is_alive() for t in self.threads)
+
 
 class NodeAgent:
     def __init__(self, node: str, endpoint: str, deployment: str, slots: int,
@@ -370,9 +378,11 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
             except Exception:  # noqa: BLE001 - attempts handed back may still hold sandboxes
                 log.exception("closing the sandbox runtime failed")
     agent.ctx.term()  # delivers the last frames (release, disconnect) within their linger
-    if threading.active_count() > 1:
-        # Attempts handed back at the drain deadline may still run in worker threads; their
+    if agent.pool.busy(join_s=1.0):
+        # Attempts handed back at the drain deadline may still run in slot threads; their
         # leases are back in the queue, so the agent leaves now rather than wait for them.
+        # (Only the slot threads count: daemon helpers such as the memory monitor or the
+        # gateway's watchdog end with the process and must not turn a clean exit into this.)
         logging.shutdown()
         os._exit(rc)
     return rc
