@@ -220,6 +220,25 @@ def test_chaos_controller_kill_to_next_commit_latency_is_recorded():
           f"{statistics.median(LATENCIES):.2f}s max={max(LATENCIES):.2f}s")
 
 
+def kill_and_restart(farm, restart, what: str, times: int = 5) -> tuple[list[float], list[float]]:
+    """kill -9 the controller while work commits, `restart()` it, `times` times: for each, the
+    seconds from the kill to the first new commit, and from the new controller being up."""
+    latencies, after_up = [], []
+    for _ in range(times):
+        seq0 = farm.progress()[0]
+        wait_for(lambda: farm.progress()[0] > seq0 + 50, 30, "work committing")
+        seq0 = farm.progress()[0]
+        t0 = time.monotonic()
+        farm.controller.kill()
+        farm.controller.wait()
+        farm.controller = restart()
+        up = time.monotonic()
+        wait_for(lambda: farm.progress()[0] > seq0, 10, what)
+        latencies.append(time.monotonic() - t0)
+        after_up.append(time.monotonic() - up)
+    return latencies, after_up
+
+
 def test_controller_kill_to_first_new_commit_median_1s_max_3s(tmp_path):
     """Work queued, three live agents: kill -9 the controller and start it again (same port,
     same database), five times; the first new commit follows within 1 s (median), 3 s
@@ -232,19 +251,7 @@ def test_controller_kill_to_first_new_commit_median_1s_max_3s(tmp_path):
         with Client.for_run(farm.run_dir, DEP) as c:
             c.publish_policy(1, "http://127.0.0.1:9/v1")
             c.submit(TASKS, 5000, 1)
-        latencies, after_up = [], []
-        for _ in range(5):
-            seq0 = farm.progress()[0]
-            wait_for(lambda: farm.progress()[0] > seq0 + 50, 30, "work committing")
-            seq0 = farm.progress()[0]
-            t0 = time.monotonic()
-            farm.controller.kill()
-            farm.controller.wait()
-            farm.controller = farm.start_controller()
-            up = time.monotonic()
-            wait_for(lambda: farm.progress()[0] > seq0, 10, "a commit after the restart")
-            latencies.append(time.monotonic() - t0)
-            after_up.append(time.monotonic() - up)
+        latencies, after_up = kill_and_restart(farm, lambda: farm.start_controller(), "a commit after the restart")
         busy = os.getloadavg()[0] > (os.cpu_count() or 1)
         print(f"controller kill -> first new commit: {[round(x, 2) for x in latencies]}, of "
               f"which after the new one was up: {[round(x, 2) for x in after_up]}"
@@ -267,21 +274,14 @@ def test_a_controller_restarted_on_another_port_is_found_and_commits_within_3s(t
         with Client.for_run(farm.run_dir, DEP) as c:
             c.publish_policy(1, "http://127.0.0.1:9/v1")
             c.submit(TASKS, 5000, 1)
-            latencies, after_up = [], []
-            for _ in range(5):
-                seq0 = farm.progress()[0]
-                wait_for(lambda: farm.progress()[0] > seq0 + 50, 30, "work committing")
-                seq0 = farm.progress()[0]
-                t0 = time.monotonic()
-                farm.controller.kill()
-                farm.controller.wait()
-                old = farm.endpoint
-                farm.controller = farm.start_controller(f"tcp://127.0.0.1:{free_port()}")
-                assert farm.endpoint != old
-                up = time.monotonic()
-                wait_for(lambda: farm.progress()[0] > seq0, 10, "a commit on the new port")
-                latencies.append(time.monotonic() - t0)
-                after_up.append(time.monotonic() - up)
+            endpoints = []
+
+            def on_another_port():
+                endpoints.append(farm.endpoint)
+                ctl = farm.start_controller(f"tcp://127.0.0.1:{free_port()}")
+                assert farm.endpoint != endpoints[-1]
+                return ctl
+            latencies, after_up = kill_and_restart(farm, on_another_port, "a commit on the new port")
             assert c.status().counts["queued"] >= 0  # the client followed too
             assert c.endpoint == farm.endpoint
         busy = os.getloadavg()[0] > (os.cpu_count() or 1)
