@@ -402,14 +402,77 @@ _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "
                            "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
 
 
+_OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import",
+                           "open"})
+_REAL_LOADERS = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
+
+
 def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
     """An audit hook (it cannot be removed) that refuses introspection and patching primitives to
-    code under test and reports each refusal as a `tamper` event."""
+    code under test and reports each refusal as a `tamper` event.
+
+    Trust rests on a code object's file name, so no name is taken on the code's word: code
+    compiled for the code under test is tainted by name; code compiled under a trusted name from
+    a trusted stack must be the file's own bytes (the tests': through the grader's own loader);
+    `<frozen ...>` names are never compiled at run time; and bytecode is unmarshalled only by
+    importlib's own loaders (exact types), pytest's cache reader or zipimport, from a trusted
+    file, or for a module whose source is outside the trusted directories (its code is named
+    after that source, so it is not trusted). Any other unmarshal is refused, as are native
+    extension modules in a file or directory the child can write (/tmp; not /work, nor the
+    image) and opening a process's memory through /proc."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
+    realpath, claims = os.path.realpath, (*prefixes, "<frozen ")
 
     def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
         name = code.co_filename
-        return name.startswith((*prefixes, "<frozen ")) and name not in tainted
+        return name.startswith(claims) and name not in tainted
+
+    def trusted_file(path):
+        return isinstance(path, str) and not path.startswith("<") and realpath(path).startswith(prefixes)
+
+    def on_stack(frame, test):
+        while frame is not None:
+            if test(frame):
+                return True
+            frame = frame.f_back
+        return False
+
+    def in_file(frame, name, suffix):
+        return frame.f_code.co_name == name and frame.f_code.co_filename.endswith(suffix) and trusted(frame.f_code)
+
+    def genuine_source(source, name, frame):
+        """Code compiled under trusted name `name` from a trusted stack: is it that file's own?"""
+        if name.startswith("<"):
+            return False
+        if name.startswith(tests_prefix):
+            return on_stack(frame, lambda f: type(f.f_locals.get("self")) is _MemLoader and trusted(f.f_code))
+        if not isinstance(source, (str, bytes, bytearray)):   # an AST: only pytest's assert rewrite
+            return on_stack(frame, lambda f: in_file(f, "_rewrite_test", "/_pytest/assertion/rewrite.py"))
+        try:
+            with open(name, "rb") as fh:
+                disk = fh.read()
+        except OSError:
+            return False
+        if isinstance(source, str):
+            return source in (disk.decode("utf-8", "replace"), importlib.util.decode_source(disk))
+        return bytes(source) == disk
+
+    def genuine_unmarshal(frame):
+        """May this unmarshal proceed: one of the three trusted readers, reading a trusted file
+        (or a module's own cache whose code will carry its untrusted source's name)?"""
+        if in_file(frame, "_compile_bytecode", "importlib._bootstrap_external>"):
+            loader = frame.f_back.f_locals.get("self") if frame.f_back is not None else None
+            if type(loader) not in _REAL_LOADERS:
+                return False
+            source, pyc = frame.f_locals.get("source_path"), frame.f_locals.get("bytecode_path")
+            if isinstance(source, str) and not trusted_file(source) and not source.startswith(claims):
+                return True
+            return trusted_file(pyc)
+        if in_file(frame, "_read_pyc", "/_pytest/assertion/rewrite.py"):
+            return trusted_file(str(frame.f_locals.get("pyc")))
+        if in_file(frame, "_unmarshal_code", "<frozen zipimport>"):
+            return trusted_file(getattr(frame.f_locals.get("self"), "archive", None))
+        return False
 
     def untrusted_on_stack(frame):
         while frame is not None:
@@ -421,9 +484,29 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
     def verdict(event, args, frame):
         """The file of the code under test behind this event, or None if the event may proceed."""
         if event == "compile":
-            culprit = untrusted_on_stack(frame)
-            if culprit and len(args) > 1 and isinstance(args[1], str):
-                tainted.add(args[1])        # code compiled for the code under test is not trusted
+            name = args[1] if len(args) > 1 else None
+            if isinstance(name, str) and name.startswith(claims) and name not in tainted and (
+                    untrusted_on_stack(frame) or not genuine_source(args[0], name, frame)):
+                tainted.add(name)           # code compiled for the code under test is not trusted
+            return None
+        if event in ("marshal.loads", "marshal.load"):
+            return None if genuine_unmarshal(frame) else (untrusted_on_stack(frame) or "marshal")
+        if event == "import":        # (name, file, ...): `file` is set for an extension module
+            so = args[1] if len(args) > 1 else None
+            if isinstance(so, str):   # native code the code under test could have written: never
+                real = realpath(so)
+                if os.access(real, os.W_OK) or os.access(os.path.dirname(real), os.W_OK):
+                    return untrusted_on_stack(frame) or so
+            return None
+        if event == "open":          # a process's own memory, written through /proc, is no test
+            path = args[0] if args else None
+            if isinstance(path, bytes):
+                path = path.decode("utf-8", "replace")
+            if isinstance(path, str):
+                real = realpath(path)       # a link in /tmp, or a name relative to a dir_fd
+                if os.path.basename(real) in ("mem", "pagemap") and (
+                        real.startswith("/proc/") or not os.path.exists(real)):
+                    return untrusted_on_stack(frame) or path
             return None
         if event.startswith(_STACK_EVENTS):
             return untrusted_on_stack(frame)
@@ -443,7 +526,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
 
     def hook(event, args):
         if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
-                or event in ("object.__getattr__", "object.__setattr__")):
+                or event in _OTHER_EVENTS):
             return
         me = ident()
         if me in busy:
