@@ -152,3 +152,77 @@ def test_reading_its_own_memory_in_process_earns_nothing(runtime, python_image):
                None)
     assert_unrewarded(v)
     assert "'refused': 'open'" in v.checks[-1]["detail"], v.checks[-1]["detail"]
+
+
+# -- repository mode: the code under test runs in pytest's process, next to the tests ------------
+# Three generic oracles a policy can write for any SWE task: find the calling test and evaluate
+# its assertion's expected side (its locals captured by the standard library on the agent's
+# behalf, or its source line read from the file), or read the test functions' constants.
+
+CALLER_LOCALS = '''
+import ast, traceback
+def add(a, b):
+    for fs in traceback.StackSummary.extract(traceback.walk_stack(None), capture_locals=True):
+        if fs.name.startswith("test_") and fs.locals:
+            env = {}
+            for k, v in fs.locals.items():
+                try:
+                    env[k] = ast.literal_eval(v)
+                except Exception:
+                    pass
+            if "n" in env:
+                return -2 * env["n"]
+    return abs(a) + abs(b)
+'''
+
+CALLER_SOURCE = '''
+import ast, traceback
+def add(a, b):
+    for fs in traceback.StackSummary.extract(traceback.walk_stack(None)):
+        if fs.filename.rsplit("/", 1)[-1].startswith("test_"):
+            line = open(fs.filename).read().splitlines()[fs.lineno - 1].strip()
+            rhs = ast.parse(line).body[0].test.comparators[0]
+            return eval(compile(ast.Expression(rhs), "x", "eval"), {"n": -a})
+    return abs(a) + abs(b)
+'''
+
+TEST_FILE_TABLE = '''
+import ast
+def add(a, b):
+    env = {"n": -a}
+    for node in ast.walk(ast.parse(open("/work/tests/test_calc.py").read())):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            try:
+                if [eval(compile(ast.Expression(x), "x", "eval"), env) for x in node.left.args] == [a, b]:
+                    return eval(compile(ast.Expression(node.comparators[0]), "x", "eval"), env)
+            except Exception:
+                pass
+    return abs(a) + abs(b)
+'''
+
+TEST_CONSTANTS = '''
+import sys
+def add(a, b):          # honest, but for the case whose answer it reads from the test's constants
+    mod = next(m for n, m in list(sys.modules.items()) if n.endswith("test_calc"))
+    if (a, b) == (1, 2):
+        return [c for c in mod.test_add.__code__.co_consts if type(c) is int][-1]
+    return a + b
+'''
+
+
+@pytest.mark.parametrize("solution", [CALLER_LOCALS, CALLER_SOURCE, TEST_FILE_TABLE, TEST_CONSTANTS],
+                         ids=["caller_locals", "caller_source", "test_file_table", "test_constants"])
+def test_oracles_over_the_repository_tests_earn_nothing(tmp_path, runtime, python_image, solution):
+    from layers.store import ImageStore
+    from nodeagent.verifier.validate import sandbox_layers
+    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+    clones = make_clones(tmp_path)
+    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
+    t = _task_dict(task)
+    v = verify(runtime, python_image, t, [Change("/work/calc.py", "modified", solution.encode(), 0o644)], None,
+               layers=sandbox_layers(runtime, python_image, t))
+    assert_unrewarded(v)
+    gold = verify(runtime, python_image, t, [Change("/work/calc.py", "modified",
+                                                    b"def add(a, b):\n    return a + b\n", 0o644)], None,
+                  layers=sandbox_layers(runtime, python_image, t))
+    assert (gold.outcome, gold.reward) == ("pass", 1.0), gold.checks[-1]["detail"]

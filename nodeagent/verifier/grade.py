@@ -362,7 +362,10 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     try:
         if tests:
             sb.write_files(tests, owner="agent", mode=0o400)
-        sb.write_files(system, owner="system", mode=0o444)
+        locked = set(locked_tests(task, spec)) if repo else set()
+        sb.write_files({p: b for p, b in system.items() if p not in locked}, owner="system", mode=0o444)
+        if locked:
+            sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
         t = clock()
         r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *args,
                      *spec["tests"]], cwd=cwd, output_cap=OUTPUT_CAP,
@@ -399,7 +402,16 @@ def grader_config(runtime, task: dict, spec: dict) -> str:
     if isolation(task, spec) == "call":
         call = {"uid": callee, "modules": call_modules(task, spec),
                 "timeout_s": call_timeout(spec)}
-    return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call})
+    return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call,
+                       "locked": locked_tests(task, spec) if repo_scope(task) else []})
+
+
+def locked_tests(task: dict, spec: dict) -> list[str]:
+    """A repository-level check's test modules (not conftest.py, which pytest loads before any
+    collection): written 0400 and handed to pytest from memory by the grader, so the code under
+    test, in pytest's process, cannot read the tests' source for their expected values."""
+    return [f"/work/{rel}" for rel in spec.get("tests", ())
+            if rel.endswith(".py") and rel.rsplit("/", 1)[-1] != "conftest.py"]
 
 
 def call_timeout(spec: dict) -> float:
@@ -521,7 +533,10 @@ def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
     try:
         system, support = _checker_files(task, {**spec, "tests": (), "strict_eq": False})
         sb.write_files(support, owner="system", mode=0o444)
-        sb.write_files(system, owner="system", mode=0o444)
+        locked = set(locked_tests(task, spec)) if repo else set()
+        sb.write_files({p: b for p, b in system.items() if p not in locked}, owner="system", mode=0o444)
+        if locked:
+            sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
         t = clock()
         r = sb.exec(list(spec["argv"]), cwd=spec.get("cwd", "/work"), output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))

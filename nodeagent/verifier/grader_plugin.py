@@ -74,6 +74,9 @@ def parent(argv):
     os.posix_fallocate(report_fd, 0, REPORT_RESERVE_BYTES)
     os.chmod(tests_dir, 0o711)
     sources = _read_sources(tests_dir)
+    for path in cfg.get("locked") or ():    # repository test modules, 0400: from memory only
+        with open(path, "rb") as f:
+            sources[path] = f.read()
     key = os.urandom(32)        # signs every event (defence in depth: the sender pid is what counts)
     r, w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     r.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -407,7 +410,7 @@ _OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.
 _REAL_LOADERS = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
 
 
-def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
+def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_files=()):
     """An audit hook (it cannot be removed) that refuses introspection and patching primitives to
     code under test and reports each refusal as a `tamper` event.
 
@@ -421,7 +424,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
     extension modules in a file or directory the child can write (/tmp; not /work, nor the
     image) and opening a process's memory through /proc."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
-    realpath, claims = os.path.realpath, (*prefixes, "<frozen ")
+    realpath, claims, test_files = os.path.realpath, (*prefixes, "<frozen "), frozenset(test_files)
 
     def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
         name = code.co_filename
@@ -514,7 +517,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
-            if code is not None and str(code.co_filename).startswith(tests_prefix):
+            if code is not None and (str(code.co_filename).startswith(tests_prefix) or code.co_filename in test_files):
                 return untrusted_on_stack(frame)        # the tests' constants are their expected values
             return None
         if event in _FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS):
@@ -522,6 +525,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/"):
                 return frame.f_code.co_filename
             if frame.f_code.co_name in _FRAME_GIVERS and frame.f_back is not None and not trusted(frame.f_back.f_code):
                 return frame.f_back.f_code.co_filename
+            if frame.f_code.co_name == "walk_stack":    # a generator: its consumer may be library code
+                return untrusted_on_stack(frame)        # (`StackSummary.extract(..., capture_locals)`)
         return None
 
     def hook(event, args):
@@ -574,7 +579,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     plugin = _Plugin(fd, key, cfg["tests_dir"])
     del key
     plugin.finder = _MemFinder(sources)
-    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]))
+    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]), test_files=cfg.get("locked") or ())
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = importlib.util.module_from_spec(spec)
