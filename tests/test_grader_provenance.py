@@ -226,3 +226,77 @@ def test_oracles_over_the_repository_tests_earn_nothing(tmp_path, runtime, pytho
                                                     b"def add(a, b):\n    return a + b\n", 0o644)], None,
                   layers=sandbox_layers(runtime, python_image, t))
     assert (gold.outcome, gold.reward) == ("pass", 1.0), gold.checks[-1]["detail"]
+
+
+# The classic SWE hack: a conftest.py whose hooks decide the reports. In repository mode the
+# tests and how they run (conftest.py, pytest configuration, test modules, tests/ directories)
+# are the task's: the agent's changes to them are not applied, and the verdict says so.
+FORCE_PASS_HOOKS = {
+    "makereport_wrapper": '''
+import pytest
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome, rep.longrepr = "passed", None
+''',
+    "runtest_call": '''
+import pytest
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    item.runtest = lambda: None
+''',
+    "modifyitems": '''
+def pytest_collection_modifyitems(session, config, items):
+    for it in items:
+        it.obj = lambda *a, **k: None
+''',
+    "pyfunc_call": '''
+import pytest
+@pytest.hookimpl(hookwrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    pyfuncitem.obj = lambda *a, **k: None
+    yield
+''',
+}
+
+
+@pytest.mark.parametrize("where", ["conftest.py", "tests/conftest.py"])
+@pytest.mark.parametrize("hook", sorted(FORCE_PASS_HOOKS))
+def test_a_conftest_that_forces_passes_earns_nothing(tmp_path, runtime, python_image, hook, where):
+    from layers.store import ImageStore
+    from nodeagent.verifier.validate import sandbox_layers
+    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+    clones = make_clones(tmp_path)
+    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
+    t = _task_dict(task)
+    kind = "modified" if where == "conftest.py" else "added"
+    v = verify(runtime, python_image, t, [Change(f"/work/{where}", kind, FORCE_PASS_HOOKS[hook].encode(), 0o644)],
+               None, layers=sandbox_layers(runtime, python_image, t))
+    assert_unrewarded(v)
+    assert v.checks[0]["check"] == "test_infrastructure" and f"/work/{where}" in v.checks[0]["detail"]
+
+
+def test_the_gold_fix_with_an_edited_test_still_passes_and_the_edit_is_ignored(tmp_path, runtime, python_image):
+    from layers.store import ImageStore
+    from nodeagent.verifier.validate import sandbox_layers
+    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+    clones = make_clones(tmp_path)
+    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
+    t = _task_dict(task)
+    changes = [Change("/work/calc.py", "modified", b"def add(a, b):\n    return a + b\n", 0o644),
+               Change("/work/tests/test_calc.py", "modified", b"def test_add():\n    assert False\n", 0o644),
+               Change("/work/setup.cfg", "modified", b"[tool:pytest]\naddopts = -p no:python\n", 0o644)]
+    v = verify(runtime, python_image, t, changes, None, layers=sandbox_layers(runtime, python_image, t))
+    assert (v.outcome, v.reward) == ("pass", 1.0), v.checks[-1]["detail"]
+    assert "/work/setup.cfg" in v.checks[0]["detail"] and "/work/tests/test_calc.py" in v.checks[0]["detail"]
+
+
+@pytest.mark.parametrize("rel, infra", [
+    ("conftest.py", True), ("src/pkg/conftest.py", True), ("setup.cfg", True), ("pyproject.toml", True),
+    ("tests/helpers.py", True), ("tests", True), ("pkg/test/data.json", True), ("pkg/test_io.py", True),
+    ("pkg/io_test.py", True), ("calc.py", False), ("pkg/testing.py", False), ("src/testing/util.py", False),
+    ("pkg/contest.py", False), ("docs/tests.rst", False)])
+def test_what_counts_as_test_infrastructure(rel, infra):
+    from nodeagent.verifier.grade import test_infrastructure
+    assert test_infrastructure(rel) is infra

@@ -349,9 +349,40 @@ def _repo_files(task: dict, spec: dict) -> dict[str, bytes]:
     return files
 
 
+TEST_CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
+TEST_DIRS = frozenset({"tests", "test"})
+
+
+def test_infrastructure(rel: str) -> bool:
+    """Is /work/`rel` part of how a repository's tests run rather than what they test: a
+    conftest.py or pytest configuration file, a test module (`test_*.py`, `*_test.py`,
+    `test.py`, `tests.py`), or anything in (or being) a `tests`/`test` directory?"""
+    parts = rel.strip("/").split("/")
+    base = parts[-1]
+    return (base in TEST_CONFIG_FILES or base.startswith("test_") or base.endswith("_test.py")
+            or base in ("test.py", "tests.py") or any(p in TEST_DIRS for p in parts))
+
+
+def split_test_infrastructure(changes: list[Change]) -> tuple[list[Change], list[str]]:
+    """(the changes a repository-level check applies, the /work paths it leaves at the task's
+    version). The agent's hooks in a conftest.py (a `pytest_runtest_makereport` wrapper that
+    marks every report passed), its pytest options or its edits to the tests' helpers would
+    decide the verdict; the tests and how they run are the task's, as the hidden tests are."""
+    kept, ignored = [], []
+    for c in changes:
+        rel = c.path[len("/work/"):] if c.path.startswith("/work/") else ""
+        if rel and test_infrastructure(rel):
+            ignored.append(c.path)
+        else:
+            kept.append(c)
+    return kept, ignored
+
+
 def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     repo = repo_scope(task)
+    ignored: list[str] = []
     if repo:
+        changes, ignored = split_test_infrastructure(changes)
         system, tests, cwd, args = _repo_files(task, spec), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
@@ -384,7 +415,11 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     finally:
         sb.destroy()
     try:
-        return grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+        verdict = grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+        if ignored:
+            verdict.checks.insert(0, _check("test_infrastructure", "ignored", "agent changes not applied (the tests "
+                                            f"and how they run are the task's): {sorted(ignored)[:20]}"))
+        return verdict
     except VerifierInfraError as exc:
         if "did not start" not in str(exc):
             raise
