@@ -181,7 +181,10 @@ def run_head(args: HeadStep) -> int:
         return EXIT_BAD_INPUT
     taskset, cfg = _prepare_run(args, run_dir)
     addr = args.bind_addr or node_address()
-    _publish_job(run_dir, args.deployment, addr)
+    _remove_previous_endpoint(run_dir)
+    gate_agents = resumed and bool(args.trainer)    # let in once the trainer is back (_serve)
+    if not gate_agents:
+        _publish_job(run_dir, args.deployment, addr)
     if resumed:
         print(f"paddock head: resuming the run in {run_dir} (incarnation {incarnation()}): its queue "
               f"{QUEUE_FILE} is kept; committed rollouts are not run again, leased ones are leased anew",
@@ -191,7 +194,7 @@ def run_head(args: HeadStep) -> int:
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -220,12 +223,16 @@ def resuming(run_dir: Path) -> bool:
     return (run_dir / QUEUE_FILE).exists()
 
 
-def _publish_job(run_dir: Path, deployment: str, addr: str) -> None:
-    """Write `job.json` for this run of the job. A previous run's endpoint (a requeued job, or an
-    earlier job on this run directory) is removed first: an agent that reads this run's
-    `job.json` finds either no endpoint yet or the one the new controller writes."""
+def _remove_previous_endpoint(run_dir: Path) -> None:
+    """A previous run's endpoint (a requeued job, or an earlier job on this run directory) goes
+    before this run's `job.json` is written: an agent that reads this run's `job.json` finds
+    either no endpoint yet or the one the new controller writes."""
     for stale in (ENDPOINT_FILE, ENDPOINT_FILE + STOPPED_SUFFIX):
         (run_dir / stale).unlink(missing_ok=True)
+
+
+def _publish_job(run_dir: Path, deployment: str, addr: str) -> None:
+    """Write `job.json` for this run of the job: the agents of this run wait for it."""
     atomic_write(run_dir / JOB_FILE, json.dumps({
         "deployment": deployment, "incarnation": incarnation(), "agent_version": AGENT_VERSION,
         "head_node": socket.gethostname(), "head_addr": addr}))
@@ -270,9 +277,13 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
     return taskset, cfg
 
 
-def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str) -> int:
+def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str,
+           gate_agents: bool = False) -> int:
     """Once enough agents registered: the built-in trainer (with the scripted policy server) or
-    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain."""
+    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain.
+    `gate_agents` (a resumed run with your trainer): the trainer starts first and the agents
+    are let in (`job.json`) once it is back, so the queued rollouts of its policy are not
+    leased while its inference server is still down (each would burn a retry)."""
     rc = 0
     with contextlib.ExitStack() as stack:
         policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
@@ -280,10 +291,14 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
                                             key_file=key_file_of(run_dir)))
         trainer_proc = None
         try:
+            if gate_agents:
+                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                _wait_trainer_back(client, trainer_proc, args.agents_wait_s)
+                _publish_job(run_dir, args.deployment, addr)
             n = _wait_agents(client, args.agents, args.agents_wait_s)
             print(f"paddock head: {n} agents registered; training", flush=True)
             if args.trainer:
-                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                trainer_proc = trainer_proc or _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
                 rc = trainer_proc.wait()
                 print(f"paddock head: trainer exited with {rc}", flush=True)
             else:
@@ -299,6 +314,19 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
             if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
                 _stop_trainer(trainer_proc, 10.0)
     return rc
+
+
+def _wait_trainer_back(client, proc: subprocess.Popen, timeout_s: float, clock=time.monotonic) -> None:
+    """A resumed run's trainer is back once it watches its results (a trainer serves its policy
+    before it reads what the policy produced); after `timeout_s`, or if it exited, go on anyway."""
+    deadline = clock() + timeout_s
+    while clock() < deadline and proc.poll() is None:
+        if client.status().counters.get("watchers", 0) > 0:
+            print("paddock head: the trainer is back (it watches its results): letting the agents in", flush=True)
+            return
+        time.sleep(0.2)
+    print(f"paddock head: the trainer is not watching results after {timeout_s:.0f}s "
+          f"(exit status {proc.poll()}): letting the agents in anyway", flush=True)
 
 
 TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_KEY_FILE",

@@ -14,20 +14,24 @@ Must not import: zmq (the test talks to Slurm and reads the run directory; the t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from slurm.sbatch import ParamError, render
 from tests.conftest import wait_for
 from tests.farmprocs import FarmWatch
 from tests.slurm_fixture import JOB_USER, USER_PYTHON
 from tests.test_sbatch import (TERMINAL, give_to_user, job_components, logs, slurm_out,
                                stray_processes, submit)
 
+ROOT = Path(__file__).resolve().parents[1]
 ROLLOUTS = 10
 POLICY_PORT = 18931          # the trainer's policy server: the same URL in every run of the job
 RESUMED_JOB_DEADLINE_S = 150.0
@@ -90,6 +94,43 @@ def ended_attempts(run_dir: Path) -> list[dict]:
         con.close()
 
 
+def describe(rows: dict[str, dict], run_dir: Path, tmp_path: Path) -> str:
+    """The rollouts that did not commit, with their attempts, and the job's logs."""
+    bad = {rid: r for rid, r in rows.items() if r["state"] != "committed"}
+    attempts = [a for a in ended_attempts(run_dir) if a["rollout_id"] in bad]
+    keep = ("state", "attempt", "failures", "losses", "infra_reason", "outcome", "node")
+    return (json.dumps({rid: {k: r[k] for k in keep} for rid, r in bad.items()}, indent=1)
+            + "\n" + json.dumps([{k: a[k] for k in ("rollout_id", "attempt", "node", "outcome", "reason")}
+                                 for a in attempts], indent=1) + "\n" + logs(tmp_path))
+
+
+# ------------------------------------------------------------------ rendering and the agent step, no Slurm
+def test_requeue_renders_sbatch_requeue_with_appended_output_and_the_default_renders_neither():
+    assert "#SBATCH --requeue\n#SBATCH --open-mode=append\n" in render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
+    plain = render({"run_dir": "/r", "env_nodes": 2})
+    assert "--requeue" not in plain and "--open-mode" not in plain
+    with pytest.raises(ParamError, match="'requeue'"):
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 2})
+
+
+def test_an_agent_of_a_requeued_job_waits_past_the_previous_runs_job_file(tmp_path):
+    """The previous run's job.json and endpoint are still there when a requeued job's agents
+    start (the head may not have started yet): they are not this run's, so the agent never
+    dials them, and names them when it gives up."""
+    from nodeagent.agent.version import AGENT_VERSION
+    (tmp_path / "job.json").write_text(json.dumps({"deployment": "slurm-1", "incarnation": "0",
+                                                   "agent_version": AGENT_VERSION}))
+    (tmp_path / "controller.endpoint").write_text("tcp://127.0.0.1:1")
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "job", "agent", "--run-dir", str(tmp_path),
+                         "--deployment", "slurm-1", "--image-store", "/var/tmp/paddock/images",
+                         "--controller-wait-s", "1"], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                        env=dict(os.environ, SLURM_RESTART_COUNT="1"))
+    assert cp.returncode == 3, cp.stderr
+    assert "holds run 0 of this job, this agent belongs to run 1" in cp.stderr
+    assert "joining" not in cp.stdout
+
+
+# ------------------------------------------------------------------ the real thing on the in-test cluster
 def requeue_and_wait_restart(cluster, job_id: str, tmp_path: Path, watch: FarmWatch) -> None:
     """`scontrol requeue` (what preemption does), then wait until the job runs again. A requeued
     job may be held back by a begin time; the test lets it start now (an admin's scontrol)."""
@@ -143,13 +184,14 @@ def test_a_requeued_job_resumes_its_run_with_nothing_redone_or_lost(slurm_cluste
     requeue_and_wait_restart(slurm_cluster, job_id, tmp_path, watch)
     comp = wait_done(slurm_cluster, job_id, tmp_path, watch)
     assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", logs(tmp_path)
-    assert "resuming the run" in (run_dir / "logs" / "head.log").read_text()
+    head_log = (run_dir / "logs" / "head.log").read_text()
+    assert "resuming the run" in head_log and "the trainer is back" in head_log, logs(tmp_path)
 
     after = queue_rows(run_dir)
     committed_before = {rid for rid, r in before.items() if r["state"] == "committed"}
     held_before = {rid for rid, r in before.items() if r["state"] in ("leased", "running", "verifying")}
     assert len(after) == ROLLOUTS and len({r["batch_id"] for r in after.values()}) == 1   # one batch, keyed
-    assert {r["state"] for r in after.values()} == {"committed"}, after
+    assert {r["state"] for r in after.values()} == {"committed"}, describe(after, run_dir, tmp_path)
     assert len(committed_before) < ROLLOUTS and held_before      # the requeue came mid-batch
     # committed before the requeue: the same attempt and token after it, never run again
     assert {rid: (after[rid]["attempt"], after[rid]["token"]) for rid in committed_before} == \
