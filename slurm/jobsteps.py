@@ -179,7 +179,11 @@ def run_head(args: HeadStep) -> int:
     except KeyFileError as exc:
         print(f"paddock head: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    taskset, cfg = _prepare_run(args, run_dir)
+    try:
+        taskset, cfg = _prepare_run(args, run_dir)
+    except StopRequested as stop:   # the job ends (or is requeued) before its farm came up
+        print(f"paddock head: {stop} while preparing the run: exiting", flush=True)
+        return 0
     addr = args.bind_addr or node_address()
     _remove_previous_endpoint(run_dir)
     gate_agents = resumed and bool(args.trainer)    # let in once the trainer is back (_serve)

@@ -240,13 +240,16 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
         "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
         "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
-        f'forward() {{ echo "paddock: SIG{p.signal} before the time limit: draining"; '
+        f'forward() {{ {"ENDING=1; " if p.requeue else ""}echo "paddock: SIG{p.signal} before the time limit: draining"; '
         f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
         f"trap forward {p.signal}",
         "# wait returns early (>128) when the trap runs: wait again until the step has exited",
         'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
         "# the head has stopped the controller: agents still waiting for one are told to give up",
-        '[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        *(["# (not once this shell was signalled: the steps were too, and a requeued job's id may",
+           "# already name its next run)",
+           '[ "$HEAD_RC" -eq 0 ] || [ -n "${ENDING:-}" ] || scancel --signal=TERM "$SLURM_JOB_ID"']
+          if p.requeue else ['[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"']),
         'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
         'echo "paddock: head exited with $HEAD_RC"',
         'exit "$HEAD_RC"',

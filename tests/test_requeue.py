@@ -107,6 +107,10 @@ def describe(rows: dict[str, dict], run_dir: Path, tmp_path: Path) -> str:
 # ------------------------------------------------------------------ rendering and the agent step, no Slurm
 def test_requeue_renders_sbatch_requeue_with_appended_output_and_the_default_renders_neither():
     assert "#SBATCH --requeue\n#SBATCH --open-mode=append\n" in render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
+    script = render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    # the old run's shell never signals the job id once signalled itself: it may name the next run
+    assert 'forward() { ENDING=1; ' in script and '|| [ -n "${ENDING:-}" ] || scancel --signal=TERM' in script
     plain = render({"run_dir": "/r", "env_nodes": 2})
     assert "--requeue" not in plain and "--open-mode" not in plain
     with pytest.raises(ParamError, match="'requeue'"):
