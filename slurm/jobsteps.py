@@ -12,10 +12,11 @@ tasks of a `paddock launch` job run, one per layout component):
 Requeue and resume: a requeued job (`--requeue`, slurm/sbatch.py's `requeue=1`) runs again
 under the same job id with SLURM_RESTART_COUNT set; a new job may be given the same run
 directory. Either way the head finds the run's queue (`controller.db`) there and the controller
-reopens it: committed rollouts stay committed, those leased by the lost run are retried once
-their leases expire, and the keyed submits of a restarted trainer get their batches back. The
-head removes the previous run's endpoint before it writes `job.json` (deployment + incarnation),
-and an agent waits for the `job.json` of its own run, so nobody dials a dead controller.
+reopens it: committed rollouts stay committed, those leased by the lost run are leased anew
+(released when this run's agents register from their nodes, or when the leases expire), and
+the keyed submits of a restarted trainer get their batches back. The head removes the previous
+run's endpoint before it writes `job.json` (deployment + incarnation), and an agent waits for
+the `job.json` of its own run, so nobody dials a dead controller.
 
 SIGWINCH (forwarded by the batch shell before the time limit; sent by Slurm itself to a
 `paddock launch` job, whose --signal names it) or SIGTERM: agents drain; the head stops
