@@ -38,7 +38,7 @@ from tests.test_sbatch import (TERMINAL, give_to_user, job_components, logs, slu
                                stray_processes, submit)
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_SIZES = (8, 4)          # rollouts of training step 0 (the requeued job) and step 1 (the new job)
+STEP_SIZES = (8, 2)          # rollouts of training step 0 (the requeued job) and step 1 (the new job)
 HELD = ("leased", "running", "verifying")
 KEY = "requeue-test/step-{}"
 
@@ -241,7 +241,8 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
         after_old = queue_rows(run_dir)
         comp = job_state(cluster, job_id, watch)
         assert comp["Restarts"] == "1", comp
-        if comp.get("Reason") == "BeginTime":       # a requeued job waits; an admin lets it start now
+        pending_reason = comp.get("Reason")
+        if pending_reason == "BeginTime":       # a requeued job waits; an admin lets it start now
             slurm_out(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
         comp = wait_job_done(cluster, job_id, run_dir, tmp_path, watch, 120)
         assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", logs(tmp_path)
@@ -292,7 +293,8 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
         wait_for(lambda: not stray_processes(cluster), 15, "job processes to leave the nodes")
         print(f"\nrequeue test: {len(committed_before)} committed before the requeue, {len(kept) - len(committed_before)} "
               f"by the old run while it drained, {len(relet)} leased anew ({len(stuck)} stuck in the weight update); "
-              f"job 1 done after {requeued_s:.1f}s, job 2 after {time.monotonic() - t0:.1f}s")
+              f"requeued job pending for {pending_reason}; job 1 done after {requeued_s:.1f}s, "
+              f"job 2 after {time.monotonic() - t0:.1f}s")
     finally:
         for j in jobs:
             subprocess.run(["scancel", j], env=cluster.env, capture_output=True)
