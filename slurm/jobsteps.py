@@ -9,6 +9,15 @@ tasks of a `paddock launch` job run, one per layout component):
                        up with a clear message after `controller_wait_s`), checks deployment and
                        version, then runs `paddock agent` in this process.
 
+Requeue and resume: a requeued job (`--requeue`, slurm/sbatch.py's `requeue=1`) runs again
+under the same job id with SLURM_RESTART_COUNT set; a new job may be given the same run
+directory. Either way the head finds the run's queue (`controller.db`) there and the controller
+reopens it: committed rollouts stay committed, those leased by the lost run are leased anew
+(released when this run's agents register from their nodes, or when the leases expire), and
+the keyed submits of a restarted trainer get their batches back. The head removes the previous
+run's endpoint before it writes `job.json` (deployment + incarnation), and an agent waits for
+the `job.json` of its own run, so nobody dials a dead controller.
+
 SIGWINCH (forwarded by the batch shell before the time limit; sent by Slurm itself to a
 `paddock launch` job, whose --signal names it) or SIGTERM: agents drain; the head stops
 training, waits until every agent has drained and disconnected, then shuts the controller down
@@ -40,6 +49,7 @@ from rich.console import Console
 
 from controller.analysis.query import print_summary, summary
 from controller.broker.curve import ensure_run_keys
+from controller.broker.daemon import STOPPED_SUFFIX
 from controller.cli import agent as agent_cli
 from controller.client.api import Client, ClientError
 from controller.contracts.fileio import atomic_write
@@ -58,6 +68,7 @@ log = logging.getLogger("paddock.job")
 
 ENDPOINT_FILE = "controller.endpoint"
 JOB_FILE = "job.json"
+QUEUE_FILE = "controller.db"           # the controller's default queue in the run directory
 LIVE_STATES = ("live", "ready")
 EXIT_BAD_INPUT = 2
 EXIT_GAVE_UP = 3
@@ -163,22 +174,32 @@ def run_head(args: HeadStep) -> int:
         raise StopRequested(signal.Signals(signum).name)
     for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
         signal.signal(sig, on_signal)
+    resumed = resuming(run_dir)
     try:
         ensure_run_keys(key_file_of(run_dir))  # before the endpoint: agents load it then
     except KeyFileError as exc:
         print(f"paddock head: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
-    taskset, cfg = _prepare_run(args, run_dir)
+    try:
+        taskset, cfg = _prepare_run(args, run_dir)
+    except StopRequested as stop:   # the job ends (or is requeued) before its farm came up
+        print(f"paddock head: {stop} while preparing the run: exiting", flush=True)
+        return 0
     addr = args.bind_addr or node_address()
-    atomic_write(run_dir / JOB_FILE, json.dumps({"deployment": args.deployment, "agent_version": AGENT_VERSION,
-                                                 "head_node": socket.gethostname(), "head_addr": addr}))
-    (run_dir / ENDPOINT_FILE).unlink(missing_ok=True)
+    _remove_previous_endpoint(run_dir)
+    gate_agents = resumed and bool(args.trainer)    # let in once the trainer is back (_serve)
+    if not gate_agents:
+        _publish_job(run_dir, args.deployment, addr)
+    if resumed:
+        print(f"paddock head: resuming the run in {run_dir} (incarnation {incarnation()}): its queue "
+              f"{QUEUE_FILE} is kept; committed rollouts are not run again, leased ones are leased anew",
+              flush=True)
     ctl = _spawn_controller(args, run_dir, addr)
     endpoint = None
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -191,6 +212,47 @@ def run_head(args: HeadStep) -> int:
         except Exception as exc:  # an empty run has nothing to summarise
             print(f"paddock head: no summary: {exc}", flush=True)
     return rc
+
+
+def incarnation() -> str:
+    """Which run of this Slurm job this is: its restart count ("0" first; a requeued job runs
+    again under the same job id with SLURM_RESTART_COUNT=1, 2, ...). Every step of one run sees
+    the same value, so an agent can tell this run's `job.json` from a previous run's."""
+    return os.environ.get("SLURM_RESTART_COUNT", "0")
+
+
+def resuming(run_dir: Path) -> bool:
+    """The run directory already holds a queue: a requeued job, or a new job on the same run
+    directory. The controller reopens it (the queue on shared storage is the run's truth: its
+    start reconciles the catalog with it, and leases of the previous run expire and are retried)."""
+    return (run_dir / QUEUE_FILE).exists()
+
+
+def _remove_previous_endpoint(run_dir: Path) -> None:
+    """A previous run's endpoint (a requeued job, or an earlier job on this run directory) goes
+    before this run's `job.json` is written: an agent that reads this run's `job.json` finds
+    either no endpoint yet or the one the new controller writes."""
+    for stale in (ENDPOINT_FILE, ENDPOINT_FILE + STOPPED_SUFFIX):
+        (run_dir / stale).unlink(missing_ok=True)
+
+
+def _publish_job(run_dir: Path, deployment: str, addr: str) -> None:
+    """Write `job.json` for this run of the job: the agents of this run wait for it."""
+    atomic_write(run_dir / JOB_FILE, json.dumps({
+        "deployment": deployment, "incarnation": incarnation(), "agent_version": AGENT_VERSION,
+        "head_node": socket.gethostname(), "head_addr": addr}))
+
+
+def _check_same_taskset(run_dir: Path, taskset) -> None:
+    """A resumed run serves the task set it was started with (its queue names those tasks)."""
+    try:
+        before = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return
+    if before.get("taskset_hash") not in (None, taskset.manifest_hash):
+        raise JobStepError(f"run directory {run_dir} holds a run of task set {before.get('taskset')!r} "
+                           f"({before.get('taskset_hash')}); this job serves {taskset.name!r} "
+                           f"({taskset.manifest_hash}): resume it with the same task set, or give a new run_dir")
 
 
 def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
@@ -207,6 +269,8 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
         images = task_images(taskset, store)
     except TaskError as exc:
         raise JobStepError(str(exc)) from None
+    if resuming(run_dir):
+        _check_same_taskset(run_dir, taskset)
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent))
@@ -214,13 +278,17 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "head_node": socket.gethostname()}, indent=2))
+        "head_node": socket.gethostname(), "incarnation": incarnation()}, indent=2))
     return taskset, cfg
 
 
-def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str) -> int:
+def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str,
+           gate_agents: bool = False) -> int:
     """Once enough agents registered: the built-in trainer (with the scripted policy server) or
-    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain."""
+    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain.
+    `gate_agents` (a resumed run with your trainer): the trainer starts first and the agents
+    are let in (`job.json`) once it is back, so the queued rollouts of its policy are not
+    leased while its inference server is still down (each would burn a retry)."""
     rc = 0
     with contextlib.ExitStack() as stack:
         policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
@@ -228,10 +296,14 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
                                             key_file=key_file_of(run_dir)))
         trainer_proc = None
         try:
+            if gate_agents:
+                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                _wait_trainer_back(client, trainer_proc, args.agents_wait_s)
+                _publish_job(run_dir, args.deployment, addr)
             n = _wait_agents(client, args.agents, args.agents_wait_s)
             print(f"paddock head: {n} agents registered; training", flush=True)
             if args.trainer:
-                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                trainer_proc = trainer_proc or _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
                 rc = trainer_proc.wait()
                 print(f"paddock head: trainer exited with {rc}", flush=True)
             else:
@@ -249,8 +321,22 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
     return rc
 
 
+def _wait_trainer_back(client, proc: subprocess.Popen, timeout_s: float, clock=time.monotonic) -> None:
+    """A resumed run's trainer is back once it watches its results (a trainer serves its policy
+    before it reads what the policy produced); after `timeout_s`, or if it exited, go on anyway."""
+    deadline = clock() + timeout_s
+    while clock() < deadline and proc.poll() is None:
+        if client.status().counters.get("watchers", 0) > 0:
+            print("paddock head: the trainer is back (it watches its results): letting the agents in", flush=True)
+            return
+        time.sleep(0.2)
+    print(f"paddock head: the trainer is not watching results after {timeout_s:.0f}s "
+          f"(exit status {proc.poll()}): letting the agents in anyway", flush=True)
+
+
 TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_KEY_FILE",
-               "PADDOCK_TASKSET", "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR")
+               "PADDOCK_TASKSET", "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR",
+               "PADDOCK_INCARNATION")
 
 
 def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str) -> subprocess.Popen:
@@ -260,7 +346,8 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, t
     env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
                PADDOCK_RUN_DIR=str(run_dir), PADDOCK_KEY_FILE=str(key_file_of(run_dir)),
                PADDOCK_TASKSET=taskset.name,
-               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_HEAD_ADDR=addr)
+               PADDOCK_TASKSET_HASH=taskset.manifest_hash, PADDOCK_HEAD_ADDR=addr,
+               PADDOCK_INCARNATION=incarnation())
     if args.bank:
         env["PADDOCK_TASKBANK"] = args.bank
     log_f = open(run_dir / "logs" / "trainer.log", "ab")
@@ -328,25 +415,48 @@ def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment
 
 
 # ----------------------------------------------------------------------------- agent step
-def wait_endpoint(run_dir: Path, timeout_s: float, clock=time.monotonic,
-                  poll_s: float = 0.2) -> tuple[str, dict]:
-    """(endpoint, job.json) once the head has published both, else JobStepError after timeout_s."""
+def wait_endpoint(run_dir: Path, timeout_s: float, deployment: str | None = None,
+                  clock=time.monotonic, poll_s: float = 0.2) -> tuple[str, dict]:
+    """(endpoint, job.json) once the head of this run of the job (`deployment`, `incarnation()`)
+    has published both, else JobStepError after timeout_s. A `job.json` of another deployment
+    or of a previous run (a requeued job, an earlier job on this run directory) is waited past:
+    its endpoint is stale; at the deadline it is named (check_job's message)."""
     deadline = clock() + timeout_s
-    ep, job = run_dir / ENDPOINT_FILE, run_dir / JOB_FILE
-    while not (ep.exists() and job.exists()):
+    ep, job_file = run_dir / ENDPOINT_FILE, run_dir / JOB_FILE
+    job = None
+    while True:
+        job = _read_job(job_file)
+        if job is not None and (deployment is None or _this_run(job, deployment)) and ep.exists():
+            return ep.read_text().strip(), job        # the head removed the stale one before job.json
         if clock() >= deadline:
-            raise JobStepError(
-                f"no controller endpoint at {ep} after {timeout_s:.0f}s: the head step did not start "
-                f"(see {run_dir}/logs/head.log), or {run_dir} is not on storage shared with "
-                f"{socket.gethostname()}")
+            break
         time.sleep(poll_s)
-    return ep.read_text().strip(), json.loads(job.read_text())
+    if job is not None and deployment is not None:
+        check_job(job, deployment, job.get("agent_version"))
+    raise JobStepError(
+        f"no controller endpoint at {ep} after {timeout_s:.0f}s: the head step did not start "
+        f"(see {run_dir}/logs/head.log), or {run_dir} is not on storage shared with "
+        f"{socket.gethostname()}")
+
+
+def _read_job(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):   # not written yet (it is written atomically)
+        return None
+
+
+def _this_run(job: dict, deployment: str) -> bool:
+    return job.get("deployment") == deployment and str(job.get("incarnation", "0")) == incarnation()
 
 
 def check_job(job: dict, deployment: str, agent_version: str) -> None:
     if job.get("deployment") != deployment:
         raise JobStepError(f"the run directory belongs to deployment {job.get('deployment')!r}, "
                            f"this agent to {deployment!r}: two jobs share one run directory")
+    if str(job.get("incarnation", "0")) != incarnation():
+        raise JobStepError(f"the run directory holds run {job.get('incarnation', '0')} of this job, this agent "
+                           f"belongs to run {incarnation()}: the head of this run did not start")
     if job.get("agent_version") != agent_version:
         raise JobStepError(f"agent version {agent_version} cannot join a controller of version "
                            f"{job.get('agent_version')}: install the same Paddock on every node")
@@ -362,7 +472,7 @@ def run_agent(args: AgentStep) -> int:
         signal.signal(sig, on_signal)
     node = socket.gethostname()
     try:
-        endpoint, job = wait_endpoint(run_dir, args.controller_wait_s)
+        endpoint, job = wait_endpoint(run_dir, args.controller_wait_s, args.deployment)
         check_job(job, args.deployment, AGENT_VERSION)
     except JobStepError as exc:
         print(f"paddock agent on {node}: {exc}", file=sys.stderr, flush=True)

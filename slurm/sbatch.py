@@ -15,6 +15,8 @@ wait for it there and give up before the job's time runs out. `--signal=B:<SIG>@
 the batch shell, which forwards SIGWINCH to both steps (Slurm signals every process of a step;
 WINCH is ignored by default, so sandboxes are untouched): agents drain, the head stops the
 training loop, waits for the drain and shuts the controller down (the store is flushed).
+With `requeue=1` a preempted (or `scontrol requeue`d) job runs again under the same job id, on
+the same run directory: the head resumes the run from its queue (slurm/jobsteps.py).
 
 Must not import: zmq, sqlite3 (pure; used by `paddock sbatch render` and the launcher).
 """
@@ -64,6 +66,8 @@ class JobParams:
     heartbeat_interval_s: float = 1.0
     image_store: str = "/var/tmp/paddock/images"
     python: str = "python3"            # interpreter with Paddock installed (the venv's)
+    requeue: int = 0                   # 1: --requeue (preempted or failed: back to the queue; the next
+                                       # run resumes from the run directory's queue); 0: Slurm's default
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ParamError:
@@ -105,6 +109,8 @@ class JobParams:
         for name in ("min_agents", "tasks_limit", "signal_before_s"):
             if getattr(self, name) < 0:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)!r}")
+        if self.requeue not in (0, 1):
+            raise bad("requeue", f"must be 0 or 1, got {self.requeue!r}")
         if self.min_agents > self.env_nodes:
             raise bad("min_agents", f"must not exceed env_nodes={self.env_nodes}")
         if self.heartbeat_interval_s <= 0:
@@ -177,6 +183,8 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
               f"#SBATCH --signal=B:{p.signal}@{p.signal_before_s}"]
     common += [f"#SBATCH --partition={p.partition}"] if p.partition else []
     common += [f"#SBATCH --account={p.account}"] if p.account else []
+    # a requeued job runs the script again: its output is appended to, not truncated
+    common += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if p.requeue else []
     if p.layout == "het":
         sbatch = common + ["#SBATCH --nodes=1", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={p.head_cpus}",
                            "#SBATCH hetjob",
@@ -232,13 +240,16 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
         "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
         "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
-        f'forward() {{ echo "paddock: SIG{p.signal} before the time limit: draining"; '
+        f'forward() {{ {"ENDING=1; " if p.requeue else ""}echo "paddock: SIG{p.signal} before the time limit: draining"; '
         f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
         f"trap forward {p.signal}",
         "# wait returns early (>128) when the trap runs: wait again until the step has exited",
         'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
         "# the head has stopped the controller: agents still waiting for one are told to give up",
-        '[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        *(["# (not once this shell was signalled: the steps were too, and a requeued job's id may",
+           "# already name its next run)",
+           '[ "$HEAD_RC" -eq 0 ] || [ -n "${ENDING:-}" ] || scancel --signal=TERM "$SLURM_JOB_ID"']
+          if p.requeue else ['[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"']),
         'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
         'echo "paddock: head exited with $HEAD_RC"',
         'exit "$HEAD_RC"',

@@ -185,6 +185,24 @@ def test_submit_needs_known_tasks_and_a_published_policy(h):
     assert sum(h.queue.counts().values()) == 0
 
 
+def test_a_policy_republished_at_a_new_endpoint_is_what_the_next_leases_name(h):
+    """A restarted trainer (a requeued job) serves its policy again on another port: the version
+    moves, leases made from then on carry the new endpoint; other weights under it are refused."""
+    h.register("n1", 1)
+    h.submit(n=2)
+    [first] = leases(h.tick(), "n1")
+    assert first.policy.endpoint == "http://127.0.0.1:9/v1"
+    out = h.send(b"client", P.PublishPolicy(idem="moved", version=1, endpoint="http://127.0.0.1:10/v1",
+                                            model="m"))
+    assert [a.ok for a in of_type(out, P.Ack)] == [True]
+    [second] = leases(h.send("n1", result(first)), "n1")
+    assert second.policy.endpoint == "http://127.0.0.1:10/v1"
+    out = h.send(b"client", P.PublishPolicy(idem="other", version=1, endpoint="http://127.0.0.1:10/v1",
+                                            model="other-weights"))
+    assert [(a.ok, a.code) for a in of_type(out, P.Ack)] == [(False, "policy_conflict")]
+    assert h.queue.policy(1).model == "m"
+
+
 # ---- liveness and re-registration -------------------------------------------------------
 
 def test_a_silent_node_is_declared_lost_and_its_leases_go_to_a_live_one(h):

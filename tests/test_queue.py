@@ -313,11 +313,25 @@ def test_policies_are_idempotent_and_conflicts_refused(q):
     assert q.publish_policy(1, "http://a/v1", "m", "p1") is False
     assert q.publish_policy(1, "http://a/v1", "m", "p1") is True
     assert q.publish_policy(2, "http://b/v1", "m", "p2") is False
-    with pytest.raises(qm.PolicyConflict):
-        q.publish_policy(2, "http://c/v1", "m", "p3")
+    assert q.publish_policy(2, "http://b/v1", "m", "p2-again") is True     # same contents
+    with pytest.raises(qm.PolicyConflict, match="policy version 2 already published as http://b/v1 m"):
+        q.publish_policy(2, "http://b/v1", "other-weights", "p3")
     assert q.policy(1).endpoint == "http://a/v1"
     assert q.latest_policy().version == 2
     assert q.policy(7) is None
+
+
+def test_the_same_policy_at_a_new_endpoint_is_a_move_and_survives_a_reopen(make_queue):
+    """A restarted trainer serves the version it published before on a new port."""
+    q = make_queue()
+    q.publish_policy(1, "http://head:4001/v1", "m", "p1")
+    assert q.publish_policy(1, "http://head:4999/v1", "m", "p1-restarted") is False
+    assert q.policy(1).endpoint == "http://head:4999/v1"
+    assert q.publish_policy(1, "http://head:4999/v1", "m", "p1-restarted") is True   # a retried request
+    with pytest.raises(qm.PolicyConflict):
+        q.publish_policy(1, "http://head:4999/v1", "m2", "p1-other")   # other weights: never
+    q.close()
+    assert make_queue().policy(1).endpoint == "http://head:4999/v1"
 
 
 # ---- crash safety ----

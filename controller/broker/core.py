@@ -413,6 +413,7 @@ class BrokerCore:
             self.queue.publish_policy(msg.version, msg.endpoint, msg.model, msg.idem)
         except PolicyConflict as exc:
             return self._refuse(identity, msg, POLICY_CONFLICT, str(exc))
+        self._policies.pop(msg.version, None)  # an endpoint move: leases from now on name the new one
         self._resync()  # a newer policy may have revoked stale leases
         self._send(identity, P.Ack(ref=msg.id, ok=True))
 

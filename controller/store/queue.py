@@ -523,17 +523,26 @@ class RolloutQueue(QueueReads):
     # ---- policies ----
 
     def publish_policy(self, version: int, endpoint: str, model: str, idem: str) -> bool:
-        """Record a policy version; returns True if this was a duplicate (nothing changed)."""
+        """Record a policy version; returns True if this was a duplicate (nothing changed).
+        The same version and model at another endpoint is an endpoint move (a restarted trainer
+        serves its policy on a new port): the new endpoint is recorded, and every lease made from
+        now on names it. Another model under a published version is refused (PolicyConflict)."""
         with self._tx():
             if self._idem_get("policy:" + idem) is not None:
                 return True
             old = self._db.execute("SELECT * FROM policies WHERE version = ?",
                                    (version,)).fetchone()
             if old is not None:
-                if (old["endpoint"], old["model"]) != (endpoint, model):
+                if old["model"] != model:
                     raise PolicyConflict(f"policy version {version} already published as "
                                          f"{old['endpoint']} {old['model']}")
-                return True
+                if old["endpoint"] == endpoint:
+                    return True
+                self._db.execute("UPDATE policies SET endpoint = ? WHERE version = ?",
+                                 (endpoint, version))
+                self._idem_put("policy:" + idem, {"version": version})
+                log.info("policy version %d moved: %s -> %s", version, old["endpoint"], endpoint)
+                return False
             self._db.execute("INSERT INTO policies VALUES (?, ?, ?, ?)",
                              (version, endpoint, model, self.clock()))
             self._idem_put("policy:" + idem, {"version": version})
