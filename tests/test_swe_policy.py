@@ -124,3 +124,15 @@ def test_the_policy_server_plays_a_swe_task_from_the_script_over_http(tmp_path):
     assert [c["name"] for c in calls] == ["edit", "edit", "write_file", "shell"]
     assert json.loads(calls[0]["arguments"])["new"] == "def add(a, b):\n    return a + b\n"
     assert replies[-1]["content"] == "done" and "not what the policy plays" not in json.dumps(replies)
+
+
+def test_a_slurm_job_takes_the_policy_script_as_an_absolute_path_to_the_head():
+    import shlex
+    from slurm.sbatch import ParamError, render
+    text = render({"run_dir": "/r", "env_nodes": 2, "taskset": "s", "bank": "/b", "policy_script": "/p q/x.yaml"})
+    [line] = [ln for ln in text.splitlines() if " job head " in ln]
+    argv = shlex.split(line.rstrip("\\"))
+    assert argv[argv.index("--policy-script") + 1] == "/p q/x.yaml"
+    assert "--policy-script" not in render({"run_dir": "/r", "env_nodes": 2})
+    with pytest.raises(ParamError, match="'policy_script' must be an absolute path"):
+        render({"run_dir": "/r", "env_nodes": 2, "policy_script": "x.yaml"})
