@@ -57,7 +57,7 @@ from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
-from controller.demo.localrun import (COMPACT_EVERY, LOCAL_FAMILIES, RunConfig, load_taskset,
+from controller.demo.localrun import (COMPACT_EVERY, RunConfig, load_taskset, scripted_players,
                                       task_images, train, wait_file)
 from controller.demo.policy_server import PolicyServer, default_params
 from layers.builtin import ensure_builtin_image
@@ -91,6 +91,7 @@ class HeadStep:
     taskset: str = "builtin"             # the task set served
     bank: str = ""                       # the task bank holding `taskset` (shared storage)
     trainer: str = ""                    # your training command ("": the built-in scripted trainer)
+    policy_script: str = ""              # the scripted policy's swe scripts (controller/demo/swe_policy.py)
     bind_addr: str | None = None         # address the controller binds (None: this node's)
     metrics_port: int | None = None      # serve Prometheus metrics on this port
 
@@ -181,7 +182,7 @@ def run_head(args: HeadStep) -> int:
         print(f"paddock head: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     try:
-        taskset, cfg = _prepare_run(args, run_dir)
+        taskset, cfg, players = _prepare_run(args, run_dir)
     except StopRequested as stop:   # the job ends (or is requeued) before its farm came up
         print(f"paddock head: {stop} while preparing the run: exiting", flush=True)
         return 0
@@ -199,7 +200,7 @@ def run_head(args: HeadStep) -> int:
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents, players)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -257,13 +258,11 @@ def _check_same_taskset(run_dir: Path, taskset) -> None:
 
 def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
     """Load the task set, make sure its images are in the store, write `tasks.json` (what leases
-    carry) and `run.json`; return (task set, the built-in trainer's RunConfig). JobStepError
-    names what is missing."""
+    carry) and `run.json`; return (task set, the built-in trainer's RunConfig, the scripted policy's
+    extra players). JobStepError names what is missing."""
     try:
         taskset = load_taskset(args.taskset, args.bank)
-        if not args.trainer and (others := sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))):
-            raise TaskError(f"the built-in scripted trainer plays {' and '.join(LOCAL_FAMILIES)} tasks; task set "
-                            f"{taskset.name!r} also has {', '.join(others)} tasks: give your own trainer=")
+        players = {} if args.trainer else scripted_players(taskset, args.policy_script)
         store = ImageStore(args.image_store)
         digest, _image = ensure_builtin_image(store)
         images = task_images(taskset, store)
@@ -273,17 +272,17 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
         _check_same_taskset(run_dir, taskset)
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
-                    image_store=args.image_store, runs_dir=str(run_dir.parent))
+                    image_store=args.image_store, runs_dir=str(run_dir.parent), policy_script=args.policy_script)
     write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "head_node": socket.gethostname(), "incarnation": incarnation()}, indent=2))
-    return taskset, cfg
+    return taskset, cfg, players
 
 
 def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str,
-           gate_agents: bool = False) -> int:
+           gate_agents: bool = False, players: dict | None = None) -> int:
     """Once enough agents registered: the built-in trainer (with the scripted policy server) or
     the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain.
     `gate_agents` (a resumed run with your trainer): the trainer starts first and the agents
@@ -291,7 +290,7 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
     leased while its inference server is still down (each would burn a retry)."""
     rc = 0
     with contextlib.ExitStack() as stack:
-        policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr))
+        policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr, players=players))
         client = stack.enter_context(Client(endpoint, args.deployment,
                                             key_file=key_file_of(run_dir)))
         trainer_proc = None

@@ -38,7 +38,8 @@ def job_task(p: JobParams) -> int:
     if rank == 0:
         rc = run_head(HeadStep(**common, agents=p.agents_needed, agents_wait_s=p.agents_wait_s,
                                drain_timeout_s=60.0, versions=p.versions, rollouts_per_task=p.rollouts_per_task,
-                               tasks_limit=p.tasks_limit, taskset=p.taskset, bank=p.bank, trainer=p.trainer))
+                               tasks_limit=p.tasks_limit, taskset=p.taskset, bank=p.bank, trainer=p.trainer,
+                               policy_script=p.policy_script))
     else:
         rc = run_agent(AgentStep(**common, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s))
     if rc != 0:

@@ -63,6 +63,7 @@ class JobParams:
     bank: str = ""                     # the task bank directory (shared storage), for a stored task set
     trainer: str = ""                  # your training command (run by /bin/sh on the head node once the
                                        # agents registered; env PADDOCK_ENDPOINT, ...); "": the built-in one
+    policy_script: str = ""            # the built-in trainer's swe scripts (controller/demo/swe_policy.py)
     heartbeat_interval_s: float = 1.0
     image_store: str = "/var/tmp/paddock/images"
     python: str = "python3"            # interpreter with Paddock installed (the venv's)
@@ -90,8 +91,10 @@ class JobParams:
                 raise bad(name, f"must be an absolute path (every node resolves it), got {getattr(self, name)!r}")
         if self.taskset != "builtin" and not _TOKEN.fullmatch(self.taskset):
             raise bad("taskset", f"must be 'builtin' or a task set name of [A-Za-z0-9_.-], got {self.taskset!r}")
-        if self.bank and (not self.bank.startswith("/") or "\0" in self.bank or "\n" in self.bank):
-            raise bad("bank", f"must be an absolute path (every node resolves it), got {self.bank!r}")
+        for name in ("bank", "policy_script"):
+            v = getattr(self, name)
+            if v and (not v.startswith("/") or "\0" in v or "\n" in v):
+                raise bad(name, f"must be an absolute path (every node resolves it), got {v!r}")
         if self.taskset != "builtin" and not self.bank:
             raise bad("bank", f"must name the task bank that holds taskset={self.taskset!r}")
         if "\0" in self.trainer or "\n" in self.trainer:
@@ -213,6 +216,7 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
     head_args += ["--taskset", q(p.taskset)] if p.taskset != "builtin" else []
     head_args += ["--bank", q(p.bank)] if p.bank else []
     head_args += ["--trainer", q(p.trainer)] if p.trainer else []
+    head_args += ["--policy-script", q(p.policy_script)] if p.policy_script else []
     agent_args = [
         "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
         "--slots", q(str(p.slots_per_node)), "--controller-wait-s", q(str(p.controller_wait_s)),

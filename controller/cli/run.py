@@ -47,6 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
     run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_TASKBANK, else ./taskbank)")
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
+    run.add_argument("--policy-script", metavar="FILE",
+                     help="per-task scripts the scripted policy plays swe tasks with (JSON/YAML, docs/policy.md)")
     run.set_defaults(func=cmd_run)
 
     sbx = subparsers.add_parser("sandbox", help="sandbox tools")
@@ -74,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = RunConfig.load(args.config, {"versions": args.versions, "agents": args.agents,
                                            "rollouts_per_task": args.rollouts_per_task,
                                            "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
-                                           "taskset": args.taskset, "bank": args.bank})
+                                           "taskset": args.taskset, "bank": args.bank,
+                                           "policy_script": args.policy_script})
         run_local(cfg, validate_for_run)
     except (ConfigError, TypeError) as exc:
         print(f"paddock run: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ HEAD_HELP = {
     "bank": "the task bank holding --taskset (shared storage)",
     "trainer": "your training command, run on this node once the agents registered "
                "(default: the built-in scripted trainer)",
+    "policy_script": "the scripted policy's per-task scripts of swe tasks (docs/policy.md)",
     "bind_addr": "address the controller binds (default: this node's)",
     "metrics_port": "serve Prometheus metrics on this port",
 }

@@ -34,6 +34,7 @@ from controller.client.api import Client
 from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
+from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
 from controller.contracts.taskblobs import write_tasks_file
@@ -73,6 +74,7 @@ class RunConfig:
     taskset: str = "builtin"          # "builtin", or a task set stored in the bank (`paddock tasks import`)
     bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
     compact_every: int = COMPACT_EVERY  # the controller merges small shards after every N commits (0: never)
+    policy_script: str = ""           # per-task scripts of swe tasks for the scripted policy (swe_policy.py)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -108,6 +110,32 @@ class RunConfig:
 
 BUILTIN_IMAGE = "builtin:python"
 LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
+
+
+def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
+    """The scripted policy's extra players for `taskset` (`ScriptedPolicy(players=...)`): the swe
+    player when a policy script is given. TaskError names a family it cannot play, a swe task the
+    script has no variants for, or what is wrong with the script."""
+    families = {t.family for t in taskset.tasks}
+    playable = LOCAL_FAMILIES + (SCRIPTED_FAMILIES if policy_script else ())
+    others = sorted(families - set(playable))
+    if others:
+        hint = " (swe tasks: give a policy script, --policy-script FILE)" if "swe" in others else ""
+        raise TaskError(f"the scripted policy plays {', '.join(playable[:-1])} and {playable[-1]} tasks; task set {taskset.name!r} "
+                        f"also has {', '.join(others)} tasks{hint}; or run them with your own trainer "
+                        f"(`paddock sbatch render trainer=...`, docs/operations.md)")
+    if not policy_script:
+        return {}
+    try:
+        script = load_policy_script(policy_script)
+    except PolicyScriptError as exc:
+        raise TaskError(str(exc)) from None
+    missing = script.missing(taskset.tasks)
+    if missing:
+        raise TaskError(f"policy script {policy_script} has no variants for task {missing[0]!r} "
+                        f"({len(missing)} swe tasks lack one)")
+    return {"swe": SwePlayer(script)}
 
 
 def load_taskset(name: str, bank: str = ""):
@@ -190,11 +218,11 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
         taskset = load_taskset(cfg.taskset, cfg.bank)
     except TaskError as exc:
         raise ConfigError(f"config key 'taskset': {exc}") from None
-    others = sorted({t.family for t in taskset.tasks} - set(LOCAL_FAMILIES))
-    if others:
-        raise ConfigError(f"config key 'taskset': the local run's scripted policy plays {' and '.join(LOCAL_FAMILIES)} "
-                          f"tasks; task set {taskset.name!r} also has {', '.join(others)} tasks (run those with "
-                          f"your own trainer: `paddock sbatch render trainer=...`, docs/operations.md)")
+    try:
+        players = scripted_players(taskset, cfg.policy_script)
+    except TaskError as exc:
+        key = "policy_script" if cfg.policy_script and "policy script" in str(exc) else "taskset"
+        raise ConfigError(f"config key {key!r}: {exc}") from None
     names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
     store = ImageStore(cfg.image_store or default_store_root())
     with console.status("image: building or reusing the built-in python image") as st:
@@ -222,7 +250,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                              cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
-    with PolicyServer(taskset) as policy:
+    with PolicyServer(taskset, players=players) as policy:
         try:
             ctl = _spawn([*PADDOCK_CLI, "controller", "--deployment", deployment,
                           "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
@@ -286,6 +314,8 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
             occupancy = curriculum.occupancy(version)   # through this version: what `paddock report` shows
             samples = []
             for family, content, reward in rows:
+                if family not in params:      # a family its own player plays (swe_policy.py)
+                    continue
                 try:
                     samples.append(Sample(family, strategy_from_plan(content), float(reward)))
                 except ValueError:

@@ -360,8 +360,10 @@ def _validate_request(req: Any) -> None:
 class ScriptedPolicy:
     """The versioned scripted policy over one task set. Thread-safe; time is injected."""
 
-    def __init__(self, taskset: TaskSet, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, taskset: TaskSet, clock: Callable[[], float] = time.time,
+                 players: Mapping[str, Any] | None = None) -> None:
         self._tasks = {t.instruction: t for t in taskset.tasks}
+        self.players = dict(players or {})   # family -> its own player (controller/demo/swe_policy.py)
         self._clock = clock
         self._lock = threading.Lock()
         self._versions: dict[int, Params] = {0: default_params()}
@@ -424,8 +426,11 @@ class ScriptedPolicy:
         if task is None:
             step: Step = FinalStep(UNKNOWN_TASK_REPLY)
         else:
-            strategy, logprob = sample_strategy(self.params(version)[task.family], seed)
-            steps = script(task, strategy, tool_results, self.loopback_port)
+            player = self.players.get(task.family)
+            strategy, logprob = (player.choose(task, version, seed) if player
+                                 else sample_strategy(self.params(version)[task.family], seed))
+            steps = (player.script(task, strategy, tool_results) if player
+                     else script(task, strategy, tool_results, self.loopback_port))
             step = steps[min(n_assistant, len(steps) - 1)]
             if n_assistant == 0:
                 logprobs = {"content": [{"token": strategy, "logprob": logprob, "top_logprobs": []}]}
@@ -556,8 +561,8 @@ class PolicyServer:
     """Serve a ScriptedPolicy over HTTP on host:port (port 0 picks a free one)."""
 
     def __init__(self, taskset: TaskSet, host: str = "127.0.0.1", port: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.policy = ScriptedPolicy(taskset, clock=clock)
+                 clock: Callable[[], float] = time.time, players: Mapping[str, Any] | None = None) -> None:
+        self.policy = ScriptedPolicy(taskset, clock=clock, players=players)
         self._host, self._port = host, port
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None

@@ -86,7 +86,10 @@ def scrubbed_checkout(repo: Path, base_commit: str, dest: Path) -> None:
         if ref != "refs/heads/main":
             _git(dest, "update-ref", "-d", ref)
     _git(dest, "reflog", "expire", "--expire=all", "--all")
-    _git(dest, "gc", "--quiet", "--prune=now")
+    # Pack afresh (-F: no object or delta reused from the clone's pack, whose bytes vary from run
+    # to run) with one thread: the same record gives the same pack, hence the same layer.
+    _git(dest, "repack", "-q", "-a", "-d", "-F")
+    _git(dest, "prune", "--expire=now")
     git_dir = dest / ".git"
     head = _git(dest, "rev-parse", "HEAD").strip()
     (git_dir / "refs" / "heads").mkdir(parents=True, exist_ok=True)
