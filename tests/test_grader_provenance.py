@@ -300,3 +300,23 @@ def test_the_gold_fix_with_an_edited_test_still_passes_and_the_edit_is_ignored(t
 def test_what_counts_as_test_infrastructure(rel, infra):
     from nodeagent.verifier.grade import test_infrastructure
     assert test_infrastructure(rel) is infra
+
+
+def cached_pyc_with_a_forged_function(source: str, path: str, name: str) -> bytes:
+    """An unchecked hash-based .pyc (PEP 552: never compared with its source) for `path`, whose
+    module code is honestly named but whose functions claim the file `name`: importlib renames
+    only the code objects that carry the module's own name."""
+    module = compile(source, path, "exec")
+    consts = tuple(c.replace(co_filename=name) if isinstance(c, type(module)) else c for c in module.co_consts)
+    return importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little") + b"\0" * 8 + marshal.dumps(
+        module.replace(co_consts=consts))
+
+
+@pytest.mark.parametrize("isolation", ["call", "process"])
+def test_a_cached_pyc_whose_functions_claim_the_standard_library_earns_nothing(runtime, python_image, isolation):
+    task = task_of(SQUARE, isolation=isolation)
+    oracle = hack(task, "oracle_frames")["solution.py"]
+    changes = [Change("/work/solution.py", "modified", oracle.encode(), 0o644),
+               Change("/work/__pycache__/solution.cpython-311.pyc", "added",
+                      cached_pyc_with_a_forged_function(oracle, "/work/solution.py", FORGED_NAMES[1]), 0o644)]
+    assert_unrewarded(verify(runtime, python_image, task, changes, None))

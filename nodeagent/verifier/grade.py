@@ -195,8 +195,16 @@ def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | 
 
 # -- the verification sandbox -----------------------------------------------------------------
 
+def compiled_artifact(path: str) -> bool:
+    """Python bytecode the agent left (`__pycache__/`, `*.pyc`): never graded. A cache file is
+    trusted by importlib without its source (PEP 552's unchecked pycs), and its code objects can
+    name any file; the grading sandbox compiles the agent's sources itself."""
+    return "/__pycache__" in path or path.endswith((".pyc", ".pyo"))
+
+
 def _fresh_sandbox(runtime, image, task, changes):
-    """A new sandbox of the same image: the task's visible files, then the agent's changes."""
+    """A new sandbox of the same image: the task's visible files, then the agent's changes
+    (not its bytecode: `compiled_artifact`)."""
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
                                         files=dict(task.get("files", {})), hostname="verifier",
@@ -205,7 +213,8 @@ def _fresh_sandbox(runtime, image, task, changes):
         raise VerifierInfraError(f"verifier sandbox failed to start: {exc}") from None
     try:
         if changes:
-            sb.apply([c for c in changes if c.path == "/work" or c.path.startswith("/work/")])
+            sb.apply([c for c in changes if (c.path == "/work" or c.path.startswith("/work/"))
+                      and not compiled_artifact(c.path)])
     except SandboxError as exc:
         sb.destroy()
         raise VerifierInfraError(f"applying the agent's changes failed: {exc}") from None

@@ -419,8 +419,10 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
     a trusted stack must be the file's own bytes (the tests': through the grader's own loader);
     `<frozen ...>` names are never compiled at run time; and bytecode is unmarshalled only by
     importlib's own loaders (exact types), pytest's cache reader or zipimport, from a trusted
-    file, or for a module whose source is outside the trusted directories (its code is named
-    after that source, so it is not trusted). Any other unmarshal is refused, as are native
+    file, or for a module whose source is outside the trusted directories from a cache file the
+    child cannot write (the grader never applies the agent's .pyc files: importlib renames only
+    the code objects named like the module, so a forged cache could hold functions that claim
+    the standard library). Any other unmarshal is refused, as are native
     extension modules in a file or directory the child can write (/tmp; not /work, nor the
     image) and opening a process's memory through /proc."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
@@ -432,6 +434,10 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
     def trusted_file(path):
         return isinstance(path, str) and not path.startswith("<") and realpath(path).startswith(prefixes)
+
+    def writable(path):      # by this process: something the code under test could have put there
+        real = realpath(path)
+        return os.access(real, os.W_OK) or os.access(os.path.dirname(real), os.W_OK)
 
     def on_stack(frame, test):
         while frame is not None:
@@ -469,7 +475,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
                 return False
             source, pyc = frame.f_locals.get("source_path"), frame.f_locals.get("bytecode_path")
             if isinstance(source, str) and not trusted_file(source) and not source.startswith(claims):
-                return True
+                return isinstance(pyc, str) and not writable(pyc)   # not one the code under test wrote
             return trusted_file(pyc)
         if in_file(frame, "_read_pyc", "/_pytest/assertion/rewrite.py"):
             return trusted_file(str(frame.f_locals.get("pyc")))
@@ -496,10 +502,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             return None if genuine_unmarshal(frame) else (untrusted_on_stack(frame) or "marshal")
         if event == "import":        # (name, file, ...): `file` is set for an extension module
             so = args[1] if len(args) > 1 else None
-            if isinstance(so, str):   # native code the code under test could have written: never
-                real = realpath(so)
-                if os.access(real, os.W_OK) or os.access(os.path.dirname(real), os.W_OK):
-                    return untrusted_on_stack(frame) or so
+            if isinstance(so, str) and writable(so):   # native code the code under test wrote: never
+                return untrusted_on_stack(frame) or so
             return None
         if event == "open":          # a process's own memory, written through /proc, is no test
             path = args[0] if args else None
