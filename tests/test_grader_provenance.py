@@ -320,3 +320,57 @@ def test_a_cached_pyc_whose_functions_claim_the_standard_library_earns_nothing(r
                Change("/work/__pycache__/solution.cpython-311.pyc", "added",
                       cached_pyc_with_a_forged_function(oracle, "/work/solution.py", FORGED_NAMES[1]), 0o644)]
     assert_unrewarded(verify(runtime, python_image, task, changes, None))
+
+
+# Always-equal objects. Repository tests keep Python's own `==` (a project's types decide their
+# equality: strict comparison is off there), so the grader compiles their `assert a == b` to
+# `honest_eq`: an object whose == the code under test defines must not also equal a fresh
+# object() or a perturbed copy of the other side.
+EQUALITY = {
+    "always_equal": ("class E:\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\n"
+                     "def add(a, b):\n    return E()\n", False),
+    "int_subclass_always_equal": "class E(int):\n    def __eq__(self, o): return True\ndef add(a, b):\n    return E(0)\n",
+    "builtin_as_eq": "class E:\n    __eq__ = staticmethod(bool)\ndef add(a, b):\n    return E()\n",
+    "equal_to_any_int": "class E:\n    def __eq__(self, o): return isinstance(o, int)\ndef add(a, b):\n    return E()\n",
+    "claims_a_stdlib_module": ("class E:\n    __module__ = 'decimal'\n    def __eq__(self, o): return True\n"
+                               "def add(a, b):\n    return E()\n"),
+    "honest_int_subclass": ("class N(int):\n    pass\ndef add(a, b):\n    return N(a + b)\n", True),
+    "honest_own_equality": ("class N:\n    def __init__(self, v):\n        self.v = v\n"
+                            "    def __eq__(self, o):\n        return self.v == (o.v if isinstance(o, N) else o)\n"
+                            "def add(a, b):\n    return N(a + b)\n", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EQUALITY))
+def test_always_equal_objects_earn_nothing_and_honest_types_keep_their_equality(tmp_path, runtime, python_image, name):
+    from layers.store import ImageStore
+    from nodeagent.verifier.validate import sandbox_layers
+    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+    source, honest = EQUALITY[name] if isinstance(EQUALITY[name], tuple) else (EQUALITY[name], False)
+    clones = make_clones(tmp_path)
+    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
+    t = _task_dict(task)
+    v = verify(runtime, python_image, t, [Change("/work/calc.py", "modified", source.encode(), 0o644)], None,
+               layers=sandbox_layers(runtime, python_image, t))
+    if honest:
+        assert (v.outcome, v.reward) == ("pass", 1.0), v.checks[-1]["detail"]
+    else:
+        assert_unrewarded(v)
+
+
+def test_honest_eq_keeps_library_types_that_equal_anything_by_design():
+    from unittest import mock
+    from decimal import Decimal
+    grader_plugin._trusted_function = lambda fn: str(getattr(getattr(fn, "__code__", None), "co_filename", "")
+                                                     ).startswith(str(Path(mock.__file__).parent.parent))
+    try:
+        assert grader_plugin.honest_eq(mock.ANY, 3) and grader_plugin.honest_eq(Decimal("3"), 3)
+        assert grader_plugin.honest_eq([1, 2], [1, 2]) and not grader_plugin.honest_eq(2, 3)
+
+        class Always:
+            def __eq__(self, other):
+                return True
+        with pytest.raises(AssertionError, match="compares equal to anything"):
+            grader_plugin.honest_eq(Always(), 3)
+    finally:
+        grader_plugin._trusted_function = None

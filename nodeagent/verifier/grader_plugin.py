@@ -40,6 +40,7 @@ import: anything of Paddock.
 
 import _imp
 import _thread
+import ast
 import builtins
 import hashlib
 import hmac
@@ -238,9 +239,81 @@ def strict_eq(a, b):
     return bool(a == b) and bool(b == a)
 
 
+_PLAIN = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), list, tuple, dict, set,
+                    frozenset, range})
+_trusted_function = None     # the audit hook's judge: is this function's code trusted? (set in `child`)
+
+
+def _perturbed(y):
+    """A value of y's own builtin type that differs from y (None when there is no such value)."""
+    t, new = type(y), None
+    if t is bool:
+        new = not y
+    elif t in (int, float, complex):
+        new = y + 1
+    elif t is str:
+        new = y + "\u2063"
+    elif t in (bytes, bytearray):
+        new = y + b"\0"
+    elif t in (list, tuple):
+        new = y + t((object(),))
+    elif t is dict:
+        new = {**y, object(): None}
+    elif t in (set, frozenset):
+        new = y | {object()}
+    return None if new is None or new == y else new
+
+
+def _truthy(v):
+    try:
+        return bool(v)
+    except Exception:
+        return False
+
+
+def _suspect(x):
+    """x's == is neither a builtin's nor trusted code's: it is the code under test's to define."""
+    if type(x) in _PLAIN:
+        return False
+    eq = getattr(type(x), "__eq__", None)
+    if type(eq).__name__ == "wrapper_descriptor":      # C: a builtin or extension type's own slot
+        return False
+    return not (_trusted_function is not None and _trusted_function(eq))
+
+
+def honest_eq(a, b):
+    """`assert a == b` as Python computes it (a project's own types keep their own equality),
+    except that an object whose == the code under test defines must not also equal what no honest
+    value equals: a fresh `object()`, or a perturbed copy of a builtin value on the other side.
+    Test modules loaded by the grader have their `assert x == y` compiled to this."""
+    result = a == b
+    if not result:
+        return result
+    for x, y in ((a, b), (b, a)):
+        if not _suspect(x):
+            continue
+        probe = object()
+        twin = _perturbed(y) if type(y) in _PLAIN else None
+        if _truthy(x == probe) or (twin is not None and _truthy(x == twin)):
+            raise AssertionError(f"paddock grader: a {type(x).__qualname__} compares equal to anything "
+                                 f"(also to {'a fresh object()' if _truthy(x == probe) else repr(twin)[:80]})")
+    return result
+
+
+class _HonestAsserts(ast.NodeTransformer):
+    """`assert a == b` -> `assert _paddock_honest_eq(a, b)`, line numbers kept (the AST is compiled)."""
+
+    def visit_Assert(self, node):
+        t = node.test
+        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
+            node.test = ast.copy_location(ast.Call(ast.copy_location(ast.Name("_paddock_honest_eq", ast.Load()), t),
+                                                   [t.left, t.comparators[0]], []), t)
+        return node
+
+
 class _Plugin:
-    def __init__(self, fd, key, tests_dir):
-        self.fd, self.tests_dir = fd, tests_dir
+    def __init__(self, fd, key, tests_dir, locked=()):
+        self.fd, self.tests_dir, self.locked = fd, tests_dir, frozenset(locked)
         self.watch, self.globals_watch, self.class_watch = [], [], []
         seq = [0]
 
@@ -270,7 +343,9 @@ class _Plugin:
                    (_pytest.python, "pytest_pyfunc_call"), (_pytest.reports.TestReport, "__init__"),
                    (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
-                   (sys.modules[__name__], "strict_eq"), (_Plugin, "pytest_runtest_logreport"),
+                   (sys.modules[__name__], "strict_eq"), (sys.modules[__name__], "honest_eq"),
+                   (sys.modules[__name__], "_trusted_function"), (sys.modules[__name__], "_suspect"),
+                   (_MemLoader, "source_to_code"), (_Plugin, "pytest_runtest_logreport"),
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
         return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
@@ -310,7 +385,7 @@ class _Plugin:
         sys.meta_path.insert(0, self.finder)
 
     def pytest_collection_finish(self, session):
-        self.globals_watch += _callables_of(self.tests_dir)
+        self.globals_watch += _callables_of(self.tests_dir, self.locked)
         self.check()
         ids = [i.nodeid for i in session.items]
         for at in range(0, max(len(ids), 1), 500):      # one socket message each, well under its limit
@@ -343,6 +418,14 @@ class _MemLoader(importlib.abc.SourceLoader):
             raise OSError(f"no data for {path}")
         source, self.source = self.source, None      # one shot: code under test cannot read it later
         return source
+
+    def source_to_code(self, data, path, *, _optimize=-1):
+        tree = _HonestAsserts().visit(ast.parse(data, path))
+        return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
+
+    def exec_module(self, module):
+        module.__dict__["_paddock_honest_eq"] = honest_eq
+        super().exec_module(module)
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -550,6 +633,17 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
 
+    def trusted_function(fn):
+        """Is `fn` a function whose code is trusted? (Reads `__code__` unaudited: the hook is busy.)"""
+        me = ident()
+        busy.add(me)
+        try:
+            code = getattr(fn, "__code__", None)
+        finally:
+            busy.discard(me)
+        return code is not None and trusted(code)
+    return trusted_function
+
 
 def _watched_classes():
     """pytest's report, call and item classes: their whole __dict__ is watched (a property added
@@ -562,12 +656,14 @@ def _watched_classes():
             _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin]
 
 
-def _callables_of(tests_dir):
+def _callables_of(tests_dir, locked=()):
     """(module, its globals, name, object) of every function, class and module the test
-    modules hold after collection: the code under test must not swap any of them."""
+    modules (and a repository check's locked test modules) hold after collection: the code
+    under test must not swap any of them (`_paddock_honest_eq` included)."""
     out = []
     for name, mod in list(sys.modules.items()):
-        if str(getattr(mod, "__file__", "")).startswith(tests_dir + "/"):
+        where = str(getattr(mod, "__file__", ""))
+        if where.startswith(tests_dir + "/") or where in locked:
             out += [(name, vars(mod), n, v) for n, v in list(vars(mod).items())
                     if callable(v) or isinstance(v, type(sys))]
     return out
@@ -580,10 +676,12 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     sys.meta_path.insert(0, _TrustedImports(trusted_path))
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
-    plugin = _Plugin(fd, key, cfg["tests_dir"])
+    plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
-    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]), test_files=cfg.get("locked") or ())
+    global _trusted_function
+    _trusted_function = install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
+                                           test_files=cfg.get("locked") or ())
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = importlib.util.module_from_spec(spec)
