@@ -107,6 +107,10 @@ class Autoscaler:
             k.create_s = seconds if k.create_s is None else 0.7 * k.create_s + 0.3 * seconds
 
     # -- outputs ----------------------------------------------------------------------------
+    def knows(self, key: Hashable) -> bool:
+        """Whether `key` has been leased within `idle_after_s` (as of the last plan)."""
+        return key in self._keys
+
     def forecast(self, key: Hashable) -> tuple[float, float]:
         """(rate per second, burst) of `key` now; (0, 0) for a key it does not know."""
         k = self._keys.get(key)
