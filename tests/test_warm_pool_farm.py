@@ -13,10 +13,12 @@ from controller.demo.policy_server import STRATEGIES, PolicyServer, default_para
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.core import Attempt
 from nodeagent.agent.daemon import NodeAgent
+from nodeagent.agent.health import HealthSampler
 from nodeagent.agent.warmpools import start_warm_pools
+from nodeagent.sandbox.autoscale import ScaleConfig
 from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec, tar_to_changes
 from nodeagent.sandbox.warmpool import pool_key
-from tests.conftest import sandbox_prerequisites, wait_for
+from tests.conftest import FakeClock, sandbox_prerequisites, wait_for
 
 pytestmark = pytest.mark.sandbox
 TASKSET = builtin_taskset()
@@ -94,6 +96,9 @@ def test_rollouts_take_pooled_sandboxes_once_each_and_score_as_unpooled(node, po
     assert len(handed) == len(set(handed))                     # never a sandbox twice
     assert sorted(stats["pool_targets"].values()) == [1, 1]
     assert all(sb_id not in handed for p in rt._pools.values() for sb_id in (s.id for s in p._ready))
+    health = HealthSampler(agent).sample()                     # what the heartbeat and `paddock health` carry
+    assert health["pool_hits"] == stats["pool_hits"] and health["pool_misses"] == 2
+    assert health["warm_pool"] >= 2 and sorted(health["pool_targets"].values()) == [1, 1]
 
 
 def test_a_pooled_sandbox_shows_no_trace_of_an_earlier_rollout(node, python_image):
@@ -136,3 +141,24 @@ def test_a_draining_agent_holds_no_warm_sandbox(node):
     rt.plan_pools()
     wait_for(lambda: rt.pool_stats()["warm_pool"] == 0, 60, "the pools emptied")
     assert set(rt.pool_stats()["pool_targets"].values()) == {0}
+
+
+def test_a_spec_not_leased_for_a_while_loses_its_pool(busybox_image):
+    clock = FakeClock()
+    rt = SandboxRuntime().start()
+    try:
+        agent = NodeAgent("idle-node", "tcp://127.0.0.1:9", "pool-test", slots=2,
+                          image_store=str(Path(busybox_image).parent.parent), runtime=rt, insecure=True)
+        start_warm_pools(rt, agent, max_sandboxes=2, config=ScaleConfig(idle_after_s=120), clock=clock)
+        spec = SandboxSpec(image=Path(busybox_image))
+        rt.acquire(spec).destroy()
+        rt.plan_pools()
+        wait_for(lambda: rt.pool_stats()["warm_pool"] == 1, 60, "a ready sandbox")
+        clock.advance(119)
+        assert rt.plan_pools() == {pool_key(spec): 1}
+        clock.advance(2)
+        assert rt.plan_pools() == {pool_key(spec): 0}
+        assert rt._pools == {} and rt.pool_stats()["pool_targets"] == {}
+        wait_for(lambda: rt.active_sandboxes() == 0, 30, "the waiting sandbox destroyed")
+    finally:
+        rt.close()

@@ -159,6 +159,13 @@ def _bare(spec):
     return dataclasses.replace(spec, files={}) if spec.files else spec
 
 
+def _destroy_quietly(sb) -> None:
+    try:
+        sb.destroy()
+    except Exception as exc:  # noqa: BLE001 - logged: the caller gets a fresh sandbox anyway
+        log.warning("destroying sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
+
+
 class PooledBackend:
     """Warm pools for a backend that has `create(spec)`, a `_lock` and called `_init_pools()`."""
 
@@ -203,24 +210,32 @@ class PooledBackend:
             key = key or pool_key(spec)
             self._arrival(key, spec)
         sb = p.take() if p is not None else None
+        if sb is not None and spec.files:
+            try:
+                sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
+            except Exception as exc:  # noqa: BLE001 - it died while it waited: make a fresh one
+                log.warning("warm sandbox %s unusable at the handout (%s): making a fresh one", sb.id, exc)
+                _destroy_quietly(sb)
+                sb = None
         if sb is not None:
-            self.pool_hits += 1
-            if spec.files:
-                try:
-                    sb.write_files({f"/work/{k}": v for k, v in spec.files.items()})
-                except Exception:
-                    sb.destroy()
-                    raise
+            self._count(scaled, hit=True)
             return sb
         t0 = time.monotonic()
         sb = self.create(spec)
         if scaled or p is not None:
-            self.pool_misses += 1
+            self._count(scaled, hit=False)
         if scaled:
             with self._scale_lock:
                 if self._scaler is not None:
                     self._scaler.created(key, time.monotonic() - t0)
         return sb
+
+    def _count(self, scaled: bool, hit: bool) -> None:
+        if scaled:          # slot threads acquire at once: the counters under the scaler's lock
+            with self._scale_lock:
+                self.pool_hits, self.pool_misses = self.pool_hits + hit, self.pool_misses + (not hit)
+        else:
+            self.pool_hits, self.pool_misses = self.pool_hits + hit, self.pool_misses + (not hit)
 
     # -- the autoscaler ---------------------------------------------------------------------
     def autoscale(self, scaler: Autoscaler, capacity: Callable[[], Capacity],
@@ -303,6 +318,9 @@ class PooledBackend:
         return []
 
     def _stop_pools(self) -> None:
+        if self._scaler is not None or self.pool_hits:
+            log.info("warm pools stopped: %d handouts ready, %d made on the spot",
+                     self.pool_hits, self.pool_misses)
         self._scaler = None
         self._plan_kick.set()
         if self._manager is not None and self._manager is not threading.current_thread():
