@@ -15,7 +15,7 @@ and `MEM_HEADROOM_MB`; on disk, what the state directory's filesystem has beyond
 `IDLE_SANDBOX_MB` (its init and overlay mount; files are written at the handout) and
 `IDLE_SANDBOX_DISK_MB`.
 
-Must not import: zmq, controller.* (other than controller.contracts), nodeagent.agent.daemon.
+Must not import: zmq, controller, nodeagent.agent.daemon.
 """
 from __future__ import annotations
 
