@@ -64,7 +64,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "slice): it is then not enforced, and the log says which (default: refuse)")
     ap.add_argument("--warm-pool", type=int, default=_warm_pool_default(), metavar="N",
                     help="keep at most N ready sandboxes for the specs this node is leased most, sized "
-                         "by an arrival-rate autoscaler (0: off; default: the slots, or "
+                         "by an arrival-rate autoscaler (0: off; default: two per slot, or "
                          f"${WARM_POOL_ENV})")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 

@@ -7,7 +7,9 @@ specs this node is leased most keep ready sandboxes (already at the task's image
 A handout is never reused: the attempt destroys it, as it destroys one it made.
 
 The pool never takes what the slots need (`capacity_of`): it holds at most `max_sandboxes`
-(default: the agent's slots), at most the runtime's id slices beyond two per slot (a slot's
+(default `default_pool_size`: two per slot, an agent and a grading sandbox each, so a batch of
+leases that fills every slot at once finds all its sandboxes ready), at most the runtime's id
+slices beyond two per slot (a slot's
 agent and grading sandbox, and one being torn down), and, in memory, at most
 `max_mem_mb` and what the node has available beyond a full sandbox memory cap for every slot
 and `MEM_HEADROOM_MB`; on disk, what the state directory's filesystem has beyond
@@ -34,6 +36,11 @@ IDLE_SANDBOX_DISK_MB = 1
 MEM_HEADROOM_MB = 512        # left to the agent, the gateway and the verifier's checks
 DISK_HEADROOM_MB = 1024
 DEFAULT_MAX_MEM_MB = 512     # the pool's own memory cap
+
+
+def default_pool_size(slots: int) -> int:
+    """Two ready sandboxes per slot: its agent's and its grading sandbox."""
+    return 2 * max(int(slots), 0)
 
 
 def capacity_of(agent, runtime, max_sandboxes: int, max_mem_mb: float = DEFAULT_MAX_MEM_MB) -> Capacity:
