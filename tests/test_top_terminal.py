@@ -119,7 +119,7 @@ def test_a_wide_terminal_gets_the_extra_columns(farm, terminal):
     heading = next(ln for ln in screen if ln.startswith("│ NODE")).split("│")[1:-1]
     assert [h.strip() for h in heading] == ["NODE", "STATE", "BUSY/SLOTS", "SANDBOXES",
                                             "MEM FREE", "DISK FREE", "HB AGE", "ROLL/S",
-                                            "ERR/MIN", "CPU%", "TMPFS", "LEASES", "VERSION"]
+                                            "ERR/MIN", "CPU%", "TMPFS", "POOL", "LEASES", "VERSION"]
 
 
 @pytest.mark.parametrize("terminal", [(80, 24)], indirect=True)

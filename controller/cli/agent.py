@@ -6,7 +6,7 @@ steps start it). Parses the arguments, configures logging and calls
                 --deployment ID [--node N] [--slots N]
                 (--image-store DIR | --noop-s S) [--subid-base B --subid-count C | --subid-share K/N]
                 [--heartbeat-interval-s S] [--drain-deadline-s S] [--give-up-s S] [--degrade]
-                [--insecure] [--log-level L]
+                [--warm-pool N] [--insecure] [--log-level L]
 
 The run's CURVE keys come from `--key-file` (default: `controller.key` next to the endpoint
 file); a missing key file, or one of another user or readable by others, is an error naming the
@@ -62,7 +62,28 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="start even where a sandbox cap (memory, pids, cpu) can be held neither by a "
                          "cgroup nor from user space (memory monitor, CPU slice + SCHED_BATCH, pids per id "
                          "slice): it is then not enforced, and the log says which (default: refuse)")
+    ap.add_argument("--warm-pool", type=int, default=_warm_pool_default(), metavar="N",
+                    help="keep at most N ready sandboxes for the specs this node is leased most, sized "
+                         "by an arrival-rate autoscaler (0: off; default: two per slot, or "
+                         f"${WARM_POOL_ENV})")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+WARM_POOL_ENV = "PADDOCK_WARM_POOL"
+
+
+def _warm_pool_default() -> int | None:
+    """$PADDOCK_WARM_POOL (how `paddock run` and job steps pass it to their agents), else None."""
+    text = os.environ.get(WARM_POOL_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise SystemExit(f"paddock agent: ${WARM_POOL_ENV}={text!r} is not a whole number") from None
+    if n < 0:
+        raise SystemExit(f"paddock agent: ${WARM_POOL_ENV}={text!r} must be >= 0")
+    return n
 
 
 def _share(text: str) -> tuple[int, int]:
@@ -137,7 +158,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
                  heartbeat_interval_s=args.heartbeat_interval_s,
                  drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade,
                  keys=keys, insecure=args.insecure, endpoint_file=endpoint_file,
-                 give_up_s=args.give_up_s)
+                 give_up_s=args.give_up_s, warm_pool=args.warm_pool)
 
 
 def register(subparsers) -> None:

@@ -34,7 +34,7 @@ COLUMNS = (("NODE", "NODE", "left", 8), ("STATE", "STATE", "left", 5),
            ("MEM", "MEM FREE", "right", 5), ("DISK", "DISK FREE", "right", 5),
            ("HB", "HB AGE", "right", 4), ("R/S", "ROLL/S", "right", 4),
            ("ERR/M", "ERR/MIN", "right", 5))
-EXTRA = (("CPU%", "right", 4), ("TMPFS", "right", 5), ("LEASES", "right", 3),
+EXTRA = (("CPU%", "right", 4), ("TMPFS", "right", 5), ("POOL", "right", 6), ("LEASES", "right", 3),
          ("VERSION", "left", 7))
 KEY = ("SLOTS busy/all  SBX sandboxes  MEM, DISK free  HB heartbeat age  "
        "R/S rollouts/s  ERR/M errors/min")
@@ -43,7 +43,8 @@ SORTS = {"node": "node", "state": "state", "last_seen": "hb_age", "hb_age": "hb_
          "slots": "slots", "free": "free", "busy": "busy", "active": "busy",
          "sandboxes": "sandboxes", "rate": "rate", "cpu": "cpu", "mem_free": "mem_free",
          "disk_free": "disk_free", "tmpfs": "tmpfs", "errors": "errors",
-         "err_per_min": "err_per_min", "leases": "leases", "version": "version"}
+         "err_per_min": "err_per_min", "leases": "leases", "version": "version",
+         "pool": "pool_hit"}
 STATE_MARK = {"live": ("live", ""), "draining": ("DRAIN", "bold yellow"),
               "lost": ("LOST", "bold red")}
 
@@ -104,6 +105,7 @@ class TopView:
                 "rate": h.get("rollouts_per_s"), "errors": total,
                 "err_per_min": self._error_rate(str(n.get("node")), total, now_mono),
                 "cpu": h.get("cpu_percent"), "leases": n.get("leases"),
+                "pool": h.get("warm_pool"), "pool_hit": _hit_rate(h),
                 "version": n.get("agent_version") or h.get("agent_version")})
         col = SORTS.get(self.sort, self.sort)
         known = sorted((r for r in out if r.get(col) is not None),
@@ -140,7 +142,7 @@ class TopView:
                      mb(r["mem_free"]), mb(r["disk_free"]), age(r["hb_age"]), rate(r["rate"]),
                      rate(r["err_per_min"], 1)]
             if wide:
-                cells += [rate(r["cpu"], 0), mb(r["tmpfs"]), _n(r["leases"]), str(r["version"] or "-")]
+                cells += [rate(r["cpu"], 0), mb(r["tmpfs"]), _pool(r), _n(r["leases"]), str(r["version"] or "-")]
             table.add_row(*cells, style=style)
         return Group(self._title(rows, counts, width), table,
                      self._footer(rows, shown, counts, width, problem, key=not long))
@@ -183,6 +185,21 @@ class TopView:
 
 def _n(v) -> str:
     return "-" if v is None else str(v)
+
+
+def _hit_rate(h: dict) -> float | None:
+    """The share of sandbox acquires a warm pool served ready (None before the first)."""
+    hits, misses = h.get("pool_hits"), h.get("pool_misses")
+    if not isinstance(hits, int) or not isinstance(misses, int) or hits + misses == 0:
+        return None
+    return hits / (hits + misses)
+
+
+def _pool(r: dict) -> str:
+    """POOL: ready sandboxes and the hit rate, e.g. `2 93%`."""
+    if r["pool"] is None:
+        return "-"
+    return f"{r['pool']} {r['pool_hit'] * 100:.0f}%" if r["pool_hit"] is not None else str(r["pool"])
 
 
 @contextlib.contextmanager

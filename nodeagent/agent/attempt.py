@@ -151,7 +151,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         if gateway is not None:
             gateway.start()
         relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
-        sb = runtime.create(SandboxSpec(image=image, limits=dict(task.limits),
+        sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits),
                                         files={k: as_bytes(v) for k, v in task.files.items()},
                                         egress_socket=relay, layers=layers))
     except (SandboxError, PolicyError, OSError) as exc:

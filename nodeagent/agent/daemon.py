@@ -39,6 +39,7 @@ from nodeagent.agent.attempt import run_attempt
 from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, EndpointNews
 from nodeagent.agent.health import sampler_for
 from nodeagent.agent.version import AGENT_VERSION
+from nodeagent.agent.warmpools import default_pool_size, start_warm_pools
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
 log = logging.getLogger("nodeagent")
@@ -345,10 +346,13 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
           subids: Optional[tuple[int, int]] = None, heartbeat_interval_s: float = 1.0,
           drain_deadline_s: float = 60.0, noop_s: Optional[float] = None,
           degrade: bool = False, keys: Optional[RunKeys] = None, insecure: bool = False,
-          endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None) -> int:
+          endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None,
+          warm_pool: Optional[int] = None) -> int:
     """Run a node agent until it drains, is shut down, refused or gives up; return its exit
     status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
-    (required). `keys` (unless `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent."""
+    (required). `keys` (unless `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
+    `warm_pool`: at most this many ready sandboxes (nodeagent.agent.warmpools; None: two per
+    slot; 0: off)."""
     if keys is None and not insecure:
         raise ValueError("serve: the run's keys are required (unless insecure)")
     runtime, runner = None, None
@@ -367,6 +371,9 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
                       heartbeat_interval_s=heartbeat_interval_s,
                       drain_deadline_s=drain_deadline_s, runner=runner, keys=keys,
                       insecure=insecure, endpoint_file=endpoint_file, give_up_s=give_up_s)
+    pooled = default_pool_size(slots) if warm_pool is None else warm_pool
+    if runtime is not None and pooled > 0:
+        start_warm_pools(runtime, agent, pooled)
     # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
     signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", drain_deadline_s))
     try:

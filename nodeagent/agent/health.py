@@ -8,7 +8,11 @@ of the node namespace) and the host (CPU, memory, disk of the run root) through 
   ts, node, agent_version, draining, slots, slots_used, slots_free, sandboxes_active,
   warm_pool, rollouts_total, rollouts_per_s, cpu_percent, mem_used_mb, mem_free_mb,
   mem_percent, rss_mb, tmpfs_used_mb, disk_used_mb, disk_free_mb, image_mounts, errors{...},
-  completed, bad_frames (kept for older readers)
+  completed, bad_frames (kept for older readers),
+  pool_hits, pool_misses (sandbox acquires served by a ready sandbox / made on the spot),
+  pool_targets{pool: n}, pool_ready{pool: n} (per warm pool, named image+layers@hostname)
+
+`warm_pool` is the number of ready sandboxes waiting in all pools.
 
 With a `jsonl_dir` (from $PADDOCK_HEALTH_DIR when the agent is built by a job step), each
 sample is also appended as one line to `<jsonl_dir>/<node>.jsonl`; the file is rotated to
@@ -109,8 +113,11 @@ class HealthSampler:
             return out
         if callable(getattr(rt, "active_sandboxes", None)):
             out["sandboxes_active"] = rt.active_sandboxes()
-        pools = getattr(rt, "_pools", None)
-        out["warm_pool"] = _safe(lambda: sum(_pool_size(p) for p in (pools or {}).values()))
+        if callable(getattr(rt, "pool_stats", None)):
+            out.update(rt.pool_stats())
+        else:
+            pools = getattr(rt, "_pools", None)
+            out["warm_pool"] = _safe(lambda: sum(_pool_size(p) for p in (pools or {}).values()))
         state_dir = getattr(rt, "state_dir", None) or getattr(rt, "run_root", None)
         if state_dir:
             du = _safe(lambda: psutil.disk_usage(state_dir))
@@ -143,6 +150,8 @@ def sampler_for(agent) -> HealthSampler:
 
 
 def _pool_size(pool) -> int:
+    if hasattr(pool, "__len__"):
+        return len(pool)
     for name in ("size", "ready", "available"):
         v = getattr(pool, name, None)
         v = v() if callable(v) else v

@@ -17,7 +17,8 @@ The contract (what callers may rely on, whatever the backend):
 - `exec(argv, stdin, timeout_s, cwd, env, output_cap)` returns an ExecResult: the command's
   exit code; stdout and stderr each cut at `output_cap` bytes (`truncated`); a command still
   running at `timeout_s` is killed with everything it started and reports exit code 124
-  (`timed_out`).
+  (`timed_out`). `stdin` reaches the command whole, up to 8 MiB (the native backend's
+  `sbxinit.STDIN_MAX_BYTES`); more is a ValueError naming the cap.
 - `write_files({abs path: bytes})`, `read_file(path)`; `diff(prefix)` the writable layer's
   changes under `prefix`, parents before children; `diff_archive(prefix)` the same as a tar;
   `apply(changes or archive)` replays either form (of either backend) so the tree under the

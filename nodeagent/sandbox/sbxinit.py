@@ -46,6 +46,9 @@ PROC_MASKED = ("kcore", "keys", "timer_list", "timer_stats", "sched_debug", "lat
 PROC_HIDDEN_DIRS = ("acpi", "asound", "scsi")
 PROC_READONLY = ("sys", "bus", "fs", "irq")
 INIT_REPLY_MAX_BYTES = 32 * 1024 * 1024
+# An exec's stdin: all of it reaches the command (fed as the pipe drains), up to this cap (the
+# native init refuses more; its request frame holds 16 MiB); more is a ValueError naming it.
+STDIN_MAX_BYTES = 8 * 1024 * 1024
 FUSE_MOUNT_TIMEOUT_S = 10.0
 EGRESS_PORT = 3128
 WHITEOUT = ".wh."
@@ -375,6 +378,9 @@ def exec_records(argv, stdin: bytes, timeout_s: float, cwd: str, env: dict, outp
     recs += [("c", cwd.encode()), ("t", str(max(int(timeout_s * 1000), 1)).encode()),
              ("o", str(int(output_cap)).encode())]
     if stdin:
+        if len(stdin) > STDIN_MAX_BYTES:
+            raise ValueError(f"stdin of {len(stdin)} bytes is larger than the sandbox exec cap of "
+                             f"{STDIN_MAX_BYTES} bytes (STDIN_MAX_BYTES): write the data to a file instead")
         recs.append(("i", bytes(stdin)))
     if uid is not None:
         recs.append(("u", str(int(uid)).encode()))

@@ -206,7 +206,7 @@ def _fresh_sandbox(runtime, image, task, changes):
     """A new sandbox of the same image: the task's visible files, then the agent's changes
     (not its bytecode: `compiled_artifact`)."""
     try:
-        sb = runtime.create(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
+        sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
                                         files=dict(task.get("files", {})), hostname="verifier",
                                         layers=tuple(task.get("_layers", ()))))
     except SandboxError as exc:

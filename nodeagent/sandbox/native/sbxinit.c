@@ -62,7 +62,7 @@
 #include <unistd.h>
 
 #define REQ_MAX_BYTES (16u << 20)
-#define STDIN_MAX_BYTES 65536
+#define STDIN_MAX_BYTES (8u << 20)   /* nodeagent.sandbox.sbxinit.STDIN_MAX_BYTES checks it first */
 #define STRAY_GRACE_MS 20
 #define EGRESS_PORT 3128
 #define EGRESS_MAX_CONNECTIONS 32
@@ -526,6 +526,7 @@ static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) 
         buf_put(strings, "", 1);
     }
     if (off < 0) return "malformed request";
+    if (c->stdin_len > STDIN_MAX_BYTES) return "stdin is larger than the cap of 8 MiB";
     for (size_t i = 0; i < nrec; i++) {
         char *s = strings->p + offs[i];
         switch (tags[i]) {
@@ -601,13 +602,14 @@ static void run_command(struct cmd *c, struct buf *reply) {
         rec_str(reply, '2', m);
         return;
     }
-    if (c->stdin_len) {   /* what fits in the pipe, without blocking */
-        fcntl(in[1], F_SETFL, O_NONBLOCK);
-        if (write(in[1], c->stdin_data, c->stdin_len < STDIN_MAX_BYTES ? c->stdin_len : STDIN_MAX_BYTES) < 0) {}
-    }
-    close(in[1]);
+    /* stdin is fed from the poll loop as the pipe drains (all of it: parse_cmd refused more
+     * than STDIN_MAX_BYTES), then closed; a command that exits or closes its stdin first ends
+     * the feed (EPIPE: SIGPIPE is ignored here). */
+    size_t fed = 0;
+    if (c->stdin_len) fcntl(in[1], F_SETFL, O_NONBLOCK);
+    else { close(in[1]); in[1] = -1; }
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    struct pollfd p[3] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {pidfd, POLLIN, 0}};
+    struct pollfd p[4] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}, {pidfd, POLLIN, 0}, {in[1], POLLOUT, 0}};
     struct buf bufs[2] = {{0}, {0}};
     int status = 0, exited = 0, open_fds = 2, timed_out = 0, truncated = 0;
     char chunk[65536];
@@ -616,12 +618,20 @@ static void run_command(struct cmd *c, struct buf *reply) {
         if (left <= 0) { timed_out = 1; break; }
         int wait_ms = (int)left + 1;
         if (exited && wait_ms > STRAY_GRACE_MS) wait_ms = STRAY_GRACE_MS;
-        int ready = poll(p, 3, wait_ms);
+        int ready = poll(p, 4, wait_ms);
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0 && exited) break;   /* strays keep the pipes open: stop reading */
         if (p[2].revents) {
             exited = reap(pid, &status);
             if (exited) p[2].fd = -1;
+        }
+        if (p[3].revents) {
+            ssize_t w = (p[3].revents & POLLOUT) ? write(in[1], c->stdin_data + fed, c->stdin_len - fed) : -1;
+            if (w > 0) fed += (size_t)w;
+            if (fed >= c->stdin_len || (w < 0 && errno != EAGAIN && errno != EINTR)) {
+                close(in[1]);
+                in[1] = p[3].fd = -1;
+            }
         }
         for (int i = 0; i < 2; i++) {
             if (!p[i].revents) continue;
@@ -638,6 +648,7 @@ static void run_command(struct cmd *c, struct buf *reply) {
         }
     }
     for (int i = 0; i < 2; i++) if (p[i].fd >= 0) close(p[i].fd);
+    if (in[1] >= 0) close(in[1]);
     if (pidfd >= 0) close(pidfd);
     if (timed_out) {
         kill_all_but_me();
