@@ -59,9 +59,9 @@ def test_calls_to_one_endpoint_share_one_connection():
     with PolicyServer(TASKSET) as policy:
         client = KeepAliveModel(policy.url)
         client.complete(PAYLOAD, 10)
-        sock = client._conn.sock
+        sock = client._sock
         client.complete(PAYLOAD, 10)
-        assert client._conn.sock is sock
+        assert client._sock is sock and sock is not None
         client.close()
 
 

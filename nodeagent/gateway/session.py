@@ -86,6 +86,7 @@ class Session:
         self.deadline = clock() + budgets.wall_s
         self.rows: list[dict] = []
         self.tokens_used = 0
+        self._charged = 0               # calls counted against the budget (all but refusals)
         self._history: list[tuple[list[int] | None, list[int] | None]] = []
         self._lock = threading.Lock()
 
@@ -99,6 +100,13 @@ class Session:
         """(reply, its bytes as the server sent them, or None if the client does not keep them)."""
         with self._lock:
             return self._call(payload, timeout_s)
+
+    def stream(self, payload: dict, timeout_s: float, emit: Callable[[bytes], None]) -> dict:
+        """A `stream: true` call, streamed from the model server: `emit(data)` gets each
+        server-sent event's data for the client (ending with b"[DONE]"); returns the reply as
+        assembled from the chunks (what is recorded)."""
+        with self._lock:
+            return self._call(payload, timeout_s, emit)[0]
 
     def close(self) -> None:
         """Close the kept connections to the model servers (the rows stay)."""
@@ -124,14 +132,15 @@ class Session:
 
     def _check_budget(self, now: float) -> None:
         b = self.budgets
-        if len([r for r in self.rows if r["status"] != "budget"]) >= b.max_calls:
+        if self._charged >= b.max_calls:
             raise BudgetExhausted("calls", f"the rollout's budget of {b.max_calls} model calls is spent")
         if self.tokens_used >= b.max_tokens:
             raise BudgetExhausted("tokens", f"the rollout's budget of {b.max_tokens} tokens is spent")
         if now >= self.deadline:
             raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
 
-    def _call(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
+    def _call(self, payload: dict, timeout_s: float,
+              emit: Callable[[bytes], None] | None = None) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
         try:
@@ -153,17 +162,27 @@ class Session:
             try:
                 if remaining <= 0:
                     raise ModelTimeout("no wall budget left for the model call")
-                client, fwd = self._client_for(up.endpoint), wire.upstream_payload(payload, up.model, self.flavor)
-                if hasattr(client, "complete_raw"):
+                client = self._client_for(up.endpoint)
+                fwd = wire.upstream_payload(payload, up.model, self.flavor, stream=emit is not None
+                                            and hasattr(client, "stream"))
+                if emit is not None:
+                    body, raw = self._stream_once(client, fwd, remaining, emit, payload), None
+                elif hasattr(client, "complete_raw"):
                     body, raw = client.complete_raw(fwd, remaining)
                 else:
                     body, raw = client.complete(fwd, remaining), None
                 status, err = 200, None
             except ModelError as exc:
                 body, status, err = exc.body, exc.status, exc
+            except OSError as exc:                 # `emit`: the client went away mid-stream
+                upstream_s += self._clock() - t0
+                self._record(payload, started, t_in, up, None, retries, upstream_s, "error",
+                             f"the client closed the stream: {exc!r}")
+                raise
             upstream_s += self._clock() - t0
-            if wire.is_loading_refusal(status, body) and retries < self.max_version_retries \
-                    and self._clock() < self.deadline:
+            refused = wire.is_loading_refusal(status, body) or bool(err is not None and getattr(err, "refused", False))
+            if refused and not (err is not None and getattr(err, "forwarded", False)) \
+                    and retries < self.max_version_retries and self._clock() < self.deadline:
                 retries += 1
                 log.info("model server is loading a new version; retry %d of the call (version %d)",
                          retries, up.version)
@@ -173,8 +192,66 @@ class Session:
             if err is not None:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
                 raise err
+            if refused:           # an abort still there after the last retry: not a reply
+                err = ModelError(f"model server {up.endpoint} kept aborting the call (a weight update) "
+                                 f"after {retries} retries")
+                self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
+                raise err
             self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
             return body, raw
+
+    def _stream_once(self, client: Any, fwd: dict, timeout_s: float, emit: Callable[[bytes], None],
+                     payload: dict) -> dict:
+        """One streamed exchange: each event's data is passed to `emit` as it arrives, except
+        that events are held back until one carries output, so that a refusal or an abort
+        before any output is retried unseen; the reply is assembled from the chunks. An abort
+        after output was forwarded is a ModelError with `forwarded` set (not retried)."""
+        want_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        if not hasattr(client, "stream"):          # a Model without streaming (replay, tests)
+            body = client.complete(fwd, timeout_s)
+            if not wire.is_loading_refusal(200, body):
+                for event in wire.sse(body, want_usage).split(b"\n\n")[:-1]:
+                    emit(event[6:])
+            return body
+        asm, held, forwarded = wire.StreamAssembly(), [], False
+        events = client.stream(fwd, timeout_s)
+        try:
+            for data in events:
+                if data == b"[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError:
+                    raise ModelError(f"model server sent a stream event that is not JSON: {data[:200]!r}") from None
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    err = ModelError(f"model server sent an error event: {data[:300].decode(errors='replace')}")
+                    err.body, err.forwarded = chunk, forwarded
+                    raise err
+                asm.add(chunk)
+                if asm.finish == "abort":
+                    if forwarded:
+                        err = ModelError("the model server aborted the streamed call after part of it was "
+                                         "forwarded (a weight update)")
+                        err.forwarded = True
+                        raise err
+                    return asm.body()              # retried by the caller, nothing forwarded
+                if chunk.get("usage") and not chunk.get("choices") and not want_usage:
+                    continue                       # the usage chunk only the gateway asked for
+                if not forwarded and not asm.output and asm.finish is None:
+                    held.append(data)
+                    continue
+                for h in held:
+                    emit(h)
+                held, forwarded = [], True
+                emit(data)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        for h in held:
+            emit(h)
+        emit(b"[DONE]")
+        return asm.body()
 
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):
@@ -196,6 +273,8 @@ class Session:
         p_tok, c_tok = usage.get("prompt_tokens"), usage.get("completion_tokens")
         if status == "ok":
             self.tokens_used += int(p_tok or 0) + int(c_tok or 0)
+        if status != "budget":
+            self._charged += 1
         params = {k: v for k, v in payload.items() if k not in _REQUEST_KEYS_APART}
         self.rows.append({
             "call_index": len(self.rows), "parent_call": parent, "prompt_extends_previous": extends,
