@@ -10,8 +10,9 @@ order alternating, so a burst of machine load hits both), by two kinds of client
 - per-call connections (`HTTPModel`: a fresh connection per call);
 each calling the policy directly ("direct", with the token flags the gateway adds: the same
 reply) and through the gateway. The built-in harness's path, `Session.complete` in this
-process (no HTTP front), is timed against the direct kept connection too. With --stream the
-gateway is called with `stream: true` and streams from the server (the direct path streams too).
+process (no HTTP front), is timed against the direct kept connection too. With --stream every
+call is `stream: true` (kept connections only): the gateway streams from the server and
+forwards event by event, the direct path streams too.
 
 Printed: p50 and p99 of each way; the overhead (gateway - direct, same client) as the
 difference of the p50s and of the p99s, and p50/p99 of the paired per-call differences;
@@ -83,13 +84,20 @@ def measure(calls: int, warmup: int, stream: bool) -> tuple[dict[str, list[float
         session = Session(Upstream(0, policy_url, "scripted-v0"), BUDGETS)
         kept_d, kept_g = KeepAliveModel(policy_url), KeepAliveModel(gw_url)
         fresh_d, fresh_g = HTTPModel(policy_url), HTTPModel(gw_url)
-        ways = {
-            "direct, kept connection": lambda: kept_d.complete_raw(flagged, 10),
-            "gateway, kept connection": lambda: kept_g.complete_raw(payload, 10),
-            "gateway in process (builtin)": lambda: session.complete(payload, 10),
-            "direct, per-call connections": lambda: fresh_d.complete(flagged, 10),
-            "gateway, per-call connections": lambda: fresh_g.complete(payload, 10),
-        }
+        if stream:                  # HTTPModel does not stream: kept connections only
+            ways = {
+                "direct, kept connection": lambda: list(kept_d.stream(flagged, 10)),
+                "gateway, kept connection": lambda: list(kept_g.stream(payload, 10)),
+                "gateway in process (builtin)": lambda: session.stream(payload, 10, lambda _d: None),
+            }
+        else:
+            ways = {
+                "direct, kept connection": lambda: kept_d.complete_raw(flagged, 10),
+                "gateway, kept connection": lambda: kept_g.complete_raw(payload, 10),
+                "gateway in process (builtin)": lambda: session.complete(payload, 10),
+                "direct, per-call connections": lambda: fresh_d.complete(flagged, 10),
+                "gateway, per-call connections": lambda: fresh_g.complete(payload, 10),
+            }
         names = list(ways)
         out: dict[str, list[float]] = {name: [] for name in ways}
         for i in range(warmup + calls):
@@ -137,6 +145,8 @@ def main() -> None:
              ("in process (builtin)", "gateway in process (builtin)", "direct, kept connection")]
     print("overhead = gateway - direct, same client:")
     for kind, gname, dname in pairs:
+        if gname not in out:
+            continue
         g, d = out[gname], out[dname]
         diff = [a - b for a, b in zip(g, d)]
         print(f"  {kind:21s} p50 {ms(pct(g, .5) - pct(d, .5))}  p99 {ms(pct(g, .99) - pct(d, .99))}"

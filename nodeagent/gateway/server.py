@@ -131,10 +131,10 @@ class _Handler(socketserver.StreamRequestHandler):
         if payload.get("stream"):
             return self._stream(session, payload)
         try:
-            body, raw = session.complete_raw(payload, MODEL_TIMEOUT_S)
+            session.forward(payload, MODEL_TIMEOUT_S, lambda raw: self._send(200, raw))  # as the server sent it
         except (BudgetExhausted, ModelError) as exc:
-            return self._error(*_refusal(exc))
-        self._send(200, raw if raw is not None else json.dumps(body).encode())    # as the server sent it
+            if not getattr(exc, "forwarded", False):       # else the client has the reply already
+                self._error(*_refusal(exc))
 
     def _stream(self, session: Session, payload: dict) -> None:
         """SSE over a chunked body, each event written as it comes from the model server; the

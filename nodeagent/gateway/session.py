@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -35,7 +36,7 @@ from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
 from nodeagent.gateway.upstream import KeepAliveModel
-from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout
+from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout, decode_reply
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ MAX_VERSION_RETRIES = 8
 RETRY_BASE_S = 0.05
 RETRY_MAX_S = 2.0
 _REQUEST_KEYS_APART = ("messages", "tools", "model", "stream", "stream_options")
+_ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')     # a 200 that is an aborted call
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,8 @@ class Session:
         self.max_version_retries = max_version_retries
         self.key = "pdk-" + secrets.token_hex(16)     # the OPENAI_API_KEY a harness is given
         self.deadline = clock() + budgets.wall_s
-        self.rows: list[dict] = []
+        self._rows: list[dict] = []
+        self._pending: list[tuple] = []     # calls recorded but not yet written out as rows
         self.tokens_used = 0
         self._charged = 0               # calls counted against the budget (all but refusals)
         self._history: list[tuple[list[int] | None, list[int] | None]] = []
@@ -96,10 +99,13 @@ class Session:
         with self._lock:
             return self._call(payload, timeout_s)[0]
 
-    def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
-        """(reply, its bytes as the server sent them, or None if the client does not keep them)."""
+    def forward(self, payload: dict, timeout_s: float, send: Callable[[bytes], None]) -> dict:
+        """The HTTP front's call: a 200 reply's bytes go to `send` as the model server sent
+        them, before the gateway decodes and records them (off the client's path); returns
+        the decoded reply. A reply that fails to decode after it was sent is recorded as an
+        error (ModelError with `forwarded` set)."""
         with self._lock:
-            return self._call(payload, timeout_s)
+            return self._call(payload, timeout_s, send=send)[0]
 
     def stream(self, payload: dict, timeout_s: float, emit: Callable[[bytes], None]) -> dict:
         """A `stream: true` call, streamed from the model server: `emit(data)` gets each
@@ -119,7 +125,17 @@ class Session:
 
     @property
     def calls(self) -> int:
-        return len(self.rows)
+        return len(self._rows) + len(self._pending)
+
+    @property
+    def rows(self) -> list[dict]:
+        """The model_calls rows so far, in call order (a call's row is built when first read)."""
+        with self._lock:
+            if self._pending:
+                for p in self._pending:
+                    self._rows.append(self._row(*p))
+                self._pending.clear()
+            return self._rows
 
     def last_content(self) -> str | None:
         """The content of the last answered call's message (a harness's final answer)."""
@@ -139,8 +155,8 @@ class Session:
         if now >= self.deadline:
             raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
 
-    def _call(self, payload: dict, timeout_s: float,
-              emit: Callable[[bytes], None] | None = None) -> tuple[dict, bytes | None]:
+    def _call(self, payload: dict, timeout_s: float, emit: Callable[[bytes], None] | None = None,
+              send: Callable[[bytes], None] | None = None) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
         try:
@@ -154,7 +170,7 @@ class Session:
             if key in payload or key == "max_tokens":
                 asked = payload.get(key)
                 payload[key] = left if not isinstance(asked, int) or isinstance(asked, bool) else min(asked, left)
-        retries, upstream_s = 0, 0.0
+        retries, upstream_s, passthrough = 0, 0.0, False
         while True:
             up = self._upstream()
             remaining = min(timeout_s, self.deadline - self._clock())
@@ -167,6 +183,12 @@ class Session:
                                             and hasattr(client, "stream"))
                 if emit is not None:
                     body, raw = self._stream_once(client, fwd, remaining, emit, payload), None
+                elif send is not None and hasattr(client, "exchange"):
+                    status, raw = client.exchange(fwd, remaining)
+                    if status != 200 or _ABORT.search(raw):
+                        body = decode_reply(up.endpoint, status, raw)    # raises unless an abort
+                    else:
+                        passthrough = True         # sent as it came, read afterwards
                 elif hasattr(client, "complete_raw"):
                     body, raw = client.complete_raw(fwd, remaining)
                 else:
@@ -180,6 +202,8 @@ class Session:
                              f"the client closed the stream: {exc!r}")
                 raise
             upstream_s += self._clock() - t0
+            if passthrough:
+                return self._send_then_record(payload, started, t_in, up, raw, retries, upstream_s, send), raw
             refused = wire.is_loading_refusal(status, body) or bool(err is not None and getattr(err, "refused", False))
             if refused and not (err is not None and getattr(err, "forwarded", False)) \
                     and retries < self.max_version_retries and self._clock() < self.deadline:
@@ -198,7 +222,31 @@ class Session:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
                 raise err
             self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
+            if send is not None:
+                send(raw if raw is not None else json.dumps(body).encode())
             return body, raw
+
+    def _send_then_record(self, payload: dict, started, t_in: float, up: Upstream, raw: bytes,
+                          retries: int, upstream_s: float, send: Any) -> dict:
+        """A 200 reply sent to the client as it came, then decoded and recorded."""
+        gateway_s = max(self._clock() - t_in - upstream_s, 0.0)
+        try:
+            send(raw)
+        except OSError:               # the client went away: the call is still recorded
+            self._after_send(payload, started, t_in, up, raw, retries, upstream_s, gateway_s)
+            raise
+        return self._after_send(payload, started, t_in, up, raw, retries, upstream_s, gateway_s)
+
+    def _after_send(self, payload: dict, started, t_in: float, up: Upstream, raw: bytes, retries: int,
+                    upstream_s: float, gateway_s: float) -> dict:
+        try:
+            body = decode_reply(up.endpoint, 200, raw)
+        except ModelError as exc:
+            exc.forwarded = True
+            self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(exc), gateway_s)
+            raise
+        self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None, gateway_s)
+        return body
 
     def _stream_once(self, client: Any, fwd: dict, timeout_s: float, emit: Callable[[bytes], None],
                      payload: dict) -> dict:
@@ -262,7 +310,23 @@ class Session:
         return c
 
     def _record(self, payload: dict, started, t_in: float, up: Upstream | None, body: dict | None,
-                retries: int, upstream_s: float, status: str, error: str | None) -> None:
+                retries: int, upstream_s: float, status: str, error: str | None,
+                gateway_s: float | None = None) -> None:
+        """Count the call (budgets are exact at once); its row is built when `rows` is read.
+        The messages list is copied: a harness appends to its own list after the call."""
+        usage = (body or {}).get("usage") or {}
+        if status == "ok":
+            self.tokens_used += _int(usage.get("prompt_tokens")) + _int(usage.get("completion_tokens"))
+        if status != "budget":
+            self._charged += 1
+        if gateway_s is None:
+            gateway_s = max(self._clock() - t_in - upstream_s, 0.0)
+        msgs = payload.get("messages")
+        self._pending.append((dict(payload, messages=list(msgs) if isinstance(msgs, list) else msgs),
+                              started, up, body, retries, upstream_s, status, error, gateway_s))
+
+    def _row(self, payload: dict, started, up: Upstream | None, body: dict | None, retries: int,
+             upstream_s: float, status: str, error: str | None, gateway_s: float) -> dict:
         toks = wire.extract(body) if body is not None else wire.Tokens(None, None, None, None)
         if status == "ok":
             parent, extends = wire.find_parent(self._history, toks.prompt_ids)
@@ -271,13 +335,9 @@ class Session:
             parent, extends = None, None
         usage = (body or {}).get("usage") or {}
         p_tok, c_tok = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if status == "ok":
-            self.tokens_used += int(p_tok or 0) + int(c_tok or 0)
-        if status != "budget":
-            self._charged += 1
         params = {k: v for k, v in payload.items() if k not in _REQUEST_KEYS_APART}
-        self.rows.append({
-            "call_index": len(self.rows), "parent_call": parent, "prompt_extends_previous": extends,
+        return {
+            "call_index": len(self._rows), "parent_call": parent, "prompt_extends_previous": extends,
             "source": self.source, "step": None,
             "call_policy_version": up.version if up else None, "model": up.model if up else None,
             "request_model": payload.get("model") if isinstance(payload.get("model"), str) else None,
@@ -290,8 +350,12 @@ class Session:
             "prompt_tokens": p_tok if isinstance(p_tok, int) else None,
             "completion_tokens": c_tok if isinstance(c_tok, int) else None,
             "status": status, "error": error, "retries": retries, "started_at": started,
-            "upstream_s": upstream_s, "gateway_s": max(self._clock() - t_in - upstream_s, 0.0),
-        })
+            "upstream_s": upstream_s, "gateway_s": gateway_s,
+        }
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def _without_prompt_ids(body: dict) -> dict:

@@ -162,6 +162,12 @@ class KeepAliveModel:
 
     def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes]:
         """(the decoded reply, its bytes as the server sent them: forwarded without re-encoding)."""
+        status, raw = self.exchange(payload, timeout_s)
+        return decode_reply(self.endpoint, status, raw), raw
+
+    def exchange(self, payload: dict, timeout_s: float) -> tuple[int, bytes]:
+        """(status, the reply's bytes), not decoded: the gateway forwards a 200 reply first and
+        reads it afterwards. Transport failures raise ModelError / ModelTimeout."""
         if timeout_s <= 0:
             raise ModelTimeout(f"no time left for a request to {self.endpoint}")
         deadline = self._clock() + timeout_s
@@ -178,7 +184,9 @@ class KeepAliveModel:
                     self._finish(token, headers, ok)
             except (OSError, ValueError, http.client.HTTPException) as exc:
                 raise self._failure(exc, timeout_s) from None
-        return decode_reply(self.endpoint, status, raw), raw
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        return status, raw
 
     def stream(self, payload: dict, timeout_s: float) -> Iterator[bytes]:
         """A `stream: true` call: the `data` of each server-sent event as it arrives (`[DONE]`
