@@ -10,13 +10,21 @@ harness inside the sandbox. Each call:
    per attempt of the call) with the token flags of `wire.upstream_payload`, over one kept
    connection per endpoint (`nodeagent.gateway.upstream`; `close()` closes them);
 3. is retried, the environment untouched, when the server refuses or aborts it because a new
-   version is being loaded (`wire.is_loading_refusal`): at most `max_version_retries` times,
-   with exponential backoff, within the wall budget; the row records the version that answered
-   and the number of retries;
-4. is recorded: request messages, tools and other parameters, the reply (without its
+   version is being loaded (`wire.is_loading_refusal`: HTTP 503, an error code of
+   `wire.LOADING_CODES`, a 200 with `finish_reason: "abort"`; or the connection refused, a
+   server restarting): at most `max_version_retries` times, with exponential backoff, within
+   the wall budget, each retry under the version the node knows of then (`Follow.refresh`:
+   the agent's newest `policy`); the row records the version that answered and the number
+   of retries. A streamed call is retried only while nothing of it was forwarded;
+4. is streamed (`stream`, from the HTTP front): the server streams, each event is forwarded as
+   it comes, the reply is assembled from the chunks (`wire.StreamAssembly`) for the record;
+5. is recorded: request messages, tools and other parameters, the reply (without its
    prompt ids, which have their own column), prompt and completion ids and per-token logprobs
    as the server sent them (None when it did not: never invented), finish reason, the parent
-   call and whether the prompt extends the previous call's tokens, timings.
+   call and whether the prompt extends the previous call's tokens, timings (`gateway_s`: the
+   gateway's own time on the call's path, until the reply went out). Budgets are counted at
+   once; the row itself is built when `rows` is read, off the call's path (the HTTP front
+   sends a reply's bytes as they came, then decodes them: `forward`).
 
 Time is injected (`clock` monotonic for durations, `wall` for `started_at`, `sleep` for the
 backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
@@ -53,6 +61,25 @@ class Upstream:
     version: int
     endpoint: str
     model: str
+
+
+class Follow:
+    """A rollout's upstream: its lease's version, until a call is refused or aborted because
+    a new version is being loaded; then (`refresh`) the node's current policy if it is newer
+    (`current()` gives an object with `version`, `endpoint`, `model`, or None). Never older."""
+
+    def __init__(self, start: Upstream, current: Callable[[], Any]) -> None:
+        self.up, self._current = start, current
+
+    def __call__(self) -> Upstream:
+        return self.up
+
+    def refresh(self) -> Upstream:
+        cur = self._current()
+        if cur is not None and cur.version > self.up.version:
+            log.info("the rollout follows policy version %d (was %d)", cur.version, self.up.version)
+            self.up = Upstream(cur.version, cur.endpoint, cur.model)
+        return self.up
 
 
 @dataclass(frozen=True)
@@ -212,6 +239,9 @@ class Session:
                          retries, up.version)
                 self._sleep(min(RETRY_BASE_S * 2 ** (retries - 1), RETRY_MAX_S,
                                 max(self.deadline - self._clock(), 0.0)))
+                refresh = getattr(self._upstream, "refresh", None)
+                if refresh is not None:
+                    refresh()                   # the version the node knows of now
                 continue
             if err is not None:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
@@ -367,4 +397,4 @@ def _without_prompt_ids(body: dict) -> dict:
     return out
 
 
-__all__ = ["BudgetExhausted", "GatewayBudgets", "Session", "Upstream"]
+__all__ = ["BudgetExhausted", "Follow", "GatewayBudgets", "Session", "Upstream"]
