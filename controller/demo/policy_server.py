@@ -20,7 +20,8 @@ A weight update is simulated three ways: while a new version is being loaded
 `model_loading`; `"abort_next": n` aborts the next n calls in flight (200, no output,
 `finish_reason: "abort"`, as vLLM); `POST /admin/serve {"version": v}` holds one version
 only, as a real server holds one set of weights: a call naming another version gets 503
-`model_loading` (`null`: every registered version). Bash-only harnesses: bash_dialect.py.
+`model_loading` (`null`: every registered version); with `"after_calls": n` the swap happens
+once n more calls are answered (a weight update at a set point of a rollout). Bash-only harnesses: bash_dialect.py.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
 `POST /admin/loading`, `POST /admin/serve`. See docs/policy.md for the scripts and the wire format.
@@ -378,6 +379,8 @@ class ScriptedPolicy:
         self.abort_next = 0             # this many next calls are aborted in flight (finish "abort")
         self.aborted = 0
         self.serving: int | None = None     # one version held (a real server's weights), else all
+        self.answered = 0
+        self._swap: tuple[int, int] | None = None     # (after this many answers, hold version)
 
     def set_policy(self, version: int, params: Any) -> bool:
         """Register `version`; returns True if new, False if already registered with the same
@@ -401,6 +404,14 @@ class ScriptedPolicy:
             if version is not None and version not in self._versions:
                 raise PolicyError(f"policy version {version} is not registered")
             self.serving = version
+
+    def swap_after(self, calls: int, version: int) -> None:
+        """A weight update at a set point: once `calls` more calls are answered, hold only
+        `version` (`serve`). Raises PolicyError for an unregistered version."""
+        with self._lock:
+            if version not in self._versions:
+                raise PolicyError(f"policy version {version} is not registered")
+            self._swap = (self.answered + calls, version)
 
     def params(self, version: int) -> Params:
         with self._lock:
@@ -428,6 +439,9 @@ class ScriptedPolicy:
                                kind="service_unavailable")
         model = req["model"]
         version = self._version_of(model)
+        with self._lock:
+            if self._swap is not None and self.answered >= self._swap[0]:
+                self.serving, self._swap = self._swap[1], None
         if self.serving is not None and version != self.serving:
             with self._lock:
                 self.refused_loading += 1
@@ -480,6 +494,8 @@ class ScriptedPolicy:
                 self.aborted += 1
         if abort:                 # a weight update aborts the call in flight: no output
             return streaming.aborted(out)
+        with self._lock:
+            self.answered += 1
         if tokenizer.wants_tokens(req):
             self._token_level(out, req, message, strategy if n_assistant == 0 else None, logprob)
         return out
@@ -581,13 +597,16 @@ class _Handler(BaseHTTPRequestHandler):
             elif self.path == "/admin/serve":
                 body = self._read_json()
                 v = body.get("version", 0) if isinstance(body, dict) else 0
-                if not isinstance(body, dict) or not (v is None or isinstance(v, int) and not isinstance(v, bool)):
-                    raise RequestError(400, "body must be an object with an integer (or null) 'version'")
+                after = body.get("after_calls") if isinstance(body, dict) else None
+                if not isinstance(body, dict) or not (v is None or isinstance(v, int) and not isinstance(v, bool)) \
+                        or not (after is None or isinstance(after, int) and after >= 0 and v is not None):
+                    raise RequestError(400, "body must be an object with an integer (or null) 'version' "
+                                       "and an optional non-negative integer 'after_calls'")
                 try:
-                    self.server.policy.serve(v)
+                    self.server.policy.serve(v) if after is None else self.server.policy.swap_after(after, v)
                 except PolicyError as e:
                     raise RequestError(400, str(e), param="version") from None
-                self._send(200, {"serving": v})
+                self._send(200, {"serving": v, "after_calls": after})
             else:
                 raise RequestError(404, f"no route POST {self.path}", code="not_found")
         except RequestError as e:
