@@ -45,6 +45,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+def chunks(events) -> list:
+    return [json.loads(e) for e in events if e != b"[DONE]"]
+
+
 def serve(role: str, upstream: str | None) -> None:
     """A child process: serve the policy or the gateway, print the URL, run until stdin closes;
     the gateway then prints its rows' own-time figures."""
@@ -85,9 +89,9 @@ def measure(calls: int, warmup: int, stream: bool) -> tuple[dict[str, list[float
         kept_d, kept_g = KeepAliveModel(policy_url), KeepAliveModel(gw_url)
         fresh_d, fresh_g = HTTPModel(policy_url), HTTPModel(gw_url)
         if stream:                  # HTTPModel does not stream: kept connections only
-            ways = {
-                "direct, kept connection": lambda: list(kept_d.stream(flagged, 10)),
-                "gateway, kept connection": lambda: list(kept_g.stream(payload, 10)),
+            ways = {                # a streaming client decodes each chunk (as the OpenAI SDK does)
+                "direct, kept connection": lambda: chunks(kept_d.stream(flagged, 10)),
+                "gateway, kept connection": lambda: chunks(kept_g.stream(payload, 10)),
                 "gateway in process (builtin)": lambda: session.stream(payload, 10, lambda _d: None),
             }
         else:

@@ -140,10 +140,13 @@ class _Handler(socketserver.StreamRequestHandler):
         """SSE over a chunked body, each event written as it comes from the model server; the
         head goes out with the first event, so a call refused before any event is a plain
         error reply. A failure after the first event ends the stream with an error event."""
-        started = [False]
+        started, done = [False], [False]
 
         def emit(data: bytes) -> None:
             out = http1.chunk(b"data: " + data + b"\n\n")
+            if data == b"[DONE]":           # the last chunk with it: the client is done now
+                out += http1.chunk(b"")
+                done[0] = True
             if not started[0]:
                 started[0] = True
                 hdrs = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -157,10 +160,11 @@ class _Handler(socketserver.StreamRequestHandler):
         except (BudgetExhausted, ModelError) as exc:
             if not started[0]:
                 return self._error(*_refusal(exc))
+            if done[0]:
+                return                        # the stream was whole; the record says what failed
             status, message, code, kind = _refusal(exc)
             event = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-            self.wfile.write(http1.chunk(b"data: " + json.dumps(event).encode() + b"\n\n"))
-        self.wfile.write(http1.chunk(b""))
+            self.wfile.write(http1.chunk(b"data: " + json.dumps(event).encode() + b"\n\n") + http1.chunk(b""))
 
 
 def _refusal(exc: ModelError) -> tuple[int, str, str, str]:

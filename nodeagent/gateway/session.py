@@ -53,6 +53,9 @@ RETRY_BASE_S = 0.05
 RETRY_MAX_S = 2.0
 _REQUEST_KEYS_APART = ("messages", "tools", "model", "stream", "stream_options")
 _ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')     # a 200 that is an aborted call
+# A stream event read at once even after forwarding began: an abort or an error.
+_SPECIAL_EVENT = re.compile(rb'"finish_reason"\s*:\s*"abort"|^\s*\{\s*"error"\s*:|"object"\s*:\s*"error"')
+_USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 @dataclass(frozen=True)
@@ -291,20 +294,18 @@ class Session:
                 for event in wire.sse(body, want_usage).split(b"\n\n")[:-1]:
                     emit(event[6:])
             return body
-        asm, held, forwarded = wire.StreamAssembly(), [], False
+        asm, held, forwarded, later = wire.StreamAssembly(), [], False, []
         events = client.stream(fwd, timeout_s)
         try:
             for data in events:
                 if data == b"[DONE]":
                     break
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    raise ModelError(f"model server sent a stream event that is not JSON: {data[:200]!r}") from None
-                if not isinstance(chunk, dict) or "error" in chunk:
-                    err = ModelError(f"model server sent an error event: {data[:300].decode(errors='replace')}")
-                    err.body, err.forwarded = chunk, forwarded
-                    raise err
+                if forwarded and not _SPECIAL_EVENT.search(data):
+                    later.append(data)             # the harness's now: sent at once, read after [DONE]
+                    if want_usage or not _USAGE_ONLY.search(data):
+                        emit(data)
+                    continue
+                chunk = _event(data, forwarded)
                 asm.add(chunk)
                 if asm.finish == "abort":
                     if forwarded:
@@ -329,6 +330,8 @@ class Session:
         for h in held:
             emit(h)
         emit(b"[DONE]")
+        for data in later:
+            asm.add(_event(data, True))
         return asm.body()
 
     def _client_for(self, endpoint: "str | Model") -> Model:
@@ -382,6 +385,20 @@ class Session:
             "status": status, "error": error, "retries": retries, "started_at": started,
             "upstream_s": upstream_s, "gateway_s": gateway_s,
         }
+
+
+def _event(data: bytes, forwarded: bool) -> dict:
+    """One stream event's chunk; a ModelError (with `forwarded`) for one that is not a chunk."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":
+        err = ModelError(f"model server sent a stream event that is not a chunk: "
+                         f"{data[:300].decode(errors='replace')}")
+        err.body, err.forwarded = chunk, forwarded
+        raise err
+    return chunk
 
 
 def _int(v: Any) -> int:
