@@ -2,12 +2,14 @@
 session, so a call costs one request on a warm socket (no connect, no new server thread).
 
 `KeepAliveModel(endpoint).complete(payload, timeout_s)` is the `nodeagent.harness.model.Model`
-seam, with `HTTPModel`'s contract: the whole call must finish within `timeout_s` (one watchdog
+seam (`exchange` gives the reply's bytes undecoded, `stream` a `stream: true` call's events
+as they arrive), with `HTTPModel`'s contract: the whole call must finish within `timeout_s` (one watchdog
 thread for the process, started once, shuts the socket at the deadline, so a server that
 trickles bytes cannot hold a rollout past its budget), the reply is capped at
 MAX_RESPONSE_BYTES, a non-200 reply raises ModelError with `status` and the decoded `body`,
 no answer in time raises ModelTimeout. A connection the server closed while idle (keep-alive
 timeout) is reopened and the request sent once more, only when nothing of the reply was read.
+Requests go out in one write (TCP_NODELAY), replies are read by `nodeagent.gateway.http1`.
 
 Calls on one client are serialised (the session serialises them anyway). Must not import:
 zmq, nodeagent.agent, nodeagent.gateway.session.
@@ -23,7 +25,7 @@ import time
 import urllib.parse
 from typing import BinaryIO, Callable, Iterator
 
-from nodeagent.gateway import http1
+from nodeagent.gateway import http1, wire
 from nodeagent.harness.model import MAX_RESPONSE_BYTES, ModelError, ModelTimeout, decode_reply
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
@@ -191,8 +193,9 @@ class KeepAliveModel:
     def stream(self, payload: dict, timeout_s: float) -> Iterator[bytes]:
         """A `stream: true` call: the `data` of each server-sent event as it arrives (`[DONE]`
         included). A reply that is not 200 raises ModelError (with `status` and `body`) before
-        the first event; the whole stream must end within `timeout_s`. Closing the iterator
-        early closes the connection."""
+        the first event; a 200 that is not a stream (a server that ignored `stream`) is given
+        as the events of that one reply (`wire.sse`). The whole stream must end within
+        `timeout_s`; closing the iterator early closes the connection."""
         if timeout_s <= 0:
             raise ModelTimeout(f"no time left for a request to {self.endpoint}")
         deadline = self._clock() + timeout_s
@@ -208,8 +211,10 @@ class KeepAliveModel:
                 if status != 200 or "text/event-stream" not in headers.get("content-type", ""):
                     raw = http1.read_body(self._rfile, headers, MAX_RESPONSE_BYTES)    # type: ignore[arg-type]
                     ok = True
-                    decode_reply(self.endpoint, status if status != 200 else 502, raw)
-                    raise AssertionError("unreachable")
+                    body = decode_reply(self.endpoint, status, raw)     # raises unless a 200
+                    # a server that ignored `stream`: its whole reply as one stream
+                    yield from (e[6:] for e in wire.sse(body, True).split(b"\n\n")[:-1])
+                    return
                 yield from http1.iter_sse(http1.iter_body(self._rfile, headers, MAX_RESPONSE_BYTES))  # type: ignore[arg-type]
                 ok = True
             except (OSError, ValueError, http.client.HTTPException) as exc:
