@@ -137,4 +137,7 @@ def test_the_gateway_front_answers_malformed_http_with_400_and_keeps_serving():
             with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
                 c.sendall(bad)
                 assert c.recv(65536).split(b" ", 2)[1] == b"400", bad
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
     assert s.calls == 0
