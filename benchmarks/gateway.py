@@ -17,7 +17,8 @@ forwards event by event, the direct path streams too.
 Printed: p50 and p99 of each way; the overhead (gateway - direct, same client) as the
 difference of the p50s and of the p99s, and p50/p99 of the paired per-call differences;
 the p50 ratio; the gateway's own time per call (`gateway_s` of its rows: its work outside
-the upstream exchange), reported by the gateway process; and the load average.
+the upstream exchange, until the reply went out), reported by the gateway process; that
+process's CPU time per call (all of its work, on the path or not); and the load average.
 
     .venv/bin/python benchmarks/gateway.py [--calls 2000] [--warmup 200] [--stream]
 """
@@ -60,8 +61,10 @@ def serve(role: str, upstream: str | None) -> None:
     session = Session(Upstream(0, upstream, "scripted-v0"), BUDGETS)
     with GatewayServer(session, tcp=("127.0.0.1", 0), require_key=False) as gw:
         print(gw.url, flush=True)
+        cpu0 = time.process_time()
         sys.stdin.read()
-    print(json.dumps([r["gateway_s"] for r in session.rows]), flush=True)
+        cpu = time.process_time() - cpu0      # the whole process: HTTP front, session, client
+    print(json.dumps({"own": [r["gateway_s"] for r in session.rows], "cpu_s": cpu}), flush=True)
 
 
 def child(role: str, upstream: str = "") -> subprocess.Popen:
@@ -71,7 +74,7 @@ def child(role: str, upstream: str = "") -> subprocess.Popen:
     return p
 
 
-def measure(calls: int, warmup: int, stream: bool) -> tuple[dict[str, list[float]], list[float]]:
+def measure(calls: int, warmup: int, stream: bool) -> tuple[dict[str, list[float]], list[float], float]:
     ts = builtin_taskset()
     payload = {"model": "scripted-v0", "seed": 1, "messages": [
         {"role": "system", "content": "You are an agent."}, {"role": "user", "content": ts.tasks[0].instruction}]}
@@ -116,14 +119,16 @@ def measure(calls: int, warmup: int, stream: bool) -> tuple[dict[str, list[float
         kept_d.close()
         kept_g.close()
         gateway.stdin.close()
-        own = json.loads(gateway.stdout.readline())[warmup * 2:]
+        report = json.loads(gateway.stdout.readline())
+        own = report["own"][warmup * 2:]
+        cpu_per_call = report["cpu_s"] / max(len(report["own"]), 1)
     finally:
         for p in (gateway, policy):
             if p is not None:
                 if p.stdin and not p.stdin.closed:
                     p.stdin.close()
                 p.wait(timeout=30)
-    return out, own
+    return out, own, cpu_per_call
 
 
 def main() -> None:
@@ -138,7 +143,7 @@ def main() -> None:
         return serve(args.serve, args.upstream)
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    out, own = measure(args.calls, args.warmup, args.stream)
+    out, own, cpu_per_call = measure(args.calls, args.warmup, args.stream)
     ms = lambda s: f"{s * 1e3:7.3f} ms"
     print(f"calls: {args.calls} each way after {args.warmup} warm-up, interleaved; stream={args.stream}; "
           f"{time.perf_counter() - t0:.0f}s; load average before {load0[0]:.2f}, after {os.getloadavg()[0]:.2f}")
@@ -158,6 +163,8 @@ def main() -> None:
               f"   p50 ratio gateway/direct {pct(g, .5) / pct(d, .5):.2f}")
     if own:
         print(f"gateway's own time per call (its rows, HTTP front) p50 {ms(pct(own, .5))}  p99 {ms(pct(own, .99))}")
+    print(f"gateway process CPU per call (all its work: HTTP both sides, decoding and recording after the "
+          f"reply went out, a thread per per-call connection) {ms(cpu_per_call)}")
 
 
 if __name__ == "__main__":
