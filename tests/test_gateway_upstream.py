@@ -141,3 +141,18 @@ def test_the_gateway_front_answers_malformed_http_with_400_and_keeps_serving():
             c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
             assert c.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
     assert s.calls == 0
+
+
+def test_streamed_calls_share_one_connection():
+    with PolicyServer(TASKSET) as policy:
+        client = KeepAliveModel(policy.url)
+        for _ in range(3):
+            events = client.stream(dict(PAYLOAD, stream=True), 10)
+            for data in events:
+                if data == b"[DONE]":
+                    break                 # a consumer that stops at [DONE]
+            events.close()
+            if _ == 0:
+                sock = client._sock
+        assert client._sock is sock and sock is not None
+        client.close()

@@ -215,7 +215,13 @@ class KeepAliveModel:
                     # a server that ignored `stream`: its whole reply as one stream
                     yield from (e[6:] for e in wire.sse(body, True).split(b"\n\n")[:-1])
                     return
-                yield from http1.iter_sse(http1.iter_body(self._rfile, headers, MAX_RESPONSE_BYTES))  # type: ignore[arg-type]
+                body = http1.iter_body(self._rfile, headers, MAX_RESPONSE_BYTES)    # type: ignore[arg-type]
+                for data in http1.iter_sse(body):
+                    if data == b"[DONE]":
+                        for _ in body:           # the rest (the last chunk): the connection stays usable
+                            pass
+                        ok = True                # a consumer may stop here without closing it
+                    yield data
                 ok = True
             except (OSError, ValueError, http.client.HTTPException) as exc:
                 ok = False
