@@ -1,18 +1,19 @@
 """Weight updates do not kill rollouts: the controller tells agents its newest policy (the
 `policy` message, from the real broker core through the real codec into the real agent
-core); a rollout's gateway session, refused by the real scripted policy server because it
-swapped to that version mid-rollout, retries the call under it, and each call's row records
-the version that answered."""
+core, and on a real farm over ZeroMQ); a rollout's gateway session, refused by the real
+scripted policy server because it swapped to that version mid-rollout, retries the call
+under it, and each call's row records the version that answered."""
 from __future__ import annotations
 
 import json
+import threading
 
 from controller.contracts import protocol as P
 from controller.demo.policy_server import PolicyServer
 from controller.taskbank.builtin import builtin_taskset
-from nodeagent.agent.core import AgentCore
+from nodeagent.agent.core import AgentCore, AttemptResult
 from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
-from tests.test_broker import DEP, Harness
+from tests.test_broker import DEP, Farm, Harness, client
 
 TASKSET = builtin_taskset()
 PY_TASK = TASKSET.by_name()["python/reverse_words"]
@@ -87,3 +88,45 @@ def test_without_news_of_a_newer_version_the_call_fails_after_its_retries(tmp_pa
     assert type(err).__name__ == "ModelError" and getattr(err, "status", None) == 503
     assert len(slept) == 3 and slept == sorted(slept)          # exponential backoff
     assert session.rows[0]["status"] == "error" and session.rows[0]["retries"] == 3
+
+
+def test_a_rollout_on_a_real_farm_survives_a_weight_update(tmp_path):
+    """A real controller and node agent over ZeroMQ (tests/test_broker.py `Farm`), a real
+    scripted policy server: the rollout's first call is answered by version 1; the server
+    swaps to version 2 and the trainer publishes it; the rollout's next call, refused by the
+    server, is retried under version 2 once the agent has heard of it, and the rollout ends."""
+    first, gate, rows = threading.Event(), threading.Event(), []
+    farm = Farm(tmp_path)
+    try:
+        with PolicyServer(TASKSET) as srv:
+            for v in (1, 2):
+                srv.set_policy(v, srv.policy.params(0))
+            srv.policy.serve(1)
+
+            def runner(a):              # the gateway part of an attempt, the environment kept
+                s = Session(Follow(Upstream(a.policy_version, a.endpoint, a.model), lambda: agent.core.policy),
+                            GatewayBudgets(10, 100_000, 60.0))
+                messages = [{"role": "user", "content": PY_TASK.instruction}]
+                turn(s, messages)
+                first.set()
+                gate.wait(30)
+                turn(s, messages)
+                s.close()
+                rows.extend(s.rows)
+                return AttemptResult("pass", 1.0, {}, None)
+            agent = farm.agent("n1", 1, runner=runner)
+            with client(farm.endpoint, farm.key_file) as c:
+                c.publish_policy(1, srv.url, "scripted-v1")
+                batch = c.submit(["t1"], 1, 1)
+                assert first.wait(30)
+                srv.policy.serve(2)     # the weight update: the server holds version 2 only
+                c.publish_policy(2, srv.url, "scripted-v2")
+                gate.set()
+                (item,) = c.wait(batch)
+    finally:
+        gate.set()
+        farm.stop()
+    assert item["state"] == "committed"
+    assert [(r["call_policy_version"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok")]
+    assert rows[1]["retries"] >= 1 and srv.policy.refused_loading >= 1
+    assert agent.core.policy.version == 2
