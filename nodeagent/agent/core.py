@@ -30,6 +30,8 @@ Rules:
   and every liveness period (its idempotency key makes that safe); results go as one
   `result_batch` once the controller has sent a batch since the registration.
 - Heartbeats every interval, from a random phase, with the health payload and `held`.
+- `policy` (and each lease's policy) sets `policy`, the newest version the node knows of (never
+  an older one): the attempts' gateways retry a call refused during a weight update under it.
 - Finding the controller again: with a `watch` (a callable the owner injects; the daemon's
   looks at the endpoint file), each heartbeat while the controller has been silent for at
   least one interval asks it for news: a new endpoint (a controller started, on any port)
