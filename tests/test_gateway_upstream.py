@@ -12,6 +12,8 @@ import pytest
 from controller.demo import bash_dialect
 from controller.demo.policy_server import PolicyServer
 from controller.taskbank.builtin import builtin_taskset
+from nodeagent.gateway.server import GatewayServer
+from nodeagent.gateway.session import GatewayBudgets, Session, Upstream
 from nodeagent.gateway.upstream import KeepAliveModel
 from nodeagent.harness.model import ModelError, ModelTimeout
 
@@ -59,9 +61,9 @@ def test_calls_to_one_endpoint_share_one_connection():
     with PolicyServer(TASKSET) as policy:
         client = KeepAliveModel(policy.url)
         client.complete(PAYLOAD, 10)
-        sock = client._conn.sock
+        sock = client._sock
         client.complete(PAYLOAD, 10)
-        assert client._conn.sock is sock
+        assert client._sock is sock and sock is not None
         client.close()
 
 
@@ -113,3 +115,44 @@ def test_a_file_written_in_the_bash_dialect_has_exactly_its_bytes(tmp_path):
     subprocess.run(["sh", "-c", cmd], check=True)
     assert path.read_text() == content
     assert bash_dialect.command_of(None, {}) == "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def test_a_server_that_ignores_stream_is_read_as_one_stream():
+    srv = OneShotServer()
+    try:
+        events = list(KeepAliveModel(srv.url).stream(dict(PAYLOAD, stream=True), 10))
+    finally:
+        srv.close()
+    assert events[-1] == b"[DONE]"
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "hi"
+    assert [c["choices"][0]["finish_reason"] for c in map(json.loads, events[:-1]) if c["choices"]] == [None, "stop"]
+
+
+def test_the_gateway_front_answers_malformed_http_with_400_and_keeps_serving():
+    s = Session(Upstream(0, "http://127.0.0.1:9/v1", "m"), GatewayBudgets(5, 1000, 5.0))
+    with GatewayServer(s, tcp=("127.0.0.1", 0), require_key=False) as gw:
+        port = int(gw.url.rsplit(":", 1)[1].split("/")[0])
+        for bad in (b"GARBAGE\r\n\r\n", b"POST /v1/chat/completions HTTP/1.1\r\nNo colon here\r\n\r\n",
+                    b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{]"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+                c.sendall(bad)
+                assert c.recv(65536).split(b" ", 2)[1] == b"400", bad
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.recv(65536).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert s.calls == 0
+
+
+def test_streamed_calls_share_one_connection():
+    with PolicyServer(TASKSET) as policy:
+        client = KeepAliveModel(policy.url)
+        for _ in range(3):
+            events = client.stream(dict(PAYLOAD, stream=True), 10)
+            for data in events:
+                if data == b"[DONE]":
+                    break                 # a consumer that stops at [DONE]
+            events.close()
+            if _ == 0:
+                sock = client._sock
+        assert client._sock is sock and sock is not None
+        client.close()

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from controller.analysis.query import connect, summary
+from controller.contracts.protocol import PolicyRef
 from controller.contracts.tasks import Task
 from controller.demo.policy_server import PolicyServer, STRATEGIES, default_params
 from controller.store.catalog import Catalog
@@ -74,3 +75,27 @@ def test_seeded_tool_faults_are_recorded_and_never_an_infra_error(runtime, pytho
     faults = connect(tmp_path).execute("SELECT tool_faults FROM steps WHERE tool_faults IS NOT NULL "
                                        "ORDER BY step").fetchall()
     assert faults and all(json.loads(f)[0]["kind"] == "error" for (f,) in faults)
+
+
+def test_a_weight_swap_mid_rollout_is_retried_under_the_nodes_newest_policy(runtime, python_image, policy, tmp_path):
+    """The server swaps to version 8 after the rollout's first call; the node has heard of 8
+    (the agent core's newest `policy`): the refused call is retried under it in the same
+    sandbox, the rollout passes, and each call records its version."""
+    params = default_params()
+    params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
+    policy.set_policy(8, params)
+    policy.policy.swap_after(1, 8)
+    try:
+        res = run_attempt(runtime, python_image, "n1", attempt(tmp_path, "r9", PY_TASK, policy),
+                          current_policy=lambda: PolicyRef(8, policy.url, "scripted-v8"))
+    finally:
+        policy.policy.serve(None)
+    assert res.outcome == "pass", res.infra_reason
+    commit(tmp_path, "r9", res)
+    con = connect(tmp_path)
+    rows = con.execute("SELECT call_policy_version, retries, response, prompt_token_ids, completion_token_ids, "
+                       "completion_logprobs FROM model_calls ORDER BY call_index").fetchall()
+    assert [(v, n) for v, n, *_ in rows] == [(7, 0), (8, 1), (8, 0)]
+    for *_, response, prompt, completion, lps in rows:
+        assert policy.policy.served[json.loads(response)["id"]] == (prompt, completion, lps)
+    assert con.execute("SELECT policy_version FROM rollouts").fetchone()[0] == 7

@@ -30,6 +30,7 @@ SAMPLES: list[p.Message] = [
     p.Reject(rollout_id="b000001-00000", attempt=1, token=7, reason="stale_token"),
     p.Drain(reason="maintenance"),
     p.Shutdown(),
+    p.PolicyUpdate(policy=p.PolicyRef(3, "http://127.0.0.1:8000/v1", "scripted-v3")),
     p.Submit(idem="s1", tasks=["add", "sha256:bb"], n_per_task=4, policy_version=1),
     p.Submitted(batch_id="b000001", rollouts=8),
     p.PublishPolicy(idem="p1", version=2, endpoint="http://h:1/v1", model="m"),

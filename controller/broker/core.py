@@ -238,6 +238,7 @@ class BrokerCore:
                  msg.node, msg.slots, msg.agent_version, len(keep), len(released))
         self._send(identity, P.Welcome(node=msg.node, heartbeat_interval_s=self.hb_s,
                                        liveness=self.liveness, session=self.session))
+        self._tell_policy((view,))
 
     def _on_ready(self, identity, msg: P.Ready, view) -> None:
         if view is None:
@@ -416,6 +417,18 @@ class BrokerCore:
         self._policies.pop(msg.version, None)  # an endpoint move: leases from now on name the new one
         self._resync()  # a newer policy may have revoked stale leases
         self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._tell_policy(self.nodes.values())
+
+    def _tell_policy(self, views: Iterable[NodeView]) -> None:
+        """The newest policy to live agents that take `policy` (their gateways retry a call
+        refused during a weight update under it)."""
+        latest = self.queue.latest_policy()
+        if latest is None:
+            return
+        ref = P.PolicyRef(latest.version, latest.endpoint, latest.model)
+        for v in views:
+            if v.state != LOST and P.speaks_policy_updates(v.agent_version):
+                self._send(v.identity, P.PolicyUpdate(policy=ref))
 
     def _on_cancel(self, identity, msg: P.Cancel, _view) -> None:
         try:

@@ -31,7 +31,7 @@ from controller.contracts.errors import (BAD_FIELD, BAD_JSON, FOREIGN_DEPLOYMENT
                                          ProtocolError, RemoteProtocolError)
 from controller.contracts.messages import (
     JSON_ENCODER, Ack, Cancel, Cancelled, Disconnect, Drain, DrainNode, Heartbeat, Lease,
-    Message, PublishPolicy, Ready, Refused, Register, Reject, Release, Result, Results,
+    Message, PolicyUpdate, PublishPolicy, Ready, Refused, Register, Reject, Release, Result, Results,
     Shutdown, Started, Status, StatusReply, Submit, Submitted, Watch, Welcome, json_str,
     schema, to_json)
 
@@ -43,7 +43,7 @@ MIN_AGENT_VERSION = (0, 1)  # the oldest agent_version the controller takes at `
 # The one table: wire type name <-> class.
 MESSAGE_TYPES: dict[str, type[Message]] = {cls.TYPE: cls for cls in (
     Register, Heartbeat, Ready, Started, Result, Release, Disconnect,
-    Welcome, Refused, Lease, Ack, Reject, Drain, Shutdown,
+    Welcome, Refused, Lease, Ack, Reject, Drain, Shutdown, PolicyUpdate,
     Submit, Submitted, PublishPolicy, Watch, Results, Cancel, Cancelled, DrainNode,
     Status, StatusReply, LeaseBatch, ResultBatch, AckBatch,
 )}

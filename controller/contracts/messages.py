@@ -204,6 +204,27 @@ class Lease(Message):
     id: str = id_field()
 
 
+POLICY_AGENT_VERSION = (0, 4)  # agents from this version take `policy`
+
+
+def speaks_policy_updates(agent_version: str) -> bool:
+    """Whether an agent of this version takes `policy` messages."""
+    try:
+        return tuple(int(x) for x in agent_version.split(".")[:2]) >= POLICY_AGENT_VERSION
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class PolicyUpdate(Message):
+    """The controller's current policy: sent to each agent that takes it when a version is
+    published and after its registration. The node's gateway retries a call that a model
+    server refused or aborted during a weight update under this policy."""
+    TYPE: ClassVar[str] = "policy"
+    policy: PolicyRef
+    id: str = id_field()
+
+
 @dataclass(frozen=True)
 class Ack(Message):
     TYPE: ClassVar[str] = "ack"

@@ -25,12 +25,13 @@ from controller.contracts.codec import (MAX_FRAME_BYTES, MESSAGE_TYPES, MIN_AGEN
 from controller.contracts.errors import (BAD_FIELD, BAD_JSON, ERROR_REASONS, FOREIGN_DEPLOYMENT,
                                          TOO_LARGE, UNKNOWN_TYPE, WRONG_VERSION,
                                          LocalProtocolError, ProtocolError, RemoteProtocolError)
-from controller.contracts.messages import (Ack, BandRequest, Cancel, Cancelled, Disconnect, Drain,
-                                           DrainNode, Heartbeat, Lease, Message, PolicyRef,
-                                           PublishPolicy, Ready, Refused, Register, Reject,
-                                           Release, Result, Results, Shutdown, Started, Status,
-                                           StatusReply, Submit, Submitted, Watch, Welcome,
-                                           new_msg_id)
+from controller.contracts.messages import (POLICY_AGENT_VERSION, Ack, BandRequest, Cancel,
+                                           Cancelled, Disconnect, Drain, DrainNode, Heartbeat,
+                                           Lease, Message, PolicyRef, PolicyUpdate, PublishPolicy,
+                                           Ready, Refused, Register, Reject, Release, Result,
+                                           Results, Shutdown, Started, Status, StatusReply, Submit,
+                                           Submitted, Watch, Welcome, new_msg_id,
+                                           speaks_policy_updates)
 from controller.contracts.states import (ERROR_CODES, OUTCOMES, REJECT_REASONS, ErrorCode,
                                          Outcome, RefusalReason, RejectReason)
 
@@ -43,9 +44,10 @@ __all__ = [
     "RejectReason",
     # messages
     "Ack", "BandRequest", "Cancel", "Cancelled", "Disconnect", "Drain", "DrainNode", "Heartbeat",
-    "Lease", "Message", "PolicyRef", "PublishPolicy", "Ready", "Refused", "Register", "Reject",
+    "Lease", "Message", "POLICY_AGENT_VERSION", "PolicyRef", "PolicyUpdate", "PublishPolicy",
+    "Ready", "Refused", "Register", "Reject",
     "Release", "Result", "Results", "Shutdown", "Started", "Status", "StatusReply", "Submit",
-    "Submitted", "Watch", "Welcome", "new_msg_id",
+    "Submitted", "Watch", "Welcome", "new_msg_id", "speaks_policy_updates",
     # batching
     "BATCH_AGENT_VERSION", "BATCHES", "MAX_ACKS", "MAX_BATCH_ITEMS", "AckBatch", "LeaseBatch",
     "ResultBatch", "acks", "batched", "for_agent", "speaks_batches", "split", "unbatched",

@@ -14,11 +14,17 @@ A request that asks for token ids (vLLM's `return_token_ids`, SGLang's `return_p
 / `return_meta_info`) gets the token-level wire format of `controller.demo.tokenizer`: the
 policy's own deterministic token ids and per-token logprobs, every turn; `served` keeps the
 last SERVED_RECORDS replies' ids so tests can check that what was stored is what was served.
-While a new version is being loaded (`POST /admin/loading {"loading": true}`), completions are
-refused with HTTP 503 `model_loading`, as during a weight update. Bash-only harnesses: bash_dialect.py.
+`stream: true` is answered as vLLM streams (controller/demo/streaming.py).
+A weight update is simulated three ways: while a new version is being loaded
+(`POST /admin/loading {"loading": true}`) completions are refused with HTTP 503
+`model_loading`; `"abort_next": n` aborts the next n calls in flight (200, no output,
+`finish_reason: "abort"`, as vLLM); `POST /admin/serve {"version": v}` holds one version
+only, as a real server holds one set of weights: a call naming another version gets 503
+`model_loading` (`null`: every registered version); with `"after_calls": n` the swap happens
+once n more calls are answered (a weight update at a set point of a rollout). Bash-only harnesses: bash_dialect.py.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `POST /admin/policies`,
-`POST /admin/loading`. See docs/policy.md for the scripts and the wire format.
+`POST /admin/loading`, `POST /admin/serve`. See docs/policy.md for the scripts and the wire format.
 
 Analysts' code (controller.analysis) never imports it. Must not import: zmq, sqlite3, nodeagent.
 """
@@ -40,7 +46,7 @@ from typing import Any, Callable, Mapping
 
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
-from controller.demo import bash_dialect, tokenizer
+from controller.demo import bash_dialect, streaming, tokenizer
 from controller.demo.trainer import softmax
 
 log = logging.getLogger(__name__)
@@ -353,8 +359,8 @@ def _validate_request(req: Any) -> None:
         raise RequestError(400, "'seed' must be an integer", param="seed")
     if "tools" in req and not isinstance(req["tools"], list):
         raise RequestError(400, "'tools' must be an array", param="tools")
-    if req.get("stream"):
-        raise RequestError(400, "streaming is not supported by the scripted policy", param="stream")
+    if "stream_options" in req and not isinstance(req["stream_options"], (dict, type(None))):
+        raise RequestError(400, "'stream_options' must be an object", param="stream_options")
 
 
 class ScriptedPolicy:
@@ -372,6 +378,11 @@ class ScriptedPolicy:
         self.served: dict[str, tuple[list[int], list[int], list[float]]] = {}
         self.loading = False            # a weight update in progress: completions get 503
         self.refused_loading = 0
+        self.abort_next = 0             # this many next calls are aborted in flight (finish "abort")
+        self.aborted = 0
+        self.serving: int | None = None     # one version held (a real server's weights), else all
+        self.answered = 0
+        self._swap: tuple[int, int] | None = None     # (after this many answers, hold version)
 
     def set_policy(self, version: int, params: Any) -> bool:
         """Register `version`; returns True if new, False if already registered with the same
@@ -387,6 +398,22 @@ class ScriptedPolicy:
         if existing is None:
             log.info("policy version registered version=%d", version)
         return existing is None
+
+    def serve(self, version: int | None) -> None:
+        """Hold only `version` (as a real server holds one set of weights): calls naming another
+        get 503 `model_loading`; None serves every registered version. Raises PolicyError."""
+        with self._lock:
+            if version is not None and version not in self._versions:
+                raise PolicyError(f"policy version {version} is not registered")
+            self.serving = version
+
+    def swap_after(self, calls: int, version: int) -> None:
+        """A weight update at a set point: once `calls` more calls are answered, hold only
+        `version` (`serve`). Raises PolicyError for an unregistered version."""
+        with self._lock:
+            if version not in self._versions:
+                raise PolicyError(f"policy version {version} is not registered")
+            self._swap = (self.answered + calls, version)
 
     def params(self, version: int) -> Params:
         with self._lock:
@@ -414,6 +441,14 @@ class ScriptedPolicy:
                                kind="service_unavailable")
         model = req["model"]
         version = self._version_of(model)
+        with self._lock:
+            if self._swap is not None and self.answered >= self._swap[0]:
+                self.serving, self._swap = self._swap[1], None
+        if self.serving is not None and version != self.serving:
+            with self._lock:
+                self.refused_loading += 1
+            raise RequestError(503, f"this server now holds policy version {self.serving}, not {version}; "
+                               "retry", code="model_loading", kind="service_unavailable")
         messages = req["messages"]
         seed = req.get("seed") or 0
         instruction = next(_text(m.get("content")) for m in messages if m["role"] == "user")
@@ -457,6 +492,15 @@ class ScriptedPolicy:
             "usage": {"prompt_tokens": prompt_words, "completion_tokens": completion_words,
                       "total_tokens": prompt_words + completion_words},
         }
+        with self._lock:
+            abort = self.abort_next > 0
+            if abort:
+                self.abort_next -= 1
+                self.aborted += 1
+        if abort:                 # a weight update aborts the call in flight: no output
+            return streaming.aborted(out)
+        with self._lock:
+            self.answered += 1
         if tokenizer.wants_tokens(req):
             self._token_level(out, req, message, strategy if n_assistant == 0 else None, logprob)
         return out
@@ -493,12 +537,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
     def _send(self, status: int, body: dict[str, Any]) -> None:
-        blob = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(blob)))
-        self.end_headers()
-        self.wfile.write(blob)
+        self._write(status, json.dumps(body).encode(), "application/json")
+
+    def _write(self, status: int, blob: bytes, ctype: str, length: bool = True) -> None:
+        """Status line, headers and body in one write (one packet, one wake-up of the client)."""
+        self.log_request(status)
+        head = f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\nContent-Type: {ctype}\r\n"
+        head += f"Content-Length: {len(blob)}\r\n" if length else "Transfer-Encoding: chunked\r\n"
+        self.wfile.write(head.encode("latin-1") + b"\r\n" + blob)
+
+    def _stream(self, reply: dict, include_usage: bool) -> None:
+        """`stream: true`: the reply as vLLM's chunks (controller/demo/streaming.py), one HTTP
+        chunk per event."""
+        aborted = reply["choices"][0]["finish_reason"] == "abort"
+        events = streaming.sse(streaming.abort_chunks(reply) if aborted else streaming.chunks(reply, include_usage))
+        self._write(200, b"%X\r\n%s\r\n" % (len(events[0]), events[0]), "text/event-stream", length=False)
+        for e in events[1:]:
+            self.wfile.write(b"%X\r\n%s\r\n" % (len(e), e))
+        self.wfile.write(b"0\r\n\r\n")
 
     def _read_json(self) -> Any:
         try:
@@ -526,15 +582,36 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             if self.path == "/v1/chat/completions":
-                self._send(200, self.server.policy.complete(self._read_json()))
+                req = self._read_json()
+                reply = self.server.policy.complete(req)
+                if req.get("stream"):
+                    self._stream(reply, bool((req.get("stream_options") or {}).get("include_usage")))
+                else:
+                    self._send(200, reply)
             elif self.path == "/admin/policies":
                 self._send(*self._admin(self._read_json()))
             elif self.path == "/admin/loading":
                 body = self._read_json()
-                if not isinstance(body, dict) or not isinstance(body.get("loading"), bool):
-                    raise RequestError(400, "body must be an object with a boolean 'loading'")
+                if not isinstance(body, dict) or not isinstance(body.get("loading"), bool) \
+                        or not isinstance(body.get("abort_next", 0), int):
+                    raise RequestError(400, "body must be an object with a boolean 'loading' "
+                                       "(and an integer 'abort_next')")
                 self.server.policy.loading = body["loading"]
-                self._send(200, {"loading": body["loading"]})
+                self.server.policy.abort_next = body.get("abort_next", 0)
+                self._send(200, {"loading": body["loading"], "abort_next": body.get("abort_next", 0)})
+            elif self.path == "/admin/serve":
+                body = self._read_json()
+                v = body.get("version", 0) if isinstance(body, dict) else 0
+                after = body.get("after_calls") if isinstance(body, dict) else None
+                if not isinstance(body, dict) or not (v is None or isinstance(v, int) and not isinstance(v, bool)) \
+                        or not (after is None or isinstance(after, int) and after >= 0 and v is not None):
+                    raise RequestError(400, "body must be an object with an integer (or null) 'version' "
+                                       "and an optional non-negative integer 'after_calls'")
+                try:
+                    self.server.policy.serve(v) if after is None else self.server.policy.swap_after(after, v)
+                except PolicyError as e:
+                    raise RequestError(400, str(e), param="version") from None
+                self._send(200, {"serving": v, "after_calls": after})
             else:
                 raise RequestError(404, f"no route POST {self.path}", code="not_found")
         except RequestError as e:

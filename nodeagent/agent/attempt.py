@@ -9,7 +9,9 @@ Every model call passes the node's gateway (`nodeagent.gateway`): the built-in h
 the attempt's `Session` in process; a task that names its own `harness` runs it in the sandbox
 against the session's HTTP front, which the sandbox's relay reaches at 127.0.0.1:3128 (the
 gateway's socket takes the relay's place: such a task gets no other egress). The session's
-rows are the attempt's `model_calls` shard. Seeded tool faults (`tool_faults`) are drawn per
+rows are the attempt's `model_calls` shard. The session follows the node's current policy
+(`current_policy`, the agent core's newest `policy`): a call refused or aborted during a
+weight update is retried under it, the sandbox untouched (`nodeagent.gateway.session.Follow`). Seeded tool faults (`tool_faults`) are drawn per
 rollout seed and are the policy's weather, never an infra_error.
 
 A lease may carry the task by reference (`blob`): its content is fetched by digest from shared
@@ -42,7 +44,7 @@ from controller.contracts.tools import ToolSetError
 from nodeagent.agent.core import Attempt, AttemptResult
 from nodeagent.egress import proxy as egress
 from nodeagent.gateway.server import GatewayServer
-from nodeagent.gateway.session import GatewayBudgets, Session, Upstream
+from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
 from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
@@ -79,7 +81,8 @@ def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -
 
 
 def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
-                clock: Callable[[], float] = time.monotonic) -> AttemptResult:
+                clock: Callable[[], float] = time.monotonic,
+                current_policy: Callable[[], object] | None = None) -> AttemptResult:
     try:
         task = _task_of(a)
     except TaskError as exc:
@@ -96,7 +99,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     except SandboxError as exc:
         return AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
     started, t0 = utc_now(), clock()
-    session = Session(Upstream(a.policy_version, a.endpoint, a.model), GatewayBudgets.of(task.budgets),
+    start = Upstream(a.policy_version, a.endpoint, a.model)
+    session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
     agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers)
     session.close()                 # its kept model-server connections; the rows stay

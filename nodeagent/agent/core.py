@@ -30,6 +30,8 @@ Rules:
   and every liveness period (its idempotency key makes that safe); results go as one
   `result_batch` once the controller has sent a batch since the registration.
 - Heartbeats every interval, from a random phase, with the health payload and `held`.
+- `policy` (and each lease's policy) sets `policy`, the newest version the node knows of (never
+  an older one): the attempts' gateways retry a call refused during a weight update under it.
 - Finding the controller again: with a `watch` (a callable the owner injects; the daemon's
   looks at the endpoint file), each heartbeat while the controller has been silent for at
   least one interval asks it for news: a new endpoint (a controller started, on any port)
@@ -166,6 +168,9 @@ class AgentCore:
         # `started` not sent yet, with when the lease came
         self.starting: list[tuple[Attempt, float]] = []
         self.images: set[str] = set()  # digests the runner has used on this node
+        # the newest policy the controller told of (`policy`, leases): a gateway call refused
+        # during a weight update is retried under it (nodeagent.gateway.session.Follow)
+        self.policy: Optional[P.PolicyRef] = None
         self.drain_by: Optional[float] = None
         self.session: Optional[str] = None
         self.peer_batches = False  # the controller sent a batch since we registered
@@ -361,6 +366,8 @@ class AgentCore:
         elif isinstance(msg, P.Shutdown):
             log.info("shutdown: %s", msg.reason)
             self.stopped = True
+        elif isinstance(msg, P.PolicyUpdate):
+            self._newer_policy(msg.policy)
         elif isinstance(msg, P.Refused):
             self._refused(f"{msg.detail} (controller speaks protocol {msg.protocol_versions}, "
                           f"agents from version {msg.min_agent_version})")
@@ -394,7 +401,12 @@ class AgentCore:
         self.refused = detail
         self.stopped = True
 
+    def _newer_policy(self, ref: P.PolicyRef) -> None:
+        if self.policy is None or ref.version > self.policy.version:
+            self.policy = ref
+
     def _on_lease(self, msg: P.Lease) -> None:
+        self._newer_policy(msg.policy)
         a = self.active.get(msg.rollout_id)
         if (a is not None and a.token == msg.token) or msg.token in self.finished:
             return  # a duplicate delivery of a lease we run or ran

@@ -326,7 +326,7 @@ class NodeAgent:
             return AttemptResult("infra_error", None, {}, "task: the lease task has no 'image_digest'")
         image = self.image_store / "sha256" / (digest.split(":", 1)[1] + ".sif")
         self.core.images.add(digest)
-        return run_attempt(self.runtime, image, self.node, a, self.clock)
+        return run_attempt(self.runtime, image, self.node, a, self.clock, current_policy=lambda: self.core.policy)
 
     def _work(self, a: Attempt) -> None:
         try:

@@ -8,4 +8,4 @@ Must not import: anything of Paddock.
 """
 from __future__ import annotations
 
-AGENT_VERSION = "0.3.0"  # >= protocol.BATCH_AGENT_VERSION: takes `leases` and `acks`
+AGENT_VERSION = "0.4.0"  # >= protocol.BATCH_AGENT_VERSION (`leases`, `acks`), POLICY_AGENT_VERSION (`policy`)

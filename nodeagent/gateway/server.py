@@ -7,8 +7,8 @@ on TCP (`tcp=("127.0.0.1", 0)`). A sandbox given the socket as its relay target
 no network is opened.
 
 Routes: `POST /v1/chat/completions` (the reply forwarded as the model server sent its bytes;
-with `stream: true` answered as one SSE stream of the
-finished reply: `wire.sse`), `GET /v1/models` (the rollout's model). A request must carry the
+with `stream: true` streamed from the model server and forwarded event by event as SSE:
+`Session.stream`), `GET /v1/models` (the rollout's model). A request must carry the
 session's key (`Authorization: Bearer <key>`) when `require_key` is set. Errors are OpenAI error
 bodies: 400 bad request, 401 wrong key, 429 `budget_exhausted` (with the budget's kind), 502 the
 model server failed, 504 it timed out. Must not import: zmq, nodeagent.agent.
@@ -22,10 +22,9 @@ import socket
 import socketserver
 import tempfile
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from nodeagent.gateway import wire
+from nodeagent.gateway import http1, wire
 from nodeagent.gateway.session import BudgetExhausted, Session
 from nodeagent.harness.model import MODEL_TIMEOUT_S, ModelError, ModelTimeout
 
@@ -35,25 +34,52 @@ IN_SANDBOX_BASE_URL = "http://127.0.0.1:3128/v1"
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"          # keep-alive: one thread per client connection
+class _Handler(socketserver.StreamRequestHandler):
+    """HTTP/1.1 with keep-alive, one thread per client connection; heads read by `http1`
+    (no `email` parsing), every reply written in one send."""
     server: "_Server"
+    rbufsize = 65536
 
-    def log_message(self, fmt: str, *args: Any) -> None:
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("gateway %s", fmt % args)
-
-    def address_string(self) -> str:          # AF_UNIX peers have no (host, port)
-        return "sandbox"
+    def handle(self) -> None:
+        while True:
+            try:
+                head = http1.read_head(self.rfile)
+            except http1.FramingError as exc:
+                self.closing = True
+                return self._error(400, f"bad request: {exc}")
+            except OSError:
+                return
+            if head is None:
+                return
+            line, headers = head
+            parts = line.split(" ")
+            if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+                self.closing = True
+                return self._error(400, f"bad request line {line[:80]!r}")
+            method, self.target, proto = parts
+            conn = headers.get("connection", "").lower()
+            self.closing = "close" in conn or (proto == "HTTP/1.0" and "keep-alive" not in conn)
+            try:
+                if method == "GET":
+                    self._get()
+                elif method == "POST":
+                    self._post(headers)
+                else:
+                    self.closing = True
+                    self._error(405 if method.isalpha() else 400, f"method {method[:20]} not allowed", "not_found")
+            except OSError:
+                return                  # the client went away
+            if self.closing:
+                return
 
     def _send(self, status: int, blob: bytes, ctype: str = "application/json") -> None:
         """Status line, headers and body in one write."""
-        self.log_request(status)
-        head = (f"HTTP/1.1 {status} {self.responses.get(status, ('',))[0]}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(blob)}\r\n")
-        if self.close_connection:
-            head += "Connection: close\r\n"
-        self.wfile.write(head.encode("latin-1") + b"\r\n" + blob)
+        hdrs = {"Content-Type": ctype, "Content-Length": str(len(blob))}
+        if self.closing:
+            hdrs["Connection"] = "close"
+        self.wfile.write(http1.head_bytes(status, hdrs) + blob)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("gateway %s %d", self.target, status)
 
     def _error(self, status: int, message: str, code: str | None = None, kind: str = "invalid_request_error") -> None:
         self._send(status, json.dumps({"error": {"message": message, "type": kind, "param": None,
@@ -62,53 +88,97 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self) -> str:
         """The request's path; an absolute URI (a client that used the relay as its proxy) is
         reduced to its path."""
-        path = self.path
+        path = self.target
         if path.startswith("http://"):
             path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
         return path.split("?", 1)[0].rstrip("/")
 
-    def do_GET(self) -> None:
+    def _get(self) -> None:
         if self._route() in ("/v1/models", "/models"):
             up = self.server.session._upstream()
             self._send(200, json.dumps({"object": "list", "data": [
                 {"id": up.model, "object": "model", "created": 0, "owned_by": "paddock"}]}).encode())
         else:
-            self._error(404, f"no route GET {self.path}", "not_found")
+            self._error(404, f"no route GET {self.target}", "not_found")
 
-    def do_POST(self) -> None:
-        if self._route() not in ("/v1/chat/completions", "/chat/completions"):
-            return self._error(404, f"no route POST {self.path}", "not_found")
-        session = self.server.session
-        if self.server.require_key and self.headers.get("Authorization", "") != f"Bearer {session.key}":
-            return self._error(401, "wrong or missing API key", "invalid_api_key", "authentication_error")
+    def _post(self, headers: dict[str, str]) -> None:
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
+            length = http1.content_length(headers)
+        except http1.FramingError:
+            length = None
+        if length is None:
+            self.closing = True
             return self._error(411, "a Content-Length header is required")
         if length > MAX_REQUEST_BYTES:
-            self.close_connection = True
+            self.closing = True
             return self._error(413, f"request body of {length} bytes exceeds {MAX_REQUEST_BYTES}")
+        if headers.get("expect", "").lower() == "100-continue":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        blob = self.rfile.read(length)
+        if len(blob) < length:
+            self.closing = True
+            return
+        if self._route() not in ("/v1/chat/completions", "/chat/completions"):
+            return self._error(404, f"no route POST {self.target}", "not_found")
+        session = self.server.session
+        if self.server.require_key and headers.get("authorization", "") != f"Bearer {session.key}":
+            return self._error(401, "wrong or missing API key", "invalid_api_key", "authentication_error")
         try:
-            payload = json.loads(self.rfile.read(length))
+            payload = json.loads(blob)
             wire.check_request(payload)
         except (ValueError, wire.WireError) as exc:
             return self._error(400, f"bad request: {exc}")
-        try:
-            body, raw = session.complete_raw(payload, MODEL_TIMEOUT_S)
-        except BudgetExhausted as exc:
-            return self._error(429, str(exc), f"budget_exhausted:{exc.kind}", "budget_exhausted")
-        except ModelTimeout as exc:
-            return self._error(504, str(exc), "model_timeout", "server_error")
-        except ModelError as exc:
-            return self._error(502, str(exc), "model_server_error", "server_error")
         if payload.get("stream"):
-            usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-            return self._send(200, wire.sse(body, usage), "text/event-stream")
-        self._send(200, raw if raw is not None else json.dumps(body).encode())    # as the server sent it
+            return self._stream(session, payload)
+        try:
+            session.forward(payload, MODEL_TIMEOUT_S, lambda raw: self._send(200, raw))  # as the server sent it
+        except (BudgetExhausted, ModelError) as exc:
+            if not getattr(exc, "forwarded", False):       # else the client has the reply already
+                self._error(*_refusal(exc))
+
+    def _stream(self, session: Session, payload: dict) -> None:
+        """SSE over a chunked body, each event written as it comes from the model server; the
+        head goes out with the first event, so a call refused before any event is a plain
+        error reply. A failure after the first event ends the stream with an error event."""
+        started, done = [False], [False]
+
+        def emit(data: bytes) -> None:
+            out = http1.chunk(b"data: " + data + b"\n\n")
+            if data == b"[DONE]":           # the last chunk with it: the client is done now
+                out += http1.chunk(b"")
+                done[0] = True
+            if not started[0]:
+                started[0] = True
+                hdrs = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                        "Transfer-Encoding": "chunked"}
+                if self.closing:
+                    hdrs["Connection"] = "close"
+                out = http1.head_bytes(200, hdrs) + out
+            self.wfile.write(out)
+        try:
+            session.stream(payload, MODEL_TIMEOUT_S, emit)
+        except (BudgetExhausted, ModelError) as exc:
+            if not started[0]:
+                return self._error(*_refusal(exc))
+            if done[0]:
+                return                        # the stream was whole; the record says what failed
+            status, message, code, kind = _refusal(exc)
+            event = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+            self.wfile.write(http1.chunk(b"data: " + json.dumps(event).encode() + b"\n\n") + http1.chunk(b""))
 
 
-class _Server(ThreadingHTTPServer):
+def _refusal(exc: ModelError) -> tuple[int, str, str, str]:
+    """(status, message, code, type) of the OpenAI error body for a failed call."""
+    if isinstance(exc, BudgetExhausted):
+        return 429, str(exc), f"budget_exhausted:{exc.kind}", "budget_exhausted"
+    if isinstance(exc, ModelTimeout):
+        return 504, str(exc), "model_timeout", "server_error"
+    return 502, str(exc), "model_server_error", "server_error"
+
+
+class _Server(socketserver.ThreadingTCPServer):
     daemon_threads = True
+    allow_reuse_address = True
     session: Session
     require_key: bool
 
@@ -122,10 +192,6 @@ class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     session: Session
     require_key: bool
-
-    def get_request(self):                  # http.server wants a (host, port) client address
-        conn, _ = self.socket.accept()
-        return conn, ("sandbox", 0)
 
 
 class GatewayServer:

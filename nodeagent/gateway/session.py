@@ -10,13 +10,21 @@ harness inside the sandbox. Each call:
    per attempt of the call) with the token flags of `wire.upstream_payload`, over one kept
    connection per endpoint (`nodeagent.gateway.upstream`; `close()` closes them);
 3. is retried, the environment untouched, when the server refuses or aborts it because a new
-   version is being loaded (`wire.is_loading_refusal`): at most `max_version_retries` times,
-   with exponential backoff, within the wall budget; the row records the version that answered
-   and the number of retries;
-4. is recorded: request messages, tools and other parameters, the reply (without its
+   version is being loaded (`wire.is_loading_refusal`: HTTP 503, an error code of
+   `wire.LOADING_CODES`, a 200 with `finish_reason: "abort"`; or the connection refused, a
+   server restarting): at most `max_version_retries` times, with exponential backoff, within
+   the wall budget, each retry under the version the node knows of then (`Follow.refresh`:
+   the agent's newest `policy`); the row records the version that answered and the number
+   of retries. A streamed call is retried only while nothing of it was forwarded;
+4. is streamed (`stream`, from the HTTP front): the server streams, each event is forwarded as
+   it comes, the reply is assembled from the chunks (`wire.StreamAssembly`) for the record;
+5. is recorded: request messages, tools and other parameters, the reply (without its
    prompt ids, which have their own column), prompt and completion ids and per-token logprobs
    as the server sent them (None when it did not: never invented), finish reason, the parent
-   call and whether the prompt extends the previous call's tokens, timings.
+   call and whether the prompt extends the previous call's tokens, timings (`gateway_s`: the
+   gateway's own time on the call's path, until the reply went out). Budgets are counted at
+   once; the row itself is built when `rows` is read, off the call's path (the HTTP front
+   sends a reply's bytes as they came, then decodes them: `forward`).
 
 Time is injected (`clock` monotonic for durations, `wall` for `started_at`, `sleep` for the
 backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 import threading
 import time
@@ -35,7 +44,7 @@ from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
 from nodeagent.gateway.upstream import KeepAliveModel
-from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout
+from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout, decode_reply
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,10 @@ MAX_VERSION_RETRIES = 8
 RETRY_BASE_S = 0.05
 RETRY_MAX_S = 2.0
 _REQUEST_KEYS_APART = ("messages", "tools", "model", "stream", "stream_options")
+_ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')     # a 200 that is an aborted call
+# A stream event read at once even after forwarding began: an abort or an error.
+_SPECIAL_EVENT = re.compile(rb'"finish_reason"\s*:\s*"abort"|^\s*\{\s*"error"\s*:|"object"\s*:\s*"error"')
+_USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,25 @@ class Upstream:
     version: int
     endpoint: str
     model: str
+
+
+class Follow:
+    """A rollout's upstream: its lease's version, until a call is refused or aborted because
+    a new version is being loaded; then (`refresh`) the node's current policy if it is newer
+    (`current()` gives an object with `version`, `endpoint`, `model`, or None). Never older."""
+
+    def __init__(self, start: Upstream, current: Callable[[], Any]) -> None:
+        self.up, self._current = start, current
+
+    def __call__(self) -> Upstream:
+        return self.up
+
+    def refresh(self) -> Upstream:
+        cur = self._current()
+        if cur is not None and cur.version > self.up.version:
+            log.info("the rollout follows policy version %d (was %d)", cur.version, self.up.version)
+            self.up = Upstream(cur.version, cur.endpoint, cur.model)
+        return self.up
 
 
 @dataclass(frozen=True)
@@ -84,8 +116,10 @@ class Session:
         self.max_version_retries = max_version_retries
         self.key = "pdk-" + secrets.token_hex(16)     # the OPENAI_API_KEY a harness is given
         self.deadline = clock() + budgets.wall_s
-        self.rows: list[dict] = []
+        self._rows: list[dict] = []
+        self._pending: list[tuple] = []     # calls recorded but not yet written out as rows
         self.tokens_used = 0
+        self._charged = 0               # calls counted against the budget (all but refusals)
         self._history: list[tuple[list[int] | None, list[int] | None]] = []
         self._lock = threading.Lock()
 
@@ -95,10 +129,20 @@ class Session:
         with self._lock:
             return self._call(payload, timeout_s)[0]
 
-    def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
-        """(reply, its bytes as the server sent them, or None if the client does not keep them)."""
+    def forward(self, payload: dict, timeout_s: float, send: Callable[[bytes], None]) -> dict:
+        """The HTTP front's call: a 200 reply's bytes go to `send` as the model server sent
+        them, before the gateway decodes and records them (off the client's path); returns
+        the decoded reply. A reply that fails to decode after it was sent is recorded as an
+        error (ModelError with `forwarded` set)."""
         with self._lock:
-            return self._call(payload, timeout_s)
+            return self._call(payload, timeout_s, send=send)[0]
+
+    def stream(self, payload: dict, timeout_s: float, emit: Callable[[bytes], None]) -> dict:
+        """A `stream: true` call, streamed from the model server: `emit(data)` gets each
+        server-sent event's data for the client (ending with b"[DONE]"); returns the reply as
+        assembled from the chunks (what is recorded)."""
+        with self._lock:
+            return self._call(payload, timeout_s, emit)[0]
 
     def close(self) -> None:
         """Close the kept connections to the model servers (the rows stay)."""
@@ -111,7 +155,17 @@ class Session:
 
     @property
     def calls(self) -> int:
-        return len(self.rows)
+        return len(self._rows) + len(self._pending)
+
+    @property
+    def rows(self) -> list[dict]:
+        """The model_calls rows so far, in call order (a call's row is built when first read)."""
+        with self._lock:
+            if self._pending:
+                for p in self._pending:
+                    self._rows.append(self._row(*p))
+                self._pending.clear()
+            return self._rows
 
     def last_content(self) -> str | None:
         """The content of the last answered call's message (a harness's final answer)."""
@@ -124,14 +178,15 @@ class Session:
 
     def _check_budget(self, now: float) -> None:
         b = self.budgets
-        if len([r for r in self.rows if r["status"] != "budget"]) >= b.max_calls:
+        if self._charged >= b.max_calls:
             raise BudgetExhausted("calls", f"the rollout's budget of {b.max_calls} model calls is spent")
         if self.tokens_used >= b.max_tokens:
             raise BudgetExhausted("tokens", f"the rollout's budget of {b.max_tokens} tokens is spent")
         if now >= self.deadline:
             raise BudgetExhausted("wall_time", f"the rollout's wall budget of {b.wall_s}s is spent")
 
-    def _call(self, payload: dict, timeout_s: float) -> tuple[dict, bytes | None]:
+    def _call(self, payload: dict, timeout_s: float, emit: Callable[[bytes], None] | None = None,
+              send: Callable[[bytes], None] | None = None) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
         try:
@@ -145,7 +200,7 @@ class Session:
             if key in payload or key == "max_tokens":
                 asked = payload.get(key)
                 payload[key] = left if not isinstance(asked, int) or isinstance(asked, bool) else min(asked, left)
-        retries, upstream_s = 0, 0.0
+        retries, upstream_s, passthrough = 0, 0.0, False
         while True:
             up = self._upstream()
             remaining = min(timeout_s, self.deadline - self._clock())
@@ -153,28 +208,131 @@ class Session:
             try:
                 if remaining <= 0:
                     raise ModelTimeout("no wall budget left for the model call")
-                client, fwd = self._client_for(up.endpoint), wire.upstream_payload(payload, up.model, self.flavor)
-                if hasattr(client, "complete_raw"):
+                client = self._client_for(up.endpoint)
+                fwd = wire.upstream_payload(payload, up.model, self.flavor, stream=emit is not None
+                                            and hasattr(client, "stream"))
+                if emit is not None:
+                    body, raw = self._stream_once(client, fwd, remaining, emit, payload), None
+                elif send is not None and hasattr(client, "exchange"):
+                    status, raw = client.exchange(fwd, remaining)
+                    if status != 200 or _ABORT.search(raw):
+                        body = decode_reply(up.endpoint, status, raw)    # raises unless an abort
+                    else:
+                        passthrough = True         # sent as it came, read afterwards
+                elif hasattr(client, "complete_raw"):
                     body, raw = client.complete_raw(fwd, remaining)
                 else:
                     body, raw = client.complete(fwd, remaining), None
                 status, err = 200, None
             except ModelError as exc:
                 body, status, err = exc.body, exc.status, exc
+            except OSError as exc:                 # `emit`: the client went away mid-stream
+                upstream_s += self._clock() - t0
+                self._record(payload, started, t_in, up, None, retries, upstream_s, "error",
+                             f"the client closed the stream: {exc!r}")
+                raise
             upstream_s += self._clock() - t0
-            if wire.is_loading_refusal(status, body) and retries < self.max_version_retries \
-                    and self._clock() < self.deadline:
+            if passthrough:
+                return self._send_then_record(payload, started, t_in, up, raw, retries, upstream_s, send), raw
+            refused = wire.is_loading_refusal(status, body) or bool(err is not None and getattr(err, "refused", False))
+            if refused and not (err is not None and getattr(err, "forwarded", False)) \
+                    and retries < self.max_version_retries and self._clock() < self.deadline:
                 retries += 1
                 log.info("model server is loading a new version; retry %d of the call (version %d)",
                          retries, up.version)
                 self._sleep(min(RETRY_BASE_S * 2 ** (retries - 1), RETRY_MAX_S,
                                 max(self.deadline - self._clock(), 0.0)))
+                refresh = getattr(self._upstream, "refresh", None)
+                if refresh is not None:
+                    refresh()                   # the version the node knows of now
                 continue
             if err is not None:
                 self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
                 raise err
+            if refused:           # an abort still there after the last retry: not a reply
+                err = ModelError(f"model server {up.endpoint} kept aborting the call (a weight update) "
+                                 f"after {retries} retries")
+                self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(err))
+                raise err
             self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None)
+            if send is not None:
+                send(raw if raw is not None else json.dumps(body).encode())
             return body, raw
+
+    def _send_then_record(self, payload: dict, started, t_in: float, up: Upstream, raw: bytes,
+                          retries: int, upstream_s: float, send: Any) -> dict:
+        """A 200 reply sent to the client as it came, then decoded and recorded."""
+        gateway_s = max(self._clock() - t_in - upstream_s, 0.0)
+        try:
+            send(raw)
+        except OSError:               # the client went away: the call is still recorded
+            self._after_send(payload, started, t_in, up, raw, retries, upstream_s, gateway_s)
+            raise
+        return self._after_send(payload, started, t_in, up, raw, retries, upstream_s, gateway_s)
+
+    def _after_send(self, payload: dict, started, t_in: float, up: Upstream, raw: bytes, retries: int,
+                    upstream_s: float, gateway_s: float) -> dict:
+        try:
+            body = decode_reply(up.endpoint, 200, raw)
+        except ModelError as exc:
+            exc.forwarded = True
+            self._record(payload, started, t_in, up, None, retries, upstream_s, "error", str(exc), gateway_s)
+            raise
+        self._record(payload, started, t_in, up, body, retries, upstream_s, "ok", None, gateway_s)
+        return body
+
+    def _stream_once(self, client: Any, fwd: dict, timeout_s: float, emit: Callable[[bytes], None],
+                     payload: dict) -> dict:
+        """One streamed exchange: each event's data is passed to `emit` as it arrives, except
+        that events are held back until one carries output, so that a refusal or an abort
+        before any output is retried unseen; the reply is assembled from the chunks. An abort
+        after output was forwarded is a ModelError with `forwarded` set (not retried)."""
+        want_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+        if not hasattr(client, "stream"):          # a Model without streaming (replay, tests)
+            body = client.complete(fwd, timeout_s)
+            if not wire.is_loading_refusal(200, body):
+                for event in wire.sse(body, want_usage).split(b"\n\n")[:-1]:
+                    emit(event[6:])
+            return body
+        asm, held, forwarded, later = wire.StreamAssembly(), [], False, []
+        events = client.stream(fwd, timeout_s)
+        try:
+            for data in events:
+                if data == b"[DONE]":
+                    break
+                if forwarded and not _SPECIAL_EVENT.search(data):
+                    later.append(data)             # the harness's now: sent at once, read after [DONE]
+                    if want_usage or not _USAGE_ONLY.search(data):
+                        emit(data)
+                    continue
+                chunk = _event(data, forwarded)
+                asm.add(chunk)
+                if asm.finish == "abort":
+                    if forwarded:
+                        err = ModelError("the model server aborted the streamed call after part of it was "
+                                         "forwarded (a weight update)")
+                        err.forwarded = True
+                        raise err
+                    return asm.body()              # retried by the caller, nothing forwarded
+                if chunk.get("usage") and not chunk.get("choices") and not want_usage:
+                    continue                       # the usage chunk only the gateway asked for
+                if not forwarded and not asm.output and asm.finish is None:
+                    held.append(data)
+                    continue
+                for h in held:
+                    emit(h)
+                held, forwarded = [], True
+                emit(data)
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        for h in held:
+            emit(h)
+        emit(b"[DONE]")
+        for data in later:
+            asm.add(_event(data, True))
+        return asm.body()
 
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):
@@ -185,7 +343,23 @@ class Session:
         return c
 
     def _record(self, payload: dict, started, t_in: float, up: Upstream | None, body: dict | None,
-                retries: int, upstream_s: float, status: str, error: str | None) -> None:
+                retries: int, upstream_s: float, status: str, error: str | None,
+                gateway_s: float | None = None) -> None:
+        """Count the call (budgets are exact at once); its row is built when `rows` is read.
+        The messages list is copied: a harness appends to its own list after the call."""
+        usage = (body or {}).get("usage") or {}
+        if status == "ok":
+            self.tokens_used += _int(usage.get("prompt_tokens")) + _int(usage.get("completion_tokens"))
+        if status != "budget":
+            self._charged += 1
+        if gateway_s is None:
+            gateway_s = max(self._clock() - t_in - upstream_s, 0.0)
+        msgs = payload.get("messages")
+        self._pending.append((dict(payload, messages=list(msgs) if isinstance(msgs, list) else msgs),
+                              started, up, body, retries, upstream_s, status, error, gateway_s))
+
+    def _row(self, payload: dict, started, up: Upstream | None, body: dict | None, retries: int,
+             upstream_s: float, status: str, error: str | None, gateway_s: float) -> dict:
         toks = wire.extract(body) if body is not None else wire.Tokens(None, None, None, None)
         if status == "ok":
             parent, extends = wire.find_parent(self._history, toks.prompt_ids)
@@ -194,11 +368,9 @@ class Session:
             parent, extends = None, None
         usage = (body or {}).get("usage") or {}
         p_tok, c_tok = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if status == "ok":
-            self.tokens_used += int(p_tok or 0) + int(c_tok or 0)
         params = {k: v for k, v in payload.items() if k not in _REQUEST_KEYS_APART}
-        self.rows.append({
-            "call_index": len(self.rows), "parent_call": parent, "prompt_extends_previous": extends,
+        return {
+            "call_index": len(self._rows), "parent_call": parent, "prompt_extends_previous": extends,
             "source": self.source, "step": None,
             "call_policy_version": up.version if up else None, "model": up.model if up else None,
             "request_model": payload.get("model") if isinstance(payload.get("model"), str) else None,
@@ -211,8 +383,26 @@ class Session:
             "prompt_tokens": p_tok if isinstance(p_tok, int) else None,
             "completion_tokens": c_tok if isinstance(c_tok, int) else None,
             "status": status, "error": error, "retries": retries, "started_at": started,
-            "upstream_s": upstream_s, "gateway_s": max(self._clock() - t_in - upstream_s, 0.0),
-        })
+            "upstream_s": upstream_s, "gateway_s": gateway_s,
+        }
+
+
+def _event(data: bytes, forwarded: bool) -> dict:
+    """One stream event's chunk; a ModelError (with `forwarded`) for one that is not a chunk."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":
+        err = ModelError(f"model server sent a stream event that is not a chunk: "
+                         f"{data[:300].decode(errors='replace')}")
+        err.body, err.forwarded = chunk, forwarded
+        raise err
+    return chunk
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def _without_prompt_ids(body: dict) -> dict:
@@ -224,4 +414,4 @@ def _without_prompt_ids(body: dict) -> dict:
     return out
 
 
-__all__ = ["BudgetExhausted", "GatewayBudgets", "Session", "Upstream"]
+__all__ = ["BudgetExhausted", "Follow", "GatewayBudgets", "Session", "Upstream"]

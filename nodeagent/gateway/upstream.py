@@ -2,12 +2,14 @@
 session, so a call costs one request on a warm socket (no connect, no new server thread).
 
 `KeepAliveModel(endpoint).complete(payload, timeout_s)` is the `nodeagent.harness.model.Model`
-seam, with `HTTPModel`'s contract: the whole call must finish within `timeout_s` (one watchdog
+seam (`exchange` gives the reply's bytes undecoded, `stream` a `stream: true` call's events
+as they arrive), with `HTTPModel`'s contract: the whole call must finish within `timeout_s` (one watchdog
 thread for the process, started once, shuts the socket at the deadline, so a server that
 trickles bytes cannot hold a rollout past its budget), the reply is capped at
 MAX_RESPONSE_BYTES, a non-200 reply raises ModelError with `status` and the decoded `body`,
 no answer in time raises ModelTimeout. A connection the server closed while idle (keep-alive
 timeout) is reopened and the request sent once more, only when nothing of the reply was read.
+Requests go out in one write (TCP_NODELAY), replies are read by `nodeagent.gateway.http1`.
 
 Calls on one client are serialised (the session serialises them anyway). Must not import:
 zmq, nodeagent.agent, nodeagent.gateway.session.
@@ -17,11 +19,13 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
+from nodeagent.gateway import http1, wire
 from nodeagent.harness.model import MAX_RESPONSE_BYTES, ModelError, ModelTimeout, decode_reply
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
@@ -87,48 +91,85 @@ class KeepAliveModel:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ModelError(f"model endpoint {endpoint!r} is not an http(s) URL")
         self.endpoint, self._u, self._clock = endpoint, u, clock
-        self._path = u.path.rstrip("/") + "/chat/completions"
-        self._conn: http.client.HTTPConnection | None = None
+        port = u.port or (443 if u.scheme == "https" else 80)
+        self._addr = (u.hostname, port)
+        host = u.hostname if u.port is None else f"{u.hostname}:{port}"
+        self._prefix = (f"POST {u.path.rstrip('/')}/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                        "Content-Type: application/json\r\nAccept-Encoding: identity\r\n").encode("latin-1")
+        self._sock: socket.socket | None = None
+        self._rfile: BinaryIO | None = None
         self._lock = threading.Lock()
         self.fired = False
 
-    def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._u.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self._u.hostname, self._u.port, timeout=timeout_s)
-        conn.connect()
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
+    def _connect(self, timeout_s: float) -> None:
+        sock = socket.create_connection(self._addr, timeout=timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._u.scheme == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self._u.hostname)
+        self._sock, self._rfile = sock, sock.makefile("rb", buffering=65536)
 
-    def _exchange(self, blob: bytes, deadline: float) -> tuple[int, bytes]:
-        """One request on the kept connection (a fresh one if there is none or it went stale)."""
+    def _open(self, blob: bytes, deadline: float, accept: str) -> tuple[int, dict[str, str], int]:
+        """Send the request (one write) on the kept connection, a fresh one if there is none or
+        it went stale; (status, reply headers, watchdog token). The reply's body is unread."""
+        req = self._prefix + f"Accept: {accept}\r\nContent-Length: {len(blob)}\r\n\r\n".encode() + blob
         for attempt in (0, 1):
-            fresh = self._conn is None
+            fresh = self._sock is None
             if fresh:
-                self._conn = self._connect(max(deadline - self._clock(), 0.001))
-            conn = self._conn
-            conn.sock.settimeout(max(deadline - self._clock(), 0.001))
-            token = WATCHDOG.arm(conn.sock, deadline)
+                self._connect(max(deadline - self._clock(), 0.001))
+            sock, rfile = self._sock, self._rfile
+            assert sock is not None and rfile is not None
+            sock.settimeout(max(deadline - self._clock(), 0.001))
+            token = WATCHDOG.arm(sock, deadline)
             try:
-                conn.request("POST", self._path, body=blob, headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                raw = resp.read(MAX_RESPONSE_BYTES + 1)
+                sock.sendall(req)
+                head = http1.read_head(rfile)
+                if head is None:
+                    raise http.client.RemoteDisconnected("the server closed the connection")
+                line, headers = head
+                parts = line.split(" ", 2)
+                if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                    raise http1.FramingError(f"bad status line {line[:80]!r}")
+                status = int(parts[1])
+                if status == 100:          # a stray 100 Continue: the real head follows
+                    head = http1.read_head(rfile)
+                    if head is None:
+                        raise http.client.RemoteDisconnected("the server closed the connection")
+                    line, headers = head
+                    status = int(line.split(" ", 2)[1])
+                if parts[0] == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
+                    headers["connection"] = "close"
+                return status, headers, token
             except BaseException as exc:
                 self.fired = WATCHDOG.disarm(token)
                 self.close()
                 if isinstance(exc, _STALE) and not (fresh or attempt or self.fired):
                     continue          # the server closed the idle connection: send it once more
                 raise
-            self.fired = WATCHDOG.disarm(token)
-            if resp.will_close or len(raw) > MAX_RESPONSE_BYTES:
-                self.close()
-            return resp.status, raw
         raise AssertionError("unreachable")
+
+    def _finish(self, token: int, headers: dict[str, str], ok: bool) -> None:
+        self.fired = WATCHDOG.disarm(token)
+        if not ok or headers.get("connection") == "close":
+            self.close()
+
+    def _failure(self, exc: BaseException, timeout_s: float) -> ModelError:
+        if self.fired or isinstance(exc, TimeoutError):
+            return ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s")
+        err = ModelError(f"model server {self.endpoint} failed: {exc!r}")
+        err.refused = isinstance(exc, ConnectionRefusedError)     # a server restarting to load weights
+        return err
 
     def complete(self, payload: dict, timeout_s: float) -> dict:
         return self.complete_raw(payload, timeout_s)[0]
 
     def complete_raw(self, payload: dict, timeout_s: float) -> tuple[dict, bytes]:
         """(the decoded reply, its bytes as the server sent them: forwarded without re-encoding)."""
+        status, raw = self.exchange(payload, timeout_s)
+        return decode_reply(self.endpoint, status, raw), raw
+
+    def exchange(self, payload: dict, timeout_s: float) -> tuple[int, bytes]:
+        """(status, the reply's bytes), not decoded: the gateway forwards a 200 reply first and
+        reads it afterwards. Transport failures raise ModelError / ModelTimeout."""
         if timeout_s <= 0:
             raise ModelTimeout(f"no time left for a request to {self.endpoint}")
         deadline = self._clock() + timeout_s
@@ -136,21 +177,67 @@ class KeepAliveModel:
         with self._lock:
             self.fired = False
             try:
-                status, raw = self._exchange(blob, deadline)
-            except (OSError, http.client.HTTPException) as exc:
-                if self.fired or isinstance(exc, TimeoutError):
-                    raise ModelTimeout(f"model server {self.endpoint} did not answer within {timeout_s:.1f}s") from None
-                raise ModelError(f"model server {self.endpoint} failed: {exc!r}") from None
-        return decode_reply(self.endpoint, status, raw), raw
+                status, headers, token = self._open(blob, deadline, "application/json")
+                ok = False
+                try:
+                    raw = http1.read_body(self._rfile, headers, MAX_RESPONSE_BYTES)   # type: ignore[arg-type]
+                    ok = True
+                finally:
+                    self._finish(token, headers, ok)
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                raise self._failure(exc, timeout_s) from None
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise ModelError(f"model server {self.endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
+        return status, raw
+
+    def stream(self, payload: dict, timeout_s: float) -> Iterator[bytes]:
+        """A `stream: true` call: the `data` of each server-sent event as it arrives (`[DONE]`
+        included). A reply that is not 200 raises ModelError (with `status` and `body`) before
+        the first event; a 200 that is not a stream (a server that ignored `stream`) is given
+        as the events of that one reply (`wire.sse`). The whole stream must end within
+        `timeout_s`; closing the iterator early closes the connection."""
+        if timeout_s <= 0:
+            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
+        deadline = self._clock() + timeout_s
+        blob = json.dumps(payload).encode()
+        with self._lock:
+            self.fired = False
+            try:
+                status, headers, token = self._open(blob, deadline, "text/event-stream")
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                raise self._failure(exc, timeout_s) from None
+            ok = False
+            try:
+                if status != 200 or "text/event-stream" not in headers.get("content-type", ""):
+                    raw = http1.read_body(self._rfile, headers, MAX_RESPONSE_BYTES)    # type: ignore[arg-type]
+                    ok = True
+                    body = decode_reply(self.endpoint, status, raw)     # raises unless a 200
+                    # a server that ignored `stream`: its whole reply as one stream
+                    yield from (e[6:] for e in wire.sse(body, True).split(b"\n\n")[:-1])
+                    return
+                body = http1.iter_body(self._rfile, headers, MAX_RESPONSE_BYTES)    # type: ignore[arg-type]
+                for data in http1.iter_sse(body):
+                    if data == b"[DONE]":
+                        for _ in body:           # the rest (the last chunk): the connection stays usable
+                            pass
+                        ok = True                # a consumer may stop here without closing it
+                    yield data
+                ok = True
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                ok = False
+                raise self._failure(exc, timeout_s) from None
+            finally:
+                self._finish(token, headers, ok)
 
     def close(self) -> None:
         """Close the kept connection (the next call opens a new one)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-
-
+        if self._sock is not None:
+            try:
+                self._rfile.close()       # type: ignore[union-attr]
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = self._rfile = None
 
 
 __all__ = ["KeepAliveModel"]

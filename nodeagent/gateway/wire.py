@@ -1,5 +1,6 @@
 """The gateway's wire format, pure: what it adds to a request so that a model server returns
-token ids and logprobs, how it reads them back, how calls chain, and SSE for streaming clients.
+token ids and logprobs, how it reads them back (from one reply, or from a stream's chunks:
+`StreamAssembly`), how calls chain, and SSE for a client streaming from a non-streaming source.
 
 Request flags, by server (`FLAVORS`):
 - vLLM: `logprobs: true`, `top_logprobs: 0`, `return_token_ids: true` (top-level
@@ -33,12 +34,15 @@ class WireError(ValueError):
     """A client request the gateway refuses (HTTP 400); the message names the field."""
 
 
-def upstream_payload(payload: dict, model: str, flavor: str = "both") -> dict:
-    """The request as forwarded: the rollout's model name, non-streaming, token flags set."""
+def upstream_payload(payload: dict, model: str, flavor: str = "both", stream: bool = False) -> dict:
+    """The request as forwarded: the rollout's model name, token flags set; streamed (with the
+    usage chunk) when `stream`, else not."""
     if flavor not in FLAVORS:
         raise ValueError(f"gateway flavor {flavor!r}; valid: {', '.join(FLAVORS)}")
     out = {k: v for k, v in payload.items() if k not in ("stream", "stream_options")}
     out["model"] = model
+    if stream:
+        out["stream"], out["stream_options"] = True, {"include_usage": True}
     if flavor in ("both", "vllm"):
         out.update(_VLLM)
     if flavor in ("both", "sglang"):
@@ -68,32 +72,30 @@ class Tokens:
 
 
 def _ints(v: Any) -> list[int] | None:
-    if isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-        return list(v)
+    if type(v) is list and all(type(i) is int for i in v):        # bool is not int here
+        return v
     return None
 
 
 def _floats(v: Any) -> list[float] | None:
-    if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                   and math.isfinite(x) or x == -math.inf for x in v):
-        return [float(x) for x in v]
-    return None
+    """Finite numbers or -inf (a token the sampler could not have drawn), as floats."""
+    if type(v) is not list or not all(type(x) is float or type(x) is int for x in v):
+        return None
+    out = [float(x) for x in v]
+    total = sum(out)                  # NaN if any is NaN (or +inf with -inf), +inf if any is +inf
+    return None if total != total or total == math.inf else out
 
 
-def _from_logprob_tokens(content: Any) -> tuple[list[int] | None, list[float] | None]:
-    """vLLM `logprobs.content`: (ids if every token is `token_id:<n>`, the logprobs)."""
-    if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
-        return None, None
-    lps = _floats([e.get("logprob") for e in content])
-    ids: list[int] | None = []
+def _token_ids(content: list) -> list[int] | None:
+    """vLLM `logprobs.content[].token` as `token_id:<n>` (return_tokens_as_token_ids)."""
+    ids: list[int] = []
     for e in content:
         tok = e.get("token")
-        if isinstance(tok, str) and tok.startswith("token_id:") and tok[9:].lstrip("-").isdigit():
+        if type(tok) is str and tok.startswith("token_id:") and tok[9:].lstrip("-").isdigit():
             ids.append(int(tok[9:]))
         else:
-            ids = None
-            break
-    return ids, lps
+            return None
+    return ids
 
 
 def extract(body: dict) -> Tokens:
@@ -105,17 +107,24 @@ def extract(body: dict) -> Tokens:
     if prompt is None:
         prompt = _ints(choice.get("prompt_token_ids"))
     completion = _ints(choice.get("token_ids"))
-    lp_ids, lps = _from_logprob_tokens((choice.get("logprobs") or {}).get("content")
-                                       if isinstance(choice.get("logprobs"), dict) else None)
+    lps = None
+    lp = choice.get("logprobs")
+    content = lp.get("content") if isinstance(lp, dict) else None
+    if type(content) is list and all(type(e) is dict for e in content):
+        lps = _floats([e.get("logprob") for e in content])
+    else:
+        content = None
     meta = choice.get("meta_info")
-    if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), list):
+    if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), list) \
+            and (completion is None or lps is None):
         rows = meta["output_token_logprobs"]
         if all(isinstance(r, (list, tuple)) and len(r) >= 2 for r in rows):
-            m_ids, m_lps = _ints([r[1] for r in rows]), _floats([r[0] for r in rows])
-            completion = completion if completion is not None else m_ids
-            lps = lps if lps is not None else m_lps
-    if completion is None:
-        completion = lp_ids
+            if completion is None:
+                completion = _ints([r[1] for r in rows])
+            if lps is None:
+                lps = _floats([r[0] for r in rows])
+    if completion is None and content is not None:
+        completion = _token_ids(content)
     if completion is not None and lps is not None and len(lps) != len(completion):
         lps = None            # misaligned: unusable for a gradient, so recorded as missing
     finish = choice.get("finish_reason")
@@ -154,6 +163,100 @@ def is_loading_refusal(status: int | None, body: Any) -> bool:
     return status == 503
 
 
+class StreamAssembly:
+    """A streamed reply put back together, chunk by chunk (`add`), as the one reply `extract`
+    reads (`body()`): content, reasoning and tool-call deltas concatenated (tool calls by
+    `index`), vLLM's top-level `prompt_token_ids` (first chunk) and per-chunk
+    `choices[0].token_ids` and `logprobs.content`, SGLang's `choices[0].prompt_token_ids` and
+    per-chunk `meta_info.output_token_logprobs`, both concatenated in arrival order; the finish
+    reason and the usage chunk. A field no chunk carried stays absent (recorded as NULL)."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.prompt_ids: Any = None
+        self.choice_prompt_ids: Any = None
+        self.ids: list[Any] | None = None
+        self.lp_content: list[Any] | None = None
+        self.meta_lps: list[Any] | None = None
+        self.finish: str | None = None
+        self.usage: Any = None
+        self.output = False              # a chunk carried content, a tool call or tokens
+
+    def add(self, chunk: dict) -> None:
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model")}
+        if "prompt_token_ids" in chunk and self.prompt_ids is None:
+            self.prompt_ids = chunk["prompt_token_ids"]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        c = choices[0]
+        delta = c.get("delta") if isinstance(c.get("delta"), dict) else {}
+        if isinstance(delta.get("content"), str) and delta["content"]:
+            self.content.append(delta["content"])
+            self.output = True
+        for key in ("reasoning_content", "reasoning"):
+            if isinstance(delta.get(key), str) and delta[key]:
+                self.reasoning.append(delta[key])
+                self.output = True
+        for tc in delta.get("tool_calls") or []:
+            if not isinstance(tc, dict):
+                continue
+            self.output = True
+            call = self.calls.setdefault(tc.get("index", len(self.calls)), {"name": [], "arguments": []})
+            for k in ("id", "type"):
+                if tc.get(k):
+                    call[k] = tc[k]
+            fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+            if isinstance(fn.get("name"), str):
+                call["name"].append(fn["name"])
+            if isinstance(fn.get("arguments"), str):
+                call["arguments"].append(fn["arguments"])
+        if "prompt_token_ids" in c and self.choice_prompt_ids is None:
+            self.choice_prompt_ids = c["prompt_token_ids"]
+        if isinstance(c.get("token_ids"), list):
+            self.ids = (self.ids or []) + c["token_ids"]
+            self.output = self.output or bool(c["token_ids"])
+        lp = c.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            self.lp_content = (self.lp_content or []) + lp["content"]
+        meta = c.get("meta_info")
+        if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), list):
+            self.meta_lps = (self.meta_lps or []) + meta["output_token_logprobs"]
+        if isinstance(c.get("finish_reason"), str):
+            self.finish = c["finish_reason"]
+
+    def body(self) -> dict:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c.get("id"), "type": c.get("type", "function"),
+                 "function": {"name": "".join(c["name"]), "arguments": "".join(c["arguments"])}}
+                for _, c in sorted(self.calls.items(), key=lambda kv: kv[0] if isinstance(kv[0], int) else 0)]
+        choice: dict[str, Any] = {"index": 0, "message": message,
+                                  "logprobs": {"content": self.lp_content} if self.lp_content is not None else None,
+                                  "finish_reason": self.finish}
+        if self.ids is not None:
+            choice["token_ids"] = self.ids
+        if self.choice_prompt_ids is not None:
+            choice["prompt_token_ids"] = self.choice_prompt_ids
+        if self.meta_lps is not None:
+            choice["meta_info"] = {"output_token_logprobs": self.meta_lps}
+        out: dict[str, Any] = {"id": self.head.get("id"), "object": "chat.completion",
+                               "created": self.head.get("created"), "model": self.head.get("model"),
+                               "choices": [choice], "usage": self.usage}
+        if self.prompt_ids is not None:
+            out["prompt_token_ids"] = self.prompt_ids
+        return out
+
+
 def sse(body: dict, include_usage: bool = False) -> bytes:
     """A complete reply as an OpenAI stream (`text/event-stream`): one delta with the whole
     message (tool calls indexed), the finish chunk, the usage chunk if asked, `[DONE]`."""
@@ -172,5 +275,5 @@ def sse(body: dict, include_usage: bool = False) -> bytes:
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
 
 
-__all__ = ["FLAVORS", "Tokens", "WireError", "check_request", "extract", "find_parent",
+__all__ = ["FLAVORS", "StreamAssembly", "Tokens", "WireError", "check_request", "extract", "find_parent",
            "is_loading_refusal", "sse", "upstream_payload"]
