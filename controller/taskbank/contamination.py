@@ -13,7 +13,10 @@ Four stages over each task's *text* (instruction + visible text files + hidden t
 - **Semantic** (`semantic`, controller/taskbank/semantic.py): sentence embeddings of each task
   (instruction + reference solution); each held-out task's `semantic_top_k` nearest training
   tasks by cosine similarity; pairs at or above `cosine_threshold` are suspects. This is the
-  stage that catches rephrased copies, which share few n-grams. It needs the optional extra
+  stage that catches rephrased copies, which share few n-grams. A held-out code task (family
+  in CODE_FAMILIES) is scored on its prose view, and its score blends that cosine with the
+  structural containment of its code in the neighbour's (codetext.structure_grams), weight
+  `code_structure_weight`, against `code_cosine_threshold`. It needs the optional extra
   `paddock[semantic]`; without it the stage is skipped and the report says why.
 - **Judge** (`judge`, controller/taskbank/judge.py, off by default): the top candidate pairs
   (suspects, and semantic near-misses at or above `judge.min_cosine`) go to an
@@ -46,7 +49,7 @@ from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
 from controller.contracts.tasks import Task, TaskSet
-from controller.taskbank import semantic
+from controller.taskbank import codetext, semantic
 from controller.taskbank.curriculum import Curriculum
 from controller.taskbank.judge import JudgeConfig, judge_pair
 
@@ -68,7 +71,8 @@ class ContaminationConfig:
     include_hidden: bool = True
     semantic: bool = True             # run the semantic stage when the extra is installed
     cosine_threshold: float = 0.82        # calibrated on rephrased GSM8K (docs/tasks.md)
-    code_cosine_threshold: float = 0.74   # for held-out code tasks (CODE_FAMILIES), prose view
+    code_cosine_threshold: float = 0.54   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
+    code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
@@ -76,6 +80,15 @@ class ContaminationConfig:
 
     def cosine_for(self, family: str) -> float:
         return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
+
+    def semantic_score(self, family: str, cosine: float, structure: float | None) -> float:
+        """What the semantic stage compares with `cosine_for(family)`: the cosine, or for a
+        held-out code task (1 - w) * cosine + w * structure (structure 0 if the neighbour
+        has no code), w = `code_structure_weight`."""
+        if family not in CODE_FAMILIES:
+            return cosine
+        w = self.code_structure_weight
+        return (1.0 - w) * cosine + w * (structure or 0.0)
 
     def __post_init__(self) -> None:
         for key in ("jaccard_threshold", "overlap_threshold", "cosine_threshold",
@@ -86,6 +99,8 @@ class ContaminationConfig:
         for key in ("shingle_words", "num_perm", "ngram_words", "semantic_top_k", "max_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"contamination: {key!r} must be >= 1")
+        if not 0.0 <= self.code_structure_weight < 1.0:
+            raise ValueError("contamination: 'code_structure_weight' must be in [0, 1)")
         if not 0.0 < self.bloom_fp_rate < 0.5:
             raise ValueError("contamination: 'bloom_fp_rate' must be in (0, 0.5)")
 
@@ -99,12 +114,15 @@ class Suspect:
     jaccard: float | None         # MinHash estimate for the pair
     ngram_overlap: float          # fraction of the held-out task's n-grams seen in training
     cosine: float | None = None   # embedding cosine similarity for the pair
+    structure: float | None = None   # code tasks: containment of the held-out code's shape
+    semantic_score: float | None = None   # what the semantic threshold is compared with
     stages: tuple[str, ...] = ()  # which stages flagged it
     judge_verdict: str | None = None   # contaminated | clean | error; None: not judged
     judge_reason: str | None = None
 
     def score(self) -> float:
-        return max(self.jaccard or 0.0, self.cosine or 0.0)
+        semantic_score = self.cosine if self.semantic_score is None else self.semantic_score
+        return max(self.jaccard or 0.0, semantic_score or 0.0)
 
 
 @dataclass
@@ -141,6 +159,8 @@ def format_suspect(s: Suspect) -> str:
     line = f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap {s.ngram_overlap:.3f}"
     if s.cosine is not None:
         line += f"  cosine {s.cosine:.3f}"
+    if s.structure is not None:
+        line += f"  structure {s.structure:.3f}  code_score {s.semantic_score:.3f}"
     if s.judge_verdict is not None:
         line += f"  judge {s.judge_verdict}: {(s.judge_reason or '').splitlines()[-1:] or ''}"
     return line
@@ -181,6 +201,7 @@ def _bloom_key(gram: str) -> int:
 class _Pair:
     jaccard: float | None = None
     cosine: float | None = None
+    structure: float | None = None
 
 
 def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig
@@ -222,8 +243,9 @@ def default_embedder(max_tokens: int) -> semantic.Embedder:
 
 def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
               embedder: semantic.Embedder, cache_dir: Path | None
-              ) -> dict[str, list[tuple[str, float]]]:
-    """Each held-out task's nearest training tasks: [(train_id, cosine)], best first."""
+              ) -> dict[str, list[tuple[str, float, float | None]]]:
+    """Each held-out task's nearest training tasks: [(train_id, cosine, structure)], best
+    first by cosine; structure (codetext.containment) for held-out code tasks only."""
     cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
              if cache_dir is not None else None)
     tasks = train_list + held_list
@@ -231,8 +253,23 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
                                  semantic.TEXT_WEIGHT if cfg.code_view else None,
                                  split=len(train_list))
     idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
-    return {h.task_id: [(train_list[j].task_id, round(float(c), 4)) for j, c in zip(row, srow)]
-            for h, row, srow in zip(held_list, idx, sims)}
+    grams: dict[int, frozenset[str]] = {}
+
+    def shape(j: int) -> frozenset[str]:          # training tasks' grams, when asked for
+        if j not in grams:
+            code = codetext.task_code(train_list[j])
+            grams[j] = codetext.structure_grams(code) if code is not None else frozenset()
+        return grams[j]
+
+    out: dict[str, list[tuple[str, float, float | None]]] = {}
+    for h, row, srow in zip(held_list, idx, sims):
+        code = codetext.task_code(h) if h.family in CODE_FAMILIES else None
+        held_grams = codetext.structure_grams(code) if code is not None else None
+        out[h.task_id] = [(train_list[j].task_id, round(float(c), 4),
+                           None if held_grams is None
+                           else round(codetext.containment(held_grams, shape(int(j))), 4))
+                          for j, c in zip(row, srow)]
+    return out
 
 
 def _judge(suspects: list[Suspect], near: list[Suspect], cfg: JudgeConfig,
@@ -289,7 +326,7 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
 
 def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
                   cfg: ContaminationConfig, embedder: semantic.Embedder | None,
-                  cache_dir: str | Path | None) -> dict[str, list[tuple[str, float]]]:
+                  cache_dir: str | Path | None) -> dict[str, list[tuple[str, float, float | None]]]:
     if not cfg.semantic:
         report.skipped["semantic"] = "off (semantic = False)"
         return {}
@@ -309,7 +346,7 @@ def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
 
 
 def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: dict[str, float],
-           nearest: dict[str, list[tuple[str, float]]], names: dict[str, str],
+           nearest: dict[str, list[tuple[str, float, float | None]]], names: dict[str, str],
            cfg: ContaminationConfig) -> tuple[list[Suspect], list[Suspect]]:
     """(suspects, semantic near-misses for the judge), one entry per held-out/training pair."""
     suspects: list[Suspect] = []
@@ -317,24 +354,28 @@ def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: 
     judge_floor = cfg.judge.min_cosine if cfg.judge is not None else 1.1
     for h in held_list:
         found = dict(pairs.get(h.task_id, {}))
-        for tid, cos in nearest.get(h.task_id, []):
-            found.setdefault(tid, _Pair()).cosine = cos
+        for tid, cos, structure in nearest.get(h.task_id, []):
+            pair = found.setdefault(tid, _Pair())
+            pair.cosine, pair.structure = cos, structure
         overlap = round(overlaps[h.task_id], 4)
         cosine_threshold = cfg.cosine_for(h.family)
         flagged = []
         for tid in sorted(found):
             p = found[tid]
+            score = None if p.cosine is None else \
+                round(cfg.semantic_score(h.family, p.cosine, p.structure), 4)
             stages = tuple(st for st, hit in (
                 ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
                 ("ngram", overlap >= cfg.overlap_threshold),
-                ("semantic", p.cosine is not None and p.cosine >= cosine_threshold)) if hit)
-            s = Suspect(h.task_id, h.name, tid, names[tid], p.jaccard, overlap, p.cosine, stages)
+                ("semantic", score is not None and score >= cosine_threshold)) if hit)
+            s = Suspect(h.task_id, h.name, tid, names[tid], p.jaccard, overlap, p.cosine,
+                        p.structure, score, stages)
             if {"minhash", "semantic"} & set(stages):
                 flagged.append(s)
-            elif p.cosine is not None and p.cosine >= judge_floor:
+            elif score is not None and score >= judge_floor:
                 near.append(s)
         if not flagged and overlap >= cfg.overlap_threshold:
-            flagged.append(Suspect(h.task_id, h.name, None, None, None, overlap, None, ("ngram",)))
+            flagged.append(Suspect(h.task_id, h.name, None, None, None, overlap, stages=("ngram",)))
         suspects.extend(flagged)
     return suspects, near
 
@@ -365,7 +406,9 @@ def quarantine_suspects(bank, reports: Iterable[Report], db_path: str | Path | N
         for s in r.suspects:
             if s.judge_verdict == "clean" or s.heldout_id in reasons:
                 continue
-            scores = ", ".join(f"{k} {v:.3f}" for k, v in (("cosine", s.cosine), ("jaccard", s.jaccard),
+            scores = ", ".join(f"{k} {v:.3f}" for k, v in (("cosine", s.cosine),
+                                                           ("structure", s.structure),
+                                                           ("jaccard", s.jaccard),
                                                            ("ngram_overlap", s.ngram_overlap))
                                if v is not None)
             where = f"{r.train_set}/{s.train_name}" if s.train_name else f"set {r.train_set}"

@@ -117,7 +117,7 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
             b = best[s.heldout_id]
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
             b["ngram"] = max(b["ngram"], s.ngram_overlap)
-            b["semantic"] = max(b["semantic"], s.cosine or 0.0)
+            b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
