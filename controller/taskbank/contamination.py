@@ -136,6 +136,7 @@ class Report:
     checked: int = 0
     skipped: dict[str, str] = field(default_factory=dict)     # stage -> why it did not run
     seconds: dict[str, float] = field(default_factory=dict)   # stage -> wall time
+    embedded: dict[str, int] = field(default_factory=dict)    # texts embedded, found cached
 
     def summary_line(self) -> str:
         line = (f"contamination {self.heldout_set} vs {self.train_set}: {len(self.suspects)} "
@@ -149,6 +150,7 @@ class Report:
                 "train_hash": self.train_hash, "heldout_hash": self.heldout_hash,
                 "config": asdict(self.config), "checked": self.checked,
                 "skipped": self.skipped, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "embedded": self.embedded,
                 "suspects": [asdict(s) for s in self.suspects]}
 
 
@@ -204,18 +206,18 @@ class _Pair:
     structure: float | None = None
 
 
-def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig
-             ) -> tuple[dict[str, dict[str, _Pair]], dict[str, float]]:
+def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
+             ids: dict[int, str]) -> tuple[dict[str, dict[str, _Pair]], dict[str, float]]:
     """MinHash pairs at or above the Jaccard threshold, and each held-out task's n-gram overlap."""
     lsh = MinHashLSH(threshold=cfg.jaccard_threshold, num_perm=cfg.num_perm)
     hashes: dict[str, MinHash] = {}
     train_grams: dict[str, set[str]] = {}
     for t in train_list:
-        words = task_words(t, cfg.include_hidden)
-        if t.task_id not in hashes:
-            hashes[t.task_id] = _minhash(words, cfg)
-            lsh.insert(t.task_id, hashes[t.task_id])
-        train_grams[t.task_id] = set(ngrams(words, cfg.ngram_words))
+        words, tid = task_words(t, cfg.include_hidden), ids[id(t)]
+        if tid not in hashes:
+            hashes[tid] = _minhash(words, cfg)
+            lsh.insert(tid, hashes[tid])
+        train_grams[tid] = set(ngrams(words, cfg.ngram_words))
     expected = max(sum(len(g) for g in train_grams.values()), 1)
     bloom = Bloom(expected, cfg.bloom_fp_rate, _bloom_key)
     for grams in train_grams.values():
@@ -225,9 +227,9 @@ def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationCo
     for h in held_list:
         words = task_words(h, cfg.include_hidden)
         grams = set(ngrams(words, cfg.ngram_words))
-        overlaps[h.task_id] = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
+        overlaps[ids[id(h)]] = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
         mh = _minhash(words, cfg)
-        found = pairs.setdefault(h.task_id, {})
+        found = pairs.setdefault(ids[id(h)], {})
         for tid in sorted(lsh.query(mh)):
             j = mh.jaccard(hashes[tid])
             if j >= cfg.jaccard_threshold:
@@ -242,8 +244,8 @@ def default_embedder(max_tokens: int) -> semantic.Embedder:
 
 
 def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
-              embedder: semantic.Embedder, cache_dir: Path | None
-              ) -> dict[str, list[tuple[str, float, float | None]]]:
+              embedder: semantic.Embedder, cache_dir: Path | None, ids: dict[int, str],
+              stats: semantic.EmbedStats | None = None) -> dict[str, list[tuple[str, float, float | None]]]:
     """Each held-out task's nearest training tasks: [(train_id, cosine, structure)], best
     first by cosine; structure (codetext.containment) for held-out code tasks only."""
     cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
@@ -251,7 +253,7 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
     tasks = train_list + held_list
     vecs = semantic.task_vectors(embedder, tasks, cache,
                                  semantic.TEXT_WEIGHT if cfg.code_view else None,
-                                 split=len(train_list))
+                                 stats=stats, split=len(train_list))
     idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
     grams: dict[int, frozenset[str]] = {}
 
@@ -265,7 +267,7 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
     for h, row, srow in zip(held_list, idx, sims):
         code = codetext.task_code(h) if h.family in CODE_FAMILIES else None
         held_grams = codetext.structure_grams(code) if code is not None else None
-        out[h.task_id] = [(train_list[j].task_id, round(float(c), 4),
+        out[ids[id(h)]] = [(ids[id(train_list[j])], round(float(c), 4),
                            None if held_grams is None
                            else round(codetext.containment(held_grams, shape(int(j))), 4))
                           for j, c in zip(row, srow)]
@@ -303,18 +305,23 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
     `embedder` replaces the default model (tests); `cache_dir` keeps embeddings across runs.
     """
     cfg = cfg or ContaminationConfig()
-    train_list = list(train_tasks if train_tasks is not None else _split(train, "train"))
-    held_list = list(heldout_tasks if heldout_tasks is not None else _split(heldout, "heldout"))
-    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
     t0 = time.monotonic()
-    pairs, overlaps = _lexical(train_list, held_list, cfg)
+    # A task id is a hash of the whole task (about 0.5 ms): computed once per task, here.
+    ids: dict[int, str] = {}
+    train_list = list(train_tasks) if train_tasks is not None else _split(train, "train", ids)
+    held_list = list(heldout_tasks) if heldout_tasks is not None else _split(heldout, "heldout", ids)
+    ids.update((id(t), t.task_id) for t in train_list + held_list if id(t) not in ids)
+    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
+    report.seconds["task ids"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    pairs, overlaps = _lexical(train_list, held_list, cfg, ids)
     report.seconds["lexical"] = time.monotonic() - t0
-    nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir)
-    names = {t.task_id: t.name for t in train_list}
-    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg)
+    nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir, ids)
+    names = {ids[id(t)]: t.name for t in train_list}
+    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg, ids)
     if cfg.judge is not None:
         t0 = time.monotonic()
-        texts = {t.task_id: semantic.task_text(t) for t in train_list + held_list}
+        texts = {ids[id(t)]: semantic.task_text(t) for t in train_list + held_list}
         suspects = _judge(suspects, near, cfg.judge, texts)
         report.seconds["judge"] = time.monotonic() - t0
     else:
@@ -326,7 +333,8 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
 
 def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
                   cfg: ContaminationConfig, embedder: semantic.Embedder | None,
-                  cache_dir: str | Path | None) -> dict[str, list[tuple[str, float, float | None]]]:
+                  cache_dir: str | Path | None, ids: dict[int, str]
+                  ) -> dict[str, list[tuple[str, float, float | None]]]:
     if not cfg.semantic:
         report.skipped["semantic"] = "off (semantic = False)"
         return {}
@@ -339,25 +347,29 @@ def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
         report.skipped["semantic"] = str(exc)
         return {}
     t0 = time.monotonic()
+    stats = semantic.EmbedStats()
     found = _semantic(train_list, held_list, cfg, embedder,
-                      Path(cache_dir) if cache_dir is not None else None)
+                      Path(cache_dir) if cache_dir is not None else None, ids, stats)
     report.seconds["semantic"] = time.monotonic() - t0
+    report.seconds["semantic: embedding"] = stats.seconds
+    report.embedded = {"embedded": stats.embedded, "cached": stats.cached}
     return found
 
 
 def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: dict[str, float],
            nearest: dict[str, list[tuple[str, float, float | None]]], names: dict[str, str],
-           cfg: ContaminationConfig) -> tuple[list[Suspect], list[Suspect]]:
+           cfg: ContaminationConfig, ids: dict[int, str]) -> tuple[list[Suspect], list[Suspect]]:
     """(suspects, semantic near-misses for the judge), one entry per held-out/training pair."""
     suspects: list[Suspect] = []
     near: list[Suspect] = []
     judge_floor = cfg.judge.min_cosine if cfg.judge is not None else 1.1
     for h in held_list:
-        found = dict(pairs.get(h.task_id, {}))
-        for tid, cos, structure in nearest.get(h.task_id, []):
+        hid = ids[id(h)]
+        found = dict(pairs.get(hid, {}))
+        for tid, cos, structure in nearest.get(hid, []):
             pair = found.setdefault(tid, _Pair())
             pair.cosine, pair.structure = cos, structure
-        overlap = round(overlaps[h.task_id], 4)
+        overlap = round(overlaps[hid], 4)
         cosine_threshold = cfg.cosine_for(h.family)
         flagged = []
         for tid in sorted(found):
@@ -368,22 +380,24 @@ def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: 
                 ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
                 ("ngram", overlap >= cfg.overlap_threshold),
                 ("semantic", score is not None and score >= cosine_threshold)) if hit)
-            s = Suspect(h.task_id, h.name, tid, names[tid], p.jaccard, overlap, p.cosine,
+            s = Suspect(hid, h.name, tid, names[tid], p.jaccard, overlap, p.cosine,
                         p.structure, score, stages)
             if {"minhash", "semantic"} & set(stages):
                 flagged.append(s)
             elif score is not None and score >= judge_floor:
                 near.append(s)
         if not flagged and overlap >= cfg.overlap_threshold:
-            flagged.append(Suspect(h.task_id, h.name, None, None, None, overlap, stages=("ngram",)))
+            flagged.append(Suspect(hid, h.name, None, None, None, overlap, stages=("ngram",)))
         suspects.extend(flagged)
     return suspects, near
 
 
-def _split(ts: TaskSet, split: str) -> list[Task]:
-    """The tasks of `split`; a set with no task in that split counts as wholly that split."""
+def _split(ts: TaskSet, split: str, ids: dict[int, str]) -> list[Task]:
+    """The tasks of `split`; a set with no task in that split counts as wholly that split.
+    Adds each task's id to `ids` (by the task object's identity)."""
     want_heldout = split == "heldout"
-    chosen = [t for t in ts.tasks if (t.task_id in ts.heldout) == want_heldout]
+    ids.update((id(t), t.task_id) for t in ts.tasks)
+    chosen = [t for t in ts.tasks if (ids[id(t)] in ts.heldout) == want_heldout]
     return chosen or list(ts.tasks)
 
 
