@@ -20,17 +20,20 @@ renames and pads; the body it keeps (`while b: a, b = b, a % b`) reads the same.
 is the share of the held-out task's grams found in the training task's, so a copy padded with
 extra functions and examples still contains the original. On its own the signal is weak
 (generic shapes recur); the semantic stage adds it to the prose cosine of a code task's nearest
-training neighbour (controller/taskbank/contamination.py, `code_structure_weight`).
+training neighbour when both codes parse as Python (`is_python`; controller/taskbank/
+contamination.py, `code_structure_weight`).
 
 Pure standard library. Must not import: zmq, onnxruntime, tokenizers, numpy (the semantic extra).
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import io
 import keyword
 import re
 import tokenize
+import warnings
 
 from controller.contracts.tasks import Task
 
@@ -122,6 +125,18 @@ def structure_grams(code: str, n: int = STRUCTURE_GRAM) -> frozenset[str]:
     toks = structure_tokens(code)
     return frozenset(" ".join(toks[i:i + n]) for i in range(max(len(toks) - n + 1, 1))) \
         if toks else frozenset()
+
+
+def is_python(code: str) -> bool:
+    """Whether `code` parses as Python: shapes are compared only between two such codes (a
+    translation to C or JavaScript has another shape by nature)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def containment(held: frozenset[str], train: frozenset[str]) -> float:

@@ -73,6 +73,7 @@ class ContaminationConfig:
     cosine_threshold: float = 0.82        # calibrated on rephrased GSM8K (docs/tasks.md)
     code_cosine_threshold: float = 0.54   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
     code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
+    code_prose_threshold: float = 0.74    # of the prose cosine alone, where shapes do not compare
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
@@ -82,17 +83,21 @@ class ContaminationConfig:
         return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
 
     def semantic_score(self, family: str, cosine: float, structure: float | None) -> float:
-        """What the semantic stage compares with `cosine_for(family)`: the cosine, or for a
-        held-out code task (1 - w) * cosine + w * structure (structure 0 if the neighbour
-        has no code), w = `code_structure_weight`."""
+        """What the semantic stage compares with `cosine_for(family)`: the cosine; for a
+        held-out code task (1 - w) * cosine + w * structure, w = `code_structure_weight`; for
+        a code task whose neighbour's shape does not compare (structure None: one of the two
+        is not Python, or has no code) the prose cosine scaled so that reaching
+        `code_prose_threshold` reaches `code_cosine_threshold`."""
         if family not in CODE_FAMILIES:
             return cosine
+        if structure is None:
+            return cosine * self.code_cosine_threshold / self.code_prose_threshold
         w = self.code_structure_weight
-        return (1.0 - w) * cosine + w * (structure or 0.0)
+        return (1.0 - w) * cosine + w * structure
 
     def __post_init__(self) -> None:
         for key in ("jaccard_threshold", "overlap_threshold", "cosine_threshold",
-                    "code_cosine_threshold"):
+                    "code_cosine_threshold", "code_prose_threshold"):
             v = getattr(self, key)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"contamination: {key!r} must be in (0, 1], got {v!r}")
@@ -247,7 +252,8 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
               embedder: semantic.Embedder, cache_dir: Path | None, ids: dict[int, str],
               stats: semantic.EmbedStats | None = None) -> dict[str, list[tuple[str, float, float | None]]]:
     """Each held-out task's nearest training tasks: [(train_id, cosine, structure)], best
-    first by cosine; structure (codetext.containment) for held-out code tasks only."""
+    first by cosine; structure (codetext.containment) for a held-out code task and a
+    neighbour whose codes both parse as Python, else None."""
     cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
              if cache_dir is not None else None)
     tasks = train_list + held_list
@@ -255,22 +261,27 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
                                  semantic.TEXT_WEIGHT if cfg.code_view else None,
                                  stats=stats, split=len(train_list))
     idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
-    grams: dict[int, frozenset[str]] = {}
+    grams: dict[int, frozenset[str] | None] = {}
 
-    def shape(j: int) -> frozenset[str]:          # training tasks' grams, when asked for
+    def shape(j: int) -> frozenset[str] | None:   # a training task's grams, when asked for
         if j not in grams:
             code = codetext.task_code(train_list[j])
-            grams[j] = codetext.structure_grams(code) if code is not None else frozenset()
+            grams[j] = codetext.structure_grams(code) \
+                if code is not None and codetext.is_python(code) else None
         return grams[j]
 
     out: dict[str, list[tuple[str, float, float | None]]] = {}
     for h, row, srow in zip(held_list, idx, sims):
         code = codetext.task_code(h) if h.family in CODE_FAMILIES else None
-        held_grams = codetext.structure_grams(code) if code is not None else None
-        out[ids[id(h)]] = [(ids[id(train_list[j])], round(float(c), 4),
-                           None if held_grams is None
-                           else round(codetext.containment(held_grams, shape(int(j))), 4))
-                          for j, c in zip(row, srow)]
+        held_grams = codetext.structure_grams(code) \
+            if code is not None and codetext.is_python(code) else None
+        found = []
+        for j, c in zip(row, srow):
+            train_grams = shape(int(j)) if held_grams is not None else None
+            structure = None if train_grams is None else \
+                round(codetext.containment(held_grams, train_grams), 4)
+            found.append((ids[id(train_list[j])], round(float(c), 4), structure))
+        out[ids[id(h)]] = found
     return out
 
 
