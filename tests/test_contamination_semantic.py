@@ -253,3 +253,17 @@ def test_a_renamed_and_padded_code_copy_is_caught_by_its_prose_and_its_shape(min
     (m,) = check(make_set("t", [_math("math/robe", ROBE_REPHRASED)]),
                  make_set("h", [_math("held/robe", ROBE)], "heldout"), embedder=minilm).suspects
     assert m.structure is None and m.semantic_score == m.cosine
+
+
+def test_the_int8_model_is_derived_once_and_embeds_like_the_shipped_one(minilm, tmp_path):
+    path = semantic.int8_model(tmp_path)
+    stamp = path.stat().st_mtime_ns
+    assert semantic.int8_model(tmp_path) == path and path.stat().st_mtime_ns == stamp   # reused
+    fast = semantic.MiniLMEmbedder(dynamic_int8=True, model_dir=tmp_path)
+    shipped = semantic.MiniLMEmbedder(dynamic_int8=False)
+    assert fast.model_id != shipped.model_id          # cached vectors of the two never mix
+    texts = [ROBE, ROBE_REPHRASED, PRIMES, TRAINS, FIELD]
+    a, b = fast.embed(texts), shipped.embed(texts)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert (np.sum(a * b, axis=1) > 0.97).all()
+    assert a[0] @ a[1] > a[0] @ a[2]                  # still finds the rephrasing nearest

@@ -99,9 +99,12 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                  cfg: ContaminationConfig | None = None) -> list[Scored]:
     """Every row scored in both folds by the real check, thresholds permissive."""
     base = cfg or ContaminationConfig()
+    # The code threshold is lowered with the prose one so that semantic scores keep their scale.
     loose = ContaminationConfig(**{**base.__dict__, "jaccard_threshold": 0.02,
                                    "overlap_threshold": 1.0, "cosine_threshold": 0.001,
                                    "code_cosine_threshold": 0.001,
+                                   "code_prose_threshold": 0.001 * base.code_prose_threshold
+                                   / base.code_cosine_threshold,
                                    "semantic_top_k": 1, "judge": None})
     by_id = {to_task(r, "heldout", r["heldout"]).task_id: r for r in rows}
     out = []
