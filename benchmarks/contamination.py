@@ -7,16 +7,19 @@ on the `calib` split (lowest threshold per stage with FPR <= --max-fpr on the po
 math and code rows) and every rate printed is on the `test` split, held out from that choice,
 at the check's defaults (and at the freshly calibrated thresholds when they differ).
 
-Time: --timing-n training tasks against as many held-out tasks of synthetic text of GSM8K-like
-length (words drawn from the pairs' vocabulary), end to end through `check`, cold cache, with
-the time of each stage; then again with the training embeddings cached (the importer keeps them
-under <bank>/embeddings, so a new held-out set only embeds itself).
+Rates are printed for both splits: `dev` (calib, where thresholds are chosen) and `held`
+(test). Time: --timing-n training tasks against as many held-out tasks of synthetic text (words
+drawn from the pairs' vocabulary, each as long as a GSM8K question drawn at random), an actual
+run end to end through `check`, cold cache, with the time of each stage; then a new held-out set
+against the cached training embeddings (the importer keeps them under <bank>/embeddings, so a
+new held-out set only embeds itself).
 
     .venv/bin/python benchmarks/contamination.py [--max-fpr 0.05] [--timing-n 10000] [--no-timing] [--no-quality]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -46,45 +49,55 @@ def score_groups(rows: list[dict], cache: Path) -> dict[tuple[str, str, str], li
 
 
 def print_table(scored, thresholds: dict[str, float], title: str) -> None:
+    """Recall and FPR per stage on the calib split (dev: thresholds chosen there) and on the
+    test split (held out from every choice)."""
     print(f"\n{title}: thresholds " + ", ".join(f"{k} {v:.2f}" for k, v in thresholds.items()))
     head = "".join(f"{st:>17}" for st in (*ev.SCORED_STAGES, "all stages"))
-    print(f"{'test split':24}{'pos/neg':>9}{head}")
-    print(f"{'':33}" + "".join(f"{'recall  FPR':>17}" for _ in range(4)))
+    print(f"{'group':24}{'split':>6}{'pos/neg':>9}{head}")
+    print(f"{'':39}" + "".join(f"{'recall  FPR':>17}" for _ in range(4)))
     for domain, variant in GROUPS:
-        s = scored[(domain, variant, "test")]
-        cells = []
-        for st in ev.SCORED_STAGES:
-            r, f, _, _ = ev.rates(s, ev.flag_stage(thresholds, st))
+        for split, label in (("calib", "dev"), ("test", "held")):
+            s = scored[(domain, variant, split)]
+            cells = []
+            for st in ev.SCORED_STAGES:
+                r, f, _, _ = ev.rates(s, ev.flag_stage(thresholds, st))
+                cells.append(f"{r:8.3f} {f:5.3f}  ")
+            r, f, npos, nneg = ev.rates(s, ev.flag_any(thresholds))
             cells.append(f"{r:8.3f} {f:5.3f}  ")
-        r, f, npos, nneg = ev.rates(s, ev.flag_any(thresholds))
-        cells.append(f"{r:8.3f} {f:5.3f}  ")
-        print(f"{domain + '/' + variant:24}{f'{npos}/{nneg}':>9}" + "".join(f"{c:>17}" for c in cells))
+            print(f"{domain + '/' + variant:24}{label:>6}{f'{npos}/{nneg}':>9}"
+                  + "".join(f"{c:>17}" for c in cells))
 
 
 def synthetic_tasks(rows: list[dict], n: int, tag: str, rng: random.Random) -> list:
-    vocab = [w for r in rows if r["domain"] == "math" for w in r["heldout"].split()]
-    return [ev.math_task(f"{tag}-{i}", " ".join(rng.choices(vocab, k=rng.randint(35, 80))))
+    """n math tasks of random words from the pairs' vocabulary, each as long (in words) as a
+    held-out GSM8K question drawn at random: the data's own length distribution."""
+    math = [r["heldout"].split() for r in rows if r["domain"] == "math"]
+    vocab = [w for words in math for w in words]
+    lengths = [len(words) for words in math]
+    return [ev.math_task(f"{tag}-{i}", " ".join(rng.choices(vocab, k=rng.choice(lengths))))
             for i in range(n)]
 
 
 def timing(rows: list[dict], n: int) -> None:
-    """Wall and CPU seconds of `check` on n x n synthetic tasks: all stages with a cold cache,
-    then a new held-out set against the cached training embeddings, then the semantic stage's
+    """Wall and CPU seconds of `check` on n x n synthetic tasks, per stage: all stages with a
+    cold cache, then a new held-out set against the cached training embeddings; then the
     neighbour search alone."""
     rng = random.Random(7)
     train = make_set("train", synthetic_tasks(rows, n, "t", rng))
     with tempfile.TemporaryDirectory() as cache:
+        semantic.load_embedder()            # derives the int8 model once, outside the timing
         for label in ("cold cache", "training embeddings cached"):
             held = make_set(label[:4], synthetic_tasks(rows, n, label[:4], rng), "heldout")
+            load0 = os.getloadavg()[0]
             t0, c0 = time.monotonic(), time.process_time()
             report = check(train, held, ContaminationConfig(), cache_dir=cache)
             wall, cpu = time.monotonic() - t0, time.process_time() - c0
             stages = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
-            embedded = 2 * n if label == "cold cache" else n
-            rate = embedded / max(report.seconds.get("semantic", 0.0), 1e-9)
+            emb = report.embedded
             print(f"{n} x {n} ({label}): {wall:.1f} s wall, {cpu:.1f} s CPU ({stages}); "
-                  f"{len(report.suspects)} suspects; embedding {rate:.0f} texts/s wall, "
-                  f"{1000 * cpu / embedded:.1f} ms CPU per text", flush=True)
+                  f"{emb.get('embedded', 0)} texts embedded, {emb.get('cached', 0)} cached; "
+                  f"{len(report.suspects)} suspects; load average {load0:.1f} at the start, "
+                  f"{os.getloadavg()[0]:.1f} at the end", flush=True)
     vecs = semantic.normalise(np.random.default_rng(1).normal(size=(2 * n, semantic.DIMENSION))
                               .astype(np.float32))
     t0 = time.monotonic()

@@ -79,3 +79,18 @@ def test_cli_prints_pairs_with_scores_and_writes_the_report(tmp_path):
     args = build_parser().parse_args(["tasks", "--bank", str(bank.root), "contamination", "train",
                                       "nope"])
     assert args.func(args, out=io.StringIO()) == 2
+
+
+def test_the_semantic_score_blends_prose_and_shape_for_code_and_is_the_cosine_otherwise():
+    cfg = ContaminationConfig(code_cosine_threshold=0.54, code_prose_threshold=0.74,
+                              code_structure_weight=0.5)
+    assert cfg.semantic_score("math", 0.8, None) == 0.8
+    assert cfg.semantic_score("python", 0.6, 1.0) == pytest.approx(0.8)
+    assert cfg.semantic_score("python", 0.6, 0.0) == pytest.approx(0.3)
+    # no comparable shape (a translation): the prose cosine at its own threshold
+    assert cfg.semantic_score("swe", 0.74, None) == pytest.approx(cfg.code_cosine_threshold)
+    assert cfg.semantic_score("swe", 0.70, None) < cfg.code_cosine_threshold
+    with pytest.raises(ValueError, match="code_structure_weight"):
+        ContaminationConfig(code_structure_weight=1.0)
+    with pytest.raises(ValueError, match="code_prose_threshold"):
+        ContaminationConfig(code_prose_threshold=0.0)

@@ -82,3 +82,46 @@ def test_task_vectors_are_unit_vectors_weighting_text_and_prose():
         assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
     vecs = semantic.task_vectors(BagEmbedder(), tasks, text_weight=0.0)
     assert vecs[0] @ vecs[1] > 0.99          # the renamed variable is not in the prose
+
+
+GCD = '''def greatest_common_divisor(a: int, b: int) -> int:
+    """ Return a greatest common divisor of two integers a and b
+    >>> greatest_common_divisor(3, 5)
+    1
+    """
+    while b:
+        a, b = b, a % b
+    return a
+'''
+GCD_COPY = '''def find_highest_common_factor(num1: int, num2: int) -> int:
+    """
+    This function returns the highest common factor of two integers, num1 and num2
+    >>> find_highest_common_factor(60, 45)
+    15
+    """
+    pass  # filler command
+    while num2:  # replacing for loop with while loop
+        num1, num2 = num2, num1 % num2
+    return num1
+
+print(find_highest_common_factor(21, 14))  # Expected output: 7
+'''
+
+
+def test_the_code_shape_survives_renaming_padding_and_new_doctest_values():
+    toks = codetext.structure_tokens(GCD)
+    assert toks[:4] == ["def", "ID", "(", "ID"] and "int" in toks and "while" in toks
+    assert "S" not in toks and "greatest_common_divisor" not in toks     # docstring dropped
+    held, copy = codetext.structure_grams(GCD), codetext.structure_grams(GCD_COPY)
+    assert codetext.containment(held, copy) == 1.0       # the copy holds every gram of the original
+    assert codetext.containment(copy, held) < 1.0        # not the other way round (it is padded)
+    other = codetext.structure_grams(HELD)
+    assert codetext.containment(held, other) < 0.5
+    assert codetext.containment(frozenset(), copy) == 0.0
+
+
+def test_code_the_python_tokenizer_cannot_read_gets_its_shape_from_the_fallback():
+    js = "function add(a, b) { // sum\n  return a + \"x\" + `y` + 1;\n}\n"
+    toks = codetext.structure_tokens(js)
+    assert toks[:4] == ["ID", "ID", "(", "ID"] and "0" in toks and "S" in toks
+    assert "//" not in toks and "sum" not in toks          # the comment is dropped

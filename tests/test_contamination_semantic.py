@@ -12,11 +12,13 @@ import pytest
 
 from controller.contracts.tasks import Task
 from controller.taskbank import contamination, semantic
+from controller.taskbank import contamination_eval as ev
 from controller.taskbank.bank import TaskBank, make_set
 from controller.taskbank.contamination import ContaminationConfig, check, check_against_training_sets
 from controller.taskbank.curriculum import Curriculum
 from controller.taskbank.judge import JudgeConfig
 from nodeagent.verifier.checkers import judge_score
+from tests.test_contamination_codetext import GCD, GCD_COPY, HELD
 
 FIELD = ("A farmer has a rectangular field whose length is three times its width. He walks "
          "around the whole field once and covers four hundred metres. What is the area of the "
@@ -234,3 +236,34 @@ def test_import_check_quarantines_suspects_only_when_asked(tmp_path, monkeypatch
     assert list(q) == [field_id]
     assert q[field_id].startswith("contaminated: near train/math/field (cosine 1.000")
     assert (bank.root / "embeddings").is_dir()
+
+
+def test_a_renamed_and_padded_code_copy_is_caught_by_its_prose_and_its_shape(minilm):
+    train = make_set("train", [ev.code_task("gcd-copy", GCD_COPY), ev.code_task("other", HELD)])
+    held = make_set("held", [ev.code_task("gcd", GCD)], "heldout")
+    cfg = ContaminationConfig()
+    (s,) = check(train, held, cfg, embedder=minilm).suspects
+    assert (s.heldout_name, s.train_name, s.stages) == ("code/gcd", "code/gcd-copy", ("semantic",))
+    assert s.structure == 1.0                   # every gram of the original's shape is in the copy
+    assert s.cosine < cfg.code_cosine_threshold <= s.semantic_score
+    w = cfg.code_structure_weight
+    assert s.semantic_score == pytest.approx((1 - w) * s.cosine + w * s.structure, abs=1e-3)
+    assert "structure 1.000" in contamination.format_suspect(s)
+    # a math task is scored on its cosine alone, with no structure
+    (m,) = check(make_set("t", [_math("math/robe", ROBE_REPHRASED)]),
+                 make_set("h", [_math("held/robe", ROBE)], "heldout"), embedder=minilm).suspects
+    assert m.structure is None and m.semantic_score == m.cosine
+
+
+def test_the_int8_model_is_derived_once_and_embeds_like_the_shipped_one(minilm, tmp_path):
+    path = semantic.int8_model(tmp_path)
+    stamp = path.stat().st_mtime_ns
+    assert semantic.int8_model(tmp_path) == path and path.stat().st_mtime_ns == stamp   # reused
+    fast = semantic.MiniLMEmbedder(dynamic_int8=True, model_dir=tmp_path)
+    shipped = semantic.MiniLMEmbedder(dynamic_int8=False)
+    assert fast.model_id != shipped.model_id          # cached vectors of the two never mix
+    texts = [ROBE, ROBE_REPHRASED, PRIMES, TRAINS, FIELD]
+    a, b = fast.embed(texts), shipped.embed(texts)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert (np.sum(a * b, axis=1) > 0.97).all()
+    assert a[0] @ a[1] > a[0] @ a[2]                  # still finds the rephrasing nearest

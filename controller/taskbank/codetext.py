@@ -13,13 +13,27 @@ embeds beside the task's whole text (controller/taskbank/semantic.py).
 Code in which Python's tokenizer finds no prose (C, JavaScript, a syntax error) gets the same view from
 regular expressions over its comments and docstrings.
 
+The second signal is the code's shape with its names taken out (`structure_grams`): its tokens
+with every identifier that is not a keyword or builtin as `ID`, every number as `0`, every
+string as `S`, docstrings, comments and `pass` dropped, as a set of 4-grams. A rephrased copy
+renames and pads; the body it keeps (`while b: a, b = b, a % b`) reads the same. `containment`
+is the share of the held-out task's grams found in the training task's, so a copy padded with
+extra functions and examples still contains the original. On its own the signal is weak
+(generic shapes recur); the semantic stage adds it to the prose cosine of a code task's nearest
+training neighbour when both codes parse as Python (`is_python`; controller/taskbank/
+contamination.py, `code_structure_weight`).
+
 Pure standard library. Must not import: zmq, onnxruntime, tokenizers, numpy (the semantic extra).
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import io
+import keyword
 import re
 import tokenize
+import warnings
 
 from controller.contracts.tasks import Task
 
@@ -31,6 +45,10 @@ _C_COMMENT = re.compile(r"/\*(.*?)\*/|//([^\n]*)|#([^\n]*)", re.S)
 _PY_STRING = re.compile(r'"""(.*?)"""|\'\'\'(.*?)\'\'\'', re.S)
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 MIN_DOC_CHARS = 20      # a string literal shorter than this is data, not a description
+STRUCTURE_GRAM = 4      # tokens per structural gram (chosen on the calibration split)
+_KEEP_NAMES = frozenset(keyword.kwlist) | frozenset(dir(builtins))
+_ANY_TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\S")
+_AFTER_STATEMENT = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL)
 CODE_SUFFIXES = (".py", ".c", ".cc", ".cpp", ".h", ".js", ".ts", ".java", ".go", ".rs")
 
 
@@ -72,6 +90,58 @@ def code_view(code: str) -> str:
         return code
     names = [name_words(next(g for g in m if g)) for m in _DEF_NAME.findall(code)]
     return "\n".join([" ".join(dict.fromkeys(n for n in names if n)), *prose])
+
+
+def _shape(tok: str) -> str:
+    if tok[0].isalpha() or tok[0] == "_":
+        return tok if tok in _KEEP_NAMES else "ID"
+    if tok[0].isdigit():
+        return "0"
+    return "S" if tok[0] in "\"'" else tok
+
+
+def structure_tokens(code: str) -> list[str]:
+    """`code`'s tokens with names, numbers and strings abstracted (module docstring); Python's
+    tokenizer where it reads the code, a regular expression otherwise (C, JavaScript)."""
+    out: list[str] = []
+    prev = tokenize.NEWLINE
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.ERRORTOKEN and not tok.string.isspace():
+                raise SyntaxError(tok.string)      # not Python (a backtick, a `$`): fallback
+            if tok.type in (tokenize.NAME, tokenize.NUMBER, tokenize.OP):
+                out.append(_shape(tok.string))
+            elif tok.type == tokenize.STRING and prev not in _AFTER_STATEMENT:
+                out.append("S")                     # a docstring (a string statement) is dropped
+            if tok.type not in (tokenize.COMMENT, tokenize.NL):
+                prev = tok.type
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        body = re.sub(r"/\*.*?\*/|//[^\n]*|#[^\n]*", " ", code, flags=re.S)
+        out = [_shape(t) for t in _ANY_TOKEN.findall(body)]
+    return [t for t in out if t != "pass"]
+
+
+def structure_grams(code: str, n: int = STRUCTURE_GRAM) -> frozenset[str]:
+    toks = structure_tokens(code)
+    return frozenset(" ".join(toks[i:i + n]) for i in range(max(len(toks) - n + 1, 1))) \
+        if toks else frozenset()
+
+
+def is_python(code: str) -> bool:
+    """Whether `code` parses as Python: shapes are compared only between two such codes (a
+    translation to C or JavaScript has another shape by nature)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def containment(held: frozenset[str], train: frozenset[str]) -> float:
+    """The share of `held`'s grams that `train` holds (0 when `held` is empty)."""
+    return len(held & train) / len(held) if held else 0.0
 
 
 def task_code(task: Task) -> str | None:

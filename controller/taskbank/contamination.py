@@ -13,7 +13,10 @@ Four stages over each task's *text* (instruction + visible text files + hidden t
 - **Semantic** (`semantic`, controller/taskbank/semantic.py): sentence embeddings of each task
   (instruction + reference solution); each held-out task's `semantic_top_k` nearest training
   tasks by cosine similarity; pairs at or above `cosine_threshold` are suspects. This is the
-  stage that catches rephrased copies, which share few n-grams. It needs the optional extra
+  stage that catches rephrased copies, which share few n-grams. A held-out code task (family
+  in CODE_FAMILIES) is scored on its prose view, and its score blends that cosine with the
+  structural containment of its code in the neighbour's (codetext.structure_grams), weight
+  `code_structure_weight`, against `code_cosine_threshold`. It needs the optional extra
   `paddock[semantic]`; without it the stage is skipped and the report says why.
 - **Judge** (`judge`, controller/taskbank/judge.py, off by default): the top candidate pairs
   (suspects, and semantic near-misses at or above `judge.min_cosine`) go to an
@@ -46,7 +49,7 @@ from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
 from controller.contracts.tasks import Task, TaskSet
-from controller.taskbank import semantic
+from controller.taskbank import codetext, semantic
 from controller.taskbank.curriculum import Curriculum
 from controller.taskbank.judge import JudgeConfig, judge_pair
 
@@ -68,7 +71,9 @@ class ContaminationConfig:
     include_hidden: bool = True
     semantic: bool = True             # run the semantic stage when the extra is installed
     cosine_threshold: float = 0.82        # calibrated on rephrased GSM8K (docs/tasks.md)
-    code_cosine_threshold: float = 0.74   # for held-out code tasks (CODE_FAMILIES), prose view
+    code_cosine_threshold: float = 0.54   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
+    code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
+    code_prose_threshold: float = 0.74    # of the prose cosine alone, where shapes do not compare
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
@@ -77,15 +82,30 @@ class ContaminationConfig:
     def cosine_for(self, family: str) -> float:
         return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
 
+    def semantic_score(self, family: str, cosine: float, structure: float | None) -> float:
+        """What the semantic stage compares with `cosine_for(family)`: the cosine; for a
+        held-out code task (1 - w) * cosine + w * structure, w = `code_structure_weight`; for
+        a code task whose neighbour's shape does not compare (structure None: one of the two
+        is not Python, or has no code) the prose cosine scaled so that reaching
+        `code_prose_threshold` reaches `code_cosine_threshold`."""
+        if family not in CODE_FAMILIES:
+            return cosine
+        if structure is None:
+            return cosine * self.code_cosine_threshold / self.code_prose_threshold
+        w = self.code_structure_weight
+        return (1.0 - w) * cosine + w * structure
+
     def __post_init__(self) -> None:
         for key in ("jaccard_threshold", "overlap_threshold", "cosine_threshold",
-                    "code_cosine_threshold"):
+                    "code_cosine_threshold", "code_prose_threshold"):
             v = getattr(self, key)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"contamination: {key!r} must be in (0, 1], got {v!r}")
         for key in ("shingle_words", "num_perm", "ngram_words", "semantic_top_k", "max_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"contamination: {key!r} must be >= 1")
+        if not 0.0 <= self.code_structure_weight < 1.0:
+            raise ValueError("contamination: 'code_structure_weight' must be in [0, 1)")
         if not 0.0 < self.bloom_fp_rate < 0.5:
             raise ValueError("contamination: 'bloom_fp_rate' must be in (0, 0.5)")
 
@@ -99,12 +119,15 @@ class Suspect:
     jaccard: float | None         # MinHash estimate for the pair
     ngram_overlap: float          # fraction of the held-out task's n-grams seen in training
     cosine: float | None = None   # embedding cosine similarity for the pair
+    structure: float | None = None   # code tasks: containment of the held-out code's shape
+    semantic_score: float | None = None   # what the semantic threshold is compared with
     stages: tuple[str, ...] = ()  # which stages flagged it
     judge_verdict: str | None = None   # contaminated | clean | error; None: not judged
     judge_reason: str | None = None
 
     def score(self) -> float:
-        return max(self.jaccard or 0.0, self.cosine or 0.0)
+        semantic_score = self.cosine if self.semantic_score is None else self.semantic_score
+        return max(self.jaccard or 0.0, semantic_score or 0.0)
 
 
 @dataclass
@@ -118,6 +141,7 @@ class Report:
     checked: int = 0
     skipped: dict[str, str] = field(default_factory=dict)     # stage -> why it did not run
     seconds: dict[str, float] = field(default_factory=dict)   # stage -> wall time
+    embedded: dict[str, int] = field(default_factory=dict)    # texts embedded, found cached
 
     def summary_line(self) -> str:
         line = (f"contamination {self.heldout_set} vs {self.train_set}: {len(self.suspects)} "
@@ -131,6 +155,7 @@ class Report:
                 "train_hash": self.train_hash, "heldout_hash": self.heldout_hash,
                 "config": asdict(self.config), "checked": self.checked,
                 "skipped": self.skipped, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+                "embedded": self.embedded,
                 "suspects": [asdict(s) for s in self.suspects]}
 
 
@@ -141,6 +166,8 @@ def format_suspect(s: Suspect) -> str:
     line = f"  {s.heldout_name}  ~  {other}  jaccard {jac}  ngram_overlap {s.ngram_overlap:.3f}"
     if s.cosine is not None:
         line += f"  cosine {s.cosine:.3f}"
+    if s.structure is not None:
+        line += f"  structure {s.structure:.3f}  code_score {s.semantic_score:.3f}"
     if s.judge_verdict is not None:
         line += f"  judge {s.judge_verdict}: {(s.judge_reason or '').splitlines()[-1:] or ''}"
     return line
@@ -181,20 +208,21 @@ def _bloom_key(gram: str) -> int:
 class _Pair:
     jaccard: float | None = None
     cosine: float | None = None
+    structure: float | None = None
 
 
-def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig
-             ) -> tuple[dict[str, dict[str, _Pair]], dict[str, float]]:
+def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
+             ids: dict[int, str]) -> tuple[dict[str, dict[str, _Pair]], dict[str, float]]:
     """MinHash pairs at or above the Jaccard threshold, and each held-out task's n-gram overlap."""
     lsh = MinHashLSH(threshold=cfg.jaccard_threshold, num_perm=cfg.num_perm)
     hashes: dict[str, MinHash] = {}
     train_grams: dict[str, set[str]] = {}
     for t in train_list:
-        words = task_words(t, cfg.include_hidden)
-        if t.task_id not in hashes:
-            hashes[t.task_id] = _minhash(words, cfg)
-            lsh.insert(t.task_id, hashes[t.task_id])
-        train_grams[t.task_id] = set(ngrams(words, cfg.ngram_words))
+        words, tid = task_words(t, cfg.include_hidden), ids[id(t)]
+        if tid not in hashes:
+            hashes[tid] = _minhash(words, cfg)
+            lsh.insert(tid, hashes[tid])
+        train_grams[tid] = set(ngrams(words, cfg.ngram_words))
     expected = max(sum(len(g) for g in train_grams.values()), 1)
     bloom = Bloom(expected, cfg.bloom_fp_rate, _bloom_key)
     for grams in train_grams.values():
@@ -204,9 +232,9 @@ def _lexical(train_list: list[Task], held_list: list[Task], cfg: ContaminationCo
     for h in held_list:
         words = task_words(h, cfg.include_hidden)
         grams = set(ngrams(words, cfg.ngram_words))
-        overlaps[h.task_id] = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
+        overlaps[ids[id(h)]] = (sum(g in bloom for g in grams) / len(grams)) if grams else 0.0
         mh = _minhash(words, cfg)
-        found = pairs.setdefault(h.task_id, {})
+        found = pairs.setdefault(ids[id(h)], {})
         for tid in sorted(lsh.query(mh)):
             j = mh.jaccard(hashes[tid])
             if j >= cfg.jaccard_threshold:
@@ -221,18 +249,40 @@ def default_embedder(max_tokens: int) -> semantic.Embedder:
 
 
 def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationConfig,
-              embedder: semantic.Embedder, cache_dir: Path | None
-              ) -> dict[str, list[tuple[str, float]]]:
-    """Each held-out task's nearest training tasks: [(train_id, cosine)], best first."""
+              embedder: semantic.Embedder, cache_dir: Path | None, ids: dict[int, str],
+              stats: semantic.EmbedStats | None = None) -> dict[str, list[tuple[str, float, float | None]]]:
+    """Each held-out task's nearest training tasks: [(train_id, cosine, structure)], best
+    first by cosine; structure (codetext.containment) for a held-out code task and a
+    neighbour whose codes both parse as Python, else None."""
     cache = (semantic.EmbeddingCache(cache_dir, embedder.model_id, cfg.max_tokens)
              if cache_dir is not None else None)
     tasks = train_list + held_list
     vecs = semantic.task_vectors(embedder, tasks, cache,
                                  semantic.TEXT_WEIGHT if cfg.code_view else None,
-                                 split=len(train_list))
+                                 stats=stats, split=len(train_list))
     idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
-    return {h.task_id: [(train_list[j].task_id, round(float(c), 4)) for j, c in zip(row, srow)]
-            for h, row, srow in zip(held_list, idx, sims)}
+    grams: dict[int, frozenset[str] | None] = {}
+
+    def shape(j: int) -> frozenset[str] | None:   # a training task's grams, when asked for
+        if j not in grams:
+            code = codetext.task_code(train_list[j])
+            grams[j] = codetext.structure_grams(code) \
+                if code is not None and codetext.is_python(code) else None
+        return grams[j]
+
+    out: dict[str, list[tuple[str, float, float | None]]] = {}
+    for h, row, srow in zip(held_list, idx, sims):
+        code = codetext.task_code(h) if h.family in CODE_FAMILIES else None
+        held_grams = codetext.structure_grams(code) \
+            if code is not None and codetext.is_python(code) else None
+        found = []
+        for j, c in zip(row, srow):
+            train_grams = shape(int(j)) if held_grams is not None else None
+            structure = None if train_grams is None else \
+                round(codetext.containment(held_grams, train_grams), 4)
+            found.append((ids[id(train_list[j])], round(float(c), 4), structure))
+        out[ids[id(h)]] = found
+    return out
 
 
 def _judge(suspects: list[Suspect], near: list[Suspect], cfg: JudgeConfig,
@@ -266,18 +316,23 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
     `embedder` replaces the default model (tests); `cache_dir` keeps embeddings across runs.
     """
     cfg = cfg or ContaminationConfig()
-    train_list = list(train_tasks if train_tasks is not None else _split(train, "train"))
-    held_list = list(heldout_tasks if heldout_tasks is not None else _split(heldout, "heldout"))
-    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
     t0 = time.monotonic()
-    pairs, overlaps = _lexical(train_list, held_list, cfg)
+    # A task id is a hash of the whole task (about 0.5 ms): computed once per task, here.
+    ids: dict[int, str] = {}
+    train_list = list(train_tasks) if train_tasks is not None else _split(train, "train", ids)
+    held_list = list(heldout_tasks) if heldout_tasks is not None else _split(heldout, "heldout", ids)
+    ids.update((id(t), t.task_id) for t in train_list + held_list if id(t) not in ids)
+    report = Report(train.name, heldout.name, train.manifest_hash, heldout.manifest_hash, cfg)
+    report.seconds["task ids"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    pairs, overlaps = _lexical(train_list, held_list, cfg, ids)
     report.seconds["lexical"] = time.monotonic() - t0
-    nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir)
-    names = {t.task_id: t.name for t in train_list}
-    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg)
+    nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir, ids)
+    names = {ids[id(t)]: t.name for t in train_list}
+    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg, ids)
     if cfg.judge is not None:
         t0 = time.monotonic()
-        texts = {t.task_id: semantic.task_text(t) for t in train_list + held_list}
+        texts = {ids[id(t)]: semantic.task_text(t) for t in train_list + held_list}
         suspects = _judge(suspects, near, cfg.judge, texts)
         report.seconds["judge"] = time.monotonic() - t0
     else:
@@ -289,7 +344,8 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
 
 def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
                   cfg: ContaminationConfig, embedder: semantic.Embedder | None,
-                  cache_dir: str | Path | None) -> dict[str, list[tuple[str, float]]]:
+                  cache_dir: str | Path | None, ids: dict[int, str]
+                  ) -> dict[str, list[tuple[str, float, float | None]]]:
     if not cfg.semantic:
         report.skipped["semantic"] = "off (semantic = False)"
         return {}
@@ -302,47 +358,57 @@ def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
         report.skipped["semantic"] = str(exc)
         return {}
     t0 = time.monotonic()
+    stats = semantic.EmbedStats()
     found = _semantic(train_list, held_list, cfg, embedder,
-                      Path(cache_dir) if cache_dir is not None else None)
+                      Path(cache_dir) if cache_dir is not None else None, ids, stats)
     report.seconds["semantic"] = time.monotonic() - t0
+    report.seconds["semantic: embedding"] = stats.seconds
+    report.embedded = {"embedded": stats.embedded, "cached": stats.cached}
     return found
 
 
 def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: dict[str, float],
-           nearest: dict[str, list[tuple[str, float]]], names: dict[str, str],
-           cfg: ContaminationConfig) -> tuple[list[Suspect], list[Suspect]]:
+           nearest: dict[str, list[tuple[str, float, float | None]]], names: dict[str, str],
+           cfg: ContaminationConfig, ids: dict[int, str]) -> tuple[list[Suspect], list[Suspect]]:
     """(suspects, semantic near-misses for the judge), one entry per held-out/training pair."""
     suspects: list[Suspect] = []
     near: list[Suspect] = []
     judge_floor = cfg.judge.min_cosine if cfg.judge is not None else 1.1
     for h in held_list:
-        found = dict(pairs.get(h.task_id, {}))
-        for tid, cos in nearest.get(h.task_id, []):
-            found.setdefault(tid, _Pair()).cosine = cos
-        overlap = round(overlaps[h.task_id], 4)
+        hid = ids[id(h)]
+        found = dict(pairs.get(hid, {}))
+        for tid, cos, structure in nearest.get(hid, []):
+            pair = found.setdefault(tid, _Pair())
+            pair.cosine, pair.structure = cos, structure
+        overlap = round(overlaps[hid], 4)
         cosine_threshold = cfg.cosine_for(h.family)
         flagged = []
         for tid in sorted(found):
             p = found[tid]
+            score = None if p.cosine is None else \
+                round(cfg.semantic_score(h.family, p.cosine, p.structure), 4)
             stages = tuple(st for st, hit in (
                 ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
                 ("ngram", overlap >= cfg.overlap_threshold),
-                ("semantic", p.cosine is not None and p.cosine >= cosine_threshold)) if hit)
-            s = Suspect(h.task_id, h.name, tid, names[tid], p.jaccard, overlap, p.cosine, stages)
+                ("semantic", score is not None and score >= cosine_threshold)) if hit)
+            s = Suspect(hid, h.name, tid, names[tid], p.jaccard, overlap, p.cosine,
+                        p.structure, score, stages)
             if {"minhash", "semantic"} & set(stages):
                 flagged.append(s)
-            elif p.cosine is not None and p.cosine >= judge_floor:
+            elif score is not None and score >= judge_floor:
                 near.append(s)
         if not flagged and overlap >= cfg.overlap_threshold:
-            flagged.append(Suspect(h.task_id, h.name, None, None, None, overlap, None, ("ngram",)))
+            flagged.append(Suspect(hid, h.name, None, None, None, overlap, stages=("ngram",)))
         suspects.extend(flagged)
     return suspects, near
 
 
-def _split(ts: TaskSet, split: str) -> list[Task]:
-    """The tasks of `split`; a set with no task in that split counts as wholly that split."""
+def _split(ts: TaskSet, split: str, ids: dict[int, str]) -> list[Task]:
+    """The tasks of `split`; a set with no task in that split counts as wholly that split.
+    Adds each task's id to `ids` (by the task object's identity)."""
     want_heldout = split == "heldout"
-    chosen = [t for t in ts.tasks if (t.task_id in ts.heldout) == want_heldout]
+    ids.update((id(t), t.task_id) for t in ts.tasks)
+    chosen = [t for t in ts.tasks if (ids[id(t)] in ts.heldout) == want_heldout]
     return chosen or list(ts.tasks)
 
 
@@ -365,7 +431,9 @@ def quarantine_suspects(bank, reports: Iterable[Report], db_path: str | Path | N
         for s in r.suspects:
             if s.judge_verdict == "clean" or s.heldout_id in reasons:
                 continue
-            scores = ", ".join(f"{k} {v:.3f}" for k, v in (("cosine", s.cosine), ("jaccard", s.jaccard),
+            scores = ", ".join(f"{k} {v:.3f}" for k, v in (("cosine", s.cosine),
+                                                           ("structure", s.structure),
+                                                           ("jaccard", s.jaccard),
                                                            ("ngram_overlap", s.ngram_overlap))
                                if v is not None)
             where = f"{r.train_set}/{s.train_name}" if s.train_name else f"set {r.train_set}"

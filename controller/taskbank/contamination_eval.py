@@ -99,9 +99,12 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                  cfg: ContaminationConfig | None = None) -> list[Scored]:
     """Every row scored in both folds by the real check, thresholds permissive."""
     base = cfg or ContaminationConfig()
+    # The code threshold is lowered with the prose one so that semantic scores keep their scale.
     loose = ContaminationConfig(**{**base.__dict__, "jaccard_threshold": 0.02,
                                    "overlap_threshold": 1.0, "cosine_threshold": 0.001,
                                    "code_cosine_threshold": 0.001,
+                                   "code_prose_threshold": 0.001 * base.code_prose_threshold
+                                   / base.code_cosine_threshold,
                                    "semantic_top_k": 1, "judge": None})
     by_id = {to_task(r, "heldout", r["heldout"]).task_id: r for r in rows}
     out = []
@@ -117,7 +120,7 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
             b = best[s.heldout_id]
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
             b["ngram"] = max(b["ngram"], s.ngram_overlap)
-            b["semantic"] = max(b["semantic"], s.cosine or 0.0)
+            b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
