@@ -114,7 +114,8 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cosine", type=float, default=d.cosine_threshold,
                    help=f"embedding cosine threshold (default {d.cosine_threshold}, calibrated: docs/tasks.md)")
     p.add_argument("--code-cosine", type=float, default=d.code_cosine_threshold,
-                   help=f"cosine threshold for held-out code tasks (default {d.code_cosine_threshold})")
+                   help=f"threshold for held-out code tasks of their blended score: prose cosine mixed "
+                        f"with code-shape overlap, docs/tasks.md (default {d.code_cosine_threshold})")
     p.add_argument("--no-semantic", action="store_true", help="skip the embedding stage")
     p.add_argument("--judge-endpoint", metavar="URL",
                    help="OpenAI-compatible endpoint of a judge model for the top candidates (off by default)")
