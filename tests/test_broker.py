@@ -23,7 +23,7 @@ from controller.broker.daemon import Controller
 from controller.contracts.keys import read_key_file
 from controller.broker.placement import place
 from controller.store.queue import Due, QueueConfig, RolloutQueue
-from nodeagent.agent.core import RECONNECT, AgentCore, EndpointNews
+from nodeagent.agent.core import RECONNECT, WATCH_FIRST_S, AgentCore, EndpointNews
 from nodeagent.agent.daemon import EXIT_GAVE_UP, EndpointFile, NodeAgent, noop_runner
 from nodeagent.agent.attempt import AttemptResult
 
@@ -785,6 +785,34 @@ def test_a_silent_controller_published_elsewhere_means_reconnect_there_now():
     out = core.take_outbox()
     assert out.index(RECONNECT) < next(i for i, m in enumerate(out) if isinstance(m, P.Register))
     assert core.endpoint == "tcp://new:2" and core.backoff_s == 1.0 and core.moves == 1
+
+
+def test_a_dropped_connection_means_look_for_the_controller_within_tens_of_ms():
+    """The controller's process died (its TCP session ended): the agent need not wait a
+    heartbeat of silence; it looks at the file every few tens of ms (backing off to a
+    heartbeat), finds the new endpoint, and stops looking once the controller talks."""
+    clock, asked = FakeClock(), []
+    news = [None]
+    core = welcomed_core(lambda: asked.append(clock()) or news[0], clock)
+    t0 = clock()
+    clock.advance(0.2)
+    core.connection_lost()
+    assert core.poll_timeout_ms() <= int(WATCH_FIRST_S * 1000) + 1
+    for _ in range(3):
+        clock.advance(WATCH_FIRST_S)
+        core.tick()
+    assert len(asked) == 2 and RECONNECT not in core.take_outbox()  # 0.05 then 0.1 apart
+    news[0] = EndpointNews(endpoint="tcp://new:2")
+    while RECONNECT not in core.take_outbox():
+        clock.advance(0.01)
+        core.tick()
+    assert core.endpoint == "tcp://new:2"
+    assert clock() - t0 <= 0.56  # the next look (0.2 s later): well within a heartbeat
+    core.receive(P.Heartbeat(node="controller"))
+    n = len(asked)
+    clock.advance(0.5)
+    core.tick()
+    assert len(asked) == n and core.watch_due is None
 
 
 def test_a_controller_stopped_on_purpose_ends_a_waiting_agent():
