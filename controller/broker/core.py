@@ -39,7 +39,7 @@ from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INF
                                          UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
                                          UNKNOWN_TASK)
 from controller.contracts.taskblobs import check_reference
-from controller.contracts.trajectory import SHARD_TABLES
+from controller.contracts.shardnames import SHARD_TABLES
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.taskbank.curriculum import Curriculum, CurriculumError
