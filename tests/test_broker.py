@@ -4,6 +4,8 @@ sockets: agents in threads and in processes, SIGTERM drain, and kill -9 of a rea
 process restarted on the same database."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import signal
 import socket
@@ -23,7 +25,7 @@ from controller.broker.daemon import Controller
 from controller.contracts.keys import read_key_file
 from controller.broker.placement import place
 from controller.store.queue import Due, QueueConfig, RolloutQueue
-from nodeagent.agent.core import RECONNECT, AgentCore, EndpointNews
+from nodeagent.agent.core import RECONNECT, WATCH_FIRST_S, AgentCore, EndpointNews
 from nodeagent.agent.daemon import EXIT_GAVE_UP, EndpointFile, NodeAgent, noop_runner
 from nodeagent.agent.attempt import AttemptResult
 
@@ -324,6 +326,49 @@ def test_after_a_controller_restart_a_stranger_gets_a_welcome_and_its_result_sti
     (welcome,) = of_type(out, P.Welcome)
     assert welcome.session == h2.core.session
     assert h2.queue.counts()[qm.COMMITTED] == 1
+
+
+# ---- infrastructure failures: whose fault ------------------------------------------------
+
+def _fail_with(h: Harness, reason: str, times: int) -> list[str]:
+    """Lease the one rollout to n1 and fail it `times` times with `reason` (each time past
+    its backoff, n1 heard from); the rollout's state after each."""
+    states = []
+    for _ in range(times):
+        h.clock.advance(31.0)  # past any backoff (backoff_max_s 30)
+        got = leases(h.send("n1", P.Heartbeat(node="n1", slots_free=1, active=0, health={})),
+                     "n1")
+        if not got:
+            break
+        msg = result(got[0], "infra_error")
+        h.send("n1", dataclasses.replace(msg, infra_reason=reason))
+        states.append(h.queue.rollout(got[0].rollout_id)["state"])
+    return states
+
+
+def test_an_unreachable_model_server_never_counts_toward_the_tasks_max_attempts(h):
+    """The model server down (`model_server: ...`, what a node reports when it refuses
+    connections): the attempts are infrastructure losses, counted toward max_node_losses
+    (10), never the task's max_attempts (4) -- six in a row do not dead-letter the task."""
+    h.register("n1", 1)
+    h.submit(n=1)
+    states = _fail_with(h, "model_server: model server http://127.0.0.1:9/v1 "
+                                    "unreachable: [Errno 111] Connection refused", 6)
+    assert states == [qm.RETRY_WAIT] * 6
+    (row,) = h.queue.rollouts()
+    assert (row["failures"], row["losses"]) == (0, 6)
+    assert _fail_with(h, "sandbox_start: cannot mount the image", 1) == [qm.RETRY_WAIT]
+
+
+def test_a_task_that_fails_its_own_set_up_is_dead_lettered_at_max_attempts(h):
+    """Task-caused infrastructure failures (a malformed task, its set-up failing) stay on
+    the task's limit: the fourth one dead-letters it."""
+    h.register("n1", 1)
+    h.submit(n=1)
+    assert _fail_with(h, "task: the lease task has no 'instruction'", 2) == \
+        [qm.RETRY_WAIT] * 2
+    assert _fail_with(h, "setup: pip install exited 1", 3) == \
+        [qm.RETRY_WAIT, qm.DEAD_LETTER]
 
 
 # ---- bad input ----------------------------------------------------------------------------
@@ -803,6 +848,34 @@ def test_a_silent_controller_published_elsewhere_means_reconnect_there_now():
     out = core.take_outbox()
     assert out.index(RECONNECT) < next(i for i, m in enumerate(out) if isinstance(m, P.Register))
     assert core.endpoint == "tcp://new:2" and core.backoff_s == 1.0 and core.moves == 1
+
+
+def test_a_dropped_connection_means_look_for_the_controller_within_tens_of_ms():
+    """The controller's process died (its TCP session ended): the agent need not wait a
+    heartbeat of silence; it looks at the file every few tens of ms (backing off to a
+    heartbeat), finds the new endpoint, and stops looking once the controller talks."""
+    clock, asked = FakeClock(), []
+    news = [None]
+    core = welcomed_core(lambda: asked.append(clock()) or news[0], clock)
+    t0 = clock()
+    clock.advance(0.2)
+    core.connection_lost()
+    assert core.poll_timeout_ms() <= int(WATCH_FIRST_S * 1000) + 1
+    for _ in range(3):
+        clock.advance(WATCH_FIRST_S)
+        core.tick()
+    assert len(asked) == 2 and RECONNECT not in core.take_outbox()  # 0.05 then 0.1 apart
+    news[0] = EndpointNews(endpoint="tcp://new:2")
+    while RECONNECT not in core.take_outbox():
+        clock.advance(0.01)
+        core.tick()
+    assert core.endpoint == "tcp://new:2"
+    assert clock() - t0 <= 0.56  # the next look (0.2 s later): well within a heartbeat
+    core.receive(P.Heartbeat(node="controller"))
+    n = len(asked)
+    clock.advance(0.5)
+    core.tick()
+    assert len(asked) == n and core.watch_due is None
 
 
 def test_a_controller_stopped_on_purpose_ends_a_waiting_agent():

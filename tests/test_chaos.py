@@ -204,7 +204,24 @@ def _flushed_later(farm: Farm, committed: dict) -> bool:
     if any(committed.get(rid) != key for rid, key in keys.items()):
         return False  # a key the queue did not commit: never allowed
     farm.controller = farm.start_controller()
-    return Catalog(farm.run_dir).keys() == committed
+    # It serves before its catalog is open: the catalog is reconciled (the rest written)
+    # shortly after. Read without a Catalog, which as a second writer would tidy up files.
+    try:
+        wait_for(lambda: catalog_keys(farm.run_dir) == committed, 30, "the catalog reconciled")
+    except AssertionError:
+        return False
+    return True
+
+
+def catalog_keys(run_dir: Path) -> dict:
+    """The committed keys the catalog's files list (as Catalog reads them), read only."""
+    import pyarrow.parquet as pq
+    keys: dict = {}
+    for path in sorted((run_dir / "catalog").glob("commit-*.parquet")):
+        for row in pq.read_table(path, columns=["rollout_id", "attempt",
+                                                "fencing_token"]).to_pylist():
+            keys.setdefault(row["rollout_id"], (row["attempt"], row["fencing_token"]))
+    return keys
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -239,35 +256,21 @@ def kill_and_restart(farm, restart, what: str, times: int = 5) -> tuple[list[flo
     return latencies, after_up
 
 
-def test_controller_kill_to_first_new_commit_median_1s_max_3s(tmp_path):
-    """Work queued, three live agents: kill -9 the controller and start it again (same port,
-    same database), five times; the first new commit follows within 1 s (median), 3 s
-    (max) of the kill, the restart itself included. Most of it is the new process's Python
-    start (imports): on a machine busier than its cores only the recovery once the new
-    controller is up (median <= 0.5 s) is asserted, the rest is reported."""
-    farm = Farm(tmp_path, trainer=False)
-    try:
-        from controller.client.api import Client
-        with Client.for_run(farm.run_dir, DEP) as c:
-            c.publish_policy(1, "http://127.0.0.1:9/v1")
-            c.submit(TASKS, 5000, 1)
-        latencies, after_up = kill_and_restart(farm, lambda: farm.start_controller(), "a commit after the restart")
-        busy = os.getloadavg()[0] > (os.cpu_count() or 1)
-        print(f"controller kill -> first new commit: {[round(x, 2) for x in latencies]}, of "
-              f"which after the new one was up: {[round(x, 2) for x in after_up]}"
-              f"{' (machine busy)' if busy else ''}")
-        assert statistics.median(after_up) <= 0.5, after_up  # the recovery itself
-        assert busy or (statistics.median(latencies) <= 1.0 and max(latencies) <= 3.0), latencies
-    finally:
-        farm.stop()
+KILLS = 10  # controller kills per port case
 
 
-def test_a_controller_restarted_on_another_port_is_found_and_commits_within_3s(tmp_path):
+@pytest.mark.parametrize("port", ["same", "other"])
+def test_controller_kill_to_first_new_commit_median_1s_max_3s(tmp_path, port):
     """Work queued, three live agents and a client that know only the run directory: kill -9
-    the controller and start it on ANOTHER port, five times. Agents (watching the endpoint
-    file while the controller is silent) and the client find it; the first new commit comes
-    within 3 s of the kill (restart included; asserted unless the machine is busier than its
-    cores), and within 1 s of the new controller being up (median, always asserted)."""
+    the controller while work commits and start it again on the same database -- on the same
+    port, or on ANOTHER one (agents and the client find it through the endpoint file: the
+    agents look the moment the controller's connection drops) -- ten times. The first new
+    commit follows the kill within 1 s (median) and 3 s (max), the new process's start
+    included (it serves before its catalog, and pyarrow, are loaded). Asserted on a machine
+    up to twice as busy as its cores (measured: median 0.65 s, max 1.2 s at a load of 6 on
+    2 cores); beyond that only the recovery once the new controller is up (median <= 0.5 s)
+    is, the rest reported."""
+    load0 = os.getloadavg()[0]
     farm = Farm(tmp_path, trainer=False)
     try:
         from controller.client.api import Client
@@ -276,20 +279,24 @@ def test_a_controller_restarted_on_another_port_is_found_and_commits_within_3s(t
             c.submit(TASKS, 5000, 1)
             endpoints = []
 
-            def on_another_port():
+            def restart():
                 endpoints.append(farm.endpoint)
+                if port == "same":
+                    return farm.start_controller()
                 ctl = farm.start_controller(f"tcp://127.0.0.1:{free_port()}")
                 assert farm.endpoint != endpoints[-1]
                 return ctl
-            latencies, after_up = kill_and_restart(farm, on_another_port, "a commit on the new port")
+            latencies, after_up = kill_and_restart(farm, restart, f"a commit ({port} port)",
+                                                   times=KILLS)
             assert c.status().counts["queued"] >= 0  # the client followed too
             assert c.endpoint == farm.endpoint
-        busy = os.getloadavg()[0] > (os.cpu_count() or 1)
-        print(f"controller kill -> first new commit on another port: median "
+        print(f"controller kill -> first new commit, {port} port: median "
               f"{statistics.median(latencies):.2f}s max {max(latencies):.2f}s "
               f"{[round(x, 2) for x in latencies]}; after the new one was up: "
-              f"{[round(x, 2) for x in after_up]}{' (machine busy)' if busy else ''}")
-        assert statistics.median(after_up) <= 1.0, after_up
-        assert busy or max(latencies) <= 3.0, latencies
+              f"{[round(x, 2) for x in after_up]} (load {os.getloadavg()[0]:.1f})")
+        assert statistics.median(after_up) <= 0.5, after_up
+        if max(load0, os.getloadavg()[0]) <= 2 * (os.cpu_count() or 1):
+            assert statistics.median(latencies) <= 1.0, latencies
+            assert max(latencies) <= 3.0, latencies
     finally:
         farm.stop()

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from controller.broker import daemon
 from controller.broker.daemon import Controller
 from controller.contracts import protocol as P
 from controller.store import faults
@@ -142,6 +144,43 @@ def test_a_catalog_conflict_is_a_counted_anomaly_not_a_controller_exit(tmp_path)
     assert ctl.core.counters["catalog_conflicts"] == 1
     assert ctl.queue.counts()["committed"] == 1, "the queue is the truth"
     ctl.step([frame(CLIENT, P.Status())])  # and the controller serves on
+
+
+def test_keys_committed_while_the_catalog_opens_in_the_background_reach_it_once(
+        tmp_path, monkeypatch):
+    """The daemon serves before its catalog is open (a thread reads it). A catalog ahead of
+    the queue, still opening while a rollout commits under its new token: the commit is
+    held back, and once the catalog is open it is rebuilt from the queue (the anomaly
+    counted), the held key handed over -- catalog = queue, no conflict."""
+    ctl = controller(tmp_path)
+    ctl.step([frame(CLIENT, P.PublishPolicy(idem="p1", version=1, endpoint="http://x/v1",
+                                            model="m")),
+              frame(CLIENT, P.Submit(idem="s1", tasks=["t1"], n_per_task=2, policy_version=1)),
+              frame(AGENT, register())])
+    held = ctl.queue.held_leases()
+    ctl.sock.close(linger=0)
+    ctl.queue.close()
+    stale = Catalog(tmp_path / "run")
+    stale.commit(held[0].rollout_id, held[0].attempt, held[0].token, {}, 1.7e9)
+    stale.flush()
+    gate = threading.Event()
+
+    def opening(*args, **kw):
+        assert gate.wait(30), "the test never let the catalog open"
+        return Catalog(*args, **kw)
+    monkeypatch.setattr(daemon, "Catalog", opening)
+    ctl = Controller("tcp://127.0.0.1:0", DEP, str(tmp_path / "run"), "run", TASKS,
+                     str(tmp_path / "q.db"), heartbeat_interval_s=60.0,
+                     catalog_in_background=True)
+    assert ctl.catalog is None
+    ctl.step([frame(b"agent-n1-again", register())])
+    ctl.step(results_of(ctl))
+    assert ctl.queue.counts()["committed"] == 2 and ctl.catalog is None
+    gate.set()
+    ctl.wait_catalog()
+    assert ctl.core.counters["catalog_ahead_at_start"] == 1
+    assert ctl.core.counters["catalog_conflicts"] == 0
+    assert_one_commit_point(ctl, tmp_path)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INF
                                          UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
                                          UNKNOWN_TASK)
 from controller.contracts.taskblobs import check_reference
-from controller.contracts.trajectory import SHARD_TABLES
+from controller.contracts.shardnames import SHARD_TABLES
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.taskbank.curriculum import Curriculum, CurriculumError
@@ -51,6 +51,7 @@ _SHARD_TABLES = frozenset(SHARD_TABLES)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
+RESYNC_EVERY_S = 60.0  # the lease mirror checked against the queue (kept up to date between)
 
 
 class BrokerCore:
@@ -92,6 +93,7 @@ class BrokerCore:
         self._last_sweep = self._last_hb = now
         self._commits = 0  # commits since the watchers were last looked at
         self._policies: dict[int, P.PolicyRef] = {}
+        self._last_resync = now
         self._resync()
 
     # ---- input ----------------------------------------------------------------------------
@@ -572,12 +574,20 @@ class BrokerCore:
         if expired:
             self.counters["leases_expired"] += len(expired)
             self._commits += 1
-        self._resync()
+            for rid in expired:
+                held = self.holder.get(rid)
+                if held is not None:
+                    self._unhold(rid, held[1])
+        if now - self._last_resync >= RESYNC_EVERY_S or now < self._last_resync:
+            self._resync()  # the mirror is kept up to date as it goes: this only checks it
         self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
         self.ledger.want_flush()
 
     def _resync(self) -> None:
-        """The queue is the truth about who holds what: rebuild the in-memory mirror."""
+        """The queue is the truth about who holds what: rebuild the in-memory mirror (at
+        start, after a policy revoked leases, and every RESYNC_EVERY_S: a read of every held
+        lease, too dear for every sweep at tens of thousands of slots)."""
+        self._last_resync = self.clock()
         self.holder = {}
         for n in self.nodes.values():
             n.leases = set()

@@ -9,6 +9,11 @@ server (controller/broker/curve.py) with the run's keys (`RUN/controller.key`, m
 first start, 0600; the run directory is made 0700): only peers holding that file get an
 answer. `insecure=True` (`paddock controller --insecure`, for benchmarks) serves in plain text.
 
+Start-up is short so that a restarted controller commits again within a second: the daemon
+(`run`) opens the catalog in a thread (`catalog_in_background`: pyarrow's import and the
+commit files' read, most of a start) while the loop already serves; keys committed meanwhile
+are held back by the ledger and handed over once the catalog is reconciled with the queue.
+
 Must not import: sqlite3 (everything goes through controller.store.queue), controller.cli,
 nodeagent.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 import sys
 import threading
 import time
@@ -31,7 +37,7 @@ from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.taskblobs import load_tasks_file
-from controller.store.catalog import Catalog, reconcile
+from controller.store.catalog import Catalog
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
 from controller.taskbank.curriculum import Curriculum
@@ -50,26 +56,32 @@ class Controller:
                  tasks: dict[str, dict], db_path: str, *, config: BrokerConfig = BrokerConfig(),
                  clock=time.monotonic, catalog: bool = True,
                  curriculum: Optional[Curriculum] = None, fault: FaultHook = no_fault,
-                 key_file: Optional[str] = None, insecure: bool = False, **knobs):
+                 key_file: Optional[str] = None, insecure: bool = False,
+                 catalog_in_background: bool = False, **knobs):
         """`knobs` override single fields of `config` (`heartbeat_interval_s=...`,
         `queue=QueueConfig(...)`); `fault` is called at the commit path's fault points
         (controller/store/faults.py; tests kill the process there). `key_file` (default
         RUN_DIR/controller.key, made if absent) holds the run's CURVE keys; a key file with
-        the wrong owner or mode raises KeyFileError before anything is opened."""
+        the wrong owner or mode raises KeyFileError before anything is opened.
+        `catalog_in_background`: open the catalog in a thread, attached by the first pass
+        after it is open (`self.catalog` is None until then); else here."""
         self.config = config = with_knobs(config, knobs)
         private_dir(run_dir)
         self.key_file = None if insecure else str(key_file or key_file_of(run_dir))
         keys = None if insecure else ensure_run_keys(self.key_file)
         self.fault = fault
         self.queue = RolloutQueue(db_path, config=config.queue, fault=fault)
-        self.catalog = Catalog(run_dir, fault=fault) if catalog else None
-        ahead, behind = reconcile(self.catalog, self.queue.committed_rows()) \
-            if self.catalog is not None else ((), ())
+        self.catalog: Optional[Catalog] = None
+        self._opening: Optional[Future] = None  # the catalog, being opened in a thread
         self.core = BrokerCore(self.queue, tasks, deployment, run_id, run_dir, config=config,
-                               clock=clock, catalog=self.catalog, curriculum=curriculum)
-        if ahead or behind:  # anomalies of the last incarnation, for `status`
-            self.core.counters["catalog_ahead_at_start"] += len(ahead)
-            self.core.counters["catalog_behind_at_start"] += len(behind)
+                               clock=clock, catalog=None, curriculum=curriculum)
+        if catalog and catalog_in_background:
+            self.core.ledger.expect_catalog()
+            pool = ThreadPoolExecutor(1, thread_name_prefix="catalog-open")
+            self._opening = pool.submit(Catalog, run_dir, fault=fault)
+            pool.shutdown(wait=False)  # the thread ends with its one task
+        elif catalog:
+            self._attach(Catalog(run_dir, fault=fault))
         self.max_batch = config.max_frames_per_pass
         self.poll_timeout_ms = config.poll_timeout_ms
         self.deployment = deployment
@@ -88,6 +100,22 @@ class Controller:
         self._thread = threading.get_ident()
         self._snapshot = self.core.snapshot()
         self.hooks: list[Callable[["Controller"], None]] = []  # run once per sweep interval
+
+    def _attach(self, catalog: Catalog) -> None:
+        """The catalog, open: reconciled with the queue; the anomalies of the last
+        incarnation counted for `status`."""
+        ahead, behind = self.core.ledger.attach(catalog)
+        self.catalog = self.core.catalog = catalog
+        if ahead or behind:
+            self.core.counters["catalog_ahead_at_start"] += len(ahead)
+            self.core.counters["catalog_behind_at_start"] += len(behind)
+
+    def wait_catalog(self) -> None:
+        """Attach the catalog being opened in the background, waiting for it (a catalog
+        that cannot be read raises its CatalogError here)."""
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            self._attach(opening.result())
 
     @property
     def stopped(self) -> bool:
@@ -118,12 +146,15 @@ class Controller:
                 self._snapshot = self.core.snapshot()
                 for hook in self.hooks:
                     hook(self)
+        self.wait_catalog()
         if self.catalog is not None:
             self.catalog.flush()
         self.close()
 
     def close(self) -> None:
         """Close the sockets, the context and the queue (serve does it when it returns)."""
+        if self._opening is not None:  # never attached: let the thread finish first
+            self._opening.exception()
         if self.gate is not None:
             self.gate.close()
         self.sock.close(linger=0)
@@ -144,6 +175,8 @@ class Controller:
         """One pass over the frames read: decide, COMMIT (group commit; the catalog is
         written from the committed state, by the queue's on-commit hooks), then reply. So
         nothing is acknowledged or shown as committed before the queue has it on disk."""
+        if self._opening is not None and self._opening.done():
+            self.wait_catalog()
         with self.queue.batch():
             for parts in frames:
                 if len(parts) != 2:
@@ -229,7 +262,8 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
         if curriculum_db else None
     ctl = Controller(bind, deployment, str(run_dir), run_dir.name, tasks,
                      db_path or str(run_dir / "controller.db"), config=config,
-                     curriculum=curriculum, key_file=key_file, insecure=insecure)
+                     curriculum=curriculum, key_file=key_file, insecure=insecure,
+                     catalog_in_background=True)
     if config.metrics_port is not None:   # published before the endpoint: a reader of one finds both
         # prometheus_client is loaded only when metrics are served
         from controller.broker.metrics import serve_metrics

@@ -7,6 +7,11 @@ after the open transaction commits (never if it rolls back), so the catalog can 
 key the queue has not committed (docs/protocol.md, "One commit point"). A catalog conflict or
 a failed flush is a logged, counted anomaly: never an exception out of the broker.
 
+The catalog may come later (`expect_catalog()`, then `attach(catalog)`: the daemon opens it
+in a thread while it already serves): until then the keys committed are held back, and
+`attach` first reconciles the catalog with the queue's committed rows (which include them),
+then hands them over (each then a no-op).
+
 Must not import: zmq, sqlite3, controller.cli, nodeagent.
 """
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections import Counter
 from functools import partial
 from typing import Optional
 
-from controller.store.catalog import Catalog, CatalogConflict, CatalogError
+from controller.store.catalog import Catalog, CatalogConflict, CatalogError, reconcile
 from controller.store.queue import RolloutQueue
 
 log = logging.getLogger("controller")
@@ -35,11 +40,29 @@ class Ledger:
                                          if k.startswith(DROPPED)})
         self._saved = Counter(saved)
         self._flush_wanted = False
+        self.catalog_expected = False  # a catalog is being opened: hold its keys back
+        self._held: list[tuple] = []  # keys committed before the catalog was attached
+
+    def expect_catalog(self) -> None:
+        """The catalog comes later (`attach`): hold back the keys committed until then."""
+        assert self.catalog is None, "a catalog is attached already"
+        self.catalog_expected = True
+
+    def attach(self, catalog: Catalog) -> tuple[list[str], list[str]]:
+        """The catalog, opened: reconciled with the queue's committed rows (`reconcile`;
+        outside a transaction), then the keys held back are handed over. Returns reconcile's
+        (ahead, behind)."""
+        ahead, behind = reconcile(catalog, self.queue.committed_rows())
+        self.catalog, self.catalog_expected = catalog, False
+        held, self._held = self._held, []
+        for key in held:
+            self._catalog_commit(*key)
+        return ahead, behind
 
     def commit(self, rollout_id: str, attempt: int, token: int, shards: dict,
                at: float) -> None:
         """A key the open transaction commits: into the catalog once it has."""
-        if self.catalog is not None:
+        if self.catalog is not None or self.catalog_expected:
             self.queue.on_commit(partial(self._catalog_commit, rollout_id, attempt, token,
                                          shards, at))
 
@@ -47,6 +70,9 @@ class Ledger:
                         at: float) -> None:
         """A conflict (the catalog holds another key of the rollout) is an anomaly of that
         rollout, counted and logged; the queue stays the truth."""
+        if self.catalog is None:  # not attached yet
+            self._held.append((rollout_id, attempt, token, shards, at))
+            return
         try:
             self.catalog.commit(rollout_id, attempt, token, shards, at)
         except CatalogConflict as exc:

@@ -66,14 +66,22 @@ def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
     free = {n: k for n, k in free.items() if k > 0}
     left = sum(free.values())
     rank = {n: i for i, n in enumerate(sorted(free))}
+    wanted = [image_of(d.task_ref) for d in due[:left]]
+    # the free nodes holding each image wanted: one pass over the free nodes' image sets,
+    # not one over every free node per image (a pass of distinct images on a large farm)
+    holders: dict[str, list[str]] = {}
+    wanted_set = {i for i in wanted if i}
+    for n in free:
+        for image in wanted_set.intersection(images.get(n, ())):
+            holders.setdefault(image, []).append(n)
     heaps: dict[Optional[str], list] = {}  # per image (None: every node): a max-heap by
     # (free, name) with lazy updates -- an entry whose count is stale is fixed when on top
 
     def best(image: Optional[str]) -> Optional[str]:
         h = heaps.get(image)
         if h is None:
-            h = heaps[image] = [(-k, -rank[n], n) for n, k in free.items() if k and (
-                image is None or image in images.get(n, ()))]
+            pool = free if image is None else holders.get(image, ())
+            h = heaps[image] = [(-free[n], -rank[n], n) for n in pool if free[n]]
             heapq.heapify(h)
         while h:
             k, r, n = h[0]
@@ -85,10 +93,9 @@ def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
         return None
 
     out = []
-    for d in due:
+    for d, image in zip(due, wanted):
         if not left:
             break
-        image = image_of(d.task_ref)
         node = (best(image) if image else None) or best(None)
         out.append((d.rollout_id, node))
         free[node] -= 1

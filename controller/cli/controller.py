@@ -54,10 +54,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="a lease not renewed for this long goes back to the queue "
                     "(default %(default)s)")
     ap.add_argument("--max-attempts", type=int, default=_DEFAULTS.queue.max_attempts,
-                    help="a rollout's own infrastructure failures before it is dead-lettered "
-                    "(default %(default)s)")
+                    help="a rollout's infrastructure failures charged to its task (task, "
+                    "setup, verifier) before it is dead-lettered (default %(default)s)")
     ap.add_argument("--max-node-losses", type=int, default=_DEFAULTS.queue.max_node_losses,
                     help="attempts of a rollout lost with their node (vanished, restarted) "
+                    "or to the infrastructure (model server unreachable, sandbox start) "
                     "before it is dead-lettered; counted apart from failures "
                     "(default %(default)s)")
     ap.add_argument("--lease-silence-intervals", type=float,

@@ -12,8 +12,8 @@ resumes after it, so a trainer that checkpoints the cursor resumes across its ow
 `submit(..., key=...)` makes a re-run of the same training step get the same batch.
 
 Given the endpoint file (`endpoint_file=`, or `Client.for_run(run_dir, ...)`), a client whose
-controller is silent re-reads the file every `reread_s`: a controller restarted on another
-port is found within about that long.
+controller is silent looks at the file (a stat; it is read only when written since) every
+`reread_s` (0.1 s): a controller restarted on another port is found within about that long.
 
 The control plane is CURVE-encrypted and authenticated: the client loads the run's key file
 (`key_file=`, default: `controller.key` next to the endpoint file, else `$PADDOCK_KEY_FILE`),
@@ -141,7 +141,7 @@ def _publish(version, endpoint, model) -> P.PublishPolicy:
 class _Base:
     def __init__(self, endpoint: Optional[str], deployment: str, timeout_s: float = 5.0,
                  give_up_s: float = 60.0, watch_wait_s: float = 1.0, retries: int | None = None,
-                 endpoint_file: Optional[str | Path] = None, reread_s: float = 0.5,
+                 endpoint_file: Optional[str | Path] = None, reread_s: float = 0.1,
                  key_file: Optional[str | Path] = None, insecure: bool = False):
         """`endpoint` may be None when `endpoint_file` names the file the controller
         publishes its endpoint in (read now, and again whenever the controller is silent
@@ -228,6 +228,12 @@ class _Base:
         if self.endpoint_file is None:
             return False
         before = self._endpoint_stamp
+        try:  # a stat is cheap: the file is read only when it was written since
+            st = self.endpoint_file.stat()
+        except OSError:
+            return False
+        if (st.st_ino, st.st_mtime_ns) == before:
+            return False
         endpoint = self._read_endpoint()
         if endpoint is None or (endpoint == self.endpoint and self._endpoint_stamp == before):
             return False

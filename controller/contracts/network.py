@@ -12,11 +12,12 @@ never by a bare suffix match.
 
 What the node does with a Policy (resolving, vetting addresses, the proxy) is
 `nodeagent.egress`. A leaf of the contracts: no sockets (`socket.inet_aton` only parses), no
-processes; the Public Suffix List is read once from its package at import. Must not import:
+processes; the Public Suffix List is read once from its package, at the first use. Must not import:
 zmq, sqlite3, controller.* outside contracts, nodeagent.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
@@ -28,7 +29,14 @@ from publicsuffixlist import PublicSuffixList
 
 DEFAULT_PORTS = (80, 443)
 
-_PSL = PublicSuffixList(only_icann=False)   # ICANN and private sections
+
+@functools.cache
+def _psl() -> PublicSuffixList:
+    """The Public Suffix List, ICANN and private sections (read at the first use: a tenth
+    of a second that a controller which never parses a policy need not spend at start)."""
+    return PublicSuffixList(only_icann=False)
+
+
 _LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 
 
@@ -80,7 +88,7 @@ def normalize_host(host: str) -> str:
 
 def registrable_domain(host: str) -> str | None:
     """The registrable domain (eTLD+1) of a normalised host; None for a public suffix itself."""
-    return _PSL.privatesuffix(host)
+    return _psl().privatesuffix(host)
 
 
 @dataclass(frozen=True)

@@ -108,3 +108,18 @@ REFUSED_PROTOCOL_VERSION, REFUSED_AGENT_VERSION = REFUSAL_REASONS
 LEASE_EXPIRED = "lease_expired"
 STALE_POLICY = "stale_policy"
 NODE_LOST = "node_lost"  # recorded as "node_lost: <why>"
+
+# An agent's `infra_reason` starts with its kind ("model_server: connection refused"). These
+# kinds are the infrastructure's doing, never the task's -- the model server unreachable or
+# failing, a sandbox that would not start or broke under the attempt, the node's store -- so
+# they count with the attempts lost to a vanished node (`max_node_losses`), not toward the
+# task's `max_attempts`: an outage does not dead-letter good tasks after a few tries. Every
+# other kind (`task`, `setup`, `verifier`, `agent_crash`, ...) is charged to the task.
+INFRA_LOSS_KINDS: tuple[str, ...] = ("model_server", "sandbox_start", "sandbox", "store")
+
+
+def is_infra_loss(infra_reason: str | None) -> bool:
+    """Is this agent-reported `infra_reason` the infrastructure's fault (a loss, counted
+    toward `max_node_losses`) rather than the task's (toward `max_attempts`)?"""
+    kind = (infra_reason or "").split(":", 1)[0].strip()
+    return kind in INFRA_LOSS_KINDS or kind == NODE_LOST

@@ -12,9 +12,8 @@ contracts, nodeagent.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable
-
-import jsonschema
 
 MAX_TIMEOUT_S = 120.0                  # the longest `shell` timeout_s a call may ask for
 
@@ -54,7 +53,14 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
                                       "fixed_strings": {"type": "boolean"}}}},
 }
 ALL_TOOLS: tuple[str, ...] = tuple(TOOL_SPECS)
-_VALIDATORS = {name: jsonschema.Draft202012Validator(spec["parameters"]) for name, spec in TOOL_SPECS.items()}
+
+
+@functools.cache
+def _validator(name: str):
+    """Tool `name`'s argument validator, made at the first call (jsonschema is a fifth of a
+    second of imports that the controller's start, which never checks a call, does without)."""
+    import jsonschema
+    return jsonschema.Draft202012Validator(TOOL_SPECS[name]["parameters"])
 
 
 class ToolSetError(ValueError):
@@ -82,7 +88,7 @@ def definitions(names: Iterable[str] | None = None) -> list[dict[str, Any]]:
 
 def argument_error(name: str, args: Any) -> str | None:
     """The first schema violation of `args` for tool `name` ("at <path>: <message>"), or None."""
-    error = next(iter(sorted(_VALIDATORS[name].iter_errors(args), key=lambda e: list(e.path))), None)
+    error = next(iter(sorted(_validator(name).iter_errors(args), key=lambda e: list(e.path))), None)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "arguments"

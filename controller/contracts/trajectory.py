@@ -9,12 +9,12 @@ Must not import: zmq, duckdb, sqlite3, nodeagent, controller.store, controller.b
 """
 from __future__ import annotations
 
-import re
-
 import pyarrow as pa
 
-# Tables whose shards the catalog names per committed key (controller/store/catalog.py).
-SHARD_TABLES: tuple[str, ...] = ("rollouts", "steps", "checks", "spans", "egress")
+# SHARD_TABLES: the tables whose shards the catalog names per committed key; the names live
+# in controller/contracts/shardnames.py (no pyarrow: the controller's start-up needs them).
+from controller.contracts.shardnames import SHARD_TABLES, shard_name, shard_suffix  # noqa: F401 - re-exported
+
 TABLES = SHARD_TABLES
 # Every table a node writes per attempt: the shard tables and `model_calls`, whose shard has
 # the same name as the attempt's other shards and whose rows the views show through the
@@ -197,21 +197,3 @@ JSON_COLUMNS: dict[str, frozenset[str]] = {
     "egress": frozenset({"limits"}),
     "model_calls": frozenset({"request_messages", "request_tools", "request_params", "response", "limits"}),
 }
-
-
-
-_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def _safe(s: str) -> str:
-    return _SAFE_NAME.sub(lambda m: "%{:02X}".format(ord(m.group())), s)
-
-
-def shard_name(node: str, rollout_id: str, attempt: int, fencing_token: int) -> str:
-    """`<node>-<rollout_id>-a<attempt>-t<token>.parquet`, unsafe characters %-escaped."""
-    return f"{_safe(node)}-{shard_suffix(rollout_id, attempt, fencing_token)}"
-
-
-def shard_suffix(rollout_id: str, attempt: int, fencing_token: int) -> str:
-    """The end of every per-attempt shard name of this key: `<rollout_id>-a<n>-t<token>.parquet`."""
-    return f"{_safe(rollout_id)}-a{int(attempt)}-t{int(fencing_token)}.parquet"

@@ -29,6 +29,8 @@ Must not import: zmq, duckdb (it does no network I/O).
 from __future__ import annotations
 
 import fcntl
+import functools
+import importlib
 import json
 import logging
 import os
@@ -37,14 +39,28 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Mapping
 
 from controller.contracts.fileio import atomic_write_with, fsync_dir
-from controller.contracts.trajectory import SCHEMAS, SHARD_TABLES, shard_suffix
+from controller.contracts.shardnames import SHARD_TABLES, shard_suffix
 from controller.store.faults import CATALOG_AFTER_LINK, CATALOG_BEFORE_LINK, FaultHook, no_fault
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+else:
+    class _Deferred:
+        """A module imported at its first use. pyarrow is about a third of the controller's
+        import time: deferred, the controller serves (and commits) while a thread loads it
+        with the catalog (controller/broker/daemon.py)."""
+
+        def __init__(self, name: str):
+            self._name = name
+
+        def __getattr__(self, attr: str):
+            return getattr(importlib.import_module(self._name), attr)
+
+    pa, pq = _Deferred("pyarrow"), _Deferred("pyarrow.parquet")
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +68,45 @@ CATALOG_DIR = "catalog"
 _SHARD_TABLE_SET = frozenset(SHARD_TABLES)
 _SHARD_COLUMNS = tuple((t, f"{t}_shard") for t in SHARD_TABLES)
 
-CATALOG_SCHEMA = pa.schema([
-    pa.field("rollout_id", pa.string(), nullable=False),
-    pa.field("attempt", pa.int32(), nullable=False),
-    pa.field("fencing_token", pa.int64(), nullable=False),
-    pa.field("rollouts_shard", pa.string(), nullable=True),
-    pa.field("steps_shard", pa.string(), nullable=True),
-    pa.field("checks_shard", pa.string(), nullable=True),
-    pa.field("spans_shard", pa.string(), nullable=True),
-    pa.field("egress_shard", pa.string(), nullable=True),
-    pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
-])
+
+@functools.cache
+def _catalog_schema() -> "pa.Schema":
+    return pa.schema([
+        pa.field("rollout_id", pa.string(), nullable=False),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("fencing_token", pa.int64(), nullable=False),
+        pa.field("rollouts_shard", pa.string(), nullable=True),
+        pa.field("steps_shard", pa.string(), nullable=True),
+        pa.field("checks_shard", pa.string(), nullable=True),
+        pa.field("spans_shard", pa.string(), nullable=True),
+        pa.field("egress_shard", pa.string(), nullable=True),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ])
+
 
 _COMMIT_FILE = re.compile(r"^commit-(\d{6,})\.parquet$")
 RETIRED_PREFIX = "retired-"  # a commit file a rebuild replaced (kept for forensics, unread)
 COMPACT_PREFIX = "compact-"
 _COMPACT_FILE = re.compile(r"^compact-(\d{6,})\.parquet$")
-COMPACT_RECORD_SCHEMA = pa.schema([
-    pa.field("table", pa.string(), nullable=False),
-    pa.field("source", pa.string(), nullable=False),
-    pa.field("target", pa.string(), nullable=False),
-    pa.field("rows", pa.int64(), nullable=False),
-])
+
+
+@functools.cache
+def _compact_record_schema() -> "pa.Schema":
+    return pa.schema([
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("target", pa.string(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+    ])
+
+
+def __getattr__(name: str):
+    """`CATALOG_SCHEMA`, `COMPACT_RECORD_SCHEMA`: built (pyarrow imported) when first asked."""
+    if name == "CATALOG_SCHEMA":
+        return _catalog_schema()
+    if name == "COMPACT_RECORD_SCHEMA":
+        return _compact_record_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CatalogError(RuntimeError):
@@ -273,8 +306,8 @@ def _table(rows: list[tuple]) -> pa.Table:
     for t, col in _SHARD_COLUMNS:
         cols[col] = [r[2].get(t) if r[2] else None for r in rows]
     cols["committed_at"] = pa.array([round(r[3] * 1e6) for r in rows], pa.int64()).cast(
-        CATALOG_SCHEMA.field("committed_at").type)
-    return pa.table(cols, schema=CATALOG_SCHEMA)
+        _catalog_schema().field("committed_at").type)
+    return pa.table(cols, schema=_catalog_schema())
 
 
 def _as_utc(value: datetime | float) -> datetime:
@@ -318,7 +351,7 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
         seq = _next_compact_seq(run_dir)
         committed, keys = _committed_shards(run_dir)
         n_src = n_tgt = n_rows = 0
-        for table, schema in SCHEMAS.items():
+        for table, schema in _shard_schemas().items():
             candidates, others = [], []
             named = committed.get(table, set())
             directory = run_dir / table
@@ -346,6 +379,12 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
     log.info("compaction run=%s sources=%d targets=%d rows=%d recovered=%d", run_dir, n_src,
              n_tgt, n_rows, recovered)
     return CompactionResult(n_src, n_tgt, n_rows, recovered)
+
+
+def _shard_schemas() -> dict:
+    """The shard tables' Arrow schemas (only compaction needs them)."""
+    from controller.contracts.trajectory import SCHEMAS
+    return SCHEMAS
 
 
 def _committed_shards(run_dir: Path) -> tuple[dict[str, set[str]], pa.Table]:
@@ -452,7 +491,7 @@ def _write_record(run_dir: Path, table: str, sources: list[tuple[str, int]], tar
                   seq: int) -> None:
     record = pa.Table.from_pylist(
         [{"table": table, "source": rel, "target": target_rel, "rows": n} for rel, n in sources],
-        schema=COMPACT_RECORD_SCHEMA)
+        schema=_compact_record_schema())
     rec_path = run_dir / CATALOG_DIR / f"{COMPACT_PREFIX}{seq:06d}.parquet"
     rec_tmp = rec_path.with_name(rec_path.name + ".ctmp")
     with open(rec_tmp, "wb") as fh:

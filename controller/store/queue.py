@@ -10,8 +10,10 @@ TRANSITIONS`, asserted here on every change. Every lease takes the next value of
 fencing token; a result is accepted only with the rollout's current (attempt, token) while
 it is leased, running or verifying. Infrastructure failures (infra_error, an expired lease,
 a lost node) go to retry_wait with full-jitter exponential backoff, and to dead_letter after
-`max_attempts` failures, or `max_node_losses` attempts lost with their node (counted apart: a
-flapping node must not dead-letter good tasks); every attempt's reason is kept in the
+`max_attempts` failures, or `max_node_losses` attempts lost with their node or to an
+infrastructure fault that is not the task's (`states.is_infra_loss`: the model server
+unreachable, a sandbox that would not start; counted apart: a flapping node or an outage
+must not dead-letter good tasks); every attempt's reason is kept in the
 attempts table. `on_commit` hooks run once the open transaction has committed (what is
 derived from the queue, the catalog, is written there); `fault` is called at the commit
 path's fault points (faults.py). The records it hands
@@ -38,7 +40,7 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     ATTEMPT_CANCELLED, CANCELLED, COMMITTED, DEAD_LETTER, HELD, INFRA_ERROR, LEASABLE,
     LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, QUEUED, REJECT_CANCELLED,
     RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
-    TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition)
+    TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition, is_infra_loss)
 from controller.store import schema
 from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
 from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
@@ -360,15 +362,19 @@ class RolloutQueue(QueueReads):
         returns how many."""
         with self._tx():
             now = self.clock()
-            sql = (f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
-                   f" AND {any_of('state', HELD)}")
-            args = [now + self.config.lease_ttl_s, now, node, *HELD]
-            if rollout_ids is not None:
-                if not rollout_ids:
-                    return 0
-                sql += f" AND rollout_id IN ({qs(rollout_ids)})"
-                args += list(rollout_ids)
-            return self._db.execute(sql, args).rowcount
+            if rollout_ids is None:  # (agents before 0.2 do not list them)
+                return self._db.execute(
+                    f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
+                    f" AND {any_of('state', HELD)}",
+                    (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
+            if not rollout_ids:
+                return 0
+            # By primary key: `+state` keeps SQLite off the state index, which it would
+            # otherwise walk over every held lease of the farm (each heartbeat: O(leases)).
+            return self._db.execute(
+                f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE rollout_id IN"
+                f" ({qs(rollout_ids)}) AND node = ? AND {any_of('+state', HELD)}",
+                (now + self.config.lease_ttl_s, now, *rollout_ids, node, *HELD)).rowcount
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
                  reward: Optional[float], shards: dict[str, str], infra_reason: Optional[str],
@@ -401,7 +407,7 @@ class RolloutQueue(QueueReads):
             else:
                 result = Completion(True, None, False)
                 self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False,
-                                   idem=idem, reply=result)
+                                   idem=idem, reply=result, lost=is_infra_loss(infra_reason))
         return result
 
     def _commit_held(self, rollout_id: str, attempt: int, token: int, outcome: str,
@@ -452,7 +458,8 @@ class RolloutQueue(QueueReads):
                       idem: Optional[str] = None, reply: Optional[Completion] = None,
                       lost: bool = False) -> str:
         """An infrastructure failure of the current attempt: retry_wait or dead_letter.
-        `lost`: the attempt was lost with its node (not the task's fault): it counts toward
+        `lost`: the attempt was lost with its node or to the infrastructure (not the
+        task's fault: `is_infra_loss`): it counts toward
         `max_node_losses`, not toward `max_attempts`, so a flapping node cannot dead-letter
         good tasks."""
         self._finish_attempt(row, now, INFRA_ERROR, reason, idem, reply)

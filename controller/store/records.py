@@ -24,7 +24,7 @@ LEASE_TTL_S = 300.0  # the one default: a lease not renewed for this long goes b
 class QueueConfig:
     lease_ttl_s: float = LEASE_TTL_S
     max_attempts: int = 4  # the task's own infrastructure failures before dead letter
-    max_node_losses: int = 10  # attempts lost with their node (vanished, restarted) before it
+    max_node_losses: int = 10  # attempts lost with their node or to infrastructure (is_infra_loss)
     backoff_base_s: float = 1.0
     backoff_max_s: float = 30.0
     max_batch_rollouts: int = 100_000

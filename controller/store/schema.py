@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS policies (
 COUNTERS = ("token", "commit_seq", "batch_seq", "rollout_seq")  # rows of `meta`
 
 
+CACHE_KIB = 64 * 1024  # the queue connection's page cache
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """The queue's one connection: WAL, synchronous=FULL, the tables made or migrated."""
     db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
@@ -53,6 +56,10 @@ def connect(path: Path) -> sqlite3.Connection:
     assert mode == "wal", f"SQLite refused WAL mode for {path}: {mode}"
     db.execute("PRAGMA synchronous=FULL")
     db.execute("PRAGMA busy_timeout=5000")
+    # The rows in flight (every held lease, tens of thousands on a large farm) and the
+    # indexes stay in memory: with SQLite's default 2 MB cache each heartbeat's and result's
+    # row is read again from the file.
+    db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     db.executescript(SCHEMA)  # idempotent; executescript commits on its own
     _migrate(db)
     return db

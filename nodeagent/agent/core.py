@@ -33,10 +33,13 @@ Rules:
 - `policy` (and each lease's policy) sets `policy`, the newest version the node knows of (never
   an older one): the attempts' gateways retry a call refused during a weight update under it.
 - Finding the controller again: with a `watch` (a callable the owner injects; the daemon's
-  looks at the endpoint file), each heartbeat while the controller has been silent for at
-  least one interval asks it for news: a new endpoint (a controller started, on any port)
-  means `RECONNECT` to it now, the backoff reset, a new registration; `stopped` (the
-  controller stopped on purpose since it last started) ends the agent (exit 0).
+  looks at the endpoint file), the agent asks it for news each heartbeat while the
+  controller has been silent for at least one interval, and -- once the owner says the
+  connection dropped (`connection_lost()`: the controller's process died, its TCP session
+  ended) -- every WATCH_FIRST_S, doubling up to a heartbeat interval, until the controller
+  is heard from again. A new endpoint (a controller started, on any port) means `RECONNECT`
+  to it now, the backoff reset, a new registration; `stopped` (the controller stopped on
+  purpose since it last started) ends the agent (exit 0).
 - `give_up_s`: an agent that has never been welcomed that long after its start stops
   (`gave_up`), rather than retry for ever.
 - Drain (`drain()`, or a `drain` from the controller): no new leases (credit 0), finish what
@@ -65,6 +68,7 @@ from nodeagent.agent.version import AGENT_VERSION
 log = logging.getLogger("nodeagent")
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 FINISHED_TOKENS_KEPT = 4096  # tokens of attempts run, remembered to ignore their late duplicates
+WATCH_FIRST_S = 0.05  # after the connection dropped: look at the watch this soon, then doubling
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ class AgentCore:
         self.awaiting_welcome = False
         self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
         self.last_rx = self.last_hb = 0.0
+        self.watch_due: Optional[float] = None  # connection dropped: the next look at the watch
+        self._watch_every_s = WATCH_FIRST_S
         self.backoff_s = heartbeat_interval_s
         self.started_at: Optional[float] = None
         self._outbox: list[Outgoing] = []
@@ -222,6 +228,8 @@ class AgentCore:
             next_due = min(next_due, self.starting[0][1] + STARTED_AFTER_S)
         if self.draining and self.drain_by is not None:
             next_due = min(next_due, self.drain_by)
+        if self.watch_due is not None:
+            next_due = min(next_due, self.watch_due)
         return max(1, min(int((next_due - now) * 1000) + 1, int(self.hb_s * 1000) + 1))
 
     # -- inputs -----------------------------------------------------------------------------
@@ -235,9 +243,20 @@ class AgentCore:
         self.last_hb = self.last_rx - self.rng.uniform(0.0, self.hb_s)
         self.backoff_s = self.hb_s
 
+    def connection_lost(self) -> None:
+        """The owner saw the connection to the controller drop (a restarted controller is
+        about to publish itself): look at the watch soon and often until a frame comes."""
+        if self.watch is not None and self.watch_due is None:
+            self._watch_every_s = WATCH_FIRST_S
+            self.watch_due = self.clock() + WATCH_FIRST_S
+
+    def _heard(self) -> None:
+        self.last_rx = self.clock()
+        self.watch_due = None
+
     def receive_data(self, data: bytes) -> bool:
         """One frame from the controller. False: stop reading (the controller refused us)."""
-        self.last_rx = self.clock()
+        self._heard()
         try:
             msg = P.decode(data, self.deployment)
         except P.ProtocolError as exc:
@@ -253,7 +272,7 @@ class AgentCore:
 
     def receive(self, msg: P.Message) -> None:
         """One decoded message from the controller (any message is a sign of life)."""
-        self.last_rx = self.clock()
+        self._heard()
         self._handle(msg)
 
     def attempts_done(self, items: Iterable[tuple[Attempt, AttemptResult]]) -> None:
@@ -287,6 +306,11 @@ class AgentCore:
             self._resend_unacked(now)
             self.last_hb = now
             if now - self.last_rx >= self.hb_s and self._look_for_controller(now):
+                return
+        if self.watch_due is not None and now >= self.watch_due:
+            self._watch_every_s = min(self._watch_every_s * 2, self.hb_s)
+            self.watch_due = now + self._watch_every_s
+            if self._look_for_controller(now):
                 return
         if self._give_up(now):
             return

@@ -10,9 +10,12 @@ in it: a fresh socket, Paranoid Pirate) and its new attempts go to the slot thre
 The socket is a CURVE client with the run's keys (`keys=`, read from `RUN/controller.key` by
 the command line; controller/contracts/keys.py); only `insecure=True` connects in plain text.
 With an `endpoint_file`, `EndpointFile` is the core's watch: while the controller is silent it
-looks at the file's (inode, mtime) each heartbeat, so a controller restarted on any port is
-found within about two heartbeats, and `<endpoint_file>.stopped` newer than the endpoint ends
-the agent.
+looks at the file's (inode, mtime) each heartbeat, and a monitor of the socket tells the core
+the moment the controller's connection drops (`AgentCore.connection_lost`: a killed
+controller's TCP session ends at once), from when on it looks every few tens of
+milliseconds: a controller restarted on any port is found within about 0.1 s of writing the
+file (two heartbeats when its host vanished without closing the connection), and
+`<endpoint_file>.stopped` newer than the endpoint ends the agent.
 
 `serve(...)` is the entry point with plain arguments (`paddock agent`, controller/cli/agent.py):
 it starts the sandbox runtime (or a no-op runner), runs the agent, and turns SIGTERM into a
@@ -162,6 +165,7 @@ class NodeAgent:
         self._drain_requested: Optional[float] = None
         self.ctx = zmq.Context.instance()
         self.sock: Optional[zmq.Socket] = None
+        self.monitor: Optional[zmq.Socket] = None  # the socket's disconnects (with a watch)
         # A worker finished: wake the loop at once. File objects, never closed by hand: a
         # worker still running after the loop ended can never write into a reused fd.
         self._woken = False  # a wake-up byte is in the pipe, not yet read by the loop
@@ -240,6 +244,7 @@ class NodeAgent:
     # -- socket -----------------------------------------------------------------------------
     def _new_socket(self) -> None:
         if self.sock is not None:
+            self._close_monitor()
             self.sock.close(linger=0)
         if self.keys is None and not self.insecure:
             raise ValueError("NodeAgent: give keys= (the run's controller.key) or insecure=True")
@@ -251,7 +256,29 @@ class NodeAgent:
             self.sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.client_public.encode())
             self.sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.client_secret.encode())
         self.endpoint = self.core.endpoint  # where the core says the controller is now
+        if self.endpoint_watch is not None:
+            self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.sock.connect(self.endpoint)
+
+    def _close_monitor(self) -> None:
+        if self.monitor is not None:
+            self.sock.disable_monitor()
+            self.monitor.close(linger=0)
+            self.monitor = None
+
+    def _disconnects(self) -> None:
+        """The monitor's events: a dropped connection tells the core to look for the
+        controller (its endpoint file) now."""
+        lost = False
+        while True:
+            try:
+                self.monitor.recv_multipart(zmq.NOBLOCK)  # (event, endpoint): only DISCONNECTED
+            except zmq.Again:
+                break
+            lost = True
+        if lost:
+            log.info("the connection to the controller at %s dropped", self.endpoint)
+            self.core.connection_lost()
 
     def _flush(self) -> None:
         """Carry out the core's decisions: send its outbox (a fresh socket where it says
@@ -292,9 +319,13 @@ class NodeAgent:
                 poller, poller_of = zmq.Poller(), self.sock
                 poller.register(self.sock, zmq.POLLIN)
                 poller.register(self._wake_r.fileno(), zmq.POLLIN)
+                if self.monitor is not None:
+                    poller.register(self.monitor, zmq.POLLIN)
             ready = dict(poller.poll(timeout=timeout_ms))
             if self._wake_r.fileno() in ready:
                 self._take_wakeup()  # `done` is drained below, after this
+            if self.monitor is not None and self.monitor in ready:
+                self._disconnects()
             if self.sock in ready:
                 self._receive()
             if self.drain_requested is not None:
@@ -309,6 +340,7 @@ class NodeAgent:
                 break
             timeout_ms = self.core.poll_timeout_ms()
         self.pool.shutdown()
+        self._close_monitor()
         self.sock.close(linger=100)
         if self.refused is not None:
             return EXIT_REFUSED

@@ -40,6 +40,13 @@ TASKS = {f"t{i}": {"task_id": f"t{i}", "image_digest": f"sha256:{i:02x}"} for i 
 TICK_S = 0.5
 
 
+
+def _infra_reason(a) -> str:
+    """An agent's infra_reason: half the model server's (a loss), half the task's (a
+    failure), by token (no draw from the world's generator: replays stay as they were)."""
+    return "model_server: sim outage" if a.token % 2 else "task: sim"
+
+
 class SimClock:
     """Monotonic and wall time of the world; a jump moves both forward."""
 
@@ -168,7 +175,7 @@ class SimAgent:
             a = heapq.heappop(self.running)[2]
             outcome = self.w.rng.choices(["pass", "fail", "timeout", "infra_error"], [4, 2, 1, 3])[0]
             done.append((a, AttemptResult(outcome, 1.0 if outcome == "pass" else None, {},
-                                          "sim" if outcome == "infra_error" else None)))
+                                          _infra_reason(a) if outcome == "infra_error" else None)))
         self.core.attempts_done(done)
         self.core.tick()
         self.flush()
