@@ -204,7 +204,8 @@ def run_head(args: HeadStep) -> int:
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # a later signal
+            signal.signal(sig, signal.SIG_IGN)     # must not cut the shutdown short (store flush, summary)
         _shutdown_controller(ctl, endpoint, args.deployment, key_file_of(run_dir))
     if rc == 0:
         try:

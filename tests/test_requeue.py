@@ -52,7 +52,8 @@ from controller.demo.localrun import load_taskset
 from controller.demo.policy_server import PolicyServer
 
 run_dir = Path(os.environ["PADDOCK_RUN_DIR"])
-steps, sizes = int(os.environ["TRAINER_STEPS"]), {list(STEP_SIZES)!r}
+steps = int(os.environ["TRAINER_STEPS"])
+sizes = [int(n) for n in os.environ["TRAINER_SIZES"].split(",")]
 ckpt = run_dir / "trainer-checkpoint.json"
 def save(state):
     tmp = ckpt.with_name(ckpt.name + ".tmp")
@@ -132,8 +133,9 @@ def describe(run_dir: Path, tmp_path: Path) -> str:
             + "\n" + logs(tmp_path))
 
 
-def trainer_command(tmp_path: Path, steps: int) -> str:
-    return f"TRAINER_STEPS={steps} {shlex.quote(USER_PYTHON)} {shlex.quote(str(tmp_path / 'trainer.py'))}"
+def trainer_command(tmp_path: Path, steps: int, sizes: tuple[int, ...] = STEP_SIZES) -> str:
+    return (f"TRAINER_STEPS={steps} TRAINER_SIZES={','.join(map(str, sizes))} "
+            f"{shlex.quote(USER_PYTHON)} {shlex.quote(str(tmp_path / 'trainer.py'))}")
 
 
 # ------------------------------------------------------------------ rendering and the agent step, no Slurm
@@ -142,11 +144,31 @@ def test_requeue_renders_sbatch_requeue_with_appended_output_and_the_default_ren
     script = render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     # the old run's shell never signals the job id once signalled itself: it may name the next run
-    assert 'forward() { ENDING=1; ' in script and '|| [ -n "${ENDING:-}" ] || scancel --signal=TERM' in script
+    assert "  ENDING=1\n" in script and '|| [ -n "${ENDING:-}" ] || scancel --signal=TERM' in script
     plain = render({"run_dir": "/r", "env_nodes": 2})
-    assert "--requeue" not in plain and "--open-mode" not in plain
+    assert "--requeue" not in plain and "--open-mode" not in plain and "scontrol requeue" not in plain
     with pytest.raises(ParamError, match="'requeue'"):
         render({"run_dir": "/r", "env_nodes": 2, "requeue": 2})
+
+
+def test_with_requeue_the_time_limit_warning_is_usr1_and_the_job_requeues_itself_at_most_max_requeues_times():
+    script = render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "max_requeues": 3})
+    assert "#SBATCH --signal=B:USR1@120\n" in script
+    assert "trap 'forward USR1' USR1\ntrap 'forward TERM' TERM\n" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and '"${SLURM_RESTART_COUNT:-0}" -ge 3 ]' in script
+    assert render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "signal": "USR1"}) == \
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
+    # without requeue the default stays TERM (the golden files pin the whole script)
+    assert "#SBATCH --signal=B:TERM@120\n" in render({"run_dir": "/r", "env_nodes": 2})
+    # TERM cannot be the warning: scancel sends it too, and a cancelled job must not requeue itself
+    with pytest.raises(ParamError, match="'signal' must not be TERM with requeue=1: scancel sends TERM too"):
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "signal": "TERM"})
+    with pytest.raises(ParamError, match="'max_requeues' must be >= 0"):
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "max_requeues": -1})
+    # the shortest Slurm limit with the warning 35 s before it (the cluster test below)
+    subprocess.run(["bash", "-n"], check=True, text=True, input=render(
+        {"run_dir": "/r", "env_nodes": 2, "requeue": 1, "time_limit": "1", "signal_before_s": 35,
+         "controller_wait_s": 22, "agents_wait_s": 22}))
 
 
 def test_an_agent_of_a_requeued_job_waits_past_the_previous_runs_job_file(tmp_path):
@@ -298,3 +320,77 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
     finally:
         for j in jobs:
             subprocess.run(["scancel", j], env=cluster.env, capture_output=True)
+
+
+# ------------------------------------------------------------------ the time limit: the job requeues itself
+TIME_LIMIT_ROLLOUTS = 16     # more than one 1-minute allocation of two 1-slot agents runs
+
+
+def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: FarmWatch, timeout_s: float) -> tuple[dict, list]:
+    """Follow a job that requeues itself until it ends; each time it waits for its begin time
+    after a requeue (Slurm's delay), an admin lets it start now. Returns its last state and,
+    per run that ended, (restart count, the queue rows once that run's processes were gone)."""
+    runs, seen = [], {"0"}
+
+    def step():
+        comp = job_state(cluster, job_id, watch)
+        assert comp["JobState"] != "TIMEOUT", f"job {job_id} hit its time limit: {comp}\n{describe(run_dir, tmp_path)}"
+        if comp["JobState"] == "PENDING" and comp["Restarts"] not in seen and not stray_processes(cluster):
+            seen.add(comp["Restarts"])
+            runs.append((int(comp["Restarts"]) - 1, queue_rows(run_dir)))
+            if comp.get("Reason") == "BeginTime":
+                slurm_out(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        return comp["JobState"] in TERMINAL and comp
+    try:
+        return wait_for(step, timeout_s, f"job {job_id} to finish"), runs
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{describe(run_dir, tmp_path)}") from None
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_run_finishes(
+        slurm_cluster, job_user_dir, python_image):
+    """A 1-minute job (Slurm's shortest) with the warning 35 s before its end and more rollouts
+    than one allocation runs: at the warning (USR1) the batch shell drains the farm and requeues
+    its own job; the requeued run resumes from the queue and finishes the batch."""
+    t0 = time.monotonic()
+    tmp_path, cluster = job_user_dir, slurm_cluster
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    give_to_user(tmp_path / "trainer.py")
+    job_id = None
+    try:
+        job_id, run_dir = submit(cluster, tmp_path, layout="single", requeue=1, time_limit="1", signal_before_s=35,
+                                 controller_wait_s=22, agents_wait_s=22, tasks_limit=0, slots_per_node=1,
+                                 trainer=trainer_command(tmp_path, steps=1, sizes=(TIME_LIMIT_ROLLOUTS,)))
+        watch = FarmWatch(JOB_USER)
+        comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 140)
+        wall_s = time.monotonic() - t0
+        assert comp["JobState"] == "COMPLETED" and int(comp["Restarts"]) >= 1, (comp, logs(tmp_path))
+        out = (tmp_path / f"slurm-{job_id}.out").read_text()
+        assert "paddock: SIGUSR1 before the time limit: draining, then requeueing" in out, out
+        assert f"paddock: requeueing job {job_id} (restart 1 of at most 10)" in out, out
+        assert "resuming the run" in (run_dir / "logs" / "head.log").read_text(), logs(tmp_path)
+
+        final = assert_each_committed_once(run_dir, TIME_LIMIT_ROLLOUTS, tmp_path)
+        assert len({r["batch_id"] for r in final.values()}) == 1                # one batch: the keyed submit
+        done_first = committed_keys(runs[0][1])
+        assert 0 < len(done_first) < TIME_LIMIT_ROLLOUTS, (len(done_first), logs(tmp_path))   # it did not fit
+        # what each run committed (and drained) keeps its attempt and token, and is never run again
+        for _restart, rows in runs:
+            kept = committed_keys(rows)
+            assert {rid: committed_keys(final)[rid] for rid in kept} == kept
+            assert not [a for a in attempts(run_dir) if a["rollout_id"] in kept and a["attempt"] > kept[a["rollout_id"]][0]]
+        state = json.loads((run_dir / "trainer-checkpoint.json").read_text())
+        assert state["runs"] == [f"{job_id}.{i}" for i in range(int(comp["Restarts"]) + 1)], state
+        assert sorted(rid for rid, *_ in state["seen"]) == sorted(final)       # every result once, none twice
+        assert watch.as_root() == [], watch.describe(watch.as_root())
+        wait_for(lambda: not stray_processes(cluster), 15, "job processes to leave the nodes")
+        overran = out.count("the drain is not over")
+        print(f"\ntime-limit requeue test: {len(done_first)} of {TIME_LIMIT_ROLLOUTS} committed by the first run, "
+              f"{[len(committed_keys(rows)) for _r, rows in runs]} committed after each requeued run, "
+              f"{comp['Restarts']} restart(s), {overran} drain(s) cut short by the watchdog, "
+              f"{sum(a['attempt'] > 1 for a in attempts(run_dir))} attempts after a first; done after {wall_s:.1f}s")
+    finally:
+        if job_id:
+            subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)
