@@ -323,10 +323,11 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
 
 
 # ------------------------------------------------------------------ the time limit: the job requeues itself
-TIME_LIMIT_ROLLOUTS = 16     # more than one 1-minute allocation of two 1-slot agents runs
+TIME_LIMIT_ROLLOUTS = 30     # more than one 1-minute allocation of two 1-slot agents runs here (8-18, by load)
 
 
-def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: FarmWatch, timeout_s: float) -> tuple[dict, list]:
+def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: FarmWatch, timeout_s: float,
+                   seen_at: list) -> tuple[dict, list]:
     """Follow a job that requeues itself until it ends; each time it waits for its begin time
     after a requeue (Slurm's delay), an admin lets it start now. Returns its last state and,
     per run that ended, (restart count, the queue rows once that run's processes were gone)."""
@@ -338,6 +339,7 @@ def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: F
         if comp["JobState"] == "PENDING" and comp["Restarts"] not in seen and not stray_processes(cluster):
             seen.add(comp["Restarts"])
             runs.append((int(comp["Restarts"]) - 1, queue_rows(run_dir)))
+            seen_at.append(time.monotonic())
             if comp.get("Reason") == "BeginTime":
                 slurm_out(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
         return comp["JobState"] in TERMINAL and comp
@@ -364,7 +366,8 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
                                  controller_wait_s=22, agents_wait_s=22, tasks_limit=0, slots_per_node=1,
                                  trainer=trainer_command(tmp_path, steps=1, sizes=(TIME_LIMIT_ROLLOUTS,)))
         watch = FarmWatch(JOB_USER)
-        comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 140)
+        seen_at: list[float] = []
+        comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 150, seen_at)
         wall_s = time.monotonic() - t0
         assert comp["JobState"] == "COMPLETED" and int(comp["Restarts"]) >= 1, (comp, logs(tmp_path))
         out = (tmp_path / f"slurm-{job_id}.out").read_text()
@@ -387,10 +390,51 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
         assert watch.as_root() == [], watch.describe(watch.as_root())
         wait_for(lambda: not stray_processes(cluster), 15, "job processes to leave the nodes")
         overran = out.count("the drain is not over")
+        first_lease = min(r["leased_at"] for r in final.values())
+        print(f"\ncommits after the first lease (s): {sorted(round(r['updated_at'] - first_lease, 1) for r in final.values())}; "
+              f"requeues seen at {[round(t - t0, 1) for t in seen_at]}s after the submit")
         print(f"\ntime-limit requeue test: {len(done_first)} of {TIME_LIMIT_ROLLOUTS} committed by the first run, "
               f"{[len(committed_keys(rows)) for _r, rows in runs]} committed after each requeued run, "
               f"{comp['Restarts']} restart(s), {overran} drain(s) cut short by the watchdog, "
               f"{sum(a['attempt'] > 1 for a in attempts(run_dir))} attempts after a first; done after {wall_s:.1f}s")
     finally:
         if job_id:
+            subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_a_cancelled_requeue_job_ends_and_one_past_max_requeues_drains_and_ends(slurm_cluster, job_user_dir, python_image):
+    """Two requeue=1 jobs at once: `scancel` of one ends it (TERM: no requeue); the other,
+    with max_requeues=0, gets the time limit's warning (what --signal=B:USR1 delivers, now) and
+    drains and ends instead of requeueing itself."""
+    tmp_path, cluster = job_user_dir, slurm_cluster
+    jobs: dict[str, tuple[str, Path]] = {}
+    try:
+        for name, extra in (("cancelled", {}), ("capped", {"max_requeues": 0})):
+            jobs[name] = submit(cluster, tmp_path, run_dir=str(tmp_path / f"run-{name}"), requeue=1, env_nodes=1, layout="single",
+                                tasks_limit=0, slots_per_node=1, **extra)
+        watch = FarmWatch(JOB_USER)
+        for name, (job_id, run_dir) in jobs.items():
+            wait_for(lambda: job_state(cluster, job_id, watch) and committed_keys(queue_rows(run_dir)), 90,
+                     f"a committed rollout in the {name} job")
+        slurm_out(cluster, "scancel", jobs["cancelled"][0])
+        slurm_out(cluster, "scancel", "--batch", "--signal=USR1", jobs["capped"][0])
+        ends = {name: wait_job_done(cluster, job_id, run_dir, tmp_path, watch, 90) for name, (job_id, run_dir) in jobs.items()}
+        wait_for(lambda: not stray_processes(cluster), 30, "job processes to leave the nodes")
+        out = {name: (tmp_path / f"slurm-{job_id}.out").read_text() for name, (job_id, _) in jobs.items()}
+        # still ended once nothing of either job runs: neither requeued itself
+        for name, (job_id, _) in jobs.items():
+            comp = job_state(cluster, job_id, watch)
+            assert (comp["JobState"], comp["Restarts"]) == (ends[name]["JobState"], "0"), (name, comp, out[name])
+            assert "paddock: requeueing job" not in out[name], out[name]
+        assert ends["cancelled"]["JobState"] == "CANCELLED"
+        assert "paddock: SIGTERM (scancel, or Slurm ends or requeues the job): draining; not requeueing" in out["cancelled"]
+        assert ends["capped"]["JobState"] == "COMPLETED", out["capped"]
+        assert "was requeued 0 times (max_requeues=0): it ends here" in out["capped"]
+        capped_dir = jobs["capped"][1]
+        assert "waiting for agents to drain" in (capped_dir / "logs" / "head.log").read_text()
+        assert watch.as_root() == [], watch.describe(watch.as_root())
+    finally:
+        for job_id, _ in jobs.values():
             subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)
