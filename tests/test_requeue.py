@@ -54,6 +54,8 @@ from controller.demo.policy_server import PolicyServer
 run_dir = Path(os.environ["PADDOCK_RUN_DIR"])
 steps = int(os.environ["TRAINER_STEPS"])
 sizes = [int(n) for n in os.environ["TRAINER_SIZES"].split(",")]
+def size(step):                      # the last size repeats
+    return sizes[min(step, len(sizes) - 1)]
 ckpt = run_dir / "trainer-checkpoint.json"
 def save(state):
     tmp = ckpt.with_name(ckpt.name + ".tmp")
@@ -62,6 +64,9 @@ def save(state):
 state = json.loads(ckpt.read_text()) if ckpt.exists() else {{"step": 0, "cursor": 0, "seen": [], "runs": [], "batches": {{}}}}
 run = os.environ["SLURM_JOB_ID"] + "." + os.environ["PADDOCK_INCARNATION"]
 state["runs"].append(run)
+if os.environ.get("TRAINER_PLAN") == "until-restart" and os.environ["PADDOCK_INCARNATION"] != "0":
+    state.setdefault("planned", min(state["step"] + 2, steps))   # restarted: the step it was in and one more
+steps = state.get("planned", steps)
 save(state)
 taskset = load_taskset(os.environ["PADDOCK_TASKSET"], os.environ.get("PADDOCK_TASKBANK", ""))
 names = [t.name for t in taskset.tasks]
@@ -69,8 +74,8 @@ with PolicyServer(taskset, host=os.environ["PADDOCK_HEAD_ADDR"]) as policy, \\
         Client.for_run(run_dir, os.environ["PADDOCK_DEPLOYMENT"]) as client:
     client.publish_policy(0, policy.url, model="scripted-v0")   # after a restart: the same version, moved
     while state["step"] < steps:
-        first = sum(sizes[:state["step"]])
-        batch = client.submit(names[first:first + sizes[state["step"]]], n_per_task=1, policy=0,
+        first = sum(size(k) for k in range(state["step"]))      # steps past the task set wrap around it
+        batch = client.submit([names[(first + i) % len(names)] for i in range(size(state["step"]))], n_per_task=1, policy=0,
                               key={KEY!r}.format(state["step"]))
         state["batches"][str(state["step"])] = batch
         for item in client.results(batch, after=state["cursor"]):
@@ -133,8 +138,11 @@ def describe(run_dir: Path, tmp_path: Path) -> str:
             + "\n" + logs(tmp_path))
 
 
-def trainer_command(tmp_path: Path, steps: int, sizes: tuple[int, ...] = STEP_SIZES) -> str:
-    return (f"TRAINER_STEPS={steps} TRAINER_SIZES={','.join(map(str, sizes))} "
+def trainer_command(tmp_path: Path, steps: int, sizes: tuple[int, ...] = STEP_SIZES, plan: str = "") -> str:
+    """`plan="until-restart"`: train `steps` steps in the job's first run, then, once the job is
+    requeued, only the step it was in and one more (the test's way to have a trainer with more
+    work than one allocation, whatever this machine's speed, that a second allocation finishes)."""
+    return (f"TRAINER_STEPS={steps} TRAINER_SIZES={','.join(map(str, sizes))} TRAINER_PLAN={plan} "
             f"{shlex.quote(USER_PYTHON)} {shlex.quote(str(tmp_path / 'trainer.py'))}")
 
 
@@ -323,7 +331,7 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
 
 
 # ------------------------------------------------------------------ the time limit: the job requeues itself
-TIME_LIMIT_ROLLOUTS = 30     # more than one 1-minute allocation of two 1-slot agents runs here (8-18, by load)
+TIME_LIMIT_STEPS = 500      # steps of 2 rollouts: far more than one 1-minute allocation of two 1-slot agents runs
 
 
 def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: FarmWatch, timeout_s: float,
@@ -346,16 +354,18 @@ def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: F
     try:
         return wait_for(step, timeout_s, f"job {job_id} to finish"), runs
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{describe(run_dir, tmp_path)}") from None
+        raise AssertionError(f"{exc}: {job_state(cluster, job_id, watch)}; left on the nodes: {stray_processes(cluster)}"
+                             f"\n{describe(run_dir, tmp_path)}") from None
 
 
 @pytest.mark.slurm
 @pytest.mark.sandbox
 def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_run_finishes(
         slurm_cluster, job_user_dir, python_image):
-    """A 1-minute job (Slurm's shortest) with the warning 35 s before its end and more rollouts
-    than one allocation runs: at the warning (USR1) the batch shell drains the farm and requeues
-    its own job; the requeued run resumes from the queue and finishes the batch."""
+    """A 1-minute job (Slurm's shortest) with the warning 35 s before its end and a trainer with
+    more steps than one allocation runs: at the warning (USR1) the batch shell drains the farm and
+    requeues its own job; the requeued run resumes from the queue and finishes the step the first
+    run was in, and one more."""
     t0 = time.monotonic()
     tmp_path, cluster = job_user_dir, slurm_cluster
     (tmp_path / "trainer.py").write_text(TRAINER)
@@ -364,28 +374,30 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
     try:
         job_id, run_dir = submit(cluster, tmp_path, layout="single", requeue=1, time_limit="1", signal_before_s=35,
                                  controller_wait_s=22, agents_wait_s=22, tasks_limit=0, slots_per_node=1,
-                                 trainer=trainer_command(tmp_path, steps=1, sizes=(TIME_LIMIT_ROLLOUTS,)))
+                                 trainer=trainer_command(tmp_path, steps=TIME_LIMIT_STEPS, sizes=(2,),
+                                                         plan="until-restart"))
         watch = FarmWatch(JOB_USER)
         seen_at: list[float] = []
         comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 150, seen_at)
         wall_s = time.monotonic() - t0
-        assert comp["JobState"] == "COMPLETED" and int(comp["Restarts"]) >= 1, (comp, logs(tmp_path))
+        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", (comp, logs(tmp_path))
         out = (tmp_path / f"slurm-{job_id}.out").read_text()
         assert "paddock: SIGUSR1 before the time limit: draining, then requeueing" in out, out
         assert f"paddock: requeueing job {job_id} (restart 1 of at most 10)" in out, out
         assert "resuming the run" in (run_dir / "logs" / "head.log").read_text(), logs(tmp_path)
 
-        final = assert_each_committed_once(run_dir, TIME_LIMIT_ROLLOUTS, tmp_path)
-        assert len({r["batch_id"] for r in final.values()}) == 1                # one batch: the keyed submit
+        state = json.loads((run_dir / "trainer-checkpoint.json").read_text())
+        assert state["runs"] == [f"{job_id}.0", f"{job_id}.1"] and state["step"] == state["planned"], state
+        n = 2 * state["planned"]
+        final = assert_each_committed_once(run_dir, n, tmp_path)
+        assert len({r["batch_id"] for r in final.values()}) == state["planned"]   # one batch per step: keyed
         done_first = committed_keys(runs[0][1])
-        assert 0 < len(done_first) < TIME_LIMIT_ROLLOUTS, (len(done_first), logs(tmp_path))   # it did not fit
+        assert 0 < len(done_first) < n, (len(done_first), logs(tmp_path))   # the first run did some, not all
         # what each run committed (and drained) keeps its attempt and token, and is never run again
         for _restart, rows in runs:
             kept = committed_keys(rows)
             assert {rid: committed_keys(final)[rid] for rid in kept} == kept
             assert not [a for a in attempts(run_dir) if a["rollout_id"] in kept and a["attempt"] > kept[a["rollout_id"]][0]]
-        state = json.loads((run_dir / "trainer-checkpoint.json").read_text())
-        assert state["runs"] == [f"{job_id}.{i}" for i in range(int(comp["Restarts"]) + 1)], state
         assert sorted(rid for rid, *_ in state["seen"]) == sorted(final)       # every result once, none twice
         assert watch.as_root() == [], watch.describe(watch.as_root())
         wait_for(lambda: not stray_processes(cluster), 15, "job processes to leave the nodes")
@@ -393,7 +405,7 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
         first_lease = min(r["leased_at"] for r in final.values())
         print(f"\ncommits after the first lease (s): {sorted(round(r['updated_at'] - first_lease, 1) for r in final.values())}; "
               f"requeues seen at {[round(t - t0, 1) for t in seen_at]}s after the submit")
-        print(f"\ntime-limit requeue test: {len(done_first)} of {TIME_LIMIT_ROLLOUTS} committed by the first run, "
+        print(f"\ntime-limit requeue test: {len(done_first)} of {n} committed by the first run, "
               f"{[len(committed_keys(rows)) for _r, rows in runs]} committed after each requeued run, "
               f"{comp['Restarts']} restart(s), {overran} drain(s) cut short by the watchdog, "
               f"{sum(a['attempt'] > 1 for a in attempts(run_dir))} attempts after a first; done after {wall_s:.1f}s")
@@ -409,15 +421,24 @@ def test_a_cancelled_requeue_job_ends_and_one_past_max_requeues_drains_and_ends(
     with max_requeues=0, gets the time limit's warning (what --signal=B:USR1 delivers, now) and
     drains and ends instead of requeueing itself."""
     tmp_path, cluster = job_user_dir, slurm_cluster
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    give_to_user(tmp_path / "trainer.py")
     jobs: dict[str, tuple[str, Path]] = {}
     try:
         for name, extra in (("cancelled", {}), ("capped", {"max_requeues": 0})):
-            jobs[name] = submit(cluster, tmp_path, run_dir=str(tmp_path / f"run-{name}"), requeue=1, env_nodes=1, layout="single",
-                                tasks_limit=0, slots_per_node=1, **extra)
+            run_dir = tmp_path / f"run-{name}"
+            job_id, _ = submit(cluster, tmp_path, run_dir=str(run_dir), requeue=1, env_nodes=1, layout="single",
+                               tasks_limit=0, slots_per_node=1, trainer=trainer_command(tmp_path, steps=1, sizes=(40,)),
+                               **extra)
+            jobs[name] = job_id, run_dir
         watch = FarmWatch(JOB_USER)
         for name, (job_id, run_dir) in jobs.items():
-            wait_for(lambda: job_state(cluster, job_id, watch) and committed_keys(queue_rows(run_dir)), 90,
-                     f"a committed rollout in the {name} job")
+            try:
+                wait_for(lambda: job_state(cluster, job_id, watch) and committed_keys(queue_rows(run_dir)), 90,
+                         f"a committed rollout in the {name} job")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {job_state(cluster, job_id, watch)}\n{logs(tmp_path)}\n"
+                                     + "\n".join(f.read_text() for f in (run_dir / "logs").glob("*.log"))) from None
         slurm_out(cluster, "scancel", jobs["cancelled"][0])
         slurm_out(cluster, "scancel", "--batch", "--signal=USR1", jobs["capped"][0])
         ends = {name: wait_job_done(cluster, job_id, run_dir, tmp_path, watch, 90) for name, (job_id, run_dir) in jobs.items()}
