@@ -14,6 +14,10 @@ DuckDB agree), none committed before the requeue or by the first job ran again, 
 leased at the requeue was leased anew and finished, the trainer's results complete with none
 twice, and no farm process ran as root.
 
+The time limit: a job with a 1-minute limit and a trainer with more steps than that runs hits
+the warning (USR1), drains, requeues itself and the next run finishes; a `scancel`led requeue=1
+job and one past `max_requeues` end without a restart.
+
 Must not import: zmq (the test talks to Slurm and reads the run directory; the trainer is the client).
 """
 from __future__ import annotations
