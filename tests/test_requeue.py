@@ -177,10 +177,10 @@ def test_with_requeue_the_time_limit_warning_is_usr1_and_the_job_requeues_itself
         render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "signal": "TERM"})
     with pytest.raises(ParamError, match="'max_requeues' must be >= 0"):
         render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "max_requeues": -1})
-    # the shortest Slurm limit with the warning 35 s before it (the cluster test below)
+    # the shortest Slurm limit with the warning 30 s before it (the cluster test below)
     subprocess.run(["bash", "-n"], check=True, text=True, input=render(
-        {"run_dir": "/r", "env_nodes": 2, "requeue": 1, "time_limit": "1", "signal_before_s": 35,
-         "controller_wait_s": 22, "agents_wait_s": 22}))
+        {"run_dir": "/r", "env_nodes": 2, "requeue": 1, "time_limit": "1", "signal_before_s": 30,
+         "controller_wait_s": 28, "agents_wait_s": 28}))
 
 
 def test_an_agent_of_a_requeued_job_waits_past_the_previous_runs_job_file(tmp_path):
@@ -366,7 +366,7 @@ def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: F
 @pytest.mark.sandbox
 def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_run_finishes(
         slurm_cluster, job_user_dir, python_image):
-    """A 1-minute job (Slurm's shortest) with the warning 35 s before its end and a trainer with
+    """A 1-minute job (Slurm's shortest) with the warning 30 s before its end and a trainer with
     more steps than one allocation runs: at the warning (USR1) the batch shell drains the farm and
     requeues its own job; the requeued run resumes from the queue and finishes the step the first
     run was in, and one more."""
@@ -376,15 +376,15 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
     give_to_user(tmp_path / "trainer.py")
     job_id = None
     try:
-        job_id, run_dir = submit(cluster, tmp_path, layout="single", requeue=1, time_limit="1", signal_before_s=35,
-                                 controller_wait_s=22, agents_wait_s=22, tasks_limit=0, slots_per_node=1,
+        job_id, run_dir = submit(cluster, tmp_path, layout="single", requeue=1, time_limit="1", signal_before_s=30,
+                                 controller_wait_s=28, agents_wait_s=28, tasks_limit=0, slots_per_node=1,
                                  trainer=trainer_command(tmp_path, steps=TIME_LIMIT_STEPS, sizes=(2,),
                                                          plan="until-restart"))
         watch = FarmWatch(JOB_USER)
         seen_at: list[float] = []
         comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 150, seen_at)
         wall_s = time.monotonic() - t0
-        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", (comp, logs(tmp_path))
+        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", f"{comp}\n{logs(tmp_path)}"
         out = (tmp_path / f"slurm-{job_id}.out").read_text()
         assert "paddock: SIGUSR1 before the time limit: draining, then requeueing" in out, out
         assert f"paddock: requeueing job {job_id} (restart 1 of at most 10)" in out, out
