@@ -343,12 +343,18 @@ def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: F
     """Follow a job that requeues itself until it ends; each time it waits for its begin time
     after a requeue (Slurm's delay), an admin lets it start now. Returns its last state and,
     per run that ended, (restart count, the queue rows once that run's processes were gone)."""
-    runs, seen = [], {"0"}
+    runs, seen, pending_since = [], {"0"}, {}
 
     def step():
         comp = job_state(cluster, job_id, watch)
         assert comp["JobState"] != "TIMEOUT", f"job {job_id} hit its time limit: {comp}\n{describe(run_dir, tmp_path)}"
-        if comp["JobState"] == "PENDING" and comp["Restarts"] not in seen and not stray_processes(cluster):
+        if comp["JobState"] == "PENDING":
+            pending_since.setdefault(comp["Restarts"], time.time())
+        # At the requeue slurmd revokes the old run's credential, and a run of the same job
+        # started within that second is refused ("Job credential revoked"): the next run is let
+        # in once the clock is past that second (Slurm's own begin-time delay is minutes).
+        if comp["JobState"] == "PENDING" and comp["Restarts"] not in seen and not stray_processes(cluster) \
+                and int(time.time()) > int(pending_since[comp["Restarts"]]):
             seen.add(comp["Restarts"])
             runs.append((int(comp["Restarts"]) - 1, queue_rows(run_dir)))
             seen_at.append(time.monotonic())
@@ -384,7 +390,8 @@ def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_r
         seen_at: list[float] = []
         comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 150, seen_at)
         wall_s = time.monotonic() - t0
-        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", f"{comp}\n{logs(tmp_path)}"
+        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", \
+            f"{comp}\n{logs(tmp_path)}\n" + "\n".join((cluster.log_dir / "slurmctld.log").read_text().splitlines()[-40:])
         out = (tmp_path / f"slurm-{job_id}.out").read_text()
         assert "paddock: SIGUSR1 before the time limit: draining, then requeueing" in out, out
         assert f"paddock: requeueing job {job_id} (restart 1 of at most 10)" in out, out
