@@ -20,8 +20,9 @@ the `job.json` of its own run, so nobody dials a dead controller.
 
 SIGWINCH (forwarded by the batch shell before the time limit; sent by Slurm itself to a
 `paddock launch` job, whose --signal names it) or SIGTERM: agents drain; the head stops
-training, waits until every agent has drained and disconnected, then shuts the controller down
-so the catalog is flushed. The controller ignores the signal itself (it must outlive the drain).
+training, waits until every agent has drained and disconnected (your trainer, whose model
+server the running rollouts call, is stopped after that), then shuts the controller down so the
+catalog is flushed. The controller ignores the signal itself (it must outlive the drain).
 
 The steps take their settings as `HeadStep` / `AgentStep` (plain dataclasses; the command line
 is controller/cli/slurm.py). The controller and the node agent run as `paddock controller` and
@@ -205,7 +206,8 @@ def run_head(args: HeadStep) -> int:
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # a later signal
+            signal.signal(sig, signal.SIG_IGN)     # must not cut the shutdown short (store flush, summary)
         _shutdown_controller(ctl, endpoint, args.deployment, key_file_of(run_dir))
     if rc == 0:
         try:
@@ -311,9 +313,11 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
                 train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
         except StopRequested as stop:
             print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
+            # your trainer (and the model server it runs) stays up until the running rollouts are
+            # done: stopped first, it would fail them all as infrastructure errors (each a retry)
+            _wait_drained(client, args.drain_timeout_s)
             if trainer_proc is not None:
                 rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
-            _wait_drained(client, args.drain_timeout_s)
         finally:
             if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
                 _stop_trainer(trainer_proc, 10.0)

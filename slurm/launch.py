@@ -84,6 +84,9 @@ def launch(params) -> JobHandle:
     if p.layout != "single":
         raise ParamError("paddock launch submits the single-component layout (submitit cannot submit "
                          "heterogeneous jobs): pass layout=single, or use `paddock sbatch render layout=het`")
+    if p.requeue:
+        raise ParamError("paddock launch does not requeue its job (requeue=1): render the batch script with "
+                         "`paddock sbatch render requeue=1 ...` and submit it with sbatch")
     check_run_dir(Path(p.run_dir))
     ex = submitit.SlurmExecutor(folder=Path(p.run_dir) / "submitit", python=p.python)
     ex.update_parameters(job_name=p.job_name, time=max(time_limit_s(p.time_limit) // 60, 1),

@@ -16,7 +16,10 @@ the batch shell, which forwards SIGWINCH to both steps (Slurm signals every proc
 WINCH is ignored by default, so sandboxes are untouched): agents drain, the head stops the
 training loop, waits for the drain and shuts the controller down (the store is flushed).
 With `requeue=1` a preempted (or `scontrol requeue`d) job runs again under the same job id, on
-the same run directory: the head resumes the run from its queue (slurm/jobsteps.py).
+the same run directory: the head resumes the run from its queue (slurm/jobsteps.py). The time
+limit's warning is then USR1 (TERM is refused: scancel sends it too): the shell drains the farm
+and requeues its own job (`scontrol requeue`), at most `max_requeues` times (SLURM_RESTART_COUNT);
+a TERM drains and ends the job.
 
 Must not import: zmq, sqlite3 (pure; used by `paddock sbatch render` and the launcher).
 """
@@ -28,7 +31,10 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, Mapping
 
 LAYOUTS = ("het", "single")
-SIGNALS = ("TERM", "USR1")
+SIGNALS = ("TERM", "USR1")   # the end-of-time warning; "" (the default): TERM, or USR1 with requeue=1
+REQUEUE_SIGNAL = "USR1"      # requeue=1: the warning must not be TERM, which scancel sends too (and
+                             # not USR2, submitit's)
+REQUEUE_MARGIN_S = 10        # requeue=1: requeue anyway this long before the limit if the drain is not over
 DRAIN_SIGNAL = "WINCH"    # forwarded to the job steps: ignored by default, handled by the steps
 DRAIN_SIGNAL_NUMBER = 28  # SIGWINCH on Linux; scancel takes WINCH only by number
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -51,7 +57,8 @@ class JobParams:
     slots_per_node: int = 2            # concurrent sandboxes per node agent
     head_cpus: int = 1                 # CPUs of the head (controller + trainer) task
     agent_cpus: int = 1                # CPUs of each node agent task
-    signal: str = "TERM"               # sent to the batch shell before the time limit: TERM | USR1
+    signal: str = ""                   # sent to the batch shell before the time limit: TERM | USR1
+                                       # ("": TERM, or USR1 with requeue=1)
     signal_before_s: int = 120         # ... this many seconds before it
     controller_wait_s: int = 300       # agents give up if the endpoint has not appeared by then
     agents_wait_s: int = 300           # the head gives up if too few agents registered by then
@@ -68,7 +75,9 @@ class JobParams:
     image_store: str = "/var/tmp/paddock/images"
     python: str = "python3"            # interpreter with Paddock installed (the venv's)
     requeue: int = 0                   # 1: --requeue (preempted or failed: back to the queue; the next
-                                       # run resumes from the run directory's queue); 0: Slurm's default
+                                       # run resumes from the run directory's queue), and at the time
+                                       # limit's warning the job drains and requeues itself; 0: Slurm's default
+    max_requeues: int = 10             # requeue=1: the job requeues itself while SLURM_RESTART_COUNT is below this
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ParamError:
@@ -80,7 +89,7 @@ class JobParams:
                 raise bad(f.name, f"must be {f.type}, got {v!r}")
         if self.layout not in LAYOUTS:
             raise bad("layout", f"must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
-        if self.signal not in SIGNALS:
+        if self.signal not in ("",) + SIGNALS:
             raise bad("signal", f"must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
         for name in ("run_dir", "image_store", "python"):
             v = getattr(self, name)
@@ -114,6 +123,12 @@ class JobParams:
                 raise bad(name, f"must be >= 0, got {getattr(self, name)!r}")
         if self.requeue not in (0, 1):
             raise bad("requeue", f"must be 0 or 1, got {self.requeue!r}")
+        if self.requeue and self.signal == "TERM":
+            raise bad("signal", f"must not be TERM with requeue=1: scancel sends TERM too, and the job "
+                                f"must tell the time limit's warning (drain, then requeue) from a cancel "
+                                f"(drain and end); leave it unset or give {REQUEUE_SIGNAL}")
+        if self.max_requeues < 0:
+            raise bad("max_requeues", f"must be >= 0, got {self.max_requeues!r}")
         if self.min_agents > self.env_nodes:
             raise bad("min_agents", f"must not exceed env_nodes={self.env_nodes}")
         if self.heartbeat_interval_s <= 0:
@@ -142,6 +157,11 @@ class JobParams:
     @property
     def agents_needed(self) -> int:
         return self.min_agents or self.env_nodes
+
+    @property
+    def warning_signal(self) -> str:
+        """The signal of `--signal=B:<SIG>@<secs>`: the one given, else USR1 with requeue=1, else TERM."""
+        return self.signal or (REQUEUE_SIGNAL if self.requeue else "TERM")
 
 
 def valid_parameters() -> str:
@@ -183,7 +203,7 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
     q = shlex.quote
     header = ["#!/bin/bash", f"# Paddock job ({p.layout} layout), rendered by slurm/sbatch.py: do not edit."]
     common = [f"#SBATCH --job-name={p.job_name}", f"#SBATCH --time={p.time_limit}",
-              f"#SBATCH --signal=B:{p.signal}@{p.signal_before_s}"]
+              f"#SBATCH --signal=B:{p.warning_signal}@{p.signal_before_s}"]
     common += [f"#SBATCH --partition={p.partition}"] if p.partition else []
     common += [f"#SBATCH --account={p.account}"] if p.account else []
     # a requeued job runs the script again: its output is appended to, not truncated
@@ -207,6 +227,7 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         f"RUN_DIR={q(p.run_dir)}", f"PY={q(p.python)}", f"IMAGE_STORE={q(p.image_store)}",
         'DEPLOYMENT="slurm-${SLURM_JOB_ID}"',
     ]
+    settings += ["START_S=$(date +%s)"] if p.requeue else []
     head_args = [
         "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
         "--agents", q(str(p.agents_needed)), "--agents-wait-s", q(str(p.agents_wait_s)),
@@ -240,25 +261,100 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         '  >>"$RUN_DIR/logs/agents.log" 2>&1 &',
         "AGENTS_PID=$!",
         "",
-        "# The end-of-time signal reaches this shell (--signal=B:...). Slurm delivers a step signal to",
-        f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
-        "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
-        "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
-        f'forward() {{ {"ENDING=1; " if p.requeue else ""}echo "paddock: SIG{p.signal} before the time limit: draining"; '
-        f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
-        f"trap forward {p.signal}",
-        "# wait returns early (>128) when the trap runs: wait again until the step has exited",
-        'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
-        "# the head has stopped the controller: agents still waiting for one are told to give up",
-        *(["# (not once this shell was signalled: the steps were too, and a requeued job's id may",
-           "# already name its next run)",
-           '[ "$HEAD_RC" -eq 0 ] || [ -n "${ENDING:-}" ] || scancel --signal=TERM "$SLURM_JOB_ID"']
-          if p.requeue else ['[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"']),
-        'while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
-        'echo "paddock: head exited with $HEAD_RC"',
-        'exit "$HEAD_RC"',
+        *(_requeue_ending(p) if p.requeue else _plain_ending(p)),
     ]
     return "\n".join(header + sbatch + body) + "\n"
+
+
+_FORWARD_COMMENT = [
+    "# The end-of-time signal reaches this shell (--signal=B:...). Slurm delivers a step signal to",
+    f"# every process of the step (sandboxes too), so it goes on as SIG{DRAIN_SIGNAL}, which processes",
+    "# ignore by default and the job steps handle: agents drain, the head stops training, waits",
+    "# for the drain and flushes the store. (A signal to srun itself would abort its step.)",
+]
+_WAIT_HEAD = [
+    "# wait returns early (>128) when the trap runs: wait again until the step has exited",
+    'while :; do wait "$HEAD_PID"; HEAD_RC=$?; kill -0 "$HEAD_PID" 2>/dev/null || break; done',
+    "# the head has stopped the controller: agents still waiting for one are told to give up",
+]
+_WAIT_AGENTS = ['while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
+                'echo "paddock: head exited with $HEAD_RC"']
+
+
+def _plain_ending(p: JobParams) -> list[str]:
+    """requeue=0: the warning drains the farm and the job ends."""
+    return [
+        *_FORWARD_COMMENT,
+        f'forward() {{ echo "paddock: SIG{p.warning_signal} before the time limit: draining"; '
+        f'scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"; }}',
+        f"trap forward {p.warning_signal}",
+        *_WAIT_HEAD,
+        '[ "$HEAD_RC" -eq 0 ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        *_WAIT_AGENTS,
+        'exit "$HEAD_RC"',
+    ]
+
+
+def _requeue_ending(p: JobParams) -> list[str]:
+    """requeue=1: the warning (its own signal, USR1) drains the farm, then the job requeues
+    itself (at most max_requeues restarts); TERM (scancel, or Slurm requeueing or preempting the
+    job) drains and ends. A watchdog requeues anyway REQUEUE_MARGIN_S before the time limit if
+    the drain is not over by then (the queue keeps what was committed)."""
+    sig, cap, margin = p.warning_signal, p.max_requeues, REQUEUE_MARGIN_S
+    return [
+        *_FORWARD_COMMENT,
+        f"# SIG{sig} (the warning) drains, then requeues this job: the run resumes from its queue in the",
+        f"# next allocation (at most {cap} restarts: SLURM_RESTART_COUNT counts every requeue). SIGTERM",
+        "# (scancel; Slurm requeueing or preempting the job itself) drains and ends: no requeue from here.",
+        "requeue_job() {",
+        "  REQUEUED=1",
+        f'  echo "paddock: requeueing job $SLURM_JOB_ID (restart $((${{SLURM_RESTART_COUNT:-0}} + 1)) of at most {cap}): '
+        'the next run resumes the run in $RUN_DIR"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "}",
+        f"# when the drain is not over {margin}s before the time limit, requeue anyway (leased rollouts",
+        "# are leased anew by the next run); the end time is Slurm's, else the rendered limit's",
+        "watchdog() {",
+        '  trap \'kill "$SLEEP_PID" 2>/dev/null; exit 0\' TERM',
+        '  end=$(date -d "$(squeue -h -j "$SLURM_JOB_ID" -o %e | head -n 1)" +%s 2>/dev/null) '
+        f'|| end=$((START_S + {time_limit_s(p.time_limit)}))',
+        f'  left=$((end - {margin} - $(date +%s))); [ "$left" -gt 0 ] || left=0',
+        '  sleep "$left" & SLEEP_PID=$!',
+        '  wait "$SLEEP_PID" || exit 0',
+        f'  echo "paddock: the drain is not over {margin}s before the time limit: requeueing now"',
+        "  requeue_job",
+        "}",
+        "forward() {",
+        '  [ -z "${REQUEUED:-}" ] || exit 0           # the TERM of our own requeue: this run is over',
+        "  ENDING=1",
+        '  if [ "$1" = TERM ]; then',
+        '    echo "paddock: SIGTERM (scancel, or Slurm ends or requeues the job): draining; not requeueing"',
+        '    REQUEUE=; [ -z "${WATCHDOG_PID:-}" ] || kill "$WATCHDOG_PID" 2>/dev/null',
+        f'  elif [ -z "${{HEAD_DONE:-}}" ] && [ -z "${{REQUEUE:-}}" ] && [ "${{SLURM_RESTART_COUNT:-0}}" -ge {cap} ]; then',
+        f'    echo "paddock: SIG{sig} before the time limit: draining; job $SLURM_JOB_ID was requeued '
+        f'${{SLURM_RESTART_COUNT:-0}} times (max_requeues={cap}): it ends here, the run stays in $RUN_DIR '
+        '(resume it with a new job on that run_dir)"',
+        '  elif [ -z "${HEAD_DONE:-}" ] && [ -z "${REQUEUE:-}" ]; then',
+        f'    echo "paddock: SIG{sig} before the time limit: draining, then requeueing"',
+        '    REQUEUE=1; watchdog & WATCHDOG_PID=$!',
+        "  fi",
+        f'  scancel --signal={DRAIN_SIGNAL_NUMBER} "$SLURM_JOB_ID"',
+        "}",
+        f"trap 'forward {sig}' {sig}",
+        "trap 'forward TERM' TERM",
+        *_WAIT_HEAD,
+        "# (not once this shell was signalled: the steps were too, and a requeued job's id may",
+        "# already name its next run)",
+        '[ "$HEAD_RC" -eq 0 ] || [ -n "${ENDING:-}" ] || scancel --signal=TERM "$SLURM_JOB_ID"',
+        "HEAD_DONE=1",
+        *_WAIT_AGENTS,
+        'if [ -n "${REQUEUE:-}" ]; then',
+        '  if ! kill "$WATCHDOG_PID" 2>/dev/null; then exit 0; fi   # the watchdog requeued the job',
+        '  if [ "$HEAD_RC" -eq 0 ]; then requeue_job; exit 0; fi',
+        '  echo "paddock: the head failed (exit $HEAD_RC) after the warning: not requeueing; see $RUN_DIR/logs"',
+        "fi",
+        'exit "$HEAD_RC"',
+    ]
 
 
 # ----------------------------------------------------------------------------- KEY=VALUE

@@ -97,6 +97,8 @@ def test_launch_refuses_the_het_layout_and_unknown_parameters(tmp_path):
         launch(dict(BASE, run_dir=str(tmp_path / "r"), layout="het"))
     with pytest.raises(ParamError, match="unknown batch parameter 'gpus'.*valid parameters"):
         launch(dict(BASE, run_dir=str(tmp_path / "r"), gpus=1))
+    with pytest.raises(ParamError, match=r"paddock launch does not requeue its job \(requeue=1\)"):
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), requeue=1))
 
 
 def test_launch_refuses_a_run_directory_it_cannot_write():

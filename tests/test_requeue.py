@@ -14,6 +14,10 @@ DuckDB agree), none committed before the requeue or by the first job ran again, 
 leased at the requeue was leased anew and finished, the trainer's results complete with none
 twice, and no farm process ran as root.
 
+The time limit: a job with a 1-minute limit and a trainer with more steps than that runs hits
+the warning (USR1), drains, requeues itself and the next run finishes; a `scancel`led requeue=1
+job and one past `max_requeues` end without a restart.
+
 Must not import: zmq (the test talks to Slurm and reads the run directory; the trainer is the client).
 """
 from __future__ import annotations
@@ -52,7 +56,10 @@ from controller.demo.localrun import load_taskset
 from controller.demo.policy_server import PolicyServer
 
 run_dir = Path(os.environ["PADDOCK_RUN_DIR"])
-steps, sizes = int(os.environ["TRAINER_STEPS"]), {list(STEP_SIZES)!r}
+steps = int(os.environ["TRAINER_STEPS"])
+sizes = [int(n) for n in os.environ["TRAINER_SIZES"].split(",")]
+def size(step):                      # the last size repeats
+    return sizes[min(step, len(sizes) - 1)]
 ckpt = run_dir / "trainer-checkpoint.json"
 def save(state):
     tmp = ckpt.with_name(ckpt.name + ".tmp")
@@ -61,6 +68,9 @@ def save(state):
 state = json.loads(ckpt.read_text()) if ckpt.exists() else {{"step": 0, "cursor": 0, "seen": [], "runs": [], "batches": {{}}}}
 run = os.environ["SLURM_JOB_ID"] + "." + os.environ["PADDOCK_INCARNATION"]
 state["runs"].append(run)
+if os.environ.get("TRAINER_PLAN") == "until-restart" and os.environ["PADDOCK_INCARNATION"] != "0":
+    state.setdefault("planned", min(state["step"] + 2, steps))   # restarted: the step it was in and one more
+steps = state.get("planned", steps)
 save(state)
 taskset = load_taskset(os.environ["PADDOCK_TASKSET"], os.environ.get("PADDOCK_TASKBANK", ""))
 names = [t.name for t in taskset.tasks]
@@ -68,8 +78,8 @@ with PolicyServer(taskset, host=os.environ["PADDOCK_HEAD_ADDR"]) as policy, \\
         Client.for_run(run_dir, os.environ["PADDOCK_DEPLOYMENT"]) as client:
     client.publish_policy(0, policy.url, model="scripted-v0")   # after a restart: the same version, moved
     while state["step"] < steps:
-        first = sum(sizes[:state["step"]])
-        batch = client.submit(names[first:first + sizes[state["step"]]], n_per_task=1, policy=0,
+        first = sum(size(k) for k in range(state["step"]))      # steps past the task set wrap around it
+        batch = client.submit([names[(first + i) % len(names)] for i in range(size(state["step"]))], n_per_task=1, policy=0,
                               key={KEY!r}.format(state["step"]))
         state["batches"][str(state["step"])] = batch
         for item in client.results(batch, after=state["cursor"]):
@@ -132,8 +142,12 @@ def describe(run_dir: Path, tmp_path: Path) -> str:
             + "\n" + logs(tmp_path))
 
 
-def trainer_command(tmp_path: Path, steps: int) -> str:
-    return f"TRAINER_STEPS={steps} {shlex.quote(USER_PYTHON)} {shlex.quote(str(tmp_path / 'trainer.py'))}"
+def trainer_command(tmp_path: Path, steps: int, sizes: tuple[int, ...] = STEP_SIZES, plan: str = "") -> str:
+    """`plan="until-restart"`: train `steps` steps in the job's first run, then, once the job is
+    requeued, only the step it was in and one more (the test's way to have a trainer with more
+    work than one allocation, whatever this machine's speed, that a second allocation finishes)."""
+    return (f"TRAINER_STEPS={steps} TRAINER_SIZES={','.join(map(str, sizes))} TRAINER_PLAN={plan} "
+            f"{shlex.quote(USER_PYTHON)} {shlex.quote(str(tmp_path / 'trainer.py'))}")
 
 
 # ------------------------------------------------------------------ rendering and the agent step, no Slurm
@@ -142,11 +156,31 @@ def test_requeue_renders_sbatch_requeue_with_appended_output_and_the_default_ren
     script = render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     # the old run's shell never signals the job id once signalled itself: it may name the next run
-    assert 'forward() { ENDING=1; ' in script and '|| [ -n "${ENDING:-}" ] || scancel --signal=TERM' in script
+    assert "  ENDING=1\n" in script and '|| [ -n "${ENDING:-}" ] || scancel --signal=TERM' in script
     plain = render({"run_dir": "/r", "env_nodes": 2})
-    assert "--requeue" not in plain and "--open-mode" not in plain
+    assert "--requeue" not in plain and "--open-mode" not in plain and "scontrol requeue" not in plain
     with pytest.raises(ParamError, match="'requeue'"):
         render({"run_dir": "/r", "env_nodes": 2, "requeue": 2})
+
+
+def test_with_requeue_the_time_limit_warning_is_usr1_and_the_job_requeues_itself_at_most_max_requeues_times():
+    script = render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "max_requeues": 3})
+    assert "#SBATCH --signal=B:USR1@120\n" in script
+    assert "trap 'forward USR1' USR1\ntrap 'forward TERM' TERM\n" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script and '"${SLURM_RESTART_COUNT:-0}" -ge 3 ]' in script
+    assert render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "signal": "USR1"}) == \
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1})
+    # without requeue the default stays TERM (the golden files pin the whole script)
+    assert "#SBATCH --signal=B:TERM@120\n" in render({"run_dir": "/r", "env_nodes": 2})
+    # TERM cannot be the warning: scancel sends it too, and a cancelled job must not requeue itself
+    with pytest.raises(ParamError, match="'signal' must not be TERM with requeue=1: scancel sends TERM too"):
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "signal": "TERM"})
+    with pytest.raises(ParamError, match="'max_requeues' must be >= 0"):
+        render({"run_dir": "/r", "env_nodes": 2, "requeue": 1, "max_requeues": -1})
+    # the shortest Slurm limit with the warning 30 s before it (the cluster test below)
+    subprocess.run(["bash", "-n"], check=True, text=True, input=render(
+        {"run_dir": "/r", "env_nodes": 2, "requeue": 1, "time_limit": "1", "signal_before_s": 30,
+         "controller_wait_s": 28, "agents_wait_s": 28}))
 
 
 def test_an_agent_of_a_requeued_job_waits_past_the_previous_runs_job_file(tmp_path):
@@ -298,3 +332,139 @@ def test_a_requeued_job_and_a_new_job_on_its_run_directory_resume_the_run(slurm_
     finally:
         for j in jobs:
             subprocess.run(["scancel", j], env=cluster.env, capture_output=True)
+
+
+# ------------------------------------------------------------------ the time limit: the job requeues itself
+TIME_LIMIT_STEPS = 500      # steps of 2 rollouts: far more than one 1-minute allocation of two 1-slot agents runs
+
+
+def run_until_done(cluster, job_id: str, run_dir: Path, tmp_path: Path, watch: FarmWatch, timeout_s: float,
+                   seen_at: list) -> tuple[dict, list]:
+    """Follow a job that requeues itself until it ends; each time it waits for its begin time
+    after a requeue (Slurm's delay), an admin lets it start now. Returns its last state and,
+    per run that ended, (restart count, the queue rows once that run's processes were gone)."""
+    runs, seen, pending_since = [], {"0"}, {}
+
+    def step():
+        comp = job_state(cluster, job_id, watch)
+        assert comp["JobState"] != "TIMEOUT", f"job {job_id} hit its time limit: {comp}\n{describe(run_dir, tmp_path)}"
+        if comp["JobState"] == "PENDING":
+            pending_since.setdefault(comp["Restarts"], time.time())
+        # At the requeue slurmd revokes the old run's credential, and a run of the same job
+        # started within that second is refused ("Job credential revoked"): the next run is let
+        # in once the clock is past that second (Slurm's own begin-time delay is minutes).
+        if comp["JobState"] == "PENDING" and comp["Restarts"] not in seen and not stray_processes(cluster) \
+                and int(time.time()) > int(pending_since[comp["Restarts"]]):
+            seen.add(comp["Restarts"])
+            runs.append((int(comp["Restarts"]) - 1, queue_rows(run_dir)))
+            seen_at.append(time.monotonic())
+            if comp.get("Reason") == "BeginTime":
+                slurm_out(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        return comp["JobState"] in TERMINAL and comp
+    try:
+        return wait_for(step, timeout_s, f"job {job_id} to finish"), runs
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {job_state(cluster, job_id, watch)}; left on the nodes: {stray_processes(cluster)}"
+                             f"\n{describe(run_dir, tmp_path)}") from None
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_a_job_that_reaches_its_time_limit_drains_requeues_itself_and_the_next_run_finishes(
+        slurm_cluster, job_user_dir, python_image):
+    """A 1-minute job (Slurm's shortest) with the warning 30 s before its end and a trainer with
+    more steps than one allocation runs: at the warning (USR1) the batch shell drains the farm and
+    requeues its own job; the requeued run resumes from the queue and finishes the step the first
+    run was in, and one more."""
+    t0 = time.monotonic()
+    tmp_path, cluster = job_user_dir, slurm_cluster
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    give_to_user(tmp_path / "trainer.py")
+    job_id = None
+    try:
+        job_id, run_dir = submit(cluster, tmp_path, layout="single", requeue=1, time_limit="1", signal_before_s=30,
+                                 controller_wait_s=28, agents_wait_s=28, tasks_limit=0, slots_per_node=1,
+                                 trainer=trainer_command(tmp_path, steps=TIME_LIMIT_STEPS, sizes=(2,),
+                                                         plan="until-restart"))
+        watch = FarmWatch(JOB_USER)
+        seen_at: list[float] = []
+        comp, runs = run_until_done(cluster, job_id, run_dir, tmp_path, watch, 150, seen_at)
+        wall_s = time.monotonic() - t0
+        assert comp["JobState"] == "COMPLETED" and comp["Restarts"] == "1", \
+            f"{comp}\n{logs(tmp_path)}\n" + "\n".join((cluster.log_dir / "slurmctld.log").read_text().splitlines()[-40:])
+        out = (tmp_path / f"slurm-{job_id}.out").read_text()
+        assert "paddock: SIGUSR1 before the time limit: draining, then requeueing" in out, out
+        assert f"paddock: requeueing job {job_id} (restart 1 of at most 10)" in out, out
+        assert "resuming the run" in (run_dir / "logs" / "head.log").read_text(), logs(tmp_path)
+
+        state = json.loads((run_dir / "trainer-checkpoint.json").read_text())
+        assert state["runs"] == [f"{job_id}.0", f"{job_id}.1"] and state["step"] == state["planned"], state
+        n = 2 * state["planned"]
+        final = assert_each_committed_once(run_dir, n, tmp_path)
+        assert len({r["batch_id"] for r in final.values()}) == state["planned"]   # one batch per step: keyed
+        done_first = committed_keys(runs[0][1])
+        assert 0 < len(done_first) < n, (len(done_first), logs(tmp_path))   # the first run did some, not all
+        # what each run committed (and drained) keeps its attempt and token, and is never run again
+        for _restart, rows in runs:
+            kept = committed_keys(rows)
+            assert {rid: committed_keys(final)[rid] for rid in kept} == kept
+            assert not [a for a in attempts(run_dir) if a["rollout_id"] in kept and a["attempt"] > kept[a["rollout_id"]][0]]
+        assert sorted(rid for rid, *_ in state["seen"]) == sorted(final)       # every result once, none twice
+        assert watch.as_root() == [], watch.describe(watch.as_root())
+        wait_for(lambda: not stray_processes(cluster), 15, "job processes to leave the nodes")
+        overran = out.count("the drain is not over")
+        print(f"\ntime-limit requeue test: {len(done_first)} of {n} committed by the first run, "
+              f"{[len(committed_keys(rows)) for _r, rows in runs]} committed after each requeued run, "
+              f"{comp['Restarts']} restart(s), {overran} drain(s) cut short by the watchdog, "
+              f"{sum(a['attempt'] > 1 for a in attempts(run_dir))} attempts after a first; requeue seen "
+              f"{seen_at[0] - t0:.1f}s after the submit, done after {wall_s:.1f}s")
+    finally:
+        if job_id:
+            subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)
+
+
+@pytest.mark.slurm
+@pytest.mark.sandbox
+def test_a_cancelled_requeue_job_ends_and_one_past_max_requeues_drains_and_ends(slurm_cluster, job_user_dir, python_image):
+    """Two requeue=1 jobs at once: `scancel` of one ends it (TERM: no requeue); the other,
+    with max_requeues=0, gets the time limit's warning (what --signal=B:USR1 delivers, now) and
+    drains and ends instead of requeueing itself."""
+    tmp_path, cluster = job_user_dir, slurm_cluster
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    give_to_user(tmp_path / "trainer.py")
+    jobs: dict[str, tuple[str, Path]] = {}
+    try:
+        for name, extra in (("cancelled", {}), ("capped", {"max_requeues": 0})):
+            run_dir = tmp_path / f"run-{name}"
+            job_id, _ = submit(cluster, tmp_path, run_dir=str(run_dir), requeue=1, env_nodes=1, layout="single",
+                               tasks_limit=0, slots_per_node=1, trainer=trainer_command(tmp_path, steps=1, sizes=(40,)),
+                               **extra)
+            jobs[name] = job_id, run_dir
+        watch = FarmWatch(JOB_USER)
+        for name, (job_id, run_dir) in jobs.items():
+            try:
+                wait_for(lambda: job_state(cluster, job_id, watch) and committed_keys(queue_rows(run_dir)), 90,
+                         f"a committed rollout in the {name} job")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {job_state(cluster, job_id, watch)}\n{logs(tmp_path)}\n"
+                                     + "\n".join(f.read_text() for f in (run_dir / "logs").glob("*.log"))) from None
+        slurm_out(cluster, "scancel", jobs["cancelled"][0])
+        slurm_out(cluster, "scancel", "--batch", "--signal=USR1", jobs["capped"][0])
+        ends = {name: wait_job_done(cluster, job_id, run_dir, tmp_path, watch, 90) for name, (job_id, run_dir) in jobs.items()}
+        wait_for(lambda: not stray_processes(cluster), 30, "job processes to leave the nodes")
+        out = {name: (tmp_path / f"slurm-{job_id}.out").read_text() for name, (job_id, _) in jobs.items()}
+        # still ended once nothing of either job runs: neither requeued itself
+        for name, (job_id, _) in jobs.items():
+            comp = job_state(cluster, job_id, watch)
+            assert (comp["JobState"], comp["Restarts"]) == (ends[name]["JobState"], "0"), (name, comp, out[name])
+            assert "paddock: requeueing job" not in out[name], out[name]
+        assert ends["cancelled"]["JobState"] == "CANCELLED"
+        assert "paddock: SIGTERM (scancel, or Slurm ends or requeues the job): draining; not requeueing" in out["cancelled"]
+        assert ends["capped"]["JobState"] == "COMPLETED", out["capped"]
+        assert "was requeued 0 times (max_requeues=0): it ends here" in out["capped"]
+        capped_dir = jobs["capped"][1]
+        assert "waiting for agents to drain" in (capped_dir / "logs" / "head.log").read_text()
+        assert watch.as_root() == [], watch.describe(watch.as_root())
+    finally:
+        for job_id, _ in jobs.values():
+            subprocess.run(["scancel", job_id], env=cluster.env, capture_output=True)

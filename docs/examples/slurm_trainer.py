@@ -3,7 +3,8 @@
 The head step runs it on the head node once enough node agents registered, with the farm's
 coordinates in its environment: PADDOCK_ENDPOINT, PADDOCK_DEPLOYMENT, PADDOCK_RUN_DIR,
 PADDOCK_TASKSET, PADDOCK_TASKSET_HASH, PADDOCK_TASKBANK, PADDOCK_HEAD_ADDR. Its exit code is the
-job's. Before the time limit it gets SIGTERM (checkpoint and exit); the agents drain meanwhile.
+job's. Before the time limit it gets SIGTERM (checkpoint and exit), once the agents have drained
+(the rollouts they were running are done).
 
 This one stands in for a real trainer: it serves the scripted policy of the built-in task set
 (an OpenAI-compatible server; yours would be your inference server), publishes it as policy
