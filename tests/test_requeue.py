@@ -128,7 +128,7 @@ def set_loading(endpoint: str, loading: bool) -> None:
                                  headers={"Content-Type": "application/json"}, method="POST")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=10) as resp:
-        assert json.loads(resp.read()) == {"loading": loading}
+        assert json.loads(resp.read())["loading"] is loading
 
 
 def describe(run_dir: Path, tmp_path: Path) -> str:
