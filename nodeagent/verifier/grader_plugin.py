@@ -490,6 +490,7 @@ _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "
 
 _OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import",
                            "open"})
+_MEMORY_FILES = ("mem", "pagemap")
 _REAL_LOADERS = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
 
 
@@ -592,10 +593,11 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             path = args[0] if args else None
             if isinstance(path, bytes):
                 path = path.decode("utf-8", "replace")
-            if isinstance(path, str):
-                real = realpath(path)       # a link in /tmp, or a name relative to a dir_fd
-                if os.path.basename(real) in ("mem", "pagemap") and (
-                        real.startswith("/proc/") or not os.path.exists(real)):
+            # /proc/<pid>/mem is reached by that name (also relative to a dir_fd) or through a
+            # link as the last component: only those pay for a realpath (this runs on every open)
+            if isinstance(path, str) and (os.path.basename(path) in _MEMORY_FILES or os.path.islink(path)):
+                real = realpath(path)
+                if os.path.basename(real) in _MEMORY_FILES and (real.startswith("/proc/") or not os.path.exists(real)):
                     return untrusted_on_stack(frame) or path
             return None
         if event.startswith(_STACK_EVENTS):
