@@ -155,6 +155,27 @@ def test_reading_its_own_memory_in_process_earns_nothing(runtime, python_image):
 
 
 # -- repository mode: the code under test runs in pytest's process, next to the tests ------------
+
+
+@pytest.fixture
+def calc_task(tmp_path, python_image):
+    """The small SWE-shaped task of tests/test_swe_real.py (calc.add, its own tests), imported
+    as a repository layer: a repository-level check, graded in pytest's process."""
+    from layers.store import ImageStore
+    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+    clones = make_clones(tmp_path)
+    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
+    return _task_dict(task)
+
+
+def grade_swe(runtime, image, task: dict, changes: list):
+    from nodeagent.verifier.validate import sandbox_layers
+    return verify(runtime, image, task, changes, None, layers=sandbox_layers(runtime, image, task))
+
+
+def grade_calc(runtime, image, task: dict, source: str):
+    """Grade `source` as the agent's calc.py."""
+    return grade_swe(runtime, image, task, [Change("/work/calc.py", "modified", source.encode(), 0o644)])
 # Three generic oracles a policy can write for any SWE task: find the calling test and evaluate
 # its assertion's expected side (its locals captured by the standard library on the agent's
 # behalf, or its source line read from the file), or read the test functions' constants.
@@ -212,19 +233,9 @@ def add(a, b):          # honest, but for the case whose answer it reads from th
 
 @pytest.mark.parametrize("solution", [CALLER_LOCALS, CALLER_SOURCE, TEST_FILE_TABLE, TEST_CONSTANTS],
                          ids=["caller_locals", "caller_source", "test_file_table", "test_constants"])
-def test_oracles_over_the_repository_tests_earn_nothing(tmp_path, runtime, python_image, solution):
-    from layers.store import ImageStore
-    from nodeagent.verifier.validate import sandbox_layers
-    from tests.test_swe_real import _import, _record, _task_dict, make_clones
-    clones = make_clones(tmp_path)
-    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
-    t = _task_dict(task)
-    v = verify(runtime, python_image, t, [Change("/work/calc.py", "modified", solution.encode(), 0o644)], None,
-               layers=sandbox_layers(runtime, python_image, t))
-    assert_unrewarded(v)
-    gold = verify(runtime, python_image, t, [Change("/work/calc.py", "modified",
-                                                    b"def add(a, b):\n    return a + b\n", 0o644)], None,
-                  layers=sandbox_layers(runtime, python_image, t))
+def test_oracles_over_the_repository_tests_earn_nothing(calc_task, runtime, python_image, solution):
+    assert_unrewarded(grade_calc(runtime, python_image, calc_task, solution))
+    gold = grade_calc(runtime, python_image, calc_task, "def add(a, b):\n    return a + b\n")
     assert (gold.outcome, gold.reward) == ("pass", 1.0), gold.checks[-1]["detail"]
 
 
@@ -263,31 +274,18 @@ def pytest_pyfunc_call(pyfuncitem):
 
 @pytest.mark.parametrize("where", ["conftest.py", "tests/conftest.py"])
 @pytest.mark.parametrize("hook", sorted(FORCE_PASS_HOOKS))
-def test_a_conftest_that_forces_passes_earns_nothing(tmp_path, runtime, python_image, hook, where):
-    from layers.store import ImageStore
-    from nodeagent.verifier.validate import sandbox_layers
-    from tests.test_swe_real import _import, _record, _task_dict, make_clones
-    clones = make_clones(tmp_path)
-    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
-    t = _task_dict(task)
+def test_a_conftest_that_forces_passes_earns_nothing(calc_task, runtime, python_image, hook, where):
     kind = "modified" if where == "conftest.py" else "added"
-    v = verify(runtime, python_image, t, [Change(f"/work/{where}", kind, FORCE_PASS_HOOKS[hook].encode(), 0o644)],
-               None, layers=sandbox_layers(runtime, python_image, t))
+    v = grade_swe(runtime, python_image, calc_task, [Change(f"/work/{where}", kind, FORCE_PASS_HOOKS[hook].encode(), 0o644)])
     assert_unrewarded(v)
     assert v.checks[0]["check"] == "test_infrastructure" and f"/work/{where}" in v.checks[0]["detail"]
 
 
-def test_the_gold_fix_with_an_edited_test_still_passes_and_the_edit_is_ignored(tmp_path, runtime, python_image):
-    from layers.store import ImageStore
-    from nodeagent.verifier.validate import sandbox_layers
-    from tests.test_swe_real import _import, _record, _task_dict, make_clones
-    clones = make_clones(tmp_path)
-    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
-    t = _task_dict(task)
+def test_the_gold_fix_with_an_edited_test_still_passes_and_the_edit_is_ignored(calc_task, runtime, python_image):
     changes = [Change("/work/calc.py", "modified", b"def add(a, b):\n    return a + b\n", 0o644),
                Change("/work/tests/test_calc.py", "modified", b"def test_add():\n    assert False\n", 0o644),
                Change("/work/setup.cfg", "modified", b"[tool:pytest]\naddopts = -p no:python\n", 0o644)]
-    v = verify(runtime, python_image, t, changes, None, layers=sandbox_layers(runtime, python_image, t))
+    v = grade_swe(runtime, python_image, calc_task, changes)
     assert (v.outcome, v.reward) == ("pass", 1.0), v.checks[-1]["detail"]
     assert "/work/setup.cfg" in v.checks[0]["detail"] and "/work/tests/test_calc.py" in v.checks[0]["detail"]
 
@@ -342,16 +340,9 @@ EQUALITY = {
 
 
 @pytest.mark.parametrize("name", sorted(EQUALITY))
-def test_always_equal_objects_earn_nothing_and_honest_types_keep_their_equality(tmp_path, runtime, python_image, name):
-    from layers.store import ImageStore
-    from nodeagent.verifier.validate import sandbox_layers
-    from tests.test_swe_real import _import, _record, _task_dict, make_clones
+def test_always_equal_objects_earn_nothing_and_honest_types_keep_their_equality(calc_task, runtime, python_image, name):
     source, honest = EQUALITY[name] if isinstance(EQUALITY[name], tuple) else (EQUALITY[name], False)
-    clones = make_clones(tmp_path)
-    (task,), _ = _import(tmp_path, clones, _record(clones), store=ImageStore(python_image.parent.parent))
-    t = _task_dict(task)
-    v = verify(runtime, python_image, t, [Change("/work/calc.py", "modified", source.encode(), 0o644)], None,
-               layers=sandbox_layers(runtime, python_image, t))
+    v = grade_calc(runtime, python_image, calc_task, source)
     if honest:
         assert (v.outcome, v.reward) == ("pass", 1.0), v.checks[-1]["detail"]
     else:
