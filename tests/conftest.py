@@ -71,6 +71,19 @@ def python_image(image_store):
     return ensure_builtin_image(image_store)[1]
 
 
+@pytest.fixture(scope="module")
+def solving_policy():
+    """The scripted policy server over the built-in task set, whose version 7 solves every
+    python task (the other strategies weigh nothing): a run through it passes by construction."""
+    from controller.demo.policy_server import STRATEGIES, PolicyServer, default_params
+    from controller.taskbank.builtin import builtin_taskset
+    with PolicyServer(builtin_taskset()) as srv:
+        params = default_params()
+        params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
+        srv.set_policy(7, params)
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def runtime():
     reason = sandbox_prerequisites()

@@ -10,7 +10,6 @@ import pytest
 
 from controller.analysis.query import connect
 from controller.contracts.tasks import Budgets, Task
-from controller.demo.policy_server import STRATEGIES, PolicyServer, default_params
 from controller.store.catalog import Catalog
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, run_attempt
@@ -44,12 +43,8 @@ print("harness done")
 
 
 @pytest.fixture(scope="module")
-def policy():
-    with PolicyServer(TASKSET) as srv:
-        params = default_params()
-        params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
-        srv.set_policy(7, params)
-        yield srv
+def policy(solving_policy):
+    return solving_policy
 
 
 def harness_task(argv, files=None, **budgets) -> Task:

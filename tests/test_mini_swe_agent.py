@@ -22,7 +22,6 @@ import pytest
 
 from controller.analysis.query import connect
 from controller.contracts.tasks import Task
-from controller.demo.policy_server import STRATEGIES, PolicyServer, default_params
 from controller.store.catalog import Catalog
 from controller.taskbank.builtin import builtin_taskset
 from layers import build
@@ -83,12 +82,8 @@ def mini_image(image_store, python_image):
 
 
 @pytest.fixture(scope="module")
-def policy():
-    with PolicyServer(TASKSET) as srv:
-        params = default_params()
-        params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
-        srv.set_policy(7, params)
-        yield srv
+def policy(solving_policy):
+    return solving_policy
 
 
 def mini_task() -> Task:

@@ -11,7 +11,7 @@ import pytest
 from controller.analysis.query import connect, summary
 from controller.contracts.protocol import PolicyRef
 from controller.contracts.tasks import Task
-from controller.demo.policy_server import PolicyServer, STRATEGIES, default_params
+from controller.demo.policy_server import STRATEGIES, default_params
 from controller.store.catalog import Catalog
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, run_attempt
@@ -22,12 +22,8 @@ PY_TASK = TASKSET.by_name()["python/reverse_words"]
 
 
 @pytest.fixture(scope="module")
-def policy():
-    with PolicyServer(TASKSET) as srv:
-        params = default_params()
-        params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
-        srv.set_policy(7, params)
-        yield srv
+def policy(solving_policy):
+    return solving_policy
 
 
 def attempt(run_dir, rid, task, policy, version=7, seed=1):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from controller.contracts.tasks import LeaseTask
-from controller.demo.policy_server import STRATEGIES, PolicyServer, default_params
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.core import Attempt
 from nodeagent.agent.daemon import NodeAgent
@@ -26,12 +25,8 @@ NAMES = ["python/reverse_words", "python/fizzbuzz", "python/gcd", "python/is_pri
 
 
 @pytest.fixture(scope="module")
-def policy():
-    with PolicyServer(TASKSET) as srv:
-        params = default_params()
-        params["python"] = {s: (60.0 if s == "solve" else 0.0) for s in STRATEGIES["python"]}
-        srv.set_policy(7, params)
-        yield srv
+def policy(solving_policy):
+    return solving_policy
 
 
 @pytest.fixture(scope="module")
