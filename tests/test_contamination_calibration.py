@@ -31,29 +31,25 @@ def test_every_pair_row_is_labelled_split_and_sourced():
     assert all(r["heldout"] and r["copy"] and r["heldout"] != r["copy"] for r in rows)
 
 
-@pytest.mark.slow
-def test_the_defaults_catch_held_out_gsm8k_rephrasings_at_a_low_false_positive_rate(tmp_path):
+def heldout_rates(domain: str, cache_dir):
+    """(recall, FPR, positives, negatives) of the defaults on `domain`'s held-out rephrased pairs."""
     try:
         semantic.load_embedder()
     except semantic.SemanticUnavailable as exc:
         pytest.skip(str(exc))
-    rows = [r for r in ev.load_pairs() if (r["domain"], r["variant"], r["split"])
-            == ("math", "rephrase", "test")]
-    scored = ev.stage_scores(rows, cache_dir=tmp_path)
-    recall, fpr, npos, nneg = ev.rates(scored, ev.flag_any(ev.defaults()))
+    rows = [r for r in ev.load_pairs() if (r["domain"], r["variant"], r["split"]) == (domain, "rephrase", "test")]
+    return ev.rates(ev.stage_scores(rows, cache_dir=cache_dir), ev.flag_any(ev.defaults()))
+
+
+@pytest.mark.slow
+def test_the_defaults_catch_held_out_gsm8k_rephrasings_at_a_low_false_positive_rate(tmp_path):
+    recall, fpr, npos, nneg = heldout_rates("math", tmp_path)
     assert (npos, nneg) == (199, 199)          # one source rephrasing is empty
     assert recall >= 0.85 and fpr <= 0.05      # measured: 0.930 and 0.020 (docs/tasks.md)
 
 
 @pytest.mark.slow
 def test_the_defaults_catch_held_out_humaneval_rephrasings_by_prose_and_shape(tmp_path):
-    try:
-        semantic.load_embedder()
-    except semantic.SemanticUnavailable as exc:
-        pytest.skip(str(exc))
-    rows = [r for r in ev.load_pairs() if (r["domain"], r["variant"], r["split"])
-            == ("code", "rephrase", "test")]
-    scored = ev.stage_scores(rows, cache_dir=tmp_path)
-    recall, fpr, npos, nneg = ev.rates(scored, ev.flag_any(ev.defaults()))
+    recall, fpr, npos, nneg = heldout_rates("code", tmp_path)
     assert (npos, nneg) == (74, 74)
     assert recall >= 0.75 and fpr <= 0.07      # measured: see docs/tasks.md; 0.635 on prose alone

@@ -167,13 +167,16 @@ class KeepAliveModel:
         status, raw = self.exchange(payload, timeout_s)
         return decode_reply(self.endpoint, status, raw), raw
 
+    def _request(self, payload: dict, timeout_s: float) -> tuple[float, bytes]:
+        """(the call's deadline, its body); ModelTimeout when no time is left."""
+        if timeout_s <= 0:
+            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
+        return self._clock() + timeout_s, json.dumps(payload).encode()
+
     def exchange(self, payload: dict, timeout_s: float) -> tuple[int, bytes]:
         """(status, the reply's bytes), not decoded: the gateway forwards a 200 reply first and
         reads it afterwards. Transport failures raise ModelError / ModelTimeout."""
-        if timeout_s <= 0:
-            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
-        deadline = self._clock() + timeout_s
-        blob = json.dumps(payload).encode()
+        deadline, blob = self._request(payload, timeout_s)
         with self._lock:
             self.fired = False
             try:
@@ -196,10 +199,7 @@ class KeepAliveModel:
         the first event; a 200 that is not a stream (a server that ignored `stream`) is given
         as the events of that one reply (`wire.sse`). The whole stream must end within
         `timeout_s`; closing the iterator early closes the connection."""
-        if timeout_s <= 0:
-            raise ModelTimeout(f"no time left for a request to {self.endpoint}")
-        deadline = self._clock() + timeout_s
-        blob = json.dumps(payload).encode()
+        deadline, blob = self._request(payload, timeout_s)
         with self._lock:
             self.fired = False
             try:
