@@ -25,6 +25,16 @@ def wait_for(cond, timeout_s: float, what: str, interval_s: float = 0.05):
         time.sleep(interval_s)
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: false once it has exited, whether still a zombie (Z) or being
+    reaped at this moment (X: its parent's wait has begun and /proc still shows it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X", "x")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 class FakeClock:
     """A clock the test moves: `clock()` reads `now`, `advance(dt_s)` moves it forward."""
 

@@ -12,6 +12,7 @@ import pytest
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.verifier import checkers
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner
+from tests.conftest import alive
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +29,6 @@ def wait_until(cond, timeout_s: float = 10.0) -> bool:
         time.sleep(0.01)
     return cond()
 
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 # -- the runner -------------------------------------------------------------------------------

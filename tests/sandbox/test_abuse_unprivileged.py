@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.sandbox.usercaps import SANDBOX_NICE
-from tests.sandbox.test_users import (RUNUSER, USERS, VENV_PY, _env, _not_zombie, _rmdir_if_empty, _why_not,
+from tests.conftest import alive
+from tests.sandbox.test_users import (RUNUSER, USERS, VENV_PY, _env, _rmdir_if_empty, _why_not,
                                      run_as)
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
@@ -94,8 +95,12 @@ def _proc_limits(pid: int) -> dict:
     return {r[:26].strip(): r[26:47].strip() for r in rows}
 
 
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}") and _not_zombie(pid)
+def _stat(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read()[:120]
+    except OSError as exc:
+        return f"{pid}: {exc}"
 
 
 def _verify_caps(w: AbuseWorker, name: str, limits: dict) -> list[int]:
@@ -137,7 +142,8 @@ def make_box(worker, busybox_image, python_image):
     for name, pids in made:
         pids += worker.ask("tree", name=name)["pids"]
         worker.ask("destroy", name=name)
-        assert not [p for p in pids if _alive(p)], f"processes of {name} outlived it"
+        left = [p for p in pids if alive(p)]
+        assert not left, f"processes of {name} outlived it: {[_stat(p) for p in left]}"
 
 
 # -- resources -------------------------------------------------------------------------------
@@ -155,8 +161,8 @@ def test_memory_bomb_is_killed_by_the_monitor_at_the_cap_and_nothing_else_dies(w
     assert not set(watch["killed_pids"]) & set(other_pids)
     assert worker.sh("mem", "echo ok")["stdout"] == "ok\n"
     assert worker.sh("other", f"kill -0 {sleeper} && echo ok")["stdout"] == "ok\n"
-    assert all(_alive(p) for p in other_pids)
-    assert worker.proc.poll() is None and _alive(worker.facts["holder"])   # the runtime lives on
+    assert all(alive(p) for p in other_pids)
+    assert worker.proc.poll() is None and alive(worker.facts["holder"])   # the runtime lives on
 
 
 def test_fork_flood_stops_at_the_pids_cap(worker, make_box):
@@ -240,7 +246,7 @@ def test_host_pid_1_and_other_processes_are_out_of_reach(worker, make_box):
     me, holder = worker.facts["pid"], worker.facts["holder"]
     r = worker.sh("proc", f"kill -9 {me}; echo rc=$?; kill -9 {holder}; echo rc=$?; kill -9 -1; echo done")
     assert "rc=0" not in r["stdout"], r
-    assert worker.proc.poll() is None and _alive(holder)
+    assert worker.proc.poll() is None and alive(holder)
     # the user itself, outside any sandbox, gets nothing of the host's PID 1
     res = worker.ask("access", paths=["/proc/1/root", "/proc/1/environ", "/proc/1/fd"])
     assert res["/proc/1/root"]["list"] == EACCES and res["/proc/1/environ"]["open"] == EACCES, res

@@ -19,6 +19,7 @@ import pytest
 from nodeagent.sandbox import statedir
 from nodeagent.sandbox.host import subid_range
 from nodeagent.sandbox.spec import SandboxError
+from tests.conftest import alive
 
 pytestmark = pytest.mark.sandbox
 
@@ -168,15 +169,8 @@ def test_two_users_runtimes_cannot_see_signal_or_read_each_other(worker_factory)
     b.stop()
     for w in (a, b):
         assert not os.path.exists(w.facts["state_dir"])
-    assert not [p for p in holders if os.path.exists(f"/proc/{p}") and _not_zombie(p)]
+    assert not [p for p in holders if alive(p)]
 
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_symlinked_state_dir_is_refused_naming_the_path():
