@@ -1,15 +1,17 @@
 """Rebuild pairs.jsonl from the public sources (see README.md): not run by the tests.
 
-    python tests/data/contamination/build_pairs.py LLM_DECONTAMINATOR_GIT GSM8K_GIT > pairs.jsonl
+    python tests/data/contamination/build_pairs.py LLM_DECONTAMINATOR_GIT GSM8K_GIT HUMAN_EVAL_GIT > pairs.jsonl
 
-Both arguments are git directories (bare clones are fine): lm-sys/llm-decontaminator and
-openai/grade-school-math. The math hard negatives are the two GSM8K *train* questions nearest
+The arguments are git directories (bare clones are fine): lm-sys/llm-decontaminator,
+openai/grade-school-math and openai/human-eval (whose `prompt`, `test` and `entry_point` make
+the held-out code task as the HumanEval importer makes it, hidden tests included). The math hard negatives are the two GSM8K *train* questions nearest
 to each held-out question under the semantic stage's own embedder (the hardest negatives for
 it), so building needs the `paddock[semantic]` extra.
 """
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import subprocess
@@ -53,8 +55,11 @@ def math_rows(decon: str, gsm: str) -> list[dict]:
     return rows
 
 
-def code_rows(decon: str) -> list[dict]:
+def code_rows(decon: str, human_eval: str) -> list[dict]:
     orig = [r["text"] for r in _jsonl(decon, "data/test/HumanEval.jsonl")]
+    raw = subprocess.run(["git", "--git-dir", human_eval, "show", "HEAD:data/HumanEval.jsonl.gz"],
+                         check=True, capture_output=True).stdout
+    he = [json.loads(line) for line in gzip.decompress(raw).decode().splitlines() if line.strip()]
     reph = [r["text"] for r in _jsonl(decon, "data/rephrase/humaneval_python.jsonl")]
     c = [r["text"] for r in _jsonl(decon, "data/rephrase/humaneval_c.jsonl")]
     js = [r["text"] for r in _jsonl(decon, "data/rephrase/humaneval_js.jsonl")]
@@ -62,8 +67,11 @@ def code_rows(decon: str) -> list[dict]:
     rows = []
     for i, text in enumerate(orig):
         assert db[i]["test"].strip() == text.strip(), i
+        assert (he[i]["prompt"] + he[i]["canonical_solution"]).strip() == text.strip(), i
         negs = [t for t, judged in zip(db[i]["train"], db[i]["results"]) if not judged][:2]
-        base = {"domain": "code", "split": _split(i), "heldout": text}
+        base = {"domain": "code", "split": _split(i), "heldout": text,
+                "humaneval": {k: he[i][k] for k in ("task_id", "prompt", "canonical_solution",
+                                                    "test", "entry_point")}}
         rows.append({**base, "id": f"humaneval-{i:03d}", "variant": "rephrase",
                      "copy": reph[i], "negatives": negs})
         rows.append({**base, "id": f"humaneval-{i:03d}-c", "variant": "translate-c",
@@ -86,8 +94,8 @@ def mmlu_rows(decon: str) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    decon, gsm = argv
-    for row in math_rows(decon, gsm) + code_rows(decon) + mmlu_rows(decon):
+    decon, gsm, human_eval = argv
+    for row in math_rows(decon, gsm) + code_rows(decon, human_eval) + mmlu_rows(decon):
         if not row["copy"].strip():     # a few rephrasings in the source are empty
             continue
         print(json.dumps(row, ensure_ascii=False))
