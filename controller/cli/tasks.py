@@ -16,6 +16,7 @@ Must not import: zmq, controller.broker.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from controller.contracts.tasks import TaskError
 from controller.taskbank import importers
 from controller.taskbank.bank import DEFAULT_BANK_ENV, TaskBank, find_task, make_set, package_meta
 from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.execution import ExecutionUnavailable
 from controller.taskbank.contamination import (ContaminationConfig, check, check_against_training_sets,
                                                format_suspect, quarantine_suspects, write_report)
 from controller.taskbank.judge import JudgeConfig
@@ -37,7 +39,7 @@ from nodeagent.verifier.validate import (QUARANTINE_FILE, TaskValidation, Valida
                                             validate_tasks)
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore
-from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -117,6 +119,9 @@ def add_contamination_command(sub: argparse._SubParsersAction) -> None:
                    help=f"threshold for held-out code tasks of their blended score: prose cosine mixed "
                         f"with code-shape overlap, docs/tasks.md (default {d.code_cosine_threshold})")
     p.add_argument("--no-semantic", action="store_true", help="skip the embedding stage")
+    p.add_argument("--no-execution", action="store_true",
+                   help="skip the execution stage (held-out code tasks' tests run on their nearest "
+                        "training tasks' code, in a sandbox)")
     p.add_argument("--judge-endpoint", metavar="URL",
                    help="OpenAI-compatible endpoint of a judge model for the top candidates (off by default)")
     p.add_argument("--judge-model", help="the judge's model name (with --judge-endpoint)")
@@ -152,7 +157,10 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
     print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
           f"{taskset.manifest_hash} at {path}", file=out)
     if args.split == "heldout" and not args.no_contamination:
-        for report in check_against_training_sets(bank, taskset.name, quarantine=args.quarantine_suspects):
+        with SandboxExecutor() as executor:
+            reports = check_against_training_sets(bank, taskset.name, quarantine=args.quarantine_suspects,
+                                                  executor=executor)
+        for report in reports:
             print(report.summary_line(), file=out)
     return 0
 
@@ -237,6 +245,45 @@ def cmd_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 1 if bad else 0
 
 
+class SandboxExecutor:
+    """The contamination check's execution stage runs here: each `sandbox()` is a fresh sandbox
+    of the built-in Python image (or `image`), no network, capped, whose runs are `python3 -I
+    -c script` as a given in-sandbox uid. The runtime starts at the first sandbox (a check with
+    no code candidates starts none); `close()` ends it."""
+
+    LIMITS = {"memory_mb": 1024, "pids": 128, "disk_mb": 256, "nofile": 256, "cpu": 1}
+
+    def __init__(self, image: str | None = None) -> None:
+        self._image, self._rt = image, None
+
+    @contextlib.contextmanager
+    def sandbox(self):
+        if self._rt is None:
+            try:
+                images = ImageStore(default_store_root())
+                self._image = images.resolve(self._image) if self._image else ensure_builtin_image(images)[1]
+                self._rt = SandboxRuntime().start()
+            except (SandboxError, OSError, ValueError) as exc:
+                raise ExecutionUnavailable(f"no sandbox here: {exc}") from None
+        with self._rt.create(SandboxSpec(self._image, limits=dict(self.LIMITS))) as sb:
+            def run(script: str, stdin: bytes, timeout_s: float, uid: int) -> int:
+                r = sb.exec(["python3", "-I", "-c", script], stdin=stdin, timeout_s=timeout_s,
+                            cwd="/tmp", uid=uid)
+                return -9 if r.timed_out else r.exit_code
+            yield run
+
+    def close(self) -> None:
+        if self._rt is not None:
+            self._rt.close()
+            self._rt = None
+
+    def __enter__(self) -> "SandboxExecutor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def cmd_contamination(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     bank = TaskBank(args.bank)
@@ -246,9 +293,11 @@ def cmd_contamination(args: argparse.Namespace, out: TextIO | None = None) -> in
         cfg = ContaminationConfig(shingle_words=args.shingle, jaccard_threshold=args.jaccard,
                                   ngram_words=args.ngram, overlap_threshold=args.overlap,
                                   cosine_threshold=args.cosine, code_cosine_threshold=args.code_cosine,
-                                  semantic=not args.no_semantic, judge=judge)
-        report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg,
-                       cache_dir=bank.root / "embeddings")
+                                  semantic=not args.no_semantic, judge=judge,
+                                  **({"execution": None} if args.no_execution else {}))
+        with SandboxExecutor() as executor:
+            report = check(bank.load_set(args.train_set), bank.load_set(args.heldout_set), cfg,
+                           cache_dir=bank.root / "embeddings", executor=executor)
     except (TaskError, ValueError) as exc:
         print(f"paddock tasks contamination: {exc}", file=sys.stderr)
         return 2

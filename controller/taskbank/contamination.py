@@ -18,6 +18,12 @@ Four stages over each task's *text* (instruction + visible text files + hidden t
   structural containment of its code in the neighbour's (codetext.structure_grams), weight
   `code_structure_weight`, against `code_cosine_threshold`. It needs the optional extra
   `paddock[semantic]`; without it the stage is skipped and the report says why.
+- **Execution** (`execution`, controller/taskbank/execution.py): a held-out code task's own
+  hidden tests run, in a sandbox, against the code of its `execution.top_k` nearest training
+  neighbours (semantic score at least `execution.min_score`); a neighbour that passes them
+  (the task's reference passing and a null solution failing in the same runner) is a suspect.
+  Needs an `Executor` (the CLI's runs the farm's sandbox); without one the stage is skipped and
+  the report says so.
 - **Judge** (`judge`, controller/taskbank/judge.py, off by default): the top candidate pairs
   (suspects, and semantic near-misses at or above `judge.min_cosine`) go to an
   OpenAI-compatible model through the verifier's judge hook; its verdict and reason are in
@@ -49,14 +55,14 @@ from datasketch import MinHash, MinHashLSH
 from rbloom import Bloom
 
 from controller.contracts.tasks import Task, TaskSet
-from controller.taskbank import codetext, semantic
+from controller.taskbank import codetext, execution, semantic
 from controller.taskbank.curriculum import Curriculum
 from controller.taskbank.judge import JudgeConfig, judge_pair
 
 log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"[a-z0-9_]+")
-STAGES = ("minhash", "ngram", "semantic", "judge")
+STAGES = ("minhash", "ngram", "semantic", "execution", "judge")
 CODE_FAMILIES = ("python", "swe")     # held-out tasks judged by `code_cosine_threshold`
 
 
@@ -78,6 +84,8 @@ class ContaminationConfig:
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
     judge: JudgeConfig | None = None  # off by default
+    # On by default; runs when `check` is given an executor (a sandbox). None: off.
+    execution: execution.ExecutionConfig | None = execution.ExecutionConfig()
 
     def cosine_for(self, family: str) -> float:
         return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
@@ -124,6 +132,8 @@ class Suspect:
     stages: tuple[str, ...] = ()  # which stages flagged it
     judge_verdict: str | None = None   # contaminated | clean | error; None: not judged
     judge_reason: str | None = None
+    execution: str | None = None  # pass | fail: the held-out tests run on the training code; None: not run
+    execution_detail: str | None = None   # the binding that passed, or why there is no verdict
 
     def score(self) -> float:
         semantic_score = self.cosine if self.semantic_score is None else self.semantic_score
@@ -142,12 +152,14 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)     # stage -> why it did not run
     seconds: dict[str, float] = field(default_factory=dict)   # stage -> wall time
     embedded: dict[str, int] = field(default_factory=dict)    # texts embedded, found cached
+    executed: dict[str, int] = field(default_factory=dict)    # execution stage counts
 
     def summary_line(self) -> str:
         line = (f"contamination {self.heldout_set} vs {self.train_set}: {len(self.suspects)} "
                 f"suspect(s) among {self.checked} held-out tasks")
-        if "semantic" in self.skipped:
-            line += f" (semantic stage skipped: {self.skipped['semantic']})"
+        for stage in ("semantic", "execution"):
+            if stage in self.skipped:
+                line += f" ({stage} stage skipped: {self.skipped[stage]})"
         return line
 
     def to_json(self) -> dict:
@@ -155,7 +167,7 @@ class Report:
                 "train_hash": self.train_hash, "heldout_hash": self.heldout_hash,
                 "config": asdict(self.config), "checked": self.checked,
                 "skipped": self.skipped, "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-                "embedded": self.embedded,
+                "embedded": self.embedded, "executed": self.executed,
                 "suspects": [asdict(s) for s in self.suspects]}
 
 
@@ -168,6 +180,8 @@ def format_suspect(s: Suspect) -> str:
         line += f"  cosine {s.cosine:.3f}"
     if s.structure is not None:
         line += f"  structure {s.structure:.3f}  code_score {s.semantic_score:.3f}"
+    if s.execution is not None:
+        line += f"  execution {s.execution} ({s.execution_detail})"
     if s.judge_verdict is not None:
         line += f"  judge {s.judge_verdict}: {(s.judge_reason or '').splitlines()[-1:] or ''}"
     return line
@@ -260,7 +274,8 @@ def _semantic(train_list: list[Task], held_list: list[Task], cfg: ContaminationC
     vecs = semantic.task_vectors(embedder, tasks, cache,
                                  semantic.TEXT_WEIGHT if cfg.code_view else None,
                                  stats=stats, split=len(train_list))
-    idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], cfg.semantic_top_k)
+    k = cfg.semantic_top_k if cfg.execution is None else max(cfg.semantic_top_k, cfg.execution.top_k)
+    idx, sims = semantic.nearest(vecs[len(train_list):], vecs[:len(train_list)], k)
     grams: dict[int, frozenset[str] | None] = {}
 
     def shape(j: int) -> frozenset[str] | None:   # a training task's grams, when asked for
@@ -310,10 +325,12 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
           train_tasks: Iterable[Task] | None = None,
           heldout_tasks: Iterable[Task] | None = None,
           embedder: semantic.Embedder | None = None,
-          cache_dir: str | Path | None = None) -> Report:
+          cache_dir: str | Path | None = None,
+          executor: execution.Executor | None = None) -> Report:
     """Suspected contamination of `heldout` (its held-out split, or all its tasks) by `train`.
 
-    `embedder` replaces the default model (tests); `cache_dir` keeps embeddings across runs.
+    `embedder` replaces the default model (tests); `cache_dir` keeps embeddings across runs;
+    `executor` runs the execution stage's sandbox (none: the stage is skipped).
     """
     cfg = cfg or ContaminationConfig()
     t0 = time.monotonic()
@@ -329,7 +346,8 @@ def check(train: TaskSet, heldout: TaskSet, cfg: ContaminationConfig | None = No
     report.seconds["lexical"] = time.monotonic() - t0
     nearest = _run_semantic(report, train_list, held_list, cfg, embedder, cache_dir, ids)
     names = {ids[id(t)]: t.name for t in train_list}
-    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg, ids)
+    ran = _run_execution(report, train_list, held_list, nearest, cfg, executor, ids)
+    suspects, near = _merge(held_list, pairs, overlaps, nearest, names, cfg, ids, ran)
     if cfg.judge is not None:
         t0 = time.monotonic()
         texts = {ids[id(t)]: semantic.task_text(t) for t in train_list + held_list}
@@ -367,9 +385,39 @@ def _run_semantic(report: Report, train_list: list[Task], held_list: list[Task],
     return found
 
 
+def _run_execution(report: Report, train_list: list[Task], held_list: list[Task],
+                   nearest: dict[str, list[tuple[str, float, float | None]]],
+                   cfg: ContaminationConfig, executor: execution.Executor | None,
+                   ids: dict[int, str]) -> dict[tuple[str, str], execution.Outcome]:
+    """The execution stage's outcome per (held-out id, training id) of code tasks' neighbours."""
+    if cfg.execution is None:
+        report.skipped["execution"] = "off (execution = None)"
+        return {}
+    code_held = [h for h in held_list if h.family in CODE_FAMILIES]
+    if not code_held or not nearest:
+        return {}
+    if executor is None:
+        report.skipped["execution"] = "no sandbox to run tests in (no executor given)"
+        return {}
+    by_id = {ids[id(t)]: t for t in train_list}
+    pairs = [(h, [(by_id[tid], cfg.semantic_score(h.family, cos, structure))
+                  for tid, cos, structure in nearest.get(ids[id(h)], [])]) for h in code_held]
+    try:
+        outcomes, counts, seconds = execution.judge(pairs, cfg.execution, executor)
+    except execution.ExecutionUnavailable as exc:
+        log.warning("contamination: execution stage skipped: %s", exc)
+        report.skipped["execution"] = str(exc)
+        return {}
+    report.seconds["execution"] = seconds
+    report.executed = counts
+    return {(ids[id(h)], ids[id(t)]): o for h, ts in pairs for t, _ in ts
+            if (o := outcomes.get((id(h), id(t)))) is not None}
+
+
 def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: dict[str, float],
            nearest: dict[str, list[tuple[str, float, float | None]]], names: dict[str, str],
-           cfg: ContaminationConfig, ids: dict[int, str]) -> tuple[list[Suspect], list[Suspect]]:
+           cfg: ContaminationConfig, ids: dict[int, str],
+           ran: dict[tuple[str, str], execution.Outcome]) -> tuple[list[Suspect], list[Suspect]]:
     """(suspects, semantic near-misses for the judge), one entry per held-out/training pair."""
     suspects: list[Suspect] = []
     near: list[Suspect] = []
@@ -391,9 +439,14 @@ def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: 
                 ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
                 ("ngram", overlap >= cfg.overlap_threshold),
                 ("semantic", score is not None and score >= cosine_threshold)) if hit)
+            run = ran.get((hid, tid))
+            if run is not None and run.verdict == "pass":
+                stages += ("execution",)
             s = Suspect(hid, h.name, tid, names[tid], p.jaccard, overlap, p.cosine,
-                        p.structure, score, stages)
-            if {"minhash", "semantic"} & set(stages):
+                        p.structure, score, stages,
+                        execution=run.verdict if run else None,
+                        execution_detail=run.detail if run else None)
+            if {"minhash", "semantic", "execution"} & set(stages):
                 flagged.append(s)
             elif score is not None and score >= judge_floor:
                 near.append(s)
@@ -446,7 +499,8 @@ def quarantine_suspects(bank, reports: Iterable[Report], db_path: str | Path | N
 
 
 def check_against_training_sets(bank, heldout_name: str, cfg: ContaminationConfig | None = None,
-                                quarantine: bool = False) -> list[Report]:
+                                quarantine: bool = False,
+                                executor: execution.Executor | None = None) -> list[Report]:
     """Check a stored held-out set against every stored set that has a training split;
     with `quarantine`, quarantine the suspects (`quarantine_suspects`)."""
     heldout = bank.load_set(heldout_name)
@@ -457,7 +511,7 @@ def check_against_training_sets(bank, heldout_name: str, cfg: ContaminationConfi
         ts = bank.load_set(name)
         if len(ts.heldout) == len(ts.tasks):      # a held-out-only set is not training data
             continue
-        report = check(ts, heldout, cfg, cache_dir=Path(bank.root) / "embeddings")
+        report = check(ts, heldout, cfg, cache_dir=Path(bank.root) / "embeddings", executor=executor)
         write_report(bank, report)
         reports.append(report)
     if quarantine:

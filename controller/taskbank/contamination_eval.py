@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from controller.contracts.tasks import Task
-from controller.taskbank import semantic
+from controller.taskbank import execution, importers, semantic
 from controller.taskbank.bank import make_set
 from controller.taskbank.contamination import ContaminationConfig, check
 
 PAIRS_FILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "contamination" / "pairs.jsonl"
-SCORED_STAGES = ("minhash", "ngram", "semantic")
+SCORED_STAGES = ("minhash", "ngram", "semantic", "execution")
 _DOCSTRING_END = re.compile(r'("""|\'\'\'|\*/)')
 
 
@@ -45,6 +45,7 @@ class Scored:
     minhash: float
     ngram: float
     semantic: float
+    execution: float = -1.0   # best semantic score of a neighbour that passed the tests; -1: none
 
     def score(self, stage: str) -> float:
         return getattr(self, stage)
@@ -77,8 +78,14 @@ def code_task(name: str, code: str) -> Task:
 
 
 def to_task(row: dict, role: str, text: str) -> Task:
+    """The row's held-out task (a code row's as the HumanEval importer makes it from its
+    `humaneval` record, hidden tests included) or a training task of `text`."""
     name = f"{row['id']}-{role}"
-    return math_task(name, text) if row["domain"] != "code" else code_task(name, text)
+    if row["domain"] != "code":
+        return math_task(name, text)
+    if role == "heldout" and row.get("humaneval"):
+        return importers.humaneval_task(row["humaneval"], PAIRS_FILE, 0)
+    return code_task(name, text)
 
 
 def fold_sets(rows: Sequence[dict], fold: int) -> tuple[list[Task], list[Task], dict[str, bool]]:
@@ -96,8 +103,10 @@ def fold_sets(rows: Sequence[dict], fold: int) -> tuple[list[Task], list[Task], 
 
 def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None,
                  cache_dir: str | Path | None = None,
-                 cfg: ContaminationConfig | None = None) -> list[Scored]:
-    """Every row scored in both folds by the real check, thresholds permissive."""
+                 cfg: ContaminationConfig | None = None,
+                 executor: execution.Executor | None = None) -> list[Scored]:
+    """Every row scored in both folds by the real check, thresholds permissive; with an
+    executor, the execution stage too (every neighbour of the top k run, whatever its score)."""
     base = cfg or ContaminationConfig()
     # The code threshold is lowered with the prose one so that semantic scores keep their scale.
     loose = ContaminationConfig(**{**base.__dict__, "jaccard_threshold": 0.02,
@@ -105,22 +114,28 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                                    "code_cosine_threshold": 0.001,
                                    "code_prose_threshold": 0.001 * base.code_prose_threshold
                                    / base.code_cosine_threshold,
-                                   "semantic_top_k": 1, "judge": None})
+                                   "semantic_top_k": 1, "judge": None,
+                                   "execution": None if base.execution is None else
+                                   execution.ExecutionConfig(**{**base.execution.__dict__,
+                                                                "min_score": 0.0})})
     by_id = {to_task(r, "heldout", r["heldout"]).task_id: r for r in rows}
     out = []
     for fold in (0, 1):
         train, held, labels = fold_sets(rows, fold)
         report = check(make_set("train", train), make_set("held", held, "heldout"), loose,
-                       embedder=embedder, cache_dir=cache_dir)
+                       embedder=embedder, cache_dir=cache_dir, executor=executor)
         if "semantic" in report.skipped:
             raise semantic.SemanticUnavailable(report.skipped["semantic"])
         best: dict[str, dict[str, float]] = {h.task_id: {"minhash": 0.0, "ngram": 0.0,
-                                                         "semantic": 0.0} for h in held}
+                                                         "semantic": 0.0, "execution": -1.0}
+                                             for h in held}
         for s in report.suspects:
             b = best[s.heldout_id]
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
             b["ngram"] = max(b["ngram"], s.ngram_overlap)
             b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
+            if s.execution == "pass":
+                b["execution"] = max(b["execution"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
@@ -164,7 +179,8 @@ def flag_any(thresholds: dict[str, float]):
 def defaults(cfg: ContaminationConfig | None = None) -> dict[str, float]:
     cfg = cfg or ContaminationConfig()
     return {"minhash": cfg.jaccard_threshold, "ngram": cfg.overlap_threshold,
-            "semantic": cfg.cosine_threshold, "semantic_code": cfg.code_cosine_threshold}
+            "semantic": cfg.cosine_threshold, "semantic_code": cfg.code_cosine_threshold,
+            "execution": cfg.execution.min_score if cfg.execution is not None else 2.0}
 
 
 def calibrate_all(calib: Sequence[Scored], max_fpr: float) -> dict[str, float]:
