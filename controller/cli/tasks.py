@@ -248,10 +248,11 @@ def cmd_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
 class SandboxExecutor:
     """The contamination check's execution stage runs here: each `sandbox()` is a fresh sandbox
     of the built-in Python image (or `image`), no network, capped, whose runs are `python3 -I
-    -c script` as a given in-sandbox uid. The runtime starts at the first sandbox (a check with
+    -c script`, each under an in-sandbox uid of its own. The runtime starts at the first sandbox (a check with
     no code candidates starts none); `close()` ends it."""
 
     LIMITS = {"memory_mb": 1024, "pids": 128, "disk_mb": 256, "nofile": 256, "cpu": 1}
+    FIRST_UID = 100     # runs are uids 100, 101, ... of the sandbox's id slice
 
     def __init__(self, image: str | None = None) -> None:
         self._image, self._rt = image, None
@@ -266,10 +267,11 @@ class SandboxExecutor:
             except (SandboxError, OSError, ValueError) as exc:
                 raise ExecutionUnavailable(f"no sandbox here: {exc}") from None
         with self._rt.create(SandboxSpec(self._image, limits=dict(self.LIMITS))) as sb:
-            def run(script: str, stdin: bytes, timeout_s: float, uid: int) -> int:
+            def run(script: str, stdin: bytes, timeout_s: float, run_no: int) -> tuple[int, str]:
+                uid = self.FIRST_UID + run_no % (self._rt.slice_size - self.FIRST_UID)
                 r = sb.exec(["python3", "-I", "-c", script], stdin=stdin, timeout_s=timeout_s,
                             cwd="/tmp", uid=uid)
-                return -9 if r.timed_out else r.exit_code
+                return (-9 if r.timed_out else r.exit_code), r.stdout.decode(errors="replace")
             yield run
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ limit) or no verdict (`None`, with the reason in the report).
 Runs happen in one sandbox per batch of `batch` held-out tasks, given by the caller's
 `Executor` (the CLI's is the farm's rootless sandbox of the built-in Python image, no network,
 capped). Each run is its own exec of `CHILD` (standard library only) under its own in-sandbox
-uid (`CHILD_UID` + n), so no run's code can signal another run or touch its files, and is
+uid, so no run's code can signal another run or touch its files, and is
 killed at `timeout_s`; its output goes nowhere. A sandbox that fails costs its batch its
 verdicts, never a crash and never a `pass`.
 
@@ -31,6 +31,7 @@ import ast
 import itertools
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -41,16 +42,16 @@ from controller.taskbank import codetext
 
 log = logging.getLogger(__name__)
 
-CHILD_UID = 1000            # in-sandbox uid of a batch's first run; each run has its own
 MAX_STDIN_BYTES = 4 << 20   # one run's request (the sandbox takes up to 8 MiB)
 
 class Executor(Protocol):
     """Where runs happen: `sandbox()` is a context manager giving `run(script, stdin, timeout_s,
-    uid) -> exit code` for `python3 -I -c script` in one fresh sandbox (no network, capped),
-    as in-sandbox uid `uid`; -9 for a run killed at `timeout_s`. Raises ExecutionUnavailable
-    when no sandbox can start here."""
+    run_no) -> (exit code, stdout)` for `python3 -I -c script` in one fresh sandbox (no network,
+    capped), each `run_no` (0, 1, ... within the sandbox) under an in-sandbox uid of its own;
+    -9 for a run killed at `timeout_s`. Raises ExecutionUnavailable when no sandbox can start
+    here."""
 
-    def sandbox(self) -> ContextManager[Callable[[str, bytes, float, int], int]]: ...
+    def sandbox(self) -> ContextManager[Callable[[str, bytes, float, int], tuple[int, str]]]: ...
 
 
 class ExecutionUnavailable(RuntimeError):
@@ -83,6 +84,7 @@ class Probe:
     tests: tuple[str, ...]           # test files (run in this order)
     files: dict[str, str]            # every text file the tests may read (tests included)
     reference: str                   # the task's reference code (the control that must pass)
+    text: str = ""                   # where its examples are: the instruction and the visible files
 
 
 def _functions(code: str) -> dict[str, tuple[int, int, bool]]:
@@ -141,8 +143,34 @@ def probe(task: Task) -> tuple[Probe | None, str]:
     files = {rel: c for rel, c in {**task.files, **task.hidden}.items()
              if isinstance(c, str) and rel != modules[module] and rel not in refs
              and not rel.startswith(".git/")}
+    text = "\n".join([task.instruction, *(c for c in task.files.values() if isinstance(c, str))])
     return Probe(modules[module], {n: defined[n][0] for n in sorted(names)}, tuple(tests),
-                 files, reference), ""
+                 files, reference, text), ""
+
+
+MAX_EXAMPLES = 32
+
+
+def examples(text: str, name: str) -> list[str]:
+    """The argument tuples (as `repr`) of the calls `name(...)` with literal arguments written in
+    `text`: a docstring's `>>> f(1, [2])` or a prose `f("ab") == "AB"`. Parsed, never run."""
+    out: list[str] = []
+    for m in re.finditer(r"\b" + re.escape(name) + r"\(", text):
+        depth, j = 1, m.end()
+        while j < len(text) and depth and j - m.end() < 2000:
+            depth += {"(": 1, ")": -1}.get(text[j], 0)
+            j += 1
+        try:
+            call = ast.parse(text[m.start():j], mode="eval").body
+            args = tuple(ast.literal_eval(a) for a in call.args) if isinstance(call, ast.Call) \
+                and not call.keywords else None
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        if args and repr(args) not in out:
+            out.append(repr(args))
+        if len(out) >= MAX_EXAMPLES:
+            break
+    return out
 
 
 def _name_words(name: str) -> set[str]:
@@ -213,26 +241,44 @@ def judge(pairs: Sequence[tuple[Task, list[tuple[Task, float]]]], cfg: Execution
     return out, counts, time.monotonic() - t0
 
 
-def _request(p: Probe, code: str, binding: dict[str, str]) -> bytes:
+def _request(p: Probe, code: str, binding: dict[str, str], check: dict | None = None) -> bytes:
     module = code + "\n\n" + "".join(f"{e} = {f}\n" for e, f in binding.items() if e != f)
     return json.dumps({"files": {**p.files, p.module: module}, "tests": list(p.tests),
-                       "module": p.module}).encode()
+                       "module": p.module, "examples": check}).encode()
+
+
+def _inputs(p: Probe, cands: list) -> list[str]:
+    """Example inputs for the differential check: those written in the held-out task and in
+    each candidate's code (under the name it is bound by); single-function tasks only."""
+    if len(p.entries) != 1:
+        return []
+    (entry,) = p.entries
+    seen = dict.fromkeys(examples(p.text, entry))
+    for _, code, binds in cands:
+        for b in binds:
+            seen.update(dict.fromkeys(examples(code, b[entry])))
+    return list(seen)[:2 * MAX_EXAMPLES]
 
 
 def _run_batch(batch: list, cfg: ExecutionConfig, run: Executor, out: dict) -> None:
-    """One sandbox for the batch; each run its own exec under its own uid (CHILD_UID + n), so
-    no run can signal, read or change another's files. A sandbox failure costs the batch its
+    """One sandbox for the batch; each run its own exec under its own uid, so no run can
+    signal, read or change another's files. A sandbox failure costs the batch its
     verdicts (None), never a crash and never a pass."""
-    uid = iter(range(CHILD_UID, CHILD_UID + 1_000_000))
+    run_no = itertools.count()
     try:
         with run.sandbox() as run_in:
-            def one(p: Probe, code: str, binding: dict[str, str]) -> int:
-                request = _request(p, code, binding)
+            def one(p: Probe, code: str, binding: dict[str, str], check: dict | None = None
+                    ) -> tuple[int, str]:
+                request = _request(p, code, binding, check)
                 if len(request) > MAX_STDIN_BYTES:
-                    return 3
-                return run_in(CHILD, request, cfg.timeout_s, next(uid))
+                    return 3, ""
+                return run_in(CHILD, request, cfg.timeout_s, next(run_no))
             for h, p, cands in batch:
-                ref, null = one(p, p.reference, {}), one(p, null_code(p), {})
+                inputs = _inputs(p, cands)
+                entry = next(iter(p.entries))
+                ref, said = one(p, p.reference, {}, {"entry": entry, "args": inputs} if inputs else None)
+                null, _ = one(p, null_code(p), {})
+                expect = _expected(said, inputs) if ref == 0 and inputs else None
                 for t, code, binds in cands:
                     if ref != 0:
                         out[(id(h), id(t))] = Outcome(None, "the task's own reference does not pass "
@@ -241,7 +287,7 @@ def _run_batch(batch: list, cfg: ExecutionConfig, run: Executor, out: dict) -> N
                         out[(id(h), id(t))] = Outcome(None, "the tests pass a null solution: they "
                                                             "cannot tell code apart")
                     else:
-                        out[(id(h), id(t))] = _candidate(one, p, code, binds)
+                        out[(id(h), id(t))] = _candidate(one, p, code, binds, entry, expect)
     except ExecutionUnavailable:
         raise
     except Exception as exc:      # the sandbox failed: no verdicts for this batch, never a crash
@@ -251,17 +297,32 @@ def _run_batch(batch: list, cfg: ExecutionConfig, run: Executor, out: dict) -> N
                 out.setdefault((id(h), id(t)), Outcome(None, f"the sandbox failed: {exc}"))
 
 
-def _candidate(one, p: Probe, code: str, binds: list[dict[str, str]]) -> Outcome:
+def _expected(said: str, inputs: list[str]) -> dict | None:
+    """The reference's outputs on the example inputs (None where it raised), as it reported."""
+    try:
+        outputs = json.loads(said.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+    if not isinstance(outputs, list) or len(outputs) != len(inputs):
+        return None
+    return {"args": inputs, "expect": outputs}
+
+
+def _candidate(one, p: Probe, code: str, binds: list[dict[str, str]], entry: str,
+               expect: dict | None) -> Outcome:
     rc = None
     for b in binds:
-        rc = one(p, code, b)
+        rc, _ = one(p, code, b, None if expect is None else {"entry": entry, **expect})
         if rc == 0:
-            return Outcome("pass", ", ".join(f"{e} = {f}" for e, f in b.items()))
+            agreed = f"; agrees on {sum(e is not None for e in expect['expect'])} example input(s)" \
+                if expect else ""
+            return Outcome("pass", ", ".join(f"{e} = {f}" for e, f in b.items()) + agreed)
     return Outcome("fail", _code(rc))
 
 
 _CODES = {0: "passed", 1: "an assertion failed", 2: "an error", 3: "request refused",
-          4: "tests take arguments", 5: "no test functions", -9: "time limit"}
+          4: "tests take arguments", 5: "no test functions",
+          6: "passes the tests but differs from the reference on an example input", -9: "time limit"}
 
 
 def _code(rc) -> str:
@@ -273,7 +334,7 @@ def _code(rc) -> str:
 # 1 an assertion failed, 2 an error, 3 the request was refused, 4 a test takes arguments,
 # 5 no test functions; the executor reports -9 for a run killed at its time limit.
 CHILD = r'''
-import importlib.util, inspect, json, os, sys, tempfile
+import ast, importlib.util, inspect, json, os, sys, tempfile
 req = json.loads(sys.stdin.buffer.read())
 where = os.path.realpath(tempfile.mkdtemp(prefix="paddock-exec-"))
 for rel, text in req["files"].items():
@@ -283,11 +344,26 @@ for rel, text in req["files"].items():
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
+said = os.dup(1)
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
 os.chdir(where)
 sys.path.insert(0, where)
+
+def norm(x, depth=0):
+    if depth > 20:
+        return "..."
+    if isinstance(x, float):
+        return repr(round(x, 6))
+    if isinstance(x, (list, tuple)):
+        return "[" + ", ".join(norm(v, depth + 1) for v in x) + "]"
+    if isinstance(x, (set, frozenset)):
+        return "{" + ", ".join(sorted(norm(v, depth + 1) for v in x)) + "}"
+    if isinstance(x, dict):
+        return "{" + ", ".join(sorted(norm(k, depth + 1) + ": " + norm(v, depth + 1) for k, v in x.items())) + "}"
+    return repr(x)
+
 try:
     ran = 0
     for n, rel in enumerate(req["tests"]):
@@ -302,7 +378,23 @@ try:
                 os._exit(4)
             fn()
             ran += 1
-    os._exit(0 if ran else 5)
+    if not ran:
+        os._exit(5)
+    ex = req.get("examples")
+    if ex:
+        f = getattr(importlib.import_module(req["module"][:-3]), ex["entry"])
+        outputs = []
+        for args in ex["args"]:
+            try:
+                outputs.append(norm(f(*ast.literal_eval(args))))
+            except BaseException:
+                outputs.append(None)
+        if "expect" in ex:
+            if any(e is not None and e != o for e, o in zip(ex["expect"], outputs)):
+                os._exit(6)
+        else:
+            os.write(said, (json.dumps(outputs) + "\n").encode())
+    os._exit(0)
 except AssertionError:
     os._exit(1)
 except BaseException:
