@@ -14,7 +14,10 @@ run end to end through `check`, cold cache, with the time of each stage; then a 
 against the cached training embeddings (the importer keeps them under <bank>/embeddings, so a
 new held-out set only embeds itself).
 
-    .venv/bin/python benchmarks/contamination.py [--max-fpr 0.05] [--timing-n 10000] [--no-timing] [--no-quality]
+The execution stage (held-out HumanEval tasks' own tests run in the farm's sandbox against their
+nearest training neighbours' code) is scored too, unless --no-execution.
+
+    .venv/bin/python benchmarks/contamination.py [--max-fpr 0.05] [--timing-n 10000] [--no-timing] [--no-quality] [--no-execution]
 """
 from __future__ import annotations
 
@@ -31,18 +34,19 @@ from controller.taskbank import contamination_eval as ev
 from controller.taskbank import semantic
 from controller.taskbank.bank import make_set
 from controller.taskbank.contamination import ContaminationConfig, check
+from controller.cli.tasks import SandboxExecutor
 
 GROUPS = (("math", "rephrase"), ("code", "rephrase"), ("code", "translate-c"),
           ("code", "translate-js"), ("mmlu", "translate-zh"))
 
 
-def score_groups(rows: list[dict], cache: Path) -> dict[tuple[str, str, str], list[ev.Scored]]:
+def score_groups(rows: list[dict], cache: Path, executor=None) -> dict[tuple[str, str, str], list[ev.Scored]]:
     out = {}
     for domain, variant in GROUPS:
         for split in ("calib", "test"):
             group = [r for r in rows if (r["domain"], r["variant"], r["split"]) == (domain, variant, split)]
             t0 = time.monotonic()
-            out[(domain, variant, split)] = ev.stage_scores(group, cache_dir=cache)
+            out[(domain, variant, split)] = ev.stage_scores(group, cache_dir=cache, executor=executor)
             print(f"  scored {domain}/{variant}/{split}: {len(group)} rows x 2 folds "
                   f"in {time.monotonic() - t0:.1f} s", flush=True)
     return out
@@ -113,6 +117,8 @@ def main() -> int:
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-quality", action="store_true", help="only the timing")
     ap.add_argument("--cache", help="embedding cache directory (default: a temporary one)")
+    ap.add_argument("--no-execution", action="store_true",
+                    help="without the execution stage (no sandbox): semantic and lexical stages only")
     args = ap.parse_args()
     rows = ev.load_pairs(args.pairs)
     if not args.no_quality:
@@ -124,8 +130,8 @@ def main() -> int:
 
 
 def quality(rows: list[dict], args) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        scored = score_groups(rows, Path(args.cache or tmp))
+    with tempfile.TemporaryDirectory() as tmp, SandboxExecutor() as executor:
+        scored = score_groups(rows, Path(args.cache or tmp), None if args.no_execution else executor)
     calib = [s for (d, v, sp), ss in scored.items() if v == "rephrase" and sp == "calib" for s in ss]
     fitted = ev.calibrate_all(calib, args.max_fpr)
     print(f"\ncalibrated on the calib split (rephrased math + code, FPR <= {args.max_fpr}): "

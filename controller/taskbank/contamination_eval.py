@@ -19,6 +19,7 @@ Must not import zmq.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class Scored:
     ngram: float
     semantic: float
     execution: float = -1.0   # best semantic score of a neighbour that passed the tests; -1: none
+    refuted: float = -1.0     # best semantic score of a neighbour that failed them; -1: none
 
     def score(self, stage: str) -> float:
         return getattr(self, stage)
@@ -127,7 +129,8 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
         if "semantic" in report.skipped:
             raise semantic.SemanticUnavailable(report.skipped["semantic"])
         best: dict[str, dict[str, float]] = {h.task_id: {"minhash": 0.0, "ngram": 0.0,
-                                                         "semantic": 0.0, "execution": -1.0}
+                                                         "semantic": 0.0, "execution": -1.0,
+                                                         "refuted": -1.0}
                                              for h in held}
         for s in report.suspects:
             b = best[s.heldout_id]
@@ -136,6 +139,8 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
             b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
             if s.execution == "pass":
                 b["execution"] = max(b["execution"], s.semantic_score or 0.0)
+            elif s.execution == "fail":
+                b["refuted"] = max(b["refuted"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
@@ -184,8 +189,22 @@ def defaults(cfg: ContaminationConfig | None = None) -> dict[str, float]:
 
 
 def calibrate_all(calib: Sequence[Scored], max_fpr: float) -> dict[str, float]:
-    """Per stage on the pooled calibration rows; the semantic stage per domain (math, code)."""
+    """Per stage on the pooled calibration rows; the semantic stage per domain (math, code). For
+    code the semantic and execution thresholds are chosen together: the pair whose decision
+    (either stage) has the highest recall with FPR at most `max_fpr` on the code rows, the
+    highest thresholds among equals."""
     fitted = {st: calibrate(calib, st, max_fpr) for st in SCORED_STAGES}
     fitted["semantic"] = calibrate([s for s in calib if s.domain != "code"], "semantic", max_fpr)
-    fitted["semantic_code"] = calibrate([s for s in calib if s.domain == "code"], "semantic", max_fpr)
+    code = [s for s in calib if s.domain == "code"]
+    fitted["semantic_code"] = calibrate(code, "semantic", max_fpr)
+    if any(s.execution >= 0 for s in code):
+        best = None
+        for t100, m100 in itertools.product(range(1, 101), range(0, 101, 2)):
+            th = {"semantic_code": t100 / 100, "execution": m100 / 100}
+            flag = lambda s, th=th: s.semantic >= th["semantic_code"] or s.execution >= th["execution"]
+            recall, fpr, _, _ = rates(code, flag)
+            if fpr <= max_fpr and (best is None or (recall, t100, m100) >= best[0]):
+                best = ((recall, t100, m100), th)
+        if best is not None:
+            fitted.update(best[1])
     return fitted

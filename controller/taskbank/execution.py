@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -241,10 +242,10 @@ def judge(pairs: Sequence[tuple[Task, list[tuple[Task, float]]]], cfg: Execution
     return out, counts, time.monotonic() - t0
 
 
-def _request(p: Probe, code: str, binding: dict[str, str], check: dict | None = None) -> bytes:
+def _request(p: Probe, code: str, binding: dict[str, str], check: dict | None, nonce: str) -> bytes:
     module = code + "\n\n" + "".join(f"{e} = {f}\n" for e, f in binding.items() if e != f)
     return json.dumps({"files": {**p.files, p.module: module}, "tests": list(p.tests),
-                       "module": p.module, "examples": check}).encode()
+                       "module": p.module, "examples": check, "nonce": nonce}).encode()
 
 
 def _inputs(p: Probe, cands: list) -> list[str]:
@@ -268,11 +269,18 @@ def _run_batch(batch: list, cfg: ExecutionConfig, run: Executor, out: dict) -> N
     try:
         with run.sandbox() as run_in:
             def one(p: Probe, code: str, binding: dict[str, str], check: dict | None = None
-                    ) -> tuple[int, str]:
-                request = _request(p, code, binding, check)
+                    ) -> tuple[int, list | None]:
+                """(exit, the reference's outputs); exit 0 only with the run's nonce in its
+                answer, so code that exits 0 on its own (`os._exit(0)`) does not pass."""
+                nonce = secrets.token_hex(16)
+                request = _request(p, code, binding, check, nonce)
                 if len(request) > MAX_STDIN_BYTES:
-                    return 3, ""
-                return run_in(CHILD, request, cfg.timeout_s, next(run_no))
+                    return 3, None
+                rc, said = run_in(CHILD, request, cfg.timeout_s, next(run_no))
+                answer = _answer(said)
+                if rc == 0 and (answer is None or answer.get("nonce") != nonce):
+                    return 8, None
+                return rc, (answer or {}).get("outputs")
             for h, p, cands in batch:
                 inputs = _inputs(p, cands)
                 entry = next(iter(p.entries))
@@ -297,12 +305,16 @@ def _run_batch(batch: list, cfg: ExecutionConfig, run: Executor, out: dict) -> N
                 out.setdefault((id(h), id(t)), Outcome(None, f"the sandbox failed: {exc}"))
 
 
-def _expected(said: str, inputs: list[str]) -> dict | None:
-    """The reference's outputs on the example inputs (None where it raised), as it reported."""
+def _answer(said: str) -> dict | None:
     try:
-        outputs = json.loads(said.strip().splitlines()[-1])
+        answer = json.loads(said.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _expected(outputs: list | None, inputs: list[str]) -> dict | None:
+    """The reference's outputs on the example inputs (None where it raised), as it reported."""
     if not isinstance(outputs, list) or len(outputs) != len(inputs):
         return None
     return {"args": inputs, "expect": outputs}
@@ -322,7 +334,8 @@ def _candidate(one, p: Probe, code: str, binds: list[dict[str, str]], entry: str
 
 _CODES = {0: "passed", 1: "an assertion failed", 2: "an error", 3: "request refused",
           4: "tests take arguments", 5: "no test functions",
-          6: "passes the tests but differs from the reference on an example input", -9: "time limit"}
+          6: "passes the tests but differs from the reference on an example input",
+          8: "exited 0 without finishing the tests", -9: "time limit"}
 
 
 def _code(rc) -> str:
@@ -330,12 +343,15 @@ def _code(rc) -> str:
 
 
 # One run, inside the sandbox under its own uid, by the image's python3 (standard library only).
-# Request on stdin: {"files": {rel: text}, "tests": [rel], "module": rel}. Exit: 0 passed,
-# 1 an assertion failed, 2 an error, 3 the request was refused, 4 a test takes arguments,
-# 5 no test functions; the executor reports -9 for a run killed at its time limit.
+# Request on stdin: {"files": {rel: text}, "tests": [rel], "module": rel, "examples": None |
+# {"entry", "args": [repr of a tuple]} (report the outputs) | {..., "expect": [...]} (compare
+# with them), "nonce"}. Exit: 0 passed (answer {"nonce", "outputs"} on stdout), 1 an assertion
+# failed, 2 an error, 3 the request was refused, 4 a test takes arguments, 5 no test functions,
+# 6 an example's output differs; the executor reports -9 for a run killed at its time limit.
 CHILD = r'''
 import ast, importlib.util, inspect, json, os, sys, tempfile
 req = json.loads(sys.stdin.buffer.read())
+nonce = req.pop("nonce")
 where = os.path.realpath(tempfile.mkdtemp(prefix="paddock-exec-"))
 for rel, text in req["files"].items():
     path = os.path.realpath(os.path.join(where, rel))
@@ -380,7 +396,7 @@ try:
             ran += 1
     if not ran:
         os._exit(5)
-    ex = req.get("examples")
+    ex, outputs = req.get("examples"), None
     if ex:
         f = getattr(importlib.import_module(req["module"][:-3]), ex["entry"])
         outputs = []
@@ -392,8 +408,8 @@ try:
         if "expect" in ex:
             if any(e is not None and e != o for e, o in zip(ex["expect"], outputs)):
                 os._exit(6)
-        else:
-            os.write(said, (json.dumps(outputs) + "\n").encode())
+            outputs = None
+    os.write(said, (json.dumps({"nonce": nonce, "outputs": outputs}) + "\n").encode())
     os._exit(0)
 except AssertionError:
     os._exit(1)
