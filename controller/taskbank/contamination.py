@@ -77,9 +77,9 @@ class ContaminationConfig:
     include_hidden: bool = True
     semantic: bool = True             # run the semantic stage when the extra is installed
     cosine_threshold: float = 0.82        # calibrated on rephrased GSM8K (docs/tasks.md)
-    code_cosine_threshold: float = 0.64   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
+    code_cosine_threshold: float = 0.78   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
     code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
-    code_prose_threshold: float = 0.74    # of the prose cosine alone, where shapes do not compare
+    code_prose_threshold: float = 0.64    # of the prose cosine alone, where shapes do not compare
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
@@ -425,7 +425,10 @@ def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: 
     for h in held_list:
         hid = ids[id(h)]
         found = dict(pairs.get(hid, {}))
-        for tid, cos, structure in nearest.get(hid, []):
+        for rank, (tid, cos, structure) in enumerate(nearest.get(hid, [])):
+            run = ran.get((hid, tid))
+            if rank >= cfg.semantic_top_k and (run is None or run.verdict != "pass"):
+                continue        # neighbours past the reported ones count only by execution
             pair = found.setdefault(tid, _Pair())
             pair.cosine, pair.structure = cos, structure
         overlap = round(overlaps[hid], 4)

@@ -45,9 +45,9 @@ class Scored:
     contaminated: bool
     minhash: float
     ngram: float
-    semantic: float
+    semantic: float           # best semantic score (code rows: of neighbours whose shapes compare)
+    prose: float = -1.0       # code rows: best prose cosine of a neighbour whose shape does not compare
     execution: float = -1.0   # best semantic score of a neighbour that passed the tests; -1: none
-    refuted: float = -1.0     # best semantic score of a neighbour that failed them; -1: none
 
     def score(self, stage: str) -> float:
         return getattr(self, stage)
@@ -130,17 +130,18 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
             raise semantic.SemanticUnavailable(report.skipped["semantic"])
         best: dict[str, dict[str, float]] = {h.task_id: {"minhash": 0.0, "ngram": 0.0,
                                                          "semantic": 0.0, "execution": -1.0,
-                                                         "refuted": -1.0}
+                                                         "prose": -1.0}
                                              for h in held}
         for s in report.suspects:
             b = best[s.heldout_id]
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
             b["ngram"] = max(b["ngram"], s.ngram_overlap)
-            b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
+            if by_id[s.heldout_id]["domain"] == "code" and s.structure is None:
+                b["prose"] = max(b["prose"], s.cosine or 0.0)   # compared with code_prose_threshold
+            else:
+                b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
             if s.execution == "pass":
                 b["execution"] = max(b["execution"], s.semantic_score or 0.0)
-            elif s.execution == "fail":
-                b["refuted"] = max(b["refuted"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
                           labels[tid], **best[tid]) for tid in labels)
     return out
@@ -173,7 +174,13 @@ def threshold(thresholds: dict[str, float], stage: str, domain: str) -> float:
 
 
 def flag_stage(thresholds: dict[str, float], stage: str):
-    return lambda s: s.score(stage) >= threshold(thresholds, stage, s.domain)
+    """The stage's decision on a row; a code row's semantic stage also flags a prose-only
+    neighbour at or above `semantic_prose` (the check's `code_prose_threshold`)."""
+    def flag(s: Scored) -> bool:
+        if stage == "semantic" and s.domain == "code" and s.prose >= thresholds.get("semantic_prose", 2.0):
+            return True
+        return s.score(stage) >= threshold(thresholds, stage, s.domain)
+    return flag
 
 
 def flag_any(thresholds: dict[str, float]):
@@ -185,26 +192,28 @@ def defaults(cfg: ContaminationConfig | None = None) -> dict[str, float]:
     cfg = cfg or ContaminationConfig()
     return {"minhash": cfg.jaccard_threshold, "ngram": cfg.overlap_threshold,
             "semantic": cfg.cosine_threshold, "semantic_code": cfg.code_cosine_threshold,
+            "semantic_prose": cfg.code_prose_threshold,
             "execution": cfg.execution.min_score if cfg.execution is not None else 2.0}
 
 
 def calibrate_all(calib: Sequence[Scored], max_fpr: float) -> dict[str, float]:
     """Per stage on the pooled calibration rows; the semantic stage per domain (math, code). For
-    code the semantic and execution thresholds are chosen together: the pair whose decision
-    (either stage) has the highest recall with FPR at most `max_fpr` on the code rows, the
-    highest thresholds among equals."""
+    code the semantic thresholds (shape-blended and prose-only) and the execution threshold are
+    chosen together: those whose decision (either stage) has the highest recall with FPR at most
+    `max_fpr` on the code rows, the highest thresholds among equals (grid of 0.02)."""
     fitted = {st: calibrate(calib, st, max_fpr) for st in SCORED_STAGES}
     fitted["semantic"] = calibrate([s for s in calib if s.domain != "code"], "semantic", max_fpr)
     code = [s for s in calib if s.domain == "code"]
     fitted["semantic_code"] = calibrate(code, "semantic", max_fpr)
     if any(s.execution >= 0 for s in code):
         best = None
-        for t100, m100 in itertools.product(range(1, 101), range(0, 101, 2)):
-            th = {"semantic_code": t100 / 100, "execution": m100 / 100}
-            flag = lambda s, th=th: s.semantic >= th["semantic_code"] or s.execution >= th["execution"]
-            recall, fpr, _, _ = rates(code, flag)
-            if fpr <= max_fpr and (best is None or (recall, t100, m100) >= best[0]):
-                best = ((recall, t100, m100), th)
+        for t100, p100, m100 in itertools.product(range(40, 101, 2), range(50, 101, 2), range(0, 101, 2)):
+            th = {**fitted, "semantic_code": t100 / 100, "semantic_prose": p100 / 100,
+                  "execution": m100 / 100}
+            sem, run = flag_stage(th, "semantic"), flag_stage(th, "execution")
+            recall, fpr, _, _ = rates(code, lambda s, sem=sem, run=run: sem(s) or run(s))
+            if fpr <= max_fpr and (best is None or (recall, t100, p100, m100) >= best[0]):
+                best = ((recall, t100, p100, m100), th)
         if best is not None:
-            fitted.update(best[1])
+            fitted = best[1]
     return fitted

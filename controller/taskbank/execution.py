@@ -62,7 +62,7 @@ class ExecutionUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class ExecutionConfig:
     top_k: int = 3              # nearest training neighbours run per held-out task
-    min_score: float = 0.30     # of the pair's semantic score: neighbours below are not run
+    min_score: float = 0.42     # of the pair's semantic score: neighbours below are not run
     timeout_s: float = 5.0      # per run (one candidate under one binding)
     max_bindings: int = 3       # ways of binding the held-out task's functions to a neighbour's
     batch: int = 16             # held-out tasks per sandbox run
