@@ -173,3 +173,30 @@ def test_an_executor_that_cannot_start_skips_the_stage_in_the_report():
     assert report.skipped["execution"] == "no sandbox here: user namespaces are off"
     assert "execution stage skipped" in report.summary_line()
     assert all(s.execution is None for s in report.suspects)
+
+
+def test_importing_a_held_out_humaneval_file_runs_its_tests_against_the_bank_s_training_code(
+        tmp_path, executor, capsys):
+    """The user's path: a training set holding a rephrased copy is in the bank; importing the
+    public HumanEval item as held-out names the copy, stage `execution`, in the report."""
+    import json
+
+    from controller.cli.main import main
+    from controller.taskbank import semantic
+    from controller.taskbank.bank import TaskBank
+    try:
+        semantic.load_embedder()
+    except semantic.SemanticUnavailable as exc:
+        pytest.skip(str(exc))
+    row = _row(0)
+    bank = TaskBank(tmp_path / "bank")
+    bank.put_set(make_set("train", [_train("copy", row["copy"]), _train("other", _row(2)["copy"])]))
+    src = tmp_path / "he.jsonl"
+    src.write_text(json.dumps(row["humaneval"]) + "\n")
+    assert main(["tasks", "--bank", str(bank.root), "import", "humaneval", str(src), "--set", "he",
+                 "--split", "heldout"]) == 0
+    assert "1 suspect(s) among 1 held-out tasks" in capsys.readouterr().out
+    report = json.loads((bank.root / "contamination" / "he--train.json").read_text())
+    (s,) = report["suspects"]
+    assert s["train_name"] == "code/copy" and "execution" in s["stages"], s
+    assert s["execution"] == "pass" and report["executed"]["passed"] == 1
