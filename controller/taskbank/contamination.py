@@ -80,6 +80,10 @@ class ContaminationConfig:
     code_cosine_threshold: float = 0.78   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
     code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
     code_prose_threshold: float = 0.64    # of the prose cosine alone, where shapes do not compare
+    # The two code thresholds for a held-out code task the execution stage gave no verdict on
+    # (no sandbox, no tests it can run): calibrated on the semantic stage alone.
+    code_cosine_alone: float = 0.54
+    code_prose_alone: float = 0.74
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
@@ -87,25 +91,32 @@ class ContaminationConfig:
     # On by default; runs when `check` is given an executor (a sandbox). None: off.
     execution: execution.ExecutionConfig | None = execution.ExecutionConfig()
 
-    def cosine_for(self, family: str) -> float:
-        return self.code_cosine_threshold if family in CODE_FAMILIES else self.cosine_threshold
+    def cosine_for(self, family: str, executed: bool = True) -> float:
+        """The semantic threshold of a held-out task; for a code task, whether or not the
+        execution stage gave a verdict on it (`executed`)."""
+        if family not in CODE_FAMILIES:
+            return self.cosine_threshold
+        return self.code_cosine_threshold if executed else self.code_cosine_alone
 
-    def semantic_score(self, family: str, cosine: float, structure: float | None) -> float:
-        """What the semantic stage compares with `cosine_for(family)`: the cosine; for a
-        held-out code task (1 - w) * cosine + w * structure, w = `code_structure_weight`; for
-        a code task whose neighbour's shape does not compare (structure None: one of the two
-        is not Python, or has no code) the prose cosine scaled so that reaching
-        `code_prose_threshold` reaches `code_cosine_threshold`."""
+    def semantic_score(self, family: str, cosine: float, structure: float | None,
+                       executed: bool = True) -> float:
+        """What the semantic stage compares with `cosine_for(family, executed)`: the cosine;
+        for a held-out code task (1 - w) * cosine + w * structure, w = `code_structure_weight`;
+        for a code task whose neighbour's shape does not compare (structure None: one of the
+        two is not Python, or has no code) the prose cosine scaled so that reaching the prose
+        threshold (`code_prose_threshold`, or `code_prose_alone`) reaches the code one."""
         if family not in CODE_FAMILIES:
             return cosine
         if structure is None:
-            return cosine * self.code_cosine_threshold / self.code_prose_threshold
+            return cosine * (self.code_cosine_threshold / self.code_prose_threshold if executed
+                             else self.code_cosine_alone / self.code_prose_alone)
         w = self.code_structure_weight
         return (1.0 - w) * cosine + w * structure
 
     def __post_init__(self) -> None:
         for key in ("jaccard_threshold", "overlap_threshold", "cosine_threshold",
-                    "code_cosine_threshold", "code_prose_threshold"):
+                    "code_cosine_threshold", "code_prose_threshold", "code_cosine_alone",
+                    "code_prose_alone"):
             v = getattr(self, key)
             if not 0.0 < v <= 1.0:
                 raise ValueError(f"contamination: {key!r} must be in (0, 1], got {v!r}")
@@ -432,12 +443,14 @@ def _merge(held_list: list[Task], pairs: dict[str, dict[str, _Pair]], overlaps: 
             pair = found.setdefault(tid, _Pair())
             pair.cosine, pair.structure = cos, structure
         overlap = round(overlaps[hid], 4)
-        cosine_threshold = cfg.cosine_for(h.family)
+        executed = any(ran.get((hid, tid)) is not None and ran[(hid, tid)].verdict is not None
+                       for tid, _, _ in nearest.get(hid, []))
+        cosine_threshold = cfg.cosine_for(h.family, executed)
         flagged = []
         for tid in sorted(found):
             p = found[tid]
             score = None if p.cosine is None else \
-                round(cfg.semantic_score(h.family, p.cosine, p.structure), 4)
+                round(cfg.semantic_score(h.family, p.cosine, p.structure, executed), 4)
             stages = tuple(st for st, hit in (
                 ("minhash", p.jaccard is not None and p.jaccard >= cfg.jaccard_threshold),
                 ("ngram", overlap >= cfg.overlap_threshold),

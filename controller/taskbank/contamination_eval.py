@@ -19,6 +19,7 @@ Must not import zmq.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -48,6 +49,7 @@ class Scored:
     semantic: float           # best semantic score (code rows: of neighbours whose shapes compare)
     prose: float = -1.0       # code rows: best prose cosine of a neighbour whose shape does not compare
     execution: float = -1.0   # best semantic score of a neighbour that passed the tests; -1: none
+    executed: bool = False    # the execution stage gave a verdict (pass or fail) on a neighbour
 
     def score(self, stage: str) -> float:
         return getattr(self, stage)
@@ -116,6 +118,9 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                                    "code_cosine_threshold": 0.001,
                                    "code_prose_threshold": 0.001 * base.code_prose_threshold
                                    / base.code_cosine_threshold,
+                                   "code_cosine_alone": 0.001,
+                                   "code_prose_alone": 0.001 * base.code_prose_alone
+                                   / base.code_cosine_alone,
                                    "semantic_top_k": 1, "judge": None,
                                    "execution": None if base.execution is None else
                                    execution.ExecutionConfig(**{**base.execution.__dict__,
@@ -132,6 +137,7 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                                                          "semantic": 0.0, "execution": -1.0,
                                                          "prose": -1.0}
                                              for h in held}
+        executed: dict[str, bool] = {}
         for s in report.suspects:
             b = best[s.heldout_id]
             b["minhash"] = max(b["minhash"], s.jaccard or 0.0)
@@ -140,10 +146,13 @@ def stage_scores(rows: Sequence[dict], embedder: semantic.Embedder | None = None
                 b["prose"] = max(b["prose"], s.cosine or 0.0)   # compared with code_prose_threshold
             else:
                 b["semantic"] = max(b["semantic"], s.semantic_score or 0.0)
+            if s.execution is not None:
+                executed[s.heldout_id] = True
             if s.execution == "pass":
                 b["execution"] = max(b["execution"], s.semantic_score or 0.0)
         out.extend(Scored(by_id[tid]["id"], by_id[tid]["domain"], by_id[tid]["variant"],
-                          labels[tid], **best[tid]) for tid in labels)
+                          labels[tid], **best[tid], executed=executed.get(tid, False))
+                   for tid in labels)
     return out
 
 
@@ -166,20 +175,25 @@ def calibrate(scored: Sequence[Scored], stage: str, max_fpr: float) -> float:
     return 1.0
 
 
-def threshold(thresholds: dict[str, float], stage: str, domain: str) -> float:
-    """A stage's threshold for a row; `semantic_code` applies to code rows."""
+def threshold(thresholds: dict[str, float], stage: str, domain: str, executed: bool = False) -> float:
+    """A stage's threshold for a row; `semantic_code` applies to code rows the execution stage
+    gave a verdict on, `semantic_code_alone` to the others."""
     if stage == "semantic" and domain == "code":
-        return thresholds.get("semantic_code", thresholds["semantic"])
+        key = "semantic_code" if executed else "semantic_code_alone"
+        return thresholds.get(key, thresholds.get("semantic_code", thresholds["semantic"]))
     return thresholds[stage]
 
 
 def flag_stage(thresholds: dict[str, float], stage: str):
     """The stage's decision on a row; a code row's semantic stage also flags a prose-only
-    neighbour at or above `semantic_prose` (the check's `code_prose_threshold`)."""
+    neighbour at or above `semantic_prose` (`semantic_prose_alone` without an execution
+    verdict: the check's `code_prose_threshold`, `code_prose_alone`)."""
     def flag(s: Scored) -> bool:
-        if stage == "semantic" and s.domain == "code" and s.prose >= thresholds.get("semantic_prose", 2.0):
-            return True
-        return s.score(stage) >= threshold(thresholds, stage, s.domain)
+        if stage == "semantic" and s.domain == "code":
+            key = "semantic_prose" if s.executed else "semantic_prose_alone"
+            if s.prose >= thresholds.get(key, thresholds.get("semantic_prose", 2.0)):
+                return True
+        return s.score(stage) >= threshold(thresholds, stage, s.domain, s.executed)
     return flag
 
 
@@ -193,27 +207,36 @@ def defaults(cfg: ContaminationConfig | None = None) -> dict[str, float]:
     return {"minhash": cfg.jaccard_threshold, "ngram": cfg.overlap_threshold,
             "semantic": cfg.cosine_threshold, "semantic_code": cfg.code_cosine_threshold,
             "semantic_prose": cfg.code_prose_threshold,
+            "semantic_code_alone": cfg.code_cosine_alone, "semantic_prose_alone": cfg.code_prose_alone,
             "execution": cfg.execution.min_score if cfg.execution is not None else 2.0}
 
 
 def calibrate_all(calib: Sequence[Scored], max_fpr: float) -> dict[str, float]:
     """Per stage on the pooled calibration rows; the semantic stage per domain (math, code). For
-    code the semantic thresholds (shape-blended and prose-only) and the execution threshold are
-    chosen together: those whose decision (either stage) has the highest recall with FPR at most
-    `max_fpr` on the code rows, the highest thresholds among equals (grid of 0.02)."""
+    code, on a grid of 0.02 (highest recall with FPR at most `max_fpr` on the code rows, the
+    highest thresholds among equals): first the two semantic thresholds (shape-blended and
+    prose-only) for rows without an execution verdict, from the semantic stage alone on every
+    code row; then, with those fixed, the two for rows with a verdict and the execution
+    threshold, chosen together."""
     fitted = {st: calibrate(calib, st, max_fpr) for st in SCORED_STAGES}
     fitted["semantic"] = calibrate([s for s in calib if s.domain != "code"], "semantic", max_fpr)
     code = [s for s in calib if s.domain == "code"]
     fitted["semantic_code"] = calibrate(code, "semantic", max_fpr)
-    if any(s.execution >= 0 for s in code):
+
+    def search(rows, keys, grids, stages):
         best = None
-        for t100, p100, m100 in itertools.product(range(40, 101, 2), range(50, 101, 2), range(0, 101, 2)):
-            th = {**fitted, "semantic_code": t100 / 100, "semantic_prose": p100 / 100,
-                  "execution": m100 / 100}
-            sem, run = flag_stage(th, "semantic"), flag_stage(th, "execution")
-            recall, fpr, _, _ = rates(code, lambda s, sem=sem, run=run: sem(s) or run(s))
-            if fpr <= max_fpr and (best is None or (recall, t100, p100, m100) >= best[0]):
-                best = ((recall, t100, p100, m100), th)
-        if best is not None:
-            fitted = best[1]
+        for values in itertools.product(*grids):
+            th = {**fitted, **{k: v / 100 for k, v in zip(keys, values)}}
+            flags = [flag_stage(th, st) for st in stages]
+            recall, fpr, _, _ = rates(rows, lambda s, flags=flags: any(f(s) for f in flags))
+            if fpr <= max_fpr and (best is None or (recall, *values) >= best[0]):
+                best = ((recall, *values), th)
+        return fitted if best is None else best[1]
+    alone = [dataclasses.replace(s, executed=False) for s in code]
+    fitted = search(alone, ("semantic_code_alone", "semantic_prose_alone"),
+                    (range(40, 101, 2), range(50, 101, 2)), ("semantic",))
+    if any(s.executed for s in code):
+        fitted = search(code, ("semantic_code", "semantic_prose", "execution"),
+                        (range(40, 101, 2), range(50, 101, 2), range(0, 101, 2)),
+                        ("semantic", "execution"))
     return fitted

@@ -225,9 +225,12 @@ def judge(pairs: Sequence[tuple[Task, list[tuple[Task, float]]]], cfg: Execution
         cands = []
         for t, _ in chosen:
             code = codetext.task_code(t)
-            b = bindings(p, code, cfg.max_bindings) if p is not None and code and codetext.is_python(code) else []
+            python = bool(code) and codetext.is_python(code)
+            b = bindings(p, code, cfg.max_bindings) if p is not None and python else []
             if p is None:
                 out[(id(h), id(t))] = Outcome(None, why)
+            elif not python:
+                out[(id(h), id(t))] = Outcome(None, "the training task has no Python code")
             elif not b:
                 out[(id(h), id(t))] = Outcome("fail", "no function of the arity the tests call")
             else:
