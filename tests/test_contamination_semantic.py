@@ -245,7 +245,7 @@ def test_a_renamed_and_padded_code_copy_is_caught_by_its_prose_and_its_shape(min
     (s,) = check(train, held, cfg, embedder=minilm).suspects
     assert (s.heldout_name, s.train_name, s.stages) == ("code/gcd", "code/gcd-copy", ("semantic",))
     assert s.structure == 1.0                   # every gram of the original's shape is in the copy
-    assert s.cosine < cfg.code_cosine_threshold <= s.semantic_score
+    assert s.cosine < cfg.code_cosine_alone <= s.semantic_score   # no executor: the semantic-only threshold
     w = cfg.code_structure_weight
     assert s.semantic_score == pytest.approx((1 - w) * s.cosine + w * s.structure, abs=1e-3)
     assert "structure 1.000" in contamination.format_suspect(s)
