@@ -79,11 +79,11 @@ class ContaminationConfig:
     cosine_threshold: float = 0.82        # calibrated on rephrased GSM8K (docs/tasks.md)
     code_cosine_threshold: float = 0.78   # of `semantic_score`, for held-out code tasks (CODE_FAMILIES)
     code_structure_weight: float = 0.5    # of structural containment in `semantic_score`
-    code_prose_threshold: float = 0.64    # of the prose cosine alone, where shapes do not compare
+    code_prose_threshold: float = 1.0     # of the prose cosine alone, where shapes do not compare
     # The two code thresholds for a held-out code task the execution stage gave no verdict on
     # (no sandbox, no tests it can run): calibrated on the semantic stage alone.
     code_cosine_alone: float = 0.54
-    code_prose_alone: float = 0.74
+    code_prose_alone: float = 0.62
     semantic_top_k: int = 1           # nearest training tasks reported per held-out task
     code_view: bool = True            # code tasks scored on their prose view (codetext.py)
     max_tokens: int = 128             # of each task's text (MiniLM's training length)
