@@ -9,6 +9,9 @@ semantic stage (semantic score at least `min_score`) that has Python code
 held-out task's tests run against it: a neighbour that passes them does what the held-out task
 asks. The held-out task's functions are bound by name, else to the neighbour's functions of the
 same positional arity (`bindings`, at most `max_bindings` ways; the closest names first).
+Weak tests are backed by a differential check: the neighbour and the reference also run on every
+example input written as a literal call in the held-out task's text and in the neighbour's code
+(`examples`, parsed, never run here) and must agree.
 
 Two controls per held-out task make a pass mean something: the task's own reference must pass
 its tests in this runner (else the task is not judged here: its tests need what this runner
@@ -19,9 +22,11 @@ limit) or no verdict (`None`, with the reason in the report).
 Runs happen in one sandbox per batch of `batch` held-out tasks, given by the caller's
 `Executor` (the CLI's is the farm's rootless sandbox of the built-in Python image, no network,
 capped). Each run is its own exec of `CHILD` (standard library only) under its own in-sandbox
-uid, so no run's code can signal another run or touch its files, and is
-killed at `timeout_s`; its output goes nowhere. A sandbox that fails costs its batch its
-verdicts, never a crash and never a `pass`.
+uid, so no run's code can signal another run or touch its files, and is killed at
+`timeout_s`; its output goes nowhere. A run passes only if it answers with its per-run nonce
+after its tests, so code that exits 0 on import does not pass. A sandbox that fails costs its
+batch its verdicts, never a crash and never a `pass`. Hostile code can still fake a pass from
+inside its own run (it shares the test runner's process): that yields a suspect, never a reward.
 
 Must not import: zmq, nodeagent, numpy.
 """
