@@ -267,3 +267,20 @@ def test_the_int8_model_is_derived_once_and_embeds_like_the_shipped_one(minilm, 
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
     assert (np.sum(a * b, axis=1) > 0.97).all()
     assert a[0] @ a[1] > a[0] @ a[2]                  # still finds the rephrasing nearest
+
+
+def test_the_derived_model_runs_each_layers_attention_as_one_int8_node(minilm, tmp_path):
+    import onnx
+    ops = [n.op_type for n in onnx.load(str(semantic.int8_model(tmp_path))).graph.node]
+    assert ops.count("QAttention") == 6          # one per encoder layer
+    assert "Softmax" not in ops and "IsNaN" not in ops and ops.count("MatMulInteger") == 18
+    assert semantic.DERIVED_SUFFIX in semantic.int8_model(tmp_path).name
+
+
+def test_workers_embed_batches_side_by_side_into_the_same_rows(minilm, tmp_path):
+    texts = [ROBE, ROBE_REPHRASED, PRIMES, TRAINS, FIELD, FIELD_REPHRASED] * 3 + [PRIMES + " " + TRAINS]
+    one = semantic.MiniLMEmbedder(batch_size=2, workers=1, model_dir=tmp_path)
+    two = semantic.MiniLMEmbedder(batch_size=2, workers=2, model_dir=tmp_path)
+    a, b = one.embed(texts), two.embed(texts)
+    assert np.array_equal(a, b)                   # a batch's vectors do not depend on its worker
+    assert a[0] @ a[1] > a[0] @ a[2] and a[0] @ a[6] > 0.98   # each row is its own text's
