@@ -284,3 +284,32 @@ def test_workers_embed_batches_side_by_side_into_the_same_rows(minilm, tmp_path)
     a, b = one.embed(texts), two.embed(texts)
     assert np.array_equal(a, b)                   # a batch's vectors do not depend on its worker
     assert a[0] @ a[1] > a[0] @ a[2] and a[0] @ a[6] > 0.98   # each row is its own text's
+
+
+def test_two_checks_saving_one_cache_at_once_never_collide(tmp_path):
+    """Two processes' checks on one bank each save the embedding cache; before, both wrote the
+    same temporary file and one failed with FileNotFoundError at the rename."""
+    import threading
+
+    import numpy as np
+
+    from controller.taskbank.semantic import DIMENSION, EmbeddingCache, text_key
+    caches = [EmbeddingCache(tmp_path, "m", 128) for _ in range(2)]
+    for n, c in enumerate(caches):
+        c.put_many([text_key(f"{n}-{i}") for i in range(50)], np.ones((50, DIMENSION), np.float32))
+    errors = []
+
+    def save_often(c):
+        try:
+            for _ in range(30):
+                c.save()
+        except Exception as exc:        # noqa: BLE001 - the failure this test looks for
+            errors.append(exc)
+    threads = [threading.Thread(target=save_often, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(EmbeddingCache(tmp_path, "m", 128)._vecs) == 50      # one of the two, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["m-t128.npz"]   # no temporary left

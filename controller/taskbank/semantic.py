@@ -379,12 +379,19 @@ class EmbeddingCache:
         self._vecs.update(zip(keys, vecs))
 
     def save(self) -> None:
+        """Atomically, through a temporary file of its own: two checks sharing a bank's cache
+        never collide (the last to save wins; what the other embedded is embedded again)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp.npz")
         keys = np.array(list(self._vecs), dtype="S16")
         vecs = np.stack(list(self._vecs.values())) if self._vecs else np.zeros((0, DIMENSION))
-        np.savez(tmp, keys=keys, vecs=vecs.astype(np.float32))
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, keys=keys, vecs=vecs.astype(np.float32))
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def task_vectors(embedder: Embedder, tasks: Sequence[Task], cache: EmbeddingCache | None = None,
