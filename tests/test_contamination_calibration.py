@@ -73,11 +73,11 @@ def test_the_defaults_catch_held_out_humaneval_rephrasings_by_prose_shape_and_ex
     with SandboxExecutor(str(python_image)) as executor:
         recall, fpr, npos, nneg = heldout_rates("code", tmp_path, executor)
     assert (npos, nneg) == (74, 74)
-    assert recall >= 0.88 and fpr <= 0.07      # measured: 0.905 and 0.054 (docs/tasks.md)
+    assert recall >= 0.88 and fpr <= 0.055     # measured: 0.905 and 0.041 (docs/tasks.md)
 
 
 @pytest.mark.slow
 def test_without_a_sandbox_the_code_defaults_keep_a_low_false_positive_rate(tmp_path):
     recall, fpr, npos, nneg = heldout_rates("code", tmp_path)
     assert (npos, nneg) == (74, 74)
-    assert recall >= 0.75 and fpr <= 0.095     # measured: 0.824 and 0.081 (docs/tasks.md)
+    assert recall >= 0.75 and fpr <= 0.085     # measured: 0.824 and 0.068 (docs/tasks.md)
