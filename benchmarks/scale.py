@@ -14,15 +14,23 @@ simulation at training size, with the controller's CPU per event.
   sim    the simulation of tests/sim/sim.py at scale (`ScaleWorld`: real BrokerCore, real
          SQLite queue on tmpfs, real AgentCore agents; no faults): `--agents` x `--slots`,
          attempts lasting `--attempt-s` simulated seconds, the trainer keeping every slot
-         busy. Prints the controller's CPU seconds per event (a frame in, or a tick),
-         the events per simulated second, the frames' sizes and the SQLite commits.
+         busy. Prints the controller's CPU seconds per event (a frame in, or a tick) and per
+         committed rollout, the events per simulated second, the frames' sizes and the SQLite
+         commits. The collector's policy is the controller daemon's (`--gc controller`,
+         controller/broker/gcpolicy.py) unless told; the simulated agents share the heap, so
+         the collector's share is an upper bound of the real controller's.
+  table  `sim` at 100, 1,000 and 3,000 agents, each in a fresh process, with the daemon's
+         collector policy and with CPython's default: CPU per rollout, its ratio to the
+         smallest farm, cores.
 
     .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
-    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120]
+    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off]
+    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000]   (each size in a fresh process)
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -35,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from controller.broker import gcpolicy  # noqa: E402
 from controller.contracts.taskblobs import reference, write_tasks_file  # noqa: E402
 
 SWE_LIMITS = {"memory_mb": 4096, "pids": 512, "disk_mb": 4096, "cpu": 2.0, "nofile": 1024}
@@ -129,11 +138,17 @@ def bench_sim(args) -> dict:
         t0 = time.perf_counter()
         w = ScaleWorld(args.seed, Path(d), args.agents, args.slots, n_tasks=args.tasks,
                        attempt_s=args.attempt_s, hb_s=args.hb_s)
+        if args.gc == "controller":
+            gcpolicy.settle()  # what the controller daemon does once started (broker/gcpolicy.py)
+        elif args.gc == "off":
+            gc.disable()
         warm = w.run_for(args.warmup_s)
         warm = replace(warm)
+        committed0 = w.queue.counts()["committed"]
         st = w.run_for(args.sim_s)
         wall = time.perf_counter() - t0
         counts = w.queue.counts()
+        committed = counts["committed"] - committed0
         db = sum(p.stat().st_size for p in Path(d).glob("scale-*"))
     m = {k: getattr(st, k) - getattr(warm, k) for k in ("cpu_s", "frames_in", "frames_out", "bytes_in",
                                                         "bytes_out", "passes", "sim_s")}
@@ -150,8 +165,36 @@ def bench_sim(args) -> dict:
           f"{m['bytes_out'] / max(m['frames_out'], 1):.0f} B mean, max {st.max_frame_out} B; "
           f"{m['bytes_in'] / m['sim_s'] / 1e6:.2f} MB/s in, {m['bytes_out'] / m['sim_s'] / 1e6:.2f} MB/s out; "
           f"queue file {db / 1e6:.0f} MB; commits {m['passes'] / m['sim_s']:.1f}/s")
-    out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall}
+    print(f"  committed {committed} rollouts in the window: {1e6 * m['cpu_s'] / max(committed, 1):.0f} us of "
+          f"controller CPU per rollout")
+    out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall, "committed": committed,
+           "cpu_per_rollout_us": 1e6 * m["cpu_s"] / max(committed, 1), "cores": m["cpu_s"] / m["sim_s"]}
     return out
+
+
+def bench_table(args) -> dict:
+    """The controller's cost at several farm sizes in one run: CPU per committed rollout and
+    cores, each size against the smallest (flat = the same cost per rollout at any size),
+    and the same sizes under CPython's default collector policy as the reference."""
+    rows = {}
+    for agents in args.agents:
+        for gc_mode in ("controller", "default"):
+            child = subprocess.run([sys.executable, __file__, "sim", "--agents", str(agents), "--slots",
+                                    str(args.slots), "--sim-s", str(args.sim_s), "--warmup-s",
+                                    str(args.warmup_s), "--gc", gc_mode, "--json"],
+                                   capture_output=True, text=True, check=True)
+            rows[(agents, gc_mode)] = json.loads(child.stdout.strip().splitlines()[-1])
+    base = rows[(args.agents[0], "controller")]["cpu_per_rollout_us"]
+    print(f"controller CPU at {args.slots} slots per agent, attempts {args.attempt_s:.0f} s, "
+          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s")
+    print(f"{'agents':>7} {'slots':>7} {'us/rollout':>11} {'vs ' + str(args.agents[0]):>8} {'cores':>6} "
+          f"{'default gc us/rollout':>22} {'cores':>6} {'policy/default':>15}")
+    for agents in args.agents:
+        c, d = rows[(agents, "controller")], rows[(agents, "default")]
+        print(f"{agents:>7} {agents * args.slots:>7} {c['cpu_per_rollout_us']:>11.0f} "
+              f"{c['cpu_per_rollout_us'] / base:>8.2f} {c['cores']:>6.3f} {d['cpu_per_rollout_us']:>22.0f} "
+              f"{d['cores']:>6.3f} {c['cpu_per_rollout_us'] / d['cpu_per_rollout_us']:>15.2f}")
+    return {f"{a}:{g}": r for (a, g), r in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +217,23 @@ def main(argv: list[str] | None = None) -> int:
     si.add_argument("--attempt-s", type=float, default=60.0)
     si.add_argument("--tasks", type=int, default=10_000)
     si.add_argument("--seed", type=int, default=1)
+    si.add_argument("--gc", choices=("controller", "default", "off"), default="controller",
+                    help="the collector's policy: the controller daemon's (broker/gcpolicy.py), "
+                         "CPython's defaults, or off (the bound: the simulated agents share this heap)")
+    si.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ta = sub.add_parser("table")
+    ta.add_argument("--agents", type=int, nargs="+", default=[100, 1000, 3000])
+    ta.add_argument("--slots", type=int, default=32)
+    ta.add_argument("--sim-s", type=float, default=60.0)
+    ta.add_argument("--warmup-s", type=float, default=90.0)
+    ta.add_argument("--attempt-s", type=float, default=60.0)
     args = ap.parse_args(argv)
-    if args.cmd == "_child":
+    if args.cmd == "table":
+        bench_table(args)
+    elif args.cmd == "sim" and args.json:
+        out = bench_sim(args)
+        print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s")}))
+    elif args.cmd == "_child":
         print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum)))
     elif args.cmd == "load":
         bench_load(args)

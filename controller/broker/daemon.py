@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 import zmq
 
+from controller.broker import gcpolicy
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.broker.curve import Gate, ensure_run_keys
@@ -279,6 +280,7 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
     if compactor is not None:
         ctl.hooks.append(compactor)
     log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
+    gcpolicy.settle()   # the start-up state (task set, core) is not walked by the collector again
     ctl.serve()
     # A clean stop is said next to the endpoint: a peer that never heard the `shutdown`
     # (an agent that had not registered yet) finds it there instead of retrying for ever.
