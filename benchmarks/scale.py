@@ -71,18 +71,23 @@ def synthetic_tasks(n: int, blob_root: str = "/shared/paddock/taskbank/blobs") -
     return out
 
 
-def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
-    """What the controller process does at start, timed; run in a fresh process."""
+def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict:
+    """What the controller process does at start, timed; run in a fresh process. `mode`:
+    dict (the whole file into a dict, the reference), first (the index is built), restart."""
     from controller.broker import daemon
+    from controller.contracts.taskblobs import load_tasks_file
+    from controller.store.taskindex import TaskIndex, index_path
     from controller.taskbank.curriculum import Curriculum
+    if mode == "first":
+        index_path(tasks_json).unlink(missing_ok=True)
     c0, t0 = time.process_time(), time.perf_counter()
-    tasks = daemon.load_tasks(tasks_json)
+    tasks = load_tasks_file(tasks_json) if mode == "dict" else daemon.load_tasks(tasks_json)
     t1 = time.perf_counter()
     peak_load = _status_mb("VmHWM")
-    cur = Curriculum(os.path.join(work, "curriculum.sqlite"), {d["task_id"] for d in tasks.values()}) \
-        if curriculum else None
+    ids = tasks.task_ids() if isinstance(tasks, TaskIndex) else {d["task_id"] for d in tasks.values()}
+    cur = Curriculum(os.path.join(work, f"curriculum-{mode}.sqlite"), ids) if curriculum else None
     t2 = time.perf_counter()
-    run_dir = Path(work) / "run"
+    run_dir = Path(work) / f"run-{mode}"
     run_dir.mkdir(exist_ok=True)
     ctl = daemon.Controller("tcp://127.0.0.1:0", "bench-scale", str(run_dir), "run", tasks,
                             str(run_dir / "controller.db"), curriculum=cur)
@@ -107,6 +112,9 @@ def _status_mb(field: str) -> float:
 
 
 def bench_load(args) -> dict:
+    """Three starts of a fresh controller process on one tasks file: the reference (the whole
+    file read into a dict, as before the index), the first start (the index is built beside the
+    file) and a restart (the index is opened)."""
     with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=args.tmp) as d:
         path = Path(d) / "tasks.json"
         t0 = time.perf_counter()
@@ -115,19 +123,23 @@ def bench_load(args) -> dict:
         print(f"tasks file: {args.tasks} synthetic SWE references, {size / 1e6:.1f} MB "
               f"({size / args.tasks:.0f} bytes per task), written in {time.perf_counter() - t0:.1f} s",
               flush=True)
-        cmd = [sys.executable, __file__, "_child", str(path), d] + (["--curriculum"] if args.curriculum else [])
-        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if res.returncode != 0:
-            raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-        out["file_mb"] = size / 1e6
-    print(f"controller start: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
-          f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
-          f"({out['cpu_s']:.2f} s CPU); admitted "
-          f"{out['admitted']} refs, refused {out['refused']}; peak RSS {out['peak_rss_mb']:.0f} MB "
-          f"({out['peak_rss_load_mb']:.0f} MB after load_tasks), "
-          f"RSS after start {out['rss_after_mb']:.0f} MB")
-    return out
+        runs = {}
+        for mode in ("dict", "first", "restart"):
+            cmd = [sys.executable, __file__, "_child", str(path), d, "--mode", mode] + \
+                (["--curriculum"] if args.curriculum else [])
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if res.returncode != 0:
+                raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
+            runs[mode] = out = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"{mode:>8}: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
+                  f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
+                  f"({out['cpu_s']:.2f} s CPU); admitted {out['admitted']} refs, refused {out['refused']}; "
+                  f"peak RSS {out['peak_rss_mb']:.0f} MB, RSS after start {out['rss_after_mb']:.0f} MB", flush=True)
+    ref = runs["dict"]
+    for mode in ("first", "restart"):
+        print(f"{mode} start / whole-dict start: CPU {runs[mode]['cpu_s'] / ref['cpu_s']:.2f}x, "
+              f"peak RSS {runs[mode]['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x")
+    return runs
 
 
 def bench_sim(args) -> dict:
@@ -208,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ch.add_argument("tasks_json")
     ch.add_argument("work")
     ch.add_argument("--curriculum", action="store_true")
+    ch.add_argument("--mode", choices=("dict", "first", "restart"), default="restart")
     si = sub.add_parser("sim")
     si.add_argument("--agents", type=int, default=1000)
     si.add_argument("--slots", type=int, default=32)
@@ -234,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         out = bench_sim(args)
         print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s")}))
     elif args.cmd == "_child":
-        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum)))
+        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum, args.mode)))
     elif args.cmd == "load":
         bench_load(args)
     else:

@@ -26,7 +26,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from controller.contracts.tasks import TaskError
 
@@ -175,28 +175,47 @@ class _Sharer:
         return e
 
 
+class NotOneEntryPerLine(ValueError):
+    """The tasks file is not in `write_tasks_file`'s form (one entry per line): parse it whole."""
+
+
+def iter_tasks_chunks(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The entries of a tasks file in `write_tasks_file`'s form, `LOAD_CHUNK` lines per dict
+    (its text is never held whole: C-speed json.loads per chunk, bounded memory). Raises
+    NotOneEntryPerLine, possibly after some chunks, when the file is not in that form (a
+    hand-written or indented file: `load_tasks_file` parses it whole), OSError otherwise."""
+    share = _Sharer()
+    with open(path) as f:
+        if f.readline().strip() != "{":
+            raise NotOneEntryPerLine(f"{path}: not one entry per line")
+        while True:
+            lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
+            if not lines:
+                raise NotOneEntryPerLine(f"{path}: no closing '}}'")   # truncated: parsed whole, it fails
+            done = "}" in lines
+            body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
+            try:
+                chunk = json.loads("{" + body + "}")
+            except ValueError as exc:
+                raise NotOneEntryPerLine(f"{path}: {exc}") from None
+            yield {key: share.entry(value) for key, value in chunk.items()}
+            if done:
+                return
+
+
 def load_tasks_file(path: str | os.PathLike) -> dict[str, Any]:
     """The tasks file: key -> entry. A file of `write_tasks_file` is parsed an entry at a time
-    (its text is never held whole); any other JSON object (older runs, hand-written files) is
-    parsed whole. Raises ValueError (json.JSONDecodeError) or OSError."""
-    share = _Sharer()
+    (`iter_tasks_chunks`); any other JSON object (older runs, hand-written files) is parsed
+    whole. Raises ValueError (json.JSONDecodeError) or OSError."""
     out: dict[str, Any] = {}
+    try:
+        for chunk in iter_tasks_chunks(path):
+            out.update(chunk)
+        return out
+    except NotOneEntryPerLine:
+        pass                # not one entry per line (indented by hand): parsed whole
+    share = _Sharer()
     with open(path) as f:
-        if f.readline().strip() == "{":
-            try:
-                while True:     # LOAD_CHUNK lines per json.loads: C speed, bounded memory
-                    lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
-                    if not lines:
-                        raise ValueError("no closing '}'")      # truncated: parsed whole, it fails
-                    done = "}" in lines
-                    body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
-                    for key, value in json.loads("{" + body + "}").items():
-                        out[key] = share.entry(value)
-                    if done:
-                        return out
-            except ValueError:
-                pass                # not one entry per line (indented by hand): parsed whole
-        f.seek(0)
         data = json.loads(f.read())
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the tasks file must hold a JSON object, not {type(data).__name__}")
