@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -84,7 +85,7 @@ def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict
     tasks = load_tasks_file(tasks_json) if mode == "dict" else daemon.load_tasks(tasks_json)
     t1 = time.perf_counter()
     peak_load = _status_mb("VmHWM")
-    ids = tasks.task_ids() if isinstance(tasks, TaskIndex) else {d["task_id"] for d in tasks.values()}
+    ids = tasks.ids if isinstance(tasks, TaskIndex) else {d["task_id"] for d in tasks.values()}
     cur = Curriculum(os.path.join(work, f"curriculum-{mode}.sqlite"), ids) if curriculum else None
     t2 = time.perf_counter()
     run_dir = Path(work) / f"run-{mode}"
@@ -95,6 +96,20 @@ def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict
     out = {"cpu_s": time.process_time() - c0, "load_tasks_s": t1 - t0, "curriculum_s": t2 - t1, "controller_s": t3 - t2, "total_s": t3 - t0,
            "admitted": len(ctl.core.tasks), "refused": len(ctl.core.refused_tasks),
            "peak_rss_load_mb": peak_load, "peak_rss_mb": _status_mb("VmHWM")}
+    if cur is not None:  # a lease batch's sampling: 2,000 tasks with outcomes, the rest unseen
+        import random as _random
+        for i, tid in enumerate(itertools.islice(iter(cur.task_ids), 2000)):
+            for j in range(4):
+                cur.record(tid, 0, "pass" if (i + j) % 2 else "fail", rollout_id=f"{tid}-{j}")
+        cur.sample(1024, _random.Random(0), 0)    # the classes of (version, band): cached once
+        for size in (64, 1024):
+            times = []
+            for k in range(21):
+                s0 = time.process_time()
+                cur.sample(size, _random.Random(k), 0)
+                times.append(time.process_time() - s0)
+            out[f"sample{size}_ms_p50"] = 1e3 * sorted(times)[len(times) // 2]
+            out[f"sample{size}_ms_max"] = 1e3 * max(times)
     del tasks
     import gc
     gc.collect()
@@ -134,7 +149,11 @@ def bench_load(args) -> dict:
             print(f"{mode:>8}: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
                   f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
                   f"({out['cpu_s']:.2f} s CPU); admitted {out['admitted']} refs, refused {out['refused']}; "
-                  f"peak RSS {out['peak_rss_mb']:.0f} MB, RSS after start {out['rss_after_mb']:.0f} MB", flush=True)
+                  f"peak RSS {out['peak_rss_mb']:.0f} MB, RSS after start {out['rss_after_mb']:.0f} MB"
+                  + (f"; curriculum sample CPU (2,000 tasks with outcomes, the rest unseen): 64 tasks p50 "
+                     f"{out['sample64_ms_p50']:.2f} ms (max {out['sample64_ms_max']:.2f}), 1,024 tasks p50 "
+                     f"{out['sample1024_ms_p50']:.2f} ms (max {out['sample1024_ms_max']:.2f})"
+                     if "sample64_ms_p50" in out else ""), flush=True)
     ref = runs["dict"]
     for mode in ("first", "restart"):
         print(f"{mode} start / whole-dict start: CPU {runs[mode]['cpu_s'] / ref['cpu_s']:.2f}x, "

@@ -259,7 +259,7 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
     else:
         log.warning("--insecure: the control plane is NOT authenticated or encrypted; anyone "
                     "who can reach %s can drive this controller", bind)
-    curriculum = Curriculum(curriculum_db, tasks.task_ids() if isinstance(tasks, TaskIndex)
+    curriculum = Curriculum(curriculum_db, tasks.ids if isinstance(tasks, TaskIndex)
                             else {d["task_id"] for d in tasks.values()}) if curriculum_db else None
     ctl = Controller(bind, deployment, str(run_dir), run_dir.name, tasks,
                      db_path or str(run_dir / "controller.db"), config=config,

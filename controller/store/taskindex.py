@@ -21,7 +21,7 @@ import os
 import sqlite3
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Iterator, Mapping, Optional, Sequence
 
 from controller.contracts.taskblobs import NotOneEntryPerLine, check_reference, iter_tasks_chunks, \
     load_tasks_file
@@ -216,3 +216,45 @@ class TaskIndex(Mapping[str, dict]):
         if row is None:
             raise IndexError(n)
         return row[0]
+
+    def has_task_id(self, task_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM tasks WHERE task_id = ?", (task_id,)).fetchone() is not None
+
+    @property
+    def ids(self) -> "TaskIds":
+        """Every task id, as a lazy sequence (what the curriculum samples from)."""
+        return TaskIds(self)
+
+
+class TaskIds(Sequence[str]):
+    """The task ids of an index in its order, read on demand (len, position, membership)."""
+
+    def __init__(self, index: TaskIndex):
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.task_count()
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self._index.task_id_at(i + 1)
+
+    def __contains__(self, task_id: object) -> bool:
+        return isinstance(task_id, str) and self._index.has_task_id(task_id)
+
+    def many(self, positions: Sequence[int]) -> list[str]:
+        """The ids at `positions` (0-based), in that order, in one query."""
+        rows = self._index._db.execute(
+            "SELECT t.task_id FROM json_each(?) j JOIN tasks t ON t.n = j.value + 1 ORDER BY j.key",
+            (json.dumps(list(positions)),)).fetchall()
+        if len(rows) != len(positions):
+            raise IndexError(f"positions out of range: {positions}")
+        return [r[0] for r in rows]
+
+    def __iter__(self) -> Iterator[str]:
+        return self._index.task_ids()
