@@ -96,15 +96,17 @@ def reference(task_id: str, content: Mapping[str, Any], blob: Mapping[str, Any],
     return ref
 
 
-def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES) -> str | None:
+def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES,
+                    encoded: str | None = None) -> str | None:
     """Why the tasks-file entry `key` cannot be leased (None if it can): not an object, no
-    task id, larger than `max_bytes` as JSON (a task inlined instead of referenced)."""
+    task id, larger than `max_bytes` as JSON (a task inlined instead of referenced).
+    `encoded`: the entry as compact JSON, when the caller has it already."""
     if type(entry) is not dict and not isinstance(entry, Mapping):  # type(): the common case, fast
         return f"task {key!r}: entry must be an object, got {type(entry).__name__}"
     if not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
         return f"task {key!r}: entry has no 'task_id'"
     try:
-        size = len(_COMPACT.encode(entry))
+        size = len(encoded if encoded is not None else _COMPACT.encode(entry))
     except (TypeError, ValueError) as exc:
         return f"task {key!r}: entry is not JSON data: {exc}"
     if size > max_bytes:
@@ -179,12 +181,13 @@ class NotOneEntryPerLine(ValueError):
     """The tasks file is not in `write_tasks_file`'s form (one entry per line): parse it whole."""
 
 
-def iter_tasks_chunks(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+def iter_tasks_chunks(path: str | os.PathLike, share: bool = True) -> Iterator[dict[str, Any]]:
     """The entries of a tasks file in `write_tasks_file`'s form, `LOAD_CHUNK` lines per dict
     (its text is never held whole: C-speed json.loads per chunk, bounded memory). Raises
     NotOneEntryPerLine, possibly after some chunks, when the file is not in that form (a
-    hand-written or indented file: `load_tasks_file` parses it whole), OSError otherwise."""
-    share = _Sharer()
+    hand-written or indented file: `load_tasks_file` parses it whole), OSError otherwise.
+    `share`: one object for the strings and limits entries repeat (for entries kept in memory)."""
+    sharer = _Sharer() if share else None
     with open(path) as f:
         if f.readline().strip() != "{":
             raise NotOneEntryPerLine(f"{path}: not one entry per line")
@@ -198,7 +201,7 @@ def iter_tasks_chunks(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 chunk = json.loads("{" + body + "}")
             except ValueError as exc:
                 raise NotOneEntryPerLine(f"{path}: {exc}") from None
-            yield {key: share.entry(value) for key, value in chunk.items()}
+            yield {key: sharer.entry(value) for key, value in chunk.items()} if sharer else chunk
             if done:
                 return
 

@@ -65,10 +65,11 @@ def build(tasks_json: str | os.PathLike, out: Optional[str | os.PathLike] = None
     try:
         db.execute("PRAGMA journal_mode=OFF")
         db.execute("PRAGMA synchronous=OFF")
+        db.execute("PRAGMA cache_size=-262144")   # 256 MiB: the keys are hashes, inserted at random
         db.executescript(_SCHEMA)
         db.execute("BEGIN")
         try:
-            n = _fill(db, iter_tasks_chunks(src))
+            n = _fill(db, iter_tasks_chunks(src, share=False))
         except NotOneEntryPerLine:
             db.execute("ROLLBACK")
             db.executescript("DELETE FROM tasks; DELETE FROM entries; DELETE FROM refused;")
@@ -87,41 +88,44 @@ def build(tasks_json: str | os.PathLike, out: Optional[str | os.PathLike] = None
 
 
 def _fill(db: sqlite3.Connection, chunks) -> int:
-    """Insert every entry of `chunks` (dicts key -> entry); returns the number of tasks."""
+    """Insert every entry of `chunks` (dicts key -> entry); returns the number of tasks. A
+    task listed by its id is also known, and leased, by its name (`broker.core.admit_tasks`):
+    an explicit key always wins over a name alias of the same text."""
     n = 0
     for chunk in chunks:
-        rows, keys, refused = [], [], []
+        rows, keys, aliases, refused = [], [], [], []
         for key, entry in chunk.items():
             key = str(key)
-            why = check_reference(key, entry)
+            try:
+                text = _COMPACT.encode(entry)
+            except (TypeError, ValueError):
+                text = None
+            why = check_reference(key, entry, encoded=text)
+            name = entry.get("name") if isinstance(entry, dict) else None
+            alias = name if isinstance(name, str) and name and key == entry.get("task_id") else None
             if why is not None:
                 log.error("refused when loading the task set: %s", why)
                 refused.append((key, why))
-                name = entry.get("name") if isinstance(entry, dict) else None
-                if isinstance(name, str) and name and key == entry.get("task_id"):
-                    refused.append((name, why))
+                if alias is not None:
+                    refused.append((alias, why))
                 continue
             n += 1
-            rows.append((n, entry["task_id"], key, _COMPACT.encode(entry)))
+            rows.append((n, entry["task_id"], alias or key, text))
             keys.append((key, n))
+            if alias is not None:
+                aliases.append((alias, n))
         db.executemany("INSERT OR IGNORE INTO tasks VALUES (?, ?, ?, ?)", rows)
         db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?)", keys)
+        db.executemany("INSERT OR IGNORE INTO entries VALUES (?, ?)", aliases)
         db.executemany("INSERT OR IGNORE INTO refused VALUES (?, ?)", refused)
     return n
 
 
 def _aliases(db: sqlite3.Connection) -> None:
-    """Each task listed by its id is also known by its name (unless the name is a key of its
-    own), and leased under it, as `broker.core.admit_tasks` does."""
+    """A name alias that lost to an explicit key of the same text: the task is leased by id."""
     db.execute("""
-        INSERT OR IGNORE INTO entries (key, n)
-        SELECT json_extract(entry, '$.name'), n FROM tasks
-        WHERE ref = task_id AND typeof(json_extract(entry, '$.name')) = 'text'
-          AND json_extract(entry, '$.name') != ''""")
-    db.execute("""
-        UPDATE tasks SET ref = json_extract(entry, '$.name')
-        WHERE ref = task_id AND typeof(json_extract(entry, '$.name')) = 'text'
-          AND (SELECT e.n FROM entries e WHERE e.key = json_extract(tasks.entry, '$.name')) = tasks.n""")
+        UPDATE tasks SET ref = task_id WHERE ref != task_id
+          AND NOT EXISTS (SELECT 1 FROM entries e WHERE e.key = tasks.ref AND e.n = tasks.n)""")
 
 
 def open_index(tasks_json: str | os.PathLike, cache_size: int = 65_536) -> "TaskIndex":
