@@ -252,5 +252,73 @@ def service_tools(services: Mapping[str, Any]) -> list[dict[str, Any]]:
         for name, spec in services.items() for op, ospec in spec["operations"].items()]
 
 
-__all__ = ["MAX_STATE_BYTES", "OPERATORS", "SERVICE_SCHEMA", "STATEMENTS", "STOP_TOKEN", "ServiceSpecError",
+# -- the goal: a final state (and what was told) against a state checker's spec ---------------
+_MISSING = object()
+
+
+def pointer(doc: Any, ptr: str) -> Any:
+    """RFC 6901 JSON pointer lookup; `MISSING` when a segment is absent."""
+    node = doc
+    for raw in ptr.split("/")[1:]:
+        seg = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping):
+            node = node.get(seg, _MISSING)
+        elif isinstance(node, list) and seg.isdigit() and int(seg) < len(node):
+            node = node[int(seg)]
+        else:
+            return _MISSING
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
+MISSING = _MISSING
+
+
+def _canon(v: Any) -> str:
+    return "<missing>" if v is _MISSING else json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def differences(got: Any, want: Any, path: str = "", limit: int = 8) -> list[str]:
+    """Up to `limit` JSON pointers where `got` differs from `want`, with both values."""
+    out: list[str] = []
+
+    def walk(g, w, p):
+        if len(out) >= limit:
+            return
+        if isinstance(g, Mapping) and isinstance(w, Mapping):
+            for k in sorted(set(g) | set(w)):
+                walk(g.get(k, _MISSING), w.get(k, _MISSING), f"{p}/{k}")
+        elif _canon(g) != _canon(w):
+            out.append(f"{p or '/'}: {_canon(g)[:200]} != goal {_canon(w)[:200]}")
+    walk(got, want, path)
+    return out
+
+
+def compare_state(spec: Mapping[str, Any], final: Mapping[str, Any], told: list[str]) -> list[tuple[str, bool, str]]:
+    """A state checker's checks (`checker.kind: state`): (name, ok, detail) for each service
+    of the goal (`match: exact`, the default) or each JSON pointer of `fields` (`match:
+    fields`; both sides missing counts as equal), then each `told.include` phrase (said, case
+    insensitive, in some message to the user) and `told.exclude` phrase (never said)."""
+    goal, out = spec["goal"], []
+    if spec.get("match", "exact") == "fields":
+        for ptr in spec["fields"]:
+            got, want = pointer(final, ptr), pointer(goal, ptr)
+            same = _canon(got) == _canon(want)
+            out.append((f"state:{ptr}", same, "as the goal" if same else f"{_canon(got)[:200]} != goal {_canon(want)[:200]}"))
+    else:
+        for svc in sorted(goal):
+            diffs = differences(final.get(svc, _MISSING), goal[svc], f"/{svc}")
+            out.append((f"state:{svc}", not diffs, "; ".join(diffs) if diffs else "equals the goal state"))
+    said = "\n".join(str(m) for m in told).lower()
+    for phrase in (spec.get("told") or {}).get("include", ()):
+        hit = phrase.lower() in said
+        out.append((f"told:include:{phrase}"[:200], hit, "said to the user" if hit else "never said to the user"))
+    for phrase in (spec.get("told") or {}).get("exclude", ()):
+        hit = phrase.lower() in said
+        out.append((f"told:exclude:{phrase}"[:200], not hit, "said to the user" if hit else "not said"))
+    return out
+
+
+__all__ = ["MAX_STATE_BYTES", "MISSING", "compare_state", "differences", "pointer", "OPERATORS", "SERVICE_SCHEMA", "STATEMENTS", "STOP_TOKEN", "ServiceSpecError",
            "USER_SCHEMA", "operation_names", "service_tools", "validate_services", "validate_user"]

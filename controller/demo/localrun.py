@@ -40,6 +40,8 @@ from controller.taskbank.bank import TaskBank
 from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
+from controller.taskbank.conversational import TASKSET_NAME as CONVERSATIONAL_NAME
+from controller.taskbank.conversational import conversational_taskset, validate_conversational
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
@@ -109,7 +111,7 @@ class RunConfig:
 
 
 BUILTIN_IMAGE = "builtin:python"
-LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+LOCAL_FAMILIES = ("python", "math", "conversational")     # what the local run's scripted policy can play
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
 
@@ -142,6 +144,8 @@ def load_taskset(name: str, bank: str = ""):
     """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
     if name in ("builtin", TASKSET_NAME):
         return builtin_taskset()
+    if name in ("conversational", CONVERSATIONAL_NAME):
+        return conversational_taskset()
     return TaskBank(bank or None).load_set(name)
 
 
@@ -209,6 +213,29 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, console) -> list[str]:
+    """The node side's check (`validate`) for every task but the conversational ones, which the
+    task bank checks itself (their reference calls replayed by the rule engine:
+    `controller.taskbank.conversational.validate_conversational`); quarantined tasks of both
+    go to `<run_dir>/quarantine.json`."""
+    family = {t.name: t.family for t in taskset.tasks}
+    conv = [n for n in names if family[n] == "conversational"]
+    others = [n for n in names if family[n] != "conversational"]
+    kept = validate(taskset, others, {t.name: images[t.task_id][1] for t in taskset.tasks},
+                    validation_cache_dir(Path(store.root)), run_dir,
+                    cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console) if others else []
+    if conv and cfg.validate != "off":
+        conv_ok, conv_bad = validate_conversational(taskset, conv)
+        qfile = run_dir / "quarantine.json"
+        quarantined = json.loads(qfile.read_text()) if qfile.exists() else {}
+        qfile.write_text(json.dumps({**quarantined, **conv_bad}, indent=2, sort_keys=True))
+        console.print(f"validated {len(conv)} conversational tasks (reference replay); quarantined {len(conv_bad)}"
+                      + "".join(f"\n  {n}: {b['reasons'][0]}" for n, b in conv_bad.items()))
+        conv = conv_ok
+    keep = set(kept) | set(conv)
+    return [n for n in names if n in keep]
+
+
 def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) -> Path:
     """The whole local run; `validate` is the node side's start-up check of the task set
     (`nodeagent.verifier.validate.validate_for_run`, handed in by the CLI)."""
@@ -245,9 +272,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg),
                                                   "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
-    names = validate(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
-                             validation_cache_dir(Path(store.root)), run_dir,
-                             cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
+    names = _validate(taskset, names, validate, images, store, run_dir, cfg, console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset, players=players) as policy:
@@ -328,7 +353,8 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
             classes = ", ".join(f"{k} {n}" for k, n in occupancy.items() if n)
             bar.console.print(f"v{version}: tasks {classes}; pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
                               f"next policy p(solve) python={probs['python']['solve']:.2f} "
-                              f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
+                              f"math={probs['math']['solve']:.2f} "
+                              f"conversational={probs['conversational']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
 
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import copy
 import json
 
-from controller.contracts.serviceengine import replay
+from controller.contracts.serviceengine import RuleError, replay
+from controller.contracts.services import compare_state, operation_names
 from controller.contracts.tasks import Budgets, Task, TaskSet
 
 TASKSET_NAME = "conversational-v1"
@@ -381,4 +382,52 @@ def conversational_taskset() -> TaskSet:
     return TaskSet(TASKSET_NAME, tuple(conversational_tasks()))
 
 
-__all__ = ["REFERENCE_FILE", "TASKSET_NAME", "conversational_tasks", "conversational_taskset"]
+def reference_reasons(task: Task) -> list[str]:
+    """Why a conversational task is broken (empty: it is sound): its reference calls
+    (hidden `reference.json`) must run under the rules and, with its final words, meet the
+    goal; the null conversation (nothing done, nothing said) and a bare claim (the final words
+    with nothing done, where the goal needs a change) must not."""
+    if task.checker.get("kind") != "state":
+        return []
+    try:
+        ref = json.loads(task.hidden[REFERENCE_FILE])
+    except (KeyError, ValueError) as exc:
+        return [f"no reference ({REFERENCE_FILE}): {exc}"]
+    owner = operation_names(task.services)
+    initial = {n: copy.deepcopy(s["initial_state"]) for n, s in task.services.items()}
+    final = dict(initial)
+    try:
+        for n in task.services:
+            final[n] = replay(task.services[n], initial[n],
+                              [(c["name"], c["arguments"]) for c in ref["calls"] if owner.get(c["name"]) == n])
+    except (RuleError, KeyError, TypeError) as exc:
+        return [f"reference calls do not run: {exc}"]
+    reasons = []
+
+    def met(state, told):
+        return all(ok for _, ok, _ in compare_state(task.checker, state, told))
+    if not met(final, [ref.get("final", "")]):
+        bad = [f"{n}: {d}" for n, ok, d in compare_state(task.checker, final, [ref.get("final", "")]) if not ok]
+        reasons.append(f"reference solution does not pass: {'; '.join(bad)[:300]}")
+    if met(initial, []):
+        reasons.append("null solution (nothing done, nothing said) meets the goal")
+    if final != initial and met(initial, [ref.get("final", "")]):
+        reasons.append("hack:claim_success (the final words, nothing done) meets the goal")
+    return reasons
+
+
+def validate_conversational(taskset: TaskSet, names: list[str]) -> tuple[list[str], dict]:
+    """(the names that are sound, {name: {task_id, reasons}} of the others) among `names`."""
+    by_name = taskset.by_name()
+    ok, bad = [], {}
+    for name in names:
+        reasons = reference_reasons(by_name[name])
+        if reasons:
+            bad[name] = {"task_id": by_name[name].task_id, "reasons": reasons}
+        else:
+            ok.append(name)
+    return ok, bad
+
+
+__all__ = ["REFERENCE_FILE", "TASKSET_NAME", "conversational_tasks", "conversational_taskset", "reference_reasons",
+           "validate_conversational"]

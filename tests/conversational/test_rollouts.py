@@ -1,0 +1,41 @@
+"""Conversational rollouts end to end: a real sandbox, the built-in harness talking with a
+simulated user, the task's mock services running in the sandbox, the state checker."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conversational.conftest import TASKSET
+
+pytestmark = pytest.mark.sandbox
+CANCEL = TASKSET.by_name()["conversational/retail/cancel-pending"]
+
+
+def test_an_agent_that_does_the_job_passes_on_the_final_service_state(rollout):
+    res, rid, con = rollout(CANCEL, "solve")
+    assert (res.outcome, res.reward) == ("pass", 1.0), res.infra_reason
+    checks = dict(con.execute('SELECT "check", verdict FROM checks WHERE rollout_id = ?', [rid]).fetchall())
+    assert checks["state:shop"] == "pass" and checks["told:include:cancelled"] == "pass"
+    final = json.loads(con.execute('SELECT detail FROM checks WHERE rollout_id = ? AND "check" = \'state:final\'',
+                                   [rid]).fetchone()[0])
+    assert final["shop"]["orders"]["W1001"]["status"] == "cancelled"
+
+
+def test_every_user_turn_is_a_step_of_the_trajectory(rollout):
+    res, rid, con = rollout(CANCEL, "solve")
+    rows = con.execute("SELECT step, role, content, tool_name FROM steps WHERE rollout_id = ? ORDER BY step",
+                       [rid]).fetchall()
+    roles = [r[1] for r in rows]
+    assert roles[0] == "user" and rows[0][2] == CANCEL.user["opening"]
+    assert roles.count("user") >= 3 and [r[0] for r in rows] == list(range(len(rows)))
+    assert "###STOP###" in rows[-1][2] and roles[-1] == "user"
+    assert [r[3] for r in rows if r[3]] == ["find_user", "get_order", "cancel_order"]
+    stop = con.execute("SELECT stop_reason FROM rollouts WHERE rollout_id = ?", [rid]).fetchone()[0]
+    assert stop == "user_stop"
+
+
+@pytest.mark.parametrize("strategy", ["sloppy", "claim_success"])
+def test_an_agent_that_only_says_it_is_done_earns_nothing(rollout, strategy):
+    res, rid, con = rollout(CANCEL, strategy)
+    assert (res.outcome, res.reward) == ("fail", 0.0), res.infra_reason
