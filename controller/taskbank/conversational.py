@@ -225,7 +225,7 @@ CALENDAR = {
             "parameters": _str(title=S, date=S, start=S, end=S,
                                attendees={"type": "array", "items": S}),
             "steps": [{"require": {"lt": [_arg("start"), _arg("end")]}, "error": "start must be before end"},
-                      {"let": {"id": {"concat": [["E", {"add": [{"len": _get("events")}, 1]}]]}}},
+                      {"let": {"id": {"concat": ["E", {"add": [{"len": _get("events")}, 1]}]}}},
                       {"set": [["events", {"var": "id"}], {"object": {
                           "title": _arg("title"), "date": _arg("date"), "start": _arg("start"), "end": _arg("end"),
                           "attendees": _arg("attendees")}}]},
