@@ -195,7 +195,7 @@ class _Conversation:
                 "ops": list(self.host.log) if self.host else [], "transcript": transcript, "told": told}
 
     def user_rows(self) -> list[dict]:
-        return [dict(r) for r in self.session.rows] if self.session is not None else []
+        return [dict(r, call_policy_version=None) for r in self.session.rows] if self.session is not None else []
 
     def close(self) -> None:
         if self.session is not None:
