@@ -7,7 +7,8 @@ Schema; docs/verifier.md lists them):
   call boundary in a process of its own), `modules` (the agent's modules the tests call, for
   `call`; default `["solution"]`), `call_timeout_s` (per-call deadline);
 - `math`, `exact`, `regex`: `answer` (the gold answer, or the pattern);
-- `command`: `argv`, `cwd`, `pass_exit_codes`;
+- `command`: `argv`, `cwd`, `pass_exit_codes`, `support` (hidden files placed under
+  `/verifier/tests`, read-only);
 - `state`: `goal` ({service: goal state}), `match` (`exact` | `fields`), `fields` (JSON
   pointers `/service/...` compared when `fields`), `told` (`include` / `exclude`: what the
   agent's messages to the user must or must not say);
@@ -66,6 +67,7 @@ CHECKER_SCHEMA = {"oneOf": [
     _kind("exact", ["answer"], {"answer": {"type": "string"}}),
     _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
     _kind("command", ["argv"], {"argv": {**_STR_LIST, "minItems": 1}, "cwd": {"type": "string"},
+                                "support": _STR_LIST,      # hidden files under /verifier/tests
                                 "pass_exit_codes": {"type": "array", "items": {"type": "integer"}}}),
     # the final state of the task's mock services against a goal state (nodeagent/verifier/statecheck.py)
     _kind("state", ["goal"], {"goal": {"type": "object", "minProperties": 1,
