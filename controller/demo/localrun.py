@@ -304,6 +304,15 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
     return run_dir
 
 
+# Each scored rollout's first assistant message (its `plan:` line; a conversation's step 0 is the
+# user's opening). judge_failed and infra_error rows have no reward: never trained on.
+FIRST_ASSISTANT_SQL = (
+    "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
+    "USING (rollout_id, attempt, fencing_token) WHERE s.role = 'assistant' AND r.batch_id = ? "
+    "AND r.reward IS NOT NULL QUALIFY row_number() OVER (PARTITION BY rollout_id, attempt, fencing_token "
+    "ORDER BY s.step) = 1")
+
+
 def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
     """One batch per policy version from the curriculum sampler; each batch's committed rows
     update the scripted policy (REINFORCE), published to the controller as the next version."""
@@ -331,9 +340,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                 bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
             con = connect(run_dir)
             rows = con.execute(
-                "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
-                "USING (rollout_id, attempt, fencing_token) WHERE s.step = 0 AND r.batch_id = ? "
-                "AND r.reward IS NOT NULL", [batch_id]).fetchall()
+                FIRST_ASSISTANT_SQL, [batch_id]).fetchall()
             _record_outcomes(curriculum, con, batch_id)
             con.close()
             occupancy = curriculum.occupancy(version)   # through this version: what `paddock report` shows
