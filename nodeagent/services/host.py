@@ -10,7 +10,8 @@ observation (`ToolResult.error` set, the state unchanged), never an exception.
 Where it runs: the engine (`controller/contracts/serviceengine.py`, standard library only) and each
 service's spec are written into the rollout's sandbox at start, owned outside the sandbox's id
 slice (0444: the agent's root can read, not change them), and each operation runs there as
-in-sandbox uid `SERVICE_UID` (`python3 -I -S`), with no network (the sandbox has none). The
+in-sandbox uid `SERVICE_UID` (the slice's last id where slices are smaller; `python3 -I
+-S`), with no network (the sandbox has none). The
 authoritative state stays here, on the node: it never exists as a file the agent could edit,
 and every reply from the sandbox is checked against the same engine run here. A reply that
 differs, does not parse or comes from an interpreter that failed (the agent replaced
@@ -158,6 +159,11 @@ class ServiceHost:
             return f"{where}: {error.message}"
         return None
 
+    def _uid(self) -> int:
+        """SERVICE_UID, or the last id of a smaller id slice (dense nodes: benchmarks/density.py)."""
+        size = getattr(getattr(self.sandbox, "runtime", None), "slice_size", None)
+        return SERVICE_UID if not size or size > SERVICE_UID else size - 1
+
     def _check_in_sandbox(self, svc: str, name: str, args: dict, want: dict, budget_s: float | None) -> str | None:
         """Run the operation in the sandbox; None when its reply equals `want`, else why not."""
         self.install()
@@ -171,7 +177,7 @@ class ServiceHost:
             blob = _canon(req).encode()
         timeout = min(self.timeout_s, budget_s) if budget_s else self.timeout_s
         r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
-                              cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=SERVICE_UID)
+                              cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
         self.sandbox_ops += 1
         if r.timed_out or r.exit_code != 0 or r.truncated:
             return f"engine exit {r.exit_code}{' (timed out)' if r.timed_out else ''}: " \
