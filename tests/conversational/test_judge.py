@@ -21,7 +21,8 @@ from tests.conftest import FakeClock
 
 class FakeJudge:
     """An OpenAI-compatible judge (the edge of the system): `replies` are served in turn (an
-    int is an HTTP status with no answer), the last one repeats."""
+    int is an HTTP status with no answer, a callable makes the text from the request), the last
+    one repeats."""
 
     def __init__(self, *replies):
         self.replies, self.requests = list(replies), []
@@ -31,6 +32,7 @@ class FakeJudge:
             def do_POST(self):
                 outer.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 r = outer.replies[min(len(outer.requests), len(outer.replies)) - 1]
+                r = r(outer.requests[-1]) if callable(r) else r
                 status, text = (r, "") if isinstance(r, int) else (200, r)
                 body = json.dumps({"id": "j", "object": "chat.completion", "model": "judge",
                                    "choices": [{"index": 0, "finish_reason": "stop",
