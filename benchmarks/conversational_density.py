@@ -47,6 +47,19 @@ def machine_cpu_s() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def cgroup_value(rt, controller: str, names: tuple[str, ...]) -> int | None:
+    """A counter of the node's cgroup (every sandbox's cgroup sits under it), or None."""
+    d = rt.cgroups.report.dirs.get(controller)
+    for name in names:
+        try:
+            with open(f"{d}/{name}") as f:
+                return int(f.read().split()[0]) if name != "cpu.stat" else int(
+                    next(ln.split()[1] for ln in open(f"{d}/{name}") if ln.startswith("usage_usec"))) * 1000
+        except (OSError, TypeError, ValueError, StopIteration):
+            continue
+    return None
+
+
 def pct(xs, q):
     xs = sorted(xs)
     return xs[min(int(q * len(xs)), len(xs) - 1)]
@@ -83,6 +96,7 @@ def main() -> None:
             raise SystemExit(f"only {rt.slots} id slices of {args.slice}: lower --slice or --n")
         rt.create(spec).destroy()
         avail0, rss0 = mem_available(), me.memory_info().rss
+        cg_mem0 = cgroup_value(rt, "memory", ("memory.usage_in_bytes", "memory.current"))
         t0 = time.perf_counter()
         boxes = [rt.create(spec) for _ in range(args.n)]
         created_s = time.perf_counter() - t0
@@ -94,11 +108,15 @@ def main() -> None:
             h.install()
         install_s = time.perf_counter() - t0
         rss2 = me.memory_info().rss
+        cg_mem1 = cgroup_value(rt, "memory", ("memory.usage_in_bytes", "memory.current"))
+        cg_cpu0 = cgroup_value(rt, "cpu", ("cpuacct.usage", "cpu.stat"))
         cpu0, mcpu0, w0 = me.cpu_times(), machine_cpu_s(), time.perf_counter()
         with ThreadPoolExecutor(args.workers) as pool:
             op_times = [t for ts in pool.map(exchange, hosts, users) for t in ts]
         wall = time.perf_counter() - w0
         cpu1, mcpu1 = me.cpu_times(), machine_cpu_s()
+        cg_cpu1 = cgroup_value(rt, "cpu", ("cpuacct.usage", "cpu.stat"))
+        cg_mem2 = cgroup_value(rt, "memory", ("memory.usage_in_bytes", "memory.current"))
         time.sleep(1.0)
         avail_drop = avail0 - mem_available()
         holder = psutil.Process(rt.holder_pid)
@@ -117,8 +135,12 @@ def main() -> None:
               f"{(rss2 - rss0) / args.n / 1024:.1f} KiB (of which hosts + users {(rss2 - rss1) / args.n / 1024:.1f} KiB)")
         print(f"  {ops} operations in {wall:.1f} s ({ops / wall:.0f}/s, {args.workers} workers): wall p50 "
               f"{statistics.median(op_times) * 1e3:.1f} ms p99 {pct(op_times, .99) * 1e3:.1f} ms")
-        print(f"  CPU per operation: node process {node_cpu / ops * 1e3:.1f} ms, machine (all processes, shared "
-              f"host) {(mcpu1 - mcpu0) / ops * 1e3:.1f} ms")
+        if None not in (cg_mem0, cg_mem1, cg_mem2):
+            print(f"  sandboxes' cgroup memory (kernel, tmpfs and processes) per rollout: held "
+                  f"{(cg_mem1 - cg_mem0) / args.n / MIB:.2f} MiB, after its exchange {(cg_mem2 - cg_mem0) / args.n / MIB:.2f} MiB")
+        sb_cpu = f", in the sandboxes {(cg_cpu1 - cg_cpu0) / 1e6 / ops:.1f} ms" if None not in (cg_cpu0, cg_cpu1) else ""
+        print(f"  CPU per operation: node process {node_cpu / ops * 1e3:.1f} ms{sb_cpu}, machine (all processes, "
+              f"shared host) {(mcpu1 - mcpu0) / ops * 1e3:.1f} ms")
         t = time.perf_counter()
         for b in boxes:
             b.destroy()

@@ -254,8 +254,9 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: {exc}") from None
     if kind == "state" and not task.services:
         raise TaskError(f"{where}: checker kind 'state' needs 'services' (the state it compares)")
-    if task.user and task.harness:
-        raise TaskError(f"{where}: a simulated 'user' talks through the built-in harness; drop 'harness'")
+    if (task.user or task.services) and task.harness:
+        raise TaskError(f"{where}: 'services' and a simulated 'user' work through the built-in harness; "
+                        f"drop 'harness'")
 
 
 def _normalise_network(network: Any) -> Any:
