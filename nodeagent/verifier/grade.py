@@ -621,10 +621,12 @@ def _dependency_versions() -> dict[str, str]:
 
 def _version() -> str:
     """A hash of everything that decides a verdict: every source file of this package (the
-    grader plugin included), the checker-spec contract, the judge's model client, and the
-    grading constants. Any change to them is a new verifier version."""
+    grader plugin included), the checker-spec contract, the state checker's comparison (the
+    services contract), the judge's model client, and the grading constants. Any change to
+    them is a new verifier version."""
     h = hashlib.sha256()
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__),
+                                                            *statecheck.CONTRACT_SOURCES]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, "call-deadline=check", INFRA_RETRIES,
