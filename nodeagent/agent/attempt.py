@@ -49,6 +49,7 @@ from typing import Callable
 
 from controller.contracts.fileio import atomic_write, utc_now
 from controller.contracts.network import PolicyError
+from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from nodeagent.agent.core import Attempt, AttemptResult
@@ -177,7 +178,12 @@ class _Conversation:
         self.clock = clock
 
     def start(self, sandbox, observation_bytes: int):
-        """(service host or None, user simulator or None) for the agent's sandbox."""
+        """(service host or None, user simulator or None) for the agent's sandbox. A lease whose
+        services or user do not validate raises ServiceSpecError (the task's fault)."""
+        if self.task.services:
+            validate_services(self.task.services)
+        if self.task.user:
+            validate_user(self.task.user)
         if self.task.services:
             self.host = ServiceHost(self.task.services, sandbox, observation_bytes=observation_bytes)
             self.host.install()
@@ -238,7 +244,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         except ModelError as exc:
             infra = f"model_server: {exc}"
             agent = exc.result or agent     # the steps and spans before the failure, for the record
-        except (BudgetError, ToolSetError, FaultSpecError, ServiceRuleError) as exc:
+        except (BudgetError, ToolSetError, FaultSpecError, ServiceRuleError, ServiceSpecError) as exc:
             infra = f"task: {exc}"
         except UserSimError as exc:
             infra = f"user_sim: {exc}"

@@ -22,9 +22,14 @@ nodeagent.verifier.grade.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Mapping
 
+from controller.contracts import services as _services
 from controller.contracts.services import compare_state
+
+# The files whose code decides this checker's verdicts beyond this package (VERIFIER_VERSION).
+CONTRACT_SOURCES = (Path(_services.__file__),)
 
 
 class StateCheckError(Exception):
@@ -54,4 +59,4 @@ def grade_state(spec: Mapping[str, Any], conversation: Mapping[str, Any] | None)
             "components": {"correct": float(ok), "state": float(state_ok)}}
 
 
-__all__ = ["StateCheckError", "grade_state"]
+__all__ = ["CONTRACT_SOURCES", "StateCheckError", "grade_state"]
