@@ -39,3 +39,16 @@ def test_every_user_turn_is_a_step_of_the_trajectory(rollout):
 def test_an_agent_that_only_says_it_is_done_earns_nothing(rollout, strategy):
     res, rid, con = rollout(CANCEL, strategy)
     assert (res.outcome, res.reward) == ("fail", 0.0), res.infra_reason
+
+
+def test_a_conversation_replays_to_the_same_verdict_and_the_same_user_turns(rollout, runtime, python_image):
+    from nodeagent.agent.replay import reexecute
+    res, rid, con = rollout(CANCEL, "solve")
+    cur = con.execute("SELECT * FROM steps WHERE rollout_id = ? ORDER BY step", [rid])
+    names = [d[0] for d in cur.description]
+    steps = [dict(zip(names, r)) for r in cur.fetchall()]
+    again, new_steps = reexecute({**CANCEL.canonical(), "task_id": CANCEL.task_id}, python_image, rollout_id=rid,
+                                 attempt=1, seed=7, policy_version=0, steps=steps, runtime=runtime)
+    assert (again.outcome, again.reward) == (res.outcome, res.reward) == ("pass", 1.0)
+    assert [(s["role"], s["content"], s["observation"]) for s in new_steps] == \
+        [(s["role"], s["content"], s["observation"]) for s in steps]
