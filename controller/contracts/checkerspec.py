@@ -35,8 +35,10 @@ class SpecError(ValueError):
     """A checker spec is malformed; the message names the field."""
 
 
+# A judge endpoint: a URL, or `node:<name>`, the node's own judge service for that name
+# (`$PADDOCK_<NAME>_ENDPOINT` on the node: a task need not know where the farm hosts its judges).
 _JUDGE = {"type": "object", "additionalProperties": False, "required": ["endpoint", "model", "rubric"],
-          "properties": {"endpoint": {"type": "string", "pattern": "^https?://"},
+          "properties": {"endpoint": {"type": "string", "pattern": "^(https?://|node:[a-z][a-z0-9_]*$)"},
                          "model": {"type": "string", "minLength": 1},
                          "rubric": {"type": "string", "minLength": 1},
                          "weight": {"type": "number", "minimum": 0, "maximum": 1},
