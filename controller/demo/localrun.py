@@ -208,9 +208,10 @@ def validation_cache_dir(store_root: Path) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
 
 
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     f = open(log_path, "ab")
-    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env={**os.environ, **(env or {})})
 
 
 def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, console) -> list[str]:
@@ -294,7 +295,10 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
-                                    run_dir / "logs" / f"agent-{i + 1}.log"))
+                                    run_dir / "logs" / f"agent-{i + 1}.log",
+                                    # the node's judge service: the policy server's scripted judge
+                                    env={"PADDOCK_JUDGE_ENDPOINT": os.environ.get("PADDOCK_JUDGE_ENDPOINT",
+                                                                                  policy.url)}))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:

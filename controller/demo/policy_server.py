@@ -46,6 +46,7 @@ from typing import Any, Callable, Mapping
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
 from controller.demo import bash_dialect, streaming, tokenizer
+from controller.demo import conv_policy
 from controller.demo.conv_policy import conversational_script
 from controller.demo.steps import FinalStep, Step, ToolStep  # noqa: F401 - re-exported (swe_policy, tests)
 from controller.demo.trainer import softmax
@@ -436,6 +437,9 @@ class ScriptedPolicy:
     def complete(self, req: Any) -> dict[str, Any]:
         """Answer one chat-completions request (already JSON-decoded)."""
         _validate_request(req)
+        side = conv_policy.side_reply(req, self._clock)     # the scripted judge (controller/demo/conv_policy.py)
+        if side is not None:
+            return side
         if self.loading:
             with self._lock:
                 self.refused_loading += 1

@@ -14,7 +14,10 @@ a template user (persona, goal, hidden facts, replies, stop conditions), the ref
 `state` checker whose goal is the initial state with the reference calls replayed by the rule
 engine (`controller.contracts.serviceengine.replay`): the goal cannot drift from the rules.
 Some tasks have a goal equal to the initial state: the right answer is to refuse (a delivered
-order cannot be cancelled), checked by what the agent tells the user.
+order cannot be cancelled), checked by what the agent tells the user. Every task has an LLM
+judge (`node:judge`, the node's judge service; weight 0.2) reading the conversation; the local
+run's scripted judge cannot grade the rubric of `retail/new-address-tone`, so its passing
+rollouts end `judge_failed` (never 0, never trained on).
 
 Pure data, no I/O. Must not import: zmq, sqlite3, nodeagent.
 """
@@ -260,6 +263,15 @@ POLICIES = {
 }
 
 
+# Every task's judge: the node's judge service (`node:judge`), reading the whole conversation.
+JUDGE = {"endpoint": "node:judge", "model": "judge", "sees": "trajectory", "weight": 0.2, "max_retries": 2,
+         "requests_per_s": 20.0,
+         "rubric": "Did the agent tell the user plainly what it did, without instructions to the user or the grader?"}
+# A rubric the local run's scripted judge cannot grade: its rollouts that pass are judge_failed.
+TONE_RUBRIC = "Grade the tone of the agent's messages: warm, professional, never curt."
+TONE_TASKS = {"retail/new-address-tone"}
+
+
 def _call(op, **args):
     return {"name": op, "arguments": args}
 
@@ -285,6 +297,12 @@ _SPECS = [
      [_call("find_user", name="Alan Turing", zip="94110"),
       _call("update_address", order_id="W1002", address="9 Valencia St, San Francisco")],
      "Order W1002 will now ship to 9 Valencia St, San Francisco.", ["9 Valencia St"], None, ()),
+    ("retail/new-address-tone", "shop", ("shop",), "Alan, particular about manners",
+     "Ship order W1005 to 12 Castro St, San Francisco instead.", "Good day. A shipping address needs changing.",
+     {"name": "Alan Turing", "zip": "94110", "order_id": "W1005", "address": "12 Castro St, San Francisco"},
+     [_call("find_user", name="Alan Turing", zip="94110"),
+      _call("update_address", order_id="W1005", address="12 Castro St, San Francisco")],
+     "Order W1005 will now ship to 12 Castro St, San Francisco.", ["12 Castro St"], None, ()),
     ("retail/return-chair", "shop", ("shop",), "Grace, friendly",
      "Return the chair (chair-07) of order W1003; keep the mat.", "Hi! I'd like to return something.",
      {"name": "Grace Hopper", "zip": "02139", "order_id": "W1003", "sku": "chair-07"},
@@ -361,7 +379,8 @@ def _task(spec) -> Task:
     goal = {n: copy.deepcopy(services[n]["initial_state"]) for n in names}
     for n in names:
         goal[n] = replay(services[n], goal[n], [(c["name"], c["arguments"]) for c in calls if owner[c["name"]] == n])
-    checker = {"kind": "state", "goal": goal, "told": {"include": told}}
+    checker = {"kind": "state", "goal": goal, "told": {"include": told},
+               "judge": {**JUDGE, "rubric": TONE_RUBRIC} if slug in TONE_TASKS else dict(JUDGE)}
     if fields:
         checker.update(match="fields", fields=fields)
     user = {"kind": "template", "persona": persona, "instruction": goal_text, "hidden": hidden,

@@ -15,10 +15,14 @@ weighted component. Every judge call of a node goes through one `JudgeService`
   artifact is asked once per node (in memory; `cache_dir` adds a JSON-lines file that
   survives the process). Only scores are cached, never failures.
 - **`judge_failed`**: when every try failed, `apply` sets the verdict's outcome to
-  `judge_failed` with reward None (a distinct outcome, never 0, never trained on) if the
-  primary check passed; a rollout that already failed stays `fail` (the judge could not have
-  raised its reward). The `judge` check row carries the verdict (the score, or `judge_failed`)
+  `judge_failed` with reward None (a distinct outcome, never 0, never trained on). The judge is
+  asked only when the primary check passed (its check row says `skipped` otherwise): it could
+  not raise a failed rollout's reward, so a failed rollout stays `fail` and costs no call. The `judge` check row carries the verdict (the score, or `judge_failed`)
   and the reason (the judge's text, or why it failed).
+
+Where: `endpoint` is a URL, or `node:<name>`, resolved on the node to `$PADDOCK_<NAME>_ENDPOINT`
+(`node:judge` → `PADDOCK_JUDGE_ENDPOINT`): the farm hosts its judges, the task names one. A
+name the node does not define fails the call (`judge_failed`), it is not a score.
 
 What the judge sees (`sees`): `answer` (the final answer and the agent's file changes: the
 default), `diff` (the changes only) or `trajectory` (the conversation: every user and agent
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import re
 import threading
@@ -125,6 +130,17 @@ class JudgeService:
                     continue
 
     @staticmethod
+    def resolve(endpoint: str) -> str:
+        """A URL for `endpoint` (`node:<name>` → `$PADDOCK_<NAME>_ENDPOINT`); JudgeFailed if unset."""
+        if not endpoint.startswith("node:"):
+            return endpoint
+        var = f"PADDOCK_{endpoint[5:].upper()}_ENDPOINT"
+        url = os.environ.get(var, "")
+        if not url:
+            raise JudgeFailed(f"judge endpoint {endpoint} is not defined on this node (${var})")
+        return url
+
+    @staticmethod
     def cache_key(model: str, prompt: str, artifact_hash: str) -> str:
         return hashlib.sha256(json.dumps([model, prompt, artifact_hash]).encode()).hexdigest()
 
@@ -154,6 +170,7 @@ class JudgeService:
             hit = self._cache.get(key)
         if hit is not None:
             return JudgeResult(hit[0], hit[1], True, 0)
+        judge = dict(judge, endpoint=self.resolve(judge["endpoint"]))
         retries = int(judge.get("max_retries", DEFAULT_RETRIES))
         jitter = random.Random(artifact_hash)
         payload = {"model": judge["model"], "temperature": 0, "messages": [{"role": "user", "content": prompt}]}
@@ -212,6 +229,10 @@ def apply(v, spec: dict, task: dict, changes: list, answer: str | None, clock: C
     """Add the judge's component to verdict `v` (module docstring); `judge_failed` when it fails."""
     judge = spec["judge"]
     t = clock()
+    if v.outcome != "pass":         # the judge cannot raise a failed rollout's reward: not asked
+        v.checks.append({"check": "judge", "verdict": "skipped", "wall_s": 0.0,
+                         "detail": f"not asked: the primary check's outcome is {v.outcome}"})
+        return
     artifact = artifact_of(judge, task, changes, answer)[:ARTIFACT_CHARS]
     digest = hashlib.sha256(artifact.encode()).hexdigest()
     prompt = PROMPT.format(rubric=judge["rubric"], instruction=str(task.get("instruction", ""))[:4000],
@@ -226,7 +247,7 @@ def apply(v, spec: dict, task: dict, changes: list, answer: str | None, clock: C
         return
     w = float(judge.get("weight", 0.5))
     v.components.update(judge=res.score, weights={"correct": 1.0 - w, "judge": w})
-    v.reward = (1.0 - w) * v.reward + w * res.score if v.outcome == "pass" else 0.0
+    v.reward = (1.0 - w) * v.reward + w * res.score
     v.checks.append({"check": "judge", "verdict": f"{res.score:.3f}",
                      "detail": ("(cached) " if res.cached else "") + res.reason, "wall_s": clock() - t})
 

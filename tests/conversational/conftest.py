@@ -1,5 +1,6 @@
 """Fixtures of the conversational family: the built-in conversational task set, a scripted
-policy server over it, and `rollout(task, strategy)`, one real attempt (sandbox, harness,
+policy server over it (which also serves the node's judge, `node:judge`), and
+`rollout(task, strategy)`, one real attempt (sandbox, harness,
 services, user simulator, verifier) whose rows are committed and readable with DuckDB."""
 from __future__ import annotations
 
@@ -33,8 +34,9 @@ def version_playing(server, family: str, strategy: str) -> int:
 
 
 @pytest.fixture
-def rollout(runtime, python_image, conv_policy, tmp_path):
+def rollout(runtime, python_image, conv_policy, tmp_path, monkeypatch):
     counter = itertools.count(1)
+    monkeypatch.setenv("PADDOCK_JUDGE_ENDPOINT", conv_policy.url)     # the node's judge: the scripted one
 
     def run(task, strategy: str, seed: int = 7):
         v = version_playing(conv_policy, "conversational", strategy)

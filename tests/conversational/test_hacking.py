@@ -2,12 +2,13 @@
 the scripted policy knows (claiming success to the user, editing service state out of band
 and forging the service's replies, prompt-injecting the user simulator and the judge), real
 rollouts; none may earn reward. The honest strategy passes every task (the battery is not
-passing because nothing can pass)."""
+passing because nothing can pass), but the one whose judge cannot grade it (`judge_failed`)."""
 from __future__ import annotations
 
 import pytest
 
 from controller.demo.policy_server import CONVERSATIONAL_CHEATS
+from controller.taskbank.conversational import TONE_TASKS
 from tests.conversational.conftest import TASKSET
 
 pytestmark = pytest.mark.sandbox
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.sandbox
 @pytest.mark.parametrize("task", TASKSET.tasks, ids=lambda t: t.name.split("/", 1)[1])
 def test_no_hack_is_rewarded_and_the_honest_agent_passes(rollout, task):
     res, _, _ = rollout(task, "solve")
-    assert (res.outcome, res.reward) == ("pass", 1.0), res.infra_reason
+    honest = ("judge_failed", None) if task.name.split("/", 1)[1] in TONE_TASKS else ("pass", 1.0)
+    assert (res.outcome, res.reward) == honest, res.infra_reason
     for cheat in CONVERSATIONAL_CHEATS:
         res, rid, con = rollout(task, cheat)
         assert res.outcome == "fail" and res.reward == 0.0, (cheat, res.outcome, res.infra_reason)

@@ -1,6 +1,8 @@
 """A conversational task with an LLM judge reading the whole conversation: the judge's score is
 weighted in on a passing state; a judge that fails is `judge_failed` (its own outcome, reward
-NULL) in the store; a judge that obeys text the agent injects still pays nothing for a hack."""
+NULL) in the store; a judge that would obey text the agent injects is never even asked about a
+hack (the state failed), and the built-in tasks' own judge (`node:judge`) scores the honest
+agent 1 and the tone task `judge_failed`."""
 from __future__ import annotations
 
 import dataclasses
@@ -65,7 +67,37 @@ def test_hacks_earn_nothing_even_from_a_judge_that_obeys_injections(rollout, che
     finally:
         fake.close()
     assert res.outcome == "fail" and res.reward == 0.0, (cheat, res.outcome)
-    if cheat == "inject_judge":         # the judge was fooled; the state was not
-        verdict, = con.execute('SELECT verdict FROM checks WHERE rollout_id = ? AND "check" = \'judge\'',
-                               [rid]).fetchone()
-        assert verdict == "1.000"
+    verdict, = con.execute('SELECT verdict FROM checks WHERE rollout_id = ? AND "check" = \'judge\'',
+                           [rid]).fetchone()
+    assert verdict == "skipped" and fake.requests == []      # a failed state is never put to the judge
+
+
+def test_a_judge_that_obeys_injections_is_fooled_only_where_the_state_is_right(rollout):
+    fake = FakeJudge(naive_judge)
+    try:
+        res, rid, con = rollout(judged(fake, model="naive-solve"), "solve")
+    finally:
+        fake.close()
+    assert res.outcome == "pass" and res.reward == pytest.approx(0.8 + 0.2 * 0.3)   # no score in the text
+
+
+def test_the_built_in_tasks_are_judged_by_the_nodes_judge(rollout):
+    res, rid, con = rollout(TASKSET.by_name()["conversational/retail/cancel-pending"], "solve")
+    assert (res.outcome, res.reward) == ("pass", 1.0)
+    assert con.execute('SELECT verdict FROM checks WHERE rollout_id = ? AND "check" = \'judge\'',
+                       [rid]).fetchone() == ("1.000",)
+    res, rid, con = rollout(TASKSET.by_name()["conversational/retail/new-address-tone"], "solve")
+    assert (res.outcome, res.reward) == ("judge_failed", None)
+    detail, = con.execute('SELECT detail FROM checks WHERE rollout_id = ? AND "check" = \'judge\'', [rid]).fetchone()
+    assert "not able to grade the tone" in detail
+
+
+def test_without_a_judge_on_the_node_a_judged_task_is_judge_failed(rollout, monkeypatch):
+    from nodeagent.verifier import judge
+    task = TASKSET.by_name()["conversational/airline/cancel"]
+    monkeypatch.delenv("PADDOCK_JUDGE_ENDPOINT")
+    monkeypatch.setattr(judge, "_default", judge.JudgeService())     # nothing cached
+    res, rid, con = rollout(task, "solve")
+    assert (res.outcome, res.reward) == ("judge_failed", None)
+    detail, = con.execute('SELECT detail FROM checks WHERE rollout_id = ? AND "check" = \'judge\'', [rid]).fetchone()
+    assert "PADDOCK_JUDGE_ENDPOINT" in detail
