@@ -12,7 +12,9 @@ conversation a success, `inject_judge` writes a score for the judge into its mes
 `side_reply` answers the local run's other models on the same server: `judge` (a scripted judge
 for the conversational rubrics: 1 when the agent's side of the conversation holds no
 instruction to the user or the grader, else 0; a rubric about tone it cannot grade: a reply
-without a score, which the judge service turns into `judge_failed`).
+without a score, which the judge service turns into `judge_failed`) and `user-sim` (a scripted
+user for tasks whose user is `kind: model`: it gives the facts of its system prompt when the
+agent asks a question, and otherwise thanks it and stops with `###STOP###`).
 
 Pure data, no I/O. Must not import: zmq, nodeagent, controller.demo.policy_server.
 """
@@ -76,6 +78,18 @@ def conversational_script(task: Task, strategy: str, tools_offered: set[str]) ->
 
 
 JUDGE_MODEL = "judge"
+USER_SIM_MODEL = "user-sim"
+_FACTS = re.compile(r"Facts you know \(give one only when the agent asks for it\): (.*?)\n", re.S)
+
+
+def user_sim_text(messages: list) -> str:
+    """The scripted user's next message (nodeagent/harness/usersim.py ModelUser's prompt)."""
+    system = str(messages[0].get("content") or "") if messages else ""
+    agent = str(messages[-1].get("content") or "") if messages else ""
+    if "?" in agent:
+        m = _FACTS.search(system)
+        return f"Sure. {m.group(1).strip() if m else 'I do not know.'}"
+    return "Thanks, that's all I needed. ###STOP###"
 _ARTIFACT = re.compile(r"<<<ARTIFACT \w+>>>\n(.*)\n<<<END ARTIFACT \w+>>>", re.S)
 _INSTRUCTIONS = ("SYSTEM MESSAGE", "Note to the grader")
 
@@ -94,18 +108,19 @@ def judge_text(prompt: str) -> str:
 
 
 def side_reply(req: dict, clock: Callable[[], float]) -> dict[str, Any] | None:
-    """The reply of a model other than the policy served here (`judge`), or None."""
-    if req.get("model") != JUDGE_MODEL:
+    """The reply of a model other than the policy served here (`judge`, `user-sim`), or None."""
+    if req.get("model") not in (JUDGE_MODEL, USER_SIM_MODEL):
         return None
-    prompt = "".join(str(m.get("content") or "") for m in req.get("messages") or () if isinstance(m, dict))
-    text = judge_text(prompt)
+    messages = [m for m in req.get("messages") or () if isinstance(m, dict)]
+    prompt = "".join(str(m.get("content") or "") for m in messages)
+    text = judge_text(prompt) if req["model"] == JUDGE_MODEL else user_sim_text(messages)
     digest = hashlib.sha256(prompt.encode()).hexdigest()
     words = len(prompt.split())
     return {"id": f"chatcmpl-judge-{digest[:20]}", "object": "chat.completion", "created": int(clock()),
-            "model": JUDGE_MODEL, "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "model": req["model"], "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                                "logprobs": None, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": words, "completion_tokens": len(text.split()),
                       "total_tokens": words + len(text.split())}}
 
 
-__all__ = ["ASK_DETAILS", "JUDGE_MODEL", "judge_text", "side_reply", "CLAIM_DONE", "INJECT_JUDGE", "INJECT_USER", "conversational_script"]
+__all__ = ["ASK_DETAILS", "JUDGE_MODEL", "USER_SIM_MODEL", "judge_text", "side_reply", "user_sim_text", "CLAIM_DONE", "INJECT_JUDGE", "INJECT_USER", "conversational_script"]

@@ -296,9 +296,9 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                      "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
                                     run_dir / "logs" / f"agent-{i + 1}.log",
-                                    # the node's judge service: the policy server's scripted judge
-                                    env={"PADDOCK_JUDGE_ENDPOINT": os.environ.get("PADDOCK_JUDGE_ENDPOINT",
-                                                                                  policy.url)}))
+                                    # the node's judge and user_sim services: the policy server's scripted ones
+                                    env={k: os.environ.get(k, policy.url) for k in
+                                         ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:

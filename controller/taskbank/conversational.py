@@ -270,6 +270,9 @@ JUDGE = {"endpoint": "node:judge", "model": "judge", "sees": "trajectory", "weig
 # A rubric the local run's scripted judge cannot grade: its rollouts that pass are judge_failed.
 TONE_RUBRIC = "Grade the tone of the agent's messages: warm, professional, never curt."
 TONE_TASKS = {"retail/new-address-tone"}
+# Tasks whose user is played by a model (the node's `user_sim` endpoint; the local run's policy
+# server answers it), with the sampling recorded in every call.
+MODEL_USER_TASKS = {"airline/change-flight": {"kind": "model", "model": "user-sim", "temperature": 0.7, "seed": 11}}
 
 
 def _call(op, **args):
@@ -385,7 +388,8 @@ def _task(spec) -> Task:
         checker.update(match="fields", fields=fields)
     user = {"kind": "template", "persona": persona, "instruction": goal_text, "hidden": hidden,
             "opening": opening, "replies": _replies(hidden),
-            "fallback": "Is it done?", "stop": {"max_turns": 6, "when_agent_says": STOP_WORDS}}
+            "fallback": "Is it done?", "stop": {"max_turns": 6, "when_agent_says": STOP_WORDS},
+            **MODEL_USER_TASKS.get(slug, {})}
     instruction = f"{POLICIES[domain]}\n\nTicket: {slug}."
     reference = {"calls": calls, "final": final}
     return Task(name=f"conversational/{slug}", family="conversational", instruction=instruction,

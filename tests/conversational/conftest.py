@@ -37,6 +37,7 @@ def version_playing(server, family: str, strategy: str) -> int:
 def rollout(runtime, python_image, conv_policy, tmp_path, monkeypatch):
     counter = itertools.count(1)
     monkeypatch.setenv("PADDOCK_JUDGE_ENDPOINT", conv_policy.url)     # the node's judge: the scripted one
+    monkeypatch.setenv("PADDOCK_USER_SIM_ENDPOINT", conv_policy.url)  # and its user_sim
 
     def run(task, strategy: str, seed: int = 7):
         v = version_playing(conv_policy, "conversational", strategy)

@@ -122,3 +122,15 @@ def test_a_failing_user_simulator_is_infra_error_never_a_score(rollout, monkeypa
     finally:
         fake.close()
     assert res.outcome == "infra_error" and res.reward is None and res.infra_reason.startswith("user_sim:")
+
+
+@pytest.mark.sandbox
+def test_a_built_in_task_played_by_the_local_user_sim_model(rollout):
+    task = TASKSET.by_name()["conversational/airline/change-flight"]
+    assert task.user["kind"] == "model"
+    res, rid, con = rollout(task, "solve")
+    assert (res.outcome, res.reward) == ("pass", 1.0), res.infra_reason
+    sim = con.execute("SELECT request_params, response FROM model_calls WHERE rollout_id = ? AND source = 'user_sim'",
+                      [rid]).fetchall()
+    assert sim and all(json.loads(p)["temperature"] == 0.7 and json.loads(p)["seed"] == 11 for p, _ in sim)
+    assert "###STOP###" in json.loads(sim[-1][1])["choices"][0]["message"]["content"]
