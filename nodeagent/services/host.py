@@ -7,17 +7,17 @@ parsed and checked against the operation's JSON Schema first; an invalid call, a
 operation or a transition that would break the service's `state_schema` is an `error:`
 observation (`ToolResult.error` set, the state unchanged), never an exception.
 
-Where it runs: the engine (`controller/contracts/serviceengine.py`, standard library only) and each
-service's spec are written into the rollout's sandbox at start, owned outside the sandbox's id
-slice (0444: the agent's root can read, not change them), and each operation runs there as
-in-sandbox uid `SERVICE_UID` (the slice's last id where slices are smaller; `python3 -I
--S`), with no network (the sandbox has none). The
-authoritative state stays here, on the node: it never exists as a file the agent could edit,
-and every reply from the sandbox is checked against the same engine run here. A reply that
-differs, does not parse or comes from an interpreter that failed (the agent replaced
-`python3`, filled the disk, killed the process) is refused and recorded in `tampered`; the
-state checker fails such a rollout. Without a sandbox (`sandbox=None`: tests, benchmarks)
-the engine runs here only.
+Where it runs: the engine (`controller/contracts/serviceengine.py`, standard library only)
+and each service's spec are written into the rollout's sandbox at start, owned outside the
+sandbox's id slice (0444: the agent's root can read, not change them), and each operation runs
+there as in-sandbox uid `SERVICE_UID` (the slice's last id where slices are smaller; `python3
+-I -S`), with no network (the sandbox has none). The authoritative state stays here, on the
+node: it never exists as a file the agent could edit, and every reply from the sandbox is
+checked against the same engine run here. A reply that differs or does not parse (an
+interpreter the agent managed to replace) is refused and recorded in `tampered`; the state
+checker fails such a rollout. An engine that fails to run (a non-zero exit, a timeout: a
+loaded node, a sandbox out of pids) raises SandboxError: infrastructure, never a score.
+Without a sandbox (`sandbox=None`: tests, benchmarks) the engine runs here only.
 
 `final_state()` is what the verifier compares with the goal; `log` lists every operation
 (service, operation, arguments, ok, error).
@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from controller.contracts.services import MAX_STATE_BYTES, operation_names, service_tools
 from nodeagent.harness.tools import ToolResult
+from nodeagent.sandbox.runtime import SandboxError
 from controller.contracts import serviceengine as engine
 
 SERVICE_DIR = "/srv/paddock-service"
@@ -118,7 +119,7 @@ class ServiceHost:
 
     def call(self, name: Any, raw_args: Any, budget_s: float | None = None) -> ToolResult:
         """Validate and run one operation. Raises ServiceRuleError (the task's rules are broken)
-        or SandboxError (infrastructure)."""
+        or SandboxError (infrastructure: the sandbox, or the engine failing to run in it)."""
         args, refused = self.parse(name, raw_args)
         if refused is not None:
             return refused
@@ -179,9 +180,11 @@ class ServiceHost:
         r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
                               cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
         self.sandbox_ops += 1
-        if r.timed_out or r.exit_code != 0 or r.truncated:
-            return f"engine exit {r.exit_code}{' (timed out)' if r.timed_out else ''}: " \
-                   f"{r.stderr.decode(errors='replace')[-200:]}"
+        if r.timed_out or r.exit_code != 0:     # could be load or a full sandbox: never scored
+            raise SandboxError(f"service {svc}: its engine failed in the sandbox (exit {r.exit_code}"
+                               f"{', timed out' if r.timed_out else ''}): {r.stderr.decode(errors='replace')[-300:]}")
+        if r.truncated:
+            return "reply larger than any state"
         try:
             got = json.loads(r.stdout)
         except ValueError:

@@ -144,3 +144,34 @@ def test_a_forged_reply_from_a_shadowed_interpreter_is_refused_as_tampering(sand
     out = host.call("bump", '{"by": 1}')
     assert out.error == "service_unavailable" and "nothing changed" in out.observation
     assert host.final_state() == {"c": {"n": 0}} and host.tampered and "differs" in host.tampered[0]
+
+
+@pytest.mark.sandbox
+def test_an_engine_that_cannot_run_is_infrastructure_never_a_score(sandbox):
+    from nodeagent.sandbox.runtime import SandboxError
+    host = ServiceHost({"c": COUNTER}, sandbox)
+    sandbox.write_files({"/usr/local/bin/python3": "#!/bin/sh\nexit 3\n"}, owner="system", mode=0o755)
+    with pytest.raises(SandboxError, match=r"engine failed in the sandbox \(exit 3"):
+        host.call("bump", '{"by": 1}')
+    assert host.final_state() == {"c": {"n": 0}} and host.tampered == []
+
+
+@pytest.mark.sandbox
+def test_a_state_larger_than_stdin_goes_through_a_file_the_agent_cannot_change(sandbox):
+    big = {**COUNTER, "state_schema": {"type": "object"},
+           "initial_state": {"n": 0, "blob": ["x" * 100] * 1000}}            # ~100 KB of state
+    host = ServiceHost({"c": big}, sandbox)
+    assert host.call("bump", '{"by": 1}').observation == "1" and host.tampered == []
+    r = sandbox.exec(["sh", "-c", "echo {} > /srv/paddock-service/c.state.json"])
+    assert r.exit_code != 0 and host.call("bump", '{"by": 1}').observation == "2"
+
+
+@pytest.mark.sandbox
+def test_the_agents_sandbox_holds_neither_the_goal_nor_the_reference(sandbox):
+    task = conversational_taskset().by_name()["conversational/assistant/schedule"]
+    ServiceHost(task.services, sandbox).install()
+    marker = "Booked: budget review"          # in the goal (a reference call's argument) only
+    assert marker in json.dumps(task.checker["goal"]) and marker not in json.dumps(task.services)
+    r = sandbox.exec(["sh", "-c", f"grep -rlsF '{marker}' / --exclude-dir=proc --exclude-dir=sys; true"],
+                     timeout_s=60)
+    assert r.stdout == b""
