@@ -71,7 +71,7 @@ from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 
 log = logging.getLogger(__name__)
-__all__ = ["Attempt", "AttemptResult", "run_attempt", "write_changes"]
+__all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
 
 
 def _task_of(a: Attempt) -> LeaseTask:
@@ -120,13 +120,14 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None
+    conversation = conv.captured(agent)
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0
     elif infra is None:
         tv = clock()
         try:
             verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
-                             conversation=conv.captured(agent))
+                             conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = f"verifier: {exc}"
@@ -136,6 +137,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
     try:
         changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
+        if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
+            atomic_write(Path(a.run_dir) / conversation_path(changes_path), json.dumps(conversation).encode())
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
@@ -257,6 +260,13 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                 gateway.stop()
     agent.spans.insert(0, start_span)
     return agent, infra, changes
+
+
+def conversation_path(changes_path: str) -> str:
+    """Where a conversational attempt's captured conversation (final service state, operations,
+    transcript, what was told) is kept: next to its changes artifact."""
+    return changes_path[: -len(".tar")] + ".conversation.json" if changes_path.endswith(".tar") else \
+        changes_path + ".conversation.json"
 
 
 def _span(kind: str, name: str, t0: float, start: float, end: float, step: int = 0) -> dict:

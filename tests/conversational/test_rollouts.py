@@ -52,3 +52,16 @@ def test_a_conversation_replays_to_the_same_verdict_and_the_same_user_turns(roll
     assert (again.outcome, again.reward) == (res.outcome, res.reward) == ("pass", 1.0)
     assert [(s["role"], s["content"], s["observation"]) for s in new_steps] == \
         [(s["role"], s["content"], s["observation"]) for s in steps]
+
+
+def test_a_conversation_is_rescored_from_its_kept_final_state(rollout, runtime, python_image, tmp_path):
+    from nodeagent.verifier.rescore import regrade
+    res, rid, con = rollout(CANCEL, "solve")
+    cur = con.execute("SELECT * FROM rollouts WHERE rollout_id = ?", [rid])
+    row = dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    tasks = {CANCEL.task_id: {**CANCEL.canonical(), "task_id": CANCEL.task_id}}
+    out = regrade(row, tmp_path, tasks, runtime, lambda digest: python_image)
+    assert (out["outcome"], out["reward"], out["rescored"]) == ("pass", 1.0, True), out["infra_reason"]
+    (tmp_path / row["changes_path"].replace(".tar", ".conversation.json")).unlink()
+    out = regrade(row, tmp_path, tasks, runtime, lambda digest: python_image)
+    assert out["outcome"] == "infra_error" and "no service state" in out["infra_reason"]
