@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from controller.contracts.states import (  # noqa: F401 - the state names, re-exported
     ATTEMPT_CANCELLED, CANCELLED, COMMITTED, DEAD_LETTER, HELD, INFRA_ERROR, LEASABLE,
-    LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, QUEUED, REJECT_CANCELLED,
+    LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, COMMITTED_OUTCOMES, QUEUED, REJECT_CANCELLED,
     RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
     TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition, is_infra_loss)
 from controller.store import schema
@@ -403,7 +403,7 @@ class RolloutQueue(QueueReads):
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         with self._tx():
-            if outcome in POLICY_OUTCOMES and self._commit_held(
+            if outcome in COMMITTED_OUTCOMES and self._commit_held(
                     rollout_id, attempt, token, outcome, reward, shards, idem):
                 return _COMMITTED
             row, reason = self._held(rollout_id, attempt, token)
@@ -416,8 +416,8 @@ class RolloutQueue(QueueReads):
                 return Completion(False, reason, False)
             now = self.clock()
             # The reply is stored with the attempt it ends (the idempotency record).
-            if outcome in POLICY_OUTCOMES:
-                if reward is None and outcome != "pass":
+            if outcome in COMMITTED_OUTCOMES:
+                if reward is None and outcome in POLICY_OUTCOMES and outcome != "pass":
                     reward = 0.0
                 result = Completion(True, None, True)
                 self._move(row, COMMITTED, now, outcome=outcome, reward=reward, commit_idem=idem,
@@ -437,7 +437,7 @@ class RolloutQueue(QueueReads):
         attempts row: `attempts()` shows it from there, and a repeat of its result is
         answered from there)."""
         now = self.clock()
-        if reward is None and outcome != "pass":
+        if reward is None and outcome in POLICY_OUTCOMES and outcome != "pass":
             reward = 0.0
         seq = self._commit_seq + 1
         cur = self._db.execute(

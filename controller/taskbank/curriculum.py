@@ -145,7 +145,7 @@ class Curriculum:
 
         `infra_error` never counts as a verdict (it is masked, never scored).
         """
-        if outcome == "infra_error":
+        if outcome in ("infra_error", "judge_failed"):     # masked, never a verdict
             return False
         if outcome not in SCORED:
             raise ValueError(f"curriculum: outcome {outcome!r} is not one of {SCORED + ('infra_error',)}")
