@@ -12,8 +12,9 @@ collected every `GEN0_THRESHOLD` net allocations instead of 700, so the per-fram
 (messages, replies, rows) mostly die before a collection sees them. Reference cycles made
 later are still collected.
 
-Must not import: anything of Paddock's (it is called by controller/broker/daemon.py and by
-benchmarks/scale.py, whose simulation shares the heap with its simulated agents).
+Must not import: controller.store, controller.contracts, nodeagent, zmq (it is called by
+controller/broker/daemon.py and by benchmarks/scale.py, whose simulation shares the heap with
+its simulated agents).
 """
 from __future__ import annotations
 
