@@ -231,12 +231,13 @@ def import_task(entry: dict, repo: Repo, image: str, store: ImageStore, workdir:
 
 # -- plain pytest in the same image: what the project's suite says without Paddock's grader ------
 
-_SUMMARY = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)", re.M)
+_VERBOSE = re.compile(r"^(\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s*$", re.M)   # `-v`, classic style
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def plain_pytest(runtime, store: ImageStore, task: dict, python_image: Path, gold: bool,
                  timeout_s: float = 300.0) -> tuple[dict[str, str], str]:
-    """({node id: outcome}, output tail) of `python3 -m pytest -rA FILES` in /work of a sandbox
+    """({node id: outcome}, output tail) of `python3 -m pytest -v FILES` in /work of a sandbox
     of the task's image and layers, with or without the gold patch applied."""
     from nodeagent.sandbox.runtime import Change, SandboxSpec
     from nodeagent.verifier.validate import own_image, reference_of, sandbox_layers
@@ -251,14 +252,16 @@ def plain_pytest(runtime, store: ImageStore, task: dict, python_image: Path, gol
     try:
         if changes:
             sb.apply(changes)
-        r = sb.exec(["python3", "-m", "pytest", "-rA", "-q", "-p", "no:cacheprovider", *task["checker"]["tests"]],
+        r = sb.exec(["python3", "-m", "pytest", "-v", "-o", "console_output_style=classic", "-p", "no:cacheprovider",
+                     *task["checker"]["tests"]],
                     cwd="/work", timeout_s=timeout_s, output_cap=4 << 20)
     finally:
         sb.destroy()
-    out = r.stdout.decode(errors="replace")
+    out = _ANSI.sub("", r.stdout.decode(errors="replace"))
     results: dict[str, str] = {}
-    for kind, nodeid in _SUMMARY.findall(out):
-        results[nodeid] = kind.lower()
+    for nodeid, kind in _VERBOSE.findall(out):
+        if results.get(nodeid) in (None, "passed"):       # a teardown ERROR after PASSED counts
+            results[nodeid] = kind.lower()
     return results, (out + r.stderr.decode(errors="replace"))[-1200:]
 
 
