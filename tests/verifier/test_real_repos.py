@@ -22,7 +22,7 @@ from layers.store import ImageStore
 from tests.data.real_repos import repos
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.slow,
-              pytest.mark.skipif(subprocess.run(["which", "mksquashfs"], capture_output=True).returncode != 0,
+              pytest.mark.skipif(subprocess.run(["which", "mksquashfs"], capture_output=True, check=False).returncode != 0,
                                  reason="needs mksquashfs")]
 
 ENTRIES = repos.load_corpus()
@@ -47,7 +47,9 @@ def test_the_corpus_is_at_least_twenty_projects_covering_the_suite_shapes():
     for shape in ("unittest", "conftest", "conftest-doctest_namespace", "filterwarnings-error",
                   "addopts-doctest-modules", "doctest-module", "src-layout"):
         assert shape in features, f"no project exercises {shape}"
-    assert all(len(e.get("pass_to_pass") or ()) >= 1 for e in graded)
+    # PASS_TO_PASS: every test of the graded files that passes with and without the break (five
+    # sampled); a project whose every graded test exercises the function has none
+    assert sum(bool(e.get("pass_to_pass")) for e in graded) >= 20
 
 
 def _param(entry):

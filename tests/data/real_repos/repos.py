@@ -38,6 +38,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus.yaml"
 SDIST_CACHE_ENV = "PADDOCK_SDIST_CACHE"
 DEFAULT_SDIST_CACHE = Path("/var/tmp/paddock/sdists")
+DOWNLOAD_PROCESSES = 4
 # Test plugins that the corpus's own pytest configurations name (`--cov` in addopts,
 # `asyncio_mode`); everything else the suites need is in the built-in image (pytest 7.2.1).
 IMAGE_REQUIREMENTS = ("pytest-cov==4.1.0", "coverage==7.4.0", "pytest-asyncio==0.21.1")
@@ -80,7 +82,7 @@ def sdist_cache() -> Path:
 
 def _sdist_in(cache: Path, entry: dict) -> Path | None:
     norm = re.sub(r"[-_.]+", "[-_.]", re.escape(entry["name"]).replace("\\", ""))
-    pat = re.compile(rf"^{norm}-{re.escape(entry['version'])}\.(tar\.gz|zip)$", re.I)
+    pat = re.compile(rf"^{norm}-{re.escape(entry['version'])}\.(tar\.gz|zip)$", re.IGNORECASE)
     for p in sorted(cache.glob("*")) if cache.is_dir() else []:
         if pat.match(p.name):
             return p
@@ -92,15 +94,19 @@ def fetch_sdists(entries: list[dict], cache: Path | None = None, timeout_s: floa
     cache = cache or sdist_cache()
     cache.mkdir(parents=True, exist_ok=True)
     want = [e for e in entries if _sdist_in(cache, e) is None]
-    if want:
+
+    def download(chunk: list[dict]) -> None:
         argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                "--disable-pip-version-check", "-d", str(cache), *(f"{e['name']}=={e['version']}" for e in want)]
+                "--disable-pip-version-check", "-d", str(cache), *(f"{e['name']}=={e['version']}" for e in chunk)]
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             raise IndexUnreachable(f"pip download timed out after {timeout_s:.0f} s") from None
         if proc.returncode != 0:
             raise IndexUnreachable(f"pip download failed (exit {proc.returncode}): {proc.stderr.strip()[-600:]}")
+    if want:        # pip builds each sdist's metadata: a few processes at once, not one long queue
+        with ThreadPoolExecutor(max_workers=DOWNLOAD_PROCESSES) as pool:
+            list(pool.map(download, [want[i::DOWNLOAD_PROCESSES] for i in range(min(DOWNLOAD_PROCESSES, len(want)))]))
     out = {}
     for e in entries:
         p = _sdist_in(cache, e)
@@ -206,7 +212,7 @@ def corpus_image(store: ImageStore, python_image: Path, entries: list[dict]) -> 
             proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-deps",
                                    "--disable-pip-version-check", "--only-binary", ":all:",
                                    "--target", str(site), *IMAGE_REQUIREMENTS],
-                                  capture_output=True, text=True, timeout=900)
+                                  capture_output=True, text=True, timeout=900, check=False)
             if proc.returncode != 0:
                 raise IndexUnreachable(f"pip install --target failed: {proc.stderr.strip()[-600:]}")
             (site / "00-paddock-work-src.pth").write_text(SRC_PTH)
@@ -231,7 +237,7 @@ def import_task(entry: dict, repo: Repo, image: str, store: ImageStore, workdir:
 
 # -- plain pytest in the same image: what the project's suite says without Paddock's grader ------
 
-_VERBOSE = re.compile(r"^(\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s*$", re.M)   # `-v`, classic style
+_VERBOSE = re.compile(r"^(\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s*$", re.MULTILINE)   # `-v`, classic style
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
