@@ -21,7 +21,7 @@ from dataclasses import MISSING, fields
 
 from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, run_agent, run_head
 from slurm.launch import launch
-from slurm.sbatch import ParamError, coerce, parse_assignments, render, valid_parameters
+from slurm.sbatch import ParamError, coerce, load_job_file, parse_assignments, render, valid_parameters
 
 HEAD_HELP = {
     "agents": "agents that must register first",
@@ -43,13 +43,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = sub.add_parser("render", help="print the batch script for KEY=VALUE parameters",
                        description=f"Parameters: {valid_parameters()}. Example: paddock sbatch render "
                                    "run_dir=/scratch/runs/r1 env_nodes=4 time_limit=02:00:00 layout=het")
-    r.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    r.add_argument("params", nargs="*", metavar="KEY=VALUE",
+                   help="a job parameter, or a component's (inference.nodes=2, trainer.gpus_per_node=4)")
+    r.add_argument("--job", metavar="FILE", help="a job description (YAML); KEY=VALUE words override it")
     r.add_argument("-o", "--output", help="write the script here instead of stdout")
     r.set_defaults(func=cmd_render)
 
     la = subparsers.add_parser("launch", help="submit the training job and its farm to Slurm (submitit)",
                                description="Same KEY=VALUE parameters as `paddock sbatch render` (single layout).")
     la.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    la.add_argument("--job", metavar="FILE", help="a job description (YAML); KEY=VALUE words override it")
     la.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 if COMPLETED")
     la.add_argument("--wait-timeout-s", type=float, default=7 * 86400)
     la.set_defaults(func=cmd_launch)
@@ -86,9 +89,16 @@ def cmd_job(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def job_params(args: argparse.Namespace) -> dict:
+    """The job description: the --job file's keys, overridden by the KEY=VALUE words."""
+    params = load_job_file(args.job) if args.job else {}
+    params.update(coerce(parse_assignments(args.params)))   # a component's `name.key` wins over its file value
+    return params
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     try:
-        params = coerce(parse_assignments(args.params))
+        params = job_params(args)
         params.setdefault("python", sys.executable)
         text = render(params)
     except ParamError as exc:
@@ -104,7 +114,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     try:
-        handle = launch(coerce(parse_assignments(args.params)))
+        handle = launch(job_params(args))
     except (ParamError, JobStepError) as exc:
         print(f"paddock launch: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
