@@ -5,6 +5,7 @@ job steps `paddock job head|agent` that the batch scripts run.
   paddock launch KEY=VALUE ... [--wait]             submit with submitit (slurm/launch.py)
   paddock job head --run-dir DIR ...                the head step (slurm/jobsteps.py)
   paddock job agent --run-dir DIR ...               one node agent's step
+  paddock job server --component inference ...     one model server's step (slurm/servers.py)
 
 Thin: parses arguments into `JobParams`, `HeadStep` and `AgentStep` (whose defaults are the
 flags' defaults) and calls slurm/. Bad parameters exit 2 with the list of valid ones.
@@ -19,7 +20,8 @@ import socket
 import sys
 from dataclasses import MISSING, fields
 
-from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, run_agent, run_head
+from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, node_address, run_agent, run_head
+from slurm.servers import ServerStep, run_server
 from slurm.launch import launch
 from slurm.sbatch import ParamError, coerce, load_job_file, parse_assignments, render, valid_parameters
 
@@ -32,6 +34,14 @@ HEAD_HELP = {
     "policy_script": "the scripted policy's per-task scripts of swe tasks (docs/policy.md)",
     "bind_addr": "address the controller binds (default: this node's)",
     "metrics_port": "serve Prometheus metrics on this port",
+    "validate": "quick, full or off: validate the task set first, as `paddock run` does",
+    "servers": "the job's model servers to wait for, COMPONENT=COUNT,... (e.g. inference=2,judge=1)",
+}
+SERVER_HELP = {
+    "component": "inference, judge or services",
+    "command": "your server command (/bin/sh; $PADDOCK_SERVER_PORT, $PADDOCK_SERVER_HOST)",
+    "health": "GET this path until 200 (/health, or /v1/models)",
+    "reload": "the path POSTed on every replica at a weight update",
 }
 FLAG_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
 
@@ -65,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent = steps.add_parser("agent", help="one node agent, once the head has published its endpoint")
     _add_step_flags(agent, AgentStep, {})
     agent.set_defaults(func=cmd_job, step=AgentStep, run=run_agent)
+    server = steps.add_parser("server", help="one model server (inference, judge, services) on this node")
+    _add_step_flags(server, ServerStep, SERVER_HELP)
+    server.set_defaults(func=cmd_job, step=ServerStep, run=lambda step: run_server(step, node_address()))
 
 
 def _add_step_flags(p: argparse.ArgumentParser, step: type, helps: dict[str, str]) -> None:

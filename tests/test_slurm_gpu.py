@@ -1,0 +1,153 @@
+"""The job a GPU cluster's user submits (issue 25): model servers started in the allocation
+(slurm/servers.py), the gateway spreading rollouts over their replicas, weight updates reaching
+every replica, node-agent supervision (slurm/supervise.py). The parts here run without Slurm:
+real server processes (the scripted policy server over HTTP), real sockets, real signals. The
+end-to-end job on the in-test cluster is in tests/test_slurm_cluster_gpu.py.
+
+Run: PYTHONPATH=. .venv/bin/python -m pytest -q tests/test_slurm_gpu.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nodeagent.gateway.session import replica
+from slurm.servers import (ReloadError, RemotePolicy, ServerError, ServerStep, published, reload_replicas,
+                           run_server, stop_servers, wait_servers)
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTED = f"{sys.executable} -m slurm.scripted_server --host 127.0.0.1 --port $PADDOCK_SERVER_PORT"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server_step(run_dir: Path, node_port: int, **kw) -> tuple[threading.Thread, dict]:
+    """run_server in a thread (it is the step's main function); its exit status lands in `out`."""
+    step = ServerStep(component=kw.pop("component", "inference"), run_dir=str(run_dir), deployment="d1",
+                      command=kw.pop("command", SCRIPTED), port=node_port, health=kw.pop("health", "/v1/models"),
+                      reload=kw.pop("reload", "/admin/policies"), poll_s=0.1, **kw)
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("rc", _run_in_thread(step)), daemon=True)
+    t.start()
+    return t, out
+
+
+def _run_in_thread(step: ServerStep) -> int:
+    # signal handlers can be set only in the main thread: run_server's are harmless to skip here
+    import signal as _s
+    orig = _s.signal
+    _s.signal = lambda *a, **k: None
+    try:
+        return run_server(step, "127.0.0.1")
+    finally:
+        _s.signal = orig
+
+
+@pytest.fixture
+def env_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+
+
+def test_a_server_comes_up_publishes_its_endpoint_takes_a_weight_update_and_stops(tmp_path, env_path):
+    # one replica per host (its record is named after the node); two replicas on two nodes: the
+    # end-to-end job in tests/test_slurm_cluster_gpu.py
+    port = free_port()
+    t, out = start_server_step(tmp_path, port)
+    got = wait_servers(tmp_path, {"inference": 1}, "d1", 60)
+    rec = got["inference"][0]
+    assert rec["url"] == f"http://127.0.0.1:{port}/v1" and rec["reload"] == "/admin/policies"
+    assert json.loads((tmp_path / "servers.json").read_text())["inference"][0]["url"] == rec["url"]
+    models = json.load(urllib.request.urlopen(rec["url"] + "/models", timeout=5))
+    assert models["object"] == "list"
+    # a weight update reaches the replica: the scripted server now serves version 3
+    policy = RemotePolicy(got["inference"])
+    from controller.demo.policy_server import default_params
+    assert policy.set_policy(3, default_params())
+    ids = [m["id"] for m in json.load(urllib.request.urlopen(rec["url"] + "/models", timeout=5))["data"]]
+    assert "scripted-v3" in ids
+    stop_servers(tmp_path, "d1")
+    t.join(60)
+    assert out.get("rc") == 0
+    with pytest.raises(OSError):
+        urllib.request.urlopen(rec["url"] + "/models", timeout=2)
+
+
+def test_a_weight_update_that_misses_a_replica_names_it(tmp_path, env_path):
+    port = free_port()
+    t, out = start_server_step(tmp_path, port)
+    live = wait_servers(tmp_path, {"inference": 1}, "d1", 60)["inference"][0]
+    dead = dict(live, node="gpu-node-9", base=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ReloadError, match="gpu-node-9"):
+        from controller.demo.policy_server import default_params
+        reload_replicas([live, dead], {"version": 1, "params": default_params()}, timeout_s=5)
+    stop_servers(tmp_path, "d1")
+    t.join(60)
+
+
+def test_a_server_that_exits_before_it_is_healthy_fails_the_step_naming_its_log(tmp_path, env_path, capsys):
+    t, out = start_server_step(tmp_path, free_port(), command="echo no GPU here >&2; exit 3")
+    t.join(30)
+    assert out["rc"] == 5
+    assert "exited with 3 before" in capsys.readouterr().err
+    assert published(tmp_path, "inference", "d1") == []
+
+
+def test_a_server_never_healthy_is_stopped_at_its_deadline(tmp_path, env_path, capsys):
+    t, out = start_server_step(tmp_path, free_port(), command="exec sleep 300", ready_wait_s=1.0)
+    t.join(30)
+    assert out["rc"] == 5 and "did not answer 200 within 1s" in capsys.readouterr().err
+
+
+def test_the_head_names_the_component_short_of_replicas(tmp_path):
+    with pytest.raises(ServerError, match=r"judge 0 of 1.*logs/judge.log"):
+        wait_servers(tmp_path, {"judge": 1}, "d1", 0.3)
+
+
+def test_a_previous_runs_endpoint_is_not_taken_for_this_runs(tmp_path, monkeypatch):
+    d = tmp_path / "servers" / "inference"
+    d.mkdir(parents=True)
+    (d / "node2.json").write_text(json.dumps({"url": "http://x/v1", "deployment": "d1", "incarnation": "0"}))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert published(tmp_path, "inference", "d1") == []
+
+
+def test_the_gateway_spreads_rollouts_over_the_replicas_and_each_keeps_its_own():
+    eps = "http://10.0.0.2:8000/v1 http://10.0.0.3:8000/v1"
+    picks = [replica(eps, k) for k in range(6)]
+    assert picks.count("http://10.0.0.2:8000/v1") == picks.count("http://10.0.0.3:8000/v1") == 3
+    assert replica("http://10.0.0.2:8000/v1", 5) == "http://10.0.0.2:8000/v1"
+
+
+def test_a_session_calls_one_replica_for_all_its_calls(tmp_path):
+    from nodeagent.gateway.session import GatewayBudgets, Session, Upstream
+    seen = []
+
+    class Fake:
+        def __init__(self, ep):
+            self.ep = ep
+
+        def complete(self, payload, timeout_s):
+            seen.append(self.ep)
+            return {"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    sessions = [Session(Upstream(0, "http://a/v1 http://b/v1", "m"), GatewayBudgets(10, 10_000, 60),
+                        client=Fake) for _ in range(2)]
+    for s in sessions:
+        for _ in range(3):
+            s.complete({"messages": [{"role": "user", "content": "x"}]}, 5)
+    assert len(set(seen[:3])) == 1 and len(set(seen[3:])) == 1 and seen[0] != seen[3]
