@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -65,6 +66,7 @@ from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.verifier.validate import validate_for_run
+from slurm.supervise import Policy, Supervisor
 from slurm.servers import (SERVERS_FILE, RemotePolicy, ServerError, endpoints_env, parse_servers,
                            stop_servers, wait_servers)
 
@@ -112,6 +114,10 @@ class AgentStep:
     heartbeat_interval_s: float = 1.0
     slots: int = 2
     controller_wait_s: float = 300.0
+    sandbox: str = "native"              # native | apptainer: the sandbox backend
+    restart_max_failures: int = 3        # agent failures within restart_window_s that give the node up
+    restart_window_s: float = 300.0
+    restart_backoff_s: float = 1.0       # the first restart's delay (doubling, at most 30 s)
 
 
 class JobStepError(RuntimeError):
@@ -523,20 +529,58 @@ def run_agent(args: AgentStep) -> int:
     except StopRequested as s:
         print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
         return 0
-    # `paddock agent` installs its SIGTERM drain handler; the job's drain signal
-    # (SIGWINCH, see slurm/sbatch.py) is turned into that SIGTERM, for this process only
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for sig in (signal.SIGWINCH, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
-        signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGTERM))
     share = f'{os.environ.get("SLURM_PROCID", "0")}/{os.environ.get("SLURM_NTASKS", "1")}'
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
+    argv = [*PADDOCK_CLI, "agent", "--node", node, "--controller", endpoint, "--deployment", args.deployment,
+            "--endpoint-file", str(run_dir / ENDPOINT_FILE), "--key-file", str(key_file_of(run_dir)),
+            "--slots", str(args.slots), "--image-store", args.image_store, "--subid-share", share,
+            "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
+    argv += ["--sandbox", args.sandbox] if args.sandbox != "native" else []
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
-    return run_paddock_agent(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
-                              "--endpoint-file", str(run_dir / ENDPOINT_FILE),
-                              "--key-file", str(key_file_of(run_dir)),
-                              "--slots", str(args.slots), "--image-store", args.image_store,
-                              "--subid-share", share,
-                              "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
+    return supervise_agent(argv, node, run_dir, endpoint, args)
+
+
+def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, args: AgentStep) -> int:
+    """`paddock agent ARGV` as a child process, restarted with backoff when it exits unexpectedly
+    (slurm/supervise.py); given up after too many failures: the node is drained at the controller
+    and reported in `<run_dir>/health/<node>.supervisor.json`. The job's drain signal (SIGWINCH;
+    submitit's SIGUSR2) and SIGTERM become one SIGTERM to the agent, which drains."""
+    report_path = run_dir / "health" / f"{node}.supervisor.json"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def spawn() -> subprocess.Popen:
+        # the agent dies with this step (SIGKILL of the step: no agent left behind)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+    def write(report) -> None:
+        atomic_write(report_path, json.dumps(dataclasses.asdict(report), indent=1))
+
+    def on_restart(report) -> None:
+        print(f"paddock agent on {node}: restarting the agent (restart {report.restarts}; "
+              f"last exit {report.failures[-1]['exit']})", flush=True)
+        write(report)
+
+    def on_fatal(report) -> None:
+        print(f"paddock agent on {node}: {report.reason}; draining the node and reporting it in "
+              f"{report_path}", file=sys.stderr, flush=True)
+        write(report)
+        try:
+            with Client(endpoint, args.deployment, timeout_s=5, retries=2, key_file=key_file_of(run_dir)) as c:
+                c.drain(node)
+        except Exception as exc:  # the report is written; the controller may be gone
+            log.warning("drain of %s at the controller failed: %s", node, exc)
+
+    sup = Supervisor(node, spawn, Policy(max_failures=args.restart_max_failures, window_s=args.restart_window_s,
+                                         backoff_base_s=args.restart_backoff_s),
+                     on_fatal=on_fatal, on_restart=on_restart)
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
+        signal.signal(sig, lambda signum, _f: sup.request_stop(signal.Signals(signum).name))
+    return sup.run()
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 def run_paddock_agent(argv: list[str]) -> int:

@@ -40,9 +40,10 @@ def job_task(p: JobParams) -> int:
         rc = run_head(HeadStep(**common, agents=p.agents_needed, agents_wait_s=p.agents_wait_s,
                                drain_timeout_s=60.0, versions=p.versions, rollouts_per_task=p.rollouts_per_task,
                                tasks_limit=p.tasks_limit, taskset=p.taskset, bank=p.bank, trainer=p.trainer,
-                               policy_script=p.policy_script))
+                               policy_script=p.policy_script, validate=p.validate))
     else:
-        rc = run_agent(AgentStep(**common, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s))
+        rc = run_agent(AgentStep(**common, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s,
+                                 sandbox=p.sandbox))
     if rc != 0:
         raise RuntimeError(f"job step on {socket.gethostname()} (task {rank}) exited with {rc}; "
                            f"see {p.run_dir}/logs")

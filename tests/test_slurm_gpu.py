@@ -151,3 +151,110 @@ def test_a_session_calls_one_replica_for_all_its_calls(tmp_path):
         for _ in range(3):
             s.complete({"messages": [{"role": "user", "content": "x"}]}, 5)
     assert len(set(seen[:3])) == 1 and len(set(seen[3:])) == 1 and seen[0] != seen[3]
+
+
+# ------------------------------------------------------------------ supervision (slurm/supervise.py)
+from slurm.supervise import (BACKOFF, EXIT_NODE_DRAINED, FATAL, RUNNING, STOPPED, STOPPING, TRANSITIONS,  # noqa: E402
+                             Policy, Supervisor)
+from tests.conftest import FakeClock  # noqa: E402
+
+
+class Spawner:
+    """Spawns real processes: each `script` entry is the shell command of the next spawn."""
+
+    def __init__(self, *script: str) -> None:
+        self.script, self.procs = list(script), []
+
+    def __call__(self) -> subprocess.Popen:
+        p = subprocess.Popen(["/bin/sh", "-c", self.script.pop(0) if self.script else "exec sleep 300"])
+        self.procs.append(p)
+        return p
+
+
+def sleeping_clock():
+    clock = FakeClock(0.0)
+    return clock, (lambda dt: (clock.advance(dt), time.sleep(0.01)))   # time passes on the fake clock
+
+
+def test_an_agent_that_crashes_is_restarted_after_its_backoff_and_the_step_ends_cleanly():
+    clock, sleep = sleeping_clock()
+    spawn = Spawner("kill -9 $$", "exit 0")                   # crashes (SIGKILL), then runs to its end
+    restarts = []
+    sup = Supervisor("node4", spawn, Policy(backoff_base_s=2.0), clock=clock, sleep=sleep,
+                     on_restart=lambda r: restarts.append(clock()), poll_s=0.05)
+    assert sup.run() == 0
+    assert sup.state == STOPPED and sup.report.restarts == 1 and len(spawn.procs) == 2
+    assert sup.report.failures[0]["exit"] == -9
+    assert restarts[0] >= 2.0                                  # not before its backoff
+
+
+def test_too_many_failures_in_the_window_give_the_node_up_and_report_it():
+    clock, sleep = sleeping_clock()
+    fatal = []
+    sup = Supervisor("node5", Spawner("exit 1", "exit 1", "exit 1", "exit 0"),
+                     Policy(max_failures=3, window_s=60, backoff_base_s=1.0), clock=clock, sleep=sleep,
+                     on_fatal=fatal.append, poll_s=0.05)
+    assert sup.run() == EXIT_NODE_DRAINED
+    assert sup.state == FATAL and fatal and "failed 3 times within 60s" in fatal[0].reason
+    assert [f["exit"] for f in fatal[0].failures] == [1, 1, 1]
+
+
+def test_failures_spread_beyond_the_window_do_not_give_the_node_up():
+    clock, sleep = sleeping_clock()
+    spawn = Spawner("exit 1", "exit 1", "exit 1", "exit 0")
+    sup = Supervisor("node6", spawn, Policy(max_failures=3, window_s=60, backoff_base_s=40.0, backoff_max_s=40.0),
+                     clock=clock, sleep=sleep, poll_s=0.05)
+    assert sup.run() == 0 and sup.report.restarts == 3
+
+
+def test_an_agent_that_refuses_its_arguments_is_not_restarted():
+    clock, sleep = sleeping_clock()
+    spawn = Spawner("exit 2")
+    sup = Supervisor("node7", spawn, clock=clock, sleep=sleep, poll_s=0.05)
+    assert sup.run() == 2 and sup.state == FATAL and len(spawn.procs) == 1
+
+
+def test_the_jobs_drain_signal_stops_the_agent_and_no_restart_follows():
+    clock, sleep = sleeping_clock()
+    spawn = Spawner("trap 'exit 0' TERM; while :; do sleep 0.05; done")
+    sup = Supervisor("node8", spawn, clock=clock, sleep=sleep, poll_s=0.05)
+    t = threading.Thread(target=lambda: setattr(sup, "rc", sup.run()))
+    t.start()
+    wait_for(lambda: sup.state == RUNNING, 10, "the agent to run")
+    sup.request_stop("WINCH")
+    t.join(10)
+    assert sup.rc == 0 and sup.state == STOPPED and len(spawn.procs) == 1
+
+
+def test_the_state_table_allows_only_the_documented_transitions():
+    assert TRANSITIONS[RUNNING] == {STOPPED, BACKOFF, FATAL, STOPPING}
+    assert TRANSITIONS[STOPPED] == TRANSITIONS[FATAL] == set()
+    sup = Supervisor("n", Spawner())
+    sup.state = STOPPED
+    with pytest.raises(AssertionError, match="illegal supervisor transition STOPPED -> RUNNING"):
+        sup._move(RUNNING)
+
+
+# ------------------------------------------------------------------ --sandbox native|apptainer
+def test_the_agent_runs_the_apptainer_backend_when_asked_and_says_why_it_cannot_here(tmp_path):
+    import shutil
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "agent", "--controller", "tcp://127.0.0.1:1",
+                         "--insecure", "--deployment", "d", "--image-store", str(tmp_path), "--sandbox", "apptainer"],
+                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if shutil.which("apptainer"):
+        pytest.skip("apptainer is installed: the conformance tests (tests/sandbox) run the backend itself")
+    assert cp.returncode == 2
+    assert "cannot start the apptainer sandbox runtime: apptainer is not on PATH" in cp.stderr
+
+
+def test_an_unknown_sandbox_backend_is_refused_by_the_agent_and_the_job_description():
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "agent", "--controller", "tcp://127.0.0.1:1",
+                         "--insecure", "--deployment", "d", "--image-store", "/tmp", "--sandbox", "docker"],
+                        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert cp.returncode == 2 and "invalid choice: 'docker'" in cp.stderr
+    from slurm.sbatch import ParamError, render
+    with pytest.raises(ParamError, match="'sandbox' must be one of native, apptainer"):
+        render(dict(run_dir="/r", env_nodes=1, sandbox="docker"))
+    text = render(dict(run_dir="/r", env_nodes=1, sandbox="apptainer"))
+    agent = [ln for ln in text.splitlines() if "job agent" in ln][0]
+    assert agent.endswith("--sandbox apptainer \\")
