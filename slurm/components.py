@@ -166,6 +166,14 @@ def check_components(comps: Mapping[str, Component], job_limit_s: int, time_limi
             k = "command" if c.command else "reload"
             raise _bad(key(k), f"is for server components ({', '.join(SERVER_COMPONENTS)}); the trainer's "
                                "command is the job's `trainer` key")
+    with_mem = [n for n, c in comps.items() if c.nodes and c.mem]
+    if with_mem:
+        # sbatch carries a component's --mem into the later components that give none
+        # (measured on Slurm 22.05): each one must say its own
+        for name, c in comps.items():
+            if c.nodes and not c.mem:
+                raise _bad(f"{name}.mem", f"must be given too: {with_mem[0]}.mem is, and Slurm would carry "
+                                          f"it over to {name}; give every component its memory")
     if layout == "single":
         present = [(n, c) for n, c in comps.items() if c.nodes]
         first_name, first = present[0]

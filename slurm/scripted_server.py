@@ -13,6 +13,7 @@ Must not import: zmq, sqlite3, nodeagent.*.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import threading
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-script", default="")
     ap.add_argument("--host", default=os.environ.get("PADDOCK_SERVER_HOST", "0.0.0.0"))
     ap.add_argument("--port", type=int, default=int(os.environ.get("PADDOCK_SERVER_PORT", "8000")))
+    ap.add_argument("--count-to", default="", metavar="FILE",
+                    help="at exit, write {\"completions\": N} (the chat completions this replica answered) here")
     args = ap.parse_args(argv)
     taskset = load_taskset(args.taskset, args.bank)
     done = threading.Event()
@@ -35,8 +38,18 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: done.set())
     with PolicyServer(taskset, host=args.host, port=args.port,
                       players=scripted_players(taskset, args.policy_script)) as server:
+        served = [0]
+        complete = server.policy.complete
+
+        def counted(req):                 # the replica's share of the calls (a job's gateways spread them)
+            served[0] += 1
+            return complete(req)
+        server.policy.complete = counted
         print(f"scripted policy server at {server.url}", flush=True)
         done.wait()
+    if args.count_to:
+        with open(args.count_to, "w") as f:
+            json.dump({"completions": served[0]}, f)
     return 0
 
 
