@@ -549,7 +549,8 @@ def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, ar
     report_path.parent.mkdir(parents=True, exist_ok=True)
 
     def spawn() -> subprocess.Popen:
-        # the agent dies with this step (SIGKILL of the step: no agent left behind)
+        # the agent dies with this step, as it did when it ran in the step's process: a step
+        # that is killed loses its node's running rollouts, which the controller leases anew
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
     def write(report) -> None:
@@ -580,7 +581,7 @@ def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, ar
 
 def _die_with_parent() -> None:
     import ctypes
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 def run_paddock_agent(argv: list[str]) -> int:
