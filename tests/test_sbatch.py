@@ -270,6 +270,28 @@ def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_pat
     assert json.loads((tmp_path / "run" / "job.json").read_text())["deployment"] == "slurm-7"
 
 
+def test_the_head_validates_the_task_set_as_paddock_run_does_and_serves_no_quarantined_task(tmp_path, python_image):
+    from controller.contracts.tasks import Task, TaskSet
+    from controller.demo.localrun import load_taskset
+    from controller.taskbank.bank import TaskBank
+    good = load_taskset("builtin", "").by_name()["math/lcm_12_18"]
+    broken = Task(name="math/broken", family="math", instruction="What is 2+2?",
+                  hidden={"answer.txt": "5"}, checker={"kind": "math", "answer": "4"})
+    bank = TaskBank(tmp_path / "bank")
+    bank.put_set(TaskSet(name="two", tasks=(good, broken)))
+    run = tmp_path / "run"
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "job", "head", "--run-dir", str(run),
+                         "--deployment", "slurm-8", "--image-store", str(python_image.parents[1]),
+                         "--taskset", "two", "--bank", str(bank.root),
+                         "--agents", "1", "--agents-wait-s", "1", "--bind-addr", "127.0.0.1"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert cp.returncode == 3, cp.stderr           # no agent came: it gave up, after validating
+    q = json.loads((run / "quarantine.json").read_text())
+    assert list(q) == ["math/broken"] and "reference solution does not pass" in q["math/broken"]["reasons"][0]
+    assert json.loads((run / "run.json").read_text())["served_tasks"] == 1
+    assert "quarantined 1" in cp.stdout
+
+
 def test_head_refuses_a_run_directory_it_cannot_write():
     from slurm.jobsteps import JobStepError, check_run_dir
     with pytest.raises(JobStepError, match="not writable"):
