@@ -198,6 +198,12 @@ def job_of(params: Mapping[str, Any]) -> tuple[JobParams, dict[str, Component]]:
         "farm": {"nodes": p.env_nodes, "cpus_per_task": p.agent_cpus}})
     comps = {n: with_defaults(c, partition=p.partition, account=p.account) for n, c in comps.items()}
     check_components(comps, time_limit_s(p.time_limit), time_limit_s, p.layout)
+    budget = time_limit_s(p.time_limit) - p.signal_before_s
+    for name in SERVER_COMPONENTS:
+        if comps[name].nodes and comps[name].ready_wait_s >= budget:
+            raise ParamError(f"batch parameter '{name}.ready_wait_s' ({comps[name].ready_wait_s}) must be below "
+                             f"time_limit - signal_before_s ({budget}s), so the job gives up before its time runs out; "
+                             f"valid: {valid_component_keys()}")
     return p, comps
 
 

@@ -5,7 +5,8 @@ component: inference, judge, services; slurm/components.py) and what the head do
 by /bin/sh in its own process group with $PADDOCK_SERVER_PORT and $PADDOCK_SERVER_HOST set,
 GETs http://NODE:PORT<health> until it answers 200 (at most `ready_wait_s`; the server's exit
 or the deadline is an error naming the log), then publishes its endpoint atomically as
-`<run_dir>/servers/<component>/<node>.json`:
+`<run_dir>/servers/<component>/<node>.json` (a server that fails writes `<node>.failed` with the
+error, and the head stops waiting at once):
 
     {"component", "node", "url": "http://ADDR:PORT/v1", "base": "http://ADDR:PORT",
      "reload": "/path" or "", "deployment", "incarnation"}
@@ -177,6 +178,10 @@ def run_server(args: ServerStep, addr: str, clock: Callable[[], float] = time.mo
     except ServerError as exc:
         print(f"paddock {args.component}: {exc}", file=sys.stderr, flush=True)
         _stop(proc)
+        out = run_dir / SERVERS_DIR / args.component       # the head stops waiting at once
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / f"{node}.failed", json.dumps({"deployment": args.deployment, "incarnation": incarnation(),
+                                                         "node": node, "error": str(exc)}))
         return EXIT_SERVER_FAILED
     finally:
         if proc.poll() is None:
@@ -196,10 +201,11 @@ def parse_servers(text: str) -> dict[str, int]:
     return out
 
 
-def published(run_dir: Path, component: str, deployment: str) -> list[dict]:
-    """The endpoints of this run's replicas of `component` (stale runs' files are skipped)."""
+def published(run_dir: Path, component: str, deployment: str, suffix: str = ".json") -> list[dict]:
+    """The endpoints of this run's replicas of `component` (stale runs' files are skipped);
+    with suffix ".failed", the replicas that failed to come up."""
     out = []
-    for f in sorted((run_dir / SERVERS_DIR / component).glob("*.json")):
+    for f in sorted((run_dir / SERVERS_DIR / component).glob("*" + suffix)):
         try:
             rec = json.loads(f.read_text())
         except (OSError, ValueError):
@@ -217,6 +223,9 @@ def wait_servers(run_dir: Path, want: dict[str, int], deployment: str, timeout_s
     while True:
         got = {c: published(run_dir, c, deployment) for c in want}
         short = {c: (len(got[c]), n) for c, n in want.items() if len(got[c]) < n}
+        failed = [r for c in short for r in published(run_dir, c, deployment, ".failed")]
+        if failed:
+            raise ServerError("; ".join(f"{r['error']}" for r in failed))
         if not short:
             atomic_write(run_dir / SERVERS_FILE, json.dumps(got, indent=1))
             return got

@@ -100,7 +100,8 @@ def test_launch_refuses_the_het_layout_and_unknown_parameters(tmp_path):
     with pytest.raises(ParamError, match=r"paddock launch does not requeue its job \(requeue=1\)"):
         launch(dict(BASE, run_dir=str(tmp_path / "r"), requeue=1))
     with pytest.raises(ParamError, match=r"'inference.nodes': paddock launch runs the trainer and the farm only"):
-        launch(dict(BASE, run_dir=str(tmp_path / "r"), **{"inference.nodes": 1, "inference.command": "srv"}))
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), **{"inference.nodes": 1, "inference.command": "srv",
+                                                       "inference.ready_wait_s": 60}))
     with pytest.raises(ParamError, match=r"'farm.gpus_per_node'.*layout=het"):   # one kind of node
         launch(dict(BASE, run_dir=str(tmp_path / "r"), **{"trainer.gpus_per_node": 4}))
 

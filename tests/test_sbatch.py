@@ -129,6 +129,8 @@ def test_the_same_keys_work_on_the_command_line():
     ({"farm.nodes": 7}, "'farm.nodes'"),                                  # differs from env_nodes=4
     ({"layout": "single", "trainer.gpus_per_node": 4}, "'farm.gpus_per_node'"),   # one node type only
     ({"trainer.partition": "bad partition"}, "'trainer.partition'"),
+    ({"trainer.mem": "8G"}, "'farm.mem'"),                                # sbatch would carry 8G over to farm
+    ({"inference.nodes": 1, "inference.command": "x", "inference.ready_wait_s": 7000}, "'inference.ready_wait_s'"),
 ])
 def test_an_impossible_component_is_refused_naming_its_key(extra, key):
     with pytest.raises(ParamError) as e:

@@ -99,12 +99,16 @@ def test_a_weight_update_that_misses_a_replica_names_it(tmp_path, env_path):
     t.join(60)
 
 
-def test_a_server_that_exits_before_it_is_healthy_fails_the_step_naming_its_log(tmp_path, env_path, capsys):
+def test_a_server_that_exits_before_it_is_healthy_fails_the_step_and_the_head_at_once(tmp_path, env_path, capsys):
     t, out = start_server_step(tmp_path, free_port(), command="echo no GPU here >&2; exit 3")
     t.join(30)
     assert out["rc"] == 5
     assert "exited with 3 before" in capsys.readouterr().err
     assert published(tmp_path, "inference", "d1") == []
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"exited with 3 before .*logs/inference.log"):
+        wait_servers(tmp_path, {"inference": 2}, "d1", 60)
+    assert time.monotonic() - t0 < 5          # not after its 60 s: a failed replica is final
 
 
 def test_a_server_never_healthy_is_stopped_at_its_deadline(tmp_path, env_path, capsys):
