@@ -248,13 +248,15 @@ def endpoints_env(servers: dict[str, list[dict]]) -> dict[str, str]:
     return {f"PADDOCK_{c.upper()}_ENDPOINTS": " ".join(r["url"] for r in recs) for c, recs in servers.items()}
 
 
-def reload_replicas(records: list[dict], body: Any, timeout_s: float = 600.0) -> list[int]:
-    """A weight update on every replica: POST `body` (JSON) to each one's `reload` path, in
+def reload_replicas(records: list[dict], body: Any, timeout_s: float = 600.0, path: str | None = None) -> list[int]:
+    """A weight update on every replica: POST `body` (JSON) to each one's `reload` path (or
+    `path`, e.g. vLLM's "/sleep?level=2" then "/wake_up" around your own weight transfer), in
     parallel. Returns the HTTP statuses; ReloadError names the replicas that did not answer 2xx."""
     def post(rec: dict) -> tuple[dict, int | str]:
-        if not rec.get("reload"):
+        where = path or rec.get("reload")
+        if not where:
             return rec, "no reload path"
-        req = urllib.request.Request(rec["base"] + rec["reload"], data=json.dumps(body).encode(),
+        req = urllib.request.Request(rec["base"] + where, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"}, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout_s) as r:
@@ -265,7 +267,7 @@ def reload_replicas(records: list[dict], body: Any, timeout_s: float = 600.0) ->
             return rec, str(exc)
     with ThreadPoolExecutor(max_workers=max(len(records), 1)) as pool:
         results = list(pool.map(post, records))
-    bad = [f"{rec['node']} ({rec.get('base')}{rec.get('reload')}): {st}" for rec, st in results
+    bad = [f"{rec['node']} ({rec.get('base')}{path or rec.get('reload')}): {st}" for rec, st in results
            if not (isinstance(st, int) and 200 <= st < 300)]
     if bad or not records:
         raise ReloadError("weight update did not reach every replica: " + ("; ".join(bad) or "no replicas"))

@@ -262,3 +262,36 @@ def test_an_unknown_sandbox_backend_is_refused_by_the_agent_and_the_job_descript
     text = render(dict(run_dir="/r", env_nodes=1, sandbox="apptainer"))
     agent = [ln for ln in text.splitlines() if "job agent" in ln][0]
     assert agent.endswith("--sandbox apptainer \\")
+
+
+def test_a_pause_resume_protocol_posts_its_own_paths_on_every_replica(tmp_path):
+    """vLLM's protocol (POST /sleep then /wake_up on each replica) through the same call: two
+    real HTTP servers record what reached them."""
+    import http.server
+    hits: list[tuple[int, str]] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hits.append((self.server.server_address[1], self.path))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), H) for _ in range(2)]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        recs = [{"node": f"n{i}", "base": f"http://127.0.0.1:{s.server_address[1]}", "reload": ""}
+                for i, s in enumerate(servers)]
+        assert reload_replicas(recs, {}, path="/sleep?level=2") == [200, 200]
+        assert reload_replicas(recs, {}, path="/wake_up") == [200, 200]
+        with pytest.raises(ReloadError, match="no reload path"):
+            reload_replicas(recs, {})
+    finally:
+        for s in servers:
+            s.shutdown()
+    ports = {s.server_address[1] for s in servers}
+    assert sorted(hits) == sorted((p, path) for p in ports for path in ("/sleep?level=2", "/wake_up"))
