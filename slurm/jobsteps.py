@@ -1,13 +1,18 @@
 """The two job steps of a Paddock job on Slurm (what the batch scripts of slurm/sbatch.py and the
 tasks of a `paddock launch` job run, one per layout component):
 
-  `paddock job head`   controller + scripted policy server + trainer on one node (`run_head`).
-                       Publishes the controller endpoint in the run directory (shared storage) with
-                       `job.json` (deployment, agent version); trains once enough agents have
-                       registered; then shuts the controller down, which stops the agents.
+  `paddock job head`   controller + trainer (yours, or the built-in scripted one with its policy
+                       server) on one node (`run_head`). Validates the task set as `paddock run`
+                       does (quarantined tasks are not served; `quarantine.json`). Publishes the
+                       controller endpoint in the run directory (shared storage) with `job.json`
+                       (deployment, agent version); waits for the job's model servers
+                       (slurm/servers.py) and enough agents; trains; then shuts the controller
+                       down, which stops the agents, and tells the model servers to stop.
   `paddock job agent`  one per environment node (`run_agent`): waits for the endpoint file (gives
                        up with a clear message after `controller_wait_s`), checks deployment and
-                       version, then runs `paddock agent` in this process.
+                       version, then runs `paddock agent` as a child process, restarted with
+                       backoff when it exits unexpectedly (slurm/supervise.py).
+  `paddock job server` one per node of a server component: slurm/servers.py.
 
 Requeue and resume: a requeued job (`--requeue`, slurm/sbatch.py's `requeue=1`) runs again
 under the same job id with SLURM_RESTART_COUNT set; a new job may be given the same run

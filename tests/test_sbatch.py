@@ -557,3 +557,19 @@ def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm
     assert "trainer stopped after the end-of-time signal" in (run_dir / "logs" / "head.log").read_text()
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_no_strays(slurm_cluster, 15)
+
+
+def test_a_job_file_and_words_render_together_the_words_winning(tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("run_dir: /scratch/r\nenv_nodes: 2\ncomponents:\n  trainer:\n    gpus_per_node: 4\n"
+                 "    partition: gpu\n")
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "--job", str(f),
+                         "trainer.gpus_per_node=2", "farm.cpus_per_task=8"],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert cp.returncode == 0, cp.stderr
+    trainer, farm = _het_components(cp.stdout)
+    assert "--gpus-per-node=2" in trainer and "--partition=gpu" in trainer   # the word won, the file's rest stays
+    assert "--cpus-per-task=8" in farm
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "--job", str(tmp_path / "none.yaml")],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert cp.returncode == 2 and "none.yaml" in cp.stderr
