@@ -207,8 +207,9 @@ def sbatch_options(c: Component) -> list[str]:
 
 
 def step_options(c: Component) -> list[str]:
-    """What every srun step of the component repeats: its CPUs (srun does not inherit
-    --cpus-per-task from sbatch since Slurm 22.05: without it a step is bound to one CPU) and GPUs."""
+    """What every srun step of the component repeats: its CPUs (Slurm 22.05's release notes: srun
+    no longer reads the job's --cpus-per-task; with CPU binding a step of one CPU per task is
+    pinned to one core) and its GPUs."""
     out = [f"--cpus-per-task={c.cpus_per_task}"]
     out += [f"--gpus-per-node={c.gpus_per_node}"] if c.gpus_per_node else []
     out += [f"--gres={c.gres}"] if c.gres else []

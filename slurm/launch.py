@@ -100,8 +100,8 @@ def launch(params) -> JobHandle:
     ex.update_parameters(job_name=p.job_name, time=max(time_limit_s(p.time_limit) // 60, 1),
                          nodes=p.env_nodes + 1, ntasks_per_node=1,
                          cpus_per_task=max(comps["trainer"].cpus_per_task, node.cpus_per_task),
-                         # srun does not inherit --cpus-per-task (Slurm >= 22.05): with CPU binding
-                         # each task would be pinned to one CPU
+                         # srun may not inherit --cpus-per-task (Slurm 22.05-23.02): with CPU
+                         # binding each task would be pinned to one CPU
                          srun_args=[f"--cpus-per-task={max(comps['trainer'].cpus_per_task, node.cpus_per_task)}"],
                          partition=node.partition or None, account=node.account or None,
                          **({"gpus_per_node": node.gpus_per_node} if node.gpus_per_node else {}),

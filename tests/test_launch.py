@@ -125,7 +125,7 @@ def test_launched_farm_trains_and_accounting_reports_it_completed(user_launch, j
     assert handle.job_id.isdigit() and handle.run_dir == job_user_dir / "run"
     script = (job_user_dir / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
     assert "#SBATCH --signal=28@60" in script and "USR2" not in script   # sandboxes ignore WINCH
-    # srun does not inherit --cpus-per-task (Slurm >= 22.05): the step names it, or binding pins it to one CPU
+    # srun may not inherit --cpus-per-task (22.05-23.02): the step names it
     assert any(ln.startswith("srun ") and "--cpus-per-task=" in ln for ln in script.splitlines()), script
     watch = FarmWatch(JOB_USER)
     assert wait_watching(handle, watch, 120) == "COMPLETED", (job_user_dir / "run" / "logs" / "head.log").read_text()
