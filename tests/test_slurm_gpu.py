@@ -295,3 +295,37 @@ def test_a_pause_resume_protocol_posts_its_own_paths_on_every_replica(tmp_path):
             s.shutdown()
     ports = {s.server_address[1] for s in servers}
     assert sorted(hits) == sorted((p, path) for p in ports for path in ("/sleep?level=2", "/wake_up"))
+
+
+def test_an_agent_step_that_keeps_failing_drains_its_node_and_reports_it(tmp_path):
+    import signal as sig
+    from slurm.jobsteps import AgentStep, supervise_agent
+    saved = {s: sig.getsignal(s) for s in (sig.SIGWINCH, sig.SIGTERM, sig.SIGUSR2)}
+    try:
+        step = AgentStep(run_dir=str(tmp_path), deployment="d1", image_store="/x", restart_max_failures=2,
+                         restart_window_s=60, restart_backoff_s=0.05)
+        rc = supervise_agent(["/bin/sh", "-c", "exit 1"], "node9", tmp_path, "tcp://127.0.0.1:1", step)
+    finally:
+        for s, h in saved.items():
+            sig.signal(s, h)
+    assert rc == 6
+    report = json.loads((tmp_path / "health" / "node9.supervisor.json").read_text())
+    assert report["state"] == "FATAL" and report["restarts"] == 1
+    assert [f["exit"] for f in report["failures"]] == [1, 1] and "failed 2 times within 60s" in report["reason"]
+
+
+def test_your_trainer_gets_the_model_servers_endpoints(tmp_path):
+    from controller.demo.localrun import load_taskset
+    from slurm.jobsteps import HeadStep, _start_trainer
+    (tmp_path / "logs").mkdir()
+    servers = {"inference": [{"url": "http://10.0.0.2:8000/v1"}, {"url": "http://10.0.0.3:8000/v1"}],
+               "judge": [{"url": "http://10.0.0.4:9000/v1"}]}
+    args = HeadStep(run_dir=str(tmp_path), deployment="d1", image_store="/x", agents=1)
+    proc = _start_trainer(f"env > {tmp_path}/env.txt", tmp_path, "tcp://h:1", args, load_taskset("builtin", ""),
+                          "10.0.0.1", servers)
+    assert proc.wait(30) == 0
+    env = dict(ln.split("=", 1) for ln in (tmp_path / "env.txt").read_text().splitlines() if "=" in ln)
+    assert env["PADDOCK_INFERENCE_ENDPOINTS"] == "http://10.0.0.2:8000/v1 http://10.0.0.3:8000/v1"
+    assert env["PADDOCK_JUDGE_ENDPOINTS"] == "http://10.0.0.4:9000/v1"
+    assert env["PADDOCK_SERVERS_FILE"] == str(tmp_path / "servers.json")
+    assert env["PADDOCK_QUARANTINE_FILE"] == str(tmp_path / "quarantine.json")
