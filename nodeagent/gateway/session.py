@@ -59,7 +59,7 @@ _SPECIAL_EVENT = re.compile(rb'"finish_reason"\s*:\s*"abort"|^\s*\{\s*"error"\s*
 _USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 
 
-_REPLICAS = itertools.count()
+_REPLICAS = itertools.count(secrets.randbelow(1 << 16))   # each node starts at its own replica
 
 
 def replica(endpoint: str, k: int) -> str:
