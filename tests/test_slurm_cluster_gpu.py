@@ -1,11 +1,12 @@
 """End to end: the job a GPU cluster's user submits (issue 25), on an in-test cluster made like a
-real one. Six nodes in their own network and UTS namespaces: node1-3 in partition `gpu` with four
-"GPUs" each (gres.conf, character devices the cluster makes), node4-6 in partition `cpu` (the
+real one. Seven nodes in their own network and UTS namespaces: node1-3 and node7 in partition
+`gpu` with four "GPUs" each (gres.conf, character devices the cluster makes), node4-6 in partition `cpu` (the
 default); TaskPlugin=task/affinity binds every step to its CPUs. The job, submitted by the
 ordinary user paddock-u1 with its own `sbatch`, is a heterogeneous job rendered from a job
 description: the trainer (the head) on a GPU node with 4 GPUs, two inference replicas (the
-scripted policy server, started in the allocation as a real Slurm step) on GPU nodes, a farm of
-three node agents on CPU nodes.
+scripted policy server, started in the allocation as a real Slurm step) on GPU nodes, a judge
+(another scripted server, asking for `--gres=gpu:2`) on a GPU node, a farm of three node agents
+on CPU nodes.
 
 Checked: `scontrol show job` (components, partitions, GPUs), the CPU affinity of every step
 (`taskset -p`), that rollouts flow through both replicas, and that a node agent SIGKILLed once
@@ -34,7 +35,7 @@ from tests.conftest import wait_for
 from tests.slurm_fixture import JOB_USER, USER_PYTHON, job_env, missing_job_user
 
 PREFIX = "pgpu"
-GPU_NODES = ("node1", "node2", "node3")
+GPU_NODES = ("node1", "node2", "node3", "node7")
 CPU_NODES = ("node4", "node5", "node6")
 JOB_DEADLINE_S = 240.0
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
@@ -54,7 +55,7 @@ def gpu_cluster():
     workdir = Path(tempfile.mkdtemp(prefix="paddock-slurm-gpu-", dir="/tmp"))
     os.chmod(workdir, 0o755)
     try:
-        with TestCluster(workdir, nodes=6, name_prefix=PREFIX, job_user=JOB_USER,
+        with TestCluster(workdir, nodes=7, name_prefix=PREFIX, job_user=JOB_USER,
                          gpus={h: 4 for h in GPU_NODES},
                          partitions={"cpu": CPU_NODES, "gpu": GPU_NODES}) as cluster:
             yield cluster
@@ -74,6 +75,9 @@ def job_description(run_dir: Path) -> dict:
             "inference": {"nodes": 2, "partition": "gpu", "gpus_per_node": 1, "cpus_per_task": 1,
                           "command": scripted, "port": 8000, "health": "/v1/models",
                           "reload": "/admin/policies", "ready_wait_s": 120, "mem": "500M"},
+            "judge": {"nodes": 1, "partition": "gpu", "gres": "gpu:2", "cpus_per_task": 1, "mem": "500M",
+                      "command": f"{USER_PYTHON} -m slurm.scripted_server --port $PADDOCK_SERVER_PORT",
+                      "port": 9000, "health": "/v1/models", "ready_wait_s": 120},
             "farm": {"nodes": 3, "partition": "cpu", "cpus_per_task": 2, "mem": "1500M"},
         },
     }
@@ -155,16 +159,18 @@ def test_a_gpu_shaped_job_runs_end_to_end_and_survives_a_killed_agent(gpu_cluste
     for c in comps:
         by_part.setdefault(c["Partition"], []).append(c)
         assert c["UserId"].startswith(f"{JOB_USER}(")
-    trainer, inference = sorted(by_part["gpu"], key=lambda c: c["JobId"])
+    trainer, inference, judge = sorted(by_part["gpu"], key=lambda c: int(c["JobId"]))
     (farm,) = by_part["cpu"]
     assert (trainer["NumNodes"], trainer["TresPerNode"], trainer["GRES"]) == ("1", "gres:gpu:4", "gpu:4(IDX:0-3)")
     assert (inference["NumNodes"], inference["TresPerNode"], inference["JOB_GRES"]) == ("2", "gres:gpu:1", "gpu:2")
+    assert (judge["NumNodes"], judge["TresPerNode"]) == ("1", "gres:gpu:2")
     assert farm["NumNodes"] == "3" and farm["JOB_GRES"] == "(null)" and "TresPerNode" not in farm
     assert [c["MinCPUsNode"] for c in (trainer, inference, farm)] == ["2", "1", "2"]
     assert [c["MinMemoryNode"] for c in (trainer, inference, farm)] == ["1000M", "500M", "1500M"]
     hosts = {name: set(slurm_out(gpu_cluster, "scontrol", "show", "hostnames", c["NodeList"]).split())
-             for name, c in (("trainer", trainer), ("inference", inference), ("farm", farm))}
-    assert hosts["farm"] == set(CPU_NODES) and hosts["trainer"] | hosts["inference"] == set(GPU_NODES)
+             for name, c in (("trainer", trainer), ("inference", inference), ("judge", judge), ("farm", farm))}
+    assert hosts["farm"] == set(CPU_NODES)
+    assert hosts["trainer"] | hosts["inference"] | hosts["judge"] == set(GPU_NODES)   # each on nodes of its own
 
     # -- every step is bound to the CPUs its component asked for (task/affinity)
     wait_for(lambda: committed(run_dir) >= 2, 150, "the first committed rollouts\n" + logs(d))
@@ -177,6 +183,7 @@ def test_a_gpu_shaped_job_runs_end_to_end_and_survives_a_killed_agent(gpu_cluste
         assert affinity(step_pid(gpu_cluster, host, r"^\S+ -m controller\.cli job server ")) == 1
     servers = json.loads((run_dir / "servers.json").read_text())
     assert {r["node"] for r in servers["inference"]} == hosts["inference"]
+    assert [r["url"] for r in servers["judge"]] == [f"http://{gpu_cluster.node_addrs[h]}:9000/v1" for h in hosts["judge"]]
 
     # -- kill one node agent (the supervised process, not its step): it comes back, nothing is lost
     victim = sorted(hosts["farm"])[0]
