@@ -129,16 +129,20 @@ def _stop(proc: subprocess.Popen, clock: Callable[[], float] = time.monotonic) -
     return proc.wait()
 
 
-def run_server(args: ServerStep, addr: str, clock: Callable[[], float] = time.monotonic) -> int:
-    """The server step on this node; returns its exit status (0 once stopped by the head)."""
+def run_server(args: ServerStep, addr: str, clock: Callable[[], float] = time.monotonic,
+               stopping: dict | None = None) -> int:
+    """The server step on this node; returns its exit status (0 once stopped by the head).
+    It installs its SIGTERM handler, unless `stopping` is given: a {"signal": None} the caller
+    sets to stop it (a test running it in a thread)."""
     run_dir = Path(args.run_dir)
     node = socket.gethostname()
-    stopping = {"signal": None}
+    if stopping is None:
+        stopping = {"signal": None}
 
-    def on_term(signum, _frame):
-        stopping["signal"] = signal.Signals(signum).name
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGWINCH, signal.SIG_IGN)     # the drain: rollouts still call the model
+        def on_term(signum, _frame):
+            stopping["signal"] = signal.Signals(signum).name
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGWINCH, signal.SIG_IGN)     # the drain: rollouts still call the model
     env = dict(os.environ, PADDOCK_SERVER_PORT=str(args.port), PADDOCK_SERVER_HOST=addr,
                PADDOCK_COMPONENT=args.component, PADDOCK_RUN_DIR=str(run_dir))
     print(f"paddock {args.component} on {node}: starting: {args.command}", flush=True)

@@ -47,14 +47,7 @@ def start_server_step(run_dir: Path, node_port: int, **kw) -> tuple[threading.Th
 
 
 def _run_in_thread(step: ServerStep) -> int:
-    # signal handlers can be set only in the main thread: run_server's are harmless to skip here
-    import signal as _s
-    orig = _s.signal
-    _s.signal = lambda *a, **k: None
-    try:
-        return run_server(step, "127.0.0.1")
-    finally:
-        _s.signal = orig
+    return run_server(step, "127.0.0.1", stopping={"signal": None})   # signal handlers: main thread only
 
 
 @pytest.fixture

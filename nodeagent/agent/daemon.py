@@ -385,7 +385,8 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
     """Run a node agent until it drains, is shut down, refused or gives up; return its exit
     status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
     (required), made by the `sandbox` backend: "native" (SandboxRuntime) or "apptainer"
-    (nodeagent.sandbox.apptainer, for sites whose policy requires it). `keys` (unless `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
+    (nodeagent.sandbox.apptainer, for sites whose policy requires it). `keys` (unless
+    `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
     `warm_pool`: at most this many ready sandboxes (nodeagent.agent.warmpools; None: two per
     slot; 0: off)."""
     if keys is None and not insecure:
