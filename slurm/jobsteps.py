@@ -63,6 +63,7 @@ from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.contracts.taskblobs import write_tasks_file
+from controller.store.taskindex import build as build_task_index
 from controller.taskbank.blobs import blob_root, publish
 from controller.demo.localrun import (COMPACT_EVERY, RunConfig, load_taskset, scripted_players,
                                       task_images, train, validation_cache_dir, wait_file)
@@ -306,6 +307,7 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent), policy_script=args.policy_script)
     write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
+    build_task_index(run_dir / "tasks.json")   # the controller opens it without reading an entry
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
