@@ -36,6 +36,7 @@ import hashlib
 import importlib.metadata
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,8 @@ CALLBRIDGE_SOURCE = GRADER_FILE.with_name("callbridge.py").read_bytes()
 
 class VerifierInfraError(Exception):
     """The verifier could not reach a verdict for reasons that are not the policy's fault."""
+
+    agent_ran: bool = False     # set by `verify`: the agent's changes were applied or its code ran
 
 
 @dataclass
@@ -132,8 +135,16 @@ def as_bytes(content: str | bytes) -> bytes:
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
-           layers: tuple = ()) -> Verdict:
-    """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
+           layers: tuple = (), baseline: "Baseline | None" = None) -> Verdict:
+    """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it.
+
+    An infrastructure error is only what reproduces without the agent: when grading fails after
+    the agent's changes were applied or its code ran (a collection or import error, a killed
+    or stopped grader, a missing report, pytest not starting), the task is graded without the
+    agent (`Baseline`); if that grades cleanly the rollout is `fail`, reward 0, with both
+    reasons in its checks. `baseline`: where clean runs are known (default: `BASELINE`, cached
+    per task, image and verifier version); `NO_BASELINE` turns the comparison off (validation's
+    own reference and null runs)."""
     t0 = clock()
     task = decode_task(task)
     if layers:
@@ -148,20 +159,130 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
                     tampered=True)
         v.verify_s = clock() - t0
         return v
+    agent_ran = False
     for attempt in range(INFRA_RETRIES + 1):
+        watched = _Watched(runtime, bool(changes) or answer is not None)
         try:
-            v = _primary(runtime, image, task, spec, changes, answer, clock, runner)
+            v = _primary(watched, image, task, spec, changes, answer, clock, runner)
             break
         except VerifierInfraError as exc:
+            agent_ran = agent_ran or watched.agent_ran
             checks.append(_check(spec["kind"], "infra_error", f"attempt {attempt + 1}: {exc}"))
-            if attempt == INFRA_RETRIES:
+            if attempt < INFRA_RETRIES:
+                continue
+            exc.agent_ran = agent_ran
+            clean = (baseline or BASELINE).clean(runtime, image, task, spec, clock, runner) if agent_ran else None
+            if not clean:
                 raise
+            v = Verdict("fail", 0.0, {"correct": 0.0},
+                        [_check(spec["kind"], "fail", f"grading failed with the agent's changes ({exc}), and the "
+                                f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
     v.checks[:0] = checks
     if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
         _add_judge(v, spec, task, changes, answer, clock)
     v.components.setdefault("weights", {"correct": 1.0})
     v.verify_s = clock() - t0
     return v
+
+
+class _Watched:
+    """A runtime whose sandboxes note when the agent's work entered them: its changes applied
+    (non-empty) or a command run after them. A failure before that (no sandbox, a task file
+    missing before any change) cannot be the agent's doing; after it, it might be."""
+
+    def __init__(self, runtime, has_work: bool) -> None:
+        self._runtime, self.has_work, self.agent_ran = runtime, has_work, False
+
+    def __getattr__(self, name):
+        return getattr(self._runtime, name)
+
+    def acquire(self, *a, **k):
+        return _WatchedSandbox(self._runtime.acquire(*a, **k), self)
+
+
+class _WatchedSandbox:
+    def __init__(self, sb, owner: _Watched) -> None:
+        self._sb, self._owner = sb, owner
+
+    def __getattr__(self, name):
+        return getattr(self._sb, name)
+
+    def apply(self, changes):
+        self._owner.agent_ran = self._owner.agent_ran or bool(changes)
+        return self._sb.apply(changes)
+
+    def exec(self, *a, **k):
+        self._owner.agent_ran = self._owner.agent_ran or self._owner.has_work
+        return self._sb.exec(*a, **k)
+
+
+class Baseline:
+    """Does a task grade cleanly without the agent, on this image, with this verifier? Its
+    reference solution must `pass` and its null solution (no change) must reach a verdict
+    (`pass`/`fail`/`timeout`), each graded like a rollout (`_primary`, one retry). Known
+    results come from validation (`seed`, from `validate_task` and the validation cache);
+    otherwise they are graded once in fresh sandboxes and kept per task id + image + layers
+    + verifier version for the life of the process. `clean` returns a short reason when the
+    task grades cleanly, None when it does not (then the failure is infrastructure)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple, dict[str, str]] = {}
+        self._locks: dict[tuple, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(task: dict, image) -> tuple:
+        ident = task.get("task_id") or _sha(json.dumps({k: v for k, v in task.items() if not k.startswith("_")},
+                                                       sort_keys=True, default=repr))
+        return ident, str(image), tuple(map(str, task.get("_layers", ()))), VERIFIER_VERSION
+
+    def seed(self, task: dict, image, outcomes: dict[str, str]) -> None:
+        """Record validation's outcomes ({"reference": ..., "null": ...}) for `task` on `image`."""
+        got = {k: outcomes[k] for k in ("reference", "null") if k in outcomes}
+        if "null" in got:
+            with self._lock:
+                self._known[self.key(decode_task(task), image)] = got
+
+    def outcomes(self, runtime, image, task: dict, spec: dict, clock, runner) -> dict[str, str]:
+        key = self.key(task, image)
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._known:
+                self._known[key] = self._grade(runtime, image, task, spec, clock, runner)
+            return self._known[key]
+
+    def clean(self, runtime, image, task: dict, spec: dict, clock, runner) -> str | None:
+        got = self.outcomes(runtime, image, task, spec, clock, runner)
+        ref, null = got.get("reference"), got.get("null")
+        if null in (None, "infra_error") or ref not in (None, "pass"):
+            return None
+        return f"reference: {ref}, null: {null}" if ref else f"no reference; null: {null}"
+
+    @staticmethod
+    def _grade(runtime, image, task, spec, clock, runner) -> dict[str, str]:
+        from nodeagent.verifier.validate import _changes, reference_of    # validate imports this module
+        ref = reference_of(task)
+        todo = {"null": ({}, None)} | ({"reference": ref} if ref is not None else {})
+        out = {}
+        for name, (files, answer) in todo.items():
+            for _attempt in range(INFRA_RETRIES + 1):
+                try:
+                    out[name] = _primary(runtime, image, task, spec, _changes(task, files), answer, clock,
+                                         runner).outcome
+                    break
+                except VerifierInfraError:
+                    out[name] = "infra_error"
+        return out
+
+
+class _NoBaseline(Baseline):
+    def clean(self, *a, **k) -> None:
+        return None
+
+
+BASELINE = Baseline()
+NO_BASELINE = _NoBaseline()
 
 
 def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verdict:
@@ -573,14 +694,14 @@ def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.
 
 
 def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
+    """A custom command in a fresh sandbox (the task's visible files, the agent's changes, then
+    the protected originals and the spec's `support` files, read-only): its exit status decides
+    (`pass_exit_codes`, default [0]); killed at `timeout_s` it is a `timeout`. A command the
+    image cannot run (`paddock: cannot run ...`, exit 126/127) is a VerifierInfraError."""
     sb = _fresh_sandbox(runtime, image, task, changes)
     try:
         system, support = _checker_files(task, {**spec, "tests": (), "strict_eq": False})
-        sb.write_files(support, owner="system", mode=0o444)
-        locked = set(locked_tests(task, spec)) if repo else set()
-        sb.write_files({p: b for p, b in system.items() if p not in locked}, owner="system", mode=0o444)
-        if locked:
-            sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
+        sb.write_files({**support, **system}, owner="system", mode=0o444)
         t = clock()
         r = sb.exec(list(spec["argv"]), cwd=spec.get("cwd", "/work"), output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
@@ -591,8 +712,10 @@ def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
         sb.destroy()
     if r.timed_out:
         return Verdict("timeout", 0.0, {"correct": 0.0}, [_check("command", "timeout", "killed at the deadline", wall)])
-    ok = r.exit_code in spec.get("pass_exit_codes", [0])
     tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
+    if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run "):
+        raise VerifierInfraError(f"checker command cannot run: {r.stderr.decode(errors='replace')[:300]}")
+    ok = r.exit_code in spec.get("pass_exit_codes", [0])
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    [_check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{tail}", wall)])
 

@@ -312,6 +312,17 @@ def _changes(task: dict, files: dict) -> list:
 
 # -- running it -------------------------------------------------------------------------------
 
+BASELINE_CASES = ("reference", "null")
+
+
+def seed_baseline(task: dict, image, layers, cases: dict) -> None:
+    """Hand validation's reference and null outcomes to the verifier's baseline
+    (`grade.BASELINE`), so a rollout whose grading fails with its changes is compared with
+    them without grading them again (see docs/verifier.md, "Infrastructure errors")."""
+    verifier.BASELINE.seed({**task, "_layers": tuple(layers)} if layers else task, image,
+                           {k: c.get("outcome") for k, c in cases.items() if k in BASELINE_CASES})
+
+
 def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, quick: bool = False,
                   clock: Callable[[], float] = time.monotonic) -> TaskValidation:
     t0 = clock()
@@ -333,16 +344,19 @@ def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, qui
 
     def grade(item):
         name, (files, answer) = item
-        try:
+        try:      # the reference and null runs are the baseline: never compared with themselves
             r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner,
-                                layers=layers)
+                                layers=layers, baseline=verifier.NO_BASELINE if name in BASELINE_CASES else None)
             return name, {"outcome": r.outcome, "reward": r.reward,
                           "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
         except verifier.VerifierInfraError as exc:
             return name, {"outcome": "infra_error", "reward": None, "detail": str(exc)[:300]}
 
+    first = {k: c for k, c in todo.items() if k in BASELINE_CASES}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        v.cases = dict(pool.map(grade, todo.items()))
+        v.cases = dict(pool.map(grade, first.items()))
+        seed_baseline(task, image, layers, v.cases)
+        v.cases.update(pool.map(grade, [(k, c) for k, c in todo.items() if k not in first]))
     for name, res in v.cases.items():
         if name == "reference" and res["outcome"] == "infra_error":
             v.reasons.append(f"the task's tests cannot run (reference: infra_error): {res['detail']}")
@@ -412,6 +426,11 @@ def validate_tasks(runtime, image, tasks: list[dict], store: ValidationStore, wo
         v = hit or validate_task(runtime, image, task, workers=1, quick=quick)
         if hit is None:
             store.record(v)
+        elif not task.get("layers") and not task.get("setup"):    # layered: seeded when graded
+            try:
+                seed_baseline(task, own_image(image, task), (), hit.cases)
+            except verifier.VerifierInfraError:
+                pass
         if progress:
             progress(v, hit is not None)
         return v

@@ -1,0 +1,129 @@
+"""Infrastructure escapes: a wrong solution that crashes grading in a way that looks like the
+environment's fault is `fail` (reward 0), never an infra error, while a task that cannot be
+graded without the agent either (an image without python, a checker file missing, a sandbox that
+cannot start) is still a VerifierInfraError. Every grading here runs in a real sandbox."""
+from __future__ import annotations
+
+import pytest
+
+from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier import grade
+from nodeagent.verifier.grade import VerifierInfraError, verify
+
+STUB = "def double(x):\n    raise NotImplementedError\n"
+REFERENCE = "def double(x):\n    return 2 * x\n"
+TESTS = "from pkg import double\n\n\ndef test_two():\n    assert double(2) == 4\n\n\ndef test_zero():\n    assert double(0) == 0\n"
+
+
+def pkg_task(conftest: bool = False) -> dict:
+    """A process-isolated task: the agent edits a package (`pkg/__init__.py`) that the hidden
+    tests import in pytest's own process. With `conftest`, a repository task (the swe family:
+    tests under /work) whose own conftest.py imports the package before pytest's session starts."""
+    limits = {"memory_mb": 256, "pids": 64, "disk_mb": 64, "nofile": 256}
+    if conftest:
+        return {"name": "infra/repo-conftest", "family": "swe", "image": "builtin:python",
+                "instruction": "Implement double in pkg.", "limits": limits, "protected": [],
+                "files": {"pkg/__init__.py": STUB, "conftest.py": "import pkg  # the task's own conftest\n"},
+                "hidden": {"tests/test_pkg.py": TESTS, "gold.patch": "(post-images under gold/)\n",
+                           "gold/pkg/__init__.py": REFERENCE},
+                "checker": {"kind": "pytest", "tests": ["tests/test_pkg.py"]}}
+    return {"name": "infra/pkg", "family": "python", "image": "builtin:python", "limits": limits,
+            "instruction": "Implement double in pkg.", "files": {"pkg/__init__.py": STUB},
+            "hidden": {"test_pkg.py": TESTS, "reference.py": REFERENCE}, "protected": [],
+            "checker": {"kind": "pytest", "tests": ["test_pkg.py"], "isolation": "process"}}
+
+
+def pkg(code: str) -> list[Change]:
+    return [Change("/work/pkg/__init__.py", "modified", code.encode(), 0o644)]
+
+
+# Each: a wrong solution that, on the verifier before this change, came out as infra_error.
+ATTACKS = {
+    # 1. the test's import becomes a "missing dependency": importlib's own frames raise it
+    "getattr_import_module": (False, "import importlib\n__getattr__ = importlib.import_module\n"),
+    # 3. anything failing while the task's conftest imports the package: pytest "did not start"
+    "conftest_syntax_error": (True, "def double(x)\n    return x\n"),
+    "conftest_os_exit": (True, "import os\nos._exit(0)\n"),
+    "conftest_raises_padded": (True, "raise RuntimeError('x' * 100000)\n"),
+    "conftest_caught_tamper": (True, "import sys\ntry:\n    sys._getframe(1)\nexcept Exception:\n    pass\n"
+                                     "raise SystemExit(0)\n"),
+    # 4. padding: the agent's file name pushed out of the error text
+    "padded_missing_module": (False, "import sys\nsys.stderr.write('y' * 200000)\n"
+                                     "import importlib\n__getattr__ = importlib.import_module\n"),
+    # siblings: the code under test breaks the grader's channel or its process
+    "close_fds_in_conftest": (True, "import os\nos.closerange(3, 65536)\n" + STUB),
+    "fork_bomb_then_exit": (True, "import os\nfor _ in range(200):\n    try:\n        if os.fork() == 0:\n"
+                                  "            import time; time.sleep(30)\n    except OSError:\n        break\n"
+                                  "os._exit(0)\n"),
+    "fill_tmp_then_exit": (True, "import os\ntry:\n    with open('/tmp/fill', 'wb') as f:\n        while True:\n"
+                                 "            f.write(b'x' * (1 << 20))\nexcept OSError:\n    pass\nos._exit(0)\n"),
+    "flood_output_then_exit": (True, "import os\nfor _ in range(2000):\n    os.write(2, b'z' * 65536)\nos._exit(0)\n"),
+}
+
+
+# Siblings that already came out `fail` before (kept so they stay so): an import-time error
+# raised from the agent's own file, closing pytest's descriptors once the session runs, signals
+# to the grader (another uid: refused).
+ALREADY_FAIL = {
+    "getattr_raises_missing_numpy": (False, "def __getattr__(name):\n    raise ModuleNotFoundError(\"No module "
+                                            "named 'numpy'\", name='numpy')\n"),
+    "close_every_fd": (False, "import os\nos.closerange(3, 65536)\n" + STUB),
+    "kill_grader_and_self": (True, "import os, signal\nfor p in (os.getppid(), 1, -1):\n    try:\n"
+                                   "        os.kill(p, signal.SIGKILL)\n    except OSError:\n        pass\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    """A baseline of this module's own (no validation cache: graded once per task here)."""
+    return grade.Baseline()
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS) + sorted(ALREADY_FAIL))
+def test_an_agent_that_crashes_grading_fails_never_infra(runtime, python_image, baseline, name):
+    conftest, code = ATTACKS.get(name) or ALREADY_FAIL[name]
+    v = verify(runtime, python_image, pkg_task(conftest), pkg(code), None, baseline=baseline)
+    assert (v.outcome, v.reward) == ("fail", 0.0), v.checks
+    assert any("grades cleanly without them" in c["detail"] or c["verdict"] == "fail" for c in v.checks)
+
+
+def test_the_reference_still_passes_and_the_stub_fails(runtime, python_image, baseline):
+    for conftest in (False, True):
+        task = pkg_task(conftest)
+        assert verify(runtime, python_image, task, pkg(REFERENCE), None, baseline=baseline).outcome == "pass"
+        assert verify(runtime, python_image, task, pkg(STUB), None, baseline=baseline).outcome == "fail"
+
+
+def test_a_crash_is_named_with_both_reasons_in_the_checks(runtime, python_image, baseline):
+    v = verify(runtime, python_image, pkg_task(True), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+    detail = v.checks[-1]["detail"]
+    assert "grading failed with the agent's changes" in detail and "reference: pass" in detail
+    assert [c["verdict"] for c in v.checks[:-1]] == ["infra_error", "infra_error"]
+
+
+# -- real infrastructure failures stay infra errors ------------------------------------------
+
+def test_an_image_without_python_is_still_an_infra_error(runtime, busybox_image, baseline):
+    with pytest.raises(VerifierInfraError, match="no report"):
+        verify(runtime, busybox_image, pkg_task(), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+
+
+def test_a_missing_checker_file_is_still_an_infra_error(runtime, python_image, baseline):
+    task = pkg_task()
+    task["checker"] = {**task["checker"], "tests": ["test_pkg.py", "test_gone.py"]}
+    with pytest.raises(VerifierInfraError, match="test_gone.py"):
+        verify(runtime, python_image, task, pkg(REFERENCE), None, baseline=baseline)
+
+
+def test_a_sandbox_that_cannot_start_is_still_an_infra_error(runtime, python_image, baseline, tmp_path):
+    missing = tmp_path / "no-such-image.sif"
+    with pytest.raises(VerifierInfraError, match="failed to start"):
+        verify(runtime, missing, pkg_task(), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+
+
+def test_a_failure_without_any_agent_change_is_infra_not_compared(runtime, busybox_image):
+    class Never(grade.Baseline):
+        def clean(self, *a, **k):
+            raise AssertionError("no agent change: nothing to compare")
+    with pytest.raises(VerifierInfraError):
+        verify(runtime, busybox_image, pkg_task(), [], None, baseline=Never())
