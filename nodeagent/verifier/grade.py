@@ -34,6 +34,7 @@ import ast
 import base64
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import re
 import threading
@@ -161,7 +162,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
         return v
     agent_ran = False
     for attempt in range(INFRA_RETRIES + 1):
-        watched = _Watched(runtime, bool(changes) or answer is not None)
+        watched = _Watched(runtime, bool(changes), spec["kind"] == "pytest")
         try:
             v = _primary(watched, image, task, spec, changes, answer, clock, runner)
             break
@@ -185,13 +186,19 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     return v
 
 
+GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload is kept at 1000
+
+
 class _Watched:
     """A runtime whose sandboxes note when the agent's work entered them: its changes applied
     (non-empty) or a command run after them. A failure before that (no sandbox, a task file
-    missing before any change) cannot be the agent's doing; after it, it might be."""
+    missing before any change) cannot be the agent's doing; after it, it might be. With
+    `grader`, commands run at `GRADER_OOM_SCORE_ADJ` (the pytest grader, which runs the code
+    under test under other uids: the sandbox init keeps those at 1000, the OOM killer's first
+    choice), where the sandbox supports it."""
 
-    def __init__(self, runtime, has_work: bool) -> None:
-        self._runtime, self.has_work, self.agent_ran = runtime, has_work, False
+    def __init__(self, runtime, has_work: bool, grader: bool = False) -> None:
+        self._runtime, self.has_work, self.grader, self.agent_ran = runtime, has_work, grader, False
 
     def __getattr__(self, name):
         return getattr(self._runtime, name)
@@ -213,6 +220,8 @@ class _WatchedSandbox:
 
     def exec(self, *a, **k):
         self._owner.agent_ran = self._owner.agent_ran or self._owner.has_work
+        if self._owner.grader and "oom_score_adj" in inspect.signature(self._sb.exec).parameters:
+            k.setdefault("oom_score_adj", GRADER_OOM_SCORE_ADJ)
         return self._sb.exec(*a, **k)
 
 
@@ -268,8 +277,8 @@ class Baseline:
         for name, (files, answer) in todo.items():
             for _attempt in range(INFRA_RETRIES + 1):
                 try:
-                    out[name] = _primary(runtime, image, task, spec, _changes(task, files), answer, clock,
-                                         runner).outcome
+                    out[name] = _primary(_Watched(runtime, False, spec["kind"] == "pytest"), image, task, spec,
+                                         _changes(task, files), answer, clock, runner).outcome
                     break
                 except VerifierInfraError:
                     out[name] = "infra_error"
