@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.sandbox.runtime import Change
+from nodeagent.sandbox.runtime import Change, SandboxSpec
 from nodeagent.verifier import grade
 from nodeagent.verifier.grade import VerifierInfraError, verify
 
@@ -68,6 +68,8 @@ ALREADY_FAIL = {
     "getattr_raises_missing_numpy": (False, "def __getattr__(name):\n    raise ModuleNotFoundError(\"No module "
                                             "named 'numpy'\", name='numpy')\n"),
     "close_every_fd": (False, "import os\nos.closerange(3, 65536)\n" + STUB),
+    "delete_verifier_files": (True, "import shutil\nfor d in ('/verifier', '/tmp/.paddock-grader', '/work/tests'):\n"
+                                    "    shutil.rmtree(d, ignore_errors=True)\n" + STUB),
     "kill_grader_and_self": (True, "import os, signal\nfor p in (os.getppid(), 1, -1):\n    try:\n"
                                    "        os.kill(p, signal.SIGKILL)\n    except OSError:\n        pass\n"),
 }
@@ -127,3 +129,80 @@ def test_a_failure_without_any_agent_change_is_infra_not_compared(runtime, busyb
             raise AssertionError("no agent change: nothing to compare")
     with pytest.raises(VerifierInfraError):
         verify(runtime, busybox_image, pkg_task(), [], None, baseline=Never())
+
+
+def test_a_stopped_pytest_is_a_timeout_never_infra(runtime, python_image, baseline):
+    task = pkg_task()
+    task["checker"]["timeout_s"] = 4
+    v = verify(runtime, python_image, task, pkg("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n"), None,
+               baseline=baseline)
+    assert (v.outcome, v.reward) == ("timeout", 0.0)
+
+
+# -- memory: files count, and the OOM killer takes the workload before the grader -------------
+
+MEMFD_HOLDERS = r'''
+import subprocess, sys, time
+# memory through memfds written by small processes that hold nothing else (no process's RSS
+# shows it) and that first lower their own oom_score_adj to 0 (the minimum they inherited):
+# the processes left for the OOM killer are pytest, then the grader
+HOLD = "import os, time\nopen('/proc/self/oom_score_adj', 'w').write('0')\nfd = os.memfd_create('x', 0)\nfor _ in range(200):\n    os.write(fd, b'1' * (1 << 20))\ntime.sleep(120)\n"
+for _i in range(4):
+    subprocess.Popen([sys.executable, "-S", "-c", HOLD], start_new_session=True)
+time.sleep(6)
+def double(x):
+    raise NotImplementedError
+'''
+
+
+def test_memory_filled_through_memfds_kills_the_workload_not_the_grader(runtime, python_image):
+    """Before: every process at oom_score_adj 1000, the grader (bigger than the memfd writers)
+    was killed and no report was written. Now the grader runs at 0, the OOM killer takes the
+    memfd writers (or pytest) and the grader's report decides: a fail on its own evidence, with
+    the comparison against the reference turned off."""
+    v = verify(runtime, python_image, pkg_task(), pkg(MEMFD_HOLDERS), None, baseline=grade.NO_BASELINE)
+    assert (v.outcome, v.reward) == ("fail", 0.0)
+    assert "required tests passed" in v.checks[-1]["detail"]
+
+
+LOWER_AND_LOOK = r'''
+import os, sys, time
+os.setresgid(1000, 1000, 1000)
+os.setresuid(1000, 1000, 1000)
+os.execv(sys.executable, [sys.executable, "-c",
+    "import time\nopen('/proc/self/oom_score_adj', 'w').write('0')\nlow = open('/proc/self/oom_score_adj').read().strip()"
+    "\ntime.sleep(0.3)\nprint(low, open('/proc/self/oom_score_adj').read().strip())"])
+'''
+
+
+def test_the_grader_stays_below_its_unprivileged_workload_in_the_oom_order(runtime, python_image):
+    """A command run at oom_score_adj 0 (the grader) keeps 0; a process it starts under another
+    uid that lowers itself to 0 (allowed: 0 is the minimum it inherited) is raised back to 1000
+    by the sandbox init within its sweep period."""
+    sb = runtime.acquire(SandboxSpec(image=python_image, limits={"memory_mb": 128, "pids": 32, "disk_mb": 32}))
+    try:
+        r = sb.exec(["sh", "-c", "cat /proc/self/oom_score_adj"], oom_score_adj=0)
+        assert r.stdout.strip() == b"0"
+        r = sb.exec(["python3", "-c", LOWER_AND_LOOK], cwd="/tmp", oom_score_adj=0)
+        assert r.stdout.split() == [b"0", b"1000"], r
+        r = sb.exec(["sh", "-c", "cat /proc/self/oom_score_adj"])
+        assert r.stdout.strip() == b"1000"      # every other command: the OOM killer's first choice
+    finally:
+        sb.destroy()
+
+
+@pytest.mark.parametrize("how", ["memfd", "tmpfs"])
+def test_memory_written_to_files_counts_against_the_sandbox(runtime, python_image, how):
+    """Pages of a memfd or of the sandbox's own tmpfs are charged to its memory cgroup: 200 MB
+    written by a 64 MB sandbox is killed there (the writer, exit 137), however it is held."""
+    write = {"memfd": "fd = os.memfd_create('x', 0)", "tmpfs": "fd = os.open('/tmp/f', os.O_WRONLY | os.O_CREAT)"}[how]
+    sb = runtime.acquire(SandboxSpec(image=python_image, limits={"memory_mb": 64, "pids": 32, "disk_mb": 256}))
+    try:
+        r = sb.exec(["python3", "-c", f"import os\n{write}\nfor _ in range(200):\n    os.write(fd, b'1' * (1 << 20))\n"
+                     "print('all written')"], cwd="/tmp", timeout_s=30)
+        assert r.exit_code == 137 and b"all written" not in r.stdout, r
+        stat = sb.cgroup_stat()
+        if "memory.oom_control" in stat:
+            assert "oom_kill 0" not in stat["memory.oom_control"]
+    finally:
+        sb.destroy()
