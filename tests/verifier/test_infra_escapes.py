@@ -206,3 +206,30 @@ def test_memory_written_to_files_counts_against_the_sandbox(runtime, python_imag
             assert "oom_kill 0" not in stat["memory.oom_control"]
     finally:
         sb.destroy()
+
+
+def test_a_check_process_is_the_oom_killers_first_choice_not_the_check_server():
+    from nodeagent.verifier.checks import CheckRunner
+    with CheckRunner() as runner:
+        r = runner.run(argv=["sh", "-c", "cat /proc/self/oom_score_adj; cat /proc/$PPID/oom_score_adj"])
+        server = int(open(f"/proc/{runner._proc.pid}/oom_score_adj").read())
+    check, _spare_parent = r.stdout.split()
+    assert int(check) == 1000 and server < 1000, (r, server)
+
+
+# -- the curriculum: a policy cannot quarantine a task ----------------------------------------
+
+ROLLOUT_REASONS = ("model_server: 502 bad gateway", "store: changes artifact: [Errno 27] File too large",
+                   "agent_crash: RecursionError: maximum recursion depth exceeded", "lease_expired", "?")
+
+
+def test_dead_letters_of_the_rollouts_own_making_never_quarantine_the_task(tmp_path):
+    from controller.taskbank.curriculum import Curriculum
+    cur = Curriculum(tmp_path / "c.sqlite", ["t-hard", "t-broken"])
+    for _ in range(4):
+        for reason in ROLLOUT_REASONS:
+            cur.record_infra_failure("t-hard", reason)
+    assert cur.quarantined() == {}
+    for _ in range(3):
+        cur.record_infra_failure("t-broken", "verifier: grader wrote no report (exit 127): no python3")
+    assert list(cur.quarantined()) == ["t-broken"]
