@@ -34,10 +34,8 @@ import ast
 import base64
 import hashlib
 import importlib.metadata
-import inspect
 import json
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +46,7 @@ from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
 from nodeagent.verifier import checkers
+from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
 CHECK_TIMEOUT_S = 60.0
@@ -136,7 +135,7 @@ def as_bytes(content: str | bytes) -> bytes:
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
-           layers: tuple = (), baseline: "Baseline | None" = None) -> Verdict:
+           layers: tuple = (), baseline: Baseline | None = None) -> Verdict:
     """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it.
 
     An infrastructure error is only what reproduces without the agent: when grading fails after
@@ -162,7 +161,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
         return v
     agent_ran = False
     for attempt in range(INFRA_RETRIES + 1):
-        watched = _Watched(runtime, bool(changes), spec["kind"] == "pytest")
+        watched = Watched(runtime, bool(changes), spec["kind"] == "pytest")
         try:
             v = _primary(watched, image, task, spec, changes, answer, clock, runner)
             break
@@ -172,7 +171,8 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
             if attempt < INFRA_RETRIES:
                 continue
             exc.agent_ran = agent_ran
-            clean = (baseline or BASELINE).clean(runtime, image, task, spec, clock, runner) if agent_ran else None
+            clean = (baseline or BASELINE).clean(task, image, _without_agent(runtime, image, task, spec, clock, runner)
+                                                 ) if agent_ran else None
             if not clean:
                 raise
             v = Verdict("fail", 0.0, {"correct": 0.0},
@@ -186,112 +186,16 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     return v
 
 
-GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload is kept at 1000
-
-
-class _Watched:
-    """A runtime whose sandboxes note when the agent's work entered them: its changes applied
-    (non-empty) or a command run after them. A failure before that (no sandbox, a task file
-    missing before any change) cannot be the agent's doing; after it, it might be. With
-    `grader`, commands run at `GRADER_OOM_SCORE_ADJ` (the pytest grader, which runs the code
-    under test under other uids: the sandbox init keeps those at 1000, the OOM killer's first
-    choice), where the sandbox supports it."""
-
-    def __init__(self, runtime, has_work: bool, grader: bool = False) -> None:
-        self._runtime, self.has_work, self.grader, self.agent_ran = runtime, has_work, grader, False
-
-    def __getattr__(self, name):
-        return getattr(self._runtime, name)
-
-    def acquire(self, *a, **k):
-        return _WatchedSandbox(self._runtime.acquire(*a, **k), self)
-
-
-class _WatchedSandbox:
-    def __init__(self, sb, owner: _Watched) -> None:
-        self._sb, self._owner = sb, owner
-
-    def __getattr__(self, name):
-        return getattr(self._sb, name)
-
-    def apply(self, changes):
-        self._owner.agent_ran = self._owner.agent_ran or bool(changes)
-        return self._sb.apply(changes)
-
-    def exec(self, *a, **k):
-        self._owner.agent_ran = self._owner.agent_ran or self._owner.has_work
-        if self._owner.grader and "oom_score_adj" in inspect.signature(self._sb.exec).parameters:
-            k.setdefault("oom_score_adj", GRADER_OOM_SCORE_ADJ)
-        return self._sb.exec(*a, **k)
-
-
-class Baseline:
-    """Does a task grade cleanly without the agent, on this image, with this verifier? Its
-    reference solution must `pass` and its null solution (no change) must reach a verdict
-    (`pass`/`fail`/`timeout`), each graded like a rollout (`_primary`, one retry). Known
-    results come from validation (`seed`, from `validate_task` and the validation cache);
-    otherwise they are graded once in fresh sandboxes and kept per task id + image + layers
-    + verifier version for the life of the process. `clean` returns a short reason when the
-    task grades cleanly, None when it does not (then the failure is infrastructure)."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple, dict[str, str]] = {}
-        self._locks: dict[tuple, threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def key(task: dict, image) -> tuple:
-        ident = task.get("task_id") or _sha(json.dumps({k: v for k, v in task.items() if not k.startswith("_")},
-                                                       sort_keys=True, default=repr))
-        return ident, str(image), tuple(map(str, task.get("_layers", ()))), VERIFIER_VERSION
-
-    def seed(self, task: dict, image, outcomes: dict[str, str]) -> None:
-        """Record validation's outcomes ({"reference": ..., "null": ...}) for `task` on `image`."""
-        got = {k: outcomes[k] for k in ("reference", "null") if k in outcomes}
-        if "null" in got:
-            with self._lock:
-                self._known[self.key(decode_task(task), image)] = got
-
-    def outcomes(self, runtime, image, task: dict, spec: dict, clock, runner) -> dict[str, str]:
-        key = self.key(task, image)
-        with self._lock:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            if key not in self._known:
-                self._known[key] = self._grade(runtime, image, task, spec, clock, runner)
-            return self._known[key]
-
-    def clean(self, runtime, image, task: dict, spec: dict, clock, runner) -> str | None:
-        got = self.outcomes(runtime, image, task, spec, clock, runner)
-        ref, null = got.get("reference"), got.get("null")
-        if null in (None, "infra_error") or ref not in (None, "pass"):
-            return None
-        return f"reference: {ref}, null: {null}" if ref else f"no reference; null: {null}"
-
-    @staticmethod
-    def _grade(runtime, image, task, spec, clock, runner) -> dict[str, str]:
-        from nodeagent.verifier.validate import _changes, reference_of    # validate imports this module
-        ref = reference_of(task)
-        todo = {"null": ({}, None)} | ({"reference": ref} if ref is not None else {})
-        out = {}
-        for name, (files, answer) in todo.items():
-            for _attempt in range(INFRA_RETRIES + 1):
-                try:
-                    out[name] = _primary(_Watched(runtime, False, spec["kind"] == "pytest"), image, task, spec,
-                                         _changes(task, files), answer, clock, runner).outcome
-                    break
-                except VerifierInfraError:
-                    out[name] = "infra_error"
-        return out
-
-
-class _NoBaseline(Baseline):
-    def clean(self, *a, **k) -> None:
-        return None
-
-
-BASELINE = Baseline()
-NO_BASELINE = _NoBaseline()
+def _without_agent(runtime, image, task, spec, clock, runner) -> Callable[[list, str | None], str]:
+    """The baseline's grading function: the outcome of other changes (the task's reference,
+    none) graded as a rollout's, `infra_error` when grading fails."""
+    def grade(changes: list, answer: str | None) -> str:
+        try:
+            return _primary(Watched(runtime, False, spec["kind"] == "pytest"), image, task, spec, changes, answer,
+                            clock, runner).outcome
+        except VerifierInfraError:
+            return "infra_error"
+    return grade
 
 
 def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verdict:
