@@ -233,3 +233,43 @@ def test_dead_letters_of_the_rollouts_own_making_never_quarantine_the_task(tmp_p
     for _ in range(3):
         cur.record_infra_failure("t-broken", "verifier: grader wrote no report (exit 127): no python3")
     assert list(cur.quarantined()) == ["t-broken"]
+
+
+class CountingRuntime:
+    """The real runtime, counting the sandboxes the verifier asks for."""
+
+    def __init__(self, runtime) -> None:
+        self.runtime, self.acquired = runtime, 0
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def acquire(self, *a, **k):
+        self.acquired += 1
+        return self.runtime.acquire(*a, **k)
+
+
+def test_validations_outcomes_are_reused_and_decide(runtime, python_image):
+    """Seeded (as validation does) the baseline is not graded again: a crash costs its own two
+    attempts. A seeded reference that was an infra error keeps the crash an infra error."""
+    crash = pkg("import importlib\n__getattr__ = importlib.import_module\n")
+    seeded, counting = grade.Baseline(), CountingRuntime(runtime)
+    seeded.seed(pkg_task(), python_image, {"reference": "pass", "null": "fail"})
+    assert verify(counting, python_image, pkg_task(), crash, None, baseline=seeded).outcome == "fail"
+    assert counting.acquired == 2
+    fresh, counting = grade.Baseline(), CountingRuntime(runtime)
+    assert verify(counting, python_image, pkg_task(), crash, None, baseline=fresh).outcome == "fail"
+    assert counting.acquired == 4          # and the reference and null, once
+    broken = grade.Baseline()
+    broken.seed(pkg_task(), python_image, {"reference": "infra_error", "null": "infra_error"})
+    with pytest.raises(VerifierInfraError, match="cannot import a dependency"):
+        verify(runtime, python_image, pkg_task(), crash, None, baseline=broken)
+
+
+def test_validation_seeds_the_baseline_before_the_hacks(runtime, python_image):
+    from nodeagent.verifier import validate
+    task = {**pkg_task(), "task_id": "infra-escapes-seed-test"}
+    v = validate.validate_task(runtime, python_image, task, workers=1, quick=True)
+    assert v.ok, v.reasons
+    assert grade.BASELINE.clean(task, python_image, lambda *a: pytest.fail("graded again")) == \
+        "reference: pass, null: fail"
