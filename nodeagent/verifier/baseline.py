@@ -66,7 +66,8 @@ class Baseline:
     (`pass`/`fail`/`timeout`). Known outcomes come from validation (`seed`); otherwise they
     are graded once, through the verifier's own `grade(changes, answer) -> outcome` (`infra_error` for an
     infrastructure failure; one retry), and kept for the life of the
-    process (whose verifier version cannot change). `clean` returns a short reason when the
+    process (whose verifier version cannot change) when clean; a baseline that is not clean
+    is graded again at the next failure (it may have met a transient fault). `clean` returns a short reason when the
     task grades cleanly, None when it does not (then the failure is infrastructure)."""
 
     def __init__(self) -> None:
@@ -92,16 +93,15 @@ class Baseline:
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
-            if key not in self._known:
-                self._known[key] = self._grade(task, grade)
-            return self._known[key]
+            if key in self._known:
+                return self._known[key]
+            got = self._grade(task, grade)
+            if _clean(got):         # a failing baseline is graded again next time: it may have been transient
+                self._known[key] = got
+            return got
 
     def clean(self, task: dict, image, grade: Callable[[list, str | None], str]) -> str | None:
-        got = self.outcomes(task, image, grade)
-        ref, null = got.get("reference"), got.get("null")
-        if null in (None, "infra_error") or ref not in (None, "pass"):
-            return None
-        return f"reference: {ref}, null: {null}" if ref else f"no reference; null: {null}"
+        return _clean(self.outcomes(task, image, grade))
 
     @staticmethod
     def _grade(task: dict, grade) -> dict[str, str]:
@@ -160,6 +160,13 @@ def solution_changes(task: dict, files: dict) -> list[Change]:
             data = text if isinstance(text, bytes) else text.encode()
             out.append(Change(f"/work/{rel}", "modified" if rel in original else "added", data, 0o644))
     return out
+
+
+def _clean(got: dict[str, str]) -> str | None:
+    ref, null = got.get("reference"), got.get("null")
+    if null in (None, "infra_error") or ref not in (None, "pass"):
+        return None
+    return f"reference: {ref}, null: {null}" if ref else f"no reference; null: {null}"
 
 
 class _NoBaseline(Baseline):
