@@ -18,7 +18,8 @@ nearest to the band are served (the farm never stalls). Deterministic for a seed
 
 Quarantine. A task is quarantined, with the reason, when the same solution (a hash of its
 final diff/answer) got both a pass and a fail (flaky), when its reference solution fails
-(broken), or when it dead-letters `max_infra_failures` times (broken). Quarantine persists
+(broken), or when it dead-letters `max_infra_failures` times for reasons of its own (broken:
+`task_fault`; a dead letter of the rollout's own making never counts). Quarantine persists
 until `release`.
 
 Persisted in SQLite (`curriculum.sqlite` in the task-bank dir); recording is idempotent per
@@ -59,6 +60,18 @@ CREATE TABLE IF NOT EXISTS quarantine (
     task_id TEXT PRIMARY KEY, reason TEXT NOT NULL, since REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS recorded (rollout_id TEXT PRIMARY KEY);
 """
+
+
+TASK_FAULT_REASONS = ("task:", "setup:", "sandbox_start:", "verifier:")
+
+
+def task_fault(reason: str) -> bool:
+    """Is a dead letter's reason the task's: its content or limits (`task:`), its set-up
+    (`setup:`), its image or sandbox (`sandbox_start:`), or grading that fails without the
+    agent too (`verifier:`: the verifier scores a failure that reproduces only with the agent's
+    changes as `fail`, see docs/verifier.md)? Everything else — `model_server:`, `store:`,
+    `agent_crash:`, `lease_expired`, an unknown reason — is the rollout's."""
+    return str(reason).lstrip().startswith(TASK_FAULT_REASONS)
 
 
 class CurriculumError(RuntimeError):
@@ -192,7 +205,13 @@ class Curriculum:
                                  + (f": {detail}" if detail else ""))
 
     def record_infra_failure(self, task_id: str, reason: str) -> None:
-        """A rollout of this task dead-lettered; too many make the task `broken`."""
+        """A rollout of this task dead-lettered; too many make the task `broken` — when the
+        reason is the task's (`task_fault`). A dead letter of the rollout's own making (its
+        model server, its artifacts, a node agent or lease lost under it) never counts against
+        the task: a policy must not be able to quarantine a task."""
+        if not task_fault(reason):
+            log.info("dead letter of task_id=%s not held against the task: %s", task_id, reason[:200])
+            return
         with self._lock, self._db:
             n = self._db.execute(
                 "INSERT INTO infra VALUES (?, 1, ?) ON CONFLICT DO UPDATE SET "
