@@ -51,6 +51,7 @@ MAX_TEXT_CHARS = 200_000
 MAX_SET_ITEMS = 32
 MIN_ROUNDED_SIG_DIGITS = 3       # a rounded decimal needs this many significant digits ...
 MIN_ROUNDED_PLACES = 2           # ... or this many decimal places
+MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal gold (1/7 ~ 0.1429)
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
@@ -61,9 +62,30 @@ _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 def _math_verify():
     """Math-Verify, imported on first use: it pulls in sympy and the ANTLR LaTeX parser (about a
-    second), which `paddock check` and the check server's preload should pay only when needed."""
+    second), which `paddock check` and the check server's preload should pay only when needed.
+    Its LaTeX conversion is set to keep the case of symbols (latex2sympy's default folds it, so
+    `a+A` would read as `2a`); see `_case_sensitive_latex`."""
     import math_verify
+    _case_sensitive_latex(math_verify)
     return math_verify
+
+
+def _case_sensitive_latex(mv) -> None:
+    """Make Math-Verify's LaTeX parse call latex2sympy with `lowercase_symbols=False` (once per
+    process; its parse cache is cleared so no folded result survives)."""
+    parser = mv.parser
+    if getattr(parser.latex2sympy, "_paddock_case_sensitive", False):
+        return
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig  # noqa: PLC0415 - Math-Verify's dependency
+    original, config = parser.latex2sympy, ConversionConfig(lowercase_symbols=False)
+
+    def latex2sympy(*args, **kwargs):
+        kwargs.setdefault("conversion_config", config)
+        return original(*args, **kwargs)
+
+    latex2sympy._paddock_case_sensitive = True
+    parser.latex2sympy = latex2sympy
+    parser.parse_latex_cached.cache_clear()
 
 
 def _timeouts() -> tuple[int | None, int | None]:
@@ -124,19 +146,38 @@ def _dedupe(answers: list[str]) -> list[str]:
 
 def final_answers(text: str) -> list[str]:
     """The distinct final answers in `text`, normalised (see the module docstring, step 1)."""
-    text = text[-MAX_TEXT_CHARS:]
+    text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
         return _dedupe([mn.normalise(b) for b in boxed])
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
-    lines = _dedupe([mn.normalise(a) for a in mn.answer_lines(text)])
+    raw = mn.answer_lines(text)
+    lines = _dedupe([mn.normalise(a) for a in raw])
     if len(lines) > 1:
         return lines
-    parsed = mv_parse(text)
+    if lines:                                   # the answer line is the region to read, whole
+        line = _line_answer(raw[-1])
+        if line is not None:
+            return [line]
+    parsed = mv_parse(raw[-1] if raw else text)
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
+
+
+_FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
+_HOPE = re.compile(r"[\s.]*I hope it is correct[\s.]*$", re.IGNORECASE)
+_MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
+
+
+def _line_answer(line: str) -> str | None:
+    """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
+    line = _HOPE.sub("", _FINAL_IS.sub("", line)).strip()
+    m = _MATH_SPAN.fullmatch(line)
+    if m:
+        return mn.normalise(m.group(1))
+    return mn.normalise(line) if mn.is_bare_answer(line) else None
 
 
 _BETWEEN_BOXES = re.compile(r"\\boxed\s*\{[^{}]*\}|[\s,;$.]|\\[()\[\]]|\\quad|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
@@ -158,31 +199,77 @@ def gold_answer(gold: str) -> str | None:
 
 # -- comparing ----------------------------------------------------------------------------------
 
-def _strip_assignment(gold: str, pred: str) -> str:
-    """'x = 5' -> '5' and 'x \\in [0, 1)' -> '[0, 1)' when the gold states no relation itself."""
-    if _RELATION.search(gold):
-        return pred
-    for sep in ("=", "\\in "):
-        parts = mn.split_top(pred, sep)
-        if len(parts) > 1 and re.search(r"<|>|\\le|\\ge|\\ne", pred) is None:
-            lhs, pred = parts[0], parts[-1]
-            if sep == "\\in " and not _ASSIGN_LHS.fullmatch(lhs):
-                return parts[0] + sep + parts[-1]
+APPROX_REL_TOL = Fraction(1, 100)   # the approximate side of "exact \\approx decimal": within 1%
+
+
+def _is_lhs(s: str) -> bool:
+    return _ASSIGN_LHS.fullmatch(s.strip()) is not None
+
+
+def _stated_values(gold: str, pred: str) -> tuple[list[str], str | None] | None:
+    """The values a relation in `pred` states when the gold states none: 'x = 12/2 = 6' ->
+    (['12/2', '6'], None); 'x \\in [0, 1)' -> (['[0, 1)'], None); '\\frac{1}{3} \\approx 0.333' ->
+    (['\\frac{1}{3}'], '0.333') (exact values, then the approximate one). Every exact value must be
+    the gold: '6 = 5' states 5 and 6. None when `pred` is no such relation."""
+    if _RELATION.search(gold) or len(mn.split_top(pred)) > 1:
+        return None
+    if re.search(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\sim|\\equiv", pred):
+        return None
+    approx = None
     if "\\approx" in pred:
-        left, _, right = pred.partition("\\approx")
-        pred = right.strip() if _ASSIGN_LHS.fullmatch(left.strip()) else left.strip()
-    return pred
+        exact_part, _, approx = pred.partition("\\approx")
+        approx = approx.strip()
+        if "\\approx" in approx or "=" in approx:
+            return [approx], "\\approx"          # a chain of approximations: never equal
+    else:
+        exact_part = pred
+    for sep in ("=", "\\in "):
+        parts = [p for p in mn.split_top(exact_part, sep)]
+        if len(parts) > 1 and all(parts):
+            if sep == "\\in " and (len(parts) != 2 or not _is_lhs(parts[0])):
+                return None
+            values = parts[1:] if _is_lhs(parts[0]) else parts
+            return values, approx
+        if len(parts) > 1:
+            return None
+    if approx is None:
+        return None
+    exact_part = exact_part.strip()
+    return ([] if _is_lhs(exact_part) else [exact_part]), approx
 
 
 def answers_equal(gold: str, pred: str) -> bool:
-    """True when the normalised answer `pred` states the normalised gold answer."""
+    """True when the normalised answer `pred` states the normalised gold answer, and only it."""
     if len(gold) > mn.MAX_ANSWER_CHARS or len(pred) > mn.MAX_ANSWER_CHARS:
         return False
     if gold == pred:
         return True
-    pred = _strip_assignment(gold, pred)
+    alts = _dedupe(mn.alternatives(pred))
+    if len(alts) > 1:                       # a hedge: every value it offers must be right
+        if _multi_valued(gold):
+            return _as_sets(mn.structure(gold).items, tuple(alts))
+        return all(answers_equal(gold, a) for a in alts)
+    if mn.hidden_text(pred) and not mn.hidden_text(gold):
+        return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    stated = _stated_values(gold, pred)
+    if stated is not None:
+        values, approx = stated
+        if approx == "\\approx" or (not values and approx is None):
+            return False
+        if approx is not None and not values:
+            return _one_equal(gold, approx)
+        return all(_one_equal(gold, v) for v in values) and (approx is None or _close(gold, approx))
+    return _one_equal(gold, pred)
+
+
+def _one_equal(gold: str, pred: str) -> bool:
+    """One stated value against the gold, by shape (see the module docstring, step 2)."""
     if gold == pred:
         return True
+    lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
+    lp = mn.number_literal(pred)
+    if lg is not None and lp is not None:
+        return literals_equal(lg, lp, gold_first=True)
     solutions = _assigned_rhs(gold)
     if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
@@ -194,11 +281,29 @@ def answers_equal(gold: str, pred: str) -> bool:
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
+    if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
+        return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
         if sg.kind == sp.kind == "list" and _ordered_list(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
+    if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
+        return False        # a set is not an interval or a tuple, one value is not several
     return mv_verify(_parse_answer(gold), _parse_answer(pred))
+
+
+def _close(gold: str, approx: str) -> bool:
+    """The approximate side of 'exact \\approx d': a number within APPROX_REL_TOL of the gold."""
+    lit = mn.number_literal(approx)
+    g = _parse_answer(gold)
+    value = _numeric(g[0]) if g else None
+    if lit is None or value is None:
+        return False
+    try:
+        exact = Fraction(str(value.evalf(30)))
+    except Exception:  # noqa: BLE001 - not a plain number: not shown close
+        return False
+    return abs(exact - lit[0]) <= APPROX_REL_TOL * abs(exact)
 
 
 def _assigned_rhs(s: str) -> str | None:
@@ -242,7 +347,8 @@ def _as_sets(gold: tuple[str, ...], pred: tuple[str, ...]) -> bool:
 def scalars_equal(gold: str, pred: str) -> bool:
     """One value against one value: exact for integers and fractions, rounded decimals by
     their places, numeric expressions exactly, everything else by Math-Verify."""
-    lg, lp = mn.number_literal(gold), mn.number_literal(pred)
+    lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
+    lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
         return literals_equal(lg, lp)
     g, p = _parse_answer(gold), _parse_answer(pred)
@@ -252,24 +358,24 @@ def scalars_equal(gold: str, pred: str) -> bool:
     if ge is not None and pe is not None:
         if lg is not None or lp is not None:
             literal, expr = (lg, pe) if lg is not None else (lp, ge)
-            return _literal_matches_expr(literal, expr)
+            return _literal_matches_expr(literal, expr, literal_is_gold=lg is not None)
         return _exact_equal(ge, pe)
     if (ge is None) != (pe is None) and _only_numbers(g[0]) and _only_numbers(p[0]):
         return False
     return mv_verify(g, p)
 
 
-def literals_equal(a: tuple[Fraction, int | None], b: tuple[Fraction, int | None]) -> bool:
-    """Two number literals: equal as rationals, or the coarser decimal is the finer one rounded."""
-    (va, pa), (vb, pb) = a, b
-    if va == vb:
+def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None],
+                   gold_first: bool = True) -> bool:
+    """Two number literals: equal as rationals, or the gold is a decimal and the prediction,
+    given to at least as many places, rounds to it. A prediction coarser than the gold fails
+    (gold 0.3333, 0.33 is less than was asked); an integer gold stands for itself."""
+    (vg, pg), (vp, pp) = gold, pred
+    if vg == vp:
         return True
-    if pa is None and pb is None:
+    if pg is None or (pp or 0) < pg:
         return False
-    coarse, fine = (a, b) if (pa or 0) <= (pb or 0) else (b, a)
-    if coarse[1] is None:
-        return False                      # an integer stands for itself, not a rounding
-    return _rounds_to(fine[0], coarse)
+    return _rounds_to(vp, gold)
 
 
 def _rounds_to(value, literal: tuple[Fraction, int | None]) -> bool:
@@ -299,14 +405,20 @@ def _only_numbers(expr) -> bool:
     return isinstance(expr, sympy.Expr) and not expr.free_symbols
 
 
-def _literal_matches_expr(literal: tuple[Fraction, int | None], expr) -> bool:
-    """A number literal against a closed-form number: exact for integers, rounding for decimals."""
+def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is_gold: bool) -> bool:
+    """A number literal against a closed-form number: exact for integers, rounding for decimals.
+    A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3); a predicted
+    decimal standing for an exact gold must carry MIN_APPROX_SIG_DIGITS (0.67 is not 2/3)."""
     import sympy  # noqa: PLC0415 - loaded with math_verify (see _math_verify)
     value, places = literal
     rational = sympy.Rational(value.numerator, value.denominator)
+    if places is not None and not literal_is_gold and mn.significant_digits(value, places) < MIN_APPROX_SIG_DIGITS:
+        literal_ok = False
+    else:
+        literal_ok = True
     if expr.is_Rational:
         exact = Fraction(int(expr.p), int(expr.q))
-        return exact == value or (places is not None and _rounds_to(exact, literal))
+        return exact == value or (places is not None and literal_ok and _rounds_to(exact, literal))
     if places is None:
         return _exact_equal(rational, expr)
     try:
@@ -316,7 +428,7 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr) -> bool:
         approx = Fraction(str(sympy.Float(expr.evalf(EXACT_TOL_DIGITS), EXACT_TOL_DIGITS)))
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
-    return _rounds_to(approx, literal)
+    return literal_ok and _rounds_to(approx, literal)
 
 
 def _exact_equal(a, b) -> bool:
