@@ -49,6 +49,7 @@ CHECK_BUDGET_S = 8.0             # past this, no new parse/verify starts: what i
 MAX_CANDIDATES = 8
 MAX_TEXT_CHARS = 200_000
 MAX_SET_ITEMS = 32
+MAX_GOLD_GLUE_CHARS = 30         # words between a gold's boxes that still make them one set
 MIN_ROUNDED_SIG_DIGITS = 3       # a rounded decimal needs this many significant digits ...
 MIN_ROUNDED_PLACES = 2           # ... or this many decimal places
 MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal gold (1/7 ~ 0.1429)
@@ -149,7 +150,10 @@ def final_answers(text: str) -> list[str]:
     text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
-        return _dedupe([mn.normalise(b) for b in boxed])
+        tail = text[text.rfind("\\boxed"):]           # a "final answer" line after every box wins
+        final = [a for a in mn.answer_lines(tail) if _FINAL_WORDS.search(a)] if _FINAL_WORDS.search(tail) else []
+        line = _line_answer(final[-1]) if len(final) == 1 else None
+        return [line] if line is not None else _dedupe([mn.normalise(b) for b in boxed])
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
     raw = mn.answer_lines(text)
@@ -166,6 +170,7 @@ def final_answers(text: str) -> list[str]:
     return lines
 
 
+_FINAL_WORDS = re.compile(r"final answer", re.IGNORECASE)
 _FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
 _HOPE = re.compile(r"[\s.]*I hope it is correct[\s.]*$", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
@@ -184,15 +189,18 @@ _BETWEEN_BOXES = re.compile(r"\\boxed\s*\{[^{}]*\}|[\s,;$.]|\\[()\[\]]|\\quad|\\
 
 
 def gold_answer(gold: str) -> str | None:
-    """The gold's answer string. Several boxed values written side by side (only commas, "and"
-    between them) become one set; boxed values scattered through a solution: the last one."""
+    """The gold's answer string. Several boxed values written side by side (between them only
+    commas, "and", or a few words joined by "and": "\\boxed{1} papers and \\boxed{2} bins") become
+    one set; boxed values scattered through a solution: the last one."""
     answers = final_answers(gold)
     if not answers:
         return None
     if len(answers) == 1:
         return answers[0]
     first, last = gold.find("\\boxed"), gold.rfind("\\boxed")
-    if _BETWEEN_BOXES.sub("", gold[first:last]).strip():
+    rest = _BETWEEN_BOXES.sub("", gold[first:last]).strip()
+    words_ok = not re.search(r"[A-Za-z]", rest) or re.search(r"\band\b", gold[first:last])
+    if len(rest) > MAX_GOLD_GLUE_CHARS or re.search(r"[\d=]", rest) or not words_ok:
         return answers[-1]
     return "\\{" + ", ".join(answers) + "\\}"
 
@@ -249,6 +257,11 @@ def answers_equal(gold: str, pred: str) -> bool:
         if _multi_valued(gold):
             return _as_sets(mn.structure(gold).items, tuple(alts))
         return all(answers_equal(gold, a) for a in alts)
+    if alts and alts[0] != pred:
+        return answers_equal(gold, alts[0])  # "6 \\text{ or } 6", a one-row cases block
+    chain = _assignment_chain(gold, pred)
+    if chain is not None:
+        return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
     stated = _stated_values(gold, pred)
@@ -260,6 +273,20 @@ def answers_equal(gold: str, pred: str) -> bool:
             return _one_equal(gold, approx)
         return all(_one_equal(gold, v) for v in values) and (approx is None or _close(gold, approx))
     return _one_equal(gold, pred)
+
+
+def _assignment_chain(gold: str, pred: str) -> bool | None:
+    """Gold 'x = 11', prediction a chain 'x = 5+6 = 7 = 11': every link must be the gold's value
+    (Math-Verify reads only the last; a chain that passes through a wrong value is a hedge).
+    None when the gold is no single assignment or the prediction no chain of three or more."""
+    gparts = mn.split_top(gold, "=")
+    pparts = mn.split_top(pred, "=")
+    if len(gparts) != 2 or len(pparts) < 3 or not _is_lhs(gparts[0]) or _RELATION.search(gparts[1]):
+        return None
+    if any(_RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
+        return None
+    values = pparts[1:] if _is_lhs(pparts[0]) else pparts
+    return all(_one_equal(gparts[1].strip(), v) for v in values)
 
 
 def _one_equal(gold: str, pred: str) -> bool:

@@ -23,6 +23,7 @@ Must not import: sympy, math_verify, zmq, controller.store, controller.broker.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -70,14 +71,17 @@ def is_bare_answer(text: str) -> bool:
 
 
 def unescape_commands(text: str) -> str:
-    """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`."""
+    """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`;
+    Unicode compatibility forms folded (NFKC: fullwidth digits), the minus sign read as "-", and
+    invisible format characters (zero-width space, word joiner ...) removed, so "5\u200b6" is 56."""
+    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     return _ESCAPED_CMD.sub(r"\\", text)
 
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = s.strip()
-    s = _ESCAPED_CMD.sub(r"\\", s)                          # \\\\left( written with an escaped backslash
+    s = unescape_commands(s).strip()
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = s.replace("{,}", ",")
