@@ -25,8 +25,8 @@ from pathlib import Path
 from nodeagent.verifier import checkers, mathanswer
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "math_cases"
-PUBLIC_SETS = ("math_verify", "hendrycks", "qwen")
-ALL_SETS = (*PUBLIC_SETS, "adversarial")
+PUBLIC_SETS = ("math_verify", "hendrycks", "qwen", "lighteval", "nemo_skills", "mv_mixed")
+ALL_SETS = (*PUBLIC_SETS, "adversarial", "adversarial_classes")
 
 
 class _Guard(Exception):
@@ -94,7 +94,7 @@ def _stats(rows: list) -> dict:
 
 def report(results: dict) -> None:
     groups = {s: [s] for s in ALL_SETS if s in next(iter(results.values()))}
-    groups["public (3 sets)"] = [s for s in PUBLIC_SETS if s in groups]
+    groups["public (all sets)"] = [s for s in PUBLIC_SETS if s in groups]
     groups["all incl. adversarial"] = [s for s in ALL_SETS if s in groups]
     print(f"{'set':<24}{'checker':<8}{'n':>5}{'agree':>8}{'rate':>8}{'FP':>9}{'p50 ms':>9}{'p99 ms':>9}{'guard':>7}")
     for gname, members in groups.items():

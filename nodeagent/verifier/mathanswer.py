@@ -192,17 +192,29 @@ def gold_answer(gold: str) -> str | None:
     """The gold's answer string. Several boxed values written side by side (between them only
     commas, "and", or a few words joined by "and": "\\boxed{1} papers and \\boxed{2} bins") become
     one set; boxed values scattered through a solution: the last one."""
+    gold = mn.unescape_commands(gold)
     answers = final_answers(gold)
     if not answers:
         return None
     if len(answers) == 1:
         return answers[0]
-    first, last = gold.find("\\boxed"), gold.rfind("\\boxed")
-    rest = _BETWEEN_BOXES.sub("", gold[first:last]).strip()
-    words_ok = not re.search(r"[A-Za-z]", rest) or re.search(r"\band\b", gold[first:last])
-    if len(rest) > MAX_GOLD_GLUE_CHARS or re.search(r"[\d=]", rest) or not words_ok:
+    starts = [m.start() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", gold)]
+    if len(starts) != len(answers):
         return answers[-1]
-    return "\\{" + ", ".join(answers) + "\\}"
+    group = [answers[-1]]                       # the last run of boxes joined only by glue
+    for i in range(len(starts) - 2, -1, -1):
+        if not _joined(gold[starts[i]:starts[i + 1]]):
+            break
+        group.insert(0, answers[i])
+    group = _dedupe(group)
+    return group[0] if len(group) == 1 else "\\{" + ", ".join(group) + "\\}"
+
+
+def _joined(between: str) -> bool:
+    """Two boxes are one answer when what lies between them is commas, "and", spacing, or at
+    most one word without digits ("\\boxed{1} papers and \\boxed{2} bins")."""
+    rest = _BETWEEN_BOXES.sub(" ", between).strip()
+    return len(rest) <= MAX_GOLD_GLUE_CHARS and not re.search(r"[\d=]", rest) and len(rest.split()) <= 1
 
 
 # -- comparing ----------------------------------------------------------------------------------
@@ -296,7 +308,7 @@ def _one_equal(gold: str, pred: str) -> bool:
     lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
     lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
-        return literals_equal(lg, lp, gold_first=True)
+        return literals_equal(lg, lp) or (_percent_only(gold, pred) and literals_equal(lg, (lp[0] / 100, None)))
     solutions = _assigned_rhs(gold)
     if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
@@ -308,6 +320,10 @@ def _one_equal(gold: str, pred: str) -> bool:
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
+    tuples = _assignment_tuples(sg)
+    if tuples is not None and sp.kind in ("list", "group"):
+        pred_items = sp.items if sp.kind == "list" else (pred,)
+        return _as_sets(tuples, pred_items)          # p=5,q=2;p=7,q=2 is (5,2),(7,2)
     if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
         return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
@@ -317,6 +333,19 @@ def _one_equal(gold: str, pred: str) -> bool:
     if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
         return False        # a set is not an interval or a tuple, one value is not several
     return mv_verify(_parse_answer(gold), _parse_answer(pred))
+
+
+def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
+    """A list of assignment groups ("p=5,q=2" ; "p=7,q=2") as tuples ("(5, 2)", "(7, 2)"), else None."""
+    if shape.kind != "list" or not all(";" not in i and "=" in i for i in shape.items):
+        return None
+    out = []
+    for item in shape.items:
+        parts = [mn.split_top(a, "=") for a in mn.split_top(item)]
+        if len(parts) < 2 or not all(len(p) == 2 and _is_lhs(p[0]) for p in parts):
+            return None
+        out.append("(" + ", ".join(p[1].strip() for p in parts) + ")")
+    return tuple(out)
 
 
 def _close(gold: str, approx: str) -> bool:
@@ -378,22 +407,34 @@ def scalars_equal(gold: str, pred: str) -> bool:
     lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
         return literals_equal(lg, lp)
-    g, p = _parse_answer(gold), _parse_answer(pred)
+    g = _parse_answer(gold)
+    if lp is not None and g and _numeric(g[0]) is not None:    # 4 4/9%, 28%: the literal, not the parse
+        ge = _numeric(g[0])
+        return _literal_matches_expr(lp, ge, literal_is_gold=False) or (
+            _percent_only(gold, pred) and _literal_matches_expr((lp[0] / 100, None), ge, literal_is_gold=False))
+    p = _parse_answer(pred)
     if not g or not p:
         return False
     ge, pe = _numeric(g[0]), _numeric(p[0])
     if ge is not None and pe is not None:
         if lg is not None or lp is not None:
             literal, expr = (lg, pe) if lg is not None else (lp, ge)
-            return _literal_matches_expr(literal, expr, literal_is_gold=lg is not None)
+            if _literal_matches_expr(literal, expr, literal_is_gold=lg is not None):
+                return True
+            return lp is not None and _percent_only(gold, pred) and _literal_matches_expr(
+                (lp[0] / 100, None), expr, literal_is_gold=False)      # 28% for a gold 7/25
         return _exact_equal(ge, pe)
     if (ge is None) != (pe is None) and _only_numbers(g[0]) and _only_numbers(p[0]):
         return False
     return mv_verify(g, p)
 
 
-def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None],
-                   gold_first: bool = True) -> bool:
+def _percent_only(gold: str, pred: str) -> bool:
+    """The prediction is a percentage and the gold is not: '28%' may state 0.28."""
+    return mn.is_percent(pred) and not mn.is_percent(gold)
+
+
+def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None]) -> bool:
     """Two number literals: equal as rationals, or the gold is a decimal and the prediction,
     given to at least as many places, rounds to it. A prediction coarser than the gold fails
     (gold 0.3333, 0.33 is less than was asked); an integer gold stands for itself."""

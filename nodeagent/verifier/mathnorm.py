@@ -9,7 +9,8 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
 - `split_top(s, sep)`: split at separators outside brackets and braces;
 - `structure(s)`: the answer's shape: a bracketed group ("(", "]" ...), a braced set, a bare
   list, or a scalar; `text_answer(s)`: the content of a pure \\text{...} or option-letter answer;
-- `number_literal(s)`: an integer / decimal / thousands-grouped literal, as (Fraction, places);
+- `number_literal(s)`: an integer / decimal / thousands-grouped / mixed-number ("4 4/9")
+  literal, as (Fraction, places);
 - `alternatives(s)`: the values of a hedged answer ("5 \\lor 6", "5 (or 6)", a `cases` block,
   rows split by \\\\), or [s];
 - `hidden_text(s)`: True when a \\text{} (or \\mbox ...) inside a larger answer carries a digit,
@@ -33,6 +34,9 @@ _ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
+_CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
 _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal, as Math-Verify reads it
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
@@ -67,7 +71,9 @@ def is_bare_answer(text: str) -> bool:
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
-    return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", s))) and not _CONTRACTION.search(s)
+    if _CONTRACTION.search(s) or any(ch.isalpha() for ch in _CJK_OR_OTHER_LETTER.findall(s)):
+        return False                             # "it's", or words in another script: prose
+    return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
 
 
 def unescape_commands(text: str) -> str:
@@ -90,6 +96,8 @@ def normalise(s: str) -> str:
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING.sub(" ", s)
     s = _PERCENT_WORD.sub("\\%", s)
+    if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
+        s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
     return s.rstrip(".").strip()
 
@@ -160,9 +168,10 @@ def structure(s: str) -> Shape:
         return Shape("scalar", (t,))       # 7,425,000 and 1,000.99m^2 are one number
     if _DECIMAL_POINT_COMMA.fullmatch(t):
         return Shape("scalar", (t,))
+    by_semicolon = split_top(t, ";")
+    if len(by_semicolon) >= 2 and all(by_semicolon):
+        return Shape("list", tuple(by_semicolon))    # -12;-11;-10 and p=5,q=2;p=7,q=2
     items = split_top(_LIST_WORD.sub(", ", t))
-    if len(items) < 2 and "=" not in t:
-        items = split_top(t, ";")          # -12;-11;-10
     if len(items) >= 2 and all(items):
         return Shape("list", tuple(items))
     pm = plus_minus(t)
@@ -204,6 +213,13 @@ def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
+    mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
+    if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
+        sign, whole, num, den = mixed.groups()
+        if int(den) == 0 or int(num) >= int(den):
+            return None
+        value = int(whole.replace(" ", "")) + Fraction(int(num), int(den))
+        return (-value if sign == "-" else value), None
     t = s.replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
     t = t.replace("\\$", "").replace(" ", "").strip()
     if _THOUSANDS.fullmatch(t):
@@ -280,3 +296,8 @@ def lone_comma_list(s: str) -> bool:
     t = s.strip()
     return (_DECIMAL_COMMA.fullmatch(t) is not None and _THOUSANDS.fullmatch(t) is None
             and _DECIMAL_POINT_COMMA.fullmatch(t) is None)
+
+
+def is_percent(s: str) -> bool:
+    """True when the answer ends in a percent mark ("28%", "10\\%", normalised "28 percent")."""
+    return _PERCENT_MARK.search(s) is not None
