@@ -164,21 +164,26 @@ def final_answers(text: str) -> list[str]:
         line = _line_answer(raw[-1])
         if line is not None:
             return [line]
+    if raw:
+        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
+        if len(hedge) > 1:
+            return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
     parsed = mv_parse(raw[-1] if raw else text)
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
 
 
+_ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
 _FINAL_WORDS = re.compile(r"final answer", re.IGNORECASE)
 _FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
-_HOPE = re.compile(r"[\s.]*I hope it is correct[\s.]*$", re.IGNORECASE)
+_HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
 
 
 def _line_answer(line: str) -> str | None:
     """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
-    line = _HOPE.sub("", _FINAL_IS.sub("", line)).strip()
+    line = _HOPE.sub("", _FINAL_IS.sub("", _ANSWER_PREFIX.sub("", line))).strip()
     m = _MATH_SPAN.fullmatch(line)
     if m:
         return mn.normalise(m.group(1))

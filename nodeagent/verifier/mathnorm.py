@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from controller.contracts.answers import MAX_ANSWER_CHARS, boxed_contents  # noqa: F401 (re-read here)
 
-_ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
@@ -90,7 +90,7 @@ def normalise(s: str) -> str:
     s = unescape_commands(s).strip()
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
-    s = s.replace("{,}", ",")
+    s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
     s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
