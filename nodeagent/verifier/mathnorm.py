@@ -55,7 +55,10 @@ _PAREN_OR = re.compile(r"\(\s*(?:\\text\{\s*)?or\b")
 _CASES = re.compile(r"\\begin\{(cases)\}(.*?)\\end\{cases\}", re.DOTALL)
 _ROW_BREAK = re.compile(r"\\\\(?![A-Za-z])")
 _PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
-_TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|mbox|mathrm|operatorname)\s*\{[^{}]*\d[^{}]*\}")
+_TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm|operatorname)\s*"
+                              r"\{(?:[^{}]*\d[^{}]*|[^{}]*(?<![A-Za-z])or(?![A-Za-z])[^{}]*)\}")
+_TEXT_PUNCT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{\s*([()\[\],;:/|])\s*\}")
+_TEXT_ANY = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
 
@@ -91,6 +94,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
+    s = _TEXT_PUNCT.sub(r"\1", s)                             # \\text{(}7\\text{)} is (7)
     s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
@@ -253,6 +257,9 @@ def alternatives(s: str) -> list[str]:
         if len(rows) > 1:
             return rows
     t = _OR_TEXT.sub(" or ", t)
+    unwrapped = _TEXT_ANY.sub(lambda m: f" {m.group(1)} ", t)
+    if _PAREN_OR.search(unwrapped):
+        t = unwrapped                          # 6 \\text{ (or seven)}
     paren = _PAREN_OR.search(t)
     if paren and depth_at(t, paren.start()) == 0:
         close = _matching_close(t, paren.start())
@@ -285,8 +292,9 @@ def _split_regex_top(s: str, pattern: re.Pattern) -> list[str]:
 
 
 def hidden_text(s: str) -> bool:
-    """True when a text command inside a larger answer carries a digit ("5 \\text{(or 6)}"): a
-    LaTeX parser drops text as a unit word, so the digit would vanish from the comparison."""
+    """True when a text command inside a larger answer carries a digit or the word "or"
+    ("5 \\text{(or 6)}", "6^{\\text{or }7}"): a LaTeX parser drops text as a unit word, so what it
+    says would vanish from the comparison."""
     m = _TEXT_WITH_DIGIT.search(s)
     return m is not None and m.group(0) != s.strip()
 
