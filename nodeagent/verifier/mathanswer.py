@@ -7,20 +7,23 @@ calls them; JSON in, JSON out):
   ...)` returns;
 - `math_equal(gold, pred_text) -> bool`.
 
-How a prediction is judged:
-1. Its final answers: every \\boxed{} body; else, when the text is itself a bare answer, the
-   text; else every "answer: X" line when there are several; else what Math-Verify extracts.
-   Several *different* final answers pass only if every one equals the gold (a spray of
-   candidates fails whichever comes last), unless the gold itself is a set of several values.
-2. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
-   compares item by item in order with the same brackets (intervals keep open/closed ends,
-   tuples keep their order); a braced set compares as a set; a bare list of numbers keeps its
-   order; a list of tuples compares as a set.
-3. Scalars: plain number literals compare exactly as rationals (3628803 is not 10!); a decimal
-   may stand for a value rounded to its places (0.33 for 1/3, gold 33.3 for 100/3), only with
-   at least 3 significant digits or 2 places. Pure text answers (\\text{(E)}, (C)) compare by
-   their folded text. Everything else goes to Math-Verify's `verify` (sets, intervals,
-   relations, matrices, symbolic equality), with the exact rule for numeric expressions.
+How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
+1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
+   else the text itself when it is a bare answer; else the "answer: X" lines (a hedge on the
+   line is all its values); else what Math-Verify extracts. Several *different* final answers
+   pass only if every one equals the gold, unless the gold itself is a set of several values.
+2. A hedge (`mathnorm.alternatives`: \\lor, "or", "(or 6)", a `cases` block, rows) offers every
+   value it names: each must be the gold (or, for a multi-valued gold, the set must match). A
+   relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not.
+3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
+   compares item by item in order with the same brackets; a braced set compares as a set; a
+   bare list of numbers keeps its order; a list of tuples compares as a set; a set is never an
+   interval or a tuple and one value is never several. A lone comma in a gold ("-2,1") is a list.
+4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold
+   decimal may be the rounding of the prediction (gold 33.3, 100/3), a predicted decimal for an
+   exact gold needs MIN_APPROX_SIG_DIGITS; single letters keep their case (text answers of
+   words fold it); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
+   made case-sensitive (`_case_sensitive_latex`) and the exact rule for numeric expressions.
 
 Time: one check starts no new parse or comparison after CHECK_BUDGET_S (the rest counts as
 "not shown equal"); each parse and comparison runs under Math-Verify's own timeouts on the

@@ -7,6 +7,7 @@ whose gold a row reuses. Written by this project; run: python make_adversarial.p
 """
 import json
 from pathlib import Path
+
 B = lambda s: f"so the answer is $\\boxed{{{s}}}$."
 R = []
 def add(cls, gold, pred, expected, why, gold_from=None):
@@ -133,6 +134,5 @@ for g, p, why, src in [
 ]:
     add("control", g, p, True, why, src)
 with open(Path(__file__).resolve().parent / "adversarial_classes.jsonl", "w", encoding="utf-8") as fh:
-    for r in R:
-        fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in R)
 print(len(R), "must-reject", sum(not r["expected"] for r in R))
