@@ -1,8 +1,9 @@
 """Math answer checkers side by side on public labelled cases: agreement, false positives, time.
 
 Three checkers on every case of `tests/data/math_cases/*.jsonl` (see the README there for the
-sources: Math-Verify's test suite, Hendrycks MATH `is_equiv` tests, Qwen2.5-Math grader cases,
-and the project's own adversarial must-reject cases):
+sources: Math-Verify's test suite and mixed-number tests, Hendrycks MATH `is_equiv` tests,
+Qwen2.5-Math grader cases, lighteval's extractive-match tests, NeMo-Skills' `math_equal` pairs,
+and the project's own adversarial sets):
   (a) today   `nodeagent.verifier.checkers.math_equal` (the checker before `mathanswer`);
   (b) mv      Math-Verify alone, default settings: `verify(parse(gold), parse(pred))`;
   (c) ours    `nodeagent.verifier.mathanswer.math_equal`.
