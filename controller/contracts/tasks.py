@@ -28,11 +28,12 @@ from typing import Any, Mapping, Optional
 
 from controller.contracts.checkerspec import SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
+from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tools import ToolSetError, tool_set
 
-FAMILIES = ("python", "math", "swe")
+FAMILIES = ("python", "math", "swe", "conversational")
 SPLITS = ("train", "heldout")
-CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command", "state")
 
 
 class TaskError(ValueError):
@@ -110,6 +111,11 @@ class Task:
     # squashfs layers in the image store (a repository at its base commit, built by the swe
     # importer with `layers.treelayer`); the node stacks them under the sandbox's upper dir.
     layers: tuple[str, ...] = ()
+    # Mock services (controller/contracts/services.py): {name: {state_schema, initial_state,
+    # operations}}; their operations are the agent's tools. Run per rollout on the node.
+    services: Mapping[str, Any] = field(default_factory=dict)
+    # The simulated user's goal (controller/contracts/services.py USER_SCHEMA); empty: no user.
+    user: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "network", _normalise_network(self.network))
@@ -137,7 +143,7 @@ class Task:
             del d["tools"]
         else:
             d["tools"] = list(self.tools)
-        for key in ("harness", "tool_faults", "layers"):
+        for key in ("harness", "tool_faults", "layers", "services", "user"):
             if not d[key]:
                 del d[key]
             elif key in ("harness", "layers"):
@@ -239,6 +245,18 @@ def validate(task: Task) -> None:
             tool_set(task.tools)
         except ToolSetError as exc:
             raise TaskError(f"{where}: 'tools': {exc}") from None
+    try:
+        if task.services:
+            validate_services(task.services)
+        if task.user:
+            validate_user(task.user)
+    except ServiceSpecError as exc:
+        raise TaskError(f"{where}: {exc}") from None
+    if kind == "state" and not task.services:
+        raise TaskError(f"{where}: checker kind 'state' needs 'services' (the state it compares)")
+    if (task.user or task.services) and task.harness:
+        raise TaskError(f"{where}: 'services' and a simulated 'user' work through the built-in harness; "
+                        f"drop 'harness'")
 
 
 def _normalise_network(network: Any) -> Any:
@@ -325,6 +343,8 @@ class LeaseTask:
     # A reference lease: {"root", "digest", "bytes"} of the task's content blob (the node
     # fetches it: nodeagent/agent/taskcache.py); None when the lease carries the content.
     blob: Optional[Mapping[str, Any]] = None
+    services: Mapping[str, Any] = field(default_factory=dict)   # mock services (empty: none)
+    user: Mapping[str, Any] = field(default_factory=dict)       # the simulated user's goal (empty: none)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -363,6 +383,11 @@ class LeaseTask:
                                      and isinstance(blob.get("digest"), str)):
             raise TaskError(f"lease task 'blob' must be an object with 'root' and 'digest', got {blob!r}")
         out["blob"] = dict(blob) if blob is not None else None
+        for key in ("services", "user"):
+            v = d.get(key) or {}
+            if not isinstance(v, Mapping):
+                raise TaskError(f"lease task {key!r} must be an object, got {type(v).__name__}")
+            out[key] = dict(v)
         return cls(**out)
 
     def with_content(self, content: Mapping[str, Any]) -> "LeaseTask":

@@ -45,7 +45,7 @@ from controller.contracts import checkerspec
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier import checkers
+from nodeagent.verifier import checkers, judge, statecheck
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
 CHECK_TIMEOUT_S = 60.0
@@ -76,8 +76,8 @@ class VerifierInfraError(Exception):
 
 @dataclass
 class Verdict:
-    outcome: str                    # pass | fail | timeout
-    reward: float
+    outcome: str                    # pass | fail | timeout | judge_failed (reward None)
+    reward: float | None
     components: dict = field(default_factory=dict)
     checks: list[dict] = field(default_factory=list)
     tampered: bool = False
@@ -132,12 +132,13 @@ def as_bytes(content: str | bytes) -> bytes:
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
-           layers: tuple = ()) -> Verdict:
+           layers: tuple = (), conversation: dict | None = None) -> Verdict:
     """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
     t0 = clock()
     task = decode_task(task)
     if layers:
         task["_layers"] = tuple(layers)
+    task["_conversation"] = conversation      # a conversational rollout's service state and transcript
     try:
         spec = validate_spec(task.get("checker"), task)
     except SpecError as exc:
@@ -170,6 +171,11 @@ def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verd
         return _verify_pytest(runtime, image, task, spec, changes, clock)
     if kind == "command":
         return _verify_command(runtime, image, task, spec, changes, clock)
+    if kind == "state":
+        try:
+            return Verdict(**statecheck.grade_state(spec, task.get("_conversation")))
+        except statecheck.StateCheckError as exc:
+            raise VerifierInfraError(str(exc)) from None
     return _verify_answer(spec, answer, clock, runner)
 
 
@@ -598,18 +604,7 @@ def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
 
 
 def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer: str | None, clock) -> None:
-    judge = spec["judge"]
-    t = clock()
-    diff = "\n".join(f"--- {c.path} ({c.kind})\n{(c.data or b'').decode(errors='replace')[:4000]}"
-                     for c in changes[:20])
-    try:
-        score, detail = checkers.judge_score(judge, task.get("instruction", ""), answer or "", diff)
-    except checkers.JudgeError as exc:
-        raise VerifierInfraError(f"judge: {exc}") from None
-    w = float(judge.get("weight", 0.5))
-    v.components.update(judge=score, weights={"correct": 1.0 - w, "judge": w})
-    v.reward = (1.0 - w) * v.reward + w * score if v.outcome == "pass" else 0.0
-    v.checks.append(_check("judge", f"{score:.3f}", detail, clock() - t))
+    judge.apply(v, spec, task, changes, answer, clock)      # rate limits, retries, cache, judge_failed
 
 
 def _dependency_versions() -> dict[str, str]:
@@ -626,10 +621,12 @@ def _dependency_versions() -> dict[str, str]:
 
 def _version() -> str:
     """A hash of everything that decides a verdict: every source file of this package (the
-    grader plugin included), the checker-spec contract, the judge's model client, and the
-    grading constants. Any change to them is a new verifier version."""
+    grader plugin included), the checker-spec contract, the state checker's comparison (the
+    services contract), the judge's model client, and the grading constants. Any change to
+    them is a new verifier version."""
     h = hashlib.sha256()
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__),
+                                                            *statecheck.CONTRACT_SOURCES]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, "call-deadline=check", INFRA_RETRIES,
