@@ -8,6 +8,10 @@ Schema; docs/verifier.md lists them):
   `call`; default `["solution"]`), `call_timeout_s` (per-call deadline);
 - `math`, `exact`, `regex`: `answer` (the gold answer, or the pattern);
 - `command`: `argv`, `cwd`, `pass_exit_codes`;
+- `webstate`: `app` (the web app family: `shop`), `checks` (each `{sql: "SELECT ...", expect:
+  rows}` over the captured database, or `{page, as, password, element, expect}`: the text of the
+  element with that id on a page the app renders from it), `name` per check optional; the task
+  carries the starting database as hidden `seed.sql`;
 - every kind: `timeout_s` and an optional LLM `judge` (`endpoint`, `model`, `rubric`, `weight`,
   `timeout_s`).
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-KINDS = ("pytest", "math", "exact", "regex", "command")
+KINDS = ("pytest", "math", "exact", "regex", "command", "webstate")
 
 
 class SpecError(ValueError):
@@ -59,6 +63,17 @@ CHECKER_SCHEMA = {"oneOf": [
     _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
     _kind("command", ["argv"], {"argv": {**_STR_LIST, "minItems": 1}, "cwd": {"type": "string"},
                                 "pass_exit_codes": {"type": "array", "items": {"type": "integer"}}}),
+    _kind("webstate", ["app", "checks"], {"app": {"enum": ["shop"]}, "checks": {
+        "type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "object", "additionalProperties": False, "required": ["sql", "expect"],
+             "properties": {"name": {"type": "string"}, "sql": {"type": "string", "pattern": "^\\s*(?i:select)\\b"},
+                            "expect": {"type": "array", "items": {"type": "array"}}}},
+            {"type": "object", "additionalProperties": False,
+             "required": ["page", "as", "password", "element", "expect"],
+             "properties": {"name": {"type": "string"}, "page": {"type": "string", "pattern": "^/"},
+                            "as": {"type": "string"}, "password": {"type": "string"},
+                            "element": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+                            "expect": {"type": "string"}}}]}}}),
 ]}
 
 
@@ -91,6 +106,8 @@ def validate_spec(spec, task: dict | None = None) -> dict:
         missing = [f for f in list(spec["tests"]) + list(spec.get("support", ())) if f not in have]
         if missing:
             raise SpecError(f"checker names files missing from the task's hidden and visible files: {missing}")
+    if task is not None and spec["kind"] == "webstate" and "seed.sql" not in task.get("hidden", {}):
+        raise SpecError("a webstate checker needs the starting database as the hidden file 'seed.sql'")
     return spec
 
 

@@ -18,7 +18,9 @@ A lease may carry the task by reference (`blob`): its content is fetched by dige
 storage, verified and cached per node (`nodeagent.agent.taskcache`). A task's `layers` (its
 repository) and its set-up layer (`setup` commands, run once: `nodeagent.sandbox.setuplayer`)
 are stacked under both the agent's and the grading sandbox; a failing set-up is `infra_error`
-with reason `setup: ...` (the controller quarantines the task).
+with reason `setup: ...` (the controller quarantines the task). A `web` task's agent phase is
+`nodeagent.browser.rollout.run_web_agent` (its app and a headless browser in the sandbox, the
+browser tools, the app's state captured for the `webstate` checker).
 
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
@@ -50,6 +52,7 @@ from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
 from nodeagent.harness.model import ModelError
 from nodeagent.agent.taskcache import default_cache, task_layers
+from nodeagent.browser.rollout import run_web_agent
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
@@ -102,7 +105,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     start = Upstream(a.policy_version, a.endpoint, a.model)
     session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
-    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers)
+    run = run_web_agent if task.family == "web" else _run_agent
+    agent, infra, changes = run(runtime, image, a, task, clock, t0, session, layers)
     session.close()                 # its kept model-server connections; the rows stay
     verdict = None
     if infra is None and agent.stop_reason == "wall_time":

@@ -87,6 +87,23 @@ def chromium_argv(profile: str, viewport: tuple[int, int] = VIEWPORT) -> list[st
             f"--window-size={viewport[0]},{viewport[1]}", "about:blank"]
 
 
+def launch(sandbox, uid: int, directory: str, files: dict, argv: list[str], ready: str | None,
+           timeout_s: float) -> None:
+    """Start a daemon in the sandbox as `uid`: its files in `directory` (0700, made by that uid),
+    its own session, output to `directory/daemon.log`; wait for `ready` to exist. Raises
+    BrowserStartError with the daemon's log tail."""
+    req = {"dir": directory, "files": files, "argv": argv, "ready": ready, "timeout_s": timeout_s}
+    r = sandbox.exec(["python3", "-c", LAUNCHER], stdin=json.dumps(req).encode(), timeout_s=timeout_s + 5,
+                     cwd="/tmp", uid=uid)
+    if r.exit_code != 0:
+        raise BrowserStartError(f"starting {argv[1] if len(argv) > 1 else argv[0]} as uid {uid} exited "
+                                f"{r.exit_code}: {(r.stderr or r.stdout).decode(errors='replace')[-2000:]}")
+
+
+def app_files(config: dict) -> dict[str, str]:
+    return {"shop.py": (_HERE / "apps" / "shop.py").read_text(), "config.json": json.dumps(config)}
+
+
 class BrowserSession:
     def __init__(self, port: int = DEFAULT_PORT, socket_dir: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -106,31 +123,20 @@ class BrowserSession:
         self.timings: dict[str, float] = {}
 
     # -- start ---------------------------------------------------------------------------
-    def _launch(self, sandbox, uid: int, directory: str, files: dict, argv: list[str],
-                ready: str | None, timeout_s: float) -> None:
-        req = {"dir": directory, "files": files, "argv": argv, "ready": ready, "timeout_s": timeout_s}
-        r = sandbox.exec(["python3", "-c", LAUNCHER], stdin=json.dumps(req).encode(), timeout_s=timeout_s + 5,
-                         cwd="/tmp", uid=uid)
-        if r.exit_code != 0:
-            raise BrowserStartError(f"starting {argv[1] if len(argv) > 1 else argv[0]} as uid {uid} exited "
-                                    f"{r.exit_code}: {(r.stderr or r.stdout).decode(errors='replace')[-2000:]}")
-
     def start(self, sandbox, seed_sql: str, start_path: str = "/") -> "BrowserSession":
         t0 = self.clock()
         self.seed_digest = shop.seed_digest(seed_sql)
         config = {"db": DB_PATH, "port": self.port, "key_hex": self.key.hex(), "seed_sql": seed_sql,
                   "seed_digest": self.seed_digest, "ready_file": f"{APP_DIR}/ready"}
-        self._launch(sandbox, APP_UID, APP_DIR,
-                     {"shop.py": (_HERE / "apps" / "shop.py").read_text(), "config.json": json.dumps(config)},
-                     ["python3", f"{APP_DIR}/shop.py", "serve", f"{APP_DIR}/config.json"],
-                     f"{APP_DIR}/ready", START_TIMEOUT_S)
+        launch(sandbox, APP_UID, APP_DIR, app_files(config), ["python3", f"{APP_DIR}/shop.py", "serve", f"{APP_DIR}/config.json"],
+               f"{APP_DIR}/ready", START_TIMEOUT_S)
         self.timings["app_s"] = self.clock() - t0
         nonce = secrets.token_hex(16)
         bridge_cfg = {"nonce": nonce, "argv": chromium_argv(f"{BROWSER_DIR}/profile"),
                       "log": f"{BROWSER_DIR}/chromium.log"}
-        self._launch(sandbox, BROWSER_UID, BROWSER_DIR,
-                     {"bridge.py": (_HERE / "bridge.py").read_text(), "bridge.json": json.dumps(bridge_cfg)},
-                     ["python3", f"{BROWSER_DIR}/bridge.py", f"{BROWSER_DIR}/bridge.json"], None, START_TIMEOUT_S)
+        launch(sandbox, BROWSER_UID, BROWSER_DIR,
+               {"bridge.py": (_HERE / "bridge.py").read_text(), "bridge.json": json.dumps(bridge_cfg)},
+               ["python3", f"{BROWSER_DIR}/bridge.py", f"{BROWSER_DIR}/bridge.json"], None, START_TIMEOUT_S)
         self.cdp = Cdp(self._accept(nonce, t0 + START_TIMEOUT_S), self.clock)
         self.timings["bridge_s"] = self.clock() - t0
         try:
@@ -217,4 +223,4 @@ class BrowserSession:
 
 
 __all__ = ["APP_UID", "BROWSER_UID", "BrowserSession", "BrowserStartError", "CHROMIUM_FLAGS", "DB_PATH",
-           "chromium_argv"]
+           "app_files", "chromium_argv", "launch"]
