@@ -45,7 +45,7 @@ from controller.contracts import checkerspec
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier import checkers
+from nodeagent.verifier import checkers, webstate
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
 CHECK_TIMEOUT_S = 60.0
@@ -170,6 +170,11 @@ def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verd
         return _verify_pytest(runtime, image, task, spec, changes, clock)
     if kind == "command":
         return _verify_command(runtime, image, task, spec, changes, clock)
+    if kind == "webstate":
+        try:
+            return Verdict(**webstate.verify_webstate(runtime, image, task, spec, changes, clock))
+        except webstate.WebStateError as exc:
+            raise VerifierInfraError(str(exc)) from None
     return _verify_answer(spec, answer, clock, runner)
 
 
