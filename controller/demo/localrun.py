@@ -35,13 +35,16 @@ from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
+from controller.demo.web_policy import WebPlayer
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
 from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
+from controller.taskbank.webtasks import TASKSET_NAME as WEB_TASKSET_NAME
+from controller.taskbank.webtasks import web_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
-from layers.builtin import default_store_root, ensure_builtin_image
+from layers.builtin import default_store_root, ensure_browser_image, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
 
 log = logging.getLogger(__name__)
@@ -109,7 +112,8 @@ class RunConfig:
 
 
 BUILTIN_IMAGE = "builtin:python"
-LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+LOCAL_FAMILIES = ("python", "math", "web")   # what the local run's scripted policy can play
+BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
 
@@ -125,8 +129,9 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
         raise TaskError(f"the scripted policy plays {', '.join(playable[:-1])} and {playable[-1]} tasks; task set {taskset.name!r} "
                         f"also has {', '.join(others)} tasks{hint}; or run them with your own trainer "
                         f"(`paddock sbatch render trainer=...`, docs/operations.md)")
+    web = {"web": WebPlayer()} if "web" in families else {}
     if not policy_script:
-        return {}
+        return web
     try:
         script = load_policy_script(policy_script)
     except PolicyScriptError as exc:
@@ -135,13 +140,15 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     if missing:
         raise TaskError(f"policy script {policy_script} has no variants for task {missing[0]!r} "
                         f"({len(missing)} swe tasks lack one)")
-    return {"swe": SwePlayer(script)}
+    return {**web, "swe": SwePlayer(script)}
 
 
 def load_taskset(name: str, bank: str = ""):
     """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
     if name in ("builtin", TASKSET_NAME):
         return builtin_taskset()
+    if name in ("builtin-web", WEB_TASKSET_NAME):
+        return web_taskset()
     return TaskBank(bank or None).load_set(name)
 
 
@@ -155,6 +162,8 @@ def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
         if t.image not in resolved:
             if t.image == BUILTIN_IMAGE:
                 resolved[t.image] = ensure_builtin_image(store)
+            elif t.image == BROWSER_IMAGE:
+                resolved[t.image] = ensure_browser_image(store)
             elif t.image.startswith("sha256:"):
                 try:
                     resolved[t.image] = (t.image, store.get(t.image))
