@@ -94,9 +94,12 @@ def to_step(action: tuple, observation: str) -> Step:
     kind = action[0]
     if kind == "open":
         return ToolStep("browser_navigate", {"url": action[1]})
-    if kind == "check":
+    if kind == "check":          # tick a checkbox unless it is ticked already (then just look)
         el = _checkbox(observation, action[1])
-        return ToolStep("browser_click", {"element": el}) if el is not None else FinalStep(f"no checkbox {action[1]!r}")
+        if el is None:
+            return FinalStep(f"I cannot find the checkbox {action[1]!r} on this page.")
+        line = next(l for l in observation.splitlines() if f"[{el}]" in l)
+        return ToolStep("browser_observe", {}) if " checked" in line else ToolStep("browser_click", {"element": el})
     el = find_element(observation, action[1], action[2])
     if el is None:
         return FinalStep(f"I cannot find the {action[1]} {action[2]!r} on this page.")

@@ -199,6 +199,7 @@ class BrowserSession:
         self.cdp.events.clear()
         r = self.page("Page.navigate", {"url": url}, timeout_s)
         self.cdp.wait_event("Page.loadEventFired", timeout_s, self.page_session)
+        self.cdp.events.clear()       # this navigation's events: an action's wait must not see them
         return r
 
     def current_url(self) -> str:
