@@ -6,7 +6,8 @@ sandbox's relay socket, so the sandbox has no network but loopback), acquires th
 starts the app and chromium in it, runs the built-in agent loop with a `BrowserToolbox`, and
 captures the app's state for the verifier (`nodeagent.verifier.webstate.state_changes`).
 Screenshots are written to `<run_dir>/artifacts/<rollout>.<attempt>/` (atomically) and the
-observation names that path, relative to the run directory. The spans get `browser_start`.
+observation names that path, relative to the run directory. The `sandbox_start` span covers
+the sandbox, the app and chromium (named so).
 
 Returns `(AgentResult, infra reason or None, changes)` like the attempt's own `_run_agent`:
 a sandbox or browser that fails to start, or a browser that dies mid-rollout, is an infra
@@ -58,11 +59,10 @@ def run_web_agent(runtime, image: Path, a, task, clock: Callable[[], float], t0:
     except (SandboxError, OSError) as exc:
         bs.close()
         return agent, f"sandbox_start: {exc}", []
-    spans = [_span("sandbox_start", "agent sandbox", t0, t0, clock())]
+    spans = []
     try:
-        tb = clock()
         bs.start(sb, as_bytes(task.hidden.get("seed.sql", b"")).decode())
-        spans.append(_span("browser_start", "chromium", t0, tb, clock()))
+        spans.append(_span("sandbox_start", "agent sandbox + app + chromium", t0, t0, clock()))
         toolbox = BrowserToolbox(bs, task.tools or None, observation_bytes=task.budgets.observation_bytes,
                                  budgets=BrowserBudgets(), artifacts=artifact_sink(a.run_dir, a.rollout_id, a.attempt))
         agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
@@ -70,6 +70,7 @@ def run_web_agent(runtime, image: Path, a, task, clock: Callable[[], float], t0:
         changes = state_changes(bs.capture(sb))
     except BrowserStartError as exc:
         infra = f"browser_start: {exc}"
+        spans.append(_span("sandbox_start", "agent sandbox + app + chromium", t0, t0, clock()))
     except ModelError as exc:
         infra = f"model_server: {exc}"
         agent = exc.result or agent
