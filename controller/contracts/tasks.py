@@ -198,8 +198,8 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'instruction' is empty")
     if not isinstance(task.image, str) or not (task.image in IMAGES
                                                or re.fullmatch(r"sha256:[0-9a-f]{64}", task.image)):
-        raise TaskError(f"{where}: 'image' must be one of {IMAGES} or 'sha256:<64 hex digits>' of an image "
-                        f"built with `paddock image build`, got {task.image!r}")
+        raise TaskError(f"{where}: 'image' must be 'builtin:python' or 'sha256:<64 hex digits>' of an image "
+                        f"built with `paddock image build` ('builtin:browser' for web tasks), got {task.image!r}")
     for key in ("files", "hidden"):
         for path, text in getattr(task, key).items():
             if not _safe_relpath(path):

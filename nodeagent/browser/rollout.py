@@ -28,8 +28,7 @@ from nodeagent.harness.browser_tools import BrowserToolbox
 from nodeagent.harness.loop import AgentResult, run_agent
 from nodeagent.harness.model import ModelError
 from nodeagent.sandbox.runtime import SandboxError, SandboxSpec
-from nodeagent.verifier.grade import as_bytes
-from nodeagent.verifier.webstate import state_changes
+from nodeagent.verifier.webstate import as_bytes, state_changes
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,9 @@ in-sandbox uid 1000 in a 0700 directory:
    an id: user strings are escaped, so no review or name can forge one).
 
 Pass when every check holds. A sandbox that fails, an evaluator that dies or answers garbage,
-or missing captured state are `VerifierInfraError` (retried, never a score).
-Must not import: zmq, controller.* outside contracts, nodeagent.agent.
+or missing captured state are `WebStateError` (the verifier's `VerifierInfraError`: retried,
+never a score). Returns the verdict's fields; `nodeagent.verifier.grade` makes the `Verdict`.
+Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.verifier.grade.
 """
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ from typing import Callable
 from nodeagent.browser.apps import shop
 from nodeagent.browser.session import APP_UID, BrowserStartError, app_files, launch
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier.grade import Verdict, VerifierInfraError, _check, as_bytes
 
 STATE_DIR = "/.paddock-web"           # where the captured state sits among the rollout's changes
 DB_CHANGE = f"{STATE_DIR}/app.db"
@@ -36,6 +36,26 @@ GRADE_DIR = "/tmp/pdk-grade"
 GRADE_PORT = 8090
 GRADE_LIMITS = {"memory_mb": 512, "pids": 128, "disk_mb": 128, "nofile": 512}
 EVAL_TIMEOUT_S = 60.0
+
+
+class WebStateError(Exception):
+    """No verdict for reasons that are not the policy's (the verifier's VerifierInfraError)."""
+
+
+VerifierInfraError = WebStateError
+
+
+def Verdict(outcome: str, reward: float, components: dict, checks: list, tampered: bool = False) -> dict:
+    """The fields of the verifier's `Verdict` (nodeagent.verifier.grade builds it)."""
+    return {"outcome": outcome, "reward": reward, "components": components, "checks": checks, "tampered": tampered}
+
+
+def _check(name: str, verdict: str, detail: str, wall_s: float = 0.0) -> dict:
+    return {"check": name, "verdict": verdict, "detail": detail[:4000], "wall_s": float(wall_s)}
+
+
+def as_bytes(content: str | bytes) -> bytes:
+    return content if isinstance(content, bytes) else content.encode()
 
 
 def state_changes(state: dict) -> list[Change]:
@@ -58,7 +78,8 @@ def _captured(changes: list[Change]) -> tuple[bytes, str]:
 
 
 def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, changes: list[Change],
-                    clock: Callable[[], float] = time.monotonic) -> Verdict:
+                    clock: Callable[[], float] = time.monotonic) -> dict:
+    """The verdict's fields (`Verdict` above); raises WebStateError."""
     t = clock()
     db, key_hex = _captured(changes)
     seed_sql = as_bytes(task.get("hidden", {}).get("seed.sql", "")).decode()
@@ -119,4 +140,4 @@ exec(compile(data["source"], "shop.py", "exec"), mod.__dict__)
 print(json.dumps(mod.evaluate(data["req"])))
 """
 
-__all__ = ["DB_CHANGE", "KEY_CHANGE", "state_changes", "verify_webstate"]
+__all__ = ["DB_CHANGE", "KEY_CHANGE", "WebStateError", "state_changes", "verify_webstate"]

@@ -18,7 +18,7 @@ review or a display name cannot forge an element the evaluator reads.
 
 Users: `alice` (customer, password `alice-pw`), `bob` (customer, `bob-pw`), `admin` (role
 admin, a password the agent is never told). /admin/* answers 403 to anyone but an admin.
-Must not import anything outside the standard library (it runs in the task's image).
+Standard library only: it runs in the task's image.
 """
 from __future__ import annotations
 
