@@ -43,7 +43,7 @@ BROWSER_DIR = "/tmp/pdk-browser"
 DB_PATH = f"{APP_DIR}/app.db"
 DEFAULT_PORT = 8080
 VIEWPORT = (1024, 768)
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0          # app up, bridge back, browser answering (a loaded node is slow)
 MAX_DB_BYTES = 16 * 1024 * 1024
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -140,7 +140,7 @@ class BrowserSession:
         self.cdp = Cdp(self._accept(nonce, t0 + START_TIMEOUT_S), self.clock)
         self.timings["bridge_s"] = self.clock() - t0
         try:
-            self._attach()
+            self._attach(t0 + START_TIMEOUT_S)
             self.navigate(self.origin + start_path)
         except (CdpError, CdpClosed) as exc:
             raise BrowserStartError(f"driving the browser: {exc}") from None
@@ -173,8 +173,9 @@ class BrowserSession:
                 return conn
             conn.close()
 
-    def _attach(self) -> None:
-        targets = self.cdp.call("Target.getTargets")["targetInfos"]
+    def _attach(self, deadline: float) -> None:
+        # the first reply comes once chromium is up: it may take the rest of the start budget
+        targets = self.cdp.call("Target.getTargets", timeout_s=max(deadline - self.clock(), 1.0))["targetInfos"]
         page = next((t for t in targets if t["type"] == "page"), None)
         target = page["targetId"] if page else self.cdp.call("Target.createTarget", {"url": "about:blank"})["targetId"]
         self.page_session = self.cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]

@@ -460,6 +460,14 @@ def init_db(db: str, seed_sql: str) -> None:
     c.close()
 
 
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):   # a browser's dropped preconnect
+            super().handle_error(request, client_address)
+
+
 def seed_digest(seed_sql: str) -> str:
     """The digest of the starting database (schema + the task's seed), built in memory."""
     c = sqlite3.connect(":memory:")
@@ -476,7 +484,7 @@ def serve(config_path: str) -> None:
     shop = Shop(cfg["db"], bytes.fromhex(cfg["key_hex"]))
     shop.seed_digest = cfg["seed_digest"]       # computed by the harness from the task (seed_digest())
     Handler.shop = shop
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(cfg["port"])), Handler)
+    srv = Server(("127.0.0.1", int(cfg["port"])), Handler)
     srv.daemon_threads = True
     ready = cfg.get("ready_file")
     if ready:
