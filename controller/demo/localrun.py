@@ -112,7 +112,8 @@ class RunConfig:
 
 
 BUILTIN_IMAGE = "builtin:python"
-LOCAL_FAMILIES = ("python", "math", "web")   # what the local run's scripted policy can play
+LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+PLAYER_FAMILIES = ("web",)              # ... with its own players (controller/demo/web_policy.py)
 BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
@@ -123,7 +124,7 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     script has no variants for, or what is wrong with the script."""
     families = {t.family for t in taskset.tasks}
     playable = LOCAL_FAMILIES + (SCRIPTED_FAMILIES if policy_script else ())
-    others = sorted(families - set(playable))
+    others = sorted(families - set(playable) - set(PLAYER_FAMILIES))
     if others:
         hint = " (swe tasks: give a policy script, --policy-script FILE)" if "swe" in others else ""
         raise TaskError(f"the scripted policy plays {', '.join(playable[:-1])} and {playable[-1]} tasks; task set {taskset.name!r} "
