@@ -55,13 +55,13 @@ def render_tree(nodes: list[dict], bounds: dict[int, tuple], max_nodes: int) -> 
     roots = [n for n in nodes if not n.get("parentId") or n["parentId"] not in by_id]
     lines: list[str] = []
 
-    def visit(n: dict, depth: int, parent_name: str) -> None:
+    def visit(n: dict, depth: int, parent_name: tuple) -> None:
         if len(lines) >= max_nodes:
             return
         role, name = _value(n.get("role")), _value(n.get("name")) or ""
         shown = not n.get("ignored") and role not in SKIP_ROLES and not (role == "StaticText" and not name.strip())
-        if role == "StaticText" and (name.strip() in ("|", "—", "•") or name.strip() == parent_name):
-            shown = False       # a separator, or the text its parent is already named by
+        if role == "StaticText" and (name.strip() in ("|", "—", "•") or name.strip() in parent_name):
+            shown = False       # a separator, or the text its parent is already named or valued by
         if role in FOLD_IF_NAMELESS and not name.strip():
             shown = False
         if shown:
@@ -79,13 +79,13 @@ def render_tree(nodes: list[dict], bounds: dict[int, tuple], max_nodes: int) -> 
                 text += f" @{int(x)},{int(y)} {int(w)}x{int(h)}"
             lines.append("  " * depth + text)
             depth += 1
-            parent_name = name.strip()
+            parent_name = (name.strip(), str(val).strip() if val not in (None, "") else name.strip())
         for cid in n.get("childIds") or []:
             if cid in by_id:
                 visit(by_id[cid], depth, parent_name)
 
     for r in roots:
-        visit(r, 0, "")
+        visit(r, 0, ())
     if len(lines) >= max_nodes:
         lines.append(f"[tree cut at {max_nodes} elements]")
     return "\n".join(lines)

@@ -92,3 +92,25 @@ def test_the_web_players_solve_rate_rises_with_the_version():
     t, p = web_tasks()[0], WebPlayer()
     rates = [sum(p.choose(t, v, s)[0] == "solve" for s in range(400)) / 400 for v in range(4)]
     assert rates == sorted(rates) and rates[0] < 0.35 and rates[-1] > 0.8
+
+
+def test_the_tree_folds_generic_nodes_and_repeated_text_and_keeps_ids_and_bounds():
+    from nodeagent.harness.browser_tools import render_tree
+
+    def node(i, role, name="", parent=None, children=(), bid=None, value=None, ignored=False, props=()):
+        n = {"nodeId": str(i), "role": {"value": role}, "name": {"value": name}, "childIds": [str(c) for c in children],
+             "backendDOMNodeId": bid or i, "ignored": ignored,
+             "properties": [{"name": k, "value": {"value": v}} for k, v in props]}
+        if parent is not None:
+            n["parentId"] = str(parent)
+        if value is not None:
+            n["value"] = {"value": value}
+        return n
+    nodes = [node(1, "RootWebArea", "Shop", children=(2,)), node(2, "generic", parent=1, children=(3, 5, 7)),
+             node(3, "link", "Home", parent=2, children=(4,)), node(4, "StaticText", "Home", parent=3),
+             node(5, "textbox", "Qty", parent=2, children=(6,), value="2"), node(6, "StaticText", "2", parent=5),
+             node(7, "checkbox", "News", parent=2, props=[("checked", "true")])]
+    text = render_tree(nodes, {3: (10, 20, 30, 40)}, max_nodes=50)
+    assert text.splitlines() == ['[1] RootWebArea "Shop"', '  [3] link "Home" @10,20 30x40',
+                                 '  [5] textbox "Qty" value="2"', '  [7] checkbox "News" checked']
+    assert render_tree(nodes, {}, max_nodes=2).endswith("[tree cut at 2 elements]")
