@@ -34,25 +34,30 @@ BROWSER_TOOL_SPECS: dict[str, dict[str, Any]] = {
                        "properties": {"element": _ELEMENT, "x": _COORD, "y": _COORD},
                        "oneOf": [{"required": ["element"]}, {"required": ["x", "y"]}]}},
     "browser_type": {
-        "description": ("Type text into an element (by id; else the focused one). `clear` empties it "
-                        "first; `submit` presses Enter after. Returns the page after."),
+        "description": ("Type text into an element (by id, or the one clicked at x, y; else the focused "
+                        "one). `clear` empties it first; `submit` presses Enter after. Returns the page after."),
         "parameters": {"type": "object", "additionalProperties": False, "required": ["text"],
-                       "properties": {"element": _ELEMENT, "text": {"type": "string", "maxLength": 2000},
-                                      "clear": {"type": "boolean"}, "submit": {"type": "boolean"}}}},
+                       "properties": {"element": _ELEMENT, "x": _COORD, "y": _COORD,
+                                      "text": {"type": "string", "maxLength": 2000},
+                                      "clear": {"type": "boolean"}, "submit": {"type": "boolean"}},
+                       "dependentRequired": {"x": ["y"], "y": ["x"]},
+                       "not": {"required": ["element", "x"]}}},
     "browser_select": {
         "description": "Choose an option of a select element (by id) by its value or visible text.",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["element", "option"],
                        "properties": {"element": _ELEMENT, "option": {"type": "string", "maxLength": 200}}}},
     "browser_key": {
-        "description": "Press a key (in the focused element).",
+        "description": "Press a key in an element (by id, focused first; else the focused one).",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["key"],
-                       "properties": {"key": {"enum": list(KEYS)}}}},
+                       "properties": {"key": {"enum": list(KEYS)}, "element": _ELEMENT}}},
     "browser_scroll": {
-        "description": "Scroll the page (or the element under x, y) by dy (and dx) pixels.",
+        "description": "Scroll the page, or what is under x, y or under an element (by id), by dy (and dx) pixels.",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["dy"],
                        "properties": {"dy": {"type": "number", "minimum": -10000, "maximum": 10000},
                                       "dx": {"type": "number", "minimum": -10000, "maximum": 10000},
-                                      "x": _COORD, "y": _COORD}}},
+                                      "x": _COORD, "y": _COORD, "element": _ELEMENT},
+                       "dependentRequired": {"x": ["y"], "y": ["x"]},
+                       "not": {"required": ["element", "x"]}}},
     "browser_navigate": {
         "description": "Open a URL of the task's site (an absolute URL of an allowed origin, or a path).",
         "parameters": {"type": "object", "additionalProperties": False, "required": ["url"],

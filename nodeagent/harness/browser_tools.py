@@ -239,9 +239,16 @@ class BrowserToolbox:
     def _type(self, args: dict) -> ToolResult:
         if "element" in args:
             self._call_on(args["element"], "function(){this.focus()}")
-        if args.get("clear") and "element" in args:
-            self._call_on(args["element"], "function(){if('value' in this){this.value='';"
-                                           "this.dispatchEvent(new Event('input',{bubbles:true}))}}")
+        elif "x" in args:
+            self._mouse_click(args["x"], args["y"])
+        if args.get("clear"):
+            clear = ("function(){if('value' in this){this.value='';"
+                     "this.dispatchEvent(new Event('input',{bubbles:true}))}}")
+            if "element" in args:
+                self._call_on(args["element"], clear)
+            else:
+                self.session.page("Runtime.evaluate", {"expression": f"({clear}).call(document.activeElement)"},
+                                  timeout_s=self._t())
         self.session.cdp.events.clear()
         if args["text"]:
             self.session.page("Input.insertText", {"text": args["text"]}, timeout_s=self._t())
@@ -261,12 +268,14 @@ class BrowserToolbox:
         return self._after(f"selected {args['option']!r} in [{args['element']}]")
 
     def _key(self, args: dict) -> ToolResult:
+        if "element" in args:
+            self._call_on(args["element"], "function(){this.focus()}")
         self.session.cdp.events.clear()
         self._press(args["key"])
         return self._after(f"pressed {args['key']}")
 
     def _scroll(self, args: dict) -> ToolResult:
-        x, y = args.get("x", 400), args.get("y", 300)
+        x, y = self._center(args["element"]) if "element" in args else (args.get("x", 400), args.get("y", 300))
         self.session.page("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x, "y": y,
                                                        "deltaX": args.get("dx", 0), "deltaY": args["dy"]},
                           timeout_s=self._t())

@@ -117,3 +117,18 @@ def test_login_with_a_wrong_password_changes_nothing(play):
     played = play(task, login("alice", "guess") + [("browser_navigate", {"url": "/account"})])
     assert "now at http://127.0.0.1:8080/login" in played.observations[-1]
     assert played.verdict.reward == 0.0
+
+
+def test_type_at_a_point_and_a_key_in_an_element(browser, tmp_path):
+    bs, _ = browser
+    tb = toolbox(bs, tmp_path)
+    obs = tb.call("browser_navigate", '{"url": "/login"}').observation
+    line = next(l for l in obs.splitlines() if '] textbox "Username"' in l)
+    x, y = map(int, line.split("@")[1].split()[0].split(","))
+    obs = tb.call("browser_type", json.dumps({"x": x + 5, "y": y + 5, "text": "alice"})).observation
+    assert 'textbox "Username" value="alice"' in obs
+    obs = tb.call("browser_type", json.dumps({**el("textbox", "Password")(obs), "text": "alice-pw"})).observation
+    out = tb.call("browser_key", json.dumps({**el("textbox", "Password")(obs), "key": "Enter"}))
+    assert "Signed in as Alice" in out.observation
+    out = tb.call("browser_scroll", json.dumps({**el("link", "Home")(out.observation), "dy": 200}))
+    assert out.error is None

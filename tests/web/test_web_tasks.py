@@ -114,3 +114,12 @@ def test_the_tree_folds_generic_nodes_and_repeated_text_and_keeps_ids_and_bounds
     assert text.splitlines() == ['[1] RootWebArea "Shop"', '  [3] link "Home" @10,20 30x40',
                                  '  [5] textbox "Qty" value="2"', '  [7] checkbox "News" checked']
     assert render_tree(nodes, {}, max_nodes=2).endswith("[tree cut at 2 elements]")
+
+
+def test_type_key_and_scroll_take_an_element_or_a_point_never_both():
+    assert browser_argument_error("browser_type", {"text": "a", "x": 1, "y": 2}) is None
+    assert browser_argument_error("browser_type", {"text": "a", "x": 1}) is not None
+    assert browser_argument_error("browser_type", {"text": "a", "element": 3, "x": 1, "y": 2}) is not None
+    assert browser_argument_error("browser_key", {"key": "Enter", "element": 4}) is None
+    assert browser_argument_error("browser_scroll", {"dy": 100, "element": 4}) is None
+    assert browser_argument_error("browser_scroll", {"dy": 100, "element": 4, "x": 1, "y": 1}) is not None
