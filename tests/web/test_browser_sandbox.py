@@ -132,3 +132,22 @@ def test_type_at_a_point_and_a_key_in_an_element(browser, tmp_path):
     assert "Signed in as Alice" in out.observation
     out = tb.call("browser_scroll", json.dumps({**el("link", "Home")(out.observation), "dy": 200}))
     assert out.error is None
+
+
+def test_a_browser_that_dies_mid_rollout_is_an_infrastructure_error(runtime, browser_image, tmp_path):
+    from nodeagent.browser.session import BROWSER_UID, BrowserSession
+    from nodeagent.sandbox.runtime import SandboxSpec
+    from nodeagent.sandbox.spec import SandboxError
+    bs = BrowserSession()
+    sb = runtime.create(SandboxSpec(image=browser_image, limits=dict(memory_mb=1536, pids=512, disk_mb=256,
+                                                                     nofile=2048), egress_socket=bs.path))
+    try:
+        bs.start(sb, web_tasks()[0].hidden["seed.sql"])
+        tb = toolbox(bs, tmp_path, action_timeout_s=5)
+        assert tb.call("browser_observe", "{}").error is None
+        sb.exec(["sh", "-c", "kill -9 $(ps -u 1001 -o pid=)"], uid=BROWSER_UID)
+        with pytest.raises(SandboxError, match="browser"):
+            tb.call("browser_observe", "{}")
+    finally:
+        sb.destroy()
+        bs.close()

@@ -123,3 +123,9 @@ def test_type_key_and_scroll_take_an_element_or_a_point_never_both():
     assert browser_argument_error("browser_key", {"key": "Enter", "element": 4}) is None
     assert browser_argument_error("browser_scroll", {"dy": 100, "element": 4}) is None
     assert browser_argument_error("browser_scroll", {"dy": 100, "element": 4, "x": 1, "y": 1}) is not None
+
+
+def test_a_rollout_without_captured_state_is_never_scored():
+    from nodeagent.verifier.grade import VerifierInfraError, verify
+    with pytest.raises(VerifierInfraError, match="no captured web state"):
+        verify(None, None, web_tasks()[0].canonical(), [], None)
