@@ -37,6 +37,7 @@ from nodeagent.browser.cdp import CdpClosed, CdpError
 from nodeagent.harness.tools import DEFAULT_OBSERVATION_BYTES, MAX_ARGUMENT_BYTES, ToolResult, _cap, _refuse
 from nodeagent.sandbox.spec import SandboxError
 
+NAVIGATION_START_S = 0.6    # how long an action's navigation may take to start (a loaded node is slow)
 SKIP_ROLES = {"none", "generic", "InlineTextBox", "LineBreak", "ListMarker", "presentation", "MenuListPopup"}
 FOLD_IF_NAMELESS = {"paragraph", "LabelText", "Section", "group", "div"}
 _KEYCODES = {"Enter": (13, "\r"), "Tab": (9, ""), "Escape": (27, ""), "Backspace": (8, ""), "Delete": (46, ""),
@@ -174,8 +175,9 @@ class BrowserToolbox:
         self._bounds = bounds
         return render_tree(nodes, bounds, self.b.max_tree_nodes)
 
-    def _after(self, what: str) -> ToolResult:
-        self.session.wait_loaded(0.3, self.b.load_timeout_s)
+    def _after(self, what: str, may_navigate: bool = True) -> ToolResult:
+        if may_navigate:          # a click, a key, a submit: wait for a navigation it may have started
+            self.session.wait_loaded(NAVIGATION_START_S, self.b.load_timeout_s)
         url = self.session.current_url()
         if not self._origin_ok(url):
             self.session.navigate(self.session.origin + "/", self.b.load_timeout_s)
@@ -254,7 +256,8 @@ class BrowserToolbox:
             self.session.page("Input.insertText", {"text": args["text"]}, timeout_s=self._t())
         if args.get("submit"):
             self._press("Enter")
-        return self._after(f"typed {len(args['text'])} characters" + (" and pressed Enter" if args.get("submit") else ""))
+        return self._after(f"typed {len(args['text'])} characters" + (" and pressed Enter" if args.get("submit") else ""),
+                           may_navigate=bool(args.get("submit")))
 
     def _select(self, args: dict) -> ToolResult:
         ok = self._call_on(args["element"], """function(want){
@@ -265,7 +268,7 @@ class BrowserToolbox:
             return 'no option ' + JSON.stringify(want); }""", [args["option"]])
         if ok != "ok":
             return _refuse("no_match", f"cannot select in [{args['element']}]: {ok}")
-        return self._after(f"selected {args['option']!r} in [{args['element']}]")
+        return self._after(f"selected {args['option']!r} in [{args['element']}]", may_navigate=False)
 
     def _key(self, args: dict) -> ToolResult:
         if "element" in args:
@@ -279,7 +282,7 @@ class BrowserToolbox:
         self.session.page("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": x, "y": y,
                                                        "deltaX": args.get("dx", 0), "deltaY": args["dy"]},
                           timeout_s=self._t())
-        return self._after(f"scrolled by {args['dy']:g}")
+        return self._after(f"scrolled by {args['dy']:g}", may_navigate=False)
 
     def _navigate(self, args: dict) -> ToolResult:
         url = args["url"]
@@ -288,7 +291,7 @@ class BrowserToolbox:
         if not self._origin_ok(url):
             return _refuse("origin_not_allowed", f"{url} is outside the allowed origins {list(self.allowed)}")
         self.session.navigate(url, self.b.load_timeout_s)
-        return self._after(f"opened {url}")
+        return self._after(f"opened {url}", may_navigate=False)   # navigate() waited for the load
 
     def _screenshot(self, args: dict) -> ToolResult:
         if len(self.screenshots) >= self.b.max_screenshots:
