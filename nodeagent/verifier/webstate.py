@@ -42,10 +42,7 @@ class WebStateError(Exception):
     """No verdict for reasons that are not the policy's (the verifier's VerifierInfraError)."""
 
 
-VerifierInfraError = WebStateError
-
-
-def Verdict(outcome: str, reward: float, components: dict, checks: list, tampered: bool = False) -> dict:
+def _verdict(outcome: str, reward: float, components: dict, checks: list, tampered: bool = False) -> dict:
     """The fields of the verifier's `Verdict` (nodeagent.verifier.grade builds it)."""
     return {"outcome": outcome, "reward": reward, "components": components, "checks": checks, "tampered": tampered}
 
@@ -68,18 +65,18 @@ def state_changes(state: dict) -> list[Change]:
 def _captured(changes: list[Change]) -> tuple[bytes, str]:
     got = {c.path: c.data for c in changes if c.kind in ("added", "modified")}
     if DB_CHANGE not in got or KEY_CHANGE not in got:
-        raise VerifierInfraError("the rollout carries no captured web state (database and key)")
+        raise WebStateError("the rollout carries no captured web state (database and key)")
     try:
         key_hex = json.loads(got[KEY_CHANGE])["key_hex"]
         bytes.fromhex(key_hex)
     except (ValueError, KeyError, TypeError):
-        raise VerifierInfraError("the captured web state's key is malformed") from None
+        raise WebStateError("the captured web state's key is malformed") from None
     return got[DB_CHANGE] or b"", key_hex
 
 
 def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, changes: list[Change],
                     clock: Callable[[], float] = time.monotonic) -> dict:
-    """The verdict's fields (`Verdict` above); raises WebStateError."""
+    """The verdict's fields (`nodeagent.verifier.grade.Verdict`'s); raises WebStateError."""
     t = clock()
     db, key_hex = _captured(changes)
     seed_sql = as_bytes(task.get("hidden", {}).get("seed.sql", "")).decode()
@@ -89,12 +86,12 @@ def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, chan
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(GRADE_LIMITS)))
     except SandboxError as exc:
-        raise VerifierInfraError(f"grading sandbox: {exc}") from None
+        raise WebStateError(f"grading sandbox: {exc}") from None
     try:
         r = sb.exec(["sh", "-c", f'umask 077 && mkdir -p {GRADE_DIR} && cat > {db_path}'], stdin=db,
                     timeout_s=30, cwd="/tmp", uid=APP_UID)
         if r.exit_code != 0:
-            raise VerifierInfraError(f"writing the captured database: {r.stderr.decode(errors='replace')[-500:]}")
+            raise WebStateError(f"writing the captured database: {r.stderr.decode(errors='replace')[-500:]}")
         if needs_page:
             config = {"db": db_path, "port": GRADE_PORT, "key_hex": key_hex, "seed_sql": "",
                       "seed_digest": seed_digest, "ready_file": f"{GRADE_DIR}/ready"}
@@ -106,27 +103,27 @@ def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, chan
         r = sb.exec(["python3", "-c", _EVAL_MAIN], stdin=json.dumps({"source": files["shop.py"], "req": req}).encode(),
                     timeout_s=float(spec.get("timeout_s", EVAL_TIMEOUT_S)), cwd="/tmp", uid=APP_UID)
     except (SandboxError, BrowserStartError) as exc:
-        raise VerifierInfraError(f"grading sandbox: {exc}") from None
+        raise WebStateError(f"grading sandbox: {exc}") from None
     finally:
         sb.destroy()
     wall = clock() - t
     if r.timed_out:
-        return Verdict("timeout", 0.0, {"correct": 0.0}, [_check("webstate", "timeout", "the evaluator timed out", wall)])
+        return _verdict("timeout", 0.0, {"correct": 0.0}, [_check("webstate", "timeout", "the evaluator timed out", wall)])
     try:
         out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         verdict, detail = out["verdict"], str(out["detail"])
     except (ValueError, IndexError, KeyError, TypeError):
-        raise VerifierInfraError(f"the web state evaluator answered no verdict (exit {r.exit_code}): "
+        raise WebStateError(f"the web state evaluator answered no verdict (exit {r.exit_code}): "
                                  f"{(r.stderr or r.stdout).decode(errors='replace')[-1000:]}") from None
     if verdict == "tampered":
-        return Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, [_check("webstate", "tampered", detail, wall)],
+        return _verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, [_check("webstate", "tampered", detail, wall)],
                        tampered=True)
     if verdict == "error":
-        raise VerifierInfraError(f"task {task.get('name')!r}: {detail}")
+        raise WebStateError(f"task {task.get('name')!r}: {detail}")
     checks = [_check(f"webstate:{c['check']}"[:200], "pass" if c["ok"] else "fail",
                      f"got {c['got']!r}, expected {c['expect']!r}") for c in out.get("checks", [])]
     ok = verdict == "pass"
-    return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
+    return _verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    checks + [_check("webstate", "pass" if ok else "fail", detail, wall)])
 
 
