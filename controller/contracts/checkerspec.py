@@ -12,6 +12,10 @@ Schema; docs/verifier.md lists them):
 - `state`: `goal` ({service: goal state}), `match` (`exact` | `fields`), `fields` (JSON
   pointers `/service/...` compared when `fields`), `told` (`include` / `exclude`: what the
   agent's messages to the user must or must not say);
+- `webstate`: `app` (the web app family: `shop`), `checks` (each `{sql: "SELECT ...", expect:
+  rows}` over the captured database, or `{page, as, password, element, expect}`: the text of the
+  element with that id on a page the app renders from it), `name` per check optional; the task
+  carries the starting database as hidden `seed.sql`;
 - every kind: `timeout_s` and an optional LLM `judge` (`endpoint`, `model`, `rubric`, `weight`,
   `timeout_s`).
 
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import re
 
-KINDS = ("pytest", "math", "exact", "regex", "command", "state")
+KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
 
 
 class SpecError(ValueError):
@@ -79,6 +83,17 @@ CHECKER_SCHEMA = {"oneOf": [
                                          "items": {"type": "string", "pattern": "^/[^/]+"}},
                               "told": {"type": "object", "additionalProperties": False,
                                        "properties": {"include": _STR_LIST, "exclude": _STR_LIST}}}),
+    _kind("webstate", ["app", "checks"], {"app": {"enum": ["shop"]}, "checks": {
+        "type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "object", "additionalProperties": False, "required": ["sql", "expect"],
+             "properties": {"name": {"type": "string"}, "sql": {"type": "string", "pattern": "^\\s*(?i:select)\\b"},
+                            "expect": {"type": "array", "items": {"type": "array"}}}},
+            {"type": "object", "additionalProperties": False,
+             "required": ["page", "as", "password", "element", "expect"],
+             "properties": {"name": {"type": "string"}, "page": {"type": "string", "pattern": "^/"},
+                            "as": {"type": "string"}, "password": {"type": "string"},
+                            "element": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+                            "expect": {"type": "string"}}}]}}}),
 ]}
 
 
@@ -113,6 +128,8 @@ def validate_spec(spec, task: dict | None = None) -> dict:
         missing = [f for f in list(spec["tests"]) + list(spec.get("support", ())) if f not in have]
         if missing:
             raise SpecError(f"checker names files missing from the task's hidden and visible files: {missing}")
+    if task is not None and spec["kind"] == "webstate" and "seed.sql" not in task.get("hidden", {}):
+        raise SpecError("a webstate checker needs the starting database as the hidden file 'seed.sql'")
     return spec
 
 

@@ -28,12 +28,14 @@ from typing import Any, Mapping, Optional
 
 from controller.contracts.checkerspec import SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
+from controller.contracts.browser_tools import browser_tool_set
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tools import ToolSetError, tool_set
 
-FAMILIES = ("python", "math", "swe", "conversational")
+FAMILIES = ("python", "math", "swe", "conversational", "web")
 SPLITS = ("train", "heldout")
-CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command", "state")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
+IMAGES = ("builtin:python", "builtin:browser")
 
 
 class TaskError(ValueError):
@@ -200,10 +202,10 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
     if not task.instruction.strip():
         raise TaskError(f"{where}: 'instruction' is empty")
-    if not isinstance(task.image, str) or not (task.image == "builtin:python"
+    if not isinstance(task.image, str) or not (task.image in IMAGES
                                                or re.fullmatch(r"sha256:[0-9a-f]{64}", task.image)):
         raise TaskError(f"{where}: 'image' must be 'builtin:python' or 'sha256:<64 hex digits>' of an image "
-                        f"built with `paddock image build`, got {task.image!r}")
+                        f"built with `paddock image build` ('builtin:browser' for web tasks), got {task.image!r}")
     for key in ("files", "hidden"):
         for path, text in getattr(task, key).items():
             if not _safe_relpath(path):
@@ -240,7 +242,9 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'harness' must be a list of non-empty strings (an argv)")
     if not isinstance(task.tool_faults, Mapping):
         raise TaskError(f"{where}: 'tool_faults' must be an object")
-    if task.tools:
+    if task.family == "web":
+        _validate_web(task, where)
+    elif task.tools:
         try:
             tool_set(task.tools)
         except ToolSetError as exc:
@@ -257,6 +261,22 @@ def validate(task: Task) -> None:
     if (task.user or task.services) and task.harness:
         raise TaskError(f"{where}: 'services' and a simulated 'user' work through the built-in harness; "
                         f"drop 'harness'")
+
+
+def _validate_web(task: "Task", where: str) -> None:
+    """A web task acts through the browser only: its tools are browser tools (never a shell,
+    which could reach the app's files), its checker is `webstate`, its network is none (the
+    browser reaches the task's own app inside the sandbox), and it has no harness of its own."""
+    try:
+        browser_tool_set(task.tools or None)
+    except ToolSetError as exc:
+        raise TaskError(f"{where}: 'tools': {exc}") from None
+    if task.checker.get("kind") != "webstate":
+        raise TaskError(f"{where}: a web task's 'checker.kind' must be 'webstate', got {task.checker.get('kind')!r}")
+    if task.network != "none":
+        raise TaskError(f"{where}: a web task's 'network' must be 'none' (its app runs inside the sandbox)")
+    if task.harness:
+        raise TaskError(f"{where}: a web task cannot name its own 'harness'")
 
 
 def _normalise_network(network: Any) -> Any:

@@ -35,6 +35,7 @@ from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
+from controller.demo.web_policy import WebPlayer
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
 from controller.contracts.taskblobs import write_tasks_file
@@ -42,8 +43,10 @@ from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
 from controller.taskbank.conversational import TASKSET_NAME as CONVERSATIONAL_NAME
 from controller.taskbank.conversational import conversational_taskset, validate_conversational
+from controller.taskbank.webtasks import TASKSET_NAME as WEB_TASKSET_NAME
+from controller.taskbank.webtasks import web_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
-from layers.builtin import default_store_root, ensure_builtin_image
+from layers.builtin import default_store_root, ensure_browser_image, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,8 @@ class RunConfig:
 
 BUILTIN_IMAGE = "builtin:python"
 LOCAL_FAMILIES = ("python", "math", "conversational")     # what the local run's scripted policy can play
+PLAYER_FAMILIES = ("web",)              # ... with its own players (controller/demo/web_policy.py)
+BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
 
@@ -121,14 +126,15 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     script has no variants for, or what is wrong with the script."""
     families = {t.family for t in taskset.tasks}
     playable = LOCAL_FAMILIES + (SCRIPTED_FAMILIES if policy_script else ())
-    others = sorted(families - set(playable))
+    others = sorted(families - set(playable) - set(PLAYER_FAMILIES))
     if others:
         hint = " (swe tasks: give a policy script, --policy-script FILE)" if "swe" in others else ""
         raise TaskError(f"the scripted policy plays {', '.join(playable[:-1])} and {playable[-1]} tasks; task set {taskset.name!r} "
                         f"also has {', '.join(others)} tasks{hint}; or run them with your own trainer "
                         f"(`paddock sbatch render trainer=...`, docs/operations.md)")
+    web = {"web": WebPlayer()} if "web" in families else {}
     if not policy_script:
-        return {}
+        return web
     try:
         script = load_policy_script(policy_script)
     except PolicyScriptError as exc:
@@ -137,7 +143,7 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     if missing:
         raise TaskError(f"policy script {policy_script} has no variants for task {missing[0]!r} "
                         f"({len(missing)} swe tasks lack one)")
-    return {"swe": SwePlayer(script)}
+    return {**web, "swe": SwePlayer(script)}
 
 
 def load_taskset(name: str, bank: str = ""):
@@ -146,6 +152,8 @@ def load_taskset(name: str, bank: str = ""):
         return builtin_taskset()
     if name in ("conversational", CONVERSATIONAL_NAME):
         return conversational_taskset()
+    if name in ("builtin-web", WEB_TASKSET_NAME):
+        return web_taskset()
     return TaskBank(bank or None).load_set(name)
 
 
@@ -159,6 +167,8 @@ def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
         if t.image not in resolved:
             if t.image == BUILTIN_IMAGE:
                 resolved[t.image] = ensure_builtin_image(store)
+            elif t.image == BROWSER_IMAGE:
+                resolved[t.image] = ensure_browser_image(store)
             elif t.image.startswith("sha256:"):
                 try:
                     resolved[t.image] = (t.image, store.get(t.image))
@@ -216,12 +226,18 @@ def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -
 
 def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, console) -> list[str]:
     """The node side's check (`validate`) for every task but the conversational ones, which the
-    task bank checks itself (their reference calls replayed by the rule engine:
+    task bank checks itself, and the web ones (not validated at start-up) (their reference calls replayed by the rule engine:
     `controller.taskbank.conversational.validate_conversational`); quarantined tasks of both
     go to `<run_dir>/quarantine.json`."""
     family = {t.name: t.family for t in taskset.tasks}
     conv = [n for n in names if family[n] == "conversational"]
-    others = [n for n in names if family[n] != "conversational"]
+    # Web tasks have no reference solution the start-up validation can apply (their reference is
+    # a browser session: tests/web plays every built-in one).
+    web = [n for n in names if family[n] == "web"]
+    if web and cfg.validate != "off":
+        console.print(f"validation: {len(web)} web tasks are not validated at start-up "
+                      "(no applicable reference solution)")
+    others = [n for n in names if family[n] not in ("conversational", "web")]
     kept = validate(taskset, others, {t.name: images[t.task_id][1] for t in taskset.tasks},
                     validation_cache_dir(Path(store.root)), run_dir,
                     cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console) if others else []
@@ -233,7 +249,7 @@ def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, conso
         console.print(f"validated {len(conv)} conversational tasks (reference replay); quarantined {len(conv_bad)}"
                       + "".join(f"\n  {n}: {b['reasons'][0]}" for n, b in conv_bad.items()))
         conv = conv_ok
-    keep = set(kept) | set(conv)
+    keep = set(kept) | set(conv) | set(web)
     return [n for n in names if n in keep]
 
 

@@ -18,7 +18,9 @@ A lease may carry the task by reference (`blob`): its content is fetched by dige
 storage, verified and cached per node (`nodeagent.agent.taskcache`). A task's `layers` (its
 repository) and its set-up layer (`setup` commands, run once: `nodeagent.sandbox.setuplayer`)
 are stacked under both the agent's and the grading sandbox; a failing set-up is `infra_error`
-with reason `setup: ...` (the controller quarantines the task).
+with reason `setup: ...` (the controller quarantines the task). A `web` task's agent phase is
+`nodeagent.browser.rollout.run_web_agent` (its app and a headless browser in the sandbox, the
+browser tools, the app's state captured for the `webstate` checker).
 
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
@@ -63,6 +65,7 @@ from nodeagent.harness.usersim import UserSimError, simulator
 from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.harness.model import ModelError
 from nodeagent.agent.taskcache import default_cache, task_layers
+from nodeagent.browser.rollout import run_web_agent
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
@@ -116,7 +119,10 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
     conv = _Conversation(task, a, clock)
-    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv)
+    if task.family == "web":
+        agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
+    else:
+        agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv)
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None

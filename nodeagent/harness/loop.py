@@ -93,13 +93,17 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
               tool_timeout_s: float = TOOL_TIMEOUT_S,
               egress_decisions: Callable[[], list[dict]] | None = None,
               span_origin: float | None = None, faults: ToolFaults | None = None,
-              sleep: Callable[[float], None] = time.sleep, services=None, user=None) -> AgentResult:
+              sleep: Callable[[float], None] = time.sleep, services=None, user=None,
+              toolbox: Any = None) -> AgentResult:
     """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
     (infrastructure); every failure the model causes is an observation in the transcript.
-    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start)."""
+    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start).
+    `toolbox`: tools already bound (a web task's `nodeagent.harness.browser_tools.BrowserToolbox`)
+    instead of the sandbox's shell tools."""
     b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
     client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
-    toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
+    if toolbox is None:
+        toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
     if services is not None:
         toolbox = ToolRouter(toolbox, services)
     res = AgentResult()

@@ -45,7 +45,7 @@ from controller.contracts import checkerspec
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier import checkers, judge, statecheck
+from nodeagent.verifier import checkers, judge, statecheck, webstate
 from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
@@ -211,6 +211,11 @@ def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verd
         try:
             return Verdict(**statecheck.grade_state(spec, task.get("_conversation")))
         except statecheck.StateCheckError as exc:
+            raise VerifierInfraError(str(exc)) from None
+    if kind == "webstate":
+        try:
+            return Verdict(**webstate.verify_webstate(runtime, image, task, spec, changes, clock))
+        except webstate.WebStateError as exc:
             raise VerifierInfraError(str(exc)) from None
     return _verify_answer(spec, answer, clock, runner)
 
