@@ -455,3 +455,15 @@ def test_every_example_query_in_the_docs_runs(hand_built_run):
     assert len(queries) >= 4
     for sql in queries:
         execute(hand_built_run, sql)  # raises QueryError if the docs drifted from the schema
+
+
+def test_a_lone_surrogate_the_policy_wrote_is_stored_as_a_replacement_character(tmp_path):
+    """JSON lets a tool call's arguments carry "\\ud800", which no UTF-8 column can hold: the
+    write must not fail (an attempt whose write fails is an infrastructure error, masked: the
+    policy's own output would escape its reward)."""
+    import duckdb
+    step = step_row(0)
+    step["observation"], step["content"] = "out \ud800 x", "\udfff"
+    write_attempt(tmp_path, "n1", rollout_row(), [step], [])
+    rows = duckdb.sql(f"SELECT observation, content FROM read_parquet('{tmp_path}/steps/*.parquet')").fetchall()
+    assert rows == [("out \ufffd x", "\ufffd")]

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -206,7 +207,25 @@ def _to_table(table: str, rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: Any) -> Any:
+    """Text as Parquet can hold it: a lone surrogate (JSON's "\\ud800" in a tool call's
+    arguments, which the policy writes) becomes U+FFFD instead of failing the whole attempt's
+    write, which would turn the policy's own output into an infrastructure error."""
+    if isinstance(value, str) and _SURROGATE.search(value):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, (list, tuple)):
+        return [_text(v) for v in value]
+    return value
+
+
 def _convert(table: str, field: pa.Field, index: int, value: Any) -> Any:
+    return _text(_checked(table, field, index, value))
+
+
+def _checked(table: str, field: pa.Field, index: int, value: Any) -> Any:
     where = f"{table}.{field.name} (row {index})"
     if value is None:
         if not field.nullable:
