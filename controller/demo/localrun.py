@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -32,6 +31,7 @@ from controller.analysis.query import connect, print_summary, summary
 from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
 from controller.contracts.keys import key_file_of, private_dir
+from controller.contracts.safeload import ParseLimitError, load_yaml
 from controller.contracts.tasks import TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
@@ -95,9 +95,12 @@ class RunConfig:
         data = {}
         if path:
             try:
-                data = yaml.safe_load(Path(path).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                raise ConfigError(f"cannot read config {path}: {exc}") from None
+                data = load_yaml(path)
+            except OSError as exc:
+                raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+            except ParseLimitError as exc:
+                raise ConfigError(f"config {exc}") from None
+            data = {} if data is None else data
             if not isinstance(data, dict):
                 raise ConfigError(f"config {path} must be a mapping of keys to values")
         data.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,147 @@
+"""Hostile input, as an untrusted dataset, a careless operator or a curious analyst brings it:
+bombs, zeros, NaN, huge values, traversal. Each case must end in a clear error naming what is
+wrong (file, line, key, limit) and must lose nothing already accepted (a task set imported
+before stays loadable). The commands run as the user runs them: `python -m controller.cli.main`
+in a child process with a memory and time bound, so a regression fails the test instead of
+taking the machine down.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller.contracts import safeload
+from controller.contracts.safeload import Bounds, ParseLimitError
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_MEMORY_BYTES = 1 << 30          # 1 GiB of address space for each CLI child
+CHILD_DEADLINE_S = 60
+
+BILLION_LAUGHS = """\
+name: laughs
+family: python
+instruction: import me
+checker: {kind: pytest, tests: [t.py]}
+setup:
+  - &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+  - &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+  - &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+  - &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+  - &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+  - &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+  - &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+  - &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+  - &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+GOOD_TASK = """\
+name: good
+family: python
+instruction: write x
+checker: {kind: pytest, tests: [test_x.py]}
+"""
+
+
+def _limit_child() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_BYTES, CHILD_MEMORY_BYTES))
+
+
+def paddock(*argv: str, cwd: Path | None = None, timeout: float = CHILD_DEADLINE_S) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        return subprocess.run([sys.executable, "-m", "controller.cli.main", *argv], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_child)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"paddock {' '.join(argv)} still running after {timeout}s (unbounded work?)")
+
+
+def package(root: Path, name: str, text: str) -> Path:
+    d = root / name
+    (d / "hidden").mkdir(parents=True)
+    (d / "task.yaml").write_text(text)
+    (d / "hidden" / "test_x.py").write_text("def test_x():\n    assert True\n")
+    return d
+
+
+def assert_clean_refusal(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-2000:])
+
+
+# -- parsers ---------------------------------------------------------------------------------
+
+def test_a_billion_laughs_in_a_task_package_is_refused_quickly_naming_file_line_and_limit(tmp_path):
+    bank = tmp_path / "bank"
+    pkgs = tmp_path / "pkgs"
+    package(pkgs, "good", GOOD_TASK)
+    assert paddock("tasks", "--bank", str(bank), "import", "package", str(pkgs), "--set", "before").returncode == 0
+    bomb = tmp_path / "bomb"
+    package(bomb, "laughs", BILLION_LAUGHS)
+    proc = paddock("tasks", "--bank", str(bank), "import", "package", str(bomb), "--set", "bomb", timeout=30)
+    assert_clean_refusal(proc, "task.yaml:", "max_aliases")
+    # nothing already accepted is lost, nothing of the bomb stored
+    assert paddock("tasks", "--bank", str(bank), "list", "before").returncode == 0
+    assert not (bank / "sets" / "bomb.yaml").exists()
+
+
+def test_a_yaml_bomb_with_few_aliases_is_refused_by_its_expanded_size():
+    # 3 aliases per level under a generous alias budget: still 3^20 nodes once expanded
+    lines = ["a0: &a0 [x, x, x]"] + [f"a{i}: &a{i} [*a{i-1}, *a{i-1}, *a{i-1}]" for i in range(1, 21)]
+    with pytest.raises(ParseLimitError, match="max_nodes"):
+        safeload.load_yaml_text("\n".join(lines), "bomb.yaml", Bounds(max_aliases=1000))
+
+
+def test_deep_yaml_and_json_are_refused_naming_the_depth_limit():
+    with pytest.raises(ParseLimitError, match=r"deep.yaml:\d+: nesting deeper than 64"):
+        safeload.load_yaml_text("[" * 200 + "]" * 200, "deep.yaml")
+    with pytest.raises(ParseLimitError, match="deep.json: nesting deeper than 64"):
+        safeload.load_json_text("[" * 100_000 + "]" * 100_000, "deep.json")
+    # brackets inside strings are text, not nesting
+    assert safeload.load_json_text(json.dumps({"s": "[" * 1000})) == {"s": "[" * 1000}
+
+
+def test_a_json_file_over_the_size_limit_is_refused_without_reading_it_whole(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text("[" + "1," * 1000 + "1]")
+    with pytest.raises(ParseLimitError, match=r"big.json: larger than 100 bytes \(limit max_bytes\)"):
+        safeload.load_json(big, Bounds(max_bytes=100))
+
+
+def test_a_jsonl_line_over_the_limit_is_refused_naming_its_line(tmp_path):
+    src = tmp_path / "data.jsonl"
+    src.write_text('{"a": 1}\n{"b": "' + "x" * 5000 + '"}\n')
+    with open(src) as f:
+        it = safeload.iter_jsonl(f, str(src), Bounds(max_line_bytes=1000))
+        assert next(it) == (1, {"a": 1})
+        with pytest.raises(ParseLimitError, match=r"data.jsonl:2: line longer than 1000"):
+            next(it)
+
+
+def test_an_import_of_a_jsonl_with_a_nesting_bomb_names_file_and_line(tmp_path):
+    src = tmp_path / "math.jsonl.gz"
+    with gzip.open(src, "wt") as f:
+        f.write('{"question": "1+1?", "answer": "#### 2"}\n')
+        f.write('{"question": ' + "[" * 50_000 + "]" * 50_000 + ', "answer": "#### 2"}\n')
+    proc = paddock("tasks", "--bank", str(tmp_path / "bank"), "import", "math", str(src), "--set", "s")
+    assert_clean_refusal(proc, "math.jsonl.gz:2", "nesting deeper than 64")
+
+
+def test_a_manifest_bomb_is_refused_and_the_bank_stays_readable(tmp_path):
+    bank = tmp_path / "bank"
+    pkgs = tmp_path / "pkgs"
+    package(pkgs, "good", GOOD_TASK)
+    assert paddock("tasks", "--bank", str(bank), "import", "package", str(pkgs), "--set", "ok").returncode == 0
+    (bank / "sets" / "evil.yaml").write_text(BILLION_LAUGHS.replace("setup:", "tasks:"))
+    proc = paddock("tasks", "--bank", str(bank), "list", "evil", timeout=30)
+    assert_clean_refusal(proc, "evil.yaml:", "max_aliases")
+    assert paddock("tasks", "--bank", str(bank), "list", "ok").returncode == 0
