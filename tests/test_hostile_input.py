@@ -145,3 +145,62 @@ def test_a_manifest_bomb_is_refused_and_the_bank_stays_readable(tmp_path):
     proc = paddock("tasks", "--bank", str(bank), "list", "evil", timeout=30)
     assert_clean_refusal(proc, "evil.yaml:", "max_aliases")
     assert paddock("tasks", "--bank", str(bank), "list", "ok").returncode == 0
+
+
+# -- limits: zeros, NaN, huge -----------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--pids", "0"), ("--memory", "0"), ("--timeout", "nan"),
+                                        ("--timeout", "inf"), ("--timeout", "-1"), ("--cpu", "0"),
+                                        ("--cpu", "nan"), ("--disk", "0"), ("--output-cap", "0"),
+                                        ("--memory", "1048576G"), ("--pids", "-5")])
+def test_sandbox_run_refuses_zero_nan_and_huge_limits_as_usage_errors(flag, value):
+    proc = paddock("sandbox", "run", flag, value, "--", "true")
+    assert_clean_refusal(proc, flag)
+    assert "usage: paddock sandbox run" in proc.stderr or "capacity" in proc.stderr, proc.stderr
+
+
+def test_sandbox_run_refuses_more_cpus_than_this_node_has():
+    proc = paddock("sandbox", "run", "--cpu", str(len(os.sched_getaffinity(0)) + 1), "--", "true")
+    assert_clean_refusal(proc, "--cpu", "this node's capacity")
+
+
+@pytest.mark.parametrize("section,key,value", [("limits", "pids", "0"), ("limits", "memory_mb", ".nan"),
+                                               ("limits", "cpu", ".inf"), ("limits", "disk_mb", "-1"),
+                                               ("limits", "nofile", "1e12"), ("budgets", "wall_s", ".nan"),
+                                               ("budgets", "max_steps", "0"), ("budgets", "max_tokens", "2.5")])
+def test_a_task_package_with_a_zero_nan_or_huge_limit_is_refused_naming_the_key(tmp_path, section, key, value):
+    bank = tmp_path / "bank"
+    good = tmp_path / "good"
+    package(good, "good", GOOD_TASK)
+    assert paddock("tasks", "--bank", str(bank), "import", "package", str(good), "--set", "kept").returncode == 0
+    bad = tmp_path / "bad"
+    package(bad, "bad", GOOD_TASK.replace("name: good", "name: bad") + f"{section}: {{{key}: {value}}}\n")
+    proc = paddock("tasks", "--bank", str(bank), "import", "package", str(bad), "--set", "bad")
+    assert_clean_refusal(proc, "task.yaml", repr(key))
+    assert paddock("tasks", "--bank", str(bank), "list", "kept").returncode == 0
+    assert not (bank / "sets" / "bad.yaml").exists()
+
+
+@pytest.mark.parametrize("line", ["lease_ttl_s: .nan", "heartbeat_interval_s: .inf", "agents: true",
+                                  "tasks_limit: -1", "learning_rate: 0", "versions: 0"])
+def test_a_run_config_with_a_zero_nan_or_bool_value_is_refused_naming_the_key(tmp_path, line):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(line + "\n")
+    proc = paddock("run", "--config", str(cfg), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_refusal(proc, repr(line.split(":")[0]))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag", ["--versions", "--agents", "--rollouts-per-task"])
+def test_run_refuses_zero_counts_as_usage_errors(tmp_path, flag):
+    proc = paddock("run", flag, "0", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_refusal(proc, flag, "usage: paddock run")
+
+
+def test_a_lease_with_a_zero_pid_limit_is_refused_naming_the_key():
+    from controller.contracts.tasks import LeaseTask, TaskError
+    from controller.taskbank.builtin import builtin_taskset
+    task = builtin_taskset().tasks[0]
+    content = dict(task.canonical(), task_id=task.task_id, limits={"pids": 0})
+    with pytest.raises(TaskError, match="'pids'"):
+        LeaseTask.decode(content)

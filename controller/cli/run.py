@@ -13,10 +13,12 @@ Must not import: zmq, controller.broker.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 
+from controller.contracts.tasks import LIMIT_RANGES, LimitError, checked_number
 from controller.demo.localrun import ConfigError, RunConfig, run_local
 from nodeagent.verifier.validate import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -32,18 +34,72 @@ def size_mb(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 256M, 1G)")
     n, unit = int(m.group(1)), m.group(2).upper()
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be more than 0 (examples: 256M, 1G)")
     mb = {"": n / 2**20, "K": n / 1024, "M": n, "G": n * 1024}[unit] if unit else n
     return max(int(mb), 1)
+
+
+def _number(kind: type, lo: float, hi: float):
+    """An argparse type: a finite `kind` in [lo, hi] (0, negative, nan and inf are usage errors)."""
+    def parse(text: str):
+        try:
+            value = kind(text) if kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"{text!r} must be from {lo:g} to {hi:g}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def positive_int(text: str) -> int:
+    return _number(int, 1, 1 << 40)(text)
+
+
+MAX_TIMEOUT_S = 7 * 86400.0
+
+
+def node_capacity() -> dict[str, float]:
+    """This node's ceiling for each sandbox limit: memory and CPUs it has, the kernel's pid_max."""
+    cap = {key: hi for key, (_k, _lo, hi) in LIMIT_RANGES.items()}
+    try:
+        with open("/proc/meminfo") as f:
+            total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+        cap["memory_mb"] = total_kb // 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    cap["cpu"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        cap["pids"] = min(cap["pids"], int(open("/proc/sys/kernel/pid_max").read()))
+    except (OSError, ValueError):
+        pass
+    return cap
+
+
+def check_sandbox_limits(limits: dict) -> None:
+    """Each limit positive, finite and within this node's capacity; LimitError names the flag."""
+    cap = node_capacity()
+    flag = {"memory_mb": "--memory", "disk_mb": "--disk", "pids": "--pids", "cpu": "--cpu", "nofile": "nofile"}
+    for key, value in limits.items():
+        kind, lo, _hi = LIMIT_RANGES[key]
+        unit = " MiB" if key.endswith("_mb") else ""
+        try:
+            checked_number(flag[key], value, kind, lo, cap[key], what="option")
+        except LimitError:
+            raise LimitError(f"{flag[key]} {value!r}{unit} must be from {lo:g} to {cap[key]:g}{unit} "
+                             f"(this node's capacity)") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `paddock run` and `paddock sandbox run`."""
     run = subparsers.add_parser("run", help="run the whole RL loop locally (controller, 2 node agents, trainer)")
     run.add_argument("--config", help="YAML file of run settings (see docs/operations.md)")
-    run.add_argument("--versions", type=int, help="policy versions to train (default 8)")
-    run.add_argument("--agents", type=int, help="node agents (default 2)")
-    run.add_argument("--rollouts-per-task", type=int, help="rollouts per task per version (default 1)")
-    run.add_argument("--tasks-limit", type=int, help="use only the first N tasks of the set")
+    run.add_argument("--versions", type=positive_int, help="policy versions to train (default 8)")
+    run.add_argument("--agents", type=positive_int, help="node agents (default 2)")
+    run.add_argument("--rollouts-per-task", type=positive_int, help="rollouts per task per version (default 1)")
+    run.add_argument("--tasks-limit", type=_number(int, 0, 1 << 40), help="use only the first N tasks of the set")
     run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
     run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_TASKBANK, else ./taskbank)")
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
@@ -57,16 +113,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sr.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
     sr.add_argument("--memory", type=size_mb, default=256, help="memory cap (default 256M)")
     sr.add_argument("--disk", type=size_mb, default=64, help="writable layer size (default 64M)")
-    sr.add_argument("--pids", type=int, default=64, help="process cap (default 64)")
-    sr.add_argument("--cpu", type=float, default=1.0, help="CPU quota in cores (default 1.0)")
+    sr.add_argument("--pids", type=_number(int, 1, 4_194_304), default=64, help="process cap (default 64)")
+    sr.add_argument("--cpu", type=_number(float, 0.01, 1024), default=1.0, help="CPU quota in cores (default 1.0)")
     sr.add_argument("--degrade", action="store_true",
                     help="run even if a cap can be held neither by a cgroup nor from user space (the memory "
                          "monitor, CPU slice + SCHED_BATCH, pids per id slice): it is then not enforced, and "
                          "says which (default: refuse)")
     sr.add_argument("--show-caps", action="store_true",
                     help="print how each cap is held (e.g. memory=monitor+rlimit cpu=cgroup-v2) on stderr")
-    sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit in seconds (default 10)")
-    sr.add_argument("--output-cap", type=int, default=1 << 20, help="bytes of stdout/stderr kept")
+    sr.add_argument("--timeout", type=_number(float, 0.001, MAX_TIMEOUT_S), default=10.0,
+                    help="wall-clock limit in seconds (default 10)")
+    sr.add_argument("--output-cap", type=_number(int, 1, 1 << 30), default=1 << 20, help="bytes of stdout/stderr kept")
     sr.add_argument("cmd", nargs=argparse.REMAINDER)
     sr.set_defaults(func=cmd_sandbox_run)
 
@@ -98,6 +155,11 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         return 2
     limits = {"memory_mb": args.memory, "disk_mb": args.disk, "pids": args.pids, "cpu": args.cpu,
               "nofile": 1024}
+    try:
+        check_sandbox_limits(limits)
+    except LimitError as exc:
+        print(f"paddock sandbox run: {exc}", file=sys.stderr)
+        return 2
     try:
         with SandboxRuntime(degrade=args.degrade) as rt:
             report = rt.caps_report()

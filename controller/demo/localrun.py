@@ -12,6 +12,7 @@ Must not import: slurm, controller.cli (this is a library of the CLI's `paddock 
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import random
@@ -78,11 +79,20 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {getattr(self, key)!r}")
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {v!r}")
+        for key in ("tasks_limit", "seed"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"config key {key!r} must be an integer >= 0, got {v!r}")
         for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
-            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
-                raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"config key {key!r} must be a finite number > 0, got {v!r}")
+        for key in ("runs_dir", "image_store", "curriculum_db", "taskset", "bank", "policy_script"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"config key {key!r} must be a string, got {getattr(self, key)!r}")
         if isinstance(self.compact_every, bool) or not isinstance(self.compact_every, int) or self.compact_every < 0:
             raise ConfigError(f"config key 'compact_every' must be an integer >= 0, got {self.compact_every!r}")
         if self.validate not in ("quick", "full", "off"):
