@@ -14,6 +14,17 @@ Files ending in `.tmp` (a writer in progress) are never read. A truncated or wro
 shard is left out and listed in `bad_shards`; it never hides the good ones. Files replaced by
 a finished compaction are hidden (see controller/store/catalog.py).
 
+Read-only by construction (docs/trajectories.md, "Read-only queries"): a connection from
+`connect` has DuckDB's external access disabled, file access limited to the run directories
+(`allowed_directories`) and its configuration locked, so SQL cannot read host files
+(`read_csv('/etc/shadow')`), attach databases, install or load extensions, or undo the lock
+(`SET`, `RESET`, `PRAGMA`). `execute` also accepts only SELECT and EXPLAIN statements (and CREATE MACRO): a COPY,
+INSERT, CREATE, DROP, ATTACH or any other is refused with a QueryError before it runs (with
+`allow_write`, COPY ... TO and EXPORT DATABASE may write into `write_dir` and nowhere else).
+
+`export` writes a real snapshot: every view copied into tables of a new DuckDB file, which
+keeps working after the run directory is compacted, moved or deleted.
+
 Must not import: zmq, sqlite3 (it never writes to the run directory).
 """
 from __future__ import annotations
@@ -23,6 +34,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import sys
 from datetime import date, datetime, time
@@ -66,13 +78,16 @@ class RunNotFound(QueryError):
 
 # -- views ----------------------------------------------------------------------------------
 
-def connect(run_dir: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = True,
+            write_dir: str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with committed-only views over one run (or a runs/ dir).
 
     Views: one per table in SCHEMAS (rollouts, steps, checks, spans, egress), `catalog`,
     `infra_attempts` (every infra_error attempt, committed or not, with its reason) and
     `bad_shards` (files skipped because they are truncated or have the wrong schema).
-    `database`: in memory (default), or a new DuckDB file that keeps the views (`export`).
+    `database`: in memory (default), or a new DuckDB file. `lock`: make the connection
+    read-only to the file system (see the module docstring); `write_dir`: the one directory
+    besides the run directories that it may touch (COPY ... TO with --allow-write).
     """
     runs = _run_dirs(Path(run_dir))
     con = duckdb.connect(database)
@@ -94,11 +109,53 @@ def connect(run_dir: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyC
                                               schema=pa.schema([("file", pa.string()),
                                                                 ("error", pa.string())])))
         con.execute("CREATE VIEW bad_shards AS SELECT * FROM _bad_shards")
+        if lock:
+            _lock(con, runs, write_dir)
     except duckdb.Error as exc:
         con.close()
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
             from None
     return con
+
+
+def _lock(con: duckdb.DuckDBPyConnection, runs: list[Path], write_dir: str | Path | None) -> None:
+    """No file access outside the run directories (and `write_dir`), no extensions, and a
+    configuration no statement can change."""
+    dirs = [str(r).rstrip("/") + "/" for r in runs]
+    if write_dir is not None:
+        dirs.append(str(Path(write_dir).resolve()).rstrip("/") + "/")
+    con.execute(f"SET allowed_directories = {_sql_list(dirs)}")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+
+
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+WRITE_STATEMENTS = ("COPY", "EXPORT")       # with allow_write: into write_dir only
+
+
+_MACRO = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?MACRO\s", re.I)
+
+
+def check_statements(con: duckdb.DuckDBPyConnection, sql: str, allow_write: bool = False) -> None:
+    """Refuse, before anything runs, every statement of `sql` that is not a query."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryError(_one_line(exc)) from None
+    if not statements:
+        raise QueryError("no SQL statement given")
+    allowed = READ_ONLY_STATEMENTS + (WRITE_STATEMENTS if allow_write else ())
+    for st in statements:
+        kind = st.type.name
+        if kind == "CREATE" and _MACRO.match(st.query):
+            continue            # a function of the session (pass_at_k in the docs): no data, no file
+        if kind not in allowed:
+            hint = (" (COPY ... TO and EXPORT DATABASE need --allow-write, and write only into the "
+                    "current directory)" if kind in WRITE_STATEMENTS else "")
+            raise QueryError(f"read-only: a {kind} statement is refused ({' '.join(st.query.split())[:80]!r}); "
+                             f"paddock query runs {' and '.join(allowed)} statements only{hint}")
 
 
 def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
@@ -112,21 +169,42 @@ def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
         con.unregister("_arrow_in")
 
 
+EXPORTED_VIEWS = (*SCHEMAS, "catalog", "infra_attempts", "bad_shards")
+
+
 def export(run_dir: str | Path, path: str | Path) -> Path:
-    """Write a DuckDB database file holding the views of `connect(run_dir)`, for analysts'
-    own DuckDB (CLI, notebooks): `duckdb FILE`, then `SELECT ... FROM rollouts`. The views name
-    the run's shard files as of now (absolute paths): export again to see later rollouts.
+    """Write a DuckDB database file holding a snapshot of the committed rows of `run_dir`: each
+    view of `connect` (rollouts, steps, checks, spans, egress, model_calls, catalog,
+    infra_attempts, bad_shards) copied into a table of the same name, plus `export_info`
+    (source run directories, time). The file depends on nothing else: it keeps working after
+    the run is compacted, moved or deleted. Open it with your own DuckDB (`duckdb FILE`).
     Written under a temporary name and renamed, so a reader never sees half a file."""
     path = Path(path)
+    if not path.parent.is_dir():
+        raise QueryError(f"cannot write {path}: directory {path.parent} does not exist")
+    runs = _run_dirs(Path(run_dir))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
+    con = connect(run_dir, lock=False)
     try:
-        connect(run_dir, database=str(tmp)).close()
+        con.execute(f"ATTACH '{_sql_str(tmp)}' AS snap")
+        for name in EXPORTED_VIEWS:
+            con.execute(f'CREATE TABLE snap."{name}" AS SELECT * FROM "{name}"')
+        con.execute("CREATE TABLE snap.export_info AS SELECT unnest(?::VARCHAR[]) AS run_dir, "
+                    "now() AS exported_at", [[str(r) for r in runs]])
+        con.execute("DETACH snap")
         os.replace(tmp, path)
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot export {run_dir} to {path}: {_one_line(exc)}") from None
     finally:
+        con.close()
         tmp.unlink(missing_ok=True)
         tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
     return path
+
+
+def _sql_str(value: str | Path) -> str:
+    return str(value).replace("'", "''")
 
 
 def bad_shards(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
@@ -142,7 +220,12 @@ def _run_dirs(root: Path) -> list[Path]:
         return [root]
     children = sorted(p for p in root.iterdir()
                       if p.is_dir() and any((p / m).exists() for m in RUN_MARKERS))
-    return children or [root]
+    if not children and not any(root.iterdir()):
+        return [root]               # a run that has written nothing yet: empty views
+    if not children:
+        raise RunNotFound(f"{root} is not a run directory (no run.json, catalog/ or shard "
+                          f"tables), nor a directory of runs")
+    return children
 
 
 def _parquet_files(runs: list[Path], table: str) -> list[str]:
@@ -386,10 +469,16 @@ def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: 
 
 # -- queries --------------------------------------------------------------------------------
 
-def execute(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run `sql` against the run's views; return (column names, rows). Raises QueryError."""
-    con = connect(run_dir)
+def execute(run_dir: str | Path, sql: str, allow_write: bool = False,
+            write_dir: str | Path | None = None) -> tuple[list[str], list[tuple]]:
+    """Run `sql` (queries only; see `check_statements`) against the run's views; return
+    (column names, rows). Raises QueryError. `allow_write`: COPY ... TO / EXPORT DATABASE may
+    write into `write_dir` (default: the current directory)."""
+    if allow_write and write_dir is None:
+        write_dir = Path.cwd()
+    con = connect(run_dir, write_dir=write_dir if allow_write else None)
     try:
+        check_statements(con, sql, allow_write)
         try:
             cur = con.execute(sql)
             if cur.description is None:
@@ -403,7 +492,7 @@ def execute(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
 
 
 def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
-              out: TextIO | None = None) -> int:
+              out: TextIO | None = None, allow_write: bool = False) -> int:
     """Run `sql` and print the result as a rich table, CSV (with header) or a JSON array.
 
     Returns the number of rows printed. Raises QueryError (bad SQL) or RunNotFound.
@@ -411,7 +500,7 @@ def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     out = sys.stdout if out is None else out
-    columns, rows = execute(run_dir, sql)
+    columns, rows = execute(run_dir, sql, allow_write=allow_write)
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)

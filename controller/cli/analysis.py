@@ -1,7 +1,8 @@
 """The analyst's commands: `paddock query`, `compact`, `report`, `replay`, `rescore`.
 
-  paddock query [--run DIR] [--format table|csv|json] SQL    DuckDB over committed rows
-  paddock query [--run DIR] --export FILE.duckdb             the same views, for your own DuckDB
+  paddock query [--run DIR] [--format table|csv|json] SQL    DuckDB over committed rows (read-only)
+  paddock query [--run DIR] --allow-write "COPY (...) TO 'x.csv'"  a COPY into the current directory
+  paddock query [--run DIR] --export FILE.duckdb             a snapshot, for your own DuckDB
   paddock compact --run DIR                                  merge a run's small shards
   paddock report [--run DIR] [--html FILE] [--json]          the canned report
   paddock replay ROLLOUT_ID --run DIR                        re-execute one rollout from its record
@@ -53,8 +54,12 @@ def add_query_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", metavar="DIR", default=None, help=RUN_HELP)
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("--export", metavar="FILE.duckdb",
-                   help="instead of a query: write a DuckDB database with the same views (open it "
-                        "with your own DuckDB: `duckdb FILE`); a snapshot of the run's files")
+                   help="instead of a query: write a DuckDB database holding a copy of every view's "
+                        "rows (open it with your own DuckDB: `duckdb FILE`); it does not depend on "
+                        "the run directory afterwards")
+    p.add_argument("--allow-write", action="store_true",
+                   help="let COPY ... TO and EXPORT DATABASE write files into the current directory "
+                        "(otherwise only SELECT and EXPLAIN run; nothing is ever written elsewhere)")
     p.add_argument("sql", nargs="?", help="the SQL query")
     p.set_defaults(func=cmd_query)
     c = subparsers.add_parser(
@@ -113,7 +118,7 @@ def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
         for file, error in bad_shards(con):
             print(f"paddock query: warning: skipped {file}: {error}", file=err)
         con.close()
-        run_query(run_dir, args.sql, fmt=args.format, out=out)
+        run_query(run_dir, args.sql, fmt=args.format, out=out, allow_write=getattr(args, "allow_write", False))
     except QueryError as exc:
         print(f"paddock query: error: {exc}", file=err)
         return 2
