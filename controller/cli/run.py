@@ -105,6 +105,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
     run.add_argument("--policy-script", metavar="FILE",
                      help="per-task scripts the scripted policy plays swe tasks with (JSON/YAML, docs/policy.md)")
+    run.add_argument("--metrics-port", type=_number(int, 0, 65535), metavar="PORT",
+                     help="serve the controller's Prometheus metrics on this port (0: any free port; "
+                          "the URL is printed and written to RUN/controller.endpoint.metrics)")
     run.set_defaults(func=cmd_run)
 
     sbx = subparsers.add_parser("sandbox", help="sandbox tools")
@@ -134,7 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                            "rollouts_per_task": args.rollouts_per_task,
                                            "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
                                            "taskset": args.taskset, "bank": args.bank,
-                                           "policy_script": args.policy_script})
+                                           "policy_script": args.policy_script,
+                                           "metrics_port": args.metrics_port})
         run_local(cfg, validate_for_run)
     except (ConfigError, TypeError) as exc:
         print(f"paddock run: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 
 COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
+HEALTH_DIR_ENV = "PADDOCK_HEALTH_DIR"   # the node agent's health stream directory (nodeagent/agent/health.py)
 PADDOCK_CLI = (sys.executable, "-m", "controller.cli")   # the daemons run as `paddock controller|agent`
 
 
@@ -76,6 +77,7 @@ class RunConfig:
     bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
     compact_every: int = COMPACT_EVERY  # the controller merges small shards after every N commits (0: never)
     policy_script: str = ""           # per-task scripts of swe tasks for the scripted policy (swe_policy.py)
+    metrics_port: Optional[int] = None  # the controller's Prometheus metrics port (0: any free; None: off)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
@@ -95,6 +97,10 @@ class RunConfig:
                 raise ConfigError(f"config key {key!r} must be a string, got {getattr(self, key)!r}")
         if isinstance(self.compact_every, bool) or not isinstance(self.compact_every, int) or self.compact_every < 0:
             raise ConfigError(f"config key 'compact_every' must be an integer >= 0, got {self.compact_every!r}")
+        mp = self.metrics_port
+        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or not 0 <= mp <= 65535):
+            raise ConfigError(f"config key 'metrics_port' must be a port number 0-65535 (0: any free "
+                              f"port), got {mp!r}")
         if self.validate not in ("quick", "full", "off"):
             raise ConfigError(f"config key 'validate' must be quick, full or off, got {self.validate!r}")
         if self.agents * self.slots_per_agent > 62:
@@ -217,9 +223,10 @@ def validation_cache_dir(store_root: Path) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
 
 
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     f = open(log_path, "ab")
-    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) -> Path:
@@ -270,10 +277,16 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
                           "--key-file", str(key_file),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
+                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every),
+                          *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port is not None else [])],
                          run_dir / "logs" / "controller.log")
             procs.append(ctl)
             endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
+            metrics_file = run_dir / "controller.endpoint.metrics"
+            if metrics_file.exists():     # written before the endpoint
+                console.print(f"metrics {metrics_file.read_text().strip()}")
+            # each agent appends its health samples to <run>/health/<node>.jsonl (`paddock health`)
+            health_env = {HEALTH_DIR_ENV: str(run_dir / "health")}
             for i in range(cfg.agents):
                 procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
                                      "--controller", endpoint, "--key-file", str(key_file),
@@ -282,7 +295,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
-                                    run_dir / "logs" / f"agent-{i + 1}.log"))
+                                    run_dir / "logs" / f"agent-{i + 1}.log", env=health_env))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
