@@ -212,6 +212,17 @@ def bad_shards(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     return con.execute("SELECT file, error FROM bad_shards ORDER BY file").fetchall()
 
 
+def require_run(root: str | Path) -> list[Path]:
+    """The run directories of `root` (a run, or a directory of runs); RunNotFound when it is
+    missing, or holds no run at all (an empty directory included): for commands that write
+    something about a run (export, compact), where an empty answer would hide a wrong path."""
+    runs = _run_dirs(Path(root))
+    if not any((r / m).exists() for r in runs for m in RUN_MARKERS):
+        raise RunNotFound(f"{Path(root).resolve()} is not a run directory (no run.json, catalog/ or "
+                          f"shard tables), nor a directory of runs")
+    return runs
+
+
 def _run_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         raise RunNotFound(f"run directory not found: {root}")
@@ -510,13 +521,44 @@ def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
                              indent=1, allow_nan=False))
         out.write("\n")
     else:
-        table = Table(show_lines=False)
-        for c in columns:
-            table.add_column(c, overflow="fold")
-        for row in rows:
-            table.add_row(*("NULL" if v is None else str(_plain(v)) for v in row))
-        _console(out).print(table)
+        console = _console(out)
+        cells = [["NULL" if v is None else str(_plain(v)) for v in row] for row in rows]
+        if _table_width(columns, cells) > console.width:
+            _print_records(console, columns, cells)
+        else:
+            table = Table(show_lines=False)
+            for c in columns:
+                table.add_column(c, overflow="fold")
+            for row in cells:
+                table.add_row(*row)
+            console.print(table)
     return len(rows)
+
+
+MIN_CELL_CHARS = 8      # a column narrower than this (or its header) is unreadable
+
+
+def _table_width(columns: list[str], cells: list[list[str]]) -> int:
+    """The width a table needs with every column at least readable: its header, or its widest
+    value, up to MIN_CELL_CHARS (rich folds longer values), plus borders."""
+    need = 1
+    for i, c in enumerate(columns):
+        widest = max((len(r[i]) for r in cells), default=0)
+        need += max(len(c), min(widest, MIN_CELL_CHARS)) + 3
+    return need
+
+
+def _print_records(console: Console, columns: list[str], cells: list[list[str]]) -> None:
+    """Rows too wide for the terminal, one block per row (`column  value` lines), as psql's
+    expanded display: never a table of empty, squeezed columns."""
+    pad = max((len(c) for c in columns), default=0)
+    for n, row in enumerate(cells, 1):
+        console.print(f"-[ row {n} ]" + "-" * max(pad - 8, 4), markup=False, highlight=False)
+        for c, v in zip(columns, row):
+            console.print(f"{c:<{pad}}  {v}", markup=False, highlight=False, soft_wrap=True)
+    if not cells:
+        console.print(f"(0 rows; columns: {', '.join(columns)})", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _plain(value: Any) -> Any:

@@ -77,7 +77,20 @@ def add_report_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
                    help="learning band (default: the run's curriculum band)")
+    p.add_argument("--k", type=_ks, metavar="K[,K...]", default=None,
+                   help="the k of pass@k, any positive integers (default 1,5,10)")
     p.set_defaults(func=cmd_report)
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    """`1,2,20` -> (1, 2, 20): positive integers, each at most 1,000,000."""
+    try:
+        ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2,20") from None
+    if not ks or not all(1 <= k <= 1_000_000 for k in ks):
+        raise argparse.ArgumentTypeError(f"{text!r}: each k must be from 1 to 1000000")
+    return ks
 
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> None:
@@ -140,7 +153,8 @@ def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     band = tuple(args.band) if args.band is not None else None
-    return write_report(args.run, out or sys.stdout, html_path=args.html, as_json=args.json, band=band)
+    return write_report(args.run, out or sys.stdout, html_path=args.html, as_json=args.json, band=band,
+                        ks=getattr(args, "k", None))
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -48,7 +48,8 @@ def _number(kind: type, lo: float, hi: float):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if not (math.isfinite(value) and lo <= value <= hi):
-            raise argparse.ArgumentTypeError(f"{text!r} must be from {lo:g} to {hi:g}")
+            bounds = (f"{int(lo)} to {int(hi)}" if kind is int else f"{lo:g} to {hi:g}")
+            raise argparse.ArgumentTypeError(f"{text!r} must be from {bounds}")
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -88,7 +89,8 @@ def check_sandbox_limits(limits: dict) -> None:
         try:
             checked_number(flag[key], value, kind, lo, cap[key], what="option")
         except LimitError:
-            raise LimitError(f"{flag[key]} {value!r}{unit} must be from {lo:g} to {cap[key]:g}{unit} "
+            hi = str(int(cap[key])) if kind is int else f"{cap[key]:g}"
+            raise LimitError(f"{flag[key]} {value!r}{unit} must be from {lo:g} to {hi}{unit} "
                              f"(this node's capacity)") from None
 
 

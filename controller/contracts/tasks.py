@@ -70,8 +70,12 @@ def checked_number(key: str, value: Any, kind: type, lo: float, hi: float, what:
           and lo <= value <= hi and (kind is not int or int(value) == value))
     if not ok:
         noun = "an integer" if kind is int else "a number"
-        raise error(f"{what} {key!r} must be {noun} from {lo:g} to {hi:g}, got {value!r}")
+        raise error(f"{what} {key!r} must be {noun} from {_num(lo, kind)} to {_num(hi, kind)}, got {value!r}")
     return kind(value)
+
+
+def _num(x: float, kind: type) -> str:
+    return str(int(x)) if kind is int else f"{x:g}"
 
 
 def check_limits(limits: Mapping[str, Any], what: str = "limit") -> dict[str, int | float]:

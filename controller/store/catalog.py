@@ -338,7 +338,12 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
     """
     run_dir = Path(run_dir)
     cat_dir = run_dir / CATALOG_DIR
-    cat_dir.mkdir(parents=True, exist_ok=True)
+    if not run_dir.is_dir():            # never make a run out of a wrong path
+        raise CatalogError(f"run directory {run_dir} does not exist")
+    if not cat_dir.is_dir():
+        if (run_dir / "run.json").exists() or any((run_dir / t).is_dir() for t in _SHARD_TABLE_SET):
+            return CompactionResult(0, 0, 0, 0)        # nothing committed yet
+        raise CatalogError(f"{run_dir} is not a run directory (no run.json, {CATALOG_DIR}/ or shard tables)")
     with open(cat_dir / "compact.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
