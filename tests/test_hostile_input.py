@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from controller.contracts import safeload
-from controller.contracts.safeload import Bounds, ParseLimitError
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_MEMORY_BYTES = 1 << 30          # 1 GiB of address space for each CLI child
@@ -95,6 +93,8 @@ def test_a_billion_laughs_in_a_task_package_is_refused_quickly_naming_file_line_
 
 
 def test_a_yaml_bomb_with_few_aliases_is_refused_by_its_expanded_size():
+    from controller.contracts import safeload
+    from controller.contracts.safeload import Bounds, ParseLimitError
     # 3 aliases per level under a generous alias budget: still 3^20 nodes once expanded
     lines = ["a0: &a0 [x, x, x]"] + [f"a{i}: &a{i} [*a{i-1}, *a{i-1}, *a{i-1}]" for i in range(1, 21)]
     with pytest.raises(ParseLimitError, match="max_nodes"):
@@ -102,6 +102,8 @@ def test_a_yaml_bomb_with_few_aliases_is_refused_by_its_expanded_size():
 
 
 def test_deep_yaml_and_json_are_refused_naming_the_depth_limit():
+    from controller.contracts import safeload
+    from controller.contracts.safeload import ParseLimitError
     with pytest.raises(ParseLimitError, match=r"deep.yaml:\d+: nesting deeper than 64"):
         safeload.load_yaml_text("[" * 200 + "]" * 200, "deep.yaml")
     with pytest.raises(ParseLimitError, match="deep.json: nesting deeper than 64"):
@@ -111,6 +113,8 @@ def test_deep_yaml_and_json_are_refused_naming_the_depth_limit():
 
 
 def test_a_json_file_over_the_size_limit_is_refused_without_reading_it_whole(tmp_path):
+    from controller.contracts import safeload
+    from controller.contracts.safeload import Bounds, ParseLimitError
     big = tmp_path / "big.json"
     big.write_text("[" + "1," * 1000 + "1]")
     with pytest.raises(ParseLimitError, match=r"big.json: larger than 100 bytes \(limit max_bytes\)"):
@@ -118,6 +122,8 @@ def test_a_json_file_over_the_size_limit_is_refused_without_reading_it_whole(tmp
 
 
 def test_a_jsonl_line_over_the_limit_is_refused_naming_its_line(tmp_path):
+    from controller.contracts import safeload
+    from controller.contracts.safeload import Bounds, ParseLimitError
     src = tmp_path / "data.jsonl"
     src.write_text('{"a": 1}\n{"b": "' + "x" * 5000 + '"}\n')
     with open(src) as f:
@@ -204,3 +210,86 @@ def test_a_lease_with_a_zero_pid_limit_is_refused_naming_the_key():
     content = dict(task.canonical(), task_id=task.task_id, limits={"pids": 0})
     with pytest.raises(TaskError, match="'pids'"):
         LeaseTask.decode(content)
+
+
+# -- the battery: one bank, every hostile input, nothing accepted before is lost -------------
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _symlinked(tmp: Path) -> list[str]:
+    d = package(tmp, "sym", GOOD_TASK.replace("name: good", "name: sym"))
+    (d / "files").mkdir()
+    (d / "files" / "passwd").symlink_to("/etc/passwd")
+    return ["tasks", "--bank", "{bank}", "import", "package", str(tmp), "--set", "sym"]
+
+
+def _traversal_path(tmp: Path) -> list[str]:
+    package(tmp, "trav", GOOD_TASK.replace("name: good", "name: trav").replace("tests: [test_x.py]",
+                                                                              "tests: [../../../etc/passwd]"))
+    return ["tasks", "--bank", "{bank}", "import", "package", str(tmp), "--set", "trav"]
+
+
+def _huge_line(tmp: Path) -> list[str]:
+    src = tmp / "huge.jsonl"
+    with open(src, "w") as f:       # one 80 MiB line: over the 64 MiB record limit
+        f.write('{"question": "')
+        for _ in range(80):
+            f.write("x" * (1 << 20))
+        f.write('", "answer": "#### 1"}\n')
+    return ["tasks", "--bank", "{bank}", "import", "math", str(src), "--set", "huge"]
+
+
+def _bomb(tmp: Path) -> list[str]:
+    package(tmp, "laughs", BILLION_LAUGHS)
+    return ["tasks", "--bank", "{bank}", "import", "package", str(tmp), "--set", "bomb"]
+
+
+def _zero_limit(tmp: Path) -> list[str]:
+    package(tmp, "zero", GOOD_TASK.replace("name: good", "name: zero") + "limits: {pids: 0}\n")
+    return ["tasks", "--bank", "{bank}", "import", "package", str(tmp), "--set", "zero"]
+
+
+def _nan_config(tmp: Path) -> list[str]:
+    (tmp / "run.yaml").write_text("lease_ttl_s: .nan\n")
+    return ["run", "--config", str(tmp / "run.yaml"), "--bank", "{bank}", "--runs-dir", str(tmp / "runs")]
+
+
+BATTERY = {
+    "billion laughs": (_bomb, "max_aliases"),
+    "zero pids": (_zero_limit, "'pids'"),
+    "NaN config": (_nan_config, "'lease_ttl_s'"),
+    "80 MiB line": (_huge_line, "limit max_line_bytes"),
+    "symlink to /etc/passwd": (_symlinked, "symbolic links are not allowed"),
+    "traversal in checker.tests": (_traversal_path, "passwd"),
+    "set name traversal": (lambda tmp: ["tasks", "--bank", "{bank}", "import", "package", "{good}",
+                                        "--set", "../../escaped"], "task set name"),
+    "sandbox --memory 0": (lambda tmp: ["sandbox", "run", "--memory", "0", "--", "true"], "--memory"),
+    "sandbox --timeout nan": (lambda tmp: ["sandbox", "run", "--timeout", "nan", "--", "true"], "--timeout"),
+    "query COPY TO": (lambda tmp: ["query", "--run", "{bank}", "COPY (SELECT 1) TO '{bank}/x.csv'"], "read-only"),
+}
+
+
+@pytest.fixture(scope="module")
+def accepted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("battery")
+    bank, good = root / "bank", root / "good"
+    package(good, "good", GOOD_TASK)
+    assert paddock("tasks", "--bank", str(bank), "import", "package", str(good), "--set", "kept").returncode == 0
+    (bank / "run.json").write_text("{}")        # so `query --run bank` treats it as a (run) directory
+    return bank, good
+
+
+@pytest.mark.parametrize("case", sorted(BATTERY))
+def test_each_hostile_input_ends_in_a_clear_error_and_loses_nothing(case, accepted, tmp_path):
+    bank, good = accepted
+    make, needle = BATTERY[case]
+    before = tree(bank)
+    argv = [a.format(bank=bank, good=good) for a in make(tmp_path)]
+    proc = paddock(*argv, cwd=tmp_path, timeout=60)
+    assert_clean_refusal(proc, needle)
+    assert tree(bank) == before, "the hostile input changed what was accepted before"
+    listed = paddock("tasks", "--bank", str(bank), "list", "kept")
+    assert listed.returncode == 0 and "good" in listed.stdout
+    assert not (tmp_path.parent / "escaped.yaml").exists() and not (bank.parent / "escaped.yaml").exists()
