@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import sys
 from datetime import date, datetime, time
@@ -51,6 +50,7 @@ from rich.table import Table
 from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
                                 span_summary_path)
 from controller.analysis.defences import defence_lines, defences
+from controller.analysis.sqlguard import QueryError, check_statements, lock_down
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
 
@@ -66,10 +66,6 @@ EXAMPLE_SQL = ("SELECT task_family, policy_version, count(*) AS n, "
 
 # The run directory of a shard or catalog file: strip "/<table>/<file>" from its path.
 _RUN_OF = "regexp_replace({col}, '/[^/]+/[^/]+$', '')"
-
-
-class QueryError(RuntimeError):
-    """A query cannot be answered: bad SQL or an unreadable store. One-line message."""
 
 
 class RunNotFound(QueryError):
@@ -110,52 +106,12 @@ def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = True,
                                                                 ("error", pa.string())])))
         con.execute("CREATE VIEW bad_shards AS SELECT * FROM _bad_shards")
         if lock:
-            _lock(con, runs, write_dir)
+            lock_down(con, runs, write_dir)
     except duckdb.Error as exc:
         con.close()
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
             from None
     return con
-
-
-def _lock(con: duckdb.DuckDBPyConnection, runs: list[Path], write_dir: str | Path | None) -> None:
-    """No file access outside the run directories (and `write_dir`), no extensions, and a
-    configuration no statement can change."""
-    dirs = [str(r).rstrip("/") + "/" for r in runs]
-    if write_dir is not None:
-        dirs.append(str(Path(write_dir).resolve()).rstrip("/") + "/")
-    con.execute(f"SET allowed_directories = {_sql_list(dirs)}")
-    con.execute("SET enable_external_access = false")
-    con.execute("SET autoinstall_known_extensions = false")
-    con.execute("SET autoload_known_extensions = false")
-    con.execute("SET lock_configuration = true")
-
-
-READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
-WRITE_STATEMENTS = ("COPY", "EXPORT")       # with allow_write: into write_dir only
-
-
-_MACRO = re.compile(r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TEMP(?:ORARY)?\s+)?MACRO\s", re.I)
-
-
-def check_statements(con: duckdb.DuckDBPyConnection, sql: str, allow_write: bool = False) -> None:
-    """Refuse, before anything runs, every statement of `sql` that is not a query."""
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise QueryError(_one_line(exc)) from None
-    if not statements:
-        raise QueryError("no SQL statement given")
-    allowed = READ_ONLY_STATEMENTS + (WRITE_STATEMENTS if allow_write else ())
-    for st in statements:
-        kind = st.type.name
-        if kind == "CREATE" and _MACRO.match(st.query):
-            continue            # a function of the session (pass_at_k in the docs): no data, no file
-        if kind not in allowed:
-            hint = (" (COPY ... TO and EXPORT DATABASE need --allow-write, and write only into the "
-                    "current directory)" if kind in WRITE_STATEMENTS else "")
-            raise QueryError(f"read-only: a {kind} statement is refused ({' '.join(st.query.split())[:80]!r}); "
-                             f"paddock query runs {' and '.join(allowed)} statements only{hint}")
 
 
 def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
