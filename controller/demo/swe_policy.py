@@ -206,7 +206,8 @@ def load_policy_script(path: str | Path) -> PolicyScript:
     except OSError as exc:
         raise PolicyScriptError(f"cannot read policy script {path}: {exc}") from None
     except ParseLimitError as exc:
-        raise PolicyScriptError(f"policy script {exc}") from None
+        line = f" (line {exc.line})" if exc.line else ""
+        raise PolicyScriptError(f"policy script {exc.source} is not valid JSON/YAML{line}: {exc.detail}") from None
     return parse_policy_script(data, str(path))
 
 
