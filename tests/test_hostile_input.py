@@ -197,6 +197,16 @@ def test_a_run_config_with_a_zero_nan_or_bool_value_is_refused_naming_the_key(tm
     assert not (tmp_path / "runs").exists()
 
 
+def test_run_refuses_a_task_set_whose_limits_exceed_this_machine(tmp_path):
+    bank = tmp_path / "bank"
+    pkgs = tmp_path / "pkgs"
+    package(pkgs, "big", GOOD_TASK.replace("name: good", "name: big") + "limits: {memory_mb: 1048576}\n")
+    assert paddock("tasks", "--bank", str(bank), "import", "package", str(pkgs), "--set", "big").returncode == 0
+    proc = paddock("run", "--taskset", "big", "--bank", str(bank), "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert_clean_refusal(proc, "'big'", "limits.memory_mb", "more than this machine has")
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("flag", ["--versions", "--agents", "--rollouts-per-task"])
 def test_run_refuses_zero_counts_as_usage_errors(tmp_path, flag):
     proc = paddock("run", flag, "0", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)

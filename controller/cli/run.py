@@ -19,7 +19,7 @@ import re
 import sys
 
 from controller.contracts.tasks import LIMIT_RANGES, LimitError, checked_number
-from controller.demo.localrun import ConfigError, RunConfig, run_local
+from controller.demo.localrun import ConfigError, RunConfig, node_capacity, run_local
 from nodeagent.verifier.validate import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore, ImageStoreError
@@ -60,23 +60,6 @@ def positive_int(text: str) -> int:
 
 
 MAX_TIMEOUT_S = 7 * 86400.0
-
-
-def node_capacity() -> dict[str, float]:
-    """This node's ceiling for each sandbox limit: memory and CPUs it has, the kernel's pid_max."""
-    cap = {key: hi for key, (_k, _lo, hi) in LIMIT_RANGES.items()}
-    try:
-        with open("/proc/meminfo") as f:
-            total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-        cap["memory_mb"] = total_kb // 1024
-    except (OSError, StopIteration, ValueError):
-        pass
-    cap["cpu"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    try:
-        cap["pids"] = min(cap["pids"], int(open("/proc/sys/kernel/pid_max").read()))
-    except (OSError, ValueError):
-        pass
-    return cap
 
 
 def check_sandbox_limits(limits: dict) -> None:

@@ -33,7 +33,7 @@ from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
 from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.safeload import ParseLimitError, load_yaml
-from controller.contracts.tasks import TaskError
+from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
@@ -223,6 +223,37 @@ def validation_cache_dir(store_root: Path) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
 
 
+def node_capacity() -> dict[str, float]:
+    """This node's ceiling for each sandbox limit: memory and CPUs it has, the kernel's pid_max."""
+    cap = {key: hi for key, (_k, _lo, hi) in LIMIT_RANGES.items()}
+    try:
+        with open("/proc/meminfo") as f:
+            total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+        cap["memory_mb"] = total_kb // 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    cap["cpu"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            cap["pids"] = min(cap["pids"], int(f.read()))
+    except (OSError, ValueError):
+        pass
+    return cap
+
+
+def check_task_limits(taskset, names: list[str], capacity: dict[str, float]) -> None:
+    """Every task the run plays fits this machine (the local run's only node): ConfigError
+    naming the task and the limit otherwise, before any daemon starts."""
+    wanted = set(names)
+    for t in taskset.tasks:
+        if t.name not in wanted:
+            continue
+        for key, value in asdict(t.limits).items():
+            if key in ("memory_mb", "cpu") and value > capacity[key]:
+                raise ConfigError(f"config key 'taskset': task {t.name!r} asks for limits.{key} = {value:g}, "
+                                  f"more than this machine has ({capacity[key]:g})")
+
+
 def _spawn(argv: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     f = open(log_path, "ab")
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -244,6 +275,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
         key = "policy_script" if cfg.policy_script and "policy script" in str(exc) else "taskset"
         raise ConfigError(f"config key {key!r}: {exc}") from None
     names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
+    check_task_limits(taskset, names, node_capacity())
     store = ImageStore(cfg.image_store or default_store_root())
     with console.status("image: building or reusing the built-in python image") as st:
         digest, image_path = ensure_builtin_image(store, progress=lambda m: st.update(f"image: {m}"))
