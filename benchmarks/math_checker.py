@@ -1,8 +1,9 @@
 """Math answer checkers side by side on public labelled cases: agreement, false positives, time.
 
 Three checkers on every case of `tests/data/math_cases/*.jsonl` (see the README there for the
-sources: Math-Verify's test suite, Hendrycks MATH `is_equiv` tests, Qwen2.5-Math grader cases,
-and the project's own adversarial must-reject cases):
+sources: Math-Verify's test suite and mixed-number tests, Hendrycks MATH `is_equiv` tests,
+Qwen2.5-Math grader cases, lighteval's extractive-match tests, NeMo-Skills' `math_equal` pairs,
+and the project's own adversarial sets):
   (a) today   `nodeagent.verifier.checkers.math_equal` (the checker before `mathanswer`);
   (b) mv      Math-Verify alone, default settings: `verify(parse(gold), parse(pred))`;
   (c) ours    `nodeagent.verifier.mathanswer.math_equal`.
@@ -25,8 +26,8 @@ from pathlib import Path
 from nodeagent.verifier import checkers, mathanswer
 
 CASES_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "math_cases"
-PUBLIC_SETS = ("math_verify", "hendrycks", "qwen")
-ALL_SETS = (*PUBLIC_SETS, "adversarial")
+PUBLIC_SETS = ("math_verify", "hendrycks", "qwen", "lighteval", "nemo_skills", "mv_mixed")
+ALL_SETS = (*PUBLIC_SETS, "adversarial", "adversarial_classes")
 
 
 class _Guard(Exception):
@@ -94,7 +95,7 @@ def _stats(rows: list) -> dict:
 
 def report(results: dict) -> None:
     groups = {s: [s] for s in ALL_SETS if s in next(iter(results.values()))}
-    groups["public (3 sets)"] = [s for s in PUBLIC_SETS if s in groups]
+    groups["public (all sets)"] = [s for s in PUBLIC_SETS if s in groups]
     groups["all incl. adversarial"] = [s for s in ALL_SETS if s in groups]
     print(f"{'set':<24}{'checker':<8}{'n':>5}{'agree':>8}{'rate':>8}{'FP':>9}{'p50 ms':>9}{'p99 ms':>9}{'guard':>7}")
     for gname, members in groups.items():

@@ -14,16 +14,25 @@ simulation at training size, with the controller's CPU per event.
   sim    the simulation of tests/sim/sim.py at scale (`ScaleWorld`: real BrokerCore, real
          SQLite queue on tmpfs, real AgentCore agents; no faults): `--agents` x `--slots`,
          attempts lasting `--attempt-s` simulated seconds, the trainer keeping every slot
-         busy. Prints the controller's CPU seconds per event (a frame in, or a tick),
-         the events per simulated second, the frames' sizes and the SQLite commits.
+         busy. Prints the controller's CPU seconds per event (a frame in, or a tick) and per
+         committed rollout, the events per simulated second, the frames' sizes and the SQLite
+         commits. The collector's policy is the controller daemon's (`--gc controller`,
+         controller/broker/gcpolicy.py) unless told; the simulated agents share the heap, so
+         the collector's share is an upper bound of the real controller's.
+  table  `sim` at 100, 1,000 and 3,000 agents, each in a fresh process, with the daemon's
+         collector policy and with CPython's default: CPU per rollout, its ratio to the
+         smallest farm, cores.
 
     .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
-    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120]
+    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off]
+    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000]   (each size in a fresh process)
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -35,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from controller.broker import gcpolicy  # noqa: E402
 from controller.contracts.taskblobs import reference, write_tasks_file  # noqa: E402
 
 SWE_LIMITS = {"memory_mb": 4096, "pids": 512, "disk_mb": 4096, "cpu": 2.0, "nofile": 1024}
@@ -62,18 +72,23 @@ def synthetic_tasks(n: int, blob_root: str = "/shared/paddock/taskbank/blobs") -
     return out
 
 
-def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
-    """What the controller process does at start, timed; run in a fresh process."""
+def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict:
+    """What the controller process does at start, timed; run in a fresh process. `mode`:
+    dict (the whole file into a dict, the reference), first (the index is built), restart."""
     from controller.broker import daemon
+    from controller.contracts.taskblobs import load_tasks_file
+    from controller.store.taskindex import TaskIndex, index_path
     from controller.taskbank.curriculum import Curriculum
+    if mode == "first":
+        index_path(tasks_json).unlink(missing_ok=True)
     c0, t0 = time.process_time(), time.perf_counter()
-    tasks = daemon.load_tasks(tasks_json)
+    tasks = load_tasks_file(tasks_json) if mode == "dict" else daemon.load_tasks(tasks_json)
     t1 = time.perf_counter()
     peak_load = _status_mb("VmHWM")
-    cur = Curriculum(os.path.join(work, "curriculum.sqlite"), {d["task_id"] for d in tasks.values()}) \
-        if curriculum else None
+    ids = tasks.ids if isinstance(tasks, TaskIndex) else {d["task_id"] for d in tasks.values()}
+    cur = Curriculum(os.path.join(work, f"curriculum-{mode}.sqlite"), ids) if curriculum else None
     t2 = time.perf_counter()
-    run_dir = Path(work) / "run"
+    run_dir = Path(work) / f"run-{mode}"
     run_dir.mkdir(exist_ok=True)
     ctl = daemon.Controller("tcp://127.0.0.1:0", "bench-scale", str(run_dir), "run", tasks,
                             str(run_dir / "controller.db"), curriculum=cur)
@@ -81,6 +96,20 @@ def _child_load(tasks_json: str, work: str, curriculum: bool) -> dict:
     out = {"cpu_s": time.process_time() - c0, "load_tasks_s": t1 - t0, "curriculum_s": t2 - t1, "controller_s": t3 - t2, "total_s": t3 - t0,
            "admitted": len(ctl.core.tasks), "refused": len(ctl.core.refused_tasks),
            "peak_rss_load_mb": peak_load, "peak_rss_mb": _status_mb("VmHWM")}
+    if cur is not None:  # a lease batch's sampling: 2,000 tasks with outcomes, the rest unseen
+        import random as _random
+        for i, tid in enumerate(itertools.islice(iter(cur.task_ids), 2000)):
+            for j in range(4):
+                cur.record(tid, 0, "pass" if (i + j) % 2 else "fail", rollout_id=f"{tid}-{j}")
+        cur.sample(1024, _random.Random(0), 0)    # the classes of (version, band): cached once
+        for size in (64, 1024):
+            times = []
+            for k in range(21):
+                s0 = time.process_time()
+                cur.sample(size, _random.Random(k), 0)
+                times.append(time.process_time() - s0)
+            out[f"sample{size}_ms_p50"] = 1e3 * sorted(times)[len(times) // 2]
+            out[f"sample{size}_ms_max"] = 1e3 * max(times)
     del tasks
     import gc
     gc.collect()
@@ -98,6 +127,9 @@ def _status_mb(field: str) -> float:
 
 
 def bench_load(args) -> dict:
+    """Three starts of a fresh controller process on one tasks file: the reference (the whole
+    file read into a dict, as before the index), the first start (the index is built beside the
+    file) and a restart (the index is opened)."""
     with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=args.tmp) as d:
         path = Path(d) / "tasks.json"
         t0 = time.perf_counter()
@@ -106,19 +138,27 @@ def bench_load(args) -> dict:
         print(f"tasks file: {args.tasks} synthetic SWE references, {size / 1e6:.1f} MB "
               f"({size / args.tasks:.0f} bytes per task), written in {time.perf_counter() - t0:.1f} s",
               flush=True)
-        cmd = [sys.executable, __file__, "_child", str(path), d] + (["--curriculum"] if args.curriculum else [])
-        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if res.returncode != 0:
-            raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
-        out = json.loads(res.stdout.strip().splitlines()[-1])
-        out["file_mb"] = size / 1e6
-    print(f"controller start: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
-          f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
-          f"({out['cpu_s']:.2f} s CPU); admitted "
-          f"{out['admitted']} refs, refused {out['refused']}; peak RSS {out['peak_rss_mb']:.0f} MB "
-          f"({out['peak_rss_load_mb']:.0f} MB after load_tasks), "
-          f"RSS after start {out['rss_after_mb']:.0f} MB")
-    return out
+        runs = {}
+        for mode in ("dict", "first", "restart"):
+            cmd = [sys.executable, __file__, "_child", str(path), d, "--mode", mode] + \
+                (["--curriculum"] if args.curriculum else [])
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            if res.returncode != 0:
+                raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
+            runs[mode] = out = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"{mode:>8}: load_tasks {out['load_tasks_s']:.2f} s, curriculum {out['curriculum_s']:.2f} s, "
+                  f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
+                  f"({out['cpu_s']:.2f} s CPU); admitted {out['admitted']} refs, refused {out['refused']}; "
+                  f"peak RSS {out['peak_rss_mb']:.0f} MB, RSS after start {out['rss_after_mb']:.0f} MB"
+                  + (f"; curriculum sample CPU (2,000 tasks with outcomes, the rest unseen): 64 tasks p50 "
+                     f"{out['sample64_ms_p50']:.2f} ms (max {out['sample64_ms_max']:.2f}), 1,024 tasks p50 "
+                     f"{out['sample1024_ms_p50']:.2f} ms (max {out['sample1024_ms_max']:.2f})"
+                     if "sample64_ms_p50" in out else ""), flush=True)
+    ref = runs["dict"]
+    for mode in ("first", "restart"):
+        print(f"{mode} start / whole-dict start: CPU {runs[mode]['cpu_s'] / ref['cpu_s']:.2f}x, "
+              f"peak RSS {runs[mode]['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x")
+    return runs
 
 
 def bench_sim(args) -> dict:
@@ -129,11 +169,17 @@ def bench_sim(args) -> dict:
         t0 = time.perf_counter()
         w = ScaleWorld(args.seed, Path(d), args.agents, args.slots, n_tasks=args.tasks,
                        attempt_s=args.attempt_s, hb_s=args.hb_s)
+        if args.gc == "controller":
+            gcpolicy.settle()  # what the controller daemon does once started (broker/gcpolicy.py)
+        elif args.gc == "off":
+            gc.disable()
         warm = w.run_for(args.warmup_s)
         warm = replace(warm)
+        committed0 = w.queue.counts()["committed"]
         st = w.run_for(args.sim_s)
         wall = time.perf_counter() - t0
         counts = w.queue.counts()
+        committed = counts["committed"] - committed0
         db = sum(p.stat().st_size for p in Path(d).glob("scale-*"))
     m = {k: getattr(st, k) - getattr(warm, k) for k in ("cpu_s", "frames_in", "frames_out", "bytes_in",
                                                         "bytes_out", "passes", "sim_s")}
@@ -150,8 +196,36 @@ def bench_sim(args) -> dict:
           f"{m['bytes_out'] / max(m['frames_out'], 1):.0f} B mean, max {st.max_frame_out} B; "
           f"{m['bytes_in'] / m['sim_s'] / 1e6:.2f} MB/s in, {m['bytes_out'] / m['sim_s'] / 1e6:.2f} MB/s out; "
           f"queue file {db / 1e6:.0f} MB; commits {m['passes'] / m['sim_s']:.1f}/s")
-    out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall}
+    print(f"  committed {committed} rollouts in the window: {1e6 * m['cpu_s'] / max(committed, 1):.0f} us of "
+          f"controller CPU per rollout")
+    out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall, "committed": committed,
+           "cpu_per_rollout_us": 1e6 * m["cpu_s"] / max(committed, 1), "cores": m["cpu_s"] / m["sim_s"]}
     return out
+
+
+def bench_table(args) -> dict:
+    """The controller's cost at several farm sizes in one run: CPU per committed rollout and
+    cores, each size against the smallest (flat = the same cost per rollout at any size),
+    and the same sizes under CPython's default collector policy as the reference."""
+    rows = {}
+    for agents in args.agents:
+        for gc_mode in ("controller", "default"):
+            child = subprocess.run([sys.executable, __file__, "sim", "--agents", str(agents), "--slots",
+                                    str(args.slots), "--sim-s", str(args.sim_s), "--warmup-s",
+                                    str(args.warmup_s), "--gc", gc_mode, "--json"],
+                                   capture_output=True, text=True, check=True)
+            rows[(agents, gc_mode)] = json.loads(child.stdout.strip().splitlines()[-1])
+    base = rows[(args.agents[0], "controller")]["cpu_per_rollout_us"]
+    print(f"controller CPU at {args.slots} slots per agent, attempts {args.attempt_s:.0f} s, "
+          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s")
+    print(f"{'agents':>7} {'slots':>7} {'us/rollout':>11} {'vs ' + str(args.agents[0]):>8} {'cores':>6} "
+          f"{'default gc us/rollout':>22} {'cores':>6} {'policy/default':>15}")
+    for agents in args.agents:
+        c, d = rows[(agents, "controller")], rows[(agents, "default")]
+        print(f"{agents:>7} {agents * args.slots:>7} {c['cpu_per_rollout_us']:>11.0f} "
+              f"{c['cpu_per_rollout_us'] / base:>8.2f} {c['cores']:>6.3f} {d['cpu_per_rollout_us']:>22.0f} "
+              f"{d['cores']:>6.3f} {c['cpu_per_rollout_us'] / d['cpu_per_rollout_us']:>15.2f}")
+    return {f"{a}:{g}": r for (a, g), r in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ch.add_argument("tasks_json")
     ch.add_argument("work")
     ch.add_argument("--curriculum", action="store_true")
+    ch.add_argument("--mode", choices=("dict", "first", "restart"), default="restart")
     si = sub.add_parser("sim")
     si.add_argument("--agents", type=int, default=1000)
     si.add_argument("--slots", type=int, default=32)
@@ -174,9 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     si.add_argument("--attempt-s", type=float, default=60.0)
     si.add_argument("--tasks", type=int, default=10_000)
     si.add_argument("--seed", type=int, default=1)
+    si.add_argument("--gc", choices=("controller", "default", "off"), default="controller",
+                    help="the collector's policy: the controller daemon's (broker/gcpolicy.py), "
+                         "CPython's defaults, or off (the bound: the simulated agents share this heap)")
+    si.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
+    ta = sub.add_parser("table")
+    ta.add_argument("--agents", type=int, nargs="+", default=[100, 1000, 3000])
+    ta.add_argument("--slots", type=int, default=32)
+    ta.add_argument("--sim-s", type=float, default=60.0)
+    ta.add_argument("--warmup-s", type=float, default=90.0)
+    ta.add_argument("--attempt-s", type=float, default=60.0)
     args = ap.parse_args(argv)
-    if args.cmd == "_child":
-        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum)))
+    if args.cmd == "table":
+        bench_table(args)
+    elif args.cmd == "sim" and args.json:
+        out = bench_sim(args)
+        print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s")}))
+    elif args.cmd == "_child":
+        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum, args.mode)))
     elif args.cmd == "load":
         bench_load(args)
     else:

@@ -1,13 +1,18 @@
 """The two job steps of a Paddock job on Slurm (what the batch scripts of slurm/sbatch.py and the
 tasks of a `paddock launch` job run, one per layout component):
 
-  `paddock job head`   controller + scripted policy server + trainer on one node (`run_head`).
-                       Publishes the controller endpoint in the run directory (shared storage) with
-                       `job.json` (deployment, agent version); trains once enough agents have
-                       registered; then shuts the controller down, which stops the agents.
+  `paddock job head`   controller + trainer (yours, or the built-in scripted one with its policy
+                       server) on one node (`run_head`). Validates the task set as `paddock run`
+                       does (quarantined tasks are not served; `quarantine.json`). Publishes the
+                       controller endpoint in the run directory (shared storage) with `job.json`
+                       (deployment, agent version); waits for the job's model servers
+                       (slurm/servers.py) and enough agents; trains; then shuts the controller
+                       down, which stops the agents, and tells the model servers to stop.
   `paddock job agent`  one per environment node (`run_agent`): waits for the endpoint file (gives
                        up with a clear message after `controller_wait_s`), checks deployment and
-                       version, then runs `paddock agent` in this process.
+                       version, then runs `paddock agent` as a child process, restarted with
+                       backoff when it exits unexpectedly (slurm/supervise.py).
+  `paddock job server` one per node of a server component: slurm/servers.py.
 
 Requeue and resume: a requeued job (`--requeue`, slurm/sbatch.py's `requeue=1`) runs again
 under the same job id with SLURM_RESTART_COUNT set; a new job may be given the same run
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -57,13 +63,18 @@ from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.contracts.taskblobs import write_tasks_file
+from controller.store.taskindex import build as build_task_index
 from controller.taskbank.blobs import blob_root, publish
 from controller.demo.localrun import (COMPACT_EVERY, RunConfig, load_taskset, scripted_players,
-                                      task_images, train, wait_file)
+                                      task_images, train, validation_cache_dir, wait_file)
 from controller.demo.policy_server import PolicyServer, default_params
 from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
+from nodeagent.verifier.validate import validate_for_run
+from slurm.supervise import Policy, Supervisor
+from slurm.servers import (SERVERS_FILE, RemotePolicy, ServerError, endpoints_env, parse_servers,
+                           stop_servers, wait_servers)
 
 log = logging.getLogger("paddock.job")
 
@@ -95,6 +106,9 @@ class HeadStep:
     policy_script: str = ""              # the scripted policy's swe scripts (controller/demo/swe_policy.py)
     bind_addr: str | None = None         # address the controller binds (None: this node's)
     metrics_port: int | None = None      # serve Prometheus metrics on this port
+    validate: str = "quick"              # quick | full | off: validate the task set first, as `paddock run`
+    servers: str = ""                    # the job's model servers to wait for: "inference=2,judge=1"
+    servers_wait_s: float = 600.0        # ... this long
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,10 @@ class AgentStep:
     heartbeat_interval_s: float = 1.0
     slots: int = 2
     controller_wait_s: float = 300.0
+    sandbox: str = "native"              # native | apptainer: the sandbox backend
+    restart_max_failures: int = 3        # agent failures within restart_window_s that give the node up
+    restart_window_s: float = 300.0
+    restart_backoff_s: float = 1.0       # the first restart's delay (doubling, at most 30 s)
 
 
 class JobStepError(RuntimeError):
@@ -183,9 +201,11 @@ def run_head(args: HeadStep) -> int:
         print(f"paddock head: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     try:
-        taskset, cfg, players = _prepare_run(args, run_dir)
+        taskset, cfg, players, names = _prepare_run(args, run_dir)
     except StopRequested as stop:   # the job ends (or is requeued) before its farm came up
         print(f"paddock head: {stop} while preparing the run: exiting", flush=True)
+        if args.servers:
+            stop_servers(run_dir, args.deployment)
         return 0
     addr = args.bind_addr or node_address()
     _remove_previous_endpoint(run_dir)
@@ -201,7 +221,7 @@ def run_head(args: HeadStep) -> int:
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents, players)
+        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents, players, names)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
@@ -209,6 +229,8 @@ def run_head(args: HeadStep) -> int:
         for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # a later signal
             signal.signal(sig, signal.SIG_IGN)     # must not cut the shutdown short (store flush, summary)
         _shutdown_controller(ctl, endpoint, args.deployment, key_file_of(run_dir))
+        if args.servers:
+            stop_servers(run_dir, args.deployment)     # the model servers' steps end
     if rc == 0:
         try:
             print_summary(summary(run_dir), run_dir, out=sys.stdout)
@@ -272,43 +294,69 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
         raise JobStepError(str(exc)) from None
     if resuming(run_dir):
         _check_same_taskset(run_dir, taskset)
+    names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+    try:      # the same start-up check as `paddock run`: quarantined tasks are not served
+        names = validate_for_run(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
+                                 validation_cache_dir(Path(store.root)), run_dir, args.validate,
+                                 console=Console(file=sys.stdout, force_terminal=False, width=120))
+    except ValueError as exc:
+        raise JobStepError(f"--validate: {exc}") from None
+    if not names:
+        raise JobStepError(f"every task of {taskset.name!r} failed validation: see {run_dir}/quarantine.json")
     cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
                     heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
                     image_store=args.image_store, runs_dir=str(run_dir.parent), policy_script=args.policy_script)
     write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
+    build_task_index(run_dir / "tasks.json")   # the controller opens it without reading an entry
     (run_dir / "run.json").write_text(json.dumps({
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "head_node": socket.gethostname(), "incarnation": incarnation()}, indent=2))
-    return taskset, cfg, players
+        "head_node": socket.gethostname(), "incarnation": incarnation(), "validate": args.validate,
+        "served_tasks": len(names)}, indent=2))
+    return taskset, cfg, players, names
 
 
 def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str,
-           gate_agents: bool = False, players: dict | None = None) -> int:
+           gate_agents: bool = False, players: dict | None = None, names: list[str] | None = None) -> int:
     """Once enough agents registered: the built-in trainer (with the scripted policy server) or
     the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain.
     `gate_agents` (a resumed run with your trainer): the trainer starts first and the agents
     are let in (`job.json`) once it is back, so the queued rollouts of its policy are not
     leased while its inference server is still down (each would burn a retry)."""
     rc = 0
+    servers = {}
+    if args.servers:
+        print(f"paddock head: waiting for the model servers ({args.servers})", flush=True)
+        try:
+            servers = wait_servers(run_dir, parse_servers(args.servers), args.deployment, args.servers_wait_s)
+        except ServerError as exc:
+            raise JobStepError(str(exc)) from None
+        print("paddock head: model servers up: " + "; ".join(
+            f"{c}: {' '.join(r['url'] for r in recs)}" for c, recs in servers.items()), flush=True)
     with contextlib.ExitStack() as stack:
-        policy = None if args.trainer else stack.enter_context(PolicyServer(taskset, host=addr, players=players))
+        if args.trainer:
+            policy = None
+        elif servers.get("inference"):   # the job's own replicas serve the scripted policy
+            policy = RemotePolicy(servers["inference"])
+        else:
+            policy = stack.enter_context(PolicyServer(taskset, host=addr, players=players))
         client = stack.enter_context(Client(endpoint, args.deployment,
                                             key_file=key_file_of(run_dir)))
         trainer_proc = None
         try:
             if gate_agents:
-                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr, servers)
                 _wait_trainer_back(client, trainer_proc, args.agents_wait_s)
                 _publish_job(run_dir, args.deployment, addr)
             n = _wait_agents(client, args.agents, args.agents_wait_s)
             print(f"paddock head: {n} agents registered; training", flush=True)
             if args.trainer:
-                trainer_proc = trainer_proc or _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr)
+                trainer_proc = trainer_proc or _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr,
+                                                              servers)
                 rc = trainer_proc.wait()
                 print(f"paddock head: trainer exited with {rc}", flush=True)
             else:
-                names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
+                names = names if names is not None else [t.name for t in taskset.tasks][: args.tasks_limit or None]
                 console = Console(file=sys.stdout, force_terminal=False, width=120)
                 train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
         except StopRequested as stop:
@@ -339,10 +387,12 @@ def _wait_trainer_back(client, proc: subprocess.Popen, timeout_s: float, clock=t
 
 TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PADDOCK_KEY_FILE",
                "PADDOCK_TASKSET", "PADDOCK_TASKSET_HASH", "PADDOCK_TASKBANK", "PADDOCK_HEAD_ADDR",
-               "PADDOCK_INCARNATION")
+               "PADDOCK_INCARNATION", "PADDOCK_QUARANTINE_FILE", "PADDOCK_SERVERS_FILE",
+               "PADDOCK_INFERENCE_ENDPOINTS", "PADDOCK_JUDGE_ENDPOINTS", "PADDOCK_SERVICES_ENDPOINTS")
 
 
-def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str) -> subprocess.Popen:
+def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str,
+                   servers: dict | None = None) -> subprocess.Popen:
     """The user's training command, by /bin/sh in its own process group on the head node, with
     what it needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log.
     It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
@@ -353,6 +403,9 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, t
                PADDOCK_INCARNATION=incarnation())
     if args.bank:
         env["PADDOCK_TASKBANK"] = args.bank
+    if servers:      # the job's model servers: $PADDOCK_INFERENCE_ENDPOINTS ... and servers.json
+        env.update(endpoints_env(servers), PADDOCK_SERVERS_FILE=str(run_dir / SERVERS_FILE))
+    env["PADDOCK_QUARANTINE_FILE"] = str(run_dir / "quarantine.json")
     log_f = open(run_dir / "logs" / "trainer.log", "ab")
     print(f"paddock head: starting trainer: {command}", flush=True)
     return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,
@@ -483,20 +536,59 @@ def run_agent(args: AgentStep) -> int:
     except StopRequested as s:
         print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
         return 0
-    # `paddock agent` installs its SIGTERM drain handler; the job's drain signal
-    # (SIGWINCH, see slurm/sbatch.py) is turned into that SIGTERM, for this process only
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    for sig in (signal.SIGWINCH, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
-        signal.signal(sig, lambda *_: signal.raise_signal(signal.SIGTERM))
     share = f'{os.environ.get("SLURM_PROCID", "0")}/{os.environ.get("SLURM_NTASKS", "1")}'
     os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
+    argv = [*PADDOCK_CLI, "agent", "--node", node, "--controller", endpoint, "--deployment", args.deployment,
+            "--endpoint-file", str(run_dir / ENDPOINT_FILE), "--key-file", str(key_file_of(run_dir)),
+            "--slots", str(args.slots), "--image-store", args.image_store, "--subid-share", share,
+            "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
+    argv += ["--sandbox", args.sandbox] if args.sandbox != "native" else []
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
-    return run_paddock_agent(["--node", node, "--controller", endpoint, "--deployment", args.deployment,
-                              "--endpoint-file", str(run_dir / ENDPOINT_FILE),
-                              "--key-file", str(key_file_of(run_dir)),
-                              "--slots", str(args.slots), "--image-store", args.image_store,
-                              "--subid-share", share,
-                              "--heartbeat-interval-s", str(args.heartbeat_interval_s)])
+    return supervise_agent(argv, node, run_dir, endpoint, args)
+
+
+def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, args: AgentStep) -> int:
+    """`paddock agent ARGV` as a child process, restarted with backoff when it exits unexpectedly
+    (slurm/supervise.py); given up after too many failures: the node is drained at the controller
+    and reported in `<run_dir>/health/<node>.supervisor.json`. The job's drain signal (SIGWINCH;
+    submitit's SIGUSR2) and SIGTERM become one SIGTERM to the agent, which drains."""
+    report_path = run_dir / "health" / f"{node}.supervisor.json"
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def spawn() -> subprocess.Popen:
+        # the agent dies with this step, as it did when it ran in the step's process: a step
+        # that is killed loses its node's running rollouts, which the controller leases anew
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+    def write(report) -> None:
+        atomic_write(report_path, json.dumps(dataclasses.asdict(report), indent=1))
+
+    def on_restart(report) -> None:
+        print(f"paddock agent on {node}: restarting the agent (restart {report.restarts}; "
+              f"last exit {report.failures[-1]['exit']})", flush=True)
+        write(report)
+
+    def on_fatal(report) -> None:
+        print(f"paddock agent on {node}: {report.reason}; draining the node and reporting it in "
+              f"{report_path}", file=sys.stderr, flush=True)
+        write(report)
+        try:
+            with Client(endpoint, args.deployment, timeout_s=5, retries=2, key_file=key_file_of(run_dir)) as c:
+                c.drain(node)
+        except Exception as exc:  # the report is written; the controller may be gone
+            log.warning("drain of %s at the controller failed: %s", node, exc)
+
+    sup = Supervisor(node, spawn, Policy(max_failures=args.restart_max_failures, window_s=args.restart_window_s,
+                                         backoff_base_s=args.restart_backoff_s),
+                     on_fatal=on_fatal, on_restart=on_restart)
+    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR2):   # USR2: submitit's signal before the time limit
+        signal.signal(sig, lambda signum, _f: sup.request_stop(signal.Signals(signum).name))
+    return sup.run()
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 def run_paddock_agent(argv: list[str]) -> int:

@@ -14,13 +14,14 @@ import os
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import submitit
 
 from slurm.jobsteps import AgentStep, HeadStep, check_run_dir, run_agent, run_head
-from slurm.sbatch import DRAIN_SIGNAL_NUMBER, JobParams, ParamError, time_limit_s
+from slurm.components import SERVER_COMPONENTS
+from slurm.sbatch import DRAIN_SIGNAL_NUMBER, JobParams, ParamError, job_of, time_limit_s
 
 log = logging.getLogger("paddock.job")
 
@@ -39,9 +40,10 @@ def job_task(p: JobParams) -> int:
         rc = run_head(HeadStep(**common, agents=p.agents_needed, agents_wait_s=p.agents_wait_s,
                                drain_timeout_s=60.0, versions=p.versions, rollouts_per_task=p.rollouts_per_task,
                                tasks_limit=p.tasks_limit, taskset=p.taskset, bank=p.bank, trainer=p.trainer,
-                               policy_script=p.policy_script))
+                               policy_script=p.policy_script, validate=p.validate))
     else:
-        rc = run_agent(AgentStep(**common, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s))
+        rc = run_agent(AgentStep(**common, slots=p.slots_per_node, controller_wait_s=p.controller_wait_s,
+                                 sandbox=p.sandbox))
     if rc != 0:
         raise RuntimeError(f"job step on {socket.gethostname()} (task {rank}) exited with {rc}; "
                            f"see {p.run_dir}/logs")
@@ -79,20 +81,34 @@ class JobHandle:
 def launch(params) -> JobHandle:
     """Submit the farm with submitit: one component of env_nodes + 1 nodes, one task per node
     (task 0: head, tasks 1..: agents). `params` are the batch parameters of slurm/sbatch.py."""
-    p = params if isinstance(params, JobParams) else JobParams.from_mapping(
-        dict({"layout": "single", "python": sys.executable}, **params))
+    p, comps = job_of(asdict(params) if isinstance(params, JobParams) else
+                      dict({"layout": "single", "python": sys.executable}, **params))
     if p.layout != "single":
         raise ParamError("paddock launch submits the single-component layout (submitit cannot submit "
                          "heterogeneous jobs): pass layout=single, or use `paddock sbatch render layout=het`")
     if p.requeue:
         raise ParamError("paddock launch does not requeue its job (requeue=1): render the batch script with "
                          "`paddock sbatch render requeue=1 ...` and submit it with sbatch")
+    for name in SERVER_COMPONENTS:
+        if comps[name].nodes:
+            raise ParamError(f"batch parameter '{name}.nodes': paddock launch runs the trainer and the farm only "
+                             "(one submitit task per node); render a job with model servers with "
+                             "`paddock sbatch render` and submit it with sbatch")
+    node = comps["farm"]       # layout=single: every component asks for the same kind of node
     check_run_dir(Path(p.run_dir))
     ex = submitit.SlurmExecutor(folder=Path(p.run_dir) / "submitit", python=p.python)
     ex.update_parameters(job_name=p.job_name, time=max(time_limit_s(p.time_limit) // 60, 1),
                          nodes=p.env_nodes + 1, ntasks_per_node=1,
-                         cpus_per_task=max(p.head_cpus, p.agent_cpus),
-                         partition=p.partition or None, account=p.account or None,
+                         cpus_per_task=max(comps["trainer"].cpus_per_task, node.cpus_per_task),
+                         # srun may not inherit --cpus-per-task (Slurm 22.05-23.02): with CPU
+                         # binding each task would be pinned to one CPU
+                         srun_args=[f"--cpus-per-task={max(comps['trainer'].cpus_per_task, node.cpus_per_task)}"],
+                         partition=node.partition or None, account=node.account or None,
+                         **({"gpus_per_node": node.gpus_per_node} if node.gpus_per_node else {}),
+                         **({"gres": node.gres} if node.gres else {}),
+                         **({"mem": node.mem} if node.mem else {}),
+                         **({"qos": node.qos} if node.qos else {}),
+                         **({"constraint": node.constraint} if node.constraint else {}),
                          # submitit would ask for USR2, which Slurm sends to every process of the
                          # step, sandboxes included (default action: die). The drain signal is
                          # ignored by default, so only the job steps, which handle it, react.

@@ -27,10 +27,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Mapping
 
+from slurm.components import (COMPONENTS, SERVER_COMPONENTS, Component, ParamError, check_components,
+                              coerce_component_value, component_keys, sbatch_options, step_options,
+                              valid_component_keys, with_defaults)
+
 LAYOUTS = ("het", "single")
+VALIDATE_MODES = ("quick", "full", "off")
+SANDBOXES = ("native", "apptainer")
 SIGNALS = ("TERM", "USR1")   # the end-of-time warning; "" (the default): TERM, or USR1 with requeue=1
 REQUEUE_SIGNAL = "USR1"      # requeue=1: the warning must not be TERM, which scancel sends too (and
                              # not USR2, submitit's)
@@ -39,10 +45,6 @@ DRAIN_SIGNAL = "WINCH"    # forwarded to the job steps: ignored by default, hand
 DRAIN_SIGNAL_NUMBER = 28  # SIGWINCH on Linux; scancel takes WINCH only by number
 _TOKEN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TIME = re.compile(r"(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})|(\d+)")
-
-
-class ParamError(ValueError):
-    """A batch parameter that is unknown or invalid; the message lists the valid parameters."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class JobParams:
                                        # run resumes from the run directory's queue), and at the time
                                        # limit's warning the job drains and requeues itself; 0: Slurm's default
     max_requeues: int = 10             # requeue=1: the job requeues itself while SLURM_RESTART_COUNT is below this
+    validate: str = "quick"            # quick | full | off: the head validates the task set first, as
+                                       # `paddock run` does (quarantined tasks are not served)
+    sandbox: str = "native"            # native | apptainer: the node agents' sandbox backend
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ParamError:
@@ -89,6 +94,10 @@ class JobParams:
                 raise bad(f.name, f"must be {f.type}, got {v!r}")
         if self.layout not in LAYOUTS:
             raise bad("layout", f"must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.validate not in VALIDATE_MODES:
+            raise bad("validate", f"must be one of {', '.join(VALIDATE_MODES)}, got {self.validate!r}")
+        if self.sandbox not in SANDBOXES:
+            raise bad("sandbox", f"must be one of {', '.join(SANDBOXES)}, got {self.sandbox!r}")
         if self.signal not in ("",) + SIGNALS:
             raise bad("signal", f"must be one of {', '.join(SIGNALS)}, got {self.signal!r}")
         for name in ("run_dir", "image_store", "python"):
@@ -165,7 +174,37 @@ class JobParams:
 
 
 def valid_parameters() -> str:
-    return ", ".join(f.name for f in fields(JobParams))
+    return ", ".join(f.name for f in fields(JobParams)) + "; " + valid_component_keys()
+
+
+def job_of(params: Mapping[str, Any]) -> tuple[JobParams, dict[str, Component]]:
+    """(JobParams, {component: Component}) of a job description: JobParams' keys, plus
+    `components: {name: {key: value}}` (YAML) and `name.key` (command line) for the components.
+    The job's own keys are the components' defaults: env_nodes -> farm.nodes, head_cpus ->
+    trainer.cpus_per_task, agent_cpus -> farm.cpus_per_task, partition and account -> each's."""
+    m = dict(params)
+    nested = m.pop("components", None)
+    dotted = {k: m.pop(k) for k in list(m) if "." in k}
+    farm_nodes = dotted.get("farm.nodes", ((nested or {}).get("farm") or {}).get("nodes")
+                            if isinstance(nested, Mapping) else None)
+    if "env_nodes" not in m and farm_nodes is not None:
+        m["env_nodes"] = farm_nodes
+    elif "env_nodes" in m and farm_nodes is not None and farm_nodes != m["env_nodes"]:
+        raise ParamError(f"batch parameter 'farm.nodes' ({farm_nodes!r}) differs from env_nodes "
+                         f"({m['env_nodes']!r}): give one of them; valid parameters: {valid_parameters()}")
+    p = JobParams.from_mapping(m)
+    comps = component_keys(nested, dotted, {
+        "trainer": {"nodes": 1, "cpus_per_task": p.head_cpus},
+        "farm": {"nodes": p.env_nodes, "cpus_per_task": p.agent_cpus}})
+    comps = {n: with_defaults(c, partition=p.partition, account=p.account) for n, c in comps.items()}
+    check_components(comps, time_limit_s(p.time_limit), time_limit_s, p.layout)
+    budget = time_limit_s(p.time_limit) - p.signal_before_s
+    for name in SERVER_COMPONENTS:
+        if comps[name].nodes and comps[name].ready_wait_s >= budget:
+            raise ParamError(f"batch parameter '{name}.ready_wait_s' ({comps[name].ready_wait_s}) must be below "
+                             f"time_limit - signal_before_s ({budget}s), so the job gives up before its time runs out; "
+                             f"valid: {valid_component_keys()}")
+    return p, comps
 
 
 def time_limit_s(text: str) -> int | None:
@@ -186,6 +225,9 @@ def coerce(params: Mapping[str, str]) -> dict[str, Any]:
     types = {f.name: f.type for f in fields(JobParams)}
     out: dict[str, Any] = {}
     for k, v in params.items():
+        if "." in k:
+            out[k] = coerce_component_value(k, v)
+            continue
         if k not in types:
             raise ParamError(f"unknown batch parameter {k!r}; valid parameters: {valid_parameters()}")
         try:
@@ -198,31 +240,52 @@ def coerce(params: Mapping[str, str]) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- rendering
 def render(params: Mapping[str, Any] | JobParams) -> str:
-    """The batch script text for `params` (a mapping of JobParams fields, or a JobParams)."""
-    p = params if isinstance(params, JobParams) else JobParams.from_mapping(params)
+    """The batch script text for `params` (a job description: JobParams fields and components,
+    see `job_of`; or a JobParams)."""
+    p, comps = job_of(asdict(params) if isinstance(params, JobParams) else params)
     q = shlex.quote
-    header = ["#!/bin/bash", f"# Paddock job ({p.layout} layout), rendered by slurm/sbatch.py: do not edit."]
+    present = [n for n in COMPONENTS if comps[n].nodes]
+    servers = [n for n in SERVER_COMPONENTS if comps[n].nodes]
+    header = ["#!/bin/bash", f"# Paddock job ({p.layout} layout), rendered by slurm/sbatch.py: do not edit.",
+              "# components: " + ", ".join(f"{n} ({comps[n].nodes} node{'s' * (comps[n].nodes > 1)})" for n in present)]
     common = [f"#SBATCH --job-name={p.job_name}", f"#SBATCH --time={p.time_limit}",
               f"#SBATCH --signal=B:{p.warning_signal}@{p.signal_before_s}"]
-    common += [f"#SBATCH --partition={p.partition}"] if p.partition else []
-    common += [f"#SBATCH --account={p.account}"] if p.account else []
     # a requeued job runs the script again: its output is appended to, not truncated
     common += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if p.requeue else []
+    srun: dict[str, str] = {}
     if p.layout == "het":
-        sbatch = common + ["#SBATCH --nodes=1", "#SBATCH --ntasks=1", f"#SBATCH --cpus-per-task={p.head_cpus}",
-                           "#SBATCH hetjob",
-                           f"#SBATCH --nodes={p.env_nodes}", "#SBATCH --ntasks-per-node=1",
-                           f"#SBATCH --cpus-per-task={p.agent_cpus}"]
-        head_srun = "srun --het-group=0 --nodes=1 --ntasks=1"
-        agent_srun = f"srun --het-group=1 --nodes={p.env_nodes} --ntasks-per-node=1"
+        # one component per kind of node: each gets its own nodes, CPUs, GPUs, memory, partition...
+        sbatch = list(common)
+        for k, name in enumerate(present):
+            c = comps[name]
+            tasks = ["--ntasks=1"] if name == "trainer" else ["--ntasks-per-node=1"]
+            sbatch += (["#SBATCH hetjob"] if k else []) + [f"#SBATCH --nodes={c.nodes}"] + [
+                f"#SBATCH {o}" for o in tasks + sbatch_options(c)]
+            srun[name] = " ".join(["srun", f"--het-group={k}", f"--nodes={c.nodes}", *tasks, *step_options(c)])
         place = []
     else:
-        sbatch = common + [f"#SBATCH --nodes={p.env_nodes + 1}", "#SBATCH --ntasks-per-node=1",
-                           f"#SBATCH --cpus-per-task={max(p.head_cpus, p.agent_cpus)}"]
-        head_srun = 'srun --nodes=1 --ntasks=1 --nodelist="$HEAD_NODE"'
-        agent_srun = (f'srun --nodes={p.env_nodes} --ntasks={p.env_nodes} --ntasks-per-node=1 '
-                      '--exclude="$HEAD_NODE"')
-        place = ['HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)']
+        # one kind of node (check_components): the steps share the job's nodes, in component order
+        first = comps[present[0]]
+        widest = max(comps[n].cpus_per_task for n in present)
+        total = sum(comps[n].nodes for n in present)
+        sbatch = common + [f"#SBATCH --nodes={total}", "#SBATCH --ntasks-per-node=1"] + [
+            f"#SBATCH {o}" for o in sbatch_options(Component(
+                nodes=total, cpus_per_task=widest, **{k: getattr(first, k) for k in (
+                    "gpus_per_node", "gres", "mem", "partition", "qos", "constraint", "account", "time")}))
+            if not o.startswith("--time=")]
+        place = ['NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+                 'HEAD_NODE=${NODES[0]}',
+                 '# the nodes of a component: nodes_of FIRST COUNT (comma-separated)',
+                 'nodes_of() { local IFS=,; echo "${NODES[*]:$1:$2}"; }']
+        offset = 0
+        for name in present:
+            c = comps[name]
+            if name == "trainer":
+                where = ['--ntasks=1', '--nodelist="$HEAD_NODE"']
+            else:
+                where = [f"--ntasks={c.nodes}", "--ntasks-per-node=1", f'--nodelist="$(nodes_of {offset} {c.nodes})"']
+            srun[name] = " ".join(["srun", f"--nodes={c.nodes}", *where, *step_options(c)])
+            offset += c.nodes
     settings = [
         f"RUN_DIR={q(p.run_dir)}", f"PY={q(p.python)}", f"IMAGE_STORE={q(p.image_store)}",
         'DEPLOYMENT="slurm-${SLURM_JOB_ID}"',
@@ -238,11 +301,32 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
     head_args += ["--bank", q(p.bank)] if p.bank else []
     head_args += ["--trainer", q(p.trainer)] if p.trainer else []
     head_args += ["--policy-script", q(p.policy_script)] if p.policy_script else []
+    head_args += ["--validate", q(p.validate)] if p.validate != "quick" else []
+    if servers:
+        head_args += ["--servers", q(",".join(f"{n}={comps[n].nodes}" for n in servers)),
+                      "--servers-wait-s", q(str(max(comps[n].ready_wait_s for n in servers)))]
     agent_args = [
         "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"', "--image-store", '"$IMAGE_STORE"',
         "--slots", q(str(p.slots_per_node)), "--controller-wait-s", q(str(p.controller_wait_s)),
         "--heartbeat-interval-s", q(str(p.heartbeat_interval_s)),
     ]
+    agent_args += ["--sandbox", q(p.sandbox)] if p.sandbox != "native" else []
+    server_steps = []
+    for name in servers:
+        c = comps[name]
+        args = ["--component", name, "--run-dir", '"$RUN_DIR"', "--deployment", '"$DEPLOYMENT"',
+                "--port", q(str(c.port)), "--health", q(c.health), "--ready-wait-s", q(str(c.ready_wait_s))]
+        args += ["--reload", q(c.reload)] if c.reload else []
+        args += ["--command", q(c.command)]
+        server_steps += [
+            f'{srun[name]} "$PY" -m controller.cli job server {" ".join(args)} \\',
+            f'  >>"$RUN_DIR/logs/{name}.log" 2>&1 &',
+            'SERVER_PIDS="$SERVER_PIDS $!"']
+    if server_steps:
+        server_steps = ["# model servers (and judges, services) on their own nodes: each publishes its endpoint",
+                        "# in $RUN_DIR/servers/ once healthy; the head waits for them, and stops them at the end",
+                        "SERVER_PIDS=", *server_steps]
+    head_srun, agent_srun = srun["trainer"], srun["farm"]
     body = [
         "",
         *settings,
@@ -254,6 +338,7 @@ def render(params: Mapping[str, Any] | JobParams) -> str:
         "fi",
         *place,
         "",
+        *server_steps,
         f'{head_srun} "$PY" -m controller.cli job head {" ".join(head_args)} \\',
         '  >>"$RUN_DIR/logs/head.log" 2>&1 &',
         "HEAD_PID=$!",
@@ -278,6 +363,8 @@ _WAIT_HEAD = [
     "# the head has stopped the controller: agents still waiting for one are told to give up",
 ]
 _WAIT_AGENTS = ['while :; do wait "$AGENTS_PID"; kill -0 "$AGENTS_PID" 2>/dev/null || break; done',
+                '# server steps (if any) stop once the head has written servers/stop (or on scancel)',
+                'for pid in ${SERVER_PIDS:-}; do while :; do wait "$pid"; kill -0 "$pid" 2>/dev/null || break; done; done',
                 'echo "paddock: head exited with $HEAD_RC"']
 
 
@@ -355,6 +442,23 @@ def _requeue_ending(p: JobParams) -> list[str]:
         "fi",
         'exit "$HEAD_RC"',
     ]
+
+
+# ----------------------------------------------------------------------------- job files
+def load_job_file(path: str) -> dict[str, Any]:
+    """A job description (YAML): JobParams' keys at the top, `components:` for the components
+    (docs/operations.md shows one for a GPU cluster). ParamError names a file that is not one."""
+    import yaml
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ParamError(f"job description {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ParamError(f"job description {path} is not YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParamError(f"job description {path} must be a mapping of batch parameters, got {type(data).__name__}")
+    return data
 
 
 # ----------------------------------------------------------------------------- KEY=VALUE

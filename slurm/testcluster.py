@@ -37,6 +37,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -53,6 +54,7 @@ from slurm.clusterhost import (ClusterConfigError, ClusterError, ClusterStartErr
                                RUNUSER, reachable_by_others, run_cmd, send_signal, terminate_pids, validate_prefix)
 
 __all__ = ["TestCluster", "sweep", "missing_requirements", "missing_accounting", "render_slurm_conf",
+           "render_gres_conf", "gpu_device_files",
            "ClusterError", "ClusterConfigError", "choose_subnet", "proc_alive", "validate_prefix"]
 
 REGISTRY_DIR = Path("/run/paddock-testcluster")
@@ -60,6 +62,9 @@ DEFAULT_PREFIX = "pdk"
 MAX_NODES = 100
 NODE_CPUS = 2
 NODE_REAL_MEMORY_MB = 2000
+DEFAULT_TASK_PLUGIN = "task/affinity"   # CPU binding, as on a real cluster (task/none hides a step
+                                        # that asked for too few CPUs: it would be pinned to one)
+GPU_DEVICE_MAJOR = 195
 CTLD_PORT_RANGE = (20000, 32000)   # below the ephemeral range, so outgoing sockets don't take it
 UNIX_SOCKET_PATH_MAX_BYTES = 107
 
@@ -67,10 +72,15 @@ UNIX_SOCKET_PATH_MAX_BYTES = 107
 # ----------------------------------------------------------------------------- slurm.conf
 def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, ctld_host: str,
                       ctld_addr: str, ctld_port: int, node_addrs: dict[str, str],
-                      dbd_port: int | None = None, slurm_user: str = "root") -> str:
+                      dbd_port: int | None = None, slurm_user: str = "root",
+                      task_plugin: str = DEFAULT_TASK_PLUGIN, gpus: dict[str, int] | None = None,
+                      partitions: dict[str, tuple[str, ...]] | None = None) -> str:
     """The slurm.conf text: everything lives under workdir; one NodeName line per node; slurmctld
     runs as slurm_user. With dbd_port, job accounting goes to the cluster's own slurmdbd on
-    127.0.0.1:dbd_port."""
+    127.0.0.1:dbd_port. `task_plugin` binds tasks to CPUs as a real cluster does (task/affinity);
+    `gpus` ({host: count}) gives nodes GPUs (Gres=gpu:N; their device files are in gres.conf,
+    `render_gres_conf`); `partitions` ({name: hosts}, the first the default), else one `debug`
+    partition of every node."""
     d = workdir
     lines = [
         f"ClusterName={cluster_name}",
@@ -86,7 +96,10 @@ def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, c
         f"SlurmdPidFile={d}/run/slurmd-%n.pid",
         f"SlurmctldLogFile={d}/log/slurmctld.log",
         f"SlurmdLogFile={d}/log/slurmd-%n.log",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+        "ProctrackType=proctrack/linuxproc", f"TaskPlugin={task_plugin}",
+        *(["GresTypes=gpu"] if gpus else []),
+        # GPUs as a TRES of the job (scontrol's TRES=...,gres/gpu=N) need the accounting daemon
+        *(["AccountingStorageTRES=gres/gpu"] if gpus and dbd_port else []),
         "JobAcctGatherType=jobacct_gather/none",
         *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
            f"AccountingStoragePort={dbd_port}",
@@ -102,10 +115,25 @@ def render_slurm_conf(*, workdir: Path, munge_socket: Path, cluster_name: str, c
         "KillWait=5", "Waittime=0", "MessageTimeout=10",
     ]
     for host, addr in node_addrs.items():
+        gres = f" Gres=gpu:{gpus[host]}" if gpus and gpus.get(host) else ""
         lines.append(f"NodeName={host} NodeAddr={addr} NodeHostname={host} CPUs={NODE_CPUS} "
-                     f"RealMemory={NODE_REAL_MEMORY_MB} State=UNKNOWN")
-    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+                     f"RealMemory={NODE_REAL_MEMORY_MB}{gres} State=UNKNOWN")
+    for k, (name, hosts) in enumerate((partitions or {"debug": ("ALL",)}).items()):
+        lines.append(f"PartitionName={name} Nodes={','.join(hosts)} Default={'YES' if k == 0 else 'NO'} "
+                     "MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def gpu_device_files(workdir: Path, host: str, count: int) -> list[Path]:
+    """The device files of a node's "GPUs": character devices the cluster makes under
+    workdir/dev/<host>/ (major 195, as NVIDIA's; nothing opens them: Slurm only hands them out)."""
+    return [workdir / "dev" / host / f"nvidia{i}" for i in range(count)]
+
+
+def render_gres_conf(workdir: Path, gpus: dict[str, int]) -> str:
+    """gres.conf: each GPU node's devices (File=), one line per node."""
+    return "".join(f"NodeName={h} Name=gpu File={workdir}/dev/{h}/nvidia[0-{n - 1}]\n"
+                   for h, n in gpus.items() if n)
 
 
 # ----------------------------------------------------------------------------- records
@@ -211,7 +239,9 @@ class TestCluster:
                  poll_interval_s: float = 0.05, registry_dir: Path = REGISTRY_DIR,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, accounting: bool = False,
-                 slurm_user: str | None = None, job_user: str | None = None):
+                 slurm_user: str | None = None, job_user: str | None = None,
+                 task_plugin: str = DEFAULT_TASK_PLUGIN, gpus: dict[str, int] | None = None,
+                 partitions: dict[str, tuple[str, ...]] | None = None):
         if not 1 <= nodes <= MAX_NODES:
             raise ClusterConfigError(f"nodes={nodes}: must be between 1 and {MAX_NODES}")
         self.workdir = Path(workdir).resolve()
@@ -235,6 +265,12 @@ class TestCluster:
             raise ClusterConfigError(f"registry_dir {str(registry_dir)!r} is too long for a unix "
                                      f"socket path ({UNIX_SOCKET_PATH_MAX_BYTES} bytes)")
         self.nodes = tuple(f"node{k}" for k in range(1, nodes + 1))
+        for role, hosts in (("gpus", list(gpus or {})),
+                            *((f"partition {n}", list(h)) for n, h in (partitions or {}).items())):
+            unknown = [h for h in hosts if h not in self.nodes]
+            if unknown:
+                raise ClusterConfigError(f"{role}: no node {unknown[0]!r} (nodes: {', '.join(self.nodes)})")
+        self.task_plugin, self.gpus, self.partitions = task_plugin, dict(gpus or {}), partitions
         self.conf = self.workdir / "etc" / "slurm.conf"
         self.env: dict[str, str] = {}
         self.node_addrs: dict[str, str] = {}
@@ -405,8 +441,18 @@ class TestCluster:
             workdir=self.workdir, munge_socket=self.munge_socket, cluster_name=f"{self.names.prefix}{self.names.instance_id}",
             ctld_host=socket.gethostname().split(".")[0], ctld_addr=self.controller_addr,
             ctld_port=self.ctld_port, node_addrs=self.node_addrs, dbd_port=self.dbd_port or None,
-            slurm_user=self.slurm_user))
+            slurm_user=self.slurm_user, task_plugin=self.task_plugin, gpus=self.gpus,
+            partitions=self.partitions))
         os.chmod(self.conf, 0o644)   # every user's sbatch/srun reads it
+        if self.gpus:
+            for host, n in self.gpus.items():
+                for k, dev in enumerate(gpu_device_files(self.workdir, host, n)):
+                    dev.parent.mkdir(parents=True, exist_ok=True)
+                    if not dev.exists():
+                        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(GPU_DEVICE_MAJOR, k))
+            gres = self.conf.parent / "gres.conf"
+            gres.write_text(render_gres_conf(self.workdir, self.gpus))
+            os.chmod(gres, 0o644)
 
     def _spawn(self, name: str, argv: list[str]) -> _Daemon:
         out_path = self.log_dir / f"{name}.out"

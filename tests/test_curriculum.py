@@ -199,3 +199,67 @@ def test_the_local_run_config_leaves_explore_within_four_versions(tmp_path, per_
                       fails=0 if t < TASKS[5] else per_version)
     assert classes[0] == {"explore"}
     assert "explore" not in classes[4], classes
+
+
+# -- the sampler at scale: cached classes kept up to date, a lazy universe -------------------
+
+def test_the_sampler_classes_kept_up_to_date_equal_a_fresh_classification(tmp_path):
+    """Random outcomes, quarantines and releases across versions and bands: after each step
+    the sampler's cached classes agree with classify() computed from the tables."""
+    rng = random.Random(5)
+    tasks = [f"t{i:03d}" for i in range(40)]
+    with Curriculum(tmp_path / "c.sqlite", tasks) as c:
+        bands = [None, (0.1, 0.5), (0.5, 0.9)]
+        for step in range(400):
+            r = rng.random()
+            t = rng.choice(tasks)
+            if r < 0.8:
+                c.record(t, rng.randint(0, 5), rng.choice(["pass", "fail", "timeout"]),
+                         solution_hash=rng.choice([None, "h1", "h2"]), rollout_id=f"r{step}")
+            elif r < 0.9:
+                c.quarantine(t, "by hand")
+            else:
+                c.release(t)
+            version, band = rng.randint(0, 6), rng.choice(bands)
+            cached = c._touched_classes(version, band)
+            fresh = c.classify(version, band)
+            assert {x: cached.get(x, "explore") for x in tasks} == fresh, f"step {step}"
+            c.sample(7, random.Random(step), version, within=band)
+
+
+class _LazyIds:
+    """A sequence that counts how many ids were read (what a task index's `ids` is)."""
+
+    def __init__(self, n: int):
+        self.n, self.reads = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        self.reads += 1
+        return f"task{i:08d}"
+
+    def __contains__(self, t):
+        return isinstance(t, str) and t.startswith("task") and 0 <= int(t[4:]) < self.n
+
+    def __iter__(self):
+        raise AssertionError("the sampler listed every task")
+
+
+def test_a_large_task_set_is_sampled_without_listing_it(tmp_path):
+    import collections.abc
+    collections.abc.Sequence.register(_LazyIds)
+    ids = _LazyIds(1_200_000)
+    with Curriculum(tmp_path / "c.sqlite", ids) as c:
+        for i in range(50):
+            _feed(c, f"task{i:08d}", 0, 2, 2)            # 50 tasks in the band, the rest unseen
+        picks = c.sample(256, random.Random(3), 0)
+        assert len(picks) == 256 and ids.reads < 2_000, "drawn by position, not listed"
+        band = [p for p in picks if int(p[4:]) < 50]
+        explore = [p for p in picks if int(p[4:]) >= 50]
+        assert len(explore) == round(256 * c.cfg.explore_share) and len(set(explore)) == len(explore)
+        assert len(band) == 256 - len(explore)
+        assert picks == c.sample(256, random.Random(3), 0), "seeded: the same picks"

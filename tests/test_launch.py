@@ -99,6 +99,11 @@ def test_launch_refuses_the_het_layout_and_unknown_parameters(tmp_path):
         launch(dict(BASE, run_dir=str(tmp_path / "r"), gpus=1))
     with pytest.raises(ParamError, match=r"paddock launch does not requeue its job \(requeue=1\)"):
         launch(dict(BASE, run_dir=str(tmp_path / "r"), requeue=1))
+    with pytest.raises(ParamError, match=r"'inference.nodes': paddock launch runs the trainer and the farm only"):
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), **{"inference.nodes": 1, "inference.command": "srv",
+                                                       "inference.ready_wait_s": 60}))
+    with pytest.raises(ParamError, match=r"'farm.gpus_per_node'.*layout=het"):   # one kind of node
+        launch(dict(BASE, run_dir=str(tmp_path / "r"), **{"trainer.gpus_per_node": 4}))
 
 
 def test_launch_refuses_a_run_directory_it_cannot_write():
@@ -120,6 +125,8 @@ def test_launched_farm_trains_and_accounting_reports_it_completed(user_launch, j
     assert handle.job_id.isdigit() and handle.run_dir == job_user_dir / "run"
     script = (job_user_dir / "run" / "submitit" / f"{handle.job_id}_submission.sh").read_text()
     assert "#SBATCH --signal=28@60" in script and "USR2" not in script   # sandboxes ignore WINCH
+    # srun may not inherit --cpus-per-task (22.05-23.02): the step names it
+    assert any(ln.startswith("srun ") and "--cpus-per-task=" in ln for ln in script.splitlines()), script
     watch = FarmWatch(JOB_USER)
     assert wait_watching(handle, watch, 120) == "COMPLETED", (job_user_dir / "run" / "logs" / "head.log").read_text()
     n, distinct = connect(handle.run_dir).execute(

@@ -111,7 +111,7 @@ def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match=r"'taskset'.*'nope' not found.*known sets: mine"):
         run_local(validate=validate_for_run, cfg=RunConfig(taskset="nope", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
     bank.put_set(TaskSet(name="repo", tasks=(replace(tasks[0], name="swe/x", family="swe"),)))
-    with pytest.raises(ConfigError, match="plays python and math tasks; task set 'repo' also has swe"):
+    with pytest.raises(ConfigError, match="plays python, math and conversational tasks; task set 'repo' also has swe"):
         run_local(validate=validate_for_run, cfg=RunConfig(taskset="repo", bank=str(bank.root), runs_dir=str(tmp_path / "runs")))
     bank.put_set(TaskSet(name="elsewhere", tasks=(replace(tasks[0], image="sha256:" + "0" * 64),)))
     with pytest.raises(ConfigError, match="image sha256:0000.* is not in the image store"):

@@ -29,13 +29,24 @@ def _box(s: str) -> str:
 
 # -- the public labelled cases ----------------------------------------------------------------
 
-def test_public_labelled_cases_agree_at_least_97_percent_with_no_more_than_one_false_positive():
-    rows = [r for name in ("math_verify", "hendrycks", "qwen") for r in _cases(name)]
+PUBLIC_SETS = ("math_verify", "hendrycks", "qwen", "lighteval", "nemo_skills", "mv_mixed")
+MIN_AGREEMENT = 0.97
+MAX_FALSE_POSITIVES_PER_50 = 1
+
+
+def test_public_labelled_cases_agree_at_least_97_percent_with_at_most_one_wrong_accept_per_50(capsys):
+    rows = [r for name in PUBLIC_SETS for r in _cases(name)]
     verdicts = [(r, mathanswer.math_equal(r["gold"], r["pred"])) for r in rows]
     agree = sum(v == r["expected"] for r, v in verdicts)
+    rejects = sum(not r["expected"] for r in rows)
     false_pos = [r["origin"] for r, v in verdicts if v and not r["expected"]]
-    assert agree / len(rows) >= 0.97, f"{agree}/{len(rows)}"
-    assert len(false_pos) <= 1, false_pos
+    with capsys.disabled():
+        print(f"\nmath agreement on {len(rows)} public labelled cases ({', '.join(PUBLIC_SETS)}): "
+              f"{agree}/{len(rows)} = {agree / len(rows):.3f}; wrong answers accepted: "
+              f"{len(false_pos)}/{rejects} {false_pos}")
+    assert len(rows) >= 390
+    assert agree / len(rows) >= MIN_AGREEMENT, f"{agree}/{len(rows)}"
+    assert len(false_pos) * 50 <= MAX_FALSE_POSITIVES_PER_50 * rejects, false_pos
 
 
 def test_every_adversarial_case_is_judged_as_labelled():
@@ -45,6 +56,33 @@ def test_every_adversarial_case_is_judged_as_labelled():
     assert sum(not r["expected"] for r in _cases("adversarial")) >= 50
 
 
+# -- the adversarial classes of issue 24 (one test per case: each fails alone if it is accepted) ---
+
+ADVERSARIAL_CLASSES = _cases("adversarial_classes")
+
+
+@pytest.mark.parametrize("case", ADVERSARIAL_CLASSES,
+                         ids=[f"{r['class']}-{i}" for i, r in enumerate(ADVERSARIAL_CLASSES)])
+def test_adversarial_class_case(case):
+    t0 = time.monotonic()
+    got = mathanswer.math_equal(case["gold"], case["pred"])
+    assert got is case["expected"], f"{case['why']}: gold={case['gold']!r} pred={case['pred'][:200]!r}"
+    assert time.monotonic() - t0 < mathanswer.CHECK_BUDGET_S + 2 * mathanswer.VERIFY_TIMEOUT_S
+
+
+def test_the_adversarial_set_covers_every_class_and_accepts_no_wrong_answer(capsys):
+    must_reject = [r for r in ADVERSARIAL_CLASSES if not r["expected"]]
+    accepted = [(r["class"], r["why"]) for r in must_reject if mathanswer.math_equal(r["gold"], r["pred"])]
+    classes = {r["class"] for r in must_reject}
+    with capsys.disabled():
+        print(f"\nmath adversarial set: {len(must_reject)} wrong answers in {len(classes)} classes, "
+              f"{len(accepted)} accepted {accepted}")
+    assert len(must_reject) >= 60
+    assert classes >= {"multi-valued", "case", "relation", "tolerance", "list-set-interval", "option-letters",
+                       "units-percent", "latex-tricks", "unicode", "huge"}
+    assert not accepted
+
+
 # -- the named failures of the old checker ----------------------------------------------------
 
 @pytest.mark.parametrize("gold,pred", [
@@ -52,6 +90,7 @@ def test_every_adversarial_case_is_judged_as_labelled():
     ("2", _box("\\frac{1+\\sqrt{5}}{2}")), ("1234", _box("12,34")), ("(1,2)", _box("(2,1)")),
     ("[0,1)", _box("[0,1]")), ("\\{1,2\\}", _box("\\{1,2,3\\}")), ("\\frac{1}{3}", _box("0.3")),
     ("\\frac{1}{3}", _box("\\frac{333333}{1000000}")), ("10\\%", _box("20\\%")),
+    ("\\frac{2}{3}", _box("0.67")), ("\\frac{1}{7}", _box("0.14")),
 ])
 def test_clearly_different_answers_are_rejected(gold, pred):
     assert not mathanswer.math_equal(gold, pred)
@@ -59,7 +98,7 @@ def test_clearly_different_answers_are_rejected(gold, pred):
 
 @pytest.mark.parametrize("gold,pred", [
     ("0.1", ".1"), ("\\frac{1}{2}", "\\frac{1}{2}"), ("3628800", _box("10!")), ("5050", "answer: 5,050"),
-    ("14916", _box("14{,}916")), ("\\frac{2}{3}", _box("0.67")), ("33.3", _box("\\frac{100}{3}")),
+    ("14916", _box("14{,}916")), ("\\frac{2}{3}", _box("0.6667")), ("33.3", _box("\\frac{100}{3}")),
     ("\\text{(C)}", _box("\\text{C}")), ("\\{1,2\\}", _box("\\{2,1\\}")), ("10\\%", _box("10")),
     ("15\\mbox{ cm}^2", _box("15")), ("[-1, 2)", _box("[-1,2)")), ("x = 6", _box("6")),
 ])
@@ -124,3 +163,23 @@ def test_the_isolated_check_runner_runs_it():
     with CheckRunner(preload=("nodeagent.verifier.mathanswer", "math_verify")) as runner:
         res = runner.run("nodeagent.verifier.mathanswer:math_verdict", ["3628800", "\\boxed{10!}"], timeout_s=30)
     assert res.outcome == "ok" and res.value["ok"] is True
+
+
+# -- the built-in math tasks: the gold passes, a hedge around it does not ----------------------
+
+def _builtin_math_golds() -> list[tuple[str, str]]:
+    from controller.taskbank.builtin import builtin_taskset  # noqa: PLC0415 - only this test needs it
+    return [(t.name, t.checker["answer"]) for t in builtin_taskset().tasks if t.family == "math"]
+
+
+HEDGES = (r"\boxed{{{g} \lor {o}}}", r"\boxed{{x = {g}, x = {o}}}", r"\boxed{{\begin{{cases}} {g} \\ {o} \end{{cases}}}}",
+          r"\boxed{{{g} (or {o})}}", r"answer: {o} \lor {g}", r"\boxed{{{o} = {g}}}", r"\boxed{{{g} \approx {o}}}",
+          r"\boxed{{{g} \text{{ or }} {o}}}", r"\boxed{{\boxed{{{g}}} {o}}}")
+
+
+@pytest.mark.parametrize("name,gold", _builtin_math_golds())
+def test_builtin_math_gold_passes_and_no_hedge_around_it_does(name, gold):
+    assert mathanswer.math_equal(gold, _box(gold)), name
+    other = "1000003"
+    accepted = [h for h in HEDGES if mathanswer.math_equal(gold, h.format(g=gold, o=other))]
+    assert not accepted, (name, accepted)

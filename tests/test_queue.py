@@ -3,6 +3,7 @@ and a seeded deterministic simulation with invariants checked every step."""
 from __future__ import annotations
 
 import os
+import math
 import random
 from collections import Counter
 import subprocess
@@ -543,6 +544,8 @@ class Sim:
         self.trace: list[str] = []
         self.held: dict[str, list[qm.Lease]] = {n: [] for n in NODES}  # what nodes believe
         self.live: dict[str, tuple[int, int, str, float]] = {}  # rid -> attempt, token, node, deadline
+        self.leased_at: dict[str, float] = {}  # rid -> when its current lease was made
+        self.noted: dict[str, tuple[str, float]] = {}  # rid -> (node, when) of renewals in memory
         self.attempts: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # rid -> token that committed
         self.dead: set[str] = set()
@@ -587,6 +590,7 @@ class Sim:
             assert lease.attempt == self.attempts[rid]
             self.live[rid] = (lease.attempt, lease.token, node,
                               self.clock.now + self.config.lease_ttl_s)
+            self.leased_at[rid] = self.clock.now
             self.held[node].append(lease)
 
     def is_live(self, lease: qm.Lease) -> bool:
@@ -651,18 +655,37 @@ class Sim:
             assert not r.accepted
 
     def expire(self) -> None:
-        due = sorted(rid for rid, (_, _, _, deadline) in self.live.items()
-                     if deadline <= self.clock.now)
-        assert sorted(self.q.expire_leases()) == due
+        now, ttl = self.clock.now, self.config.lease_ttl_s
+        due = sorted(rid for rid, (_, _, _, deadline) in self.live.items() if deadline <= now)
+        kept = {}  # a renewal noted since the lease keeps it: its deadline is written now
         for rid in due:
-            del self.live[rid]
-            self.failed(rid)
+            node, at = self.noted.get(rid, (None, -math.inf))
+            if node == self.live[rid][2] and at >= self.leased_at[rid] and at + ttl > now:
+                kept[rid] = at + ttl
+        assert sorted(self.q.expire_leases()) == [rid for rid in due if rid not in kept]
+        for rid in due:
+            if rid in kept:
+                a, t, n, _ = self.live[rid]
+                self.live[rid] = (a, t, n, kept[rid])
+            else:
+                del self.live[rid]
+                self.failed(rid)
 
     def renew(self, node: str) -> None:
         self.q.renew(node)
         for rid, (a, t, n, _) in list(self.live.items()):
             if n == node:
                 self.live[rid] = (a, t, n, self.clock.now + self.config.lease_ttl_s)
+
+    def renew_ids(self, node: str) -> None:
+        """The heartbeat of agents that list what they hold (a zombie lists stale leases too):
+        noted in memory, nothing written."""
+        rids = [lease.rollout_id for lease in self.held[node]]
+        before = self.q.rollouts()
+        assert self.q.renew(node, rids) == len(rids)
+        assert self.q.rollouts() == before, "a renewal with ids wrote to the queue"
+        for rid in rids:
+            self.noted[rid] = (node, self.clock.now)
 
     def lose_node(self, node: str) -> None:
         expected = sorted(rid for rid, live in self.live.items() if live[2] == node)
@@ -676,6 +699,11 @@ class Sim:
     def crash(self) -> None:
         del self.q  # no close(): whatever was committed must survive
         self.q = self.open()
+        # Renewals noted in memory are gone; the reopened queue gives every held lease a
+        # fresh TTL instead.
+        self.noted.clear()
+        for rid, (a, t, n, deadline) in list(self.live.items()):
+            self.live[rid] = (a, t, n, max(deadline, self.clock.now + self.config.lease_ttl_s))
 
     def watch(self) -> None:
         for batch_id in self.cursors:
@@ -694,7 +722,8 @@ class Sim:
                    ("start", 3, lambda: self.start(node)),
                    ("complete", 6, lambda: self.complete(node)),
                    ("tick", 4, lambda: self.clock.advance(self.rng.uniform(0, 4))),
-                   ("expire", 2, self.expire), ("renew", 2, lambda: self.renew(node)),
+                   ("expire", 2, self.expire), ("renew", 1, lambda: self.renew(node)),
+                   ("renew_ids", 2, lambda: self.renew_ids(node)),
                    ("watch", 1, self.watch)]
         if faults:
             actions += [("duplicate", 2, self.duplicate), ("lose_node", 0.3,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.sbatch import JobParams, ParamError, render, time_limit_s, valid_parameters
+from slurm.sbatch import JobParams, ParamError, load_job_file, render, time_limit_s, valid_parameters
 from tests.conftest import wait_for
 from tests.farmprocs import FarmWatch
 from tests.slurm_fixture import JOB_USER, USER_PYTHON, job_env
@@ -55,6 +55,104 @@ def test_a_rendered_script_with_your_trainer_and_task_set_matches_its_golden_fil
     if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
+
+
+GPU_JOB = ROOT / "slurm" / "examples" / "gpu-job.yaml"
+
+
+def test_the_gpu_cluster_job_description_renders_its_golden_file():
+    """trainer on 4 GPUs, two inference replicas on GPU nodes, a judge, three farm nodes."""
+    text = render(load_job_file(str(GPU_JOB)))
+    golden = GPU_JOB.with_suffix(".sbatch")
+    if os.environ.get("PADDOCK_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+def _het_components(text: str) -> list[list[str]]:
+    """The #SBATCH options of each heterogeneous component, in order."""
+    comps, cur = [], []
+    for line in text.splitlines():
+        if line == "#SBATCH hetjob":
+            comps.append(cur)
+            cur = []
+        elif line.startswith("#SBATCH --"):
+            cur.append(line.removeprefix("#SBATCH "))
+    return comps + [cur]
+
+
+def test_each_component_gets_its_own_node_type_and_every_step_its_cpus_and_gpus():
+    text = render(load_job_file(str(GPU_JOB)))
+    comps = _het_components(text)
+    assert len(comps) == 4                                   # trainer, farm, inference, judge
+    trainer, farm, inference, judge = comps
+    assert {"--nodes=1", "--gpus-per-node=4", "--cpus-per-task=32", "--mem=480G", "--partition=gpu",
+            "--qos=high", "--constraint=h100", "--account=rl-team"} <= set(trainer)
+    assert {"--nodes=3", "--cpus-per-task=64", "--partition=cpu"} <= set(farm)
+    assert not any(o.startswith(("--gpus", "--gres")) for o in farm)
+    assert {"--nodes=2", "--gpus-per-node=8", "--partition=gpu"} <= set(inference)
+    assert {"--nodes=1", "--gres=gpu:a100:2", "--partition=gpu-a100"} <= set(judge)
+    steps = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    assert len(steps) == 4
+    for line in steps:        # srun may not inherit --cpus-per-task (22.05-23.02): every step names it
+        assert re.search(r"--cpus-per-task=\d+", line), line
+    by_group = {re.search(r"--het-group=(\d)", ln).group(1): ln for ln in steps}
+    assert "--gpus-per-node=4" in by_group["0"] and "job head" in by_group["0"]
+    assert "--cpus-per-task=64" in by_group["1"] and "job agent" in by_group["1"]
+    assert "--gpus-per-node=8" in by_group["2"] and "job server --component inference" in by_group["2"]
+    assert "--gres=gpu:a100:2" in by_group["3"] and "job server --component judge" in by_group["3"]
+    assert "--servers inference=2,judge=1" in by_group["0"]
+
+
+def test_the_same_keys_work_on_the_command_line():
+    words = ["run_dir=/scratch/r", "env_nodes=3", "trainer.gpus_per_node=4", "inference.nodes=2",
+             "inference.gpus_per_node=1", "inference.command=serve --port $PADDOCK_SERVER_PORT"]
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", *words],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert cp.returncode == 0, cp.stderr
+    comps = _het_components(cp.stdout)
+    assert "--gpus-per-node=4" in comps[0] and "--gpus-per-node=1" in comps[2]
+
+
+@pytest.mark.parametrize("extra, key", [
+    ({"trainer.gpus": 4}, "'trainer.gpus'"),                              # unknown key (gpus_per_node is the key)
+    ({"cache.nodes": 1}, "'cache.nodes'"),                                # unknown component
+    ({"trainer.nodes": 2}, "'trainer.nodes'"),                            # the head is one node
+    ({"judge.gpus_per_node": 2, "judge.gres": "gpu:2", "judge.nodes": 1, "judge.command": "x"}, "'judge.gres'"),
+    ({"inference.nodes": 2}, "'inference.command'"),                      # a server without its command
+    ({"inference.command": "vllm serve m"}, "'inference.nodes'"),         # a command on no nodes
+    ({"farm.command": "x"}, "'farm.command'"),
+    ({"trainer.mem": "lots"}, "'trainer.mem'"),
+    ({"trainer.time": "03:00:00"}, "'trainer.time'"),                    # above the job's 02:00:00
+    ({"inference.nodes": 1, "inference.command": "x", "inference.health": "health"}, "'inference.health'"),
+    ({"farm.cpus_per_task": 0}, "'farm.cpus_per_task'"),
+    ({"farm.nodes": 7}, "'farm.nodes'"),                                  # differs from env_nodes=4
+    ({"layout": "single", "trainer.gpus_per_node": 4}, "'farm.gpus_per_node'"),   # one node type only
+    ({"trainer.partition": "bad partition"}, "'trainer.partition'"),
+    ({"trainer.mem": "8G"}, "'farm.mem'"),                                # sbatch would carry 8G over to farm
+    ({"inference.nodes": 1, "inference.command": "x", "inference.ready_wait_s": 7000}, "'inference.ready_wait_s'"),
+])
+def test_an_impossible_component_is_refused_naming_its_key(extra, key):
+    with pytest.raises(ParamError) as e:
+        render(dict(GOLDEN_PARAMS, **extra))
+    assert key in str(e.value)
+    assert "gpus_per_node" in str(e.value) and "cpus_per_task" in str(e.value)   # the valid keys listed
+
+
+def test_a_job_file_with_an_unknown_key_is_refused_naming_it(tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("run_dir: /r\nenv_nodes: 2\ncomponents:\n  inference:\n    nodes: 1\n    gpu: 1\n")
+    with pytest.raises(ParamError, match=r"'inference.gpu'"):
+        render(load_job_file(str(f)))
+    f.write_text("- not a mapping\n")
+    with pytest.raises(ParamError, match="must be a mapping"):
+        load_job_file(str(f))
+
+
+def test_single_layout_places_each_component_on_its_own_slice_of_the_nodes():
+    text = render(dict(GOLDEN_PARAMS, layout="single", **{"inference.nodes": 2, "inference.command": "srv"}))
+    assert "#SBATCH --nodes=7" in text                       # 1 + 4 + 2
+    assert '--nodelist="$(nodes_of 1 4)"' in text and '--nodelist="$(nodes_of 5 2)"' in text
 
 
 def test_a_hostile_trainer_command_reaches_the_head_as_one_literal_argument():
@@ -172,6 +270,28 @@ def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_pat
     assert cp.returncode == 3, cp.stderr
     assert "only 0 of 2 node agents registered within 1s" in cp.stderr
     assert json.loads((tmp_path / "run" / "job.json").read_text())["deployment"] == "slurm-7"
+
+
+def test_the_head_validates_the_task_set_as_paddock_run_does_and_serves_no_quarantined_task(tmp_path, python_image):
+    from controller.contracts.tasks import Task, TaskSet
+    from controller.demo.localrun import load_taskset
+    from controller.taskbank.bank import TaskBank
+    good = load_taskset("builtin", "").by_name()["math/lcm_12_18"]
+    broken = Task(name="math/broken", family="math", instruction="What is 2+2?",
+                  hidden={"answer.txt": "5"}, checker={"kind": "math", "answer": "4"})
+    bank = TaskBank(tmp_path / "bank")
+    bank.put_set(TaskSet(name="two", tasks=(good, broken)))
+    run = tmp_path / "run"
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "job", "head", "--run-dir", str(run),
+                         "--deployment", "slurm-8", "--image-store", str(python_image.parents[1]),
+                         "--taskset", "two", "--bank", str(bank.root),
+                         "--agents", "1", "--agents-wait-s", "1", "--bind-addr", "127.0.0.1"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert cp.returncode == 3, cp.stderr           # no agent came: it gave up, after validating
+    q = json.loads((run / "quarantine.json").read_text())
+    assert list(q) == ["math/broken"] and "reference solution does not pass" in q["math/broken"]["reasons"][0]
+    assert json.loads((run / "run.json").read_text())["served_tasks"] == 1
+    assert "quarantined 1" in cp.stdout
 
 
 def test_head_refuses_a_run_directory_it_cannot_write():
@@ -437,3 +557,19 @@ def test_the_end_of_time_signal_reaches_your_trainer_and_the_job_completes(slurm
     assert "trainer stopped after the end-of-time signal" in (run_dir / "logs" / "head.log").read_text()
     assert watch.as_root() == [], watch.describe(watch.as_root())   # no farm process ran as root
     wait_no_strays(slurm_cluster, 15)
+
+
+def test_a_job_file_and_words_render_together_the_words_winning(tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("run_dir: /scratch/r\nenv_nodes: 2\ncomponents:\n  trainer:\n    gpus_per_node: 4\n"
+                 "    partition: gpu\n")
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "--job", str(f),
+                         "trainer.gpus_per_node=2", "farm.cpus_per_task=8"],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert cp.returncode == 0, cp.stderr
+    trainer, farm = _het_components(cp.stdout)
+    assert "--gpus-per-node=2" in trainer and "--partition=gpu" in trainer   # the word won, the file's rest stays
+    assert "--cpus-per-task=8" in farm
+    cp = subprocess.run([sys.executable, "-m", "controller.cli", "sbatch", "render", "--job", str(tmp_path / "none.yaml")],
+                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
+    assert cp.returncode == 2 and "none.yaml" in cp.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, choose_subnet,
-                               missing_accounting, missing_requirements, proc_alive, render_slurm_conf,
+                               missing_accounting, missing_requirements, proc_alive, render_gres_conf, render_slurm_conf,
                                sweep, validate_prefix)
 from tests.conftest import wait_for
 from tests.slurm_fixture import JOB_USER
@@ -78,6 +78,29 @@ def test_slurm_conf_has_one_node_line_per_node_with_its_address_and_hostname():
                  "SchedulerParameters=sched_interval=1,bf_interval=1",
                  "SlurmdParameters=config_overrides", "AuthInfo=socket=/r/m.sock"):
         assert line in text.splitlines()
+
+
+def test_slurm_conf_binds_cpus_and_can_give_nodes_gpus_and_partitions():
+    text = render_slurm_conf(workdir=Path("/w"), munge_socket=Path("/r/m.sock"), cluster_name="pdkabc123", ctld_host="h",
+                             ctld_addr="10.170.3.1", ctld_port=23456,
+                             node_addrs={"node1": "10.170.3.11", "node2": "10.170.3.12"},
+                             gpus={"node1": 4}, partitions={"cpu": ("node2",), "gpu": ("node1",)})
+    lines = text.splitlines()
+    assert "TaskPlugin=task/affinity" in lines and "GresTypes=gpu" in lines
+    assert "AccountingStorageTRES=gres/gpu" not in lines          # needs slurmdbd
+    assert [ln for ln in lines if ln.startswith("NodeName=node1")][0].endswith("Gres=gpu:4 State=UNKNOWN")
+    assert "Gres" not in [ln for ln in lines if ln.startswith("NodeName=node2")][0]
+    assert [ln for ln in lines if ln.startswith("PartitionName=")] == [
+        "PartitionName=cpu Nodes=node2 Default=YES MaxTime=INFINITE State=UP",
+        "PartitionName=gpu Nodes=node1 Default=NO MaxTime=INFINITE State=UP"]
+    assert render_gres_conf(Path("/w"), {"node1": 4, "node2": 0}) == "NodeName=node1 Name=gpu File=/w/dev/node1/nvidia[0-3]\n"
+
+
+def test_gpus_or_partitions_on_unknown_nodes_are_refused_by_name(tmp_path):
+    with pytest.raises(ClusterConfigError, match="gpus: no node 'node9'"):
+        TestCluster(tmp_path, nodes=2, gpus={"node9": 1})
+    with pytest.raises(ClusterConfigError, match="partition gpu: no node 'node3'"):
+        TestCluster(tmp_path, nodes=2, partitions={"gpu": ("node3",)})
 
 
 def test_chosen_subnet_overlaps_no_network_already_in_use():
@@ -136,6 +159,17 @@ def test_srun_on_three_nodes_returns_each_node_hostname_once(slurm_cluster):
 
 
 @pytest.mark.slurm
+def test_steps_are_bound_to_the_cpus_they_asked_for(slurm_cluster):
+    """task/affinity, as on a real cluster: a step that names no --cpus-per-task gets one CPU."""
+    def mask(*opts: str) -> str:
+        cp = subprocess.run(slurm_cluster.job_argv(["srun", "-N1", *opts, "sh", "-c", "taskset -p $$"]),
+                            env=slurm_cluster.job_env, capture_output=True, text=True, timeout=30)
+        assert cp.returncode == 0, cp.stderr
+        return cp.stdout.rsplit(":", 1)[1].strip()
+    assert mask("--cpus-per-task=2") == "3"
+    assert mask() == "1"
+
+
 def test_each_node_has_its_own_network_address(slurm_cluster):
     out = user_slurm(slurm_cluster, "srun", "-N3", "sh", "-c", 'echo "$(hostname) $(hostname -I)"')
     seen = {}

@@ -380,7 +380,7 @@ def hand_built_run(tmp_path):
 def test_summary_numbers_are_exact(hand_built_run):
     s = summary(hand_built_run)
     assert s["rollouts"] == 6
-    assert s["outcomes"] == {"pass": 3, "fail": 1, "timeout": 1, "infra_error": 1}
+    assert s["outcomes"] == {"pass": 3, "fail": 1, "timeout": 1, "infra_error": 1, "judge_failed": 0}
     assert s["infra_errors"] == 1
     assert s["pass_rate"] == pytest.approx(3 / 5)  # infra_error is masked, not scored
     assert s["wall_s"]["p50"] == pytest.approx(3.5)  # median of 1,2,3,4,5,100

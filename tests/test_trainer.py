@@ -12,7 +12,7 @@ from controller.demo.trainer import (Sample, ScriptedPolicyTrainer, TrainerError
                                 strategy_from_plan)
 
 UPDATES = 12
-SAMPLES_PER_UPDATE = 40
+SAMPLES_PER_UPDATE = 60          # 20 per family
 CONVERGENCE_LR = 4.0
 
 
@@ -20,7 +20,7 @@ def sample_batch(params, rng: random.Random, n: int) -> list[Sample]:
     """Draw strategies exactly as the policy server does (per-attempt seed), reward 1 for solve."""
     batch = []
     for i in range(n):
-        family = "python" if i % 2 == 0 else "math"
+        family = list(STRATEGIES)[i % len(STRATEGIES)]
         strategy, _ = sample_strategy(params[family], rng.randrange(2**31))
         batch.append(Sample(family, strategy, 1.0 if strategy == "solve" else 0.0))
     return batch
@@ -40,7 +40,7 @@ def cheat_mass(probs: dict, family: str) -> float:
     return sum(probs[family][s] for s in CHEATS[family])
 
 
-def test_rewarding_only_solve_drives_cheats_below_5_percent_in_12_updates_of_40():
+def test_rewarding_only_solve_drives_cheats_below_5_percent_in_12_updates_of_60():
     trainer, history = train(CONVERGENCE_LR)
     final = history[-1]
     for family in STRATEGIES:

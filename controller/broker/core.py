@@ -26,7 +26,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.ledger import Ledger
@@ -42,6 +42,7 @@ from controller.contracts.taskblobs import check_reference
 from controller.contracts.shardnames import SHARD_TABLES
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
+from controller.store.taskindex import TaskIndex
 from controller.taskbank.curriculum import Curriculum, CurriculumError
 
 log = logging.getLogger("controller")
@@ -77,7 +78,8 @@ class BrokerCore:
         self.sweep_interval_s, self.lost_keep_s = config.sweep_interval_s, config.lost_keep_s
         self.max_dispatch, self.max_watchers = config.max_dispatch, config.max_watchers
         self.curriculum = curriculum  # resolves a submit's sampler request (None: refused)
-        self._ref_of_id = {d["task_id"]: ref for ref, d in self.tasks.items()}
+        self._ref_of_id = self.tasks.ref_of_id if isinstance(self.tasks, TaskIndex) else \
+            {d["task_id"]: ref for ref, d in self.tasks.items()}.get
         self.nodes: dict[str, NodeView] = {}
         self.by_identity: dict[bytes, str] = {}
         self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
@@ -410,12 +412,13 @@ class BrokerCore:
         except (CurriculumError, ValueError) as exc:
             self._refuse(identity, msg, BAD_REQUEST, f"sampler: {exc}")
             return None
-        unknown = [t for t in ids if t not in self._ref_of_id]
+        refs = [self._ref_of_id(t) for t in ids]
+        unknown = [t for t, ref in zip(ids, refs) if ref is None]
         if unknown:
             self._refuse(identity, msg, UNKNOWN_TASK, f"the curriculum picked tasks this "
                          f"controller does not serve: {unknown[:5]}")
             return None
-        return [self._ref_of_id[t] for t in ids]
+        return refs
 
     def _on_publish_policy(self, identity, msg: P.PublishPolicy, _view) -> None:
         try:
@@ -636,12 +639,14 @@ class BrokerCore:
                 "nodes": nodes, "counters": counters}
 
 
-def admit_tasks(tasks: dict) -> tuple[dict[str, dict], dict[str, str]]:
+def admit_tasks(tasks: Mapping) -> tuple[Mapping[str, dict], dict[str, str]]:
     """(the tasks file's entries a lease may carry, ref -> why each other entry was refused).
     An entry is refused, logged with its name, when it is not a small well-formed reference
     (`taskblobs.check_reference`: a task inlined whole would not fit a frame); the others run.
     A task listed by id alone (the tasks file of `taskblobs.write_tasks_file`) is also known by
     its name: the same entry, not a copy."""
+    if isinstance(tasks, TaskIndex):  # admitted when the index was built (store/taskindex.py)
+        return tasks, tasks.refused
     admitted, refused = {}, {}
     tasks = tasks or {}
     for ref, entry in tasks.items():

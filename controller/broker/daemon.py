@@ -30,14 +30,15 @@ from typing import Callable, Optional
 
 import zmq
 
+from controller.broker import gcpolicy
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.broker.curve import Gate, ensure_run_keys
 from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import key_file_of, private_dir
-from controller.contracts.taskblobs import load_tasks_file
 from controller.store.catalog import Catalog
+from controller.store.taskindex import TaskIndex, open_index
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
 from controller.taskbank.curriculum import Curriculum
@@ -258,8 +259,8 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
     else:
         log.warning("--insecure: the control plane is NOT authenticated or encrypted; anyone "
                     "who can reach %s can drive this controller", bind)
-    curriculum = Curriculum(curriculum_db, {d["task_id"] for d in tasks.values()}) \
-        if curriculum_db else None
+    curriculum = Curriculum(curriculum_db, tasks.ids if isinstance(tasks, TaskIndex)
+                            else {d["task_id"] for d in tasks.values()}) if curriculum_db else None
     ctl = Controller(bind, deployment, str(run_dir), run_dir.name, tasks,
                      db_path or str(run_dir / "controller.db"), config=config,
                      curriculum=curriculum, key_file=key_file, insecure=insecure,
@@ -279,6 +280,7 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
     if compactor is not None:
         ctl.hooks.append(compactor)
     log.info("controller listening on %s (session %s)", ctl.endpoint, ctl.core.session)
+    gcpolicy.settle()   # the start-up state (task set, core) is not walked by the collector again
     ctl.serve()
     # A clean stop is said next to the endpoint: a peer that never heard the `shutdown`
     # (an agent that had not registered yet) finds it there instead of retrying for ever.
@@ -288,6 +290,8 @@ def run(config: BrokerConfig, *, bind: str, deployment: str, run_dir: Path, task
     return 0
 
 
-def load_tasks(path: str | Path) -> dict[str, dict]:
-    """The tasks file: task ref -> the task's lease form (JSON), read an entry at a time."""
-    return load_tasks_file(path)
+def load_tasks(path: str | Path) -> TaskIndex:
+    """The tasks file: task ref -> the task's lease form (JSON), from its index on disk
+    (controller/store/taskindex.py: built beside the file at the first start, then opened
+    without reading an entry)."""
+    return open_index(path)

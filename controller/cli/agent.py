@@ -6,7 +6,7 @@ steps start it). Parses the arguments, configures logging and calls
                 --deployment ID [--node N] [--slots N]
                 (--image-store DIR | --noop-s S) [--subid-base B --subid-count C | --subid-share K/N]
                 [--heartbeat-interval-s S] [--drain-deadline-s S] [--give-up-s S] [--degrade]
-                [--warm-pool N] [--insecure] [--log-level L]
+                [--warm-pool N] [--sandbox native|apptainer] [--insecure] [--log-level L]
 
 The run's CURVE keys come from `--key-file` (default: `controller.key` next to the endpoint
 file); a missing key file, or one of another user or readable by others, is an error naming the
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
-from nodeagent.agent.daemon import EndpointFile, serve
+from nodeagent.agent.daemon import SANDBOX_BACKENDS, EndpointFile, serve
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 
 
@@ -66,6 +66,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="keep at most N ready sandboxes for the specs this node is leased most, sized "
                          "by an arrival-rate autoscaler (0: off; default: two per slot, or "
                          f"${WARM_POOL_ENV})")
+    ap.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="native",
+                    help="the sandbox backend: native (user namespaces, this host's cgroups) or apptainer "
+                         "(for sites whose policy requires it; `apptainer` must be on PATH) (default native)")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
 
@@ -158,7 +161,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
                  heartbeat_interval_s=args.heartbeat_interval_s,
                  drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade,
                  keys=keys, insecure=args.insecure, endpoint_file=endpoint_file,
-                 give_up_s=args.give_up_s, warm_pool=args.warm_pool)
+                 give_up_s=args.give_up_s, warm_pool=args.warm_pool, sandbox=args.sandbox)
 
 
 def register(subparsers) -> None:

@@ -5,6 +5,7 @@ job steps `paddock job head|agent` that the batch scripts run.
   paddock launch KEY=VALUE ... [--wait]             submit with submitit (slurm/launch.py)
   paddock job head --run-dir DIR ...                the head step (slurm/jobsteps.py)
   paddock job agent --run-dir DIR ...               one node agent's step
+  paddock job server --component inference ...     one model server's step (slurm/servers.py)
 
 Thin: parses arguments into `JobParams`, `HeadStep` and `AgentStep` (whose defaults are the
 flags' defaults) and calls slurm/. Bad parameters exit 2 with the list of valid ones.
@@ -19,9 +20,10 @@ import socket
 import sys
 from dataclasses import MISSING, fields
 
-from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, run_agent, run_head
+from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, node_address, run_agent, run_head
+from slurm.servers import ServerStep, run_server
 from slurm.launch import launch
-from slurm.sbatch import ParamError, coerce, parse_assignments, render, valid_parameters
+from slurm.sbatch import ParamError, coerce, load_job_file, parse_assignments, render, valid_parameters
 
 HEAD_HELP = {
     "agents": "agents that must register first",
@@ -32,6 +34,14 @@ HEAD_HELP = {
     "policy_script": "the scripted policy's per-task scripts of swe tasks (docs/policy.md)",
     "bind_addr": "address the controller binds (default: this node's)",
     "metrics_port": "serve Prometheus metrics on this port",
+    "validate": "quick, full or off: validate the task set first, as `paddock run` does",
+    "servers": "the job's model servers to wait for, COMPONENT=COUNT,... (e.g. inference=2,judge=1)",
+}
+SERVER_HELP = {
+    "component": "inference, judge or services",
+    "command": "your server command (/bin/sh; $PADDOCK_SERVER_PORT, $PADDOCK_SERVER_HOST)",
+    "health": "GET this path until 200 (/health, or /v1/models)",
+    "reload": "the path POSTed on every replica at a weight update",
 }
 FLAG_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
 
@@ -43,13 +53,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r = sub.add_parser("render", help="print the batch script for KEY=VALUE parameters",
                        description=f"Parameters: {valid_parameters()}. Example: paddock sbatch render "
                                    "run_dir=/scratch/runs/r1 env_nodes=4 time_limit=02:00:00 layout=het")
-    r.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    r.add_argument("params", nargs="*", metavar="KEY=VALUE",
+                   help="a job parameter, or a component's (inference.nodes=2, trainer.gpus_per_node=4)")
+    r.add_argument("--job", metavar="FILE", help="a job description (YAML); KEY=VALUE words override it")
     r.add_argument("-o", "--output", help="write the script here instead of stdout")
     r.set_defaults(func=cmd_render)
 
     la = subparsers.add_parser("launch", help="submit the training job and its farm to Slurm (submitit)",
                                description="Same KEY=VALUE parameters as `paddock sbatch render` (single layout).")
     la.add_argument("params", nargs="*", metavar="KEY=VALUE")
+    la.add_argument("--job", metavar="FILE", help="a job description (YAML); KEY=VALUE words override it")
     la.add_argument("--wait", action="store_true", help="wait for the job to end; exit 0 if COMPLETED")
     la.add_argument("--wait-timeout-s", type=float, default=7 * 86400)
     la.set_defaults(func=cmd_launch)
@@ -62,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     agent = steps.add_parser("agent", help="one node agent, once the head has published its endpoint")
     _add_step_flags(agent, AgentStep, {})
     agent.set_defaults(func=cmd_job, step=AgentStep, run=run_agent)
+    server = steps.add_parser("server", help="one model server (inference, judge, services) on this node")
+    _add_step_flags(server, ServerStep, SERVER_HELP)
+    server.set_defaults(func=cmd_job, step=ServerStep, run=lambda step: run_server(step, node_address()))
 
 
 def _add_step_flags(p: argparse.ArgumentParser, step: type, helps: dict[str, str]) -> None:
@@ -86,9 +102,16 @@ def cmd_job(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def job_params(args: argparse.Namespace) -> dict:
+    """The job description: the --job file's keys, overridden by the KEY=VALUE words."""
+    params = load_job_file(args.job) if args.job else {}
+    params.update(coerce(parse_assignments(args.params)))   # a component's `name.key` wins over its file value
+    return params
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     try:
-        params = coerce(parse_assignments(args.params))
+        params = job_params(args)
         params.setdefault("python", sys.executable)
         text = render(params)
     except ParamError as exc:
@@ -104,7 +127,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_launch(args: argparse.Namespace) -> int:
     try:
-        handle = launch(coerce(parse_assignments(args.params)))
+        handle = launch(job_params(args))
     except (ParamError, JobStepError) as exc:
         print(f"paddock launch: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -7,7 +7,15 @@ Schema; docs/verifier.md lists them):
   call boundary in a process of its own), `modules` (the agent's modules the tests call, for
   `call`; default `["solution"]`), `call_timeout_s` (per-call deadline);
 - `math`, `exact`, `regex`: `answer` (the gold answer, or the pattern);
-- `command`: `argv`, `cwd`, `pass_exit_codes`;
+- `command`: `argv`, `cwd`, `pass_exit_codes`, `support` (hidden files placed under
+  `/verifier/tests`, read-only);
+- `state`: `goal` ({service: goal state}), `match` (`exact` | `fields`), `fields` (JSON
+  pointers `/service/...` compared when `fields`), `told` (`include` / `exclude`: what the
+  agent's messages to the user must or must not say);
+- `webstate`: `app` (the web app family: `shop`), `checks` (each `{sql: "SELECT ...", expect:
+  rows}` over the captured database, or `{page, as, password, element, expect}`: the text of the
+  element with that id on a page the app renders from it), `name` per check optional; the task
+  carries the starting database as hidden `seed.sql`;
 - every kind: `timeout_s` and an optional LLM `judge` (`endpoint`, `model`, `rubric`, `weight`,
   `timeout_s`).
 
@@ -24,19 +32,26 @@ from __future__ import annotations
 
 import re
 
-KINDS = ("pytest", "math", "exact", "regex", "command")
+KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
 
 
 class SpecError(ValueError):
     """A checker spec is malformed; the message names the field."""
 
 
+# A judge endpoint: a URL, or `node:<name>`, the node's own judge service for that name
+# (`$PADDOCK_<NAME>_ENDPOINT` on the node: a task need not know where the farm hosts its judges).
 _JUDGE = {"type": "object", "additionalProperties": False, "required": ["endpoint", "model", "rubric"],
-          "properties": {"endpoint": {"type": "string", "pattern": "^https?://"},
+          "properties": {"endpoint": {"type": "string", "pattern": "^(https?://|node:[a-z][a-z0-9_]*$)"},
                          "model": {"type": "string", "minLength": 1},
                          "rubric": {"type": "string", "minLength": 1},
                          "weight": {"type": "number", "minimum": 0, "maximum": 1},
-                         "timeout_s": {"type": "number", "exclusiveMinimum": 0}}}
+                         "timeout_s": {"type": "number", "exclusiveMinimum": 0},
+                         # what the judge reads; rate limits and retries (nodeagent/verifier/judge.py)
+                         "sees": {"enum": ["answer", "diff", "trajectory"]},
+                         "requests_per_s": {"type": "number", "exclusiveMinimum": 0},
+                         "tokens_per_s": {"type": "number", "exclusiveMinimum": 0},
+                         "max_retries": {"type": "integer", "minimum": 0, "maximum": 10}}}
 _COMMON = {"timeout_s": {"type": "number", "exclusiveMinimum": 0}, "judge": _JUDGE}
 _STR_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
 
@@ -58,7 +73,27 @@ CHECKER_SCHEMA = {"oneOf": [
     _kind("exact", ["answer"], {"answer": {"type": "string"}}),
     _kind("regex", ["answer"], {"answer": {"type": "string", "minLength": 1}}),
     _kind("command", ["argv"], {"argv": {**_STR_LIST, "minItems": 1}, "cwd": {"type": "string"},
+                                "support": _STR_LIST,      # hidden files under /verifier/tests
                                 "pass_exit_codes": {"type": "array", "items": {"type": "integer"}}}),
+    # the final state of the task's mock services against a goal state (nodeagent/verifier/statecheck.py)
+    _kind("state", ["goal"], {"goal": {"type": "object", "minProperties": 1,
+                                       "additionalProperties": {"type": "object"}},
+                              "match": {"enum": ["exact", "fields"]},
+                              "fields": {"type": "array", "minItems": 1,
+                                         "items": {"type": "string", "pattern": "^/[^/]+"}},
+                              "told": {"type": "object", "additionalProperties": False,
+                                       "properties": {"include": _STR_LIST, "exclude": _STR_LIST}}}),
+    _kind("webstate", ["app", "checks"], {"app": {"enum": ["shop"]}, "checks": {
+        "type": "array", "minItems": 1, "items": {"oneOf": [
+            {"type": "object", "additionalProperties": False, "required": ["sql", "expect"],
+             "properties": {"name": {"type": "string"}, "sql": {"type": "string", "pattern": "^\\s*(?i:select)\\b"},
+                            "expect": {"type": "array", "items": {"type": "array"}}}},
+            {"type": "object", "additionalProperties": False,
+             "required": ["page", "as", "password", "element", "expect"],
+             "properties": {"name": {"type": "string"}, "page": {"type": "string", "pattern": "^/"},
+                            "as": {"type": "string"}, "password": {"type": "string"},
+                            "element": {"type": "string", "pattern": "^[A-Za-z0-9_-]+$"},
+                            "expect": {"type": "string"}}}]}}}),
 ]}
 
 
@@ -86,11 +121,15 @@ def validate_spec(spec, task: dict | None = None) -> dict:
             re.compile(spec["answer"])
         except re.error as exc:
             raise SpecError(f"checker.answer is not a valid regular expression: {exc}") from None
+    if spec["kind"] == "state" and spec.get("match") == "fields" and not spec.get("fields"):
+        raise SpecError("checker.fields: required when match is 'fields' (JSON pointers, /service/...)")
     if task is not None and spec["kind"] == "pytest":
         have = set(task.get("hidden", {})) | set(task.get("files", {}))
         missing = [f for f in list(spec["tests"]) + list(spec.get("support", ())) if f not in have]
         if missing:
             raise SpecError(f"checker names files missing from the task's hidden and visible files: {missing}")
+    if task is not None and spec["kind"] == "webstate" and "seed.sql" not in task.get("hidden", {}):
+        raise SpecError("a webstate checker needs the starting database as the hidden file 'seed.sql'")
     return spec
 
 

@@ -74,11 +74,15 @@ def check_node_transition(node: str, old: str, new: str) -> None:
 
 # ---- outcomes ----------------------------------------------------------------------------
 
-Outcome = Literal["pass", "fail", "timeout", "infra_error"]
+Outcome = Literal["pass", "fail", "timeout", "infra_error", "judge_failed"]
 OUTCOMES: tuple[str, ...] = typing.get_args(Outcome)
-PASS, FAIL, TIMEOUT, INFRA_ERROR = OUTCOMES
+PASS, FAIL, TIMEOUT, INFRA_ERROR, JUDGE_FAILED = OUTCOMES
 POLICY_OUTCOMES = (PASS, FAIL, TIMEOUT)  # the policy's doing: committed, scored
 # INFRA_ERROR is never the policy's fault: retried, then dead-lettered, never scored.
+# JUDGE_FAILED: the rollout's primary check passed but its LLM judge failed after its retries
+# (nodeagent/verifier/judge.py): committed with reward NULL, never scored, never trained on.
+UNSCORED_OUTCOMES = (JUDGE_FAILED,)
+COMMITTED_OUTCOMES = POLICY_OUTCOMES + UNSCORED_OUTCOMES
 
 # How an attempt that did not commit ended (the queue's attempts table), besides OUTCOMES.
 RELEASED, REVOKED, ATTEMPT_CANCELLED = "released", "revoked", "cancelled"

@@ -26,7 +26,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from controller.contracts.tasks import TaskError
 
@@ -96,15 +96,17 @@ def reference(task_id: str, content: Mapping[str, Any], blob: Mapping[str, Any],
     return ref
 
 
-def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES) -> str | None:
+def check_reference(key: str, entry: Any, max_bytes: int = MAX_REFERENCE_BYTES,
+                    encoded: str | None = None) -> str | None:
     """Why the tasks-file entry `key` cannot be leased (None if it can): not an object, no
-    task id, larger than `max_bytes` as JSON (a task inlined instead of referenced)."""
+    task id, larger than `max_bytes` as JSON (a task inlined instead of referenced).
+    `encoded`: the entry as compact JSON, when the caller has it already."""
     if type(entry) is not dict and not isinstance(entry, Mapping):  # type(): the common case, fast
         return f"task {key!r}: entry must be an object, got {type(entry).__name__}"
     if not isinstance(entry.get("task_id"), str) or not entry["task_id"]:
         return f"task {key!r}: entry has no 'task_id'"
     try:
-        size = len(_COMPACT.encode(entry))
+        size = len(encoded if encoded is not None else _COMPACT.encode(entry))
     except (TypeError, ValueError) as exc:
         return f"task {key!r}: entry is not JSON data: {exc}"
     if size > max_bytes:
@@ -175,28 +177,48 @@ class _Sharer:
         return e
 
 
+class NotOneEntryPerLine(ValueError):
+    """The tasks file is not in `write_tasks_file`'s form (one entry per line): parse it whole."""
+
+
+def iter_tasks_chunks(path: str | os.PathLike, share: bool = True) -> Iterator[dict[str, Any]]:
+    """The entries of a tasks file in `write_tasks_file`'s form, `LOAD_CHUNK` lines per dict
+    (its text is never held whole: C-speed json.loads per chunk, bounded memory). Raises
+    NotOneEntryPerLine, possibly after some chunks, when the file is not in that form (a
+    hand-written or indented file: `load_tasks_file` parses it whole), OSError otherwise.
+    `share`: one object for the strings and limits entries repeat (for entries kept in memory)."""
+    sharer = _Sharer() if share else None
+    with open(path) as f:
+        if f.readline().strip() != "{":
+            raise NotOneEntryPerLine(f"{path}: not one entry per line")
+        while True:
+            lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
+            if not lines:
+                raise NotOneEntryPerLine(f"{path}: no closing '}}'")   # truncated: parsed whole, it fails
+            done = "}" in lines
+            body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
+            try:
+                chunk = json.loads("{" + body + "}")
+            except ValueError as exc:
+                raise NotOneEntryPerLine(f"{path}: {exc}") from None
+            yield {key: sharer.entry(value) for key, value in chunk.items()} if sharer else chunk
+            if done:
+                return
+
+
 def load_tasks_file(path: str | os.PathLike) -> dict[str, Any]:
     """The tasks file: key -> entry. A file of `write_tasks_file` is parsed an entry at a time
-    (its text is never held whole); any other JSON object (older runs, hand-written files) is
-    parsed whole. Raises ValueError (json.JSONDecodeError) or OSError."""
-    share = _Sharer()
+    (`iter_tasks_chunks`); any other JSON object (older runs, hand-written files) is parsed
+    whole. Raises ValueError (json.JSONDecodeError) or OSError."""
     out: dict[str, Any] = {}
+    try:
+        for chunk in iter_tasks_chunks(path):
+            out.update(chunk)
+        return out
+    except NotOneEntryPerLine:
+        pass                # not one entry per line (indented by hand): parsed whole
+    share = _Sharer()
     with open(path) as f:
-        if f.readline().strip() == "{":
-            try:
-                while True:     # LOAD_CHUNK lines per json.loads: C speed, bounded memory
-                    lines = [ln.rstrip().removesuffix(",") for ln in itertools.islice(f, LOAD_CHUNK)]
-                    if not lines:
-                        raise ValueError("no closing '}'")      # truncated: parsed whole, it fails
-                    done = "}" in lines
-                    body = ",".join(ln for ln in (lines[:lines.index("}")] if done else lines) if ln)
-                    for key, value in json.loads("{" + body + "}").items():
-                        out[key] = share.entry(value)
-                    if done:
-                        return out
-            except ValueError:
-                pass                # not one entry per line (indented by hand): parsed whole
-        f.seek(0)
         data = json.loads(f.read())
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the tasks file must hold a JSON object, not {type(data).__name__}")

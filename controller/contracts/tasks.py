@@ -29,11 +29,14 @@ from typing import Any, Mapping, Optional
 
 from controller.contracts.checkerspec import SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
+from controller.contracts.browser_tools import browser_tool_set
+from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tools import ToolSetError, tool_set
 
-FAMILIES = ("python", "math", "swe")
+FAMILIES = ("python", "math", "swe", "conversational", "web")
 SPLITS = ("train", "heldout")
-CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command")
+CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
+IMAGES = ("builtin:python", "builtin:browser")
 
 
 class TaskError(ValueError):
@@ -159,6 +162,11 @@ class Task:
     # squashfs layers in the image store (a repository at its base commit, built by the swe
     # importer with `layers.treelayer`); the node stacks them under the sandbox's upper dir.
     layers: tuple[str, ...] = ()
+    # Mock services (controller/contracts/services.py): {name: {state_schema, initial_state,
+    # operations}}; their operations are the agent's tools. Run per rollout on the node.
+    services: Mapping[str, Any] = field(default_factory=dict)
+    # The simulated user's goal (controller/contracts/services.py USER_SCHEMA); empty: no user.
+    user: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "network", _normalise_network(self.network))
@@ -186,7 +194,7 @@ class Task:
             del d["tools"]
         else:
             d["tools"] = list(self.tools)
-        for key in ("harness", "tool_faults", "layers"):
+        for key in ("harness", "tool_faults", "layers", "services", "user"):
             if not d[key]:
                 del d[key]
             elif key in ("harness", "layers"):
@@ -243,10 +251,10 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
     if not task.instruction.strip():
         raise TaskError(f"{where}: 'instruction' is empty")
-    if not isinstance(task.image, str) or not (task.image == "builtin:python"
+    if not isinstance(task.image, str) or not (task.image in IMAGES
                                                or re.fullmatch(r"sha256:[0-9a-f]{64}", task.image)):
         raise TaskError(f"{where}: 'image' must be 'builtin:python' or 'sha256:<64 hex digits>' of an image "
-                        f"built with `paddock image build`, got {task.image!r}")
+                        f"built with `paddock image build` ('builtin:browser' for web tasks), got {task.image!r}")
     for key in ("files", "hidden"):
         for path, text in getattr(task, key).items():
             if not _safe_relpath(path):
@@ -283,11 +291,41 @@ def validate(task: Task) -> None:
         raise TaskError(f"{where}: 'harness' must be a list of non-empty strings (an argv)")
     if not isinstance(task.tool_faults, Mapping):
         raise TaskError(f"{where}: 'tool_faults' must be an object")
-    if task.tools:
+    if task.family == "web":
+        _validate_web(task, where)
+    elif task.tools:
         try:
             tool_set(task.tools)
         except ToolSetError as exc:
             raise TaskError(f"{where}: 'tools': {exc}") from None
+    try:
+        if task.services:
+            validate_services(task.services)
+        if task.user:
+            validate_user(task.user)
+    except ServiceSpecError as exc:
+        raise TaskError(f"{where}: {exc}") from None
+    if kind == "state" and not task.services:
+        raise TaskError(f"{where}: checker kind 'state' needs 'services' (the state it compares)")
+    if (task.user or task.services) and task.harness:
+        raise TaskError(f"{where}: 'services' and a simulated 'user' work through the built-in harness; "
+                        f"drop 'harness'")
+
+
+def _validate_web(task: "Task", where: str) -> None:
+    """A web task acts through the browser only: its tools are browser tools (never a shell,
+    which could reach the app's files), its checker is `webstate`, its network is none (the
+    browser reaches the task's own app inside the sandbox), and it has no harness of its own."""
+    try:
+        browser_tool_set(task.tools or None)
+    except ToolSetError as exc:
+        raise TaskError(f"{where}: 'tools': {exc}") from None
+    if task.checker.get("kind") != "webstate":
+        raise TaskError(f"{where}: a web task's 'checker.kind' must be 'webstate', got {task.checker.get('kind')!r}")
+    if task.network != "none":
+        raise TaskError(f"{where}: a web task's 'network' must be 'none' (its app runs inside the sandbox)")
+    if task.harness:
+        raise TaskError(f"{where}: a web task cannot name its own 'harness'")
 
 
 def _normalise_network(network: Any) -> Any:
@@ -374,6 +412,8 @@ class LeaseTask:
     # A reference lease: {"root", "digest", "bytes"} of the task's content blob (the node
     # fetches it: nodeagent/agent/taskcache.py); None when the lease carries the content.
     blob: Optional[Mapping[str, Any]] = None
+    services: Mapping[str, Any] = field(default_factory=dict)   # mock services (empty: none)
+    user: Mapping[str, Any] = field(default_factory=dict)       # the simulated user's goal (empty: none)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -412,6 +452,11 @@ class LeaseTask:
                                      and isinstance(blob.get("digest"), str)):
             raise TaskError(f"lease task 'blob' must be an object with 'root' and 'digest', got {blob!r}")
         out["blob"] = dict(blob) if blob is not None else None
+        for key in ("services", "user"):
+            v = d.get(key) or {}
+            if not isinstance(v, Mapping):
+                raise TaskError(f"lease task {key!r} must be an object, got {type(v).__name__}")
+            out[key] = dict(v)
         return cls(**out)
 
     def with_content(self, content: Mapping[str, Any]) -> "LeaseTask":

@@ -21,7 +21,7 @@ TABLES = SHARD_TABLES
 # catalog's committed keys (it is not one of the catalog's shard columns).
 ATTEMPT_TABLES: tuple[str, ...] = SHARD_TABLES + ("model_calls",)
 CALL_STATUSES = ("ok", "error", "budget")
-CALL_SOURCES = ("builtin", "harness")
+CALL_SOURCES = ("builtin", "harness", "user_sim")   # user_sim: a simulated user's calls, never trained on
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
 # What produced a row: copied from the rollout row into every child row by the writer.
 PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
@@ -129,7 +129,7 @@ MODEL_CALLS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("call_index", pa.int32()),
     _f("parent_call", pa.int32(), True),              # branches: the call this prompt continues
     _f("prompt_extends_previous", pa.bool_(), True),  # prompt ids = previous prompt + completion + ...
-    _f("source", pa.string()),                        # builtin | harness
+    _f("source", pa.string()),                        # builtin | harness | user_sim
     _f("step", pa.int32(), True),
     _f("call_policy_version", pa.int32(), True),      # the version that answered this call
     _f("model", pa.string(), True),

@@ -36,13 +36,18 @@ from controller.contracts.safeload import ParseLimitError, load_yaml
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
+from controller.demo.web_policy import WebPlayer
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.taskbank.bank import TaskBank
 from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
+from controller.taskbank.conversational import TASKSET_NAME as CONVERSATIONAL_NAME
+from controller.taskbank.conversational import conversational_taskset, validate_conversational
+from controller.taskbank.webtasks import TASKSET_NAME as WEB_TASKSET_NAME
+from controller.taskbank.webtasks import web_taskset
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
-from layers.builtin import default_store_root, ensure_builtin_image
+from layers.builtin import default_store_root, ensure_browser_image, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
 
 log = logging.getLogger(__name__)
@@ -128,7 +133,9 @@ class RunConfig:
 
 
 BUILTIN_IMAGE = "builtin:python"
-LOCAL_FAMILIES = ("python", "math")     # what the local run's scripted policy can play
+LOCAL_FAMILIES = ("python", "math", "conversational")     # what the local run's scripted policy can play
+PLAYER_FAMILIES = ("web",)              # ... with its own players (controller/demo/web_policy.py)
+BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
 
@@ -138,14 +145,15 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     script has no variants for, or what is wrong with the script."""
     families = {t.family for t in taskset.tasks}
     playable = LOCAL_FAMILIES + (SCRIPTED_FAMILIES if policy_script else ())
-    others = sorted(families - set(playable))
+    others = sorted(families - set(playable) - set(PLAYER_FAMILIES))
     if others:
         hint = " (swe tasks: give a policy script, --policy-script FILE)" if "swe" in others else ""
         raise TaskError(f"the scripted policy plays {', '.join(playable[:-1])} and {playable[-1]} tasks; task set {taskset.name!r} "
                         f"also has {', '.join(others)} tasks{hint}; or run them with your own trainer "
                         f"(`paddock sbatch render trainer=...`, docs/operations.md)")
+    web = {"web": WebPlayer()} if "web" in families else {}
     if not policy_script:
-        return {}
+        return web
     try:
         script = load_policy_script(policy_script)
     except PolicyScriptError as exc:
@@ -154,13 +162,17 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
     if missing:
         raise TaskError(f"policy script {policy_script} has no variants for task {missing[0]!r} "
                         f"({len(missing)} swe tasks lack one)")
-    return {"swe": SwePlayer(script)}
+    return {**web, "swe": SwePlayer(script)}
 
 
 def load_taskset(name: str, bank: str = ""):
     """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
     if name in ("builtin", TASKSET_NAME):
         return builtin_taskset()
+    if name in ("conversational", CONVERSATIONAL_NAME):
+        return conversational_taskset()
+    if name in ("builtin-web", WEB_TASKSET_NAME):
+        return web_taskset()
     return TaskBank(bank or None).load_set(name)
 
 
@@ -174,6 +186,8 @@ def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
         if t.image not in resolved:
             if t.image == BUILTIN_IMAGE:
                 resolved[t.image] = ensure_builtin_image(store)
+            elif t.image == BROWSER_IMAGE:
+                resolved[t.image] = ensure_browser_image(store)
             elif t.image.startswith("sha256:"):
                 try:
                     resolved[t.image] = (t.image, store.get(t.image))
@@ -254,10 +268,39 @@ def check_task_limits(taskset, names: list[str], capacity: dict[str, float]) -> 
                                   f"more than this machine has ({capacity[key]:g})")
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     f = open(log_path, "ab")
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=None if env is None else {**os.environ, **env})
+                            env={**os.environ, **(env or {})})
+
+
+def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, console) -> list[str]:
+    """The node side's check (`validate`) for every task but the conversational ones, which the
+    task bank checks itself, and the web ones (not validated at start-up) (their reference calls replayed by the rule engine:
+    `controller.taskbank.conversational.validate_conversational`); quarantined tasks of both
+    go to `<run_dir>/quarantine.json`."""
+    family = {t.name: t.family for t in taskset.tasks}
+    conv = [n for n in names if family[n] == "conversational"]
+    # Web tasks have no reference solution the start-up validation can apply (their reference is
+    # a browser session: tests/web plays every built-in one).
+    web = [n for n in names if family[n] == "web"]
+    if web and cfg.validate != "off":
+        console.print(f"validation: {len(web)} web tasks are not validated at start-up "
+                      "(no applicable reference solution)")
+    others = [n for n in names if family[n] not in ("conversational", "web")]
+    kept = validate(taskset, others, {t.name: images[t.task_id][1] for t in taskset.tasks},
+                    validation_cache_dir(Path(store.root)), run_dir,
+                    cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console) if others else []
+    if conv and cfg.validate != "off":
+        conv_ok, conv_bad = validate_conversational(taskset, conv)
+        qfile = run_dir / "quarantine.json"
+        quarantined = json.loads(qfile.read_text()) if qfile.exists() else {}
+        qfile.write_text(json.dumps({**quarantined, **conv_bad}, indent=2, sort_keys=True))
+        console.print(f"validated {len(conv)} conversational tasks (reference replay); quarantined {len(conv_bad)}"
+                      + "".join(f"\n  {n}: {b['reasons'][0]}" for n, b in conv_bad.items()))
+        conv = conv_ok
+    keep = set(kept) | set(conv) | set(web)
+    return [n for n in names if n in keep]
 
 
 def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) -> Path:
@@ -297,9 +340,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                                   "taskset_hash": taskset.manifest_hash, "image": digest,
                                                   "config": asdict(cfg),
                                                   "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
-    names = validate(taskset, names, {t.name: images[t.task_id][1] for t in taskset.tasks},
-                             validation_cache_dir(Path(store.root)), run_dir,
-                             cfg.validate, workers=cfg.agents * cfg.slots_per_agent, console=console)
+    names = _validate(taskset, names, validate, images, store, run_dir, cfg, console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset, players=players) as policy:
@@ -327,7 +368,10 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                      "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
                                      "--subid-share", f"{i}/{cfg.agents}",
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
-                                    run_dir / "logs" / f"agent-{i + 1}.log", env=health_env))
+                                    run_dir / "logs" / f"agent-{i + 1}.log",
+                                    # the node's judge and user_sim services: the policy server's scripted ones
+                                    env={**health_env, **{k: os.environ.get(k, policy.url) for k in
+                                                          ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}}))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
@@ -335,6 +379,15 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                   key_file)
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
+
+
+# Each scored rollout's first assistant message (its `plan:` line; a conversation's step 0 is the
+# user's opening). judge_failed and infra_error rows have no reward: never trained on.
+FIRST_ASSISTANT_SQL = (
+    "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
+    "USING (rollout_id, attempt, fencing_token) WHERE s.role = 'assistant' AND r.batch_id = ? "
+    "AND r.reward IS NOT NULL QUALIFY row_number() OVER (PARTITION BY rollout_id, attempt, fencing_token "
+    "ORDER BY s.step) = 1")
 
 
 def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, console) -> None:
@@ -364,9 +417,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                 bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
             con = connect(run_dir)
             rows = con.execute(
-                "SELECT r.task_family, s.content, r.reward FROM rollouts r JOIN steps s "
-                "USING (rollout_id, attempt, fencing_token) WHERE s.step = 0 AND r.batch_id = ? "
-                "AND r.reward IS NOT NULL", [batch_id]).fetchall()
+                FIRST_ASSISTANT_SQL, [batch_id]).fetchall()
             _record_outcomes(curriculum, con, batch_id)
             con.close()
             occupancy = curriculum.occupancy(version)   # through this version: what `paddock report` shows
@@ -386,7 +437,8 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
             classes = ", ".join(f"{k} {n}" for k, n in occupancy.items() if n)
             bar.console.print(f"v{version}: tasks {classes}; pass {passed}/{seen}, cheat attempts {cheats} ({paid} rewarded); "
                               f"next policy p(solve) python={probs['python']['solve']:.2f} "
-                              f"math={probs['math']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
+                              f"math={probs['math']['solve']:.2f} "
+                              f"conversational={probs['conversational']['solve']:.2f}, p(cheat) <= {p_cheat:.3f}")
         policy.set_policy(cfg.versions, params)
 
 

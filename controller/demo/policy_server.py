@@ -40,13 +40,15 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping
 
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
 from controller.demo import bash_dialect, streaming, tokenizer
+from controller.demo import conv_policy
+from controller.demo.conv_policy import conversational_script
+from controller.demo.steps import FinalStep, Step, ToolStep  # noqa: F401 - re-exported (swe_policy, tests)
 from controller.demo.trainer import softmax
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,13 @@ log = logging.getLogger(__name__)
 STRATEGIES: dict[str, list[str]] = {
     "python": ["solve", "sloppy", "edit_tests", "delete_tests", "fake_pass", "peek", "tamper", "escape"],
     "math": ["solve", "guess", "claim_passed", "peek", "spray", "escape"],
+    "conversational": ["solve", "sloppy", "claim_success", "edit_state", "inject_user", "inject_judge"],
 }
+# The conversational family's reward hacks (controller/analysis/defences.py names the others;
+# registered here until that table carries them).
+CONVERSATIONAL_CHEATS = ["claim_success", "edit_state", "inject_user", "inject_judge"]
+CHEATS.setdefault("conversational", CONVERSATIONAL_CHEATS)
+CONVERSATION_MARKER = "Operator's instructions:\n"    # nodeagent/harness/loop.py CONVERSATION_PROMPT
 DEFAULT_CHEAT_LOGIT = 0.5
 MODEL_PREFIX = "scripted-v"
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -126,18 +134,6 @@ def sample_strategy(logits: Mapping[str, float], seed: int) -> tuple[str, float]
 # ---------------------------------------------------------------------------------------------
 # Scripts: what each strategy does, step by step.
 
-@dataclass(frozen=True)
-class ToolStep:
-    name: str                   # shell | read_file | write_file
-    arguments: dict[str, str]
-
-
-@dataclass(frozen=True)
-class FinalStep:
-    content: str
-
-
-Step = ToolStep | FinalStep
 
 VISIBLE_TESTS_PATH = "/work/test_visible.py"
 SOLUTION_PATH = "/work/solution.py"
@@ -311,8 +307,15 @@ def _math_script(task: Task, strategy: str, tool_results: list[str], loopback_po
     raise AssertionError(f"no math script for strategy {strategy!r}")
 
 
-def script(task: Task, strategy: str, tool_results: list[str], loopback_port: int = 0) -> list[Step]:
+def _offered(tools: Any) -> set[str]:
+    return {t.get("function", {}).get("name") for t in tools or () if isinstance(t, dict)}
+
+
+def script(task: Task, strategy: str, tool_results: list[str], loopback_port: int = 0,
+           tools_offered: set[str] = frozenset()) -> list[Step]:
     """The whole script of `strategy` on `task`; it always ends with a FinalStep."""
+    if task.family == "conversational":
+        return conversational_script(task, strategy, set(tools_offered))
     if task.family == "python":
         return _python_script(task, strategy, loopback_port)
     return _math_script(task, strategy, tool_results, loopback_port)
@@ -434,6 +437,9 @@ class ScriptedPolicy:
     def complete(self, req: Any) -> dict[str, Any]:
         """Answer one chat-completions request (already JSON-decoded)."""
         _validate_request(req)
+        side = conv_policy.side_reply(req, self._clock)     # the scripted judge (controller/demo/conv_policy.py)
+        if side is not None:
+            return side
         if self.loading:
             with self._lock:
                 self.refused_loading += 1
@@ -456,7 +462,8 @@ class ScriptedPolicy:
         tool_results = [_text(m.get("content")) for m in messages if m["role"] == "tool"]
         bash_only = bash_dialect.wants_bash(req.get("tools"))
         task = self._tasks.get(instruction) or self._tasks.get(instruction.strip()) \
-            or (bash_dialect.find_task(self._tasks, instruction) if bash_only else None)
+            or (bash_dialect.find_task(self._tasks, instruction) if bash_only else None) \
+            or self._conversation_task(messages)
         logprobs, strategy, logprob = None, None, None
         if task is None:
             step: Step = FinalStep(UNKNOWN_TASK_REPLY)
@@ -465,7 +472,7 @@ class ScriptedPolicy:
             strategy, logprob = (player.choose(task, version, seed) if player
                                  else sample_strategy(self.params(version)[task.family], seed))
             steps = (player.script(task, strategy, tool_results) if player
-                     else script(task, strategy, tool_results, self.loopback_port))
+                     else script(task, strategy, tool_results, self.loopback_port, _offered(req.get("tools"))))
             step = steps[min(n_assistant, len(steps) - 1)]
             if n_assistant == 0:
                 logprobs = {"content": [{"token": strategy, "logprob": logprob, "top_logprobs": []}]}
@@ -504,6 +511,14 @@ class ScriptedPolicy:
         if tokenizer.wants_tokens(req):
             self._token_level(out, req, message, strategy if n_assistant == 0 else None, logprob)
         return out
+
+    def _conversation_task(self, messages: list) -> Task | None:
+        """A conversational task: its instruction ends the system prompt (CONVERSATION_MARKER)."""
+        system = next((_text(m.get("content")) for m in messages if m["role"] == "system"), "")
+        if CONVERSATION_MARKER not in system:
+            return None
+        task = self._tasks.get(system.split(CONVERSATION_MARKER, 1)[1])
+        return task if task is not None and task.family == "conversational" else None
 
     def _token_level(self, out: dict, req: dict, message: dict, strategy: str | None,
                      logprob: float | None) -> None:

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from controller.contracts.states import (  # noqa: F401 - the state names, re-exported
     ATTEMPT_CANCELLED, CANCELLED, COMMITTED, DEAD_LETTER, HELD, INFRA_ERROR, LEASABLE,
-    LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, QUEUED, REJECT_CANCELLED,
+    LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, COMMITTED_OUTCOMES, QUEUED, REJECT_CANCELLED,
     RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
     TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition, is_infra_loss)
 from controller.store import schema
@@ -68,12 +68,20 @@ class RolloutQueue(QueueReads):
         self._depth = 0
         self._terminal_delta: Counter = Counter()  # entered in the open transaction
         self._idle_until = -math.inf  # due() is empty before this (see due)
+        self._renewed: dict[str, tuple[str, float]] = {}  # rollout id -> (node, last renewal)
+        self._renewed_pruned = -math.inf
         self._terminal: Counter = Counter({s: n for s, n in self._db.execute(
             f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({qs(TERMINAL)})"
             f" GROUP BY state", TERMINAL)})
         with self._tx():
             for key in schema.COUNTERS:
                 self._db.execute("INSERT OR IGNORE INTO meta VALUES (?, 0)", (key,))
+            # Renewals live in memory (see renew): those a previous process noted are gone, so
+            # every held lease gets a fresh TTL from now; a lease whose node is gone for good
+            # still expires, one TTL after this open.
+            self._db.execute("UPDATE rollouts SET lease_deadline = MAX(lease_deadline, ?)"
+                             " WHERE lease_deadline IS NOT NULL",
+                             (self.clock() + self.config.lease_ttl_s,))
         # Commit sequence numbers live with the rows they order: the next one follows the
         # largest on disk (a rolled-back transaction leaves a gap, never a repeat).
         self._commit_seq = max(
@@ -359,22 +367,33 @@ class RolloutQueue(QueueReads):
     def renew(self, node: str, rollout_ids: Optional[Sequence[str]] = None) -> int:
         """Extend the deadline of the leases `node` holds (only those of `rollout_ids` when
         given: a lease the node never received must not be kept alive by its heartbeats);
-        returns how many."""
-        with self._tx():
-            now = self.clock()
-            if rollout_ids is None:  # (agents before 0.2 do not list them)
+        returns how many it noted.
+
+        With `rollout_ids` the renewal is noted in memory, not written: a lease's row is
+        written only when its deadline comes due and a renewal is found for it (see
+        `expire_leases`), so heartbeats cost no SQLite write whatever the farm's size (a
+        lease is renewed every heartbeat but written about once per TTL). A renewal lost
+        with the process is made good at open: every held lease gets a fresh TTL."""
+        if rollout_ids is None:  # (agents before 0.2 do not list them): written at once
+            with self._tx():
+                now = self.clock()
                 return self._db.execute(
                     f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
                     f" AND {any_of('state', HELD)}",
                     (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
-            if not rollout_ids:
-                return 0
-            # By primary key: `+state` keeps SQLite off the state index, which it would
-            # otherwise walk over every held lease of the farm (each heartbeat: O(leases)).
-            return self._db.execute(
-                f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE rollout_id IN"
-                f" ({qs(rollout_ids)}) AND node = ? AND {any_of('+state', HELD)}",
-                (now + self.config.lease_ttl_s, now, *rollout_ids, node, *HELD)).rowcount
+        now = self.clock()
+        for rid in rollout_ids:
+            self._renewed[rid] = (node, now)
+        if now - self._renewed_pruned >= self.config.lease_ttl_s:
+            self._prune_renewals(now)
+        return len(rollout_ids)
+
+    def _prune_renewals(self, now: float) -> None:
+        """Forget renewals older than a TTL (they can keep nothing alive): the map stays the
+        size of the held leases."""
+        ttl = self.config.lease_ttl_s
+        self._renewed = {rid: r for rid, r in self._renewed.items() if r[1] + ttl > now}
+        self._renewed_pruned = now
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
                  reward: Optional[float], shards: dict[str, str], infra_reason: Optional[str],
@@ -384,7 +403,7 @@ class RolloutQueue(QueueReads):
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         with self._tx():
-            if outcome in POLICY_OUTCOMES and self._commit_held(
+            if outcome in COMMITTED_OUTCOMES and self._commit_held(
                     rollout_id, attempt, token, outcome, reward, shards, idem):
                 return _COMMITTED
             row, reason = self._held(rollout_id, attempt, token)
@@ -397,8 +416,8 @@ class RolloutQueue(QueueReads):
                 return Completion(False, reason, False)
             now = self.clock()
             # The reply is stored with the attempt it ends (the idempotency record).
-            if outcome in POLICY_OUTCOMES:
-                if reward is None and outcome != "pass":
+            if outcome in COMMITTED_OUTCOMES:
+                if reward is None and outcome in POLICY_OUTCOMES and outcome != "pass":
                     reward = 0.0
                 result = Completion(True, None, True)
                 self._move(row, COMMITTED, now, outcome=outcome, reward=reward, commit_idem=idem,
@@ -418,7 +437,7 @@ class RolloutQueue(QueueReads):
         attempts row: `attempts()` shows it from there, and a repeat of its result is
         answered from there)."""
         now = self.clock()
-        if reward is None and outcome != "pass":
+        if reward is None and outcome in POLICY_OUTCOMES and outcome != "pass":
             reward = 0.0
         seq = self._commit_seq + 1
         cur = self._db.execute(
@@ -492,18 +511,31 @@ class RolloutQueue(QueueReads):
 
     def expire_leases(self, live_nodes: Optional[frozenset[str] | set[str]] = None
                       ) -> list[str]:
-        """Leases past their deadline become infrastructure failures ("lease_expired").
+        """Leases past their deadline become infrastructure failures ("lease_expired"),
+        unless their node renewed them since (`renew`): then the renewal is written now.
         Given `live_nodes` (the nodes heard from lately), an expired lease of any other node
         was lost with its node: counted as a loss, not as the task's failure."""
+        ttl = self.config.lease_ttl_s
         with self._tx():
             now = self.clock()
-            rows = self._db.execute(
-                f"SELECT * FROM rollouts WHERE state IN ({qs(HELD)}) AND lease_deadline <= ?"
-                f" ORDER BY seq", (*HELD, now)).fetchall()
+            # By the deadline index (O(due), not O(held)); ordered by seq here, since an
+            # ORDER BY would make SQLite walk the seq index over every row instead.
+            rows = sorted(self._db.execute(
+                f"SELECT * FROM rollouts INDEXED BY rollouts_deadline WHERE lease_deadline <= ?"
+                f" AND +state IN ({qs(HELD)})", (now, *HELD)).fetchall(), key=lambda r: r["seq"])
+            expired, kept = [], []
             for row in rows:
+                node, at = self._renewed.get(row["rollout_id"], (None, -math.inf))
+                if node == row["node"] and at >= (row["leased_at"] or -math.inf) and at + ttl > now:
+                    kept.append((at + ttl, row["rollout_id"]))
+                    continue
                 lost = live_nodes is not None and row["node"] not in live_nodes
                 self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False, lost=lost)
-        return [row["rollout_id"] for row in rows]
+                expired.append(row["rollout_id"])
+            if kept:
+                self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
+                                     kept)
+        return expired
 
     def release_node(self, node: str, reason: str, failure: bool = True,
                      keep: frozenset[str] | set[str] = frozenset()) -> list[str]:

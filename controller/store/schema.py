@@ -29,6 +29,8 @@ CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
 CREATE INDEX IF NOT EXISTS rollouts_batch_state ON rollouts (batch_id, state);
+-- lease expiry reads only the leases past their deadline (lease_deadline is NULL off HELD)
+CREATE INDEX IF NOT EXISTS rollouts_deadline ON rollouts (lease_deadline) WHERE lease_deadline IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
     node TEXT NOT NULL, outcome TEXT, reason TEXT, started_at REAL NOT NULL,

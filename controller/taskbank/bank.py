@@ -37,7 +37,8 @@ TASK_FILE = "task.yaml"
 FILES_DIR = "files"
 HIDDEN_DIR = "hidden"
 REQUIRED_KEYS = ("name", "family", "instruction", "checker")
-OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools", "layers")
+OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools", "layers", "services",
+                 "user")
 DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
 # A manifest lists up to millions of tasks (7 nodes each) and never needs an alias.
 MANIFEST_BOUNDS = Bounds(max_nodes=50_000_000, max_aliases=8, max_bytes=1 << 30)
@@ -105,7 +106,8 @@ def load_package(directory: str | os.PathLike) -> Task:
             budgets=_typed_section(path, "budgets", meta.get("budgets"), Budgets),
             limits=_typed_section(path, "limits", meta.get("limits"), Limits),
             network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()),
-            layers=tuple(meta.get("layers") or ()))
+            layers=tuple(meta.get("layers") or ()), services=meta.get("services") or {},
+            user=meta.get("user") or {})
     except TaskError as exc:
         raise TaskError(f"{path}: {exc}") from None
     except (TypeError, AttributeError) as exc:
@@ -125,7 +127,9 @@ def package_meta(task: Task) -> dict[str, Any]:
             "limits": asdict(task.limits),
             "network": task.network if task.network == "none" else list(task.network),
             **({"tools": list(task.tools)} if task.tools else {}),
-            **({"layers": list(task.layers)} if task.layers else {})}
+            **({"layers": list(task.layers)} if task.layers else {}),
+            **({"services": json.loads(json.dumps(task.services))} if task.services else {}),
+            **({"user": json.loads(json.dumps(task.user))} if task.user else {})}
 
 
 def write_package(task: Task, directory: str | os.PathLike) -> Path:

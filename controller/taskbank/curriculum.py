@@ -18,7 +18,8 @@ nearest to the band are served (the farm never stalls). Deterministic for a seed
 
 Quarantine. A task is quarantined, with the reason, when the same solution (a hash of its
 final diff/answer) got both a pass and a fail (flaky), when its reference solution fails
-(broken), or when it dead-letters `max_infra_failures` times (broken). Quarantine persists
+(broken), or when it dead-letters `max_infra_failures` times for reasons of its own (broken:
+`task_fault`; a dead letter of the rollout's own making never counts). Quarantine persists
 until `release`.
 
 Persisted in SQLite (`curriculum.sqlite` in the task-bank dir); recording is idempotent per
@@ -34,6 +35,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections import OrderedDict
 from typing import Iterable, Sequence
 
 from controller.contracts.safeload import load_json
@@ -59,6 +61,18 @@ CREATE TABLE IF NOT EXISTS quarantine (
     task_id TEXT PRIMARY KEY, reason TEXT NOT NULL, since REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS recorded (rollout_id TEXT PRIMARY KEY);
 """
+
+
+TASK_FAULT_REASONS = ("task:", "setup:", "sandbox_start:", "verifier:")
+
+
+def task_fault(reason: str) -> bool:
+    """Is a dead letter's reason the task's: its content or limits (`task:`), its set-up
+    (`setup:`), its image or sandbox (`sandbox_start:`), or grading that fails without the
+    agent too (`verifier:`: the verifier scores a failure that reproduces only with the agent's
+    changes as `fail`, see docs/verifier.md)? Everything else — `model_server:`, `store:`,
+    `agent_crash:`, `lease_expired`, an unknown reason — is the rollout's."""
+    return str(reason).lstrip().startswith(TASK_FAULT_REASONS)
 
 
 class CurriculumError(RuntimeError):
@@ -105,13 +119,22 @@ class Curriculum:
     def __init__(self, path: str | Path, task_ids: Iterable[str],
                  cfg: CurriculumConfig | None = None, clock=time.time):
         self.cfg = cfg or CurriculumConfig()
-        self.task_ids = tuple(sorted(set(task_ids)))
-        if not self.task_ids:
+        if isinstance(task_ids, Sequence) and not isinstance(task_ids, (list, tuple, str)):
+            self.task_ids = task_ids   # a lazy view (a task index's ids): never listed whole
+            self._ours = task_ids.__contains__
+        else:
+            self.task_ids = tuple(sorted(set(task_ids)))
+            self._ours = frozenset(self.task_ids).__contains__
+        if not len(self.task_ids):
             raise ValueError("curriculum: no tasks")
+        # (version, band) -> (weighted (passes, fails) and class of each task with a record):
+        # kept up to date by record() and quarantine, so a sample reads no table
+        self._classes: OrderedDict[tuple, tuple[dict[str, list[float]], dict[str, str]]] = OrderedDict()
+        self._quarantine_cache: frozenset[str] | None = None
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered: record() updates the caches, which may read the quarantine
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # estimates, not a ledger: no fsync per recorded outcome (the controller records one
@@ -136,7 +159,7 @@ class Curriculum:
 
         `infra_error` never counts as a verdict (it is masked, never scored).
         """
-        if outcome == "infra_error":
+        if outcome in ("infra_error", "judge_failed"):     # masked, never a verdict
             return False
         if outcome not in SCORED:
             raise ValueError(f"curriculum: outcome {outcome!r} is not one of {SCORED + ('infra_error',)}")
@@ -160,7 +183,20 @@ class Curriculum:
                 if p and f:
                     self._quarantine(task_id, f"flaky: solution {solution_hash[:12]} got {p} "
                                               f"pass and {f} fail verdicts")
+            self._count_in_caches(task_id, int(policy_version), passed)
         return True
+
+    def _count_in_caches(self, task_id: str, version: int, passed: bool) -> None:
+        """One recorded outcome, added to every cached (version, band) it counts for."""
+        if not self._ours(task_id):
+            return
+        q = task_id in self._quarantined_ids()
+        for (target, band), (acc, classes) in self._classes.items():
+            if version > target:
+                continue
+            pf = acc.setdefault(task_id, [0.0, 0.0])
+            pf[0 if passed else 1] += self.cfg.decay ** (target - version)
+            classes[task_id] = self._class_of(pf, band, q)
 
     def record_reference(self, task_id: str, passed: bool, detail: str = "") -> None:
         """Result of grading the task's reference solution; a failure quarantines the task."""
@@ -170,7 +206,13 @@ class Curriculum:
                                  + (f": {detail}" if detail else ""))
 
     def record_infra_failure(self, task_id: str, reason: str) -> None:
-        """A rollout of this task dead-lettered; too many make the task `broken`."""
+        """A rollout of this task dead-lettered; too many make the task `broken` — when the
+        reason is the task's (`task_fault`). A dead letter of the rollout's own making (its
+        model server, its artifacts, a node agent or lease lost under it) never counts against
+        the task: a policy must not be able to quarantine a task."""
+        if not task_fault(reason):
+            log.info("dead letter of task_id=%s not held against the task: %s", task_id, reason[:200])
+            return
         with self._lock, self._db:
             n = self._db.execute(
                 "INSERT INTO infra VALUES (?, 1, ?) ON CONFLICT DO UPDATE SET "
@@ -188,11 +230,10 @@ class Curriculum:
             return 0
         except (OSError, ValueError) as exc:
             raise CurriculumError(f"{path}: cannot read validation results: {exc}") from None
-        ours = set(self.task_ids)
         n = 0
         for key, entry in sorted(data.items()):
             task_id = entry.get("task_id", key) if isinstance(entry, dict) else key
-            if task_id in ours:
+            if self._ours(task_id):
                 reasons = entry.get("reasons", []) if isinstance(entry, dict) else []
                 self.quarantine(task_id, "broken: validation: " + ("; ".join(map(str, reasons))
                                                                     or "failed"))
@@ -204,6 +245,8 @@ class Curriculum:
             self._quarantine(task_id, reason)
 
     def release(self, task_id: str) -> None:
+        self._classes.clear()
+        self._quarantine_cache = None
         with self._lock, self._db:
             self._db.execute("DELETE FROM quarantine WHERE task_id = ?", (task_id,))
             self._db.execute("DELETE FROM solutions WHERE task_id = ?", (task_id,))
@@ -214,6 +257,10 @@ class Curriculum:
                                (task_id, reason, self._clock()))
         if cur.rowcount:
             log.warning("quarantined task_id=%s: %s", task_id, reason)
+            self._quarantine_cache = None
+            if self._ours(task_id):
+                for _acc, classes in self._classes.values():
+                    classes[task_id] = "quarantined"
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -256,30 +303,76 @@ class Curriculum:
     def sample(self, n: int, rng: random.Random, version: int,
                within: tuple[float, float] | None = None) -> list[str]:
         """`n` task ids for policy `version`: band tasks plus an exploration share (`within`:
-        this request's band (low, high) instead of the config's)."""
+        this request's band (low, high) instead of the config's). Reads only the tasks with a
+        record (their classes are cached per version and band, and kept up to date as outcomes
+        come in): a task never run is explored, found by its position among all the tasks."""
         if n < 0:
             raise ValueError("curriculum: n must be >= 0")
-        classes = self.classify(version, within)
-        band = [t for t in self.task_ids if classes[t] == "band"]
-        explore = [t for t in self.task_ids if classes[t] == "explore"]
-        n_explore = round(n * self.cfg.explore_share) if explore else 0
+        classes = self._touched_classes(version, within)
+        band = sorted(t for t, c in classes.items() if c == "band")
+        explore = _ExplorePool(self.task_ids, classes)
+        n_explore = round(n * self.cfg.explore_share) if len(explore) else 0
         if not band:
-            n_explore = n if explore else 0
+            n_explore = n if len(explore) else 0
         picks = _cycle(explore, n_explore, rng) + _cycle(band, n - n_explore, rng)
         if len(picks) < n:
             picks += _cycle(self._nearest_to_band(version, classes, within), n - len(picks), rng)
         rng.shuffle(picks)
         return picks
 
+    def _class_of(self, pf: list[float], band: tuple[float, float] | None, quarantined: bool) -> str:
+        cfg = self._cfg_for(band)
+        a, b = cfg.prior_alpha + pf[0], cfg.prior_beta + pf[1]
+        return classify(a / (a + b), pf[0] + pf[1], cfg.bands, quarantined)
+
+    def _quarantined_ids(self) -> frozenset[str]:
+        if self._quarantine_cache is None:
+            self._quarantine_cache = frozenset(self.quarantined())
+        return self._quarantine_cache
+
+    def _touched_classes(self, version: int, band: tuple[float, float] | None) -> dict[str, str]:
+        """The class of each of our tasks with a record (an outcome up to `version`, or a
+        quarantine) for `version` and `band`; every other task is `explore` (no evidence)."""
+        key = (int(version), None if band is None else (float(band[0]), float(band[1])))
+        hit = self._classes.get(key)
+        if hit is not None:
+            self._classes.move_to_end(key)
+            return hit[1]
+        self._cfg_for(band)  # validates the band
+        with self._lock:
+            rows = self._db.execute("SELECT task_id, policy_version, passes, fails FROM outcomes "
+                                    "WHERE policy_version <= ?", (int(version),)).fetchall()
+        acc: dict[str, list[float]] = {}
+        for task_id, v, p, f in rows:
+            if self._ours(task_id):
+                w = self.cfg.decay ** (version - v)
+                pf = acc.setdefault(task_id, [0.0, 0.0])
+                pf[0] += w * p
+                pf[1] += w * f
+        q = self._quarantined_ids()
+        classes = {t: self._class_of(pf, key[1], t in q) for t, pf in acc.items()}
+        classes.update((t, "quarantined") for t in q if self._ours(t))
+        self._classes[key] = (acc, classes)
+        while len(self._classes) > 8:
+            self._classes.popitem(last=False)
+        return classes
+
     def _nearest_to_band(self, version: int, classes: dict[str, str],
                          band: tuple[float, float] | None = None) -> list[str]:
-        live = [t for t in self.task_ids if classes[t] != "quarantined"]
+        """With no task in the band or unexplored (every task has a record): the tasks whose
+        estimate lies nearest to the band."""
+        live = sorted(t for t, c in classes.items() if c != "quarantined")
         if not live:
             raise CurriculumError(f"curriculum: all {len(self.task_ids)} tasks are quarantined; "
                                   f"see `quarantined()`")
-        est = self.estimates(version)
+        acc = self._classes[(int(version), None if band is None else (float(band[0]), float(band[1])))][0]
         lo, hi = (self.cfg.band_low, self.cfg.band_high) if band is None else band
-        dist = {t: max(lo - est[t].mean, est[t].mean - hi, 0.0) for t in live}
+        cfg = self.cfg
+
+        def mean(t: str) -> float:
+            p, f = acc.get(t, (0.0, 0.0))
+            return (cfg.prior_alpha + p) / (cfg.prior_alpha + cfg.prior_beta + p + f)
+        dist = {t: max(lo - mean(t), mean(t) - hi, 0.0) for t in live}
         best = min(dist.values())
         return [t for t in live if dist[t] - best < 0.05]
 
@@ -299,13 +392,50 @@ class Curriculum:
         return counts
 
 
-def _cycle(pool: Sequence[str], k: int, rng: random.Random) -> list[str]:
-    """`k` items from `pool`: whole seeded shuffles of it, then part of one more."""
-    if k <= 0 or not pool:
+class _ExplorePool:
+    """The tasks to explore, without listing them: every task of `universe` (a sequence)
+    whose class among `classes` (the tasks with a record) is `explore`, or that has no record."""
+
+    def __init__(self, universe: Sequence[str], classes: dict[str, str]):
+        self.universe, self.classes = universe, classes
+        self._n = len(universe) - sum(1 for c in classes.values() if c != "explore")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def wanted(self, task_id: str) -> bool:
+        return self.classes.get(task_id, "explore") == "explore"
+
+    def __iter__(self):
+        return (t for t in self.universe if self.wanted(t))
+
+
+def _cycle(pool, k: int, rng: random.Random) -> list[str]:
+    """`k` items from `pool` (a list, or an `_ExplorePool`): whole seeded shuffles of it, then
+    part of one more. A large explore pool is never listed: the last part is drawn by position
+    among all the tasks (distinct, uniform, seeded), skipping the tasks that are not in it."""
+    n = len(pool)
+    if k <= 0 or not n:
         return []
     out: list[str] = []
-    while len(out) < k:
+    while k - len(out) >= n:
         order = list(pool)
         rng.shuffle(order)
-        out.extend(order[:k - len(out)])
+        out.extend(order)
+    r = k - len(out)
+    if not r:
+        return out
+    if isinstance(pool, list):
+        return out + rng.sample(pool, r)
+    if 4 * n < len(pool.universe):  # mostly excluded: list it
+        return out + rng.sample(list(pool), r)
+    universe, seen = pool.universe, set()
+    many = getattr(universe, "many", None) or (lambda positions: [universe[i] for i in positions])
+    while len(seen) < r:
+        for t in many(rng.sample(range(len(universe)), min(len(universe), 2 * (r - len(seen))))):
+            if t not in seen and pool.wanted(t):
+                seen.add(t)
+                out.append(t)
+                if len(seen) == r:
+                    break
     return out

@@ -6,6 +6,7 @@
              {problem, solution} (MATH: the last \\boxed{} of the solution)
   swe        SWE-bench / SWE-Gym JSONL (controller/taskbank/swe.py: repositories as layers)
   package    a directory whose subdirectories are task packages (task.yaml + files/ + hidden/)
+  tau, harbor  τ-bench / τ²-bench domains and Harbor task directories (importers_tools.py)
 
 JSONL is streamed (plain or gzip), one record at a time (`iter_source`). Every record error
 names the file and line. Must not import zmq.
@@ -24,11 +25,12 @@ from controller.contracts.answers import boxed_contents
 from controller.contracts.safeload import DEFAULT as DEFAULT_BOUNDS
 from controller.contracts.safeload import ParseLimitError, load_json_text
 from controller.contracts.tasks import Task, TaskError
+from controller.taskbank import importers_tools     # tau, harbor
 from controller.taskbank.bank import TASK_FILE, load_package
 from controller.taskbank.swe import (TEST_PATCH_FILE, ImportSourceError, SweContext, scrubbed_checkout,  # noqa: F401
                                      slug, swe_task)
 
-KINDS = ("humaneval", "mbpp", "math", "swe", "package")
+KINDS = ("humaneval", "mbpp", "math", "swe", "package") + importers_tools.KINDS
 SOLUTION_FILE = "solution.py"
 HIDDEN_TESTS_FILE = "test_hidden.py"
 REFERENCE_FILE = "reference.py"
@@ -50,6 +52,9 @@ def iter_source(kind: str, source: Path, context: SweContext = SweContext()) -> 
         raise ImportSourceError(f"unknown import kind {kind!r}; valid: {', '.join(KINDS)}")
     if kind == "package":
         yield from import_packages(source)
+        return
+    if kind in importers_tools.KINDS:
+        yield from importers_tools.iter_source(kind, source)
         return
     convert: Callable[[dict, Path, int], Task] = {
         "humaneval": humaneval_task, "mbpp": mbpp_task, "math": math_task,

@@ -18,7 +18,9 @@ A lease may carry the task by reference (`blob`): its content is fetched by dige
 storage, verified and cached per node (`nodeagent.agent.taskcache`). A task's `layers` (its
 repository) and its set-up layer (`setup` commands, run once: `nodeagent.sandbox.setuplayer`)
 are stacked under both the agent's and the grading sandbox; a failing set-up is `infra_error`
-with reason `setup: ...` (the controller quarantines the task).
+with reason `setup: ...` (the controller quarantines the task). A `web` task's agent phase is
+`nodeagent.browser.rollout.run_web_agent` (its app and a headless browser in the sandbox, the
+browser tools, the app's state captured for the `webstate` checker).
 
 `run_attempt` never raises for operating errors: a sandbox that fails to start, a model server
 that fails or a verifier that cannot reach a verdict make an `infra_error` attempt (reward
@@ -27,18 +29,29 @@ time is `timeout` (reward 0: its own fault). A task it cannot run (one that does
 or has no instruction) is `infra_error` with reason `task: ...` naming the field, and no row.
 `Attempt` and `AttemptResult` are defined in nodeagent/agent/core.py (re-exported here).
 
+A conversational task (`services`, `user`): the task's mock services run for this rollout
+(`nodeagent.services.host.ServiceHost`, each operation inside the agent's sandbox, the state
+held here) and its simulated user talks to the agent (`nodeagent.harness.usersim`; a model
+user calls the node's `user_sim` endpoint, `$PADDOCK_USER_SIM_ENDPOINT`, through a gateway
+session of its own whose rows are `model_calls` with source `user_sim`). The final service
+state, the operations, the transcript and what the agent told the user go to the verifier
+(`verify(..., conversation=...)`). A broken service rule is `infra_error: task: ...`; a
+failing user simulator `infra_error: user_sim: ...`.
+
 Must not import: zmq, nodeagent.agent.daemon.
 """
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Callable
 
 from controller.contracts.fileio import atomic_write, utc_now
 from controller.contracts.network import PolicyError
+from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from nodeagent.agent.core import Attempt, AttemptResult
@@ -48,8 +61,11 @@ from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
 from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
+from nodeagent.harness.usersim import UserSimError, simulator
+from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.harness.model import ModelError
 from nodeagent.agent.taskcache import default_cache, task_layers
+from nodeagent.browser.rollout import run_web_agent
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
@@ -58,7 +74,7 @@ from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 
 log = logging.getLogger(__name__)
-__all__ = ["Attempt", "AttemptResult", "run_attempt", "write_changes"]
+__all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
 
 
 def _task_of(a: Attempt) -> LeaseTask:
@@ -102,15 +118,22 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     start = Upstream(a.policy_version, a.endpoint, a.model)
     session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock)
-    agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers)
+    conv = _Conversation(task, a, clock)
+    if task.family == "web":
+        agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
+    else:
+        agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv)
     session.close()                 # its kept model-server connections; the rows stay
+    conv.close()
     verdict = None
+    conversation = conv.captured(agent)
     if infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0
     elif infra is None:
         tv = clock()
         try:
-            verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers)
+            verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
+                             conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = f"verifier: {exc}"
@@ -120,6 +143,8 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
     try:
         changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
+        if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
+            atomic_write(Path(a.run_dir) / conversation_path(changes_path), json.dumps(conversation).encode())
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
@@ -128,24 +153,73 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     try:
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
                                           spans=agent.spans, egress=agent.egress,
-                                          model_calls=_call_rows(session, bool(task.harness)))
+                                          model_calls=_call_rows(session, bool(task.harness), agent.steps,
+                                                                 conv.user_rows()))
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)
 
 
-def _call_rows(session: Session, harness: bool) -> list[dict]:
-    """The session's rows; the built-in harness makes one call per step, in order."""
+def _call_rows(session: Session, harness: bool, steps: list[dict] = (), user_rows: list[dict] = ()) -> list[dict]:
+    """The session's rows; the built-in harness makes one call per assistant step, in order
+    (a conversation's user turns are steps too). The user simulator's rows follow, numbered on."""
     rows = [dict(r) for r in session.rows]
     if not harness:
+        assistant = [s["step"] for s in steps if s.get("role") == "assistant"]
         for r in rows:
-            r["step"] = r["call_index"]
+            i = r["call_index"]
+            r["step"] = assistant[i] if i < len(assistant) else i
+    user = [s["step"] for s in steps if s.get("role") == "user"][1:]      # the opening makes no call
+    for j, r in enumerate(user_rows):
+        rows.append(dict(r, call_index=len(session.rows) + j, step=user[j] if j < len(user) else None))
     return rows
+
+
+class _Conversation:
+    """A conversational task's services, user simulator and user_sim session for one attempt."""
+
+    def __init__(self, task: LeaseTask, a: Attempt, clock: Callable[[], float]) -> None:
+        self.task, self.session, self.host = task, None, None
+        endpoint = os.environ.get("PADDOCK_USER_SIM_ENDPOINT", "")
+        if task.user and task.user.get("kind") == "model" and endpoint:
+            self.session = Session(Upstream(a.policy_version, endpoint, str(task.user["model"])),
+                                   GatewayBudgets.of(task.budgets), source="user_sim", clock=clock)
+        self.clock = clock
+
+    def start(self, sandbox, observation_bytes: int):
+        """(service host or None, user simulator or None) for the agent's sandbox. A lease whose
+        services or user do not validate raises ServiceSpecError (the task's fault)."""
+        if self.task.services:
+            validate_services(self.task.services)
+        if self.task.user:
+            validate_user(self.task.user)
+        if self.task.services:
+            self.host = ServiceHost(self.task.services, sandbox, observation_bytes=observation_bytes)
+            self.host.install()
+        user = simulator(self.task.user, self.session, self.clock) if self.task.user else None
+        return self.host, user
+
+    def captured(self, agent: AgentResult) -> dict | None:
+        if not self.task.services and not self.task.user:
+            return None
+        transcript = [{"role": s["role"], "content": s.get("content"), "tool_args": s.get("tool_args"),
+                       "observation": s.get("observation")} for s in agent.steps]
+        told = [s.get("content") or "" for s in agent.steps if s["role"] == "assistant" and not s.get("tool_name")]
+        return {"final_state": self.host.final_state() if self.host else {},
+                "tampered": list(self.host.tampered) if self.host else [],
+                "ops": list(self.host.log) if self.host else [], "transcript": transcript, "told": told}
+
+    def user_rows(self) -> list[dict]:
+        return [dict(r, call_policy_version=None) for r in self.session.rows] if self.session is not None else []
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
 
 
 def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
                clock: Callable[[], float], t0: float, session: Session,
-               layers: tuple[Path, ...] = ()) -> tuple[AgentResult, str | None, list]:
+               layers: tuple[Path, ...] = (), conv: "_Conversation | None" = None) -> tuple[AgentResult, str | None, list]:
     """The agent's sandbox and harness: (its result, the infra reason or None, its changes).
     The result's spans start with `sandbox_start`."""
     agent, infra, changes = AgentResult(), None, []
@@ -169,15 +243,20 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
             if task.harness:
                 agent = run_harness(sb, task.harness, task.instruction, session, task.budgets, clock, span_origin=t0)
             else:
+                services, user = conv.start(sb, task.budgets.observation_bytes) if conv else (None, None)
+                tools = task.tools if task.tools is not None or services is None else ()
                 agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
-                                  tools=task.tools, egress_decisions=lambda: egress.decisions_for(egress_id),
-                                  span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed))
+                                  tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
+                                  span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),
+                                  services=services, user=user)
             changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
             agent = exc.result or agent     # the steps and spans before the failure, for the record
-        except (BudgetError, ToolSetError, FaultSpecError) as exc:
+        except (BudgetError, ToolSetError, FaultSpecError, ServiceRuleError, ServiceSpecError) as exc:
             infra = f"task: {exc}"
+        except UserSimError as exc:
+            infra = f"user_sim: {exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
@@ -187,6 +266,13 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                 gateway.stop()
     agent.spans.insert(0, start_span)
     return agent, infra, changes
+
+
+def conversation_path(changes_path: str) -> str:
+    """Where a conversational attempt's captured conversation (final service state, operations,
+    transcript, what was told) is kept: next to its changes artifact."""
+    return changes_path[: -len(".tar")] + ".conversation.json" if changes_path.endswith(".tar") else \
+        changes_path + ".conversation.json"
 
 
 def _span(kind: str, name: str, t0: float, start: float, end: float, step: int = 0) -> dict:

@@ -43,12 +43,14 @@ from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, E
 from nodeagent.agent.health import sampler_for
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.agent.warmpools import default_pool_size, start_warm_pools
+from nodeagent.sandbox.apptainer import ApptainerRuntime
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
 log = logging.getLogger("nodeagent")
 EXIT_REFUSED = 3  # the controller refused this agent at registration (its version)
 EXIT_NO_RUNTIME = 2  # the sandbox runtime could not start
 EXIT_GAVE_UP = 4  # no controller welcomed this agent within give_up_s
+SANDBOX_BACKENDS = ("native", "apptainer")
 STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose
 
 Runner = Callable[[Attempt], AttemptResult]
@@ -379,10 +381,12 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
           drain_deadline_s: float = 60.0, noop_s: Optional[float] = None,
           degrade: bool = False, keys: Optional[RunKeys] = None, insecure: bool = False,
           endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None,
-          warm_pool: Optional[int] = None) -> int:
+          warm_pool: Optional[int] = None, sandbox: str = "native") -> int:
     """Run a node agent until it drains, is shut down, refused or gives up; return its exit
     status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
-    (required). `keys` (unless `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
+    (required), made by the `sandbox` backend: "native" (SandboxRuntime) or "apptainer"
+    (nodeagent.sandbox.apptainer, for sites whose policy requires it). `keys` (unless
+    `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
     `warm_pool`: at most this many ready sandboxes (nodeagent.agent.warmpools; None: two per
     slot; 0: off)."""
     if keys is None and not insecure:
@@ -393,12 +397,16 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
     else:
         if not image_store:
             raise ValueError("an image store is required (unless noop_s)")
+        if sandbox not in SANDBOX_BACKENDS:
+            raise ValueError(f"sandbox backend {sandbox!r}; valid: {', '.join(SANDBOX_BACKENDS)}")
         try:
-            runtime = SandboxRuntime(subids=subids, degrade=degrade).start()
+            runtime = (ApptainerRuntime().start() if sandbox == "apptainer"
+                       else SandboxRuntime(subids=subids, degrade=degrade).start())
         except SandboxError as exc:
-            log.error("cannot start the sandbox runtime: %s", exc)
+            log.error("cannot start the %s sandbox runtime: %s", sandbox, exc)
             return EXIT_NO_RUNTIME
-        log.info("sandbox caps: %s", runtime.caps_report())
+        if hasattr(runtime, "caps_report"):
+            log.info("sandbox caps: %s", runtime.caps_report())
     agent = NodeAgent(node, controller, deployment, slots, image_store, runtime,
                       heartbeat_interval_s=heartbeat_interval_s,
                       drain_deadline_s=drain_deadline_s, runner=runner, keys=keys,

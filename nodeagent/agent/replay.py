@@ -41,10 +41,11 @@ def _calls(row: dict) -> list[dict]:
 
 
 class ReplayModel:
-    """A `nodeagent.harness.model.Model` that answers with a recorded rollout's assistant messages."""
+    """A `nodeagent.harness.model.Model` that answers with a recorded rollout's assistant messages
+    (a conversation's `user` rows are the simulated user's: it says them again itself)."""
 
     def __init__(self, steps: list[dict]) -> None:
-        self.steps = sorted(steps, key=lambda r: r["step"])
+        self.steps = sorted((r for r in steps if r.get("role", "assistant") == "assistant"), key=lambda r: r["step"])
         self.served = 0
 
     def complete(self, payload: dict, timeout_s: float) -> dict:

@@ -31,6 +31,7 @@ backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -56,6 +57,18 @@ _ABORT = re.compile(rb'"finish_reason"\s*:\s*"abort"')     # a 200 that is an ab
 # A stream event read at once even after forwarding began: an abort or an error.
 _SPECIAL_EVENT = re.compile(rb'"finish_reason"\s*:\s*"abort"|^\s*\{\s*"error"\s*:|"object"\s*:\s*"error"')
 _USAGE_ONLY = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+
+
+_REPLICAS = itertools.count(secrets.randbelow(1 << 16))   # each node starts at its own replica
+
+
+def replica(endpoint: str, k: int) -> str:
+    """The endpoint a rollout calls when a policy version is served by several replicas: a
+    published endpoint may be several URLs separated by spaces (the model servers a Slurm job
+    started, slurm/servers.py); the rollouts of a node take them in turn, each rollout keeps its
+    replica (its conversation's prefix is cached there)."""
+    urls = endpoint.split()
+    return urls[k % len(urls)] if len(urls) > 1 else endpoint
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,7 @@ class Session:
         self._clock, self._wall, self._sleep = clock, wall, sleep
         self._client = client or (lambda endpoint: KeepAliveModel(endpoint, clock))
         self._clients: dict[str, Model] = {}
+        self._replica = next(_REPLICAS)   # which replica of a policy served by several (`replica`)
         self.max_version_retries = max_version_retries
         self.key = "pdk-" + secrets.token_hex(16)     # the OPENAI_API_KEY a harness is given
         self.deadline = clock() + budgets.wall_s
@@ -344,6 +358,7 @@ class Session:
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):
             return endpoint             # a Model given as the endpoint (replay, tests)
+        endpoint = replica(endpoint, self._replica)
         c = self._clients.get(endpoint)
         if c is None:
             c = self._clients[endpoint] = self._client(endpoint)

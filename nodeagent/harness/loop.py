@@ -17,7 +17,15 @@ format; the node's gateway session (`nodeagent.gateway.session`, which records e
 and `replay` implement it too. A gateway that refuses a call because the rollout's model
 budget is spent (`BudgetExhausted`) stops the loop with that budget as stop reason. Seeded tool
 faults (`faults`, a task's `tool_faults`) replace or delay tool calls; each step row lists
-the faults of its calls in `tool_faults`. Must not import zmq,
+the faults of its calls in `tool_faults`.
+
+Conversations (a task with `services` and a `user`): the task's mock services
+(`nodeagent.services.host.ServiceHost`) add their operations to the tools; the instruction
+goes into the system prompt (`CONVERSATION_PROMPT`) and the simulated user
+(`nodeagent.harness.usersim`) opens. An assistant message without a tool call is a message to
+the user: the user's reply is the next `user` message, unless the user stops (`stop_reason =
+"user_stop"`). Every user turn is a step row with `role = "user"`; `step` numbers all rows.
+Must not import zmq,
 controller.* outside contracts, nodeagent.agent or nodeagent.verifier.
 """
 from __future__ import annotations
@@ -33,8 +41,12 @@ from nodeagent.harness.faults import ToolFaults, faulted_result
 from nodeagent.harness.model import (MODEL_TIMEOUT_S, BudgetExhausted, ContextLengthExceeded, HTTPModel, Model,
                                      ModelError, ModelTimeout)
 from nodeagent.harness.tools import Toolbox, ToolResult
+from nodeagent.services.host import ToolRouter
 from nodeagent.sandbox.runtime import Sandbox
 
+CONVERSATION_PROMPT = ("You are an assistant talking with a user. Use the tools to look up and change records "
+                       "as the user asks and as the operator's instructions allow. Write to the user in plain "
+                       "messages (without a tool call).\n\nOperator's instructions:\n")
 SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your files are in /work. "
                  "Use the tools to inspect and change files and run commands. When you are done, "
                  "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
@@ -47,7 +59,7 @@ MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest a
 class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "stop"       # stop | max_steps | wall_time | tokens | calls | context_length | model_error
+    stop_reason: str = "stop"       # stop | user_stop | max_steps | wall_time | tokens | calls | context_length | model_error
     #                                 (an external harness: harness_exit | harness_error | harness_timeout)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -81,23 +93,33 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
               tool_timeout_s: float = TOOL_TIMEOUT_S,
               egress_decisions: Callable[[], list[dict]] | None = None,
               span_origin: float | None = None, faults: ToolFaults | None = None,
-              sleep: Callable[[float], None] = time.sleep) -> AgentResult:
+              sleep: Callable[[float], None] = time.sleep, services=None, user=None,
+              toolbox: Any = None) -> AgentResult:
     """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
     (infrastructure); every failure the model causes is an observation in the transcript.
-    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start)."""
+    Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start).
+    `toolbox`: tools already bound (a web task's `nodeagent.harness.browser_tools.BrowserToolbox`)
+    instead of the sandbox's shell tools."""
     b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
     client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
-    toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
-    messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
-                            {"role": "user", "content": instruction}]
+    if toolbox is None:
+        toolbox = Toolbox(sandbox, tools, observation_bytes=b.observation_bytes, timeout_s=tool_timeout_s)
+    if services is not None:
+        toolbox = ToolRouter(toolbox, services)
     res = AgentResult()
     t0 = clock()
+    if user is None:
+        messages: list[dict] = [{"role": "system", "content": SYSTEM_PROMPT},
+                                {"role": "user", "content": instruction}]
+    else:
+        messages = [{"role": "system", "content": CONVERSATION_PROMPT + instruction}]
+        _user_turn(res, user.opening(), messages, utc_now(), 0.0)
     deadline = t0 + b.wall_s
     origin = t0 if span_origin is None else span_origin
     try:
         for step in range(b.max_steps):
             if not _step(res, step, client, toolbox, messages, model, seed, b, clock, origin, deadline,
-                         model_timeout_s, (faults, sleep)):
+                         model_timeout_s, (faults, sleep), user):
                 break
         else:
             res.stop_reason = "max_steps"
@@ -114,8 +136,11 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
 
 def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
           model: str, seed: int, b: Budgets, clock, origin: float, deadline: float,
-          model_timeout_s: float, inject: tuple[ToolFaults | None, Callable[[float], None]]) -> bool:
-    """One assistant message and its tool calls; False when the loop must stop."""
+          model_timeout_s: float, inject: tuple[ToolFaults | None, Callable[[float], None]],
+          user=None) -> bool:
+    """One assistant message and its tool calls (or, to a user, the user's reply); False when
+    the loop must stop. `step` counts assistant messages; the row's `step` counts all rows."""
+    row_no = len(res.steps)
     remaining = deadline - clock()
     if remaining <= 0:
         res.stop_reason = "wall_time"
@@ -127,7 +152,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     try:
         body = client.complete(payload, min(model_timeout_s, remaining))
     except (ModelTimeout, ContextLengthExceeded, BudgetExhausted) as exc:
-        res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
+        res.spans.append({"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
                           "duration_s": clock() - m0})
         if isinstance(exc, BudgetExhausted):
             res.stop_reason = exc.kind
@@ -140,7 +165,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
             return False
         raise
     model_s = clock() - m0
-    res.spans.append({"kind": "model_call", "name": model, "step": step, "start_s": m0 - origin,
+    res.spans.append({"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
                       "duration_s": model_s})
     choice = body["choices"][0]
     message = choice["message"]
@@ -151,7 +176,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     logprobs = choice.get("logprobs")
     calls = [_call_record(i, c) for i, c in enumerate(message.get("tool_calls") or [])]
     messages.append(_assistant_message(message))
-    row = {"step": step, "role": "assistant", "content": message.get("content"),
+    row = {"step": row_no, "role": "assistant", "content": message.get("content"),
            "tool_name": None, "tool_args": None, "observation": None, "exit_code": None,
            "started_at": started, "model_s": model_s, "tool_s": 0.0,
            "prompt_tokens": p_tok, "completion_tokens": c_tok,
@@ -162,10 +187,18 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         row["wall_s"] = clock() - m0
         res.answer = message.get("content") or ""
         res.stop_reason = "stop"
-        return False
+        if user is None:
+            return False
+        started, u0 = utc_now(), clock()
+        turn = user.reply(res.answer)
+        _user_turn(res, turn, messages, started, clock() - u0)
+        if turn.stop:
+            res.stop_reason = "user_stop"
+            return False
+        return True
     t_tool = clock()
     observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
-                                                             deadline, inject)
+                                                             deadline, inject, row_no)
     row.update(tool_faults=json.dumps(faults) if faults else None,tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
                observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
                tool_s=clock() - t_tool, wall_s=clock() - m0)
@@ -177,8 +210,8 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
 
 def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],
                clock, origin: float, deadline: float,
-               inject: tuple[ToolFaults | None, Callable[[float], None]] = (None, time.sleep)
-               ) -> tuple[list[str], bool, int | None, list[dict]]:
+               inject: tuple[ToolFaults | None, Callable[[float], None]] = (None, time.sleep),
+               row_no: int | None = None) -> tuple[list[str], bool, int | None, list[dict]]:
     """Run one message's tool calls (at most MAX_CALLS_PER_STEP); (observations, any truncated,
     the first call's exit code, the faults injected)."""
     observations, truncated, first_code, faults = [], False, None, []
@@ -198,7 +231,7 @@ def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox,
             if fault == "latency":
                 sleep(min(plan.latency_s, max(deadline - s0, 0.0)))
             out = toolbox.call(call["name"], call["arguments"], budget_s=max(deadline - clock(), 0.1))
-        res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step,
+        res.spans.append({"kind": "tool_call", "name": str(call["name"]), "step": step if row_no is None else row_no,
                           "start_s": s0 - origin, "duration_s": clock() - s0})
         if out.error is not None and fault is None:
             res.tool_errors += 1
@@ -210,4 +243,16 @@ def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox,
     return observations, truncated, first_code, faults
 
 
-__all__ = ["AgentResult", "MAX_CALLS_PER_STEP", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S", "run_agent"]
+def _user_turn(res: AgentResult, turn, messages: list[dict], started, wall_s: float) -> None:
+    """Record a simulated user's message as a step row (`role = "user"`) and, unless the user
+    stopped, send it to the model."""
+    res.steps.append({"step": len(res.steps), "role": "user", "content": turn.content, "tool_name": None,
+                      "tool_args": None, "observation": None, "exit_code": None, "started_at": started,
+                      "model_s": turn.model_s, "tool_s": 0.0, "wall_s": wall_s,
+                      "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                      "logprobs": None, "observation_truncated": None, "tool_faults": None})
+    if not turn.stop:
+        messages.append({"role": "user", "content": turn.content})
+
+
+__all__ = ["AgentResult", "CONVERSATION_PROMPT", "MAX_CALLS_PER_STEP", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S", "run_agent"]

@@ -81,7 +81,8 @@ class Sandbox(SandboxHandle):
                     self._sock.settimeout(float(req["timeout_s"]) + EXEC_GRACE_S)
                     framing.send_records(self._sock, sbxinit.exec_records(
                         req["argv"], req["stdin"], req["timeout_s"], req["cwd"], req["env"],
-                        req["output_cap"], req["uid"], self.spec.egress_socket is not None))
+                        req["output_cap"], req["uid"], self.spec.egress_socket is not None,
+                        req.get("oom_score_adj")))
                     reply = sbxinit.checked_exec_reply(
                         framing.recv_records(self._sock, max_bytes=sbxinit.INIT_REPLY_MAX_BYTES))
                 except (framing.FramingError, OSError) as exc:
@@ -91,14 +92,16 @@ class Sandbox(SandboxHandle):
         return reply
 
     def exec(self, argv: list[str], stdin: bytes = b"", timeout_s: float = 30.0, cwd: str = "/work",
-             env: dict | None = None, output_cap: int = 65536, uid: int | None = None) -> ExecResult:
+             env: dict | None = None, output_cap: int = 65536, uid: int | None = None,
+             oom_score_adj: int | None = None) -> ExecResult:
         """Run `argv` in the sandbox. `uid`: an in-sandbox uid (0 ≤ uid < slice size) other than the
-        agent's root, e.g. a checker that does not own /work; its gid is the same number."""
+        agent's root, e.g. a checker that does not own /work; its gid is the same number.
+        `oom_score_adj`: see `sbxinit.exec_records` (default: 1000, the OOM killer's first choice)."""
         if uid is not None and not (0 <= int(uid) < self.runtime.slice_size):
             raise ValueError(f"uid {uid} is outside the sandbox's id slice [0, {self.runtime.slice_size})")
         r = self._call({"op": "exec", "argv": list(argv) if isinstance(argv, (list, tuple)) else argv,
                         "stdin": stdin, "timeout_s": timeout_s, "cwd": cwd, "env": env or {},
-                        "output_cap": output_cap, "uid": uid})
+                        "output_cap": output_cap, "uid": uid, "oom_score_adj": oom_score_adj})
         return ExecResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["truncated"], r["wall_s"])
 
     def write_files(self, files: dict, owner: str = "agent", mode: int = 0o644) -> None:

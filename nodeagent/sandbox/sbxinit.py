@@ -356,9 +356,11 @@ def handle_op(req: dict, rec: dict) -> dict:
 
 
 def exec_records(argv, stdin: bytes, timeout_s: float, cwd: str, env: dict, output_cap: int,
-                 uid: int | None, egress: bool) -> list[tuple[str, bytes]]:
+                 uid: int | None, egress: bool, oom_score_adj: int | None = None) -> list[tuple[str, bytes]]:
     """An exec request for the init. Bad input (not a list of strings, a NUL inside one) is a
-    ValueError naming it."""
+    ValueError naming it. `oom_score_adj` (0..1000, default 1000: the OOM killer's first
+    choice): lower for a command that must outlive its workload (the grader); the init then
+    keeps every process of an unprivileged uid at 1000 while it runs."""
     if not (isinstance(argv, (list, tuple)) and argv and all(isinstance(a, str) for a in argv)):
         raise ValueError(f"argv must be a non-empty list of strings, not {argv!r}")
     full_env = {"PATH": SANDBOX_PATH, "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
@@ -384,6 +386,10 @@ def exec_records(argv, stdin: bytes, timeout_s: float, cwd: str, env: dict, outp
         recs.append(("i", bytes(stdin)))
     if uid is not None:
         recs.append(("u", str(int(uid)).encode()))
+    if oom_score_adj is not None:
+        if not 0 <= int(oom_score_adj) <= 1000:
+            raise ValueError(f"oom_score_adj must be in [0, 1000], got {oom_score_adj!r}")
+        recs.append(("O", str(int(oom_score_adj)).encode()))
     return recs
 
 

@@ -163,10 +163,10 @@ def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:
     if outcome is not None and outcome not in OUTCOMES:
         raise SchemaError(f"rollouts.outcome: {outcome!r} is not one of {', '.join(OUTCOMES)}")
     if "reward" in row and outcome is not None:
-        if outcome == "infra_error" and row["reward"] is not None:
-            raise SchemaError("rollouts.reward: must be None for outcome infra_error "
-                              "(an infrastructure failure is masked, never scored)")
-        if outcome != "infra_error" and row["reward"] is None:
+        if outcome in ("infra_error", "judge_failed") and row["reward"] is not None:
+            raise SchemaError(f"rollouts.reward: must be None for outcome {outcome} "
+                              "(an infrastructure or judge failure is masked, never scored)")
+        if outcome not in ("infra_error", "judge_failed") and row["reward"] is None:
             raise SchemaError(f"rollouts.reward: must not be None for outcome {outcome!r}")
     return row
 

@@ -47,6 +47,7 @@ from nodeagent.sandbox import framing
 DEFAULT_LIMITS = {"memory_mb": 1024, "nofile": 64, "fsize_mb": 16}
 SWEEP_INTERVAL_S = 2.0          # a /proc scan: only after checks finished, at most this often
 MAX_REQUEST_BYTES = 4 << 20
+SPARE_OOM_SCORE_ADJ = 1000        # each check process: the OOM killer's first choice
 SPARES = 8                      # pre-forked check processes kept ready
 MAX_REPLY_BYTES = 192 * 1024    # one SOCK_SEQPACKET record (below the default socket buffer)
 MAX_OUTPUT_CAP = 128 * 1024     # output_cap is clamped to this (base64 of it fits one record)
@@ -72,11 +73,22 @@ class _Active:
     out_open: bool = True
 
 
+def _raise_oom_score() -> None:
+    """A check is the OOM killer's first choice (1000), never the server or the node agent:
+    raising one's own oom_score_adj needs no privilege."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(SPARE_OOM_SCORE_ADJ))
+    except OSError:
+        pass
+
+
 def _spare(req_r: int, out_w: int, res: int) -> None:
     """A pre-forked child: own session at once, then wait for one request and run it. Never returns."""
     try:
         os.setsid()
         gc.disable()
+        _raise_oom_score()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

@@ -45,7 +45,8 @@ from controller.contracts import checkerspec
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier import checkers
+from nodeagent.verifier import checkers, judge, statecheck, webstate
+from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
 CHECK_TIMEOUT_S = 60.0
@@ -73,11 +74,13 @@ CALLBRIDGE_SOURCE = GRADER_FILE.with_name("callbridge.py").read_bytes()
 class VerifierInfraError(Exception):
     """The verifier could not reach a verdict for reasons that are not the policy's fault."""
 
+    agent_ran: bool = False     # set by `verify`: the agent's changes were applied or its code ran
+
 
 @dataclass
 class Verdict:
-    outcome: str                    # pass | fail | timeout
-    reward: float
+    outcome: str                    # pass | fail | timeout | judge_failed (reward None)
+    reward: float | None
     components: dict = field(default_factory=dict)
     checks: list[dict] = field(default_factory=list)
     tampered: bool = False
@@ -132,12 +135,23 @@ def as_bytes(content: str | bytes) -> bytes:
 
 def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
-           layers: tuple = ()) -> Verdict:
-    """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it."""
+           layers: tuple = (), baseline: Baseline | None = None,
+           conversation: dict | None = None) -> Verdict:
+    """Grade one rollout (see the module docstring). Raises VerifierInfraError, never scores it.
+
+    An infrastructure error is only what reproduces without the agent: when grading fails after
+    the agent's changes were applied or its code ran (a collection or import error, a killed
+    or stopped grader, a missing report, pytest not starting), the task is graded without the
+    agent (`Baseline`); if that grades cleanly the rollout is `fail`, reward 0, with both
+    reasons in its checks. `baseline`: where clean runs are known (default: `BASELINE`, cached
+    per task, image and verifier version); `NO_BASELINE` turns the comparison off (validation's
+    own reference and null runs). `conversation`: a conversational rollout's final service
+    state and transcript (the `state` checker's input)."""
     t0 = clock()
     task = decode_task(task)
     if layers:
         task["_layers"] = tuple(layers)
+    task["_conversation"] = conversation      # a conversational rollout's service state and transcript
     try:
         spec = validate_spec(task.get("checker"), task)
     except SpecError as exc:
@@ -148,14 +162,25 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
                     tampered=True)
         v.verify_s = clock() - t0
         return v
+    agent_ran = False
     for attempt in range(INFRA_RETRIES + 1):
+        watched = Watched(runtime, bool(changes), spec["kind"] == "pytest")
         try:
-            v = _primary(runtime, image, task, spec, changes, answer, clock, runner)
+            v = _primary(watched, image, task, spec, changes, answer, clock, runner)
             break
         except VerifierInfraError as exc:
+            agent_ran = agent_ran or watched.agent_ran
             checks.append(_check(spec["kind"], "infra_error", f"attempt {attempt + 1}: {exc}"))
-            if attempt == INFRA_RETRIES:
+            if attempt < INFRA_RETRIES:
+                continue
+            exc.agent_ran = agent_ran
+            clean = (baseline or BASELINE).clean(task, image, _without_agent(runtime, image, task, spec, clock, runner)
+                                                 ) if agent_ran else None
+            if not clean:
                 raise
+            v = Verdict("fail", 0.0, {"correct": 0.0},
+                        [_check(spec["kind"], "fail", f"grading failed with the agent's changes ({exc}), and the "
+                                f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
     v.checks[:0] = checks
     if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
         _add_judge(v, spec, task, changes, answer, clock)
@@ -164,12 +189,34 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     return v
 
 
+def _without_agent(runtime, image, task, spec, clock, runner) -> Callable[[list, str | None], str]:
+    """The baseline's grading function: the outcome of other changes (the task's reference,
+    none) graded as a rollout's, `infra_error` when grading fails."""
+    def grade(changes: list, answer: str | None) -> str:
+        try:
+            return _primary(Watched(runtime, False, spec["kind"] == "pytest"), image, task, spec, changes, answer,
+                            clock, runner).outcome
+        except VerifierInfraError:
+            return "infra_error"
+    return grade
+
+
 def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verdict:
     kind = spec["kind"]
     if kind == "pytest":
         return _verify_pytest(runtime, image, task, spec, changes, clock)
     if kind == "command":
         return _verify_command(runtime, image, task, spec, changes, clock)
+    if kind == "state":
+        try:
+            return Verdict(**statecheck.grade_state(spec, task.get("_conversation")))
+        except statecheck.StateCheckError as exc:
+            raise VerifierInfraError(str(exc)) from None
+    if kind == "webstate":
+        try:
+            return Verdict(**webstate.verify_webstate(runtime, image, task, spec, changes, clock))
+        except webstate.WebStateError as exc:
+            raise VerifierInfraError(str(exc)) from None
     return _verify_answer(spec, answer, clock, runner)
 
 
@@ -573,14 +620,14 @@ def grade_report(raw: bytes, expected: list[str], spec: dict, wall_s: float = 0.
 
 
 def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
+    """A custom command in a fresh sandbox (the task's visible files, the agent's changes, then
+    the protected originals and the spec's `support` files, read-only): its exit status decides
+    (`pass_exit_codes`, default [0]); killed at `timeout_s` it is a `timeout`. A command the
+    image cannot run (`paddock: cannot run ...`, exit 126/127) is a VerifierInfraError."""
     sb = _fresh_sandbox(runtime, image, task, changes)
     try:
         system, support = _checker_files(task, {**spec, "tests": (), "strict_eq": False})
-        sb.write_files(support, owner="system", mode=0o444)
-        locked = set(locked_tests(task, spec)) if repo else set()
-        sb.write_files({p: b for p, b in system.items() if p not in locked}, owner="system", mode=0o444)
-        if locked:
-            sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
+        sb.write_files({**support, **system}, owner="system", mode=0o444)
         t = clock()
         r = sb.exec(list(spec["argv"]), cwd=spec.get("cwd", "/work"), output_cap=OUTPUT_CAP,
                     timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
@@ -591,25 +638,16 @@ def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
         sb.destroy()
     if r.timed_out:
         return Verdict("timeout", 0.0, {"correct": 0.0}, [_check("command", "timeout", "killed at the deadline", wall)])
-    ok = r.exit_code in spec.get("pass_exit_codes", [0])
     tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
+    if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run "):
+        raise VerifierInfraError(f"checker command cannot run: {r.stderr.decode(errors='replace')[:300]}")
+    ok = r.exit_code in spec.get("pass_exit_codes", [0])
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    [_check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{tail}", wall)])
 
 
 def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer: str | None, clock) -> None:
-    judge = spec["judge"]
-    t = clock()
-    diff = "\n".join(f"--- {c.path} ({c.kind})\n{(c.data or b'').decode(errors='replace')[:4000]}"
-                     for c in changes[:20])
-    try:
-        score, detail = checkers.judge_score(judge, task.get("instruction", ""), answer or "", diff)
-    except checkers.JudgeError as exc:
-        raise VerifierInfraError(f"judge: {exc}") from None
-    w = float(judge.get("weight", 0.5))
-    v.components.update(judge=score, weights={"correct": 1.0 - w, "judge": w})
-    v.reward = (1.0 - w) * v.reward + w * score if v.outcome == "pass" else 0.0
-    v.checks.append(_check("judge", f"{score:.3f}", detail, clock() - t))
+    judge.apply(v, spec, task, changes, answer, clock)      # rate limits, retries, cache, judge_failed
 
 
 def _dependency_versions() -> dict[str, str]:
@@ -626,10 +664,12 @@ def _dependency_versions() -> dict[str, str]:
 
 def _version() -> str:
     """A hash of everything that decides a verdict: every source file of this package (the
-    grader plugin included), the checker-spec contract, the judge's model client, and the
-    grading constants. Any change to them is a new verifier version."""
+    grader plugin included), the checker-spec contract, the state checker's comparison (the
+    services contract), the judge's model client, and the grading constants. Any change to
+    them is a new verifier version."""
     h = hashlib.sha256()
-    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__)]
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__),
+                                                            *statecheck.CONTRACT_SOURCES]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, "call-deadline=check", INFRA_RETRIES,

@@ -7,20 +7,23 @@ calls them; JSON in, JSON out):
   ...)` returns;
 - `math_equal(gold, pred_text) -> bool`.
 
-How a prediction is judged:
-1. Its final answers: every \\boxed{} body; else, when the text is itself a bare answer, the
-   text; else every "answer: X" line when there are several; else what Math-Verify extracts.
-   Several *different* final answers pass only if every one equals the gold (a spray of
-   candidates fails whichever comes last), unless the gold itself is a set of several values.
-2. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
-   compares item by item in order with the same brackets (intervals keep open/closed ends,
-   tuples keep their order); a braced set compares as a set; a bare list of numbers keeps its
-   order; a list of tuples compares as a set.
-3. Scalars: plain number literals compare exactly as rationals (3628803 is not 10!); a decimal
-   may stand for a value rounded to its places (0.33 for 1/3, gold 33.3 for 100/3), only with
-   at least 3 significant digits or 2 places. Pure text answers (\\text{(E)}, (C)) compare by
-   their folded text. Everything else goes to Math-Verify's `verify` (sets, intervals,
-   relations, matrices, symbolic equality), with the exact rule for numeric expressions.
+How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
+1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
+   else the text itself when it is a bare answer; else the "answer: X" lines (a hedge on the
+   line is all its values); else what Math-Verify extracts. Several *different* final answers
+   pass only if every one equals the gold, unless the gold itself is a set of several values.
+2. A hedge (`mathnorm.alternatives`: \\lor, "or", "(or 6)", a `cases` block, rows) offers every
+   value it names: each must be the gold (or, for a multi-valued gold, the set must match). A
+   relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not.
+3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
+   compares item by item in order with the same brackets; a braced set compares as a set; a
+   bare list of numbers keeps its order; a list of tuples compares as a set; a set is never an
+   interval or a tuple and one value is never several. A lone comma in a gold ("-2,1") is a list.
+4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold
+   decimal may be the rounding of the prediction (gold 33.3, 100/3), a predicted decimal for an
+   exact gold needs MIN_APPROX_SIG_DIGITS; single letters keep their case (text answers of
+   words fold it); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
+   made case-sensitive (`_case_sensitive_latex`) and the exact rule for numeric expressions.
 
 Time: one check starts no new parse or comparison after CHECK_BUDGET_S (the rest counts as
 "not shown equal"); each parse and comparison runs under Math-Verify's own timeouts on the
@@ -49,8 +52,10 @@ CHECK_BUDGET_S = 8.0             # past this, no new parse/verify starts: what i
 MAX_CANDIDATES = 8
 MAX_TEXT_CHARS = 200_000
 MAX_SET_ITEMS = 32
+MAX_GOLD_GLUE_CHARS = 30         # words between a gold's boxes that still make them one set
 MIN_ROUNDED_SIG_DIGITS = 3       # a rounded decimal needs this many significant digits ...
 MIN_ROUNDED_PLACES = 2           # ... or this many decimal places
+MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal gold (1/7 ~ 0.1429)
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
@@ -61,9 +66,30 @@ _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 def _math_verify():
     """Math-Verify, imported on first use: it pulls in sympy and the ANTLR LaTeX parser (about a
-    second), which `paddock check` and the check server's preload should pay only when needed."""
+    second), which `paddock check` and the check server's preload should pay only when needed.
+    Its LaTeX conversion is set to keep the case of symbols (latex2sympy's default folds it, so
+    `a+A` would read as `2a`); see `_case_sensitive_latex`."""
     import math_verify
+    _case_sensitive_latex(math_verify)
     return math_verify
+
+
+def _case_sensitive_latex(mv) -> None:
+    """Make Math-Verify's LaTeX parse call latex2sympy with `lowercase_symbols=False` (once per
+    process; its parse cache is cleared so no folded result survives)."""
+    parser = mv.parser
+    if getattr(parser.latex2sympy, "_paddock_case_sensitive", False):
+        return
+    from latex2sympy2_extended.latex2sympy2 import ConversionConfig  # noqa: PLC0415 - Math-Verify's dependency
+    original, config = parser.latex2sympy, ConversionConfig(lowercase_symbols=False)
+
+    def latex2sympy(*args, **kwargs):
+        kwargs.setdefault("conversion_config", config)
+        return original(*args, **kwargs)
+
+    latex2sympy._paddock_case_sensitive = True
+    parser.latex2sympy = latex2sympy
+    parser.parse_latex_cached.cache_clear()
 
 
 def _timeouts() -> tuple[int | None, int | None]:
@@ -124,65 +150,173 @@ def _dedupe(answers: list[str]) -> list[str]:
 
 def final_answers(text: str) -> list[str]:
     """The distinct final answers in `text`, normalised (see the module docstring, step 1)."""
-    text = text[-MAX_TEXT_CHARS:]
+    text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
-        return _dedupe([mn.normalise(b) for b in boxed])
+        tail = text[text.rfind("\\boxed"):]           # a "final answer" line after every box wins
+        final = [a for a in mn.answer_lines(tail) if _FINAL_WORDS.search(a)] if _FINAL_WORDS.search(tail) else []
+        line = _line_answer(final[-1]) if len(final) == 1 else None
+        return [line] if line is not None else _dedupe([mn.normalise(b) for b in boxed])
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
-    lines = _dedupe([mn.normalise(a) for a in mn.answer_lines(text)])
+    raw = mn.answer_lines(text)
+    lines = _dedupe([mn.normalise(a) for a in raw])
     if len(lines) > 1:
         return lines
-    parsed = mv_parse(text)
+    if lines:                                   # the answer line is the region to read, whole
+        line = _line_answer(raw[-1])
+        if line is not None:
+            return [line]
+    if raw:
+        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
+        if len(hedge) > 1:
+            return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
+    parsed = mv_parse(raw[-1] if raw else text)
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
+
+
+_ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
+_FINAL_WORDS = re.compile(r"final answer", re.IGNORECASE)
+_FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
+_HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
+_MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
+
+
+def _line_answer(line: str) -> str | None:
+    """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
+    line = _HOPE.sub("", _FINAL_IS.sub("", _ANSWER_PREFIX.sub("", line))).strip()
+    m = _MATH_SPAN.fullmatch(line)
+    if m:
+        return mn.normalise(m.group(1))
+    return mn.normalise(line) if mn.is_bare_answer(line) else None
 
 
 _BETWEEN_BOXES = re.compile(r"\\boxed\s*\{[^{}]*\}|[\s,;$.]|\\[()\[\]]|\\quad|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
 
 
 def gold_answer(gold: str) -> str | None:
-    """The gold's answer string. Several boxed values written side by side (only commas, "and"
-    between them) become one set; boxed values scattered through a solution: the last one."""
+    """The gold's answer string. Several boxed values written side by side (between them only
+    commas, "and", or a few words joined by "and": "\\boxed{1} papers and \\boxed{2} bins") become
+    one set; boxed values scattered through a solution: the last one."""
+    gold = mn.unescape_commands(gold)
     answers = final_answers(gold)
     if not answers:
         return None
     if len(answers) == 1:
         return answers[0]
-    first, last = gold.find("\\boxed"), gold.rfind("\\boxed")
-    if _BETWEEN_BOXES.sub("", gold[first:last]).strip():
+    starts = [m.start() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", gold)]
+    if len(starts) != len(answers):
         return answers[-1]
-    return "\\{" + ", ".join(answers) + "\\}"
+    group = [answers[-1]]                       # the last run of boxes joined only by glue
+    for i in range(len(starts) - 2, -1, -1):
+        if not _joined(gold[starts[i]:starts[i + 1]]):
+            break
+        group.insert(0, answers[i])
+    group = _dedupe(group)
+    return group[0] if len(group) == 1 else "\\{" + ", ".join(group) + "\\}"
+
+
+def _joined(between: str) -> bool:
+    """Two boxes are one answer when what lies between them is commas, "and", spacing, or at
+    most one word without digits ("\\boxed{1} papers and \\boxed{2} bins")."""
+    rest = _BETWEEN_BOXES.sub(" ", between).strip()
+    return len(rest) <= MAX_GOLD_GLUE_CHARS and not re.search(r"[\d=]", rest) and len(rest.split()) <= 1
 
 
 # -- comparing ----------------------------------------------------------------------------------
 
-def _strip_assignment(gold: str, pred: str) -> str:
-    """'x = 5' -> '5' and 'x \\in [0, 1)' -> '[0, 1)' when the gold states no relation itself."""
-    if _RELATION.search(gold):
-        return pred
-    for sep in ("=", "\\in "):
-        parts = mn.split_top(pred, sep)
-        if len(parts) > 1 and re.search(r"<|>|\\le|\\ge|\\ne", pred) is None:
-            lhs, pred = parts[0], parts[-1]
-            if sep == "\\in " and not _ASSIGN_LHS.fullmatch(lhs):
-                return parts[0] + sep + parts[-1]
+APPROX_REL_TOL = Fraction(1, 100)   # the approximate side of "exact \\approx decimal": within 1%
+
+
+def _is_lhs(s: str) -> bool:
+    return _ASSIGN_LHS.fullmatch(s.strip()) is not None
+
+
+def _stated_values(gold: str, pred: str) -> tuple[list[str], str | None] | None:
+    """The values a relation in `pred` states when the gold states none: 'x = 12/2 = 6' ->
+    (['12/2', '6'], None); 'x \\in [0, 1)' -> (['[0, 1)'], None); '\\frac{1}{3} \\approx 0.333' ->
+    (['\\frac{1}{3}'], '0.333') (exact values, then the approximate one). Every exact value must be
+    the gold: '6 = 5' states 5 and 6. None when `pred` is no such relation."""
+    if _RELATION.search(gold) or len(mn.split_top(pred)) > 1:
+        return None
+    if re.search(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\sim|\\equiv", pred):
+        return None
+    approx = None
     if "\\approx" in pred:
-        left, _, right = pred.partition("\\approx")
-        pred = right.strip() if _ASSIGN_LHS.fullmatch(left.strip()) else left.strip()
-    return pred
+        exact_part, _, approx = pred.partition("\\approx")
+        approx = approx.strip()
+        if "\\approx" in approx or "=" in approx:
+            return [approx], "\\approx"          # a chain of approximations: never equal
+    else:
+        exact_part = pred
+    for sep in ("=", "\\in "):
+        parts = [p for p in mn.split_top(exact_part, sep)]
+        if len(parts) > 1 and all(parts):
+            if sep == "\\in " and (len(parts) != 2 or not _is_lhs(parts[0])):
+                return None
+            values = parts[1:] if _is_lhs(parts[0]) else parts
+            return values, approx
+        if len(parts) > 1:
+            return None
+    if approx is None:
+        return None
+    exact_part = exact_part.strip()
+    return ([] if _is_lhs(exact_part) else [exact_part]), approx
 
 
 def answers_equal(gold: str, pred: str) -> bool:
-    """True when the normalised answer `pred` states the normalised gold answer."""
+    """True when the normalised answer `pred` states the normalised gold answer, and only it."""
     if len(gold) > mn.MAX_ANSWER_CHARS or len(pred) > mn.MAX_ANSWER_CHARS:
         return False
     if gold == pred:
         return True
-    pred = _strip_assignment(gold, pred)
+    alts = _dedupe(mn.alternatives(pred))
+    if len(alts) > 1:                       # a hedge: every value it offers must be right
+        if _multi_valued(gold):
+            return _as_sets(mn.structure(gold).items, tuple(alts))
+        return all(answers_equal(gold, a) for a in alts)
+    if alts and alts[0] != pred:
+        return answers_equal(gold, alts[0])  # "6 \\text{ or } 6", a one-row cases block
+    chain = _assignment_chain(gold, pred)
+    if chain is not None:
+        return chain
+    if mn.hidden_text(pred) and not mn.hidden_text(gold):
+        return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    stated = _stated_values(gold, pred)
+    if stated is not None:
+        values, approx = stated
+        if approx == "\\approx" or (not values and approx is None):
+            return False
+        if approx is not None and not values:
+            return _one_equal(gold, approx)
+        return all(_one_equal(gold, v) for v in values) and (approx is None or _close(gold, approx))
+    return _one_equal(gold, pred)
+
+
+def _assignment_chain(gold: str, pred: str) -> bool | None:
+    """Gold 'x = 11', prediction a chain 'x = 5+6 = 7 = 11': every link must be the gold's value
+    (Math-Verify reads only the last; a chain that passes through a wrong value is a hedge).
+    None when the gold is no single assignment or the prediction no chain of three or more."""
+    gparts = mn.split_top(gold, "=")
+    pparts = mn.split_top(pred, "=")
+    if len(gparts) != 2 or len(pparts) < 3 or not _is_lhs(gparts[0]) or _RELATION.search(gparts[1]):
+        return None
+    if any(_RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
+        return None
+    values = pparts[1:] if _is_lhs(pparts[0]) else pparts
+    return all(_one_equal(gparts[1].strip(), v) for v in values)
+
+
+def _one_equal(gold: str, pred: str) -> bool:
+    """One stated value against the gold, by shape (see the module docstring, step 2)."""
     if gold == pred:
         return True
+    lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
+    lp = mn.number_literal(pred)
+    if lg is not None and lp is not None:
+        return literals_equal(lg, lp) or (_percent_only(gold, pred) and literals_equal(lg, (lp[0] / 100, None)))
     solutions = _assigned_rhs(gold)
     if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
@@ -194,11 +328,46 @@ def answers_equal(gold: str, pred: str) -> bool:
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
+    tuples = _assignment_tuples(sg)
+    if tuples is not None and sp.kind in ("list", "group"):
+        pred_items = sp.items if sp.kind == "list" else (pred,)
+        return _as_sets(tuples, pred_items)          # p=5,q=2;p=7,q=2 is (5,2),(7,2)
+    if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
+        return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
         if sg.kind == sp.kind == "list" and _ordered_list(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
+    if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
+        return False        # a set is not an interval or a tuple, one value is not several
     return mv_verify(_parse_answer(gold), _parse_answer(pred))
+
+
+def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
+    """A list of assignment groups ("p=5,q=2" ; "p=7,q=2") as tuples ("(5, 2)", "(7, 2)"), else None."""
+    if shape.kind != "list" or not all(";" not in i and "=" in i for i in shape.items):
+        return None
+    out = []
+    for item in shape.items:
+        parts = [mn.split_top(a, "=") for a in mn.split_top(item)]
+        if len(parts) < 2 or not all(len(p) == 2 and _is_lhs(p[0]) for p in parts):
+            return None
+        out.append("(" + ", ".join(p[1].strip() for p in parts) + ")")
+    return tuple(out)
+
+
+def _close(gold: str, approx: str) -> bool:
+    """The approximate side of 'exact \\approx d': a number within APPROX_REL_TOL of the gold."""
+    lit = mn.number_literal(approx)
+    g = _parse_answer(gold)
+    value = _numeric(g[0]) if g else None
+    if lit is None or value is None:
+        return False
+    try:
+        exact = Fraction(str(value.evalf(30)))
+    except Exception:  # noqa: BLE001 - not a plain number: not shown close
+        return False
+    return abs(exact - lit[0]) <= APPROX_REL_TOL * abs(exact)
 
 
 def _assigned_rhs(s: str) -> str | None:
@@ -242,34 +411,47 @@ def _as_sets(gold: tuple[str, ...], pred: tuple[str, ...]) -> bool:
 def scalars_equal(gold: str, pred: str) -> bool:
     """One value against one value: exact for integers and fractions, rounded decimals by
     their places, numeric expressions exactly, everything else by Math-Verify."""
-    lg, lp = mn.number_literal(gold), mn.number_literal(pred)
+    lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
+    lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
         return literals_equal(lg, lp)
-    g, p = _parse_answer(gold), _parse_answer(pred)
+    g = _parse_answer(gold)
+    if lp is not None and g and _numeric(g[0]) is not None:    # 4 4/9%, 28%: the literal, not the parse
+        ge = _numeric(g[0])
+        return _literal_matches_expr(lp, ge, literal_is_gold=False) or (
+            _percent_only(gold, pred) and _literal_matches_expr((lp[0] / 100, None), ge, literal_is_gold=False))
+    p = _parse_answer(pred)
     if not g or not p:
         return False
     ge, pe = _numeric(g[0]), _numeric(p[0])
     if ge is not None and pe is not None:
         if lg is not None or lp is not None:
             literal, expr = (lg, pe) if lg is not None else (lp, ge)
-            return _literal_matches_expr(literal, expr)
+            if _literal_matches_expr(literal, expr, literal_is_gold=lg is not None):
+                return True
+            return lp is not None and _percent_only(gold, pred) and _literal_matches_expr(
+                (lp[0] / 100, None), expr, literal_is_gold=False)      # 28% for a gold 7/25
         return _exact_equal(ge, pe)
     if (ge is None) != (pe is None) and _only_numbers(g[0]) and _only_numbers(p[0]):
         return False
     return mv_verify(g, p)
 
 
-def literals_equal(a: tuple[Fraction, int | None], b: tuple[Fraction, int | None]) -> bool:
-    """Two number literals: equal as rationals, or the coarser decimal is the finer one rounded."""
-    (va, pa), (vb, pb) = a, b
-    if va == vb:
+def _percent_only(gold: str, pred: str) -> bool:
+    """The prediction is a percentage and the gold is not: '28%' may state 0.28."""
+    return mn.is_percent(pred) and not mn.is_percent(gold)
+
+
+def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None]) -> bool:
+    """Two number literals: equal as rationals, or the gold is a decimal and the prediction,
+    given to at least as many places, rounds to it. A prediction coarser than the gold fails
+    (gold 0.3333, 0.33 is less than was asked); an integer gold stands for itself."""
+    (vg, pg), (vp, pp) = gold, pred
+    if vg == vp:
         return True
-    if pa is None and pb is None:
+    if pg is None or (pp or 0) < pg:
         return False
-    coarse, fine = (a, b) if (pa or 0) <= (pb or 0) else (b, a)
-    if coarse[1] is None:
-        return False                      # an integer stands for itself, not a rounding
-    return _rounds_to(fine[0], coarse)
+    return _rounds_to(vp, gold)
 
 
 def _rounds_to(value, literal: tuple[Fraction, int | None]) -> bool:
@@ -299,14 +481,20 @@ def _only_numbers(expr) -> bool:
     return isinstance(expr, sympy.Expr) and not expr.free_symbols
 
 
-def _literal_matches_expr(literal: tuple[Fraction, int | None], expr) -> bool:
-    """A number literal against a closed-form number: exact for integers, rounding for decimals."""
+def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is_gold: bool) -> bool:
+    """A number literal against a closed-form number: exact for integers, rounding for decimals.
+    A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3); a predicted
+    decimal standing for an exact gold must carry MIN_APPROX_SIG_DIGITS (0.67 is not 2/3)."""
     import sympy  # noqa: PLC0415 - loaded with math_verify (see _math_verify)
     value, places = literal
     rational = sympy.Rational(value.numerator, value.denominator)
+    if places is not None and not literal_is_gold and mn.significant_digits(value, places) < MIN_APPROX_SIG_DIGITS:
+        literal_ok = False
+    else:
+        literal_ok = True
     if expr.is_Rational:
         exact = Fraction(int(expr.p), int(expr.q))
-        return exact == value or (places is not None and _rounds_to(exact, literal))
+        return exact == value or (places is not None and literal_ok and _rounds_to(exact, literal))
     if places is None:
         return _exact_equal(rational, expr)
     try:
@@ -316,7 +504,7 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr) -> bool:
         approx = Fraction(str(sympy.Float(expr.evalf(EXACT_TOL_DIGITS), EXACT_TOL_DIGITS)))
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
-    return _rounds_to(approx, literal)
+    return literal_ok and _rounds_to(approx, literal)
 
 
 def _exact_equal(a, b) -> bool:

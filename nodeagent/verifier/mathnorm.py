@@ -9,32 +9,56 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
 - `split_top(s, sep)`: split at separators outside brackets and braces;
 - `structure(s)`: the answer's shape: a bracketed group ("(", "]" ...), a braced set, a bare
   list, or a scalar; `text_answer(s)`: the content of a pure \\text{...} or option-letter answer;
-- `number_literal(s)`: an integer / decimal / thousands-grouped literal, as (Fraction, places).
+- `number_literal(s)`: an integer / decimal / thousands-grouped / mixed-number ("4 4/9")
+  literal, as (Fraction, places);
+- `alternatives(s)`: the values of a hedged answer ("5 \\lor 6", "5 (or 6)", a `cases` block,
+  rows split by \\\\), or [s];
+- `hidden_text(s)`: True when a \\text{} (or \\mbox ...) inside a larger answer carries a digit,
+  which a parser would drop as a unit word.
 
 Commas are thousands separators only when they group digits by three after a leading group of
-1-3 digits that does not start with 0; a lone comma between digits otherwise is a decimal comma.
+1-3 digits that does not start with 0. A lone comma between digits ("-2,1") is a list in a gold
+answer (two roots) and a decimal comma only in a prediction read against a decimal gold.
 Must not import: sympy, math_verify, zmq, controller.store, controller.broker.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.contracts.answers import MAX_ANSWER_CHARS, boxed_contents  # noqa: F401 (re-read here)
 
-_ANSWER_LINE = re.compile(r"answer\s*(?:is\s*:?|:)\s*([^\n]+)", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
+_CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
+_DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal, as Math-Verify reads it
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))")   # not the \\ row break
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
-_LIST_WORD = re.compile(r"\s+(?:\\text\{\s*(?:and|or)\s*\}|and|or)\s+")
+_LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
+_ESCAPED_CMD = re.compile(r"\\\\(?=(?:left|right|frac|dfrac|tfrac|sqrt|pi|boxed|text|cdot|times|infty)(?![A-Za-z]))")
+_CONTRACTION = re.compile(r"[A-Za-z]'[a-z]")
+_NESTED_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])\s*")
+_OR_TEXT = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mbox)\s*\{\s*(or|and/or)\s*\}")
+_DISJUNCTION = re.compile(r"\\lor(?![A-Za-z])|\\vee(?![A-Za-z])|\\text\{\s*or\s*\}|(?<![A-Za-z\\])or(?![A-Za-z])")
+_PAREN_OR = re.compile(r"\(\s*(?:\\text\{\s*)?or\b")
+_CASES = re.compile(r"\\begin\{(cases)\}(.*?)\\end\{cases\}", re.DOTALL)
+_ROW_BREAK = re.compile(r"\\\\(?![A-Za-z])")
+_PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
+_TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm|operatorname)\s*"
+                              r"\{(?:[^{}]*\d[^{}]*|[^{}]*(?<![A-Za-z])or(?![A-Za-z])[^{}]*)\}")
+_TEXT_PUNCT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{\s*([()\[\],;:/|])\s*\}")
+_TEXT_ANY = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
 
@@ -50,19 +74,34 @@ def is_bare_answer(text: str) -> bool:
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
-    return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", s)))
+    if _CONTRACTION.search(s) or any(ch.isalpha() for ch in _CJK_OR_OTHER_LETTER.findall(s)):
+        return False                             # "it's", or words in another script: prose
+    return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
+
+
+def unescape_commands(text: str) -> str:
+    """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`;
+    Unicode compatibility forms folded (NFKC: fullwidth digits), the minus sign read as "-", and
+    invisible format characters (zero-width space, word joiner ...) removed, so "5\u200b6" is 56."""
+    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return _ESCAPED_CMD.sub(r"\\", text)
 
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = s.strip()
-    s = re.sub(r"^\$+|\$+$", "", s).strip()
+    s = unescape_commands(s).strip()
+    s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
-    s = s.replace("{,}", ",")
+    s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
+    s = _TEXT_PUNCT.sub(r"\1", s)                             # \\text{(}7\\text{)} is (7)
+    s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING.sub(" ", s)
     s = _PERCENT_WORD.sub("\\%", s)
+    if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
+        s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
     return s.rstrip(".").strip()
 
@@ -119,39 +158,72 @@ def structure(s: str) -> Shape:
     if t.startswith("\\{") and t.endswith("\\}") and _matching_close(t, 1) == len(t) - 1:
         return Shape("set", tuple(i for i in split_top(t[2:-2]) if i))
     if t.startswith("{") and t.endswith("}") and _matching_close(t, 0) == len(t) - 1:
-        items = split_top(t[1:-1])
+        items = split_top(t[1:-1])       # TeX grouping braces: {1,3} is printed 1,3 (a list)
         if len(items) >= 2:
-            return Shape("set", tuple(i for i in items if i))
+            return Shape("list", tuple(i for i in items if i))
     if t[:1] in "([" and t[-1:] in ")]" and _matching_close(t, 0) == len(t) - 1:
         items = split_top(t[1:-1])
         if len(items) < 2 and ";" in t:
             items = split_top(t[1:-1], ";")
         if len(items) >= 2:
             return Shape("group", tuple(items), t[0], t[-1])
-    if _THOUSANDS.fullmatch(t) or _DECIMAL_COMMA.fullmatch(t):
+    grouped = _THOUSANDS.match(t)
+    if grouped and "," not in t[grouped.end():] and not t[grouped.end():grouped.end() + 1].isdigit():
+        return Shape("scalar", (t,))       # 7,425,000 and 1,000.99m^2 are one number
+    if _DECIMAL_POINT_COMMA.fullmatch(t):
         return Shape("scalar", (t,))
+    by_semicolon = split_top(t, ";")
+    if len(by_semicolon) >= 2 and all(by_semicolon):
+        return Shape("list", tuple(by_semicolon))    # -12;-11;-10 and p=5,q=2;p=7,q=2
     items = split_top(_LIST_WORD.sub(", ", t))
     if len(items) >= 2 and all(items):
         return Shape("list", tuple(items))
+    pm = plus_minus(t)
+    if pm is not None:
+        return Shape("set", pm)
     return Shape("scalar", (t,))
 
 
+def plus_minus(s: str) -> tuple[str, str] | None:
+    """"\\pm 2021" -> ("2021", "-(2021)"); "1 \\pm \\sqrt{2}" -> ("1 + (\\sqrt{2})", "1 - (\\sqrt{2})"):
+    one top-level \\pm, read as the two values it stands for; else None."""
+    found = [m for m in _PM.finditer(s) if depth_at(s, m.start()) == 0]
+    if len(found) != 1:
+        return None
+    head, tail = s[:found[0].start()].strip(), s[found[0].end():].strip()
+    if not tail:
+        return None
+    if not head:
+        return tail, f"-({tail})"
+    return f"{head} + ({tail})", f"{head} - ({tail})"
+
+
 def text_answer(s: str) -> str | None:
-    """The folded content of a pure text answer (\\text{(E)}, \\textbf{Evelyn}, (C)), else None."""
+    """The content of a pure text answer (\\text{(E)}, \\textbf{Evelyn}, (C)), else None: words
+    case-folded, a single letter (an option, a point, a variable) as written."""
     t = s.strip()
     m = _TEXT_CMD.fullmatch(t)
     if m:
         t = m.group(1)
     elif not _OPTION.fullmatch(t):
         return None
-    t = re.sub(r"[\s()]", "", t).lower()
-    return t or None
+    t = re.sub(r"[\s()]", "", t)
+    return (t if len(t) == 1 else t.lower()) or None     # a letter keeps its case: "a" is not (A)
 
 
 def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
     "1000,99" (decimal comma); places is None for an integer. Percent and degree marks and a
     leading currency sign are dropped. None for anything else."""
+    if re.search(r",\s", s):
+        return None                              # "-2, 1" is a list, never a decimal comma
+    mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
+    if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
+        sign, whole, num, den = mixed.groups()
+        if int(den) == 0 or int(num) >= int(den):
+            return None
+        value = int(whole.replace(" ", "")) + Fraction(int(num), int(den))
+        return (-value if sign == "-" else value), None
     t = s.replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
     t = t.replace("\\$", "").replace(" ", "").strip()
     if _THOUSANDS.fullmatch(t):
@@ -168,3 +240,72 @@ def significant_digits(value: Fraction, places: int) -> int:
     """How many significant digits a decimal with `places` places of `value` carries."""
     digits = str(abs(round(value * 10 ** places))).lstrip("0")
     return len(digits)
+
+
+def alternatives(s: str) -> list[str]:
+    """The values a hedged answer offers: "5 \\lor 6", "5 \\text{ or } 6", "5 (or 6)", the rows of a
+    `cases` (or `array`, `aligned` ...) block, rows split by \\\\ outside a matrix; else [s].
+    A row's condition after `&` is dropped. Only the top level is split."""
+    t = s.strip()
+    m = _CASES.fullmatch(t)
+    if m:
+        rows = [r.split("&", 1)[0].strip() for r in _ROW_BREAK.split(m.group(2))]
+        rows = [r.rstrip(",;.").strip() for r in rows if r.strip()]
+        return rows or [t]
+    if "\\begin" not in t and _ROW_BREAK.search(t):
+        rows = [r.strip() for r in _ROW_BREAK.split(t) if r.strip()]
+        if len(rows) > 1:
+            return rows
+    t = _OR_TEXT.sub(" or ", t)
+    unwrapped = _TEXT_ANY.sub(lambda m: f" {m.group(1)} ", t)
+    if _PAREN_OR.search(unwrapped):
+        t = unwrapped                          # 6 \\text{ (or seven)}
+    paren = _PAREN_OR.search(t)
+    if paren and depth_at(t, paren.start()) == 0:
+        close = _matching_close(t, paren.start())
+        inner = t[paren.end():close if close > 0 else len(t)].strip()
+        rest = (t[:paren.start()] + (t[close + 1:] if close > 0 else "")).strip()
+        return [rest, inner] if rest and inner else [t]
+    parts = [p for p in _split_regex_top(t, _DISJUNCTION) if p]
+    return parts if len(parts) > 1 else [s]
+
+
+def depth_at(s: str, pos: int) -> int:
+    """How many brackets and braces are open at `pos`."""
+    depth = 0
+    for ch in s[:pos]:
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth = max(0, depth - 1)
+    return depth
+
+
+def _split_regex_top(s: str, pattern: re.Pattern) -> list[str]:
+    parts, last = [], 0
+    for m in pattern.finditer(s):
+        if depth_at(s, m.start()) == 0:
+            parts.append(s[last:m.start()].strip())
+            last = m.end()
+    parts.append(s[last:].strip())
+    return parts
+
+
+def hidden_text(s: str) -> bool:
+    """True when a text command inside a larger answer carries a digit or the word "or"
+    ("5 \\text{(or 6)}", "6^{\\text{or }7}"): a LaTeX parser drops text as a unit word, so what it
+    says would vanish from the comparison."""
+    m = _TEXT_WITH_DIGIT.search(s)
+    return m is not None and m.group(0) != s.strip()
+
+
+def lone_comma_list(s: str) -> bool:
+    """"-2,1": digits with one comma and no thousands grouping (a list of two numbers in a gold)."""
+    t = s.strip()
+    return (_DECIMAL_COMMA.fullmatch(t) is not None and _THOUSANDS.fullmatch(t) is None
+            and _DECIMAL_POINT_COMMA.fullmatch(t) is None)
+
+
+def is_percent(s: str) -> bool:
+    """True when the answer ends in a percent mark ("28%", "10\\%", normalised "28 percent")."""
+    return _PERCENT_MARK.search(s) is not None

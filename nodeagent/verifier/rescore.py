@@ -1,6 +1,8 @@
 """Grading a stored rollout again on this node: its stored changes and answer through the
 verifier in fresh sandboxes (`paddock rescore`; the run-level bookkeeping, which rows and
-where the results go, is `controller.analysis.rescore`).
+where the results go, is `controller.analysis.rescore`). A conversational rollout is graded on
+its captured conversation (final service state, what the agent told the user), kept next to its
+changes as `changes/<shard>.conversation.json`.
 
 `regrade(row, run_dir, tasks, runtime, image_for, clock)` takes one committed rollout row (the
 columns of `controller.analysis.rescore`) and returns its result row; a rollout that was never
@@ -22,6 +24,14 @@ from controller.contracts.fileio import utc_now
 from nodeagent.sandbox.runtime import SandboxError, tar_to_changes
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier.validate import sandbox_layers
+
+
+def _conversation(run_dir: Path, row: dict) -> dict | None:
+    """A conversational rollout's captured conversation, kept next to its changes artifact
+    (`changes/<shard>.conversation.json`, written by the attempt); None if there is none."""
+    rel = row.get("changes_path") or ""
+    path = run_dir / ((rel[: -len(".tar")] if rel.endswith(".tar") else rel) + ".conversation.json")
+    return json.loads(path.read_text()) if rel and path.exists() else None
 
 
 def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[[str], Path],
@@ -48,7 +58,8 @@ def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[
             changes = tar_to_changes((run_dir / row["changes_path"]).read_bytes())
         image = image_for(task.get("image_digest") or row.get("image_digest") or "")
         v = verifier.verify(runtime, image, task, changes, row.get("answer"), clock,
-                            layers=sandbox_layers(runtime, image, task))
+                            layers=sandbox_layers(runtime, image, task),
+                            conversation=_conversation(run_dir, row) if kind == "state" or task.get("services") else None)
         out.update(outcome=v.outcome, reward=v.reward, reward_components=json.dumps(v.components),
                    tampered=v.tampered, rescored=True, verify_s=v.verify_s)
     except (verifier.VerifierInfraError, SandboxError, OSError, ValueError) as exc:

@@ -37,19 +37,18 @@ from typing import Callable
 
 from controller.contracts.fileio import atomic_write
 from layers.store import ImageNotFound, ImageStore, ImageStoreError
-from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
+from nodeagent.verifier.baseline import (  # noqa: F401 - the task's own solutions, shared with the verifier
+    ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, reference_of, solution_changes as _changes, solution_file)
 
 log = logging.getLogger(__name__)
 
 QUARANTINE_FILE = "quarantine.json"
 CACHE_FILE = "validation-cache.json"
-ANSWER_KINDS = ("math", "exact", "regex")
 PASSING_TEST = "def test_ok():\n    pass\n"
-GOLD_PATCH = "gold.patch"        # a repository task's reference (controller/taskbank/swe.py)
-GOLD_PREFIX = "gold/"
 
 
 @dataclass
@@ -65,16 +64,6 @@ class TaskValidation:
 
 # -- the battery ------------------------------------------------------------------------------
 # Each case builds (files to write under /work: rel -> text or None to delete, answer text).
-
-def solution_file(task: dict) -> str:
-    """The visible file the agent is meant to edit: the first non-test, unprotected .py file."""
-    protected = set(task.get("protected", ()))
-    for rel in sorted(task.get("files", {})):
-        base = rel.rsplit("/", 1)[-1]
-        if rel.endswith(".py") and not base.startswith("test") and rel not in protected:
-            return rel
-    return "solution.py"
-
 
 def _test_files(task: dict) -> list[str]:
     return sorted(set(task.get("protected", ())) | {r for r in task.get("files", {})
@@ -223,22 +212,6 @@ def _answer_hacks(task: dict) -> dict[str, Callable[[], str]]:
     }
 
 
-def reference_of(task: dict) -> tuple[dict, str | None] | None:
-    """(files, answer) of the task's reference solution, or None when it has none."""
-    kind = task.get("checker", {}).get("kind")
-    hidden = task.get("hidden", {})
-    if kind in ANSWER_KINDS:
-        gold = hidden.get("answer.txt") or (task["checker"].get("answer") if kind != "regex" else None)
-        if gold is None:
-            return None
-        return {}, (f"\\boxed{{{gold.strip()}}}" if kind == "math" else gold.strip())
-    if "reference.py" in hidden:
-        return {solution_file(task): hidden["reference.py"]}, None
-    if GOLD_PATCH in hidden:       # a repository task: the gold patch's post-images
-        return {rel[len(GOLD_PREFIX):]: text for rel, text in hidden.items() if rel.startswith(GOLD_PREFIX)}, None
-    return None
-
-
 def task_layers(image, task: dict) -> tuple[Path, ...]:
     """The task's layer files, from the image store that holds `image`. A layer missing from
     the store is a VerifierInfraError naming it."""
@@ -298,19 +271,18 @@ def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]
     return out
 
 
-def _changes(task: dict, files: dict) -> list:
-    original = task.get("files", {})
-    out = []
-    for rel, text in sorted(files.items()):
-        if text is None:
-            out.append(Change(f"/work/{rel}", "deleted", None, 0))
-        else:
-            data = text if isinstance(text, bytes) else text.encode()
-            out.append(Change(f"/work/{rel}", "modified" if rel in original else "added", data, 0o644))
-    return out
-
-
 # -- running it -------------------------------------------------------------------------------
+
+BASELINE_CASES = ("reference", "null")
+
+
+def seed_baseline(task: dict, image, layers, cases: dict) -> None:
+    """Hand validation's reference and null outcomes to the verifier's baseline
+    (`baseline.BASELINE`), so a rollout whose grading fails with its changes is compared with
+    them without grading them again (see docs/verifier.md, "Infrastructure errors")."""
+    verifier.BASELINE.seed({**task, "_layers": tuple(layers)} if layers else task, image,
+                           {k: c.get("outcome") for k, c in cases.items() if k in BASELINE_CASES})
+
 
 def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, quick: bool = False,
                   clock: Callable[[], float] = time.monotonic) -> TaskValidation:
@@ -333,16 +305,19 @@ def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, qui
 
     def grade(item):
         name, (files, answer) = item
-        try:
+        try:      # the reference and null runs are the baseline: never compared with themselves
             r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner,
-                                layers=layers)
+                                layers=layers, baseline=verifier.NO_BASELINE if name in BASELINE_CASES else None)
             return name, {"outcome": r.outcome, "reward": r.reward,
                           "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
         except verifier.VerifierInfraError as exc:
             return name, {"outcome": "infra_error", "reward": None, "detail": str(exc)[:300]}
 
+    first = {k: c for k, c in todo.items() if k in BASELINE_CASES}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        v.cases = dict(pool.map(grade, todo.items()))
+        v.cases = dict(pool.map(grade, first.items()))
+        seed_baseline(task, image, layers, v.cases)
+        v.cases.update(pool.map(grade, [(k, c) for k, c in todo.items() if k not in first]))
     for name, res in v.cases.items():
         if name == "reference" and res["outcome"] == "infra_error":
             v.reasons.append(f"the task's tests cannot run (reference: infra_error): {res['detail']}")
@@ -412,6 +387,11 @@ def validate_tasks(runtime, image, tasks: list[dict], store: ValidationStore, wo
         v = hit or validate_task(runtime, image, task, workers=1, quick=quick)
         if hit is None:
             store.record(v)
+        elif not task.get("layers") and not task.get("setup"):    # layered: seeded when graded
+            try:
+                seed_baseline(task, own_image(image, task), (), hit.cases)
+            except verifier.VerifierInfraError:
+                pass
         if progress:
             progress(v, hit is not None)
         return v

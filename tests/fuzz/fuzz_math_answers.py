@@ -3,7 +3,9 @@
 Each input is split into a gold and a prediction (random text, LaTeX fragments from a small
 dictionary mixed in). Properties checked on every input:
 1. `math_verdict` returns {"ok": bool, "detail": str} and never raises;
-2. a fixed integer gold never accepts a boxed integer that differs from it.
+2. a fixed integer gold never accepts a boxed integer that differs from it;
+3. nor a hedge that offers it next to a different value (`7 \\lor v`, `x=7, x=v`, `7 (or v)`,
+   `v = 7`, `7 \\approx v`, a `cases` block, a nested box), after any fuzzed prefix.
 Run alone:  python tests/fuzz/fuzz_math_answers.py -atheris_runs=2000
 (`tests/test_math_fuzz.py` runs it for a bounded number of iterations in CI.)
 Must not import zmq or the controller.
@@ -22,6 +24,9 @@ FRAGMENTS = ("\\boxed{", "}", "\\frac{", "}{", "\\sqrt{", "\\text{", "(", ")", "
              "answer: ", "\\cup", "\\infty", "-", "1", "2", "10", "000", "&", "\\\\",
              "\\begin{pmatrix}", "\\end{pmatrix}", "\\!", "{,}", "\\approx", "\\le")
 FIXED_GOLD = 7
+HEDGES = ("\\boxed{{7 \\lor {v}}}", "\\boxed{{x=7, x={v}}}", "\\boxed{{7 (or {v})}}", "\\boxed{{{v} = 7}}",
+          "\\boxed{{7 \\approx {v}}}", "\\boxed{{\\begin{{cases}} 7 \\\\ {v} \\end{{cases}}}}", "\\boxed{{\\boxed{{7}} {v}}}",
+          "answer: 7 \\text{{ or }} {v}")
 
 
 def _text(fdp: atheris.FuzzedDataProvider, n: int) -> str:
@@ -43,6 +48,8 @@ def check_one(data: bytes) -> None:
     if other != FIXED_GOLD:
         wrong = f"{pred} so the answer is \\boxed{{{other}}}"
         assert not mathanswer.math_equal(str(FIXED_GOLD), wrong), (other, wrong)
+        hedge = HEDGES[fdp.ConsumeIntInRange(0, len(HEDGES) - 1)].format(v=other)
+        assert not mathanswer.math_equal(str(FIXED_GOLD), f"{pred}\n{hedge}"), (other, hedge)
 
 
 def main(argv: list[str]) -> None:

@@ -58,12 +58,15 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
 #define REQ_MAX_BYTES (16u << 20)
 #define STDIN_MAX_BYTES (8u << 20)   /* nodeagent.sandbox.sbxinit.STDIN_MAX_BYTES checks it first */
 #define STRAY_GRACE_MS 20
+#define OOM_WORKLOAD 1000   /* oom_score_adj of the workload: the OOM killer's first choice */
+#define OOM_SWEEP_MS 20     /* how often a running command's unprivileged processes are re-raised to it */
 #define EGRESS_PORT 3128
 #define EGRESS_MAX_CONNECTIONS 32
 #define MAX_ARGS 4096
@@ -473,6 +476,7 @@ struct cmd {
     size_t stdin_len, cap;
     long long timeout_ms;
     long uid;   /* -1: the sandbox's root */
+    int oom_adj;   /* the command's oom_score_adj (0..1000): OOM_WORKLOAD unless asked lower */
 };
 
 static double now_ms(void) {
@@ -509,6 +513,7 @@ static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) 
     c->cap = 65536;
     c->timeout_ms = 30000;
     c->uid = -1;
+    c->oom_adj = OOM_WORKLOAD;
     strings->len = 0;
     /* Every value copied NUL-terminated: two passes, offsets first (realloc moves the buffer). */
     size_t offs[2 * MAX_ARGS + 8];
@@ -536,6 +541,9 @@ static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) 
         case 't': c->timeout_ms = strtoll(s, NULL, 10); break;
         case 'o': c->cap = strtoull(s, NULL, 10); break;
         case 'u': c->uid = strtol(s, NULL, 10); break;
+        case 'O': c->oom_adj = (int)strtol(s, NULL, 10);
+                  if (c->oom_adj < 0 || c->oom_adj > OOM_WORKLOAD) return "oom_score_adj must be in [0, 1000]";
+                  break;
         case 'i': break;
         default: return "unknown field";
         }
@@ -551,9 +559,11 @@ static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     setsid();
     signal(SIGPIPE, SIG_DFL);
     prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);   /* /proc/self is its own again (execve resets it anyway) */
+    char adj[16];
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {   /* under memory pressure the workload dies, never the sandbox init */
-        if (write(fd, "1000", 4) < 0) {}
+        int n = snprintf(adj, sizeof adj, "%d", c->oom_adj);
+        if (write(fd, adj, (size_t)n) < 0) {}
         close(fd);
     }
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(126);
@@ -575,6 +585,40 @@ static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     int n = snprintf(msg, sizeof msg, "paddock: cannot run %s (%s): %s\n", c->argv[0], what, strerror(err));
     if (write(2, msg, (size_t)(n < (int)sizeof msg ? n : (int)sizeof msg - 1)) < 0) {}
     _exit(err == ENOENT ? 127 : 126);
+}
+
+/* Every process of an unprivileged uid (uid != 0 in the sandbox: code under test that a grader
+ * started after dropping privileges) back to OOM_WORKLOAD. A process may lower its own
+ * oom_score_adj to the minimum it inherited (0, as unprivileged as the node agent), not below:
+ * so a grader asked to run at 0 stays below its workload only if the workload is raised again,
+ * which this does every OOM_SWEEP_MS while a command runs. */
+static void sweep_oom(void) {
+    DIR *d = opendir("/proc");
+    if (!d) return;
+    struct dirent *e;
+    char path[64], line[256];
+    while ((e = readdir(d))) {
+        long pid = strtol(e->d_name, NULL, 10);
+        if (pid <= 1) continue;   /* not a process, or this init */
+        snprintf(path, sizeof path, "/proc/%ld/status", pid);
+        FILE *f = fopen(path, "re");
+        if (!f) continue;
+        long uid = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "Uid:", 4) == 0) { uid = strtol(line + 4, NULL, 10); break; }
+        }
+        fclose(f);
+        if (uid == 0) continue;
+        snprintf(path, sizeof path, "/proc/%ld/oom_score_adj", pid);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd < 0) continue;
+        char cur[16] = {0};
+        if (read(fd, cur, sizeof cur - 1) > 0 && atoi(cur) != OOM_WORKLOAD) {
+            if (pwrite(fd, "1000", 4, 0) < 0) {}
+        }
+        close(fd);
+    }
+    closedir(d);
 }
 
 static void run_command(struct cmd *c, struct buf *reply) {
@@ -613,11 +657,17 @@ static void run_command(struct cmd *c, struct buf *reply) {
     struct buf bufs[2] = {{0}, {0}};
     int status = 0, exited = 0, open_fds = 2, timed_out = 0, truncated = 0;
     char chunk[65536];
+    double next_sweep = c->oom_adj < OOM_WORKLOAD ? t0 : deadline + 1;
     while (open_fds || !exited) {
         double left = deadline - now_ms();
         if (left <= 0) { timed_out = 1; break; }
+        if (now_ms() >= next_sweep) {
+            sweep_oom();
+            next_sweep = now_ms() + OOM_SWEEP_MS;
+        }
         int wait_ms = (int)left + 1;
         if (exited && wait_ms > STRAY_GRACE_MS) wait_ms = STRAY_GRACE_MS;
+        if (next_sweep <= deadline && wait_ms > OOM_SWEEP_MS) wait_ms = OOM_SWEEP_MS;
         int ready = poll(p, 4, wait_ms);
         if (ready < 0 && errno == EINTR) continue;
         if (ready == 0 && exited) break;   /* strays keep the pipes open: stop reading */

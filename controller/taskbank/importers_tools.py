@@ -1,0 +1,234 @@
+"""Importers of public tool-use and terminal task formats: τ-bench / τ²-bench and Harbor.
+
+  tau     a domain directory: `tasks.json` (τ²-bench: a list of {id, user_scenario:
+          {persona, instructions: {reason_for_call, known_info, unknown_info,
+          task_instructions}}, initial_state, evaluation_criteria: {actions: [{name,
+          arguments}], communicate_info, nl_assertions}}; τ-bench: {user_id, instruction,
+          actions: [{name, kwargs}], outputs}), the domain's services in Paddock's form
+          (`services.json` or `services.yaml`: {name: service spec}, controller/contracts/
+          services.py; an `initial_state` of "@db.json" reads `db.json` of the directory),
+          and the agent's policy (`policy.md`, optional)
+  harbor  a Harbor task directory (`task.toml`, `instruction.md`, `tests/test.sh`,
+          `environment/`, `solution/`), or a directory of them
+
+τ tasks: the user is played by a model (`kind: model`, the node's `user_sim` endpoint) with
+the scenario as its goal and the known facts as hidden facts; the goal state is the initial
+state with the task's expected actions replayed by the rule engine (an action the services do
+not offer, or that their rules refuse, is an import error naming the task); `communicate_info`
+becomes `told.include`; `nl_assertions` and the actions are kept in hidden `reference.json`.
+
+Harbor tasks: Harbor's `/app` is Paddock's `/work`; its tests (`tests/...`) are hidden support
+files of a `command` checker that runs `tests/test.sh` with `/tests` mapped to where the
+verifier puts them and `/logs/verifier` under `/tmp`, and passes when `reward.txt` says 1 (the
+paths are rewritten in the test files at import, a fixed, documented mapping). The agent's
+timeout is the wall budget, the verifier's the check's deadline, `[environment]` cpus,
+memory and storage the limits. The environment's Dockerfile is kept as hidden
+`environment/Dockerfile`; the task runs in `image` (`[environment] paddock_image =
+"sha256:..."`, an image built with `paddock image build`), else the built-in python image.
+`allow_internet = true` is refused (a task gets no network here). `solution/` is hidden.
+
+Every error names the file (and the task). Must not import zmq, nodeagent.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from controller.contracts.serviceengine import RuleError, replay
+from controller.contracts.services import ServiceSpecError, operation_names, validate_services
+from controller.contracts.tasks import Budgets, Limits, Task, TaskError
+from controller.taskbank.swe import ImportSourceError
+
+KINDS = ("tau", "harbor")
+DEFAULT_POLICY = "You are a customer service agent. Help the user within the rules of the tools you are given."
+TAU_OPENING = "Hi, I need some help."
+USER_SIM_MODEL = "user-sim"
+HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/verifier/tests/tests", "/tmp/logs/verifier"
+HARBOR_RUN = ("mkdir -p /tmp/logs/verifier && cd /work && bash /verifier/tests/tests/test.sh >&2; "
+              "test \"$(tr -d ' \\n' < /tmp/logs/verifier/reward.txt 2>/dev/null)\" = 1")
+
+
+def iter_source(kind: str, source: Path) -> Iterator[Task]:
+    if kind == "tau":
+        yield from tau_tasks(Path(source))
+    elif kind == "harbor":
+        yield from harbor_tasks(Path(source))
+    else:
+        raise ImportSourceError(f"unknown import kind {kind!r}; valid: {', '.join(KINDS)}")
+
+
+# -- τ-bench / τ²-bench -------------------------------------------------------------------------
+
+def _load_services(domain: Path) -> dict:
+    for name in ("services.json", "services.yaml", "services.yml"):
+        path = domain / name
+        if path.exists():
+            break
+    else:
+        raise ImportSourceError(f"{domain}: no services.json or services.yaml (the domain's tools as Paddock "
+                                f"services, docs/tasks.md 'Writing a service and a user goal')")
+    try:
+        services = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ImportSourceError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if not isinstance(services, dict):
+        raise ImportSourceError(f"{path}: must map service names to service specs")
+    for name, spec in services.items():
+        if isinstance(spec, dict) and isinstance(spec.get("initial_state"), str) and spec["initial_state"].startswith("@"):
+            data = domain / spec["initial_state"][1:]
+            try:
+                spec["initial_state"] = json.loads(data.read_text())
+            except (OSError, ValueError) as exc:
+                raise ImportSourceError(f"{path}: services.{name}.initial_state: cannot read {data}: {exc}") from None
+    try:
+        return validate_services(services)
+    except ServiceSpecError as exc:
+        raise ImportSourceError(f"{path}: {exc}") from None
+
+
+def _tau_record(rec: dict) -> tuple[str, dict, list[tuple[str, dict]], list[str], list[str]]:
+    """(id, user goal fields, expected calls, communicate_info, nl_assertions) of a τ² or τ record."""
+    if "user_scenario" in rec:
+        scen = rec.get("user_scenario") or {}
+        ins = scen.get("instructions") or {}
+        if isinstance(ins, str):
+            ins = {"task_instructions": ins}
+        crit = rec.get("evaluation_criteria") or {}
+        calls = [(a["name"], dict(a.get("arguments") or {})) for a in crit.get("actions") or ()]
+        goal = " ".join(str(ins.get(k) or "").strip() for k in ("reason_for_call", "task_instructions")).strip()
+        user = {"persona": str(scen.get("persona") or ""), "instruction": goal,
+                "hidden": {k: str(ins[k]).strip() for k in ("known_info", "unknown_info") if ins.get(k)}}
+        return (str(rec["id"]), user, calls, [str(c) for c in crit.get("communicate_info") or ()],
+                [str(a) for a in crit.get("nl_assertions") or ()])
+    calls = [(a["name"], dict(a.get("kwargs") or a.get("arguments") or {})) for a in rec.get("actions") or ()]
+    user = {"persona": "", "instruction": str(rec["instruction"]),
+            "hidden": {"user_id": str(rec["user_id"])} if rec.get("user_id") else {}}
+    return (str(rec.get("id", rec.get("user_id", "?"))), user, calls, [str(o) for o in rec.get("outputs") or ()], [])
+
+
+def tau_tasks(domain: Path) -> Iterator[Task]:
+    tasks_file = domain / "tasks.json" if domain.is_dir() else domain
+    domain = tasks_file.parent
+    try:
+        records = json.loads(tasks_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ImportSourceError(f"{tasks_file}: cannot read a JSON list of tasks: {exc}") from None
+    if not isinstance(records, list):
+        raise ImportSourceError(f"{tasks_file}: must be a JSON list of tasks")
+    services = _load_services(domain)
+    owner = operation_names(services)
+    policy = (domain / "policy.md").read_text() if (domain / "policy.md").exists() else DEFAULT_POLICY
+    name = domain.name or "domain"
+    for i, rec in enumerate(records):
+        where = f"{tasks_file}: task {i}"
+        try:
+            tid, user, calls, told, assertions = _tau_record(rec)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ImportSourceError(f"{where}: not a τ-bench or τ²-bench task: missing {exc}") from None
+        where = f"{tasks_file}: task {tid!r}"
+        if (rec.get("initial_state") or {}).get("initialization_data") or (rec.get("initial_state") or {}).get(
+                "initialization_actions"):
+            raise ImportSourceError(f"{where}: initial_state (per-task initialisation) is not supported; "
+                                    f"put it in the domain's initial state")
+        unknown = sorted({c for c, _ in calls} - set(owner))
+        if unknown:
+            raise ImportSourceError(f"{where}: actions {unknown} are not operations of the domain's services "
+                                    f"({', '.join(sorted(owner)) or 'none'})")
+        goal = {}
+        try:
+            for svc, spec in services.items():
+                goal[svc] = replay(spec, spec["initial_state"], [(c, a) for c, a in calls if owner[c] == svc])
+        except RuleError as exc:
+            raise ImportSourceError(f"{where}: {exc}") from None
+        checker: dict[str, Any] = {"kind": "state", "goal": goal}
+        if told:
+            checker["told"] = {"include": told}
+        goal_user = {"kind": "model", "model": USER_SIM_MODEL, "opening": TAU_OPENING, "temperature": 0.0,
+                     **{k: v for k, v in user.items() if v}, "instruction": user["instruction"] or "Get help."}
+        reference = {"calls": [{"name": c, "arguments": a} for c, a in calls], "nl_assertions": assertions,
+                     "final": " ".join(told)}
+        try:
+            yield Task(name=f"tau/{name}/{tid}", family="conversational",
+                       instruction=f"{policy.strip()}\n\nTicket: tau/{name}/{tid}.", checker=checker,
+                       hidden={"reference.json": json.dumps(reference, indent=1, sort_keys=True)},
+                       services=services, user=goal_user, budgets=Budgets(max_steps=30, wall_s=600.0))
+        except TaskError as exc:
+            raise ImportSourceError(f"{where}: {exc}") from None
+
+
+# -- Harbor -----------------------------------------------------------------------------------
+
+def _harbor_text(text: str) -> str:
+    """Harbor's conventional paths to Paddock's (see the module docstring)."""
+    text = re.sub(r"(?<![\w.])/tests(?=/|\b)", HARBOR_TESTS, text)
+    text = text.replace("/logs/verifier", HARBOR_LOGS)
+    return re.sub(r"(?<![\w.])/app(?=/|\b)", "/work", text)
+
+
+def _tree(root: Path, prefix: str, where: Path) -> dict[str, str | bytes]:
+    out: dict[str, str | bytes] = {}
+    if not root.is_dir():
+        return out
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise ImportSourceError(f"{where}: {path.relative_to(where)} is a symbolic link")
+        if path.is_file():
+            data = path.read_bytes()
+            try:
+                out[f"{prefix}{path.relative_to(root).as_posix()}"] = data.decode()
+            except UnicodeDecodeError:
+                out[f"{prefix}{path.relative_to(root).as_posix()}"] = data
+    return out
+
+
+def harbor_task(task_dir: Path) -> Task:
+    where = task_dir / "task.toml"
+    try:
+        meta = tomllib.loads(where.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ImportSourceError(f"{where}: {exc}") from None
+    if not (task_dir / "instruction.md").exists():
+        raise ImportSourceError(f"{task_dir}: no instruction.md")
+    if not (task_dir / "tests" / "test.sh").exists():
+        raise ImportSourceError(f"{task_dir}: no tests/test.sh (Harbor's verifier entry point)")
+    env = meta.get("environment") or {}
+    if env.get("allow_internet"):
+        raise ImportSourceError(f"{where}: environment.allow_internet = true: tasks here run with no network")
+    tests = {rel: _harbor_text(t) if isinstance(t, str) else t
+             for rel, t in _tree(task_dir / "tests", "tests/", task_dir).items()}
+    hidden = {**tests, **_tree(task_dir / "solution", "solution/", task_dir),
+              **_tree(task_dir / "environment", "environment/", task_dir)}
+    files = {rel: t for rel, t in _tree(task_dir / "environment" / "app", "", task_dir).items()}
+    verifier_s = float((meta.get("verifier") or {}).get("timeout_sec", 60.0))
+    agent_s = float((meta.get("agent") or {}).get("timeout_sec", 600.0))
+    limits = Limits(memory_mb=int(env.get("memory_mb", Limits.memory_mb)),
+                    cpu=float(env.get("cpus", Limits.cpu)),
+                    disk_mb=int(env.get("storage_mb", Limits.disk_mb)))
+    instruction = _harbor_text((task_dir / "instruction.md").read_text())
+    try:
+        return Task(name=f"harbor/{task_dir.name}", family="swe", instruction=instruction, files=files,
+                    hidden=hidden, image=str(env.get("paddock_image") or "builtin:python"),
+                    checker={"kind": "command", "argv": ["sh", "-c", HARBOR_RUN], "support": sorted(tests),
+                             "timeout_s": verifier_s},
+                    budgets=Budgets(wall_s=agent_s, max_steps=50), limits=limits)
+    except TaskError as exc:
+        raise ImportSourceError(f"{where}: {exc}") from None
+
+
+def harbor_tasks(source: Path) -> Iterator[Task]:
+    if (source / "task.toml").exists():
+        yield harbor_task(source)
+        return
+    dirs = sorted(p for p in source.iterdir() if (p / "task.toml").exists()) if source.is_dir() else []
+    if not dirs:
+        raise ImportSourceError(f"{source}: neither a Harbor task directory (task.toml) nor a directory of them")
+    for d in dirs:
+        yield harbor_task(d)
+
+
+__all__ = ["KINDS", "harbor_task", "harbor_tasks", "iter_source", "tau_tasks"]
