@@ -485,7 +485,8 @@ def test_drain_node_stops_dispatch_and_a_release_is_not_a_failure(h):
     row = h.queue.rollout(b.rollout_id)
     assert (row["state"], row["failures"]) == (qm.QUEUED, 0)
     h.send("n1", P.Disconnect(node="n1", reason="drained"))
-    assert h.core.snapshot()["nodes"][0]["state"] == "lost"
+    node = h.core.snapshot()["nodes"][0]
+    assert (node["state"], node["active"], node["slots_free"], node["leases"]) == ("drained", 0, 0, 0)
     out = h.send(b"c", P.DrainNode(node="ghost"))
     assert of_type(out, P.Ack)[0].code == "unknown_node"
 
@@ -705,7 +706,7 @@ def test_sigterm_drains_a_real_agent_process_and_nothing_is_lost(tmp_path):
             agent.send_signal(signal.SIGTERM)
             assert agent.wait(20) == 0
             state = {n["node"]: n["state"] for n in c.status().nodes}
-            assert state["slow"] == "lost"
+            assert state["slow"] == "drained"      # it left cleanly: not LOST
             spawn = spawn_agent(tmp_path, endpoint, "other", noop_s=0.0)
             try:
                 items = c.wait(batch)

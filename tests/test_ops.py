@@ -197,7 +197,7 @@ def test_sort_rows_puts_unknown_values_last():
 def test_drain_puts_the_node_in_draining_and_an_unknown_node_is_refused(farm, capsys):
     rc, out, _ = cli("drain", "n1", "--run", str(farm.run_dir), capsys=capsys)
     assert rc == 0 and "draining" in out
-    wait_for(lambda: farm.states().get("n1") in ("draining", "lost"), 5, "n1 to drain")
+    wait_for(lambda: farm.states().get("n1") in ("draining", "drained"), 5, "n1 to drain")
     assert farm.states()["n2"] == "live"
     rc, _, err = cli("drain", "n9", "--run", str(farm.run_dir), capsys=capsys)
     assert rc == 2 and "n9" in err and "n2" in err

@@ -45,7 +45,8 @@ def nice_ticks(top: float, count: int = 5) -> list[float]:
 def fmt_tick(v: float, unit: str = "") -> str:
     if unit == "%":
         return f"{v * 100:g}%"
-    text = f"{v:.3g}" if v else "0"
+    # never an exponent on an axis: 1000 reads "1,000", not "1e+03"
+    text = "0" if not v else f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
     return f"{text} {unit}".strip() if unit and unit != "count" else text
 
 

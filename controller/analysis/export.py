@@ -32,7 +32,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from controller.analysis.query import connect
+from controller.analysis.query import connect, require_run
 from controller.contracts.fileio import atomic_write_with
 
 FORMATS = ("hf", "verifiers")
@@ -193,9 +193,11 @@ def write(run_dir: str | Path, fmt: str, out: str | Path, **kw) -> ExportStats:
     """Write the run's samples in `fmt` to `out` (atomically); return the stats."""
     if fmt not in FORMATS:
         raise ExportError(f"export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    table, stats = samples(run_dir, **kw)
+    require_run(run_dir)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.parent.is_dir():
+        raise ExportError(f"cannot write {out}: directory {out.parent} does not exist")
+    table, stats = samples(run_dir, **kw)
     if fmt == "hf":
         atomic_write_with(out, lambda tmp: pq.write_table(table, str(tmp), compression="zstd"))
         return stats

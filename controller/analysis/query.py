@@ -14,6 +14,17 @@ Files ending in `.tmp` (a writer in progress) are never read. A truncated or wro
 shard is left out and listed in `bad_shards`; it never hides the good ones. Files replaced by
 a finished compaction are hidden (see controller/store/catalog.py).
 
+Read-only by construction (docs/trajectories.md, "Read-only queries"): a connection from
+`connect` has DuckDB's external access disabled, file access limited to the run directories
+(`allowed_directories`) and its configuration locked, so SQL cannot read host files
+(`read_csv('/etc/shadow')`), attach databases, install or load extensions, or undo the lock
+(`SET`, `RESET`, `PRAGMA`). `execute` also accepts only SELECT and EXPLAIN statements (and CREATE MACRO): a COPY,
+INSERT, CREATE, DROP, ATTACH or any other is refused with a QueryError before it runs (with
+`allow_write`, COPY ... TO and EXPORT DATABASE may write into `write_dir` and nowhere else).
+
+`export` writes a real snapshot: every view copied into tables of a new DuckDB file, which
+keeps working after the run directory is compacted, moved or deleted.
+
 Must not import: zmq, sqlite3 (it never writes to the run directory).
 """
 from __future__ import annotations
@@ -39,6 +50,7 @@ from rich.table import Table
 from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
                                 span_summary_path)
 from controller.analysis.defences import defence_lines, defences
+from controller.analysis.sqlguard import QueryError, check_statements, lock_down
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
 
@@ -56,23 +68,22 @@ EXAMPLE_SQL = ("SELECT task_family, policy_version, count(*) AS n, "
 _RUN_OF = "regexp_replace({col}, '/[^/]+/[^/]+$', '')"
 
 
-class QueryError(RuntimeError):
-    """A query cannot be answered: bad SQL or an unreadable store. One-line message."""
-
-
 class RunNotFound(QueryError):
     """The run directory does not exist (or no run directory could be chosen)."""
 
 
 # -- views ----------------------------------------------------------------------------------
 
-def connect(run_dir: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
+def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = True,
+            write_dir: str | Path | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with committed-only views over one run (or a runs/ dir).
 
     Views: one per table in SCHEMAS (rollouts, steps, checks, spans, egress), `catalog`,
     `infra_attempts` (every infra_error attempt, committed or not, with its reason) and
     `bad_shards` (files skipped because they are truncated or have the wrong schema).
-    `database`: in memory (default), or a new DuckDB file that keeps the views (`export`).
+    `database`: in memory (default), or a new DuckDB file. `lock`: make the connection
+    read-only to the file system (see the module docstring); `write_dir`: the one directory
+    besides the run directories that it may touch (COPY ... TO with --allow-write).
     """
     runs = _run_dirs(Path(run_dir))
     con = duckdb.connect(database)
@@ -94,6 +105,8 @@ def connect(run_dir: str | Path, database: str = ":memory:") -> duckdb.DuckDBPyC
                                               schema=pa.schema([("file", pa.string()),
                                                                 ("error", pa.string())])))
         con.execute("CREATE VIEW bad_shards AS SELECT * FROM _bad_shards")
+        if lock:
+            lock_down(con, runs, write_dir)
     except duckdb.Error as exc:
         con.close()
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
@@ -112,26 +125,58 @@ def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
         con.unregister("_arrow_in")
 
 
+EXPORTED_VIEWS = (*SCHEMAS, "catalog", "infra_attempts", "bad_shards")
+
+
 def export(run_dir: str | Path, path: str | Path) -> Path:
-    """Write a DuckDB database file holding the views of `connect(run_dir)`, for analysts'
-    own DuckDB (CLI, notebooks): `duckdb FILE`, then `SELECT ... FROM rollouts`. The views name
-    the run's shard files as of now (absolute paths): export again to see later rollouts.
+    """Write a DuckDB database file holding a snapshot of the committed rows of `run_dir`: each
+    view of `connect` (rollouts, steps, checks, spans, egress, model_calls, catalog,
+    infra_attempts, bad_shards) copied into a table of the same name, plus `export_info`
+    (source run directories, time). The file depends on nothing else: it keeps working after
+    the run is compacted, moved or deleted. Open it with your own DuckDB (`duckdb FILE`).
     Written under a temporary name and renamed, so a reader never sees half a file."""
     path = Path(path)
+    if not path.parent.is_dir():
+        raise QueryError(f"cannot write {path}: directory {path.parent} does not exist")
+    runs = _run_dirs(Path(run_dir))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
+    con = connect(run_dir, lock=False)
     try:
-        connect(run_dir, database=str(tmp)).close()
+        con.execute(f"ATTACH '{_sql_str(tmp)}' AS snap")
+        for name in EXPORTED_VIEWS:
+            con.execute(f'CREATE TABLE snap."{name}" AS SELECT * FROM "{name}"')
+        con.execute("CREATE TABLE snap.export_info AS SELECT unnest(?::VARCHAR[]) AS run_dir, "
+                    "now() AS exported_at", [[str(r) for r in runs]])
+        con.execute("DETACH snap")
         os.replace(tmp, path)
+    except duckdb.Error as exc:
+        raise QueryError(f"cannot export {run_dir} to {path}: {_one_line(exc)}") from None
     finally:
+        con.close()
         tmp.unlink(missing_ok=True)
         tmp.with_name(tmp.name + ".wal").unlink(missing_ok=True)
     return path
 
 
+def _sql_str(value: str | Path) -> str:
+    return str(value).replace("'", "''")
+
+
 def bad_shards(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
     """(file, error) of every shard `connect` skipped."""
     return con.execute("SELECT file, error FROM bad_shards ORDER BY file").fetchall()
+
+
+def require_run(root: str | Path) -> list[Path]:
+    """The run directories of `root` (a run, or a directory of runs); RunNotFound when it is
+    missing, or holds no run at all (an empty directory included): for commands that write
+    something about a run (export, compact), where an empty answer would hide a wrong path."""
+    runs = _run_dirs(Path(root))
+    if not any((r / m).exists() for r in runs for m in RUN_MARKERS):
+        raise RunNotFound(f"{Path(root).resolve()} is not a run directory (no run.json, catalog/ or "
+                          f"shard tables), nor a directory of runs")
+    return runs
 
 
 def _run_dirs(root: Path) -> list[Path]:
@@ -142,7 +187,12 @@ def _run_dirs(root: Path) -> list[Path]:
         return [root]
     children = sorted(p for p in root.iterdir()
                       if p.is_dir() and any((p / m).exists() for m in RUN_MARKERS))
-    return children or [root]
+    if not children and not any(root.iterdir()):
+        return [root]               # a run that has written nothing yet: empty views
+    if not children:
+        raise RunNotFound(f"{root} is not a run directory (no run.json, catalog/ or shard "
+                          f"tables), nor a directory of runs")
+    return children
 
 
 def _parquet_files(runs: list[Path], table: str) -> list[str]:
@@ -386,10 +436,16 @@ def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: 
 
 # -- queries --------------------------------------------------------------------------------
 
-def execute(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run `sql` against the run's views; return (column names, rows). Raises QueryError."""
-    con = connect(run_dir)
+def execute(run_dir: str | Path, sql: str, allow_write: bool = False,
+            write_dir: str | Path | None = None) -> tuple[list[str], list[tuple]]:
+    """Run `sql` (queries only; see `check_statements`) against the run's views; return
+    (column names, rows). Raises QueryError. `allow_write`: COPY ... TO / EXPORT DATABASE may
+    write into `write_dir` (default: the current directory)."""
+    if allow_write and write_dir is None:
+        write_dir = Path.cwd()
+    con = connect(run_dir, write_dir=write_dir if allow_write else None)
     try:
+        check_statements(con, sql, allow_write)
         try:
             cur = con.execute(sql)
             if cur.description is None:
@@ -403,7 +459,7 @@ def execute(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
 
 
 def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
-              out: TextIO | None = None) -> int:
+              out: TextIO | None = None, allow_write: bool = False) -> int:
     """Run `sql` and print the result as a rich table, CSV (with header) or a JSON array.
 
     Returns the number of rows printed. Raises QueryError (bad SQL) or RunNotFound.
@@ -411,7 +467,7 @@ def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
     out = sys.stdout if out is None else out
-    columns, rows = execute(run_dir, sql)
+    columns, rows = execute(run_dir, sql, allow_write=allow_write)
     if fmt == "csv":
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
@@ -421,13 +477,44 @@ def run_query(run_dir: str | Path, sql: str, fmt: str = "table",
                              indent=1, allow_nan=False))
         out.write("\n")
     else:
-        table = Table(show_lines=False)
-        for c in columns:
-            table.add_column(c, overflow="fold")
-        for row in rows:
-            table.add_row(*("NULL" if v is None else str(_plain(v)) for v in row))
-        _console(out).print(table)
+        console = _console(out)
+        cells = [["NULL" if v is None else str(_plain(v)) for v in row] for row in rows]
+        if _table_width(columns, cells) > console.width:
+            _print_records(console, columns, cells)
+        else:
+            table = Table(show_lines=False)
+            for c in columns:
+                table.add_column(c, overflow="fold")
+            for row in cells:
+                table.add_row(*row)
+            console.print(table)
     return len(rows)
+
+
+MIN_CELL_CHARS = 8      # a column narrower than this (or its header) is unreadable
+
+
+def _table_width(columns: list[str], cells: list[list[str]]) -> int:
+    """The width a table needs with every column at least readable: its header, or its widest
+    value, up to MIN_CELL_CHARS (rich folds longer values), plus borders."""
+    need = 1
+    for i, c in enumerate(columns):
+        widest = max((len(r[i]) for r in cells), default=0)
+        need += max(len(c), min(widest, MIN_CELL_CHARS)) + 3
+    return need
+
+
+def _print_records(console: Console, columns: list[str], cells: list[list[str]]) -> None:
+    """Rows too wide for the terminal, one block per row (`column  value` lines), as psql's
+    expanded display: never a table of empty, squeezed columns."""
+    pad = max((len(c) for c in columns), default=0)
+    for n, row in enumerate(cells, 1):
+        console.print(f"-[ row {n} ]" + "-" * max(pad - 8, 4), markup=False, highlight=False)
+        for c, v in zip(columns, row):
+            console.print(f"{c:<{pad}}  {v}", markup=False, highlight=False, soft_wrap=True)
+    if not cells:
+        console.print(f"(0 rows; columns: {', '.join(columns)})", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _plain(value: Any) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from controller.contracts import taskblobs
-from controller.analysis.query import connect
+from controller.analysis.query import QueryError, connect
 from layers.builtin import default_store_root
 from layers.store import ImageStore
 
@@ -72,7 +72,10 @@ class ReplayReport:
 
 
 def load(run_dir: str | Path, rollout_id: str) -> Recorded:
-    con = connect(run_dir)
+    try:
+        con = connect(run_dir)
+    except QueryError as exc:
+        raise ReplayError(str(exc)) from None
     try:
         cur = con.execute("SELECT rollout_id, attempt, fencing_token, seed, policy_version, outcome, reward, "
                           "task_id, image_digest FROM rollouts WHERE rollout_id = ? "

@@ -150,7 +150,10 @@ def band_movement(classes: dict[int, dict[str, str]], names: dict[str, str],
                     "entered_from": _tally(before.get(t, "unseen") for t in entered),
                     "left_to": _tally(now.get(t, "unseen") for t in left),
                     "entered_tasks": [names.get(t, t) for t in entered[:listed]],
-                    "left_tasks": [names.get(t, t) for t in left[:listed]]})
+                    "left_tasks": [names.get(t, t) for t in left[:listed]],
+                    # how many names the lists leave out (said as "… and N more")
+                    "entered_unlisted": max(len(entered) - listed, 0),
+                    "left_unlisted": max(len(left) - listed, 0)})
     return out
 
 
@@ -348,16 +351,20 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
 
 
 def write_report(run: str | None, out: TextIO, *, html_path: str | None = None,
-                 as_json: bool = False, band: tuple[float, float] | None = None) -> int:
+                 as_json: bool = False, band: tuple[float, float] | None = None,
+                 ks: tuple[int, ...] | None = None) -> int:
     """The library side of `paddock report`: build, then print text or JSON, and write the
-    HTML page if asked. `band`: (low, high) instead of the run's curriculum band."""
+    HTML page if asked. `band`: (low, high) instead of the run's curriculum band; `ks`: the
+    k of pass@k (default 1, 5, 10)."""
     try:
         run_dir = Path(run) if run else newest_run()
-        cfg = ReportConfig()
+        if html_path and not Path(html_path).parent.is_dir():
+            raise QueryError(f"cannot write {html_path}: directory {Path(html_path).parent} does not exist")
+        cfg = ReportConfig(ks=tuple(ks)) if ks else ReportConfig()
         if band is not None:
             spec, _ = run_band_spec(run_dir)
-            cfg = ReportConfig(bands=dataclasses.replace(spec, band_low=float(band[0]),
-                                                         band_high=float(band[1])))
+            cfg = dataclasses.replace(cfg, bands=dataclasses.replace(spec, band_low=float(band[0]),
+                                                                     band_high=float(band[1])))
         rep = build_report(run_dir, cfg)
     except (QueryError, RunNotFound, ValueError) as exc:
         print(f"paddock report: error: {exc}", file=sys.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Callable, Sequence, TextIO
 
-from controller.analysis.charts import bar_chart, line_chart, time_scale
+from controller.analysis.charts import bar_chart, line_chart, nice_ticks, time_scale
 from controller.taskbank.bands import BandSpec, explain
 
 OCC = ("too_hard", "band", "too_easy", "explore")
@@ -74,7 +74,7 @@ def glance(rep: dict) -> list[str]:
                      f"{o['explore']} with too little data to say")
     n = len(rep["hack_suspects"])
     lines.append(f"hack suspects: {n} (listed below)" if n else
-                 "hack suspects: none (no high reward with little effort or a touched protected path)")
+                 "hack suspects: none (" + hack_rule_sentence(rep.get("hack_rule", {})) + ")")
     spans = rep["span_percentiles"]
     if spans:
         s = max(spans, key=lambda r: r["p99_s"])
@@ -85,6 +85,17 @@ def glance(rep: dict) -> list[str]:
     return lines
 
 
+def hack_rule_sentence(rule: dict) -> str:
+    """What "no hack suspect" means, saying which families the effort rule exempts (answer
+    tasks are solved in one step with no diff: the top-by-effort table shows them)."""
+    exempt = rule.get("answer_families") or []
+    return (f"no rollout with reward >= {rule.get('min_reward', 1):g} took <= {rule.get('max_steps', 2)} "
+            f"steps or a diff of <= {rule.get('max_diff_bytes', 64)} bytes"
+            + (f" (the {', '.join(exempt)} {'family is' if len(exempt) == 1 else 'families are'} exempt "
+               f"from this effort rule: answer tasks are solved in one step with no diff)" if exempt else "")
+            + ", and none touched a protected path")
+
+
 def empty_sentence(section: str, rep: dict) -> str:
     rule = rep.get("hack_rule", {})
     return {
@@ -92,9 +103,7 @@ def empty_sentence(section: str, rep: dict) -> str:
         "pass_at_k": "No task has enough samples in one version for pass@k.",
         "band_occupancy": "No scored rollout is committed yet, so no task has an estimate.",
         "band_movement": "Only one policy version so far: nothing could move.",
-        "hack_suspects": (f"No hack suspects: no rollout with reward >= {rule.get('min_reward', 1):g} "
-                          f"took <= {rule.get('max_steps', 2)} steps or a diff of <= "
-                          f"{rule.get('max_diff_bytes', 64)} bytes, and none touched a protected path."),
+        "hack_suspects": f"No hack suspects: {hack_rule_sentence(rule)}.",
         "top_by_effort": "No rollout was rewarded.",
         "slowest_rollouts": "No rollout is committed yet.",
         "infra_by_node": "No infra errors: every attempt reached a verdict.",
@@ -156,9 +165,15 @@ def _text_movement(rep: dict, w) -> None:
         w(f"  v{r['policy_version']:<4} +{r['entered']} entered" + (f" ({src})" if src else "")
           + f", -{r['left']} left" + (f" ({dst})" if dst else "") + "\n")
         if r["entered_tasks"]:
-            w(f"        in:  {', '.join(r['entered_tasks'])}{' ...' if r['entered'] > len(r['entered_tasks']) else ''}\n")
+            w(f"        in:  {listed_names(r['entered_tasks'], r['entered'])}\n")
         if r["left_tasks"]:
-            w(f"        out: {', '.join(r['left_tasks'])}{' ...' if r['left'] > len(r['left_tasks']) else ''}\n")
+            w(f"        out: {listed_names(r['left_tasks'], r['left'])}\n")
+
+
+def listed_names(names: Sequence[str], total: int) -> str:
+    """`names`, and "… and N more" when the list is cut short of `total`."""
+    more = total - len(names)
+    return ", ".join(names) + (f", … and {more} more" if more > 0 else "") if names else "-"
 
 
 def _text_rollouts(rep: dict, w) -> None:
@@ -221,7 +236,8 @@ def _charts(rep: dict) -> tuple[str, str, str]:
                       "Tasks per band class", x_label="policy version", y_label="tasks",
                       y_unit="count", stacked=True, colours=OCC_COLOURS)
     spans = rep["span_percentiles"]
-    factor, unit = time_scale(max((r["p99_s"] for r in spans), default=0.0))
+    # the unit of the top tick, not of the largest bar: a 0.95 s p99 draws ticks up to 1 s
+    factor, unit = time_scale(nice_ticks(max((r["p99_s"] for r in spans), default=0.0))[-1])
     times = bar_chart([SPAN_LABEL.get(r["kind"], r["kind"]) for r in spans],
                       {"p50": [r["p50_s"] * factor for r in spans],
                        "p99": [r["p99_s"] * factor for r in spans]},
@@ -253,10 +269,12 @@ def render_html(rep: dict) -> str:
         table(rep["band_occupancy"], [ver] + [(c, OCC_LABEL[c], num) for c in OCC]
               + [("tasks", "tasks", num), ("band_share", "in band", pct)], E("band_occupancy")),
         "<h3>Band movement</h3>",
-        table(rep.get("band_movement", []), [
+        table([dict(r, entered_list=listed_names(r["entered_tasks"], r["entered"]),
+                    left_list=listed_names(r["left_tasks"], r["left"]))
+               for r in rep.get("band_movement", [])], [
             ver, ("entered", "entered", num), ("entered_from", "from", _moves),
-            ("entered_tasks", "tasks entering", _names), ("left", "left", num),
-            ("left_to", "to", _moves), ("left_tasks", "tasks leaving", _names)], E("band_movement")),
+            ("entered_list", "tasks entering", str), ("left", "left", num),
+            ("left_to", "to", _moves), ("left_list", "tasks leaving", str)], E("band_movement")),
         "<h2>Hack suspects</h2>",
         table(rep["hack_suspects"], [rid, ("task_name", "task", str), ver, ("reward", "reward", num),
                                      ("steps", "steps", num), ("diff_bytes", "diff bytes", num),
@@ -295,5 +313,3 @@ def _moves(d) -> str:
     return ", ".join(f"{n} {k}" for k, n in (d or {}).items()) or "-"
 
 
-def _names(xs) -> str:
-    return ", ".join(xs or []) or "-"

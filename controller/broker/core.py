@@ -46,6 +46,7 @@ from controller.store.taskindex import TaskIndex
 from controller.taskbank.curriculum import Curriculum, CurriculumError
 
 log = logging.getLogger("controller")
+DRAINED_VIEW = "drained"   # status/top/metrics: a LOST node that drained and said goodbye
 
 _SHARD_TABLES = frozenset(SHARD_TABLES)
 # Why a frame was dropped, besides the protocol's error reasons (P.ERROR_REASONS).
@@ -334,6 +335,7 @@ class BrokerCore:
         drained = msg.reason == "drained"
         released = self.queue.release_node(view.node, f"disconnected: {msg.reason}",
                                            failure=not drained)
+        view.left_drained = drained
         self._lose(view, f"disconnected: {msg.reason}", released)
 
     def _reject(self, identity: bytes, msg, reason: Optional[str]) -> None:
@@ -354,10 +356,14 @@ class BrokerCore:
     def _lose(self, view: NodeView, why: str, released: Iterable[str]) -> None:
         view.move(LOST)
         view.leases.clear()
+        view.active, view.slots_free = 0, 0     # a gone node holds no slot: none shown busy
         for rid in released:
             self.holder.pop(rid, None)
         self.counters["nodes_lost"] += 1
-        log.warning("node %s lost (%s)", view.node, why)
+        if view.left_drained:
+            log.info("node %s drained and left (%s)", view.node, why)
+        else:
+            log.warning("node %s lost (%s)", view.node, why)
 
     # ---- trainer clients ------------------------------------------------------------------
 
@@ -617,7 +623,10 @@ class BrokerCore:
 
     def snapshot(self) -> dict:
         """What `status` answers and the ops endpoint exports (see docs/protocol.md)."""
-        nodes = [{"node": n.node, "state": n.state, "last_seen": n.last_seen_wall,
+        # A node that drained and said goodbye is LOST to the state table (it never comes
+        # back as itself) but shown as "drained": it left cleanly, nothing to investigate.
+        nodes = [{"node": n.node, "state": DRAINED_VIEW if n.state == LOST and n.left_drained else n.state,
+                  "last_seen": n.last_seen_wall,
                   "slots": n.slots,
                   "slots_free": n.slots_free if n.slots_free is not None else n.free(),
                   "leases": len(n.leases), "active": n.active,

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 log = logging.getLogger(__name__)
 
-NODE_STATES = ("live", "draining", "lost")
+NODE_STATES = ("live", "draining", "drained", "lost")
 HEALTH_FIGURES = ("cpu_percent", "mem_used_mb", "mem_free_mb", "mem_percent", "rss_mb",
                   "sandboxes_active", "warm_pool", "rollouts_total", "rollouts_per_s",
                   "tmpfs_used_mb", "disk_used_mb", "disk_free_mb", "image_mounts", "slots_used")

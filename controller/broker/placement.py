@@ -39,6 +39,7 @@ class NodeView:
     health: dict = field(default_factory=dict)
     state: str = LIVE
     drain_requested: bool = False  # by a client (drain_node), not by the agent itself
+    left_drained: bool = False  # lost because it said goodbye after draining (shown as "drained")
     drain_deadline_s: Optional[float] = None
     batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
     sent_at: float = -1e18  # monotonic: when the controller last sent it anything

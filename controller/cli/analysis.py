@@ -1,7 +1,8 @@
 """The analyst's commands: `paddock query`, `compact`, `report`, `replay`, `rescore`.
 
-  paddock query [--run DIR] [--format table|csv|json] SQL    DuckDB over committed rows
-  paddock query [--run DIR] --export FILE.duckdb             the same views, for your own DuckDB
+  paddock query [--run DIR] [--format table|csv|json] SQL    DuckDB over committed rows (read-only)
+  paddock query [--run DIR] --allow-write "COPY (...) TO 'x.csv'"  a COPY into the current directory
+  paddock query [--run DIR] --export FILE.duckdb             a snapshot, for your own DuckDB
   paddock compact --run DIR                                  merge a run's small shards
   paddock report [--run DIR] [--html FILE] [--json]          the canned report
   paddock replay ROLLOUT_ID --run DIR                        re-execute one rollout from its record
@@ -53,8 +54,12 @@ def add_query_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", metavar="DIR", default=None, help=RUN_HELP)
     p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("--export", metavar="FILE.duckdb",
-                   help="instead of a query: write a DuckDB database with the same views (open it "
-                        "with your own DuckDB: `duckdb FILE`); a snapshot of the run's files")
+                   help="instead of a query: write a DuckDB database holding a copy of every view's "
+                        "rows (open it with your own DuckDB: `duckdb FILE`); it does not depend on "
+                        "the run directory afterwards")
+    p.add_argument("--allow-write", action="store_true",
+                   help="let COPY ... TO and EXPORT DATABASE write files into the current directory "
+                        "(otherwise only SELECT and EXPLAIN run; nothing is ever written elsewhere)")
     p.add_argument("sql", nargs="?", help="the SQL query")
     p.set_defaults(func=cmd_query)
     c = subparsers.add_parser(
@@ -72,7 +77,20 @@ def add_report_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--band", nargs=2, type=float, metavar=("LOW", "HIGH"), default=None,
                    help="learning band (default: the run's curriculum band)")
+    p.add_argument("--k", type=_ks, metavar="K[,K...]", default=None,
+                   help="the k of pass@k, any positive integers (default 1,5,10)")
     p.set_defaults(func=cmd_report)
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    """`1,2,20` -> (1, 2, 20): positive integers, each at most 1,000,000."""
+    try:
+        ks = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, e.g. 1,2,20") from None
+    if not ks or not all(1 <= k <= 1_000_000 for k in ks):
+        raise argparse.ArgumentTypeError(f"{text!r}: each k must be from 1 to 1000000")
+    return ks
 
 
 def add_replay_command(subparsers: argparse._SubParsersAction) -> None:
@@ -113,7 +131,7 @@ def cmd_query(args: argparse.Namespace, out: TextIO | None = None,
         for file, error in bad_shards(con):
             print(f"paddock query: warning: skipped {file}: {error}", file=err)
         con.close()
-        run_query(run_dir, args.sql, fmt=args.format, out=out)
+        run_query(run_dir, args.sql, fmt=args.format, out=out, allow_write=getattr(args, "allow_write", False))
     except QueryError as exc:
         print(f"paddock query: error: {exc}", file=err)
         return 2
@@ -135,7 +153,8 @@ def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def cmd_report(args: argparse.Namespace, out: TextIO | None = None) -> int:
     band = tuple(args.band) if args.band is not None else None
-    return write_report(args.run, out or sys.stdout, html_path=args.html, as_json=args.json, band=band)
+    return write_report(args.run, out or sys.stdout, html_path=args.html, as_json=args.json, band=band,
+                        ks=getattr(args, "k", None))
 
 
 def cmd_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from controller.analysis.export import FORMATS, STALENESS_RULES, ExportError, write
-from controller.analysis.query import QueryError
+from controller.analysis.query import QueryError, require_run
 
 _SUFFIX = {"hf": ".parquet", "verifiers": ".jsonl"}
 
@@ -21,6 +21,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run) / "export" / f"{args.format}{_SUFFIX[args.format]}"
     t0 = time.monotonic()
     try:
+        require_run(args.run)
+        if not args.out:
+            out.parent.mkdir(exist_ok=True)       # the default: DIR/export/, inside the run
         stats = write(args.run, args.format, out, max_staleness=args.max_staleness,
                       current_version=args.current_version, staleness=args.staleness)
     except (ExportError, QueryError) as exc:
@@ -36,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, metavar="DIR", help="the run directory")
     p.add_argument("--format", required=True, choices=FORMATS,
                    help="hf: Parquet for Hugging Face datasets; verifiers: JSON Lines, verifiers/prime-rl schema")
-    p.add_argument("--out", metavar="PATH", help="output file (default DIR/export/<format>.parquet|.jsonl)")
+    p.add_argument("--out", "-o", metavar="PATH", help="output file, in an existing directory "
+                                                       "(default DIR/export/<format>.parquet|.jsonl)")
     p.add_argument("--max-staleness", type=int, metavar="N",
                    help="versions a call may lag behind --current-version (default: no limit)")
     p.add_argument("--current-version", type=int, metavar="V", help="default: the newest version in the run")

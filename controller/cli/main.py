@@ -16,6 +16,9 @@ only that module, so a daemon or a quick command does not load every library (Du
 sandbox runtime, datasketch/scipy); `paddock --help` and `build_parser()` load them all
 (tests/test_cli_help.py checks that `COMMANDS` and the modules' commands agree).
 
+An unknown option prints the usage of the subcommand it was given to (`paddock tasks list
+--x` prints `usage: paddock tasks list ...`) and exits 2, as every usage error does.
+
 Thin: no logic of its own. Nothing in the project imports this module.
 """
 from __future__ import annotations
@@ -49,10 +52,25 @@ def build_parser(groups: tuple[str, ...] = GROUPS) -> argparse.ArgumentParser:
     return ap
 
 
+def chosen_parser(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The innermost (sub)parser `argv` names: `paddock tasks list --x` -> the `tasks list` parser."""
+    parser = ap
+    for token in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            break
+        if token in subs[0].choices:
+            parser = subs[0].choices[token]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     group = COMMANDS.get(argv[0]) if argv else None
-    args = build_parser((group,) if group else GROUPS).parse_args(argv)
+    ap = build_parser((group,) if group else GROUPS)
+    args, extra = ap.parse_known_args(argv)
+    if extra:       # the subcommand's own usage, not the top level's (exit 2)
+        chosen_parser(ap, argv).error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args) or 0)
 
 

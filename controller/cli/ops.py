@@ -23,6 +23,8 @@ from typing import Callable, Iterator, TextIO
 
 from controller.cli import top
 
+TOP_SORTS = tuple(top.SORTS)
+
 COLUMNS = ("node", "state", "last_seen", "slots", "free", "leases", "active", "rate", "cpu",
            "mem_free", "tmpfs", "disk_free", "images", "errors", "version")
 NUMERIC = {"slots", "free", "leases", "active", "rate", "cpu", "mem_free", "tmpfs", "disk_free",
@@ -188,22 +190,53 @@ def follow_lines(paths: Callable[[], list[Path]], follow: bool, poll_s: float = 
             time.sleep(poll_s)
 
 
-def cmd_health(args, out: TextIO = sys.stdout) -> int:
+STOPPED_SUFFIX = ".stopped"      # the controller writes <endpoint file>.stopped on a clean stop
+
+
+def cmd_health(args, out: TextIO = sys.stdout, clock: Callable[[], float] = time.monotonic) -> int:
+    """Print the health stream; with --follow, keep printing until the run stops. A run with
+    no stream is said at once (and, with --follow, waited for at most --wait-s): never a
+    silent hang."""
     run_dir = resolve_run(args.run)
     hdir = run_dir / "health"
-    if not args.follow and not hdir.is_dir():
-        raise OpsError(f"{hdir} does not exist: no node agent of this run has reported health yet")
+    endpoint = run_dir / "controller.endpoint"
+    stopped = Path(str(endpoint) + STOPPED_SUFFIX)
 
     def paths() -> list[Path]:
         if args.node:
             return [hdir / f"{args.node}.jsonl"]
         return list(hdir.glob("*.jsonl")) if hdir.is_dir() else []
+
+    def streams() -> list[Path]:
+        return [p for p in paths() if p.exists()]
+
+    wait_s = getattr(args, "wait_s", 30.0)
+    running = endpoint.exists() and not stopped.exists()
+    what = f"node {args.node}" if args.node else "any node agent"
+    if not streams():
+        if not args.follow or not running:
+            state = "the run is not running" if not running else "run `paddock health --follow` to wait for it"
+            raise OpsError(f"no health stream from {what} at {hdir} ({state}); node agents write one "
+                           f"when started with $PADDOCK_HEALTH_DIR set, as `paddock run` and the Slurm "
+                           f"job do")
+        print(f"paddock health: no health stream from {what} at {hdir} yet; waiting up to "
+              f"{wait_s:g}s for the first sample (Ctrl-C stops)", file=sys.stderr)
+    deadline = clock() + wait_s
+    printed = False
+
+    def stop() -> bool:
+        return stopped.exists() or (not printed and clock() >= deadline)
     try:
-        for line in follow_lines(paths, args.follow):
+        for line in follow_lines(paths, args.follow, stop=stop):
+            printed = True
             out.write(line + "\n")
             out.flush()
     except (KeyboardInterrupt, BrokenPipeError):
-        pass
+        return 0
+    if not printed:
+        raise OpsError(f"no health sample from {what} at {hdir} within {wait_s:g}s")
+    if args.follow and stopped.exists():
+        print("paddock health: the run's controller stopped; end of the stream", file=sys.stderr)
     return 0
 
 
@@ -244,7 +277,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--deployment", help="deployment id (default: from the run directory)")
     top = subparsers.add_parser("top", help="live view of the node agents (q or Ctrl-C quits)")
     common(top)
-    top.add_argument("--sort", default="node", help=f"column to sort by: {', '.join(COLUMNS)}")
+    top.add_argument("--sort", default="node", metavar="COLUMN",
+                     help=f"column to sort by: {', '.join(TOP_SORTS)}")
     top.add_argument("--desc", action="store_true", help="sort descending")
     top.add_argument("--interval-s", type=float, default=1.0)
     top.add_argument("--once", action="store_true", help="print one table and exit")
@@ -257,7 +291,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     he = subparsers.add_parser("health", help="node-agent health stream (JSON lines)")
     he.add_argument("--run", metavar="DIR")
     he.add_argument("--node", help="only this node")
-    he.add_argument("--follow", "-f", action="store_true", help="keep printing new samples")
+    he.add_argument("--follow", "-f", action="store_true",
+                    help="keep printing new samples until the run's controller stops")
+    he.add_argument("--wait-s", type=float, default=30.0,
+                    help="with --follow: how long to wait for a first sample (default 30)")
     he.set_defaults(func=_guard(cmd_health))
     dr = subparsers.add_parser("drain", help="drain one node: no new leases, running rollouts finish")
     common(dr)

@@ -13,11 +13,13 @@ Must not import: zmq, controller.broker.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
 
-from controller.demo.localrun import ConfigError, RunConfig, run_local
+from controller.contracts.tasks import LIMIT_RANGES, LimitError, checked_number
+from controller.demo.localrun import ConfigError, RunConfig, node_capacity, run_local
 from nodeagent.verifier.validate import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore, ImageStoreError
@@ -32,23 +34,65 @@ def size_mb(text: str) -> int:
     if not m:
         raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 256M, 1G)")
     n, unit = int(m.group(1)), m.group(2).upper()
+    if n == 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be more than 0 (examples: 256M, 1G)")
     mb = {"": n / 2**20, "K": n / 1024, "M": n, "G": n * 1024}[unit] if unit else n
     return max(int(mb), 1)
+
+
+def _number(kind: type, lo: float, hi: float):
+    """An argparse type: a finite `kind` in [lo, hi] (0, negative, nan and inf are usage errors)."""
+    def parse(text: str):
+        try:
+            value = kind(text) if kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(value) and lo <= value <= hi):
+            bounds = (f"{int(lo)} to {int(hi)}" if kind is int else f"{lo:g} to {hi:g}")
+            raise argparse.ArgumentTypeError(f"{text!r} must be from {bounds}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def positive_int(text: str) -> int:
+    return _number(int, 1, 1 << 40)(text)
+
+
+MAX_TIMEOUT_S = 7 * 86400.0
+
+
+def check_sandbox_limits(limits: dict) -> None:
+    """Each limit positive, finite and within this node's capacity; LimitError names the flag."""
+    cap = node_capacity()
+    flag = {"memory_mb": "--memory", "disk_mb": "--disk", "pids": "--pids", "cpu": "--cpu", "nofile": "nofile"}
+    for key, value in limits.items():
+        kind, lo, _hi = LIMIT_RANGES[key]
+        unit = " MiB" if key.endswith("_mb") else ""
+        try:
+            checked_number(flag[key], value, kind, lo, cap[key], what="option")
+        except LimitError:
+            hi = str(int(cap[key])) if kind is int else f"{cap[key]:g}"
+            raise LimitError(f"{flag[key]} {value!r}{unit} must be from {lo:g} to {hi}{unit} "
+                             f"(this node's capacity)") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `paddock run` and `paddock sandbox run`."""
     run = subparsers.add_parser("run", help="run the whole RL loop locally (controller, 2 node agents, trainer)")
     run.add_argument("--config", help="YAML file of run settings (see docs/operations.md)")
-    run.add_argument("--versions", type=int, help="policy versions to train (default 8)")
-    run.add_argument("--agents", type=int, help="node agents (default 2)")
-    run.add_argument("--rollouts-per-task", type=int, help="rollouts per task per version (default 1)")
-    run.add_argument("--tasks-limit", type=int, help="use only the first N tasks of the set")
+    run.add_argument("--versions", type=positive_int, help="policy versions to train (default 8)")
+    run.add_argument("--agents", type=positive_int, help="node agents (default 2)")
+    run.add_argument("--rollouts-per-task", type=positive_int, help="rollouts per task per version (default 1)")
+    run.add_argument("--tasks-limit", type=_number(int, 0, 1 << 40), help="use only the first N tasks of the set")
     run.add_argument("--taskset", help="a task set in the bank (default: the built-in one)")
     run.add_argument("--bank", help="the task bank directory (default: $PADDOCK_TASKBANK, else ./taskbank)")
     run.add_argument("--runs-dir", help="where runs/<run-id>/ goes (default ./runs)")
     run.add_argument("--policy-script", metavar="FILE",
                      help="per-task scripts the scripted policy plays swe tasks with (JSON/YAML, docs/policy.md)")
+    run.add_argument("--metrics-port", type=_number(int, 0, 65535), metavar="PORT",
+                     help="serve the controller's Prometheus metrics on this port (0: any free port; "
+                          "the URL is printed and written to RUN/controller.endpoint.metrics)")
     run.set_defaults(func=cmd_run)
 
     sbx = subparsers.add_parser("sandbox", help="sandbox tools")
@@ -57,16 +101,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sr.add_argument("--image", help="image path or sha256:<digest> (default: the built-in python image)")
     sr.add_argument("--memory", type=size_mb, default=256, help="memory cap (default 256M)")
     sr.add_argument("--disk", type=size_mb, default=64, help="writable layer size (default 64M)")
-    sr.add_argument("--pids", type=int, default=64, help="process cap (default 64)")
-    sr.add_argument("--cpu", type=float, default=1.0, help="CPU quota in cores (default 1.0)")
+    sr.add_argument("--pids", type=_number(int, 1, 4_194_304), default=64, help="process cap (default 64)")
+    sr.add_argument("--cpu", type=_number(float, 0.01, 1024), default=1.0, help="CPU quota in cores (default 1.0)")
     sr.add_argument("--degrade", action="store_true",
                     help="run even if a cap can be held neither by a cgroup nor from user space (the memory "
                          "monitor, CPU slice + SCHED_BATCH, pids per id slice): it is then not enforced, and "
                          "says which (default: refuse)")
     sr.add_argument("--show-caps", action="store_true",
                     help="print how each cap is held (e.g. memory=monitor+rlimit cpu=cgroup-v2) on stderr")
-    sr.add_argument("--timeout", type=float, default=10.0, help="wall-clock limit in seconds (default 10)")
-    sr.add_argument("--output-cap", type=int, default=1 << 20, help="bytes of stdout/stderr kept")
+    sr.add_argument("--timeout", type=_number(float, 0.001, MAX_TIMEOUT_S), default=10.0,
+                    help="wall-clock limit in seconds (default 10)")
+    sr.add_argument("--output-cap", type=_number(int, 1, 1 << 30), default=1 << 20, help="bytes of stdout/stderr kept")
     sr.add_argument("cmd", nargs=argparse.REMAINDER)
     sr.set_defaults(func=cmd_sandbox_run)
 
@@ -77,7 +122,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                            "rollouts_per_task": args.rollouts_per_task,
                                            "tasks_limit": args.tasks_limit, "runs_dir": args.runs_dir,
                                            "taskset": args.taskset, "bank": args.bank,
-                                           "policy_script": args.policy_script})
+                                           "policy_script": args.policy_script,
+                                           "metrics_port": args.metrics_port})
         run_local(cfg, validate_for_run)
     except (ConfigError, TypeError) as exc:
         print(f"paddock run: {exc}", file=sys.stderr)
@@ -98,6 +144,11 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
         return 2
     limits = {"memory_mb": args.memory, "disk_mb": args.disk, "pids": args.pids, "cpu": args.cpu,
               "nofile": 1024}
+    try:
+        check_sandbox_limits(limits)
+    except LimitError as exc:
+        print(f"paddock sandbox run: {exc}", file=sys.stderr)
+        return 2
     try:
         with SandboxRuntime(degrade=args.degrade) as rt:
             report = rt.caps_report()

@@ -173,10 +173,20 @@ def _swe_context(args: argparse.Namespace) -> importers.SweContext:
     return importers.SweContext(store=store, repos_dir=Path(repos).resolve() if repos else None)
 
 
+def existing_bank(args: argparse.Namespace) -> TaskBank:
+    """The bank a reading command names; TaskError when `--bank DIR` names no directory (a
+    typo must not read as an empty bank). `import` creates its bank instead."""
+    bank = TaskBank(args.bank)
+    if args.bank and not bank.root.is_dir():
+        raise TaskError(f"task bank {bank.root} does not exist (import a set into it first: "
+                        f"`paddock tasks --bank {bank.root} import ...`)")
+    return bank
+
+
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    bank = TaskBank(args.bank)
     try:
+        bank = existing_bank(args)
         if args.set_name:
             ts = bank.load_set(args.set_name)
             for t in sorted(ts.tasks, key=lambda t: t.name):
@@ -196,7 +206,7 @@ def cmd_list(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def cmd_show(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
-        task = find_task(TaskBank(args.bank), args.task, args.set_name)
+        task = find_task(existing_bank(args), args.task, args.set_name)
     except TaskError as exc:
         print(f"paddock tasks show: {exc}", file=sys.stderr)
         return 2
@@ -317,8 +327,8 @@ def cmd_contamination(args: argparse.Namespace, out: TextIO | None = None) -> in
 
 def cmd_curriculum(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    bank = TaskBank(args.bank)
     try:
+        bank = existing_bank(args)
         ts = bank.load_set(args.set_name)
     except TaskError as exc:
         print(f"paddock tasks curriculum: {exc}", file=sys.stderr)

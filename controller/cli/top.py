@@ -44,9 +44,10 @@ SORTS = {"node": "node", "state": "state", "last_seen": "hb_age", "hb_age": "hb_
          "sandboxes": "sandboxes", "rate": "rate", "cpu": "cpu", "mem_free": "mem_free",
          "disk_free": "disk_free", "tmpfs": "tmpfs", "errors": "errors",
          "err_per_min": "err_per_min", "leases": "leases", "version": "version",
-         "pool": "pool_hit"}
+         "pool": "pool_hit", "images": "images"}
 STATE_MARK = {"live": ("live", ""), "draining": ("DRAIN", "bold yellow"),
-              "lost": ("LOST", "bold red")}
+              "drained": ("drained", "dim"), "lost": ("LOST", "bold red")}
+GONE = ("lost", "drained")      # nodes that hold no slot any more
 
 
 def mb(v) -> str:
@@ -97,7 +98,9 @@ class TopView:
             last = n.get("last_seen")
             out.append({
                 "node": str(n.get("node")), "state": n.get("state") or "?",
-                "busy": (slots - free) if isinstance(slots, int) and isinstance(free, int) else None,
+                "busy": (0 if n.get("state") in GONE else (slots - free)
+                         if isinstance(slots, int) and isinstance(free, int) else None),
+                "images": h.get("image_mounts"),
                 "slots": slots, "free": free, "sandboxes": h.get("sandboxes_active"),
                 "mem_free": h.get("mem_free_mb"), "mem_percent": h.get("mem_percent"),
                 "disk_free": h.get("disk_free_mb"), "tmpfs": h.get("tmpfs_used_mb"),
@@ -148,13 +151,15 @@ class TopView:
                      self._footer(rows, shown, counts, width, problem, key=not long))
 
     def _title(self, rows: list[dict], counts: dict, width: int) -> Text:
-        states = {s: sum(r["state"] == s for r in rows) for s in ("live", "draining", "lost")}
-        busy = sum(r["busy"] or 0 for r in rows)
-        slots = sum(r["slots"] or 0 for r in rows)
+        states = {s: sum(r["state"] == s for r in rows) for s in ("live", "draining", "drained", "lost")}
+        busy = sum(r["busy"] or 0 for r in rows if r["state"] not in GONE)
+        slots = sum(r["slots"] or 0 for r in rows if r["state"] not in GONE)
         total_rate = sum(r["rate"] or 0 for r in rows)
         t = Text(f"paddock top {self.run_name}  nodes {len(rows)}: live {states['live']}", style="bold")
         if states["draining"]:
             t.append(f", draining {states['draining']}", style="bold yellow")
+        if states["drained"]:
+            t.append(f", drained {states['drained']}", style="dim")
         if states["lost"]:
             t.append(f", lost {states['lost']}", style="bold red")
         t.append(f"  slots {busy}/{slots} busy  {total_rate:.2f} roll/s")

@@ -2,6 +2,7 @@
 
   paddock check math --gold G --pred P       prints true/false (exit 0/1); also `exact`, `regex`
   paddock verify --task T --solution PATH    grades one solution (a file, a directory or a patch)
+  paddock verify --task T --answer TEXT      grades one final answer (answer tasks)
 
 Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier in the
 task's own image (its `image: sha256:...`, unless `--image` is given) with its layers stacked
@@ -19,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from controller.contracts.tasks import TaskError
+from controller.contracts.safeload import ParseLimitError, load_json
+from controller.contracts.tasks import Budgets, Limits, Task, TaskError, decode_content
 from controller.taskbank import bank as taskbank
 from controller.taskbank.builtin import builtin_taskset
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -105,7 +107,7 @@ def _patched(original: dict[str, bytes], patch: Path) -> dict[str, bytes]:
 def find_task(ref: str, bank: str | None = None) -> dict:
     """A task by name or id: a task `.json` file, the built-in set, or the task bank."""
     if ref.endswith(".json") and Path(ref).is_file():
-        return json.loads(Path(ref).read_text())
+        return task_from_json(Path(ref))
     for t in builtin_taskset().tasks:
         if ref in (t.name, t.task_id, t.short_id):
             return dict(t.canonical(), task_id=t.task_id)
@@ -114,6 +116,40 @@ def find_task(ref: str, bank: str | None = None) -> dict:
     except (TaskError, OSError) as exc:
         raise SolutionError(f"no task {ref!r} in the built-in set, and {exc}") from None
     return dict(t.canonical(), task_id=t.task_id)
+
+
+def task_from_json(path: Path) -> dict:
+    """A task `.json` file (a task's canonical form, `Task.canonical()` with or without its
+    `task_id`), checked like a task package: SolutionError naming the file and the field."""
+    try:
+        data = load_json(path)
+    except (OSError, ParseLimitError) as exc:
+        raise SolutionError(f"task file {exc}") from None
+    if not isinstance(data, dict):
+        raise SolutionError(f"{path}: a task file must be a JSON object (a task's canonical form), "
+                            f"got a JSON {type(data).__name__}")
+    fields = {k: v for k, v in data.items() if k != "task_id"}
+    try:
+        for key in ("files", "hidden"):
+            if key in fields:
+                if not isinstance(fields[key], dict):
+                    raise TaskError(f"'{key}' must be an object of path: content")
+                fields[key] = {p: decode_content(v) for p, v in fields[key].items()}
+        if "budgets" in fields:
+            fields["budgets"] = Budgets.from_dict(fields["budgets"])
+        if "limits" in fields:
+            if not isinstance(fields["limits"], dict):
+                raise TaskError("'limits' must be an object")
+            fields["limits"] = Limits(**fields["limits"])
+        task = Task(**fields)
+    except TaskError as exc:
+        raise SolutionError(f"{path}: not a valid task: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SolutionError(f"{path}: not a valid task: {' '.join(str(exc).split())}") from None
+    if data.get("task_id") not in (None, task.task_id):
+        raise SolutionError(f"{path}: content hashes to {task.task_id} but the file records task_id "
+                            f"{data['task_id']} (edited after it was written?)")
+    return dict(task.canonical(), task_id=task.task_id)
 
 
 def cmd_check(args) -> int:
@@ -135,11 +171,15 @@ def cmd_check(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    if args.solution is None and args.answer is None:
+        print("paddock verify: give --solution PATH, --answer TEXT, or both", file=sys.stderr)
+        return 2
     store = ImageStore(args.image_store or default_store_root())
     try:
         task = find_task(args.task, args.bank)
         image = store.resolve(args.image) if args.image else own_image(ensure_builtin_image(store)[1], task)
-        changes, answer = solution_changes(task, args.solution, task_layers(image, task))
+        changes, answer = (solution_changes(task, args.solution, task_layers(image, task))
+                           if args.solution is not None else ([], None))
     except (SolutionError, OSError, ValueError, verifier.VerifierInfraError) as exc:
         print(f"paddock verify: {exc}", file=sys.stderr)
         return 2
@@ -171,8 +211,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ver = sub.add_parser("verify", help="grade one solution of one task, print outcome and reward components")
     ver.add_argument("--task", required=True, help="task name or id (built-in set or task bank), or a task .json")
     ver.add_argument("--bank", metavar="DIR", help="task-bank directory (default $PADDOCK_TASKBANK or ./taskbank)")
-    ver.add_argument("--solution", required=True, help="a file, a directory or a *.patch/*.diff")
-    ver.add_argument("--answer", help="the final answer text (answer tasks), instead of a file")
+    ver.add_argument("--solution", help="a file, a directory or a *.patch/*.diff")
+    ver.add_argument("--answer", help="the final answer text (answer tasks); alone, or with --solution "
+                                      "(then it replaces the answer read from the file)")
     ver.add_argument("--image", help="image path or sha256:<digest> (default: the task's own image, else "
                                      "the built-in python image)")
     ver.add_argument("--image-store", metavar="DIR", help="the image store holding the task's image and "

@@ -22,6 +22,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
@@ -46,6 +47,50 @@ class BudgetError(TaskError):
     """A task's budgets are malformed; the message names the key."""
 
 
+class LimitError(TaskError):
+    """A sandbox limit is zero, negative, not finite or beyond any node; the message names the key."""
+
+
+# (type, smallest, largest) of every sandbox limit and budget. The largest values are beyond
+# any node this runs on (1 TiB of memory, the kernel's pid_max ceiling): a value above them is
+# a typo, not a big machine. A node refuses a task above its own capacity when it runs it.
+LIMIT_RANGES: dict[str, tuple[type, float, float]] = {
+    "memory_mb": (int, 1, 1 << 20), "pids": (int, 1, 4_194_304), "disk_mb": (int, 1, 1 << 20),
+    "cpu": (float, 0.01, 1024.0), "nofile": (int, 3, 1 << 20),
+}
+BUDGET_RANGES: dict[str, tuple[type, float, float]] = {
+    "max_steps": (int, 1, 100_000), "wall_s": (float, 0.001, 7 * 86400.0),
+    "max_tokens": (int, 1, 1 << 30), "observation_bytes": (int, 1, 1 << 30),
+    "max_model_calls": (int, 0, 1_000_000),
+}
+
+
+def checked_number(key: str, value: Any, kind: type, lo: float, hi: float, what: str = "limit",
+                   error: type = None) -> int | float:
+    """`value` as `kind` if it is a finite number in [lo, hi]; else an error naming `key`."""
+    error = error or LimitError
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and lo <= value <= hi and (kind is not int or int(value) == value))
+    if not ok:
+        noun = "an integer" if kind is int else "a number"
+        raise error(f"{what} {key!r} must be {noun} from {_num(lo, kind)} to {_num(hi, kind)}, got {value!r}")
+    return kind(value)
+
+
+def _num(x: float, kind: type) -> str:
+    return str(int(x)) if kind is int else f"{x:g}"
+
+
+def check_limits(limits: Mapping[str, Any], what: str = "limit") -> dict[str, int | float]:
+    """Every known limit in `limits` checked (see LIMIT_RANGES); unknown keys are an error."""
+    out = {}
+    for key, value in limits.items():
+        if key not in LIMIT_RANGES:
+            raise LimitError(f"{what} {key!r} is unknown; valid: {', '.join(LIMIT_RANGES)}")
+        out[key] = checked_number(key, value, *LIMIT_RANGES[key], what=what)
+    return out
+
+
 @dataclass(frozen=True)
 class Budgets:
     """A task's rollout budgets: declared here, enforced by the node's harness
@@ -68,11 +113,12 @@ class Budgets:
                           ("max_model_calls", int)):
             if key in d:
                 v = d[key]
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
-                        or (kind is int and int(v) != v):
-                    raise BudgetError(f"budget {key!r} must be a positive {kind.__name__}, got {v!r}")
-                d[key] = kind(v)
+                d[key] = checked_number(key, v, *BUDGET_RANGES[key], what="budget", error=BudgetError)
         return cls(**d)
+
+    def __post_init__(self) -> None:
+        for key, (kind, lo, hi) in BUDGET_RANGES.items():
+            checked_number(key, getattr(self, key), kind, lo, hi, what="budget", error=BudgetError)
 
 
 @dataclass(frozen=True)
@@ -82,6 +128,9 @@ class Limits:
     disk_mb: int = 64
     cpu: float = 1.0
     nofile: int = 256
+
+    def __post_init__(self) -> None:
+        check_limits(dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
@@ -469,9 +518,5 @@ def _limits(v: Any) -> dict[str, int | float]:
         return dataclasses.asdict(Limits())
     if not isinstance(v, Mapping):
         raise TaskError(f"lease task 'limits' must be an object, got {v!r}")
-    for key, n in v.items():
-        if key not in _LIMIT_KEYS:
-            raise TaskError(f"lease task limit {key!r} is unknown; valid: {list(_LIMIT_KEYS)}")
-        if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0:
-            raise TaskError(f"lease task limit {key!r} must be a number >= 0, got {n!r}")
+    check_limits(v, what="lease task limit")
     return dict(v)

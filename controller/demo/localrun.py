@@ -12,6 +12,7 @@ Must not import: slurm, controller.cli (this is a library of the CLI's `paddock 
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import random
@@ -21,9 +22,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
-import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -32,7 +32,8 @@ from controller.analysis.query import connect, print_summary, summary
 from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
 from controller.contracts.keys import key_file_of, private_dir
-from controller.contracts.tasks import TaskError
+from controller.contracts.safeload import ParseLimitError, load_yaml
+from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
 from controller.demo.web_policy import WebPlayer
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 
 COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
+HEALTH_DIR_ENV = "PADDOCK_HEALTH_DIR"   # the node agent's health stream directory (nodeagent/agent/health.py)
 PADDOCK_CLI = (sys.executable, "-m", "controller.cli")   # the daemons run as `paddock controller|agent`
 
 
@@ -80,16 +82,30 @@ class RunConfig:
     bank: str = ""                    # the task bank directory ("": $PADDOCK_TASKBANK, else ./taskbank)
     compact_every: int = COMPACT_EVERY  # the controller merges small shards after every N commits (0: never)
     policy_script: str = ""           # per-task scripts of swe tasks for the scripted policy (swe_policy.py)
+    metrics_port: Optional[int] = None  # the controller's Prometheus metrics port (0: any free; None: off)
 
     def __post_init__(self) -> None:
         for key in ("agents", "slots_per_agent", "versions", "rollouts_per_task"):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {getattr(self, key)!r}")
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"config key {key!r} must be an integer >= 1, got {v!r}")
+        for key in ("tasks_limit", "seed"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"config key {key!r} must be an integer >= 0, got {v!r}")
         for key in ("learning_rate", "heartbeat_interval_s", "lease_ttl_s", "start_timeout_s"):
-            if not isinstance(getattr(self, key), (int, float)) or getattr(self, key) <= 0:
-                raise ConfigError(f"config key {key!r} must be a number > 0, got {getattr(self, key)!r}")
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"config key {key!r} must be a finite number > 0, got {v!r}")
+        for key in ("runs_dir", "image_store", "curriculum_db", "taskset", "bank", "policy_script"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"config key {key!r} must be a string, got {getattr(self, key)!r}")
         if isinstance(self.compact_every, bool) or not isinstance(self.compact_every, int) or self.compact_every < 0:
             raise ConfigError(f"config key 'compact_every' must be an integer >= 0, got {self.compact_every!r}")
+        mp = self.metrics_port
+        if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or not 0 <= mp <= 65535):
+            raise ConfigError(f"config key 'metrics_port' must be a port number 0-65535 (0: any free "
+                              f"port), got {mp!r}")
         if self.validate not in ("quick", "full", "off"):
             raise ConfigError(f"config key 'validate' must be quick, full or off, got {self.validate!r}")
         if self.agents * self.slots_per_agent > 62:
@@ -100,9 +116,12 @@ class RunConfig:
         data = {}
         if path:
             try:
-                data = yaml.safe_load(Path(path).read_text()) or {}
-            except (OSError, yaml.YAMLError) as exc:
-                raise ConfigError(f"cannot read config {path}: {exc}") from None
+                data = load_yaml(path)
+            except OSError as exc:
+                raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+            except ParseLimitError as exc:
+                raise ConfigError(f"config {exc}") from None
+            data = {} if data is None else data
             if not isinstance(data, dict):
                 raise ConfigError(f"config {path} must be a mapping of keys to values")
         data.update({k: v for k, v in overrides.items() if v is not None})
@@ -218,6 +237,37 @@ def validation_cache_dir(store_root: Path) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
 
 
+def node_capacity() -> dict[str, float]:
+    """This node's ceiling for each sandbox limit: memory and CPUs it has, the kernel's pid_max."""
+    cap = {key: hi for key, (_k, _lo, hi) in LIMIT_RANGES.items()}
+    try:
+        with open("/proc/meminfo") as f:
+            total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+        cap["memory_mb"] = total_kb // 1024
+    except (OSError, StopIteration, ValueError):
+        pass
+    cap["cpu"] = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            cap["pids"] = min(cap["pids"], int(f.read()))
+    except (OSError, ValueError):
+        pass
+    return cap
+
+
+def check_task_limits(taskset, names: list[str], capacity: dict[str, float]) -> None:
+    """Every task the run plays fits this machine (the local run's only node): ConfigError
+    naming the task and the limit otherwise, before any daemon starts."""
+    wanted = set(names)
+    for t in taskset.tasks:
+        if t.name not in wanted:
+            continue
+        for key, value in asdict(t.limits).items():
+            if key in ("memory_mb", "cpu") and value > capacity[key]:
+                raise ConfigError(f"config key 'taskset': task {t.name!r} asks for limits.{key} = {value:g}, "
+                                  f"more than this machine has ({capacity[key]:g})")
+
+
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     f = open(log_path, "ab")
     return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -268,6 +318,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
         key = "policy_script" if cfg.policy_script and "policy script" in str(exc) else "taskset"
         raise ConfigError(f"config key {key!r}: {exc}") from None
     names = [t.name for t in taskset.tasks][: cfg.tasks_limit or None]
+    check_task_limits(taskset, names, node_capacity())
     store = ImageStore(cfg.image_store or default_store_root())
     with console.status("image: building or reusing the built-in python image") as st:
         digest, image_path = ensure_builtin_image(store, progress=lambda m: st.update(f"image: {m}"))
@@ -299,10 +350,16 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                           "--endpoint-file", str(run_dir / "controller.endpoint"),
                           "--key-file", str(key_file),
                           "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every)],
+                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every),
+                          *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port is not None else [])],
                          run_dir / "logs" / "controller.log")
             procs.append(ctl)
             endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
+            metrics_file = run_dir / "controller.endpoint.metrics"
+            if metrics_file.exists():     # written before the endpoint
+                console.print(f"metrics {metrics_file.read_text().strip()}")
+            # each agent appends its health samples to <run>/health/<node>.jsonl (`paddock health`)
+            health_env = {HEALTH_DIR_ENV: str(run_dir / "health")}
             for i in range(cfg.agents):
                 procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
                                      "--controller", endpoint, "--key-file", str(key_file),
@@ -313,8 +370,8 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
                                      "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
                                     run_dir / "logs" / f"agent-{i + 1}.log",
                                     # the node's judge and user_sim services: the policy server's scripted ones
-                                    env={k: os.environ.get(k, policy.url) for k in
-                                         ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}))
+                                    env={**health_env, **{k: os.environ.get(k, policy.url) for k in
+                                                          ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}}))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:

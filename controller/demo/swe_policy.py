@@ -27,7 +27,6 @@ Must not import: zmq, sqlite3, nodeagent.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -36,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
 
+from controller.contracts.safeload import ParseLimitError, load_json, load_yaml
 from controller.contracts.tasks import Task
 from controller.demo.policy_server import UNKNOWN_TASK_REPLY, FinalStep, Step, ToolStep
 
@@ -203,13 +202,12 @@ def parse_policy_script(data: Any, source: str = "<policy script>") -> PolicyScr
 def load_policy_script(path: str | Path) -> PolicyScript:
     """Read a policy-script file (JSON or YAML). PolicyScriptError names the file and the key."""
     try:
-        text = Path(path).read_text()
+        data = load_json(path) if str(path).endswith(".json") else load_yaml(path)
     except OSError as exc:
         raise PolicyScriptError(f"cannot read policy script {path}: {exc}") from None
-    try:
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise PolicyScriptError(f"policy script {path} is not valid JSON/YAML: {exc}") from None
+    except ParseLimitError as exc:
+        line = f" (line {exc.line})" if exc.line else ""
+        raise PolicyScriptError(f"policy script {exc.source} is not valid JSON/YAML{line}: {exc.detail}") from None
     return parse_policy_script(data, str(path))
 
 

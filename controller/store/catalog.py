@@ -338,7 +338,12 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
     """
     run_dir = Path(run_dir)
     cat_dir = run_dir / CATALOG_DIR
-    cat_dir.mkdir(parents=True, exist_ok=True)
+    if not run_dir.is_dir():            # never make a run out of a wrong path
+        raise CatalogError(f"run directory {run_dir} does not exist")
+    if not cat_dir.is_dir():
+        if (run_dir / "run.json").exists() or any((run_dir / t).is_dir() for t in _SHARD_TABLE_SET):
+            return CompactionResult(0, 0, 0, 0)        # nothing committed yet
+        raise CatalogError(f"{run_dir} is not a run directory (no run.json, {CATALOG_DIR}/ or shard tables)")
     with open(cat_dir / "compact.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -353,10 +358,13 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
         n_src = n_tgt = n_rows = 0
         for table, schema in _shard_schemas().items():
             candidates, others = [], []
-            named = committed.get(table, set())
             directory = run_dir / table
             listed = sorted(f"{table}/{p.name}" for p in directory.glob("*.parquet")) \
                 if directory.is_dir() else []
+            # model_calls: the catalog names no shard of it; its per-attempt shards carry the
+            # committed key in their name like the others (nodeagent/store/writer.py)
+            named = committed.get(table) if table in _SHARD_TABLE_SET else _named_by_key(listed, keys)
+            named = named or set()
             for rel in listed:
                 path = run_dir / rel
                 if rel in moved or path.name.startswith(COMPACT_PREFIX):
@@ -416,6 +424,23 @@ def _committed_shards(run_dir: Path) -> tuple[dict[str, set[str]], pa.Table]:
                             "attempt": pa.array([], pa.int32()),
                             "fencing_token": pa.array([], pa.int64())}))
     return out, keys_table
+
+
+_ATTEMPT_SUFFIX = re.compile(r"-a(\d+)-t(\d+)\.parquet$")
+
+
+def _named_by_key(listed: list[str], keys: pa.Table) -> set[str]:
+    """The per-attempt shards among `listed` whose name ends with a committed key's suffix."""
+    by_attempt: dict[tuple[int, int], set[str]] = {}
+    for rid, attempt, token in zip(keys["rollout_id"].to_pylist(), keys["attempt"].to_pylist(),
+                                   keys["fencing_token"].to_pylist()):
+        by_attempt.setdefault((int(attempt), int(token)), set()).add("-" + shard_suffix(rid, attempt, token))
+    named = set()
+    for rel in listed:
+        m = _ATTEMPT_SUFFIX.search(rel)
+        if m and any(rel.endswith(sfx) for sfx in by_attempt.get((int(m.group(1)), int(m.group(2))), ())):
+            named.add(rel)
+    return named
 
 
 def _promote(run_dir: Path, table: str, rel: str, keys: pa.Table, seq: int) -> int:

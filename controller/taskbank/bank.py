@@ -30,6 +30,7 @@ from typing import Any, Iterable
 import yaml
 
 from controller.contracts.fileio import atomic_write
+from controller.contracts.safeload import Bounds, ParseLimitError, load_yaml
 from controller.contracts.tasks import SPLITS, Budgets, Limits, Task, TaskError, TaskSet
 
 TASK_FILE = "task.yaml"
@@ -39,6 +40,8 @@ REQUIRED_KEYS = ("name", "family", "instruction", "checker")
 OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "network", "tools", "layers", "services",
                  "user")
 DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
+# A manifest lists up to millions of tasks (7 nodes each) and never needs an alias.
+MANIFEST_BOUNDS = Bounds(max_nodes=50_000_000, max_aliases=8, max_bytes=1 << 30)
 
 
 def default_bank_dir() -> Path:
@@ -79,11 +82,11 @@ def load_package(directory: str | os.PathLike) -> Task:
     directory = Path(directory)
     path = directory / TASK_FILE
     try:
-        meta = yaml.safe_load(path.read_text())
+        meta = load_yaml(path)
     except OSError as exc:
         raise TaskError(f"{path}: cannot read task package: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise TaskError(f"{path}: not valid YAML: {exc}") from None
+    except ParseLimitError as exc:
+        raise TaskError(str(exc)) from None
     if not isinstance(meta, dict):
         raise TaskError(f"{path}: must be a mapping of keys to values")
     missing = [k for k in REQUIRED_KEYS if k not in meta]
@@ -233,9 +236,11 @@ class TaskBank:
 def load_manifest(path: Path, bank: TaskBank) -> TaskSet:
     """Read a manifest, resolve its tasks in `bank`, check its recorded hash."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise TaskError(f"{path}: cannot read manifest: {exc}") from None
+        data = load_yaml(path, MANIFEST_BOUNDS)
+    except OSError as exc:
+        raise TaskError(f"{path}: cannot read manifest: {exc.strerror or exc}") from None
+    except ParseLimitError as exc:
+        raise TaskError(f"manifest {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
         raise TaskError(f"{path}: a manifest needs 'name' and a 'tasks' list")
     unknown = sorted(set(data) - {"name", "tasks", "manifest_hash"})

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from controller.contracts.safeload import load_jsonl
 from controller.contracts.tasks import Task
 from controller.taskbank import execution, importers, semantic
 from controller.taskbank.bank import make_set
@@ -56,7 +56,7 @@ class Scored:
 
 
 def load_pairs(path: str | Path = PAIRS_FILE) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()]
+    return load_jsonl(path)
 
 
 def math_task(name: str, question: str) -> Task:

@@ -38,6 +38,7 @@ from pathlib import Path
 from collections import OrderedDict
 from typing import Iterable, Sequence
 
+from controller.contracts.safeload import load_json
 from controller.contracts.states import POLICY_OUTCOMES
 from controller.taskbank.bands import CLASSES, BandSpec, classify
 
@@ -223,9 +224,8 @@ class Curriculum:
     def import_validation(self, path: str | Path) -> int:
         """Quarantine the tasks a `paddock tasks validate` file (`quarantine.json`, keyed by
         task id or by name with a `task_id`) lists as failing; return how many are ours."""
-        import json
         try:
-            data = json.loads(Path(path).read_text())
+            data = load_json(path)
         except FileNotFoundError:
             return 0
         except (OSError, ValueError) as exc:

@@ -17,12 +17,13 @@ import ast
 import functools
 import gzip
 import io
-import json
 import re
 from pathlib import Path
 from typing import Callable, Iterator
 
 from controller.contracts.answers import boxed_contents
+from controller.contracts.safeload import DEFAULT as DEFAULT_BOUNDS
+from controller.contracts.safeload import ParseLimitError, load_json_text
 from controller.contracts.tasks import Task, TaskError
 from controller.taskbank import importers_tools     # tau, harbor
 from controller.taskbank.bank import TASK_FILE, load_package
@@ -70,18 +71,28 @@ def iter_source(kind: str, source: Path, context: SweContext = SweContext()) -> 
         yield task
 
 
-def _lines(path: Path) -> Iterator[str]:
-    """The lines of a plain or gzip-compressed text file, streamed."""
+def _lines(path: Path, max_line_chars: int) -> Iterator[str]:
+    """The lines of a plain or gzip-compressed text file, streamed; a line longer than
+    `max_line_chars` is returned cut (the caller refuses it) and never held whole."""
     with open(path, "rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
         stream = gzip.open(raw) if gz else raw
-        yield from io.TextIOWrapper(stream, encoding="utf-8")
+        text = io.TextIOWrapper(stream, encoding="utf-8")
+        while True:
+            line = text.readline(max_line_chars + 1)
+            if not line:
+                return
+            yield line
+            if len(line) > max_line_chars and not line.endswith("\n"):
+                return
 
 
 def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    """Records of a JSONL file, plain or gzip-compressed (HumanEval ships `.jsonl.gz`), streamed."""
-    lines = _lines(path)
+    """Records of a JSONL file, plain or gzip-compressed (HumanEval ships `.jsonl.gz`), streamed;
+    bounded per record in size and nesting (controller/contracts/safeload.py)."""
+    bounds = DEFAULT_BOUNDS
+    lines = _lines(path, bounds.max_line_bytes)
     lineno = 0
     while True:
         try:
@@ -93,12 +104,15 @@ def _jsonl(path: Path) -> Iterator[tuple[int, dict]]:
         except (EOFError, UnicodeDecodeError, gzip.BadGzipFile) as exc:
             raise ImportSourceError(f"{path}: not UTF-8 JSON lines (plain or gzip): {exc}") from None
         lineno += 1
+        if len(line) > bounds.max_line_bytes and not line.endswith("\n"):
+            raise ImportSourceError(f"{path}:{lineno}: line longer than {bounds.max_line_bytes} "
+                                    "characters (limit max_line_bytes)")
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise ImportSourceError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+            record = load_json_text(line, str(path), bounds, line=lineno, max_bytes=bounds.max_line_bytes + 1)
+        except ParseLimitError as exc:
+            raise ImportSourceError(str(exc)) from None
         if not isinstance(record, dict):
             raise ImportSourceError(f"{path}:{lineno}: a record must be a JSON object")
         yield lineno, record

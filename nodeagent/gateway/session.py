@@ -252,8 +252,15 @@ class Session:
             if refused and not (err is not None and getattr(err, "forwarded", False)) \
                     and retries < self.max_version_retries and self._clock() < self.deadline:
                 retries += 1
-                log.info("model server is loading a new version; retry %d of the call (version %d)",
-                         retries, up.version)
+                if err is not None and getattr(err, "refused", False):
+                    # say what happened: a refused connection is also what "nothing serves
+                    # this endpoint" looks like, not only a restart to load weights
+                    log.warning("model server %s refused the connection (not running, or restarting "
+                                "to load a version); retry %d of the call (version %d)",
+                                up.endpoint, retries, up.version)
+                else:
+                    log.info("model server is loading a new version; retry %d of the call (version %d)",
+                             retries, up.version)
                 self._sleep(min(RETRY_BASE_S * 2 ** (retries - 1), RETRY_MAX_S,
                                 max(self.deadline - self._clock(), 0.0)))
                 refresh = getattr(self._upstream, "refresh", None)
