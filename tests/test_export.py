@@ -101,8 +101,9 @@ def test_staleness_per_rollout_drops_and_per_call_masks(tmp_path, policy):
     assert row["completion_mask"][:n_first] == [0] * n_first
 
 
-def synthetic_run(run_dir, n_rollouts: int, calls_per: int = 3):
-    """A bulk run: n rollouts of `calls_per` linear calls each, 64-token prompts, 32-token turns."""
+def synthetic_run(run_dir, n_rollouts: int, calls_per: int = 3, outcomes=None, sources=None):
+    """A bulk run: n rollouts of `calls_per` linear calls each, 64-token prompts, 32-token turns
+    (`outcomes`: per rollout, default pass; `sources`: per call index, default builtin)."""
     rids = [f"r{i:06d}" for i in range(n_rollouts)]
     rollouts = pa.table({
         "run_id": ["run"] * n_rollouts, "rollout_id": rids, "attempt": [1] * n_rollouts,
@@ -111,7 +112,8 @@ def synthetic_run(run_dir, n_rollouts: int, calls_per: int = 3):
         "task_family": ["python"] * n_rollouts, "taskset_hash": ["h"] * n_rollouts,
         "image_digest": ["d"] * n_rollouts, "verifier_version": ["v"] * n_rollouts,
         "policy_version": [0] * n_rollouts, "seed": list(range(n_rollouts)), "node": ["n"] * n_rollouts,
-        "outcome": ["pass"] * n_rollouts, "reward": [1.0] * n_rollouts, "reward_components": ["{}"] * n_rollouts,
+        "outcome": outcomes or ["pass"] * n_rollouts,
+        "reward": [None if o in ("infra_error", "judge_failed") else 1.0 for o in (outcomes or ["pass"] * n_rollouts)], "reward_components": ["{}"] * n_rollouts,
         "tampered": [False] * n_rollouts, "started_at": [T0] * n_rollouts, "finished_at": [T0] * n_rollouts,
         "wall_s": [1.0] * n_rollouts, "agent_s": [1.0] * n_rollouts, "verify_s": [0.1] * n_rollouts,
         "steps": [calls_per] * n_rollouts, "prompt_tokens": [0] * n_rollouts,
@@ -130,7 +132,8 @@ def synthetic_run(run_dir, n_rollouts: int, calls_per: int = 3):
         "run_id": ["run"] * n, "rollout_id": [r for r in rids for _ in range(calls_per)],
         "attempt": [1] * n, "fencing_token": [1] * n, "call_index": [c for _ in rids for c in range(calls_per)],
         "prompt_extends_previous": [c > 0 for _ in rids for c in range(calls_per)],
-        "source": ["builtin"] * n, "call_policy_version": [0] * n, "request_messages": ["[]"] * n,
+        "source": [(sources or ["builtin"] * calls_per)[c] for _ in rids for c in range(calls_per)],
+        "call_policy_version": [0] * n, "request_messages": ["[]"] * n,
         "request_params": ["{}"] * n, "prompt_token_ids": prompts, "completion_token_ids": comps,
         "completion_logprobs": [[-0.5] * 32] * n, "status": ["ok"] * n, "retries": [0] * n,
         "started_at": [T0] * n, "upstream_s": [0.01] * n, "gateway_s": [0.0001] * n})
@@ -156,3 +159,15 @@ def test_the_cli_registers_paddock_export():
     register(ap.add_subparsers())
     args = ap.parse_args(["export", "--run", "x", "--format", "hf"])
     assert args.format == "hf" and args.staleness == "per_rollout"
+
+
+def test_the_user_simulator_and_judge_failed_rollouts_are_never_training_data(tmp_path):
+    """A conversational run: the user simulator's calls (source user_sim) and the rollouts whose
+    judge failed (reward NULL, like infra_error) are left out of the export."""
+    synthetic_run(tmp_path, 3, calls_per=2, outcomes=["pass", "judge_failed", "infra_error"],
+                  sources=["builtin", "user_sim"])
+    out = tmp_path / "out.parquet"
+    stats = write(tmp_path, "hf", out)
+    rows = pq.read_table(out).to_pylist()
+    assert stats.rollouts == 1 and [r["rollout_id"] for r in rows] == ["r000000"]
+    assert len(rows[0]["completion_ids"]) == 32, "only the policy's own call of that rollout"

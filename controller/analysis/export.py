@@ -54,7 +54,8 @@ SELECT m.rollout_id, m.call_index, m.prompt_extends_previous, m.call_policy_vers
        m.prompt_token_ids, m.completion_token_ids, m.completion_logprobs,
        r.task_id, r.task_name, r.batch_id, r.policy_version, r.reward, r.outcome
 FROM model_calls m JOIN rollouts r USING (run_id, rollout_id, attempt, fencing_token)
-WHERE m.status = 'ok' AND r.outcome <> 'infra_error'
+WHERE m.status = 'ok' AND r.outcome NOT IN ('infra_error', 'judge_failed')
+  AND coalesce(m.source, '') <> 'user_sim'   -- the user simulator's calls are never trained on
 ORDER BY m.rollout_id, m.call_index
 """
 

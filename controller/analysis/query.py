@@ -547,7 +547,7 @@ def _console(out: TextIO) -> Console:
 # -- summary --------------------------------------------------------------------------------
 
 _PASS = "count(*) FILTER (WHERE outcome = 'pass')"
-_SCORED = "count(*) FILTER (WHERE outcome <> 'infra_error')"
+_SCORED = "count(*) FILTER (WHERE outcome NOT IN ('infra_error', 'judge_failed'))"   # masked outcomes
 
 
 def summary(run_dir: str | Path) -> dict:

@@ -58,10 +58,7 @@ STRATEGIES: dict[str, list[str]] = {
     "math": ["solve", "guess", "claim_passed", "peek", "spray", "escape"],
     "conversational": ["solve", "sloppy", "claim_success", "edit_state", "inject_user", "inject_judge"],
 }
-# The conversational family's reward hacks (controller/analysis/defences.py names the others;
-# registered here until that table carries them).
-CONVERSATIONAL_CHEATS = ["claim_success", "edit_state", "inject_user", "inject_judge"]
-CHEATS.setdefault("conversational", CONVERSATIONAL_CHEATS)
+CONVERSATIONAL_CHEATS = CHEATS["conversational"]   # the family's reward hacks (controller/analysis/defences.py)
 CONVERSATION_MARKER = "Operator's instructions:\n"    # nodeagent/harness/loop.py CONVERSATION_PROMPT
 DEFAULT_CHEAT_LOGIT = 0.5
 MODEL_PREFIX = "scripted-v"
