@@ -241,7 +241,7 @@ def strict_eq(a, b):
 
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), list, tuple, dict, set,
                     frozenset, range})
-_trusted_function = None     # the audit hook's judge: is this function's code trusted? (set in `child`)
+_trusted_function = None     # the audit hook's judge: `trusted_function` once the hook is installed (in `child`)
 
 
 def _perturbed(y):
@@ -300,6 +300,76 @@ def honest_eq(a, b):
     return result
 
 
+CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
+
+
+def perturb(y, _type=type, _len=len, _abs=abs, _urandom=os.urandom, _from=int.from_bytes, _int=int,
+            _float=float, _str=str, _bytes=bytes, _list=list, _tuple=tuple, _dict=dict, _set=set,
+            _frozenset=frozenset, _bool=bool, _none=type(None), _error=AssertionError, _chr=chr, _ord=ord):
+    """A different value of y's own builtin type that looks like an ordinary expected value (the
+    expected side of a canary's assertion: an honest result equal to y must not equal it).
+    Everything it uses is bound as a default argument: no global or builtin a test could swap
+    is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
+    cannot perturb fails the canary."""
+    def r(n):
+        return _from(_urandom(4), "little") % n if n > 0 else 0
+    t, new = _type(y), None
+    if t is _bool:
+        new = not y
+    elif t is _none:
+        new = 0
+    elif t is _int:
+        span = _abs(y) // 2 + 2
+        new = y + (1 + r(span)) * (1 if r(2) else -1)
+    elif t is _float:
+        new = y + (0.5 + _abs(y)) * (0.5 + r(1000) / 1000.0) * (1 if r(2) else -1)
+    elif t in (_str, _bytes):
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        if _len(y) == 0:
+            new = letters[r(26)] if t is _str else _bytes([97 + r(26)])
+        else:
+            i = r(_len(y))
+            old = y[i] if t is _str else _chr(y[i])
+            c = letters[(letters.find(old.lower()) + 1 + r(25)) % 26] if old.isalpha() else letters[r(26)]
+            c = c.upper() if old.isupper() else c
+            new = y[:i] + (c if t is _str else _bytes([_ord(c)])) + y[i + 1:]
+    elif t in (_list, _tuple):
+        if _len(y) == 0:
+            new = t((0,))
+        else:
+            i = r(_len(y))
+            new = y[:i] + y[i + 1:]
+    elif t is _dict:
+        items, i = _list(y.items()), r(_len(y))
+        new = _dict(items[:i] + items[i + 1:]) if items else {0: 0}
+    elif t in (_set, _frozenset):
+        new = t((0,)) if not y else t(_list(y)[1:])
+    if new is None or new == y:
+        raise _error("paddock canary: the expected value cannot be perturbed")
+    return new
+
+
+def _perturber():
+    """A private object whose `.format` is `perturb`: canary sources call `SENTINEL.format(x)`
+    and the grader swaps the string constant for this object in the compiled code, so no name
+    a test could rebind leads to it."""
+    class Perturber:
+        __slots__ = ("format",)
+    p = Perturber()
+    p.format = perturb
+    return p
+
+
+def _bind_perturber(code):
+    """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
+    perturber (kept nowhere else: only the compiled canaries hold it)."""
+    if CANARY_SENTINEL not in code.co_consts and not any(isinstance(c, type(code)) for c in code.co_consts):
+        return code
+    consts = tuple(_perturber() if type(c) is str and c == CANARY_SENTINEL else _bind_perturber(c)
+                   if isinstance(c, type(code)) else c for c in code.co_consts)
+    return code.replace(co_consts=consts)
+
+
 class _HonestAsserts(ast.NodeTransformer):
     """`assert a == b` -> `assert _paddock_honest_eq(a, b)`, line numbers kept (the AST is compiled)."""
 
@@ -315,6 +385,7 @@ class _Plugin:
     def __init__(self, fd, key, tests_dir, locked=()):
         self.fd, self.tests_dir, self.locked = fd, tests_dir, frozenset(locked)
         self.watch, self.globals_watch, self.class_watch = [], [], []
+        self.config = None
         seq = [0]
 
         def sign(body):
@@ -371,18 +442,28 @@ class _Plugin:
             self.emit(ev="tamper", changed=changed, plugins=foreign)
         return plugins
 
-    def pytest_configure(self, config):
-        self.config = config
+    def take_snapshot(self):
+        """Called in `child` before pytest.main: before the task's conftest.py (which may import
+        the package under test) or any /work code runs, so no patch made at import time becomes
+        the original."""
         self.watch = self.snapshot()
         self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
                               if callable(v) or isinstance(v, type)]
+
+    def pytest_configure(self, config):
+        self.config = config
+        if not self.watch:
+            self.take_snapshot()
         self.plugins = set()
         self.emit(ev="start", pid=_getpid())
 
     def pytest_collection(self, session):
         self.plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
-        sys.meta_path.insert(0, self.finder)
+        if type(sys.meta_path) is not list:     # a subclass would see (and could read) the finder
+            self.emit(ev="tamper", detail=f"sys.meta_path replaced by a {type(sys.meta_path).__qualname__}")
+            return
+        list.insert(sys.meta_path, 0, self.finder)
 
     def pytest_collection_finish(self, session):
         self.globals_watch += _callables_of(self.tests_dir, self.locked)
@@ -421,7 +502,8 @@ class _MemLoader(importlib.abc.SourceLoader):
 
     def source_to_code(self, data, path, *, _optimize=-1):
         tree = _HonestAsserts().visit(ast.parse(data, path))
-        return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
+        code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
+        return _bind_perturber(code)
 
     def exec_module(self, module):
         module.__dict__["_paddock_honest_eq"] = honest_eq
@@ -447,9 +529,8 @@ class _MemFinder(importlib.abc.MetaPathFinder):
 
 # -- defences that hold before any code under test runs ------------------------------------------
 
-TRUSTED_TOPS = frozenset(sys.stdlib_module_names) | {
-    "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup", "tomli", "attr",
-    "more_itertools", "paddock_grader", "paddock_callbridge"}
+TRUSTED_TOPS = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "paddock_grader", "paddock_callbridge"}
+PYTEST_DEPENDENCIES = frozenset({"iniconfig", "packaging", "py", "exceptiongroup", "tomli", "attr", "more_itertools"})
 
 
 class _TrustedImports(importlib.abc.MetaPathFinder):
@@ -458,10 +539,17 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
 
     def __init__(self, trusted_path):
         self.path = list(trusted_path)
+        self.loaded = frozenset()
+
+    def seal(self):
+        """The test framework's dependencies it has imported by now stay the trusted ones."""
+        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
+        if top in PYTEST_DEPENDENCIES and top in self.loaded:
+            pass        # pytest imported it from the trusted path before any /work code ran
+        elif top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
             return None
         where = self.path if path is None else [p for p in path if not str(p).startswith("/work")]
         spec = importlib.machinery.PathFinder.find_spec(name, where)
@@ -620,7 +708,17 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
     def hook(event, args):
         if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
-                or event in _OTHER_EVENTS):
+                or event in _OTHER_EVENTS or event == TRUSTED_EVENT):
+            return
+        if event == TRUSTED_EVENT:      # (fn, out): is fn's code trusted? (`trusted_function`)
+            if len(args) == 2 and type(args[1]) is list:
+                me = ident()
+                busy.add(me)
+                try:
+                    code = getattr(args[0], "__code__", None)
+                finally:
+                    busy.discard(me)
+                args[1].append(code is not None and trusted(code))
             return
         me = ident()
         if me in busy:
@@ -634,17 +732,20 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             emit(ev="tamper", refused=event, by=str(culprit)[:200])
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
-
-    def trusted_function(fn):
-        """Is `fn` a function whose code is trusted? (Reads `__code__` unaudited: the hook is busy.)"""
-        me = ident()
-        busy.add(me)
-        try:
-            code = getattr(fn, "__code__", None)
-        finally:
-            busy.discard(me)
-        return code is not None and trusted(code)
     return trusted_function
+
+
+TRUSTED_EVENT = "paddock.trusted"
+
+
+def trusted_function(fn, _audit=sys.audit, _list=list):
+    """Is `fn` a function whose code the audit hook trusts? Asked through an audit event: the
+    hook's state (its re-entrancy set, its trusted prefixes) lives only in its own closure,
+    which nothing reachable from Python shares (a closure cell the test process could reach
+    could be rewritten to switch the hook off)."""
+    out = _list()
+    _audit(TRUSTED_EVENT, fn, out)
+    return out == [True]
 
 
 def _watched_classes():
@@ -675,15 +776,18 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     """Guard the imports, install the audit hook, route the agent's modules to the callee (call
     isolation) or put /work on the path (repository mode); run pytest; exit with its code."""
     trusted_path = [p for p in sys.path if p and not p.startswith("/work")]
-    sys.meta_path.insert(0, _TrustedImports(trusted_path))
+    guard = _TrustedImports(trusted_path)
+    sys.meta_path.insert(0, guard)
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
+    guard.seal()
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
     global _trusted_function
     _trusted_function = install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
+    plugin.take_snapshot()
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = importlib.util.module_from_spec(spec)

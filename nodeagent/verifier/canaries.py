@@ -1,0 +1,279 @@
+"""Hidden canary tests for repository-level checks, planted and read on the grading host.
+
+In repository mode the tests import the agent's code in pytest's own process, so nothing in that
+process can be trusted to tell the truth: a forged report, a patched report constructor, an
+always-equal object, a no-op `assertEqual` or `assert_close`. The verdict therefore does not
+rest on that process's honesty alone. Before the test modules go into the sandbox, `plant`
+rewrites each one on the host:
+
+- every real test function/method gets an opaque random name (`test_<hex>`);
+- next to it, at a random place among them, `k` canaries: copies of the test that an honest
+  implementation must FAIL. A *perturbed* canary is the test with one straight-line equality
+  assertion (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers) whose
+  expected side is replaced, at run time, by a natural-looking different value of the same type
+  (see `grader_plugin.perturb`); a *raise-after* canary is the test body in `try: ... finally:
+  assert False`. Canaries carry the original's decorators and line numbers; nothing in their
+  name, module, class, order or count tells them from the real test.
+
+The name -> real/canary map (`Plan`) never enters the sandbox. `translate` reads the grader's
+report back: real names restored, canary events removed, and a `tamper` event added when a
+canary passed, or when a real test passed and one of its canaries has no report at all. Any
+in-process trick that makes a failing test look passed makes canaries pass too, whatever the
+trick. Detection of a trick that can single out one test of a group (e.g. an `__eq__` true only
+the first time it meets given arguments) is probabilistic: 1 - 1/(k+1) per test it forges.
+
+Pure AST work and JSON: no I/O. Must not import nodeagent.sandbox, zmq, controller.* outside
+contracts.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import random
+import re
+from dataclasses import dataclass, field
+
+SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
+K_FAIL_TO_PASS = 3      # canaries per test that must start passing (the ones a forger needs)
+K_PASS_TO_PASS = 1      # per test that must keep passing
+_HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
+_SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
+
+
+@dataclass
+class Plan:
+    """Per test file (rel path): opaque -> original name of real tests, canary -> original."""
+    real: dict[str, dict[str, str]] = field(default_factory=dict)
+    canary: dict[str, dict[str, str]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def count(self) -> int:
+        return sum(len(c) for c in self.canary.values())
+
+
+def _base(test_id: str) -> str:
+    return test_id.split("[", 1)[0].rsplit("::", 1)[-1]
+
+
+def _is_fixture(fn: ast.AST) -> bool:
+    for d in getattr(fn, "decorator_list", ()):
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if "fixture" in name:
+            return True
+    return False
+
+
+def test_classes(tree: ast.Module) -> set[str]:
+    """Module-level classes pytest collects: `Test*`, or a unittest case (a base named
+    `*TestCase`/`*Case`, or a test class of this file)."""
+    found: set[str] = set()
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    changed = True
+    while changed:
+        changed = False
+        for c in classes:
+            if c.name in found:
+                continue
+            bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in c.bases}
+            if c.name.startswith("Test") or any(b.endswith("Case") or b in found for b in bases):
+                found.add(c.name)
+                changed = True
+    return found
+
+
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _perturb_call(expr: ast.expr) -> ast.expr:
+    call = ast.Call(ast.Attribute(ast.Constant(SENTINEL), "format", ast.Load()), [expr], [])
+    return ast.copy_location(call, expr)
+
+
+def _returns(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for s in stmts for n in ast.walk(s))
+
+
+def _eq_sites(body: list[ast.stmt]) -> list[int]:
+    """Top-level statements of a test body an honest passing run must reach (no return before
+    them) that compare for equality: `assert a == b`, or an `assert*equal*`/`*close*` call."""
+    sites = []
+    for i, s in enumerate(body):
+        if _returns(body[:i]):
+            break
+        if isinstance(s, ast.Assert) and isinstance(s.test, ast.Compare) and len(s.test.ops) == 1 \
+                and isinstance(s.test.ops[0], ast.Eq):
+            sites.append(i)
+        elif isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and len(s.value.args) >= 2 \
+                and not any(isinstance(a, ast.Starred) for a in s.value.args[:2]):
+            f = s.value.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if _HELPER.match(name) and "not" not in name.lower():
+                sites.append(i)
+    return sites
+
+
+def _perturbed(fn: ast.AST, site: int) -> ast.AST:
+    new = copy.deepcopy(fn)
+    s = new.body[site]
+    if isinstance(s, ast.Assert):
+        t = s.test
+        if _literal(t.left) and not _literal(t.comparators[0]):
+            t.left = _perturb_call(t.left)
+        else:
+            t.comparators[0] = _perturb_call(t.comparators[0])
+    else:
+        s.value.args[1] = _perturb_call(s.value.args[1])
+    return new
+
+
+def _raise_after(fn: ast.AST) -> ast.AST:
+    new = copy.deepcopy(fn)
+    last = new.body[-1]
+    fail = ast.copy_location(ast.Assert(ast.Constant(False), None), last)
+    new.body = [ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[fail]), new.body[0])]
+    return new
+
+
+class _Rename(ast.NodeTransformer):
+    def __init__(self, names: dict[str, str]):
+        self.names = names
+
+    def visit_Name(self, node):
+        if node.id in self.names:
+            node.id = self.names[node.id]
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if node.attr in self.names:
+            node.attr = self.names[node.attr]
+        return node
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        if node.name in self.names:
+            node.name = self.names[node.name]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
+    prefix = original.split("_", 1)[0] + "_" if "_" in original else "test"
+    while True:
+        name = f"{prefix}{rng.getrandbits(64):016x}"
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+def plant_one(rel: str, source: str, f2p: set[str] | None, p2p: set[str], rng: random.Random,
+              plan: Plan) -> str:
+    """`source` with its tests renamed and their canaries planted; records the map in `plan`.
+    `f2p` None: every test is one that must pass (no fail_to_pass list)."""
+    tree = ast.parse(source)
+    classes = test_classes(tree)
+    scopes: list[list[ast.stmt]] = [tree.body] + [c.body for c in tree.body
+                                                 if isinstance(c, ast.ClassDef) and c.name in classes]
+    taken = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    tests = [f for body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and f.name.startswith("test") and not _is_fixture(f)]
+    names = {}
+    for f in tests:
+        if f.name not in names:
+            names[f.name] = _opaque(rng, f.name, taken)
+    real = plan.real.setdefault(rel, {})
+    real.update({v: k for k, v in names.items()})
+    canary = plan.canary.setdefault(rel, {})
+    for body in scopes:
+        out: list[ast.stmt] = []
+        for stmt in body:
+            is_test = stmt in tests
+            if not is_test:
+                out.append(stmt)
+                continue
+            k = K_FAIL_TO_PASS if (f2p is None or stmt.name in f2p) else K_PASS_TO_PASS if stmt.name in p2p else 0
+            group = [stmt]
+            sites = _eq_sites(stmt.body)
+            for i in range(k):
+                c = _perturbed(stmt, rng.choice(sites)) if sites and i % 2 == 0 else _raise_after(stmt)
+                c.name = _opaque(rng, stmt.name, taken)
+                canary[c.name] = stmt.name
+                group.append(c)
+            rng.shuffle(group)
+            out += group
+        body[:] = out
+    tree = _Rename(names).visit(tree)
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def plant(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str],
+          rng: random.Random | None = None) -> Plan:
+    """Plant canaries in every test module of `sources` (rel -> text). A module that does not
+    parse is left as it is (its collection error is the verdict's business)."""
+    rng = rng or random.SystemRandom()
+    f2p = {_base(t) for t in fail_to_pass} if fail_to_pass else None
+    p2p = {_base(t) for t in pass_to_pass}
+    plan = Plan()
+    for rel, text in sources.items():
+        try:
+            plan.sources[rel] = plant_one(rel, text, f2p, p2p, rng, plan)
+        except (SyntaxError, ValueError, RecursionError):
+            plan.sources[rel] = text
+    return plan
+
+
+def _split(test_id: str) -> tuple[str, str, str, str]:
+    """(file, class path, name, [params]) of a node id."""
+    head, sep, params = test_id.partition("[")
+    parts = head.split("::")
+    return parts[0], "::".join(parts[1:-1]), parts[-1], sep + params
+
+
+def translate(raw: bytes, plan: Plan) -> bytes:
+    """The grader's report with real names restored, canary events taken out and a `tamper`
+    event for every canary that passed, or that stayed silent while its real test passed.
+    A report that does not parse is returned as it is (grading reports it)."""
+    try:
+        report = json.loads(raw)
+        events = report["events"]
+        if not isinstance(events, list):
+            return raw
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return raw
+    kept, seen_canaries, passed_real, bad = [], set(), [], []
+    for ev in events:
+        if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
+            kept.append(ev)
+            continue
+        file, cls, name, params = _split(ev["id"])
+        if name in plan.canary.get(file, {}):
+            seen_canaries.add((file, cls, name, params))
+            if ev.get("outcome") == "passed":
+                bad.append(f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name]}{params}")
+            continue
+        original = plan.real.get(file, {}).get(name)
+        if original is not None:
+            ev = {**ev, "id": f"{file}::{cls + '::' if cls else ''}{original}{params}"}
+            if ev.get("when") == "call" and ev.get("outcome") == "passed":
+                passed_real.append((file, cls, original, params))
+        kept.append(ev)
+    silent = []
+    for file, cls, original, params in passed_real:
+        for cname, orig in plan.canary.get(file, {}).items():
+            if orig == original and (file, cls, cname, params) not in seen_canaries:
+                silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
+                break
+    if bad:
+        kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
+    if silent:
+        kept.append({"ev": "tamper", "detail": f"a hidden canary copy was never reported: {sorted(set(silent))[:5]}"})
+    report["events"] = kept
+    return json.dumps(report).encode()
