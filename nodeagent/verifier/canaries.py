@@ -43,9 +43,10 @@ _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re
 
 @dataclass
 class Plan:
-    """Per test file (rel path): opaque -> original name of real tests, canary -> original."""
+    """Per test file (rel path): opaque -> original name of real tests; canary -> (the class it
+    is defined in, "" at module level; the original's name)."""
     real: dict[str, dict[str, str]] = field(default_factory=dict)
-    canary: dict[str, dict[str, str]] = field(default_factory=dict)
+    canary: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def count(self) -> int:
@@ -180,10 +181,10 @@ def plant_one(rel: str, source: str, f2p: set[str] | None, p2p: set[str], rng: r
     `f2p` None: every test is one that must pass (no fail_to_pass list)."""
     tree = ast.parse(source)
     classes = test_classes(tree)
-    scopes: list[list[ast.stmt]] = [tree.body] + [c.body for c in tree.body
-                                                 if isinstance(c, ast.ClassDef) and c.name in classes]
+    scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
+        (c.name, c.body) for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]
     taken = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-    tests = [f for body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+    tests = [f for _scope, body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
              and f.name.startswith("test") and not _is_fixture(f)]
     names = {}
     for f in tests:
@@ -192,7 +193,7 @@ def plant_one(rel: str, source: str, f2p: set[str] | None, p2p: set[str], rng: r
     real = plan.real.setdefault(rel, {})
     real.update({v: k for k, v in names.items()})
     canary = plan.canary.setdefault(rel, {})
-    for body in scopes:
+    for scope, body in scopes:
         out: list[ast.stmt] = []
         for stmt in body:
             is_test = stmt in tests
@@ -205,7 +206,7 @@ def plant_one(rel: str, source: str, f2p: set[str] | None, p2p: set[str], rng: r
             for i in range(k):
                 c = _perturbed(stmt, rng.choice(sites)) if sites and i % 2 == 0 else _raise_after(stmt)
                 c.name = _opaque(rng, stmt.name, taken)
-                canary[c.name] = stmt.name
+                canary[c.name] = (scope, stmt.name)
                 group.append(c)
             rng.shuffle(group)
             out += group
@@ -257,7 +258,7 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         if name in plan.canary.get(file, {}):
             seen_canaries.add((file, cls, name, params))
             if ev.get("outcome") == "passed":
-                bad.append(f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name]}{params}")
+                bad.append(f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name][1]}{params}")
             continue
         original = plan.real.get(file, {}).get(name)
         if original is not None:
@@ -267,10 +268,12 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         kept.append(ev)
     silent = []
     for file, cls, original, params in passed_real:
-        for cname, orig in plan.canary.get(file, {}).items():
-            if orig == original and (file, cls, cname, params) not in seen_canaries:
-                silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
-                break
+        mine = [c for c, (scope, orig) in plan.canary.get(file, {}).items() if orig == original and scope == cls]
+        inherited = [c for c, (_scope, orig) in plan.canary.get(file, {}).items() if orig == original]
+        heard = [c for c in inherited if (file, cls, c, params) in seen_canaries]
+        # a class's own canaries must all be heard; a test it inherits brings its base's canaries
+        if (mine and len([c for c in mine if c in heard]) < len(mine)) or (inherited and not heard):
+            silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
     if bad:
         kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
     if silent:

@@ -596,13 +596,15 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
     the code objects named like the module, so a forged cache could hold functions that claim
     the standard library). Any other unmarshal is refused, as are native
     extension modules in a file or directory the child can write (/tmp; not /work, nor the
-    image) and opening a process's memory through /proc."""
+    image) and opening a process's memory through /proc. A repository check's test modules
+    (`test_files`, /work paths) are trusted like the tests directory: the task's code, compiled
+    by the grader's own loader (the same name compiled any other way taints it)."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
     realpath, claims, test_files = os.path.realpath, (*prefixes, "<frozen "), frozenset(test_files)
 
     def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
         name = code.co_filename
-        return name.startswith(claims) and name not in tainted
+        return (name.startswith(claims) or name in test_files) and name not in tainted
 
     def trusted_file(path):
         return isinstance(path, str) and not path.startswith("<") and realpath(path).startswith(prefixes)
@@ -625,7 +627,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         """Code compiled under trusted name `name` from a trusted stack: is it that file's own?"""
         if name.startswith("<"):
             return False
-        if name.startswith(tests_prefix):
+        if name.startswith(tests_prefix) or name in test_files:     # through the grader's own loader
             return on_stack(frame, lambda f: type(f.f_locals.get("self")) is _MemLoader and trusted(f.f_code))
         if not isinstance(source, (str, bytes, bytearray)):   # an AST: only pytest's assert rewrite
             return on_stack(frame, lambda f: in_file(f, "_rewrite_test", "/_pytest/assertion/rewrite.py"))
@@ -666,7 +668,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         """The file of the code under test behind this event, or None if the event may proceed."""
         if event == "compile":
             name = args[1] if len(args) > 1 else None
-            if isinstance(name, str) and name.startswith(claims) and name not in tainted and (
+            if isinstance(name, str) and (name.startswith(claims) or name in test_files) and name not in tainted and (
                     untrusted_on_stack(frame) or not genuine_source(args[0], name, frame)):
                 tainted.add(name)           # code compiled for the code under test is not trusted
             return None
