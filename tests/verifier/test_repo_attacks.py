@@ -362,3 +362,43 @@ def test_metadata_pth_and_bytecode_are_refused_and_named(runtime, python_image):
     assert v.checks[0]["check"] == "source_only"
     assert all(p in refused for p in ("/work/evil.pth", "/work/evil-1.0.dist-info/entry_points.txt",
                                       "/work/__pycache__/calc.cpython-311.pyc"))
+
+
+# -- honest suites keep passing: doctest fixtures, warnings filters, unittest, their own conftest --
+
+DOCTEST_CONFTEST = '''import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def add_calc(doctest_namespace):
+    import calc
+    doctest_namespace["calc"] = calc
+'''
+
+WARNING_TESTS = '''import warnings
+import unittest
+import pytest
+from calc import add
+
+
+def test_add_negative():
+    with pytest.warns(DeprecationWarning):
+        warnings.warn("old", DeprecationWarning)
+    assert add(-2, -2) == -4
+
+
+class AddCase(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(add(1, 2), 3)
+'''
+
+
+def test_a_suite_with_doctest_fixtures_warnings_filters_and_unittest_passes_with_its_gold(runtime, python_image):
+    """The conftest's autouse fixture asks for `doctest_namespace` (the doctest plugin must be
+    loaded), the configuration turns warnings into errors, a unittest case sits beside a test
+    function: the gold passes, an always-equal answer does not."""
+    task = repo_task(WARNING_TESTS, {"calc.py": WRONG, "setup.cfg": "[tool:pytest]\nfilterwarnings =\n    error\n"},
+                     conftest=DOCTEST_CONFTEST, f2p=("tests/test_calc.py::test_add_negative",),
+                     p2p=("tests/test_calc.py::AddCase::test_add",))
+    assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": ALWAYS_EQUAL}))
