@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass, field
 
 SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
-K_FAIL_TO_PASS = 3      # canaries per test that must start passing (the ones a forger needs)
-K_PASS_TO_PASS = 1      # per test that must keep passing
+K_CANARIES = 3          # per test that must start passing: a forger that singles out one test of a
+                        # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
 _HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
 _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
 
@@ -121,6 +121,9 @@ def _eq_sites(body: list[ast.stmt]) -> list[int]:
 
 
 def _perturbed(fn: ast.AST, site: int) -> ast.AST:
+    """The test with the expected side of statement `site` perturbed. The perturbed check's
+    failure is recorded and raised when the body is done (in a `finally`), so the rest of the
+    test, its clean-up included, runs as it does in the real test."""
     new = copy.deepcopy(fn)
     s = new.body[site]
     if isinstance(s, ast.Assert):
@@ -131,6 +134,13 @@ def _perturbed(fn: ast.AST, site: int) -> ast.AST:
             t.comparators[0] = _perturb_call(t.comparators[0])
     else:
         s.value.args[1] = _perturb_call(s.value.args[1])
+    flag = "_paddock_missed"
+    record = ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()), [ast.Constant(0)], []))
+    new.body[site] = ast.copy_location(ast.Try(body=[s], handlers=[ast.ExceptHandler(
+        ast.Name("AssertionError", ast.Load()), None, [ast.copy_location(record, s)])], orelse=[], finalbody=[]), s)
+    check = ast.copy_location(ast.Assert(ast.UnaryOp(ast.Not(), ast.Name(flag, ast.Load())), None), new.body[-1])
+    start = ast.copy_location(ast.Assign([ast.Name(flag, ast.Store())], ast.List([], ast.Load())), new.body[0])
+    new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[check]), new.body[0])]
     return new
 
 
@@ -143,6 +153,10 @@ def _raise_after(fn: ast.AST) -> ast.AST:
 
 
 class _Rename(ast.NodeTransformer):
+    """References to renamed tests (`Name`s and attributes: `self.other.test_x`), not their
+    definitions (every variant keeps the original `def` name: its `__name__`/`__qualname__`, and
+    the qualified names of what it defines, are the original's)."""
+
     def __init__(self, names: dict[str, str]):
         self.names = names
 
@@ -157,14 +171,6 @@ class _Rename(ast.NodeTransformer):
             node.attr = self.names[node.attr]
         return node
 
-    def visit_FunctionDef(self, node):
-        self.generic_visit(node)
-        if node.name in self.names:
-            node.name = self.names[node.name]
-        return node
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
 
 def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
     prefix = original.split("_", 1)[0] + "_" if "_" in original else "test"
@@ -175,57 +181,72 @@ def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
             return name
 
 
-def plant_one(rel: str, source: str, f2p: set[str] | None, p2p: set[str], rng: random.Random,
-              plan: Plan) -> str:
-    """`source` with its tests renamed and their canaries planted; records the map in `plan`.
-    `f2p` None: every test is one that must pass (no fail_to_pass list)."""
+def _bind(fn: ast.AST, name: str) -> ast.stmt:
+    return ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], ast.Name(fn.name, ast.Load())), fn)
+
+
+def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
+              plan: Plan, taken: set[str]) -> str:
+    """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
+    bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
+    every file of the check, so a test called by name from another file finds its renamed self."""
     tree = ast.parse(source)
     classes = test_classes(tree)
     scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
         (c.name, c.body) for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]
-    taken = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    taken |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     tests = [f for _scope, body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and f.name.startswith("test") and not _is_fixture(f)]
-    names = {}
+             and f.name.startswith("test") and not _is_fixture(f) and (guarded is None or f.name in guarded)]
     for f in tests:
         if f.name not in names:
             names[f.name] = _opaque(rng, f.name, taken)
+    tree = _Rename(names).visit(tree)
     real = plan.real.setdefault(rel, {})
-    real.update({v: k for k, v in names.items()})
     canary = plan.canary.setdefault(rel, {})
     for scope, body in scopes:
         out: list[ast.stmt] = []
         for stmt in body:
-            is_test = stmt in tests
-            if not is_test:
+            if stmt not in tests:
                 out.append(stmt)
                 continue
-            k = K_FAIL_TO_PASS if (f2p is None or stmt.name in f2p) else K_PASS_TO_PASS if stmt.name in p2p else 0
-            group = [stmt]
+            real[names[stmt.name]] = stmt.name
+            group = [(stmt, names[stmt.name])]
             sites = _eq_sites(stmt.body)
-            for i in range(k):
+            for i in range(K_CANARIES):
                 c = _perturbed(stmt, rng.choice(sites)) if sites and i % 2 == 0 else _raise_after(stmt)
-                c.name = _opaque(rng, stmt.name, taken)
-                canary[c.name] = (scope, stmt.name)
-                group.append(c)
+                cname = _opaque(rng, stmt.name, taken)
+                canary[cname] = (scope, stmt.name)
+                group.append((c, cname))
             rng.shuffle(group)
-            out += group
+            for fn, bound in group:
+                out += [fn, _bind(fn, bound)]
+            out.append(ast.copy_location(ast.Delete([ast.Name(stmt.name, ast.Del())]), stmt))
         body[:] = out
-    tree = _Rename(names).visit(tree)
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def plant(sources: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str],
-          rng: random.Random | None = None) -> Plan:
-    """Plant canaries in every test module of `sources` (rel -> text). A module that does not
-    parse is left as it is (its collection error is the verdict's business)."""
+def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random | None = None) -> Plan:
+    """Plant canaries in the test modules of `sources` (rel -> text) for the tests that must
+    start passing (`fail_to_pass`; every test when it is empty): the ones a forger needs. The
+    other tests run as they are, under their own names. A module that does not parse is left
+    as it is (its collection error is the verdict's business)."""
     rng = rng or random.SystemRandom()
-    f2p = {_base(t) for t in fail_to_pass} if fail_to_pass else None
-    p2p = {_base(t) for t in pass_to_pass}
-    plan = Plan()
+    guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
+    plan, names, taken = Plan(), {}, set()
+    for text in sources.values():       # every file's names first: a test may call another file's by name
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        classes = test_classes(tree)
+        for body in [tree.body] + [c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]:
+            for f in body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
+                        and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
+                    names[f.name] = _opaque(rng, f.name, taken)
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, f2p, p2p, rng, plan)
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken)
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text
     return plan

@@ -401,4 +401,4 @@ def test_a_suite_with_doctest_fixtures_warnings_filters_and_unittest_passes_with
                      conftest=DOCTEST_CONFTEST, f2p=("tests/test_calc.py::test_add_negative",),
                      p2p=("tests/test_calc.py::AddCase::test_add",))
     assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
-    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": ALWAYS_EQUAL}))
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": ALWAYS_EQUAL}), tampered=False)
