@@ -7,13 +7,14 @@ rest on that process's honesty alone. Before the test modules go into the sandbo
 rewrites each one on the host:
 
 - every real test function/method gets an opaque random name (`test_<hex>`);
-- next to it, at a random place among them, `k` canaries: copies of the test that an honest
-  implementation must FAIL. A *perturbed* canary is the test with one straight-line equality
-  assertion (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers) whose
-  expected side is replaced, at run time, by a natural-looking different value of the same type
-  (see `grader_plugin.perturb`); a *raise-after* canary is the test body in `try: ... finally:
-  assert False`. Canaries carry the original's decorators and line numbers; nothing in their
-  name, module, class, order or count tells them from the real test.
+- next to it, at a random place among them, `K_CANARIES` canaries: copies of the test that an
+  honest implementation must FAIL. A *perturbed* canary is the test with each straight-line
+  equality check (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers)
+  given, at run time, a natural-looking different expected value of the same type (see
+  `grader_plugin.perturb`); it passes only if one of those checks still holds. A *raise-after*
+  canary is the test body in `try: ... finally: assert False` (every test has one, with or
+  without an equality check). All variants keep the original `def` name and decorators; nothing
+  in their bound name, module, class, order, count or `__qualname__` tells them apart.
 
 The name -> real/canary map (`Plan`) never enters the sandbox. `translate` reads the grader's
 report back: real names restored, canary events removed, and a `tamper` event added when a
@@ -120,25 +121,30 @@ def _eq_sites(body: list[ast.stmt]) -> list[int]:
     return sites
 
 
-def _perturbed(fn: ast.AST, site: int) -> ast.AST:
-    """The test with the expected side of statement `site` perturbed. The perturbed check's
-    failure is recorded and raised when the body is done (in a `finally`), so the rest of the
-    test, its clean-up included, runs as it does in the real test."""
+def _perturbed(fn: ast.AST, sites: list[int]) -> ast.AST:
+    """The test with the expected side of every equality check in `sites` perturbed. A check
+    that still holds is recorded; the canary fails unless one did, once the body is done (in a
+    `finally`: the rest of the test, its clean-up included, runs as in the real test). An honest
+    result fails every perturbed check; a trick that makes one check pass whatever it compares
+    (an always-equal object, a no-op helper at that one place) makes the canary pass."""
     new = copy.deepcopy(fn)
-    s = new.body[site]
-    if isinstance(s, ast.Assert):
-        t = s.test
-        if _literal(t.left) and not _literal(t.comparators[0]):
-            t.left = _perturb_call(t.left)
+    flag = "_paddock_held"
+    for site in sites:
+        s = new.body[site]
+        if isinstance(s, ast.Assert):
+            t = s.test
+            if _literal(t.left) and not _literal(t.comparators[0]):
+                t.left = _perturb_call(t.left)
+            else:
+                t.comparators[0] = _perturb_call(t.comparators[0])
         else:
-            t.comparators[0] = _perturb_call(t.comparators[0])
-    else:
-        s.value.args[1] = _perturb_call(s.value.args[1])
-    flag = "_paddock_missed"
-    record = ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()), [ast.Constant(0)], []))
-    new.body[site] = ast.copy_location(ast.Try(body=[s], handlers=[ast.ExceptHandler(
-        ast.Name("AssertionError", ast.Load()), None, [ast.copy_location(record, s)])], orelse=[], finalbody=[]), s)
-    check = ast.copy_location(ast.Assert(ast.UnaryOp(ast.Not(), ast.Name(flag, ast.Load())), None), new.body[-1])
+            s.value.args[1] = _perturb_call(s.value.args[1])
+        held = ast.copy_location(ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()),
+                                                   [ast.Constant(0)], [])), s)
+        new.body[site] = ast.copy_location(ast.Try(body=[s, held], handlers=[ast.ExceptHandler(
+            ast.Name("AssertionError", ast.Load()), None, [ast.copy_location(ast.Pass(), s)])], orelse=[],
+            finalbody=[]), s)
+    check = ast.copy_location(ast.Assert(ast.Name(flag, ast.Load()), None), new.body[-1])
     start = ast.copy_location(ast.Assign([ast.Name(flag, ast.Store())], ast.List([], ast.Load())), new.body[0])
     new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[check]), new.body[0])]
     return new
@@ -213,7 +219,7 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
             group = [(stmt, names[stmt.name])]
             sites = _eq_sites(stmt.body)
             for i in range(K_CANARIES):
-                c = _perturbed(stmt, rng.choice(sites)) if sites and i % 2 == 0 else _raise_after(stmt)
+                c = _perturbed(stmt, sites) if sites and i % 2 == 0 else _raise_after(stmt)
                 cname = _opaque(rng, stmt.name, taken)
                 canary[cname] = (scope, stmt.name)
                 group.append((c, cname))
