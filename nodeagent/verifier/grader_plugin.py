@@ -510,19 +510,34 @@ class _MemLoader(importlib.abc.SourceLoader):
         super().exec_module(module)
 
 
+def _source_store(sources):
+    """A generator that holds the test sources in its own frame: send a path, get its bytes
+    (once), or None. Nothing the code under test can reach holds them: a generator's locals
+    are reachable only through `gi_frame`, which the audit hook refuses it (a test module not
+    yet imported is no longer readable from the finder on sys.meta_path)."""
+    path = yield None
+    while True:
+        path = yield (sources.pop(path, None) if type(path) is str else None)
+
+
 class _MemFinder(importlib.abc.MetaPathFinder):
     """Test modules from the sources read before the privilege drop (the files are unreadable now)."""
 
     def __init__(self, sources):
-        self.sources = sources
+        self.paths = frozenset(sources)
+        self.store = _source_store(sources)
+        next(self.store)
 
     def find_spec(self, name, path=None, target=None):
         leaf = name.rpartition(".")[2]
         for d in (path or sys.path):
             for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
-                if cand in self.sources:
+                if cand in self.paths:
+                    source = self.store.send(cand)
+                    if source is None:
+                        continue
                     return importlib.util.spec_from_file_location(
-                        name, cand, loader=_MemLoader(cand, self.sources.pop(cand)),
+                        name, cand, loader=_MemLoader(cand, source),
                         submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
         return None
 
@@ -786,6 +801,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
+    del sources
     global _trusted_function
     _trusted_function = install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())

@@ -71,14 +71,16 @@ TESTING = '''def assert_close(actual, expected, tol=1e-9):
 '''
 
 
-def repo_task(tests: str, files: dict[str, str], conftest: str = "", f2p=("tests/test_calc.py::test_add_negative",),
-              p2p=("tests/test_calc.py::test_add",)) -> dict:
-    """A small repository-level (swe) task: `files` at /work, hidden `tests/test_calc.py`."""
+def repo_task(tests: str | dict[str, str], files: dict[str, str], conftest: str = "",
+              f2p=("tests/test_calc.py::test_add_negative",), p2p=("tests/test_calc.py::test_add",)) -> dict:
+    """A small repository-level (swe) task: `files` at /work, hidden `tests/test_calc.py` (or the
+    test files `tests` maps)."""
+    tests = tests if isinstance(tests, dict) else {"tests/test_calc.py": tests}
     files = {"conftest.py": conftest, "tests/__init__.py": "", "setup.cfg": "[tool:pytest]\n", **files}
     return {"name": "swe/acme__calc-attack", "family": "swe", "image": "builtin:python", "instruction": "fix add()",
-            "files": {**files, "tests/test_calc.py": "from calc import add\n"},
-            "hidden": {"tests/test_calc.py": tests},
-            "checker": {"kind": "pytest", "tests": ["tests/test_calc.py"], "fail_to_pass": list(f2p),
+            "files": {**files, **{rel: "from calc import add\n" for rel in tests}},
+            "hidden": dict(tests),
+            "checker": {"kind": "pytest", "tests": sorted(tests), "fail_to_pass": list(f2p),
                         "pass_to_pass": list(p2p)},
             "protected": [], "setup": [],
             "limits": {"memory_mb": 256, "pids": 64, "disk_mb": 64, "cpu": 1.0, "nofile": 256}}
@@ -204,6 +206,28 @@ class _Spy(list):
 sys.meta_path = _Spy(sys.meta_path)
 '''
 
+# 4b. the finder's sources: a test module not yet imported, read from the finder on sys.meta_path
+#     while an earlier test module imports the package (an oracle of its expected values)
+FINDER_ORACLE = WRONG + '''
+import ast, sys
+_table = {}
+for _f in list(sys.meta_path):
+    for _text in list((getattr(_f, "sources", None) or {}).values()):
+        for _node in ast.walk(ast.parse(_text)):
+            if isinstance(_node, ast.Compare) and isinstance(_node.left, ast.Call) \\
+                    and getattr(_node.left.func, "id", "") == "add":
+                try:
+                    _table[tuple(ast.literal_eval(a) for a in _node.left.args)] = ast.literal_eval(_node.comparators[0])
+                except ValueError:
+                    pass
+_honest = add
+def add(a, b):
+    return _table.get((a, b), _honest(a, b))
+'''
+TWO_MODULES = {"tests/test_a.py": "from calc import add\n\n\ndef test_one():\n    assert add(1, 1) == 2\n",
+               "tests/test_calc.py": "from calc import add\n\n\ndef test_add_negative():\n    assert add(-2, -3) == -5\n"}
+
+
 # 5. honest_eq's bypasses: always-equal objects it lets through
 EQ_BYPASSES = {
     "true_on_first_call_only": '''
@@ -306,6 +330,12 @@ def test_3_a_report_patch_made_while_the_task_conftest_imports_the_package_earns
 def test_4_a_meta_path_list_subclass_never_sees_the_hidden_tests(runtime, python_image):
     task = repo_task(PYTEST_TESTS, {"calc.py": WRONG}, conftest="import calc  # noqa: F401\n")
     assert_unrewarded(grade(runtime, python_image, task, {"calc.py": META_PATH}))
+
+
+def test_4b_the_finder_holds_no_readable_test_source(runtime, python_image):
+    task = repo_task(TWO_MODULES, {"calc.py": WRONG}, p2p=("tests/test_a.py::test_one",))
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": FINDER_ORACLE}), tampered=False)
+    assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
 
 
 @pytest.mark.parametrize("name", sorted(EQ_BYPASSES))
