@@ -26,7 +26,10 @@ the trusted sys.path (nothing in /work can shadow them), and installs an audit h
 get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
 the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
 settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
-is a `tamper` event. Test asserts
+is a `tamper` event. In repository mode the host has planted hidden canary tests in the test modules
+(`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`) into their
+compiled code, and the test sources wait in a generator's frame, out of the code under test's
+reach. Test asserts
 `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
 `paddock_grader`. Before and after each test the plugin checks that the pytest internals it
 depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
