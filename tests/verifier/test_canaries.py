@@ -191,3 +191,10 @@ def test_perturbed_values_differ_and_keep_their_type():
         assert p != y and (type(p) is type(y) or y is None), (y, p)
     with pytest.raises(AssertionError):
         grader_plugin.perturb(object())
+
+
+def test_checks_with_a_tolerance_or_after_a_return_are_not_perturbed():
+    source = ("def test_t(self):\n    self.assertAlmostEqual(f(), 1.0, delta=10)\n    assert_allclose(f(), 1.0, 1e-3)\n"
+              "    if f():\n        return\n    assert f() == 1\n")
+    plan = canaries.plant({"t/test_t.py": source}, [], random.Random(3))
+    assert "paddock-perturb" not in plan.sources["t/test_t.py"] and plan.count() == canaries.K_CANARIES
