@@ -714,8 +714,11 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
-            if code is not None and (str(code.co_filename).startswith(tests_prefix) or code.co_filename in test_files):
+            if code is not None and (str(code.co_filename).startswith(tests_prefix) or (
+                    code.co_filename in test_files and code.co_name.startswith("test") and "<locals>" not in code.co_qualname)):
                 return untrusted_on_stack(frame)        # the tests' constants are their expected values
+            # (a repository test module's helpers and the functions a test defines and hands over
+            # stay inspectable: `curry(f)`, `memoize(f)`, `inspect.signature(f)` in the project)
             return None
         if event in _FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS):
             if not trusted(frame.f_code):

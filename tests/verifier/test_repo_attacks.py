@@ -18,7 +18,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sysconfig
-from pathlib import Path
 
 import pytest
 
