@@ -618,6 +618,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
     (`test_files`, /work paths) are trusted like the tests directory: the task's code, compiled
     by the grader's own loader (the same name compiled any other way taints it)."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
+    home = ident()         # the thread that runs pytest
     realpath, claims, test_files = os.path.realpath, (*prefixes, "<frozen "), frozenset(test_files)
 
     def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
@@ -675,7 +676,17 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             return trusted_file(getattr(frame.f_locals.get("self"), "archive", None))
         return False
 
-    def untrusted_on_stack(frame):
+    def started_by_code_under_test():
+        """Is this a thread other than the one the hook was installed in (pytest's)? Neither
+        pytest nor the grader starts Python threads, so any other thread was started, directly
+        or not, by the code under test; its stack begins in trusted threading code, which would
+        otherwise launder a call: `Thread(target=out.extend, args=(map(gc.get_objects, [None]),))`
+        (CPython before 3.13 raises no audit event when a thread starts)."""
+        return ident() != home
+
+    def untrusted_on_stack(frame, thread=True):
+        if thread and started_by_code_under_test():
+            return "a thread the code under test started"
         while frame is not None:
             if not trusted(frame.f_code):
                 return frame.f_code.co_filename
@@ -687,7 +698,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         if event == "compile":
             name = args[1] if len(args) > 1 else None
             if isinstance(name, str) and (name.startswith(claims) or name in test_files) and name not in tainted and (
-                    untrusted_on_stack(frame) or not genuine_source(args[0], name, frame)):
+                    untrusted_on_stack(frame, thread=False) or not genuine_source(args[0], name, frame)):
                 tainted.add(name)           # code compiled for the code under test is not trusted
             return None
         if event in ("marshal.loads", "marshal.load"):

@@ -19,6 +19,7 @@ def main(runtime, image):
                      p2p=("tests/test_calc.py::TestCalc::test_add",))
     ht = A.repo_task(A.HELPER_TESTS, {"calc/__init__.py": A.WRONG, "calc/testing.py": A.TESTING})
     cases = [("1 closure switch + emitter", pt, {"calc.py": A.CLOSURE_SWITCH}),
+             ("1b thread trampoline + emitter", pt, {"calc.py": A.THREAD_TRAMPOLINE}),
              ("2 native oracle", pt, {"calc.py": A.NATIVE_ORACLE, "_speedups.so": so.read_bytes()}),
              ("3 conftest-time report patch", pt_conf, {"calc.py": A.REPORT_PATCH}),
              ("4 meta_path list subclass", pt_conf, {"calc.py": A.META_PATH}),

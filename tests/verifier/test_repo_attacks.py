@@ -140,6 +140,25 @@ except Exception:
 '''
 
 
+# 1b. a refused call laundered through a thread: its stack starts in trusted threading code
+THREAD_TRAMPOLINE = WRONG + '''
+import gc, threading
+_out = []
+_t = threading.Thread(target=_out.extend, args=(map(gc.get_objects, [None]),))
+_t.start()
+_t.join()
+for _o in (_out[0] if _out else ()):
+    if type(_o).__name__ == "_Plugin":
+        _orig = _o.emit
+        def _emit(_orig=_orig, **ev):
+            if ev.get("ev") == "test":
+                ev.update(outcome="passed", detail="")
+            if ev.get("ev") != "tamper":
+                return _orig(**ev)
+        _o.emit = _emit
+'''
+
+
 # 2. a native extension module: C code walks to the calling test's frame without an audit event
 NATIVE_C = r'''
 #include <Python.h>
@@ -311,6 +330,11 @@ def test_1_switching_the_audit_hook_off_through_a_closure_cell_earns_nothing(run
     task = repo_task(PYTEST_TESTS, {"calc.py": WRONG})
     assert_unrewarded(grade(runtime, python_image, task, {"calc.py": CLOSURE_SWITCH}))
     assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
+
+
+def test_1b_a_refused_call_laundered_through_a_thread_earns_nothing(runtime, python_image):
+    task = repo_task(PYTEST_TESTS, {"calc.py": WRONG})
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": THREAD_TRAMPOLINE}))
 
 
 def test_2_a_native_extension_module_is_refused_at_apply_time(runtime, python_image, native_module):
