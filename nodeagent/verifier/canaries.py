@@ -11,7 +11,7 @@ rewrites each one on the host:
   honest implementation must FAIL. A *perturbed* canary is the test with each straight-line
   equality check (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers)
   given, at run time, a natural-looking different expected value of the same type (see
-  `grader_plugin.perturb`); it passes only if one of those checks still holds. A *raise-after*
+  `grader_asserts.perturb`); it passes only if one of those checks still holds. A *raise-after*
   canary is the test body in `try: ... finally: assert False` (every test has one, with or
   without an equality check). All variants keep the original `def` name and decorators; nothing
   in their bound name, module, class, order, count or `__qualname__` tells them apart.

@@ -68,6 +68,8 @@ PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "-
 GRADER_FILE = Path(__file__).with_name("grader_plugin.py")
 GRADER_SOURCE = GRADER_FILE.read_bytes()    # read once: the bytes shipped are the bytes hashed below
 CALLBRIDGE_SOURCE = GRADER_FILE.with_name("callbridge.py").read_bytes()
+ASSERTS_PATH = "/verifier/paddock_asserts.py"     # the grader's honest_eq and canary perturber
+ASSERTS_SOURCE = GRADER_FILE.with_name("grader_asserts.py").read_bytes()
 
 
 class VerifierInfraError(Exception):
@@ -421,6 +423,7 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
+    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE}
     expected = expected_tests(task, spec)
     if not expected:
         raise VerifierInfraError(f"task {task.get('name')!r}: checker test files define no tests")

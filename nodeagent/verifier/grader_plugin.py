@@ -62,6 +62,10 @@ import sysconfig
 _write, _getpid, _exit = os.write, os.getpid, os._exit
 MAX_EVENTS_BYTES = 1 << 20
 CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
+ASSERTS_PATH = "/verifier/paddock_asserts.py"
+_asserts = None     # `paddock_asserts` (grader_asserts.py): loaded by path in `child`, before any code under test
+if __name__.startswith("nodeagent."):       # imported on the host (tests): the package's own copy
+    from nodeagent.verifier import grader_asserts as _asserts
 REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
 
 
@@ -242,148 +246,6 @@ def strict_eq(a, b):
     return bool(a == b) and bool(b == a)
 
 
-_PLAIN = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), list, tuple, dict, set,
-                    frozenset, range})
-_trusted_function = None     # the audit hook's judge: `trusted_function` once the hook is installed (in `child`)
-
-
-def _perturbed(y):
-    """A value of y's own builtin type that differs from y (None when there is no such value)."""
-    t, new = type(y), None
-    if t is bool:
-        new = not y
-    elif t in (int, float, complex):
-        new = y + 1
-    elif t is str:
-        new = y + "\u2063"
-    elif t in (bytes, bytearray):
-        new = y + b"\0"
-    elif t in (list, tuple):
-        new = y + t((object(),))
-    elif t is dict:
-        new = {**y, object(): None}
-    elif t in (set, frozenset):
-        new = y | {object()}
-    return None if new is None or new == y else new
-
-
-def _truthy(v):
-    try:
-        return bool(v)
-    except Exception:
-        return False
-
-
-def _suspect(x):
-    """x's == is neither a builtin's nor trusted code's: it is the code under test's to define."""
-    if type(x) in _PLAIN:
-        return False
-    eq = getattr(type(x), "__eq__", None)
-    if type(eq).__name__ == "wrapper_descriptor":      # C: a builtin or extension type's own slot
-        return False
-    return not (_trusted_function is not None and _trusted_function(eq))
-
-
-def honest_eq(a, b):
-    """`assert a == b` as Python computes it (a project's own types keep their own equality),
-    except that an object whose == the code under test defines must not also equal what no honest
-    value equals: a fresh `object()`, or a perturbed copy of a builtin value on the other side.
-    Test modules loaded by the grader have their `assert x == y` compiled to this."""
-    result = a == b
-    if not result:
-        return result
-    for x, y in ((a, b), (b, a)):
-        if not _suspect(x):
-            continue
-        probe = object()
-        twin = _perturbed(y) if type(y) in _PLAIN else None
-        if _truthy(x == probe) or (twin is not None and _truthy(x == twin)):
-            raise AssertionError(f"paddock grader: a {type(x).__qualname__} compares equal to anything "
-                                 f"(also to {'a fresh object()' if _truthy(x == probe) else repr(twin)[:80]})")
-    return result
-
-
-CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
-
-
-def perturb(y, _type=type, _len=len, _abs=abs, _urandom=os.urandom, _from=int.from_bytes, _int=int,
-            _float=float, _str=str, _bytes=bytes, _list=list, _tuple=tuple, _dict=dict, _set=set,
-            _frozenset=frozenset, _bool=bool, _none=type(None), _error=AssertionError, _chr=chr, _ord=ord):
-    """A different value of y's own builtin type that looks like an ordinary expected value (the
-    expected side of a canary's assertion: an honest result equal to y must not equal it).
-    Everything it uses is bound as a default argument: no global or builtin a test could swap
-    is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
-    cannot perturb fails the canary."""
-    def r(n):
-        return _from(_urandom(4), "little") % n if n > 0 else 0
-    t, new = _type(y), None
-    if t is _bool:
-        new = not y
-    elif t is _none:
-        new = 0
-    elif t is _int:
-        span = _abs(y) // 2 + 2
-        new = y + (1 + r(span)) * (1 if r(2) else -1)
-    elif t is _float:
-        new = y + (0.5 + _abs(y)) * (0.5 + r(1000) / 1000.0) * (1 if r(2) else -1)
-    elif t in (_str, _bytes):
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        if _len(y) == 0:
-            new = letters[r(26)] if t is _str else _bytes([97 + r(26)])
-        else:
-            i = r(_len(y))
-            old = y[i] if t is _str else _chr(y[i])
-            c = letters[(letters.find(old.lower()) + 1 + r(25)) % 26] if old.isalpha() else letters[r(26)]
-            c = c.upper() if old.isupper() else c
-            new = y[:i] + (c if t is _str else _bytes([_ord(c)])) + y[i + 1:]
-    elif t in (_list, _tuple):
-        if _len(y) == 0:
-            new = t((0,))
-        else:
-            i = r(_len(y))
-            new = y[:i] + y[i + 1:]
-    elif t is _dict:
-        items, i = _list(y.items()), r(_len(y))
-        new = _dict(items[:i] + items[i + 1:]) if items else {0: 0}
-    elif t in (_set, _frozenset):
-        new = t((0,)) if not y else t(_list(y)[1:])
-    if new is None or new == y:
-        raise _error("paddock canary: the expected value cannot be perturbed")
-    return new
-
-
-def _perturber():
-    """A private object whose `.format` is `perturb`: canary sources call `SENTINEL.format(x)`
-    and the grader swaps the string constant for this object in the compiled code, so no name
-    a test could rebind leads to it."""
-    class Perturber:
-        __slots__ = ("format",)
-    p = Perturber()
-    p.format = perturb
-    return p
-
-
-def _bind_perturber(code):
-    """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
-    perturber (kept nowhere else: only the compiled canaries hold it)."""
-    if CANARY_SENTINEL not in code.co_consts and not any(isinstance(c, type(code)) for c in code.co_consts):
-        return code
-    consts = tuple(_perturber() if type(c) is str and c == CANARY_SENTINEL else _bind_perturber(c)
-                   if isinstance(c, type(code)) else c for c in code.co_consts)
-    return code.replace(co_consts=consts)
-
-
-class _HonestAsserts(ast.NodeTransformer):
-    """`assert a == b` -> `assert _paddock_honest_eq(a, b)`, line numbers kept (the AST is compiled)."""
-
-    def visit_Assert(self, node):
-        t = node.test
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
-            node.test = ast.copy_location(ast.Call(ast.copy_location(ast.Name("_paddock_honest_eq", ast.Load()), t),
-                                                   [t.left, t.comparators[0]], []), t)
-        return node
-
-
 class _Plugin:
     def __init__(self, fd, key, tests_dir, locked=()):
         self.fd, self.tests_dir, self.locked = fd, tests_dir, frozenset(locked)
@@ -417,8 +279,8 @@ class _Plugin:
                    (_pytest.python, "pytest_pyfunc_call"), (_pytest.reports.TestReport, "__init__"),
                    (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
-                   (sys.modules[__name__], "strict_eq"), (sys.modules[__name__], "honest_eq"),
-                   (sys.modules[__name__], "_trusted_function"), (sys.modules[__name__], "_suspect"),
+                   (sys.modules[__name__], "strict_eq"), (_asserts, "honest_eq"), (_asserts, "perturb"),
+                   (_asserts, "_trusted_function"), (_asserts, "_suspect"), (_asserts, "trusted_function"),
                    (_MemLoader, "source_to_code"), (_Plugin, "pytest_runtest_logreport"),
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
@@ -504,12 +366,12 @@ class _MemLoader(importlib.abc.SourceLoader):
         return source
 
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = _HonestAsserts().visit(ast.parse(data, path))
+        tree = _asserts.HonestAsserts().visit(ast.parse(data, path))
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
-        return _bind_perturber(code)
+        return _asserts.bind_perturber(code)
 
     def exec_module(self, module):
-        module.__dict__["_paddock_honest_eq"] = honest_eq
+        module.__dict__["_paddock_honest_eq"] = _asserts.honest_eq
         super().exec_module(module)
 
 
@@ -742,9 +604,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
     def hook(event, args):
         if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
-                or event in _OTHER_EVENTS or event == TRUSTED_EVENT):
+                or event in _OTHER_EVENTS or event == "paddock.trusted"):
             return
-        if event == TRUSTED_EVENT:      # (fn, out): is fn's code trusted? (`trusted_function`)
+        if event == "paddock.trusted":      # (fn, out): is fn's code trusted? (`paddock_asserts.trusted_function`)
             if len(args) == 2 and type(args[1]) is list:
                 me = ident()
                 busy.add(me)
@@ -766,20 +628,6 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             emit(ev="tamper", refused=event, by=str(culprit)[:200])
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
-    return trusted_function
-
-
-TRUSTED_EVENT = "paddock.trusted"
-
-
-def trusted_function(fn, _audit=sys.audit, _list=list):
-    """Is `fn` a function whose code the audit hook trusts? Asked through an audit event: the
-    hook's state (its re-entrancy set, its trusted prefixes) lives only in its own closure,
-    which nothing reachable from Python shares (a closure cell the test process could reach
-    could be rewritten to switch the hook off)."""
-    out = _list()
-    _audit(TRUSTED_EVENT, fn, out)
-    return out == [True]
 
 
 def _watched_classes():
@@ -815,12 +663,16 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
     guard.seal()
+    global _asserts
+    spec = importlib.util.spec_from_file_location("paddock_asserts", ASSERTS_PATH)
+    _asserts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(_asserts)
+    sys.modules["paddock_asserts"] = _asserts
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
     del sources
-    global _trusted_function
-    _trusted_function = install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
+    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
     plugin.take_snapshot()
     if bridge_fd is not None:

@@ -1,6 +1,6 @@
 """Hidden canaries (nodeagent/verifier/canaries.py), on the host and in a plain interpreter: the
 planted module runs as pytest would run it (each bound name called), with the grader's own
-perturber bound in (`grader_plugin._bind_perturber`). An honest implementation passes every real
+perturber bound in (`grader_asserts.bind_perturber`). An honest implementation passes every real
 test and fails every canary; an always-equal result, a no-op assertion helper or a forged report
 makes a canary pass, and the host's reading of the report says so."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import unittest
 
 import pytest
 
-from nodeagent.verifier import canaries, grader_plugin
+from nodeagent.verifier import canaries, grader_asserts
 
 TESTS = '''import unittest
 from calc import add, assert_close
@@ -64,7 +64,7 @@ class Calc:
 
 
 def load(source: str, calc: Calc) -> dict:
-    code = grader_plugin._bind_perturber(compile(source, "/work/tests/test_calc.py", "exec"))
+    code = grader_asserts.bind_perturber(compile(source, "/work/tests/test_calc.py", "exec"))
     import sys
     import types
     mod = types.ModuleType("calc")
@@ -187,10 +187,10 @@ def test_a_module_that_does_not_parse_is_left_alone():
 def test_perturbed_values_differ_and_keep_their_type():
     for y in [0, 7, -3, 10 ** 30, 2.5, -0.0, "", "abc", b"", b"xy", [], [1, 2], (), (1,), {}, {1: 2}, set(), {3},
               frozenset({1}), True, False, None]:
-        p = grader_plugin.perturb(y)
+        p = grader_asserts.perturb(y)
         assert p != y and (type(p) is type(y) or y is None), (y, p)
     with pytest.raises(AssertionError):
-        grader_plugin.perturb(object())
+        grader_asserts.perturb(object())
 
 
 def test_checks_with_a_tolerance_or_after_a_return_are_not_perturbed():
