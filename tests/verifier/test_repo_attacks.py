@@ -281,9 +281,10 @@ import sys
 class R:
     def __eq__(self, o): return True
     __hash__ = object.__hash__
-_g = sys.modules.get("paddock_grader")
-if _g is not None and hasattr(_g, "_PLAIN"):
-    _g._PLAIN = frozenset(_g._PLAIN) | {R}
+for _name in ("paddock_grader", "paddock_asserts"):
+    _g = sys.modules.get(_name)
+    if _g is not None and hasattr(_g, "_PLAIN"):
+        _g._PLAIN = frozenset(_g._PLAIN) | {R}
 def add(a, b):
     return R()
 ''',
