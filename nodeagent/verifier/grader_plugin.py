@@ -375,14 +375,18 @@ class _MemLoader(importlib.abc.SourceLoader):
         super().exec_module(module)
 
 
-def _source_store(sources):
+def _source_store(sources, _audit=sys.audit, _list=list):
     """A generator that holds the test sources in its own frame: send a path, get its bytes
     (once), or None. Nothing the code under test can reach holds them: a generator's locals
     are reachable only through `gi_frame`, which the audit hook refuses it (a test module not
-    yet imported is no longer readable from the finder on sys.meta_path)."""
+    yet imported is no longer readable from the finder on sys.meta_path). Asked with code under
+    test on the stack (or from another thread), it answers None and keeps the source: the
+    audit hook judges the stack (`paddock.stack`)."""
     path = yield None
     while True:
-        path = yield (sources.pop(path, None) if type(path) is str else None)
+        culprit = _list()
+        _audit("paddock.stack", culprit)
+        path = yield (sources.pop(path, None) if type(path) is str and not any(culprit) else None)
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -604,7 +608,14 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
     def hook(event, args):
         if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
-                or event in _OTHER_EVENTS or event == "paddock.trusted"):
+                or event in _OTHER_EVENTS or event in ("paddock.trusted", "paddock.stack")):
+            return
+        if event == "paddock.stack":        # (out,): the code under test on the caller's stack?
+            if len(args) == 1 and type(args[0]) is list:
+                culprit = untrusted_on_stack(getframe(1))
+                if culprit:
+                    emit(ev="tamper", refused="a test module's source", by=str(culprit)[:200])
+                args[0].append(culprit)
             return
         if event == "paddock.trusted":      # (fn, out): is fn's code trusted? (`paddock_asserts.trusted_function`)
             if len(args) == 2 and type(args[1]) is list:
