@@ -6,7 +6,7 @@ that passed without canaries and fails with them, or as `tampered`. An empty con
 added at the root when there is none (the image would have the package installed). Not
 collected by default; e.g.:
 
-    mkdir -p /tmp/sd && cd /tmp/sd && for p in toolz==0.12.1 six==1.16.0 idna==3.7 tabulate==0.9.0 \
+    mkdir -p /tmp/sd && cd /tmp/sd && for p in more-itertools==10.5.0 toolz==0.12.1 six==1.16.0 idna==3.7 tabulate==0.9.0 \
         parse==1.20.2 jmespath==1.0.1 simplejson==3.19.2 inflection==0.5.1; do \
         pip download -q --no-deps --no-binary :all: $p; done && for f in *.tar.gz; do tar xzf $f; done
     SDIST_DIR=/tmp/sd F2P_SAMPLE=5 python -m pytest -q -s -p no:cacheprovider tests/verifier/real_sdists.py
