@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.sandbox.runtime import Change
-from nodeagent.verifier import grader_plugin
+from nodeagent.verifier import grader_asserts, grader_plugin
 from nodeagent.verifier.grade import verify
 from tests.test_grading_attacks import SQUARE, assert_unrewarded, hack, task_of
 
@@ -352,16 +352,16 @@ def test_always_equal_objects_earn_nothing_and_honest_types_keep_their_equality(
 def test_honest_eq_keeps_library_types_that_equal_anything_by_design():
     from unittest import mock
     from decimal import Decimal
-    grader_plugin._trusted_function = lambda fn: str(getattr(getattr(fn, "__code__", None), "co_filename", "")
+    grader_asserts._trusted_function = lambda fn: str(getattr(getattr(fn, "__code__", None), "co_filename", "")
                                                      ).startswith(str(Path(mock.__file__).parent.parent))
     try:
-        assert grader_plugin.honest_eq(mock.ANY, 3) and grader_plugin.honest_eq(Decimal("3"), 3)
-        assert grader_plugin.honest_eq([1, 2], [1, 2]) and not grader_plugin.honest_eq(2, 3)
+        assert grader_asserts.honest_eq(mock.ANY, 3) and grader_asserts.honest_eq(Decimal("3"), 3)
+        assert grader_asserts.honest_eq([1, 2], [1, 2]) and not grader_asserts.honest_eq(2, 3)
 
         class Always:
             def __eq__(self, other):
                 return True
         with pytest.raises(AssertionError, match="compares equal to anything"):
-            grader_plugin.honest_eq(Always(), 3)
+            grader_asserts.honest_eq(Always(), 3)
     finally:
-        grader_plugin._trusted_function = None
+        grader_asserts._trusted_function = grader_asserts.trusted_function

@@ -45,7 +45,7 @@ from controller.contracts import checkerspec
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
-from nodeagent.verifier import checkers, judge, statecheck, webstate
+from nodeagent.verifier import canaries, judge, statecheck, webstate
 from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
 
@@ -69,6 +69,8 @@ PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "-
 GRADER_FILE = Path(__file__).with_name("grader_plugin.py")
 GRADER_SOURCE = GRADER_FILE.read_bytes()    # read once: the bytes shipped are the bytes hashed below
 CALLBRIDGE_SOURCE = GRADER_FILE.with_name("callbridge.py").read_bytes()
+ASSERTS_PATH = "/verifier/paddock_asserts.py"     # the grader's honest_eq and canary perturber
+ASSERTS_SOURCE = GRADER_FILE.with_name("grader_asserts.py").read_bytes()
 
 
 class VerifierInfraError(Exception):
@@ -242,11 +244,21 @@ def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | 
 
 # -- the verification sandbox -----------------------------------------------------------------
 
+NATIVE_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+METADATA_DIRS = (".dist-info", ".egg-info")
+
+
 def compiled_artifact(path: str) -> bool:
-    """Python bytecode the agent left (`__pycache__/`, `*.pyc`): never graded. A cache file is
-    trusted by importlib without its source (PEP 552's unchecked pycs), and its code objects can
-    name any file; the grading sandbox compiles the agent's sources itself."""
-    return "/__pycache__" in path or path.endswith((".pyc", ".pyo"))
+    """What the agent's change may not bring into a grading sandbox: the grader applies source
+    only. Python bytecode (`__pycache__/`, `*.pyc`: importlib trusts a cache file without its
+    source, PEP 552's unchecked pycs, and its code objects can name any file); native extension
+    modules (`*.so`, `*.pyd`, ...: C code walks frames and memory without any audit event);
+    `.pth` files and package metadata (`*.dist-info/`, `*.egg-info/`, `.egg-link`: entry points
+    that register pytest plugins, paths run at start-up)."""
+    base = path.rstrip("/").rsplit("/", 1)[-1]
+    return ("/__pycache__" in path or base.endswith((".pyc", ".pyo", ".pth", ".egg-link"))
+            or base.endswith(NATIVE_SUFFIXES) or ".so." in base
+            or any(part.endswith(METADATA_DIRS) for part in path.split("/")))
 
 
 def _fresh_sandbox(runtime, image, task, changes):
@@ -261,7 +273,7 @@ def _fresh_sandbox(runtime, image, task, changes):
     try:
         if changes:
             sb.apply([c for c in changes if (c.path == "/work" or c.path.startswith("/work/"))
-                      and not compiled_artifact(c.path)])
+                      and not (compiled_artifact(c.path) and c.kind != "deleted")])
     except SandboxError as exc:
         sb.destroy()
         raise VerifierInfraError(f"applying the agent's changes failed: {exc}") from None
@@ -366,7 +378,8 @@ def strict_asserts(source: str, name: str) -> str:
 
 
 def expected_tests(task: dict, spec: dict) -> list[str]:
-    """Node ids (`file::test` / `file::Class::test`) the test files define, from their AST."""
+    """Node ids (`file::test` / `file::Class::test`) the test files define, from their AST
+    (classes: `Test*`, and unittest cases whatever their name)."""
     ids = []
     for rel in spec["tests"]:
         text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, ""))
@@ -374,10 +387,11 @@ def expected_tests(task: dict, spec: dict) -> list[str]:
             tree = ast.parse(text)
         except SyntaxError as exc:
             raise VerifierInfraError(f"test file {rel!r} does not parse: {exc}") from None
+        classes = canaries.test_classes(tree)       # `Test*`, and unittest cases of any name
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 ids.append(f"{rel}::{node.name}")
-            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            elif isinstance(node, ast.ClassDef) and node.name in classes:
                 ids += [f"{rel}::{node.name}::{m.name}" for m in node.body
                         if isinstance(m, ast.FunctionDef) and m.name.startswith("test")]
     return ids
@@ -389,15 +403,18 @@ def repo_scope(task: dict) -> bool:
     return task.get("family") == "swe"
 
 
-REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS for a in ("-p", f"no:{p}")), "--rootdir", "/work",
-                    "-o", "console_output_style=classic")
+# the doctest plugin stays: a repository's conftest may use its `doctest_namespace` fixture
+REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS if p != "doctest" for a in ("-p", f"no:{p}")),
+                    "--rootdir", "/work", "-o", "console_output_style=classic")
 
 
-def _repo_files(task: dict, spec: dict) -> dict[str, bytes]:
+def _repo_files(task: dict, spec: dict, plan: canaries.Plan | None = None) -> dict[str, bytes]:
     """System files of a repository-level check: the hidden tests at their /work paths (they
-    replace whatever the agent left there) and the grader. (The empty tests directory is
-    written as the agent, like a file-level check's tests: the grader makes it its own.)"""
-    files = {f"/work/{rel}": as_bytes(text) for rel, text in _test_sources(task, spec)}
+    replace whatever the agent left there; a test module with its canaries planted when `plan`
+    has it) and the grader. (The empty tests directory is written as the agent, like a
+    file-level check's tests: the grader makes it its own.)"""
+    planted = plan.sources if plan is not None else {}
+    files = {f"/work/{rel}": as_bytes(planted.get(rel, text)) for rel, text in _test_sources(task, spec)}
     if spec.get("strict_eq", False):
         files = {p: strict_asserts(t.decode(), p).encode() if p.endswith(".py") else t for p, t in files.items()}
     files[GRADER_PATH] = GRADER_SOURCE
@@ -434,14 +451,26 @@ def split_test_infrastructure(changes: list[Change]) -> tuple[list[Change], list
     return kept, ignored
 
 
+def plant_canaries(task: dict, spec: dict) -> canaries.Plan:
+    """The hidden canaries of a repository-level check (`nodeagent.verifier.canaries`), planted
+    in its test modules (`locked_tests`); the plan stays on this host."""
+    modules = {rel: as_bytes(text).decode("utf-8", "replace") for rel, text in _test_sources(task, spec)
+               if f"/work/{rel}" in set(locked_tests(task, spec))}
+    return canaries.plant(modules, list(spec.get("fail_to_pass") or []))
+
+
 def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     repo = repo_scope(task)
     ignored: list[str] = []
+    refused = sorted(c.path for c in changes if compiled_artifact(c.path) and c.kind != "deleted")
+    plan = None
     if repo:
         changes, ignored = split_test_infrastructure(changes)
-        system, tests, cwd, args = _repo_files(task, spec), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
+        plan = plant_canaries(task, spec)
+        system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
+    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE}
     expected = expected_tests(task, spec)
     if not expected:
         raise VerifierInfraError(f"task {task.get('name')!r}: checker test files define no tests")
@@ -470,8 +499,13 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
     finally:
         sb.destroy()
+    if plan is not None:
+        raw = canaries.translate(raw, plan)
     try:
         verdict = grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+        if refused:
+            verdict.checks.insert(0, _check("source_only", "refused", "not applied (the grader applies the agent's "
+                                            f"source only: no bytecode, native modules, .pth or metadata): {refused[:20]}"))
         if ignored:
             verdict.checks.insert(0, _check("test_infrastructure", "ignored", "agent changes not applied (the tests "
                                             f"and how they run are the task's): {sorted(ignored)[:20]}"))

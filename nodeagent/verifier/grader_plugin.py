@@ -26,7 +26,10 @@ the trusted sys.path (nothing in /work can shadow them), and installs an audit h
 get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
 the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
 settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
-is a `tamper` event. Test asserts
+is a `tamper` event. In repository mode the host has planted hidden canary tests in the test modules
+(`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`) into their
+compiled code, and the test sources wait in a generator's frame, out of the code under test's
+reach. Test asserts
 `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
 `paddock_grader`. Before and after each test the plugin checks that the pytest internals it
 depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
@@ -59,6 +62,10 @@ import sysconfig
 _write, _getpid, _exit = os.write, os.getpid, os._exit
 MAX_EVENTS_BYTES = 1 << 20
 CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
+ASSERTS_PATH = "/verifier/paddock_asserts.py"
+_asserts = None     # `paddock_asserts` (grader_asserts.py): loaded by path in `child`, before any code under test
+if __name__.startswith("nodeagent."):       # imported on the host (tests): the package's own copy
+    from nodeagent.verifier import grader_asserts as _asserts
 REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
 
 
@@ -239,82 +246,11 @@ def strict_eq(a, b):
     return bool(a == b) and bool(b == a)
 
 
-_PLAIN = frozenset({int, float, complex, bool, str, bytes, bytearray, type(None), list, tuple, dict, set,
-                    frozenset, range})
-_trusted_function = None     # the audit hook's judge: is this function's code trusted? (set in `child`)
-
-
-def _perturbed(y):
-    """A value of y's own builtin type that differs from y (None when there is no such value)."""
-    t, new = type(y), None
-    if t is bool:
-        new = not y
-    elif t in (int, float, complex):
-        new = y + 1
-    elif t is str:
-        new = y + "\u2063"
-    elif t in (bytes, bytearray):
-        new = y + b"\0"
-    elif t in (list, tuple):
-        new = y + t((object(),))
-    elif t is dict:
-        new = {**y, object(): None}
-    elif t in (set, frozenset):
-        new = y | {object()}
-    return None if new is None or new == y else new
-
-
-def _truthy(v):
-    try:
-        return bool(v)
-    except Exception:
-        return False
-
-
-def _suspect(x):
-    """x's == is neither a builtin's nor trusted code's: it is the code under test's to define."""
-    if type(x) in _PLAIN:
-        return False
-    eq = getattr(type(x), "__eq__", None)
-    if type(eq).__name__ == "wrapper_descriptor":      # C: a builtin or extension type's own slot
-        return False
-    return not (_trusted_function is not None and _trusted_function(eq))
-
-
-def honest_eq(a, b):
-    """`assert a == b` as Python computes it (a project's own types keep their own equality),
-    except that an object whose == the code under test defines must not also equal what no honest
-    value equals: a fresh `object()`, or a perturbed copy of a builtin value on the other side.
-    Test modules loaded by the grader have their `assert x == y` compiled to this."""
-    result = a == b
-    if not result:
-        return result
-    for x, y in ((a, b), (b, a)):
-        if not _suspect(x):
-            continue
-        probe = object()
-        twin = _perturbed(y) if type(y) in _PLAIN else None
-        if _truthy(x == probe) or (twin is not None and _truthy(x == twin)):
-            raise AssertionError(f"paddock grader: a {type(x).__qualname__} compares equal to anything "
-                                 f"(also to {'a fresh object()' if _truthy(x == probe) else repr(twin)[:80]})")
-    return result
-
-
-class _HonestAsserts(ast.NodeTransformer):
-    """`assert a == b` -> `assert _paddock_honest_eq(a, b)`, line numbers kept (the AST is compiled)."""
-
-    def visit_Assert(self, node):
-        t = node.test
-        if isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], ast.Eq):
-            node.test = ast.copy_location(ast.Call(ast.copy_location(ast.Name("_paddock_honest_eq", ast.Load()), t),
-                                                   [t.left, t.comparators[0]], []), t)
-        return node
-
-
 class _Plugin:
     def __init__(self, fd, key, tests_dir, locked=()):
         self.fd, self.tests_dir, self.locked = fd, tests_dir, frozenset(locked)
         self.watch, self.globals_watch, self.class_watch = [], [], []
+        self.config = None
         seq = [0]
 
         def sign(body):
@@ -343,8 +279,8 @@ class _Plugin:
                    (_pytest.python, "pytest_pyfunc_call"), (_pytest.reports.TestReport, "__init__"),
                    (_pytest.reports.TestReport, "from_item_and_call"), (_pytest.main, "pytest_runtestloop"),
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
-                   (sys.modules[__name__], "strict_eq"), (sys.modules[__name__], "honest_eq"),
-                   (sys.modules[__name__], "_trusted_function"), (sys.modules[__name__], "_suspect"),
+                   (sys.modules[__name__], "strict_eq"), (_asserts, "honest_eq"), (_asserts, "perturb"),
+                   (_asserts, "_trusted_function"), (_asserts, "_suspect"), (_asserts, "trusted_function"),
                    (_MemLoader, "source_to_code"), (_Plugin, "pytest_runtest_logreport"),
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
@@ -371,18 +307,28 @@ class _Plugin:
             self.emit(ev="tamper", changed=changed, plugins=foreign)
         return plugins
 
-    def pytest_configure(self, config):
-        self.config = config
+    def take_snapshot(self):
+        """Called in `child` before pytest.main: before the task's conftest.py (which may import
+        the package under test) or any /work code runs, so no patch made at import time becomes
+        the original."""
         self.watch = self.snapshot()
         self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
                               if callable(v) or isinstance(v, type)]
+
+    def pytest_configure(self, config):
+        self.config = config
+        if not self.watch:
+            self.take_snapshot()
         self.plugins = set()
         self.emit(ev="start", pid=_getpid())
 
     def pytest_collection(self, session):
         self.plugins = {id(p) for p in self.config.pluginmanager.get_plugins()}
-        sys.meta_path.insert(0, self.finder)
+        if type(sys.meta_path) is not list:     # a subclass would see (and could read) the finder
+            self.emit(ev="tamper", detail=f"sys.meta_path replaced by a {type(sys.meta_path).__qualname__}")
+            return
+        list.insert(sys.meta_path, 0, self.finder)
 
     def pytest_collection_finish(self, session):
         self.globals_watch += _callables_of(self.tests_dir, self.locked)
@@ -420,36 +366,55 @@ class _MemLoader(importlib.abc.SourceLoader):
         return source
 
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = _HonestAsserts().visit(ast.parse(data, path))
-        return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
+        tree = _asserts.HonestAsserts().visit(ast.parse(data, path))
+        code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
+        return _asserts.bind_perturber(code)
 
     def exec_module(self, module):
-        module.__dict__["_paddock_honest_eq"] = honest_eq
+        module.__dict__["_paddock_honest_eq"] = _asserts.honest_eq
         super().exec_module(module)
+
+
+def _source_store(sources, _audit=sys.audit, _list=list):
+    """A generator that holds the test sources in its own frame: send a path, get its bytes
+    (once), or None. Nothing the code under test can reach holds them: a generator's locals
+    are reachable only through `gi_frame`, which the audit hook refuses it (a test module not
+    yet imported is no longer readable from the finder on sys.meta_path). Asked with code under
+    test on the stack (or from another thread), it answers None and keeps the source: the
+    audit hook judges the stack (`paddock.stack`)."""
+    path = yield None
+    while True:
+        culprit = _list()
+        _audit("paddock.stack", culprit)
+        path = yield (sources.pop(path, None) if type(path) is str and not any(culprit) else None)
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
     """Test modules from the sources read before the privilege drop (the files are unreadable now)."""
 
     def __init__(self, sources):
-        self.sources = sources
+        self.paths = frozenset(sources)
+        self.store = _source_store(sources)
+        next(self.store)
 
     def find_spec(self, name, path=None, target=None):
         leaf = name.rpartition(".")[2]
         for d in (path or sys.path):
             for cand in (os.path.join(str(d), leaf + ".py"), os.path.join(str(d), leaf, "__init__.py")):
-                if cand in self.sources:
+                if cand in self.paths:
+                    source = self.store.send(cand)
+                    if source is None:
+                        continue
                     return importlib.util.spec_from_file_location(
-                        name, cand, loader=_MemLoader(cand, self.sources.pop(cand)),
+                        name, cand, loader=_MemLoader(cand, source),
                         submodule_search_locations=[os.path.dirname(cand)] if cand.endswith("__init__.py") else None)
         return None
 
 
 # -- defences that hold before any code under test runs ------------------------------------------
 
-TRUSTED_TOPS = frozenset(sys.stdlib_module_names) | {
-    "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py", "exceptiongroup", "tomli", "attr",
-    "more_itertools", "paddock_grader", "paddock_callbridge"}
+TRUSTED_TOPS = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "paddock_grader", "paddock_callbridge"}
+PYTEST_DEPENDENCIES = frozenset({"iniconfig", "packaging", "py", "exceptiongroup", "tomli", "attr", "more_itertools"})
 
 
 class _TrustedImports(importlib.abc.MetaPathFinder):
@@ -458,10 +423,17 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
 
     def __init__(self, trusted_path):
         self.path = list(trusted_path)
+        self.loaded = frozenset()
+
+    def seal(self):
+        """The test framework's dependencies it has imported by now stay the trusted ones."""
+        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
+        if top in PYTEST_DEPENDENCIES and top in self.loaded:
+            pass        # pytest imported it from the trusted path before any /work code ran
+        elif top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
             return None
         where = self.path if path is None else [p for p in path if not str(p).startswith("/work")]
         spec = importlib.machinery.PathFinder.find_spec(name, where)
@@ -508,13 +480,16 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
     the code objects named like the module, so a forged cache could hold functions that claim
     the standard library). Any other unmarshal is refused, as are native
     extension modules in a file or directory the child can write (/tmp; not /work, nor the
-    image) and opening a process's memory through /proc."""
+    image) and opening a process's memory through /proc. A repository check's test modules
+    (`test_files`, /work paths) are trusted like the tests directory: the task's code, compiled
+    by the grader's own loader (the same name compiled any other way taints it)."""
     getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
+    home = ident()         # the thread that runs pytest
     realpath, claims, test_files = os.path.realpath, (*prefixes, "<frozen "), frozenset(test_files)
 
     def trusted(code):       # `<frozen ...>`: the interpreter's own frozen stdlib (importlib)
         name = code.co_filename
-        return name.startswith(claims) and name not in tainted
+        return (name.startswith(claims) or name in test_files) and name not in tainted
 
     def trusted_file(path):
         return isinstance(path, str) and not path.startswith("<") and realpath(path).startswith(prefixes)
@@ -537,7 +512,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         """Code compiled under trusted name `name` from a trusted stack: is it that file's own?"""
         if name.startswith("<"):
             return False
-        if name.startswith(tests_prefix):
+        if name.startswith(tests_prefix) or name in test_files:     # through the grader's own loader
             return on_stack(frame, lambda f: type(f.f_locals.get("self")) is _MemLoader and trusted(f.f_code))
         if not isinstance(source, (str, bytes, bytearray)):   # an AST: only pytest's assert rewrite
             return on_stack(frame, lambda f: in_file(f, "_rewrite_test", "/_pytest/assertion/rewrite.py"))
@@ -567,7 +542,17 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             return trusted_file(getattr(frame.f_locals.get("self"), "archive", None))
         return False
 
-    def untrusted_on_stack(frame):
+    def started_by_code_under_test():
+        """Is this a thread other than the one the hook was installed in (pytest's)? Neither
+        pytest nor the grader starts Python threads, so any other thread was started, directly
+        or not, by the code under test; its stack begins in trusted threading code, which would
+        otherwise launder a call: `Thread(target=out.extend, args=(map(gc.get_objects, [None]),))`
+        (CPython before 3.13 raises no audit event when a thread starts)."""
+        return ident() != home
+
+    def untrusted_on_stack(frame, thread=True):
+        if thread and started_by_code_under_test():
+            return "a thread the code under test started"
         while frame is not None:
             if not trusted(frame.f_code):
                 return frame.f_code.co_filename
@@ -578,8 +563,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         """The file of the code under test behind this event, or None if the event may proceed."""
         if event == "compile":
             name = args[1] if len(args) > 1 else None
-            if isinstance(name, str) and name.startswith(claims) and name not in tainted and (
-                    untrusted_on_stack(frame) or not genuine_source(args[0], name, frame)):
+            if isinstance(name, str) and (name.startswith(claims) or name in test_files) and name not in tainted and (
+                    untrusted_on_stack(frame, thread=False) or not genuine_source(args[0], name, frame)):
                 tainted.add(name)           # code compiled for the code under test is not trusted
             return None
         if event in ("marshal.loads", "marshal.load"):
@@ -606,8 +591,11 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
-            if code is not None and (str(code.co_filename).startswith(tests_prefix) or code.co_filename in test_files):
+            if code is not None and (str(code.co_filename).startswith(tests_prefix) or (
+                    code.co_filename in test_files and code.co_name.startswith("test") and "<locals>" not in code.co_qualname)):
                 return untrusted_on_stack(frame)        # the tests' constants are their expected values
+            # (a repository test module's helpers and the functions a test defines and hands over
+            # stay inspectable: `curry(f)`, `memoize(f)`, `inspect.signature(f)` in the project)
             return None
         if event in _FRAME_EVENTS or (event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS):
             if not trusted(frame.f_code):
@@ -620,7 +608,24 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
     def hook(event, args):
         if not (event.startswith(_STACK_EVENTS) or event in _FRAME_EVENTS or event == "compile"
-                or event in _OTHER_EVENTS):
+                or event in _OTHER_EVENTS or event in ("paddock.trusted", "paddock.stack")):
+            return
+        if event == "paddock.stack":        # (out,): the code under test on the caller's stack?
+            if len(args) == 1 and type(args[0]) is list:
+                culprit = untrusted_on_stack(getframe(1))
+                if culprit:
+                    emit(ev="tamper", refused="a test module's source", by=str(culprit)[:200])
+                args[0].append(culprit)
+            return
+        if event == "paddock.trusted":      # (fn, out): is fn's code trusted? (`paddock_asserts.trusted_function`)
+            if len(args) == 2 and type(args[1]) is list:
+                me = ident()
+                busy.add(me)
+                try:
+                    code = getattr(args[0], "__code__", None)
+                finally:
+                    busy.discard(me)
+                args[1].append(code is not None and trusted(code))
             return
         me = ident()
         if me in busy:
@@ -634,17 +639,6 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             emit(ev="tamper", refused=event, by=str(culprit)[:200])
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
-
-    def trusted_function(fn):
-        """Is `fn` a function whose code is trusted? (Reads `__code__` unaudited: the hook is busy.)"""
-        me = ident()
-        busy.add(me)
-        try:
-            code = getattr(fn, "__code__", None)
-        finally:
-            busy.discard(me)
-        return code is not None and trusted(code)
-    return trusted_function
 
 
 def _watched_classes():
@@ -675,15 +669,23 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     """Guard the imports, install the audit hook, route the agent's modules to the callee (call
     isolation) or put /work on the path (repository mode); run pytest; exit with its code."""
     trusted_path = [p for p in sys.path if p and not p.startswith("/work")]
-    sys.meta_path.insert(0, _TrustedImports(trusted_path))
+    guard = _TrustedImports(trusted_path)
+    sys.meta_path.insert(0, guard)
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
+    guard.seal()
+    global _asserts
+    spec = importlib.util.spec_from_file_location("paddock_asserts", ASSERTS_PATH)
+    _asserts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(_asserts)
+    sys.modules["paddock_asserts"] = _asserts
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
-    global _trusted_function
-    _trusted_function = install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
+    del sources
+    install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
+    plugin.take_snapshot()
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = importlib.util.module_from_spec(spec)

@@ -1,0 +1,312 @@
+"""Hidden canary tests for repository-level checks, planted and read on the grading host.
+
+In repository mode the tests import the agent's code in pytest's own process, so nothing in that
+process can be trusted to tell the truth: a forged report, a patched report constructor, an
+always-equal object, a no-op `assertEqual` or `assert_close`. The verdict therefore does not
+rest on that process's honesty alone. Before the test modules go into the sandbox, `plant`
+rewrites each one on the host:
+
+- every real test function/method gets an opaque random name (`test_<hex>`);
+- next to it, at a random place among them, `K_CANARIES` canaries: copies of the test that an
+  honest implementation must FAIL. A *perturbed* canary is the test with each straight-line
+  equality check (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers)
+  given, at run time, a natural-looking different expected value of the same type (see
+  `grader_asserts.perturb`); it passes only if one of those checks still holds. A *raise-after*
+  canary is the test body in `try: ... finally: assert False` (every test has one, with or
+  without an equality check). All variants keep the original `def` name and decorators; nothing
+  in their bound name, module, class, order, count or `__qualname__` tells them apart.
+
+The name -> real/canary map (`Plan`) never enters the sandbox. `translate` reads the grader's
+report back: real names restored, canary events removed, and a `tamper` event added when a
+canary passed, or when a real test passed and one of its canaries has no report at all. Any
+in-process trick that makes a failing test look passed makes canaries pass too, whatever the
+trick. Detection of a trick that can single out one test of a group (e.g. an `__eq__` true only
+the first time it meets given arguments) is probabilistic: 1 - 1/(k+1) per test it forges.
+
+Pure AST work and JSON: no I/O. Must not import nodeagent.sandbox, zmq, controller.* outside
+contracts.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import random
+import re
+from dataclasses import dataclass, field
+
+SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
+K_CANARIES = 3          # per test that must start passing: a forger that singles out one test of a
+                        # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
+_HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
+_SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
+
+
+@dataclass
+class Plan:
+    """Per test file (rel path): opaque -> original name of real tests; canary -> (the class it
+    is defined in, "" at module level; the original's name)."""
+    real: dict[str, dict[str, str]] = field(default_factory=dict)
+    canary: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def count(self) -> int:
+        return sum(len(c) for c in self.canary.values())
+
+
+def _base(test_id: str) -> str:
+    return test_id.split("[", 1)[0].rsplit("::", 1)[-1]
+
+
+def _is_fixture(fn: ast.AST) -> bool:
+    for d in getattr(fn, "decorator_list", ()):
+        target = d.func if isinstance(d, ast.Call) else d
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if "fixture" in name:
+            return True
+    return False
+
+
+def test_classes(tree: ast.Module) -> set[str]:
+    """Module-level classes pytest collects: `Test*`, or a unittest case (a base named
+    `*TestCase`/`*Case`, or a test class of this file)."""
+    found: set[str] = set()
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    changed = True
+    while changed:
+        changed = False
+        for c in classes:
+            if c.name in found:
+                continue
+            bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in c.bases}
+            if c.name.startswith("Test") or any(b.endswith("Case") or b in found for b in bases):
+                found.add(c.name)
+                changed = True
+    return found
+
+
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+def _perturb_call(expr: ast.expr) -> ast.expr:
+    call = ast.Call(ast.Attribute(ast.Constant(SENTINEL), "format", ast.Load()), [expr], [])
+    return ast.copy_location(call, expr)
+
+
+def _returns(stmts: list[ast.stmt]) -> bool:
+    return any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for s in stmts for n in ast.walk(s))
+
+
+def _eq_sites(body: list[ast.stmt]) -> list[int]:
+    """Top-level statements of a test body an honest passing run must reach (no return before
+    them) that compare for equality: `assert a == b`, or an `assert*equal*`/`*close*` call."""
+    sites = []
+    for i, s in enumerate(body):
+        if _returns(body[:i]):
+            break
+        if isinstance(s, ast.Assert) and isinstance(s.test, ast.Compare) and len(s.test.ops) == 1 \
+                and isinstance(s.test.ops[0], ast.Eq):
+            sites.append(i)
+        elif isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and len(s.value.args) == 2 \
+                and not any(isinstance(a, ast.Starred) for a in s.value.args) \
+                and all(k.arg == "msg" for k in s.value.keywords):
+            # two operands, no tolerance (`delta=`, `places=`, `rtol=`, a third positional): a
+            # wide tolerance could let an honest result equal the perturbed value
+            f = s.value.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if _HELPER.match(name) and "not" not in name.lower():
+                sites.append(i)
+    return sites
+
+
+def _perturbed(fn: ast.AST, sites: list[int]) -> ast.AST:
+    """The test with the expected side of every equality check in `sites` perturbed. A check
+    that still holds is recorded; the canary fails unless one did, once the body is done (in a
+    `finally`: the rest of the test, its clean-up included, runs as in the real test). An honest
+    result fails every perturbed check; a trick that makes one check pass whatever it compares
+    (an always-equal object, a no-op helper at that one place) makes the canary pass."""
+    new = copy.deepcopy(fn)
+    flag = "_paddock_held"
+    for site in sites:
+        s = new.body[site]
+        if isinstance(s, ast.Assert):
+            t = s.test
+            if _literal(t.left) and not _literal(t.comparators[0]):
+                t.left = _perturb_call(t.left)
+            else:
+                t.comparators[0] = _perturb_call(t.comparators[0])
+        else:
+            s.value.args[1] = _perturb_call(s.value.args[1])
+        held = ast.copy_location(ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()),
+                                                   [ast.Constant(0)], [])), s)
+        new.body[site] = ast.copy_location(ast.Try(body=[s, held], handlers=[ast.ExceptHandler(
+            ast.Name("AssertionError", ast.Load()), None, [ast.copy_location(ast.Pass(), s)])], orelse=[],
+            finalbody=[]), s)
+    check = ast.copy_location(ast.Assert(ast.Name(flag, ast.Load()), None), new.body[-1])
+    start = ast.copy_location(ast.Assign([ast.Name(flag, ast.Store())], ast.List([], ast.Load())), new.body[0])
+    new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[check]), new.body[0])]
+    return new
+
+
+def _raise_after(fn: ast.AST) -> ast.AST:
+    new = copy.deepcopy(fn)
+    last = new.body[-1]
+    fail = ast.copy_location(ast.Assert(ast.Constant(False), None), last)
+    new.body = [ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[fail]), new.body[0])]
+    return new
+
+
+class _Rename(ast.NodeTransformer):
+    """References to renamed tests (`Name`s and attributes: `self.other.test_x`), not their
+    definitions (every variant keeps the original `def` name: its `__name__`/`__qualname__`, and
+    the qualified names of what it defines, are the original's)."""
+
+    def __init__(self, names: dict[str, str]):
+        self.names = names
+
+    def visit_Name(self, node):
+        if node.id in self.names:
+            node.id = self.names[node.id]
+        return node
+
+    def visit_Attribute(self, node):
+        self.generic_visit(node)
+        if node.attr in self.names:
+            node.attr = self.names[node.attr]
+        return node
+
+
+def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
+    prefix = original.split("_", 1)[0] + "_" if "_" in original else "test"
+    while True:
+        name = f"{prefix}{rng.getrandbits(64):016x}"
+        if name not in taken:
+            taken.add(name)
+            return name
+
+
+def _bind(fn: ast.AST, name: str) -> ast.stmt:
+    return ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], ast.Name(fn.name, ast.Load())), fn)
+
+
+def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
+              plan: Plan, taken: set[str]) -> str:
+    """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
+    bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
+    every file of the check, so a test called by name from another file finds its renamed self."""
+    tree = ast.parse(source)
+    classes = test_classes(tree)
+    scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
+        (c.name, c.body) for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]
+    taken |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    tests = [f for _scope, body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and f.name.startswith("test") and not _is_fixture(f) and (guarded is None or f.name in guarded)]
+    for f in tests:
+        if f.name not in names:
+            names[f.name] = _opaque(rng, f.name, taken)
+    tree = _Rename(names).visit(tree)
+    real = plan.real.setdefault(rel, {})
+    canary = plan.canary.setdefault(rel, {})
+    for scope, body in scopes:
+        out: list[ast.stmt] = []
+        for stmt in body:
+            if stmt not in tests:
+                out.append(stmt)
+                continue
+            real[names[stmt.name]] = stmt.name
+            group = [(stmt, names[stmt.name])]
+            sites = _eq_sites(stmt.body)
+            for i in range(K_CANARIES):
+                c = _perturbed(stmt, sites) if sites and i % 2 == 0 else _raise_after(stmt)
+                cname = _opaque(rng, stmt.name, taken)
+                canary[cname] = (scope, stmt.name)
+                group.append((c, cname))
+            rng.shuffle(group)
+            for fn, bound in group:
+                out += [fn, _bind(fn, bound)]
+            out.append(ast.copy_location(ast.Delete([ast.Name(stmt.name, ast.Del())]), stmt))
+        body[:] = out
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+
+
+def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random | None = None) -> Plan:
+    """Plant canaries in the test modules of `sources` (rel -> text) for the tests that must
+    start passing (`fail_to_pass`; every test when it is empty): the ones a forger needs. The
+    other tests run as they are, under their own names. A module that does not parse is left
+    as it is (its collection error is the verdict's business)."""
+    rng = rng or random.SystemRandom()
+    guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
+    plan, names, taken = Plan(), {}, set()
+    for text in sources.values():       # every file's names first: a test may call another file's by name
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        classes = test_classes(tree)
+        for body in [tree.body] + [c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]:
+            for f in body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
+                        and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
+                    names[f.name] = _opaque(rng, f.name, taken)
+    for rel, text in sources.items():
+        try:
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken)
+        except (SyntaxError, ValueError, RecursionError):
+            plan.sources[rel] = text
+    return plan
+
+
+def _split(test_id: str) -> tuple[str, str, str, str]:
+    """(file, class path, name, [params]) of a node id."""
+    head, sep, params = test_id.partition("[")
+    parts = head.split("::")
+    return parts[0], "::".join(parts[1:-1]), parts[-1], sep + params
+
+
+def translate(raw: bytes, plan: Plan) -> bytes:
+    """The grader's report with real names restored, canary events taken out and a `tamper`
+    event for every canary that passed, or that stayed silent while its real test passed.
+    A report that does not parse is returned as it is (grading reports it)."""
+    try:
+        report = json.loads(raw)
+        events = report["events"]
+        if not isinstance(events, list):
+            return raw
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return raw
+    kept, seen_canaries, passed_real, bad = [], set(), [], []
+    for ev in events:
+        if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
+            kept.append(ev)
+            continue
+        file, cls, name, params = _split(ev["id"])
+        if name in plan.canary.get(file, {}):
+            seen_canaries.add((file, cls, name, params))
+            if ev.get("outcome") == "passed":
+                bad.append(f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name][1]}{params}")
+            continue
+        original = plan.real.get(file, {}).get(name)
+        if original is not None:
+            ev = {**ev, "id": f"{file}::{cls + '::' if cls else ''}{original}{params}"}
+            if ev.get("when") == "call" and ev.get("outcome") == "passed":
+                passed_real.append((file, cls, original, params))
+        kept.append(ev)
+    silent = []
+    for file, cls, original, params in passed_real:
+        mine = [c for c, (scope, orig) in plan.canary.get(file, {}).items() if orig == original and scope == cls]
+        inherited = [c for c, (_scope, orig) in plan.canary.get(file, {}).items() if orig == original]
+        heard = [c for c in inherited if (file, cls, c, params) in seen_canaries]
+        # a class's own canaries must all be heard; a test it inherits brings its base's canaries
+        if (mine and len([c for c in mine if c in heard]) < len(mine)) or (inherited and not heard):
+            silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
+    if bad:
+        kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
+    if silent:
+        kept.append({"ev": "tamper", "detail": f"a hidden canary copy was never reported: {sorted(set(silent))[:5]}"})
+    report["events"] = kept
+    return json.dumps(report).encode()

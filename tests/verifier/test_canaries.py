@@ -1,0 +1,200 @@
+"""Hidden canaries (nodeagent/verifier/canaries.py), on the host and in a plain interpreter: the
+planted module runs as pytest would run it (each bound name called), with the grader's own
+perturber bound in (`grader_asserts.bind_perturber`). An honest implementation passes every real
+test and fails every canary; an always-equal result, a no-op assertion helper or a forged report
+makes a canary pass, and the host's reading of the report says so."""
+from __future__ import annotations
+
+import json
+import random
+import re
+import unittest
+
+import pytest
+
+from nodeagent.verifier import canaries, grader_asserts
+
+TESTS = '''import unittest
+from calc import add, assert_close
+
+
+def helper():
+    return 1
+
+
+def test_add():
+    assert add(1, 2) == 3
+
+
+def test_add_negative():
+    total = add(-2, -2)
+    assert total == -4
+    assert_close(add(-1.5, -1.5), -3.0)
+
+
+def test_early_return():
+    if add(0, 0) == 0:
+        return
+    assert add(0, 0) == 0
+
+
+def test_calls_the_other():
+    test_add_negative()
+
+
+class TestCalc(unittest.TestCase):
+    def test_add_negative(self):
+        self.assertEqual(add(-1, -3), -4)
+
+    def test_qualname(self):
+        class Inner:
+            pass
+        self.assertEqual(Inner.__qualname__, "TestCalc.test_qualname.<locals>.Inner")
+'''
+F2P = ["test_add_negative", "test_early_return", "test_calls_the_other", "TestCalc::test_add_negative",
+       "test_qualname"]
+
+
+class Calc:
+    """Stand-in for the agent's module."""
+
+    def __init__(self, add, close=None):
+        self.add = add
+        self.assert_close = close or (lambda a, b: None if abs(a - b) < 1e-9 else (_ for _ in ()).throw(AssertionError))
+
+
+def load(source: str, calc: Calc) -> dict:
+    code = grader_asserts.bind_perturber(compile(source, "/work/tests/test_calc.py", "exec"))
+    import sys
+    import types
+    mod = types.ModuleType("calc")
+    mod.add, mod.assert_close = calc.add, calc.assert_close
+    sys.modules["calc"] = mod
+    try:
+        space: dict = {"__name__": "tests.test_calc"}
+        exec(code, space)
+    finally:
+        del sys.modules["calc"]
+    return space
+
+
+def outcomes(plan: canaries.Plan, calc: Calc) -> dict[str, str]:
+    """node id -> passed/failed for every test pytest would collect."""
+    space = load(plan.sources["tests/test_calc.py"], calc)
+    out = {}
+    for name, obj in space.items():
+        if name.startswith("test") and callable(obj) and not isinstance(obj, type):
+            out[f"tests/test_calc.py::{name}"] = _run(obj)
+        elif isinstance(obj, type) and issubclass(obj, unittest.TestCase):
+            for meth in unittest.TestLoader().getTestCaseNames(obj):
+                result = unittest.TestResult()
+                obj(meth).run(result)
+                out[f"tests/test_calc.py::{name}::{meth}"] = "passed" if result.wasSuccessful() else "failed"
+    return out
+
+
+def _run(fn) -> str:
+    try:
+        fn()
+        return "passed"
+    except Exception:       # noqa: BLE001 (pytest reports any exception as a failure)
+        return "failed"
+
+
+def report(outs: dict[str, str]) -> bytes:
+    return json.dumps({"events": [{"ev": "start"}] + [{"ev": "test", "id": i, "when": "call", "outcome": o}
+                                                      for i, o in outs.items()] + [{"ev": "end"}]}).encode()
+
+
+def translated(plan, outs) -> list[dict]:
+    return json.loads(canaries.translate(report(outs), plan))["events"]
+
+
+@pytest.fixture
+def plan():
+    return canaries.plant({"tests/test_calc.py": TESTS}, F2P, random.Random(7))
+
+
+def test_guarded_tests_and_their_canaries_get_opaque_names_and_the_rest_keep_theirs(plan):
+    real, canary = plan.real["tests/test_calc.py"], plan.canary["tests/test_calc.py"]
+    assert sorted(set(real.values())) == sorted({"test_add_negative", "test_early_return", "test_calls_the_other",
+                                                 "test_qualname"})
+    assert all(re.fullmatch(r"test_[0-9a-f]{16}", n) for n in list(real) + list(canary))
+    per_test = {}
+    for scope, original in canary.values():
+        per_test[(scope, original)] = per_test.get((scope, original), 0) + 1
+    assert set(per_test.values()) == {canaries.K_CANARIES}
+    assert ("TestCalc", "test_add_negative") in per_test and ("", "test_add_negative") in per_test
+    space = load(plan.sources["tests/test_calc.py"], Calc(lambda a, b: a + b))
+    assert "test_add" in space and "test_add_negative" not in space        # unguarded keeps its name
+    same = {space[n].__qualname__ for n, (scope, orig) in canary.items() if orig == "test_early_return"}
+    assert same == {"test_early_return"} == {space[n].__qualname__ for n, o in real.items() if o == "test_early_return"}
+
+
+def test_an_honest_implementation_passes_every_real_test_and_fails_every_canary(plan):
+    outs = outcomes(plan, Calc(lambda a, b: a + b))
+    canary_ids = {i for i in outs if i.rsplit("::", 1)[-1] in plan.canary["tests/test_calc.py"]}
+    assert canary_ids and all(outs[i] == "failed" for i in canary_ids)
+    assert all(o == "passed" for i, o in outs.items() if i not in canary_ids), outs
+    events = translated(plan, outs)
+    assert not [e for e in events if e["ev"] == "tamper"]
+    ids = {e["id"] for e in events if e["ev"] == "test"}
+    assert "tests/test_calc.py::TestCalc::test_add_negative" in ids and "tests/test_calc.py::test_early_return" in ids
+    assert not ids & {f"tests/test_calc.py::{c}" for c in plan.canary["tests/test_calc.py"]}
+
+
+class AlwaysEqual:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("calc", [Calc(lambda a, b: AlwaysEqual()),
+                                  Calc(lambda a, b: a + b if isinstance(a, int) else 0.0, close=lambda a, b: None)],
+                         ids=["always_equal", "no_op_helper"])
+def test_a_trick_that_passes_what_should_fail_makes_canaries_pass_and_is_read_as_tampering(plan, calc):
+    events = translated(plan, outcomes(plan, calc))
+    assert [e for e in events if e["ev"] == "tamper" and "must fail passed" in e["detail"]]
+
+
+def test_a_forged_report_that_passes_everything_is_tampering_and_so_is_a_silent_canary(plan):
+    outs = outcomes(plan, Calc(lambda a, b: abs(a) + abs(b)))
+    forged = {i: "passed" for i in outs}
+    assert [e for e in translated(plan, forged) if e["ev"] == "tamper"]
+    honest = outcomes(plan, Calc(lambda a, b: a + b))
+    silent = {i: o for i, o in honest.items() if i.rsplit("::", 1)[-1] not in plan.canary["tests/test_calc.py"]}
+    assert [e for e in translated(plan, silent) if e["ev"] == "tamper" and "never reported" in e["detail"]]
+
+
+def test_parametrised_ids_map_back_with_their_parameters():
+    plan = canaries.plant({"t/test_p.py": "import pytest\n@pytest.mark.parametrize('n', [1, 2])\n"
+                                          "def test_p(n):\n    assert n == n\n"}, ["test_p"], random.Random(1))
+    opaque = next(iter(plan.real["t/test_p.py"]))
+    cname = next(iter(plan.canary["t/test_p.py"]))
+    outs = {f"t/test_p.py::{opaque}[1]": "passed", f"t/test_p.py::{opaque}[2]": "passed",
+            f"t/test_p.py::{cname}[1]": "failed"}
+    events = translated(plan, outs)
+    assert {e["id"] for e in events if e["ev"] == "test"} == {"t/test_p.py::test_p[1]", "t/test_p.py::test_p[2]"}
+    assert [e for e in events if e["ev"] == "tamper"], "the other canaries and [2]'s are silent"
+
+
+def test_a_module_that_does_not_parse_is_left_alone():
+    plan = canaries.plant({"t/test_bad.py": "def test_x(:\n"}, [], random.Random(1))
+    assert plan.sources["t/test_bad.py"] == "def test_x(:\n" and plan.count() == 0
+
+
+def test_perturbed_values_differ_and_keep_their_type():
+    for y in [0, 7, -3, 10 ** 30, 2.5, -0.0, "", "abc", b"", b"xy", [], [1, 2], (), (1,), {}, {1: 2}, set(), {3},
+              frozenset({1}), True, False, None]:
+        p = grader_asserts.perturb(y)
+        assert p != y and (type(p) is type(y) or y is None), (y, p)
+    with pytest.raises(AssertionError):
+        grader_asserts.perturb(object())
+
+
+def test_checks_with_a_tolerance_or_after_a_return_are_not_perturbed():
+    source = ("def test_t(self):\n    self.assertAlmostEqual(f(), 1.0, delta=10)\n    assert_allclose(f(), 1.0, 1e-3)\n"
+              "    if f():\n        return\n    assert f() == 1\n")
+    plan = canaries.plant({"t/test_t.py": source}, [], random.Random(3))
+    assert "paddock-perturb" not in plan.sources["t/test_t.py"] and plan.count() == canaries.K_CANARIES
