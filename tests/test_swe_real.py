@@ -160,6 +160,7 @@ def test_verify_applies_a_patch_to_the_task_layers_in_the_task_own_image(tmp_pat
     out = json.loads(capsys.readouterr().out)
     assert (out["outcome"], out["reward"]) == ("pass", 1.0)
     missing = dict(_task_dict(task), image="sha256:" + "0" * 64)
+    del missing["task_id"]          # another task (its id would no longer match its content)
     (tmp_path / "missing.json").write_text(json.dumps(missing))
     assert main(["verify", "--task", str(tmp_path / "missing.json"), "--image-store", str(store.root),
                  "--solution", str(tmp_path / "gold.patch")]) == 2
