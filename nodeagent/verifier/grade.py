@@ -456,7 +456,8 @@ def plant_canaries(task: dict, spec: dict) -> canaries.Plan:
     in its test modules (`locked_tests`); the plan stays on this host."""
     modules = {rel: as_bytes(text).decode("utf-8", "replace") for rel, text in _test_sources(task, spec)
                if f"/work/{rel}" in set(locked_tests(task, spec))}
-    return canaries.plant(modules, list(spec.get("fail_to_pass") or []))
+    return canaries.plant(modules, list(spec.get("fail_to_pass") or []),
+                          pass_to_pass=list(spec.get("pass_to_pass") or []))
 
 
 def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
