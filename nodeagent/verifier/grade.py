@@ -219,7 +219,8 @@ def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | 
     if res.outcome != "ok":
         return Verdict("fail", 0.0, {"correct": 0.0},
                        [_check(spec["kind"], "fail", f"answer check {res.outcome}: {res.detail}", wall)])
-    ok, detail = bool(res.value["ok"]), res.value["detail"]
+    value: dict = res.value  # type: ignore[assignment]  # answer_verdict returns {"ok", "detail"}
+    ok, detail = bool(value["ok"]), value["detail"]
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    [_check(spec["kind"], "pass" if ok else "fail", detail, wall)])
 
