@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -310,6 +311,28 @@ def slowest_rollouts(con: duckdb.DuckDBPyConnection, run_dir: Path, n: int = 10)
     return out
 
 
+SCREENSHOT_REF = re.compile(r"screenshot stored as (artifacts/[^\s()]+\.png)")
+MAX_THUMBNAILS = 6                # the HTML page embeds at most this many screenshots (newest first)
+
+
+def web_observations(con: duckdb.DuckDBPyConnection, run_dir: Path) -> dict:
+    """What the browser showed web rollouts: per web task, its rollouts, accessibility-tree
+    observations (`browser_observe`) and screenshots (their artifact files under the run
+    directory, named by the step's observation); the newest screenshots for the HTML page."""
+    rows = con.execute(
+        "SELECT r.task_name, count(DISTINCT r.rollout_id), "
+        "count(*) FILTER (WHERE s.tool_name = 'browser_observe'), "
+        "list(s.observation ORDER BY s.rollout_id DESC, s.step DESC) FILTER (WHERE s.tool_name = 'browser_screenshot') "
+        "FROM rollouts r JOIN steps s USING (rollout_id, attempt, fencing_token) "
+        "WHERE r.task_family = 'web' GROUP BY r.task_name ORDER BY r.task_name").fetchall()
+    tasks, shots = [], []
+    for name, rollouts, observed, outs in rows:
+        refs = [m.group(1) for o in (outs or []) for m in [SCREENSHOT_REF.search(o or "")] if m]
+        tasks.append({"task_name": name, "rollouts": rollouts, "observations": observed, "screenshots": len(refs)})
+        shots += [{"task_name": name, "path": ref} for ref in refs[:1] if (run_dir / ref).is_file()]
+    return {"tasks": tasks, "thumbnails": shots[:MAX_THUMBNAILS]}
+
+
 def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
     cfg = cfg or ReportConfig()
     run_dir = Path(run_dir)
@@ -341,6 +364,7 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
             "slowest_rollouts": slowest_rollouts(con, run_dir, cfg.top_n),
             "infra_by_node": infra_by_node(con),
             "span_percentiles": span_percentiles(con),
+            "web": web_observations(con, run_dir),
             "bad_shards": [{"file": f, "error": e} for f, e in
                            con.execute("SELECT file, error FROM bad_shards ORDER BY file").fetchall()],
         }

@@ -7,7 +7,9 @@ Must not import DuckDB or zmq, nor controller.analysis.report (that module impor
 """
 from __future__ import annotations
 
+import base64
 import html
+from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from controller.analysis.charts import bar_chart, line_chart, nice_ticks, time_scale
@@ -150,6 +152,15 @@ def print_text(rep: dict, out: TextIO) -> None:
         w(f"  {empty_sentence('span_percentiles', rep)}\n" if r is None else
           f"  {r['kind']:14} n={r['count']:<8} p50 {secs(r['p50_s']):>9}  p99 {secs(r['p99_s']):>9}"
           f"  ({r['nodes']} nodes)\n")
+    web = rep.get("web") or {}
+    if web.get("tasks"):
+        w("\nWeb rollouts: what the browser showed (accessibility trees are the steps' observations,"
+          " screenshots files under the run directory):\n")
+        for t in web["tasks"]:
+            w(f"  {t['task_name']:36} {t['rollouts']:>4} rollouts {t['observations']:>6} trees "
+              f"{t['screenshots']:>4} screenshots\n")
+        for t in web["thumbnails"]:
+            w(f"  latest screenshot of {t['task_name']}: {t['path']}\n")
     for b in rep["bad_shards"]:
         w(f"\nwarning: skipped {b['file']}: {b['error']}")
 
@@ -298,6 +309,13 @@ def render_html(rep: dict) -> str:
                                         ("nodes", "nodes", num), ("p50_s", "p50", secs),
                                         ("p99_s", "p99", secs)], E("span_percentiles")),
     ]
+    web = rep.get("web") or {}
+    if web.get("tasks"):
+        sections += ["<h2>Web rollouts: what the browser showed</h2>",
+                     table(web["tasks"], [("task_name", "task", str), ("rollouts", "rollouts", num),
+                                          ("observations", "accessibility trees", num),
+                                          ("screenshots", "screenshots", num)], ""),
+                     "".join(_thumbnail(rep["run_dir"], t) for t in web["thumbnails"])]
     if rep["bad_shards"]:
         sections += ["<h2>Skipped shards</h2>",
                      table(rep["bad_shards"], [("file", "file", str), ("error", "error", str)], "")]
@@ -307,6 +325,17 @@ def render_html(rep: dict) -> str:
              "svg.chart{display:block;margin:8px 0}code{font-size:11px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Paddock report</title>"
             f"<style>{style}</style></head><body>{''.join(sections)}</body></html>\n")
+
+
+def _thumbnail(run_dir: str, shot: dict) -> str:
+    """A stored screenshot embedded in the page (a data: URI: the page stands alone)."""
+    try:
+        data = (Path(run_dir) / shot["path"]).read_bytes()
+    except OSError:
+        return ""
+    return (f"<figure style='display:inline-block;margin:4px'><img width='240' alt='{html.escape(shot['path'])}' "
+            f"src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
+            f"<figcaption><code>{html.escape(shot['task_name'])}</code></figcaption></figure>")
 
 
 def _moves(d) -> str:

@@ -69,3 +69,9 @@ def test_a_screenshot_lands_beside_the_shards_and_is_named_in_the_step(tmp_path,
     (obs,) = con.execute("SELECT observation FROM steps WHERE tool_name = 'browser_screenshot'").fetchone()
     ref = obs.split("stored as ")[1].split(" ")[0]
     assert ref.startswith("artifacts/r2.1/") and (tmp_path / ref).read_bytes()[:4] == b"\x89PNG"
+    from controller.analysis.report import build_report
+    from controller.analysis.report_render import render_html
+    rep = build_report(tmp_path)
+    assert rep["web"]["tasks"] == [{"task_name": TASK.name, "rollouts": 1, "observations": 0, "screenshots": 1}]
+    assert rep["web"]["thumbnails"] == [{"task_name": TASK.name, "path": ref}]
+    assert "data:image/png;base64,iVBORw0KGgo" in render_html(rep), "the report page shows the screenshot"
