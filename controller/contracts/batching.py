@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, cast
 
 from controller.contracts.errors import BAD_FIELD, ProtocolError
 from controller.contracts.messages import (JSON_ENCODER, Ack, Lease, Message, PolicyRef, Result,
@@ -90,7 +90,7 @@ def batched(msgs: list[Message]) -> list[Message]:
     lone message stays as it is."""
     if len(msgs) == 1:
         return list(msgs)
-    cls = BATCHES[type(msgs[0])]
+    cls: Callable[..., Message] = BATCHES[type(msgs[0])]  # LeaseBatch or ResultBatch
     return [cls(items=list(msgs[i:i + MAX_BATCH_ITEMS]))
             for i in range(0, len(msgs), MAX_BATCH_ITEMS)]
 
@@ -132,7 +132,7 @@ def split(msg: Message) -> list[Message]:
     """A batch in two halves (for a frame over MAX_FRAME_BYTES); ValueError if it cannot."""
     if isinstance(msg, LeaseBatch) and msg.acks:  # the acks apart, then the leases
         return acks(msg.acks) + (for_agent(msg.items, []) if msg.items else [])
-    items = msg.refs if isinstance(msg, AckBatch) else getattr(msg, "items", None)
+    items = cast(list[Any], msg.refs if isinstance(msg, AckBatch) else getattr(msg, "items", None))
     if not isinstance(msg, (LeaseBatch, ResultBatch, AckBatch)) or len(items) < 2:
         raise ValueError(f"cannot split a {msg.TYPE} frame")
     half = len(items) // 2

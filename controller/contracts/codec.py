@@ -104,14 +104,14 @@ def encode(msg: Message, deployment: str) -> bytes:
     cls = type(msg)
     fast = _FAST_BODY.get(cls)
     if fast is not None:  # the hottest messages: the same bytes' meaning, built by hand
-        body = fast(msg)
-        if body is not None:
+        fast_body = fast(msg)
+        if fast_body is not None:
             try:
                 msg.check()
             except ProtocolError as e:
                 raise LocalProtocolError(e.reason, e.detail, e.field) from None
             return _sized(f'{{"v":{PROTOCOL_VERSION},"dep":{json_str(deployment)},"type":"{cls.TYPE}",'
-                          f'"id":{json_str(msg.id)},"body":{body}}}'.encode())
+                          f'"id":{json_str(msg.id)},"body":{fast_body}}}'.encode())
     if MESSAGE_TYPES.get(cls.TYPE) is not cls:
         raise LocalProtocolError(UNKNOWN_TYPE, f"{cls.__name__} is not a registered message")
     try:
@@ -364,13 +364,13 @@ def _compile_class(tp: Any, bad: Callable) -> Optional[Checker]:
     names = frozenset(f.name for f in dataclasses.fields(tp))
     checks = {k: _checker(hints[k]) for k in names}
 
-    def check(v, path, mtype):
+    def check_dataclass(v, path, mtype):
         if isinstance(v, tp):
             v = dataclasses.asdict(v)
         if not isinstance(v, dict) or v.keys() != names:
             raise bad(v, path, mtype)
         return tp(**{k: checks[k](x, f"{path}.{k}", mtype) for k, x in v.items()})
-    return check
+    return check_dataclass
 
 
 def _compile_scalar(tp: Any, bad: Callable) -> Optional[Checker]:

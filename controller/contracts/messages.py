@@ -53,6 +53,9 @@ def new_msg_id() -> str:
 @dataclass(frozen=True)
 class Message:
     TYPE: ClassVar[str] = ""
+    if typing.TYPE_CHECKING:  # every message class declares the field (id_field()), last
+        @property
+        def id(self) -> str: ...
 
     def body(self) -> dict[str, Any]:
         names, nested = _body_plan(type(self))

@@ -123,6 +123,7 @@ def _parse_entry(entry: str) -> Rule:
     if not isinstance(entry, str) or not entry.strip():
         raise PolicyError(f"network allowlist entry {entry!r} must be a non-empty string 'host[:port|port]'")
     text = entry.strip()
+    ports: tuple[int, ...]
     host, ports = text, DEFAULT_PORTS
     if text.count(":") == 1:
         host, port_text = text.split(":")

@@ -66,7 +66,7 @@ BUDGET_RANGES: dict[str, tuple[type, float, float]] = {
 
 
 def checked_number(key: str, value: Any, kind: type, lo: float, hi: float, what: str = "limit",
-                   error: type = None) -> int | float:
+                   error: type | None = None) -> int | float:
     """`value` as `kind` if it is a finite number in [lo, hi]; else an error naming `key`."""
     error = error or LimitError
     ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

@@ -83,7 +83,7 @@ class Baseline:
 
     def seed(self, task: dict, image, outcomes: dict[str, str]) -> None:
         """Record validation's outcomes ({"reference": ..., "null": ...}) for `task` on `image`."""
-        got = {k: outcomes[k] for k in ("reference", "null") if k in outcomes}
+        got: dict[str, str] = {k: outcomes[k] for k in ("reference", "null") if k in outcomes}
         if "null" in got:
             with self._lock:
                 self._known[self.key(task, image)] = got
@@ -106,7 +106,8 @@ class Baseline:
     @staticmethod
     def _grade(task: dict, grade) -> dict[str, str]:
         ref = reference_of(task)
-        todo = {"null": ({}, None)} | ({"reference": ref} if ref is not None else {})
+        todo: dict[str, tuple[dict, str | None]] = (
+            {"null": ({}, None)} | ({"reference": ref} if ref is not None else {}))
         out = {}
         for name, (files, answer) in todo.items():
             for _attempt in range(2):       # one retry, as a rollout gets

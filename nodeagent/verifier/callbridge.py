@@ -377,7 +377,7 @@ class _ProxyModule(types.ModuleType):
         return value
 
 
-_PROXIES = {}
+_PROXIES: dict[int, tuple[Bridge, str]] = {}
 
 
 class _ProxyLoader:

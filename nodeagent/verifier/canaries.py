@@ -34,6 +34,7 @@ import json
 import random
 import re
 from dataclasses import dataclass, field
+from typing import Sequence, cast
 
 SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
 P2P_GUARDED = 8         # tests that must keep passing, guarded too (a random sample of them)
@@ -125,7 +126,8 @@ def _eq_sites(body: list[ast.stmt]) -> list[int]:
     return sites
 
 
-def _perturbed(fn: ast.AST, sites: list[int]) -> ast.AST:
+def _perturbed(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int]
+               ) -> ast.FunctionDef | ast.AsyncFunctionDef:
     """The test with the expected side of every equality check in `sites` perturbed. A check
     that still holds is recorded; the canary fails unless one did, once the body is done (in a
     `finally`: the rest of the test, its clean-up included, runs as in the real test). An honest
@@ -136,13 +138,14 @@ def _perturbed(fn: ast.AST, sites: list[int]) -> ast.AST:
     for site in sites:
         s = new.body[site]
         if isinstance(s, ast.Assert):
-            t = s.test
+            t = cast(ast.Compare, s.test)  # _eq_sites: an assert site tests one `==`
             if _literal(t.left) and not _literal(t.comparators[0]):
                 t.left = _perturb_call(t.left)
             else:
                 t.comparators[0] = _perturb_call(t.comparators[0])
         else:
-            s.value.args[1] = _perturb_call(s.value.args[1])
+            call = cast(ast.Call, cast(ast.Expr, s).value)  # _eq_sites: else a two-argument call
+            call.args[1] = _perturb_call(call.args[1])
         held = ast.copy_location(ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()),
                                                    [ast.Constant(0)], [])), s)
         new.body[site] = ast.copy_location(ast.Try(body=[s, held], handlers=[ast.ExceptHandler(
@@ -154,7 +157,7 @@ def _perturbed(fn: ast.AST, sites: list[int]) -> ast.AST:
     return new
 
 
-def _raise_after(fn: ast.AST) -> ast.AST:
+def _raise_after(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.FunctionDef | ast.AsyncFunctionDef:
     new = copy.deepcopy(fn)
     last = new.body[-1]
     fail = ast.copy_location(ast.Assert(ast.Constant(False), None), last)
@@ -191,7 +194,7 @@ def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
             return name
 
 
-def _bind(fn: ast.AST, name: str) -> ast.stmt:
+def _bind(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.stmt:
     return ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], ast.Name(fn.name, ast.Load())), fn)
 
 
@@ -236,7 +239,7 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
 
 
 def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random | None = None,
-          pass_to_pass: list[str] = ()) -> Plan:
+          pass_to_pass: Sequence[str] = ()) -> Plan:
     """Plant canaries in the test modules of `sources` (rel -> text) for the tests that must
     start passing (`fail_to_pass`; every test when it is empty): the ones a forger needs, and
     for `P2P_GUARDED` of the tests that must keep passing (`pass_to_pass`), drawn at random
@@ -249,7 +252,9 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     if guarded is not None and pass_to_pass:
         kept = sorted({_base(t) for t in pass_to_pass} - guarded)
         guarded |= set(rng.sample(kept, min(P2P_GUARDED, len(kept))))
-    plan, names, taken = Plan(), {}, set()
+    plan = Plan()
+    names: dict[str, str] = {}
+    taken: set[str] = set()
     for text in sources.values():       # every file's names first: a test may call another file's by name
         try:
             tree = ast.parse(text)

@@ -171,9 +171,9 @@ class CheckRunner:
                 rid, t0 = next(self._ids), time.monotonic()
                 try:
                     with self._lock:
-                        framing.send_msg(self._sock, {"start": sid, "id": rid, "timeout_s": float(timeout_s),
-                                                      "output_cap": cap, "kind": "argv" if argv else "fn",
-                                                      "t0": t0})
+                        framing.send_msg(self._sock, {  # type: ignore[arg-type]  # closed (None): AttributeError, caught
+                            "start": sid, "id": rid, "timeout_s": float(timeout_s), "output_cap": cap,
+                            "kind": "argv" if argv else "fn", "t0": t0})
                 except (OSError, AttributeError) as exc:
                     os.close(req_w)
                     raise CheckInfraError(f"check server is gone: {exc}") from None
@@ -228,7 +228,8 @@ class CheckRunner:
         """Receive spares from the server; when it goes, the runner is down."""
         try:
             while True:
-                msg, fds = framing.recv_msg(self._sock, max_bytes=65536, with_fds=True)
+                msg, fds = framing.recv_msg(self._sock,  # type: ignore[arg-type]  # closed (None): AttributeError, caught
+                                            max_bytes=65536, with_fds=True)
                 if "spare" in msg and len(fds) == 2:
                     with self._lock:
                         self._spares.append((int(msg["spare"]), fds[0], socket.socket(fileno=fds[1])))
@@ -281,6 +282,7 @@ def default_runner() -> CheckRunner:
             if "error" in started:
                 raise started["error"]
             _default_runner = started["runner"]
+        assert _default_runner is not None  # set above, or it was r, alive (under _default_lock)
         return _default_runner
 
 

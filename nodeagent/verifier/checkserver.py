@@ -355,7 +355,8 @@ class _Server:
 
 def _children() -> set[int]:
     """PIDs of this process's children (/proc/self/task/*/children; a /proc scan without it)."""
-    me, out = os.getpid(), set()
+    me = os.getpid()
+    out: set[int] = set()
     try:
         for tid in os.listdir("/proc/self/task"):
             with open(f"/proc/self/task/{tid}/children") as f:

@@ -87,7 +87,7 @@ def _case_sensitive_latex(mv) -> None:
         kwargs.setdefault("conversion_config", config)
         return original(*args, **kwargs)
 
-    latex2sympy._paddock_case_sensitive = True
+    latex2sympy._paddock_case_sensitive = True  # type: ignore[attr-defined]  # a marker on the function object
     parser.latex2sympy = latex2sympy
     parser.parse_latex_cached.cache_clear()
 
@@ -427,6 +427,7 @@ def scalars_equal(gold: str, pred: str) -> bool:
     if ge is not None and pe is not None:
         if lg is not None or lp is not None:
             literal, expr = (lg, pe) if lg is not None else (lp, ge)
+            assert literal is not None  # lg, else lp: one of them is set here
             if _literal_matches_expr(literal, expr, literal_is_gold=lg is not None):
                 return True
             return lp is not None and _percent_only(gold, pred) and _literal_matches_expr(

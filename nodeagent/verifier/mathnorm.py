@@ -108,7 +108,9 @@ def normalise(s: str) -> str:
 
 def split_top(s: str, sep: str = ",") -> list[str]:
     """`s` split at `sep` where no bracket or brace is open (\\{ and \\} count as braces)."""
-    parts, depth, buf, i = [], 0, [], 0
+    parts: list[str] = []
+    buf: list[str] = []
+    depth, i = 0, 0
     while i < len(s):
         ch = s[i]
         if ch in _OPEN:

@@ -167,7 +167,8 @@ def _family_hacks(task: dict, sol: str, stub: str) -> dict[str, Callable[[], dic
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
     entry = hacks.entry_point(task, stub)
     generated = hacks.family_hacks(task, sol, stub, entry, hacks.helper_names(stub, entry))
-    return {name: (lambda files=files: files) for name, files in generated.items()}
+    return {name: (lambda files=files: files)  # type: ignore[misc]  # a default binds each dict
+            for name, files in generated.items()}
 
 
 def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:

@@ -67,7 +67,7 @@ def _captured(changes: list[Change]) -> tuple[bytes, str]:
     if DB_CHANGE not in got or KEY_CHANGE not in got:
         raise WebStateError("the rollout carries no captured web state (database and key)")
     try:
-        key_hex = json.loads(got[KEY_CHANGE])["key_hex"]
+        key_hex = json.loads(got[KEY_CHANGE])["key_hex"]  # type: ignore[arg-type]  # no data: TypeError, caught
         bytes.fromhex(key_hex)
     except (ValueError, KeyError, TypeError):
         raise WebStateError("the captured web state's key is malformed") from None
