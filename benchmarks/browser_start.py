@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from controller.taskbank.webtasks import SEED_SQL, LIMITS
+from controller.taskbank.webtasks import LIMITS, SEED_SQL
 from layers.builtin import default_store_root, ensure_browser_image
 from layers.store import ImageStore
 from nodeagent.browser.apps import shop

@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from controller.cli.tasks import SandboxExecutor
 from controller.taskbank import contamination_eval as ev
 from controller.taskbank import semantic
 from controller.taskbank.bank import make_set
 from controller.taskbank.contamination import ContaminationConfig, check
-from controller.cli.tasks import SandboxExecutor
 
 GROUPS = (("math", "rephrase"), ("code", "rephrase"), ("code", "translate-c"),
           ("code", "translate-js"), ("mmlu", "translate-zh"))

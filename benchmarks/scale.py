@@ -163,6 +163,7 @@ def bench_load(args) -> dict:
 
 def bench_sim(args) -> dict:
     from dataclasses import asdict, replace
+
     from tests.sim.sim import ScaleWorld
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=base) as d:

@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from controller.analysis import report
-from controller.store.catalog import CATALOG_SCHEMA, compact
 from controller.analysis.query import connect
 from controller.contracts.trajectory import SCHEMAS
+from controller.store.catalog import CATALOG_SCHEMA, compact
 from nodeagent.store.writer import write_attempt, write_batch
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -97,6 +97,7 @@ def grading_costs(rt, store: ImageStore, n: int, instance: str = "babel") -> Non
     """The verifier's cost for a one-line fix against the same tests run by hand (see above)."""
     import json
     import tempfile
+
     from controller.taskbank.importers import SweContext, import_source
     from layers.builtin import ensure_builtin_image
     from nodeagent.verifier import grade

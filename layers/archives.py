@@ -29,8 +29,18 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from layers.staging import (BuildError, Progress, Times, _apply_oci_layer, _extract_members,
-                            _noop, apply_times, open_tar, sanitise_tree, stage_oci_layout)
+from layers.staging import (
+    BuildError,
+    Progress,
+    Times,
+    _apply_oci_layer,
+    _extract_members,
+    _noop,
+    apply_times,
+    open_tar,
+    sanitise_tree,
+    stage_oci_layout,
+)
 
 DOCKER_ARCHIVE = "docker-archive"
 OCI_ARCHIVE = "oci-archive"

@@ -29,8 +29,20 @@ from typing import Any, Sequence
 from layers import archives
 from layers.sif import ARCH_CODES, SOURCE_DATE_EPOCH_ENV, source_date_epoch, write_sif
 from layers.staging import (  # noqa: F401 - re-exported: build.* is the public API
-    STDERR_TAIL_BYTES, BuildError, CommandFailed, Progress, _remove, clamp_times, detect_arch,
-    is_oci_layout, run_command, sanitise_tree, stage_directory, stage_oci_layout, stage_tarball)
+    STDERR_TAIL_BYTES,
+    BuildError,
+    CommandFailed,
+    Progress,
+    _remove,
+    clamp_times,
+    detect_arch,
+    is_oci_layout,
+    run_command,
+    sanitise_tree,
+    stage_directory,
+    stage_oci_layout,
+    stage_tarball,
+)
 from layers.staging import source_content_key as _tree_content_key
 from layers.staging import source_kind as _shape_kind
 

@@ -28,10 +28,8 @@ from pathlib import Path
 if __package__ in (None, ""):   # run as a script: make `slurm` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm.clusterhost import (ClusterError, proc_alive, proc_start_ticks, run_cmd, send_signal,  # noqa: E402
-                               terminate_pids)
-from slurm.testcluster import (DEFAULT_PREFIX, REGISTRY_DIR, TestCluster, cleanup_record, sweep,  # noqa: E402
-                               write_record)
+from slurm.clusterhost import ClusterError, proc_alive, proc_start_ticks, run_cmd, send_signal, terminate_pids  # noqa: E402
+from slurm.testcluster import DEFAULT_PREFIX, REGISTRY_DIR, TestCluster, cleanup_record, sweep, write_record  # noqa: E402
 
 
 def _read_json(path: Path) -> dict | None:

@@ -61,20 +61,35 @@ from controller.cli import agent as agent_cli
 from controller.client.api import Client, ClientError
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import KeyFileError, key_file_of, private_dir
-from controller.contracts.tasks import TaskError
 from controller.contracts.taskblobs import write_tasks_file
+from controller.contracts.tasks import TaskError
+from controller.demo.localrun import (
+    COMPACT_EVERY,
+    RunConfig,
+    load_taskset,
+    scripted_players,
+    task_images,
+    train,
+    validation_cache_dir,
+    wait_file,
+)
+from controller.demo.policy_server import PolicyServer, default_params
 from controller.store.taskindex import build as build_task_index
 from controller.taskbank.blobs import blob_root, publish
-from controller.demo.localrun import (COMPACT_EVERY, RunConfig, load_taskset, scripted_players,
-                                      task_images, train, validation_cache_dir, wait_file)
-from controller.demo.policy_server import PolicyServer, default_params
 from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.verifier.validate import validate_for_run
+from slurm.servers import (
+    SERVERS_FILE,
+    RemotePolicy,
+    ServerError,
+    endpoints_env,
+    parse_servers,
+    stop_servers,
+    wait_servers,
+)
 from slurm.supervise import Policy, Supervisor
-from slurm.servers import (SERVERS_FILE, RemotePolicy, ServerError, endpoints_env, parse_servers,
-                           stop_servers, wait_servers)
 
 log = logging.getLogger("paddock.job")
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import submitit
 
-from slurm.jobsteps import AgentStep, HeadStep, check_run_dir, run_agent, run_head
 from slurm.components import SERVER_COMPONENTS
+from slurm.jobsteps import AgentStep, HeadStep, check_run_dir, run_agent, run_head
 from slurm.sbatch import DRAIN_SIGNAL_NUMBER, JobParams, ParamError, job_of, time_limit_s
 
 log = logging.getLogger("paddock.job")

@@ -30,9 +30,19 @@ import shlex
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Mapping
 
-from slurm.components import (COMPONENTS, SERVER_COMPONENTS, Component, ParamError, check_components,
-                              coerce_component_value, component_keys, sbatch_options, step_options,
-                              valid_component_keys, with_defaults)
+from slurm.components import (
+    COMPONENTS,
+    SERVER_COMPONENTS,
+    Component,
+    ParamError,
+    check_components,
+    coerce_component_value,
+    component_keys,
+    sbatch_options,
+    step_options,
+    valid_component_keys,
+    with_defaults,
+)
 
 LAYOUTS = ("het", "single")
 VALIDATE_MODES = ("quick", "full", "off")

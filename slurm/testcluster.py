@@ -47,11 +47,34 @@ from typing import Callable
 
 from controller.contracts.fileio import atomic_write
 from slurm.accounting import Owner, missing_accounting, start_accounting, tcp_listening
-from slurm.clusterhost import (ClusterConfigError, ClusterError, ClusterStartError, ClusterStopError,  # noqa: F401
-                               CommandError, Names, _die_with_parent, _netns_exists, _tail, _used_networks,
-                               bridge_addr, choose_subnet, create_network, default_slurm_user, delete_network,
-                               missing_requirements, netns_pids, node_addr, proc_alive, proc_start_ticks,
-                               RUNUSER, reachable_by_others, run_cmd, send_signal, terminate_pids, validate_prefix)
+from slurm.clusterhost import (  # noqa: F401
+    RUNUSER,
+    ClusterConfigError,
+    ClusterError,
+    ClusterStartError,
+    ClusterStopError,
+    CommandError,
+    Names,
+    _die_with_parent,
+    _netns_exists,
+    _tail,
+    _used_networks,
+    bridge_addr,
+    choose_subnet,
+    create_network,
+    default_slurm_user,
+    delete_network,
+    missing_requirements,
+    netns_pids,
+    node_addr,
+    proc_alive,
+    proc_start_ticks,
+    reachable_by_others,
+    run_cmd,
+    send_signal,
+    terminate_pids,
+    validate_prefix,
+)
 
 __all__ = ["TestCluster", "sweep", "missing_requirements", "missing_accounting", "render_slurm_conf",
            "render_gres_conf", "gpu_device_files",

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.testcluster import (DEFAULT_PREFIX, TestCluster, missing_accounting, missing_requirements,
-                               sweep)
+from slurm.testcluster import DEFAULT_PREFIX, TestCluster, missing_accounting, missing_requirements, sweep
 
 SESSION_CLUSTER_NODES = 3
 JOB_USER = os.environ.get("PADDOCK_SLURM_JOB_USER", "paddock-u1")

@@ -5,7 +5,6 @@ process restarted on the same database."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import signal
 import socket
@@ -18,16 +17,16 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller.contracts import protocol as P
-from controller.store import queue as qm
 from controller.broker.core import BrokerCore
 from controller.broker.daemon import Controller
-from controller.contracts.keys import read_key_file
 from controller.broker.placement import place
+from controller.contracts import protocol as P
+from controller.contracts.keys import read_key_file
+from controller.store import queue as qm
 from controller.store.queue import Due, QueueConfig, RolloutQueue
+from nodeagent.agent.attempt import AttemptResult
 from nodeagent.agent.core import RECONNECT, WATCH_FIRST_S, AgentCore, EndpointNews
 from nodeagent.agent.daemon import EXIT_GAVE_UP, EndpointFile, NodeAgent, noop_runner
-from nodeagent.agent.attempt import AttemptResult
 
 DEP = "dep-broker-test"
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import sympy
-from sympy.parsing.sympy_parser import (implicit_multiplication_application, parse_expr,
-                                        standard_transformations)
+from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
 
 from controller.taskbank.builtin import MATH_DERIVATIONS, TASKSET_NAME, builtin_taskset
 

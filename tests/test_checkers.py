@@ -148,6 +148,7 @@ def test_exact_and_regex():
 def paddock(argv: list[str]) -> int:
     """`paddock` with only the verifier's subcommands registered (the full parser imports everything)."""
     import argparse
+
     from controller.cli import verify as verify_cli
     ap = argparse.ArgumentParser(prog="paddock")
     verify_cli.register(ap.add_subparsers(dest="command", required=True))

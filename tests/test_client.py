@@ -14,10 +14,18 @@ import time
 
 import pytest
 
+from controller.client.api import (
+    AsyncClient,
+    BadRequest,
+    Client,
+    ControllerUnavailable,
+    PolicyConflict,
+    UnknownBatch,
+    UnknownNode,
+    UnknownPolicy,
+    UnknownTask,
+)
 from controller.contracts import protocol as P
-from controller.client.api import (AsyncClient, BadRequest, Client, ControllerUnavailable,
-                               PolicyConflict, UnknownBatch, UnknownNode, UnknownPolicy,
-                               UnknownTask)
 from controller.contracts.keys import read_key_file
 from controller.store.queue import QueueConfig
 from nodeagent.agent.attempt import AttemptResult
@@ -208,6 +216,7 @@ def test_n_rollouts_from_the_band_go_to_the_band_tasks(farm, tmp_path):
     # t2 is never solved, t1 half the time: only t1 is in the 0.2-0.8 band, so with no
     # exploration share every sampled rollout is of t1.
     import random
+
     from controller.taskbank.curriculum import Curriculum, CurriculumConfig
     farm.agent("n1", 4, runner=lambda a: AttemptResult("pass", 1.0, {}, None))
     with Curriculum(tmp_path / "cur.db", ["t1", "t2"], CurriculumConfig(explore_share=0.0)) as cur:

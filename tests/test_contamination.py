@@ -5,10 +5,10 @@ import io
 
 import pytest
 
+from controller.contracts.tasks import Task
+from controller.taskbank.bank import TaskBank, make_set
 from controller.taskbank.builtin import builtin_taskset
 from controller.taskbank.contamination import ContaminationConfig, check
-from controller.taskbank.bank import TaskBank, make_set
-from controller.contracts.tasks import Task
 
 BUILTIN = builtin_taskset()
 MATH = [t for t in BUILTIN.tasks if t.family == "math"]

@@ -132,11 +132,11 @@ def test_estimates_persist_across_reopen(tmp_path):
 
 def test_the_local_run_feeds_committed_outcomes_with_a_solution_hash(tmp_path):
     """controller.demo.localrun reads a batch back from the store; same actions = same solution."""
-    from controller.store.catalog import Catalog
     from controller.analysis.query import connect
     from controller.demo.localrun import _record_outcomes
-    from tests.test_store import T0, rollout_row, step_row
+    from controller.store.catalog import Catalog
     from nodeagent.store.writer import write_attempt
+    from tests.test_store import T0, rollout_row, step_row
     run = tmp_path / "run"
     cat = Catalog(run)
     for rid, outcome in (("r1", "pass"), ("r2", "fail"), ("r3", "infra_error")):
@@ -167,9 +167,10 @@ def test_tasks_that_failed_validation_are_quarantined_with_the_validator_reasons
 
 def test_cli_shows_classes_estimates_and_quarantine_reasons(tmp_path):
     import io
-    from controller.taskbank.builtin import builtin_taskset
+
     from controller.cli.main import build_parser
     from controller.taskbank.bank import TaskBank, make_set
+    from controller.taskbank.builtin import builtin_taskset
     tasks = builtin_taskset().tasks[:3]
     bank = TaskBank(tmp_path / "bank")
     bank.put_set(make_set("s", tasks))

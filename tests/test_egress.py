@@ -15,11 +15,10 @@ import tempfile
 
 import pytest
 
-from tests.netns import origin_netns
-
 from controller.contracts.network import HostError, PolicyError, normalize_host, parse_policy
 from nodeagent.egress.policy import PUBLIC, decide, parse_sni
 from nodeagent.egress.proxy import EgressProxy
+from tests.netns import origin_netns
 
 NET = 200 + os.getpid() % 50
 HOST_ADDR, ORIGIN_ADDR = f"10.231.{NET}.1", f"10.231.{NET}.2"
@@ -136,7 +135,7 @@ def test_absolute_uri_http_reaches_the_allowed_origin_with_the_decision_logged(p
     (f"http://allowed.example.com.attacker.net:{HTTP_PORT}/", "host_not_allowed"),
     (f"http://{ORIGIN_ADDR}:{HTTP_PORT}/", "ip_literal"),
     (f"http://user:pw@origin.example.com:{HTTP_PORT}/", "userinfo"),
-    (f"http://origin.example.com:9999/", "port_not_allowed"),
+    ("http://origin.example.com:9999/", "port_not_allowed"),
     (f"http://loop.example.com:{HTTP_PORT}/", "address_is_node"),
     (f"http://metadata.example.com:{HTTP_PORT}/", "address_not_public"),
     (f"http://node.example.com:{HTTP_PORT}/", "address_is_node"),
@@ -289,9 +288,10 @@ def test_a_sandbox_reaches_an_allowed_origin_through_the_proxy_and_nothing_else(
 def test_a_rollout_with_an_allowlist_records_its_egress_decisions_in_the_trajectory(proxy, runtime, python_image,
                                                                                    tmp_path):
     import duckdb
+
     from controller.taskbank.builtin import builtin_taskset
-    from nodeagent.egress import proxy as egress
     from nodeagent.agent.attempt import Attempt, run_attempt
+    from nodeagent.egress import proxy as egress
     from tests.test_harness import FakeModel, reply
     t = next(t for t in builtin_taskset().tasks if t.family == "python")
     task = {**t.canonical(), "task_id": t.task_id, "network": POLICY}
@@ -361,6 +361,7 @@ def test_socket_dirs_of_a_killed_node_agent_are_swept_and_live_ones_kept(tmp_pat
     import signal
     import subprocess
     import sys
+
     from nodeagent.egress import proxy as egress
     child = ("import sys\nfrom nodeagent.egress import proxy as egress\n"
              f"d, _ = egress._own_socket_dir({str(tmp_path)!r})\n"

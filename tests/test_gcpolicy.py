@@ -34,6 +34,7 @@ def test_settle_freezes_the_start_up_state_and_later_cycles_are_still_collected(
 
 def test_the_daemon_settles_before_it_serves():
     import inspect
+
     from controller.broker import daemon
     src = inspect.getsource(daemon.run)
     assert src.index("gcpolicy.settle()") < src.index("ctl.serve()")

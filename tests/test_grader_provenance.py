@@ -350,8 +350,8 @@ def test_always_equal_objects_earn_nothing_and_honest_types_keep_their_equality(
 
 
 def test_honest_eq_keeps_library_types_that_equal_anything_by_design():
-    from unittest import mock
     from decimal import Decimal
+    from unittest import mock
     grader_asserts._trusted_function = lambda fn: str(getattr(getattr(fn, "__code__", None), "co_filename", "")
                                                      ).startswith(str(Path(mock.__file__).parent.parent))
     try:

@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from controller.taskbank.builtin import builtin_taskset
-from controller.demo.policy_server import PolicyServer
 from controller.contracts.tasks import BudgetError, Budgets
+from controller.demo.policy_server import PolicyServer
+from controller.taskbank.builtin import builtin_taskset
 from nodeagent.harness.loop import run_agent
 from nodeagent.harness.model import ModelError, ModelTimeout
 from nodeagent.harness.tools import MAX_ARGUMENT_BYTES

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_MEMORY_BYTES = 1 << 30          # 1 GiB of address space for each CLI child
 CHILD_DEADLINE_S = 60

@@ -19,11 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from layers import build
-
 from controller.cli import image as cli
-from layers.sif import (ArchMismatchError, CorruptSifError, NotSifError, NotSquashfsError,
-                        check_arch, host_arch, read_sif)
+from layers import build
+from layers.sif import (
+    ArchMismatchError,
+    CorruptSifError,
+    NotSifError,
+    NotSquashfsError,
+    check_arch,
+    host_arch,
+    read_sif,
+)
 from layers.staging import detect_arch, elf_arch
 from layers.store import ImageStore
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.taskbank.importers import ImportSourceError, import_source
 from controller.taskbank.bank import TaskBank, write_package
+from controller.taskbank.importers import ImportSourceError, import_source
 
 HUMANEVAL = {
     "task_id": "HumanEval/0",

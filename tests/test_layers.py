@@ -19,13 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from layers import build
-
 from controller.cli import image as cli
-from layers.builtin import (default_store_root, ensure_builtin_image, ensure_busybox_image,
-                            python_image_recipe)
-from layers.sif import (CorruptSifError, NotSifError, NotSquashfsError, content_uuid, read_sif,
-                        write_sif)
+from layers import build
+from layers.builtin import default_store_root, ensure_builtin_image, ensure_busybox_image, python_image_recipe
+from layers.sif import CorruptSifError, NotSifError, NotSquashfsError, content_uuid, read_sif, write_sif
 from layers.store import ImageNotFound, ImageStore, InvalidImageRef, recipe_hash
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, squashfuse)")

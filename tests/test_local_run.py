@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from controller.analysis.query import connect, summary
-from nodeagent.verifier.validate import validate_for_run
 from controller.demo.localrun import ConfigError, RunConfig, run_local
+from nodeagent.verifier.validate import validate_for_run
 from slurm.clusterhost import RUNUSER
 from tests.conftest import wait_for
 from tests.farmprocs import FarmWatch
@@ -75,9 +75,9 @@ def test_invalid_config_names_the_key(tmp_path):
 
 def _bank_with_set(tmp_path, name="mine"):
     """A bank holding an imported set: three HumanEval-shaped tasks and two GSM8K-shaped ones."""
-    from controller.taskbank.importers import import_source
-    from controller.taskbank.bank import TaskBank
     from controller.contracts.tasks import TaskSet
+    from controller.taskbank.bank import TaskBank
+    from controller.taskbank.importers import import_source
     src = tmp_path / "he.jsonl"
     src.write_text("\n".join(json.dumps({
         "task_id": f"Mine/{i}", "entry_point": f"f{i}",
@@ -106,6 +106,7 @@ def test_the_local_run_plays_a_task_set_from_the_bank(tmp_path, python_image):
 
 def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
     from dataclasses import replace
+
     from controller.contracts.tasks import TaskSet
     bank, tasks = _bank_with_set(tmp_path)
     with pytest.raises(ConfigError, match=r"'taskset'.*'nope' not found.*known sets: mine"):
@@ -121,6 +122,7 @@ def test_a_task_set_the_local_run_cannot_play_is_refused_by_name(tmp_path):
 def test_an_exported_database_opens_in_plain_duckdb_with_the_same_views(run_dir, tmp_path):
     import subprocess
     import sys
+
     from controller.cli.main import build_parser
     out = tmp_path / "run.duckdb"
     args = build_parser().parse_args(["query", "--run", str(run_dir), "--export", str(out)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import select
 import subprocess
 import sys
@@ -17,11 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.cli import ops
 from controller.broker.daemon import Controller
+from controller.broker.metrics import serve_metrics
+from controller.cli import ops
 from controller.cli.main import main as cli_main
 from controller.client.api import Client
-from controller.broker.metrics import serve_metrics
 from controller.contracts.keys import read_key_file
 from nodeagent.agent.daemon import NodeAgent
 from nodeagent.agent.health import HealthSampler
@@ -308,6 +307,7 @@ def test_process_tree_figures_are_refreshed_at_most_every_slow_interval(tmp_path
 # ------------------------------------------------------------------ the top screen (pure)
 def _frame(nodes, width, height, **kw) -> list[str]:
     from rich.console import Console
+
     from controller.cli.top import TopView
     console = Console(width=width, height=height, record=True, file=io.StringIO(), color_system=None)
     console.print(TopView("run1", **kw).render(nodes, {"queued": 3}, width, height, now_wall=1000.0,

@@ -15,11 +15,17 @@ from typing import Any
 
 import pytest
 
-from controller.taskbank.builtin import builtin_taskset
 from controller.analysis.defences import CHEATS
-from controller.demo.policy_server import (STRATEGIES, UNKNOWN_TASK_REPLY, PolicyError, PolicyServer, default_params,
-                                           sloppy_solution)
+from controller.demo.policy_server import (
+    STRATEGIES,
+    UNKNOWN_TASK_REPLY,
+    PolicyError,
+    PolicyServer,
+    default_params,
+    sloppy_solution,
+)
 from controller.demo.trainer import softmax
+from controller.taskbank.builtin import builtin_taskset
 
 FIXED_NOW_S = 1_700_000_000.0
 TASKSET = builtin_taskset()

@@ -7,6 +7,7 @@ import pytest
 
 from controller.contracts import codec
 from controller.contracts import protocol as p
+
 DEP = "dep-test"
 
 SAMPLES: list[p.Message] = [

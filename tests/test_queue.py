@@ -2,12 +2,12 @@
 and a seeded deterministic simulation with invariants checked every step."""
 from __future__ import annotations
 
-import os
 import math
+import os
 import random
-from collections import Counter
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 

@@ -8,10 +8,10 @@ import pytest
 
 from controller.analysis.query import connect
 from controller.analysis.replay import ReplayError, load, replay
-from nodeagent.agent.replay import ReplayModel, reexecute
-from nodeagent.verifier.validate import validate_for_run
 from controller.demo.localrun import RunConfig, run_local
+from nodeagent.agent.replay import ReplayModel, reexecute
 from nodeagent.harness.model import ModelError
+from nodeagent.verifier.validate import validate_for_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.sandbox]
 

@@ -8,10 +8,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from controller.store.catalog import Catalog
 from controller.analysis.charts import bar_chart
 from controller.analysis.report import build_report, render_html
 from controller.cli.analysis import register
+from controller.store.catalog import Catalog
 from nodeagent.store.writer import write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
@@ -86,8 +86,9 @@ def test_band_occupancy_per_version(rep):
 
 
 def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_path):
-    from controller.analysis.report import ReportConfig, band_occupancy
     import duckdb
+
+    from controller.analysis.report import ReportConfig, band_occupancy
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts (task_id VARCHAR, policy_version INT, outcome VARCHAR)")
     rows = [("easy", 0, "pass")] * 8 + [("hard", 0, "fail")] * 8 + [("mid", 0, "pass"), ("mid", 0, "fail")] * 4
@@ -97,8 +98,9 @@ def test_band_occupancy_with_enough_evidence_sorts_tasks_below_in_and_above(tmp_
 
 
 def test_one_step_answer_tasks_are_not_suspects_for_their_lack_of_diff(tmp_path):
-    from controller.analysis.report import ReportConfig, hack_suspects
     import duckdb
+
+    from controller.analysis.report import ReportConfig, hack_suspects
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts AS SELECT * FROM (VALUES "
                 "('m1', 1, 1, 'math/x', 0, 'n1', 1.0, 1, 0, false, 'math', 'pass'), "
@@ -171,8 +173,9 @@ def test_cli_report_text_json_and_html(run, tmp_path):
 
 def test_after_compaction_the_report_is_the_same_and_spans_come_from_hdr_summaries(run, rep, tmp_path):
     import shutil
-    from controller.store.catalog import compact
+
     from controller.analysis.query import connect
+    from controller.store.catalog import compact
     copy = tmp_path / "run"
     shutil.copytree(run["dir"], copy)
     result = compact(copy)
@@ -189,8 +192,10 @@ def test_after_compaction_the_report_is_the_same_and_spans_come_from_hdr_summari
 
 # ------------------------------------------------------------------ what analysts ask next
 def test_pass_at_k_is_the_unbiased_estimator_per_family_and_version():
-    import duckdb
     from math import comb
+
+    import duckdb
+
     from controller.analysis.report import pass_at_k
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts (task_id VARCHAR, task_family VARCHAR, policy_version INT, "
@@ -219,8 +224,10 @@ def test_band_movement_names_the_tasks_entering_and_leaving_the_band():
 
 
 def test_the_report_and_the_curriculum_classify_the_same_outcomes_alike(tmp_path):
-    import duckdb
     import random
+
+    import duckdb
+
     from controller.analysis.report import ReportConfig, band_occupancy
     from controller.taskbank.bands import BandSpec
     from controller.taskbank.curriculum import Curriculum, CurriculumConfig

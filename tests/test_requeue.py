@@ -38,8 +38,7 @@ from slurm.sbatch import ParamError, render
 from tests.conftest import wait_for
 from tests.farmprocs import FarmWatch
 from tests.slurm_fixture import JOB_USER, USER_PYTHON
-from tests.test_sbatch import (TERMINAL, give_to_user, job_components, logs, slurm_out,
-                               stray_processes, submit)
+from tests.test_sbatch import TERMINAL, give_to_user, job_components, logs, slurm_out, stray_processes, submit
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_SIZES = (8, 2)          # rollouts of training step 0 (the requeued job) and step 1 (the new job)

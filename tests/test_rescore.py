@@ -7,15 +7,15 @@ from datetime import datetime, timezone
 import duckdb
 import pytest
 
-from controller.taskbank.builtin import builtin_taskset
-from controller.store.catalog import Catalog
 from controller.analysis.rescore import RescoreError, rescore_run
-from nodeagent.verifier.rescore import regrade
 from controller.demo.localrun import lease_tasks
-from nodeagent.store import writer as trajwriter
+from controller.store.catalog import Catalog
+from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, write_changes
 from nodeagent.sandbox.runtime import Change
+from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION
+from nodeagent.verifier.rescore import regrade
 
 T0 = datetime(2026, 1, 2, tzinfo=timezone.utc)
 

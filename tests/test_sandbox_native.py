@@ -8,11 +8,7 @@ import socket
 
 import pytest
 
-from nodeagent.sandbox import framing
-
-from nodeagent.sandbox import native
-
-from nodeagent.sandbox import sbxinit
+from nodeagent.sandbox import framing, native, sbxinit
 from nodeagent.sandbox.runtime import SandboxSpec
 
 

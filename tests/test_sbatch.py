@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm.sbatch import JobParams, ParamError, load_job_file, render, time_limit_s, valid_parameters
+from slurm.sbatch import ParamError, load_job_file, render, time_limit_s, valid_parameters
 from tests.conftest import wait_for
 from tests.farmprocs import FarmWatch
 from tests.slurm_fixture import JOB_USER, USER_PYTHON, job_env
@@ -498,9 +498,9 @@ def test_your_trainer_runs_in_the_job_on_a_task_set_from_the_bank(slurm_cluster,
     """The user's training command (docs/examples/slurm_trainer.py) in place of the built-in
     trainer, on a task set stored in a bank on shared storage (the user's own)."""
     tmp_path = job_user_dir
-    from controller.taskbank.builtin import builtin_taskset
     from controller.analysis.query import connect
     from controller.taskbank.bank import TaskBank, make_set
+    from controller.taskbank.builtin import builtin_taskset
     bank = TaskBank(tmp_path / "bank")
     mine = make_set("mine", builtin_taskset().tasks[:3] + builtin_taskset().tasks[-1:])
     bank.put_set(mine)

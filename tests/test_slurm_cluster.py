@@ -16,14 +16,23 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from slurm.testcluster import (DEFAULT_PREFIX, ClusterConfigError, TestCluster, choose_subnet,
-                               missing_accounting, missing_requirements, proc_alive, render_gres_conf, render_slurm_conf,
-                               sweep, validate_prefix)
+from slurm.testcluster import (
+    DEFAULT_PREFIX,
+    ClusterConfigError,
+    TestCluster,
+    choose_subnet,
+    missing_accounting,
+    missing_requirements,
+    proc_alive,
+    render_gres_conf,
+    render_slurm_conf,
+    sweep,
+    validate_prefix,
+)
 from tests.conftest import wait_for
 from tests.slurm_fixture import JOB_USER
 

@@ -21,8 +21,17 @@ from pathlib import Path
 import pytest
 
 from nodeagent.gateway.session import replica
-from slurm.servers import (ReloadError, RemotePolicy, ServerError, ServerStep, published, reload_replicas,
-                           run_server, stop_servers, wait_servers)
+from slurm.servers import (
+    ReloadError,
+    RemotePolicy,
+    ServerError,
+    ServerStep,
+    published,
+    reload_replicas,
+    run_server,
+    stop_servers,
+    wait_servers,
+)
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,8 +160,17 @@ def test_a_session_calls_one_replica_for_all_its_calls(tmp_path):
 
 
 # ------------------------------------------------------------------ supervision (slurm/supervise.py)
-from slurm.supervise import (BACKOFF, EXIT_NODE_DRAINED, FATAL, RUNNING, STOPPED, STOPPING, TRANSITIONS,  # noqa: E402
-                             Policy, Supervisor)
+from slurm.supervise import (  # noqa: E402
+    BACKOFF,
+    EXIT_NODE_DRAINED,
+    FATAL,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TRANSITIONS,
+    Policy,
+    Supervisor,
+)
 from tests.conftest import FakeClock  # noqa: E402
 
 
@@ -292,6 +310,7 @@ def test_a_pause_resume_protocol_posts_its_own_paths_on_every_replica(tmp_path):
 
 def test_an_agent_step_that_keeps_failing_drains_its_node_and_reports_it(tmp_path):
     import signal as sig
+
     from slurm.jobsteps import AgentStep, supervise_agent
     saved = {s: sig.getsignal(s) for s in (sig.SIGWINCH, sig.SIGTERM, sig.SIGUSR2)}
     try:

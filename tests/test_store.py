@@ -18,14 +18,19 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from controller.store.catalog import Catalog, CatalogConflict
 from controller.analysis.query import (
-    QueryError, RunNotFound, connect, execute, print_summary, query_command,
+    QueryError,
+    RunNotFound,
+    connect,
+    execute,
+    print_summary,
+    query_command,
     run_query,
     summary,
 )
 from controller.cli.analysis import cmd_query, register
 from controller.contracts.trajectory import CHECKS_SCHEMA, ROLLOUTS_SCHEMA, STEPS_SCHEMA, shard_name
+from controller.store.catalog import Catalog, CatalogConflict
 from nodeagent.store.writer import SchemaError, write_attempt
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

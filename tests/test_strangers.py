@@ -17,7 +17,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time

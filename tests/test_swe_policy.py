@@ -8,12 +8,17 @@ import urllib.request
 
 import pytest
 
-from controller.contracts.tasks import Task, TaskSet
+from controller.contracts.tasks import Task, TaskError, TaskSet
 from controller.demo.localrun import scripted_players
 from controller.demo.policy_server import FinalStep, PolicyServer, ToolStep
-from controller.demo.swe_policy import (PolicyScriptError, SwePlayer, load_policy_script, parse_patch,
-                                        parse_policy_script, patch_steps)
-from controller.contracts.tasks import TaskError
+from controller.demo.swe_policy import (
+    PolicyScriptError,
+    SwePlayer,
+    load_policy_script,
+    parse_patch,
+    parse_policy_script,
+    patch_steps,
+)
 
 BASE = "def add(a, b):\n    return abs(a) + abs(b)\n\n\ndef sub(a, b):\n    return a - b\n"
 GOLD = """diff --git a/calc.py b/calc.py
@@ -128,6 +133,7 @@ def test_the_policy_server_plays_a_swe_task_from_the_script_over_http(tmp_path):
 
 def test_a_slurm_job_takes_the_policy_script_as_an_absolute_path_to_the_head():
     import shlex
+
     from slurm.sbatch import ParamError, render
     text = render({"run_dir": "/r", "env_nodes": 2, "taskset": "s", "bank": "/b", "policy_script": "/p q/x.yaml"})
     [line] = [ln for ln in text.splitlines() if " job head " in ln]

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.taskbank.builtin import builtin_taskset
-from controller.taskbank.bank import (TaskBank, find_task, load_package, make_set, write_package)
 from controller.contracts.tasks import Task, TaskError, TaskSet
+from controller.taskbank.bank import TaskBank, find_task, load_package, make_set, write_package
+from controller.taskbank.builtin import builtin_taskset
 
 BUILTIN = builtin_taskset()
 

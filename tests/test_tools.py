@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from nodeagent.sandbox.runtime import SandboxSpec
 from controller.contracts.tools import ALL_TOOLS, ToolSetError, definitions, tool_set
 from nodeagent.harness.tools import MAX_ARGUMENT_BYTES, Toolbox
+from nodeagent.sandbox.runtime import SandboxSpec
 
 pytestmark = pytest.mark.sandbox
 
@@ -124,6 +124,7 @@ def test_list_and_search(tb):
 
 def test_mcp_lists_the_task_tools_and_runs_calls_over_line_streams(sb):
     import io
+
     from nodeagent.harness.tools import McpServer
     lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
               "params": {"protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "t"}}},

@@ -8,8 +8,7 @@ import pytest
 
 from controller.analysis.defences import CHEATS
 from controller.demo.policy_server import STRATEGIES, default_params, sample_strategy
-from controller.demo.trainer import (Sample, ScriptedPolicyTrainer, TrainerError, probabilities,
-                                strategy_from_plan)
+from controller.demo.trainer import Sample, ScriptedPolicyTrainer, TrainerError, probabilities, strategy_from_plan
 
 UPDATES = 12
 SAMPLES_PER_UPDATE = 60          # 20 per family

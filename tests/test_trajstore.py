@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from controller.store.catalog import Catalog, compact
 from controller.analysis.query import bad_shards, connect
 from controller.cli.analysis import cmd_query, register
+from controller.store.catalog import Catalog, compact
 from nodeagent.store.writer import SchemaError, write_attempt
 from tests.test_store import T0, check_row, rollout_row, step_row
 
@@ -87,7 +86,7 @@ def test_infra_attempts_view_shows_uncommitted_retried_failures_with_their_reaso
 
 def test_truncated_and_wrong_schema_shards_are_named_and_do_not_hide_good_ones(tmp_path):
     cat = Catalog(tmp_path)
-    good = attempt(tmp_path, "good", cat=cat)
+    attempt(tmp_path, "good", cat=cat)
     trunc = attempt(tmp_path, "trunc", cat=cat)
     wrong = attempt(tmp_path, "wrong", cat=cat)
     cat.flush()

@@ -5,8 +5,8 @@ import argparse
 import json
 
 from controller.cli import tasks as tasks_cli
-from nodeagent.verifier import validate as validation
 from controller.taskbank.builtin import builtin_taskset
+from nodeagent.verifier import validate as validation
 from nodeagent.verifier.validate import ValidationStore, validate_task, validate_tasks
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from controller.taskbank.builtin import builtin_taskset
-from nodeagent.verifier import grade as verifier
 from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier import grade as verifier
 from nodeagent.verifier.grade import VerifierInfraError, grade_report, strict_asserts, verify
 
 
@@ -182,7 +182,7 @@ def test_the_grader_shipped_into_the_sandbox_is_the_grader_plugin_source_file():
 
 
 def test_strict_eq_refuses_objects_that_equal_everything():
-    from nodeagent.verifier.grader_plugin import strict_eq     # the grader's strict_eq, as shipped
+    from nodeagent.verifier.grader_plugin import strict_eq  # the grader's strict_eq, as shipped
 
     class Any_:
         def __eq__(self, other):
@@ -207,6 +207,7 @@ def test_changes_artifact_round_trips(tmp_path):
 
 def test_verify_command_grades_a_patch(tmp_path, capsys, python_image):
     import difflib
+
     from tests.test_checkers import paddock as main
     t = builtin_taskset().by_name()["python/gcd"]
     patch = tmp_path / "fix.patch"

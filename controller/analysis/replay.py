@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from controller.contracts import taskblobs
 from controller.analysis.query import QueryError, connect
+from controller.contracts import taskblobs
 from layers.builtin import default_store_root
 from layers.store import ImageStore
 

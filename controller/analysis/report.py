@@ -38,9 +38,9 @@ from typing import TextIO
 import duckdb
 from hdrh.histogram import HdrHistogram
 
-from controller.store.catalog import (BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT)
 from controller.analysis.query import QueryError, RunNotFound, connect, newest_run
 from controller.analysis.report_render import print_text, render_html
+from controller.store.catalog import BUCKET_DIGITS, HDR_DIGITS, HDR_MAX_US, SPAN_SUMMARY_FORMAT
 from controller.taskbank.bands import BandSpec, classify, evidence_sql, posterior_mean
 
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")

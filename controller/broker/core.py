@@ -32,14 +32,27 @@ from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.ledger import Ledger
 from controller.broker.placement import NodeView, place
 from controller.contracts import protocol as P
-from controller.contracts.states import (BAD_REQUEST, DEAD_LETTER, DRAINING, INFRA_ERROR, LIVE,
-                                         LOST, POLICY_CONFLICT, REFUSED_AGENT_VERSION,
-                                         REFUSED_PROTOCOL_VERSION, REJECT_BAD_REQUEST,
-                                         REJECT_CANCELLED, STALE_TOKEN, UNEXPECTED,
-                                         UNKNOWN_BATCH, UNKNOWN_NODE, UNKNOWN_POLICY,
-                                         UNKNOWN_TASK)
-from controller.contracts.taskblobs import check_reference
 from controller.contracts.shardnames import SHARD_TABLES
+from controller.contracts.states import (
+    BAD_REQUEST,
+    DEAD_LETTER,
+    DRAINING,
+    INFRA_ERROR,
+    LIVE,
+    LOST,
+    POLICY_CONFLICT,
+    REFUSED_AGENT_VERSION,
+    REFUSED_PROTOCOL_VERSION,
+    REJECT_BAD_REQUEST,
+    REJECT_CANCELLED,
+    STALE_TOKEN,
+    UNEXPECTED,
+    UNKNOWN_BATCH,
+    UNKNOWN_NODE,
+    UNKNOWN_POLICY,
+    UNKNOWN_TASK,
+)
+from controller.contracts.taskblobs import check_reference
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.store.taskindex import TaskIndex

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from concurrent.futures import Future, ThreadPoolExecutor
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -38,9 +38,9 @@ from controller.contracts import protocol as P
 from controller.contracts.fileio import atomic_write
 from controller.contracts.keys import key_file_of, private_dir
 from controller.store.catalog import Catalog
-from controller.store.taskindex import TaskIndex, open_index
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue
+from controller.store.taskindex import TaskIndex, open_index
 from controller.taskbank.curriculum import Curriculum
 
 log = logging.getLogger("controller")

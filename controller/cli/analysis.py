@@ -20,18 +20,26 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from controller.analysis.query import (FORMATS, QueryError, bad_shards, connect, export,
-                                       newest_run, query_command, run_query)
+from controller.analysis.query import (
+    FORMATS,
+    QueryError,
+    bad_shards,
+    connect,
+    export,
+    newest_run,
+    query_command,
+    run_query,
+)
 from controller.analysis.replay import ReplayError, replay
 from controller.analysis.report import write_report
 from controller.analysis.rescore import RescoreError, rescore_run
 from controller.store.catalog import CatalogError, compact
 from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore, ImageStoreError
 from nodeagent.agent.replay import reexecute
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.verifier.grade import VERIFIER_VERSION
 from nodeagent.verifier.rescore import regrade
-from layers.store import ImageStore, ImageStoreError
-from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
 RUN_HELP = "run directory (or a directory of runs); default: newest under ./runs"
 

@@ -11,9 +11,9 @@ import sys
 import urllib.parse
 from typing import TextIO
 
-from nodeagent.egress.proxy import node_addresses, system_resolver
 from controller.contracts.network import HostError, PolicyError, parse_policy
 from nodeagent.egress.policy import decide, split_authority
+from nodeagent.egress.proxy import node_addresses, system_resolver
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -22,8 +22,16 @@ from rich.table import Table
 
 from controller.contracts.fileio import atomic_write_with
 from layers import build
-from layers.sif import (ARCH_CODES, DATA_PARTITION, FSTYPE_NAMES, PARTTYPE_NAMES,
-                        ArchMismatchError, SifError, check_arch, read_sif)
+from layers.sif import (
+    ARCH_CODES,
+    DATA_PARTITION,
+    FSTYPE_NAMES,
+    PARTTYPE_NAMES,
+    ArchMismatchError,
+    SifError,
+    check_arch,
+    read_sif,
+)
 from layers.store import ImageStore, ImageStoreError, sha256_file
 
 EXIT_OK = 0

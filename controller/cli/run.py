@@ -20,10 +20,10 @@ import sys
 
 from controller.contracts.tasks import LIMIT_RANGES, LimitError, checked_number
 from controller.demo.localrun import ConfigError, RunConfig, node_capacity, run_local
-from nodeagent.verifier.validate import validate_for_run
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.verifier.validate import validate_for_run
 
 EXIT_SANDBOX_FAILED = 125
 

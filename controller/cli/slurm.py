@@ -21,9 +21,9 @@ import sys
 from dataclasses import MISSING, fields
 
 from slurm.jobsteps import EXIT_BAD_INPUT, AgentStep, HeadStep, JobStepError, node_address, run_agent, run_head
-from slurm.servers import ServerStep, run_server
 from slurm.launch import launch
 from slurm.sbatch import ParamError, coerce, load_job_file, parse_assignments, render, valid_parameters
+from slurm.servers import ServerStep, run_server
 
 HEAD_HELP = {
     "agents": "agents that must register first",

@@ -26,20 +26,25 @@ import yaml
 
 from controller.contracts.tasks import TaskError
 from controller.taskbank import importers
+from controller.taskbank.bands import explain, format_counts
 from controller.taskbank.bank import DEFAULT_BANK_ENV, TaskBank, find_task, make_set, package_meta
 from controller.taskbank.builtin import builtin_taskset
-from controller.taskbank.execution import ExecutionUnavailable
-from controller.taskbank.contamination import (ContaminationConfig, check, check_against_training_sets,
-                                               format_suspect, quarantine_suspects, write_report)
-from controller.taskbank.judge import JudgeConfig
-from controller.taskbank.bands import explain, format_counts
+from controller.taskbank.contamination import (
+    ContaminationConfig,
+    check,
+    check_against_training_sets,
+    format_suspect,
+    quarantine_suspects,
+    write_report,
+)
 from controller.taskbank.curriculum import Curriculum
-from nodeagent.verifier.checkers import judge_score
-from nodeagent.verifier.validate import (QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts,
-                                            validate_tasks)
+from controller.taskbank.execution import ExecutionUnavailable
+from controller.taskbank.judge import JudgeConfig
 from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.verifier.checkers import judge_score
+from nodeagent.verifier.validate import QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts, validate_tasks
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

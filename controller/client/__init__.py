@@ -4,9 +4,20 @@ cancel, status, drain.
 May import: controller.contracts. Must not import: controller.store, controller.broker,
 nodeagent.
 """
-from controller.client.api import (AsyncClient, BadRequest, BandRequest, Client, ClientError,
-                                   ControllerUnavailable, PolicyConflict, RequestRefused, UnknownBatch,
-                                   UnknownNode, UnknownPolicy, UnknownTask)
+from controller.client.api import (
+                                   AsyncClient,
+                                   BadRequest,
+                                   BandRequest,
+                                   Client,
+                                   ClientError,
+                                   ControllerUnavailable,
+                                   PolicyConflict,
+                                   RequestRefused,
+                                   UnknownBatch,
+                                   UnknownNode,
+                                   UnknownPolicy,
+                                   UnknownTask,
+)
 
 __all__ = ["AsyncClient", "BadRequest", "BandRequest", "Client", "ClientError", "ControllerUnavailable",
            "PolicyConflict", "RequestRefused", "UnknownBatch", "UnknownNode", "UnknownPolicy", "UnknownTask"]

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, cast
 
 from controller.contracts.errors import BAD_FIELD, ProtocolError
-from controller.contracts.messages import (JSON_ENCODER, Ack, Lease, Message, PolicyRef, Result,
-                                           id_field, json_str)
+from controller.contracts.messages import JSON_ENCODER, Ack, Lease, Message, PolicyRef, Result, id_field, json_str
 from controller.contracts.states import OUTCOMES
 
 # ---- batches (several messages in one frame) ----

@@ -26,14 +26,49 @@ from typing import Any, Callable, Literal, Optional, Union
 
 from controller.contracts import batching
 from controller.contracts.batching import AckBatch, LeaseBatch, ResultBatch, split
-from controller.contracts.errors import (BAD_FIELD, BAD_JSON, FOREIGN_DEPLOYMENT, TOO_LARGE,
-                                         UNKNOWN_TYPE, WRONG_VERSION, LocalProtocolError,
-                                         ProtocolError, RemoteProtocolError)
+from controller.contracts.errors import (
+    BAD_FIELD,
+    BAD_JSON,
+    FOREIGN_DEPLOYMENT,
+    TOO_LARGE,
+    UNKNOWN_TYPE,
+    WRONG_VERSION,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from controller.contracts.messages import (
-    JSON_ENCODER, Ack, Cancel, Cancelled, Disconnect, Drain, DrainNode, Heartbeat, Lease,
-    Message, PolicyUpdate, PublishPolicy, Ready, Refused, Register, Reject, Release, Result, Results,
-    Shutdown, Started, Status, StatusReply, Submit, Submitted, Watch, Welcome, json_str,
-    schema, to_json)
+    JSON_ENCODER,
+    Ack,
+    Cancel,
+    Cancelled,
+    Disconnect,
+    Drain,
+    DrainNode,
+    Heartbeat,
+    Lease,
+    Message,
+    PolicyUpdate,
+    PublishPolicy,
+    Ready,
+    Refused,
+    Register,
+    Reject,
+    Release,
+    Result,
+    Results,
+    Shutdown,
+    Started,
+    Status,
+    StatusReply,
+    Submit,
+    Submitted,
+    Watch,
+    Welcome,
+    json_str,
+    schema,
+    to_json,
+)
 
 PROTOCOL_VERSION = 1
 PROTOCOL_VERSIONS = (PROTOCOL_VERSION,)  # envelope versions this side speaks

@@ -15,25 +15,88 @@ No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than co
 """
 from __future__ import annotations
 
-from controller.contracts.batching import (BATCH_AGENT_VERSION, BATCHES, MAX_ACKS,
-                                           MAX_BATCH_ITEMS, AckBatch, LeaseBatch, ResultBatch,
-                                           acks, batched, for_agent, speaks_batches, split,
-                                           unbatched)
-from controller.contracts.codec import (MAX_FRAME_BYTES, MESSAGE_TYPES, MIN_AGENT_VERSION,
-                                        PROTOCOL_VERSION, PROTOCOL_VERSIONS, agent_version_ok,
-                                        decode, encode, encode_frames, peek, refusal)
-from controller.contracts.errors import (BAD_FIELD, BAD_JSON, ERROR_REASONS, FOREIGN_DEPLOYMENT,
-                                         TOO_LARGE, UNKNOWN_TYPE, WRONG_VERSION,
-                                         LocalProtocolError, ProtocolError, RemoteProtocolError)
-from controller.contracts.messages import (POLICY_AGENT_VERSION, Ack, BandRequest, Cancel,
-                                           Cancelled, Disconnect, Drain, DrainNode, Heartbeat,
-                                           Lease, Message, PolicyRef, PolicyUpdate, PublishPolicy,
-                                           Ready, Refused, Register, Reject, Release, Result,
-                                           Results, Shutdown, Started, Status, StatusReply, Submit,
-                                           Submitted, Watch, Welcome, new_msg_id,
-                                           speaks_policy_updates)
-from controller.contracts.states import (ERROR_CODES, OUTCOMES, REJECT_REASONS, ErrorCode,
-                                         Outcome, RefusalReason, RejectReason)
+from controller.contracts.batching import (
+                                           BATCH_AGENT_VERSION,
+                                           BATCHES,
+                                           MAX_ACKS,
+                                           MAX_BATCH_ITEMS,
+                                           AckBatch,
+                                           LeaseBatch,
+                                           ResultBatch,
+                                           acks,
+                                           batched,
+                                           for_agent,
+                                           speaks_batches,
+                                           split,
+                                           unbatched,
+)
+from controller.contracts.codec import (
+                                           MAX_FRAME_BYTES,
+                                           MESSAGE_TYPES,
+                                           MIN_AGENT_VERSION,
+                                           PROTOCOL_VERSION,
+                                           PROTOCOL_VERSIONS,
+                                           agent_version_ok,
+                                           decode,
+                                           encode,
+                                           encode_frames,
+                                           peek,
+                                           refusal,
+)
+from controller.contracts.errors import (
+                                           BAD_FIELD,
+                                           BAD_JSON,
+                                           ERROR_REASONS,
+                                           FOREIGN_DEPLOYMENT,
+                                           TOO_LARGE,
+                                           UNKNOWN_TYPE,
+                                           WRONG_VERSION,
+                                           LocalProtocolError,
+                                           ProtocolError,
+                                           RemoteProtocolError,
+)
+from controller.contracts.messages import (
+                                           POLICY_AGENT_VERSION,
+                                           Ack,
+                                           BandRequest,
+                                           Cancel,
+                                           Cancelled,
+                                           Disconnect,
+                                           Drain,
+                                           DrainNode,
+                                           Heartbeat,
+                                           Lease,
+                                           Message,
+                                           PolicyRef,
+                                           PolicyUpdate,
+                                           PublishPolicy,
+                                           Ready,
+                                           Refused,
+                                           Register,
+                                           Reject,
+                                           Release,
+                                           Result,
+                                           Results,
+                                           Shutdown,
+                                           Started,
+                                           Status,
+                                           StatusReply,
+                                           Submit,
+                                           Submitted,
+                                           Watch,
+                                           Welcome,
+                                           new_msg_id,
+                                           speaks_policy_updates,
+)
+from controller.contracts.states import (
+                                           ERROR_CODES,
+                                           OUTCOMES,
+                                           REJECT_REASONS,
+                                           ErrorCode,
+                                           Outcome,
+                                           RefusalReason,
+                                           RejectReason,
+)
 
 __all__ = [
     # errors

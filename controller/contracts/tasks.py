@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from controller.contracts.browser_tools import browser_tool_set
 from controller.contracts.checkerspec import SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
-from controller.contracts.browser_tools import browser_tool_set
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tools import ToolSetError, tool_set
 

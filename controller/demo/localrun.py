@@ -12,8 +12,8 @@ Must not import: slurm, controller.cli (this is a library of the CLI's `paddock 
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import os
 import random
 import subprocess
@@ -33,20 +33,20 @@ from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
 from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.safeload import ParseLimitError, load_yaml
+from controller.contracts.taskblobs import write_tasks_file
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
-from controller.demo.web_policy import WebPlayer
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
+from controller.demo.web_policy import WebPlayer
 from controller.taskbank.bank import TaskBank
-from controller.contracts.taskblobs import write_tasks_file
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
 from controller.taskbank.conversational import TASKSET_NAME as CONVERSATIONAL_NAME
 from controller.taskbank.conversational import conversational_taskset, validate_conversational
+from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from controller.taskbank.webtasks import TASKSET_NAME as WEB_TASKSET_NAME
 from controller.taskbank.webtasks import web_taskset
-from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from layers.builtin import default_store_root, ensure_browser_image, ensure_builtin_image
 from layers.store import ImageNotFound, ImageStore
 

@@ -45,8 +45,7 @@ from typing import Any, Callable, Mapping
 
 from controller.analysis.defences import CHEATS
 from controller.contracts.tasks import Task, TaskSet
-from controller.demo import bash_dialect, streaming, tokenizer
-from controller.demo import conv_policy
+from controller.demo import bash_dialect, conv_policy, streaming, tokenizer
 from controller.demo.conv_policy import conversational_script
 from controller.demo.steps import FinalStep, Step, ToolStep  # noqa: F401 - re-exported (swe_policy, tests)
 from controller.demo.trainer import softmax

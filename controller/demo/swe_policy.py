@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-
 from controller.contracts.safeload import ParseLimitError, load_json, load_yaml
 from controller.contracts.tasks import Task
 from controller.demo.policy_server import UNKNOWN_TASK_REPLY, FinalStep, Step, ToolStep

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Any
 
 from controller.contracts.tasks import Task
 from controller.demo.policy_server import FinalStep, Step, ToolStep

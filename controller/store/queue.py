@@ -37,16 +37,51 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from controller.contracts.states import (  # noqa: F401 - the state names, re-exported
-    ATTEMPT_CANCELLED, CANCELLED, COMMITTED, DEAD_LETTER, HELD, INFRA_ERROR, LEASABLE,
-    LEASE_EXPIRED, LEASED, NODE_LOST, OUTCOMES, POLICY_OUTCOMES, COMMITTED_OUTCOMES, QUEUED, REJECT_CANCELLED,
-    RELEASED, RETRY_WAIT, REVOKED, RUNNING, STALE_POLICY, STALE_TOKEN, STATES, TERMINAL,
-    TRANSITIONS, UNFINISHED, UNKNOWN_ROLLOUT, VERIFYING, check_transition, is_infra_loss)
+    ATTEMPT_CANCELLED,
+    CANCELLED,
+    COMMITTED,
+    COMMITTED_OUTCOMES,
+    DEAD_LETTER,
+    HELD,
+    INFRA_ERROR,
+    LEASABLE,
+    LEASE_EXPIRED,
+    LEASED,
+    NODE_LOST,
+    OUTCOMES,
+    POLICY_OUTCOMES,
+    QUEUED,
+    REJECT_CANCELLED,
+    RELEASED,
+    RETRY_WAIT,
+    REVOKED,
+    RUNNING,
+    STALE_POLICY,
+    STALE_TOKEN,
+    STATES,
+    TERMINAL,
+    TRANSITIONS,
+    UNFINISHED,
+    UNKNOWN_ROLLOUT,
+    VERIFYING,
+    check_transition,
+    is_infra_loss,
+)
 from controller.store import schema
 from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
-from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
-    STALE_POLICY_ACTIONS, Cancellation, Completion, Due, HeldLease, Lease, Policy,
-    PolicyConflict, QueueConfig, UnknownBatch)
 from controller.store.reads import QueueReads, result_item  # noqa: F401 - result_item: tests
+from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
+    STALE_POLICY_ACTIONS,
+    Cancellation,
+    Completion,
+    Due,
+    HeldLease,
+    Lease,
+    Policy,
+    PolicyConflict,
+    QueueConfig,
+    UnknownBatch,
+)
 from controller.store.schema import any_of, qs
 
 log = logging.getLogger(__name__)

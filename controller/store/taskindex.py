@@ -23,8 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
-from controller.contracts.taskblobs import NotOneEntryPerLine, check_reference, iter_tasks_chunks, \
-    load_tasks_file
+from controller.contracts.taskblobs import NotOneEntryPerLine, check_reference, iter_tasks_chunks, load_tasks_file
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ import random
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from collections import OrderedDict
 from typing import Iterable, Sequence
 
 from controller.contracts.safeload import load_json

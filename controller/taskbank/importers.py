@@ -25,10 +25,9 @@ from controller.contracts.answers import boxed_contents
 from controller.contracts.safeload import DEFAULT as DEFAULT_BOUNDS
 from controller.contracts.safeload import ParseLimitError, load_json_text
 from controller.contracts.tasks import Task, TaskError
-from controller.taskbank import importers_tools     # tau, harbor
+from controller.taskbank import importers_tools  # tau, harbor
 from controller.taskbank.bank import TASK_FILE, load_package
-from controller.taskbank.swe import (TEST_PATCH_FILE, ImportSourceError, SweContext, scrubbed_checkout,  # noqa: F401
-                                     slug, swe_task)
+from controller.taskbank.swe import TEST_PATCH_FILE, ImportSourceError, SweContext, scrubbed_checkout, slug, swe_task  # noqa: F401
 
 KINDS = ("humaneval", "mbpp", "math", "swe", "package") + importers_tools.KINDS
 SOLUTION_FILE = "solution.py"

@@ -54,22 +54,22 @@ from controller.contracts.network import PolicyError
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
+from layers.store import ImageStore
 from nodeagent.agent.core import Attempt, AttemptResult
+from nodeagent.agent.taskcache import default_cache, task_layers
+from nodeagent.browser.rollout import run_web_agent
 from nodeagent.egress import proxy as egress
 from nodeagent.gateway.server import GatewayServer
 from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
 from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
-from nodeagent.harness.usersim import UserSimError, simulator
-from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.harness.model import ModelError
-from nodeagent.agent.taskcache import default_cache, task_layers
-from nodeagent.browser.rollout import run_web_agent
+from nodeagent.harness.usersim import UserSimError, simulator
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
-from layers.store import ImageStore
+from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 

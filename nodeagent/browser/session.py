@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from nodeagent.browser.cdp import Cdp, CdpClosed, CdpError
 from nodeagent.browser.apps import shop
+from nodeagent.browser.cdp import Cdp, CdpClosed, CdpError
 
 APP_UID = 1000
 BROWSER_UID = 1001

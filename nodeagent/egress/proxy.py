@@ -38,8 +38,17 @@ import psutil
 
 from controller.contracts.fileio import utc_now
 from controller.contracts.network import HostError, Policy, normalize_host, parse_policy
-from nodeagent.egress.policy import (PUBLIC, ClientHelloError, Decision, Network, Resolver, client_hello_length,
-                                     decide, parse_sni, split_authority)
+from nodeagent.egress.policy import (
+    PUBLIC,
+    ClientHelloError,
+    Decision,
+    Network,
+    Resolver,
+    client_hello_length,
+    decide,
+    parse_sni,
+    split_authority,
+)
 from nodeagent.sandbox.runtime import SandboxError
 
 log = logging.getLogger(__name__)

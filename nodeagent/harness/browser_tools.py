@@ -31,8 +31,13 @@ import struct
 import urllib.parse
 from typing import Any, Callable, Iterable
 
-from controller.contracts.browser_tools import (KEYS, BrowserBudgets, browser_argument_error, browser_definitions,
-                                                browser_tool_set)
+from controller.contracts.browser_tools import (
+    KEYS,
+    BrowserBudgets,
+    browser_argument_error,
+    browser_definitions,
+    browser_tool_set,
+)
 from nodeagent.browser.cdp import CdpClosed, CdpError
 from nodeagent.harness.tools import DEFAULT_OBSERVATION_BYTES, MAX_ARGUMENT_BYTES, ToolResult, _cap, _refuse
 from nodeagent.sandbox.spec import SandboxError

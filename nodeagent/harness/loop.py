@@ -38,11 +38,18 @@ from typing import Any, Callable, Iterable
 from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.harness.faults import ToolFaults, faulted_result
-from nodeagent.harness.model import (MODEL_TIMEOUT_S, BudgetExhausted, ContextLengthExceeded, HTTPModel, Model,
-                                     ModelError, ModelTimeout)
+from nodeagent.harness.model import (
+    MODEL_TIMEOUT_S,
+    BudgetExhausted,
+    ContextLengthExceeded,
+    HTTPModel,
+    Model,
+    ModelError,
+    ModelTimeout,
+)
 from nodeagent.harness.tools import Toolbox, ToolResult
-from nodeagent.services.host import ToolRouter
 from nodeagent.sandbox.runtime import Sandbox
+from nodeagent.services.host import ToolRouter
 
 CONVERSATION_PROMPT = ("You are an assistant talking with a user. Use the tools to look up and change records "
                        "as the user asks and as the operator's instructions allow. Write to the user in plain "

@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from layers import sif   # refuses foreign-arch, corrupt and non-SIF files; finds the partition
+from layers import sif  # refuses foreign-arch, corrupt and non-SIF files; finds the partition
 from nodeagent.sandbox import cgroups, warmpool
 from nodeagent.sandbox.interface import EXIT_TIMEOUT, SandboxBackend, SandboxHandle
 from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar, tar_to_changes

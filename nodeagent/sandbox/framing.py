@@ -7,8 +7,8 @@ a FramingError, never an unbounded allocation. No Paddock imports.
 from __future__ import annotations
 
 import base64
-import os
 import json
+import os
 import socket
 import struct
 from typing import Any

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from layers import sif   # the layers package owns the SIF format
+from layers import sif  # the layers package owns the SIF format
 from nodeagent.sandbox import cgroups, nsutil
 from nodeagent.sandbox.spec import SandboxError
 

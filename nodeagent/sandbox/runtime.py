@@ -34,13 +34,22 @@ from typing import Callable
 
 from nodeagent.sandbox import cgroups, framing, native, sbxinit, statedir, usercaps, warmpool
 from nodeagent.sandbox.handle import Sandbox
-from nodeagent.sandbox.host import (OVERLAY_MODES, cgroup_migration_is_fast, check_traversable, choose_overlay,
-                                    find_host_pid, host_problems, image_partition, kernel_version, owner_tag,
-                                    subid_range, sweep_state_dirs)
+from nodeagent.sandbox.host import (
+    OVERLAY_MODES,
+    cgroup_migration_is_fast,
+    check_traversable,
+    choose_overlay,
+    find_host_pid,
+    host_problems,
+    image_partition,
+    kernel_version,
+    owner_tag,
+    subid_range,
+    sweep_state_dirs,
+)
 from nodeagent.sandbox.interface import SandboxBackend
 from nodeagent.sandbox.mounts import ImageMount, MountTable
-from nodeagent.sandbox.spec import (Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar,
-                                    tar_to_changes)
+from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar, tar_to_changes
 
 __all__ = ["Change", "ExecResult", "OVERLAY_MODES", "Sandbox", "SandboxError", "SandboxRuntime", "SandboxSpec",
            "cgroup_migration_is_fast", "changes_to_tar", "choose_overlay", "host_problems", "image_partition",

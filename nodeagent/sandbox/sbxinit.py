@@ -33,9 +33,8 @@ import stat
 import subprocess
 import time
 
-from nodeagent.sandbox import framing
+from nodeagent.sandbox import framing, nsutil
 
-from nodeagent.sandbox import nsutil
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 # /proc as OCI runtimes leave it: host-wide files masked (/dev/null over them), host-wide

@@ -39,11 +39,9 @@ import socket
 import subprocess
 import sys
 import time
-from nodeagent.sandbox import framing
-from nodeagent.sandbox import layerfs
-from nodeagent.sandbox import nsutil
-from nodeagent.sandbox import sbxinit
-from nodeagent.sandbox import seccomp
+
+from nodeagent.sandbox import framing, layerfs, nsutil, sbxinit, seccomp
+
 MOUNT_TIMEOUT_S = 10.0
 # squashfuse_ll: the low-level daemon lets the kernel cache entries (negative ones too) and
 # attributes without timeout (an image never changes under its mount); it runs with the FUSE

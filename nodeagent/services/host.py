@@ -31,10 +31,10 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from controller.contracts import serviceengine as engine
 from controller.contracts.services import MAX_STATE_BYTES, operation_names, service_tools
 from nodeagent.harness.tools import ToolResult
 from nodeagent.sandbox.runtime import SandboxError
-from controller.contracts import serviceengine as engine
 
 SERVICE_DIR = "/srv/paddock-service"
 ENGINE_PATH = f"{SERVICE_DIR}/engine.py"

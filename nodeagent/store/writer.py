@@ -31,8 +31,16 @@ import pyarrow.parquet as pq
 
 from controller.contracts.fileio import atomic_write_with
 from controller.contracts.states import OUTCOMES
-from controller.contracts.trajectory import (JSON_COLUMNS, KEY_COLUMNS, OPTIONAL_COLUMNS, PROVENANCE_COLUMNS,
-                                             SCHEMAS, SHARD_TABLES, SPAN_KINDS, shard_name)
+from controller.contracts.trajectory import (
+    JSON_COLUMNS,
+    KEY_COLUMNS,
+    OPTIONAL_COLUMNS,
+    PROVENANCE_COLUMNS,
+    SCHEMAS,
+    SHARD_TABLES,
+    SPAN_KINDS,
+    shard_name,
+)
 
 log = logging.getLogger(__name__)
 

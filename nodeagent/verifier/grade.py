@@ -46,8 +46,7 @@ from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, Sand
 from nodeagent.verifier import canaries, judge, statecheck, webstate
 from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner, default_runner
-from nodeagent.verifier.pytestreport import (  # noqa: F401 - re-exported: the report's reading
-    environment_error, grade_report, match_outcomes, parse_report)
+from nodeagent.verifier.pytestreport import environment_error, grade_report, match_outcomes, parse_report  # noqa: F401 - re-exported: the report's reading
 from nodeagent.verifier.verdicts import Verdict, VerifierInfraError  # noqa: F401 - re-exported
 from nodeagent.verifier.verdicts import check as _check
 

@@ -13,7 +13,6 @@ import re
 from nodeagent.verifier.verdicts import Verdict, VerifierInfraError
 from nodeagent.verifier.verdicts import check as _check
 
-
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 

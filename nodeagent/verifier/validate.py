@@ -41,8 +41,8 @@ from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
-from nodeagent.verifier.baseline import (  # noqa: F401 - the task's own solutions, shared with the verifier
-    ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, reference_of, solution_changes as _changes, solution_file)
+from nodeagent.verifier.baseline import ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, reference_of, solution_file  # noqa: F401 - the task's own solutions, shared with the verifier
+from nodeagent.verifier.baseline import solution_changes as _changes
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,14 @@ import json
 import pytest
 
 from controller.contracts import serviceengine as engine
-from controller.contracts.services import (OPERATORS, STATEMENTS, ServiceSpecError, compare_state,
-                                           validate_services, validate_user)
+from controller.contracts.services import (
+    OPERATORS,
+    STATEMENTS,
+    ServiceSpecError,
+    compare_state,
+    validate_services,
+    validate_user,
+)
 from controller.contracts.tasks import Task, TaskError
 from controller.taskbank.conversational import CALENDAR, SHOP, conversational_taskset
 from nodeagent.services.host import ServiceHost, ServiceRuleError

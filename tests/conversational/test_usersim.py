@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from controller.contracts.services import STOP_TOKEN
-from nodeagent.harness.usersim import ModelUser, TemplateUser, UserSimError, simulator
+from nodeagent.harness.usersim import TemplateUser, UserSimError, simulator
 from tests.conversational.conftest import TASKSET
 
 GOAL = {"instruction": "Cancel W1", "opening": "Hi", "hidden": {"order_id": "W1", "zip": "123"},

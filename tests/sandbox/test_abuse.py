@@ -183,7 +183,7 @@ def test_packet_sockets_are_refused(pybox):
 # -- processes ---------------------------------------------------------------------------------
 def test_signals_cannot_reach_host_processes_or_the_agent(box, runtime):
     me, holder = os.getpid(), runtime.holder_pid
-    r = sh(box, f"kill -9 {me}; echo rc=$?; kill -9 {holder}; echo rc=$?; kill -9 -1; echo done")
+    sh(box, f"kill -9 {me}; echo rc=$?; kill -9 {holder}; echo rc=$?; kill -9 -1; echo done")
     assert psutil.pid_exists(me) and psutil.Process(holder).status() != psutil.STATUS_ZOMBIE
     assert sh(box, "echo alive").stdout == b"alive\n"
 

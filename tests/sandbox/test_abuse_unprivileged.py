@@ -27,8 +27,7 @@ import pytest
 
 from nodeagent.sandbox.usercaps import SANDBOX_NICE
 from tests.conftest import alive
-from tests.sandbox.test_users import (RUNUSER, USERS, VENV_PY, _env, _rmdir_if_empty, _why_not,
-                                     run_as)
+from tests.sandbox.test_users import RUNUSER, USERS, VENV_PY, _env, _rmdir_if_empty, _why_not, run_as
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))]
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from controller.broker.core import BrokerCore
 from controller.contracts import protocol as P
 from controller.store import queue as qm
-from controller.broker.core import BrokerCore
 from controller.store.queue import QueueConfig, RolloutQueue
 from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult
 

@@ -15,7 +15,9 @@ import json
 import os
 import time
 from pathlib import Path
-from nodeagent.verifier import grade as G, canaries as C
+
+from nodeagent.verifier import canaries as C
+from nodeagent.verifier import grade as G
 
 SD = Path(os.environ.get("SDIST_DIR", "/tmp/sd"))
 TEXT = (".py", ".cfg", ".toml", ".ini", ".txt", ".rst", ".in", ".json", ".md")

@@ -7,7 +7,9 @@ import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
+
 import tests.verifier.test_repo_attacks as A
+
 
 def main(runtime, image):
     so = Path(tempfile.mkdtemp()) / "_speedups.so"

@@ -28,13 +28,13 @@ def play(runtime, browser_image, tmp_path):
     `calls`: (tool, arguments or a function of the last observation) pairs, or the scripted
     web player's variant ("solve", "sloppy"); `out_of_band(sandbox)` runs after the agent, before the
     capture (an attacker with a shell in the sandbox)."""
+    from controller.demo.web_policy import WebPlayer
     from nodeagent.browser.rollout import artifact_sink
     from nodeagent.browser.session import BrowserSession
     from nodeagent.harness.browser_tools import BrowserToolbox
     from nodeagent.sandbox.runtime import SandboxSpec
     from nodeagent.verifier.grade import verify
     from nodeagent.verifier.webstate import state_changes
-    from controller.demo.web_policy import WebPlayer
 
     def run(task, calls, out_of_band=None, checker=None):
         bs = BrowserSession()

@@ -2,7 +2,6 @@
 the tools, the confinement to the task's origin, the screenshot artifacts and caps, the uids.
 Needs the browser image (built once per store)."""
 import json
-from pathlib import Path
 
 import pytest
 

@@ -4,13 +4,10 @@ verifier in a fresh one, Parquet shards read back with DuckDB: the trajectory ho
 accessibility observations and the screenshot artifact; a policy that does not commit fails."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from controller.analysis.query import connect
-from controller.contracts.tasks import Task, TaskSet
+from controller.contracts.tasks import TaskSet
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.web_policy import WebPlayer
 from controller.store.catalog import Catalog

@@ -4,13 +4,17 @@ import dataclasses
 
 import pytest
 
-from controller.contracts.browser_tools import (BROWSER_TOOLS, BrowserBudgets, browser_argument_error,
-                                                browser_definitions)
-from controller.contracts.tasks import Task, TaskError
+from controller.contracts.browser_tools import (
+    BROWSER_TOOLS,
+    BrowserBudgets,
+    browser_argument_error,
+    browser_definitions,
+)
+from controller.contracts.tasks import TaskError
 from controller.contracts.tools import ToolSetError
 from controller.demo.policy_server import FinalStep, ToolStep
 from controller.demo.web_policy import WebPlayer, find_element, plan
-from controller.taskbank.webtasks import SEED_SQL, web_taskset, web_tasks
+from controller.taskbank.webtasks import SEED_SQL, web_tasks, web_taskset
 from nodeagent.browser.apps import shop
 
 

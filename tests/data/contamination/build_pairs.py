@@ -17,8 +17,6 @@ import json
 import subprocess
 import sys
 
-import numpy as np
-
 from controller.taskbank.semantic import load_embedder, nearest
 
 N_MATH = 400
