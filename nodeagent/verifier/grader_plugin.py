@@ -65,7 +65,7 @@ CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
 ASSERTS_PATH = "/verifier/paddock_asserts.py"
 _asserts = None     # `paddock_asserts` (grader_asserts.py): loaded by path in `child`, before any code under test
 if __name__.startswith("nodeagent."):       # imported on the host (tests): the package's own copy
-    from nodeagent.verifier import grader_asserts as _asserts
+    from nodeagent.verifier import grader_asserts as _asserts  # type: ignore[assignment]  # None until loaded
 REPORT_RESERVE_BYTES = 3 << 20     # allocated before the code under test runs: a full disk cannot stop the report
 
 
@@ -671,7 +671,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     trusted_path = [p for p in sys.path if p and not p.startswith("/work")]
     guard = _TrustedImports(trusted_path)
     sys.meta_path.insert(0, guard)
-    import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
+    import pytest       # noqa: I001 - only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
     guard.seal()
     global _asserts
