@@ -559,13 +559,14 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
         self.path = list(trusted_path)
         self.loaded = frozenset()
 
-    def seal(self):
-        """The test framework's dependencies it has imported by now stay the trusted ones."""
-        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES
+    def seal(self, plugins=frozenset()):
+        """The test framework's dependencies it has imported by now, and the image's pytest plugins
+        and what they imported (`plugins`: top-level names), stay the trusted ones."""
+        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES | plugins
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top in PYTEST_DEPENDENCIES and top in self.loaded:
+        if top in self.loaded:
             pass        # pytest imported it from the trusted path before any /work code ran
         elif top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
             return None
@@ -574,6 +575,34 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
         if spec is None:
             raise ModuleNotFoundError(f"No module named {name!r} (outside /work)", name=name)
         return spec
+
+
+def _image_plugins(trusted_path):
+    """Repository mode: (pytest arguments, top-level names) for the `pytest11` entry points of
+    the distributions on the trusted path (the image's site directories; metadata under /work is
+    never read, so the agent cannot register a plugin): the plugins plain pytest would autoload
+    (pytest-cov, pytest-asyncio), which a project's configuration may need (`--cov`,
+    `asyncio_mode`). Their packages and their requirements' (coverage) are held to the trusted
+    path like pytest's own (a /work/pytest_cov/ is never the plugin). Coverage is a trace
+    function: `--no-cov` keeps it off while grading."""
+    import importlib.metadata as md
+    import re
+
+    def tops(dist):
+        return set((dist.read_text("top_level.txt") or "").split())
+    modules, held = [], set()
+    for dist in md.distributions(path=trusted_path):
+        eps = [ep.value for ep in dist.entry_points if ep.group == "pytest11" and ":" not in ep.value]
+        if not eps:
+            continue
+        modules += [m for m in eps if m not in modules]
+        held |= tops(dist) | {m.partition(".")[0] for m in eps}
+        for req in dist.requires or ():
+            if "extra ==" not in req:
+                held |= {t for d in md.distributions(name=re.match(r"[\w.-]+", req).group(), path=trusted_path)
+                         for t in tops(d)}
+    args = [a for m in modules for a in ("-p", m)] + (["--no-cov"] if "pytest_cov.plugin" in modules else [])
+    return args, frozenset(held) - TRUSTED_TOPS
 
 
 def trusted_prefixes(tests_dir):
@@ -711,6 +740,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         if event.startswith(_STACK_EVENTS):
             return untrusted_on_stack(frame)
         if event == "object.__setattr__" and len(args) > 1 and args[1] in _SWAP_ATTRS:
+            code = getattr(args[0], "__code__", None)
+            if args[1] != "__code__" and code is not None and not trusted(code):
+                return None     # defaults of an untrusted function (`namedtuple(..., defaults=)`): not ours to guard
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
@@ -803,7 +835,9 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     sys.meta_path.insert(0, guard)
     import pytest       # only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
-    guard.seal()
+    import ctypes  # noqa: F401  (its own dlopen at import, before the hook: `import ctypes` by the code under test is free; every use is audited)
+    plugin_args, plugin_tops = _image_plugins(trusted_path) if cfg.get("locked") else ([], frozenset())
+    guard.seal(plugin_tops)
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
@@ -818,7 +852,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
         spec.loader.exec_module(bridge)
         sys.modules["paddock_callbridge"] = bridge
         bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]), plugin.emit)
-    code = pytest.main(args, plugins=[plugin])
+    code = pytest.main([*plugin_args, *args], plugins=[plugin])
     _exit(int(code))
 
 
