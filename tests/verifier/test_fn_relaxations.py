@@ -30,7 +30,15 @@ from layers.store import ImageStore
 from nodeagent.verifier.grade import verify
 from nodeagent.verifier.validate import _changes, own_image, sandbox_layers
 from tests.data.real_repos import repos
-from tests.verifier.test_repo_attacks import GOLD, PYTEST_TESTS, WRONG, assert_passes, assert_unrewarded, grade, repo_task
+from tests.verifier.test_repo_attacks import (
+    GOLD,
+    PYTEST_TESTS,
+    WRONG,
+    assert_passes,
+    assert_unrewarded,
+    grade,
+    repo_task,
+)
 
 pytestmark = pytest.mark.sandbox
 
