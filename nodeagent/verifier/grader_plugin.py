@@ -740,9 +740,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         if event.startswith(_STACK_EVENTS):
             return untrusted_on_stack(frame)
         if event == "object.__setattr__" and len(args) > 1 and args[1] in _SWAP_ATTRS:
-            code = getattr(args[0], "__code__", None)
-            if args[1] != "__code__" and code is not None and not trusted(code):
-                return None     # defaults of an untrusted function (`namedtuple(..., defaults=)`): not ours to guard
+            if args[1] == "__defaults__" and in_file(frame, "namedtuple", "/collections/__init__.py"):
+                return None     # `namedtuple(..., defaults=)` on the `__new__` it just made (Markdown, webcolors)
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)

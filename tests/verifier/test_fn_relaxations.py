@@ -14,9 +14,10 @@ earns nothing; the honest use it was relaxed for still passes.
 - `ctypes` is imported before the audit hook (its own `dlopen` at import): `import ctypes` by
   the code under test is free, every audited use of it (a library, `pythonapi`, `from_address`,
   `string_at`, `memmove`) is still refused;
-- the `__defaults__` / `__kwdefaults__` of the code under test's own functions may be set
-  (`namedtuple(..., defaults=...)` at import): those of the grader's and the test modules'
-  functions may not, nor may any `__code__` be swapped;
+- `collections.namedtuple(..., defaults=...)` may set the `__defaults__` of the `__new__` it just
+  made (Markdown and webcolors do it at import): nothing else may set the defaults of the
+  grader's functions, the test modules' (their helpers, and what their namedtuples and
+  dataclasses generate), nor swap any `__code__`;
 - a repository check's test modules are trusted frames: code compiled under a test file's name
   by the code under test is not.
 """
@@ -231,6 +232,61 @@ def _eq(s, sep=None):
 _eq.__code__ = string.capwords.__code__
 ''',
 }
+
+
+GENERATED_DEFAULTS_TESTS = '''import collections
+import dataclasses
+
+from calc import add
+
+Case = collections.namedtuple("Case", "a b want", defaults=(-4,))
+
+
+@dataclasses.dataclass
+class Spec:
+    a: int = -2
+    b: int = -2
+    want: int = -4
+
+
+def test_add():
+    assert add(1, 2) == 3
+
+
+def test_add_negative():
+    case, spec = Case(-2, -2), Spec()
+    assert add(case.a, case.b) == case.want
+    assert add(spec.a, spec.b) == spec.want
+'''
+# the expected values a test module's namedtuple / dataclass holds as generated functions'
+# defaults (their code is `<string>`, not the test file's), set to the wrong answer before the
+# test builds them: a consistent change of the expected value, which canaries cannot see
+GENERATED_SWAPS = {
+    "namedtuple_new": '''
+def add(a, b):
+    import sys
+    for mod in list(sys.modules.values()):
+        if str(getattr(mod, "__file__", "")).endswith("tests/test_calc.py") and hasattr(mod, "Case"):
+            mod.Case.__new__.__defaults__ = (4,)
+    return abs(a) + abs(b)
+''',
+    "dataclass_init": '''
+def add(a, b):
+    import sys
+    for mod in list(sys.modules.values()):
+        if str(getattr(mod, "__file__", "")).endswith("tests/test_calc.py") and hasattr(mod, "Spec"):
+            mod.Spec.__init__.__defaults__ = (-2, -2, 4)
+    return abs(a) + abs(b)
+''',
+}
+
+
+@pytest.mark.parametrize("swap", sorted(GENERATED_SWAPS))
+def test_a_test_modules_generated_defaults_stay_guarded(runtime, python_image, swap):
+    """Only `collections.namedtuple` itself may set the defaults of the `__new__` it just made."""
+    task = repo_task(GENERATED_DEFAULTS_TESTS, {"calc.py": WRONG})
+    assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": GENERATED_SWAPS[swap]}))
 
 
 def test_the_code_under_tests_own_defaults_may_be_set(runtime, python_image):
