@@ -560,14 +560,14 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
         self.loaded = frozenset()
 
     def seal(self, plugins=frozenset()):
-        """The test framework's dependencies it has imported by now, and the image's pytest plugins
-        and what they imported (`plugins`: top-level names), stay the trusted ones."""
+        """The test framework's dependencies it has imported by now, and the image's pytest plugins'
+        packages and their requirements' (`plugins`: top-level names), stay the trusted ones."""
         self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES | plugins
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
         if top in self.loaded:
-            pass        # pytest imported it from the trusted path before any /work code ran
+            pass        # pytest imported it from the trusted path before any /work code ran, or a plugin's
         elif top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
             return None
         where = self.path if path is None else [p for p in path if not str(p).startswith("/work")]
