@@ -385,8 +385,9 @@ def repo_scope(task: dict) -> bool:
     return task.get("family") == "swe"
 
 
-# the doctest plugin stays: a repository's conftest may use its `doctest_namespace` fixture
-REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS if p != "doctest" for a in ("-p", f"no:{p}")),
+# doctest and junitxml stay: a repository's conftest may use `doctest_namespace`, its addopts
+# `--doctest-modules`, its ini `junit_family` (an unknown ini key is an error under filterwarnings=error)
+REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS if p not in ("doctest", "junitxml") for a in ("-p", f"no:{p}")),
                     "--rootdir", "/work", "-o", "console_output_style=classic")
 
 

@@ -3,7 +3,8 @@
 The grader (`grader_plugin.py`, `paddock_grader` in the sandbox) loads this file by path in the
 pytest child before any code under test runs, as `paddock_asserts`. It holds what the grader's
 loader compiles into the test modules: `honest_eq` (an `assert a == b` of a test module, through
-`HonestAsserts`) and the canaries' perturber (`perturb`, bound into compiled canary code by
+`HonestAsserts`), the image's pytest plugins a repository's configuration may need
+(`image_plugins`, found before the grader seals its imports) and the canaries' perturber (`perturb`, bound into compiled canary code by
 `bind_perturber`: see `nodeagent.verifier.canaries`). `trusted_function` asks the grader's audit
 hook, through an audit event, whether a function's code is trusted.
 
@@ -170,3 +171,31 @@ class HonestAsserts(ast.NodeTransformer):
             node.test = ast.copy_location(ast.Call(ast.copy_location(ast.Name("_paddock_honest_eq", ast.Load()), t),
                                                    [t.left, t.comparators[0]], []), t)
         return node
+
+
+def image_plugins(trusted_path, trusted_tops):
+    """Repository mode: (pytest arguments, top-level names) for the `pytest11` entry points of
+    the distributions on the trusted path (the image's site directories; metadata under /work is
+    never read, so the agent cannot register a plugin): the plugins plain pytest would autoload
+    (pytest-cov, pytest-asyncio), which a project's configuration may need (`--cov`,
+    `asyncio_mode`; `trusted_tops`: the grader's own trusted top-level names). Their packages and their requirements' (coverage) are held to the trusted
+    path like pytest's own (a /work/pytest_cov/ is never the plugin). Coverage is a trace
+    function: `--no-cov` keeps it off while grading."""
+    import importlib.metadata as md
+    import re
+
+    def tops(dist):
+        return set((dist.read_text("top_level.txt") or "").split())
+    modules, held = [], set()
+    for dist in md.distributions(path=trusted_path):
+        eps = [ep.value for ep in dist.entry_points if ep.group == "pytest11" and ":" not in ep.value]
+        if not eps:
+            continue
+        modules += [m for m in eps if m not in modules]
+        held |= tops(dist) | {m.partition(".")[0] for m in eps}
+        for req in dist.requires or ():
+            if "extra ==" not in req:
+                held |= {t for d in md.distributions(name=re.match(r"[\w.-]+", req).group(), path=trusted_path)
+                         for t in tops(d)}
+    args = [a for m in modules for a in ("-p", m)] + (["--no-cov"] if "pytest_cov.plugin" in modules else [])
+    return args, frozenset(held) - trusted_tops

@@ -26,11 +26,10 @@ the trusted sys.path (nothing in /work can shadow them), and installs an audit h
 get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
 the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
 settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
-is a `tamper` event. In repository mode the host has planted hidden canary tests in the test modules
-(`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`) into their
-compiled code, and the test sources wait in a generator's frame, out of the code under test's
-reach. Test asserts
-`a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
+is a `tamper` event. In repository mode the host has planted hidden canary tests in the test
+modules (`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`)
+into their compiled code; the test sources wait in a generator's frame, out of reach. Test
+asserts `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
 `paddock_grader`. Before and after each test the plugin checks that the pytest internals it
 depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
 objects it saw at start, and that no trace or profile hook is set; any change is a `tamper`
@@ -377,11 +376,9 @@ class _MemLoader(importlib.abc.SourceLoader):
 
 def _source_store(sources, _audit=sys.audit, _list=list):
     """A generator that holds the test sources in its own frame: send a path, get its bytes
-    (once), or None. Nothing the code under test can reach holds them: a generator's locals
-    are reachable only through `gi_frame`, which the audit hook refuses it (a test module not
-    yet imported is no longer readable from the finder on sys.meta_path). Asked with code under
-    test on the stack (or from another thread), it answers None and keeps the source: the
-    audit hook judges the stack (`paddock.stack`)."""
+    (once), or None. A generator's locals are reachable only through `gi_frame`, which the audit
+    hook refuses the code under test. Asked with code under test on the stack (or from another
+    thread: the hook judges the stack, `paddock.stack`), it answers None and keeps the source."""
     path = yield None
     while True:
         culprit = _list()
@@ -425,14 +422,15 @@ class _TrustedImports(importlib.abc.MetaPathFinder):
         self.path = list(trusted_path)
         self.loaded = frozenset()
 
-    def seal(self):
-        """The test framework's dependencies it has imported by now stay the trusted ones."""
-        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES
+    def seal(self, plugins=frozenset()):
+        """The test framework's dependencies it has imported by now, and the image's pytest plugins'
+        packages and their requirements' (`plugins`: top-level names), stay the trusted ones."""
+        self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES | plugins
 
     def find_spec(self, name, path=None, target=None):
         top = name.partition(".")[0]
-        if top in PYTEST_DEPENDENCIES and top in self.loaded:
-            pass        # pytest imported it from the trusted path before any /work code ran
+        if top in self.loaded:
+            pass        # pytest imported it from the trusted path before any /work code ran, or a plugin's
         elif top not in TRUSTED_TOPS or name in sys.builtin_module_names or _imp.is_frozen(name):
             return None
         where = self.path if path is None else [p for p in path if not str(p).startswith("/work")]
@@ -588,6 +586,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
         if event.startswith(_STACK_EVENTS):
             return untrusted_on_stack(frame)
         if event == "object.__setattr__" and len(args) > 1 and args[1] in _SWAP_ATTRS:
+            if args[1] == "__defaults__" and in_file(frame, "namedtuple", "/collections/__init__.py"):
+                return None     # `namedtuple(..., defaults=)` on the `__new__` it just made (Markdown, webcolors)
             return untrusted_on_stack(frame)
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
@@ -673,12 +673,13 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     sys.meta_path.insert(0, guard)
     import pytest       # noqa: I001 - only in the child, after the privilege drop (see _Plugin.snapshot)
     import _pytest.debugging  # noqa: F401  (pytest's own lazily imported plugins: before any agent code)
-    guard.seal()
+    import ctypes  # noqa: F401  (its own dlopen at import, before the hook: `import ctypes` by the code under test is free; every use is audited)
     global _asserts
     spec = importlib.util.spec_from_file_location("paddock_asserts", ASSERTS_PATH)
-    _asserts = importlib.util.module_from_spec(spec)
+    _asserts = sys.modules["paddock_asserts"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(_asserts)
-    sys.modules["paddock_asserts"] = _asserts
+    plugin_args, plugin_tops = _asserts.image_plugins(trusted_path, TRUSTED_TOPS) if cfg.get("locked") else ([], frozenset())
+    guard.seal(plugin_tops)
     plugin = _Plugin(fd, key, cfg["tests_dir"], cfg.get("locked") or ())
     del key
     plugin.finder = _MemFinder(sources)
@@ -688,11 +689,10 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     plugin.take_snapshot()
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
-        bridge = importlib.util.module_from_spec(spec)
+        bridge = sys.modules["paddock_callbridge"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bridge)
-        sys.modules["paddock_callbridge"] = bridge
         bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]), plugin.emit)
-    code = pytest.main(args, plugins=[plugin])
+    code = pytest.main([*plugin_args, *args], plugins=[plugin])
     _exit(int(code))
 
 
