@@ -198,13 +198,18 @@ def test_the_documented_example_runs(tmp_path):
     for t in threads:
         t.start()
     try:
+        # the example checks that a model server answers first: the scripted policy server is one
+        from controller.contracts.tasks import TaskSet
+        from controller.demo.policy_server import PolicyServer
+        srv = PolicyServer(TaskSet("none", ())).__enter__()
         env = {**os.environ, "PADDOCK_ENDPOINT": ctl.endpoint, "PADDOCK_DEPLOYMENT": DEP,
-               "PADDOCK_KEY_FILE": ctl.key_file, "PYTHONPATH": str(ROOT)}
+               "PADDOCK_KEY_FILE": ctl.key_file, "PYTHONPATH": str(ROOT), "PADDOCK_POLICY_URL": srv.url}
         r = subprocess.run([sys.executable, str(tmp_path / "example.py")], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert "8 scored rollouts, mean reward 1.00" in r.stdout
         assert "refused: unknown tasks: ['no/such-task']" in r.stdout
+        srv.__exit__(None, None, None)
     finally:
         agent.stopped = True
         ctl.core.stopped = True

@@ -396,21 +396,27 @@ def test_defences_count_cheats_and_probes_from_the_trajectory_tables():
     import duckdb
     con = duckdb.connect()
     con.execute("CREATE TABLE rollouts (rollout_id TEXT, attempt INT, fencing_token INT, task_family TEXT, reward DOUBLE)")
-    con.execute("CREATE TABLE steps (rollout_id TEXT, attempt INT, fencing_token INT, step INT, content TEXT, "
-                "observation TEXT)")
+    con.execute("CREATE TABLE steps (rollout_id TEXT, attempt INT, fencing_token INT, step INT, role TEXT, "
+                "content TEXT, observation TEXT)")
     con.executemany("INSERT INTO rollouts VALUES (?, 1, 1, ?, ?)",
-                    [("a", "python", 0.0), ("b", "python", 1.0), ("c", "math", 0.0), ("d", "math", 1.0)])
-    con.executemany("INSERT INTO steps VALUES (?, 1, 1, ?, ?, ?)", [
-        ("a", 0, "plan: peek", None), ("b", 0, "plan: solve", None), ("c", 0, "plan: escape", None),
-        ("c", 1, "", "probe mount: blocked (EPERM)"), ("c", 2, "", "probe unshare: ESCAPED (succeeded)"),
-        ("d", 0, "plan: claim_passed", None)])
+                    [("a", "python", 0.0), ("b", "python", 1.0), ("c", "math", 0.0), ("d", "math", 1.0),
+                     ("e", "conversational", 0.0)])
+    con.executemany("INSERT INTO steps VALUES (?, 1, 1, ?, ?, ?, ?)", [
+        ("a", 0, "assistant", "plan: peek", None), ("b", 0, "assistant", "plan: solve", None),
+        ("c", 0, "assistant", "plan: escape", None),
+        ("c", 1, "assistant", "", "probe mount: blocked (EPERM)"),
+        ("c", 2, "assistant", "", "probe unshare: ESCAPED (succeeded)"),
+        ("d", 0, "assistant", "plan: claim_passed", None),
+        # a conversation opens with the user: the plan is on the first assistant step
+        ("e", 0, "user", "hello, I need my order changed", None), ("e", 1, "assistant", "plan: claim_success", None)])
     d = defences(con)
     assert d["cheats"] == {"claim_passed": {"attempted": 1, "rewarded": 1}, "escape": {"attempted": 1, "rewarded": 0},
-                           "peek": {"attempted": 1, "rewarded": 0}}
+                           "peek": {"attempted": 1, "rewarded": 0},
+                           "claim_success": {"attempted": 1, "rewarded": 0}}
     assert d["probes"] == {"mount": {"attempted": 1, "blocked": 1, "escaped": 0},
                            "unshare": {"attempted": 1, "blocked": 0, "escaped": 1}}
     hacks, probes = defence_lines(d)
-    assert hacks.startswith("reward hacks: 3 attempted, 2 caught, 1 rewarded")
+    assert hacks.startswith("reward hacks: 4 attempted, 3 caught, 1 rewarded")
     assert probes == "escape probes: 2 attempted, 1 blocked; NOT BLOCKED: unshare 1/1"
 
 
