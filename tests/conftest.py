@@ -103,3 +103,41 @@ def runtime():
     rt = SandboxRuntime().start()
     yield rt
     rt.close()
+
+
+class FakeChatServer:
+    """A chat-completions server on loopback for the model servers outside Paddock (a judge, a
+    user simulator): `answer(request) -> (HTTP status, reply text)` decides each reply; every
+    request body is kept in `requests`. Close it with `close()`."""
+
+    def __init__(self, answer, model: str = "fake", usage=(1, 1)):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.requests: list[dict] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(req)
+                status, text = answer(req)
+                body = json.dumps({"id": "x", "object": "chat.completion", "model": req.get("model", model),
+                                   "choices": [{"index": 0, "finish_reason": "stop",
+                                                "message": {"role": "assistant", "content": text}}],
+                                   "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

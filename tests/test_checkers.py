@@ -1,18 +1,15 @@
 """Checkers and the isolated check runner: real processes, real deadlines, a real HTTP judge."""
 from __future__ import annotations
 
-import json
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from controller.contracts.checkerspec import SpecError, validate_spec
 from nodeagent.verifier import checkers
 from nodeagent.verifier.checks import CheckInfraError, CheckRunner
-from tests.conftest import alive
+from tests.conftest import FakeChatServer, alive
 
 
 @pytest.fixture(scope="module")
@@ -191,33 +188,10 @@ def test_pytest_spec_must_name_files_the_task_has():
 
 # -- the judge hook against a local fake OpenAI server ------------------------------------------
 
-class FakeJudge:
+class FakeJudge(FakeChatServer):
     def __init__(self, reply: str):
-        self.reply, self.requests = reply, []
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):
-                outer.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                body = json.dumps({"id": "x", "object": "chat.completion", "model": "judge",
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": outer.reply}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.reply = reply
+        super().__init__(lambda req: (200, self.reply), model="judge")
 
 
 def test_judge_score_is_parsed_from_the_reply():

@@ -4,10 +4,7 @@ scored) through the verifier, the queue, the store and the curriculum. Time is a
 `sleep` advances it."""
 from __future__ import annotations
 
-import json
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,43 +13,22 @@ from controller.store.queue import QueueConfig, RolloutQueue
 from controller.taskbank.curriculum import Curriculum
 from nodeagent.verifier import grade, judge
 from nodeagent.verifier.judge import JudgeFailed, JudgeService, TokenBucket, parse_score
-from tests.conftest import FakeClock
+from tests.conftest import FakeChatServer, FakeClock
 
 
-class FakeJudge:
+class FakeJudge(FakeChatServer):
     """An OpenAI-compatible judge (the edge of the system): `replies` are served in turn (an
     int is an HTTP status with no answer, a callable makes the text from the request), the last
     one repeats."""
 
     def __init__(self, *replies):
-        self.replies, self.requests = list(replies), []
-        outer = self
+        self.replies = list(replies)
+        super().__init__(self._answer, model="judge")
 
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):
-                outer.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                r = outer.replies[min(len(outer.requests), len(outer.replies)) - 1]
-                r = r(outer.requests[-1]) if callable(r) else r
-                status, text = (r, "") if isinstance(r, int) else (200, r)
-                body = json.dumps({"id": "j", "object": "chat.completion", "model": "judge",
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": text}}],
-                                   "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, req):
+        r = self.replies[min(len(self.requests), len(self.replies)) - 1]
+        r = r(req) if callable(r) else r
+        return (r, "") if isinstance(r, int) else (200, r)
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from controller.contracts.services import STOP_TOKEN
 from nodeagent.harness.usersim import TemplateUser, UserSimError, simulator
+from tests.conftest import FakeChatServer
 from tests.conversational.conftest import TASKSET
 
 GOAL = {"instruction": "Cancel W1", "opening": "Hi", "hidden": {"order_id": "W1", "zip": "123"},
@@ -46,39 +45,16 @@ def test_a_model_user_without_an_endpoint_is_an_infrastructure_error():
         simulator({**GOAL, "kind": "model", "model": "sim"})
 
 
-class FakeUserSim:
+class FakeUserSim(FakeChatServer):
     """A user_sim model server (the edge of the system): gives the facts when asked, stops when
     told the order is cancelled; records every request."""
 
     def __init__(self, fail: bool = False):
-        self.requests: list[dict] = []
-        outer = self
-
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):
-                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(req)
-                last = req["messages"][-1]["content"].lower()
-                text = f"Thanks! {STOP_TOKEN}" if "cancelled" in last else "I'm Ada Byron, zip 10115, order W1001."
-                body = json.dumps({"id": "u", "object": "chat.completion", "model": req["model"],
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": text}}],
-                                   "usage": {"prompt_tokens": 10, "completion_tokens": 5}}).encode()
-                self.send_response(500 if fail else 200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        def answer(req):
+            last = req["messages"][-1]["content"].lower()
+            text = f"Thanks! {STOP_TOKEN}" if "cancelled" in last else "I'm Ada Byron, zip 10115, order W1001."
+            return (500 if fail else 200), text
+        super().__init__(answer, usage=(10, 5))
 
 
 @pytest.fixture
