@@ -33,6 +33,7 @@ import copy
 import json
 import random
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence, cast
 
@@ -42,6 +43,16 @@ K_CANARIES = 3          # per test that must start passing: a forger that single
                         # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
 _HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
 _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
+_AST_LOCK = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """`ast.parse`, one thread at a time. CPython 3.11 keeps the AST constructor's recursion
+    depth in interpreter-wide state, so two threads parsing at once (the validator grades cases
+    in a thread pool, the node agent grades slots in threads) can fail with `SystemError: AST
+    constructor recursion depth mismatch` (python/cpython#106905, fixed in 3.12 and later)."""
+    with _AST_LOCK:
+        return ast.parse(source)
 
 
 @dataclass
@@ -203,7 +214,7 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
     """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
     bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
     every file of the check, so a test called by name from another file finds its renamed self."""
-    tree = ast.parse(source)
+    tree = parse(source)
     classes = test_classes(tree)
     scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
         (c.name, c.body) for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]
@@ -257,7 +268,7 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     taken: set[str] = set()
     for text in sources.values():       # every file's names first: a test may call another file's by name
         try:
-            tree = ast.parse(text)
+            tree = parse(text)
         except (SyntaxError, ValueError, RecursionError):
             continue
         classes = test_classes(tree)

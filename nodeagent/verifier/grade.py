@@ -309,7 +309,7 @@ def isolation(task: dict, spec: dict) -> str:
     used: set[str] = set()
     for _rel, text in _test_sources(task, spec):
         try:
-            tree = ast.parse(text)
+            tree = canaries.parse(text)
         except SyntaxError:
             return "process"
         for node in ast.walk(tree):
@@ -345,7 +345,7 @@ class _StrictEq(ast.NodeTransformer):
 def strict_asserts(source: str, name: str) -> str:
     """Rewrite `assert a == b` / `!=` in a test file to the grader's strict equality."""
     try:
-        tree = ast.parse(source)
+        tree = canaries.parse(source)
     except SyntaxError as exc:
         raise VerifierInfraError(f"test file {name!r} does not parse: {exc}") from None
     tree = _StrictEq().visit(tree)
@@ -366,7 +366,7 @@ def expected_tests(task: dict, spec: dict) -> list[str]:
     for rel in spec["tests"]:
         text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, ""))
         try:
-            tree = ast.parse(text)
+            tree = canaries.parse(text)
         except SyntaxError as exc:
             raise VerifierInfraError(f"test file {rel!r} does not parse: {exc}") from None
         classes = canaries.test_classes(tree)       # `Test*`, and unittest cases of any name

@@ -198,3 +198,42 @@ def test_checks_with_a_tolerance_or_after_a_return_are_not_perturbed():
               "    if f():\n        return\n    assert f() == 1\n")
     plan = canaries.plant({"t/test_t.py": source}, [], random.Random(3))
     assert "paddock-perturb" not in plan.sources["t/test_t.py"] and plan.count() == canaries.K_CANARIES
+
+
+def test_parsing_test_modules_in_threads_at_different_stack_depths_never_breaks_the_ast():
+    # CPython 3.11 shares the AST constructor's recursion depth between threads (cpython#106905):
+    # a collection that runs a finaliser mid-parse switches threads, and the other thread's
+    # depth ends up in this one's -> SystemError. The grading host parses in a thread pool.
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = ("def test_f():\n    x = " + "[" * 30 + "1" + "]" * 30 + "\n    assert f(1) == {'a': [1]}\n") * 400
+
+    class Finalised:
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            for _ in range(50):
+                pass
+
+    def deep(n):
+        return canaries.parse(source) if n == 0 else deep(n - 1)
+
+    def attempt(i):
+        try:
+            for _ in range(6):
+                [Finalised() for _ in range(2000)]
+                deep(i * 7)
+        except SystemError as exc:
+            return str(exc)
+        return None
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            errors = [e for e in pool.map(attempt, range(12)) if e]
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
