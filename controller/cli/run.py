@@ -3,6 +3,7 @@ fresh sandbox).
 
   paddock run [--config FILE] [--versions N] [--agents N] ...
   paddock sandbox run [--image IMG] [--memory 256M] [--pids N] [--cpu C] [--degrade] [--show-caps] -- CMD
+  paddock sandbox debug TASK [--run DIR] [--replay ROLLOUT] ...   (controller/cli/debug.py)
 
 Thin: parses arguments and calls controller.demo.localrun (`RunConfig`, `run_local`) or the
 sandbox runtime. A bad config exits 2; `sandbox run` exits with the command's status (125 if
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 
+from controller.cli import debug
 from controller.contracts.tasks import LIMIT_RANGES, LimitError, checked_number
 from controller.demo.localrun import ConfigError, RunConfig, node_capacity, run_local
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -114,6 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sr.add_argument("--output-cap", type=_number(int, 1, 1 << 30), default=1 << 20, help="bytes of stdout/stderr kept")
     sr.add_argument("cmd", nargs=argparse.REMAINDER)
     sr.set_defaults(func=cmd_sandbox_run)
+    debug.add_parser(sub)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

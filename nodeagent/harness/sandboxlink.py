@@ -168,15 +168,17 @@ class SandboxLink:
     # -- links --------------------------------------------------------------------------------
     def open(self, sandbox, mode: str, tag: str, argv: list[str], *, cwd: str = "/work",
              env: dict | None = None, network: bool = False, port: int = 0, rows: int = 24, cols: int = 80,
-             log: str | None = None, timeout_s: float = 30.0, how: list | None = None) -> socket.socket:
+             log: str | None = None, timeout_s: float = 30.0, how: list | None = None,
+             framed: bool = False) -> socket.socket:
         """Start `argv` in `sandbox` behind a link (`mode`: pty | stdio | tcp) and return the
-        connected socket. `network`: the task has egress (else the proxy variables the relay
+        connected socket (`framed`: what is sent must be `frame()`d; `frame(b"")` ends the
+        program's input). `network`: the task has egress (else the proxy variables the relay
         brings are removed from the program's environment). Raises LinkError."""
         if mode not in ("pty", "stdio", "tcp"):
             raise ValueError(f"link mode must be pty, stdio or tcp, not {mode!r}")
         cfg = {"nonce": self.nonce, "tag": tag, "mode": mode, "argv": list(argv), "cwd": cwd, "env": env,
                "unset": [] if network else list(PROXY_VARS), "port": port, "rows": rows, "cols": cols,
-               "log": log}
+               "log": log, "framed": framed}
         r = sandbox.exec(["python3", "-c", SBXLINK_SOURCE], stdin=json.dumps(cfg).encode(), timeout_s=timeout_s,
                          cwd="/")
         if r.exit_code != 0:
@@ -271,9 +273,14 @@ class Portal:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+def frame(data: bytes) -> bytes:
+    """One frame of a `framed` link; `frame(b"")` is the end of the input."""
+    return len(data).to_bytes(4, "big") + data
+
+
 def pipe_argv(path: str) -> list[str]:
     """A host command joining its stdin/stdout to the Unix socket `path` (for a stdio client)."""
     return [sys.executable, "-c", PIPE_SOURCE, path]
 
 
-__all__ = ["LinkError", "PIPE_SOURCE", "PROXY_VARS", "Portal", "SandboxLink", "pipe_argv"]
+__all__ = ["LinkError", "frame", "PIPE_SOURCE", "PROXY_VARS", "Portal", "SandboxLink", "pipe_argv"]

@@ -3,7 +3,8 @@
   python3 -c "$(cat sbxlink.py)" < CONFIG_JSON
 
 CONFIG: {nonce, tag, mode, argv, cwd, env (null: the exec's own), unset (names), port, rows,
-cols, log}. The process detaches (its own session, stdio to /dev/null), connects to
+cols, log, framed}. `framed`: what the harness sends comes in frames (4-byte big-endian length,
+then the bytes; 0 ends the input, the program's stdin is closed and its output still flows). The process detaches (its own session, stdio to /dev/null), connects to
 127.0.0.1:3128 (the sandbox relay, whose other end is the harness's `SandboxLink` socket for
 this sandbox), presents `<nonce> <tag>` on the first line, and then, by `mode`:
 
@@ -50,18 +51,51 @@ def _env(cfg: dict) -> dict:
     return env
 
 
-def _pump(sock: socket.socket, read_fd: int, write_fd: int) -> None:
-    """Bytes from the socket to write_fd and from read_fd to the socket, until either ends."""
+class _Frames:
+    """The harness-to-program direction of a `framed` link: 4-byte big-endian length, then
+    that many bytes; length 0 is the end of input (the sandbox relay cannot carry a half-close:
+    once one direction ends it drops the other)."""
+
+    def __init__(self) -> None:
+        self.buf, self.ended = b"", False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = []
+        while len(self.buf) >= 4:
+            n = int.from_bytes(self.buf[:4], "big")
+            if n == 0:
+                self.ended, self.buf = True, b""
+                break
+            if len(self.buf) < 4 + n:
+                break
+            out.append(self.buf[4:4 + n])
+            self.buf = self.buf[4 + n:]
+        return b"".join(out)
+
+
+def _pump(sock: socket.socket, read_fd: int, write_fd: int, half_close=None, framed: bool = False) -> None:
+    """Bytes from the socket to write_fd and from read_fd to the socket, until read_fd ends (or
+    the input ends and there is no `half_close`: else that is called, e.g. to close the
+    program's stdin, and its remaining output still flows back)."""
     fds = [sock.fileno(), read_fd]
+    frames = _Frames() if framed else None
     while True:
         ready, _, _ = select.select(fds, [], [])
         if sock.fileno() in ready:
             data = sock.recv(65536)
-            if not data:
-                return
+            ended = not data
+            if frames is not None and data:
+                data = frames.feed(data)
+                ended = frames.ended
             view = memoryview(data)
             while view:
                 view = view[os.write(write_fd, view):]
+            if ended:
+                if half_close is None:
+                    return
+                half_close()
+                fds.remove(sock.fileno())
         if read_fd in ready:
             try:
                 data = os.read(read_fd, 65536)
@@ -104,7 +138,7 @@ def run_pty(cfg: dict, sock: socket.socket, ready) -> None:
     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", cfg.get("rows") or 24, cfg.get("cols") or 80, 0, 0))
     ready("ok pty")
     try:
-        _pump(sock, master, master)
+        _pump(sock, master, master, framed=bool(cfg.get("framed")))
     finally:
         _kill(pid)
 
@@ -116,9 +150,11 @@ def run_stdio(cfg: dict, sock: socket.socket, ready, merge: bool = False) -> Non
                             start_new_session=True)
     ready("ok pipes")
     try:
-        _pump(sock, proc.stdout.fileno(), proc.stdin.fileno())
+        _pump(sock, proc.stdout.fileno(), proc.stdin.fileno(), half_close=proc.stdin.close,
+              framed=bool(cfg.get("framed")))
     finally:
-        proc.stdin.close()
+        if not proc.stdin.closed:
+            proc.stdin.close()
         try:
             proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -186,6 +222,7 @@ def main() -> int:
             word = f.read().decode(errors="replace")
         if word.startswith("ok"):
             sys.stdout.write(word)
+            sys.stdout.flush()
             return 0
         sys.stderr.write(word or "the link process died before connecting\n")
         return 3
@@ -205,6 +242,10 @@ def main() -> int:
     except Exception as exc:      # noqa: BLE001 - reported to the launcher, which names it
         if not report.closed:
             report.write(f"{type(exc).__name__}: {exc}\n".encode())
+        elif cfg.get("log"):
+            import traceback
+            with open(cfg["log"], "a") as f:
+                traceback.print_exc(file=f)
         return 1
     return 0
 
