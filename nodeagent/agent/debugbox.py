@@ -76,7 +76,7 @@ def debug_sandbox(runtime: SandboxRuntime, image: Path, task: dict | LeaseTask) 
     """The task's rollout sandbox (see the module doc); everything of it is gone on exit.
     Raises TaskError (the task), SetupError (its set-up failed), SandboxError, PolicyError."""
     probe = Attempt(run_id="debug", run_dir="", rollout_id="debug", attempt=0, token=0, batch_id="debug",
-                    seed=0, task=task, policy_version=0, endpoint="", model="")
+                    seed=0, task=task, policy_version=0, endpoint="", model="")   # type: ignore[arg-type]
     lease = _task_of(probe)
     layers = task_sandbox_layers(runtime, image, lease)
     egress_id = f"debug-{uuid.uuid4().hex[:12]}"
@@ -142,7 +142,7 @@ def _pump(sock: socket.socket, in_fd: int, out_fd: int) -> None:
 
 def recorded_calls(steps: list[dict]) -> list[tuple[int, dict]]:
     """(step, {"id", "name", "arguments"}) of every recorded tool call, in order."""
-    out = []
+    out: list[tuple[int, dict]] = []
     for row in sorted(steps, key=lambda r: r["step"]):
         raw = row.get("tool_args")
         if not raw:

@@ -7,13 +7,12 @@ import json
 
 import pytest
 
-from tests.conftest import wait_for
-
 from controller.contracts.tasks import LeaseTask
 from nodeagent.agent.replay import ReplayModel
 from nodeagent.harness.loop import run_agent
 from nodeagent.harness.mcptools import McpConfigError, McpRollout, McpStartError, mcp_servers
 from nodeagent.sandbox.runtime import SandboxSpec
+from tests.conftest import wait_for
 
 # A minimal MCP server over stdio (JSON-RPC lines), standard library only: the image has no `mcp`.
 CALC = r'''
