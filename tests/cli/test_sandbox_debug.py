@@ -178,3 +178,42 @@ def test_an_unknown_task_or_a_replay_without_a_run_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and b"no task 'no/such-task'" in r.stderr
     r = _debug(["python/gcd", "--replay", "x"], "")
     assert r.returncode == 2 and b"--replay needs --run" in r.stderr
+
+
+def _read_until(fd: int, marker: bytes, deadline: float, seen: bytearray) -> bool:
+    import select
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:              # EIO: the other side of the terminal closed
+                return marker in seen
+            if not chunk:
+                return marker in seen
+            seen += chunk
+    return True
+
+
+def test_on_a_terminal_the_shell_is_interactive_and_exit_ends_it(python_image):
+    import pty
+    pid, fd = pty.fork()
+    if pid == 0:                                   # the child: paddock on a terminal
+        os.chdir(ROOT)
+        os.execve(sys.executable, [sys.executable, "-m", "controller.cli.main", "sandbox", "debug", "python/gcd"],
+                  dict(os.environ, PYTHONPATH=str(ROOT)))
+    seen = bytearray()
+    deadline = time.monotonic() + 120
+    try:
+        assert _read_until(fd, b"# ", deadline, seen), bytes(seen)          # sh -i's prompt (root in the sandbox)
+        os.write(fd, b"cd /tmp && echo at $(pwd) $((6*7))\n")
+        assert _read_until(fd, b"at /tmp 42", deadline, seen), bytes(seen)   # one shell: cd holds
+        os.write(fd, b"exit\n")
+        assert _read_until(fd, b"shell ended (pipes); destroying the sandbox", deadline, seen), bytes(seen)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
