@@ -13,7 +13,8 @@ run's committed `steps` rows) in it, printing each observation. Then a shell: in
 terminal, else the commands are read from stdin. The sandbox's facts go to stderr first (`--facts`:
 as one JSON line). On exit nothing of it is left (link, sandbox, egress registration, runtime).
 
-Exits with 0, 2 for a bad task or run (the message names it), 125 when the sandbox fails.
+Exits with 0, 2 for a bad task or run (the message names it), 125 when the sandbox fails, 130
+on Ctrl-C (which ends the session where the shell has no pseudo-terminal).
 Must not import: zmq, controller.broker.
 """
 from __future__ import annotations
@@ -166,6 +167,9 @@ def cmd_debug(args: argparse.Namespace) -> int:
     except (SandboxError, SetupError, LinkError, OSError) as exc:
         print(f"paddock sandbox debug: sandbox failed: {exc}", file=sys.stderr)
         return EXIT_SANDBOX_FAILED
+    except KeyboardInterrupt:        # Ctrl-C on a terminal without a pty in the sandbox: the
+        print("paddock sandbox debug: interrupted; the sandbox is destroyed", file=sys.stderr)
+        return 130                   # session ends, the context managers above cleaned up
     return 0
 
 

@@ -200,3 +200,34 @@ def test_a_malformed_declaration_is_a_task_error_naming_the_key(config, message)
 def test_a_task_without_the_declaration_gets_no_mcp():
     assert McpRollout.of(_task(files={"a.py": "x"})) is None
     assert mcp_servers({}) == ((), 30.0)
+
+
+def _hooked() -> bool:
+    import inspect
+
+    from nodeagent.agent import attempt
+    return "McpRollout" in inspect.getsource(attempt)
+
+
+@pytest.mark.sandbox
+@pytest.mark.skipif(not _hooked(), reason="the McpRollout hook is not in nodeagent/agent/attempt.py yet "
+                                          "(docs/harness.md 'MCP servers of a task')")
+def test_a_rollout_of_a_task_with_mcp_servers_calls_them_and_is_graded(runtime, python_image, tmp_path):
+    from controller.taskbank.builtin import builtin_taskset
+    from nodeagent.agent.attempt import Attempt, run_attempt
+    t = builtin_taskset().by_name()["python/gcd"]
+    task = dict(t.canonical(), task_id=t.task_id, image_digest="sha256:" + python_image.stem)
+    task["files"] = dict(task["files"], **{".paddock/mcp.json": json.dumps({"servers": {"calc": CONFIG["servers"]["calc"]}}),
+                                          "mcp/calc.py": CALC})
+    steps = [_step(0, ("mcp__calc__add", '{"a": 20, "b": 22}')), _step(1, content="done")]
+    a = Attempt("r", str(tmp_path), "ro-mcp", 1, 1, "b", 0, task, 0, ReplayModel(steps), "m")  # type: ignore[arg-type]
+    result = run_attempt(runtime, python_image, "node-a", a)
+    assert result.infra_reason is None and result.outcome in ("pass", "fail")
+    import pyarrow.parquet as pq
+    rows = pq.read_table(tmp_path / result.shards["steps"]).to_pylist()
+    assert rows[0]["tool_name"] == "mcp__calc__add" and rows[0]["observation"] == "42"
+    bad = dict(task, files=dict(task["files"], **{".paddock/mcp.json": '{"servers": {"x": {"transport": "sse"}}}'}))
+    a = Attempt("r", str(tmp_path), "ro-bad", 1, 1, "b", 0, bad, 0, ReplayModel(steps), "m")  # type: ignore[arg-type]
+    result = run_attempt(runtime, python_image, "node-a", a)
+    assert result.outcome == "infra_error"
+    assert result.infra_reason.startswith("task: .paddock/mcp.json: servers.x.transport must be 'stdio' or 'http'")
