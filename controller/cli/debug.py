@@ -14,7 +14,8 @@ terminal, else the commands are read from stdin. The sandbox's facts go to stder
 as one JSON line). On exit nothing of it is left (link, sandbox, egress registration, runtime).
 
 Exits with 0, 2 for a bad task or run (the message names it), 125 when the sandbox fails, 130
-on Ctrl-C (which ends the session where the shell has no pseudo-terminal).
+on Ctrl-C (which ends the session where the shell has no pseudo-terminal), 128+N on SIGTERM or
+SIGHUP (a closed terminal), each after the clean-up.
 Must not import: zmq, controller.broker.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -145,6 +147,8 @@ def cmd_debug(args: argparse.Namespace) -> int:
         print(f"paddock sandbox debug: {exc}", file=sys.stderr)
         return 2
     interactive = os.isatty(0)
+    for sig in (signal.SIGTERM, signal.SIGHUP):   # a closed terminal or a kill: clean up, then go
+        signal.signal(sig, _end_session)
     try:
         with SandboxRuntime() as rt, debug_sandbox(rt, image, task) as box:
             facts = box.facts()
@@ -170,7 +174,21 @@ def cmd_debug(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:        # Ctrl-C on a terminal without a pty in the sandbox: the
         print("paddock sandbox debug: interrupted; the sandbox is destroyed", file=sys.stderr)
         return 130                   # session ends, the context managers above cleaned up
+    except _Ended as exc:
+        print(f"paddock sandbox debug: {exc}; the sandbox is destroyed", file=sys.stderr)
+        return 128 + exc.signum
     return 0
+
+
+class _Ended(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"ended by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _end_session(signum: int, _frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)        # once: the clean-up must not be cut short
+    raise _Ended(signum)
 
 
 __all__ = ["DebugError", "add_parser", "cmd_debug", "resolve"]

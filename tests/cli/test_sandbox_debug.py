@@ -217,3 +217,24 @@ def test_on_a_terminal_the_shell_is_interactive_and_exit_ends_it(python_image):
         _, status = os.waitpid(pid, 0)
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_terminated_session_still_leaves_nothing(python_image):
+    import signal
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli.main", "sandbox", "debug", "python/gcd", "--facts"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        proc.stdin.write(b"echo ready\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"ready\n"      # the shell is up; stdin stays open
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err.decode()
+    assert b"ended by SIGTERM; the sandbox is destroyed" in err
+    facts = _facts(err)
+    assert not _alive(facts["init_pid"])
+    assert not any(os.path.exists(p) for p in facts["cgroup"].values())
+    assert not os.path.exists(facts["link_dir"]) and not os.path.exists(facts["state_dir"])
