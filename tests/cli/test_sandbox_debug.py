@@ -238,3 +238,13 @@ def test_a_terminated_session_still_leaves_nothing(python_image):
     assert not _alive(facts["init_pid"])
     assert not any(os.path.exists(p) for p in facts["cgroup"].values())
     assert not os.path.exists(facts["link_dir"]) and not os.path.exists(facts["state_dir"])
+
+
+def test_the_shell_runs_over_the_tasks_setup_layer(python_image, tmp_path):
+    task = _task(python_image, setup=["mkdir -p /work/.dbg && echo set up once > /work/.dbg/marker"])
+    run = _run_dir(tmp_path, {task["task_id"]: task})
+    r = _debug([task["name"], "--run", str(run)], "cat /work/.dbg/marker\n")
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode() == "set up once\n"
+    facts = _facts(r.stderr)
+    assert facts["setup"] == task["setup"] and len(facts["layers"]) == 1     # the set-up layer, as a rollout's
