@@ -32,6 +32,7 @@ from types import SimpleNamespace
 from controller.analysis.replay import ReplayError, load
 from controller.contracts.network import PolicyError
 from controller.contracts.tasks import TaskError
+from controller.contracts.tools import ToolSetError
 from controller.demo.localrun import task_images
 from controller.taskbank.bank import TaskBank, find_task, load_package
 from controller.taskbank.builtin import builtin_taskset
@@ -165,7 +166,7 @@ def cmd_debug(args: argparse.Namespace) -> int:
             mode = shell(box, 0, 1, interactive, rows=rows, cols=cols)
             if interactive:
                 print(f"paddock sandbox debug: shell ended ({mode}); destroying the sandbox", file=sys.stderr)
-    except (TaskError, PolicyError) as exc:
+    except (TaskError, PolicyError, ToolSetError) as exc:
         print(f"paddock sandbox debug: task: {exc}", file=sys.stderr)
         return 2
     except (SandboxError, SetupError, LinkError, OSError) as exc:

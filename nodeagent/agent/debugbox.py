@@ -9,7 +9,8 @@ network policy is the rollout's: its egress proxy socket when it allows hosts, n
 it is `none`. The relay of the sandbox is a `nodeagent.harness.sandboxlink.SandboxLink` whose
 other connections are that proxy (or refused): the shell comes back through it, as the
 browser's DevTools channel does, and the shell's environment loses the proxy variables a
-task without network never has.
+task without network never has. A task that declares MCP servers (`.paddock/mcp.json`) gets them
+started as in a rollout (`nodeagent.harness.mcptools.McpRollout`), and its relay is theirs.
 
 `shell(box, stdin_fd, stdout_fd, interactive)` runs `sh` in the sandbox behind a link: on a
 pseudo-terminal where the sandbox has one, else on pipes (a native sandbox mounts no /dev/pts;
@@ -36,6 +37,7 @@ from controller.contracts.tasks import LeaseTask
 from nodeagent.agent.attempt import _task_of, task_sandbox_layers
 from nodeagent.agent.core import Attempt
 from nodeagent.egress import proxy as egress
+from nodeagent.harness.mcptools import McpRollout, McpToolbox
 from nodeagent.harness.sandboxlink import SandboxLink, frame
 from nodeagent.harness.tools import Toolbox, ToolResult
 from nodeagent.sandbox.runtime import SandboxRuntime, SandboxSpec
@@ -57,6 +59,13 @@ class DebugBox:
     spec: SandboxSpec
     link: SandboxLink
     egress_socket: str | None      # the task's egress proxy socket (None: network "none")
+    toolbox: Any = None            # the rollout's tools (with its MCP servers' when it declares some)
+
+    @property
+    def relayed(self) -> bool:
+        """A rollout of this task has a relay (egress, or its MCP servers' links): its commands
+        see the proxy variables; else they do not, and neither does the shell."""
+        return self.egress_socket is not None or isinstance(self.toolbox, McpToolbox)
 
     def facts(self) -> dict:
         """What this sandbox is, for the person at the shell (and the tests)."""
@@ -81,14 +90,21 @@ def debug_sandbox(runtime: SandboxRuntime, image: Path, task: dict | LeaseTask) 
     layers = task_sandbox_layers(runtime, image, lease)
     egress_id = f"debug-{uuid.uuid4().hex[:12]}"
     relay = egress.open_for_task(lease.network, egress_id)
-    link = SandboxLink(fallback=relay)
+    mcp = McpRollout.of(lease) if not lease.harness else None
+    link = SandboxLink(fallback=relay) if mcp is None else None
     sb = None
     try:
-        spec = rollout_spec(image, lease, link.path, layers)
-        sb = runtime.create(spec)
-        yield DebugBox(sb, lease, rollout_spec(image, lease, relay, layers), link, relay)
+        path = mcp.relay(relay) if mcp is not None else link.path      # type: ignore[union-attr]
+        sb = runtime.create(rollout_spec(image, lease, path, layers))
+        spec = rollout_spec(image, lease, path if mcp is not None else relay, layers)
+        toolbox = mcp.toolbox(sb, lease) if mcp is not None else \
+            Toolbox(sb, lease.tools, observation_bytes=lease.budgets.observation_bytes)
+        yield DebugBox(sb, lease, spec, mcp.link if mcp is not None else link, relay, toolbox)  # type: ignore[arg-type]
     finally:
-        link.close()
+        if mcp is not None:
+            mcp.close()
+        if link is not None:
+            link.close()
         if sb is not None:
             sb.destroy()
         egress.close_for_task(egress_id)
@@ -100,7 +116,7 @@ def shell(box: DebugBox, stdin_fd: int, stdout_fd: int, interactive: bool, rows:
     how: list[str] = []
     argv = ["sh", "-i"] if interactive else ["sh"]
     sock = box.link.open(box.sandbox, "pty", SHELL_TAG, argv, cwd="/work",
-                         network=box.egress_socket is not None, rows=rows, cols=cols, how=how, framed=True)
+                         network=box.relayed, rows=rows, cols=cols, how=how, framed=True)
     mode = "pty" if how and how[0] == "ok pty" else "pipes"
     restore = _raw(stdin_fd) if interactive and mode == "pty" else None
     try:
@@ -155,11 +171,11 @@ def recorded_calls(steps: list[dict]) -> list[tuple[int, dict]]:
 
 
 def replay_calls(box: DebugBox, steps: list[dict]) -> Iterator[tuple[int, dict, ToolResult]]:
-    """Run the recorded tool calls in the box with the harness's tools and the task's tool set
-    and observation cap; yields (step, call, result). Raises SandboxError."""
-    toolbox = Toolbox(box.sandbox, box.task.tools, observation_bytes=box.task.budgets.observation_bytes)
+    """Run the recorded tool calls in the box with the rollout's toolbox (the harness's tools,
+    the task's tool set and observation cap, its MCP servers' tools); yields (step, call,
+    result). Raises SandboxError."""
     for step, call in recorded_calls(steps):
-        yield step, call, toolbox.call(call.get("name"), call.get("arguments"), budget_s=box.task.budgets.wall_s)
+        yield step, call, box.toolbox.call(call.get("name"), call.get("arguments"), budget_s=box.task.budgets.wall_s)
 
 
 __all__ = ["DebugBox", "SHELL_TAG", "debug_sandbox", "recorded_calls", "replay_calls", "rollout_spec", "shell"]

@@ -16,7 +16,7 @@ from controller.store.catalog import Catalog
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import run_attempt
 from nodeagent.agent.core import Attempt
-from nodeagent.agent.debugbox import debug_sandbox, recorded_calls
+from nodeagent.agent.debugbox import debug_sandbox, recorded_calls, replay_calls
 from nodeagent.agent.replay import ReplayModel
 from nodeagent.sandbox.runtime import SandboxError
 
@@ -248,3 +248,16 @@ def test_the_shell_runs_over_the_tasks_setup_layer(python_image, tmp_path):
     assert r.stdout.decode() == "set up once\n"
     facts = _facts(r.stderr)
     assert facts["setup"] == task["setup"] and len(facts["layers"]) == 1     # the set-up layer, as a rollout's
+
+
+def test_a_task_with_mcp_servers_gets_them_and_a_replay_calls_them(runtime, python_image):
+    from tests.harness.test_mcp_tools import CALC
+    config = {"servers": {"calc": {"transport": "stdio", "command": ["python3", "/work/mcp/calc.py"]}}}
+    task = _task(python_image, files={".paddock/mcp.json": json.dumps(config), "mcp/calc.py": CALC})
+    steps = [{"step": 0, "tool_name": "mcp__calc__add,shell", "tool_args": json.dumps([
+        {"id": "a", "name": "mcp__calc__add", "arguments": '{"a": 40, "b": 2}'},
+        {"id": "b", "name": "shell", "arguments": json.dumps({"command": "grep -l '/work/mcp/[c]alc' "
+                                                                         "/proc/[0-9]*/cmdline | wc -l"})}])}]
+    with debug_sandbox(runtime, python_image, task) as box:
+        assert box.relayed                         # as in the rollout: the servers' links use the relay
+        assert [r.observation for _, _, r in replay_calls(box, steps)] == ["42", "1\n"]
