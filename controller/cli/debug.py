@@ -99,6 +99,8 @@ def _from_bank(args: argparse.Namespace, store: ImageStore) -> tuple[dict, Path]
         task = load_package(ref)
     else:
         bank = TaskBank(args.bank)
+        if args.bank and not bank.root.is_dir():
+            raise DebugError(f"task bank {bank.root} does not exist")
         try:
             task = find_task(bank, ref, args.set_name)
         except (TaskError, OSError) as exc:

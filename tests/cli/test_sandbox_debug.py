@@ -174,8 +174,12 @@ def test_replay_runs_the_rollouts_recorded_tool_calls_first(runtime, python_imag
 
 
 def test_an_unknown_task_or_a_replay_without_a_run_is_a_clear_error(tmp_path):
-    r = _debug(["no/such-task", "--bank", str(tmp_path / "bank")], "")
+    r = _debug(["no/such-task"], "")
     assert r.returncode == 2 and b"no task 'no/such-task'" in r.stderr
+    r = _debug(["python/gcd", "--bank", str(tmp_path / "bank")], "")
+    assert r.returncode == 2 and b"does not exist" in r.stderr and not (tmp_path / "bank").exists()
+    r = _debug(["python/gcd", "--run", str(tmp_path / "run")], "")
+    assert r.returncode == 2 and b"cannot read the run's tasks" in r.stderr and not (tmp_path / "run").exists()
     r = _debug(["python/gcd", "--replay", "x"], "")
     assert r.returncode == 2 and b"--replay needs --run" in r.stderr
 
