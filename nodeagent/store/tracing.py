@@ -168,6 +168,7 @@ class TraceConfig:
     hack_max_steps: int = 2
     hack_max_diff_bytes: int = 64
     answer_families: tuple[str, ...] = ("math",)
+    export_timeout_s: float = 10.0       # one export's bound, retries included
     clock: Callable[[], float] = time.monotonic
     _tokens: float = field(default=math.nan, repr=False)
     _last: float = field(default=math.nan, repr=False)
@@ -354,15 +355,16 @@ class Exporter:
         self._processor.shutdown()
 
 
-_EXPORTERS: dict[str, Exporter] = {}
+_EXPORTERS: dict[tuple[str, float], Exporter] = {}
 
 
-def exporter_for(endpoint: str) -> Exporter:
-    """The process's exporter to `endpoint` (made once; shut down, flushing, at exit)."""
+def exporter_for(endpoint: str, timeout_s: float = 10.0) -> Exporter:
+    """The process's exporter to `endpoint` (made once; shut down, flushing, at exit: a
+    collector that is down holds the exit for at most `timeout_s`)."""
     with _CONFIG_LOCK:
-        ex = _EXPORTERS.get(endpoint)
+        ex = _EXPORTERS.get((endpoint, timeout_s))
         if ex is None:
-            ex = _EXPORTERS[endpoint] = Exporter(endpoint)
+            ex = _EXPORTERS[(endpoint, timeout_s)] = Exporter(endpoint, timeout_s)
             atexit.register(ex.shutdown)
         return ex
 
@@ -374,7 +376,7 @@ def export_attempt(cfg: TraceConfig, rollout: Mapping[str, Any], spans: Sequence
     if not cfg.endpoint or decision == "dropped":
         return False
     try:
-        exporter_for(cfg.endpoint).export(otel_spans(rollout, spans, decision, model_calls))
+        exporter_for(cfg.endpoint, cfg.export_timeout_s).export(otel_spans(rollout, spans, decision, model_calls))
         return True
     except Exception as exc:    # noqa: BLE001 - tracing must never fail an attempt
         log.warning("trace export of rollout %s attempt %s failed: %r", rollout.get("rollout_id"),

@@ -146,7 +146,7 @@ def test_the_write_time_suspect_rule_is_the_reports(tmp_path):
     a failed protected check, infra errors): the writer keeps exactly the report's suspects."""
     cat, cases = Catalog(tmp_path), []
     variants = [dict(outcome=o, reward=r, family=f, steps=s, diff_bytes=d, tampered=t)
-                for o, r in (("pass", 1.0), ("fail", 0.0), ("pass", 0.5), ("infra_error", None))
+                for o, r in (("pass", 1.0), ("pass", 0.5), ("infra_error", None))
                 for f in ("python", "math") for s in (1, 2, 3) for d in (10, 64, 65) for t in (False, True)]
     cfg = tracing.TraceConfig(keep_fraction=0.0)
     for i, v in enumerate(variants):
@@ -301,8 +301,42 @@ def test_a_collector_receives_the_attempts_span_tree_and_nothing_of_a_dropped_on
 def test_a_collector_that_is_down_costs_the_trace_not_the_attempt(tmp_path):
     with OtlpReceiver() as rx:
         url = rx.url                          # a port that was just closed: nothing listens
-    cfg = tracing.TraceConfig(endpoint=url)
+    cfg = tracing.TraceConfig(endpoint=url, export_timeout_s=1.0)
     t = time.monotonic()
     shards = write_attempt(tmp_path, "n1", row("r1", outcome="fail"), [], [], spans=SPANS, trace=cfg)
     assert time.monotonic() - t < 1.0          # the export is off the attempt's path
     assert pq.read_table(tmp_path / shards["spans"]).num_rows == len(SPANS)
+
+
+@pytest.mark.sandbox
+def test_a_real_rollout_reaches_the_collector_as_a_tree(runtime, python_image, solving_policy, tmp_path,
+                                                       monkeypatch):
+    """A rollout of a built-in task through the scripted policy, in a real sandbox, with the
+    node's OTLP endpoint set: the collector gets the attempt's root and every span the store
+    holds, with the same ids, all children of the root."""
+    from controller.taskbank.builtin import builtin_taskset
+    from nodeagent.agent.attempt import Attempt, run_attempt
+    task = builtin_taskset().by_name()["python/reverse_words"]
+    with OtlpReceiver() as rx:
+        monkeypatch.setenv("PADDOCK_OTLP_ENDPOINT", rx.url)
+        monkeypatch.setenv("PADDOCK_TRACE_KEEP", "0")          # a pass: kept only as a suspect or slow
+        monkeypatch.setenv("PADDOCK_TRACE_SLOW_S", "0")        # ...and every rollout is slow here
+        a = Attempt("run", str(tmp_path), "r1", 1, 3, "b", 1, {**task.canonical(), "task_id": task.task_id}, 7,
+                    solving_policy.url, "scripted-v7")
+        res = run_attempt(runtime, python_image, "n1", a)
+        assert res.outcome == "pass", res.infra_reason
+        assert tracing.flush(10.0)
+        stored = pq.read_table(tmp_path / res.shards["spans"]).to_pylist()
+        wait_for(lambda: len(rx.spans) >= 1 + len(stored), 10.0, "the rollout's spans at the collector")
+    spans = [s for _, s in rx.spans]
+    root = tracing.root_span_id("run", "r1", 1, 3)
+    (r,) = [s for s in spans if not s.parent_span_id]
+    assert r.span_id.hex() == root and _attrs(r)["paddock.trace_sample"] == "slow"
+    assert {s.trace_id.hex() for s in spans} == {tracing.trace_id("run", "r1")}
+    kinds = [s["kind"] for s in stored]
+    assert kinds[0] == "sandbox_start" and kinds[-1] == "verification" and kinds.count("model_call") == 3
+    assert sorted((s.span_id.hex(), s.parent_span_id.hex()) for s in spans if s.parent_span_id) == \
+        sorted((s["span_id"], s["parent_span_id"]) for s in stored)
+    assert {s["parent_span_id"] for s in stored} == {root}
+    calls = [s for s in spans if _attrs(s).get("paddock.span.kind") == "model_call"]
+    assert all(_attrs(s)["gen_ai.usage.output_tokens"] > 0 for s in calls)     # the gateway's rows
