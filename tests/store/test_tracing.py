@@ -194,6 +194,25 @@ def test_the_spans_view_holds_the_tree_and_a_dropped_attempt_keeps_its_row_but_n
         ("gone", tracing.trace_id("run-a", "gone"), "dropped"), ("kept", tracing.trace_id("run-a", "kept"), "failed")]
 
 
+def test_the_report_says_when_span_times_are_of_the_kept_attempts_only(tmp_path):
+    import io
+
+    from controller.analysis.report import build_report
+    from controller.analysis.report_render import print_text
+    cat = Catalog(tmp_path)
+    for rid, kw in (("kept", dict(outcome="fail")), ("gone", {}), ("gone2", {})):
+        shards = write_attempt(tmp_path, "n1", row(rid, **kw), [], [], spans=SPANS,
+                               trace=tracing.TraceConfig(keep_fraction=0.0))
+        cat.commit(rid, 1, 1, shards, committed_at=T0)
+    cat.flush()
+    rep = build_report(tmp_path)
+    assert rep["span_sampling"] == {"dropped": 2, "failed": 1}
+    assert {r["kind"]: r["count"] for r in rep["span_percentiles"]}["model_call"] == 2    # the kept one's
+    out = io.StringIO()
+    print_text(rep, out)
+    assert "the spans of 2 of 3 committed attempts were dropped" in out.getvalue()
+
+
 def test_an_unknown_sampling_decision_is_a_schema_error(tmp_path):
     with pytest.raises(SchemaError, match="rollouts.trace_sample: 'maybe'"):
         write_attempt(tmp_path, "n1", row(trace_sample="maybe"), [], [], spans=SPANS)
