@@ -276,7 +276,9 @@ def otel_spans(rollout: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], d
                model_calls: Sequence[Mapping[str, Any]] = ()) -> list:
     """The attempt's tree as OpenTelemetry SDK `ReadableSpan`s: the root (the attempt) first,
     then one per spans row (ids as `with_ids` gave them). Times: `started_at` plus the rows'
-    `start_s`. Model calls of the built-in harness carry their gateway row's model and tokens."""
+    `start_s`. Model calls of the built-in harness carry their gateway row's model and tokens;
+    a harness in the sandbox's calls (gateway rows beyond the model_call spans) become spans
+    of their own under the harness's span."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -331,6 +333,30 @@ def otel_spans(rollout: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], d
         out.append(ReadableSpan(name, context=ctx, parent=parent, resource=resource, attributes=a,
                                 kind=span_kind, start_time=_ns(start),
                                 end_time=_ns(start + timedelta(seconds=float(row["duration_s"]))),
+                                instrumentation_scope=scope))
+    # A harness inside the sandbox: its model calls are the gateway's rows, not spans rows. They
+    # are exported as the gateway's spans, with the ids the gateway sent upstream, under the
+    # harness's span.
+    harness = [r["span_id"] for r in spans if r.get("kind") == "tool_call" and r.get("name") == "harness"]
+    under = SpanContext(tid, int(harness[0] if harness else root_hex, 16), is_remote=False, trace_flags=flags)
+    for i in sorted(calls):
+        call, start = calls[i], calls[i].get("started_at")
+        if isinstance(start, (int, float)) and not isinstance(start, bool):
+            start = datetime.fromtimestamp(start, tz=timezone.utc)
+        if i < n_model or not isinstance(start, datetime):
+            continue
+        a = {"paddock.span.kind": "model_call", "paddock.call.index": i}
+        for key, col in (("gen_ai.request.model", "request_model"), ("gen_ai.response.model", "model"),
+                         ("gen_ai.usage.input_tokens", "prompt_tokens"),
+                         ("gen_ai.usage.output_tokens", "completion_tokens"), ("paddock.call.status", "status"),
+                         ("paddock.step", "step")):
+            _attr(a, key, call.get(col))
+        sid = child_span_id(root_hex, "model_call", i)
+        dur = float(call.get("upstream_s") or 0.0) + float(call.get("gateway_s") or 0.0)
+        out.append(ReadableSpan(f"model_call {call.get('model') or ''}".strip(),
+                                context=SpanContext(tid, int(sid, 16), is_remote=False, trace_flags=flags),
+                                parent=under, resource=resource, attributes=a, kind=SpanKind.CLIENT,
+                                start_time=_ns(start), end_time=_ns(start + timedelta(seconds=dur)),
                                 instrumentation_scope=scope))
     return out
 

@@ -317,6 +317,38 @@ def test_a_collector_receives_the_attempts_span_tree_and_nothing_of_a_dropped_on
     assert {res["host.name"] for res, _ in rx.spans} == {"n1"}
 
 
+def call_row(i, **kw) -> dict:
+    r = dict(call_index=i, source="harness", step=None, model="scripted-v7", request_model="whatever",
+             request_messages=[{"role": "user", "content": "hi"}], request_params={}, status="ok", retries=0,
+             started_at=T0 + timedelta(seconds=1 + i), upstream_s=0.25, gateway_s=0.01, prompt_tokens=11,
+             completion_tokens=3 + i)
+    r.update(kw)
+    return r
+
+
+def test_a_harness_in_the_sandbox_has_its_gateway_calls_exported_with_the_ids_sent_upstream(tmp_path):
+    harness_spans = [SPANS[0], {"kind": "tool_call", "name": "harness", "step": 0, "start_s": 0.2, "duration_s": 5.0},
+                     SPANS[-1]]
+    with OtlpReceiver() as rx:
+        cfg = tracing.TraceConfig(endpoint=rx.url)
+        shards = write_attempt(tmp_path, "n1", row("r1", outcome="fail"), [], [], spans=harness_spans,
+                               model_calls=[call_row(0), call_row(1), call_row(2, source="user_sim")], trace=cfg)
+        assert tracing.flush(10.0)
+        wait_for(lambda: len(rx.spans) >= 1 + len(harness_spans) + 2, 10.0, "the exported spans")
+    stored = pq.read_table(tmp_path / shards["spans"]).to_pylist()
+    assert [s["kind"] for s in stored] == [s["kind"] for s in harness_spans]      # the store: as written
+    spans = [s for _, s in rx.spans]
+    assert len(spans) == 1 + len(harness_spans) + 2                               # no user_sim call
+    (harness_id,) = [s["span_id"] for s in stored if s["name"] == "harness"]
+    calls = sorted((s for s in spans if _attrs(s).get("paddock.span.kind") == "model_call"),
+                   key=lambda s: s.start_time_unix_nano)
+    root = tracing.attempt_context("run-a", "r1", 1, 1)
+    assert [s.span_id.hex() for s in calls] == [tracing.model_call_context(root, i).span_id for i in (0, 1)]
+    assert {s.parent_span_id.hex() for s in calls} == {harness_id}
+    assert [_attrs(s)["gen_ai.usage.output_tokens"] for s in calls] == [3, 4]
+    assert [(s.end_time_unix_nano - s.start_time_unix_nano) for s in calls] == [260_000_000] * 2
+
+
 def test_a_collector_that_is_down_costs_the_trace_not_the_attempt(tmp_path):
     with OtlpReceiver() as rx:
         url = rx.url                          # a port that was just closed: nothing listens
