@@ -340,11 +340,12 @@ def otel_spans(rollout: Mapping[str, Any], spans: Sequence[Mapping[str, Any]], d
     harness = [r["span_id"] for r in spans if r.get("kind") == "tool_call" and r.get("name") == "harness"]
     under = SpanContext(tid, int(harness[0] if harness else root_hex, 16), is_remote=False, trace_flags=flags)
     for i in sorted(calls):
-        call, start = calls[i], calls[i].get("started_at")
-        if isinstance(start, (int, float)) and not isinstance(start, bool):
-            start = datetime.fromtimestamp(start, tz=timezone.utc)
-        if i < n_model or not isinstance(start, datetime):
+        call, at = calls[i], calls[i].get("started_at")
+        if isinstance(at, (int, float)) and not isinstance(at, bool):
+            at = datetime.fromtimestamp(at, tz=timezone.utc)
+        if i < n_model or not isinstance(at, datetime):
             continue
+        start = at
         a = {"paddock.span.kind": "model_call", "paddock.call.index": i}
         for key, col in (("gen_ai.request.model", "request_model"), ("gen_ai.response.model", "model"),
                          ("gen_ai.usage.input_tokens", "prompt_tokens"),
