@@ -113,8 +113,8 @@ class KeepAliveModel:
     def _open(self, blob: bytes, deadline: float, accept: str) -> tuple[int, dict[str, str], int]:
         """Send the request (one write) on the kept connection, a fresh one if there is none or
         it went stale; (status, reply headers, watchdog token). The reply's body is unread."""
-        tp = self.traceparent
-        trace = f"traceparent: {tp}\r\n" if tp and tracing.parse_traceparent(tp) else ""
+        ctx = tracing.parse_traceparent(self.traceparent)       # re-written: never raw text in a header
+        trace = f"traceparent: {ctx.header()}\r\n" if ctx is not None else ""
         req = self._prefix + f"Accept: {accept}\r\n{trace}Content-Length: {len(blob)}\r\n\r\n".encode() + blob
         for attempt in (0, 1):
             fresh = self._sock is None

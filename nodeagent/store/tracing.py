@@ -110,7 +110,7 @@ def parse_traceparent(value: str | None) -> TraceContext | None:
     """A `traceparent` header or TRACEPARENT value, or None when it is absent or invalid."""
     if not value:
         return None
-    m = _TP.match(value.strip())
+    m = _TP.match(value.strip(" \t"))         # OWS: spaces and tabs only
     if m is None:
         return None
     version, tid, sid, flags, rest = m.groups()

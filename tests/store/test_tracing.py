@@ -82,14 +82,43 @@ def test_ids_are_derived_from_the_rollout_and_read_by_the_official_w3c_propagato
         f"{0xABC:032x}", f"{0xDEF:016x}", False)
 
 
-@pytest.mark.parametrize("value", [
-    None, "", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",             # no flags
-    "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",                      # uppercase
-    "00-00000000000000000000000000000000-b7ad6b7169203331-01",                      # zero trace
-    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",                      # zero span
-    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",                      # version ff
-    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",                # 00 + more
+# The traceparent cases of the W3C Trace Context test suite (w3c/trace-context, test/test.py),
+# as data: each value and whether a participant continues the trace it names.
+W3C_TRACE = "12345678901234567890123456789012"
+W3C_VALID = [f"00-{W3C_TRACE}-1234567890123456-01", f"cc-{W3C_TRACE}-1234567890123456-01",
+             f"cc-{W3C_TRACE}-1234567890123456-01-what-the-future-will-be-like",
+             f" 00-{W3C_TRACE}-1234567890123456-01", f"\t00-{W3C_TRACE}-1234567890123456-01",
+             f"00-{W3C_TRACE}-1234567890123456-01 ", f"00-{W3C_TRACE}-1234567890123456-01\t",
+             f"\t 00-{W3C_TRACE}-1234567890123456-01 \t", f"00-{W3C_TRACE}-1234567890123456-00"]
+W3C_INVALID = [f"00-{W3C_TRACE}-1234567890123456-01.",
+               f"00-{W3C_TRACE}-1234567890123456-01-what-the-future-will-be-like",
+               f"cc-{W3C_TRACE}-1234567890123456-01.what-the-future-will-be-like",
+               f"ff-{W3C_TRACE}-1234567890123456-01", f".0-{W3C_TRACE}-1234567890123456-01",
+               f"0.-{W3C_TRACE}-1234567890123456-01", f"000-{W3C_TRACE}-1234567890123456-01",
+               f"0000-{W3C_TRACE}-1234567890123456-01", f"0-{W3C_TRACE}-1234567890123456-01",
+               "00-00000000000000000000000000000000-1234567890123456-01",
+               "00-.2345678901234567890123456789012-1234567890123456-01",
+               "00-1234567890123456789012345678901.-1234567890123456-01",
+               "00-123456789012345678901234567890123-1234567890123456-01",
+               "00-1234567890123456789012345678901-1234567890123456-01",
+               f"00-{W3C_TRACE}-0000000000000000-01", f"00-{W3C_TRACE}-.234567890123456-01",
+               f"00-{W3C_TRACE}-123456789012345.-01", f"00-{W3C_TRACE}-12345678901234567-01",
+               f"00-{W3C_TRACE}-123456789012345-01", f"00-{W3C_TRACE}-1234567890123456-.0",
+               f"00-{W3C_TRACE}-1234567890123456-0.", f"00-{W3C_TRACE}-1234567890123456-001",
+               f"00-{W3C_TRACE}-1234567890123456-1"]
+
+
+@pytest.mark.parametrize("value", W3C_VALID)
+def test_the_w3c_suites_valid_traceparents_are_read(value):
+    ctx = tracing.parse_traceparent(value)
+    assert ctx is not None and (ctx.trace_id, ctx.span_id) == (W3C_TRACE, "1234567890123456")
+    assert ctx.sampled == (value.strip(" \t").split("-")[3] == "01")
+
+
+@pytest.mark.parametrize("value", W3C_INVALID + [
+    None, "", "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",             # uppercase
     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nx-evil: 1",         # injection
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",                  # CRLF is not OWS
 ])
 def test_an_invalid_traceparent_is_refused(value):
     assert tracing.parse_traceparent(value) is None
