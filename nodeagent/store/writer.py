@@ -117,7 +117,7 @@ def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: st
 
     Checked column-wise, not row by row: the columns must be the table's (nullable ones may
     be missing and become NULL), castable to its types, with no NULL in a
-    non-nullable column and only known `outcome` / span `kind` values. JSON text columns are
+    non-nullable column and only known `outcome`, `trace_sample` / span `kind` values. JSON text columns are
     not parsed here (the per-attempt writer does that). The rows become visible only once
     their keys are committed in the catalog, like any shard.
     """
@@ -147,10 +147,11 @@ def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: st
                               f"not nullable")
         arrays.append(col)
     out = pa.Table.from_arrays(arrays, schema=schema)
-    enums = {"rollouts": ("outcome", OUTCOMES), "spans": ("kind", SPAN_KINDS)}
-    if table in enums:
-        col, valid = enums[table]
-        bad = pc.sum(pc.invert(pc.is_in(out[col], pa.array(valid)))).as_py()
+    enums = {"rollouts": [("outcome", OUTCOMES), ("trace_sample", TRACE_SAMPLE_DECISIONS)],
+             "spans": [("kind", SPAN_KINDS)]}
+    for col, valid in enums.get(table, []):
+        known = pc.or_kleene(pc.is_in(out[col], pa.array(valid)), pc.is_null(out[col]))
+        bad = pc.sum(pc.invert(known)).as_py()
         if bad:
             raise SchemaError(f"{table}.{col}: {bad} value(s) not in {', '.join(valid)}")
     directory = Path(run_dir) / table

@@ -247,6 +247,19 @@ def test_an_unknown_sampling_decision_is_a_schema_error(tmp_path):
         write_attempt(tmp_path, "n1", row(trace_sample="maybe"), [], [], spans=SPANS)
 
 
+def test_a_bulk_rollouts_batch_with_an_unknown_sampling_decision_is_refused(tmp_path):
+    import pyarrow as pa
+
+    from nodeagent.store.writer import write_batch
+    base = {k: [v] for k, v in row().items() if k not in ("reward_components", "limits", "started_at",
+                                                          "finished_at")}
+    base.update(reward_components=['{}'], limits=['{}'], started_at=[T0], finished_at=[T0])
+    assert write_batch(tmp_path, "rollouts", pa.table({**base, "trace_sample": [None]}), "a.parquet")
+    assert write_batch(tmp_path, "rollouts", pa.table({**base, "trace_sample": ["failed"]}), "b.parquet")
+    with pytest.raises(SchemaError, match="rollouts.trace_sample: 1 value"):
+        write_batch(tmp_path, "rollouts", pa.table({**base, "trace_sample": ["maybe"]}), "c.parquet")
+
+
 def test_shards_written_before_the_tree_read_and_compact_with_null_ids(tmp_path):
     cat = Catalog(tmp_path)
     old = write_attempt(tmp_path, "n1", row("old", outcome="fail"), [], [], spans=SPANS)
