@@ -208,6 +208,17 @@ def infra_by_node(con: duckdb.DuckDBPyConnection) -> list[dict]:
             for n, r, a, c, e in rows]
 
 
+def span_sampling(con: duckdb.DuckDBPyConnection) -> dict[str, int]:
+    """Committed attempts per tail-sampling decision (rollouts.trace_sample; NULL, written
+    before traces, counts as `all`): with `dropped` attempts the span times describe the kept."""
+    cols = {r[0] for r in con.execute("DESCRIBE main.rollouts").fetchall()}
+    if "trace_sample" not in cols:          # a store whose views predate traces
+        return {}
+    rows = con.execute("SELECT coalesce(trace_sample, 'all'), count(*) FROM main.rollouts "
+                       "GROUP BY 1 ORDER BY 1").fetchall()
+    return {k: int(n) for k, n in rows}
+
+
 def span_percentiles(con: duckdb.DuckDBPyConnection) -> list[dict]:
     """p50/p99 (seconds) per span kind from per-node HDR histograms merged across nodes.
 
@@ -342,6 +353,7 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
         spec, spec_source = cfg.bands, "given to the report"
     con = connect(run_dir)
     try:
+        sampling = span_sampling(con)           # before the temp table below shadows the view
         con.execute(f"CREATE TEMP TABLE rollouts AS SELECT {', '.join(REPORT_COLUMNS)} "
                     "FROM main.rollouts")
         classes = task_classes(con, spec)
@@ -364,6 +376,7 @@ def build_report(run_dir: str | Path, cfg: ReportConfig | None = None) -> dict:
             "slowest_rollouts": slowest_rollouts(con, run_dir, cfg.top_n),
             "infra_by_node": infra_by_node(con),
             "span_percentiles": span_percentiles(con),
+            "span_sampling": sampling,
             "web": web_observations(con, run_dir),
             "bad_shards": [{"file": f, "error": e} for f, e in
                            con.execute("SELECT file, error FROM bad_shards ORDER BY file").fetchall()],

@@ -87,6 +87,16 @@ def glance(rep: dict) -> list[str]:
     return lines
 
 
+def sampling_sentence(rep: dict) -> str:
+    """A line under the span times when tail sampling dropped the spans of some attempts."""
+    samp = rep.get("span_sampling") or {}
+    dropped, total = samp.get("dropped", 0), sum(samp.values())
+    if not dropped:
+        return ""
+    return (f"  (tail sampling: the spans of {dropped} of {total} committed attempts were dropped; "
+            f"the times above are of the kept: failed, slow, hack-suspect and sampled)\n")
+
+
 def hack_rule_sentence(rule: dict) -> str:
     """What "no hack suspect" means, saying which families the effort rule exempts (answer
     tasks are solved in one step with no diff: the top-by-effort table shows them)."""
@@ -152,6 +162,7 @@ def print_text(rep: dict, out: TextIO) -> None:
         w(f"  {empty_sentence('span_percentiles', rep)}\n" if r is None else
           f"  {r['kind']:14} n={r['count']:<8} p50 {secs(r['p50_s']):>9}  p99 {secs(r['p99_s']):>9}"
           f"  ({r['nodes']} nodes)\n")
+    w(sampling_sentence(rep))
     web = rep.get("web") or {}
     if web.get("tasks"):
         w("\nWeb rollouts: what the browser showed (accessibility trees are the steps' observations,"
@@ -305,6 +316,7 @@ def render_html(rep: dict) -> str:
                                      ("attempts", "attempts", num), ("committed", "committed", num),
                                      ("example", "example", str)], E("infra_by_node")),
         "<h2>Time per span kind (HDR, merged across nodes)</h2>", times,
+        f"<p>{html.escape(sampling_sentence(rep).strip())}</p>" if sampling_sentence(rep) else "",
         table(rep["span_percentiles"], [("kind", "kind", str), ("count", "spans", num),
                                         ("nodes", "nodes", num), ("p50_s", "p50", secs),
                                         ("p99_s", "p99", secs)], E("span_percentiles")),

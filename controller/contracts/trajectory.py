@@ -23,6 +23,8 @@ ATTEMPT_TABLES: tuple[str, ...] = SHARD_TABLES + ("model_calls",)
 CALL_STATUSES = ("ok", "error", "budget")
 CALL_SOURCES = ("builtin", "harness", "user_sim")   # user_sim: a simulated user's calls, never trained on
 SPAN_KINDS = ("model_call", "tool_call", "sandbox_start", "verification")
+# rollouts.trace_sample: why the attempt's spans were kept (suspect, failed, slow, sampled) or not.
+TRACE_SAMPLE_DECISIONS = ("suspect", "failed", "slow", "sampled", "dropped")
 # What produced a row: copied from the rollout row into every child row by the writer.
 PROVENANCE_COLUMNS = ("taskset_hash", "task_id", "image_digest", "verifier_version",
                       "policy_version", "limits")
@@ -76,6 +78,8 @@ ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("cpu_s", pa.float64(), True),
     _f("peak_memory_bytes", pa.int64(), True),
     _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
+    _f("trace_id", pa.string(), True),       # the rollout's trace (32 hex; nodeagent/store/tracing.py)
+    _f("trace_sample", pa.string(), True),   # the tail-sampling decision: TRACE_SAMPLE_DECISIONS
 ])
 
 STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
@@ -164,7 +168,13 @@ _PROVENANCE_FIELDS = [
 ]
 STEPS_SCHEMA = pa.schema(list(STEPS_SCHEMA) + _PROVENANCE_FIELDS)
 CHECKS_SCHEMA = pa.schema(list(CHECKS_SCHEMA) + _PROVENANCE_FIELDS)
-SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS)
+# The span tree (nullable: shards written before these columns existed read as NULL).
+_TRACE_FIELDS = [
+    _f("trace_id", pa.string(), True),        # 32 hex: the rollout's trace
+    _f("span_id", pa.string(), True),         # 16 hex
+    _f("parent_span_id", pa.string(), True),  # 16 hex: the attempt's root span
+]
+SPANS_SCHEMA = pa.schema(list(SPANS_SCHEMA) + _PROVENANCE_FIELDS + _TRACE_FIELDS)
 EGRESS_SCHEMA = pa.schema(list(EGRESS_SCHEMA) + _PROVENANCE_FIELDS)
 MODEL_CALLS_SCHEMA = pa.schema(list(MODEL_CALLS_SCHEMA) + _PROVENANCE_FIELDS)
 
@@ -176,10 +186,12 @@ SCHEMAS: dict[str, pa.Schema] = {
 # Columns a caller may leave out (they become NULL). Every other column is a required key,
 # even when nullable: a required nullable column must be passed explicitly as None.
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
-    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path"}),
+    "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path",
+                           "trace_id", "trace_sample"}),
     "steps": frozenset({"observation_truncated", "tool_faults"}) | frozenset(PROVENANCE_COLUMNS),
     "checks": frozenset(PROVENANCE_COLUMNS),
-    "spans": frozenset({"name", "step", "node"}) | frozenset(PROVENANCE_COLUMNS),
+    "spans": frozenset({"name", "step", "node", "trace_id", "span_id", "parent_span_id"})
+    | frozenset(PROVENANCE_COLUMNS),
     "egress": frozenset({"sandbox", "host", "port", "address", "reason"})
     | frozenset(PROVENANCE_COLUMNS),
     "model_calls": frozenset({"parent_call", "prompt_extends_previous", "step", "call_policy_version", "model",

@@ -25,6 +25,10 @@ harness inside the sandbox. Each call:
    gateway's own time on the call's path, until the reply went out). Budgets are counted at
    once; the row itself is built when `rows` is read, off the call's path (the HTTP front
    sends a reply's bytes as they came, then decodes them: `forward`).
+6. carries the rollout's trace: with `trace` (the attempt's root span context,
+   `nodeagent.store.tracing.attempt_context`), each request to the model server has a W3C
+   `traceparent` header whose parent is the call's model_call span (`model_call_context`:
+   the same id the trajectory writer gives the n-th model_call span of the attempt).
 
 Time is injected (`clock` monotonic for durations, `wall` for `started_at`, `sleep` for the
 backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
@@ -46,6 +50,7 @@ from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
 from nodeagent.gateway.upstream import KeepAliveModel
 from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout, decode_reply
+from nodeagent.store import tracing
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +123,8 @@ class Session:
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], Any] = utc_now,
                  sleep: Callable[[float], None] = time.sleep,
                  client: Callable[[str], Model] | None = None,
-                 max_version_retries: int = MAX_VERSION_RETRIES) -> None:
+                 max_version_retries: int = MAX_VERSION_RETRIES,
+                 trace: tracing.TraceContext | None = None) -> None:
         if flavor not in wire.FLAVORS:
             raise ValueError(f"gateway flavor {flavor!r}; valid: {', '.join(wire.FLAVORS)}")
         self._upstream = upstream if callable(upstream) else (lambda: upstream)
@@ -136,6 +142,7 @@ class Session:
         self._charged = 0               # calls counted against the budget (all but refusals)
         self._history: list[tuple[list[int] | None, list[int] | None]] = []
         self._lock = threading.Lock()
+        self.trace = trace              # the attempt's root span (tracing.attempt_context) or None
 
     # -- the Model seam ---------------------------------------------------------------------
 
@@ -203,6 +210,7 @@ class Session:
               send: Callable[[bytes], None] | None = None) -> tuple[dict, bytes | None]:
         t_in, started = self._clock(), self._wall()
         wire.check_request(payload)
+        call_trace = tracing.model_call_context(self.trace, self.calls) if self.trace is not None else None
         try:
             self._check_budget(t_in)
         except BudgetExhausted as exc:
@@ -223,6 +231,8 @@ class Session:
                 if remaining <= 0:
                     raise ModelTimeout("no wall budget left for the model call")
                 client = self._client_for(up.endpoint)
+                if call_trace is not None and hasattr(client, "traceparent"):
+                    client.traceparent = call_trace.header()
                 fwd = wire.upstream_payload(payload, up.model, self.flavor, stream=emit is not None
                                             and hasattr(client, "stream"))
                 if emit is not None:

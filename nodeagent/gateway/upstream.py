@@ -27,6 +27,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from nodeagent.gateway import http1, wire
 from nodeagent.harness.model import MAX_RESPONSE_BYTES, ModelError, ModelTimeout, decode_reply
+from nodeagent.store import tracing
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
@@ -100,6 +101,7 @@ class KeepAliveModel:
         self._rfile: BinaryIO | None = None
         self._lock = threading.Lock()
         self.fired = False
+        self.traceparent: str | None = None   # a W3C traceparent sent with each request (the session sets it)
 
     def _connect(self, timeout_s: float) -> None:
         sock = socket.create_connection(self._addr, timeout=timeout_s)
@@ -111,7 +113,9 @@ class KeepAliveModel:
     def _open(self, blob: bytes, deadline: float, accept: str) -> tuple[int, dict[str, str], int]:
         """Send the request (one write) on the kept connection, a fresh one if there is none or
         it went stale; (status, reply headers, watchdog token). The reply's body is unread."""
-        req = self._prefix + f"Accept: {accept}\r\nContent-Length: {len(blob)}\r\n\r\n".encode() + blob
+        ctx = tracing.parse_traceparent(self.traceparent)       # re-written: never raw text in a header
+        trace = f"traceparent: {ctx.header()}\r\n" if ctx is not None else ""
+        req = self._prefix + f"Accept: {accept}\r\n{trace}Content-Length: {len(blob)}\r\n\r\n".encode() + blob
         for attempt in (0, 1):
             fresh = self._sock is None
             if fresh:

@@ -39,8 +39,10 @@ from controller.contracts.trajectory import (
     SCHEMAS,
     SHARD_TABLES,
     SPAN_KINDS,
+    TRACE_SAMPLE_DECISIONS,
     shard_name,
 )
+from nodeagent.store import tracing
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,8 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
                   checks: Sequence[Mapping[str, Any]],
                   spans: Sequence[Mapping[str, Any]] = (),
                   egress: Sequence[Mapping[str, Any]] = (),
-                  model_calls: Sequence[Mapping[str, Any]] | None = None) -> dict[str, str]:
+                  model_calls: Sequence[Mapping[str, Any]] | None = None,
+                  trace: tracing.TraceConfig | None = None) -> dict[str, str]:
     """Validate and write the five shards of one attempt; return {table: path relative to run_dir}.
 
     `model_calls` (the gateway's rows), when given, is written as a sixth shard of the same
@@ -64,20 +67,34 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     rollout_id, attempt, fencing_token) and the provenance columns: they are copied from
     `rollout_row`; if given they must match it. All rows are validated before any file is
     written. Every table gets a shard, empty when it has no rows.
+
+    The spans become a tree (`nodeagent.store.tracing`: trace, span and parent ids) and are
+    tail-sampled: `trace` (default: the node's config, `tracing.node_config()`) decides from
+    the finished attempt whether its spans are kept; the rollouts row records the trace id and
+    the decision (`trace_id`, `trace_sample`); a dropped attempt's spans shard is empty. A kept
+    attempt's tree is queued for OTLP export when an endpoint is configured.
     """
     run_dir = Path(run_dir)
+    cfg = tracing.node_config() if trace is None else trace
     rollout = _complete_rollout(rollout_row, node)
+    _to_table("rollouts", [rollout])                # validated before the sampler reads it
+    decision = rollout.get("trace_sample") or cfg.decide(rollout, checks)
+    rollout.setdefault("trace_id", tracing.trace_id(rollout["run_id"], rollout["rollout_id"]))
+    rollout["trace_sample"] = decision
     rollouts_table = _to_table("rollouts", [rollout])
     keys = {k: rollout[k] for k in KEY_COLUMNS}
     keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
-    children = {"steps": steps, "checks": checks, "spans": _spans(spans, node),
-                "egress": _egress(egress)}
+    span_rows = tracing.with_ids(_spans(spans, node), keys["run_id"], keys["rollout_id"], keys["attempt"],
+                                 keys["fencing_token"])
+    children = {"steps": steps, "checks": checks, "spans": span_rows, "egress": _egress(egress)}
     if model_calls is not None:
         children["model_calls"] = model_calls
     tables = {"rollouts": rollouts_table}
     for table, rows in children.items():
         tables[table] = _to_table(table, [_with_keys(table, i, r, keys)
                                           for i, r in enumerate(rows)])
+    if decision == "dropped":                       # validated above, not kept
+        tables["spans"] = tables["spans"].slice(0, 0)
     name = shard_name(node, keys["rollout_id"], keys["attempt"], keys["fencing_token"])
     written: dict[str, str] = {}
     for table, data in tables.items():
@@ -86,9 +103,11 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
         _write_atomic(data, directory / name)
         if table in SHARD_TABLES:
             written[table] = f"{table}/{name}"
-    log.info("wrote shards rollout_id=%s attempt=%s token=%s node=%s steps=%d checks=%d",
+    log.info("wrote shards rollout_id=%s attempt=%s token=%s node=%s steps=%d checks=%d trace=%s",
              keys["rollout_id"], keys["attempt"], keys["fencing_token"], node,
-             len(steps), len(checks))
+             len(steps), len(checks), decision)
+    if decision != "dropped" and cfg.endpoint:
+        tracing.export_attempt(cfg, rollout, span_rows, decision, model_calls or ())
     return written
 
 
@@ -98,7 +117,7 @@ def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: st
 
     Checked column-wise, not row by row: the columns must be the table's (nullable ones may
     be missing and become NULL), castable to its types, with no NULL in a
-    non-nullable column and only known `outcome` / span `kind` values. JSON text columns are
+    non-nullable column and only known `outcome`, `trace_sample` / span `kind` values. JSON text columns are
     not parsed here (the per-attempt writer does that). The rows become visible only once
     their keys are committed in the catalog, like any shard.
     """
@@ -128,10 +147,11 @@ def write_batch(run_dir: str | os.PathLike, table: str, data: pa.Table, name: st
                               f"not nullable")
         arrays.append(col)
     out = pa.Table.from_arrays(arrays, schema=schema)
-    enums = {"rollouts": ("outcome", OUTCOMES), "spans": ("kind", SPAN_KINDS)}
-    if table in enums:
-        col, valid = enums[table]
-        bad = pc.sum(pc.invert(pc.is_in(out[col], pa.array(valid)))).as_py()
+    enums = {"rollouts": [("outcome", OUTCOMES), ("trace_sample", TRACE_SAMPLE_DECISIONS)],
+             "spans": [("kind", SPAN_KINDS)]}
+    for col, valid in enums.get(table, []):
+        known = pc.or_kleene(pc.is_in(out[col], pa.array(valid)), pc.is_null(out[col]))
+        bad = pc.sum(pc.invert(known)).as_py()
         if bad:
             raise SchemaError(f"{table}.{col}: {bad} value(s) not in {', '.join(valid)}")
     directory = Path(run_dir) / table
@@ -168,6 +188,9 @@ def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:
     row.setdefault("node", node)
     if row["node"] != node:
         raise SchemaError(f"rollouts.node: row says {row['node']!r} but the writer is {node!r}")
+    if row.get("trace_sample") is not None and row["trace_sample"] not in TRACE_SAMPLE_DECISIONS:
+        raise SchemaError(f"rollouts.trace_sample: {row['trace_sample']!r} is not one of "
+                          f"{', '.join(TRACE_SAMPLE_DECISIONS)}")
     outcome = row.get("outcome")
     if outcome is not None and outcome not in OUTCOMES:
         raise SchemaError(f"rollouts.outcome: {outcome!r} is not one of {', '.join(OUTCOMES)}")
