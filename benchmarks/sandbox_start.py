@@ -125,12 +125,20 @@ def main() -> None:
               f"(shared machine: compare the ratios, not the absolute times)")
         line("paddock cold create+exec+destroy", ours, ref_p50)
         print("   phases p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in phases.items()))
+        print("   phases p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f} ms" for k, v in phases.items()))
         print(f"   settle() after the last cycle: {settle_s * 1e3:.2f} ms (background teardown confirmed)")
         print("   create stages p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in gaps.items()))
+        print("   create stages p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f}" for k, v in gaps.items()))
+        slow = sorted(range(len(ours)), key=ours.__getitem__)[-max(1, len(ours) // 100):]
+        print("   slowest 1% of cycles, stage by stage (ms): " + "; ".join(
+            f"{ours[i] * 1e3:.1f} = " + " ".join(f"{k} {v[i] * 1e3:.1f}" for k, v in phases.items())
+            for i in slow))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
         line("unshare -Urmnp --fork true (floor)", low, ref_p50)
         print(f"ratio paddock cold / bwrap (p50): {statistics.median(ours) / ref_p50:.2f}  (goal <= 1.0)")
+        print(f"ratio paddock cold p99 / its p50: {pct(ours, .99) / statistics.median(ours):.2f}  (goal <= 2.0)")
+        print(f"ratio paddock cold p99 / bwrap p99: {pct(ours, .99) / pct(ref, .99):.2f}  (goal <= 1.0)")
         print(f"warm handout p99: {pct(handout, .99) * 1e3:.3f} ms  (goal <= 1 ms; {len(handout)} handouts, "
               f"{sum(h > 1e-3 for h in handout)} over 1 ms, max {max(handout) * 1e3:.2f} ms)")
     finally:
