@@ -41,6 +41,17 @@ def pct(xs, q):
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
+def tail_shares(total: list[float], stages: dict[str, list[float]]) -> str:
+    """Which stages make the tail: over the slowest 5% of cycles, each stage's excess over its
+    own median, as a share of the cycles' excess over the median cycle (stages listed per
+    cycle, in the same order as `total`)."""
+    slow = sorted(range(len(total)), key=total.__getitem__)[-max(1, len(total) // 20):]
+    excess = sum(total[i] for i in slow) - len(slow) * statistics.median(total)
+    shares = {k: sum(v[i] - statistics.median(v) for i in slow) / excess
+              for k, v in stages.items() if len(v) == len(total) and excess > 0}
+    return "  ".join(f"{k} {x:.0%}" for k, x in sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def timed(fn, n):
     out = []
     for _ in range(n):
@@ -129,10 +140,9 @@ def main() -> None:
         print(f"   settle() after the last cycle: {settle_s * 1e3:.2f} ms (background teardown confirmed)")
         print("   create stages p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in gaps.items()))
         print("   create stages p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f}" for k, v in gaps.items()))
-        slow = sorted(range(len(ours)), key=ours.__getitem__)[-max(1, len(ours) // 100):]
-        print("   slowest 1% of cycles, stage by stage (ms): " + "; ".join(
-            f"{ours[i] * 1e3:.1f} = " + " ".join(f"{k} {v[i] * 1e3:.1f}" for k, v in phases.items())
-            for i in slow))
+        print("   tail share (the slowest 5% of cycles: each stage's time over its own p50, as a "
+              "share of their total over the cycle p50): " + tail_shares(ours, {**gaps, **{
+                  k: v for k, v in phases.items() if k != "create"}}))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
         line("unshare -Urmnp --fork true (floor)", low, ref_p50)
