@@ -15,8 +15,10 @@ namespace), each agent with `--slots` slots whose attempts run in real native sa
 built-in busybox image: create, exec `sleep --hold-s`, destroy (no harness, no model). The
 trainer client here submits `--rollouts` at once. Prints the controller's CPU (per rollout and
 in cores over the run), the peak of concurrent sandboxes, and p50/p99 of each stage of a
-rollout: queue+dispatch (submit -> the attempt starts on its node), create, exec, destroy, and
-report+commit (the attempt ends -> the client sees it committed), and submit -> committed.
+rollout: queued (submit -> leased, from the queue's rows: waiting for a free slot when more are
+submitted than there are slots), lease -> the attempt starts on its node, create, exec, destroy,
+result -> committed (the attempt ends -> the queue commits it), committed -> the trainer sees
+it, and submit -> the trainer sees it.
 
     .venv/bin/python benchmarks/slurm_job.py [--runs 3] [--tasks 4]
     .venv/bin/python benchmarks/slurm_job.py --farm [--slots 100] [--rollouts 600] [--hold-s 2]
@@ -27,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -142,9 +145,17 @@ def farm_agent(endpoint: str, key_file: str, slots: int, hold_s: float, log_dir:
         rt.close()
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def proc_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of a live process, by thread name (the main thread is "python")."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def farm(a) -> int:
@@ -156,8 +167,9 @@ def farm(a) -> int:
     run_dir, logs, ep_file = work / "run", work / "logs", work / "endpoint"
     logs.mkdir()
     with TestCluster(work / "cluster", nodes=3, name_prefix="pdkbf") as cluster:
+        prof = ["-m", "cProfile", "-o", a.profile_controller] if a.profile_controller else []
         ctl = subprocess.Popen(
-            [sys.executable, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
+            [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
              str(run_dir), "--tasks-json", str(tasks), "--endpoint-file", str(ep_file),
              "--bind", f"tcp://{cluster.controller_addr}:0", "--log-level", "WARNING",
              "--lease-ttl-s", "120"], stderr=open(work / "controller.log", "wb"),
@@ -186,12 +198,17 @@ def farm(a) -> int:
             # warm-up (not measured): the image mounted on each node, the catalog open (keys
             # committed before it is are held back until it is: pyarrow's import)
             client.wait(client.submit(["noop"], 6, 1))
+            # ... and its rows in the catalog (the first write imports pyarrow's compute)
+            while not (run_dir / "catalog" / "commit-000000.parquet").exists():
+                time.sleep(0.05)
             cpu0, t0 = proc_cpu_s(ctl.pid), time.time()
             batch = client.submit(["noop"], a.rollouts, 1)
             committed = {}
             for r in client.results(batch):
                 committed[r["rollout_id"]] = time.time()
-            wall, cpu = time.time() - t0, proc_cpu_s(ctl.pid) - cpu0
+            wall, cpu1 = time.time() - t0, proc_cpu_s(ctl.pid)
+            threads = {k: v - cpu0.get(k, 0.0) for k, v in cpu1.items()}
+            cpu = sum(threads.values())
             client.shutdown("benchmark done")
             client.close()
             agents.wait(timeout=60)
@@ -208,23 +225,34 @@ def farm(a) -> int:
     for _, d in events:
         live += d
         peak = max(peak, live)
-    stages = {"queue+dispatch": [r["start"] - t0 for r in rows],
+    con = sqlite3.connect(f"file:{run_dir / 'controller.db'}?mode=ro", uri=True)
+    db = {rid: (leased, done) for rid, leased, done in con.execute(
+        "SELECT rollout_id, leased_at, updated_at FROM rollouts WHERE state = 'committed'")}
+    con.close()
+    rows = [r for r in rows if r["rollout"] in db]
+    stages = {"queued (no free slot)": [db[r["rollout"]][0] - t0 for r in rows],
+              "lease -> node starts": [r["start"] - db[r["rollout"]][0] for r in rows],
               "create": [r["created"] - r["start"] for r in rows],
               f"exec (sleep {a.hold_s:g})": [r["execd"] - r["created"] for r in rows],
               "destroy": [r["destroyed"] - r["execd"] for r in rows],
-              "report+commit": [committed[r["rollout"]] - r["destroyed"] for r in rows],
-              "submit->committed": [committed[r["rollout"]] - t0 for r in rows]}
+              "result -> committed": [db[r["rollout"]][1] - r["destroyed"] for r in rows],
+              "committed -> trainer": [committed[r["rollout"]] - db[r["rollout"]][1] for r in rows],
+              "submit -> trainer": [committed[r["rollout"]] - t0 for r in rows]}
     per_node = {n: sum(r["node"] == n for r in rows) for n in sorted({r["node"] for r in rows})}
     print(f"farm: 3 nodes x {a.slots} slots, {len(committed)} of {a.rollouts} rollouts committed "
           f"in {wall:.1f} s ({per_node}); peak {peak} concurrent sandboxes; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"controller CPU: {cpu:.2f} s = {cpu / max(len(committed), 1) * 1e3:.2f} ms per rollout, "
-          f"{cpu / wall:.3f} cores over the run")
-    print(f"{'stage':22} {'p50 ms':>9} {'p99 ms':>9} {'p99/p50':>8}")
+          f"{cpu / wall:.3f} cores over the run (by thread: " + ", ".join(
+              f"{k} {v:.2f} s" for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0) + ")")
+    print(f"{'stage':22} {'p50 ms':>9} {'p99 ms':>9} {'p99/p50':>8}   (wall clock of one host)")
     for name, xs in stages.items():
         p50, p99 = statistics.median(xs), pct(xs, 0.99)
         print(f"{name:22} {p50 * 1e3:9.1f} {p99 * 1e3:9.1f} {p99 / p50:8.2f}")
-    print(f"work dir kept: {work}")
+    if a.keep:
+        print(f"work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
@@ -236,6 +264,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=100, help="--farm: slots per node")
     ap.add_argument("--rollouts", type=int, default=600, help="--farm: rollouts submitted at once")
     ap.add_argument("--hold-s", type=float, default=2.0, help="--farm: each sandbox sleeps this long")
+    ap.add_argument("--keep", action="store_true", help="--farm: keep the work directory")
+    ap.add_argument("--profile-controller", metavar="PATH", help="--farm: cProfile stats of the controller")
     ap.add_argument("--farm-agent", help=argparse.SUPPRESS)
     ap.add_argument("--key-file", help=argparse.SUPPRESS)
     ap.add_argument("--log-dir", help=argparse.SUPPRESS)
