@@ -43,13 +43,13 @@ def pct(xs, q):
 
 def tail_shares(total: list[float], stages: dict[str, list[float]]) -> str:
     """Which stages make the tail: over the slowest 5% of cycles, each stage's excess over its
-    own median, as a share of the cycles' excess over the median cycle (stages listed per
-    cycle, in the same order as `total`)."""
+    own median, as a share of all stages' excess (stages listed per cycle, in the same order
+    as `total`)."""
     slow = sorted(range(len(total)), key=total.__getitem__)[-max(1, len(total) // 20):]
-    excess = sum(total[i] for i in slow) - len(slow) * statistics.median(total)
-    shares = {k: sum(v[i] - statistics.median(v) for i in slow) / excess
-              for k, v in stages.items() if len(v) == len(total) and excess > 0}
-    return "  ".join(f"{k} {x:.0%}" for k, x in sorted(shares.items(), key=lambda kv: -kv[1]))
+    over = {k: max(0.0, sum(v[i] - statistics.median(v) for i in slow))
+            for k, v in stages.items() if len(v) == len(total)}
+    excess = sum(over.values()) or 1.0
+    return "  ".join(f"{k} {x / excess:.0%}" for k, x in sorted(over.items(), key=lambda kv: -kv[1]))
 
 
 def timed(fn, n):
@@ -141,7 +141,7 @@ def main() -> None:
         print("   create stages p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in gaps.items()))
         print("   create stages p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f}" for k, v in gaps.items()))
         print("   tail share (the slowest 5% of cycles: each stage's time over its own p50, as a "
-              "share of their total over the cycle p50): " + tail_shares(ours, {**gaps, **{
+              "share of all stages' time over theirs): " + tail_shares(ours, {**gaps, **{
                   k: v for k, v in phases.items() if k != "create"}}))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
