@@ -295,10 +295,11 @@ def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
     small, big = max(mine), sorted(mine)[-2] if len(mine) > 1 else None
     if big is not None:  # many small agents against fewer big ones (the same slots in all)
         s, b = mine[small], mine[big]
+        goal = (" (goal >= 0.77)", " (goal <= 1.5)") if (small, big) == (64, 8) else ("", "")
         print(f"  {small} agents / {big} agents (same slots in all): throughput "
-              f"{s['rate'] / b['rate']:.2f}x (goal >= 0.77), CPU per rollout: controller "
+              f"{s['rate'] / b['rate']:.2f}x{goal[0]}, CPU per rollout: controller "
               f"{s['cpu_controller'] / b['cpu_controller']:.2f}x, all processes "
-              f"{s['cpu_total'] / b['cpu_total']:.2f}x (goal <= 1.5)")
+              f"{s['cpu_total'] / b['cpu_total']:.2f}x{goal[1]}")
     for agents in sorted({k[1] for k in pad}):
         if (True, agents) in pad and (False, agents) in pad:
             on, off = pad[(True, agents)], pad[(False, agents)]
