@@ -18,7 +18,9 @@ in cores over the run), the peak of concurrent sandboxes, and p50/p99 of each st
 rollout: queued (submit -> leased, from the queue's rows: waiting for a free slot when more are
 submitted than there are slots), lease -> the attempt starts on its node, create, exec, destroy,
 result -> committed (the attempt ends -> the queue commits it), committed -> the trainer sees
-it, and submit -> the trainer sees it.
+it, and submit -> the trainer sees it. Runs as root, as the in-test cluster does; each node's
+sandboxes take a third of the `paddock` user's subordinate ids (slices of 128: up to 169 slots
+a node).
 
     .venv/bin/python benchmarks/slurm_job.py [--runs 3] [--tasks 4]
     .venv/bin/python benchmarks/slurm_job.py --farm [--slots 100] [--rollouts 600] [--hold-s 2]
