@@ -26,7 +26,8 @@ all farms; `--curve on|off` runs one mode only.
 Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1,
 CURVE / plain throughput and p50 at each agent count),
 and the CPU time per rollout of the controller, the agent processes and the client over the
-throughput runs (all on the same cores); `--profile-controller PATH` runs the controller under
+throughput runs (all on the same cores), and their CPU per second once the farm is idle
+(`--idle-s`: what the agents' count costs by itself); `--profile-controller PATH` runs the controller under
 cProfile (stats in PATH.<agents>).
 
     .venv/bin/python benchmarks/dispatch.py [--rollouts 20000] [--agents 1,8,64]
@@ -188,14 +189,25 @@ def bench_paddock(args, tmp: Path) -> dict[tuple[bool, int], dict]:
                     after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
                     used[curve] = [u + (b - a) / (args.rollouts * args.repeats)
                                    for u, a, b in zip(used[curve], before, after)]
+            idle = {}
+            for curve in modes:  # the farm with nothing to do: heartbeats and timers only
+                farm = farms[(curve, agents)]
+                before = [cpu_s(p.pid) for p in farm.procs]
+                t0 = time.perf_counter()
+                time.sleep(args.idle_s)
+                spent = [cpu_s(p.pid) - b for p, b in zip(farm.procs, before)]
+                idle[curve] = [x / (time.perf_counter() - t0) for x in spent]
             for curve in modes:
                 key, u = (curve, agents), used[curve]
-                out[key] = {"rate": statistics.median(rates[curve]), "rates": rates[curve]}
+                out[key] = {"rate": statistics.median(rates[curve]), "rates": rates[curve],
+                            "cpu_controller": u[0], "cpu_total": sum(u)}
                 print(f"paddock  {label(key)} x {max(args.slots // agents, 1):2d} slots: "
                       f"{out[key]['rate']:9.0f} rollouts/s (runs "
                       f"{', '.join(f'{r:.0f}' for r in rates[curve])})\n         cpu per rollout: "
                       f"controller {u[0] * 1e6:.0f} us, agents {sum(u[1:-1]) * 1e6:.0f} us, "
-                      f"client {u[-1] * 1e6:.0f} us", flush=True)
+                      f"client {u[-1] * 1e6:.0f} us\n         idle ({args.idle_s:g} s): controller "
+                      f"{idle[curve][0] * 1e3:.1f} ms/s, agents {sum(idle[curve][1:]) * 1e3:.1f} ms/s",
+                      flush=True)
         lat: dict[tuple[bool, int], list[float]] = {k: [] for k in farms}
         order = list(farms)
         for i in range(args.latency_n):  # one probe per farm per round, the order rotating
@@ -280,6 +292,14 @@ def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
         print(f"  {kind} p50 latency / paddock p50 (1 agent): {r['p50'] / first['p50']:10.0f}x")
     for agents, r in mine.items():
         print(f"  p99 latency at {agents:3d} agents / at {min(mine)}: {r['p99'] / first['p99']:6.2f}x")
+    small, big = max(mine), sorted(mine)[-2] if len(mine) > 1 else None
+    if big is not None:  # many small agents against fewer big ones (the same slots in all)
+        s, b = mine[small], mine[big]
+        goal = (" (goal >= 0.77)", " (goal <= 1.5)") if (small, big) == (64, 8) else ("", "")
+        print(f"  {small} agents / {big} agents (same slots in all): throughput "
+              f"{s['rate'] / b['rate']:.2f}x{goal[0]}, CPU per rollout: controller "
+              f"{s['cpu_controller'] / b['cpu_controller']:.2f}x, all processes "
+              f"{s['cpu_total'] / b['cpu_total']:.2f}x{goal[1]}")
     for agents in sorted({k[1] for k in pad}):
         if (True, agents) in pad and (False, agents) in pad:
             on, off = pad[(True, agents)], pad[(False, agents)]
@@ -297,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent-procs", type=int, default=2)
     ap.add_argument("--latency-n", type=int, default=2000,
                     help="probes per agent count (a p99 of 500 is their 5th largest: one stall of this shared machine moves it)")
+    ap.add_argument("--idle-s", type=float, default=3.0,
+                    help="CPU of each farm left idle this long (heartbeats, timers) after its runs")
     ap.add_argument("--slurm-jobs", type=int, default=40)
     ap.add_argument("--slurm-latency-n", type=int, default=10)
     ap.add_argument("--no-slurm", action="store_true")

@@ -41,6 +41,17 @@ def pct(xs, q):
     return xs[min(int(q * len(xs)), len(xs) - 1)]
 
 
+def tail_shares(total: list[float], stages: dict[str, list[float]]) -> str:
+    """Which stages make the tail: over the slowest 5% of cycles, each stage's excess over its
+    own median, as a share of all stages' excess (stages listed per cycle, in the same order
+    as `total`)."""
+    slow = sorted(range(len(total)), key=total.__getitem__)[-max(1, len(total) // 20):]
+    over = {k: max(0.0, sum(v[i] - statistics.median(v) for i in slow))
+            for k, v in stages.items() if len(v) == len(total)}
+    excess = sum(over.values()) or 1.0
+    return "  ".join(f"{k} {x / excess:.0%}" for k, x in sorted(over.items(), key=lambda kv: -kv[1]))
+
+
 def timed(fn, n):
     out = []
     for _ in range(n):
@@ -125,12 +136,21 @@ def main() -> None:
               f"(shared machine: compare the ratios, not the absolute times)")
         line("paddock cold create+exec+destroy", ours, ref_p50)
         print("   phases p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f} ms" for k, v in phases.items()))
+        print("   phases p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f} ms" for k, v in phases.items()))
         print(f"   settle() after the last cycle: {settle_s * 1e3:.2f} ms (background teardown confirmed)")
         print("   create stages p50: " + "  ".join(f"{k} {statistics.median(v) * 1e3:.2f}" for k, v in gaps.items()))
+        print("   create stages p99: " + "  ".join(f"{k} {pct(v, .99) * 1e3:.2f}" for k, v in gaps.items()))
+        print("   tail share (the slowest 5% of cycles: each stage's time over its own p50, as a "
+              "share of all stages' time over theirs): " + tail_shares(ours, {**gaps, **{
+                  k: v for k, v in phases.items() if k != "create"}}))
         line("paddock warm-pool handout", handout, ref_p50)
         line("bwrap --unshare-all (ro root)", ref, ref_p50)
         line("unshare -Urmnp --fork true (floor)", low, ref_p50)
         print(f"ratio paddock cold / bwrap (p50): {statistics.median(ours) / ref_p50:.2f}  (goal <= 1.0)")
+        print(f"ratio paddock cold p99 / its p50: {pct(ours, .99) / statistics.median(ours):.2f}  (goal <= 2.0; "
+              f"this machine's own in the same run: bwrap {pct(ref, .99) / ref_p50:.2f}, unshare floor "
+              f"{pct(low, .99) / statistics.median(low):.2f})")
+        print(f"ratio paddock cold p99 / bwrap p99: {pct(ours, .99) / pct(ref, .99):.2f}  (goal <= 1.0)")
         print(f"warm handout p99: {pct(handout, .99) * 1e3:.3f} ms  (goal <= 1 ms; {len(handout)} handouts, "
               f"{sum(h > 1e-3 for h in handout)} over 1 ms, max {max(handout) * 1e3:.2f} ms)")
     finally:

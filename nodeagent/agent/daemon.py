@@ -47,6 +47,8 @@ from nodeagent.sandbox.apptainer import ApptainerRuntime
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
 log = logging.getLogger("nodeagent")
+# plain ints: pyzmq's enum flags cost an enum operation per use (twice per frame in the loop)
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 EXIT_REFUSED = 3  # the controller refused this agent at registration (its version)
 EXIT_NO_RUNTIME = 2  # the sandbox runtime could not start
 EXIT_GAVE_UP = 4  # no controller welcomed this agent within give_up_s
@@ -291,7 +293,7 @@ class NodeAgent:
                 continue
             try:
                 for frame in P.encode_frames(msg, self.deployment):
-                    self.sock.send(frame, zmq.NOBLOCK)
+                    self.sock.send(frame, _NOBLOCK)
             except zmq.Again:  # the pipe is full while the controller is away: liveness handles it
                 log.debug("send buffer full, %s not sent", msg.TYPE)
         for a in self.core.take_attempts():
@@ -299,11 +301,12 @@ class NodeAgent:
 
     def _receive(self) -> None:
         """Up to 256 frames waiting on the socket, into the core."""
+        sock = self.sock
         for _ in range(256):
-            if not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
                 break  # (cheaper than the exception recv raises on an empty queue)
             try:
-                data = self.sock.recv(zmq.NOBLOCK)
+                data = sock.recv(_NOBLOCK)
             except zmq.Again:
                 break
             if not self.core.receive_data(data):
