@@ -70,6 +70,24 @@ def test_egress_socket_is_relayed_from_loopback_3128_with_proxy_env(runtime, pyt
         assert r.stdout.split() == [b"lo"]   # still no network of its own
 
 
+def test_a_half_closed_connection_through_the_relay_still_gets_its_answer(runtime, python_image, echo_unix_server):
+    # a client that ends its request with shutdown(SHUT_WR) (HTTP/1.0 style, MCP's stdio link, `nc -N`)
+    # must still read the answer: the relay passes the end on and keeps the other direction open
+    path, seen = echo_unix_server
+    with runtime.create(SandboxSpec(image=python_image, egress_socket=path)) as sb:
+        code = ("import socket\n"
+                "s = socket.create_connection(('127.0.0.1', 3128), timeout=5)\n"
+                "s.sendall(b'no newline, then the end')\n"
+                "s.shutdown(socket.SHUT_WR)\n"
+                "got = b''\n"
+                "while (chunk := s.recv(100)):\n"
+                "    got += chunk\n"
+                "print(got.decode())\n")
+        r = sb.exec(["python3", "-c", code], timeout_s=10)
+        assert r.stdout.decode().strip() == "NO NEWLINE, THEN THE END", r.stderr
+        assert seen == [b"no newline, then the end"]
+
+
 def test_without_egress_socket_nothing_listens_on_3128(runtime, busybox_image):
     with runtime.create(SandboxSpec(image=busybox_image)) as sb:
         r = sb.exec(["sh", "-c", "nc -w 1 127.0.0.1 3128 </dev/null; echo rc=$?; echo $HTTP_PROXY"])

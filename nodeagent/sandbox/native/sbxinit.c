@@ -407,18 +407,19 @@ static void *relay_one(void *arg) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d", egress_fd);
     if (up >= 0 && connect(up, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        int fd[2] = {conn, up};    /* p[i].fd goes -1 when direction i ends; fd[i] stays for the other way */
         struct pollfd p[2] = {{conn, POLLIN, 0}, {up, POLLIN, 0}};
         int open_dirs = 2;
         char chunk[65536];
         while (open_dirs > 0 && poll(p, 2, -1) > 0) {
             for (int i = 0; i < 2; i++) {
                 if (!p[i].revents) continue;
-                ssize_t r = read(p[i].fd, chunk, sizeof chunk);
-                if (r <= 0) {   /* that direction is done: pass the end on */
-                    shutdown(p[1 - i].fd, SHUT_WR);
+                ssize_t r = read(fd[i], chunk, sizeof chunk);
+                if (r <= 0) {   /* that direction is done: pass the end on, keep the other one */
+                    shutdown(fd[1 - i], SHUT_WR);
                     p[i].fd = -1;
                     open_dirs--;
-                } else if (send(p[1 - i].fd, chunk, (size_t)r, MSG_NOSIGNAL) != r) {
+                } else if (send(fd[1 - i], chunk, (size_t)r, MSG_NOSIGNAL) != r) {
                     open_dirs = 0;
                 }
             }
