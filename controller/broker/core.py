@@ -463,10 +463,16 @@ class BrokerCore:
             view = self.nodes.get(node)
             self._unhold(rid, token)
             if view is not None and view.state != LOST:
+                # the holder stops the attempt now: its harness, its sandbox (nodeagent/agent/guard.py)
                 self._send(view.identity, P.Reject(rollout_id=rid, attempt=attempt,
                                                    token=token, reason=REJECT_CANCELLED))
+        if c.revoked:
+            self.counters["revoked_" + msg.reason] += len(c.revoked)
+        log.info("batch %s cancelled (%s): %d rollouts, %d running leases revoked", msg.batch_id,
+                 msg.reason, c.rollouts, len(c.revoked))
         self._commits += 1  # watchers of the batch: it may be done now
-        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id))
+        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id,
+                                         reason=msg.reason))
 
     def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
         view = self.nodes.get(msg.node)
