@@ -234,6 +234,12 @@ class HeldSandbox:
         self._guard._forget(self._sb)
         self._sb.destroy()
 
+    def __enter__(self) -> "HeldSandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
 
 class GuardedRuntime:
     """The node's sandbox runtime as one attempt uses it: every sandbox it makes is held by

@@ -236,9 +236,18 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
             return False
         return True
     t_tool = clock()
-    observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
-                                                             deadline, inject, row_no,
-                                                             watch.stop if watch is not None else None)
+    try:
+        observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
+                                                                 deadline, inject, row_no,
+                                                                 watch.stop if watch is not None else None)
+    except SandboxError:
+        if watch is None or not watch.stop():
+            raise
+        # the sandbox was killed under the call by the stop: the row records the calls, no observation
+        row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+                   observation="", observation_truncated=False, tool_s=clock() - t_tool, wall_s=clock() - m0)
+        res.stop_reason = STOPPED
+        return False
     row.update(tool_faults=json.dumps(faults) if faults else None,tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
                observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
                tool_s=clock() - t_tool, wall_s=clock() - m0)
