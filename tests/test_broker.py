@@ -929,3 +929,33 @@ def test_an_agent_that_never_registered_exits_when_the_controller_stops(tmp_path
                        heartbeat_interval_s=0.05, give_up_s=0.3)
     t0 = time.monotonic()
     assert lonely.run() == EXIT_GAVE_UP and time.monotonic() - t0 < 5
+
+
+def test_a_cancel_carries_its_typed_reason_and_only_a_trainers_reasons_are_taken(h):
+    h.register("n1", 1)
+    batch = h.submit(n=2)
+    (lease,) = leases(h.tick())
+    out = h.send(b"c", P.Cancel(idem="k", batch_id=batch, reason="shutdown"))
+    assert of_type(out, P.Cancelled)[0].reason == "shutdown"
+    assert [(p, m.rollout_id) for p, m in out if isinstance(m, P.Reject)] == [(b"n1", lease.rollout_id)]
+    assert h.core.counters["revoked_shutdown"] == 1
+    with pytest.raises(P.ProtocolError, match="reason must be one of"):
+        P.Cancel(idem="k2", batch_id=batch, reason="lease_revoked").check()
+    raw = json.dumps({"v": P.PROTOCOL_VERSION, "dep": DEP, "type": "cancel", "id": "x" * 32,
+                      "body": {"idem": "k3", "batch_id": batch, "reason": "because"}}).encode()
+    assert h.frame(b"c", raw) == [] and h.core.dropped["bad_field"] == 1
+
+
+def test_cancelled_work_never_feeds_the_curriculum(tmp_path):
+    from controller.taskbank.curriculum import Curriculum
+    cur = Curriculum(tmp_path / "c.sqlite", ["t1"])
+    h = Harness(tmp_path, curriculum=cur)
+    h.register("n1", 2)
+    batch = h.submit(n=2)
+    first, second = leases(h.tick())
+    h.send("n1", result(first, "fail"))          # committed before the cancel: counts
+    h.send(b"c", P.Cancel(idem="k", batch_id=batch))
+    late = h.send("n1", result(second, "pass"))  # the cancelled one's late result
+    assert [m.reason for m in of_type(late, P.Reject)] == ["cancelled"]
+    est = cur.estimates(1)["t1"]
+    assert (est.evidence, est.mean < 0.5) == (1.0, True), "one fail counted, the cancelled pass not"

@@ -140,8 +140,18 @@ NODE_LOST = "node_lost"  # recorded as "node_lost: <why>"
 INFRA_LOSS_KINDS: tuple[str, ...] = ("model_server", "sandbox_start", "sandbox", "store")
 
 
+# An attempt phase past its deadline is `infra_error` with reason "deadline: <phase>: ..."
+# (nodeagent/agent/guard.py). The node's phases (making or destroying a sandbox) and the
+# end-to-end deadline are losses; a slow set-up or grading is the task's.
+DEADLINE = "deadline"
+DEADLINE_LOSS_PHASES = ("create", "teardown", "total")
+
+
 def is_infra_loss(infra_reason: str | None) -> bool:
     """Is this agent-reported `infra_reason` the infrastructure's fault (a loss, counted
     toward `max_node_losses`) rather than the task's (toward `max_attempts`)?"""
-    kind = (infra_reason or "").split(":", 1)[0].strip()
+    kind, _, rest = (infra_reason or "").partition(":")
+    kind = kind.strip()
+    if kind == DEADLINE:
+        return rest.strip().startswith(DEADLINE_LOSS_PHASES)
     return kind in INFRA_LOSS_KINDS or kind == NODE_LOST
