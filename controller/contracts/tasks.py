@@ -73,6 +73,9 @@ BUDGET_RANGES: dict[str, tuple[type, float, float]] = {
     # episode as the policy's failure; 0 takes the default (nodeagent/harness/progress.py).
     "no_progress_repeats": (int, 0, 1_000_000), "no_output_turns": (int, 0, 1_000_000),
 }
+# Budget keys a run's config may default for the tasks that leave them at 0.
+RUN_DEFAULT_KEYS = ("create_s", "setup_s", "verify_s", "teardown_s", "total_s", "no_progress_repeats",
+                    "no_output_turns")
 # Budget keys added after the first task ids were made: left out of the canonical form at 0.
 LATER_BUDGET_KEYS = ("max_model_calls", "create_s", "setup_s", "verify_s", "teardown_s", "total_s",
                      "no_progress_repeats", "no_output_turns")
@@ -139,6 +142,19 @@ class Budgets:
     def __post_init__(self) -> None:
         for key, (kind, lo, hi) in BUDGET_RANGES.items():
             checked_number(key, getattr(self, key), kind, lo, hi, what="budget", error=BudgetError)
+
+    def with_run_defaults(self, run: Mapping[str, Any] | None) -> "Budgets":
+        """These budgets with a run's defaults (its config) for the deadline and no-progress
+        keys (RUN_DEFAULT_KEYS) the task leaves at 0: the task's own values win. A key outside
+        RUN_DEFAULT_KEYS, or a bad value, raises BudgetError naming it."""
+        if not run:
+            return self
+        unknown = sorted(set(run) - set(RUN_DEFAULT_KEYS))
+        if unknown:
+            raise BudgetError(f"run budget default {unknown[0]!r} is not one of {list(RUN_DEFAULT_KEYS)}")
+        given = {k: checked_number(k, v, *BUDGET_RANGES[k], what="run budget default", error=BudgetError)
+                 for k, v in run.items()}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if not getattr(self, k)})
 
 
 @dataclass(frozen=True)

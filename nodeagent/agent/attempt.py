@@ -42,12 +42,13 @@ Must not import: zmq, nodeagent.agent.daemon.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from controller.contracts.fileio import atomic_write, utc_now
 from controller.contracts.network import PolicyError
@@ -100,9 +101,14 @@ def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -
 
 def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
                 clock: Callable[[], float] = time.monotonic,
-                current_policy: Callable[[], object] | None = None) -> AttemptResult:
+                current_policy: Callable[[], object] | None = None,
+                run_budgets: Mapping[str, float] | None = None) -> AttemptResult:
+    """Run one attempt (see the module docstring). `run_budgets`: the run's defaults for the
+    deadline and no-progress budget keys the task leaves at 0 (`Budgets.with_run_defaults`)."""
     try:
         task = _task_of(a)
+        if run_budgets:
+            task = dataclasses.replace(task, budgets=task.budgets.with_run_defaults(run_budgets))
     except TaskError as exc:
         return AttemptResult("infra_error", None, {}, f"task: {exc}")
     if not task.instruction:

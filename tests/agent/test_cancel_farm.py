@@ -20,6 +20,7 @@ from controller.contracts.keys import read_key_file
 from controller.store.queue import RolloutQueue
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.daemon import NodeAgent
+from nodeagent.agent.health import HealthSampler
 from tests.agent.toolpolicy import ToolPolicy
 from tests.conftest import wait_for
 
@@ -82,6 +83,7 @@ def test_a_cancelled_batch_frees_its_slots_within_a_second(farm, runtime, tmp_pa
     counters = c.status().counters
     assert (counters["revoked_cancelled_by_trainer"], counters["revoked_deadline"]) == (2, 2)
     assert dict(agent.core.cancelled) == {"cancelled_by_trainer": 4}, "the node knows only that its batch was cancelled"
+    assert HealthSampler(agent).sample()["cancelled"] == {"cancelled_by_trainer": 4}   # `paddock health`
     assert c.wait(first) == [] and c.wait(second) == []                # nothing of it committed
 
     q = RolloutQueue(tmp_path / "q.db")

@@ -104,3 +104,10 @@ def test_a_cancelled_attempt_stops_within_a_second_and_writes_nothing(runtime, p
     assert took < 1.0, f"the cancelled attempt ended {took:.2f}s after its cancel"
     assert runtime.active_sandboxes() == 0
     assert not (tmp_path / "changes").exists() and not list(tmp_path.rglob("*.parquet"))
+
+
+def test_a_runs_end_to_end_deadline_applies_to_a_task_without_one(runtime, python_image, policy, tmp_path):
+    t0 = time.monotonic()
+    res = run_attempt(runtime, python_image, "n1", attempt(tmp_path, policy, task()), run_budgets={"total_s": 1.5})
+    assert (res.outcome, res.reward) == ("timeout", 0.0) and time.monotonic() - t0 < 8
+    assert row_of(tmp_path, res)["stop_reason"] == "deadline"
