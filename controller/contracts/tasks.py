@@ -152,8 +152,8 @@ class Budgets:
         unknown = sorted(set(run) - set(RUN_DEFAULT_KEYS))
         if unknown:
             raise BudgetError(f"run budget default {unknown[0]!r} is not one of {list(RUN_DEFAULT_KEYS)}")
-        given = {k: checked_number(k, v, *BUDGET_RANGES[k], what="run budget default", error=BudgetError)
-                 for k, v in run.items()}
+        given: dict[str, Any] = {k: checked_number(k, v, *BUDGET_RANGES[k], what="run budget default",
+                                                   error=BudgetError) for k, v in run.items()}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if not getattr(self, k)})
 
 
