@@ -111,3 +111,49 @@ def test_a_runs_end_to_end_deadline_applies_to_a_task_without_one(runtime, pytho
     res = run_attempt(runtime, python_image, "n1", attempt(tmp_path, policy, task()), run_budgets={"total_s": 1.5})
     assert (res.outcome, res.reward) == ("timeout", 0.0) and time.monotonic() - t0 < 8
     assert row_of(tmp_path, res)["stop_reason"] == "deadline"
+
+
+def slow_grading(t: dict) -> dict:
+    """The task with a hidden test that sleeps: grading takes 30 s."""
+    t = dict(t)
+    t["hidden"] = {**t["hidden"], "test_hidden.py": "import time\n\ndef test_slow():\n    time.sleep(30)\n"}
+    return t
+
+
+@pytest.mark.parametrize("phase", ["setup", "model call", "tool call", "verify"])
+def test_a_cancel_in_any_phase_ends_the_attempt_within_a_second(runtime, python_image, policy, tmp_path, phase):
+    from tests.agent.toolpolicy import HANG
+    from tests.conftest import wait_for
+    t = task()
+    if phase == "setup":
+        t["setup"] = [f"sleep 30 # {uuid.uuid4().hex}"]
+    elif phase == "model call":
+        policy.command = HANG
+    elif phase == "verify":
+        policy.command, t = None, slow_grading(t)
+    a = attempt(tmp_path, policy, t)
+    out: list = []
+    th = threading.Thread(target=lambda: out.append(run_attempt(runtime, python_image, "n1", a)))
+    th.start()
+    if phase in ("setup", "verify"):
+        wait_for(lambda: runtime.active_sandboxes() >= 1 and policy.requests == (phase == "verify"), 60,
+                 f"the {phase} sandbox at work")
+    else:
+        wait_for(lambda: policy.requests >= 1 and runtime.active_sandboxes() >= 1, 60, "the agent at work")
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    a.cancel.set("cancelled_by_trainer")
+    th.join(10)
+    took = time.monotonic() - t0
+    assert not th.is_alive()
+    assert out[0].infra_reason == "cancelled: cancelled_by_trainer" and out[0].shards == {}
+    assert took < 1.0, f"cancelled in its {phase}, the attempt ended {took:.2f}s later"
+    assert runtime.active_sandboxes() == 0
+
+
+def test_grading_past_its_deadline_is_cut_and_is_an_infra_error(runtime, python_image, policy, tmp_path):
+    policy.command = None
+    t0 = time.monotonic()
+    res = run_attempt(runtime, python_image, "n1", attempt(tmp_path, policy, slow_grading(task(verify_s=2.0))))
+    assert (res.outcome, res.reward) == ("infra_error", None) and res.infra_reason.startswith("deadline: verify: ")
+    assert time.monotonic() - t0 < 10

@@ -1,6 +1,7 @@
 """A model server outside Paddock for the agent tests: chat completions over the OpenAI wire
-format whose every reply is the tool call `calls` says now (a shell command), or a final answer
-when `command` is None. The tests switch `command` while it serves; `requests` counts calls."""
+format whose every reply is the tool call `command` says now (a shell command), a final answer
+when `command` is None, or no answer for `hang_s` seconds when `command` is HANG. The tests
+switch `command` while it serves; `requests` counts calls."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
+HANG = "<hang>"
+
 
 class ToolPolicy:
     def __init__(self, command: Optional[str] = "sleep 30") -> None:
-        self.command, self.requests = command, 0
+        self.command, self.requests, self.hang_s = command, 0, 30.0
+        self.released = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -24,6 +28,9 @@ class ToolPolicy:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 outer.requests += 1
                 cmd = outer.command
+                if cmd == HANG:
+                    outer.released.wait(outer.hang_s)
+                    cmd = None
                 msg: dict = {"role": "assistant", "content": "done" if cmd is None else ""}
                 if cmd is not None:
                     msg["tool_calls"] = [{"id": f"c{outer.requests}", "type": "function",
@@ -43,5 +50,6 @@ class ToolPolicy:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def close(self) -> None:
+        self.released.set()
         self.httpd.shutdown()
         self.httpd.server_close()
