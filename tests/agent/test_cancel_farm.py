@@ -76,6 +76,7 @@ def test_a_cancelled_batch_frees_its_slots_within_a_second(farm, runtime, tmp_pa
     assert time.monotonic() - t0 < 1.0 + taken_s
     assert dict(agent.core.cancelled) == {"cancelled_by_trainer": 2}
 
+    wait_for(lambda: policy.requests == 4, 10, "the second batch's rollouts in their tool call")
     # a cancel with another reason: echoed, counted by it; the node stops that batch too
     reply = c._request(P.Cancel(idem=uuid.uuid4().hex, batch_id=second, reason="deadline"), (P.Cancelled,))
     assert (reply.rollouts, reply.reason) == (2, "deadline")
