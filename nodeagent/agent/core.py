@@ -44,8 +44,9 @@ Rules:
   (`gave_up`), rather than retry for ever.
 - Drain (`drain()`, or a `drain` from the controller): no new leases (credit 0), finish what
   runs until the deadline, then `release` what is still unfinished and `disconnect`.
-- Cancellation: an attempt the agent stops running -- a `reject` of its lease (its batch
-  cancelled: `cancelled_by_trainer`; a stale token or unknown rollout: `lease_revoked`), a
+- Cancellation: an attempt the agent stops running -- a `reject` of its lease or of a newer
+  lease of its rollout (its batch cancelled: `cancelled_by_trainer`; a stale token or unknown
+  rollout: `lease_revoked`), a
   newer lease of its rollout (`superseded`), the drain deadline (`drain`), a `shutdown`
   (`shutdown`) -- has its `cancel` signal set with that code (states.CancelReason) and its
   slot freed at once; its result is never reported. The attempt's runner watches the signal
@@ -462,7 +463,9 @@ class AgentCore:
             if (p.msg.rollout_id, p.msg.token) == (msg.rollout_id, msg.token):
                 del self.unacked[key]
         a = self.active.get(msg.rollout_id)
-        if a is not None and a.token == msg.token:  # cancelled or stale: stop it, never report it
+        # cancelled or stale: stop it, never report it. A newer token means the rollout was
+        # leased again since (the controller revokes a fenced lease it hears of): ours is stale.
+        if a is not None and msg.token >= a.token:
             self._stop(a, cancel_reason_of_reject(msg.reason))
 
     def _stop(self, a: Attempt, reason: str) -> None:
