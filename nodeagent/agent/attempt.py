@@ -29,6 +29,17 @@ time is `timeout` (reward 0: its own fault). A task it cannot run (one that does
 or has no instruction) is `infra_error` with reason `task: ...` naming the field, and no row.
 `Attempt` and `AttemptResult` are defined in nodeagent/agent/core.py (re-exported here).
 
+Deadlines and cancellation (`nodeagent.agent.guard`): the attempt runs its phases -- `setup`,
+`create`, `agent`, `verify`, `teardown` -- under the task's deadlines (its budgets, then the
+run's `run_budgets`, then the node's defaults) and its end-to-end `total_s`; every sandbox it
+makes goes through the guard's runtime and every model connection through the guard's client,
+so a deadline or the attempt's cancel signal kills them at once. A cancelled attempt returns
+`infra_error` `cancelled: <code>` and writes nothing (the agent core never reports it); a
+deadline in the agent phase is the policy's `timeout` (reward 0, stop reason `deadline`), in
+any other phase `infra_error` `deadline: <phase>: ...`; a verdict reached in killed grading
+sandboxes is discarded. An episode the harness's no-progress detector ended (`no_progress`,
+`no_output`) is the policy's `fail`, reward 0, not graded.
+
 A conversational task (`services`, `user`): the task's mock services run for this rollout
 (`nodeagent.services.host.ServiceHost`, each operation inside the agent's sandbox, the state
 held here) and its simulated user talks to the agent (`nodeagent.harness.usersim`; a model
@@ -186,7 +197,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
                      conversation, session, conv)
     if guard.stopped and guard.cancelled() is not None:
         return _stopped(guard)
-    if guard.deadline_phase() == "teardown" and res.outcome != "infra_error":
+    if guard.deadline_phase() in ("teardown", "total (teardown)") and res.outcome != "infra_error":
         return AttemptResult("infra_error", None, {}, _deadline_reason(guard))
     return res
 
