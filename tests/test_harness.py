@@ -321,13 +321,19 @@ def test_the_same_call_with_a_new_observation_is_progress(sb, fake):
     assert (res.stop_reason, len(res.steps)) == ("max_steps", 10)
 
 
-def test_turns_without_new_output_end_the_episode_as_no_output(sb, fake):
-    # every call differs (no repeat), but none says anything new: empty, or seen before
-    m = fake(*[reply(calls=[("shell", json.dumps({"command": f"true {i}" if i % 2 else f"echo seen # {i}"}))])
-               for i in range(40)])
+def test_turns_without_output_end_the_episode_as_no_output(sb, fake):
+    # every call differs (no repeat rule), none prints anything
+    m = fake(reply(calls=[("shell", '{"command": "echo start"}')]),
+             *[reply(calls=[("shell", json.dumps({"command": f"true {i}"}))]) for i in range(40)])
     res = agent(sb, m.url, {"max_steps": 40, "wall_s": 60, "no_output_turns": 6, "no_progress_repeats": 99})
-    # turn 0 says "seen" (new); turns 1..6 say nothing new
-    assert (res.stop_reason, len(res.steps)) == ("no_output", 7)
+    assert (res.stop_reason, len(res.steps)) == ("no_output", 7)          # "start", then 6 silent turns
+
+
+def test_the_same_output_after_different_calls_is_work_not_silence(sb, fake):
+    # many edits that each answer the same line ("replaced 1 occurrence(s) in f.py" in the edit tool)
+    m = fake(*[reply(calls=[("shell", json.dumps({"command": f"echo ok # edit {i}"}))]) for i in range(30)])
+    res = agent(sb, m.url, {"max_steps": 20, "wall_s": 60, "no_output_turns": 4, "no_progress_repeats": 4})
+    assert (res.stop_reason, len(res.steps)) == ("max_steps", 20)
 
 
 def test_the_detector_is_off_for_what_a_budget_sets_beyond_the_steps(sb, fake):

@@ -5,9 +5,11 @@ Two rules, fed one assistant turn at a time (`ProgressDetector.turn`):
   and its arguments, compared as parsed JSON -- answered by the same observation, the Nth time
   in the episode (not only in a row: a loop of two or three calls is caught too). Stop reason
   `no_progress`.
-- **silence** (`no_output_turns`, default DEFAULT_NO_OUTPUT_TURNS): N turns in a row that
-  produced no new output: no text from the assistant, and no observation that was not seen
-  before in the episode (an empty one included). Stop reason `no_output`.
+- **silence** (`no_output_turns`, default DEFAULT_NO_OUTPUT_TURNS): N turns in a row with no
+  output at all: no text from the assistant and only empty observations (commands that print
+  nothing, again and again). An observation seen before still counts as output: the same
+  "replaced 1 occurrence(s) in f.py" after each of many edits is work, not silence (a cycle of
+  the same calls and observations is the repeat rule's). Stop reason `no_output`.
 A budget of 0 takes the default; the task's budgets set them (controller/contracts/tasks.py).
 The detector sees only what the harness sees (calls and observations), never the sandbox.
 
@@ -52,15 +54,14 @@ def _canonical_args(arguments: Any) -> str:
 
 
 class ProgressDetector:
-    """Counts repeated (call, observation) pairs and turns without new output; `turn()` says
-    which rule fired (its stop reason) or None."""
+    """Counts repeated (call, observation) pairs and turns without output; `turn()` says which
+    rule fired (its stop reason) or None."""
 
     def __init__(self, repeats: int = DEFAULT_REPEATS, no_output_turns: int = DEFAULT_NO_OUTPUT_TURNS) -> None:
         if repeats < 1 or no_output_turns < 1:
             raise ValueError("the no-progress limits must be >= 1")
         self.repeats, self.no_output_turns = repeats, no_output_turns
         self._pairs: Counter = Counter()
-        self._seen: set[bytes] = set()
         self.silent_turns = 0
         self.most_repeated = 0
 
@@ -71,7 +72,7 @@ class ProgressDetector:
     def turn(self, content: Optional[str], calls: Iterable[tuple[Any, Any, str]]) -> Optional[str]:
         """One assistant turn: its text and its tool calls as (name, arguments, observation).
         Returns NO_PROGRESS, NO_OUTPUT or None."""
-        new_output = bool(content and content.strip())
+        output = bool(content and content.strip())
         fired = None
         for name, arguments, observation in calls:
             key = _digest(name, _canonical_args(arguments), observation)
@@ -79,11 +80,8 @@ class ProgressDetector:
             self.most_repeated = max(self.most_repeated, self._pairs[key])
             if self._pairs[key] >= self.repeats:
                 fired = NO_PROGRESS
-            obs = _digest(observation)
-            if observation and obs not in self._seen:
-                new_output = True
-            self._seen.add(obs)
-        self.silent_turns = 0 if new_output else self.silent_turns + 1
+            output = output or bool(observation and str(observation).strip())
+        self.silent_turns = 0 if output else self.silent_turns + 1
         if fired is None and self.silent_turns >= self.no_output_turns:
             fired = NO_OUTPUT
         return fired
