@@ -69,7 +69,7 @@ BUDGET_RANGES: dict[str, tuple[type, float, float]] = {
     "verify_s": (float, 0.0, 7 * 86400.0), "teardown_s": (float, 0.0, 7 * 86400.0),
     "total_s": (float, 0.0, 30 * 86400.0),
     # The harness's no-progress detector (docs/harness.md): the same tool call with the same
-    # observation this many times, or this many turns in a row with no new output, end the
+    # observation this many times, or this many turns in a row without output, end the
     # episode as the policy's failure; 0 takes the default (nodeagent/harness/progress.py).
     "no_progress_repeats": (int, 0, 1_000_000), "no_output_turns": (int, 0, 1_000_000),
 }

@@ -27,7 +27,7 @@ the user: the user's reply is the next `user` message, unless the user stops (`s
 "user_stop"`). Every user turn is a step row with `role = "user"`; `step` numbers all rows.
 
 No progress (`nodeagent.harness.progress`): the same tool call answered by the same observation
-`no_progress_repeats` times, or `no_output_turns` turns in a row without new output, end the
+`no_progress_repeats` times, or `no_output_turns` turns in a row without output, end the
 episode with stop reason `no_progress` or `no_output`: the policy's failure (the attempt's
 runner scores it 0 without grading), never an infrastructure error.
 
