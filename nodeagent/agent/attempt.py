@@ -139,6 +139,8 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
                      guard: AttemptGuard) -> AttemptResult:
     """The attempt's phases, each under its deadline; every sandbox made through `runtime` is
     the guard's to kill. After each phase a stop of the guard decides (`_stopped`)."""
+    if guard.stopped:               # cancelled while it waited for a slot thread: nothing to do
+        return _stopped(guard)
     try:
         with guard.phase("setup"):
             layers = task_sandbox_layers(runtime, image, task)

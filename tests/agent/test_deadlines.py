@@ -158,3 +158,12 @@ def test_grading_past_its_deadline_is_cut_and_is_an_infra_error(runtime, python_
     res = run_attempt(runtime, python_image, "n1", attempt(tmp_path, policy, slow_grading(task(verify_s=2.0))))
     assert (res.outcome, res.reward) == ("infra_error", None) and res.infra_reason.startswith("deadline: verify: ")
     assert time.monotonic() - t0 < 10
+
+
+def test_an_attempt_cancelled_before_it_starts_makes_no_sandbox_and_no_model_call(runtime, python_image, policy,
+                                                                                   tmp_path):
+    a = attempt(tmp_path, policy, task())
+    a.cancel.set("shutdown")
+    res = run_attempt(runtime, python_image, "n1", a)
+    assert (res.infra_reason, res.shards) == ("cancelled: shutdown", {})
+    assert policy.requests == 0 and runtime.active_sandboxes() == 0 and not list(tmp_path.iterdir())
