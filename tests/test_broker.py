@@ -929,3 +929,70 @@ def test_an_agent_that_never_registered_exits_when_the_controller_stops(tmp_path
                        heartbeat_interval_s=0.05, give_up_s=0.3)
     t0 = time.monotonic()
     assert lonely.run() == EXIT_GAVE_UP and time.monotonic() - t0 < 5
+
+
+def test_a_cancel_carries_its_typed_reason_and_only_a_trainers_reasons_are_taken(h):
+    h.register("n1", 1)
+    batch = h.submit(n=2)
+    (lease,) = leases(h.tick())
+    out = h.send(b"c", P.Cancel(idem="k", batch_id=batch, reason="shutdown"))
+    assert of_type(out, P.Cancelled)[0].reason == "shutdown"
+    assert [(p, m.rollout_id) for p, m in out if isinstance(m, P.Reject)] == [(b"n1", lease.rollout_id)]
+    assert h.core.counters["revoked_shutdown"] == 1
+    with pytest.raises(P.ProtocolError, match="reason must be one of"):
+        P.Cancel(idem="k2", batch_id=batch, reason="lease_revoked").check()
+    raw = json.dumps({"v": P.PROTOCOL_VERSION, "dep": DEP, "type": "cancel", "id": "x" * 32,
+                      "body": {"idem": "k3", "batch_id": batch, "reason": "because"}}).encode()
+    assert h.frame(b"c", raw) == [] and h.core.dropped["bad_field"] == 1
+
+
+def test_cancelled_work_never_feeds_the_curriculum(tmp_path):
+    from controller.taskbank.curriculum import Curriculum
+    cur = Curriculum(tmp_path / "c.sqlite", ["t1"])
+    h = Harness(tmp_path, curriculum=cur)
+    h.register("n1", 2)
+    batch = h.submit(n=2)
+    first, second = leases(h.tick())
+    h.send("n1", result(first, "fail"))          # committed before the cancel: counts
+    h.send(b"c", P.Cancel(idem="k", batch_id=batch))
+    late = h.send("n1", result(second, "pass"))  # the cancelled one's late result
+    assert [m.reason for m in of_type(late, P.Reject)] == ["cancelled"]
+    est = cur.estimates(1)["t1"]
+    assert (est.evidence, est.mean < 0.5) == (1.0, True), "one fail counted, the cancelled pass not"
+
+
+def test_a_node_still_running_a_fenced_lease_is_told_at_its_next_heartbeat(h):
+    h.register("n1", 1)
+    h.submit(n=1)
+    (old,) = leases(h.tick(), "n1")
+    h.register("n2", 1)
+    h.clock.advance(2.0)
+    h.send("n2", P.Heartbeat(node="n2", slots_free=1, active=0, health={}))
+    h.clock.advance(1.5)                                 # n1 silent: lost, its lease goes to n2
+    (new,) = leases(h.tick(), "n2")
+    assert new.rollout_id == old.rollout_id and new.token > old.token
+    # n1 comes back, still running its attempt: its registration is told the lease is gone
+    out = h.register("n1", 1, held=[old.rollout_id])
+    (rej,) = of_type(out, P.Reject)
+    assert (rej.rollout_id, rej.token, rej.reason) == (old.rollout_id, new.token, "stale_token")
+    out = h.send("n1", P.Heartbeat(node="n1", slots_free=0, active=1, health={}, held=[old.rollout_id]))
+    assert [m.token for m in of_type(out, P.Reject)] == [new.token], "and again at each heartbeat that lists it"
+    assert h.core.counters["revoked_lease_revoked"] == 2
+    # the holder's own heartbeat is never told so
+    out = h.send("n2", P.Heartbeat(node="n2", slots_free=0, active=1, health={}, held=[new.rollout_id]))
+    assert of_type(out, P.Reject) == []
+
+
+def test_an_agent_stops_an_attempt_whose_rollout_was_leased_again_never_an_older_one():
+    clock = FakeClock()
+    core = AgentCore("n1", 2, DEP, clock=clock)
+    core.start()
+    policy = P.PolicyRef(1, "http://x/v1", "m")
+    for rid, token in (("r1", 5), ("r2", 5)):
+        core.receive(P.Lease(rollout_id=rid, attempt=1, token=token, lease_ttl_s=30, task={"task_id": "t"},
+                             policy=policy, seed=0, run_id="run", run_dir="/tmp", batch_id="b"))
+    r1, r2 = core.take_attempts()
+    core.receive(P.Reject(rollout_id="r1", attempt=2, token=9, reason="stale_token"))     # leased again since
+    core.receive(P.Reject(rollout_id="r2", attempt=1, token=3, reason="stale_token"))     # an older lease's
+    assert (r1.cancel.reason, r2.cancel.reason) == ("lease_revoked", None)
+    assert set(core.active) == {"r2"} and dict(core.cancelled) == {"lease_revoked": 1}

@@ -264,3 +264,12 @@ def test_a_large_task_set_is_sampled_without_listing_it(tmp_path):
         assert len(explore) == round(256 * c.cfg.explore_share) and len(set(explore)) == len(explore)
         assert len(band) == 256 - len(explore)
         assert picks == c.sample(256, random.Random(3), 0), "seeded: the same picks"
+
+
+def test_a_slow_set_up_or_grading_is_held_against_the_task_a_slow_node_never(cur):
+    for _ in range(3):
+        cur.record_infra_failure(TASKS[3], "deadline: setup: the setup phase ran past its 5s deadline")
+        cur.record_infra_failure(TASKS[4], "deadline: create: the create phase ran past its 5s deadline")
+        cur.record_infra_failure(TASKS[5], "deadline: total (verify): the attempt ran past its 60s end-to-end deadline")
+        cur.record_infra_failure(TASKS[6], "deadline: teardown: the teardown phase ran past its 1s deadline")
+    assert set(cur.quarantined()) == {TASKS[3]}

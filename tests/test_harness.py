@@ -289,3 +289,88 @@ def test_other_http_400s_stay_model_errors(sb, fake):
     m = fake(("raw", 400, b'{"error": {"message": "unknown field tools"}}'))
     with pytest.raises(ModelError, match="HTTP 400"):
         agent(sb, m.url)
+
+
+# ---- no progress ---------------------------------------------------------------------------
+
+def test_a_policy_repeating_one_call_is_stopped_by_the_detector(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "echo same"}')]))     # for ever
+    res = agent(sb, m.url, {"max_steps": 100, "wall_s": 60, "no_progress_repeats": 5})
+    assert (res.stop_reason, len(res.steps), len(m.requests)) == ("no_progress", 5, 5)
+    assert {s["observation"] for s in res.steps} == {"same\n"}
+
+
+def test_the_same_call_is_the_same_whatever_its_json_spacing_and_key_order(sb, fake):
+    spellings = ['{"command": "echo x", "timeout_s": 5}', '{"timeout_s":5,"command":"echo x"}',
+                 '{ "command" : "echo x" , "timeout_s" : 5 }']
+    m = fake(*[reply(calls=[("shell", spellings[i % 3])]) for i in range(30)])
+    res = agent(sb, m.url, {"max_steps": 30, "wall_s": 60, "no_progress_repeats": 4})
+    assert (res.stop_reason, len(res.steps)) == ("no_progress", 4)
+
+
+def test_a_loop_of_two_calls_is_caught_too(sb, fake):
+    a, b = ("shell", '{"command": "echo a"}'), ("shell", '{"command": "echo b"}')
+    m = fake(*[reply(calls=[a if i % 2 == 0 else b]) for i in range(40)])
+    res = agent(sb, m.url, {"max_steps": 40, "wall_s": 60, "no_progress_repeats": 3})
+    assert (res.stop_reason, len(res.steps)) == ("no_progress", 5)     # a, b, a, b, a: `a` a third time
+
+
+def test_the_same_call_with_a_new_observation_is_progress(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "echo x >> /tmp/grow; wc -c < /tmp/grow"}')]))
+    res = agent(sb, m.url, {"max_steps": 10, "wall_s": 60, "no_progress_repeats": 3})
+    assert (res.stop_reason, len(res.steps)) == ("max_steps", 10)
+
+
+def test_turns_without_output_end_the_episode_as_no_output(sb, fake):
+    # every call differs (no repeat rule), none prints anything
+    m = fake(reply(calls=[("shell", '{"command": "echo start"}')]),
+             *[reply(calls=[("shell", json.dumps({"command": f"true {i}"}))]) for i in range(40)])
+    res = agent(sb, m.url, {"max_steps": 40, "wall_s": 60, "no_output_turns": 6, "no_progress_repeats": 99})
+    assert (res.stop_reason, len(res.steps)) == ("no_output", 7)          # "start", then 6 silent turns
+
+
+def test_the_same_output_after_different_calls_is_work_not_silence(sb, fake):
+    # many edits that each answer the same line ("replaced 1 occurrence(s) in f.py" in the edit tool)
+    m = fake(*[reply(calls=[("shell", json.dumps({"command": f"echo ok # edit {i}"}))]) for i in range(30)])
+    res = agent(sb, m.url, {"max_steps": 20, "wall_s": 60, "no_output_turns": 4, "no_progress_repeats": 4})
+    assert (res.stop_reason, len(res.steps)) == ("max_steps", 20)
+
+
+def test_the_detector_is_off_for_what_a_budget_sets_beyond_the_steps(sb, fake):
+    m = fake(reply(calls=[("shell", '{"command": "true"}')]))
+    res = agent(sb, m.url, {"max_steps": 12, "wall_s": 60, "no_progress_repeats": 1000, "no_output_turns": 1000})
+    assert res.stop_reason == "max_steps"
+
+
+def test_a_looping_rollout_is_the_policys_failure_scored_0_never_graded(runtime, python_image, fake, tmp_path):
+    import pyarrow.parquet as pq
+
+    from nodeagent.agent.attempt import Attempt, run_attempt
+    t = next(t for t in builtin_taskset().tasks if t.family == "python")
+    task = {**t.canonical(), "task_id": t.task_id}
+    task["budgets"] = {**task["budgets"], "max_steps": 50, "no_progress_repeats": 4}
+    m = fake(reply(calls=[("shell", '{"command": "cat solution.py"}')]))
+    res = run_attempt(runtime, python_image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0,
+                                                           m.url, "m"))
+    assert (res.outcome, res.reward, res.infra_reason) == ("fail", 0.0, None)
+    (row,) = pq.read_table(tmp_path / res.shards["rollouts"]).to_pylist()
+    assert (row["stop_reason"], row["steps"], row["verify_s"]) == ("no_progress", 4, 0.0)
+    assert len(m.requests) == 4
+
+
+def test_a_stop_from_outside_kills_a_running_tool_call_and_ends_the_loop(runtime, busybox_image, fake):
+    from nodeagent.agent.guard import AttemptGuard
+    m = fake(reply(calls=[("shell", '{"command": "sleep 30", "timeout_s": 60}')]))
+    with AttemptGuard() as guard:
+        box = guard.runtime(runtime).create(SandboxSpec(image=busybox_image))
+        try:
+            timer = threading.Timer(0.5, guard.fire, ("cancel", "cancelled_by_trainer"))
+            timer.start()
+            t0 = time.monotonic()
+            res = run_agent(box, "x", m.url, "m", 1, {"max_steps": 5, "wall_s": 60}, stop=lambda: guard.stopped)
+            took = time.monotonic() - t0
+        finally:
+            box.destroy()
+    assert res.stop_reason == "stopped" and len(m.requests) == 1
+    assert took < 1.5, f"the killed tool call returned after {took:.2f}s"
+    assert guard.cancelled() == "cancelled_by_trainer"

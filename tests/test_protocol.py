@@ -51,7 +51,9 @@ SAMPLES: list[p.Message] = [
     p.Drain(reason="sigterm", deadline_s=30.0),
     p.Watch(batch_id="b000001", after=3, wait_s=2.5),
     p.Cancel(idem="c1", batch_id="b000001"),
+    p.Cancel(idem="c2", batch_id="b000001", reason="deadline"),
     p.Cancelled(batch_id="b000001", rollouts=5),
+    p.Cancelled(batch_id="b000001", rollouts=5, reason="shutdown"),
     p.DrainNode(node="n1", deadline_s=None),
     p.Submit(idem="s2", tasks=[], n_per_task=2, policy_version=1,
              sampler=p.BandRequest(n_tasks=8, band=[0.2, 0.8], seed=5)),
@@ -372,3 +374,18 @@ def test_a_submit_names_tasks_or_a_valid_band_request():
                        ({"sampler": {**body["sampler"], "extra": 1}}, "sampler")):
         err = reason_of(frame("submit", {**body, **bad}))
         assert err.reason == p.BAD_FIELD and err.field == where, (bad, err)
+
+
+def test_a_cancel_without_a_reason_is_the_trainers_and_a_node_side_reason_is_refused():
+    assert p.decode(frame("cancel", {"idem": "c", "batch_id": "b"}), DEP).reason == "cancelled_by_trainer"
+    for bad in ("lease_revoked", "drain", "Cancelled_By_Trainer", "", 3):
+        err = reason_of(frame("cancel", {"idem": "c", "batch_id": "b", "reason": bad}))
+        assert (err.reason, err.field) == ("bad_field", "reason"), bad
+    assert set(p.TRAINER_CANCEL_REASONS) < set(p.CANCEL_REASONS)
+
+
+def test_every_reject_reason_maps_to_a_cancel_code():
+    from controller.contracts.states import cancel_reason_of_reject
+    codes = {r: cancel_reason_of_reject(r) for r in p.REJECT_REASONS}
+    assert codes["cancelled"] == "cancelled_by_trainer" and codes["stale_token"] == "lease_revoked"
+    assert set(codes.values()) <= set(p.CANCEL_REASONS)

@@ -189,3 +189,44 @@ def test_an_image_reference_that_no_store_can_hold_is_refused_by_name(image):
     with pytest.raises(TaskError, match=r"task 't': 'image' must be 'builtin:python' or 'sha256:<64 hex"):
         Task(**base, image=image)
     assert Task(**base, image="sha256:" + "a" * 64).image.startswith("sha256:")
+
+
+def _budgeted(**budgets):
+    from controller.contracts.tasks import Budgets
+    return Task(name="python/x", family="python", instruction="make f return 1",
+                files={"solution.py": "def f():\n    pass\n"}, hidden={"test_hidden.py": "def test_f(): pass\n"},
+                checker={"kind": "pytest", "tests": ["test_hidden.py"]},
+                budgets=Budgets(max_steps=7, wall_s=30.0, **budgets))
+
+
+def test_the_deadline_and_progress_budgets_leave_existing_task_ids_where_they_were():
+    # ids computed by the code before these budget keys existed
+    assert _budgeted().task_id == "sha256:c994c83fac2e4b6b97618a5ed57d10ef7f15b7b6e1c19f5c62aee2882f3363a6"
+    assert _budgeted(total_s=0.0, no_progress_repeats=0).task_id == _budgeted().task_id
+    import hashlib
+    ids = sorted(t.task_id for t in BUILTIN.tasks)
+    assert hashlib.sha256("".join(ids).encode()).hexdigest() == \
+        "94faef994adb744973d6f735445858367792a2d89525df582319e7c8a2996e84"
+    # a task that sets one is another task
+    assert len({_budgeted(total_s=60.0).task_id, _budgeted(setup_s=60.0).task_id, _budgeted().task_id,
+                _budgeted(no_progress_repeats=3).task_id, _budgeted(no_output_turns=3).task_id}) == 5
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("total_s", -1.0, "'total_s' must be a number from 0"), ("setup_s", "60", "'setup_s' must be a number"),
+    ("no_progress_repeats", 2.5, "'no_progress_repeats' must be an integer"), ("deadline_s", 5, "unknown budget key"),
+])
+def test_bad_deadline_budgets_name_the_key(key, value, match):
+    from controller.contracts.tasks import BudgetError, Budgets
+    with pytest.raises(BudgetError, match=match):
+        Budgets.from_dict({key: value})
+
+
+def test_a_runs_defaults_fill_only_what_the_task_leaves_at_0():
+    from controller.contracts.tasks import BudgetError, Budgets
+    b = Budgets(total_s=30.0).with_run_defaults({"total_s": 600, "setup_s": 5, "no_output_turns": 4})
+    assert (b.total_s, b.setup_s, b.no_output_turns, b.verify_s) == (30.0, 5.0, 4, 0.0)
+    with pytest.raises(BudgetError, match="'max_steps' is not one of"):
+        Budgets().with_run_defaults({"max_steps": 3})
+    with pytest.raises(BudgetError, match="'setup_s' must be a number"):
+        Budgets().with_run_defaults({"setup_s": -2})

@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Callable, Iterable, Mapping, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
+from controller.broker.fencing import stale_leases
 from controller.broker.ledger import Ledger
 from controller.broker.placement import NodeView, place
 from controller.contracts import protocol as P
@@ -38,6 +39,7 @@ from controller.contracts.states import (
     DEAD_LETTER,
     DRAINING,
     INFRA_ERROR,
+    LEASE_REVOKED,
     LIVE,
     LOST,
     POLICY_CONFLICT,
@@ -252,6 +254,7 @@ class BrokerCore:
         self.welcomed.pop(identity, None)
         for rid in released:
             self.holder.pop(rid, None)
+        self._revoke_stale(identity, msg.node, set(msg.held) - held)
         log.info("node %s registered: %d slots, agent %s, kept %d leases, released %d",
                  msg.node, msg.slots, msg.agent_version, len(keep), len(released))
         self._send(identity, P.Welcome(node=msg.node, heartbeat_interval_s=self.hb_s,
@@ -280,6 +283,13 @@ class BrokerCore:
         if msg.images is not None:
             view.images = set(msg.images)
         self.queue.renew(view.node, msg.held)
+        self._revoke_stale(identity, view.node, msg.held or ())  # fenced leases it runs: fencing.py
+
+    def _revoke_stale(self, identity: bytes, node: str, rollout_ids: Iterable[str]) -> None:
+        for reject in stale_leases(node, rollout_ids, self.holder, self.queue.rollout):
+            self.counters["revoked_" + LEASE_REVOKED] += 1
+            log.info("node %s still runs rollout %s (token %d now): revoked", node, reject.rollout_id, reject.token)
+            self._send(identity, reject)
 
     def _on_started(self, identity, msg: P.Started, view) -> None:
         c = self.queue.mark_running(msg.rollout_id, msg.attempt, msg.token)
@@ -462,11 +472,13 @@ class BrokerCore:
         for rid, node, attempt, token in c.revoked:
             view = self.nodes.get(node)
             self._unhold(rid, token)
-            if view is not None and view.state != LOST:
+            if view is not None and view.state != LOST:  # it stops the attempt now (agent/guard.py)
                 self._send(view.identity, P.Reject(rollout_id=rid, attempt=attempt,
                                                    token=token, reason=REJECT_CANCELLED))
+        self.counters["revoked_" + msg.reason] += len(c.revoked)
         self._commits += 1  # watchers of the batch: it may be done now
-        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id))
+        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id,
+                                         reason=msg.reason))
 
     def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
         view = self.nodes.get(msg.node)

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from controller.contracts.errors import BAD_FIELD, ProtocolError
-from controller.contracts.states import ErrorCode, Outcome, RefusalReason, RejectReason
+from controller.contracts.states import (
+    TRAINER_CANCEL_REASONS,
+    CancelReason,
+    ErrorCode,
+    Outcome,
+    RefusalReason,
+    RejectReason,
+)
 
 # The one JSON dialect of the wire, made once (json.dumps with options builds one per call).
 JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
@@ -340,10 +347,18 @@ class Results(Message):
 
 @dataclass(frozen=True)
 class Cancel(Message):
+    """Client -> controller: cancel a batch. `reason` is a code (states.CancelReason), one of
+    those a trainer gives (TRAINER_CANCEL_REASONS): its held leases are revoked at once."""
     TYPE: ClassVar[str] = "cancel"
     idem: str
     batch_id: str
+    reason: CancelReason = "cancelled_by_trainer"
     id: str = id_field()
+
+    def check(self) -> None:
+        if self.reason not in TRAINER_CANCEL_REASONS:
+            raise ProtocolError(BAD_FIELD, f"cancel: reason must be one of {list(TRAINER_CANCEL_REASONS)}, "
+                                f"got {self.reason!r}", field="reason")
 
 
 @dataclass(frozen=True)
@@ -352,6 +367,7 @@ class Cancelled(Message):
     batch_id: str
     rollouts: int  # how many rollouts this cancel moved to cancelled
     ref: str = ""  # the id of the cancel this answers
+    reason: CancelReason = "cancelled_by_trainer"  # the cancel's reason, as recorded
     id: str = id_field()
 
 

@@ -89,9 +89,12 @@ from controller.contracts.messages import (
                                            speaks_policy_updates,
 )
 from controller.contracts.states import (
+                                           CANCEL_REASONS,
                                            ERROR_CODES,
                                            OUTCOMES,
                                            REJECT_REASONS,
+                                           TRAINER_CANCEL_REASONS,
+                                           CancelReason,
                                            ErrorCode,
                                            Outcome,
                                            RefusalReason,
@@ -104,7 +107,7 @@ __all__ = [
     "WRONG_VERSION", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
     # codes
     "ERROR_CODES", "OUTCOMES", "REJECT_REASONS", "ErrorCode", "Outcome", "RefusalReason",
-    "RejectReason",
+    "RejectReason", "CANCEL_REASONS", "TRAINER_CANCEL_REASONS", "CancelReason",
     # messages
     "Ack", "BandRequest", "Cancel", "Cancelled", "Disconnect", "Drain", "DrainNode", "Heartbeat",
     "Lease", "Message", "POLICY_AGENT_VERSION", "PolicyRef", "PolicyUpdate", "PublishPolicy",

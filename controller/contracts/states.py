@@ -95,6 +95,24 @@ REJECT_REASONS: tuple[str, ...] = typing.get_args(RejectReason)
 STALE_TOKEN, UNKNOWN_ROLLOUT, REJECT_CANCELLED, REJECT_DRAINING, REJECT_BAD_REQUEST = \
     REJECT_REASONS
 
+# Why a rollout's work was stopped before it finished (`cancel`, `cancelled`; the node agent's
+# log and health): a code, never prose. The first three a trainer may give in its `cancel`;
+# a node agent also stops an attempt for the last three. Cancelled work is never scored.
+CancelReason = Literal["cancelled_by_trainer", "deadline", "shutdown", "lease_revoked", "drain",
+                       "superseded"]
+CANCEL_REASONS: tuple[str, ...] = typing.get_args(CancelReason)
+(CANCELLED_BY_TRAINER, CANCEL_DEADLINE, CANCEL_SHUTDOWN, LEASE_REVOKED, CANCEL_DRAIN,
+ CANCEL_SUPERSEDED) = CANCEL_REASONS
+TRAINER_CANCEL_REASONS = (CANCELLED_BY_TRAINER, CANCEL_DEADLINE, CANCEL_SHUTDOWN)
+
+
+def cancel_reason_of_reject(reject: str) -> str:
+    """The cancel code a node agent records when the controller rejects the attempt it runs:
+    its batch was cancelled (by the trainer), or the lease is no longer its own (a stale token,
+    an unknown rollout: the lease was revoked, fenced by a newer one)."""
+    return CANCELLED_BY_TRAINER if reject == REJECT_CANCELLED else LEASE_REVOKED
+
+
 # Why the controller refused a client request (`ack` code); the client raises one type per code.
 ErrorCode = Literal["unknown_task", "unknown_policy", "unknown_batch", "unknown_node",
                     "policy_conflict", "bad_request", "unexpected"]
@@ -122,8 +140,18 @@ NODE_LOST = "node_lost"  # recorded as "node_lost: <why>"
 INFRA_LOSS_KINDS: tuple[str, ...] = ("model_server", "sandbox_start", "sandbox", "store")
 
 
+# An attempt phase past its deadline is `infra_error` with reason "deadline: <phase>: ..."
+# (nodeagent/agent/guard.py). The node's phases (making or destroying a sandbox) and the
+# end-to-end deadline are losses; a slow set-up or grading is the task's.
+DEADLINE = "deadline"
+DEADLINE_LOSS_PHASES = ("create", "teardown", "total")
+
+
 def is_infra_loss(infra_reason: str | None) -> bool:
     """Is this agent-reported `infra_reason` the infrastructure's fault (a loss, counted
     toward `max_node_losses`) rather than the task's (toward `max_attempts`)?"""
-    kind = (infra_reason or "").split(":", 1)[0].strip()
+    kind, _, rest = (infra_reason or "").partition(":")
+    kind = kind.strip()
+    if kind == DEADLINE:
+        return rest.strip().startswith(DEADLINE_LOSS_PHASES)
     return kind in INFRA_LOSS_KINDS or kind == NODE_LOST

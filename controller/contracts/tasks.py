@@ -62,7 +62,23 @@ BUDGET_RANGES: dict[str, tuple[type, float, float]] = {
     "max_steps": (int, 1, 100_000), "wall_s": (float, 0.001, 7 * 86400.0),
     "max_tokens": (int, 1, 1 << 30), "observation_bytes": (int, 1, 1 << 30),
     "max_model_calls": (int, 0, 1_000_000),
+    # Deadlines (docs/tasks.md "Deadlines"): seconds per phase of a rollout attempt on the node
+    # and for the whole attempt; 0 takes the node's default (nodeagent/agent/guard.py), and
+    # `total_s` 0 means no end-to-end deadline beyond the phases'.
+    "create_s": (float, 0.0, 7 * 86400.0), "setup_s": (float, 0.0, 7 * 86400.0),
+    "verify_s": (float, 0.0, 7 * 86400.0), "teardown_s": (float, 0.0, 7 * 86400.0),
+    "total_s": (float, 0.0, 30 * 86400.0),
+    # The harness's no-progress detector (docs/harness.md): the same tool call with the same
+    # observation this many times, or this many turns in a row without output, end the
+    # episode as the policy's failure; 0 takes the default (nodeagent/harness/progress.py).
+    "no_progress_repeats": (int, 0, 1_000_000), "no_output_turns": (int, 0, 1_000_000),
 }
+# Budget keys a run's config may default for the tasks that leave them at 0.
+RUN_DEFAULT_KEYS = ("create_s", "setup_s", "verify_s", "teardown_s", "total_s", "no_progress_repeats",
+                    "no_output_turns")
+# Budget keys added after the first task ids were made: left out of the canonical form at 0.
+LATER_BUDGET_KEYS = ("max_model_calls", "create_s", "setup_s", "verify_s", "teardown_s", "total_s",
+                     "no_progress_repeats", "no_output_turns")
 
 
 def checked_number(key: str, value: Any, kind: type, lo: float, hi: float, what: str = "limit",
@@ -102,6 +118,14 @@ class Budgets:
     # Model calls the gateway answers per rollout; 0 means max_steps (left out of the task's
     # canonical form at 0, so existing task ids do not move).
     max_model_calls: int = 0
+    # Deadlines and the no-progress detector (BUDGET_RANGES): 0 means the node's default.
+    create_s: float = 0.0
+    setup_s: float = 0.0
+    verify_s: float = 0.0
+    teardown_s: float = 0.0
+    total_s: float = 0.0
+    no_progress_repeats: int = 0
+    no_output_turns: int = 0
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Budgets":
@@ -109,8 +133,7 @@ class Budgets:
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise BudgetError(f"unknown budget key {unknown[0]!r}; valid: {sorted(cls.__dataclass_fields__)}")
-        for key, kind in (("max_steps", int), ("wall_s", float), ("max_tokens", int), ("observation_bytes", int),
-                          ("max_model_calls", int)):
+        for key in BUDGET_RANGES:
             if key in d:
                 v = d[key]
                 d[key] = checked_number(key, v, *BUDGET_RANGES[key], what="budget", error=BudgetError)
@@ -119,6 +142,19 @@ class Budgets:
     def __post_init__(self) -> None:
         for key, (kind, lo, hi) in BUDGET_RANGES.items():
             checked_number(key, getattr(self, key), kind, lo, hi, what="budget", error=BudgetError)
+
+    def with_run_defaults(self, run: Mapping[str, Any] | None) -> "Budgets":
+        """These budgets with a run's defaults (its config) for the deadline and no-progress
+        keys (RUN_DEFAULT_KEYS) the task leaves at 0: the task's own values win. A key outside
+        RUN_DEFAULT_KEYS, or a bad value, raises BudgetError naming it."""
+        if not run:
+            return self
+        unknown = sorted(set(run) - set(RUN_DEFAULT_KEYS))
+        if unknown:
+            raise BudgetError(f"run budget default {unknown[0]!r} is not one of {list(RUN_DEFAULT_KEYS)}")
+        given: dict[str, Any] = {k: checked_number(k, v, *BUDGET_RANGES[k], what="run budget default",
+                                                   error=BudgetError) for k, v in run.items()}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if not getattr(self, k)})
 
 
 @dataclass(frozen=True)
@@ -199,8 +235,9 @@ class Task:
                 del d[key]
             elif key in ("harness", "layers"):
                 d[key] = list(getattr(self, key))
-        if not d["budgets"]["max_model_calls"]:
-            del d["budgets"]["max_model_calls"]
+        for key in LATER_BUDGET_KEYS:
+            if not d["budgets"][key]:
+                del d["budgets"][key]
         if d["network"] != "none":
             d["network"] = list(self.network)
         return d

@@ -63,15 +63,20 @@ CREATE TABLE IF NOT EXISTS recorded (rollout_id TEXT PRIMARY KEY);
 """
 
 
-TASK_FAULT_REASONS = ("task:", "setup:", "sandbox_start:", "verifier:")
+TASK_FAULT_REASONS = ("task:", "setup:", "sandbox_start:", "verifier:", "deadline: setup:", "deadline: verify:")
 
 
 def task_fault(reason: str) -> bool:
     """Is a dead letter's reason the task's: its content or limits (`task:`), its set-up
-    (`setup:`), its image or sandbox (`sandbox_start:`), or grading that fails without the
-    agent too (`verifier:`: the verifier scores a failure that reproduces only with the agent's
-    changes as `fail`, see docs/verifier.md)? Everything else — `model_server:`, `store:`,
-    `agent_crash:`, `lease_expired`, an unknown reason — is the rollout's."""
+    (`setup:`, or a set-up past its deadline), its image or sandbox (`sandbox_start:`), or
+    grading that fails without the agent too (`verifier:`: the verifier scores a failure that
+    reproduces only with the agent's changes as `fail`, see docs/verifier.md; or grading past
+    its deadline)? Everything else — `model_server:`, `store:`, `agent_crash:`,
+    `lease_expired`, the node's phases past their deadlines (`deadline: create|teardown|total`),
+    an unknown reason — is the rollout's.
+
+    Cancelled work never reaches the curriculum: a cancelled rollout is never committed nor
+    dead-lettered (its late result is rejected), and `record` takes only committed outcomes."""
     return str(reason).lstrip().startswith(TASK_FAULT_REASONS)
 
 

@@ -29,6 +29,17 @@ time is `timeout` (reward 0: its own fault). A task it cannot run (one that does
 or has no instruction) is `infra_error` with reason `task: ...` naming the field, and no row.
 `Attempt` and `AttemptResult` are defined in nodeagent/agent/core.py (re-exported here).
 
+Deadlines and cancellation (`nodeagent.agent.guard`): the attempt runs its phases -- `setup`,
+`create`, `agent`, `verify`, `teardown` -- under the task's deadlines (its budgets, then the
+run's `run_budgets`, then the node's defaults) and its end-to-end `total_s`; every sandbox it
+makes goes through the guard's runtime and every model connection through the guard's client,
+so a deadline or the attempt's cancel signal kills them at once. A cancelled attempt returns
+`infra_error` `cancelled: <code>` and writes nothing (the agent core never reports it); a
+deadline in the agent phase is the policy's `timeout` (reward 0, stop reason `deadline`), in
+any other phase `infra_error` `deadline: <phase>: ...`; a verdict reached in killed grading
+sandboxes is discarded. An episode the harness's no-progress detector ended (`no_progress`,
+`no_output`) is the policy's `fail`, reward 0, not graded.
+
 A conversational task (`services`, `user`): the task's mock services run for this rollout
 (`nodeagent.services.host.ServiceHost`, each operation inside the agent's sandbox, the state
 held here) and its simulated user talks to the agent (`nodeagent.harness.usersim`; a model
@@ -42,12 +53,13 @@ Must not import: zmq, nodeagent.agent.daemon.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from controller.contracts.fileio import atomic_write, utc_now
 from controller.contracts.network import PolicyError
@@ -56,6 +68,7 @@ from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from layers.store import ImageStore
 from nodeagent.agent.core import Attempt, AttemptResult
+from nodeagent.agent.guard import AttemptGuard, Deadlines, GuardedRuntime
 from nodeagent.agent.taskcache import default_cache, task_layers
 from nodeagent.browser.rollout import run_web_agent
 from nodeagent.egress import proxy as egress
@@ -65,6 +78,7 @@ from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
 from nodeagent.harness.model import ModelError
+from nodeagent.harness.progress import NO_OUTPUT, NO_PROGRESS
 from nodeagent.harness.usersim import UserSimError, simulator
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
@@ -98,56 +112,109 @@ def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -
 
 def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
                 clock: Callable[[], float] = time.monotonic,
-                current_policy: Callable[[], object] | None = None) -> AttemptResult:
+                current_policy: Callable[[], object] | None = None,
+                run_budgets: Mapping[str, float] | None = None) -> AttemptResult:
+    """Run one attempt (see the module docstring). `run_budgets`: the run's defaults for the
+    deadline and no-progress budget keys the task leaves at 0 (`Budgets.with_run_defaults`)."""
     try:
         task = _task_of(a)
+        if run_budgets:
+            task = dataclasses.replace(task, budgets=task.budgets.with_run_defaults(run_budgets))
     except TaskError as exc:
         return AttemptResult("infra_error", None, {}, f"task: {exc}")
     if not task.instruction:
         return AttemptResult("infra_error", None, {}, "task: the lease task has no 'instruction'")
+    with AttemptGuard(Deadlines.of(task.budgets), getattr(a, "cancel", None), clock,
+                      name=f"rollout {a.rollout_id} attempt {a.attempt}") as guard:
+        res = _guarded_attempt(guard.runtime(runtime), image, node, a, task, clock, current_policy, guard)
+    code = guard.cancelled()
+    if code is not None:
+        log.info("rollout %s attempt %d stopped (cancelled: %s): sandboxes destroyed %.3fs after the cancel",
+                 a.rollout_id, a.attempt, code, clock() - (guard.stopped_at or clock()))
+    return res
+
+
+def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt, task: LeaseTask,
+                     clock: Callable[[], float], current_policy: Callable[[], object] | None,
+                     guard: AttemptGuard) -> AttemptResult:
+    """The attempt's phases, each under its deadline; every sandbox made through `runtime` is
+    the guard's to kill. After each phase a stop of the guard decides (`_stopped`)."""
+    if guard.stopped:               # cancelled while it waited for a slot thread: nothing to do
+        return _stopped(guard)
     try:
-        layers = task_sandbox_layers(runtime, image, task)
+        with guard.phase("setup"):
+            layers = task_sandbox_layers(runtime, image, task)
     except TaskError as exc:
-        return AttemptResult("infra_error", None, {}, f"task: {exc}")
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"task: {exc}")
     except SetupError as exc:
         log.warning("rollout %s attempt %d: task %s set-up failed: %s", a.rollout_id, a.attempt, task.name, exc)
-        return AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
     except SandboxError as exc:
-        return AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+    if guard.stopped:
+        return _stopped(guard)
     started, t0 = utc_now(), clock()
     start = Upstream(a.policy_version, a.endpoint, a.model)
     session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
-                      source="harness" if task.harness else "builtin", clock=clock)
-    conv = _Conversation(task, a, clock)
+                      source="harness" if task.harness else "builtin", clock=clock,
+                      client=guard.model_client(clock))
+    conv = _Conversation(task, a, clock, guard)
     if task.family == "web":
-        agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
+        with guard.phase("agent"):
+            agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
     else:
-        agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv)
+        agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv, guard)
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None
-    conversation = conv.captured(agent)
-    if infra is None and agent.stop_reason == "wall_time":
+    conversation = conv.captured(agent) if not guard.stopped else None
+    if guard.stopped:
+        if guard.cancelled() is not None:
+            return _stopped(guard)     # never reported, never scored: nothing to write
+        infra, outcome, reward = _deadline_verdict(guard, agent)
+    elif infra is None and agent.stop_reason == "wall_time":
         outcome, reward = "timeout", 0.0
+    elif infra is None and agent.stop_reason in (NO_PROGRESS, NO_OUTPUT):
+        outcome, reward = "fail", 0.0     # the policy looped: its failure, not graded
     elif infra is None:
         tv = clock()
         try:
-            verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
-                             conversation=conversation)
+            with guard.phase("verify"):
+                verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
+                                 conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = f"verifier: {exc}"
         agent.spans.append(_span("verification", task.checker_kind, t0, tv, clock(), step=len(agent.steps)))
+        if guard.stopped:          # a verdict of killed grading sandboxes is no verdict
+            if guard.cancelled() is not None:
+                return _stopped(guard)
+            verdict = None
+            infra, outcome, reward = _deadline_verdict(guard, agent)
     if infra is not None:
         outcome, reward = "infra_error", None
         log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
+    with guard.phase("teardown"):
+        res = _store(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0,
+                     conversation, session, conv)
+    if guard.stopped and guard.cancelled() is not None:
+        return _stopped(guard)
+    if guard.deadline_phase() in ("teardown", "total (teardown)") and res.outcome != "infra_error":
+        return AttemptResult("infra_error", None, {}, _deadline_reason(guard))
+    return res
+
+
+def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: Verdict | None,
+           outcome: str, reward, infra, changes, started, wall_s: float, conversation, session: Session,
+           conv: "_Conversation") -> AttemptResult:
+    """The changes artifact and the trajectory shards of the attempt; its result."""
     try:
         changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
         if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
             atomic_write(Path(a.run_dir) / conversation_path(changes_path), json.dumps(conversation).encode())
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
-    row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0)
+    row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, wall_s)
     row["changes_path"] = changes_path
     checks = verdict.checks if verdict else []
     try:
@@ -158,6 +225,35 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)
+
+
+def _stopped(guard: AttemptGuard) -> AttemptResult | None:
+    """The result of an attempt its guard stopped, or None if it was not. A cancelled attempt's
+    result is never reported (the agent core dropped it) nor scored; a deadline outside the
+    agent phase is the infrastructure's."""
+    code = guard.cancelled()
+    if code is not None:
+        return AttemptResult("infra_error", None, {}, f"cancelled: {code}")
+    if guard.deadline_phase() is not None:
+        return AttemptResult("infra_error", None, {}, _deadline_reason(guard))
+    return None
+
+
+def _deadline_reason(guard: AttemptGuard) -> str:
+    phase = guard.deadline_phase() or "?"
+    if phase.startswith("total"):
+        return f"deadline: {phase}: the attempt ran past its {guard.deadlines.total_s:g}s end-to-end deadline"
+    return f"deadline: {phase}: the {phase} phase ran past its {guard.deadlines.of_phase(phase):g}s deadline"
+
+
+def _deadline_verdict(guard: AttemptGuard, agent: AgentResult) -> tuple[str | None, str, float | None]:
+    """(infra reason, outcome, reward) of an attempt stopped by a deadline: in the agent phase
+    the policy's (`timeout`, reward 0, stop reason `deadline`), elsewhere the infrastructure's."""
+    phase = guard.deadline_phase() or ""
+    if phase in ("agent", "total (agent)"):
+        agent.stop_reason = "deadline"
+        return None, "timeout", 0.0
+    return _deadline_reason(guard), "infra_error", None
 
 
 def _call_rows(session: Session, harness: bool, steps: list[dict] = (), user_rows: list[dict] = ()) -> list[dict]:
@@ -178,12 +274,14 @@ def _call_rows(session: Session, harness: bool, steps: list[dict] = (), user_row
 class _Conversation:
     """A conversational task's services, user simulator and user_sim session for one attempt."""
 
-    def __init__(self, task: LeaseTask, a: Attempt, clock: Callable[[], float]) -> None:
+    def __init__(self, task: LeaseTask, a: Attempt, clock: Callable[[], float],
+                 guard: AttemptGuard | None = None) -> None:
         self.task, self.session, self.host = task, None, None
         endpoint = os.environ.get("PADDOCK_USER_SIM_ENDPOINT", "")
         if task.user and task.user.get("kind") == "model" and endpoint:
             self.session = Session(Upstream(a.policy_version, endpoint, str(task.user["model"])),
-                                   GatewayBudgets.of(task.budgets), source="user_sim", clock=clock)
+                                   GatewayBudgets.of(task.budgets), source="user_sim", clock=clock,
+                                   client=guard.model_client(clock) if guard is not None else None)
         self.clock = clock
 
     def start(self, sandbox, observation_bytes: int):
@@ -219,9 +317,12 @@ class _Conversation:
 
 def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
                clock: Callable[[], float], t0: float, session: Session,
-               layers: tuple[Path, ...] = (), conv: "_Conversation | None" = None) -> tuple[AgentResult, str | None, list]:
+               layers: tuple[Path, ...] = (), conv: "_Conversation | None" = None,
+               guard: AttemptGuard | None = None) -> tuple[AgentResult, str | None, list]:
     """The agent's sandbox and harness: (its result, the infra reason or None, its changes).
-    The result's spans start with `sandbox_start`."""
+    The result's spans start with `sandbox_start`. With a guard: the `create`, `agent` and
+    `teardown` phases, each under its deadline; the harness stops when the guard does."""
+    guard = guard or AttemptGuard()
     agent, infra, changes = AgentResult(), None, []
     egress_id = f"{a.rollout_id}.{a.attempt}"
     gateway = GatewayServer(session) if task.harness else None
@@ -229,27 +330,36 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         if gateway is not None:
             gateway.start()
         relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
-        sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits),
-                                        files={k: as_bytes(v) for k, v in task.files.items()},
-                                        egress_socket=relay, layers=layers))
+        with guard.phase("create"):
+            sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits),
+                                            files={k: as_bytes(v) for k, v in task.files.items()},
+                                            egress_socket=relay, layers=layers))
     except (SandboxError, PolicyError, OSError) as exc:
         infra = f"sandbox_start: {exc}"
         egress.close_for_task(egress_id)
         if gateway is not None:
             gateway.stop()
     start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
-    if infra is None:
+    if infra is None and guard.stopped:     # stopped while it was made: no harness
+        with guard.phase("teardown"):
+            sb.destroy()
+            egress.close_for_task(egress_id)
+            if gateway is not None:
+                gateway.stop()
+    elif infra is None:
         try:
-            if task.harness:
-                agent = run_harness(sb, task.harness, task.instruction, session, task.budgets, clock, span_origin=t0)
-            else:
-                services, user = conv.start(sb, task.budgets.observation_bytes) if conv else (None, None)
-                tools = task.tools if task.tools is not None or services is None else ()
-                agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
-                                  tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
-                                  span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),
-                                  services=services, user=user)
-            changes = sb.diff("/work")
+            with guard.phase("agent"):
+                if task.harness:
+                    agent = run_harness(sb, task.harness, task.instruction, session, task.budgets, clock, span_origin=t0)
+                else:
+                    services, user = conv.start(sb, task.budgets.observation_bytes) if conv else (None, None)
+                    tools = task.tools if task.tools is not None or services is None else ()
+                    agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
+                                      tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
+                                      span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),
+                                      services=services, user=user, stop=lambda: guard.stopped)
+                if not guard.stopped:
+                    changes = sb.diff("/work")
         except ModelError as exc:
             infra = f"model_server: {exc}"
             agent = exc.result or agent     # the steps and spans before the failure, for the record
@@ -260,10 +370,11 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
-            sb.destroy()
-            egress.close_for_task(egress_id)
-            if gateway is not None:
-                gateway.stop()
+            with guard.phase("teardown"):
+                sb.destroy()
+                egress.close_for_task(egress_id)
+                if gateway is not None:
+                    gateway.stop()
     agent.spans.insert(0, start_span)
     return agent, infra, changes
 

@@ -44,6 +44,14 @@ Rules:
   (`gave_up`), rather than retry for ever.
 - Drain (`drain()`, or a `drain` from the controller): no new leases (credit 0), finish what
   runs until the deadline, then `release` what is still unfinished and `disconnect`.
+- Cancellation: an attempt the agent stops running -- a `reject` of its lease or of a newer
+  lease of its rollout (its batch cancelled: `cancelled_by_trainer`; a stale token or unknown
+  rollout: `lease_revoked`), a
+  newer lease of its rollout (`superseded`), the drain deadline (`drain`), a `shutdown`
+  (`shutdown`) -- has its `cancel` signal set with that code (states.CancelReason) and its
+  slot freed at once; its result is never reported. The attempt's runner watches the signal
+  (nodeagent/agent/guard.py): it kills the attempt's sandboxes and model calls within a
+  second. `cancelled` counts the attempts stopped, by code.
 
 Phases (`PHASES`, checked on every change): serving -> draining -> done (disconnected).
 `stopped` (a `shutdown`, a refusal, or the owner) ends the agent in any phase.
@@ -58,10 +66,16 @@ import enum
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
 
 from controller.contracts import protocol as P
+from controller.contracts.states import (
+    CANCEL_DRAIN,
+    CANCEL_SHUTDOWN,
+    CANCEL_SUPERSEDED,
+    cancel_reason_of_reject,
+)
 from controller.contracts.tasks import LeaseTask, TaskError
 from nodeagent.agent.version import AGENT_VERSION
 
@@ -71,10 +85,42 @@ FINISHED_TOKENS_KEPT = 4096  # tokens of attempts run, remembered to ignore thei
 WATCH_FIRST_S = 0.05  # after the connection dropped: look at the watch this soon, then doubling
 
 
+class CancelSignal:
+    """Why an attempt must stop, set once (a states.CancelReason code) by the agent core's
+    thread and read by the attempt's. `on_cancel(hook)` calls `hook(reason)` once the signal is
+    set (at once if it already is; a hook may be called twice, so it must be idempotent: the
+    two threads race without a lock). The hooks run on the setter's thread: keep them short."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self._hooks: list[Callable[[str], None]] = []
+
+    def set(self, reason: str) -> bool:
+        """Set the signal; False if it was set already (the first reason stays)."""
+        if self.reason is not None:
+            return False
+        self.reason = reason
+        for hook in list(self._hooks):
+            hook(reason)
+        return True
+
+    def on_cancel(self, hook: Callable[[str], None]) -> None:
+        self._hooks.append(hook)
+        if self.reason is not None:
+            hook(self.reason)
+
+    def __bool__(self) -> bool:
+        return self.reason is not None
+
+    def __repr__(self) -> str:
+        return f"CancelSignal({self.reason!r})"
+
+
 @dataclass(frozen=True)
 class Attempt:
     """One attempt the node runs: its lease's facts and the task decoded (`from_lease`).
-    Code that runs attempts by hand (replay, tests) may build one with the task's dict."""
+    Code that runs attempts by hand (replay, tests) may build one with the task's dict.
+    `cancel`: set by the agent core when the attempt must stop (see CancelSignal)."""
     run_id: str
     run_dir: str
     rollout_id: str
@@ -86,6 +132,7 @@ class Attempt:
     policy_version: int
     endpoint: str
     model: str
+    cancel: CancelSignal = field(default_factory=CancelSignal, compare=False, repr=False)
 
     @classmethod
     def from_lease(cls, lease: P.Lease) -> "Attempt":
@@ -180,6 +227,7 @@ class AgentCore:
         self.peer_batches = False  # the controller sent a batch since we registered
         self.awaiting_welcome = False
         self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
+        self.cancelled: collections.Counter = collections.Counter()  # attempts stopped, by code
         self.last_rx = self.last_hb = 0.0
         self.watch_due: Optional[float] = None  # connection dropped: the next look at the watch
         self._watch_every_s = WATCH_FIRST_S
@@ -389,6 +437,7 @@ class AgentCore:
             self.drain(msg.deadline_s)
         elif isinstance(msg, P.Shutdown):
             log.info("shutdown: %s", msg.reason)
+            self.stop_all(CANCEL_SHUTDOWN)
             self.stopped = True
         elif isinstance(msg, P.PolicyUpdate):
             self._newer_policy(msg.policy)
@@ -414,9 +463,26 @@ class AgentCore:
             if (p.msg.rollout_id, p.msg.token) == (msg.rollout_id, msg.token):
                 del self.unacked[key]
         a = self.active.get(msg.rollout_id)
-        if a is not None and a.token == msg.token:  # cancelled or stale: don't report it
-            self.abandoned.add((a.rollout_id, a.token))
+        # cancelled or stale: stop it, never report it. A newer token means the rollout was
+        # leased again since (the controller revokes a fenced lease it hears of): ours is stale.
+        if a is not None and msg.token >= a.token:
+            self._stop(a, cancel_reason_of_reject(msg.reason))
+
+    def _stop(self, a: Attempt, reason: str) -> None:
+        """Stop a running attempt (never reported): its slot is free now, and its runner is told
+        through its cancel signal to kill its sandboxes and model calls."""
+        self.abandoned.add((a.rollout_id, a.token))
+        if self.active.get(a.rollout_id) is a:
             del self.active[a.rollout_id]
+        if a.cancel.set(reason):
+            self.cancelled[reason] += 1
+            log.info("rollout %s attempt %d token %d cancelled: %s", a.rollout_id, a.attempt,
+                     a.token, reason)
+
+    def stop_all(self, reason: str) -> None:
+        """Stop every running attempt (a `shutdown`, or the owner ending the agent)."""
+        for a in list(self.active.values()):
+            self._stop(a, reason)
 
     def _refused(self, detail: str) -> None:
         """The controller will not take this agent (its version): say why and stop."""
@@ -439,8 +505,7 @@ class AgentCore:
                                  reason="draining" if self.draining else "no free slot"))
             return
         if a is not None:  # a newer lease of the same rollout: the old attempt is stale
-            self.abandoned.add((a.rollout_id, a.token))
-            del self.active[a.rollout_id]
+            self._stop(a, CANCEL_SUPERSEDED)
         try:
             new = Attempt.from_lease(msg)
         except TaskError as exc:
@@ -506,12 +571,12 @@ class AgentCore:
         """True when the drain is over: `release` what still runs, then `disconnect`."""
         if (self.active or self.unacked) and now < self.drain_by:
             return False
+        handed = len(self.active)
         for a in list(self.active.values()):
             self._send(P.Release(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
                                  reason="drain deadline"))
-            self.abandoned.add((a.rollout_id, a.token))
+            self._stop(a, CANCEL_DRAIN)
         log.info("drained: %d attempts handed back, %d results unacknowledged",
-                 len(self.active), len(self.unacked))
-        self.active.clear()
+                 handed, len(self.unacked))
         self._send(P.Disconnect(node=self.node, reason="drained"))
         return True

@@ -9,6 +9,7 @@ of the node namespace) and the host (CPU, memory, disk of the run root) through 
   warm_pool, rollouts_total, rollouts_per_s, cpu_percent, mem_used_mb, mem_free_mb,
   mem_percent, rss_mb, tmpfs_used_mb, disk_used_mb, disk_free_mb, image_mounts, errors{...},
   completed, bad_frames (kept for older readers),
+  cancelled{code: n} (attempts the agent stopped, by cancel code: states.CancelReason),
   pool_hits, pool_misses (sandbox acquires served by a ready sandbox / made on the spot),
   pool_targets{pool: n}, pool_ready{pool: n} (per warm pool, named image+layers@hostname)
 
@@ -83,6 +84,7 @@ class HealthSampler:
         out.update(self._slow_figures(now))
         out.update(self._runtime_figures(getattr(a, "runtime", None)))
         out["errors"] = {"bad_frames": out["bad_frames"], "infra_errors": int(getattr(a, "infra_errors", 0))}
+        out["cancelled"] = dict(getattr(getattr(a, "core", a), "cancelled", None) or {})
         if self.jsonl is not None:
             self._append(out)
         return out

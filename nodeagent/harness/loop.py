@@ -25,6 +25,17 @@ goes into the system prompt (`CONVERSATION_PROMPT`) and the simulated user
 (`nodeagent.harness.usersim`) opens. An assistant message without a tool call is a message to
 the user: the user's reply is the next `user` message, unless the user stops (`stop_reason =
 "user_stop"`). Every user turn is a step row with `role = "user"`; `step` numbers all rows.
+
+No progress (`nodeagent.harness.progress`): the same tool call answered by the same observation
+`no_progress_repeats` times, or `no_output_turns` turns in a row without output, end the
+episode with stop reason `no_progress` or `no_output`: the policy's failure (the attempt's
+runner scores it 0 without grading), never an infrastructure error.
+
+Stopping from outside (`stop`, a callable the attempt's runner passes: its cancel signal or a
+deadline, nodeagent/agent/guard.py): checked before every model call and every tool call; once
+it says stop, the loop ends with stop reason `stopped`, and a model or sandbox failure caused
+by the stop (the guard kills the sandbox and shuts the model connection) ends it the same way
+instead of raising.
 Must not import zmq,
 controller.* outside contracts, nodeagent.agent or nodeagent.verifier.
 """
@@ -47,8 +58,9 @@ from nodeagent.harness.model import (
     ModelError,
     ModelTimeout,
 )
+from nodeagent.harness.progress import ProgressDetector
 from nodeagent.harness.tools import Toolbox, ToolResult
-from nodeagent.sandbox.runtime import Sandbox
+from nodeagent.sandbox.runtime import Sandbox, SandboxError
 from nodeagent.services.host import ToolRouter
 
 CONVERSATION_PROMPT = ("You are an assistant talking with a user. Use the tools to look up and change records "
@@ -60,6 +72,7 @@ SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your file
 
 TOOL_TIMEOUT_S = 20.0
 MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
+STOPPED = "stopped"           # stop reason: the runner stopped the loop (cancel, deadline)
 
 
 @dataclass
@@ -67,6 +80,7 @@ class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
     stop_reason: str = "stop"       # stop | user_stop | max_steps | wall_time | tokens | calls | context_length | model_error
+    #                                 | no_progress | no_output (nodeagent.harness.progress) | stopped (from outside)
     #                                 (an external harness: harness_exit | harness_error | harness_timeout)
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -101,12 +115,14 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
               egress_decisions: Callable[[], list[dict]] | None = None,
               span_origin: float | None = None, faults: ToolFaults | None = None,
               sleep: Callable[[float], None] = time.sleep, services=None, user=None,
-              toolbox: Any = None) -> AgentResult:
+              toolbox: Any = None, stop: Callable[[], bool] | None = None,
+              progress: ProgressDetector | None = None) -> AgentResult:
     """Run the agent until it stops or a budget runs out. Raises ModelError / SandboxError
     (infrastructure); every failure the model causes is an observation in the transcript.
     Spans' `start_s` count from `span_origin` (a `clock()` value; default: the agent's start).
     `toolbox`: tools already bound (a web task's `nodeagent.harness.browser_tools.BrowserToolbox`)
-    instead of the sandbox's shell tools."""
+    instead of the sandbox's shell tools. `stop`: asked before every model and tool call (see
+    the module docstring); `progress`: the no-progress detector (default: from the budgets)."""
     b = budgets if isinstance(budgets, Budgets) else Budgets.from_dict(budgets)
     client: Model = HTTPModel(endpoint, clock) if isinstance(endpoint, str) else endpoint
     if toolbox is None:
@@ -123,14 +139,20 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
         _user_turn(res, user.opening(), messages, utc_now(), 0.0)
     deadline = t0 + b.wall_s
     origin = t0 if span_origin is None else span_origin
+    watch = _Watch(stop or (lambda: False), progress or ProgressDetector.of(b))
     try:
         for step in range(b.max_steps):
             if not _step(res, step, client, toolbox, messages, model, seed, b, clock, origin, deadline,
-                         model_timeout_s, (faults, sleep), user):
+                         model_timeout_s, (faults, sleep), user, watch):
                 break
         else:
             res.stop_reason = "max_steps"
-    except ModelError as exc:
+    except (ModelError, SandboxError) as exc:
+        if watch.stop():          # the failure is the stop's doing (a killed sandbox, a shut socket)
+            res.stop_reason = STOPPED
+            return res
+        if isinstance(exc, SandboxError):
+            raise
         res.stop_reason = "model_error"
         exc.result = res
         raise
@@ -141,13 +163,23 @@ def run_agent(sandbox: Sandbox, instruction: str, endpoint: str | Model, model: 
     return res
 
 
+@dataclass
+class _Watch:
+    """What ends a loop from outside its budgets: the runner's `stop`, the progress detector."""
+    stop: Callable[[], bool]
+    progress: ProgressDetector
+
+
 def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages: list[dict],
           model: str, seed: int, b: Budgets, clock, origin: float, deadline: float,
           model_timeout_s: float, inject: tuple[ToolFaults | None, Callable[[float], None]],
-          user=None) -> bool:
+          user=None, watch: _Watch | None = None) -> bool:
     """One assistant message and its tool calls (or, to a user, the user's reply); False when
     the loop must stop. `step` counts assistant messages; the row's `step` counts all rows."""
     row_no = len(res.steps)
+    if watch is not None and watch.stop():
+        res.stop_reason = STOPPED
+        return False
     remaining = deadline - clock()
     if remaining <= 0:
         res.stop_reason = "wall_time"
@@ -204,11 +236,30 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
             return False
         return True
     t_tool = clock()
-    observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
-                                                             deadline, inject, row_no)
+    try:
+        observations, truncated, first_code, faults = _run_calls(res, step, calls, toolbox, messages, clock, origin,
+                                                                 deadline, inject, row_no,
+                                                                 watch.stop if watch is not None else None)
+    except SandboxError:
+        if watch is None or not watch.stop():
+            raise
+        # the sandbox was killed under the call by the stop: the row records the calls, no observation
+        row.update(tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+                   observation="", observation_truncated=False, tool_s=clock() - t_tool, wall_s=clock() - m0)
+        res.stop_reason = STOPPED
+        return False
     row.update(tool_faults=json.dumps(faults) if faults else None,tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
                observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
                tool_s=clock() - t_tool, wall_s=clock() - m0)
+    if watch is not None:
+        if watch.stop():
+            res.stop_reason = STOPPED
+            return False
+        fired = watch.progress.turn(message.get("content"), [(c["name"], c["arguments"], o)
+                                                             for c, o in zip(calls, observations)])
+        if fired is not None:
+            res.stop_reason = fired
+            return False
     if res.prompt_tokens + res.completion_tokens >= b.max_tokens:
         res.stop_reason = "tokens"
         return False
@@ -218,12 +269,15 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
 def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],
                clock, origin: float, deadline: float,
                inject: tuple[ToolFaults | None, Callable[[float], None]] = (None, time.sleep),
-               row_no: int | None = None) -> tuple[list[str], bool, int | None, list[dict]]:
+               row_no: int | None = None,
+               stop: Callable[[], bool] | None = None) -> tuple[list[str], bool, int | None, list[dict]]:
     """Run one message's tool calls (at most MAX_CALLS_PER_STEP); (observations, any truncated,
-    the first call's exit code, the faults injected)."""
+    the first call's exit code, the faults injected). Once `stop()` says so, no further call runs."""
     observations, truncated, first_code, faults = [], False, None, []
     plan, sleep = inject
     for i, call in enumerate(calls):
+        if stop is not None and stop():
+            break
         s0 = clock()
         fault = plan.draw(step, i) if plan is not None and i < MAX_CALLS_PER_STEP else None
         if fault is not None:
@@ -262,4 +316,5 @@ def _user_turn(res: AgentResult, turn, messages: list[dict], started, wall_s: fl
         messages.append({"role": "user", "content": turn.content})
 
 
-__all__ = ["AgentResult", "CONVERSATION_PROMPT", "MAX_CALLS_PER_STEP", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S", "run_agent"]
+__all__ = ["AgentResult", "CONVERSATION_PROMPT", "MAX_CALLS_PER_STEP", "STOPPED", "SYSTEM_PROMPT", "TOOL_TIMEOUT_S",
+           "run_agent"]
