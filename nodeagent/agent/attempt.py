@@ -77,6 +77,7 @@ from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
 from nodeagent.harness.external import run_harness
 from nodeagent.harness.faults import FaultSpecError, ToolFaults
 from nodeagent.harness.loop import AgentResult, run_agent
+from nodeagent.harness.mcptools import McpRollout
 from nodeagent.harness.model import ModelError
 from nodeagent.harness.progress import NO_OUTPUT, NO_PROGRESS
 from nodeagent.harness.usersim import UserSimError, simulator
@@ -84,6 +85,7 @@ from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec,
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
 from nodeagent.services.host import ServiceHost, ServiceRuleError
+from nodeagent.store import tracing
 from nodeagent.store import writer as trajwriter
 from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 
@@ -157,7 +159,8 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
     start = Upstream(a.policy_version, a.endpoint, a.model)
     session = Session(Follow(start, current_policy) if current_policy else start, GatewayBudgets.of(task.budgets),
                       source="harness" if task.harness else "builtin", clock=clock,
-                      client=guard.model_client(clock))
+                      client=guard.model_client(clock),
+                      trace=tracing.attempt_context(a.run_id, a.rollout_id, a.attempt, a.token))
     conv = _Conversation(task, a, clock, guard)
     if task.family == "web":
         with guard.phase("agent"):
@@ -326,10 +329,12 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
     agent, infra, changes = AgentResult(), None, []
     egress_id = f"{a.rollout_id}.{a.attempt}"
     gateway = GatewayServer(session) if task.harness else None
+    mcp = McpRollout.of(task) if not task.harness else None     # a task's MCP servers (.paddock/mcp.json)
     try:
         if gateway is not None:
             gateway.start()
         relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
+        relay = mcp.relay(relay) if mcp else relay
         with guard.phase("create"):
             sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits),
                                             files={k: as_bytes(v) for k, v in task.files.items()},
@@ -339,9 +344,13 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
         egress.close_for_task(egress_id)
         if gateway is not None:
             gateway.stop()
+        if mcp:
+            mcp.close()
     start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
     if infra is None and guard.stopped:     # stopped while it was made: no harness
         with guard.phase("teardown"):
+            if mcp:
+                mcp.close()
             sb.destroy()
             egress.close_for_task(egress_id)
             if gateway is not None:
@@ -357,7 +366,8 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                     agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
                                       tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
                                       span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),
-                                      services=services, user=user, stop=lambda: guard.stopped)
+                                      services=services, user=user, stop=lambda: guard.stopped,
+                                      toolbox=mcp.toolbox(sb, task) if mcp else None)
                 if not guard.stopped:
                     changes = sb.diff("/work")
         except ModelError as exc:
@@ -371,6 +381,8 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
             infra = f"sandbox: {exc}"
         finally:
             with guard.phase("teardown"):
+                if mcp:
+                    mcp.close()
                 sb.destroy()
                 egress.close_for_task(egress_id)
                 if gateway is not None:

@@ -25,6 +25,7 @@ from controller.contracts.fileio import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.harness.loop import AgentResult
 from nodeagent.sandbox.runtime import Sandbox
+from nodeagent.store import tracing
 
 OUTPUT_CAP_BYTES = 64 * 1024
 OBSERVATION_TAIL_CHARS = 8192
@@ -51,7 +52,8 @@ def run_harness(sandbox: Sandbox, argv: tuple[str, ...] | list[str], instruction
     sandbox.write_files({INSTRUCTION_PATH: instruction.encode()})
     remaining = max(session.deadline - clock(), 0.1)
     r = sandbox.exec(list(argv), stdin=instruction.encode(), timeout_s=min(budgets.wall_s, remaining),
-                     cwd="/work", env=harness_env(session.key), output_cap=output_cap)
+                     cwd="/work", env={**harness_env(session.key), **tracing.sandbox_env(getattr(session, "trace", None))},
+                     output_cap=output_cap)
     wall = clock() - t0
     if r.timed_out:
         res.stop_reason = "harness_timeout"
