@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
+from controller.contracts.tasks import BudgetError, Budgets
 from nodeagent.agent.daemon import SANDBOX_BACKENDS, EndpointFile, serve
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 
@@ -69,6 +70,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="native",
                     help="the sandbox backend: native (user namespaces, this host's cgroups) or apptainer "
                          "(for sites whose policy requires it; `apptainer` must be on PATH) (default native)")
+    ap.add_argument("--budget-default", action="append", default=[], metavar="KEY=VALUE",
+                    help="the run's default for a deadline or no-progress budget a task leaves at 0 "
+                         "(create_s, setup_s, verify_s, teardown_s, total_s, no_progress_repeats, "
+                         "no_output_turns); repeatable")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
 
 
@@ -137,9 +142,32 @@ def connection(args: argparse.Namespace) -> tuple[str, str | None, RunKeys | Non
     return endpoint, endpoint_file, read_key_file(key_file)
 
 
+def run_budgets(pairs: list[str]) -> dict[str, float]:
+    """--budget-default KEY=VALUE pairs, checked (`Budgets.with_run_defaults`): ValueError naming
+    the bad pair, key or value."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--budget-default {pair!r} is not KEY=VALUE")
+        try:
+            out[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise ValueError(f"--budget-default {pair!r}: {value!r} is not a number") from None
+    try:
+        Budgets().with_run_defaults(out)
+    except BudgetError as exc:
+        raise ValueError(f"--budget-default: {exc}") from None
+    return out
+
+
 def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> int:
     if args.noop_s is None and not args.image_store:
         return _usage(ap, "--image-store is required (unless --noop-s)")
+    try:
+        budgets = run_budgets(args.budget_default)
+    except ValueError as exc:
+        return _usage(ap, str(exc))
     try:
         endpoint, endpoint_file, keys = connection(args)
     except ValueError as exc:
@@ -161,7 +189,8 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
                  heartbeat_interval_s=args.heartbeat_interval_s,
                  drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade,
                  keys=keys, insecure=args.insecure, endpoint_file=endpoint_file,
-                 give_up_s=args.give_up_s, warm_pool=args.warm_pool, sandbox=args.sandbox)
+                 give_up_s=args.give_up_s, warm_pool=args.warm_pool, sandbox=args.sandbox,
+                 run_budgets=budgets)
 
 
 def register(subparsers) -> None:

@@ -31,13 +31,14 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import psutil
 import zmq
 
 from controller.contracts import protocol as P
 from controller.contracts.keys import RunKeys
+from controller.contracts.tasks import Budgets
 from nodeagent.agent.attempt import run_attempt
 from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, EndpointNews
 from nodeagent.agent.health import sampler_for
@@ -146,9 +147,13 @@ class NodeAgent:
                  drain_deadline_s: float = 60.0, backoff_max_s: float = 2.0,
                  health: Optional[Callable[[], dict]] = None, keys: Optional[RunKeys] = None,
                  insecure: bool = False, endpoint_file: Optional[str] = None,
-                 give_up_s: Optional[float] = None):
+                 give_up_s: Optional[float] = None, run_budgets: Optional[Mapping[str, float]] = None):
         """`keys`: the run's CURVE keys (required unless `insecure`); `endpoint_file`: watched
-        while the controller is silent; `give_up_s`: stop if never welcomed by then."""
+        while the controller is silent; `give_up_s`: stop if never welcomed by then;
+        `run_budgets`: the run's defaults for the deadline and no-progress budget keys a task
+        leaves at 0 (checked here: a bad key or value raises BudgetError naming it)."""
+        Budgets().with_run_defaults(run_budgets)
+        self.run_budgets = dict(run_budgets or {})
         self.node, self.endpoint, self.deployment = node, endpoint, deployment
         self.keys, self.insecure = keys, insecure
         self.endpoint_watch = EndpointFile(endpoint_file) if endpoint_file else None
@@ -344,6 +349,7 @@ class NodeAgent:
             if self.core.done:
                 break
             timeout_ms = self.core.poll_timeout_ms()
+        self.core.stop_all("shutdown")     # an agent that ends kills what still runs at once
         self.pool.shutdown()
         self._close_monitor()
         self.sock.close(linger=100)
@@ -363,7 +369,8 @@ class NodeAgent:
             return AttemptResult("infra_error", None, {}, "task: the lease task has no 'image_digest'")
         image = self.image_store / "sha256" / (digest.split(":", 1)[1] + ".sif")
         self.core.images.add(digest)
-        return run_attempt(self.runtime, image, self.node, a, self.clock, current_policy=lambda: self.core.policy)
+        return run_attempt(self.runtime, image, self.node, a, self.clock, current_policy=lambda: self.core.policy,
+                           run_budgets=self.run_budgets)
 
     def _work(self, a: Attempt) -> None:
         try:
@@ -384,14 +391,15 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
           drain_deadline_s: float = 60.0, noop_s: Optional[float] = None,
           degrade: bool = False, keys: Optional[RunKeys] = None, insecure: bool = False,
           endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None,
-          warm_pool: Optional[int] = None, sandbox: str = "native") -> int:
+          warm_pool: Optional[int] = None, sandbox: str = "native",
+          run_budgets: Optional[Mapping[str, float]] = None) -> int:
     """Run a node agent until it drains, is shut down, refused or gives up; return its exit
     status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
     (required), made by the `sandbox` backend: "native" (SandboxRuntime) or "apptainer"
     (nodeagent.sandbox.apptainer, for sites whose policy requires it). `keys` (unless
     `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
     `warm_pool`: at most this many ready sandboxes (nodeagent.agent.warmpools; None: two per
-    slot; 0: off)."""
+    slot; 0: off). `run_budgets`: see NodeAgent."""
     if keys is None and not insecure:
         raise ValueError("serve: the run's keys are required (unless insecure)")
     runtime, runner = None, None
@@ -413,7 +421,8 @@ def serve(node: str, controller: str, deployment: str, slots: int = 2, image_sto
     agent = NodeAgent(node, controller, deployment, slots, image_store, runtime,
                       heartbeat_interval_s=heartbeat_interval_s,
                       drain_deadline_s=drain_deadline_s, runner=runner, keys=keys,
-                      insecure=insecure, endpoint_file=endpoint_file, give_up_s=give_up_s)
+                      insecure=insecure, endpoint_file=endpoint_file, give_up_s=give_up_s,
+                      run_budgets=run_budgets)
     pooled = default_pool_size(slots) if warm_pool is None else warm_pool
     if runtime is not None and pooled > 0:
         start_warm_pools(runtime, agent, pooled)
