@@ -108,7 +108,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     age_s = time.time() - status["time"]
     gens = generations(args.replica)
     status = {**status, "status_age_s": round(age_s, 3), "generations": [g for g, _ in gens]}
-    behind = status["lag_s"] > args.max_lag_s or age_s > args.max_lag_s
+    behind = status["lag_s"] > args.max_lag_s or abs(age_s) > args.max_lag_s
     if args.json:
         print(json.dumps(status, indent=2))
     else:
