@@ -69,7 +69,6 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
 )
 from controller.store import schema
 from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
-from controller.store.replica import Replica
 from controller.store.reads import QueueReads, result_item  # noqa: F401 - result_item: tests
 from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
     STALE_POLICY_ACTIONS,
@@ -83,6 +82,7 @@ from controller.store.records import (  # noqa: F401 - re-exported: the queue's 
     QueueConfig,
     UnknownBatch,
 )
+from controller.store.replica import Replica
 from controller.store.schema import any_of, qs
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,9 @@ place, the file cut to the commit's size); a torn last record is ignored.
 
 A replication failure (the replica unreachable, full) never stops the controller: it is
 logged, counted and shown as lag (`status()`); the next commit starts a new generation and
-copies the shards still missing. Must not import: zmq, controller.broker, controller.cli,
-nodeagent.
+copies the shards still missing.
+
+Must not import: zmq, controller.broker, controller.cli, nodeagent.
 """
 from __future__ import annotations
 
