@@ -7,7 +7,8 @@
 The controller replicates when started with `$PADDOCK_REPLICA_DIR` (or the `replica_dir`
 setting). TIME is epoch seconds or an ISO-8601 time (UTC unless it says otherwise).
 Operating errors print one line to stderr and exit 2; `status` exits 1 when the replica is
-behind by more than `--max-lag-s` or its status is older than that (a health check).
+behind by more than `--max-lag-s` (or, with `--max-age-s`, its status is older than that):
+a health check.
 
 Thin: parses arguments, calls controller.store.replica and controller.store.restore.
 Must not import: zmq, controller.broker, nodeagent.
@@ -45,8 +46,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("status", help="replica lag and failures (exit 1 when behind)")
     s.add_argument("--replica", required=True, metavar="DIR", help="the replica directory")
     s.add_argument("--max-lag-s", type=float, default=60.0,
-                   help="behind by more than this, or no status written for this long: "
-                   "exit 1 (default %(default)s)")
+                   help="behind by more than this: exit 1 (default %(default)s)")
+    s.add_argument("--max-age-s", type=float, default=None,
+                   help="also exit 1 when the status was last written longer ago than this "
+                   "(it is written at each commit, at most once a second: a farm that "
+                   "commits steadily; default: not checked)")
     s.add_argument("--json", action="store_true", help="print the status as JSON")
     s.set_defaults(func=cmd_status)
     c = sub.add_parser("check", help="is a directory usable as a run's replica")
@@ -108,7 +112,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     age_s = time.time() - status["time"]
     gens = generations(args.replica)
     status = {**status, "status_age_s": round(age_s, 3), "generations": [g for g, _ in gens]}
-    behind = status["lag_s"] > args.max_lag_s or abs(age_s) > args.max_lag_s
+    behind = status["lag_s"] > args.max_lag_s or (
+        args.max_age_s is not None and abs(age_s) > args.max_age_s)
     if args.json:
         print(json.dumps(status, indent=2))
     else:
@@ -116,7 +121,7 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"(lag {status['lag_s']:.1f}s, status written {age_s:.1f}s ago); generation "
               f"{status['generation']} ({len(gens)} kept); {status['shipped_records']} log "
               f"records, {status['shards_copied']} shards copied, {status['pending_shards']} "
-              f"pending; {status['failures']} failures"
+              f"pending, {status.get('uncopyable_shards', 0)} uncopyable; {status['failures']} failures"
               + (f", last: {status['last_error']}" if status["last_error"] else ""))
     return 1 if behind else 0
 

@@ -98,6 +98,7 @@ class ReplicaStatus:
     shipped_records: int = 0
     shipped_bytes: int = 0
     shards_copied: int = 0
+    uncopyable_shards: int = 0  # named by a commit, but absent or not a run-table path
     failures: int = 0
     last_error: Optional[str] = None
     last_ok_at: Optional[float] = None
@@ -110,6 +111,7 @@ class ReplicaStatus:
                 "lag_s": round(lag, 3), "in_sync": self.behind_since is None,
                 "shipped_records": self.shipped_records, "shipped_bytes": self.shipped_bytes,
                 "shards_copied": self.shards_copied, "pending_shards": len(self.pending_shards),
+                "uncopyable_shards": self.uncopyable_shards,
                 "failures": self.failures, "last_error": self.last_error,
                 "last_ok_at": self.last_ok_at}
 
@@ -163,10 +165,8 @@ class Replica:
         for s in shards:
             self.state.pending_shards.extend(s.values())
         try:
-            if self._broken:
-                self._start_generation()
-            else:
-                self._ship(now)
+            if self._broken or not self._ship(now):
+                self._start_generation()  # the snapshot holds this commit
             self._copy_pending()
         except (OSError, sqlite3.Error, ReplicaError) as exc:
             self._failed(now, exc)
@@ -242,17 +242,20 @@ class Replica:
                 end = off + frame
         return self._pos + end, data[:end]
 
-    def _ship(self, now: float) -> None:
+    def _ship(self, now: float) -> bool:
+        """Append the frames of the transactions committed since the last call; False when
+        the WAL lost its continuity under us (another connection truncated it between the
+        COMMIT and now: its frames are in the database file, only a snapshot has them)."""
         header = os.pread(self._wal_fd, WAL_HEADER.size, 0)
         if len(header) < WAL_HEADER.size or WAL_HEADER.unpack(header)[0] not in WAL_MAGICS:
-            return
+            return self._pos <= WAL_HEADER.size  # nothing was ever in it: nothing to ship
         page_size = WAL_HEADER.unpack(header)[2]
         salts = _salts(header)
         if salts != self._salts:  # SQLite restarted the WAL after a checkpoint
             self._salts, self._pos = salts, WAL_HEADER.size
         pos, frames = self._scan(page_size)
         if not frames:
-            return
+            return True
         n = len(frames) // (FRAME_HEADER.size + page_size)
         record = RECORD.pack(RECORD_MAGIC, now, n, page_size, zlib.crc32(frames)) + frames
         assert self._log_fd is not None
@@ -264,6 +267,7 @@ class Replica:
         self.state.shipped_bytes += len(record)
         if self._log_bytes >= self.snapshot_bytes:
             self._start_generation()
+        return True
 
     # ---- the shards ----
 
@@ -280,6 +284,15 @@ class Replica:
                 calls = "model_calls/" + rel.split("/", 1)[1]
                 if (self.run_dir / calls).exists():
                     rels.append(calls)
+        # What cannot be copied, ever (a path outside the run's tables, a shard the primary
+        # does not have), is logged and counted, never retried: it must not stall the rest.
+        bad = {rel for rel in rels if not _safe_rel(rel) or not (self.run_dir / rel).is_file()}
+        for rel in sorted(bad)[:20]:
+            log.error("replica: committed shard %r cannot be copied: %s", rel,
+                      "not a path in the run's tables" if not _safe_rel(rel)
+                      else f"not in {self.run_dir}")
+        self.state.uncopyable_shards += len(bad)
+        rels = [rel for rel in rels if rel not in bad]
         dirs = {(self.dir / RUN_DIR / rel).parent for rel in rels}
         for d in dirs:
             d.mkdir(parents=True, exist_ok=True)
@@ -290,11 +303,9 @@ class Replica:
         self.state.pending_shards = []
 
     def _copy(self, rel: str) -> None:
-        src, dst = self.run_dir / rel, self.dir / RUN_DIR / rel
-        if not _safe_rel(rel):
-            raise ReplicaError(f"shard path {rel!r} is not a plain path in the run directory")
+        dst = self.dir / RUN_DIR / rel
         tmp = dst.with_name(dst.name + ".tmp")
-        shutil.copyfile(src, tmp)
+        shutil.copyfile(self.run_dir / rel, tmp)
         _fsync_file(tmp)
         os.replace(tmp, dst)
 

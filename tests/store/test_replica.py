@@ -45,7 +45,7 @@ def commit_some(q: RolloutQueue, run: Path, tag: str, n: int) -> list[str]:
     done = []
     for lease in q.lease_next("n1", n):
         rel = f"rollouts/n1-{lease.rollout_id}-a{lease.attempt}-t{lease.token}.parquet"
-        (run / "rollouts").mkdir(exist_ok=True)
+        (run / "rollouts").mkdir(parents=True, exist_ok=True)
         (run / rel).write_bytes(f"shard of {lease.rollout_id}".encode())
         c = q.complete(lease.rollout_id, lease.attempt, lease.token, "pass", 1.0,
                        {"rollouts": rel}, None, f"c-{lease.rollout_id}")
@@ -203,7 +203,78 @@ def test_paddock_store_commands(tmp_path, replica_dir):
     out = paddock("status", "--replica", str(replica_dir), "--json", "--max-lag-s", "1e12")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["in_sync"] is True
-    out = paddock("status", "--replica", str(replica_dir), "--max-lag-s", "1")
+    out = paddock("status", "--replica", str(replica_dir), "--max-age-s", "1")
     assert out.returncode == 1  # the status was written by a clock far from now (the future): stale
     out = paddock("check", "--replica", str(tmp_path / "nope"), "--run", str(run))
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_a_deleted_run_directory_keeps_replicating_from_the_open_files(tmp_path, replica_dir):
+    """The run directory's names are gone (the queue file, its WAL, the shards), the queue
+    process goes on committing: the replicator reads the WAL through its open descriptor."""
+    import shutil
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    before = commit_some(q, run, "b0", 5)
+    shutil.rmtree(run)
+    after = commit_some(q, run, "b1", 5)  # the agents' shards land in a directory made anew
+    assert q.replica_status()["in_sync"]
+    q.close()
+    res = restore_run(replica_dir, tmp_path / "restored")
+    assert res.committed == 10 and res.missing == ()
+    assert committed_in(tmp_path / "restored" / "controller.db") == set(before + after)
+
+
+def test_the_controller_takes_the_replica_directory_from_its_environment(tmp_path):
+    from controller.broker.config import REPLICA_ENV, load
+    assert load({}, {REPLICA_ENV: "/mnt/other"}).queue.replica_dir == "/mnt/other"
+    assert load({"replica_dir": "/given"}, {REPLICA_ENV: "/mnt/other"}).queue.replica_dir == \
+        "/given"
+    assert load({}, {}).queue.replica_dir is None
+
+
+def test_a_shard_that_cannot_be_copied_is_counted_and_does_not_stall_replication(
+        tmp_path, replica_dir):
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    q.submit_batch("b", [("t", 1)], 3)
+    bad = {"rollouts": "/etc/passwd", "steps": "steps/never-written.parquet",
+           "checks": "../../escape.parquet"}
+    for lease, shards in zip(q.lease_next("n1", 3), [bad, {}, {}]):
+        q.complete(lease.rollout_id, lease.attempt, lease.token, "pass", 1.0, shards, None,
+                   f"c{lease.rollout_id}")
+    later = commit_some(q, run, "b2", 3)
+    status = q.replica_status()
+    assert status["in_sync"] and status["failures"] == 0
+    assert status["uncopyable_shards"] == 3 and status["shards_copied"] == 3
+    assert not (replica_dir / "run" / "escape.parquet").exists()
+    q.close()
+    R.restore_ledger(replica_dir, tmp_path / "r.db")
+    assert set(later) <= committed_in(tmp_path / "r.db")
+
+
+def test_a_wal_truncated_by_another_connection_between_commits_starts_a_generation(
+        tmp_path, replica_dir):
+    """An operator's `PRAGMA wal_checkpoint(TRUNCATE)` right after a COMMIT, before the
+    replicator read its frames: they are only in the database file now, so a new snapshot."""
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    first = commit_some(q, run, "b0", 3)
+    real = q.replica._ship
+
+    def truncated_first(now):
+        other = sqlite3.connect(run / "controller.db")
+        other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        other.close()
+        q.replica._ship = real
+        return real(now)
+    q.replica._ship = truncated_first
+    second = commit_some(q, run, "b1", 1)
+    assert len(R.generations(replica_dir)) == 2
+    third = commit_some(q, run, "b2", 3)
+    q.close()
+    R.restore_ledger(replica_dir, tmp_path / "r.db")
+    assert committed_in(tmp_path / "r.db") == set(first + second + third)
