@@ -131,6 +131,12 @@ class Replica:
         self.clock, self.snapshot_bytes, self.keep = clock, snapshot_bytes, keep_generations
         self.state = ReplicaStatus()
         self._status_at = -1e18
+        meta = self.dir / META_FILE
+        if meta.exists():  # a replica of another run must not be mixed with this one
+            other = Path(json.loads(meta.read_text()).get("run_dir", ""))
+            if other.name != self.run_dir.name:
+                raise ReplicaError(f"replica directory {self.dir} holds the replica of run "
+                                   f"{other} (not {self.run_dir}): give each run its own")
         (self.dir / LEDGER_DIR).mkdir(exist_ok=True)
         (self.dir / RUN_DIR).mkdir(exist_ok=True)
         atomic_write(self.dir / META_FILE, json.dumps(

@@ -127,6 +127,10 @@ def test_a_failing_replica_is_counted_as_lag_and_caught_up_without_losing_a_comm
     finally:
         (replica_dir / "run").unlink()
         os.rename(away, replica_dir / "run")
+    from controller.broker.ledger import Ledger
+    ledger = Ledger(q, None)
+    ledger.save_counters()  # the status counters (and the metrics) show the failures
+    assert ledger.counters["replica_failures"] == 5 and q.counters()["replica_failures"] == 5
     third = commit_some(q, run, "b2", 5)  # healed: a new generation, in sync again
     assert q.replica_status()["in_sync"] and q.replica_status()["lag_s"] == 0
     q.close()
@@ -175,6 +179,12 @@ def test_replica_directory_errors_name_the_path(tmp_path, replica_dir):
                      config=QueueConfig(replica_dir=str(tmp_path / "nope")))
     with pytest.raises(ValueError, match="queue.replica_dir"):
         QueueConfig(replica_dir="")
+    RolloutQueue(tmp_path / "run" / "controller.db",
+                 config=QueueConfig(replica_dir=str(replica_dir))).close()
+    (tmp_path / "other-run").mkdir()
+    with pytest.raises(R.ReplicaError, match="holds the replica of run .*run .not .*other-run"):
+        RolloutQueue(tmp_path / "other-run" / "controller.db",
+                     config=QueueConfig(replica_dir=str(replica_dir)))
 
 
 def test_paddock_store_commands(tmp_path, replica_dir):
