@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sqlite3
@@ -59,6 +60,7 @@ RECORD = struct.Struct(">4sdIII")  # magic, wall time, frames, page size, crc32 
 RECORD_MAGIC = b"PDKR"
 STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often
 COPY_THREADS = 4
+RESYNC_EVERY_S = 30.0  # while failing, the run directory is listed again at most this often
 
 
 class ReplicaError(RuntimeError):
@@ -129,6 +131,8 @@ class Replica:
         for warning in check_replica_dir(self.dir, self.run_dir):
             log.warning("%s", warning)
         self.clock, self.snapshot_bytes, self.keep = clock, snapshot_bytes, keep_generations
+        self._dev = os.stat(self.dir).st_dev
+        self._listed_at = -math.inf  # when the run directory was last listed (_queue_missing)
         self.state = ReplicaStatus()
         self._status_at = -1e18
         meta = self.dir / META_FILE
@@ -137,10 +141,6 @@ class Replica:
             if other.name != self.run_dir.name:
                 raise ReplicaError(f"replica directory {self.dir} holds the replica of run "
                                    f"{other} (not {self.run_dir}): give each run its own")
-        (self.dir / LEDGER_DIR).mkdir(exist_ok=True)
-        (self.dir / RUN_DIR).mkdir(exist_ok=True)
-        atomic_write(self.dir / META_FILE, json.dumps(
-            {"format": FORMAT, "db": str(self.db_path), "run_dir": str(self.run_dir)}))
         # The WAL is read through a descriptor held open: the same file SQLite writes, even if
         # its name is gone (a deleted run directory keeps replicating until the process ends).
         self._wal_fd = os.open(str(self.db_path) + "-wal", os.O_RDONLY)
@@ -170,9 +170,17 @@ class Replica:
         now = self.clock()
         for s in shards:
             self.state.pending_shards.extend(s.values())
+        self.state.pending_shards = list(dict.fromkeys(self.state.pending_shards))
         try:
+            recovering = self._broken
             if self._broken or not self._ship(now):
                 self._start_generation()  # the snapshot holds this commit
+            # What went missing while it failed (or with a wiped replica): the run directory
+            # is listed once an outage, then at most every RESYNC_EVERY_S while it lasts.
+            if recovering and (self._listed_at <= (self.state.behind_since or now)
+                               or now - self._listed_at >= RESYNC_EVERY_S):
+                self._listed_at = now
+                self._queue_missing()
             self._copy_pending()
         except (OSError, sqlite3.Error, ReplicaError) as exc:
             self._failed(now, exc)
@@ -205,7 +213,13 @@ class Replica:
         gens = generations(self.dir)
         seq = (gens[-1][0] + 1) if gens else 1
         gen = self.dir / LEDGER_DIR / f"gen-{seq:06d}"
+        if os.stat(self.dir).st_dev != self._dev:  # never the mount point of a lost mount
+            raise ReplicaError(f"replica directory {self.dir} is not on the filesystem it was "
+                               f"on at start (unmounted?)")
+        (self.dir / LEDGER_DIR).mkdir(exist_ok=True)  # made again if it went (not the root)
         gen.mkdir()
+        atomic_write(self.dir / META_FILE, json.dumps(
+            {"format": FORMAT, "db": str(self.db_path), "run_dir": str(self.run_dir)}))
         tmp = gen / (SNAPSHOT + ".tmp")
         dest = sqlite3.connect(str(tmp))
         try:
@@ -267,6 +281,7 @@ class Replica:
         assert self._log_fd is not None
         os.write(self._log_fd, record)
         os.fdatasync(self._log_fd)
+        self._check_log()
         self._pos = pos
         self._log_bytes += len(record)
         self.state.shipped_records += 1
@@ -274,6 +289,19 @@ class Replica:
         if self._log_bytes >= self.snapshot_bytes:
             self._start_generation()
         return True
+
+    def _check_log(self) -> None:
+        """The log written is still the generation's file (not deleted or moved away with
+        its directory: writes through the open descriptor would then reach nothing)."""
+        assert self._log_fd is not None
+        held = os.fstat(self._log_fd)
+        path = self.dir / LEDGER_DIR / f"gen-{self.state.generation:06d}" / LOG
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            named = None
+        if named is None or (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino):
+            raise ReplicaError(f"the replica's log {path} is gone (deleted or moved)")
 
     # ---- the shards ----
 
@@ -300,8 +328,10 @@ class Replica:
         self.state.uncopyable_shards += len(bad)
         rels = [rel for rel in rels if rel not in bad]
         dirs = {(self.dir / RUN_DIR / rel).parent for rel in rels}
+        if dirs:
+            (self.dir / RUN_DIR).mkdir(exist_ok=True)  # never the replica's root itself
         for d in dirs:
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(exist_ok=True)
         list(self._pool.map(self._copy, rels))  # raises the first failure
         for d in dirs:
             fsync_dir(d)
@@ -315,20 +345,25 @@ class Replica:
         _fsync_file(tmp)
         os.replace(tmp, dst)
 
+    def _queue_missing(self) -> int:
+        """Add every Parquet file of the run directory the replica lacks to the pending
+        copies (compacted files included: their sources may be gone). Returns how many."""
+        have = {p.relative_to(self.dir / RUN_DIR).as_posix()
+                for p in (self.dir / RUN_DIR).glob("*/*.parquet")}
+        missing = [rel for p in self.run_dir.glob("*/*.parquet") if p.parent.name != "catalog"
+                   and (rel := p.relative_to(self.run_dir).as_posix()) not in have]
+        self.state.pending_shards = list(dict.fromkeys(self.state.pending_shards + missing))
+        return len(missing)
+
     def copy_missing(self) -> int:
         """Copy every Parquet file of the run directory the replica lacks (at open: what was
         committed before replication was on, or while it failed). Returns how many."""
-        have = {p.relative_to(self.dir / RUN_DIR).as_posix()
-                for p in (self.dir / RUN_DIR).glob("*/*.parquet")}
-        missing = [p.relative_to(self.run_dir).as_posix() for p in self.run_dir.glob("*/*.parquet")
-                   if p.parent.name != "catalog"]
-        missing = [rel for rel in missing if rel not in have]
-        self.state.pending_shards.extend(missing)
+        n = self._queue_missing()
         try:
             self._copy_pending()
         except OSError as exc:
             self._failed(self.clock(), exc)
-        return len(missing)
+        return n
 
     def _write_status(self, force: bool = False) -> None:
         now = self.clock()

@@ -123,7 +123,7 @@ def test_a_failing_replica_is_counted_as_lag_and_caught_up_without_losing_a_comm
         status = q.replica_status()
         assert not status["in_sync"] and status["lag_s"] == pytest.approx(7)
         assert status["failures"] == 5 and "Error" in status["last_error"]
-        assert status["pending_shards"] == 5
+        assert status["pending_shards"] == 10  # the replica's shard directory went: all
     finally:
         (replica_dir / "run").unlink()
         os.rename(away, replica_dir / "run")
@@ -288,3 +288,26 @@ def test_a_wal_truncated_by_another_connection_between_commits_starts_a_generati
     q.close()
     R.restore_ledger(replica_dir, tmp_path / "r.db")
     assert committed_in(tmp_path / "r.db") == set(first + second + third)
+
+
+def test_a_replica_wiped_mid_run_is_rebuilt_by_the_next_commit_but_never_recreated_itself(
+        tmp_path, replica_dir):
+    import shutil
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    first = commit_some(q, run, "b0", 3)
+    for child in replica_dir.iterdir():  # someone cleared it: its contents are gone
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+    second = commit_some(q, run, "b1", 3)
+    assert q.replica_status()["in_sync"]  # a new generation, with every shard copied again
+    shutil.rmtree(replica_dir)  # the replica's mount went: its root is not made again
+    commit_some(q, run, "b2", 1)
+    assert not replica_dir.exists() and not q.replica_status()["in_sync"]
+    replica_dir.mkdir()
+    third = commit_some(q, run, "b3", 2)
+    assert q.replica_status()["in_sync"]
+    q.close()
+    res = restore_run(replica_dir, tmp_path / "restored")
+    assert committed_in(tmp_path / "restored" / "controller.db") >= set(first + second + third)
+    assert res.missing == ()
