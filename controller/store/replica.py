@@ -32,6 +32,8 @@ Must not import: zmq, controller.broker, controller.cli, nodeagent.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import math
@@ -60,6 +62,7 @@ RECORD = struct.Struct(">4sdIII")  # magic, wall time, frames, page size, crc32 
 RECORD_MAGIC = b"PDKR"
 STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often
 COPY_THREADS = 4
+_SYNCFS = getattr(ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True), "syncfs", None)
 RESYNC_EVERY_S = 30.0  # while failing, the run directory is listed again at most this often
 
 
@@ -172,16 +175,16 @@ class Replica:
             self.state.pending_shards.extend(s.values())
         self.state.pending_shards = list(dict.fromkeys(self.state.pending_shards))
         try:
-            recovering = self._broken
-            if self._broken or not self._ship(now):
-                self._start_generation()  # the snapshot holds this commit
             # What went missing while it failed (or with a wiped replica): the run directory
             # is listed once an outage, then at most every RESYNC_EVERY_S while it lasts.
-            if recovering and (self._listed_at <= (self.state.behind_since or now)
-                               or now - self._listed_at >= RESYNC_EVERY_S):
+            if self._broken and (self._listed_at <= (self.state.behind_since or now)
+                                 or now - self._listed_at >= RESYNC_EVERY_S):
                 self._listed_at = now
                 self._queue_missing()
+            # The shards first: the replica's ledger never names a shard it lacks.
             self._copy_pending()
+            if self._broken or not self._ship(now):
+                self._start_generation()  # the snapshot holds this commit
         except (OSError, sqlite3.Error, ReplicaError) as exc:
             self._failed(now, exc)
             return False
@@ -306,8 +309,9 @@ class Replica:
     # ---- the shards ----
 
     def _copy_pending(self) -> None:
-        """Copy the shards committed and not yet on the replica, in parallel; each is
-        fsynced, then each directory once."""
+        """Copy the shards committed and not yet on the replica, in parallel, under
+        temporary names; make them durable (`_sync`), rename them into place, make the
+        renames durable."""
         pending = list(dict.fromkeys(self.state.pending_shards))
         if not pending:
             return
@@ -332,18 +336,37 @@ class Replica:
             (self.dir / RUN_DIR).mkdir(exist_ok=True)  # never the replica's root itself
         for d in dirs:
             d.mkdir(exist_ok=True)
-        list(self._pool.map(self._copy, rels))  # raises the first failure
-        for d in dirs:
-            fsync_dir(d)
+        tmps = list(self._pool.map(self._copy, rels))  # raises the first failure
+        self._sync(tmps)  # the contents durable before any name shows them
+        for tmp in tmps:
+            os.replace(tmp, tmp.with_suffix(""))
+        self._sync(dirs)
         self.state.shards_copied += len(rels)
         self.state.pending_shards = []
 
-    def _copy(self, rel: str) -> None:
+    def _copy(self, rel: str) -> Path:
         dst = self.dir / RUN_DIR / rel
         tmp = dst.with_name(dst.name + ".tmp")
         shutil.copyfile(self.run_dir / rel, tmp)
-        _fsync_file(tmp)
-        os.replace(tmp, dst)
+        return tmp
+
+    def _sync(self, paths: Iterable[Path]) -> None:
+        """Make `paths` (files or directories of the replica) durable: one syncfs(2) of the
+        replica's filesystem where the C library has it, else an fsync of each."""
+        paths = list(paths)
+        if not paths:
+            return
+        if _SYNCFS is not None:
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                if _SYNCFS(fd) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"syncfs of {self.dir}: {os.strerror(err)}")
+            finally:
+                os.close(fd)
+            return
+        for path in paths:
+            _fsync_file(path) if path.is_file() else fsync_dir(path)
 
     def _queue_missing(self) -> int:
         """Add every Parquet file of the run directory the replica lacks to the pending
