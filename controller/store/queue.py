@@ -16,7 +16,8 @@ unreachable, a sandbox that would not start; counted apart: a flapping node or a
 must not dead-letter good tasks); every attempt's reason is kept in the
 attempts table. `on_commit` hooks run once the open transaction has committed (what is
 derived from the queue, the catalog, is written there); `fault` is called at the commit
-path's fault points (faults.py). The records it hands
+path's fault points (faults.py). With `config.replica_dir` every COMMIT is shipped to the
+replica (replica.py) before anything derived from it runs. The records it hands
 back and its config are records.py; its reads are reads.py.
 
 Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
