@@ -83,6 +83,8 @@ def test_every_acknowledged_commit_is_on_the_replica_and_restores_as_of_any_time
         dest = tmp_path / f"restored-{i}.db"
         R.restore_ledger(replica_dir, dest, at=at + 5)
         assert committed_in(dest) == expected, f"as of mark {i}"
+    with pytest.raises(R.ReplicaError, match="no generation .* is as old as"):
+        R.restore_ledger(replica_dir, tmp_path / "too-early.db", at=marks[0][0] - 3600)
     newest = R.restore_ledger(replica_dir, tmp_path / "newest.db")
     assert committed_in(tmp_path / "newest.db") == done and newest.records > 0
 
