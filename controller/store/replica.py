@@ -201,7 +201,7 @@ class Replica:
             self.state.behind_since = now
         log.error("replica %s is behind (failure %d): %s", self.dir, self.state.failures, exc)
         try:
-            self._write_status()
+            self._write_status(force=True)  # a failure is shown at once
         except OSError:
             pass
 

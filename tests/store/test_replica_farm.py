@@ -23,6 +23,7 @@ import pytest
 from controller.analysis.query import connect
 from controller.client import Client
 from controller.client.api import UnknownBatch
+from controller.store.replica import read_status
 from tests.conftest import sandbox_prerequisites, wait_for
 from tests.farmprocs import descendants, snapshot
 
@@ -104,6 +105,8 @@ def test_a_primary_deleted_mid_run_restores_with_every_told_commit_once(tmp_path
         watcher.join(30)
         told = watcher.committed()
         assert len(told) == len(set(told)) >= 6
+        status = read_status(replica)
+        assert status["failures"] == 0 and status["uncopyable_shards"] == 0, status
 
         restored = tmp_path / "restored"
         out = subprocess.run([sys.executable, "-m", "controller.cli", "store", "restore",
