@@ -12,6 +12,7 @@ Must not import: zmq, sqlite3, controller.cli, nodeagent.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -63,9 +64,16 @@ BROKER_KEYS = frozenset(f.name for f in dataclasses.fields(BrokerConfig)) - {"qu
 QUEUE_KEYS = frozenset(f.name for f in dataclasses.fields(QueueConfig))
 
 
-def load(values: Mapping[str, Any]) -> BrokerConfig:
+REPLICA_ENV = "PADDOCK_REPLICA_DIR"  # the replica directory, when no `replica_dir` is given
+
+
+def load(values: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> BrokerConfig:
     """A BrokerConfig from flat key -> value pairs (the CLI's parsed arguments): the queue's
-    keys go to `queue`, the others to the broker; an unknown key is a ValueError naming it."""
+    keys go to `queue`, the others to the broker; an unknown key is a ValueError naming it.
+    `replica_dir`, when not given (or None), is `$PADDOCK_REPLICA_DIR` if set (read here, at
+    the entry point: the Slurm job and `paddock run` pass it down to the controller)."""
+    if values.get("replica_dir") is None and environ.get(REPLICA_ENV):
+        values = {**values, "replica_dir": environ[REPLICA_ENV]}
     unknown = sorted(set(values) - BROKER_KEYS - QUEUE_KEYS)
     if unknown:
         raise ValueError(f"unknown controller setting(s) {unknown}; valid: "

@@ -7,6 +7,9 @@ after the open transaction commits (never if it rolls back), so the catalog can 
 key the queue has not committed (docs/protocol.md, "One commit point"). A catalog conflict or
 a failed flush is a logged, counted anomaly: never an exception out of the broker.
 
+The replica's failures (controller/store/replica.py) are counted here too
+(`replica_failures`, `replica_uncopyable_shards`), with the other status counters.
+
 The catalog may come later (`expect_catalog()`, then `attach(catalog)`: the daemon opens it
 in a thread while it already serves): until then the keys committed are held back, and
 `attach` first reconciles the catalog with the queue's committed rows (which include them),
@@ -42,6 +45,7 @@ class Ledger:
         self._flush_wanted = False
         self.catalog_expected = False  # a catalog is being opened: hold its keys back
         self._held: list[tuple] = []  # keys committed before the catalog was attached
+        self._replica_seen: Counter = Counter()  # the replicator's counts already added
 
     def expect_catalog(self) -> None:
         """The catalog comes later (`attach`): hold back the keys committed until then."""
@@ -98,8 +102,21 @@ class Ledger:
     def save_counters(self) -> None:
         """What the counters gained since last saved, into the queue (the open
         transaction: they survive a controller restart)."""
+        self._replica_counters()
         now = {**self.counters, **{DROPPED + k: v for k, v in self.dropped.items()}}
         delta = {k: v - self._saved[k] for k, v in now.items() if v != self._saved[k]}
         if delta:
             self.queue.add_counters(delta)
             self._saved.update(delta)
+
+    def _replica_counters(self) -> None:
+        """The replica's failures and uncopyable shards (store/replica.py) as counters, so
+        `status`, `paddock top` and the metrics (paddock_controller_events_total) show them."""
+        replica = self.queue.replica
+        if replica is None:
+            return
+        for name, value in (("replica_failures", replica.state.failures),
+                            ("replica_uncopyable_shards", replica.state.uncopyable_shards)):
+            if value > self._replica_seen[name]:
+                self.counters[name] += value - self._replica_seen[name]
+                self._replica_seen[name] = value

@@ -38,6 +38,7 @@ COMMANDS = {
     "sbatch": "slurm", "launch": "slurm", "job": "slurm",
     "controller": "controller", "agent": "agent",
     "export": "export",
+    "store": "store",
 }
 GROUPS = tuple(dict.fromkeys(COMMANDS.values()))   # in the order of `paddock --help`
 

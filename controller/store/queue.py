@@ -16,7 +16,8 @@ unreachable, a sandbox that would not start; counted apart: a flapping node or a
 must not dead-letter good tasks); every attempt's reason is kept in the
 attempts table. `on_commit` hooks run once the open transaction has committed (what is
 derived from the queue, the catalog, is written there); `fault` is called at the commit
-path's fault points (faults.py). The records it hands
+path's fault points (faults.py). With `config.replica_dir` every COMMIT is shipped to the
+replica (replica.py) before anything derived from it runs. The records it hands
 back and its config are records.py; its reads are reads.py.
 
 Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
@@ -82,6 +83,7 @@ from controller.store.records import (  # noqa: F401 - re-exported: the queue's 
     QueueConfig,
     UnknownBatch,
 )
+from controller.store.replica import Replica
 from controller.store.schema import any_of, qs
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,8 @@ class RolloutQueue(QueueReads):
         self.path = Path(path)
         self.fault = fault  # called at the commit path's fault points (store/faults.py)
         self._on_commit: list[Callable[[], None]] = []  # run once the open transaction commits
+        self._replica_shards: list[dict] = []  # shards the open transaction commits
+        self.replica: Optional[Replica] = None  # opened below, once the file is ready
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
         self.config = config
@@ -122,9 +126,21 @@ class RolloutQueue(QueueReads):
         self._commit_seq = max(
             self._db.execute("SELECT value FROM meta WHERE key = 'commit_seq'").fetchone()[0],
             self._db.execute("SELECT COALESCE(MAX(commit_seq), 0) FROM rollouts").fetchone()[0])
+        # The second copy (store/replica.py): every COMMIT is shipped there before the caller
+        # can acknowledge it; a replica directory that is missing or read-only fails here.
+        if config.replica_dir is not None:
+            self.replica = Replica(self._db, self.path, config.replica_dir, clock=self.clock,
+                                   snapshot_bytes=config.replica_snapshot_mb << 20,
+                                   keep_generations=config.replica_keep_generations)
 
     def close(self) -> None:
+        if self.replica is not None:
+            self.replica.close()
         self._db.close()
+
+    def replica_status(self) -> Optional[dict]:
+        """The replica's health (lag_s, in_sync, failures, ...; None without a replica)."""
+        return None if self.replica is None else self.replica.status()
 
     # ---- plumbing ----
 
@@ -147,6 +163,7 @@ class RolloutQueue(QueueReads):
             self._depth = 0
             self._terminal_delta.clear()
             self._on_commit.clear()  # what they would publish never happened
+            self._replica_shards.clear()
             self._idle_until = -math.inf  # what due() learnt inside may be rolled back
             self._db.execute("ROLLBACK")
             raise
@@ -157,6 +174,9 @@ class RolloutQueue(QueueReads):
         finally:
             delta, self._terminal_delta = self._terminal_delta, Counter()
             hooks, self._on_commit = self._on_commit, []
+            shards, self._replica_shards = self._replica_shards, []
+        if self.replica is not None:  # before anything derived from this commit is published
+            self.replica.after_commit(shards)
         self.fault(QUEUE_AFTER_COMMIT)
         for state, n in delta.items():  # counted only once on disk
             self._terminal[state] += n
@@ -455,6 +475,8 @@ class RolloutQueue(QueueReads):
                 if reward is None and outcome in POLICY_OUTCOMES and outcome != "pass":
                     reward = 0.0
                 result = Completion(True, None, True)
+                if self.replica is not None and shards:
+                    self._replica_shards.append(shards)
                 self._move(row, COMMITTED, now, outcome=outcome, reward=reward, commit_idem=idem,
                            shards=json.dumps(shards, sort_keys=True), lease_deadline=None,
                            commit_seq=self._next_commit_seq())
@@ -483,6 +505,8 @@ class RolloutQueue(QueueReads):
             return False
         self._commit_seq = seq
         self._terminal_delta[COMMITTED] += 1
+        if self.replica is not None and shards:
+            self._replica_shards.append(shards)
         log.debug("rollout %s attempt %d: committed (%s)", rollout_id, attempt, outcome)
         return True
 

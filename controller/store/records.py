@@ -31,6 +31,9 @@ class QueueConfig:
     max_results_per_watch: int = 1000
     max_staleness: Optional[int] = None  # policy versions a queued rollout may lag; None: any
     stale_policy: str = "rerun"  # rerun (with the newest policy) | drop (cancelled, reported)
+    replica_dir: Optional[str] = None  # a second copy of ledger and shards (store/replica.py)
+    replica_snapshot_mb: int = 256  # a new base snapshot once a generation's log is this big
+    replica_keep_generations: int = 4  # generations kept: the point-in-time restore window
 
     def __post_init__(self) -> None:
         if self.max_staleness is not None and not (
@@ -43,8 +46,12 @@ class QueueConfig:
         for key in ("lease_ttl_s", "backoff_base_s", "backoff_max_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"queue.{key} must be > 0, got {getattr(self, key)!r}")
+        if self.replica_dir is not None and not (isinstance(self.replica_dir, str)
+                                                 and self.replica_dir):
+            raise ValueError(f"queue.replica_dir must be a directory path or null, "
+                             f"got {self.replica_dir!r}")
         for key in ("max_attempts", "max_node_losses", "max_batch_rollouts",
-                    "max_results_per_watch"):
+                    "max_results_per_watch", "replica_snapshot_mb", "replica_keep_generations"):
             if not (isinstance(getattr(self, key), int) and getattr(self, key) >= 1):
                 raise ValueError(f"queue.{key} must be an integer >= 1, got {getattr(self, key)!r}")
 
