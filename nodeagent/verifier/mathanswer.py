@@ -101,6 +101,7 @@ def _timeouts() -> tuple[int | None, int | None]:
 
 class _Budget(threading.local):
     deadline: float | None = None
+    asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
 
 
 _budget = _Budget()
@@ -171,7 +172,7 @@ def final_answers(text: str) -> list[str]:
         hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
         if len(hedge) > 1:
             return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
-    parsed = mv_parse(raw[-1] if raw else text)
+    parsed = mv_parse(mn.space_scripts(raw[-1] if raw else text))
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
@@ -483,20 +484,22 @@ def _only_numbers(expr) -> bool:
 
 
 def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is_gold: bool) -> bool:
-    """A number literal against a closed-form number: exact for integers, rounding for decimals.
-    A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3); a predicted
-    decimal standing for an exact gold must carry MIN_APPROX_SIG_DIGITS (0.67 is not 2/3)."""
+    """A number literal against a closed-form number: exact for integers and for decimals that
+    are the value. A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3):
+    the gold's places say what was asked. A predicted decimal (or, for "the nearest whole number",
+    integer) that only approximates an exact gold passes only when the task's instruction asks for
+    an approximation (`_approximation_asked`): 1.414 is not sqrt(2), 0.1429 is not 1/7."""
     import sympy  # noqa: PLC0415 - loaded with math_verify (see _math_verify)
     value, places = literal
     rational = sympy.Rational(value.numerator, value.denominator)
-    if places is not None and not literal_is_gold and mn.significant_digits(value, places) < MIN_APPROX_SIG_DIGITS:
-        literal_ok = False
-    else:
-        literal_ok = True
     if expr.is_Rational:
         exact = Fraction(int(expr.p), int(expr.q))
-        return exact == value or (places is not None and literal_ok and _rounds_to(exact, literal))
-    if places is None:
+        if exact == value:
+            return True
+        if literal_is_gold:
+            return places is not None and _rounds_to(exact, literal)
+        return _approximation_asked(exact, literal)
+    if places is None and (literal_is_gold or not _whole_number_asked()):
         return _exact_equal(rational, expr)
     try:
         diff = sympy.Abs(expr - rational).evalf(EXACT_TOL_DIGITS)
@@ -505,7 +508,37 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
         approx = Fraction(str(sympy.Float(expr.evalf(EXACT_TOL_DIGITS), EXACT_TOL_DIGITS)))
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
-    return literal_ok and _rounds_to(approx, literal)
+    if literal_is_gold:
+        return _rounds_to(approx, literal)
+    return _approximation_asked(approx, literal)
+
+
+def _whole_number_asked() -> bool:
+    asked = _budget.asked
+    return asked is not None and asked.places is not None and asked.places <= 0
+
+
+def _approximation_asked(value: Fraction, literal: tuple[Fraction, int | None]) -> bool:
+    """A predicted literal standing for the exact `value`: only when the instruction asks for an
+    approximation, given to at least the precision it names (MIN_APPROX_SIG_DIGITS significant
+    digits when it names none), and correct to every digit it shows (the value rounded to the
+    literal's own places)."""
+    asked = _budget.asked
+    lit, places = literal
+    if asked is None:
+        return False
+    shown = places or 0
+    if asked.places is not None and asked.places < 0:          # "the nearest hundred": 1400 for 1414.2
+        step = Fraction(10) ** -asked.places
+        return places is None and lit % step == 0 and abs(value - lit) <= step / 2
+    if asked.places is not None and shown < asked.places:
+        return False
+    digits = mn.significant_digits(lit, shown)
+    if asked.sig is not None and digits < asked.sig:
+        return False
+    if asked.places is None and asked.sig is None and digits < MIN_APPROX_SIG_DIGITS:
+        return False
+    return abs(value - lit) <= Fraction(1, 2 * 10 ** shown)
 
 
 def _exact_equal(a, b) -> bool:
@@ -550,17 +583,21 @@ def _multi_valued(gold: str) -> bool:
     return mn.structure(gold).kind in ("set", "list")
 
 
-def math_verdict(gold: str, pred_text: str | None) -> dict:
+def math_verdict(gold: str, pred_text: str | None, instruction: str | None = None) -> dict:
     """{"ok": bool, "detail": str} for a math answer check (the `checkers.answer_verdict`
-    contract for kind "math"). Never raises."""
+    contract for kind "math"). `instruction`, the task's prompt when the caller has it, says
+    whether a decimal approximation of an exact gold is asked (`mathnorm.asked_precision`);
+    without it the gold's own form is the instruction. Never raises."""
     _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
+        _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
         return {"ok": False, "detail": f"math check error: {type(exc).__name__}"}
     finally:
         _budget.deadline = None
+        _budget.asked = None
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:
@@ -584,6 +621,6 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
             f"{'all equal to' if ok else 'not all equal to'} gold={g[:200]!r}"}
 
 
-def math_equal(gold: str, pred_text: str | None) -> bool:
+def math_equal(gold: str, pred_text: str | None, instruction: str | None = None) -> bool:
     """True when the final answer in `pred_text` equals `gold` (see `math_verdict`)."""
-    return bool(math_verdict(gold, pred_text)["ok"])
+    return bool(math_verdict(gold, pred_text, instruction)["ok"])

@@ -177,6 +177,9 @@ def structure(s: str) -> Shape:
     by_semicolon = split_top(t, ";")
     if len(by_semicolon) >= 2 and all(by_semicolon):
         return Shape("list", tuple(by_semicolon))    # -12;-11;-10 and p=5,q=2;p=7,q=2
+    groups = _split_regex_top(t, _LIST_WORD)
+    if len(groups) >= 2 and all(len(split_top(g)) >= 2 and all("=" in i for i in split_top(g)) for g in groups):
+        return Shape("list", tuple(groups))          # p = 5, q = 2 \text{and} p = 7, q = 2: two solutions
     items = split_top(_LIST_WORD.sub(", ", t))
     if len(items) >= 2 and all(items):
         return Shape("list", tuple(items))
@@ -308,6 +311,77 @@ def lone_comma_list(s: str) -> bool:
             and _DECIMAL_POINT_COMMA.fullmatch(t) is None)
 
 
+_SCRIPT_BOUNDARY = re.compile(r"(?<=[\u3000-\u9fff\uac00-\ud7af\uff01-\uff60])(?=[\x21-\x7e])|"
+                              r"(?<=[\x21-\x7e])(?=[\u3000-\u9fff\uac00-\ud7af\uff01-\uff60])")
+
+
+def space_scripts(text: str) -> str:
+    """A space where a CJK character (written without spaces between words) meets an ASCII one,
+    so that a number in Chinese prose ("比例为13/28") reads as a word of its own."""
+    return _SCRIPT_BOUNDARY.sub(" ", text)
+
+
 def is_percent(s: str) -> bool:
     """True when the answer ends in a percent mark ("28%", "10\\%", normalised "28 percent")."""
     return _PERCENT_MARK.search(s) is not None
+
+
+# -- what the task's instruction asks of a number ----------------------------------------------
+
+@dataclass(frozen=True)
+class Precision:
+    """What an instruction asks of a decimal: `places` (0 for a whole number, -2 for "the
+    nearest hundred") and/or `sig` (significant figures); both None: "a decimal" or
+    "approximately", with no precision named."""
+    places: int | None = None
+    sig: int | None = None
+
+
+_NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                 "nine": 9, "ten": 10}
+_PLACE_WORDS = {"whole number": 0, "integer": 0, "unit": 0, "one": 0, "tenth": 1, "hundredth": 2,
+                "thousandth": 3, "ten-thousandth": 4, "ten thousandth": 4, "hundred-thousandth": 5,
+                "hundred thousandth": 5, "millionth": 6, "cent": 2, "ten": -1, "hundred": -2, "thousand": -3}
+_COUNT = r"(\d{1,2}|one|two|three|four|five|six|seven|eight|nine|ten)"
+_NEAREST = re.compile(r"nearest\s+(ten[- ]thousandth|hundred[- ]thousandth|millionth|thousandth|hundredth|tenth|"
+                      r"whole\s+number|integer|unit|one|cent|thousand|hundred|ten)(?![A-Za-z-])", re.IGNORECASE)
+_NEAREST_DECIMAL = re.compile(r"nearest\s+(0?\.(?:0*)1)(?!\d)", re.IGNORECASE)
+_PLACES = re.compile(_COUNT + r"[\s-]+(?:decimal\s+(?:places?|digits?)|digits?\s+after\s+the\s+decimal(?:\s+point)?|d\.\s?p\.)",
+                     re.IGNORECASE)
+_SIG = re.compile(_COUNT + r"[\s-]+(?:significant\s+(?:figures?|digits?)|sig(?:\.|nificant)?\s*figs?\.?|s\.\s?f\.)",
+                  re.IGNORECASE)
+_APPROX_WORDS = re.compile(r"\b(?:decimal|approximat\w*|estimate|round(?:ed|ing)?|numerical(?:ly)?)\b", re.IGNORECASE)
+_EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expression)|\bin\s+exact\b|\bexact\s*[.,;)]|"
+                          r"simplest\s+(?:radical\s+)?form|common\s+fraction|in\s+terms\s+of\s+\\?pi|"
+                          r"not\s+(?:as\s+)?a\s+decimal|(?:do\s+not|don't|without|no)\s+round", re.IGNORECASE)
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+def asked_precision(instruction: str | None) -> Precision | None:
+    """The decimal approximation a task's instruction asks for ("to the nearest hundredth",
+    "3 decimal places", "2 significant figures", "as a decimal", "approximately", "round"), or
+    None when it asks for none, or asks for an exact form ("common fraction", "simplest radical
+    form", "exact value", "in terms of pi", "do not round"), or there is no instruction."""
+    if not instruction:
+        return None
+    text = instruction[-4000:]
+    if _EXACT_WORDS.search(text):
+        return None
+    m = _NEAREST.search(text)
+    if m:
+        return Precision(places=_PLACE_WORDS[re.sub(r"\s+", " ", m.group(1).lower())])
+    m = _NEAREST_DECIMAL.search(text)
+    if m:
+        return Precision(places=len(m.group(1).split(".", 1)[1]))
+    m = _PLACES.search(text)
+    if m:
+        return Precision(places=_count(m.group(1)))
+    m = _SIG.search(text)
+    if m:
+        return Precision(sig=_count(m.group(1)))
+    if _APPROX_WORDS.search(text):
+        return Precision()
+    return None
