@@ -61,6 +61,7 @@ UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
 _RELATION = re.compile(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\neq|\\approx|\\in\b|=")
 _ASSIGN_LHS = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\)|[A-Za-z]\([A-Za-z0-9]\)")
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 
@@ -285,6 +286,11 @@ def answers_equal(gold: str, pred: str) -> bool:
         return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    if mn.meaning_marks(pred) - mn.meaning_marks(gold):
+        return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
+    gu, pu = mn.units(gold), mn.units(pred)
+    if gu and pu and gu != pu:
+        return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
     stated = _stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
@@ -336,12 +342,13 @@ def _one_equal(gold: str, pred: str) -> bool:
     if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
         return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
-        if sg.kind == sp.kind == "list" and _ordered_list(sg.items):
+        if sg.kind == sp.kind == "list" and _ordered_list(sg.items) and not _ascending(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
     if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
         return False        # a set is not an interval or a tuple, one value is not several
-    return mv_verify(_parse_answer(gold), _parse_answer(pred))
+    g, p = _parse_answer(gold), _parse_answer(pred)
+    return not _case_clash(g, p) and mv_verify(g, p)
 
 
 def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
@@ -383,6 +390,26 @@ def _ordered_list(items: tuple[str, ...]) -> bool:
     """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
     tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
     return all(mn.structure(i).kind == "scalar" and not _RELATION.search(i) for i in items)
+
+
+def _ascending(items: tuple[str, ...]) -> bool:
+    """True when a gold list of numbers is in strictly ascending order ("-3, 3", "-2,1"): the way
+    solutions are listed, read as a set. A list in any other order ("10, 4, -2") states that order."""
+    values = []
+    for item in items:
+        lit = mn.number_literal(item.strip())
+        if lit is not None:
+            values.append(lit[0])
+            continue
+        parsed = _parse_answer(item)
+        value = _numeric(parsed[0]) if parsed else None
+        if value is None:
+            return False
+        try:
+            values.append(Fraction(str(value.evalf(30))))
+        except Exception:  # noqa: BLE001 - not a plain number: no order to read
+            return False
+    return len(values) >= 2 and all(a < b for a, b in zip(values, values[1:]))
 
 
 def _clean_item(item: str) -> str:
@@ -436,7 +463,20 @@ def scalars_equal(gold: str, pred: str) -> bool:
         return _exact_equal(ge, pe)
     if (ge is None) != (pe is None) and _only_numbers(g[0]) and _only_numbers(p[0]):
         return False
-    return mv_verify(g, p)
+    return not _case_clash(g, p) and mv_verify(g, p)
+
+
+def _case_clash(gold: list, pred: list) -> bool:
+    """True when the two parses name symbols that differ only in case (\\theta and \\Theta, a and
+    A): Math-Verify's comparison folds the case of multi-letter symbol names, a reward may not."""
+    if not gold or not pred:
+        return False
+    try:
+        gs = {str(s) for s in getattr(gold[0], "free_symbols", set())}
+        ps = {str(s) for s in getattr(pred[0], "free_symbols", set())}
+    except Exception:  # noqa: BLE001 - no symbols to read: no clash
+        return False
+    return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
 
 
 def _percent_only(gold: str, pred: str) -> bool:
@@ -603,6 +643,9 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
+    boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
+    if boxes > mn.MAX_BOXED:
+        return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}
     answers = final_answers(str(pred_text))
     if not answers:
         return {"ok": False, "detail": UNPARSEABLE}

@@ -28,7 +28,7 @@ import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
-from controller.contracts.answers import MAX_ANSWER_CHARS, boxed_contents  # noqa: F401 (re-read here)
+from controller.contracts.answers import MAX_ANSWER_CHARS, MAX_BOXED, boxed_contents  # noqa: F401 (re-read here)
 
 _ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
@@ -58,6 +58,7 @@ _PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 _TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm|operatorname)\s*"
                               r"\{(?:[^{}]*\d[^{}]*|[^{}]*(?<![A-Za-z])or(?![A-Za-z])[^{}]*)\}")
 _TEXT_PUNCT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{\s*([()\[\],;:/|])\s*\}")
+_TEXT_QUANTITY = re.compile(r"^\\(?:text|textnormal|mbox|mathrm)\s*\{\s*([+-]?\d+(?:\.\d+)?)\s+([A-Za-z]+(?: [A-Za-z]+)?)\s*\}$")
 _TEXT_ANY = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
@@ -79,11 +80,23 @@ def is_bare_answer(text: str) -> bool:
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
 
 
+_SUPERSCRIPTS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u207b]+")
+_SUBSCRIPTS = re.compile("[\u2080-\u208b]+")
+_SCRIPT_DIGITS = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207a\u207b"
+                               "\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089\u208a\u208b",
+                               "0123456789+-0123456789+-")
+_SEPARATORS = str.maketrans({"\u2044": "/", "\u066b": ".", "\u066c": ","})   # fraction slash, Arabic separators
+
+
 def unescape_commands(text: str) -> str:
     """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`;
-    Unicode compatibility forms folded (NFKC: fullwidth digits), the minus sign read as "-", and
+    superscript and subscript digits read as `^{..}` and `_{..}` (x\u00b2 is x^{2}, not x2), Unicode
+    compatibility forms folded (NFKC: fullwidth digits, \u00bd is 1/2), the Arabic decimal separator
+    read as ".", the minus sign read as "-", and
     invisible format characters (zero-width space, word joiner ...) removed, so "5\u200b6" is 56."""
-    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+    text = _SUPERSCRIPTS.sub(lambda m: "^{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
+    text = _SUBSCRIPTS.sub(lambda m: "_{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
+    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-").translate(_SEPARATORS)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     return _ESCAPED_CMD.sub(r"\\", text)
 
@@ -100,6 +113,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING.sub(" ", s)
     s = _PERCENT_WORD.sub("\\%", s)
+    s = _TEXT_QUANTITY.sub(r"\1 \\text{ \2}", s)             # \\text{3 cm} is 3 \\text{ cm}
     if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
         s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
@@ -385,3 +399,46 @@ def asked_precision(instruction: str | None) -> Precision | None:
     if _APPROX_WORDS.search(text):
         return Precision()
     return None
+
+
+# -- marks that change what a value means -------------------------------------------------------
+
+_NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
+_DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
+_SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore)s?(?![A-Za-z])",
+                    re.IGNORECASE)
+_UNIT_SYNONYMS = {
+    "centimeter": "cm", "centimetre": "cm", "meter": "m", "metre": "m", "kilometer": "km", "kilometre": "km",
+    "millimeter": "mm", "millimetre": "mm", "inch": "in", "inches": "in", "foot": "ft", "feet": "ft",
+    "yard": "yd", "mile": "mi", "second": "s", "sec": "s", "minute": "min", "hour": "h", "hr": "h",
+    "gram": "g", "kilogram": "kg", "liter": "l", "litre": "l", "milliliter": "ml", "millilitre": "ml",
+    "degree": "deg", "dollar": "usd", "cent": "cents", "mph": "mi/h", "pound": "lb", "ounce": "oz",
+}
+_NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per", "of", "the", "a", "an", "each"}
+
+
+def meaning_marks(s: str) -> set[str]:
+    """Marks that make an answer mean something else than its bare value: a negated relation
+    (`x \\not= 5`), a digit subscript (`5_{6}`, a base or an index), a scale word (`5 thousand`)."""
+    marks = {"negation"} if _NEGATION.search(s) else set()
+    if _DIGIT_SUBSCRIPT.search(s):
+        marks.add("subscript")
+    marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
+    return marks
+
+
+def units(s: str) -> frozenset[str]:
+    """The unit words written in text commands next to a number ("5 \\text{ cm}" -> {"cm"},
+    "3 \\mbox{ inches}" -> {"in"}), spelled one way; empty when the answer has no number outside
+    its text commands (an option letter, a word answer)."""
+    if not re.search(r"\d", _TEXT_ANY.sub(" ", s)):
+        return frozenset()
+    words: set[str] = set()
+    for m in _TEXT_ANY.finditer(s):
+        for w in re.findall(r"[A-Za-z]+", m.group(1)):
+            w = w.lower()
+            if w in _NOT_UNITS or _SCALE.fullmatch(w):
+                continue
+            w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 3 and w.endswith("s") else w)
+            words.add(w)
+    return frozenset(words)
