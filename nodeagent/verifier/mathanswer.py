@@ -3,9 +3,9 @@ for what a reward must not get wrong.
 
 Entry points, with the contract of `nodeagent.verifier.checkers` (the isolated check runner
 calls them; JSON in, JSON out):
-- `math_verdict(gold, pred_text) -> {"ok": bool, "detail": str}`: what `answer_verdict("math",
-  ...)` returns;
-- `math_equal(gold, pred_text) -> bool`.
+- `math_verdict(gold, pred_text, instruction=None) -> {"ok": bool, "detail": str}`: what
+  `answer_verdict("math", ...)` returns; `instruction` is the task's prompt when the caller has it;
+- `math_equal(gold, pred_text, instruction=None) -> bool`.
 
 How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
 1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
@@ -17,13 +17,22 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
    relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not.
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
-   bare list of numbers keeps its order; a list of tuples compares as a set; a set is never an
+   bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
+   a list of tuples compares as a set; a set is never an
    interval or a tuple and one value is never several. A lone comma in a gold ("-2,1") is a list.
 4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold
-   decimal may be the rounding of the prediction (gold 33.3, 100/3), a predicted decimal for an
-   exact gold needs MIN_APPROX_SIG_DIGITS; single letters keep their case (text answers of
-   words fold it); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
+   decimal may be the rounding of the prediction (gold 33.3, 100/3): the gold's places say what
+   was asked. A predicted decimal that only approximates an exact gold (sqrt(2), pi, 1/7) passes
+   only when the task's instruction asks for an approximation (`mathnorm.asked_precision`), at
+   the precision asked (MIN_APPROX_SIG_DIGITS when none is named) and right in every digit shown;
+   without an instruction, the gold's exact form is what was asked. Single letters keep their
+   case (text answers of words fold it), and so do symbol names Math-Verify would fold
+   (`_case_clash`); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
    made case-sensitive (`_case_sensitive_latex`) and the exact rule for numeric expressions.
+5. Never dropped (`mathnorm.meaning_marks`, `mathnorm.units`): a negation (`\\not=`), a digit
+   subscript (`5_{6}`), a scale word (`5 \\text{ thousand}`), a command that hides, colours or
+   strikes out (`\\hphantom`, `\\color`, `\\cancel`), a unit other than the gold's (`5 m` for
+   `5 cm`). More than `mathnorm.MAX_BOXED` boxes is a spray and fails.
 
 Time: one check starts no new parse or comparison after CHECK_BUDGET_S (the rest counts as
 "not shown equal"); each parse and comparison runs under Math-Verify's own timeouts on the

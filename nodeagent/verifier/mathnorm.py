@@ -15,6 +15,10 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
   rows split by \\\\), or [s];
 - `hidden_text(s)`: True when a \\text{} (or \\mbox ...) inside a larger answer carries a digit,
   which a parser would drop as a unit word.
+- `meaning_marks(s)`, `units(s)`: what makes an answer other than its bare value (a negation, a
+  digit subscript, a scale word, a hiding command) and its unit words, spelled one way;
+- `asked_precision(instruction)`: the decimal approximation a task's instruction asks for;
+- `space_scripts(text)`: CJK prose spaced where it meets ASCII, so numbers read as words.
 
 Commas are thousands separators only when they group digits by three after a leading group of
 1-3 digits that does not start with 0. A lone comma between digits ("-2,1") is a list in a gold
@@ -404,6 +408,7 @@ def asked_precision(instruction: str | None) -> Precision | None:
 # -- marks that change what a value means -------------------------------------------------------
 
 _NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
+_HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout)(?![A-Za-z])")
 _DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
 _SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore)s?(?![A-Za-z])",
                     re.IGNORECASE)
@@ -419,8 +424,10 @@ _NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per"
 
 def meaning_marks(s: str) -> set[str]:
     """Marks that make an answer mean something else than its bare value: a negated relation
-    (`x \\not= 5`), a digit subscript (`5_{6}`, a base or an index), a scale word (`5 thousand`)."""
+    (`x \\not= 5`), a digit subscript (`5_{6}`, a base or an index), a scale word (`5 thousand`),
+    a command that hides, colours or strikes out what it holds (`7\\hphantom{8}`, `\\cancel{7}8`)."""
     marks = {"negation"} if _NEGATION.search(s) else set()
+    marks.update("hidden:" + m.group(0) for m in _HIDING.finditer(s))
     if _DIGIT_SUBSCRIPT.search(s):
         marks.add("subscript")
     marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
@@ -439,6 +446,6 @@ def units(s: str) -> frozenset[str]:
             w = w.lower()
             if w in _NOT_UNITS or _SCALE.fullmatch(w):
                 continue
-            w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 3 and w.endswith("s") else w)
+            w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 2 and w.endswith("s") else w)
             words.add(w)
     return frozenset(words)
