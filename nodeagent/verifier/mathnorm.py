@@ -38,6 +38,7 @@ _ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNO
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_REPEATING = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\\overline\s*\{\s*(\d{1,20})\s*\}")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
 _PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
 _CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
@@ -236,10 +237,17 @@ def text_answer(s: str) -> str | None:
 
 def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
-    "1000,99" (decimal comma); places is None for an integer. Percent and degree marks and a
+    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact); places is None for
+    an integer or an exact repeating decimal. Percent and degree marks and a
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
+    repeating = _REPEATING.fullmatch(s.strip())
+    if repeating:                                # 0.1\\overline{6} is 1/6, exactly
+        sign, whole, fixed, period = repeating.groups()
+        value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(
+            int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+        return (-value if sign == "-" else value), None
     mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
     if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
         sign, whole, num, den = mixed.groups()
@@ -409,6 +417,9 @@ def asked_precision(instruction: str | None) -> Precision | None:
 
 _NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
 _HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout)(?![A-Za-z])")
+_SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
+_ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
+_SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
 _DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
 _SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore)s?(?![A-Za-z])",
                     re.IGNORECASE)
@@ -419,6 +430,9 @@ _UNIT_SYNONYMS = {
     "gram": "g", "kilogram": "kg", "liter": "l", "litre": "l", "milliliter": "ml", "millilitre": "ml",
     "degree": "deg", "dollar": "usd", "cent": "cents", "mph": "mi/h", "pound": "lb", "ounce": "oz",
 }
+_KNOWN_UNITS = set(_UNIT_SYNONYMS) | set(_UNIT_SYNONYMS.values()) | {"cm", "m", "km", "mm", "in", "ft", "yd", "mi", "s",
+                                                                 "min", "h", "g", "kg", "l", "ml", "lb", "oz"}
+_BARE_UNIT = re.compile(r"[+-]?\d[\d.,]*\s*([A-Za-z]{1,10})\s*(?:\^\s*\{?\d\}?)?")
 _NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per", "of", "the", "a", "an", "each"}
 
 
@@ -431,6 +445,11 @@ def meaning_marks(s: str) -> set[str]:
     if _DIGIT_SUBSCRIPT.search(s):
         marks.add("subscript")
     marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
+    marks.update("scale:" + m.group(1) for m in _SCALE_ABBR.finditer(s))
+    if _SIMILAR.search(s):
+        marks.add("similar")                 # "\\sim 5": about 5
+    if _ONE_SIDED.search(s):
+        marks.add("one-sided")               # "5^{+}": a one-sided limit, not 5
     return marks
 
 
@@ -440,6 +459,10 @@ def units(s: str) -> frozenset[str]:
     its text commands (an option letter, a word answer)."""
     if not re.search(r"\d", _TEXT_ANY.sub(" ", s)):
         return frozenset()
+    bare = _BARE_UNIT.fullmatch(s.strip())
+    if bare and bare.group(1).lower() in _KNOWN_UNITS:       # "5 m", "12 cm^2": written without \\text
+        w = bare.group(1).lower()
+        return frozenset({_UNIT_SYNONYMS.get(w, w)})
     words: set[str] = set()
     for m in _TEXT_ANY.finditer(s):
         for w in re.findall(r"[A-Za-z]+", m.group(1)):

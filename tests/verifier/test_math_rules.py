@@ -139,3 +139,18 @@ def test_an_ascending_gold_list_is_a_set_and_any_other_order_is_kept(gold, pred,
 def test_public_cases_read_since_this_pass(gold, pred):
     """lighteval `test_multilingual_extraction_math[16]`, `[5]` and `test_math_numina_cases[26]`."""
     assert mathanswer.math_equal(gold, pred)
+
+
+@pytest.mark.parametrize("gold,pred", [
+    ("5", "5 \\text{ k}"), ("5", "\\sim 5"), ("5", "5^{+}"), ("5", "5^{-}"), ("5 \\text{ cm}", "5 m"), ("5 \\text{ cm}", "5 \\mathrm{m}"),
+])
+def test_abbreviated_scales_similarity_one_sided_limits_and_bare_units_are_marks(gold, pred):
+    assert not mathanswer.math_equal(gold, _box(pred))
+
+
+@pytest.mark.parametrize("gold,pred,ok", [
+    ("\\frac{1}{3}", "0.\\overline{3}", True), ("\\frac{1}{6}", "0.1\\overline{6}", True), ("1", "0.\\overline{9}", True),
+    ("\\frac{1}{3}", "0.\\overline{4}", False), ("x^{-1}", "\\frac{1}{x}", True), ("5 \\text{ cm}", "5 cm", True),
+])
+def test_repeating_decimals_are_exact_and_honest_forms_still_pass(gold, pred, ok):
+    assert mathanswer.math_equal(gold, _box(pred)) is ok
