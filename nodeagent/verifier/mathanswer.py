@@ -548,7 +548,7 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
         if literal_is_gold:
             return places is not None and _rounds_to(exact, literal)
         return _approximation_asked(exact, literal)
-    if places is None and (literal_is_gold or not _whole_number_asked()):
+    if places is None and (literal_is_gold or _budget.asked is None):
         return _exact_equal(rational, expr)
     try:
         diff = sympy.Abs(expr - rational).evalf(EXACT_TOL_DIGITS)
@@ -560,11 +560,6 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
     if literal_is_gold:
         return _rounds_to(approx, literal)
     return _approximation_asked(approx, literal)
-
-
-def _whole_number_asked() -> bool:
-    asked = _budget.asked
-    return asked is not None and asked.places is not None and asked.places <= 0
 
 
 def _approximation_asked(value: Fraction, literal: tuple[Fraction, int | None]) -> bool:

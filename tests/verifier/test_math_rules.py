@@ -154,3 +154,10 @@ def test_abbreviated_scales_similarity_one_sided_limits_and_bare_units_are_marks
 ])
 def test_repeating_decimals_are_exact_and_honest_forms_still_pass(gold, pred, ok):
     assert mathanswer.math_equal(gold, _box(pred)) is ok
+
+
+def test_an_integer_stands_for_an_irrational_gold_only_at_the_precision_asked():
+    assert mathanswer.math_equal("1000\\sqrt{2}", _box("1414"), "approximately how many metres?")
+    assert not mathanswer.math_equal("1000\\sqrt{2}", _box("1414"))
+    assert mathanswer.math_equal("\\pi", _box("3"), "to the nearest whole number")
+    assert not mathanswer.math_equal("\\pi", _box("3"), "to the nearest tenth")
