@@ -417,6 +417,12 @@ def asked_precision(instruction: str | None) -> Precision | None:
 
 _NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
 _HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout)(?![A-Za-z])")
+_VALUE_WORDS = re.compile(
+    r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
+    r"except|nearly|almost|least|most|more|less|fewer|than|between|"
+    r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
+    r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
+    r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
 _SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
 _ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
 _SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
@@ -439,13 +445,16 @@ _NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per"
 def meaning_marks(s: str) -> set[str]:
     """Marks that make an answer mean something else than its bare value: a negated relation
     (`x \\not= 5`), a digit subscript (`5_{6}`, a base or an index), a scale word (`5 thousand`),
-    a command that hides, colours or strikes out what it holds (`7\\hphantom{8}`, `\\cancel{7}8`)."""
+    a command that hides, colours or strikes out what it holds (`7\\hphantom{8}`, `\\cancel{7}8`), a
+    word that changes or hedges the value (`3 \\text{ squared}`, `\\text{3 halves}`, `3 \\text{ times
+    two}`, `\\text{not 3}`, `\\text{about 3}`: unit words such as `3 \\text{ times}` stay)."""
     marks = {"negation"} if _NEGATION.search(s) else set()
     marks.update("hidden:" + m.group(0) for m in _HIDING.finditer(s))
     if _DIGIT_SUBSCRIPT.search(s):
         marks.add("subscript")
     marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
     marks.update("scale:" + m.group(1) for m in _SCALE_ABBR.finditer(s))
+    marks.update("word:" + re.sub(r"\s+", " ", m.group(1).lower()) for m in _VALUE_WORDS.finditer(s))
     if _SIMILAR.search(s):
         marks.add("similar")                 # "\\sim 5": about 5
     if _ONE_SIDED.search(s):

@@ -161,3 +161,15 @@ def test_an_integer_stands_for_an_irrational_gold_only_at_the_precision_asked():
     assert not mathanswer.math_equal("1000\\sqrt{2}", _box("1414"))
     assert mathanswer.math_equal("\\pi", _box("3"), "to the nearest whole number")
     assert not mathanswer.math_equal("\\pi", _box("3"), "to the nearest tenth")
+
+
+@pytest.mark.parametrize("gold,pred,ok", [
+    ("3", "\\text{3 squared}", False), ("3", "3 \\text{ cubed}", False), ("3", "3 \\text{ halves}", False),
+    ("3", "3 \\text{ times two}", False), ("3", "\\text{3 minus one}", False), ("3", "\\text{not 3}", False),
+    ("3", "\\text{3 wrong}", False), ("3", "\\text{almost 3}", False), ("3", "\\text{at least 3}", False),
+    ("3", "3 \\text{ times}", True), ("15", "15 \\text{ students}", True), ("4", "4 \\text{ square units}", True),
+    ("3", "3 \\times 1", True), ("\\text{no}", "\\text{No}", True), ("1", "how many $? just about 1$", True),
+])
+def test_a_word_that_changes_or_negates_the_value_is_a_mark_and_unit_words_are_not(gold, pred, ok):
+    text = pred if "$" in pred else _box(pred)
+    assert mathanswer.math_equal(gold, text) is ok
