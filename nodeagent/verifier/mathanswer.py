@@ -164,10 +164,7 @@ def final_answers(text: str) -> list[str]:
     text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
-        tail = text[text.rfind("\\boxed"):]           # a "final answer" line after every box wins
-        final = [a for a in mn.answer_lines(tail) if _FINAL_WORDS.search(a)] if _FINAL_WORDS.search(tail) else []
-        line = _line_answer(final[-1]) if len(final) == 1 else None
-        return [line] if line is not None else _dedupe([mn.normalise(b) for b in boxed])
+        return _boxed_and_final_lines(text, boxed)
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
     raw = mn.answer_lines(text)
@@ -188,8 +185,26 @@ def final_answers(text: str) -> list[str]:
     return lines
 
 
+def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
+    """The boxes' answers and every "final answer" line's (one without a box of its own): a
+    single such line after the last box wins (the model's last word); lines before it are more
+    final answers, which must agree with the boxes ("**Final Answer** 7" then \\boxed{6} is two)."""
+    last = text.rfind("\\boxed")
+    before, after = [], []
+    for m in _FINAL_LINE.finditer(text):
+        body = m.group(1).strip().strip("*").strip()
+        if not body or "\\boxed" in body or "\\fbox" in body:
+            continue
+        line = _line_answer(body)
+        if line is not None:
+            (after if m.start() > last else before).append(line)
+    if len(after) == 1:
+        return after
+    return _dedupe([mn.normalise(b) for b in boxed] + before + after)
+
+
+_FINAL_LINE = re.compile(r"final\s+answer[*:\s]*(?:is\b[*:\s]*)?([^\n]*)", re.IGNORECASE)
 _ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
-_FINAL_WORDS = re.compile(r"final answer", re.IGNORECASE)
 _FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
 _HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")

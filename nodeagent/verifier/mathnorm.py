@@ -46,7 +46,7 @@ _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
 _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal, as Math-Verify reads it
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
-_SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))")   # not the \\ row break
+_SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
@@ -423,6 +423,7 @@ _VALUE_WORDS = re.compile(
     r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
     r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
     r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
+_DECORATED = re.compile(r"\d\s*(?:\^\s*\{?\s*(?:\*|\\ast|\\star|\\prime|\\dagger|')\s*\}?|')")
 _SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
 _ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
 _SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
@@ -455,6 +456,8 @@ def meaning_marks(s: str) -> set[str]:
     marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
     marks.update("scale:" + m.group(1) for m in _SCALE_ABBR.finditer(s))
     marks.update("word:" + re.sub(r"\s+", " ", m.group(1).lower()) for m in _VALUE_WORDS.finditer(s))
+    if _DECORATED.search(s):
+        marks.add("decorated")               # "6^{*}", "6'": a footnote, a prime, feet or minutes
     if _SIMILAR.search(s):
         marks.add("similar")                 # "\\sim 5": about 5
     if _ONE_SIDED.search(s):

@@ -173,3 +173,17 @@ def test_an_integer_stands_for_an_irrational_gold_only_at_the_precision_asked():
 def test_a_word_that_changes_or_negates_the_value_is_a_mark_and_unit_words_are_not(gold, pred, ok):
     text = pred if "$" in pred else _box(pred)
     assert mathanswer.math_equal(gold, text) is ok
+
+
+@pytest.mark.parametrize("text,ok", [
+    ("\\boxed{6}\nFinal answer: 7", False), ("**Final Answer** 7\n\\boxed{6}", False), ("**Final Answer**\n\\boxed{6}", True),
+    ("Final answer: 6\n\\boxed{6}", True), ("\\boxed{6}\n**Final Answer**: The final answer is 6. I hope it is correct.", True),
+    ("\\boxed{7}\nFinal answer: 6", True),
+])
+def test_a_final_answer_line_is_a_final_answer_too(text, ok):
+    assert mathanswer.math_equal("6", text) is ok
+
+
+@pytest.mark.parametrize("pred,ok", [("6^{*}", False), ("6'", False), ("6~7", False), ("6~\\text{ways}", True), ("2*3", True)])
+def test_decorations_and_tie_spaces(pred, ok):
+    assert mathanswer.math_equal("6", _box(pred)) is ok
