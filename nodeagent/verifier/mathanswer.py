@@ -190,7 +190,8 @@ def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
     single such line after the last box wins (the model's last word); lines before it are more
     final answers, which must agree with the boxes ("**Final Answer** 7" then \\boxed{6} is two)."""
     last = text.rfind("\\boxed")
-    before, after = [], []
+    before: list[str] = []
+    after: list[str] = []
     for m in _FINAL_LINE.finditer(text):
         body = m.group(1).strip().strip("*").strip()
         if not body or "\\boxed" in body or "\\fbox" in body:
