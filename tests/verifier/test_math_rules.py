@@ -187,3 +187,12 @@ def test_a_final_answer_line_is_a_final_answer_too(text, ok):
 @pytest.mark.parametrize("pred,ok", [("6^{*}", False), ("6'", False), ("6~7", False), ("6~\\text{ways}", True), ("2*3", True)])
 def test_decorations_and_tie_spaces(pred, ok):
     assert mathanswer.math_equal("6", _box(pred)) is ok
+
+
+def test_the_isolated_check_runner_passes_the_instruction_through():
+    from nodeagent.verifier.checks import CheckRunner  # noqa: PLC0415 - only this test starts a runner
+    with CheckRunner(preload=("nodeagent.verifier.mathanswer", "math_verify")) as runner:
+        asked = runner.run("nodeagent.verifier.mathanswer:math_verdict", ["\\sqrt{2}", _box("1.41"), HUNDREDTH], timeout_s=30)
+        plain = runner.run("nodeagent.verifier.mathanswer:math_verdict", ["\\sqrt{2}", _box("1.41")], timeout_s=30)
+    assert asked.outcome == plain.outcome == "ok"
+    assert asked.value["ok"] is True and plain.value["ok"] is False
