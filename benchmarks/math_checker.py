@@ -56,12 +56,13 @@ def mv_default(gold: str, pred: str) -> bool:
 CHECKERS = {"today": checkers.math_equal, "mv": mv_default, "ours": mathanswer.math_equal}
 
 
-def run_one(fn, gold: str, pred: str, guard_s: float) -> tuple[bool, float, str]:
-    """(verdict, seconds, note) for one check under the CPU-time guard."""
+def run_one(fn, gold: str, pred: str, guard_s: float, instruction: str | None = None) -> tuple[bool, float, str]:
+    """(verdict, seconds, note) for one check under the CPU-time guard; the case's instruction
+    (the task's prompt, when the case carries one) goes to the checker that reads it ("ours")."""
     signal.setitimer(signal.ITIMER_PROF, guard_s)
     t0 = time.perf_counter()
     try:
-        ok, note = bool(fn(gold, pred)), ""
+        ok, note = bool(fn(gold, pred, instruction) if instruction and fn is mathanswer.math_equal else fn(gold, pred)), ""
     except _Guard:
         ok, note = False, "guard"
     except Exception as exc:  # noqa: BLE001 - a checker that raises is a reject, reported
@@ -77,7 +78,8 @@ def evaluate(sets: dict[str, list[dict]], guard_s: float) -> dict:
     for cname, fn in CHECKERS.items():
         out[cname] = {}
         for sname, cases in sets.items():
-            out[cname][sname] = [(c, *run_one(fn, c["gold"], c["pred"], guard_s)) for c in cases]
+            out[cname][sname] = [(c, *run_one(fn, c["gold"], c["pred"], guard_s, c.get("instruction")))
+                                 for c in cases]
     return out
 
 

@@ -3,9 +3,9 @@ for what a reward must not get wrong.
 
 Entry points, with the contract of `nodeagent.verifier.checkers` (the isolated check runner
 calls them; JSON in, JSON out):
-- `math_verdict(gold, pred_text) -> {"ok": bool, "detail": str}`: what `answer_verdict("math",
-  ...)` returns;
-- `math_equal(gold, pred_text) -> bool`.
+- `math_verdict(gold, pred_text, instruction=None) -> {"ok": bool, "detail": str}`: what
+  `answer_verdict("math", ...)` returns; `instruction` is the task's prompt when the caller has it;
+- `math_equal(gold, pred_text, instruction=None) -> bool`.
 
 How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
 1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
@@ -17,13 +17,22 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
    relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not.
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
-   bare list of numbers keeps its order; a list of tuples compares as a set; a set is never an
+   bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
+   a list of tuples compares as a set; a set is never an
    interval or a tuple and one value is never several. A lone comma in a gold ("-2,1") is a list.
 4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold
-   decimal may be the rounding of the prediction (gold 33.3, 100/3), a predicted decimal for an
-   exact gold needs MIN_APPROX_SIG_DIGITS; single letters keep their case (text answers of
-   words fold it); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
+   decimal may be the rounding of the prediction (gold 33.3, 100/3): the gold's places say what
+   was asked. A predicted decimal that only approximates an exact gold (sqrt(2), pi, 1/7) passes
+   only when the task's instruction asks for an approximation (`mathnorm.asked_precision`), at
+   the precision asked (MIN_APPROX_SIG_DIGITS when none is named) and right in every digit shown;
+   without an instruction, the gold's exact form is what was asked. Single letters keep their
+   case (text answers of words fold it), and so do symbol names Math-Verify would fold
+   (`_case_clash`); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
    made case-sensitive (`_case_sensitive_latex`) and the exact rule for numeric expressions.
+5. Never dropped (`mathnorm.meaning_marks`, `mathnorm.units`): a negation (`\\not=`), a digit
+   subscript (`5_{6}`), a scale word (`5 \\text{ thousand}`), a command that hides, colours or
+   strikes out (`\\hphantom`, `\\color`, `\\cancel`), a unit other than the gold's (`5 m` for
+   `5 cm`). More than `mathnorm.MAX_BOXED` boxes is a spray and fails.
 
 Time: one check starts no new parse or comparison after CHECK_BUDGET_S (the rest counts as
 "not shown equal"); each parse and comparison runs under Math-Verify's own timeouts on the
@@ -61,6 +70,7 @@ UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
 _RELATION = re.compile(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\neq|\\approx|\\in\b|=")
 _ASSIGN_LHS = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\)|[A-Za-z]\([A-Za-z0-9]\)")
+_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 
@@ -101,6 +111,7 @@ def _timeouts() -> tuple[int | None, int | None]:
 
 class _Budget(threading.local):
     deadline: float | None = None
+    asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
 
 
 _budget = _Budget()
@@ -153,10 +164,7 @@ def final_answers(text: str) -> list[str]:
     text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
-        tail = text[text.rfind("\\boxed"):]           # a "final answer" line after every box wins
-        final = [a for a in mn.answer_lines(tail) if _FINAL_WORDS.search(a)] if _FINAL_WORDS.search(tail) else []
-        line = _line_answer(final[-1]) if len(final) == 1 else None
-        return [line] if line is not None else _dedupe([mn.normalise(b) for b in boxed])
+        return _boxed_and_final_lines(text, boxed)
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
     raw = mn.answer_lines(text)
@@ -171,14 +179,33 @@ def final_answers(text: str) -> list[str]:
         hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
         if len(hedge) > 1:
             return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
-    parsed = mv_parse(raw[-1] if raw else text)
+    parsed = mv_parse(mn.space_scripts(raw[-1] if raw else text))
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
 
 
+def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
+    """The boxes' answers and every "final answer" line's (one without a box of its own): a
+    single such line after the last box wins (the model's last word); lines before it are more
+    final answers, which must agree with the boxes ("**Final Answer** 7" then \\boxed{6} is two)."""
+    last = text.rfind("\\boxed")
+    before: list[str] = []
+    after: list[str] = []
+    for m in _FINAL_LINE.finditer(text):
+        body = m.group(1).strip().strip("*").strip()
+        if not body or "\\boxed" in body or "\\fbox" in body:
+            continue
+        line = _line_answer(body)
+        if line is not None:
+            (after if m.start() > last else before).append(line)
+    if len(after) == 1:
+        return after
+    return _dedupe([mn.normalise(b) for b in boxed] + before + after)
+
+
+_FINAL_LINE = re.compile(r"final\s+answer[*:\s]*(?:is\b[*:\s]*)?([^\n]*)", re.IGNORECASE)
 _ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
-_FINAL_WORDS = re.compile(r"final answer", re.IGNORECASE)
 _FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
 _HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
 _MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
@@ -284,6 +311,11 @@ def answers_equal(gold: str, pred: str) -> bool:
         return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    if mn.meaning_marks(pred) - mn.meaning_marks(gold):
+        return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
+    gu, pu = mn.units(gold), mn.units(pred)
+    if gu and pu and gu != pu:
+        return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
     stated = _stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
@@ -335,12 +367,13 @@ def _one_equal(gold: str, pred: str) -> bool:
     if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
         return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
-        if sg.kind == sp.kind == "list" and _ordered_list(sg.items):
+        if sg.kind == sp.kind == "list" and _ordered_list(sg.items) and not _ascending(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
     if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
         return False        # a set is not an interval or a tuple, one value is not several
-    return mv_verify(_parse_answer(gold), _parse_answer(pred))
+    g, p = _parse_answer(gold), _parse_answer(pred)
+    return not _case_clash(g, p) and mv_verify(g, p)
 
 
 def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
@@ -382,6 +415,26 @@ def _ordered_list(items: tuple[str, ...]) -> bool:
     """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
     tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
     return all(mn.structure(i).kind == "scalar" and not _RELATION.search(i) for i in items)
+
+
+def _ascending(items: tuple[str, ...]) -> bool:
+    """True when a gold list of numbers is in strictly ascending order ("-3, 3", "-2,1"): the way
+    solutions are listed, read as a set. A list in any other order ("10, 4, -2") states that order."""
+    values = []
+    for item in items:
+        lit = mn.number_literal(item.strip())
+        if lit is not None:
+            values.append(lit[0])
+            continue
+        parsed = _parse_answer(item)
+        value = _numeric(parsed[0]) if parsed else None
+        if value is None:
+            return False
+        try:
+            values.append(Fraction(str(value.evalf(30))))
+        except Exception:  # noqa: BLE001 - not a plain number: no order to read
+            return False
+    return len(values) >= 2 and all(a < b for a, b in zip(values, values[1:]))
 
 
 def _clean_item(item: str) -> str:
@@ -435,7 +488,20 @@ def scalars_equal(gold: str, pred: str) -> bool:
         return _exact_equal(ge, pe)
     if (ge is None) != (pe is None) and _only_numbers(g[0]) and _only_numbers(p[0]):
         return False
-    return mv_verify(g, p)
+    return not _case_clash(g, p) and mv_verify(g, p)
+
+
+def _case_clash(gold: list, pred: list) -> bool:
+    """True when the two parses name symbols that differ only in case (\\theta and \\Theta, a and
+    A): Math-Verify's comparison folds the case of multi-letter symbol names, a reward may not."""
+    if not gold or not pred:
+        return False
+    try:
+        gs = {str(s) for s in getattr(gold[0], "free_symbols", set())}
+        ps = {str(s) for s in getattr(pred[0], "free_symbols", set())}
+    except Exception:  # noqa: BLE001 - no symbols to read: no clash
+        return False
+    return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
 
 
 def _percent_only(gold: str, pred: str) -> bool:
@@ -483,20 +549,22 @@ def _only_numbers(expr) -> bool:
 
 
 def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is_gold: bool) -> bool:
-    """A number literal against a closed-form number: exact for integers, rounding for decimals.
-    A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3); a predicted
-    decimal standing for an exact gold must carry MIN_APPROX_SIG_DIGITS (0.67 is not 2/3)."""
+    """A number literal against a closed-form number: exact for integers and for decimals that
+    are the value. A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3):
+    the gold's places say what was asked. A predicted decimal (or, for "the nearest whole number",
+    integer) that only approximates an exact gold passes only when the task's instruction asks for
+    an approximation (`_approximation_asked`): 1.414 is not sqrt(2), 0.1429 is not 1/7."""
     import sympy  # noqa: PLC0415 - loaded with math_verify (see _math_verify)
     value, places = literal
     rational = sympy.Rational(value.numerator, value.denominator)
-    if places is not None and not literal_is_gold and mn.significant_digits(value, places) < MIN_APPROX_SIG_DIGITS:
-        literal_ok = False
-    else:
-        literal_ok = True
     if expr.is_Rational:
         exact = Fraction(int(expr.p), int(expr.q))
-        return exact == value or (places is not None and literal_ok and _rounds_to(exact, literal))
-    if places is None:
+        if exact == value:
+            return True
+        if literal_is_gold:
+            return places is not None and _rounds_to(exact, literal)
+        return _approximation_asked(exact, literal)
+    if places is None and (literal_is_gold or _budget.asked is None):
         return _exact_equal(rational, expr)
     try:
         diff = sympy.Abs(expr - rational).evalf(EXACT_TOL_DIGITS)
@@ -505,7 +573,32 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
         approx = Fraction(str(sympy.Float(expr.evalf(EXACT_TOL_DIGITS), EXACT_TOL_DIGITS)))
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
-    return literal_ok and _rounds_to(approx, literal)
+    if literal_is_gold:
+        return _rounds_to(approx, literal)
+    return _approximation_asked(approx, literal)
+
+
+def _approximation_asked(value: Fraction, literal: tuple[Fraction, int | None]) -> bool:
+    """A predicted literal standing for the exact `value`: only when the instruction asks for an
+    approximation, given to at least the precision it names (MIN_APPROX_SIG_DIGITS significant
+    digits when it names none), and correct to every digit it shows (the value rounded to the
+    literal's own places)."""
+    asked = _budget.asked
+    lit, places = literal
+    if asked is None:
+        return False
+    shown = places or 0
+    if asked.places is not None and asked.places < 0:          # "the nearest hundred": 1400 for 1414.2
+        step = Fraction(10) ** -asked.places
+        return places is None and lit % step == 0 and abs(value - lit) <= step / 2
+    if asked.places is not None and shown < asked.places:
+        return False
+    digits = mn.significant_digits(lit, shown)
+    if asked.sig is not None and digits < asked.sig:
+        return False
+    if asked.places is None and asked.sig is None and digits < MIN_APPROX_SIG_DIGITS:
+        return False
+    return abs(value - lit) <= Fraction(1, 2 * 10 ** shown)
 
 
 def _exact_equal(a, b) -> bool:
@@ -550,22 +643,29 @@ def _multi_valued(gold: str) -> bool:
     return mn.structure(gold).kind in ("set", "list")
 
 
-def math_verdict(gold: str, pred_text: str | None) -> dict:
+def math_verdict(gold: str, pred_text: str | None, instruction: str | None = None) -> dict:
     """{"ok": bool, "detail": str} for a math answer check (the `checkers.answer_verdict`
-    contract for kind "math"). Never raises."""
+    contract for kind "math"). `instruction`, the task's prompt when the caller has it, says
+    whether a decimal approximation of an exact gold is asked (`mathnorm.asked_precision`);
+    without it the gold's own form is the instruction. Never raises."""
     _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
+        _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
         return {"ok": False, "detail": f"math check error: {type(exc).__name__}"}
     finally:
         _budget.deadline = None
+        _budget.asked = None
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
+    boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
+    if boxes > mn.MAX_BOXED:
+        return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}
     answers = final_answers(str(pred_text))
     if not answers:
         return {"ok": False, "detail": UNPARSEABLE}
@@ -584,6 +684,6 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
             f"{'all equal to' if ok else 'not all equal to'} gold={g[:200]!r}"}
 
 
-def math_equal(gold: str, pred_text: str | None) -> bool:
+def math_equal(gold: str, pred_text: str | None, instruction: str | None = None) -> bool:
     """True when the final answer in `pred_text` equals `gold` (see `math_verdict`)."""
-    return bool(math_verdict(gold, pred_text)["ok"])
+    return bool(math_verdict(gold, pred_text, instruction)["ok"])

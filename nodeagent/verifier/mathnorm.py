@@ -15,6 +15,10 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
   rows split by \\\\), or [s];
 - `hidden_text(s)`: True when a \\text{} (or \\mbox ...) inside a larger answer carries a digit,
   which a parser would drop as a unit word.
+- `meaning_marks(s)`, `units(s)`: what makes an answer other than its bare value (a negation, a
+  digit subscript, a scale word, a hiding command) and its unit words, spelled one way;
+- `asked_precision(instruction)`: the decimal approximation a task's instruction asks for;
+- `space_scripts(text)`: CJK prose spaced where it meets ASCII, so numbers read as words.
 
 Commas are thousands separators only when they group digits by three after a leading group of
 1-3 digits that does not start with 0. A lone comma between digits ("-2,1") is a list in a gold
@@ -28,12 +32,13 @@ import unicodedata
 from dataclasses import dataclass
 from fractions import Fraction
 
-from controller.contracts.answers import MAX_ANSWER_CHARS, boxed_contents  # noqa: F401 (re-read here)
+from controller.contracts.answers import MAX_ANSWER_CHARS, MAX_BOXED, boxed_contents  # noqa: F401 (re-read here)
 
 _ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_REPEATING = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\\overline\s*\{\s*(\d{1,20})\s*\}")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
 _PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
 _CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
@@ -41,7 +46,7 @@ _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
 _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal, as Math-Verify reads it
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
-_SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))")   # not the \\ row break
+_SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
@@ -58,6 +63,7 @@ _PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
 _TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm|operatorname)\s*"
                               r"\{(?:[^{}]*\d[^{}]*|[^{}]*(?<![A-Za-z])or(?![A-Za-z])[^{}]*)\}")
 _TEXT_PUNCT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{\s*([()\[\],;:/|])\s*\}")
+_TEXT_QUANTITY = re.compile(r"^\\(?:text|textnormal|mbox|mathrm)\s*\{\s*([+-]?\d+(?:\.\d+)?)\s+([A-Za-z]+(?: [A-Za-z]+)?)\s*\}$")
 _TEXT_ANY = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
@@ -79,11 +85,23 @@ def is_bare_answer(text: str) -> bool:
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
 
 
+_SUPERSCRIPTS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u207b]+")
+_SUBSCRIPTS = re.compile("[\u2080-\u208b]+")
+_SCRIPT_DIGITS = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207a\u207b"
+                               "\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089\u208a\u208b",
+                               "0123456789+-0123456789+-")
+_SEPARATORS = str.maketrans({"\u2044": "/", "\u066b": ".", "\u066c": ","})   # fraction slash, Arabic separators
+
+
 def unescape_commands(text: str) -> str:
     """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`;
-    Unicode compatibility forms folded (NFKC: fullwidth digits), the minus sign read as "-", and
+    superscript and subscript digits read as `^{..}` and `_{..}` (x\u00b2 is x^{2}, not x2), Unicode
+    compatibility forms folded (NFKC: fullwidth digits, \u00bd is 1/2), the Arabic decimal separator
+    read as ".", the minus sign read as "-", and
     invisible format characters (zero-width space, word joiner ...) removed, so "5\u200b6" is 56."""
-    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-")
+    text = _SUPERSCRIPTS.sub(lambda m: "^{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
+    text = _SUBSCRIPTS.sub(lambda m: "_{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
+    text = unicodedata.normalize("NFKC", text).replace("\u2212", "-").translate(_SEPARATORS)
     text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     return _ESCAPED_CMD.sub(r"\\", text)
 
@@ -100,6 +118,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING.sub(" ", s)
     s = _PERCENT_WORD.sub("\\%", s)
+    s = _TEXT_QUANTITY.sub(r"\1 \\text{ \2}", s)             # \\text{3 cm} is 3 \\text{ cm}
     if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
         s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
@@ -177,6 +196,9 @@ def structure(s: str) -> Shape:
     by_semicolon = split_top(t, ";")
     if len(by_semicolon) >= 2 and all(by_semicolon):
         return Shape("list", tuple(by_semicolon))    # -12;-11;-10 and p=5,q=2;p=7,q=2
+    groups = _split_regex_top(t, _LIST_WORD)
+    if len(groups) >= 2 and all(len(split_top(g)) >= 2 and all("=" in i for i in split_top(g)) for g in groups):
+        return Shape("list", tuple(groups))          # p = 5, q = 2 \text{and} p = 7, q = 2: two solutions
     items = split_top(_LIST_WORD.sub(", ", t))
     if len(items) >= 2 and all(items):
         return Shape("list", tuple(items))
@@ -215,10 +237,17 @@ def text_answer(s: str) -> str | None:
 
 def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
-    "1000,99" (decimal comma); places is None for an integer. Percent and degree marks and a
+    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact); places is None for
+    an integer or an exact repeating decimal. Percent and degree marks and a
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
+    repeating = _REPEATING.fullmatch(s.strip())
+    if repeating:                                # 0.1\\overline{6} is 1/6, exactly
+        sign, whole, fixed, period = repeating.groups()
+        value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(
+            int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+        return (-value if sign == "-" else value), None
     mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
     if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
         sign, whole, num, den = mixed.groups()
@@ -308,6 +337,150 @@ def lone_comma_list(s: str) -> bool:
             and _DECIMAL_POINT_COMMA.fullmatch(t) is None)
 
 
+_SCRIPT_BOUNDARY = re.compile(r"(?<=[\u3000-\u9fff\uac00-\ud7af\uff01-\uff60])(?=[\x21-\x7e])|"
+                              r"(?<=[\x21-\x7e])(?=[\u3000-\u9fff\uac00-\ud7af\uff01-\uff60])")
+
+
+def space_scripts(text: str) -> str:
+    """A space where a CJK character (written without spaces between words) meets an ASCII one,
+    so that a number in Chinese prose ("比例为13/28") reads as a word of its own."""
+    return _SCRIPT_BOUNDARY.sub(" ", text)
+
+
 def is_percent(s: str) -> bool:
     """True when the answer ends in a percent mark ("28%", "10\\%", normalised "28 percent")."""
     return _PERCENT_MARK.search(s) is not None
+
+
+# -- what the task's instruction asks of a number ----------------------------------------------
+
+@dataclass(frozen=True)
+class Precision:
+    """What an instruction asks of a decimal: `places` (0 for a whole number, -2 for "the
+    nearest hundred") and/or `sig` (significant figures); both None: "a decimal" or
+    "approximately", with no precision named."""
+    places: int | None = None
+    sig: int | None = None
+
+
+_NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+                 "nine": 9, "ten": 10}
+_PLACE_WORDS = {"whole number": 0, "integer": 0, "unit": 0, "one": 0, "tenth": 1, "hundredth": 2,
+                "thousandth": 3, "ten-thousandth": 4, "ten thousandth": 4, "hundred-thousandth": 5,
+                "hundred thousandth": 5, "millionth": 6, "cent": 2, "ten": -1, "hundred": -2, "thousand": -3}
+_COUNT = r"(\d{1,2}|one|two|three|four|five|six|seven|eight|nine|ten)"
+_NEAREST = re.compile(r"nearest\s+(ten[- ]thousandth|hundred[- ]thousandth|millionth|thousandth|hundredth|tenth|"
+                      r"whole\s+number|integer|unit|one|cent|thousand|hundred|ten)(?![A-Za-z-])", re.IGNORECASE)
+_NEAREST_DECIMAL = re.compile(r"nearest\s+(0?\.(?:0*)1)(?!\d)", re.IGNORECASE)
+_PLACES = re.compile(_COUNT + r"[\s-]+(?:decimal\s+(?:places?|digits?)|digits?\s+after\s+the\s+decimal(?:\s+point)?|d\.\s?p\.)",
+                     re.IGNORECASE)
+_SIG = re.compile(_COUNT + r"[\s-]+(?:significant\s+(?:figures?|digits?)|sig(?:\.|nificant)?\s*figs?\.?|s\.\s?f\.)",
+                  re.IGNORECASE)
+_APPROX_WORDS = re.compile(r"\b(?:decimal|approximat\w*|estimate|round(?:ed|ing)?|numerical(?:ly)?)\b", re.IGNORECASE)
+_EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expression)|\bin\s+exact\b|\bexact\s*[.,;)]|"
+                          r"simplest\s+(?:radical\s+)?form|common\s+fraction|in\s+terms\s+of\s+\\?pi|"
+                          r"not\s+(?:as\s+)?a\s+decimal|(?:do\s+not|don't|without|no)\s+round", re.IGNORECASE)
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+def asked_precision(instruction: str | None) -> Precision | None:
+    """The decimal approximation a task's instruction asks for ("to the nearest hundredth",
+    "3 decimal places", "2 significant figures", "as a decimal", "approximately", "round"), or
+    None when it asks for none, or asks for an exact form ("common fraction", "simplest radical
+    form", "exact value", "in terms of pi", "do not round"), or there is no instruction."""
+    if not instruction:
+        return None
+    text = instruction[-4000:]
+    if _EXACT_WORDS.search(text):
+        return None
+    m = _NEAREST.search(text)
+    if m:
+        return Precision(places=_PLACE_WORDS[re.sub(r"\s+", " ", m.group(1).lower())])
+    m = _NEAREST_DECIMAL.search(text)
+    if m:
+        return Precision(places=len(m.group(1).split(".", 1)[1]))
+    m = _PLACES.search(text)
+    if m:
+        return Precision(places=_count(m.group(1)))
+    m = _SIG.search(text)
+    if m:
+        return Precision(sig=_count(m.group(1)))
+    if _APPROX_WORDS.search(text):
+        return Precision()
+    return None
+
+
+# -- marks that change what a value means -------------------------------------------------------
+
+_NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
+_HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout)(?![A-Za-z])")
+_VALUE_WORDS = re.compile(
+    r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
+    r"except|nearly|almost|least|most|more|less|fewer|than|between|"
+    r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
+    r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
+    r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
+_DECORATED = re.compile(r"\d\s*(?:\^\s*\{?\s*(?:\*|\\ast|\\star|\\prime|\\dagger|')\s*\}?|')")
+_SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
+_ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
+_SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
+_DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
+_SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore)s?(?![A-Za-z])",
+                    re.IGNORECASE)
+_UNIT_SYNONYMS = {
+    "centimeter": "cm", "centimetre": "cm", "meter": "m", "metre": "m", "kilometer": "km", "kilometre": "km",
+    "millimeter": "mm", "millimetre": "mm", "inch": "in", "inches": "in", "foot": "ft", "feet": "ft",
+    "yard": "yd", "mile": "mi", "second": "s", "sec": "s", "minute": "min", "hour": "h", "hr": "h",
+    "gram": "g", "kilogram": "kg", "liter": "l", "litre": "l", "milliliter": "ml", "millilitre": "ml",
+    "degree": "deg", "dollar": "usd", "cent": "cents", "mph": "mi/h", "pound": "lb", "ounce": "oz",
+}
+_KNOWN_UNITS = set(_UNIT_SYNONYMS) | set(_UNIT_SYNONYMS.values()) | {"cm", "m", "km", "mm", "in", "ft", "yd", "mi", "s",
+                                                                 "min", "h", "g", "kg", "l", "ml", "lb", "oz"}
+_BARE_UNIT = re.compile(r"[+-]?\d[\d.,]*\s*([A-Za-z]{1,10})\s*(?:\^\s*\{?\d\}?)?")
+_NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per", "of", "the", "a", "an", "each"}
+
+
+def meaning_marks(s: str) -> set[str]:
+    """Marks that make an answer mean something else than its bare value: a negated relation
+    (`x \\not= 5`), a digit subscript (`5_{6}`, a base or an index), a scale word (`5 thousand`),
+    a command that hides, colours or strikes out what it holds (`7\\hphantom{8}`, `\\cancel{7}8`), a
+    word that changes or hedges the value (`3 \\text{ squared}`, `\\text{3 halves}`, `3 \\text{ times
+    two}`, `\\text{not 3}`, `\\text{about 3}`: unit words such as `3 \\text{ times}` stay)."""
+    marks = {"negation"} if _NEGATION.search(s) else set()
+    marks.update("hidden:" + m.group(0) for m in _HIDING.finditer(s))
+    if _DIGIT_SUBSCRIPT.search(s):
+        marks.add("subscript")
+    marks.update("scale:" + m.group(1).lower() for m in _SCALE.finditer(s))
+    marks.update("scale:" + m.group(1) for m in _SCALE_ABBR.finditer(s))
+    marks.update("word:" + re.sub(r"\s+", " ", m.group(1).lower()) for m in _VALUE_WORDS.finditer(s))
+    if _DECORATED.search(s):
+        marks.add("decorated")               # "6^{*}", "6'": a footnote, a prime, feet or minutes
+    if _SIMILAR.search(s):
+        marks.add("similar")                 # "\\sim 5": about 5
+    if _ONE_SIDED.search(s):
+        marks.add("one-sided")               # "5^{+}": a one-sided limit, not 5
+    return marks
+
+
+def units(s: str) -> frozenset[str]:
+    """The unit words written in text commands next to a number ("5 \\text{ cm}" -> {"cm"},
+    "3 \\mbox{ inches}" -> {"in"}), spelled one way; empty when the answer has no number outside
+    its text commands (an option letter, a word answer)."""
+    if not re.search(r"\d", _TEXT_ANY.sub(" ", s)):
+        return frozenset()
+    bare = _BARE_UNIT.fullmatch(s.strip())
+    if bare and bare.group(1).lower() in _KNOWN_UNITS:       # "5 m", "12 cm^2": written without \\text
+        w = bare.group(1).lower()
+        return frozenset({_UNIT_SYNONYMS.get(w, w)})
+    words: set[str] = set()
+    for m in _TEXT_ANY.finditer(s):
+        for w in re.findall(r"[A-Za-z]+", m.group(1)):
+            w = w.lower()
+            if w in _NOT_UNITS or _SCALE.fullmatch(w):
+                continue
+            w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 2 and w.endswith("s") else w)
+            words.add(w)
+    return frozenset(words)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 B = lambda s: f"so the answer is $\\boxed{{{s}}}$."
 R = []
-def add(cls, gold, pred, expected, why, gold_from=None):
+def add(cls, gold, pred, expected, why, gold_from=None, instruction=None):
     r = {"gold": gold, "pred": pred, "expected": expected, "class": cls, "why": why}
     if gold_from: r["gold_from"] = gold_from
+    if instruction: r["instruction"] = instruction
     R.append(r)
 MV = "huggingface/Math-Verify tests/test_all.py"
 LIN = "paddock builtin math/linear_equation (gold 6)"
@@ -59,8 +60,30 @@ for g, p, why, src in [
     ("3628800", B("3628801"), "integer off by one", None),
     (r"\pi", B("3.14"), "pi to 3 digits", None),
     ("1000", B("999.99"), "an integer gold is not a rounding", MV + "::test_number_extraction[3]"),
+    (r"\frac{1}{7}", B("0.142857"), "6 correct digits of an exact fraction, no decimal asked", None),
+    (r"\sqrt{2}", B("1.414"), "a surd to 4 digits, no decimal asked", None),
+    ("e", B("2.718"), "e to 4 digits, no decimal asked", None),
 ]:
     add("tolerance", g, p, False, why, src)
+# an approximation asked by the instruction: only to the precision asked, every digit right
+HUNDREDTH = "What is $\\sqrt{2}$? Express your answer as a decimal to the nearest hundredth."
+for g, p, ok, why, ins in [
+    (r"\sqrt{2}", B("1.41"), True, "the nearest hundredth, asked", HUNDREDTH),
+    (r"\sqrt{2}", B("1.414"), True, "more places than asked, every digit right", HUNDREDTH),
+    (r"\sqrt{2}", B("1.4"), False, "coarser than the hundredth asked", HUNDREDTH),
+    (r"\sqrt{2}", B("1.42"), False, "wrongly rounded hundredth", HUNDREDTH),
+    (r"\sqrt{2}", B("1.415"), False, "a wrong third digit beyond the precision asked", HUNDREDTH),
+    (r"\frac{1}{7}", B("0.143"), True, "three decimal places, asked", "Round your answer to three decimal places."),
+    (r"\frac{1}{7}", B("0.142"), False, "truncated, not rounded", "Round your answer to three decimal places."),
+    (r"\pi", B("3"), True, "the nearest whole number, asked", "Round to the nearest whole number."),
+    (r"\pi", B("4"), False, "the wrong whole number", "Round to the nearest whole number."),
+    (r"\frac{1}{7}", B("0.1429"), True, "an approximate value asked, 4 digits", "Give the approximate value."),
+    (r"\frac{1}{7}", B("0.14"), False, "an approximate value asked, 2 digits", "Give the approximate value."),
+    (r"\frac{1}{7}", B("0.1429"), False, "a common fraction asked", "Express your answer as a common fraction, not a decimal."),
+    (r"100\sqrt{2}", B("141.4"), True, "four significant figures, asked", "Give your answer to 4 significant figures."),
+    (r"100\sqrt{2}", B("141"), False, "three significant figures when four are asked", "Give your answer to 4 significant figures."),
+]:
+    add("control" if ok else "tolerance", g, p, ok, why, None, ins)
 # list / set / interval / tuple
 for g, p, why, src in [
     ("-2,1", B("-2.1"), "two roots read as a decimal", MV + "::test_latex_notation_math[13]"),
@@ -125,7 +148,7 @@ for g, p, why, src in [
     ("6", B("x = 6"), "assignment", LIN), ("6", B(r"x = \frac{18}{3} = 6"), "a chain whose links are all the gold", LIN),
     ("6", B(r"6 \text{ or } 6"), "a hedge between equal values", LIN), ("-2,1", B("-2, 1"), "the roots, spaced", MV + "::test_latex_notation_math[13]"), ("16386.20", B("16386.2"), "a trailing zero dropped: same value", MV + "::test_math_extraction_edge_cases[5]"),
     ("-2,1", B(r"\{-2, 1\}"), "roots as a set", MV + "::test_latex_notation_math[13]"),
-    (r"\frac{1}{7}", B("0.142857"), "6 significant digits", None), (r"\frac{1}{3}", B(r"\frac{1}{3} \approx 0.333"), "exact then approximate", None),
+    (r"\frac{1}{3}", B(r"\frac{1}{3} \approx 0.333"), "exact then approximate", None),
     ("1 \\pm \\sqrt{19}", B(r"1 + \sqrt{19}, 1 - \sqrt{19}"), "both values of \\pm", MV + "::test_latex_notation_math[19]"),
     (r"\text{C}", B(r"\text{(C)}"), "option in parentheses", MV + "::test_math_extraction_additional_cases[21]"),
     ("2a", B("a+a"), "same symbol twice", None), ("(6,31,-1)", B(r"\left(6, 31, -1\right)"), "\\left/\\right", MV + "::test_latex_notation_math[18]"),
