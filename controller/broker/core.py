@@ -466,7 +466,7 @@ class BrokerCore:
 
     def _on_cancel(self, identity, msg: P.Cancel, _view) -> None:
         try:
-            c = self.queue.cancel(msg.batch_id, msg.idem)
+            c = self.queue.cancel(msg.batch_id, msg.idem, reason=msg.reason)
         except UnknownBatch:
             return self._refuse(identity, msg, UNKNOWN_BATCH, f"no batch {msg.batch_id!r}")
         for rid, node, attempt, token in c.revoked:

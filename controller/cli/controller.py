@@ -18,12 +18,13 @@ from typing import Optional, Sequence
 from controller.broker import daemon
 from controller.broker.config import BrokerConfig, load
 from controller.contracts.keys import KEY_FILE, KeyFileError
+from controller.store.replica import ReplicaError
 
 _DEFAULTS = BrokerConfig()
 # argparse dest -> BrokerConfig (or QueueConfig) key: the knobs this command sets.
 _KNOBS = ("heartbeat_interval_s", "liveness", "lease_ttl_s", "max_staleness", "stale_policy",
           "metrics_port", "metrics_addr", "compact_every", "max_attempts", "max_node_losses",
-          "lease_silence_intervals")
+          "lease_silence_intervals", "replica_dir")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -76,6 +77,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "controller/broker/metrics.py)")
     ap.add_argument("--metrics-addr", default=_DEFAULTS.metrics_addr,
                     help="address the metrics server binds (default %(default)s)")
+    ap.add_argument("--replica-dir", default=None,
+                    help="a second copy of the ledger and the committed shards, on another filesystem "
+                         "(default $PADDOCK_REPLICA_DIR; see `paddock store`)")
     ap.add_argument("--compact-every", type=int, default=_DEFAULTS.compact_every, metavar="N",
                     help="merge the run's small shards after every N commits (0: never)")
 
@@ -94,7 +98,7 @@ def run_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                           endpoint_file=args.endpoint_file, db_path=args.db,
                           curriculum_db=args.curriculum_db, key_file=args.key_file,
                           insecure=args.insecure)
-    except KeyFileError as exc:
+    except (KeyFileError, ReplicaError) as exc:
         print(f"paddock controller: {exc}", file=sys.stderr)
         return 2
 

@@ -318,9 +318,10 @@ class Client(_Base):
     def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
         self._request(_publish(version, endpoint, model), (P.Ack,))
 
-    def cancel(self, batch_id: str) -> int:
-        """Cancel what is not finished of a batch; returns how many rollouts that was."""
-        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+    def cancel(self, batch_id: str, reason: str = "cancelled_by_trainer") -> int:
+        """Cancel what is not finished of a batch; returns how many rollouts that was. `reason`:
+        cancelled_by_trainer, deadline or shutdown (recorded on the rollouts and counted)."""
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id, reason=reason)
         return self._request(msg, (P.Cancelled,)).rollouts
 
     def drain(self, node: str, deadline_s: float | None = None) -> None:
@@ -409,8 +410,8 @@ class AsyncClient(_Base):
     async def publish_policy(self, version: int, endpoint: str, model: str | None = None) -> None:
         await self._request(_publish(version, endpoint, model), (P.Ack,))
 
-    async def cancel(self, batch_id: str) -> int:
-        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id)
+    async def cancel(self, batch_id: str, reason: str = "cancelled_by_trainer") -> int:
+        msg = P.Cancel(idem=uuid.uuid4().hex, batch_id=batch_id, reason=reason)
         return (await self._request(msg, (P.Cancelled,))).rollouts
 
     async def drain(self, node: str, deadline_s: float | None = None) -> None:

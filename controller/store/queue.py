@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from controller.contracts.states import (  # noqa: F401 - the state names, re-exported
     ATTEMPT_CANCELLED,
     CANCELLED,
+    CANCELLED_BY_TRAINER,
     COMMITTED,
     COMMITTED_OUTCOMES,
     DEAD_LETTER,
@@ -292,8 +293,11 @@ class RolloutQueue(QueueReads):
         """Cancel every rollout of the batch not yet terminal; returns how many."""
         return self.cancel(batch_id).rollouts
 
-    def cancel(self, batch_id: str, idem: Optional[str] = None) -> Cancellation:
-        """Cancel a batch (idempotent with `idem`: a duplicate gets the first reply).
+    def cancel(self, batch_id: str, idem: Optional[str] = None,
+               reason: str = CANCELLED_BY_TRAINER) -> Cancellation:
+        """Cancel a batch (idempotent with `idem`: a duplicate gets the first reply). `reason`
+        (a TRAINER_CANCEL_REASONS code) is recorded as the cancelled rollouts' `infra_reason`
+        and their held attempts' reason.
 
         Returns how many rollouts were cancelled and the leases that were held, so the
         broker can tell their nodes. Raises UnknownBatch.
@@ -314,10 +318,10 @@ class RolloutQueue(QueueReads):
             revoked = []
             for row in rows:
                 if row["state"] in HELD:
-                    self._finish_attempt(row, now, ATTEMPT_CANCELLED, "batch cancelled")
+                    self._finish_attempt(row, now, ATTEMPT_CANCELLED, reason)
                     revoked.append(HeldLease(row["rollout_id"], row["node"], row["attempt"],
                                            row["token"]))
-                self._move(row, CANCELLED, now, lease_deadline=None)
+                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=reason)
             if idem is not None:
                 self._idem_put("cancel:" + idem, {"rollouts": len(rows)})
         log.info("batch %s cancelled: %d rollouts", batch_id, len(rows))

@@ -16,6 +16,7 @@ import pytest
 from controller.broker.daemon import Controller
 from controller.client.api import Client
 from controller.contracts import protocol as P
+from controller.contracts.errors import LocalProtocolError
 from controller.contracts.keys import read_key_file
 from controller.store.queue import RolloutQueue
 from controller.taskbank.builtin import builtin_taskset
@@ -80,6 +81,8 @@ def test_a_cancelled_batch_frees_its_slots_within_a_second(farm, runtime, tmp_pa
     # a cancel with another reason: echoed, counted by it; the node stops that batch too
     reply = c._request(P.Cancel(idem=uuid.uuid4().hex, batch_id=second, reason="deadline"), (P.Cancelled,))
     assert (reply.rollouts, reply.reason) == (2, "deadline")
+    with pytest.raises(LocalProtocolError, match="field 'reason' must be"):
+        c.cancel(second, reason="because")                              # the trainer's codes only
     wait_for(lambda: runtime.active_sandboxes() == 0, 5, "the second batch's sandboxes gone")
     counters = c.status().counters
     assert (counters["revoked_cancelled_by_trainer"], counters["revoked_deadline"]) == (2, 2)
@@ -91,4 +94,8 @@ def test_a_cancelled_batch_frees_its_slots_within_a_second(farm, runtime, tmp_pa
     rows = q.rollouts()
     assert [r["state"] for r in rows] == ["cancelled"] * 4
     assert all(a["outcome"] == "cancelled" for r in rows for a in q.attempts(r["rollout_id"]))
+    # the typed reason on the record: the rollouts' infra_reason and their attempts' reason
+    assert sorted(r["infra_reason"] for r in rows) == ["cancelled_by_trainer"] * 2 + ["deadline"] * 2
+    assert sorted(a["reason"] for r in rows for a in q.attempts(r["rollout_id"])) == \
+        ["cancelled_by_trainer"] * 2 + ["deadline"] * 2
     assert policy.requests == 4, "no model call after the cancels"
