@@ -104,6 +104,8 @@ def test_the_shell_sees_the_tasks_files_limits_and_network_and_leaves_nothing(py
         "print(f'started={len(procs)}')",
         "for p in procs:",
         "    p.kill()",
+        "for p in procs:",
+        "    p.wait()",                            # reaped before the next command forks
         "EOF",
         "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)' 2>&1 | tail -n 1",
     ]) + "\n"
