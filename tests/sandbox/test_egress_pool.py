@@ -150,20 +150,22 @@ def test_a_handout_never_waits_on_the_refill_threads_lock(runtime, busybox_image
 
 def test_a_handout_allocates_nothing_the_garbage_collector_tracks(runtime, busybox_image):
     """So a handout can never start a collection (a gen-2 one takes milliseconds). gc callbacks
-    are process-wide: a thread an earlier test left (the holder's reader, a destroy in flight)
-    can start one in the window, so three handouts are measured and one clean one suffices; a
-    handout that allocates starts a collection every time."""
+    and the threshold are process-wide, and a collection runs in the thread whose allocation
+    started it: only collections started by this thread (the handout's) count, not those of
+    the pool's refill thread or a thread an earlier test left. Three handouts are measured and
+    one clean one suffices; a handout that allocates starts a collection every time."""
     spec = SandboxSpec(image=busybox_image, hostname="no-gc")
     pool = runtime.pool(spec, target=3)
     taken, clean = [], []
     try:
         assert pool.wait_ready(3, timeout_s=30)
-        pool.set_target(0)   # the refill thread stays idle meanwhile
+        me = threading.get_ident()
         for _ in range(3):
             collections = []
 
             def seen(phase, info):
-                collections.append(phase)
+                if threading.get_ident() == me:
+                    collections.append(phase)
             threshold = gc.get_threshold()
             gc.collect()
             gc.callbacks.append(seen)
