@@ -305,3 +305,49 @@ def test_the_module_map_in_the_docs_names_every_module():
                if p.name != "__main__.py" and m not in ("controller", "layers")
                and f"`{p.relative_to(ROOT)}`" not in doc]
     assert missing == []
+
+
+# -- the tests' own layout -------------------------------------------------------------------
+
+# Test folders that are not a room of the code: a test method or a task family across rooms.
+TEST_FOLDERS_OUTSIDE_ROOMS = {
+    "sim": "the deterministic simulation of broker and agent cores",
+    "fuzz": "coverage-guided fuzzing of the parsers and checkers",
+    "conversational": "the conversational task family end to end",
+    "web": "the web task family end to end",
+    "data": "public test material (no tests)",
+    "golden": "golden files (no tests)",
+}
+# Module files at the top of tests/: the shared helpers, and the house-wide layering test.
+TEST_TOP_FILES = {"__init__.py", "conftest.py", "farmprocs.py", "slurm_fixture.py", "test_layering.py"}
+
+
+def _rooms() -> set[str]:
+    """The rooms of the code: each sub-package of controller/ and nodeagent/, and the
+    top-level packages layers/ and slurm/."""
+    rooms = {"layers", "slurm"}
+    for top in ("controller", "nodeagent"):
+        rooms |= {p.name for p in (ROOT / top).iterdir() if (p / "__init__.py").exists()}
+    return rooms
+
+
+def test_tests_live_in_folders_named_after_the_rooms_they_test():
+    tests_dir = ROOT / "tests"
+    flat = sorted(p.name for p in tests_dir.glob("*.py") if p.name not in TEST_TOP_FILES)
+    strange = sorted(p.name for p in tests_dir.iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "__"))
+                     and p.name not in _rooms() and p.name not in TEST_FOLDERS_OUTSIDE_ROOMS)
+    assert (flat, strange) == ([], [])
+
+
+def test_the_shared_test_helpers_are_defined_once():
+    """`wait_for` (a condition with a deadline) and `FakeClock` live in tests/conftest.py;
+    a test module imports them instead of keeping a copy."""
+    copies = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path == ROOT / "tests" / "conftest.py" or "data" in path.relative_to(ROOT / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ("wait_for", "FakeClock"):
+                copies.append(f"{path.relative_to(ROOT)}:{node.lineno} defines {node.name}")
+    assert copies == []
