@@ -270,13 +270,32 @@ def test_no_module_is_far_over_six_hundred_lines(limit):
     assert long == {}
 
 
-def test_nothing_but_slurm_and_entry_points_imports_the_cli():
-    """The CLI is the front floor: libraries never import it. `__main__` modules (thin
-    `python -m` entry points) and the Slurm job steps (which run `paddock agent` in-process)
-    may."""
+def test_nothing_but_entry_points_imports_the_cli():
+    """The CLI is the front floor: libraries never import it; only `__main__` modules (thin
+    `python -m` entry points) may. The Slurm job steps start `paddock controller|agent` as
+    processes, as the local run does."""
     bad = [f"{m}:{line} imports {t}" for m, lst in graph().items()
-           if not (_within(m, "controller.cli") or _within(m, "slurm") or m.endswith(".__main__"))
+           if not (_within(m, "controller.cli") or m.endswith(".__main__"))
            for t, line, _top in lst if _within(t, "controller.cli")]
+    assert bad == []
+
+
+def test_slurm_imports_neither_the_demo_nor_the_cli():
+    """The Slurm job is the production path: it assembles its run with controller.farm (as the
+    local run does) and runs the built-in trainer as a command, never the demo in its process."""
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "slurm")
+           for t, line, _top in lst if _within(t, "controller.demo") or _within(t, "controller.cli")]
+    assert bad == []
+
+
+def test_one_run_assembler():
+    """The local run and the Slurm head step build their run with controller.farm.assemble, and
+    it imports neither of them (nor the demo, the CLI or the node agent)."""
+    edges = graph()
+    users = {m for m, lst in edges.items() for t, _l, _top in lst if t == "controller.farm.assemble"}
+    assert {"controller.demo.localrun", "slurm.jobsteps"} <= users
+    bad = [t for m, lst in edges.items() if _within(m, "controller.farm") for t, _l, _top in lst
+           if any(_within(t, x) for x in ("controller.demo", "controller.cli", "nodeagent", "slurm"))]
     assert bad == []
 
 

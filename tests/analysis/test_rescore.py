@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from controller.analysis.rescore import RescoreError, rescore_run
-from controller.demo.localrun import lease_tasks
+from controller.farm.assemble import lease_tasks
 from controller.store.catalog import Catalog
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, write_changes

@@ -33,6 +33,15 @@ def test_every_requested_rollout_is_committed_once(run_dir):
     assert n == distinct == 2 * 16
 
 
+def test_the_local_run_prebuilds_the_task_index_as_the_slurm_head_does(run_dir):
+    """The controller opens the on-disk index (controller/store/taskindex.py) without building
+    it: the run's assembler (controller/farm/assemble.py) wrote it before the controller started."""
+    from controller.store.taskindex import index_path, open_index
+    assert index_path(run_dir / "tasks.json").exists()
+    assert "indexing the task set" not in (run_dir / "logs" / "controller.log").read_text()
+    assert open_index(run_dir / "tasks.json").task_count() >= 16   # every task of the set, by reference
+
+
 def test_rollouts_view_has_the_stable_columns(run_dir):
     cols = {d[0] for d in connect(run_dir).execute("SELECT * FROM rollouts LIMIT 0").description}
     assert ROLLOUT_COLUMNS <= cols

@@ -51,7 +51,7 @@ TRAINER = f'''
 import json, os
 from pathlib import Path
 from controller.client import Client
-from controller.demo.localrun import load_taskset
+from controller.farm.assemble import load_taskset
 from controller.demo.policy_server import PolicyServer
 
 run_dir = Path(os.environ["PADDOCK_RUN_DIR"])

@@ -274,7 +274,7 @@ def test_head_gives_up_with_a_clear_message_when_too_few_agents_register(tmp_pat
 
 def test_the_head_validates_the_task_set_as_paddock_run_does_and_serves_no_quarantined_task(tmp_path, python_image):
     from controller.contracts.tasks import Task, TaskSet
-    from controller.demo.localrun import load_taskset
+    from controller.farm.assemble import load_taskset
     from controller.taskbank.bank import TaskBank
     good = load_taskset("builtin", "").by_name()["math/lcm_12_18"]
     broken = Task(name="math/broken", family="math", instruction="What is 2+2?",

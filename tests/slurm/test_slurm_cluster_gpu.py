@@ -64,7 +64,7 @@ def gpu_cluster():
 
 
 def job_description(run_dir: Path) -> dict:
-    scripted = (f"{USER_PYTHON} -m slurm.scripted_server --port $PADDOCK_SERVER_PORT "
+    scripted = (f"{USER_PYTHON} -m controller.demo.scripted_server --port $PADDOCK_SERVER_PORT "
                 f"--count-to {run_dir}/servers/inference/$(hostname).calls")
     return {
         "run_dir": str(run_dir), "python": USER_PYTHON, "time_limit": "10", "signal_before_s": 60,
@@ -76,7 +76,7 @@ def job_description(run_dir: Path) -> dict:
                           "command": scripted, "port": 8000, "health": "/v1/models",
                           "reload": "/admin/policies", "ready_wait_s": 120, "mem": "500M"},
             "judge": {"nodes": 1, "partition": "gpu", "gres": "gpu:2", "cpus_per_task": 1, "mem": "500M",
-                      "command": f"{USER_PYTHON} -m slurm.scripted_server --port $PADDOCK_SERVER_PORT",
+                      "command": f"{USER_PYTHON} -m controller.demo.scripted_server --port $PADDOCK_SERVER_PORT",
                       "port": 9000, "health": "/v1/models", "ready_wait_s": 120},
             "farm": {"nodes": 3, "partition": "cpu", "cpus_per_task": 2, "mem": "1500M"},
         },

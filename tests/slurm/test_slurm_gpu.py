@@ -35,7 +35,7 @@ from slurm.servers import (
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTED = f"{sys.executable} -m slurm.scripted_server --host 127.0.0.1 --port $PADDOCK_SERVER_PORT"
+SCRIPTED = f"{sys.executable} -m controller.demo.scripted_server --host 127.0.0.1 --port $PADDOCK_SERVER_PORT"
 
 
 def free_port() -> int:
@@ -327,7 +327,7 @@ def test_an_agent_step_that_keeps_failing_drains_its_node_and_reports_it(tmp_pat
 
 
 def test_your_trainer_gets_the_model_servers_endpoints(tmp_path):
-    from controller.demo.localrun import load_taskset
+    from controller.farm.assemble import load_taskset
     from slurm.jobsteps import HeadStep, _start_trainer
     (tmp_path / "logs").mkdir()
     servers = {"inference": [{"url": "http://10.0.0.2:8000/v1"}, {"url": "http://10.0.0.3:8000/v1"}],

@@ -1,7 +1,7 @@
 """The scripted policy server (controller/demo/policy_server.py) as a model server command: what
 an `inference` component runs in a demo or a test where no GPU model is at hand.
 
-    python -m slurm.scripted_server [--taskset NAME --bank DIR] [--policy-script FILE]
+    python -m controller.demo.scripted_server [--taskset NAME --bank DIR] [--policy-script FILE]
                                     [--host ADDR] [--port $PADDOCK_SERVER_PORT]
 
 It serves the OpenAI wire format (`GET /v1/models` is its health endpoint) and takes weight
@@ -18,12 +18,13 @@ import os
 import signal
 import threading
 
-from controller.demo.localrun import load_taskset, scripted_players
+from controller.demo.localrun import scripted_players
 from controller.demo.policy_server import PolicyServer
+from controller.farm.assemble import load_taskset
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slurm.scripted_server")
+    ap = argparse.ArgumentParser(prog="python -m controller.demo.scripted_server")
     ap.add_argument("--taskset", default="builtin")
     ap.add_argument("--bank", default="")
     ap.add_argument("--policy-script", default="")
