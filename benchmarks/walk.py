@@ -43,7 +43,7 @@ from nodeagent.sandbox.runtime import SandboxRuntime  # noqa: E402
 
 try:       # where the tasks file writer lives (it moved out of the vocabulary)
     from controller.ondisk.taskblobs import write_tasks_file
-except ImportError:
+except ImportError:      # a tree from before the move
     from controller.contracts.taskblobs import write_tasks_file  # type: ignore[no-redef]
 
 ROOT = Path(controller.__file__).resolve().parents[1]   # the tree under test (PYTHONPATH first)

@@ -60,8 +60,6 @@ from rich.console import Console
 from controller.analysis.query import print_summary, summary
 from controller.broker.daemon import STOPPED_SUFFIX
 from controller.client.api import Client, ClientError
-from controller.contracts.fileio import atomic_write
-from controller.contracts.keys import KeyFileError, key_file_of, private_dir
 from controller.contracts.tasks import TaskError
 from controller.farm.assemble import (
     ENDPOINT_FILE,
@@ -77,6 +75,8 @@ from controller.farm.assemble import (
     wait_file,
     write_run_files,
 )
+from controller.ondisk.fileio import atomic_write
+from controller.ondisk.keys import KeyFileError, key_file_of, private_dir
 from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION

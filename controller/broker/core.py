@@ -52,7 +52,7 @@ from controller.contracts.states import (
     UNKNOWN_POLICY,
     UNKNOWN_TASK,
 )
-from controller.contracts.taskblobs import check_reference
+from controller.ondisk.taskblobs import check_reference
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.store.taskindex import TaskIndex

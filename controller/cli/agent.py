@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
+from controller.ondisk.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 from nodeagent.agent.daemon import SANDBOX_BACKENDS, EndpointFile, serve
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 

@@ -31,7 +31,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from controller.analysis.defences import CHEATS
 from controller.analysis.query import connect, print_summary, summary
 from controller.client.api import Client
-from controller.contracts.keys import key_file_of
 from controller.contracts.safeload import ParseLimitError, load_yaml
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
@@ -53,6 +52,7 @@ from controller.farm.assemble import (
     wait_file,
     write_run_files,
 )
+from controller.ondisk.keys import key_file_of
 from controller.taskbank.conversational import validate_conversational
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
 from layers.builtin import default_store_root, ensure_builtin_image

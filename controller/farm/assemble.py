@@ -26,9 +26,9 @@ from typing import Iterable, Optional
 
 from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
-from controller.contracts.keys import key_file_of, private_dir
-from controller.contracts.taskblobs import write_tasks_file
 from controller.contracts.tasks import TaskError
+from controller.ondisk.keys import key_file_of, private_dir
+from controller.ondisk.taskblobs import write_tasks_file
 from controller.store.taskindex import build as build_task_index
 from controller.taskbank.bank import TaskBank
 from controller.taskbank.blobs import blob_root, publish

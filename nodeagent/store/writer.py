@@ -29,7 +29,6 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from controller.contracts.fileio import atomic_write_with
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import (
     JSON_COLUMNS,
@@ -41,6 +40,7 @@ from controller.contracts.trajectory import (
     SPAN_KINDS,
     shard_name,
 )
+from controller.ondisk.fileio import atomic_write_with
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ import pytest
 
 from controller.broker.core import admit_tasks
 from controller.contracts import protocol as P
-from controller.contracts.taskblobs import (
+from controller.contracts.tasks import LeaseTask, Task, TaskError
+from controller.ondisk.taskblobs import (
     MAX_REFERENCE_BYTES,
     blob_path,
     check_reference,
     load_tasks_file,
     write_tasks_file,
 )
-from controller.contracts.tasks import LeaseTask, Task, TaskError
 from controller.taskbank.bank import TaskBank, make_set
 from controller.taskbank.blobs import blob_root, publish
 from controller.taskbank.builtin import builtin_taskset

@@ -21,7 +21,7 @@ from controller.broker.core import BrokerCore
 from controller.broker.daemon import Controller
 from controller.broker.placement import place
 from controller.contracts import protocol as P
-from controller.contracts.keys import read_key_file
+from controller.ondisk.keys import read_key_file
 from controller.store import queue as qm
 from controller.store.queue import Due, QueueConfig, RolloutQueue
 from nodeagent.agent.attempt import AttemptResult

@@ -22,7 +22,7 @@ from controller.broker.curve import ensure_run_keys, new_run_keys
 from controller.broker.daemon import Controller
 from controller.client.api import BadKeyFile, Client, ControllerUnavailable
 from controller.contracts import protocol as P
-from controller.contracts.keys import KeyFileError, private_dir, read_key_file, write_key_file
+from controller.ondisk.keys import KeyFileError, private_dir, read_key_file, write_key_file
 from tests.broker.test_broker import DEP, ROOT, TASKS
 from tests.conftest import wait_for
 

@@ -28,7 +28,7 @@ import pytest
 from controller.broker.daemon import Controller
 from controller.client.api import Client
 from controller.contracts import protocol as P
-from controller.contracts.keys import RunKeys, write_key_file
+from controller.ondisk.keys import RunKeys, write_key_file
 from tests.broker.test_broker import DEP, ROOT, TASKS
 
 VENV_PY = "/opt/paddock/venv/bin/python"

@@ -21,7 +21,7 @@ from controller.broker.metrics import serve_metrics
 from controller.cli import ops
 from controller.cli.main import main as cli_main
 from controller.client.api import Client
-from controller.contracts.keys import read_key_file
+from controller.ondisk.keys import read_key_file
 from nodeagent.agent.daemon import NodeAgent
 from nodeagent.agent.health import HealthSampler
 from tests.conftest import wait_for

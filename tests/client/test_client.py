@@ -26,7 +26,7 @@ from controller.client.api import (
     UnknownTask,
 )
 from controller.contracts import protocol as P
-from controller.contracts.keys import read_key_file
+from controller.ondisk.keys import read_key_file
 from controller.store.queue import QueueConfig
 from nodeagent.agent.attempt import AttemptResult
 from tests.broker.test_broker import DEP, ROOT, Farm, free_port, stuck_runner

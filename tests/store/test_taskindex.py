@@ -6,7 +6,7 @@ import json
 import os
 
 from controller.broker.core import admit_tasks
-from controller.contracts.taskblobs import load_tasks_file, write_tasks_file
+from controller.ondisk.taskblobs import load_tasks_file, write_tasks_file
 from controller.store.taskindex import TaskIndex, index_path, open_index
 from controller.taskbank.bank import make_set
 from controller.taskbank.blobs import publish

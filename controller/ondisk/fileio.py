@@ -4,19 +4,18 @@
 fsyncs it, sets its mode and renames it into place (`os.replace`), then (with `fsync`) fsyncs the
 directory so the rename survives a crash. `atomic_write_with(path, write)` does the same for a
 writer that needs a path (pyarrow, DuckDB, mksquashfs). `sha256_file` hashes a file in 1 MiB
-chunks. `utc_now()` is the wall-clock time used in records.
+chunks.
 
-This is the one file-system helper inside `controller.contracts`, and it is here because the
-rule it implements is part of the on-disk contract between writers (node agents, controller,
-image builder) and readers (DuckDB views, the bank, the image store). No sockets, no database,
-no processes. Must not import: anything of Paddock.
+It lives in `controller.ondisk` (beside the vocabulary, not in it) because the rule it implements
+is part of the on-disk contract between writers (node agents, controller, image builder) and
+readers (DuckDB views, the bank, the image store). No sockets, no database, no processes.
+Must not import: anything of Paddock.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,8 +76,3 @@ def sha256_file(path: os.PathLike | str) -> str:
         for chunk in iter(lambda: f.read(CHUNK_BYTES), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def utc_now() -> datetime:
-    """Wall-clock time for records (never for durations: use a monotonic clock)."""
-    return datetime.now(timezone.utc)
