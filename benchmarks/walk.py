@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if "controller" not in sys.modules and not any(Path(p, "controller").is_dir() for p in sys.path if p):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # no PYTHONPATH: this checkout
 
 import controller  # noqa: E402
 from controller.broker.core import BrokerCore  # noqa: E402
