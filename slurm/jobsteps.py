@@ -364,13 +364,15 @@ def _serve(args: HeadStep, run_dir: Path, taskset, endpoint: str, addr: str, gat
         print("paddock head: model servers up: " + "; ".join(
             f"{c}: {' '.join(r['url'] for r in recs)}" for c, recs in servers.items()), flush=True)
     builtin = not args.trainer
-    command = shlex.join(builtin_trainer_argv(args, run_dir)) if builtin else args.trainer
-    # the built-in trainer keeps its policy server up through the job's signals: SIGINT stops it
+    # the built-in trainer (no shell between) keeps its policy server up through the job's
+    # signals, ignored from its start: SIGINT stops it
     stop_signal = signal.SIGINT if builtin else signal.SIGTERM
 
     def start() -> subprocess.Popen:
-        return _start_trainer(command, run_dir, endpoint, args, taskset, addr, servers,
-                              out=sys.stdout if builtin else None)
+        if builtin:
+            return _start_trainer(builtin_trainer_argv(args, run_dir), run_dir, endpoint, args, taskset, addr,
+                                  servers, out=sys.stdout, ignore=END_OF_TIME)
+        return _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr, servers)
     with Client(endpoint, args.deployment, key_file=key_file_of(run_dir)) as client:
         trainer_proc = None
         try:
@@ -415,11 +417,12 @@ TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PAD
                "PADDOCK_INFERENCE_ENDPOINTS", "PADDOCK_JUDGE_ENDPOINTS", "PADDOCK_SERVICES_ENDPOINTS")
 
 
-def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str,
-                   servers: dict | None = None, out=None) -> subprocess.Popen:
-    """The training command, by /bin/sh in its own process group on the head node, with what it
-    needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log (or
-    `out`). It starts with the end-of-time signals at their defaults: the head tells it."""
+def _start_trainer(command: str | list[str], run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str,
+                   servers: dict | None = None, out=None, ignore: tuple[signal.Signals, ...] = ()) -> subprocess.Popen:
+    """The training command (a shell line, run by /bin/sh; or an argv) in its own process group on
+    the head node, with what it needs to reach the farm in its environment (TRAINER_ENV); output
+    to logs/trainer.log (or `out`). It starts with the end-of-time signals at their defaults (the
+    head tells it), or with those of `ignore` ignored."""
     env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
                PADDOCK_RUN_DIR=str(run_dir), PADDOCK_KEY_FILE=str(key_file_of(run_dir)),
                PADDOCK_TASKSET=taskset.name,
@@ -431,9 +434,12 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, t
         env.update(endpoints_env(servers), PADDOCK_SERVERS_FILE=str(run_dir / SERVERS_FILE))
     env["PADDOCK_QUARANTINE_FILE"] = str(run_dir / "quarantine.json")
     log_f = out if out is not None else open(run_dir / "logs" / "trainer.log", "ab")
-    print(f"paddock head: starting trainer: {command}", flush=True)
-    return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else command
+    print(f"paddock head: starting trainer: {command if isinstance(command, str) else shlex.join(command)}",
+          flush=True)
+    return subprocess.Popen(argv, env=env, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignore]) if ignore else None)
 
 
 def _stop_trainer(proc: subprocess.Popen, timeout_s: float, how: signal.Signals = signal.SIGTERM) -> int:
