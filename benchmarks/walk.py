@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -144,10 +145,12 @@ def walk(task_name: str) -> tuple[list[str], dict]:
                 agent.attempts_done([(a, res)])
                 to_broker(b"n1", agent_frames())                  # the result -> commit
             wall_s = time.monotonic() - t0
+        committed = catalog.is_committed(a.rollout_id, a.attempt, a.token)
     finally:
         runtime.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
     row = {"task": task.name, "outcome": res.outcome, "reward": res.reward, "wall_s": round(wall_s, 2),
-           "committed": catalog.is_committed(a.rollout_id, a.attempt, a.token)}
+           "committed": committed}
     return trace.rooms, row
 
 
