@@ -76,7 +76,7 @@ def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None
     """Agents in threads; with the run's keys from `key_file`, or plain text (None)."""
     import logging
     logging.basicConfig(level=logging.WARNING)
-    from controller.contracts.keys import read_key_file
+    from controller.ondisk.keys import read_key_file
     from nodeagent.agent.daemon import NodeAgent, noop_runner
     keys = read_key_file(key_file) if key_file else None
     # Health sampling is off: it reads all of /proc (~0.1-0.2 s here), which 64 agents sharing

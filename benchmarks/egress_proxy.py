@@ -31,7 +31,7 @@ from controller.contracts.network import parse_policy
 from nodeagent.egress.proxy import EgressProxy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from tests.netns import origin_netns  # noqa: E402
+from tests.egress.netns import origin_netns  # noqa: E402
 
 NS, VETH = "pdk-egbench", "pdkegb"
 HOST_ADDR, ORIGIN_ADDR = "10.231.250.1", "10.231.250.2"

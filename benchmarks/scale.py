@@ -10,7 +10,7 @@ simulation at training size, with the controller's CPU per event.
          Synthetic: the references are generated (task ids, image digests, blob digests are
          hashes of the index, names are `swe/<owner>__<repo>-<n>`, limits are a SWE task's), so
          no blob exists; their size and shape are what `publish` writes for an imported SWE
-         task (`controller.contracts.taskblobs.reference`).
+         task (`controller.ondisk.taskblobs.reference`).
   sim    the simulation of tests/sim/sim.py at scale (`ScaleWorld`: real BrokerCore, real
          SQLite queue on tmpfs, real AgentCore agents; no faults): `--agents` x `--slots`,
          attempts lasting `--attempt-s` simulated seconds, the trainer keeping every slot
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from controller.broker import gcpolicy  # noqa: E402
-from controller.contracts.taskblobs import reference, write_tasks_file  # noqa: E402
+from controller.ondisk.taskblobs import reference, write_tasks_file  # noqa: E402
 
 SWE_LIMITS = {"memory_mb": 4096, "pids": 512, "disk_mb": 4096, "cpu": 2.0, "nofile": 1024}
 REPOS = ["django__django", "sympy__sympy", "astropy__astropy", "scikit-learn__scikit-learn",
@@ -76,7 +76,7 @@ def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict
     """What the controller process does at start, timed; run in a fresh process. `mode`:
     dict (the whole file into a dict, the reference), first (the index is built), restart."""
     from controller.broker import daemon
-    from controller.contracts.taskblobs import load_tasks_file
+    from controller.ondisk.taskblobs import load_tasks_file
     from controller.store.taskindex import TaskIndex, index_path
     from controller.taskbank.curriculum import Curriculum
     if mode == "first":

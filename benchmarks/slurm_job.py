@@ -109,7 +109,7 @@ def farm_agent(endpoint: str, key_file: str, slots: int, hold_s: float, log_dir:
     import socket
     import threading
 
-    from controller.contracts.keys import read_key_file
+    from controller.ondisk.keys import read_key_file
     from layers.builtin import default_store_root, ensure_busybox_image
     from layers.store import ImageStore
     from nodeagent.agent.core import AttemptResult

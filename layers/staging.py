@@ -16,7 +16,7 @@ common binary), resolving symlinks inside the tree, never on the host.
 Every external command goes through `run_command`, whose failure is a `CommandFailed` carrying
 argv, exit code and the tail of stderr.
 
-Must not import: zmq, controller other than controller.contracts.fileio, layers.store, layers.build.
+Must not import: zmq, controller other than controller.ondisk.fileio, layers.store, layers.build.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from controller.contracts.fileio import sha256_file
+from controller.ondisk.fileio import sha256_file
 from layers.sif import host_arch
 
 STDERR_TAIL_BYTES = 4096

@@ -13,7 +13,7 @@ Building a recipe that is already indexed (and whose image is present) reuses th
 Concurrent builders of one recipe serialise on the recipe's lock; the later one finds the
 index entry written by the earlier one and does not build.
 
-Must not import: zmq, controller other than controller.contracts.fileio, layers.build (builders are
+Must not import: zmq, controller other than controller.ondisk.fileio, layers.build (builders are
 passed in as callables).
 """
 
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from controller.contracts.fileio import atomic_write_with, sha256_file  # noqa: F401 (sha256_file: the store's digest)
+from controller.ondisk.fileio import atomic_write_with, sha256_file  # noqa: F401 (sha256_file: the store's digest)
 
 log = logging.getLogger(__name__)
 

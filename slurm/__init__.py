@@ -5,5 +5,5 @@ used by the test suite (testcluster.py, with its ops script clusterctl.py). Thei
 controller/cli/slurm.py.
 
 May import: controller.*, nodeagent.*, layers. testcluster.py and clusterctl.py import none of
-them (but controller.contracts.fileio).
+them (but controller.ondisk.fileio).
 """

@@ -30,19 +30,22 @@ server the running rollouts call, is stopped after that), then shuts the control
 catalog is flushed. The controller ignores the signal itself (it must outlive the drain).
 
 The steps take their settings as `HeadStep` / `AgentStep` (plain dataclasses; the command line
-is controller/cli/slurm.py). The controller and the node agent run as `paddock controller` and
-`paddock agent` (controller/cli/controller.py, controller/cli/agent.py).
+is controller/cli/slurm.py). The run is assembled as the local run assembles its own
+(controller/farm/assemble.py): the same run directory, task index and controller and agent command
+lines; the controller and the node agents run as `paddock controller` and `paddock agent`
+processes. The trainer is a command: yours, or the built-in scripted one
+(`python -m controller.demo.builtin_trainer`, the local run's trainer as a process).
 
-Must not import: sqlite3 (the queue belongs to the controller process), submitit.
+Must not import: sqlite3 (the queue belongs to the controller process), submitit, controller.demo,
+controller.cli.
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -55,34 +58,31 @@ import psutil
 from rich.console import Console
 
 from controller.analysis.query import print_summary, summary
-from controller.broker.curve import ensure_run_keys
 from controller.broker.daemon import STOPPED_SUFFIX
-from controller.cli import agent as agent_cli
 from controller.client.api import Client, ClientError
-from controller.contracts.fileio import atomic_write
-from controller.contracts.keys import KeyFileError, key_file_of, private_dir
-from controller.contracts.taskblobs import write_tasks_file
 from controller.contracts.tasks import TaskError
-from controller.demo.localrun import (
-    COMPACT_EVERY,
-    RunConfig,
+from controller.farm.assemble import (
+    ENDPOINT_FILE,
+    HEALTH_DIR_ENV,
+    agent_argv,
+    controller_argv,
     load_taskset,
-    scripted_players,
+    open_run_dir,
+    spawn,
+    stop_farm,
     task_images,
-    train,
     validation_cache_dir,
     wait_file,
+    write_run_files,
 )
-from controller.demo.policy_server import PolicyServer, default_params
-from controller.store.taskindex import build as build_task_index
-from controller.taskbank.blobs import blob_root, publish
+from controller.ondisk.fileio import atomic_write
+from controller.ondisk.keys import KeyFileError, key_file_of, private_dir
 from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.verifier.validate import validate_for_run
 from slurm.servers import (
     SERVERS_FILE,
-    RemotePolicy,
     ServerError,
     endpoints_env,
     parse_servers,
@@ -93,13 +93,14 @@ from slurm.supervise import Policy, Supervisor
 
 log = logging.getLogger("paddock.job")
 
-ENDPOINT_FILE = "controller.endpoint"
 JOB_FILE = "job.json"
 QUEUE_FILE = "controller.db"           # the controller's default queue in the run directory
 LIVE_STATES = ("live", "ready")
 EXIT_BAD_INPUT = 2
 EXIT_GAVE_UP = 3
-PADDOCK_CLI = (sys.executable, "-m", "controller.cli")
+BUILTIN_TRAINER = (sys.executable, "-m", "controller.demo.builtin_trainer")   # the job names no trainer
+SERVED_FILE = "served.json"            # the names of the tasks the head serves (the built-in trainer's)
+END_OF_TIME = (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)   # USR2: submitit's
 
 
 @dataclass(frozen=True)
@@ -203,20 +204,19 @@ def run_head(args: HeadStep) -> int:
     """The head step; returns its exit status (EXIT_GAVE_UP when the farm never came up)."""
     run_dir = Path(args.run_dir).resolve()
     check_run_dir(run_dir)
-    (run_dir / "logs").mkdir(exist_ok=True)
 
     def on_signal(signum, _frame):
         raise StopRequested(signal.Signals(signum).name)
-    for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # USR2: submitit's
+    for sig in END_OF_TIME:
         signal.signal(sig, on_signal)
     resumed = resuming(run_dir)
     try:
-        ensure_run_keys(key_file_of(run_dir))  # before the endpoint: agents load it then
+        key_file = open_run_dir(run_dir)  # logs/ and the keys, before the endpoint: agents load them then
     except KeyFileError as exc:
         print(f"paddock head: {exc}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     try:
-        taskset, cfg, players, names = _prepare_run(args, run_dir)
+        taskset, names = _prepare_run(args, run_dir)
     except StopRequested as stop:   # the job ends (or is requeued) before its farm came up
         print(f"paddock head: {stop} while preparing the run: exiting", flush=True)
         if args.servers:
@@ -236,14 +236,14 @@ def run_head(args: HeadStep) -> int:
     try:
         endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, 60.0, "controller")
         print(f"paddock head: controller {endpoint}, waiting for {args.agents} agents", flush=True)
-        rc = _serve(args, cfg, run_dir, taskset, endpoint, addr, gate_agents, players, names)
+        rc = _serve(args, run_dir, taskset, endpoint, addr, gate_agents)
     except (RuntimeError, ClientError) as exc:   # JobStepError, or the controller did not start (RuntimeError)
         print(f"paddock head: {exc}; see {run_dir}/logs/controller.log", file=sys.stderr, flush=True)
         rc = EXIT_GAVE_UP
     finally:
-        for sig in (signal.SIGWINCH, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):   # a later signal
-            signal.signal(sig, signal.SIG_IGN)     # must not cut the shutdown short (store flush, summary)
-        _shutdown_controller(ctl, endpoint, args.deployment, key_file_of(run_dir))
+        for sig in END_OF_TIME:   # a later signal must not cut the shutdown short (store flush, summary)
+            signal.signal(sig, signal.SIG_IGN)
+        stop_farm([ctl], endpoint, args.deployment, key_file, "job finished")
         if args.servers:
             stop_servers(run_dir, args.deployment)     # the model servers' steps end
     if rc == 0:
@@ -296,17 +296,19 @@ def _check_same_taskset(run_dir: Path, taskset) -> None:
 
 
 def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
-    """Load the task set, make sure its images are in the store, write `tasks.json` (what leases
-    carry) and `run.json`; return (task set, the built-in trainer's RunConfig, the scripted policy's
-    extra players). JobStepError names what is missing."""
+    """Load the task set, make sure its images are in the store and the trainer can train it,
+    validate it, write the run's files (controller/farm/assemble.py: `tasks.json`, its index,
+    `run.json`) and the names of the served tasks; return (task set, served task names).
+    JobStepError names what is missing."""
     try:
         taskset = load_taskset(args.taskset, args.bank)
-        players = {} if args.trainer else scripted_players(taskset, args.policy_script)
         store = ImageStore(args.image_store)
         digest, _image = ensure_builtin_image(store)
         images = task_images(taskset, store)
     except TaskError as exc:
         raise JobStepError(str(exc)) from None
+    if not args.trainer:
+        _check_builtin_trainer(args, taskset)
     if resuming(run_dir):
         _check_same_taskset(run_dir, taskset)
     names = [t.name for t in taskset.tasks][: args.tasks_limit or None]
@@ -318,26 +320,39 @@ def _prepare_run(args: HeadStep, run_dir: Path) -> tuple:
         raise JobStepError(f"--validate: {exc}") from None
     if not names:
         raise JobStepError(f"every task of {taskset.name!r} failed validation: see {run_dir}/quarantine.json")
-    cfg = RunConfig(versions=args.versions, rollouts_per_task=args.rollouts_per_task,
-                    heartbeat_interval_s=args.heartbeat_interval_s, tasks_limit=args.tasks_limit,
-                    image_store=args.image_store, runs_dir=str(run_dir.parent), policy_script=args.policy_script)
-    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(args.bank, taskset, run_dir)))
-    build_task_index(run_dir / "tasks.json")   # the controller opens it without reading an entry
-    (run_dir / "run.json").write_text(json.dumps({
+    write_run_files(run_dir, taskset, images, args.bank, {
         "run_id": run_dir.name, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash,
         "image": digest, "deployment": args.deployment, "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "head_node": socket.gethostname(), "incarnation": incarnation(), "validate": args.validate,
-        "served_tasks": len(names)}, indent=2))
-    return taskset, cfg, players, names
+        "served_tasks": len(names)})
+    atomic_write(run_dir / SERVED_FILE, json.dumps(names))
+    return taskset, names
 
 
-def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str, addr: str,
-           gate_agents: bool = False, players: dict | None = None, names: list[str] | None = None) -> int:
-    """Once enough agents registered: the built-in trainer (with the scripted policy server) or
-    the user's trainer; on the end-of-time signal, stop the trainer and wait for the drain.
-    `gate_agents` (a resumed run with your trainer): the trainer starts first and the agents
-    are let in (`job.json`) once it is back, so the queued rollouts of its policy are not
-    leased while its inference server is still down (each would burn a retry)."""
+def _check_builtin_trainer(args: HeadStep, taskset) -> None:
+    """The built-in trainer's scripted policy can play the task set (and its policy script is
+    good), asked of the trainer command itself; JobStepError with its reason if not."""
+    env = dict(os.environ, PADDOCK_TASKSET=args.taskset, PADDOCK_TASKBANK=args.bank)
+    r = subprocess.run([*BUILTIN_TRAINER, "--check", "--policy-script", args.policy_script], env=env,
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise JobStepError(r.stderr.strip().splitlines()[-1] if r.stderr.strip() else
+                           f"the built-in trainer cannot train task set {taskset.name!r} (exit {r.returncode})")
+
+
+def builtin_trainer_argv(args: HeadStep, run_dir: Path) -> list[str]:
+    """The built-in scripted trainer as a trainer command (controller/demo/builtin_trainer.py)."""
+    return [*BUILTIN_TRAINER, "--served", str(run_dir / SERVED_FILE), "--versions", str(args.versions),
+            "--rollouts-per-task", str(args.rollouts_per_task), "--runs-dir", str(run_dir.parent),
+            "--policy-script", args.policy_script]
+
+
+def _serve(args: HeadStep, run_dir: Path, taskset, endpoint: str, addr: str, gate_agents: bool = False) -> int:
+    """Once enough agents registered: the trainer command (yours, or the built-in scripted one,
+    whose output joins the head's log); on the end-of-time signal, wait for the drain, then stop
+    the trainer. `gate_agents` (a resumed run with your trainer): the trainer starts first and
+    the agents are let in (`job.json`) once it is back, so the queued rollouts of its policy are
+    not leased while its inference server is still down (each would burn a retry)."""
     rc = 0
     servers = {}
     if args.servers:
@@ -348,42 +363,38 @@ def _serve(args: HeadStep, cfg: RunConfig, run_dir: Path, taskset, endpoint: str
             raise JobStepError(str(exc)) from None
         print("paddock head: model servers up: " + "; ".join(
             f"{c}: {' '.join(r['url'] for r in recs)}" for c, recs in servers.items()), flush=True)
-    with contextlib.ExitStack() as stack:
-        if args.trainer:
-            policy = None
-        elif servers.get("inference"):   # the job's own replicas serve the scripted policy
-            policy = RemotePolicy(servers["inference"])
-        else:
-            policy = stack.enter_context(PolicyServer(taskset, host=addr, players=players))
-        client = stack.enter_context(Client(endpoint, args.deployment,
-                                            key_file=key_file_of(run_dir)))
+    builtin = not args.trainer
+    # the built-in trainer (no shell between) keeps its policy server up through the job's
+    # signals, ignored from its start: SIGINT stops it
+    stop_signal = signal.SIGINT if builtin else signal.SIGTERM
+
+    def start() -> subprocess.Popen:
+        if builtin:
+            return _start_trainer(builtin_trainer_argv(args, run_dir), run_dir, endpoint, args, taskset, addr,
+                                  servers, out=sys.stdout, ignore=END_OF_TIME)
+        return _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr, servers)
+    with Client(endpoint, args.deployment, key_file=key_file_of(run_dir)) as client:
         trainer_proc = None
         try:
             if gate_agents:
-                trainer_proc = _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr, servers)
+                trainer_proc = start()
                 _wait_trainer_back(client, trainer_proc, args.agents_wait_s)
                 _publish_job(run_dir, args.deployment, addr)
             n = _wait_agents(client, args.agents, args.agents_wait_s)
             print(f"paddock head: {n} agents registered; training", flush=True)
-            if args.trainer:
-                trainer_proc = trainer_proc or _start_trainer(args.trainer, run_dir, endpoint, args, taskset, addr,
-                                                              servers)
-                rc = trainer_proc.wait()
-                print(f"paddock head: trainer exited with {rc}", flush=True)
-            else:
-                names = names if names is not None else [t.name for t in taskset.tasks][: args.tasks_limit or None]
-                console = Console(file=sys.stdout, force_terminal=False, width=120)
-                train(cfg, policy, endpoint, args.deployment, run_dir, taskset, names, default_params(), console)
+            trainer_proc = trainer_proc or start()
+            rc = trainer_proc.wait()
+            print(f"paddock head: trainer exited with {rc}", flush=True)
         except StopRequested as stop:
             print(f"paddock head: {stop} before the time limit: waiting for agents to drain", flush=True)
-            # your trainer (and the model server it runs) stays up until the running rollouts are
+            # the trainer (and the model server it runs) stays up until the running rollouts are
             # done: stopped first, it would fail them all as infrastructure errors (each a retry)
             _wait_drained(client, args.drain_timeout_s)
             if trainer_proc is not None:
-                rc = _stop_trainer(trainer_proc, args.drain_timeout_s)
+                rc = _stop_trainer(trainer_proc, args.drain_timeout_s, stop_signal)
         finally:
             if trainer_proc is not None and trainer_proc.poll() is None:   # the head failed
-                _stop_trainer(trainer_proc, 10.0)
+                _stop_trainer(trainer_proc, 10.0, stop_signal)
     return rc
 
 
@@ -406,11 +417,12 @@ TRAINER_ENV = ("PADDOCK_ENDPOINT", "PADDOCK_DEPLOYMENT", "PADDOCK_RUN_DIR", "PAD
                "PADDOCK_INFERENCE_ENDPOINTS", "PADDOCK_JUDGE_ENDPOINTS", "PADDOCK_SERVICES_ENDPOINTS")
 
 
-def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str,
-                   servers: dict | None = None) -> subprocess.Popen:
-    """The user's training command, by /bin/sh in its own process group on the head node, with
-    what it needs to reach the farm in its environment (TRAINER_ENV); output to logs/trainer.log.
-    It starts with the end-of-time signals at their defaults: the head tells it (SIGTERM)."""
+def _start_trainer(command: str | list[str], run_dir: Path, endpoint: str, args: HeadStep, taskset, addr: str,
+                   servers: dict | None = None, out=None, ignore: tuple[signal.Signals, ...] = ()) -> subprocess.Popen:
+    """The training command (a shell line, run by /bin/sh; or an argv) in its own process group on
+    the head node, with what it needs to reach the farm in its environment (TRAINER_ENV); output
+    to logs/trainer.log (or `out`). It starts with the end-of-time signals at their defaults (the
+    head tells it), or with those of `ignore` ignored."""
     env = dict(os.environ, PADDOCK_ENDPOINT=endpoint, PADDOCK_DEPLOYMENT=args.deployment,
                PADDOCK_RUN_DIR=str(run_dir), PADDOCK_KEY_FILE=str(key_file_of(run_dir)),
                PADDOCK_TASKSET=taskset.name,
@@ -421,28 +433,31 @@ def _start_trainer(command: str, run_dir: Path, endpoint: str, args: HeadStep, t
     if servers:      # the job's model servers: $PADDOCK_INFERENCE_ENDPOINTS ... and servers.json
         env.update(endpoints_env(servers), PADDOCK_SERVERS_FILE=str(run_dir / SERVERS_FILE))
     env["PADDOCK_QUARANTINE_FILE"] = str(run_dir / "quarantine.json")
-    log_f = open(run_dir / "logs" / "trainer.log", "ab")
-    print(f"paddock head: starting trainer: {command}", flush=True)
-    return subprocess.Popen(["/bin/sh", "-c", command], env=env, stdout=log_f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log_f = out if out is not None else open(run_dir / "logs" / "trainer.log", "ab")
+    argv = ["/bin/sh", "-c", command] if isinstance(command, str) else command
+    print(f"paddock head: starting trainer: {command if isinstance(command, str) else shlex.join(command)}",
+          flush=True)
+    return subprocess.Popen(argv, env=env, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignore]) if ignore else None)
 
 
-def _stop_trainer(proc: subprocess.Popen, timeout_s: float) -> int:
-    """End of time: SIGTERM to the trainer's process group (it may checkpoint), SIGKILL after
-    `timeout_s`. Returns its exit code (0 if it exited cleanly on the signal)."""
+def _stop_trainer(proc: subprocess.Popen, timeout_s: float, how: signal.Signals = signal.SIGTERM) -> int:
+    """End of time: SIGTERM (`how`) to the trainer's process group (it may checkpoint), SIGKILL
+    after `timeout_s`. Returns its exit code (0 if it exited cleanly on the signal)."""
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, how)
     except ProcessLookupError:
         pass
     try:
         rc = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        log.warning("trainer did not exit %.0fs after SIGTERM: killing it", timeout_s)
+        log.warning("trainer did not exit %.0fs after %s: killing it", timeout_s, how.name)
         os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.wait()
     # /bin/sh itself may die of the SIGTERM while the trainer exits cleanly: both mean "stopped"
     print(f"paddock head: trainer stopped after the end-of-time signal (exit status {rc})", flush=True)
-    return 0 if rc in (0, -signal.SIGTERM) else rc
+    return 0 if rc in (0, -how) else rc
 
 
 def curriculum_path(run_dir: Path, bank: str) -> Path:
@@ -450,39 +465,15 @@ def curriculum_path(run_dir: Path, bank: str) -> Path:
 
 
 def _spawn_controller(args: HeadStep, run_dir: Path, addr: str) -> subprocess.Popen:
-    argv = [*PADDOCK_CLI, "controller", "--bind", f"tcp://{addr}:0",
-            "--deployment", args.deployment, "--run-dir", str(run_dir),
-            "--tasks-json", str(run_dir / "tasks.json"), "--endpoint-file", str(run_dir / ENDPOINT_FILE),
-            "--key-file", str(key_file_of(run_dir)),
-            "--heartbeat-interval-s", str(args.heartbeat_interval_s),
-            "--compact-every", str(COMPACT_EVERY)]
-    if args.metrics_port is not None:
-        argv += ["--metrics-port", str(args.metrics_port), "--metrics-addr", addr]  # the node's, not 0.0.0.0
-    if args.trainer:
-        # your trainer may submit sampler requests: the controller samples from, and learns
-        # into, the curriculum kept with the bank (or with this run)
-        argv += ["--curriculum-db", str(curriculum_path(run_dir, args.bank))]
-    log_f = open(run_dir / "logs" / "controller.log", "ab")
-    # Slurm signals every process of the step; the controller must outlive the drain, so it
-    # starts with the end-of-time signals ignored (the disposition survives exec).
-    return subprocess.Popen(argv, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN)
-                                                for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)])
-
-
-def _shutdown_controller(ctl: subprocess.Popen, endpoint: str | None, deployment: str,
-                         key_file: Path) -> None:
-    if endpoint and ctl.poll() is None:
-        try:
-            with Client(endpoint, deployment, timeout_s=5, retries=2, key_file=key_file) as c:
-                c.shutdown("job finished")
-        except Exception as exc:
-            log.warning("controller shutdown request failed: %s", exc)
-    try:
-        ctl.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        ctl.kill()
-        ctl.wait()
+    """`paddock controller` on this node's address. Slurm signals every process of the step; the
+    controller must outlive the drain, so it starts with the end-of-time signals ignored. Your
+    trainer may submit sampler requests: the controller samples from, and learns into, the
+    curriculum kept with the bank (or with this run)."""
+    argv = controller_argv(run_dir, args.deployment, args.heartbeat_interval_s, bind=f"tcp://{addr}:0",
+                           metrics_port=args.metrics_port, metrics_addr=addr,   # the node's, not 0.0.0.0
+                           curriculum_db=curriculum_path(run_dir, args.bank) if args.trainer else None)
+    return spawn(argv, run_dir / "logs" / "controller.log",
+                 ignore=(signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
 
 
 # ----------------------------------------------------------------------------- agent step
@@ -552,12 +543,9 @@ def run_agent(args: AgentStep) -> int:
         print(f"paddock agent on {node}: {s} while waiting for the controller: exiting", flush=True)
         return 0
     share = f'{os.environ.get("SLURM_PROCID", "0")}/{os.environ.get("SLURM_NTASKS", "1")}'
-    os.environ["PADDOCK_HEALTH_DIR"] = str(run_dir / "health")
-    argv = [*PADDOCK_CLI, "agent", "--node", node, "--controller", endpoint, "--deployment", args.deployment,
-            "--endpoint-file", str(run_dir / ENDPOINT_FILE), "--key-file", str(key_file_of(run_dir)),
-            "--slots", str(args.slots), "--image-store", args.image_store, "--subid-share", share,
-            "--heartbeat-interval-s", str(args.heartbeat_interval_s)]
-    argv += ["--sandbox", args.sandbox] if args.sandbox != "native" else []
+    os.environ[HEALTH_DIR_ENV] = str(run_dir / "health")
+    argv = agent_argv(run_dir, node, endpoint, args.deployment, slots=args.slots, image_store=args.image_store,
+                      subid_share=share, heartbeat_interval_s=args.heartbeat_interval_s, sandbox=args.sandbox)
     print(f"paddock agent on {node}: joining {endpoint}", flush=True)
     return supervise_agent(argv, node, run_dir, endpoint, args)
 
@@ -604,11 +592,3 @@ def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, ar
 def _die_with_parent() -> None:
     import ctypes
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-
-
-def run_paddock_agent(argv: list[str]) -> int:
-    """`paddock agent ARGV...` in this process (it keeps the signal handlers set up above)."""
-    parser = argparse.ArgumentParser(prog="paddock")
-    agent_cli.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["agent", *argv])
-    return int(args.func(args) or 0)

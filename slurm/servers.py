@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from controller.contracts.fileio import atomic_write
+from controller.ondisk.fileio import atomic_write
 
 log = logging.getLogger("paddock.job")
 

@@ -22,7 +22,7 @@ instance goes to ``REGISTRY_DIR``; ``sweep`` uses the records to clean up after 
 was SIGKILLed. The working directory (config, munge key, state, logs) is kept after stop.
 
 Must not import: zmq, nodeagent.*, slurm.clusterctl.
-Of the controller it imports only controller.contracts.fileio (the one atomic write, a leaf).
+Of the controller it imports only controller.ondisk.fileio (the one atomic write, a leaf).
 This is test/ops infrastructure: it runs system commands only (mungekey, munged, slurmctld,
 slurmd, sinfo, through slurm.clusterhost; the accounting daemons through slurm.accounting).
 """
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from controller.contracts.fileio import atomic_write
+from controller.ondisk.fileio import atomic_write
 from slurm.accounting import Owner, missing_accounting, start_accounting, tcp_listening
 from slurm.clusterhost import (  # noqa: F401
     RUNUSER,

@@ -1,6 +1,7 @@
-"""Shared test utilities: `wait_for` (a condition with a deadline, never a bare sleep),
-`FakeClock` (an injectable monotonic clock), and the fixtures: the image store, the built-in
-images and a node's sandbox runtime."""
+"""Shared test utilities, the one copy of each: `wait_for` (a condition with a deadline, never a
+bare sleep), `FakeClock` (an injectable monotonic clock), `alive`, `FakeChatServer`, and the
+fixtures: the image store, the built-in images and a node's sandbox runtime. Tests live in
+tests/<room>/ (docs/internals.md, "Tests: one folder per room")."""
 from __future__ import annotations
 
 import os

@@ -86,7 +86,7 @@ def stepd_pids(table: dict[int, Proc], job_ids: set[str]) -> set[int]:
 class FarmWatch:
     """What a farm ran, sampled over its life: processes by (pid, start time)."""
     user: str
-    seen: dict[tuple[int, int], Proc] = field(default_factory=dict)      # first sample with a cmdline
+    seen: dict[tuple[int, int], Proc] = field(default_factory=dict)      # last sample with a cmdline
     rooted: dict[tuple[int, int], Proc] = field(default_factory=dict)    # any sample with a uid 0
 
     def __post_init__(self) -> None:
@@ -113,7 +113,9 @@ class FarmWatch:
             if p.comm in SLURM_DAEMONS:
                 continue
             key = (p.pid, p.start_ticks)
-            if key not in self.seen or not self.seen[key].cmdline:   # a zombie has no cmdline left
+            # the last sample with a cmdline: a child sampled between its fork and its exec shows
+            # its parent's command line, its exec the real one (a zombie has no cmdline left)
+            if key not in self.seen or p.cmdline:
                 self.seen[key] = p
             if 0 in p.uids and p.comm not in SETUID_HELPERS:
                 self.rooted.setdefault(key, p)

@@ -3,8 +3,11 @@ cannot drift from the code:
 
 - no import circle between the project's modules (imports inside functions count too: a lazy
   import that closes a circle is still a circle);
-- the node agent imports nothing of the controller but `controller.contracts`;
-- `controller.contracts` is a leaf: it imports nothing else of the project;
+- the node agent and `layers` import nothing of the controller but the shared floor:
+  `controller.contracts` (the vocabulary) and `controller.ondisk` (the shared on-disk formats);
+- `controller.contracts` is a leaf: it imports nothing else of the project, and writes no file;
+  `controller.ondisk` imports only the vocabulary;
+- `slurm` imports neither the demo nor the CLI; local run and Slurm head share one assembler;
 - only the CLI (`controller.cli`) and `slurm` import the node agent from outside it;
 - every "Must not import: a, b." line in a module or package docstring holds.
 
@@ -150,9 +153,25 @@ def test_the_project_has_no_import_circles():
     assert _cycles(edges) == []
 
 
-def test_the_node_agent_imports_only_the_contracts_of_the_controller():
-    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "nodeagent")
-           for t, line, _top in lst if _within(t, "controller") and not _within(t, "controller.contracts")]
+SHARED = ("controller.contracts", "controller.ondisk")   # the floor every part may stand on
+
+
+@pytest.mark.parametrize("part", ["nodeagent", "layers"])
+def test_the_node_agent_and_layers_import_of_the_controller_only_the_shared_floor(part):
+    """The vocabulary (controller.contracts) and the shared on-disk formats (controller.ondisk)."""
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, part)
+           for t, line, _top in lst if _within(t, "controller") and not any(_within(t, s) for s in SHARED)]
+    assert bad == []
+
+
+def test_slurm_imports_of_the_controller_only_the_floor_and_the_run_assembler():
+    """The Slurm steps assemble a run as the local run does (controller.farm) and talk to the
+    controller as a client; they never reach into its daemon's parts but what they must read
+    (the analyst's summary, the daemon's stopped-endpoint suffix)."""
+    allowed = SHARED + ("controller.farm", "controller.client", "controller.analysis.query",
+                        "controller.broker.daemon")
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "slurm")
+           for t, line, _top in lst if _within(t, "controller") and not any(_within(t, a) for a in allowed)]
     assert bad == []
 
 
@@ -160,6 +179,51 @@ def test_the_contracts_are_a_leaf():
     bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "controller.contracts")
            for t, line, _top in lst if not _within(t, "controller.contracts")]
     assert bad == []
+
+
+def test_the_on_disk_formats_stand_only_on_the_vocabulary():
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "controller.ondisk")
+           for t, line, _top in lst if not any(_within(t, s) for s in SHARED)]
+    assert bad == []
+
+
+# What writing a file looks like in Python: calls of these names (os.replace, Path.write_text,
+# tempfile.mkstemp, ...) or open() with a mode that writes.
+WRITING_CALLS = {"write_text", "write_bytes", "replace", "rename", "fsync", "mkdir", "makedirs", "chmod",
+                 "unlink", "remove", "rmtree", "mkstemp", "mkdtemp", "NamedTemporaryFile", "TemporaryDirectory",
+                 "symlink", "link", "truncate"}
+
+
+def _writes(tree: ast.AST) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name in WRITING_CALLS and not (name == "replace" and isinstance(f, ast.Attribute)
+                                          and not (isinstance(f.value, ast.Name) and f.value.id == "os")):
+            out.append((node.lineno, name))
+        if name == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            if mode is not None and not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)
+                                         and not set(mode.value) & set("wax+")):
+                out.append((node.lineno, f"open(mode={ast.unparse(mode)})"))
+    return out
+
+
+def test_the_vocabulary_writes_no_files():
+    """controller.contracts is words only: the writers of shared files live in controller.ondisk."""
+    bad = [f"{m}:{line} {what}" for m, path in modules().items() if _within(m, "controller.contracts")
+           for line, what in _writes(ast.parse(path.read_text(), str(path)))]
+    assert bad == []
+
+
+def test_the_write_check_sees_the_writers_that_moved_out():
+    """The check above is not blind: it finds the writes of controller.ondisk."""
+    found = {m for m, path in modules().items() if _within(m, "controller.ondisk")
+             and _writes(ast.parse(path.read_text(), str(path)))}
+    assert {"controller.ondisk.fileio", "controller.ondisk.keys", "controller.ondisk.taskblobs"} <= found
 
 
 def test_only_the_cli_and_slurm_import_the_node_agent():
@@ -270,13 +334,32 @@ def test_no_module_is_far_over_six_hundred_lines(limit):
     assert long == {}
 
 
-def test_nothing_but_slurm_and_entry_points_imports_the_cli():
-    """The CLI is the front floor: libraries never import it. `__main__` modules (thin
-    `python -m` entry points) and the Slurm job steps (which run `paddock agent` in-process)
-    may."""
+def test_nothing_but_entry_points_imports_the_cli():
+    """The CLI is the front floor: libraries never import it; only `__main__` modules (thin
+    `python -m` entry points) may. The Slurm job steps start `paddock controller|agent` as
+    processes, as the local run does."""
     bad = [f"{m}:{line} imports {t}" for m, lst in graph().items()
-           if not (_within(m, "controller.cli") or _within(m, "slurm") or m.endswith(".__main__"))
+           if not (_within(m, "controller.cli") or m.endswith(".__main__"))
            for t, line, _top in lst if _within(t, "controller.cli")]
+    assert bad == []
+
+
+def test_slurm_imports_neither_the_demo_nor_the_cli():
+    """The Slurm job is the production path: it assembles its run with controller.farm (as the
+    local run does) and runs the built-in trainer as a command, never the demo in its process."""
+    bad = [f"{m}:{line} imports {t}" for m, lst in graph().items() if _within(m, "slurm")
+           for t, line, _top in lst if _within(t, "controller.demo") or _within(t, "controller.cli")]
+    assert bad == []
+
+
+def test_one_run_assembler():
+    """The local run and the Slurm head step build their run with controller.farm.assemble, and
+    it imports neither of them (nor the demo, the CLI or the node agent)."""
+    edges = graph()
+    users = {m for m, lst in edges.items() for t, _l, _top in lst if t == "controller.farm.assemble"}
+    assert {"controller.demo.localrun", "slurm.jobsteps"} <= users
+    bad = [t for m, lst in edges.items() if _within(m, "controller.farm") for t, _l, _top in lst
+           if any(_within(t, x) for x in ("controller.demo", "controller.cli", "nodeagent", "slurm"))]
     assert bad == []
 
 
@@ -305,3 +388,49 @@ def test_the_module_map_in_the_docs_names_every_module():
                if p.name != "__main__.py" and m not in ("controller", "layers")
                and f"`{p.relative_to(ROOT)}`" not in doc]
     assert missing == []
+
+
+# -- the tests' own layout -------------------------------------------------------------------
+
+# Test folders that are not a room of the code: a test method or a task family across rooms.
+TEST_FOLDERS_OUTSIDE_ROOMS = {
+    "sim": "the deterministic simulation of broker and agent cores",
+    "fuzz": "coverage-guided fuzzing of the parsers and checkers",
+    "conversational": "the conversational task family end to end",
+    "web": "the web task family end to end",
+    "data": "public test material (no tests)",
+    "golden": "golden files (no tests)",
+}
+# Module files at the top of tests/: the shared helpers, and the house-wide layering test.
+TEST_TOP_FILES = {"__init__.py", "conftest.py", "farmprocs.py", "slurm_fixture.py", "test_layering.py"}
+
+
+def _rooms() -> set[str]:
+    """The rooms of the code: each sub-package of controller/ and nodeagent/, and the
+    top-level packages layers/ and slurm/."""
+    rooms = {"layers", "slurm"}
+    for top in ("controller", "nodeagent"):
+        rooms |= {p.name for p in (ROOT / top).iterdir() if (p / "__init__.py").exists()}
+    return rooms
+
+
+def test_tests_live_in_folders_named_after_the_rooms_they_test():
+    tests_dir = ROOT / "tests"
+    flat = sorted(p.name for p in tests_dir.glob("*.py") if p.name not in TEST_TOP_FILES)
+    strange = sorted(p.name for p in tests_dir.iterdir()
+                     if p.is_dir() and not p.name.startswith((".", "__"))
+                     and p.name not in _rooms() and p.name not in TEST_FOLDERS_OUTSIDE_ROOMS)
+    assert (flat, strange) == ([], [])
+
+
+def test_the_shared_test_helpers_are_defined_once():
+    """`wait_for` (a condition with a deadline) and `FakeClock` live in tests/conftest.py;
+    a test module imports them instead of keeping a copy."""
+    copies = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path == ROOT / "tests" / "conftest.py" or "data" in path.relative_to(ROOT / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ("wait_for", "FakeClock"):
+                copies.append(f"{path.relative_to(ROOT)}:{node.lineno} defines {node.name}")
+    assert copies == []

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from controller.analysis.query import connect, require_run
-from controller.contracts.fileio import atomic_write_with
+from controller.ondisk.fileio import atomic_write_with
 
 FORMATS = ("hf", "verifiers")
 STALENESS_RULES = ("per_rollout", "per_call")

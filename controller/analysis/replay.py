@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from controller.analysis.query import QueryError, connect
-from controller.contracts import taskblobs
+from controller.ondisk import taskblobs
 from layers.builtin import default_store_root
 from layers.store import ImageStore
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from controller.analysis.query import connect
-from controller.contracts.fileio import atomic_write_with
+from controller.ondisk.fileio import atomic_write_with
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ every dropped frame by reason; the catalog and the counters it keeps through its
 (ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
 and clock; daemon.py runs it on the ZeroMQ socket. Tasks travel by reference: the tasks file
-holds each task's id, small metadata and blob digest (controller/contracts/taskblobs.py); an
+holds each task's id, small metadata and blob digest (controller/ondisk/taskblobs.py); an
 entry that is not a small well-formed reference is refused at load, naming the task
 (`admit_tasks`), and a submit naming it is refused; the other tasks run.
 
@@ -54,7 +54,7 @@ from controller.contracts.states import (
     UNKNOWN_POLICY,
     UNKNOWN_TASK,
 )
-from controller.contracts.taskblobs import check_reference
+from controller.ondisk.taskblobs import check_reference
 from controller.store.catalog import Catalog
 from controller.store.queue import PolicyConflict, RolloutQueue, UnknownBatch
 from controller.store.taskindex import TaskIndex

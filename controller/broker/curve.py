@@ -1,7 +1,7 @@
 """CURVE on the controller's ROUTER socket: the run's keys made (or loaded) at start, the ZAP
 handler that lets in only the run's client key, and the count of every peer turned away.
 
-- `ensure_run_keys(path)`: the run's key file (controller/contracts/keys.py has its format and
+- `ensure_run_keys(path)`: the run's key file (controller/ondisk/keys.py has its format and
   the permission checks): loaded if it exists (a restarted controller keeps the keys its agents
   and clients hold), else two fresh key pairs written 0600.
 - `Gate(ctx, sock, keys)`: makes `sock` a CURVE server, answers ZAP requests (RFC 27) on the
@@ -27,7 +27,7 @@ from pathlib import Path
 import zmq
 from zmq.utils import z85
 
-from controller.contracts.keys import RunKeys, read_key_file, write_key_file
+from controller.ondisk.keys import RunKeys, read_key_file, write_key_file
 
 log = logging.getLogger("controller.curve")
 

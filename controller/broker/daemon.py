@@ -35,8 +35,8 @@ from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.core import MULTIPART, BrokerCore
 from controller.broker.curve import Gate, ensure_run_keys
 from controller.contracts import protocol as P
-from controller.contracts.fileio import atomic_write
-from controller.contracts.keys import key_file_of, private_dir
+from controller.ondisk.fileio import atomic_write
+from controller.ondisk.keys import key_file_of, private_dir
 from controller.store.catalog import Catalog
 from controller.store.faults import AFTER_REPLY, BEFORE_REPLY, FaultHook, no_fault
 from controller.store.queue import RolloutQueue

@@ -25,8 +25,8 @@ import os
 import sys
 from pathlib import Path
 
-from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 from controller.contracts.tasks import BudgetError, Budgets
+from controller.ondisk.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 from nodeagent.agent.daemon import SANDBOX_BACKENDS, EndpointFile, serve
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 

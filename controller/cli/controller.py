@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from controller.broker import daemon
 from controller.broker.config import BrokerConfig, load
-from controller.contracts.keys import KEY_FILE, KeyFileError
+from controller.ondisk.keys import KEY_FILE, KeyFileError
 from controller.store.replica import ReplicaError
 
 _DEFAULTS = BrokerConfig()

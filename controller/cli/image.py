@@ -4,7 +4,7 @@ Thin: parses arguments, calls layers.build / layers.store / layers.sif, renders 
 Operating errors (a foreign, corrupt or non-squashfs file, a failed build) print one line to
 stderr and return exit code 2.
 
-Must not import: zmq, controller.* other than controller.contracts.fileio (the atomic write).
+Must not import: zmq, controller.* other than controller.ondisk.fileio (the atomic write).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller.contracts.fileio import atomic_write_with
+from controller.ondisk.fileio import atomic_write_with
 from layers import build
 from layers.sif import (
     ARCH_CODES,

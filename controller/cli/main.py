@@ -14,7 +14,7 @@
 `COMMANDS` maps each command to the module that registers it. `paddock <command> ...` imports
 only that module, so a daemon or a quick command does not load every library (DuckDB, the
 sandbox runtime, datasketch/scipy); `paddock --help` and `build_parser()` load them all
-(tests/test_cli_help.py checks that `COMMANDS` and the modules' commands agree).
+(tests/cli/test_cli_help.py checks that `COMMANDS` and the modules' commands agree).
 
 An unknown option prints the usage of the subcommand it was given to (`paddock tasks list
 --x` prints `usage: paddock tasks list ...`) and exits 2, as every usage error does.

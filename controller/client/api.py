@@ -40,8 +40,8 @@ import zmq.asyncio
 
 from controller.contracts import protocol as P
 from controller.contracts import states as S
-from controller.contracts.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 from controller.contracts.protocol import BandRequest  # noqa: F401 - re-exported for trainers
+from controller.ondisk.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
 
 
 class ClientError(Exception):

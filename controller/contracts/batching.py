@@ -9,7 +9,7 @@ The fast paths (`FAST_BODY`, `FAST_BUILD`, used by codec.py): a lease and a resu
 rollout, alone or in a batch, built and parsed by hand. Each accepts only the plain common
 case and returns None for anything else, which then takes the codec's generic path (and its
 precise error); they change the cost, never what is accepted or the JSON's meaning
-(tests/test_protocol.py pins the bytes and checks both paths agree). Documented in
+(tests/contracts/test_protocol.py pins the bytes and checks both paths agree). Documented in
 docs/protocol.md ("Batches").
 
 No I/O. Must not import: zmq, sqlite3, socket, subprocess, Paddock other than controller.contracts,
@@ -144,7 +144,7 @@ def split(msg: Message) -> list[Message]:
 # batch). Each accepts only the plain common case -- every field of exactly its type, within
 # its bounds -- and returns None for anything else, which then takes the generic path (and
 # its precise error). So they change the cost, never what is accepted or the JSON's meaning;
-# tests/test_protocol.py checks both paths agree.
+# tests/contracts/test_protocol.py checks both paths agree.
 # --------------------------------------------------------------------------------------
 
 _RESULT_KEYS = frozenset(("rollout_id", "attempt", "token", "outcome", "reward", "shards",

@@ -4,8 +4,10 @@ Builds (or reuses) the built-in image, starts the scripted policy server, a cont
 and N node-agent processes linked by ZeroMQ, then a small trainer submits one batch per policy
 version, reads the committed trajectories back with DuckDB, updates the policy by REINFORCE and
 publishes the next version through the controller. Ends with a DuckDB summary of the run.
-`train` and `wait_file` are shared with the Slurm head step (slurm/jobsteps.py). The command
-line is controller/cli/run.py; the daemons are started as `python -m controller.cli controller|agent`.
+The run is assembled as the Slurm head step assembles its own (controller/farm/assemble.py: the
+run directory, the task index, the controller's and agents' command lines, the stop), with the
+node agents as child processes instead of job steps. `train` is also the Slurm job's built-in
+trainer (controller/demo/builtin_trainer.py). The command line is controller/cli/run.py.
 
 Must not import: slurm, controller.cli (this is a library of the CLI's `paddock run`).
 """
@@ -17,7 +19,6 @@ import math
 import os
 import random
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, fields
@@ -29,33 +30,36 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from controller.analysis.defences import CHEATS
 from controller.analysis.query import connect, print_summary, summary
-from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
-from controller.contracts.keys import key_file_of, private_dir
 from controller.contracts.safeload import ParseLimitError, load_yaml
-from controller.contracts.taskblobs import write_tasks_file
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
 from controller.demo.trainer import Sample, ScriptedPolicyTrainer, probabilities, strategy_from_plan
 from controller.demo.web_policy import WebPlayer
-from controller.taskbank.bank import TaskBank
-from controller.taskbank.blobs import blob_root, publish
-from controller.taskbank.builtin import TASKSET_NAME, builtin_taskset
-from controller.taskbank.conversational import TASKSET_NAME as CONVERSATIONAL_NAME
-from controller.taskbank.conversational import conversational_taskset, validate_conversational
+from controller.farm.assemble import (
+    COMPACT_EVERY,
+    ENDPOINT_FILE,
+    HEALTH_DIR_ENV,
+    agent_argv,
+    controller_argv,
+    load_taskset,
+    open_run_dir,
+    spawn,
+    stop_farm,
+    task_images,
+    validation_cache_dir,
+    wait_file,
+    write_run_files,
+)
+from controller.ondisk.keys import key_file_of
+from controller.taskbank.conversational import validate_conversational
 from controller.taskbank.curriculum import Curriculum, CurriculumConfig
-from controller.taskbank.webtasks import TASKSET_NAME as WEB_TASKSET_NAME
-from controller.taskbank.webtasks import web_taskset
-from layers.builtin import default_store_root, ensure_browser_image, ensure_builtin_image
-from layers.store import ImageNotFound, ImageStore
+from layers.builtin import default_store_root, ensure_builtin_image
+from layers.store import ImageStore
 
 log = logging.getLogger(__name__)
 
-
-COMPACT_EVERY = 20_000    # commits between automatic compactions of a run's shards
-HEALTH_DIR_ENV = "PADDOCK_HEALTH_DIR"   # the node agent's health stream directory (nodeagent/agent/health.py)
-PADDOCK_CLI = (sys.executable, "-m", "controller.cli")   # the daemons run as `paddock controller|agent`
 
 
 class ConfigError(ValueError):
@@ -132,10 +136,8 @@ class RunConfig:
         return cls(**data)
 
 
-BUILTIN_IMAGE = "builtin:python"
 LOCAL_FAMILIES = ("python", "math", "conversational")     # what the local run's scripted policy can play
 PLAYER_FAMILIES = ("web",)              # ... with its own players (controller/demo/web_policy.py)
-BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
 
 
@@ -163,78 +165,6 @@ def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
         raise TaskError(f"policy script {policy_script} has no variants for task {missing[0]!r} "
                         f"({len(missing)} swe tasks lack one)")
     return {**web, "swe": SwePlayer(script)}
-
-
-def load_taskset(name: str, bank: str = ""):
-    """The built-in task set ("builtin"), or task set `name` from the task bank at `bank`."""
-    if name in ("builtin", TASKSET_NAME):
-        return builtin_taskset()
-    if name in ("conversational", CONVERSATIONAL_NAME):
-        return conversational_taskset()
-    if name in ("builtin-web", WEB_TASKSET_NAME):
-        return web_taskset()
-    return TaskBank(bank or None).load_set(name)
-
-
-def task_images(taskset, store) -> dict[str, tuple[str, Path]]:
-    """Task id -> (image digest, SIF path) for every task of the set: `builtin:python` is built
-    or reused; `sha256:<hex>` must already be in `store` (`paddock image build ... --store`).
-    TaskError names the task and the image it lacks."""
-    out: dict[str, tuple[str, Path]] = {}
-    resolved: dict[str, tuple[str, Path]] = {}
-    for t in taskset.tasks:
-        if t.image not in resolved:
-            if t.image == BUILTIN_IMAGE:
-                resolved[t.image] = ensure_builtin_image(store)
-            elif t.image == BROWSER_IMAGE:
-                resolved[t.image] = ensure_browser_image(store)
-            elif t.image.startswith("sha256:"):
-                try:
-                    resolved[t.image] = (t.image, store.get(t.image))
-                except ImageNotFound:
-                    raise TaskError(f"task {t.name!r}: image {t.image} is not in the image store at "
-                                    f"{store.root}; build it there with `paddock image build SRC --store "
-                                    f"{store.root}`") from None
-            else:
-                raise TaskError(f"task {t.name!r}: image {t.image!r} is neither {BUILTIN_IMAGE!r} nor "
-                                f"'sha256:<digest>' of an image in the store")
-        out[t.task_id] = resolved[t.image]
-    return out
-
-
-def lease_tasks(taskset, images: str | dict[str, tuple[str, Path]]) -> dict[str, dict]:
-    """Task ref (name and id) -> the task dict a lease carries to a node agent. `images`: one
-    image digest for every task, or `task_images()`."""
-    out = {}
-    for t in taskset.tasks:
-        d = t.canonical()
-        digest = images if isinstance(images, str) else images[t.task_id][0]
-        d.update(task_id=t.task_id, image_digest=digest, taskset_hash=taskset.manifest_hash,
-                 split="heldout" if t.task_id in taskset.heldout else "train")
-        out[t.task_id] = d
-        out[t.name] = d
-    return out
-
-
-def wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {proc.returncode} before starting; see its log")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not start within {timeout_s}s")
-        time.sleep(0.05)
-    return path.read_text().strip()
-
-
-def validation_cache_dir(store_root: Path) -> Path:
-    """Where task validations are cached: next to the images when this user may write there (one
-    cache for everyone sharing the store), else in the user's own cache directory (a shared store
-    an admin keeps read-only for ordinary users)."""
-    shared = store_root / "validation"
-    if os.access(shared if shared.is_dir() else store_root, os.W_OK):
-        return shared
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "paddock" / "validation"
 
 
 def node_capacity() -> dict[str, float]:
@@ -266,12 +196,6 @@ def check_task_limits(taskset, names: list[str], capacity: dict[str, float]) -> 
             if key in ("memory_mb", "cpu") and value > capacity[key]:
                 raise ConfigError(f"config key 'taskset': task {t.name!r} asks for limits.{key} = {value:g}, "
                                   f"more than this machine has ({capacity[key]:g})")
-
-
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    f = open(log_path, "ab")
-    return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env={**os.environ, **(env or {})})
 
 
 def _validate(taskset, names, validate, images, store, run_dir: Path, cfg, console) -> list[str]:
@@ -331,52 +255,39 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
     run_dir = (Path(cfg.runs_dir) / run_id).resolve()
     Path(cfg.runs_dir).mkdir(parents=True, exist_ok=True)
     run_dir.mkdir()
-    private_dir(run_dir)  # 0700: hidden tests, rewards and the run's keys are the owner's
-    key_file = key_file_of(run_dir)
-    ensure_run_keys(key_file)  # before any daemon: every peer loads it
-    (run_dir / "logs").mkdir()
-    write_tasks_file(run_dir / "tasks.json", publish(taskset, images, blob_root(cfg.bank, taskset, run_dir)))
-    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "taskset": taskset.name,
-                                                  "taskset_hash": taskset.manifest_hash, "image": digest,
-                                                  "config": asdict(cfg),
-                                                  "curriculum": asdict(local_curriculum_config(cfg))}, indent=2))
+    key_file = open_run_dir(run_dir)   # 0700, logs/, the run's keys: before any daemon
+    write_run_files(run_dir, taskset, images, cfg.bank, {
+        "run_id": run_id, "taskset": taskset.name, "taskset_hash": taskset.manifest_hash, "image": digest,
+        "config": asdict(cfg), "curriculum": asdict(local_curriculum_config(cfg))})
     names = _validate(taskset, names, validate, images, store, run_dir, cfg, console)
     deployment = f"local-{run_id}"
     procs: list[subprocess.Popen] = []
     with PolicyServer(taskset, players=players) as policy:
         try:
-            ctl = _spawn([*PADDOCK_CLI, "controller", "--deployment", deployment,
-                          "--run-dir", str(run_dir), "--tasks-json", str(run_dir / "tasks.json"),
-                          "--endpoint-file", str(run_dir / "controller.endpoint"),
-                          "--key-file", str(key_file),
-                          "--heartbeat-interval-s", str(cfg.heartbeat_interval_s),
-                          "--lease-ttl-s", str(cfg.lease_ttl_s), "--compact-every", str(cfg.compact_every),
-                          *(["--metrics-port", str(cfg.metrics_port)] if cfg.metrics_port is not None else [])],
-                         run_dir / "logs" / "controller.log")
+            ctl = spawn(controller_argv(run_dir, deployment, cfg.heartbeat_interval_s, lease_ttl_s=cfg.lease_ttl_s,
+                                        compact_every=cfg.compact_every, metrics_port=cfg.metrics_port),
+                        run_dir / "logs" / "controller.log")
             procs.append(ctl)
-            endpoint = wait_file(run_dir / "controller.endpoint", ctl, cfg.start_timeout_s, "controller")
-            metrics_file = run_dir / "controller.endpoint.metrics"
+            endpoint = wait_file(run_dir / ENDPOINT_FILE, ctl, cfg.start_timeout_s, "controller")
+            metrics_file = run_dir / (ENDPOINT_FILE + ".metrics")
             if metrics_file.exists():     # written before the endpoint
                 console.print(f"metrics {metrics_file.read_text().strip()}")
             # each agent appends its health samples to <run>/health/<node>.jsonl (`paddock health`)
             health_env = {HEALTH_DIR_ENV: str(run_dir / "health")}
             for i in range(cfg.agents):
-                procs.append(_spawn([*PADDOCK_CLI, "agent", "--node", f"local-{i + 1}",
-                                     "--controller", endpoint, "--key-file", str(key_file),
-                                     "--endpoint-file", str(run_dir / "controller.endpoint"),
-                                     "--deployment", deployment,
-                                     "--slots", str(cfg.slots_per_agent), "--image-store", str(store.root),
-                                     "--subid-share", f"{i}/{cfg.agents}",
-                                     "--heartbeat-interval-s", str(cfg.heartbeat_interval_s)],
-                                    run_dir / "logs" / f"agent-{i + 1}.log",
-                                    # the node's judge and user_sim services: the policy server's scripted ones
-                                    env={**health_env, **{k: os.environ.get(k, policy.url) for k in
-                                                          ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}}))
+                procs.append(spawn(agent_argv(run_dir, f"local-{i + 1}", endpoint, deployment,
+                                              slots=cfg.slots_per_agent, image_store=str(store.root),
+                                              subid_share=f"{i}/{cfg.agents}",
+                                              heartbeat_interval_s=cfg.heartbeat_interval_s),
+                                   run_dir / "logs" / f"agent-{i + 1}.log",
+                                   # the node's judge and user_sim services: the policy server's scripted ones
+                                   env={**health_env, **{k: os.environ.get(k, policy.url) for k in
+                                                         ("PADDOCK_JUDGE_ENDPOINT", "PADDOCK_USER_SIM_ENDPOINT")}}))
             console.print(f"controller {endpoint}, {cfg.agents} node agents, policy server {policy.url}")
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
-            _stop(procs, endpoint if (run_dir / "controller.endpoint").exists() else None, deployment,
-                  key_file)
+            stop_farm(procs, endpoint if (run_dir / ENDPOINT_FILE).exists() else None, deployment,
+                      key_file, "run finished")
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
 
@@ -460,25 +371,3 @@ def _record_outcomes(curriculum, con, batch_id: str) -> None:
         "WHERE r.batch_id = ? GROUP BY ALL", [batch_id]).fetchall()
     for rollout_id, task_id, version, outcome, solution in rows:
         curriculum.record(task_id, version, outcome, solution, rollout_id)
-
-
-def _stop(procs: list[subprocess.Popen], endpoint: str | None, deployment: str,
-          key_file: Path) -> None:
-    if endpoint:
-        try:
-            with Client(endpoint, deployment, timeout_s=5, retries=1, key_file=key_file) as c:
-                c.shutdown("run finished")
-        except Exception as exc:  # the controller may already be gone
-            log.warning("controller shutdown request failed: %s", exc)
-    deadline = time.monotonic() + 30
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-    os.sync()

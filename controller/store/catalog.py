@@ -41,8 +41,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from controller.contracts.fileio import atomic_write_with, fsync_dir
 from controller.contracts.shardnames import SHARD_TABLES, shard_suffix
+from controller.ondisk.fileio import atomic_write_with, fsync_dir
 from controller.store.faults import CATALOG_AFTER_LINK, CATALOG_BEFORE_LINK, FaultHook, no_fault
 
 if TYPE_CHECKING:

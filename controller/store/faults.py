@@ -2,7 +2,7 @@
 
 A `FaultHook` is a callable taking a point's name; the queue, the catalog and the daemon loop
 call it at each step where a crash would leave a distinct state on disk. In production it is
-`no_fault` (does nothing). tests/test_crash.py installs a hook that kills the process
+`no_fault` (does nothing). tests/broker/test_crash.py installs a hook that kills the process
 (`os._exit`) at one chosen point, restarts the controller on the same files and checks that
 the catalog shows exactly what the queue committed.
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from controller.contracts.fileio import atomic_write, fsync_dir
+from controller.ondisk.fileio import atomic_write, fsync_dir
 
 log = logging.getLogger(__name__)
 

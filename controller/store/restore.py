@@ -53,7 +53,7 @@ def restore_run(replica_dir: str | os.PathLike, to: str | os.PathLike,
     if to.exists() and any(to.iterdir()):
         raise ReplicaError(f"restore target {to} is not empty: restore into a new directory")
     to.mkdir(parents=True, exist_ok=True)
-    os.chmod(to, 0o700)  # a run directory is the owner's (controller/contracts/keys.py)
+    os.chmod(to, 0o700)  # a run directory is the owner's (controller/ondisk/keys.py)
     ledger = restore_ledger(replica, to / DB_NAME, at)
     queue = RolloutQueue(to / DB_NAME)
     try:

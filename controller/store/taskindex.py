@@ -1,6 +1,6 @@
 """The task set's references on disk, read when a lease needs one: `TaskIndex`.
 
-A run's tasks file (`tasks.json`, `controller.contracts.taskblobs.write_tasks_file`) lists
+A run's tasks file (`tasks.json`, `controller.ondisk.taskblobs.write_tasks_file`) lists
 every task's small lease reference; held whole in a dict, 1.2 million of them cost about
 1.7 GB and half a minute before the first lease. `build(tasks_json)` writes an SQLite file
 beside it once (streamed, a chunk of entries at a time; `tasks.json.index`), keyed by
@@ -23,7 +23,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence
 
-from controller.contracts.taskblobs import NotOneEntryPerLine, check_reference, iter_tasks_chunks, load_tasks_file
+from controller.ondisk.taskblobs import NotOneEntryPerLine, check_reference, iter_tasks_chunks, load_tasks_file
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from typing import Any, Iterable
 
 import yaml
 
-from controller.contracts.fileio import atomic_write
 from controller.contracts.safeload import Bounds, ParseLimitError, load_yaml
 from controller.contracts.tasks import SPLITS, Budgets, Limits, Task, TaskError, TaskSet
+from controller.ondisk.fileio import atomic_write
 
 TASK_FILE = "task.yaml"
 FILES_DIR = "files"

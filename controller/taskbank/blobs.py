@@ -1,7 +1,7 @@
 """Publishing a task set for a run: task content as blobs on shared storage, leases by reference.
 
 `publish(taskset, images, blob_root)` writes each task's content once (content-addressed:
-`controller.contracts.taskblobs`) and returns the tasks file (`tasks.json` of the run dir:
+`controller.ondisk.taskblobs`) and returns the tasks file (`tasks.json` of the run dir:
 task ref, by id and by name, -> the small reference a lease carries). A task whose content is
 over `max_blob_bytes` is refused here, naming it. `blob_root(bank, taskset, run_dir)` says where
 a run publishes: `<bank>/blobs` for a set stored in the bank, shared by every run of the bank (a
@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controller.contracts.taskblobs import MAX_BLOB_BYTES, canonical_bytes, reference, write_blob
 from controller.contracts.tasks import TaskError
+from controller.ondisk.taskblobs import MAX_BLOB_BYTES, canonical_bytes, reference, write_blob
 from controller.taskbank.bank import TaskBank
 
 BLOBS_DIR = "blobs"

@@ -10,7 +10,7 @@ The farm's coordinates come from the environment: PADDOCK_RUN_DIR (the client fi
 controller through RUN_DIR/controller.endpoint, and follows it if the controller restarts on
 another port), PADDOCK_DEPLOYMENT, PADDOCK_TASKS (comma-separated task refs),
 TRAINER_CHECKPOINT (default ./trainer-checkpoint.json) and TRAINER_STEPS (default 3).
-Tested by tests/test_client.py (killed at random moments, restarted until done).
+Tested by tests/client/test_client.py (killed at random moments, restarted until done).
 """
 import json
 import os

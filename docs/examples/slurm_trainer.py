@@ -18,7 +18,7 @@ import sys
 
 from controller.client import BandRequest, Client
 from controller.demo.policy_server import PolicyServer
-from controller.demo.localrun import load_taskset
+from controller.farm.assemble import load_taskset
 
 
 class EndOfTime(Exception):

@@ -3,6 +3,6 @@ simulation drives), the daemon around it (daemon.py: DEALER socket, slot threads
 health samples (health.py), the attempt pipeline (attempt.py: sandbox -> harness -> verifier
 -> shards) and its version (version.py).
 
-May import: controller.contracts, nodeagent.*, layers. Must not import: controller
-other than controller.contracts (its argparse front is controller/cli/agent.py).
+May import: controller.contracts, controller.ondisk, nodeagent.*, layers. Must not import: controller
+other than controller.contracts and controller.ondisk (its argparse front is controller/cli/agent.py).
 """

@@ -61,11 +61,12 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from controller.contracts.fileio import atomic_write, utc_now
+from controller.contracts.clock import utc_now
 from controller.contracts.network import PolicyError
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
+from controller.ondisk.fileio import atomic_write
 from layers.store import ImageStore
 from nodeagent.agent.core import Attempt, AttemptResult
 from nodeagent.agent.guard import AttemptGuard, Deadlines, GuardedRuntime

@@ -8,7 +8,7 @@ finished attempts -> the core; `core.tick()`; then the core's outbox goes out (a
 in it: a fresh socket, Paranoid Pirate) and its new attempts go to the slot threads.
 
 The socket is a CURVE client with the run's keys (`keys=`, read from `RUN/controller.key` by
-the command line; controller/contracts/keys.py); only `insecure=True` connects in plain text.
+the command line; controller/ondisk/keys.py); only `insecure=True` connects in plain text.
 With an `endpoint_file`, `EndpointFile` is the core's watch: while the controller is silent it
 looks at the file's (inode, mtime) each heartbeat, and a monitor of the socket tells the core
 the moment the controller's connection drops (`AgentCore.connection_lost`: a killed
@@ -19,7 +19,7 @@ file (two heartbeats when its host vanished without closing the connection), and
 
 `serve(...)` is the entry point with plain arguments (`paddock agent`, controller/cli/agent.py):
 it starts the sandbox runtime (or a no-op runner), runs the agent, and turns SIGTERM into a
-drain. Must not import: controller.* other than controller.contracts (not controller.cli).
+drain. Must not import: controller.* other than controller.contracts and controller.ondisk (not controller.cli).
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ import psutil
 import zmq
 
 from controller.contracts import protocol as P
-from controller.contracts.keys import RunKeys
 from controller.contracts.tasks import Budgets
+from controller.ondisk.keys import RunKeys
 from nodeagent.agent.attempt import run_attempt
 from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, EndpointNews
 from nodeagent.agent.health import sampler_for

@@ -1,6 +1,6 @@
 """The node's task cache: a reference lease's content fetched by digest, verified, kept.
 
-A lease names its task by reference (`controller.contracts.taskblobs`): `blob = {"root",
+A lease names its task by reference (`controller.ondisk.taskblobs`): `blob = {"root",
 "digest", "bytes"}` on shared storage. `TaskCache.resolve(task)` returns the full `LeaseTask`:
 from the node's cache directory if this node fetched it before, else read from the shared
 root, its SHA-256 checked against the digest, copied into the cache (atomically) and decoded.
@@ -22,9 +22,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
 
-from controller.contracts.fileio import atomic_write
-from controller.contracts.taskblobs import blob_path, read_blob
 from controller.contracts.tasks import LeaseTask, TaskError
+from controller.ondisk.fileio import atomic_write
+from controller.ondisk.taskblobs import blob_path, read_blob
 from layers.store import ImageStore, ImageStoreError
 
 CACHE_ENV = "PADDOCK_TASK_CACHE"

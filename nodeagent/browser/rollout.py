@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from controller.contracts.browser_tools import BrowserBudgets
-from controller.contracts.fileio import atomic_write
 from controller.contracts.tools import ToolSetError
+from controller.ondisk.fileio import atomic_write
 from nodeagent.browser.session import BrowserSession, BrowserStartError
 from nodeagent.harness.browser_tools import BrowserToolbox
 from nodeagent.harness.loop import AgentResult, run_agent

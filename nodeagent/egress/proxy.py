@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 import psutil
 
-from controller.contracts.fileio import utc_now
+from controller.contracts.clock import utc_now
 from controller.contracts.network import HostError, Policy, normalize_host, parse_policy
 from nodeagent.egress.policy import (
     PUBLIC,

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from controller.contracts.fileio import utc_now
+from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
 from nodeagent.gateway.upstream import KeepAliveModel

@@ -21,7 +21,7 @@ import shlex
 import time
 from typing import Callable
 
-from controller.contracts.fileio import utc_now
+from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.harness.loop import AgentResult
 from nodeagent.sandbox.runtime import Sandbox

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from controller.contracts.fileio import utc_now
+from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.harness.faults import ToolFaults, faulted_result
 from nodeagent.harness.model import (

@@ -4,7 +4,7 @@ A node agent calls `write_attempt` once an attempt has finished (verified or fai
 are checked against the schemas of `controller.contracts.trajectory` (one per table); every child row (steps, checks, spans, egress) gets the rollout
 row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
 or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
-`SchemaError` naming the table and the column. Each shard is written to a `.tmp` name (`controller.contracts.fileio`) in its
+`SchemaError` naming the table and the column. Each shard is written to a `.tmp` name (`controller.ondisk.fileio`) in its
 table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
 the `*.parquet` glob never matches a file being written.
 
@@ -29,7 +29,6 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from controller.contracts.fileio import atomic_write_with
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import (
     JSON_COLUMNS,
@@ -42,6 +41,7 @@ from controller.contracts.trajectory import (
     TRACE_SAMPLE_DECISIONS,
     shard_name,
 )
+from controller.ondisk.fileio import atomic_write_with
 from nodeagent.store import tracing
 
 log = logging.getLogger(__name__)

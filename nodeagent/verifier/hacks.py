@@ -2,7 +2,7 @@
 
 `family_hacks(task, sol, stub, entry, helpers)` returns {name: files} (files: rel path under
 /work -> text, or None to delete). Task validation (`controller.taskbank.validation`) grades each
-and quarantines a task on which any earns reward; tests/test_grading_attacks.py runs them against
+and quarantines a task on which any earns reward; tests/verifier/test_grading_attacks.py runs them against
 the real verifier. The families: the test namespace filled from the agent's module (star
 import), /work modules shadowing what pytest imports, helpers from the prompt redefined,
 test randomness patched, in-process forgery (the plugin's emitter, the key from a closure or a

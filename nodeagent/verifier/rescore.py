@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from controller.contracts import taskblobs
-from controller.contracts.fileio import utc_now
+from controller.contracts.clock import utc_now
+from controller.ondisk import taskblobs
 from nodeagent.sandbox.runtime import SandboxError, tar_to_changes
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier.validate import sandbox_layers

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from controller.contracts.fileio import atomic_write
+from controller.ondisk.fileio import atomic_write
 from layers.store import ImageNotFound, ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.sandbox.setuplayer import ensure_setup_layer

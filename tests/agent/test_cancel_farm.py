@@ -17,7 +17,7 @@ from controller.broker.daemon import Controller
 from controller.client.api import Client
 from controller.contracts import protocol as P
 from controller.contracts.errors import LocalProtocolError
-from controller.contracts.keys import read_key_file
+from controller.ondisk.keys import read_key_file
 from controller.store.queue import RolloutQueue
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.daemon import NodeAgent

@@ -7,7 +7,7 @@ dictionary mixed in). Properties checked on every input:
 3. nor a hedge that offers it next to a different value (`7 \\lor v`, `x=7, x=v`, `7 (or v)`,
    `v = 7`, `7 \\approx v`, a `cases` block, a nested box), after any fuzzed prefix.
 Run alone:  python tests/fuzz/fuzz_math_answers.py -atheris_runs=2000
-(`tests/test_math_fuzz.py` runs it for a bounded number of iterations in CI.)
+(`tests/fuzz/test_math_fuzz.py` runs it for a bounded number of iterations in CI.)
 Must not import zmq or the controller.
 """
 from __future__ import annotations

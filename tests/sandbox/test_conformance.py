@@ -1,7 +1,7 @@
 """The sandbox interface's contract (nodeagent/sandbox/interface.py), run against every backend so
 they cannot drift: native always; Apptainer where `apptainer` is on PATH (skipped otherwise, with
 the reason). Backend-specific behaviour (mounts, id slices, cgroups, the holder; command lines)
-stays in tests/test_sandbox.py, tests/sandbox/test_*.py and tests/test_apptainer.py."""
+stays in tests/sandbox/test_sandbox.py, tests/sandbox/test_*.py and tests/sandbox/test_apptainer.py."""
 from __future__ import annotations
 
 import os

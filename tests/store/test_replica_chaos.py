@@ -1,4 +1,4 @@
-"""The black-box chaos run of tests/test_chaos.py (a controller, three node agents and a
+"""The black-box chaos run of tests/broker/test_chaos.py (a controller, three node agents and a
 resumable trainer in separate processes, each killed -9 and restarted on a seeded schedule,
 agents frozen past their lease TTL) with the controller replicating to another filesystem.
 After the run: the ledger restored from the replica holds exactly the rollouts the queue
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from controller.store import replica as R
-from tests import test_chaos
+from tests.broker import test_chaos
 
 FINAL = "SELECT rollout_id, state, attempt, token FROM rollouts ORDER BY rollout_id"
 

@@ -4,7 +4,7 @@
 (`$PADDOCK_NATIVE_DIR`, else `$XDG_CACHE_HOME/paddock/native`, else `~/.cache/paddock/native`),
 where `<hash>` covers the source and the compiler flags: an edited source gets a new binary,
 a stale one is never run (and is removed once the new one is in place). It is compiled into a
-temporary name and renamed into place with mode 0755 (`controller.contracts.fileio.
+temporary name and renamed into place with mode 0755 (`controller.ondisk.fileio.
 atomic_write_with`, whose temporary name is per process; within one process builds take turns),
 so concurrent first uses (several agents on a node, several threads) never see a partial file. A missing compiler
 is a `NativeBuildError` naming the packages to install; `scripts/setup.sh` builds it ahead.
@@ -13,8 +13,8 @@ The node agent opens the binary once and hands the open file to its node holder,
 it through `/proc/self/fd/N`: the sandbox's ids need no access to the cache directory.
 `fuse_shim()` builds `fuseshim.c` the same way (`paddock-fuseshim-<hash>.so`), a library the
 holder preloads into its squashfuse_ll daemons through `/proc/self/fd/N` likewise.
-Standard library and controller.contracts.fileio only. Must not import: zmq, controller
-other than controller.contracts, nodeagent other than nodeagent.sandbox.native.
+Standard library and controller.ondisk.fileio only. Must not import: zmq, controller
+other than controller.contracts and controller.ondisk, nodeagent other than nodeagent.sandbox.native.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from controller.contracts.fileio import atomic_write_with
+from controller.ondisk.fileio import atomic_write_with
 
 SOURCE = Path(__file__).with_name("sbxinit.c")
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-static")   # static: a spare starts in half the CPU
