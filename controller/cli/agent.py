@@ -33,7 +33,6 @@ from nodeagent.agent.daemon import EndpointFile, serve
 from nodeagent.sandbox.config import RuntimeConfig
 from nodeagent.sandbox.runtime import SandboxError, subid_range
 
-
 _DEFAULTS = AgentConfig()
 
 

@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import psutil
 import zmq
