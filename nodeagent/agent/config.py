@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S, LIVENESS
 from controller.contracts.tasks import Budgets
 
 SANDBOX_BACKENDS = ("native", "apptainer")
@@ -30,8 +31,8 @@ _AT_LEAST_1 = ("slots", "liveness")
 @dataclass(frozen=True)
 class AgentConfig:
     slots: int = 2  # rollouts run at once (the credit of a fresh agent)
-    heartbeat_interval_s: float = 1.0  # the agent's heartbeats, and its liveness unit
-    liveness: int = 5  # silent intervals (plus the backoff) before the agent reconnects
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S  # the agent's heartbeats, and its liveness unit
+    liveness: int = LIVENESS  # silent intervals (plus the backoff) before the agent reconnects
     drain_deadline_s: float = 60.0  # on a drain: how long running attempts may take to finish
     backoff_max_s: float = 2.0  # the reconnect backoff doubles from an interval up to this
     give_up_s: Optional[float] = None  # never welcomed this long after the start: stop (None: never)

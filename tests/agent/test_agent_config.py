@@ -12,8 +12,10 @@ import sys
 
 import pytest
 
+from controller.broker.config import BrokerConfig
 from controller.cli.agent import add_arguments
 from controller.contracts import protocol as P
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S, LIVENESS
 from controller.contracts.tasks import BudgetError
 from nodeagent.agent.config import AgentConfig, with_knobs
 from nodeagent.agent.core import ENDED, PHASES, AgentCore, Phase
@@ -80,6 +82,12 @@ def test_the_core_the_daemon_and_the_command_line_share_one_default_per_knob():
     for key in ("slots", "heartbeat_interval_s", "drain_deadline_s", "give_up_s", "image_store", "noop_s",
                 "sandbox"):
         assert getattr(args, key) == getattr(defaults, key), key
+
+
+def test_both_ends_start_from_the_same_liveness_defaults():
+    agent, broker = AgentConfig(), BrokerConfig()
+    assert (agent.heartbeat_interval_s, agent.liveness) == (broker.heartbeat_interval_s, broker.liveness) == (
+        HEARTBEAT_INTERVAL_S, LIVENESS)
 
 
 def test_single_knobs_replace_fields_of_a_given_config():
