@@ -19,7 +19,8 @@ file (two heartbeats when its host vanished without closing the connection), and
 
 `serve(...)` is the entry point (`paddock agent`, controller/cli/agent.py, builds its
 `AgentConfig` and `RuntimeConfig` from the flags): it starts the sandbox runtime (or a no-op
-runner), runs the agent, and turns SIGTERM into a drain. Must not import: controller.* other than controller.contracts (not controller.cli).
+runner), runs the agent, and turns SIGTERM into a drain. Must not import: controller.* other
+than controller.contracts (not controller.cli).
 """
 from __future__ import annotations
 
@@ -396,8 +397,8 @@ def serve(node: str, controller: str, deployment: str, config: AgentConfig = Age
     `config.noop_s`, attempts run in sandboxes of images from `config.image_store` (required),
     made by the `config.sandbox` backend: "native" (SandboxRuntime, with `runtime_config`) or
     "apptainer" (nodeagent.sandbox.apptainer, for sites whose policy requires it); at most
-    `config.warm_pool` of them wait ready (nodeagent.agent.warmpools; None: two per slot; 0: off). `keys` (unless
-    `insecure`), `endpoint_file`: see NodeAgent."""
+    `config.warm_pool` of them wait ready (nodeagent.agent.warmpools; None: two per slot; 0:
+    off). `keys` (unless `insecure`), `endpoint_file`: see NodeAgent."""
     if keys is None and not insecure:
         raise ValueError("serve: the run's keys are required (unless insecure)")
     runtime, runner = None, None
