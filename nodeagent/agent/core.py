@@ -53,6 +53,10 @@ Rules:
   (nodeagent/agent/guard.py): it kills the attempt's sandboxes and model calls within a
   second. `cancelled` counts the attempts stopped, by code.
 
+The registration is a second table (`LINKS`, checked likewise): new -> registering ->
+registered <-> reregistering (`welcomed`: registered or reregistering; `awaiting_welcome`:
+registering or reregistering).
+
 Messages are dispatched by one table, type -> handler (`_message_table`, built once); a type
 the agent does not take is ignored. Knobs: one `AgentConfig` (nodeagent/agent/config.py).
 
@@ -178,6 +182,25 @@ PHASES: dict[Phase, frozenset[Phase]] = {
 }
 
 
+class Link(str, enum.Enum):
+    """The registration with the controller: `registering` until the first welcome, then
+    `registered`, `reregistering` after each new `register` (a reconnect, a new endpoint, an
+    unsolicited welcome) until the next welcome."""
+    NEW = "new"
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    REREGISTERING = "reregistering"
+
+
+LINKS: dict[Link, frozenset[Link]] = {
+    # (a welcome before the first registration makes the agent register as one welcomed)
+    Link.NEW: frozenset({Link.REGISTERING, Link.REREGISTERING}),
+    Link.REGISTERING: frozenset({Link.REGISTERING, Link.REGISTERED}),
+    Link.REGISTERED: frozenset({Link.REREGISTERING}),
+    Link.REREGISTERING: frozenset({Link.REREGISTERING, Link.REGISTERED}),
+}
+
+
 class _Reconnect:
     """Outbox marker: close the socket, open a fresh one, send what follows on it."""
 
@@ -220,7 +243,6 @@ class AgentCore:
         # the controller's endpoint: the owner connects a RECONNECT's fresh socket to it
         self.agent_version, self.endpoint = agent_version, endpoint
         self.watch, self.give_up_s = watch, config.give_up_s
-        self.welcomed = False  # a welcome came at least once
         self.moves = 0  # endpoints taken from the watch
         self.hb_s, self.liveness = config.heartbeat_interval_s, config.liveness
         self.drain_deadline_s, self.backoff_max_s = config.drain_deadline_s, config.backoff_max_s
@@ -241,7 +263,7 @@ class AgentCore:
         self.drain_by: Optional[float] = None  # set once, when a drain starts
         self.session: Optional[str] = None
         self.peer_batches = False  # the controller sent a batch since we registered
-        self.awaiting_welcome = False
+        self.link = Link.NEW  # the registration's state (LINKS)
         self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
         self.cancelled: collections.Counter = collections.Counter()  # attempts stopped, by code
         self.last_rx = self.last_hb = 0.0
@@ -257,6 +279,19 @@ class AgentCore:
     def _enter(self, phase: Phase) -> None:
         assert phase in PHASES[self.phase], f"agent {self.node}: illegal phase {self.phase} -> {phase}"
         self.phase = phase
+
+    def _link(self, link: Link) -> None:
+        assert link in LINKS[self.link], f"agent {self.node}: illegal registration {self.link} -> {link}"
+        self.link = link
+
+    @property
+    def welcomed(self) -> bool:
+        """A welcome came at least once."""
+        return self.link in (Link.REGISTERED, Link.REREGISTERING)
+
+    @property
+    def awaiting_welcome(self) -> bool:
+        return self.link in (Link.REGISTERING, Link.REREGISTERING)
 
     def _end(self, phase: Phase) -> None:
         """The agent ends (`phase` one of ENDED); an agent already ended, or done, stays so
@@ -441,9 +476,10 @@ class AgentCore:
     def _send(self, msg: P.Message) -> None:
         self._outbox.append(msg)
 
-    def _register(self) -> None:
+    def _register(self, welcomed: bool = False) -> None:
+        """Register (again); `welcomed`: a welcome has just come (an unsolicited one)."""
         self.registrations += 1
-        self.awaiting_welcome = True
+        self._link(Link.REREGISTERING if welcomed or self.welcomed else Link.REGISTERING)
         self.peer_batches = False
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
@@ -502,13 +538,13 @@ class AgentCore:
 
     def _on_welcome(self, msg: P.Welcome) -> None:
         self.backoff_s = self.hb_s
-        self.welcomed = True
         if self.awaiting_welcome:
-            self.awaiting_welcome, self.session = False, msg.session
+            self._link(Link.REGISTERED)
+            self.session = msg.session
             self._resend_unacked(None)
         else:  # the controller does not know us (it restarted, or we were lost)
             log.info("unsolicited welcome (session %s): registering again", msg.session)
-            self._register()
+            self._register(welcomed=True)
 
     def _on_reject(self, msg: P.Reject) -> None:
         log.info("rejected: %s attempt %d token %d: %s", msg.rollout_id, msg.attempt,

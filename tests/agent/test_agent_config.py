@@ -18,7 +18,7 @@ from controller.contracts import protocol as P
 from controller.contracts.liveness import HEARTBEAT_INTERVAL_S, LIVENESS
 from controller.contracts.tasks import BudgetError
 from nodeagent.agent.config import AgentConfig, with_knobs
-from nodeagent.agent.core import ENDED, PHASES, AgentCore, Phase
+from nodeagent.agent.core import ENDED, LINKS, PHASES, RECONNECT, AgentCore, Link, Phase
 from nodeagent.agent.daemon import NodeAgent, noop_runner
 from tests.conftest import FakeClock
 
@@ -186,3 +186,26 @@ def test_a_message_the_agent_does_not_take_is_ignored_but_proves_the_controller_
     clock.advance(3.0)
     core.receive(P.Status())
     assert core.last_rx == clock.now and core.take_outbox() == [] and core.phase is Phase.SERVING
+
+
+def test_the_registration_is_a_state_table_a_reconnect_and_a_welcome_move_through():
+    clock = FakeClock()
+    core = AgentCore("n1", 2, DEP, clock=clock, heartbeat_interval_s=1.0, liveness=3, give_up_s=30.0)
+    assert core.link is Link.NEW and Link.REGISTERED not in LINKS[Link.NEW]
+    core.start()
+    assert core.link is Link.REGISTERING and core.awaiting_welcome and not core.welcomed
+    core.receive(P.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=3, session="s1"))
+    assert core.link is Link.REGISTERED and core.session == "s1" and core.welcomed and not core.awaiting_welcome
+    clock.advance(10.0)  # the controller is silent: a fresh socket and a new registration
+    core.tick()
+    assert RECONNECT in core.take_outbox() and core.link is Link.REREGISTERING and core.welcomed
+    clock.advance(25.0)  # past give_up_s from the start: an agent welcomed once never gives up
+    core.tick()
+    assert not core.gave_up
+    core.receive(P.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=3, session="s2"))
+    assert core.link is Link.REGISTERED and core.session == "s2"
+    core.take_outbox()
+    core.receive(P.Welcome(node="n1", heartbeat_interval_s=1.0, liveness=3, session="s3"))  # unsolicited
+    assert core.link is Link.REREGISTERING and [type(m) for m in core.take_outbox()] == [P.Register, P.Ready]
+    with pytest.raises(AssertionError, match="illegal registration"):
+        core._link(Link.REGISTERING)
