@@ -26,7 +26,7 @@ import time
 import uuid
 import zlib
 from collections import Counter
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, ClassVar, Iterable, Mapping, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.fencing import stale_leases
@@ -69,6 +69,8 @@ UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never rece
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
 RESYNC_EVERY_S = 60.0  # the lease mirror checked against the queue (kept up to date between)
+# An agent's messages but register and disconnect, from a peer not (or no longer) registered: welcomed to register
+_GREET_STRANGERS = frozenset({P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch, P.Release})
 
 
 class BrokerCore:
@@ -161,16 +163,15 @@ class BrokerCore:
             view.last_seen, view.last_seen_wall = self.clock(), self.wall()
             if view.state == LOST and not isinstance(msg, P.Register):
                 view = None  # a node declared lost must register again
-        handler = getattr(self, f"_on_{msg.TYPE}", None)
+        handler = self.HANDLERS.get(type(msg))
         if handler is None:
             self.drop(UNEXPECTED_TYPE, f"{msg.TYPE} from {identity[:32]!r}")
             self._send(identity, P.Ack(ref=msg.id, ok=False, code=UNEXPECTED,
                                        error=f"the controller does not take {msg.TYPE}"))
             return
-        if isinstance(msg, _AGENT_MESSAGES) and view is None and not isinstance(
-                msg, (P.Register, P.Disconnect)):
+        if view is None and type(msg) in _GREET_STRANGERS:
             self._welcome_stranger(identity)
-        handler(identity, msg, view)
+        handler(self, identity, msg, view)
 
     def _send(self, identity: bytes, msg: P.Message) -> None:
         self.outbox.append((identity, msg))
@@ -240,8 +241,7 @@ class BrokerCore:
                 f"least {'.'.join(map(str, P.MIN_AGENT_VERSION))}, dotted integers)"))
         held = set(self.queue.leases_of(msg.node))
         keep = held & set(msg.held)
-        released = self.queue.release_node(msg.node, "agent registered without them",
-                                           keep=keep)
+        released = self.queue.release_node(msg.node, "agent registered without them", keep=keep)
         old = self.nodes.get(msg.node)
         if old is not None and old.identity != identity:
             self.by_identity.pop(old.identity, None)
@@ -275,8 +275,7 @@ class BrokerCore:
         view.active, view.slots_free, view.health = msg.active, msg.slots_free, msg.health
         if msg.slots_free > 0:  # the agent takes work: a drain it never got, or a stale ready
             if view.drain_requested:
-                self._send(identity, P.Drain(reason="drain requested",
-                                             deadline_s=view.drain_deadline_s))
+                self._send(identity, P.Drain(reason="drain requested", deadline_s=view.drain_deadline_s))
             else:
                 view.move(LIVE)
                 view.credit = view.slots
@@ -356,8 +355,7 @@ class BrokerCore:
         if view is None or view.node != msg.node:
             return
         drained = msg.reason == "drained"
-        released = self.queue.release_node(view.node, f"disconnected: {msg.reason}",
-                                           failure=not drained)
+        released = self.queue.release_node(view.node, f"disconnected: {msg.reason}", failure=not drained)
         view.left_drained = drained
         self._lose(view, f"disconnected: {msg.reason}", released)
 
@@ -477,8 +475,7 @@ class BrokerCore:
                                                    token=token, reason=REJECT_CANCELLED))
         self.counters["revoked_" + msg.reason] += len(c.revoked)
         self._commits += 1  # watchers of the batch: it may be done now
-        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id,
-                                         reason=msg.reason))
+        self._send(identity, P.Cancelled(batch_id=msg.batch_id, rollouts=c.rollouts, ref=msg.id, reason=msg.reason))
 
     def _on_drain_node(self, identity, msg: P.DrainNode, _view) -> None:
         view = self.nodes.get(msg.node)
@@ -511,8 +508,7 @@ class BrokerCore:
             return False
         if done:
             self.ledger.want_flush()  # the trainer reads DuckDB once the batch is done
-        self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor,
-                                       done=done, ref=msg.id))
+        self._send(identity, P.Results(batch_id=msg.batch_id, items=items, cursor=cursor, done=done, ref=msg.id))
         return True
 
     def _on_status(self, identity, msg: P.Status, _view) -> None:
@@ -553,8 +549,7 @@ class BrokerCore:
         spread over the interval (nodes that registered together are not all woken at once)
         and none to a node that is being sent work anyway."""
         for n in self.nodes.values():
-            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node)
-                                    or now < n.sent_at):
+            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node) or now < n.sent_at):
                 self._send(n.identity, P.Heartbeat())
 
     def _heard_since(self) -> float:
@@ -664,6 +659,14 @@ class BrokerCore:
                 "nodes": nodes, "counters": counters}
 
 
+    # The message table, type -> handler (built once); a type not in it is refused (unexpected_type).
+    HANDLERS: ClassVar[dict[type, Callable]] = {
+        P.Register: _on_register, P.Ready: _on_ready, P.Heartbeat: _on_heartbeat, P.Started: _on_started,
+        P.Result: _on_result, P.ResultBatch: _on_result_batch, P.Release: _on_release, P.Disconnect: _on_disconnect,
+        P.Submit: _on_submit, P.PublishPolicy: _on_publish_policy, P.Cancel: _on_cancel,
+        P.DrainNode: _on_drain_node, P.Watch: _on_watch, P.Status: _on_status, P.Shutdown: _on_shutdown}
+
+
 def admit_tasks(tasks: Mapping) -> tuple[Mapping[str, dict], dict[str, str]]:
     """(the tasks file's entries a lease may carry, ref -> why each other entry was refused).
     An entry is refused, logged with its name, when it is not a small well-formed reference
@@ -695,6 +698,3 @@ def _phase(node: str) -> float:
     (deterministic for the simulation), different across names."""
     return 0.5 + (zlib.crc32(node.encode()) % 1024) / 2048
 
-
-_AGENT_MESSAGES = (P.Register, P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch,
-                   P.Release, P.Disconnect)

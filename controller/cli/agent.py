@@ -1,6 +1,7 @@
 """`paddock agent`: run a node agent (one per compute node; `paddock run` and the Slurm job
-steps start it). Parses the arguments, configures logging and calls
-`nodeagent.agent.daemon.serve` with plain arguments.
+steps start it). Parses the arguments into the agent's `AgentConfig` and the sandbox
+runtime's `RuntimeConfig` (their defaults are the flags' defaults; an invalid value exits 2
+naming the key), configures logging and calls `nodeagent.agent.daemon.serve`.
 
   paddock agent (--run-dir RUN | --endpoint-file F [--controller tcp://HOST:PORT] [--key-file K])
                 --deployment ID [--node N] [--slots N]
@@ -27,8 +28,12 @@ from pathlib import Path
 
 from controller.contracts.tasks import BudgetError, Budgets
 from controller.ondisk.keys import KEY_FILE, KeyFileError, RunKeys, read_key_file
-from nodeagent.agent.daemon import SANDBOX_BACKENDS, EndpointFile, serve
+from nodeagent.agent.config import SANDBOX_BACKENDS, AgentConfig
+from nodeagent.agent.daemon import EndpointFile, serve
+from nodeagent.sandbox.config import RuntimeConfig
 from nodeagent.sandbox.runtime import SandboxError, subid_range
+
+_DEFAULTS = AgentConfig()
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -43,21 +48,24 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "endpoint file); mode 0600, yours")
     ap.add_argument("--insecure", action="store_true",
                     help="no CURVE (only against a `paddock controller --insecure`)")
-    ap.add_argument("--give-up-s", type=float, default=None,
+    ap.add_argument("--give-up-s", type=float, default=_DEFAULTS.give_up_s,
                     help="exit (status 4) if no controller has welcomed this agent this long "
                          "after its start (default: keep trying)")
     ap.add_argument("--deployment", required=True, help="the deployment id every frame carries")
-    ap.add_argument("--slots", type=int, default=2, help="rollouts run at once (default 2)")
-    ap.add_argument("--image-store", default="", help="the image store directory (required unless --noop-s)")
+    ap.add_argument("--slots", type=int, default=_DEFAULTS.slots,
+                    help=f"rollouts run at once (default {_DEFAULTS.slots})")
+    ap.add_argument("--image-store", default=_DEFAULTS.image_store, help="the image store directory (required unless --noop-s)")
     ap.add_argument("--subid-base", type=int, help="first subordinate id of the sandboxes' user range")
     ap.add_argument("--subid-count", type=int, help="how many subordinate ids from --subid-base")
     ap.add_argument("--subid-share", type=_share, metavar="K/N",
                     help="use the K-th of N equal shares of this user's subordinate id range "
                          "(several agents of one user on one host: K = 0..N-1)")
-    ap.add_argument("--heartbeat-interval-s", type=float, default=1.0, help="seconds between heartbeats (default 1)")
-    ap.add_argument("--drain-deadline-s", type=float, default=60.0,
-                    help="on SIGTERM or drain: how long running attempts may take to finish")
-    ap.add_argument("--noop-s", type=float, default=None,
+    ap.add_argument("--heartbeat-interval-s", type=float, default=_DEFAULTS.heartbeat_interval_s,
+                    help=f"seconds between heartbeats (default {_DEFAULTS.heartbeat_interval_s:g})")
+    ap.add_argument("--drain-deadline-s", type=float, default=_DEFAULTS.drain_deadline_s,
+                    help="on SIGTERM or drain: how long running attempts may take to finish "
+                         f"(default {_DEFAULTS.drain_deadline_s:g})")
+    ap.add_argument("--noop-s", type=float, default=_DEFAULTS.noop_s,
                     help="no sandbox: every rollout passes after this many seconds (benchmarks)")
     ap.add_argument("--degrade", action="store_true",
                     help="start even where a sandbox cap (memory, pids, cpu) can be held neither by a "
@@ -67,7 +75,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="keep at most N ready sandboxes for the specs this node is leased most, sized "
                          "by an arrival-rate autoscaler (0: off; default: two per slot, or "
                          f"${WARM_POOL_ENV})")
-    ap.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default="native",
+    ap.add_argument("--sandbox", choices=SANDBOX_BACKENDS, default=_DEFAULTS.sandbox,
                     help="the sandbox backend: native (user namespaces, this host's cgroups) or apptainer "
                          "(for sites whose policy requires it; `apptainer` must be on PATH) (default native)")
     ap.add_argument("--budget-default", action="append", default=[], metavar="KEY=VALUE",
@@ -161,11 +169,27 @@ def run_budgets(pairs: list[str]) -> dict[str, float]:
     return out
 
 
+def configs(args: argparse.Namespace, budgets: dict[str, float],
+            subids: tuple[int, int] | None) -> tuple[AgentConfig, RuntimeConfig]:
+    """The agent's and the sandbox runtime's configuration from the parsed flags; ValueError
+    naming the key when a value is invalid."""
+    agent = AgentConfig(slots=args.slots, heartbeat_interval_s=args.heartbeat_interval_s,
+                        drain_deadline_s=args.drain_deadline_s, give_up_s=args.give_up_s,
+                        image_store=args.image_store, noop_s=args.noop_s, sandbox=args.sandbox,
+                        warm_pool=args.warm_pool, run_budgets=budgets)
+    return agent, RuntimeConfig(subids=subids, degrade=args.degrade)
+
+
 def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> int:
     if args.noop_s is None and not args.image_store:
         return _usage(ap, "--image-store is required (unless --noop-s)")
     try:
         budgets = run_budgets(args.budget_default)
+    except ValueError as exc:
+        return _usage(ap, str(exc))
+    subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
+    try:
+        config, runtime_config = configs(args, budgets, subids)
     except ValueError as exc:
         return _usage(ap, str(exc))
     try:
@@ -177,20 +201,14 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser | None = None) -> 
         return 2
     logging.basicConfig(level=args.log_level.upper(),
                         format=f"%(asctime)s {args.node} %(name)s %(levelname)s %(message)s")
-    subids = (args.subid_base, args.subid_count) if args.subid_base is not None else None
     if args.subid_share is not None:
         try:
-            subids = share_of_subids(*args.subid_share)
+            runtime_config = RuntimeConfig(subids=share_of_subids(*args.subid_share), degrade=args.degrade)
         except SandboxError as exc:
             print(f"paddock agent: {exc}", file=sys.stderr)
             return 2
-    return serve(args.node, endpoint, args.deployment, slots=args.slots,
-                 image_store=args.image_store, subids=subids,
-                 heartbeat_interval_s=args.heartbeat_interval_s,
-                 drain_deadline_s=args.drain_deadline_s, noop_s=args.noop_s, degrade=args.degrade,
-                 keys=keys, insecure=args.insecure, endpoint_file=endpoint_file,
-                 give_up_s=args.give_up_s, warm_pool=args.warm_pool, sandbox=args.sandbox,
-                 run_budgets=budgets)
+    return serve(args.node, endpoint, args.deployment, config, runtime_config=runtime_config,
+                 keys=keys, insecure=args.insecure, endpoint_file=endpoint_file)
 
 
 def register(subparsers) -> None:

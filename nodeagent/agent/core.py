@@ -53,8 +53,19 @@ Rules:
   (nodeagent/agent/guard.py): it kills the attempt's sandboxes and model calls within a
   second. `cancelled` counts the attempts stopped, by code.
 
-Phases (`PHASES`, checked on every change): serving -> draining -> done (disconnected).
-`stopped` (a `shutdown`, a refusal, or the owner) ends the agent in any phase.
+The registration is a second table (`LINKS`, checked likewise): new -> registering ->
+registered <-> reregistering (`welcomed`: registered or reregistering; `awaiting_welcome`:
+registering or reregistering).
+
+Messages are dispatched by one table, type -> handler (`_message_table`, built once); a type
+the agent does not take is ignored. Knobs: one `AgentConfig` (nodeagent/agent/config.py).
+
+Phases (`PHASES`, checked on every change): serving -> draining -> done (disconnected). An
+end -- `stopped` (a `shutdown`, the controller stopped on purpose, or the owner: `stop()`),
+`refused` or `gave_up` -- may follow serving or draining; nothing follows done or an end (the
+first end stays: the `stopped`, `refused` and `gave_up` properties read the phase).
+`draining` stays true from the start of a drain on, whatever follows; an ended agent takes no
+drain.
 
 Must not import: zmq, psutil, threading, os, nodeagent.sandbox, nodeagent.harness, nodeagent.verifier,
 nodeagent.egress, nodeagent.store (anything that runs an attempt), controller other than controller.contracts.
@@ -77,6 +88,7 @@ from controller.contracts.states import (
     cancel_reason_of_reject,
 )
 from controller.contracts.tasks import LeaseTask, TaskError
+from nodeagent.agent.config import AgentConfig, with_knobs
 from nodeagent.agent.version import AGENT_VERSION
 
 log = logging.getLogger("nodeagent")
@@ -154,12 +166,38 @@ class Phase(str, enum.Enum):
     SERVING = "serving"
     DRAINING = "draining"
     DONE = "done"  # drained and disconnected: the owner ends the agent
+    STOPPED = "stopped"  # a `shutdown`, the controller stopped on purpose, or the owner
+    REFUSED = "refused"  # the controller will not take this agent (`refused` says why)
+    GAVE_UP = "gave_up"  # never welcomed within give_up_s of the start
 
 
+ENDED = frozenset({Phase.STOPPED, Phase.REFUSED, Phase.GAVE_UP})
 PHASES: dict[Phase, frozenset[Phase]] = {
-    Phase.SERVING: frozenset({Phase.DRAINING}),
-    Phase.DRAINING: frozenset({Phase.DONE}),
+    Phase.SERVING: frozenset({Phase.DRAINING}) | ENDED,
+    Phase.DRAINING: frozenset({Phase.DONE}) | ENDED,
     Phase.DONE: frozenset(),
+    Phase.STOPPED: frozenset(),
+    Phase.REFUSED: frozenset(),
+    Phase.GAVE_UP: frozenset(),
+}
+
+
+class Link(str, enum.Enum):
+    """The registration with the controller: `registering` until the first welcome, then
+    `registered`, `reregistering` after each new `register` (a reconnect, a new endpoint, an
+    unsolicited welcome) until the next welcome."""
+    NEW = "new"
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    REREGISTERING = "reregistering"
+
+
+LINKS: dict[Link, frozenset[Link]] = {
+    # (a welcome before the first registration makes the agent register as one welcomed)
+    Link.NEW: frozenset({Link.REGISTERING, Link.REREGISTERING}),
+    Link.REGISTERING: frozenset({Link.REGISTERING, Link.REGISTERED}),
+    Link.REGISTERED: frozenset({Link.REREGISTERING}),
+    Link.REREGISTERING: frozenset({Link.REREGISTERING, Link.REGISTERED}),
 }
 
 
@@ -191,26 +229,26 @@ class _Pending:
 
 
 class AgentCore:
-    def __init__(self, node: str, slots: int, deployment: str, *,
-                 agent_version: str = AGENT_VERSION, heartbeat_interval_s: float = 1.0,
-                 liveness: int = 5, drain_deadline_s: float = 60.0, backoff_max_s: float = 30.0,
+    """The agent's protocol state and rules (see the module docstring). `config` holds the
+    knobs (nodeagent/agent/config.py); `slots` and keyword knobs (`heartbeat_interval_s=...`)
+    replace single fields of it."""
+
+    def __init__(self, node: str, slots: Optional[int], deployment: str, *,
+                 config: AgentConfig = AgentConfig(), agent_version: str = AGENT_VERSION,
                  clock: Callable[[], float] = time.monotonic,
                  health: Callable[[], dict] = dict, mem_free_mb: Callable[[], int] = lambda: 0,
-                 rng: Any = random, endpoint: str = "?", watch: Optional[Watch] = None,
-                 give_up_s: Optional[float] = None):
-        self.node, self.slots, self.deployment = node, slots, deployment
+                 rng: Any = random, endpoint: str = "?", watch: Optional[Watch] = None, **knobs: Any):
+        self.config = config = with_knobs(config, knobs if slots is None else {**knobs, "slots": slots})
+        self.node, self.slots, self.deployment = node, config.slots, deployment
         # the controller's endpoint: the owner connects a RECONNECT's fresh socket to it
         self.agent_version, self.endpoint = agent_version, endpoint
-        self.watch, self.give_up_s = watch, give_up_s
-        self.gave_up = False  # never welcomed within give_up_s
-        self.welcomed = False  # a welcome came at least once
+        self.watch, self.give_up_s = watch, config.give_up_s
         self.moves = 0  # endpoints taken from the watch
-        self.hb_s, self.liveness = heartbeat_interval_s, liveness
-        self.drain_deadline_s, self.backoff_max_s = drain_deadline_s, backoff_max_s
+        self.hb_s, self.liveness = config.heartbeat_interval_s, config.liveness
+        self.drain_deadline_s, self.backoff_max_s = config.drain_deadline_s, config.backoff_max_s
         self.clock, self.health, self.mem_free_mb, self.rng = clock, health, mem_free_mb, rng
         self.phase = Phase.SERVING
-        self.stopped = False
-        self.refused: Optional[str] = None  # why the controller refused this agent
+        self.refused: Optional[str] = None  # why the controller refused this agent (Phase.REFUSED)
         self.active: dict[str, Attempt] = {}
         self.abandoned: set[tuple[str, int]] = set()  # (rollout, token) not to report
         self.finished: set[int] = set()  # tokens of attempts run (the last FINISHED_TOKENS_KEPT)
@@ -222,33 +260,67 @@ class AgentCore:
         # the newest policy the controller told of (`policy`, leases): a gateway call refused
         # during a weight update is retried under it (nodeagent.gateway.session.Follow)
         self.policy: Optional[P.PolicyRef] = None
-        self.drain_by: Optional[float] = None
+        self.drain_by: Optional[float] = None  # set once, when a drain starts
         self.session: Optional[str] = None
         self.peer_batches = False  # the controller sent a batch since we registered
-        self.awaiting_welcome = False
+        self.link = Link.NEW  # the registration's state (LINKS)
         self.bad_frames = self.completed = self.infra_errors = self.registrations = 0
         self.cancelled: collections.Counter = collections.Counter()  # attempts stopped, by code
         self.last_rx = self.last_hb = 0.0
         self.watch_due: Optional[float] = None  # connection dropped: the next look at the watch
         self._watch_every_s = WATCH_FIRST_S
-        self.backoff_s = heartbeat_interval_s
+        self.backoff_s = config.heartbeat_interval_s
         self.started_at: Optional[float] = None
         self._outbox: list[Outgoing] = []
         self._to_run: list[Attempt] = []
+        self._handlers = self._message_table()
 
     # -- phases -----------------------------------------------------------------------------
     def _enter(self, phase: Phase) -> None:
         assert phase in PHASES[self.phase], f"agent {self.node}: illegal phase {self.phase} -> {phase}"
         self.phase = phase
 
+    def _link(self, link: Link) -> None:
+        assert link in LINKS[self.link], f"agent {self.node}: illegal registration {self.link} -> {link}"
+        self.link = link
+
+    @property
+    def welcomed(self) -> bool:
+        """A welcome came at least once."""
+        return self.link in (Link.REGISTERED, Link.REREGISTERING)
+
+    @property
+    def awaiting_welcome(self) -> bool:
+        return self.link in (Link.REGISTERING, Link.REREGISTERING)
+
+    def _end(self, phase: Phase) -> None:
+        """The agent ends (`phase` one of ENDED); an agent already ended, or done, stays so
+        (the first end is the one it reports)."""
+        if not (self.stopped or self.done):
+            self._enter(phase)
+
+    def stop(self) -> None:
+        """The owner ends the agent (it stops reading and ticking)."""
+        self._end(Phase.STOPPED)
+
     @property
     def draining(self) -> bool:
-        return self.phase is not Phase.SERVING
+        """A drain started (it stays so once the agent is done or ended)."""
+        return self.drain_by is not None
 
     @property
     def done(self) -> bool:
         """Drained and disconnected."""
         return self.phase is Phase.DONE
+
+    @property
+    def stopped(self) -> bool:
+        """Ended: stopped, refused or gave up (the owner stops driving it)."""
+        return self.phase in ENDED
+
+    @property
+    def gave_up(self) -> bool:
+        return self.phase is Phase.GAVE_UP
 
     # -- outputs ----------------------------------------------------------------------------
     def take_outbox(self) -> list[Outgoing]:
@@ -337,7 +409,7 @@ class AgentCore:
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
         """Take no new leases; finish what runs within deadline_s, then hand the rest back."""
-        if self.draining:
+        if self.draining or self.stopped:
             return
         self._enter(Phase.DRAINING)
         self.drain_by = self.clock() + (deadline_s if deadline_s is not None else self.drain_deadline_s)
@@ -378,7 +450,7 @@ class AgentCore:
             return False
         if news.stopped:
             log.info("the controller stopped on purpose while this agent waited: exiting")
-            self.stopped = True
+            self._end(Phase.STOPPED)
             return True
         if news.endpoint:
             log.info("controller silent for %.1fs and published at %s: reconnecting there",
@@ -397,64 +469,82 @@ class AgentCore:
             return False
         log.error("no controller answered at %s within %.0fs of the start: giving up",
                   self.endpoint, self.give_up_s)
-        self.gave_up = self.stopped = True
+        self._end(Phase.GAVE_UP)
         return True
 
     # -- messages ---------------------------------------------------------------------------
     def _send(self, msg: P.Message) -> None:
         self._outbox.append(msg)
 
-    def _register(self) -> None:
+    def _register(self, welcomed: bool = False) -> None:
+        """Register (again); `welcomed`: a welcome has just come (an unsolicited one)."""
         self.registrations += 1
-        self.awaiting_welcome = True
+        self._link(Link.REREGISTERING if welcomed or self.welcomed else Link.REGISTERING)
         self.peer_batches = False
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
                               held=self.held()))
         self._send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
 
+    def _message_table(self) -> dict[type, Callable[[Any], None]]:
+        """What the agent does with each message type the controller sends (built once); a
+        type not in it is ignored (the frame was still a sign of life)."""
+        return {P.Lease: self._on_lease, P.LeaseBatch: self._on_lease_batch,
+                P.AckBatch: self._on_ack_batch, P.Welcome: self._on_welcome, P.Ack: self._on_ack,
+                P.Reject: self._on_reject, P.Drain: self._on_drain, P.Shutdown: self._on_shutdown,
+                P.PolicyUpdate: self._on_policy, P.Refused: self._on_refused,
+                P.Heartbeat: self._on_heartbeat}
+
     def _handle(self, msg: P.Message) -> None:
-        if isinstance(msg, P.Lease):
-            self._on_lease(msg)
-        elif isinstance(msg, P.LeaseBatch):
-            self.peer_batches = True
-            for ref in msg.acks:
-                self.unacked.pop(ref, None)
-            for lease in msg.items:
-                self._on_lease(lease)
-        elif isinstance(msg, P.AckBatch):
-            self.peer_batches = True
-            for ref in msg.refs:
-                self.unacked.pop(ref, None)
-        elif isinstance(msg, P.Welcome):
-            self._on_welcome(msg)
-        elif isinstance(msg, P.Ack):
-            self.unacked.pop(msg.ref, None)
-        elif isinstance(msg, P.Reject):
-            self._on_reject(msg)
-        elif isinstance(msg, P.Drain):
-            log.info("drain: %s", msg.reason)
-            self.drain(msg.deadline_s)
-        elif isinstance(msg, P.Shutdown):
-            log.info("shutdown: %s", msg.reason)
-            self.stop_all(CANCEL_SHUTDOWN)
-            self.stopped = True
-        elif isinstance(msg, P.PolicyUpdate):
-            self._newer_policy(msg.policy)
-        elif isinstance(msg, P.Refused):
-            self._refused(f"{msg.detail} (controller speaks protocol {msg.protocol_versions}, "
-                          f"agents from version {msg.min_agent_version})")
-        # a controller heartbeat only proves the controller is alive
+        handler = self._handlers.get(type(msg))
+        if handler is None:
+            log.debug("ignored a %s from the controller", msg.TYPE)
+            return
+        handler(msg)
+
+    def _on_heartbeat(self, msg: P.Heartbeat) -> None:
+        """A controller heartbeat only proves the controller is alive."""
+
+    def _on_lease_batch(self, msg: P.LeaseBatch) -> None:
+        self.peer_batches = True
+        for ref in msg.acks:
+            self.unacked.pop(ref, None)
+        for lease in msg.items:
+            self._on_lease(lease)
+
+    def _on_ack_batch(self, msg: P.AckBatch) -> None:
+        self.peer_batches = True
+        for ref in msg.refs:
+            self.unacked.pop(ref, None)
+
+    def _on_ack(self, msg: P.Ack) -> None:
+        self.unacked.pop(msg.ref, None)
+
+    def _on_drain(self, msg: P.Drain) -> None:
+        log.info("drain: %s", msg.reason)
+        self.drain(msg.deadline_s)
+
+    def _on_shutdown(self, msg: P.Shutdown) -> None:
+        log.info("shutdown: %s", msg.reason)
+        self.stop_all(CANCEL_SHUTDOWN)
+        self._end(Phase.STOPPED)
+
+    def _on_policy(self, msg: P.PolicyUpdate) -> None:
+        self._newer_policy(msg.policy)
+
+    def _on_refused(self, msg: P.Refused) -> None:
+        self._refused(f"{msg.detail} (controller speaks protocol {msg.protocol_versions}, "
+                      f"agents from version {msg.min_agent_version})")
 
     def _on_welcome(self, msg: P.Welcome) -> None:
         self.backoff_s = self.hb_s
-        self.welcomed = True
         if self.awaiting_welcome:
-            self.awaiting_welcome, self.session = False, msg.session
+            self._link(Link.REGISTERED)
+            self.session = msg.session
             self._resend_unacked(None)
         else:  # the controller does not know us (it restarted, or we were lost)
             log.info("unsolicited welcome (session %s): registering again", msg.session)
-            self._register()
+            self._register(welcomed=True)
 
     def _on_reject(self, msg: P.Reject) -> None:
         log.info("rejected: %s attempt %d token %d: %s", msg.rollout_id, msg.attempt,
@@ -488,8 +578,9 @@ class AgentCore:
         """The controller will not take this agent (its version): say why and stop."""
         log.error("the controller at %s refused this agent (version %s, protocol %d): %s",
                   self.endpoint, self.agent_version, P.PROTOCOL_VERSION, detail)
-        self.refused = detail
-        self.stopped = True
+        if not (self.stopped or self.done):
+            self.refused = detail
+            self._end(Phase.REFUSED)
 
     def _newer_policy(self, ref: P.PolicyRef) -> None:
         if self.policy is None or ref.version > self.policy.version:

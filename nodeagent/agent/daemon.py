@@ -17,9 +17,10 @@ milliseconds: a controller restarted on any port is found within about 0.1 s of 
 file (two heartbeats when its host vanished without closing the connection), and
 `<endpoint_file>.stopped` newer than the endpoint ends the agent.
 
-`serve(...)` is the entry point with plain arguments (`paddock agent`, controller/cli/agent.py):
-it starts the sandbox runtime (or a no-op runner), runs the agent, and turns SIGTERM into a
-drain. Must not import: controller.* other than controller.contracts and controller.ondisk (not controller.cli).
+`serve(...)` is the entry point (`paddock agent`, controller/cli/agent.py, builds its
+`AgentConfig` and `RuntimeConfig` from the flags): it starts the sandbox runtime (or a no-op
+runner), runs the agent, and turns SIGTERM into a drain. Must not import: controller.* other
+than controller.contracts and controller.ondisk (not controller.cli).
 """
 from __future__ import annotations
 
@@ -31,20 +32,22 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Optional
 
 import psutil
 import zmq
 
 from controller.contracts import protocol as P
-from controller.contracts.tasks import Budgets
+from controller.contracts.states import CANCEL_SHUTDOWN
 from controller.ondisk.keys import RunKeys
 from nodeagent.agent.attempt import run_attempt
+from nodeagent.agent.config import AgentConfig, with_knobs
 from nodeagent.agent.core import RECONNECT, AgentCore, Attempt, AttemptResult, EndpointNews
 from nodeagent.agent.health import sampler_for
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.agent.warmpools import default_pool_size, start_warm_pools
 from nodeagent.sandbox.apptainer import ApptainerRuntime
+from nodeagent.sandbox.config import RuntimeConfig
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 
 log = logging.getLogger("nodeagent")
@@ -53,7 +56,6 @@ _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 EXIT_REFUSED = 3  # the controller refused this agent at registration (its version)
 EXIT_NO_RUNTIME = 2  # the sandbox runtime could not start
 EXIT_GAVE_UP = 4  # no controller welcomed this agent within give_up_s
-SANDBOX_BACKENDS = ("native", "apptainer")
 STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose
 
 Runner = Callable[[Attempt], AttemptResult]
@@ -140,38 +142,36 @@ class _Workers:
 
 
 class NodeAgent:
-    def __init__(self, node: str, endpoint: str, deployment: str, slots: int,
-                 image_store: str | None = None, runtime=None,
-                 heartbeat_interval_s: float = 1.0, liveness: int = 5,
+    def __init__(self, node: str, endpoint: str, deployment: str, slots: Optional[int] = None,
+                 image_store: str | None = None, runtime=None, *, config: AgentConfig = AgentConfig(),
                  clock=time.monotonic, runner: Optional[Runner] = None,
-                 drain_deadline_s: float = 60.0, backoff_max_s: float = 2.0,
                  health: Optional[Callable[[], dict]] = None, keys: Optional[RunKeys] = None,
-                 insecure: bool = False, endpoint_file: Optional[str] = None,
-                 give_up_s: Optional[float] = None, run_budgets: Optional[Mapping[str, float]] = None):
-        """`keys`: the run's CURVE keys (required unless `insecure`); `endpoint_file`: watched
-        while the controller is silent; `give_up_s`: stop if never welcomed by then;
-        `run_budgets`: the run's defaults for the deadline and no-progress budget keys a task
-        leaves at 0 (checked here: a bad key or value raises BudgetError naming it)."""
-        Budgets().with_run_defaults(run_budgets)
-        self.run_budgets = dict(run_budgets or {})
+                 insecure: bool = False, endpoint_file: Optional[str] = None, **knobs):
+        """`config`: the agent's knobs (nodeagent/agent/config.py); `slots`, `image_store` (when
+        given) and keyword knobs (`heartbeat_interval_s=...`) replace single fields of it (a bad
+        knob raises ValueError naming it, a bad run budget default BudgetError naming it).
+        `keys`: the run's CURVE keys (required unless `insecure`); `endpoint_file`: watched
+        while the controller is silent."""
+        given = {k: v for k, v in (("slots", slots), ("image_store", image_store)) if v is not None}
+        self.config = config = with_knobs(config, {**knobs, **given})
+        self.run_budgets = dict(config.run_budgets)
         self.node, self.endpoint, self.deployment = node, endpoint, deployment
         self.keys, self.insecure = keys, insecure
         self.endpoint_watch = EndpointFile(endpoint_file) if endpoint_file else None
         if self.endpoint_watch is not None:
             self.endpoint_watch.read()  # the version of the file `endpoint` came from
-        self.image_store = Path(image_store) if image_store else None
+        self.image_store = Path(config.image_store) if config.image_store else None
         self.runtime, self.clock = runtime, clock
         self.runner: Runner = runner or self._run_attempt
         # None: nodeagent.agent.health's sampler (the heartbeat's payload, JSON lines)
         self.health = health or (lambda: sampler_for(self).sample())
-        self.core = AgentCore(node, slots, deployment, agent_version=AGENT_VERSION,
-                              heartbeat_interval_s=heartbeat_interval_s, liveness=liveness,
-                              drain_deadline_s=drain_deadline_s, backoff_max_s=backoff_max_s,
+        self.core = AgentCore(node, config.slots, deployment, config=config, agent_version=AGENT_VERSION,
                               clock=clock, health=self.health, mem_free_mb=_mem_free_mb,
-                              endpoint=endpoint, watch=self.endpoint_watch, give_up_s=give_up_s)
+                              endpoint=endpoint, watch=self.endpoint_watch)
         self.done: collections.deque = collections.deque()  # workers append, the loop pops
         self.pool = _Workers(f"{node}-slot")
         self._drain_requested: Optional[float] = None
+        self._stop_requested = False  # the owner's stop (any thread); the loop tells the core
         self.ctx = zmq.Context.instance()
         self.sock: Optional[zmq.Socket] = None
         self.monitor: Optional[zmq.Socket] = None  # the socket's disconnects (with a watch)
@@ -215,11 +215,12 @@ class NodeAgent:
     # until its next deadline (heartbeat, `started`, liveness, drain).
     @property
     def stopped(self) -> bool:
-        return self.core.stopped
+        return self._stop_requested or self.core.stopped
 
     @stopped.setter
     def stopped(self, value: bool) -> None:
-        self.core.stopped = value
+        assert value, "a stop cannot be undone"
+        self._stop_requested = True  # the core's phase changes on the loop's thread only
         self._wake()
 
     @property
@@ -349,7 +350,9 @@ class NodeAgent:
             if self.core.done:
                 break
             timeout_ms = self.core.poll_timeout_ms()
-        self.core.stop_all("shutdown")     # an agent that ends kills what still runs at once
+        if not self.core.done:
+            self.core.stop()               # the owner's stop, now in the core (a first end stays)
+        self.core.stop_all(CANCEL_SHUTDOWN)  # an agent that ends kills what still runs at once
         self.pool.shutdown()
         self._close_monitor()
         self.sock.close(linger=100)
@@ -386,48 +389,39 @@ def _mem_free_mb() -> int:
     return int(psutil.virtual_memory().available / 2**20)
 
 
-def serve(node: str, controller: str, deployment: str, slots: int = 2, image_store: str = "",
-          subids: Optional[tuple[int, int]] = None, heartbeat_interval_s: float = 1.0,
-          drain_deadline_s: float = 60.0, noop_s: Optional[float] = None,
-          degrade: bool = False, keys: Optional[RunKeys] = None, insecure: bool = False,
-          endpoint_file: Optional[str] = None, give_up_s: Optional[float] = None,
-          warm_pool: Optional[int] = None, sandbox: str = "native",
-          run_budgets: Optional[Mapping[str, float]] = None) -> int:
+def serve(node: str, controller: str, deployment: str, config: AgentConfig = AgentConfig(), *,
+          runtime_config: RuntimeConfig = RuntimeConfig(), keys: Optional[RunKeys] = None,
+          insecure: bool = False, endpoint_file: Optional[str] = None) -> int:
     """Run a node agent until it drains, is shut down, refused or gives up; return its exit
-    status. Without `noop_s`, attempts run in sandboxes of images from `image_store`
-    (required), made by the `sandbox` backend: "native" (SandboxRuntime) or "apptainer"
-    (nodeagent.sandbox.apptainer, for sites whose policy requires it). `keys` (unless
-    `insecure`), `endpoint_file`, `give_up_s`: see NodeAgent.
-    `warm_pool`: at most this many ready sandboxes (nodeagent.agent.warmpools; None: two per
-    slot; 0: off). `run_budgets`: see NodeAgent."""
+    status. `config` holds the agent's knobs (nodeagent/agent/config.py). Without
+    `config.noop_s`, attempts run in sandboxes of images from `config.image_store` (required),
+    made by the `config.sandbox` backend: "native" (SandboxRuntime, with `runtime_config`) or
+    "apptainer" (nodeagent.sandbox.apptainer, for sites whose policy requires it); at most
+    `config.warm_pool` of them wait ready (nodeagent.agent.warmpools; None: two per slot; 0:
+    off). `keys` (unless `insecure`), `endpoint_file`: see NodeAgent."""
     if keys is None and not insecure:
         raise ValueError("serve: the run's keys are required (unless insecure)")
     runtime, runner = None, None
-    if noop_s is not None:
-        runner = noop_runner(noop_s)
+    if config.noop_s is not None:
+        runner = noop_runner(config.noop_s)
     else:
-        if not image_store:
-            raise ValueError("an image store is required (unless noop_s)")
-        if sandbox not in SANDBOX_BACKENDS:
-            raise ValueError(f"sandbox backend {sandbox!r}; valid: {', '.join(SANDBOX_BACKENDS)}")
+        if not config.image_store:
+            raise ValueError("agent.image_store is required (unless agent.noop_s)")
         try:
-            runtime = (ApptainerRuntime().start() if sandbox == "apptainer"
-                       else SandboxRuntime(subids=subids, degrade=degrade).start())
+            runtime = (ApptainerRuntime().start() if config.sandbox == "apptainer"
+                       else SandboxRuntime(runtime_config).start())
         except SandboxError as exc:
-            log.error("cannot start the %s sandbox runtime: %s", sandbox, exc)
+            log.error("cannot start the %s sandbox runtime: %s", config.sandbox, exc)
             return EXIT_NO_RUNTIME
         if hasattr(runtime, "caps_report"):
             log.info("sandbox caps: %s", runtime.caps_report())
-    agent = NodeAgent(node, controller, deployment, slots, image_store, runtime,
-                      heartbeat_interval_s=heartbeat_interval_s,
-                      drain_deadline_s=drain_deadline_s, runner=runner, keys=keys,
-                      insecure=insecure, endpoint_file=endpoint_file, give_up_s=give_up_s,
-                      run_budgets=run_budgets)
-    pooled = default_pool_size(slots) if warm_pool is None else warm_pool
+    agent = NodeAgent(node, controller, deployment, runtime=runtime, config=config, runner=runner,
+                      keys=keys, insecure=insecure, endpoint_file=endpoint_file)
+    pooled = default_pool_size(config.slots) if config.warm_pool is None else config.warm_pool
     if runtime is not None and pooled > 0:
         start_warm_pools(runtime, agent, pooled)
     # The handler only sets a flag: the loop drains (a signal handler must not touch the socket).
-    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", drain_deadline_s))
+    signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "drain_requested", config.drain_deadline_s))
     try:
         rc = agent.run()
     finally:

@@ -33,6 +33,7 @@ import time
 from typing import Callable
 
 from nodeagent.sandbox import cgroups, framing, native, sbxinit, statedir, usercaps, warmpool
+from nodeagent.sandbox.config import RuntimeConfig, with_knobs
 from nodeagent.sandbox.handle import Sandbox
 from nodeagent.sandbox.host import (
     OVERLAY_MODES,
@@ -57,13 +58,14 @@ __all__ = ["Change", "ExecResult", "OVERLAY_MODES", "Sandbox", "SandboxError", "
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SLICE_SIZE = 1024
 RECORD_TEMPLATES_MAX = 64   # create-request templates kept (one per image and spec shape)
 
 
 class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
     """One node's sandbox factory. Start it from a long-lived thread (PDEATHSIG follows the thread).
 
+    Its knobs are one `RuntimeConfig` (nodeagent/sandbox/config.py: the defaults, checked when
+    made); keyword knobs (`degrade=True`) replace single fields of it; `clock`: monotonic.
     caps: the caps every sandbox must get; one the host cannot enforce fails `start()` with an
     error naming it, unless degrade=True (then it is logged and reported by `caps_report()`).
     Without cgroups, user-space caps hold them (`nodeagent.sandbox.usercaps`: a memory monitor
@@ -71,34 +73,31 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
     run_root: the per-user directory of node state dirs (`nodeagent.sandbox.statedir`; default
     `$XDG_RUNTIME_DIR/paddock` when usable, else /tmp/paddock-<uid>), checked before use.
     overlay: "auto" (kernel overlay on kernels ≥ 6.5, else fuse-overlayfs), "kernel" or
-    "fuse-overlayfs". image_grace_s: how long an unused image (or layer) stays mounted; clock:
-    monotonic. layer_cache_mb: the cap of the node's layer tmpfs (unpacked layers).
+    "fuse-overlayfs". image_grace_s: how long an unused image (or layer) stays mounted.
+    layer_cache_mb: the cap of the node's layer tmpfs (unpacked layers).
     """
 
-    def __init__(self, state_dir: str | None = None, subids: tuple[int, int] | None = None,
-                 slice_size: int = DEFAULT_SLICE_SIZE, user: str | None = None,
-                 caps: tuple[str, ...] = cgroups.CAPS, degrade: bool = False, use_cgroups: bool = True,
-                 overlay: str = "auto", image_grace_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, run_root: str | None = None,
-                 user_space_caps: bool = True, layer_cache_mb: int = 4096):
-        self.subids = subids or subid_range(user)
-        self.slice_size = slice_size
+    def __init__(self, config: RuntimeConfig = RuntimeConfig(), *,
+                 clock: Callable[[], float] = time.monotonic, **knobs):
+        self.config = config = with_knobs(config, knobs)
+        self.subids = config.subids or subid_range(config.user)
+        self.slice_size = slice_size = config.slice_size
         self.slots = self.subids[1] // slice_size - 1   # slice 0 is the holder's own root
         if self.slots < 1:
             raise SandboxError(f"subordinate range {self.subids} is too small for slices of {slice_size}: "
                                f"give the sandbox user at least {2 * slice_size} subordinate ids "
                                f"(`usermod --add-subuids 100000-165535 --add-subgids 100000-165535 USER`)")
-        self.overlay = choose_overlay(overlay)
-        self.caps, self.degrade, self.clock = tuple(caps), degrade, clock
-        self.image_grace_s = image_grace_s
-        self.layer_cache_mb = int(layer_cache_mb)
-        self.run_root = run_root or statedir.default_run_root()
-        self.user_space_caps = user_space_caps
+        self.overlay = choose_overlay(config.overlay)
+        self.caps, self.degrade, self.clock = config.caps, config.degrade, clock
+        self.image_grace_s = config.image_grace_s
+        self.layer_cache_mb = config.layer_cache_mb
+        self.run_root = config.run_root or statedir.default_run_root()
+        self.user_space_caps = config.user_space_caps
         self.monitor: usercaps.MemoryMonitor | None = None
         self._cpu_slices = usercaps.CpuSlices()
-        self._own_state = state_dir is None
-        self.state_dir = state_dir
-        self.cgroups = cgroups.CgroupManager(enabled=use_cgroups)
+        self._own_state = config.state_dir is None
+        self.state_dir = config.state_dir
+        self.cgroups = cgroups.CgroupManager(enabled=config.use_cgroups)
         self._ctl_lock = threading.Lock()     # one request at a time to the holder
         self._lock = threading.Lock()         # slices and image reference counts
         self._free_slices = list(range(1, self.slots + 1))
