@@ -60,6 +60,7 @@ from rich.console import Console
 from controller.analysis.query import print_summary, summary
 from controller.broker.daemon import STOPPED_SUFFIX
 from controller.client.api import Client, ClientError
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S
 from controller.contracts.tasks import TaskError
 from controller.farm.assemble import (
     ENDPOINT_FILE,
@@ -110,7 +111,7 @@ class HeadStep:
     deployment: str
     image_store: str
     agents: int                          # agents that must register before training
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     agents_wait_s: float = 300.0
     drain_timeout_s: float = 60.0
     versions: int = 2
@@ -133,7 +134,7 @@ class AgentStep:
     run_dir: str
     deployment: str
     image_store: str
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     slots: int = 2
     controller_wait_s: float = 300.0
     sandbox: str = "native"              # native | apptainer: the sandbox backend

@@ -30,6 +30,7 @@ import shlex
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Mapping
 
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S
 from slurm.components import (
     COMPONENTS,
     SERVER_COMPONENTS,
@@ -83,7 +84,7 @@ class JobParams:
     trainer: str = ""                  # your training command (run by /bin/sh on the head node once the
                                        # agents registered; env PADDOCK_ENDPOINT, ...); "": the built-in one
     policy_script: str = ""            # the built-in trainer's swe scripts (controller/demo/swe_policy.py)
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     image_store: str = "/var/tmp/paddock/images"
     python: str = "python3"            # interpreter with Paddock installed (the venv's)
     requeue: int = 0                   # 1: --requeue (preempted or failed: back to the queue; the next

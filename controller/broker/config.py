@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S, LIVENESS
 from controller.store.records import QueueConfig
 
 _POSITIVE_S = ("heartbeat_interval_s", "sweep_interval_s", "lost_keep_s", "max_watch_wait_s",
@@ -26,8 +27,8 @@ _AT_LEAST_0 = ("poll_timeout_ms", "compact_every")
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    heartbeat_interval_s: float = 1.0  # both directions; told to agents in `welcome`
-    liveness: int = 5  # silent intervals before a peer is declared lost
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S  # both directions; told to agents in `welcome`
+    liveness: int = LIVENESS  # silent intervals before a peer is declared lost
     lease_silence_intervals: float = 2.0  # silent this many intervals: no new leases
     sweep_interval_s: float = 0.5  # purge lost nodes, expire leases, flush the catalog
     lost_keep_s: float = 3600.0  # a lost node stays in `status` this long

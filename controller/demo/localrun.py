@@ -31,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from controller.analysis.defences import CHEATS
 from controller.analysis.query import connect, print_summary, summary
 from controller.client.api import Client
+from controller.contracts.liveness import HEARTBEAT_INTERVAL_S
 from controller.contracts.safeload import ParseLimitError, load_yaml
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
@@ -75,7 +76,7 @@ class RunConfig:
     learning_rate: float = 4.0
     runs_dir: str = "runs"
     image_store: str = ""
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     lease_ttl_s: float = 300.0
     start_timeout_s: float = 60.0
     tasks_limit: int = 0              # 0: every built-in task
