@@ -445,11 +445,12 @@ def test_store_modules_do_not_import_zmq():
 
 
 def test_trajwriter_does_not_need_duckdb_or_the_controller():
-    """The writer needs the shared schema (controller.contracts) and nothing else of the
-    controller: no zmq, no duckdb, no queue, broker or analysis."""
+    """The writer needs the shared base (the schema in controller.contracts, atomic writes in
+    controller.ondisk) and nothing else of the controller: no zmq, no duckdb, no queue, broker
+    or analysis."""
     code = ("import sys, nodeagent.store.writer; "
             "bad = [m for m in sys.modules if m in ('zmq', 'duckdb') or m.startswith(('zmq.', 'duckdb.')) "
-            "or (m.startswith('controller.') and not m.startswith('controller.contracts'))]; "
+            "or (m.startswith('controller.') and not m.startswith(('controller.contracts', 'controller.ondisk')))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
