@@ -13,6 +13,7 @@ Paddock, pytest.
 """
 
 import ast
+import copy
 import os
 import sys
 
@@ -199,3 +200,374 @@ def image_plugins(trusted_path, trusted_tops):
                          for t in tops(d)}
     args = [a for m in modules for a in ("-p", m)] + (["--no-cov"] if "pytest_cov.plugin" in modules else [])
     return args, frozenset(held) - trusted_tops
+
+
+# -- the test modules' own state (expected values the code under test could rewrite) ----------
+#
+# Module globals, class attributes, function defaults and closure cells of a repository check's
+# test modules, and the parameter values pytest's items hold, are plain data the code under
+# test can reach (`sys.modules`) and rewrite without any audit event; a rewrite that moves an
+# expected value to the code's own wrong answer is consistent across a test and its canaries.
+# So the grader's loader (1) compiles every read of a constant the module binds once to a
+# literal and never rebinds, mutates or hands to other code into the test functions' own code
+# (`inline_constants`): rebinding or mutating the module's copy changes nothing the tests
+# compare; and (2) pins the rest (`state_pin`, after the module ran; `state_items`, after
+# collection) and compares it at every test (`state_check`): a change the tests' own code does
+# not explain is a `tamper` event. The pins live in a generator's frame (`gi_frame` is refused to
+# the code under test); asked with code under test on the stack, the store answers nothing.
+
+_MUTATORS = frozenset({"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault",
+                       "add", "discard", "sort", "reverse", "difference_update", "intersection_update",
+                       "symmetric_difference_update", "__setitem__", "__delitem__", "__iadd__", "__ior__",
+                       "fill", "resize", "put", "appendleft", "extendleft", "rotate", "move_to_end"})
+_READERS = frozenset({"len", "sorted", "list", "tuple", "set", "frozenset", "dict", "isinstance", "repr", "str",
+                      "print", "zip", "enumerate", "range", "min", "max", "sum", "any", "all", "parametrize",
+                      "param", "approx", "deepcopy", "copy", "iter", "reversed", "hash", "type", "bool", "int",
+                      "float", "format", "map", "filter", "fixture"})
+_INLINE_NODES = 64      # a mutable literal is inlined (a fresh copy per read) only when this small
+
+
+def _immutable(v):
+    t = type(v)
+    if t in (int, float, complex, str, bytes, bool, type(None)):
+        return True
+    return t in (tuple, frozenset) and all(_immutable(x) for x in v)
+
+
+def _literal_value(node):
+    try:
+        return True, ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False, None
+
+
+def _bindings(nodes, into_functions):
+    """name -> how often the code in `nodes` binds it (for the module's scope: not inside function,
+    class or lambda bodies unless `into_functions`); "*" for a star import."""
+    out, todo = {}, list(nodes)
+
+    def bind(name):
+        out[name] = out.get(name, 0) + 1
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bind(n.name)
+            if not into_functions:
+                todo += n.decorator_list + (n.bases + [k.value for k in n.keywords] if isinstance(n, ast.ClassDef)
+                                            else n.args.defaults + [d for d in n.args.kw_defaults if d])
+                continue
+        elif isinstance(n, ast.Lambda) and not into_functions:
+            continue
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            bind(n.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            for a in n.names:
+                bind((a.asname or a.name).partition(".")[0])
+        elif isinstance(n, ast.arg):
+            bind(n.arg)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            for name in n.names:
+                bind(name)
+        elif isinstance(getattr(n, "name", None), str) and isinstance(n, (ast.ExceptHandler, ast.MatchAs,
+                                                                           ast.MatchStar)):
+            bind(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            bind(n.rest)
+        todo += ast.iter_child_nodes(n)
+    return out
+
+
+def _uses(tree):
+    """(names and attribute names the module may mutate or hand to other code, names compared
+    with `is`, names rebound by `global`, string constants, dynamic access to namespaces)."""
+    touched, identity, declared, strings, dynamic = set(), set(), set(), set(), False
+
+    def key(e):
+        return e.id if isinstance(e, ast.Name) else "." + e.attr if isinstance(e, ast.Attribute) else None
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Global):
+            declared.update(n.names)
+        elif isinstance(n, ast.Constant) and type(n.value) is str and len(n.value) < 200:
+            strings.add(n.value.rpartition(".")[2])
+        elif isinstance(n, ast.Name) and n.id in ("globals", "vars", "setattr", "delattr", "locals"):
+            dynamic = True
+        elif isinstance(n, (ast.Subscript, ast.Attribute)) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            touched.add(key(n.value))
+            if isinstance(n, ast.Attribute):
+                touched.add("." + n.attr)
+        elif isinstance(n, ast.AugAssign):
+            touched.add(key(n.target))
+        elif isinstance(n, ast.Attribute) and n.attr in _MUTATORS:
+            touched.add(key(n.value))
+        elif isinstance(n, ast.Compare) and any(isinstance(o, (ast.Is, ast.IsNot)) for o in n.ops):
+            identity.update(k for k in map(key, [n.left, *n.comparators]) if k)
+        elif isinstance(n, ast.Call):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if not (name in _READERS or name.lower().startswith("assert")):
+                touched.update(key(a.value if isinstance(a, ast.Starred) else a) for a in n.args)
+                touched.update(key(k.value) for k in n.keywords)
+    touched.discard(None)
+    return touched, identity, declared, strings, dynamic
+
+
+def state_plan(tree):
+    """What of a test module's state its code never rebinds (from its AST): {"globals": {name:
+    (literal?, value, deep)}, "attrs": {(class, name): (literal?, value, deep)}, "classes": set,
+    "inline": {name or (class, name): value node}}. `deep`: nothing in the module mutates it or
+    hands it to other code, so its contents are pinned too."""
+    touched, identity, declared, strings, dynamic = _uses(tree)
+    counts = _bindings(tree.body, into_functions=False)
+    plan = {"globals": {}, "attrs": {}, "classes": set(), "inline": {},
+            "nonlocal": {name for n in ast.walk(tree) if isinstance(n, ast.Nonlocal) for name in n.names}}
+    if "*" in counts:
+        return plan
+
+    def consider(label, value_node, excluded, deep_key):
+        ok, lit = _literal_value(value_node)
+        deep = deep_key not in touched
+        if ok and not excluded and (_immutable(lit) or deep and sum(1 for _ in ast.walk(value_node)) <= _INLINE_NODES):
+            plan["inline"][label] = value_node
+        return ok, lit, deep
+    for stmt in tree.body:
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else \
+            stmt.target if isinstance(stmt, ast.AnnAssign) and stmt.value is not None else None
+        if isinstance(target, ast.Name) and counts.get(target.id) == 1 and target.id not in declared \
+                and not dynamic and target.id not in strings:
+            plan["globals"][target.id] = consider(target.id, stmt.value, target.id in identity, target.id)
+        if isinstance(stmt, ast.ClassDef) and counts.get(stmt.name) == 1 and not stmt.keywords:
+            plan["classes"].add(stmt.name)
+            inner = _bindings(stmt.body, into_functions=False)
+            for s in stmt.body:
+                t = s.targets[0] if isinstance(s, ast.Assign) and len(s.targets) == 1 else \
+                    s.target if isinstance(s, ast.AnnAssign) and s.value is not None else None
+                if isinstance(t, ast.Name) and inner.get(t.id) == 1 and "." + t.id not in touched \
+                        and t.id not in strings and not dynamic:
+                    plan["attrs"][(stmt.name, t.id)] = consider((stmt.name, t.id), s.value, "." + t.id in identity,
+                                                                "." + t.id)
+    return plan
+
+
+class InlineConstants(ast.NodeTransformer):
+    """Reads of a module's read-only literal constants inside its functions (`WANT`,
+    `Expect.want`) compiled to the literal itself (a fresh copy for a small list/dict/set): the
+    value the tests compare is in their own code, not in a namespace the code under test can
+    write. A function (with what it nests) that binds the name keeps its own."""
+
+    def __init__(self, plan):
+        self.names = {k: v for k, v in plan["inline"].items() if type(k) is str}
+        self.attrs = {k: v for k, v in plan["inline"].items() if type(k) is tuple}
+        self.shadow = None
+
+    def _function(self, node):
+        if self.shadow is not None:
+            return self.generic_visit(node)
+        self.shadow = _bindings([node], into_functions=True)
+        try:
+            return self.generic_visit(node)
+        finally:
+            self.shadow = None
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def _copy(self, value, node):
+        return ast.copy_location(copy.deepcopy(value), node)     # a fresh tree: a fresh object per read
+
+    def visit_Name(self, node):
+        if self.shadow is not None and isinstance(node.ctx, ast.Load) and node.id in self.names \
+                and node.id not in self.shadow:
+            return ast.fix_missing_locations(self._copy(self.names[node.id], node))
+        return node
+
+    def visit_Attribute(self, node):
+        v = node.value
+        if self.shadow is not None and isinstance(node.ctx, ast.Load) and isinstance(v, ast.Name) \
+                and (v.id, node.attr) in self.attrs and v.id not in self.shadow:
+            return ast.fix_missing_locations(self._copy(self.attrs[(v.id, node.attr)], node))
+        return self.generic_visit(node)
+
+
+_MISSING = object()
+_SCALARS = frozenset({int, bool, str, bytes, type(None)})
+
+
+def _approx_types():
+    """pytest.approx's classes (pytest is imported before this module in the grader's child)."""
+    api = sys.modules.get("_pytest.python_api")
+    base = getattr(api, "ApproxBase", None)
+    return frozenset(c for c in vars(api).values() if isinstance(c, type) and issubclass(c, base)) if base else frozenset()
+
+
+_APPROX = _approx_types()
+
+
+def digest(v, ids=None, _budget=None, _type=type, _id=id, _float=float, _tuple=tuple, _list=list, _dict=dict,
+           _set=set, _frozenset=frozenset, _complex=complex, _bytearray=bytearray, _approx=_APPROX):
+    """A comparable picture of `v` that runs none of its code: builtin values by value (exact
+    types, recursively), pytest.approx objects by their fields, anything else by identity (its
+    type's and its own). `ids` collects the ids of the mutable containers met."""
+    budget = _budget if _budget is not None else [20000]
+    t = _type(v)
+    if t in _SCALARS:
+        return (t.__name__, v)
+    if t is _float:
+        return ("float", v.hex())
+    if t is _complex:
+        return ("complex", v.real.hex(), v.imag.hex())
+    budget[0] -= 1
+    if budget[0] < 0:
+        return ("id", _id(t), _id(v))
+    if t in (_list, _dict, _set, _bytearray) and ids is not None:
+        ids.add(_id(v))
+    if t in (_list, _tuple):
+        return (t.__name__, *[digest(x, ids, budget) for x in v])
+    if t is _dict:
+        return ("dict", *[(digest(k, ids, budget), digest(x, ids, budget)) for k, x in v.items()])
+    if t in (_set, _frozenset):
+        return (t.__name__, _frozenset(digest(x, ids, budget) for x in v))
+    if t is _bytearray:
+        return ("bytearray", bytes(v))
+    if t in _approx:
+        return ("approx", _id(t), digest(_dict(object.__getattribute__(v, "__dict__")), ids, budget))
+    return ("id", _id(t), _id(v))
+
+
+def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set, _getattr=getattr,
+                 _isinstance=isinstance, _digest=digest):
+    """The pins, in this generator's frame. Requests: ("plan", path, plan), ("pin", module, path),
+    ("items", [(nodeid, params)]), ("check", nodeid or None, when) -> [what changed]. Asked with
+    the code under test on the stack (the audit hook judges it), it answers None."""
+    plans, pins, params, touched, module_pins, pending = {}, [], {}, _set(), {}, _list()
+    out = None
+
+    def pin_value(label, space, key, value, lit, deep, where):
+        ids = _set()
+        pins.append([label, space, key, value, _digest(lit) if lit is not _MISSING else
+                     (_digest(value, ids) if deep else None), where])
+
+    def changed(p):
+        label, space, key, value, want, _where = p
+        if _type(space).__name__ == "cell":
+            try:
+                cur = space.cell_contents
+            except ValueError:
+                cur = _MISSING
+        else:
+            cur = space.get(key, _MISSING) if space is not None else value
+        if want is None:
+            return cur is not value
+        ids = _set()
+        now = _digest(cur, ids)
+        if now == want:
+            return False
+        if ids & touched:       # a value a test handed to the code under test: its to change
+            p[3], p[4] = cur, now
+            return False
+        return True
+    while True:
+        req = yield out
+        out = None
+        culprit = _list()
+        _audit("paddock.stack", culprit)
+        if any(culprit) or _type(req) is not tuple or not req:
+            continue
+        if req[0] == "plan":
+            plans[req[1]] = req[2]
+        elif req[0] == "pin":
+            module, path = req[1], req[2]
+            plan = plans.pop(path, None)
+            if plan is None:
+                continue
+            space = _vars(module)
+            where = module_pins.setdefault(path, _list())
+            start = len(pins)
+            for name, (ok, lit, deep) in plan["globals"].items():
+                if name in space:
+                    pin_value(f"{path}:{name}", space, name, space[name], lit if ok and (deep or _immutable(lit))
+                              else _MISSING, deep, path)
+            for (cls_name, name), (ok, lit, deep) in plan["attrs"].items():
+                cls = space.get(cls_name)
+                if _isinstance(cls, type) and name in _vars(cls):
+                    pin_value(f"{path}:{cls_name}.{name}", _vars(cls), name, _vars(cls)[name],
+                              lit if ok and (deep or _immutable(lit)) else _MISSING, deep, path)
+            fns = [(n, f) for n, f in space.items() if _type(f).__name__ == "function"]
+            fns += [(f"{c}.{n}", f) for c in plan["classes"] if _isinstance(space.get(c), type)
+                    for n, f in _vars(space[c]).items() if _type(f).__name__ == "function"]
+            for name, fn in fns:        # the module's own functions (not a wrapper the code under test made)
+                if _getattr(_getattr(fn, "__code__", None), "co_filename", None) != path:
+                    continue
+                defaults = [*enumerate(_getattr(fn, "__defaults__", None) or ()),
+                            *(_getattr(fn, "__kwdefaults__", None) or {}).items()]
+                for i, d in defaults:   # a non-empty one: an empty one is a cache the function fills
+                    if _type(d) in (_list, dict, _set) and d:
+                        pin_value(f"{path}:{name} default {i}", None, None, d, _MISSING, True, path)
+                for i, cell in enumerate(() if plan["nonlocal"] else _getattr(fn, "__closure__", None) or ()):
+                    try:
+                        pin_value(f"{path}:{name} closure {i}", cell, None, cell.cell_contents, _MISSING, False, path)
+                    except ValueError:
+                        pass
+            where += pins[start:]
+            pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
+        elif req[0] == "items":
+            for nodeid, ps in req[1]:
+                ids = _set()
+                params[nodeid] = [ps, _digest(ps, ids)]
+        elif req[0] == "check":
+            nodeid, when = req[1], req[2]
+            out, pending[:] = pending[:], []
+            if nodeid is None:
+                out += [p[0] for p in pins if changed(p)]
+                continue
+            path = nodeid.partition("::")[0]
+            if when == "call":      # the module's pins (a change at set-up or teardown shows at the next call)
+                out += [p[0] for where, ps in module_pins.items() if where.endswith(("/" + path, "/conftest.py"))
+                        or where == path for p in ps if changed(p)]
+            if when == "setup" and nodeid in params:
+                ps, want = params[nodeid]
+                ids = _set()
+                now = _digest(ps, ids)
+                if now != want and not ids & touched:
+                    out.append(f"{nodeid}: its parameters")
+                params[nodeid][1] = now
+                touched.update(ids)
+
+
+_STATE = _state_store()
+next(_STATE)
+
+
+def state_compile(tree, path, _store=_STATE):
+    """The grader's loader: plan a test module's pins (sent to the store) and inline its
+    read-only constants (see `InlineConstants`)."""
+    plan = state_plan(tree)
+    _store.send(("plan", path, plan))
+    return InlineConstants(plan).visit(tree)
+
+
+def state_pin(module, path, _store=_STATE):
+    """After the module ran: pin its state; what already differs from its source's literals."""
+    return _store.send(("pin", module, path)) or []
+
+
+def state_items(items, _store=_STATE, _getattr=getattr):
+    """After collection: pin the conftest modules' state (from their sources, which the code
+    under test cannot write) and the parameter values every item holds."""
+    for module in list(sys.modules.values()):
+        where = vars(module).get("__file__") if type(module) is type(sys) else None
+        if type(where) is str and os.path.basename(where) == "conftest.py":
+            try:
+                with open(where, "rb") as f:
+                    _store.send(("plan", where, state_plan(ast.parse(f.read(), where))))
+            except (OSError, SyntaxError, ValueError):
+                continue
+            _store.send(("pin", module, where))
+    _store.send(("items", [(i.nodeid, _getattr(_getattr(i, "callspec", None), "params", None)) for i in items
+                           if _getattr(i, "callspec", None) is not None]))
+
+
+def state_check(nodeid=None, when=None, _store=_STATE):
+    """What changed since pinned: the module's pins of test `nodeid` (all when None) and, at its
+    setup, its parameters. A store closed by the code under test answers that."""
+    try:
+        return _store.send(("check", nodeid, when)) or []
+    except BaseException:       # StopIteration (closed), or anything thrown into it
+        return ["the grader's state store was closed"]

@@ -59,9 +59,7 @@ import sys
 import sysconfig
 
 _write, _getpid, _exit = os.write, os.getpid, os._exit
-MAX_EVENTS_BYTES = 1 << 20
-CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
-ASSERTS_PATH = "/verifier/paddock_asserts.py"
+MAX_EVENTS_BYTES, CALLBRIDGE_PATH, ASSERTS_PATH = 1 << 20, "/verifier/paddock_callbridge.py", "/verifier/paddock_asserts.py"
 _asserts = None     # `paddock_asserts` (grader_asserts.py): loaded by path in `child`, before any code under test
 if __name__.startswith("nodeagent."):       # imported on the host (tests): the package's own copy
     from nodeagent.verifier import grader_asserts as _asserts  # type: ignore[assignment]  # None until loaded
@@ -280,14 +278,16 @@ class _Plugin:
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
                    (sys.modules[__name__], "strict_eq"), (_asserts, "honest_eq"), (_asserts, "perturb"),
                    (_asserts, "_trusted_function"), (_asserts, "_suspect"), (_asserts, "trusted_function"),
+                   (_asserts, "state_compile"), (_asserts, "state_pin"), (_asserts, "state_items"),
+                   (_asserts, "state_check"),
                    (_MemLoader, "source_to_code"), (_Plugin, "pytest_runtest_logreport"),
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
         return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
                  else getattr(obj, name, None)) for obj, name in targets]
 
-    def check(self):
-        changed = [name for obj, name, orig in self.watch
+    def check(self, nodeid=None, when=None):
+        changed = _asserts.state_check(nodeid, when) + [name for obj, name, orig in self.watch
                    if (obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
                        else getattr(obj, name, None)) is not orig]
         changed += [f"{where}.{name}" for where, space, name, orig in self.globals_watch
@@ -331,6 +331,7 @@ class _Plugin:
 
     def pytest_collection_finish(self, session):
         self.globals_watch += _callables_of(self.tests_dir, self.locked)
+        _asserts.state_items(session.items)
         self.check()
         ids = [i.nodeid for i in session.items]
         for at in range(0, max(len(ids), 1), 500):      # one socket message each, well under its limit
@@ -341,7 +342,7 @@ class _Plugin:
             self.emit(ev="collect_error", id=report.nodeid, detail=str(report.longrepr)[-1500:])
 
     def pytest_runtest_logreport(self, report):
-        self.check()
+        self.check(report.nodeid, report.when)
         if report.when == "call" or report.outcome != "passed":
             self.emit(ev="test", id=report.nodeid, when=report.when, outcome=report.outcome,
                       detail="" if report.passed else str(report.longrepr)[-800:])
@@ -365,13 +366,14 @@ class _MemLoader(importlib.abc.SourceLoader):
         return source
 
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = _asserts.HonestAsserts().visit(ast.parse(data, path))
+        tree = _asserts.HonestAsserts().visit(_asserts.state_compile(ast.parse(data, path), path))
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
         return _asserts.bind_perturber(code)
 
     def exec_module(self, module):
-        module.__dict__["_paddock_honest_eq"] = _asserts.honest_eq
+        path, module.__dict__["_paddock_honest_eq"] = self.path, _asserts.honest_eq
         super().exec_module(module)
+        _asserts.state_pin(module, path)        # its state, checked from now on (`_Plugin.check`)
 
 
 def _source_store(sources, _audit=sys.audit, _list=list):
@@ -450,16 +452,13 @@ def trusted_prefixes(tests_dir):
 
 
 _STACK_EVENTS = ("ctypes.", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
-                 "function.__new__", "sys.setprofile", "sys.settrace", "sys._current_frames")
+                 "function.__new__", "sys.setprofile", "sys.settrace", "sys._current_frames", "sys.addaudithook")
 _FRAME_EVENTS = ("sys._getframe",)
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code"})
 _SWAP_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "walk_stack",
                            "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
-
-
-_OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import",
-                           "open"})
+_OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import", "open"})
 _MEMORY_FILES = ("mem", "pagemap")
 _REAL_LOADERS = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
 
