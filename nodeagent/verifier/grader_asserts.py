@@ -440,12 +440,12 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
     out = None
 
     def pin_value(label, space, key, value, lit, deep, where):
-        ids = _set()
-        pins.append([label, space, key, value, _digest(lit) if lit is not _MISSING else
-                     (_digest(value, ids) if deep else None), where])
+        want = _digest(lit) if lit is not _MISSING else _digest(value, _set()) if deep else None
+        pins.append([label, space, key, value, want, where,     # frozen: an immutable value, as its literal
+                     lit is not _MISSING and _immutable(lit) and _digest(value) == want])
 
     def changed(p):
-        label, space, key, value, want, _where = p
+        label, space, key, value, want, _where, frozen = p
         if _type(space).__name__ == "cell":
             try:
                 cur = space.cell_contents
@@ -453,7 +453,7 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
                 cur = _MISSING
         else:
             cur = space.get(key, _MISSING) if space is not None else value
-        if want is None:
+        if want is None or (frozen and cur is value):      # an immutable value still bound: unchanged
             return cur is not value
         ids = _set()
         now = _digest(cur, ids)
