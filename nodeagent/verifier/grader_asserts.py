@@ -16,6 +16,7 @@ import ast
 import copy
 import os
 import sys
+import types
 
 TRUSTED_EVENT = "paddock.trusted"
 
@@ -571,3 +572,55 @@ def state_check(nodeid=None, when=None, _store=_STATE):
         return _store.send(("check", nodeid, when)) or []
     except BaseException:       # StopIteration (closed), or anything thrown into it
         return ["the grader's state store was closed"]
+
+
+# -- frames for the code under test: where it was called from, nothing of what the caller holds -
+
+class _CodeView:
+    """A frame's code as the code under test sees it: names and first line, never constants,
+    names used or bytecode (a test's expected values)."""
+    __slots__ = ("co_filename", "co_name", "co_qualname", "co_firstlineno")
+    __class__ = property(lambda self: types.CodeType)       # inspect.iscode / getfile
+
+
+class _FrameView:
+    """A frame as the code under test sees it: file, line and `__name__` of each caller down the
+    stack (`f_back`), no locals, no globals but `__name__`, no real frame behind it."""
+    __slots__ = ("f_back", "f_code", "f_lineno", "f_lasti", "f_globals", "f_locals", "f_builtins", "f_trace")
+    __class__ = property(lambda self: types.FrameType)      # inspect.isframe / getfile
+
+
+def frame_view(frame, _new=object.__new__, _get=dict.get, _dict=dict):
+    """The whole chain from `frame` down, copied into views (made by trusted code from real frames)."""
+    head = prev = None
+    while frame is not None:
+        code, c, v = frame.f_code, _new(_CodeView), _new(_FrameView)
+        c.co_filename, c.co_name, c.co_qualname, c.co_firstlineno = (
+            code.co_filename, code.co_name, code.co_qualname, code.co_firstlineno)
+        v.f_code, v.f_lineno, v.f_lasti, v.f_back, v.f_trace = c, frame.f_lineno, -1, None, None
+        v.f_globals, v.f_locals, v.f_builtins = {"__name__": _get(frame.f_globals, "__name__")}, _dict(), _dict()
+        if prev is None:
+            head = v
+        else:
+            prev.f_back = v
+        prev, frame = v, frame.f_back
+    return head
+
+
+def install_frame_views(_getframe=sys._getframe, _ident=None, _trusted=trusted_function):
+    """`inspect.currentframe()` for the code under test (semver names its caller in a deprecation
+    warning: `inspect.getfile(frame.f_back.f_code)`, `f_lineno`): the caller's real frame when
+    trusted code asks from pytest's thread, a `frame_view` chain otherwise. `sys._getframe`, and
+    every other frame-returning function, stay refused to the code under test by the audit hook."""
+    import _thread
+    import inspect
+    home, ident = _thread.get_ident(), _thread.get_ident
+
+    def _paddock_currentframe(_getframe=_getframe, _ident=ident, _home=home, _trusted=_trusted, _view=frame_view,
+                              _ns=types.SimpleNamespace):     # (not a name the audit hook counts as a frame giver)
+        frame = _getframe(1)
+        if _ident() == _home and _trusted(_ns(__code__=frame.f_code)):
+            return frame
+        return _view(frame)
+    _paddock_currentframe.__doc__ = inspect.currentframe.__doc__
+    inspect.currentframe = _paddock_currentframe

@@ -12,28 +12,24 @@ test. Child: drops to an unprivileged uid (cannot read the test files, nor write
 /verifier or the report directory), then runs pytest with this module as its only plugin;
 test modules are compiled from the sources read before the drop.
 
-Events travel over a SOCK_SEQPACKET socket with SO_PASSCRED: the kernel names the sending pid,
-and only messages from the pytest child itself count (a writer it forks, or the callee, is
-forged). Each event is also signed with an HMAC (a key made by the parent, held by the plugin
-object): defence in depth only, the key lives in the same process as code under test in
-repository mode. With call isolation (`call` in the config) the parent also starts the callee
-(`paddock_callbridge.py serve`, under the callee uid, stdout/stderr to /dev/null) and the
-pytest child imports the agent's modules only as proxies over a socket: the code under test
-never runs in pytest's process. In every mode the child, before any agent code can run, puts a
-finder first on sys.meta_path that loads the standard library and the test framework only from
-the trusted sys.path (nothing in /work can shadow them), and installs an audit hook
-(`sys.addaudithook`, which cannot be removed) that refuses ctypes, gc.get_objects/
-get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
-the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
-settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
-is a `tamper` event. In repository mode the host has planted hidden canary tests in the test
-modules (`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`)
-into their compiled code; the test sources wait in a generator's frame, out of reach. Test
+Events travel over a SOCK_SEQPACKET socket with SO_PASSCRED: only messages the kernel stamps
+with the pytest child's pid count; each is also signed with an HMAC (defence in depth: in
+repository mode the key lives in the process of the code under test). With call isolation the
+parent also starts the callee (`paddock_callbridge.py serve`, under the callee uid) and the
+pytest child imports the agent's modules only as proxies over a socket. In every mode the child,
+before any agent code can run, puts a finder first on sys.meta_path that loads the standard
+library and the test framework only from the trusted sys.path, and installs an audit hook (which
+cannot be removed) that refuses ctypes, gc.get_objects/get_referrers/get_referents, code-object
+construction, `__code__` swaps and frame access (sys._getframe, tb_frame, gi_frame, f_code,
+settrace/setprofile) to code outside the trusted directories, directly or through a
+frame-returning library function; a refusal is a `tamper` event. In repository mode the host
+has planted hidden canary tests (`nodeagent.verifier.canaries`): the loader binds the
+canaries' perturber into their compiled code, and pins the test modules' state
+(`paddock_asserts.state_*`); the test sources wait in a generator's frame, out of reach. Test
 asserts `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
-`paddock_grader`. Before and after each test the plugin checks that the pytest internals it
-depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
-objects it saw at start, and that no trace or profile hook is set; any change is a `tamper`
-event.
+`paddock_grader`. At every test the plugin checks that the pytest internals it depends on
+(`_Plugin.snapshot`), the test modules' functions and state and the builtins are what it saw at
+start, and that no trace or profile hook is set; any change is a `tamper` event.
 
 Standard library only at import (it runs inside the task's image, with no Paddock installed);
 nothing of the code under test, and pytest only after the child drops privileges. Must not
@@ -307,9 +303,7 @@ class _Plugin:
         return plugins
 
     def take_snapshot(self):
-        """Called in `child` before pytest.main: before the task's conftest.py (which may import
-        the package under test) or any /work code runs, so no patch made at import time becomes
-        the original."""
+        """In `child` before pytest.main, before any /work code (the task's conftest) runs."""
         self.watch = self.snapshot()
         self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
@@ -332,6 +326,7 @@ class _Plugin:
     def pytest_collection_finish(self, session):
         self.globals_watch += _callables_of(self.tests_dir, self.locked)
         _asserts.state_items(session.items)
+        self.finder.store.send(False)       # the test sources handed out so far are gone
         self.check()
         ids = [i.nodeid for i in session.items]
         for at in range(0, max(len(ids), 1), 500):      # one socket message each, well under its limit
@@ -376,16 +371,20 @@ class _MemLoader(importlib.abc.SourceLoader):
         _asserts.state_pin(module, path)        # its state, checked from now on (`_Plugin.check`)
 
 
-def _source_store(sources, _audit=sys.audit, _list=list):
-    """A generator that holds the test sources in its own frame: send a path, get its bytes
-    (once), or None. A generator's locals are reachable only through `gi_frame`, which the audit
-    hook refuses the code under test. Asked with code under test on the stack (or from another
-    thread: the hook judges the stack, `paddock.stack`), it answers None and keeps the source."""
-    path = yield None
+def _source_store(sources, _audit=sys.audit, _list=list, _set=set):
+    """The test sources in a generator's own frame (`gi_frame` is refused to the code under test):
+    send a path, get its bytes or None; `False` ends collection: what was handed out is dropped,
+    the rest is handed out once (`--import-mode=importlib` with `--doctest-modules` imports a
+    module twice while collecting). Asked with code under test on the stack or from another
+    thread (`paddock.stack`), it answers None and keeps the source."""
+    path, handed, collecting = (yield None), _set(), True
     while True:
         culprit = _list()
         _audit("paddock.stack", culprit)
-        path = yield (sources.pop(path, None) if type(path) is str and not any(culprit) else None)
+        if path is False and not any(culprit):
+            collecting = [sources.pop(p, None) for p in handed] and False       # (always false)
+        ok = type(path) is str and not any(culprit) and not handed.add(path)
+        path = yield ((sources.get(path) if collecting else sources.pop(path, None)) if ok else None)
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -686,6 +685,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
     plugin.take_snapshot()
+    _asserts.install_frame_views()
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = sys.modules["paddock_callbridge"] = importlib.util.module_from_spec(spec)
