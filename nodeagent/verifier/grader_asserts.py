@@ -607,20 +607,38 @@ def frame_view(frame, _new=object.__new__, _get=dict.get, _dict=dict):
     return head
 
 
-def install_frame_views(_getframe=sys._getframe, _ident=None, _trusted=trusted_function):
+def install_frame_views(_getframe=sys._getframe, _trusted=trusted_function, _view=frame_view,
+                        _ns=types.SimpleNamespace):
     """`inspect.currentframe()` for the code under test (semver names its caller in a deprecation
-    warning: `inspect.getfile(frame.f_back.f_code)`, `f_lineno`): the caller's real frame when
-    trusted code asks from pytest's thread, a `frame_view` chain otherwise. `sys._getframe`, and
-    every other frame-returning function, stay refused to the code under test by the audit hook."""
+    warning: `inspect.getfile(frame.f_back.f_code)`, `f_lineno`): the real frame only when nothing
+    but trusted code is on the stack, in pytest's thread; a `frame_view` chain otherwise (so a
+    trusted function that calls what it is given, `Mock(side_effect=inspect.currentframe)`, hands
+    over no real frame either). The function's internals wait in a generator's frame, which
+    answers only that function's own code; `sys._getframe` and every other frame-returning
+    function stay refused to the code under test by the audit hook."""
     import _thread
     import inspect
     home, ident = _thread.get_ident(), _thread.get_ident
 
-    def _paddock_currentframe(_getframe=_getframe, _ident=ident, _home=home, _trusted=_trusted, _view=frame_view,
-                              _ns=types.SimpleNamespace):     # (not a name the audit hook counts as a frame giver)
-        frame = _getframe(1)
-        if _ident() == _home and _trusted(_ns(__code__=frame.f_code)):
-            return frame
-        return _view(frame)
+    def frames(code):
+        out = None
+        while True:
+            yield out
+            asker, out = _getframe(1), None         # the frame that sent: `_paddock_currentframe`'s, or refused
+            if asker.f_code is not code:
+                continue
+            frame = out = asker.f_back
+            walk = frame if ident() == home else None
+            while walk is not None and _trusted(_ns(__code__=walk.f_code)):
+                walk = walk.f_back
+            if ident() != home or walk is not None:
+                out = _view(frame)
+            frame = walk = asker = None
+
+    def _paddock_currentframe(_frames=None):    # (not a name the audit hook counts as a frame giver)
+        return _frames.send(None)
+    store = frames(_paddock_currentframe.__code__)
+    next(store)
+    _paddock_currentframe.__defaults__ = (store,)
     _paddock_currentframe.__doc__ = inspect.currentframe.__doc__
     inspect.currentframe = _paddock_currentframe
