@@ -346,7 +346,37 @@ def state_plan(tree):
                         and t.id not in strings and not dynamic:
                     plan["attrs"][(stmt.name, t.id)] = consider((stmt.name, t.id), s.value, "." + t.id in identity,
                                                                 "." + t.id)
+    plan["params"] = _parametrized(tree)
     return plan
+
+
+def _parametrized(tree):
+    """(class name or "", name the test is bound to) -> [(argument names, digests of the literal
+    rows)] of its `parametrize` decorators whose values are all literals (a canary's opaque name
+    is bound to a copy of the test: `test_<hex> = test_x`)."""
+    out = {}
+    for scope, body in [("", tree.body)] + [(c.name, c.body) for c in tree.body if isinstance(c, ast.ClassDef)]:
+        defs = {}
+        for s in body:
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                rows = []
+                for d in s.decorator_list:
+                    f = d.func if isinstance(d, ast.Call) else None
+                    if (getattr(f, "attr", None) or getattr(f, "id", None)) != "parametrize" or len(d.args) < 2:
+                        continue
+                    ok_names, names = _literal_value(d.args[0])
+                    ok, values = _literal_value(d.args[1])
+                    names = names.replace(" ", "").split(",") if type(names) is str else names
+                    if ok and ok_names and type(names) in (list, tuple) and type(values) in (list, tuple):
+                        one = len(names) == 1
+                        rows.append((tuple(names), {digest(v if one else tuple(v)) for v in values
+                                                    if one or type(v) in (list, tuple) and len(v) == len(names)}))
+                defs[s.name] = rows
+            elif isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+                    and isinstance(s.value, ast.Name) and s.value.id in defs:
+                defs[s.targets[0].id] = defs[s.value.id]
+        out.update({(scope, name): rows for name, rows in defs.items() if rows})
+    return out
 
 
 class InlineConstants(ast.NodeTransformer):
@@ -438,6 +468,7 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
     ("items", [(nodeid, params)]), ("check", nodeid or None, when) -> [what changed]. Asked with
     the code under test on the stack (the audit hook judges it), it answers None."""
     plans, pins, params, touched, module_pins, pending = {}, [], {}, _set(), {}, _list()
+    literal_params = {}
     out = None
 
     def pin_value(label, space, key, value, lit, deep, where):
@@ -478,6 +509,7 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
             plan = plans.pop(path, None)
             if plan is None:
                 continue
+            literal_params[path] = plan["params"]
             space = _vars(module)
             where = module_pins.setdefault(path, _list())
             start = len(pins)
@@ -509,9 +541,15 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
             where += pins[start:]
             pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
         elif req[0] == "items":
-            for nodeid, ps in req[1]:
-                ids = _set()
-                params[nodeid] = [ps, _digest(ps, ids)]
+            for nodeid, ps, cls, name in req[1]:
+                params[nodeid] = [ps, _digest(ps, _set())]
+                file = nodeid.partition("::")[0]
+                rows = [r for where, lit in literal_params.items() if where.endswith("/" + file) or where == file
+                        for r in lit.get((cls, name), ())]
+                for names, allowed in rows:     # the values pytest holds are rows the source wrote
+                    if _type(ps) is dict and all(n in ps for n in names) and _digest(
+                            ps[names[0]] if len(names) == 1 else tuple(ps[n] for n in names)) not in allowed:
+                        pending.append(f"{nodeid}: its parameters are not its source's")
         elif req[0] == "check":
             nodeid, when = req[1], req[2]
             out, pending[:] = pending[:], []
@@ -561,8 +599,9 @@ def state_items(items, _store=_STATE, _getattr=getattr):
             except (OSError, SyntaxError, ValueError):
                 continue
             _store.send(("pin", module, where))
-    _store.send(("items", [(i.nodeid, _getattr(_getattr(i, "callspec", None), "params", None)) for i in items
-                           if _getattr(i, "callspec", None) is not None]))
+    _store.send(("items", [(i.nodeid, _getattr(_getattr(i, "callspec", None), "params", None),
+                            _getattr(_getattr(i, "cls", None), "__name__", ""), _getattr(i, "originalname", ""))
+                           for i in items if _getattr(i, "callspec", None) is not None]))
 
 
 def state_check(nodeid=None, when=None, _store=_STATE):

@@ -114,6 +114,27 @@ def test_add_negative(n, want):
                 for row in mark.args[1]:
                     row[1][0] = 2 * row[0]
 ''', ""),
+    "parameter values rewritten before collection": ('''import pytest
+
+from calc import add
+
+
+def test_add():
+    assert add(1, 2) == 3
+
+
+@pytest.mark.parametrize("n,want", [(2, -4), (3, -6)])
+def test_add_negative(n, want):
+    assert add(-n, -n) == want
+
+
+ZERO = add(0, 0)
+''', '''def rewrite(mod):
+    for fn in list(vars(mod).values()):
+        for mark in getattr(fn, "pytestmark", ()):
+            if mark.name == "parametrize":
+                mark.args[1][:] = [(n, 2 * n) for n, _want in mark.args[1]]
+''', ""),
     "a helper's mutable default": ('''from calc import add
 
 
