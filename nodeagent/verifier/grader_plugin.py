@@ -416,16 +416,14 @@ PYTEST_DEPENDENCIES = frozenset({"iniconfig", "packaging", "py", "exceptiongroup
 
 
 class _TrustedImports(importlib.abc.MetaPathFinder):
-    """First on sys.meta_path: the standard library and the test framework come only from the
-    trusted sys.path taken before /work was on it; a module of theirs in /work is never loaded."""
+    """First on sys.meta_path: the standard library and the test framework only from the trusted sys.path."""
 
     def __init__(self, trusted_path):
         self.path = list(trusted_path)
         self.loaded = frozenset()
 
     def seal(self, plugins=frozenset()):
-        """The test framework's dependencies it has imported by now, and the image's pytest plugins'
-        packages and their requirements' (`plugins`: top-level names), stay the trusted ones."""
+        """The framework's dependencies imported by now, and the image's plugins' (`plugins`), stay trusted."""
         self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES | plugins
 
     def find_spec(self, name, path=None, target=None):
@@ -602,6 +600,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
                 return frame.f_back.f_code.co_filename
             if frame.f_code.co_name == "walk_stack":    # a generator: its consumer may be library code
                 return untrusted_on_stack(frame)        # (`StackSummary.extract(..., capture_locals)`)
+            named = "_getframe" if event in _FRAME_EVENTS else args[1]   # trusted code handed the function or name:
+            if named not in (*frame.f_code.co_names, *frame.f_code.co_varnames, *frame.f_code.co_freevars):
+                return untrusted_on_stack(frame)        # `inspect.getmembers(tb)`, `weakref.finalize(o, sys._getframe, 0)()`
         return None
 
     def hook(event, args):

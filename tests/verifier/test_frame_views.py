@@ -152,6 +152,40 @@ def test_walking_the_frames_it_is_given_earns_nothing(runtime, python_image, wal
     assert_unrewarded(grade(runtime, python_image, _task(required), {"calc.py": code}), tampered=False)
 
 
+LAUNDERED = {
+    "sys._getframe called by weakref.finalize": '''
+def _answer(frame):
+    import weakref
+
+    class Box:
+        pass
+    real = weakref.finalize(Box(), sys._getframe, 0)()
+    while real is not None and "want" not in real.f_locals:
+        real = real.f_back
+    return real.f_locals["want"]
+''',
+    "a traceback's frame read by inspect.getmembers": '''
+def _answer(frame):
+    try:
+        raise ValueError
+    except ValueError as exc:
+        real = dict(inspect.getmembers(exc.__traceback__))["tb_frame"]
+    while real is not None and "want" not in real.f_locals:
+        real = real.f_back
+    return real.f_locals["want"]
+''',
+}
+
+
+@pytest.mark.parametrize("launder", sorted(LAUNDERED))
+def test_a_real_frame_laundered_through_trusted_code_is_refused(runtime, python_image, launder):
+    """Trusted code that calls what it is handed (`weakref.finalize`) or reads an attribute it is
+    named (`inspect.getmembers`) would hand back a real frame: with code under test on the stack,
+    a frame is given only to trusted code that names `_getframe` / the frame attribute itself."""
+    code = ORACLE.replace("FRAME()", "None") + LAUNDERED[launder] + DEPRECATED
+    assert_unrewarded(grade(runtime, python_image, _task(), {"calc.py": code}))
+
+
 def test_the_real_frame_function_stays_refused(runtime, python_image):
     code = ORACLE.replace("FRAME()", "sys._getframe()") + WALKS["the caller's locals"] + DEPRECATED
     assert_unrewarded(grade(runtime, python_image, _task(), {"calc.py": code}))
