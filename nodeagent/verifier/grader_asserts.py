@@ -319,9 +319,9 @@ def state_plan(tree):
     hands it to other code, so its contents are pinned too."""
     touched, identity, declared, strings, dynamic = _uses(tree)
     counts = _bindings(tree.body, into_functions=False)
-    plan = {"globals": {}, "attrs": {}, "classes": set(), "inline": {},
+    plan = {"globals": {}, "attrs": {}, "classes": set(), "inline": {}, "params": _parametrized(tree),
             "nonlocal": {name for n in ast.walk(tree) if isinstance(n, ast.Nonlocal) for name in n.names}}
-    if "*" in counts:
+    if "*" in counts:       # a star import may bind any name: only the parameters are pinned
         return plan
 
     def consider(label, value_node, excluded, deep_key):
@@ -346,7 +346,6 @@ def state_plan(tree):
                         and t.id not in strings and not dynamic:
                     plan["attrs"][(stmt.name, t.id)] = consider((stmt.name, t.id), s.value, "." + t.id in identity,
                                                                 "." + t.id)
-    plan["params"] = _parametrized(tree)
     return plan
 
 
@@ -391,6 +390,13 @@ class InlineConstants(ast.NodeTransformer):
         self.shadow = None
 
     def _function(self, node):
+        returns = getattr(node, "returns", None)
+        if returns is not None:
+            node.returns = None
+            try:
+                return self._function(node)
+            finally:
+                node.returns = returns
         if self.shadow is not None:
             return self.generic_visit(node)
         self.shadow = _bindings([node], into_functions=True)
@@ -399,6 +405,13 @@ class InlineConstants(ast.NodeTransformer):
         finally:
             self.shadow = None
     visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_arg(self, node):          # annotations keep their names (`from __future__ import annotations`)
+        return node
+
+    def visit_AnnAssign(self, node):
+        node.value = self.visit(node.value) if node.value is not None else None
+        return node
 
     def _copy(self, value, node):
         return ast.copy_location(copy.deepcopy(value), node)     # a fresh tree: a fresh object per read
@@ -507,9 +520,9 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
         elif req[0] == "pin":
             module, path = req[1], req[2]
             plan = plans.pop(path, None)
-            if plan is None:
+            if type(plan) is not dict:
                 continue
-            literal_params[path] = plan["params"]
+            literal_params[path] = plan.get("params") or {}
             space = _vars(module)
             where = module_pins.setdefault(path, _list())
             start = len(pins)
