@@ -515,72 +515,75 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
         _audit("paddock.stack", culprit)
         if any(culprit) or _type(req) is not tuple or not req:
             continue
-        if req[0] == "plan":
-            plans[req[1]] = req[2]
-        elif req[0] == "pin":
-            module, path = req[1], req[2]
-            plan = plans.pop(path, None)
-            if type(plan) is not dict:
-                continue
-            literal_params[path] = plan.get("params") or {}
-            space = _vars(module)
-            where = module_pins.setdefault(path, _list())
-            start = len(pins)
-            for name, (ok, lit, deep) in plan["globals"].items():
-                if name in space:
-                    pin_value(f"{path}:{name}", space, name, space[name], lit if ok and (deep or _immutable(lit))
-                              else _MISSING, deep, path)
-            for (cls_name, name), (ok, lit, deep) in plan["attrs"].items():
-                cls = space.get(cls_name)
-                if _isinstance(cls, type) and name in _vars(cls):
-                    pin_value(f"{path}:{cls_name}.{name}", _vars(cls), name, _vars(cls)[name],
-                              lit if ok and (deep or _immutable(lit)) else _MISSING, deep, path)
-            fns = [(n, f) for n, f in space.items() if _type(f).__name__ == "function"]
-            fns += [(f"{c}.{n}", f) for c in plan["classes"] if _isinstance(space.get(c), type)
-                    for n, f in _vars(space[c]).items() if _type(f).__name__ == "function"]
-            for name, fn in fns:        # the module's own functions (not a wrapper the code under test made)
-                if _getattr(_getattr(fn, "__code__", None), "co_filename", None) != path:
+        try:
+            if req[0] == "plan":
+                plans[req[1]] = req[2]
+            elif req[0] == "pin":
+                module, path = req[1], req[2]
+                plan = plans.pop(path, None)
+                if type(plan) is not dict:
                     continue
-                defaults = [*enumerate(_getattr(fn, "__defaults__", None) or ()),
-                            *(_getattr(fn, "__kwdefaults__", None) or {}).items()]
-                for i, d in defaults:   # a non-empty one: an empty one is a cache the function fills
-                    if _type(d) in (_list, dict, _set) and d:
-                        pin_value(f"{path}:{name} default {i}", None, None, d, _MISSING, True, path)
-                for i, cell in enumerate(() if plan["nonlocal"] else _getattr(fn, "__closure__", None) or ()):
-                    try:
-                        pin_value(f"{path}:{name} closure {i}", cell, None, cell.cell_contents, _MISSING, False, path)
-                    except ValueError:
-                        pass
-            where += pins[start:]
-            pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
-        elif req[0] == "items":
-            for nodeid, ps, cls, name in req[1]:
-                params[nodeid] = [ps, _digest(ps, _set())]
-                file = nodeid.partition("::")[0]
-                rows = [r for where, lit in literal_params.items() if where.endswith("/" + file) or where == file
-                        for r in lit.get((cls, name), ())]
-                for names, allowed in rows:     # the values pytest holds are rows the source wrote
-                    if _type(ps) is dict and all(n in ps for n in names) and _digest(
-                            ps[names[0]] if len(names) == 1 else tuple(ps[n] for n in names)) not in allowed:
-                        pending.append(f"{nodeid}: its parameters are not its source's")
-        elif req[0] == "check":
-            nodeid, when = req[1], req[2]
-            out, pending[:] = pending[:], []
-            if nodeid is None:
-                out += [p[0] for p in pins if changed(p)]
-                continue
-            path = nodeid.partition("::")[0]
-            if when == "call":      # the module's pins (a change at set-up or teardown shows at the next call)
-                out += [p[0] for where, ps in module_pins.items() if where.endswith(("/" + path, "/conftest.py"))
-                        or where == path for p in ps if changed(p)]
-            if when == "setup" and nodeid in params:
-                ps, want = params[nodeid]
-                ids = _set()
-                now = _digest(ps, ids)
-                if now != want and not ids & touched:
-                    out.append(f"{nodeid}: its parameters")
-                params[nodeid][1] = now
-                touched.update(ids)
+                literal_params[path] = plan.get("params") or {}
+                space = _vars(module)
+                where = module_pins.setdefault(path, _list())
+                start = len(pins)
+                for name, (ok, lit, deep) in plan["globals"].items():
+                    if name in space:
+                        pin_value(f"{path}:{name}", space, name, space[name], lit if ok and (deep or _immutable(lit))
+                                  else _MISSING, deep, path)
+                for (cls_name, name), (ok, lit, deep) in plan["attrs"].items():
+                    cls = space.get(cls_name)
+                    if _isinstance(cls, type) and name in _vars(cls):
+                        pin_value(f"{path}:{cls_name}.{name}", _vars(cls), name, _vars(cls)[name],
+                                  lit if ok and (deep or _immutable(lit)) else _MISSING, deep, path)
+                fns = [(n, f) for n, f in space.items() if _type(f).__name__ == "function"]
+                fns += [(f"{c}.{n}", f) for c in plan["classes"] if _isinstance(space.get(c), type)
+                        for n, f in _vars(space[c]).items() if _type(f).__name__ == "function"]
+                for name, fn in fns:        # the module's own functions (not a wrapper the code under test made)
+                    if _getattr(_getattr(fn, "__code__", None), "co_filename", None) != path:
+                        continue
+                    defaults = [*enumerate(_getattr(fn, "__defaults__", None) or ()),
+                                *(_getattr(fn, "__kwdefaults__", None) or {}).items()]
+                    for i, d in defaults:   # a non-empty one: an empty one is a cache the function fills
+                        if _type(d) in (_list, dict, _set) and d:
+                            pin_value(f"{path}:{name} default {i}", None, None, d, _MISSING, True, path)
+                    for i, cell in enumerate(() if plan["nonlocal"] else _getattr(fn, "__closure__", None) or ()):
+                        try:
+                            pin_value(f"{path}:{name} closure {i}", cell, None, cell.cell_contents, _MISSING, False, path)
+                        except ValueError:
+                            pass
+                where += pins[start:]
+                pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
+            elif req[0] == "items":
+                for nodeid, ps, cls, name in req[1]:
+                    params[nodeid] = [ps, _digest(ps, _set())]
+                    file = nodeid.partition("::")[0]
+                    rows = [r for where, lit in literal_params.items() if where.endswith("/" + file) or where == file
+                            for r in lit.get((cls, name), ())]
+                    for names, allowed in rows:     # the values pytest holds are rows the source wrote
+                        if _type(ps) is dict and all(n in ps for n in names) and _digest(
+                                ps[names[0]] if len(names) == 1 else tuple(ps[n] for n in names)) not in allowed:
+                            pending.append(f"{nodeid}: its parameters are not its source's")
+            elif req[0] == "check":
+                nodeid, when = req[1], req[2]
+                out, pending[:] = pending[:], []
+                if nodeid is None:
+                    out += [p[0] for p in pins if changed(p)]
+                    continue
+                path = nodeid.partition("::")[0]
+                if when == "call":      # the module's pins (a change at set-up or teardown shows at the next call)
+                    out += [p[0] for where, ps in module_pins.items() if where.endswith(("/" + path, "/conftest.py"))
+                            or where == path for p in ps if changed(p)]
+                if when == "setup" and nodeid in params:
+                    ps, want = params[nodeid]
+                    ids = _set()
+                    now = _digest(ps, ids)
+                    if now != want and not ids & touched:
+                        out.append(f"{nodeid}: its parameters")
+                    params[nodeid][1] = now
+                    touched.update(ids)
+        except Exception:       # (a fault of the grader's own: no verdict on the code under test)
+            out = None
 
 
 _STATE = _state_store()
