@@ -430,6 +430,20 @@ class InlineConstants(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def framework_targets(classes=False):
+    """pytest's fixture machinery, watched like its reporting (`_Plugin.snapshot`): a patched
+    `FixtureDef.execute` or `call_fixture_func` would hand every test, and its canaries, the same
+    rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched."""
+    fixtures = sys.modules.get("_pytest.fixtures")
+    if fixtures is None:
+        return []
+    if classes:
+        return [c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
+                if isinstance(c, type)]
+    return [(fixtures, n) for n in ("call_fixture_func", "pytest_fixture_setup", "resolve_fixture_function",
+                                    "getfixturemarker") if hasattr(fixtures, n)]
+
+
 _MISSING = object()
 _SCALARS = frozenset({int, bool, str, bytes, type(None)})
 

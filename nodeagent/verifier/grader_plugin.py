@@ -280,7 +280,7 @@ class _Plugin:
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
         return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
-                 else getattr(obj, name, None)) for obj, name in targets]
+                 else getattr(obj, name, None)) for obj, name in targets + _asserts.framework_targets()]
 
     def check(self, nodeid=None, when=None):
         changed = _asserts.state_check(nodeid, when) + [name for obj, name, orig in self.watch
@@ -641,14 +641,14 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
 
 def _watched_classes():
-    """pytest's report, call and item classes: their whole __dict__ is watched (a property added
-    on a class, e.g. `TestReport.outcome`, is tampering)."""
+    """pytest's report, call, item and fixture classes: their whole __dict__ is watched (`TestReport.outcome`)."""
     import _pytest.nodes
     import _pytest.python
     import _pytest.reports
     import _pytest.runner
     return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
-            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin]
+            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin,
+            *_asserts.framework_targets(classes=True)]
 
 
 def _callables_of(tests_dir, locked=()):
