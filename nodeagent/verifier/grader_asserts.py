@@ -1,12 +1,12 @@
 """Paddock's in-sandbox assert helpers (installed read-only at /verifier/paddock_asserts.py).
 
 The grader (`grader_plugin.py`, `paddock_grader` in the sandbox) loads this file by path in the
-pytest child before any code under test runs, as `paddock_asserts`. It holds what the grader's
-loader compiles into the test modules: `honest_eq` (an `assert a == b` of a test module, through
-`HonestAsserts`), the image's pytest plugins a repository's configuration may need
-(`image_plugins`, found before the grader seals its imports) and the canaries' perturber (`perturb`, bound into compiled canary code by
-`bind_perturber`: see `nodeagent.verifier.canaries`). `trusted_function` asks the grader's audit
-hook, through an audit event, whether a function's code is trusted.
+pytest child before any code under test runs, as `paddock_asserts`: `honest_eq` (a test module's
+`assert a == b`, through `HonestAsserts`), the image's pytest plugins (`image_plugins`), the
+canaries' perturber (`perturb`, bound by `bind_perturber`), the test modules' state (constants
+inlined, the rest pinned and checked: `state_compile`/`state_pin`/`state_items`/`state_check`),
+and `inspect.currentframe` for the code under test (`install_frame_views`). `trusted_function`
+asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
 Standard library only at import (it runs inside the task's image). Must not import: anything of
 Paddock, pytest.
@@ -203,19 +203,9 @@ def image_plugins(trusted_path, trusted_tops):
     return args, frozenset(held) - trusted_tops
 
 
-# -- the test modules' own state (expected values the code under test could rewrite) ----------
-#
-# Module globals, class attributes, function defaults and closure cells of a repository check's
-# test modules, and the parameter values pytest's items hold, are plain data the code under
-# test can reach (`sys.modules`) and rewrite without any audit event; a rewrite that moves an
-# expected value to the code's own wrong answer is consistent across a test and its canaries.
-# So the grader's loader (1) compiles every read of a constant the module binds once to a
-# literal and never rebinds, mutates or hands to other code into the test functions' own code
-# (`inline_constants`): rebinding or mutating the module's copy changes nothing the tests
-# compare; and (2) pins the rest (`state_pin`, after the module ran; `state_items`, after
-# collection) and compares it at every test (`state_check`): a change the tests' own code does
-# not explain is a `tamper` event. The pins live in a generator's frame (`gi_frame` is refused to
-# the code under test); asked with code under test on the stack, the store answers nothing.
+# -- the test modules' own state: read-only constants compiled into the tests (`InlineConstants`),
+# the rest pinned in a generator's frame and compared at every test (docs/verifier.md "The tests'
+# own state")
 
 _MUTATORS = frozenset({"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault",
                        "add", "discard", "sort", "reverse", "difference_update", "intersection_update",
@@ -230,9 +220,7 @@ _INLINE_NODES = 64      # a mutable literal is inlined (a fresh copy per read) o
 
 def _immutable(v):
     t = type(v)
-    if t in (int, float, complex, str, bytes, bool, type(None)):
-        return True
-    return t in (tuple, frozenset) and all(_immutable(x) for x in v)
+    return t in (int, float, complex, str, bytes, bool, type(None)) or t in (tuple, frozenset) and all(map(_immutable, v))
 
 
 def _literal_value(node):
@@ -444,8 +432,7 @@ def framework_targets(classes=False):
                                     "getfixturemarker") if hasattr(fixtures, n)]
 
 
-_MISSING = object()
-_SCALARS = frozenset({int, bool, str, bytes, type(None)})
+_MISSING, _SCALARS = object(), frozenset({int, bool, str, bytes, type(None)})
 
 
 def _approx_types():
