@@ -58,9 +58,10 @@ def parse(source: str) -> ast.Module:
 @dataclass
 class Plan:
     """Per test file (rel path): opaque -> original name of real tests; canary -> (the class it
-    is defined in, "" at module level; the original's name)."""
+    is defined in, "" at module level; the original's name); the names of the perturbed canaries."""
     real: dict[str, dict[str, str]] = field(default_factory=dict)
     canary: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    perturbed: dict[str, set[str]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
     def count(self) -> int:
@@ -240,6 +241,8 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
                 c = _perturbed(stmt, sites) if sites and i % 2 == 0 else _raise_after(stmt)
                 cname = _opaque(rng, stmt.name, taken)
                 canary[cname] = (scope, stmt.name)
+                if sites and i % 2 == 0:
+                    plan.perturbed.setdefault(rel, set()).add(cname)
                 group.append((c, cname))
             rng.shuffle(group)
             for fn, bound in group:
@@ -304,6 +307,7 @@ def translate(raw: bytes, plan: Plan) -> bytes:
     except (ValueError, KeyError, TypeError, RecursionError):
         return raw
     kept, seen_canaries, passed_real, bad = [], set(), [], []
+    coincidences = []       # perturbed canaries that passed: (their real test's key, the id to name)
     for ev in events:
         if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
             kept.append(ev)
@@ -312,7 +316,11 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         if name in plan.canary.get(file, {}):
             seen_canaries.add((file, cls, name, params))
             if ev.get("outcome") == "passed":
-                bad.append(f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name][1]}{params}")
+                label = f"{file}::{cls + '::' if cls else ''}{plan.canary[file][name][1]}{params}"
+                if name in plan.perturbed.get(file, ()):
+                    coincidences.append(((file, cls, plan.canary[file][name][1], params), label))
+                else:
+                    bad.append(label)
             continue
         original = plan.real.get(file, {}).get(name)
         if original is not None:
@@ -320,6 +328,10 @@ def translate(raw: bytes, plan: Plan) -> bytes:
             if ev.get("when") == "call" and ev.get("outcome") == "passed":
                 passed_real.append((file, cls, original, params))
         kept.append(ev)
+    # A perturbed canary holds when one of its checks meets the perturbed value: a wrong answer
+    # can be that value by chance (`w + h` for `w * h` at (1, 1), moved to 2). That is tampering
+    # only when the real test passed as well: a real test that failed earns nothing anyway.
+    bad += [label for key, label in coincidences if key in set(passed_real)]
     silent = []
     for file, cls, original, params in passed_real:
         mine = [c for c, (scope, orig) in plan.canary.get(file, {}).items() if orig == original and scope == cls]

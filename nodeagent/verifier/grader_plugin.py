@@ -12,28 +12,24 @@ test. Child: drops to an unprivileged uid (cannot read the test files, nor write
 /verifier or the report directory), then runs pytest with this module as its only plugin;
 test modules are compiled from the sources read before the drop.
 
-Events travel over a SOCK_SEQPACKET socket with SO_PASSCRED: the kernel names the sending pid,
-and only messages from the pytest child itself count (a writer it forks, or the callee, is
-forged). Each event is also signed with an HMAC (a key made by the parent, held by the plugin
-object): defence in depth only, the key lives in the same process as code under test in
-repository mode. With call isolation (`call` in the config) the parent also starts the callee
-(`paddock_callbridge.py serve`, under the callee uid, stdout/stderr to /dev/null) and the
-pytest child imports the agent's modules only as proxies over a socket: the code under test
-never runs in pytest's process. In every mode the child, before any agent code can run, puts a
-finder first on sys.meta_path that loads the standard library and the test framework only from
-the trusted sys.path (nothing in /work can shadow them), and installs an audit hook
-(`sys.addaudithook`, which cannot be removed) that refuses ctypes, gc.get_objects/
-get_referrers/get_referents, code-object construction and `__code__` swaps to code outside
-the trusted directories, and frame access (sys._getframe, tb_frame, gi_frame, f_code,
-settrace/setprofile) to it, directly or through a frame-returning library function; a refusal
-is a `tamper` event. In repository mode the host has planted hidden canary tests in the test
-modules (`nodeagent.verifier.canaries`): the loader binds the canaries' perturber (`perturb`)
-into their compiled code; the test sources wait in a generator's frame, out of reach. Test
+Events travel over a SOCK_SEQPACKET socket with SO_PASSCRED: only messages the kernel stamps
+with the pytest child's pid count; each is also signed with an HMAC (defence in depth: in
+repository mode the key lives in the process of the code under test). With call isolation the
+parent also starts the callee (`paddock_callbridge.py serve`, under the callee uid) and the
+pytest child imports the agent's modules only as proxies over a socket. In every mode the child,
+before any agent code can run, puts a finder first on sys.meta_path that loads the standard
+library and the test framework only from the trusted sys.path, and installs an audit hook (which
+cannot be removed) that refuses ctypes, gc.get_objects/get_referrers/get_referents, code-object
+construction, `__code__` swaps and frame access (sys._getframe, tb_frame, gi_frame, f_code,
+settrace/setprofile) to code outside the trusted directories, directly or through a
+frame-returning library function; a refusal is a `tamper` event. In repository mode the host
+has planted hidden canary tests (`nodeagent.verifier.canaries`): the loader binds the
+canaries' perturber into their compiled code, and pins the test modules' state
+(`paddock_asserts.state_*`); the test sources wait in a generator's frame, out of reach. Test
 asserts `a == b` are rewritten (on the host) to `strict_eq`, imported from this module as
-`paddock_grader`. Before and after each test the plugin checks that the pytest internals it
-depends on (`_Plugin.snapshot`), the test modules' functions and the builtins are the very
-objects it saw at start, and that no trace or profile hook is set; any change is a `tamper`
-event.
+`paddock_grader`. At every test the plugin checks that the pytest internals it depends on
+(`_Plugin.snapshot`), the test modules' functions and state and the builtins are what it saw at
+start, and that no trace or profile hook is set; any change is a `tamper` event.
 
 Standard library only at import (it runs inside the task's image, with no Paddock installed);
 nothing of the code under test, and pytest only after the child drops privileges. Must not
@@ -59,9 +55,7 @@ import sys
 import sysconfig
 
 _write, _getpid, _exit = os.write, os.getpid, os._exit
-MAX_EVENTS_BYTES = 1 << 20
-CALLBRIDGE_PATH = "/verifier/paddock_callbridge.py"
-ASSERTS_PATH = "/verifier/paddock_asserts.py"
+MAX_EVENTS_BYTES, CALLBRIDGE_PATH, ASSERTS_PATH = 1 << 20, "/verifier/paddock_callbridge.py", "/verifier/paddock_asserts.py"
 _asserts = None     # `paddock_asserts` (grader_asserts.py): loaded by path in `child`, before any code under test
 if __name__.startswith("nodeagent."):       # imported on the host (tests): the package's own copy
     from nodeagent.verifier import grader_asserts as _asserts  # type: ignore[assignment]  # None until loaded
@@ -280,14 +274,16 @@ class _Plugin:
                    (pluggy._callers, "_multicall"), (builtins, "AssertionError"), (sys, "exit"),
                    (sys.modules[__name__], "strict_eq"), (_asserts, "honest_eq"), (_asserts, "perturb"),
                    (_asserts, "_trusted_function"), (_asserts, "_suspect"), (_asserts, "trusted_function"),
+                   (_asserts, "state_compile"), (_asserts, "state_pin"), (_asserts, "state_items"),
+                   (_asserts, "state_check"),
                    (_MemLoader, "source_to_code"), (_Plugin, "pytest_runtest_logreport"),
                    (_Plugin, "emit"), (_Plugin, "check"), (json, "dumps"), (hmac, "new"), (_MemFinder, "find_spec"),
                    (_MemLoader, "get_data")]
         return [(obj, name, obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
-                 else getattr(obj, name, None)) for obj, name in targets]
+                 else getattr(obj, name, None)) for obj, name in targets + _asserts.framework_targets()]
 
-    def check(self):
-        changed = [name for obj, name, orig in self.watch
+    def check(self, nodeid=None, when=None):
+        changed = _asserts.state_check(nodeid, when) + [name for obj, name, orig in self.watch
                    if (obj.__dict__.get(name, getattr(obj, name, None)) if isinstance(obj, type)
                        else getattr(obj, name, None)) is not orig]
         changed += [f"{where}.{name}" for where, space, name, orig in self.globals_watch
@@ -307,9 +303,7 @@ class _Plugin:
         return plugins
 
     def take_snapshot(self):
-        """Called in `child` before pytest.main: before the task's conftest.py (which may import
-        the package under test) or any /work code runs, so no patch made at import time becomes
-        the original."""
+        """In `child` before pytest.main, before any /work code (the task's conftest) runs."""
         self.watch = self.snapshot()
         self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
@@ -331,6 +325,8 @@ class _Plugin:
 
     def pytest_collection_finish(self, session):
         self.globals_watch += _callables_of(self.tests_dir, self.locked)
+        _asserts.state_items(session.items)
+        self.finder.store.send(False)       # the test sources handed out so far are gone
         self.check()
         ids = [i.nodeid for i in session.items]
         for at in range(0, max(len(ids), 1), 500):      # one socket message each, well under its limit
@@ -341,7 +337,7 @@ class _Plugin:
             self.emit(ev="collect_error", id=report.nodeid, detail=str(report.longrepr)[-1500:])
 
     def pytest_runtest_logreport(self, report):
-        self.check()
+        self.check(report.nodeid, report.when)
         if report.when == "call" or report.outcome != "passed":
             self.emit(ev="test", id=report.nodeid, when=report.when, outcome=report.outcome,
                       detail="" if report.passed else str(report.longrepr)[-800:])
@@ -365,25 +361,30 @@ class _MemLoader(importlib.abc.SourceLoader):
         return source
 
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = _asserts.HonestAsserts().visit(ast.parse(data, path))
+        tree = _asserts.HonestAsserts().visit(_asserts.state_compile(ast.parse(data, path), path))
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
         return _asserts.bind_perturber(code)
 
     def exec_module(self, module):
-        module.__dict__["_paddock_honest_eq"] = _asserts.honest_eq
+        path, module.__dict__["_paddock_honest_eq"] = self.path, _asserts.honest_eq
         super().exec_module(module)
+        _asserts.state_pin(module, path)        # its state, checked from now on (`_Plugin.check`)
 
 
-def _source_store(sources, _audit=sys.audit, _list=list):
-    """A generator that holds the test sources in its own frame: send a path, get its bytes
-    (once), or None. A generator's locals are reachable only through `gi_frame`, which the audit
-    hook refuses the code under test. Asked with code under test on the stack (or from another
-    thread: the hook judges the stack, `paddock.stack`), it answers None and keeps the source."""
-    path = yield None
+def _source_store(sources, _audit=sys.audit, _list=list, _set=set):
+    """The test sources in a generator's own frame (`gi_frame` is refused to the code under test):
+    send a path, get its bytes or None; `False` ends collection: what was handed out is dropped,
+    the rest is handed out once (`--import-mode=importlib` with `--doctest-modules` imports a
+    module twice while collecting). Asked with code under test on the stack or from another
+    thread (`paddock.stack`), it answers None and keeps the source."""
+    path, handed, collecting = (yield None), _set(), True
     while True:
         culprit = _list()
         _audit("paddock.stack", culprit)
-        path = yield (sources.pop(path, None) if type(path) is str and not any(culprit) else None)
+        if path is False and not any(culprit):
+            collecting = [sources.pop(p, None) for p in handed] and False       # (always false)
+        ok = type(path) is str and not any(culprit) and not handed.add(path)
+        path = yield ((sources.get(path) if collecting else sources.pop(path, None)) if ok else None)
 
 
 class _MemFinder(importlib.abc.MetaPathFinder):
@@ -415,16 +416,14 @@ PYTEST_DEPENDENCIES = frozenset({"iniconfig", "packaging", "py", "exceptiongroup
 
 
 class _TrustedImports(importlib.abc.MetaPathFinder):
-    """First on sys.meta_path: the standard library and the test framework come only from the
-    trusted sys.path taken before /work was on it; a module of theirs in /work is never loaded."""
+    """First on sys.meta_path: the standard library and the test framework only from the trusted sys.path."""
 
     def __init__(self, trusted_path):
         self.path = list(trusted_path)
         self.loaded = frozenset()
 
     def seal(self, plugins=frozenset()):
-        """The test framework's dependencies it has imported by now, and the image's pytest plugins'
-        packages and their requirements' (`plugins`: top-level names), stay the trusted ones."""
+        """The framework's dependencies imported by now, and the image's plugins' (`plugins`), stay trusted."""
         self.loaded = frozenset(n.partition(".")[0] for n in sys.modules) & PYTEST_DEPENDENCIES | plugins
 
     def find_spec(self, name, path=None, target=None):
@@ -450,16 +449,13 @@ def trusted_prefixes(tests_dir):
 
 
 _STACK_EVENTS = ("ctypes.", "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__",
-                 "function.__new__", "sys.setprofile", "sys.settrace", "sys._current_frames")
+                 "function.__new__", "sys.setprofile", "sys.settrace", "sys._current_frames", "sys.addaudithook")
 _FRAME_EVENTS = ("sys._getframe",)
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code"})
 _SWAP_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
 _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "walk_stack",
                            "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
-
-
-_OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import",
-                           "open"})
+_OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import", "open"})
 _MEMORY_FILES = ("mem", "pagemap")
 _REAL_LOADERS = (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
 
@@ -604,6 +600,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
                 return frame.f_back.f_code.co_filename
             if frame.f_code.co_name == "walk_stack":    # a generator: its consumer may be library code
                 return untrusted_on_stack(frame)        # (`StackSummary.extract(..., capture_locals)`)
+            named = "_getframe" if event in _FRAME_EVENTS else args[1]   # trusted code handed the function or name:
+            if named not in (*frame.f_code.co_names, *frame.f_code.co_varnames, *frame.f_code.co_freevars):
+                return untrusted_on_stack(frame)        # `inspect.getmembers(tb)`, `weakref.finalize(o, sys._getframe, 0)()`
         return None
 
     def hook(event, args):
@@ -642,14 +641,14 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
 
 
 def _watched_classes():
-    """pytest's report, call and item classes: their whole __dict__ is watched (a property added
-    on a class, e.g. `TestReport.outcome`, is tampering)."""
+    """pytest's report, call, item and fixture classes: their whole __dict__ is watched (`TestReport.outcome`)."""
     import _pytest.nodes
     import _pytest.python
     import _pytest.reports
     import _pytest.runner
     return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
-            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin]
+            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin,
+            *_asserts.framework_targets(classes=True)]
 
 
 def _callables_of(tests_dir, locked=()):
@@ -687,6 +686,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
     plugin.take_snapshot()
+    _asserts.install_frame_views()
     if bridge_fd is not None:
         spec = importlib.util.spec_from_file_location("paddock_callbridge", CALLBRIDGE_PATH)
         bridge = sys.modules["paddock_callbridge"] = importlib.util.module_from_spec(spec)

@@ -167,6 +167,28 @@ def test_a_forged_report_that_passes_everything_is_tampering_and_so_is_a_silent_
     assert [e for e in translated(plan, silent) if e["ev"] == "tamper" and "never reported" in e["detail"]]
 
 
+def test_a_wrong_answer_that_meets_a_perturbed_value_is_no_tampering_unless_its_real_test_passed(plan):
+    """`w + h` for `w * h` meets a perturbed canary's value by chance (the expected 1 moved to 2):
+    its real test failed, so nothing was earned and nothing is flagged. The same canary passing
+    next to a passing real test, or a raise-after canary passing at all, is still tampering."""
+    wrong = outcomes(plan, Calc(lambda a, b: abs(a) + abs(b)))
+    file = "tests/test_calc.py"
+    real = {i for i in wrong if i.rsplit("::", 1)[-1] in plan.real[file]}
+    assert any(wrong[i] == "failed" for i in real)
+    perturbed = [i for i in wrong if i.rsplit("::", 1)[-1] in plan.perturbed[file]]
+    raise_after = [i for i in wrong if i.rsplit("::", 1)[-1] in set(plan.canary[file]) - plan.perturbed[file]]
+
+    def twins(canary_id):       # the real test a canary copies (same class and original name)
+        scope, orig = plan.canary[file][canary_id.rsplit("::", 1)[-1]]
+        return [i for i in real if plan.real[file][i.rsplit("::", 1)[-1]] == orig and i.count("::") == canary_id.count("::")]
+    chance = [i for i in perturbed if all(wrong[r] == "failed" for r in twins(i))]
+    assert chance and raise_after
+    assert not [e for e in translated(plan, {**wrong, **{i: "passed" for i in chance}}) if e["ev"] == "tamper"]
+    assert [e for e in translated(plan, {**wrong, raise_after[0]: "passed"}) if e["ev"] == "tamper"]
+    forged = {**wrong, chance[0]: "passed", **{r: "passed" for r in twins(chance[0])}}
+    assert [e for e in translated(plan, forged) if e["ev"] == "tamper" and "must fail passed" in e["detail"]]
+
+
 def test_parametrised_ids_map_back_with_their_parameters():
     plan = canaries.plant({"t/test_p.py": "import pytest\n@pytest.mark.parametrize('n', [1, 2])\n"
                                           "def test_p(n):\n    assert n == n\n"}, ["test_p"], random.Random(1))

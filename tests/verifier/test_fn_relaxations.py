@@ -351,8 +351,6 @@ def add(a, b):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: the code under test rebinds a test module's constants and class "
-                                       "attributes (no audit event); the change is consistent, so canaries pass it")
 def test_rewriting_a_test_modules_expected_values_earns_nothing(runtime, python_image):
     task = repo_task(DATA_TESTS, {"calc.py": WRONG})
     assert_unrewarded(grade(runtime, python_image, task, {"calc.py": DATA_REWRITE}), tampered=False)
