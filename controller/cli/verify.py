@@ -155,7 +155,7 @@ def task_from_json(path: Path) -> dict:
 def cmd_check(args) -> int:
     try:
         with CheckRunner(preload=("nodeagent.verifier.checkers", "math_verify")) as runner:
-            r = runner.run("nodeagent.verifier.checkers:answer_verdict", [args.kind, args.gold, args.pred],
+            r = runner.run("nodeagent.verifier.checkers:answer_verdict", [args.kind, args.gold, args.pred, getattr(args, "instruction", None)],
                            timeout_s=args.timeout)
     except CheckInfraError as exc:
         print(f"paddock check: {exc}", file=sys.stderr)
@@ -204,6 +204,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         k = kinds.add_parser(kind, help=what)
         k.add_argument("--gold", required=True, help="gold answer (a regex for `regex`)")
         k.add_argument("--pred", required=True, help="the model's text")
+        if kind == "math":
+            k.add_argument("--instruction", default=None,
+                           help="the task's prompt: says whether a decimal for an exact gold was asked "
+                                "(e.g. 'to the nearest hundredth')")
         k.add_argument("--timeout", type=float, default=10.0, help="seconds before the check is killed")
         k.add_argument("-v", "--verbose", action="store_true", help="print what was extracted")
         k.set_defaults(func=cmd_check)

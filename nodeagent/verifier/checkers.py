@@ -31,12 +31,14 @@ def extract_answer(text: str | None) -> str | None:
 math_equal = mathanswer.math_equal
 
 
-def answer_verdict(kind: str, gold: str, pred_text: str | None) -> dict:
-    """{"ok": bool, "detail": str} for an answer check; run in the isolated check runner."""
+def answer_verdict(kind: str, gold: str, pred_text: str | None, instruction: str | None = None) -> dict:
+    """{"ok": bool, "detail": str} for an answer check; run in the isolated check runner.
+    `instruction` (the task's prompt, the author's text) tells a math check whether a decimal
+    approximation of an exact gold was asked (`mathanswer.math_verdict`)."""
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
     if kind == "math":
-        return mathanswer.math_verdict(gold, pred_text)
+        return mathanswer.math_verdict(gold, pred_text, instruction)
     if kind == "exact":
         return {"ok": exact_match(gold, pred_text), "detail": f"answer={str(pred_text)[:200]!r}"}
     if kind == "regex":

@@ -200,14 +200,15 @@ def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verd
             return Verdict(**webstate.verify_webstate(runtime, image, task, spec, changes, clock))
         except webstate.WebStateError as exc:
             raise VerifierInfraError(str(exc)) from None
-    return _verify_answer(spec, answer, clock, runner)
+    return _verify_answer(spec, answer, clock, runner, task.get("instruction"))
 
 
-def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | None) -> Verdict:
+def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | None,
+                   instruction: str | None = None) -> Verdict:
     t = clock()
     try:
         res = (runner or default_runner()).run("nodeagent.verifier.checkers:answer_verdict",
-                                               [spec["kind"], spec["answer"], answer],
+                                               [spec["kind"], spec["answer"], answer, instruction],
                                                timeout_s=float(spec.get("timeout_s", ANSWER_TIMEOUT_S)))
     except CheckInfraError as exc:
         raise VerifierInfraError(f"check runner: {exc}") from None

@@ -240,3 +240,16 @@ def test_several_different_final_answers_pass_only_if_every_one_is_right(text, o
     from nodeagent.verifier.checkers import answer_verdict, math_equal
     assert math_equal("4", text) is ok
     assert answer_verdict("math", "4", text)["ok"] is ok
+
+
+@pytest.mark.parametrize("instruction, ok", [
+    ("What is the square root of 2?", False),                               # exact gold, no rounding asked
+    ("What is the square root of 2? Round to the nearest hundredth.", True),
+    ("Give the square root of 2 in simplest radical form.", False),
+])
+def test_the_tasks_instruction_reaches_the_math_check_through_the_runner(runner, instruction, ok):
+    # the task's prompt decides whether a decimal for an exact gold was asked for (mathanswer)
+    from nodeagent.verifier import grade as verifier
+    task = {"name": "math/root2", "instruction": instruction, "checker": {"kind": "math", "answer": "\\sqrt{2}"}}
+    v = verifier.verify(None, None, task, [], "so \\boxed{1.41}", runner=runner)
+    assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0))
