@@ -70,18 +70,15 @@ def _splice(a: socket.socket, b: socket.socket, first: bytes = b"") -> list[thre
         try:
             if head:
                 dst.sendall(head)
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
+            while data := src.recv(65536):
                 dst.sendall(data)
-        except OSError:
-            pass
-        for s in (dst, src):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            dst.shutdown(socket.SHUT_WR)    # pass the end on; the other direction stays open
+        except OSError:                     # a reset or a dead peer: both directions end
+            for s in (dst, src):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
     threads = [threading.Thread(target=one_way, args=(a, b, first), daemon=True),
                threading.Thread(target=one_way, args=(b, a, b""), daemon=True)]
     for t in threads:

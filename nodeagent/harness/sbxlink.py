@@ -170,13 +170,13 @@ def _splice(a: socket.socket, b: socket.socket) -> None:
                 if not data:
                     break
                 dst.sendall(data)
-        except OSError:
-            pass
-        for s in (dst, src):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            dst.shutdown(socket.SHUT_WR)    # pass the end on; the other direction stays open
+        except OSError:                     # a reset or a dead peer: both directions end
+            for s in (dst, src):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
     threading.Thread(target=one_way, args=(a, b), daemon=True).start()
     threading.Thread(target=one_way, args=(b, a), daemon=True).start()
 
