@@ -14,6 +14,11 @@ Files ending in `.tmp` (a writer in progress) are never read. A truncated or wro
 shard is left out and listed in `bad_shards`; it never hides the good ones. Files replaced by
 a finished compaction are hidden (see controller/store/catalog.py).
 
+A live run may be compacted under a connection: `connect` holds each run's readers lock
+(`reader_hold`) from before it reads the compaction records until the connection object is
+gone, so no file the views name is unlinked; a target put in place after that read is not
+read (its sources are): each row is in the views exactly once.
+
 Read-only by construction (docs/trajectories.md, "Read-only queries"): a connection from
 `connect` has DuckDB's external access disabled, file access limited to the run directories
 (`allowed_directories`) and its configuration locked, so SQL cannot read host files
@@ -36,6 +41,7 @@ import math
 import os
 import shlex
 import sys
+import weakref
 from datetime import date, datetime, time
 from decimal import Decimal
 from pathlib import Path
@@ -51,7 +57,8 @@ from controller.analysis.defences import defence_lines, defences
 from controller.analysis.sqlguard import QueryError, check_statements, lock_down
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
-from controller.store.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES, span_summary_path
+from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
+                                      reader_hold, span_summary_path)
 
 CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
 
@@ -86,13 +93,15 @@ def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = True,
     """
     runs = _run_dirs(Path(run_dir))
     con = duckdb.connect(database)
+    holds = [fd for run in runs if (fd := reader_hold(run)) is not None]  # before the records
+    weakref.finalize(con, _let_go, holds)   # compaction may unlink files once the connection is gone
     try:
         con.execute("SET TimeZone = 'UTC'")
     except duckdb.Error:  # ICU missing: timestamps still read correctly, shown in local time
         pass
     bad: list[tuple[str, str]] = []
     try:
-        moved = _moved_sources(runs, bad)
+        moved = _Compacted(runs, bad)
         _create_catalog_view(con, runs, moved, bad)
         trusted = _trusted_files(runs, moved)
         for table, schema in SCHEMAS.items():
@@ -111,6 +120,12 @@ def connect(run_dir: str | Path, database: str = ":memory:", lock: bool = True,
         raise QueryError(f"cannot open the trajectory store at {run_dir}: {_one_line(exc)}") \
             from None
     return con
+
+
+def _let_go(holds: list[int]) -> None:
+    for fd in holds:
+        os.close(fd)
+    holds.clear()
 
 
 def _table(con: duckdb.DuckDBPyConnection, name: str, data: pa.Table) -> None:
@@ -260,27 +275,40 @@ def _valid_files(files: list[str], schema: pa.Schema, bad: list,
     return good, complete
 
 
-def _moved_sources(runs: list[Path], bad: list) -> set[str]:
-    """Shard files replaced by a finished compaction (their target file exists)."""
-    moved: set[str] = set()
-    for run in runs:
-        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
-            try:
-                rows = pq.read_table(rec, columns=["source", "target"]).to_pylist()
-            except (OSError, pa.ArrowException) as exc:
-                bad.append((str(rec), f"unreadable compaction record: {_one_line(exc)}"))
-                continue
-            targets = {r["target"] for r in rows}
-            if all((run / t).is_file() for t in targets):
-                moved.update(str(run / r["source"]) for r in rows)
-    return moved
+class _Compacted:
+    """The runs' compactions as the records show them once (read under the readers lock):
+    `targets` in place, the sources they `moved` (absolute paths), and the `moves`
+    (run, source, target) the catalog view follows."""
+
+    def __init__(self, runs: list[Path], bad: list):
+        self.moved: set[str] = set()
+        self.targets: set[str] = set()
+        self.moves: list[tuple[str, str, str]] = []
+        for run in runs:
+            for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
+                try:
+                    rows = pq.read_table(rec, columns=["source", "target"]).to_pylist()
+                except (OSError, pa.ArrowException) as exc:
+                    bad.append((str(rec), f"unreadable compaction record: {_one_line(exc)}"))
+                    continue
+                targets = {r["target"] for r in rows}
+                if all((run / t).is_file() for t in targets):
+                    self.targets.update(str(run / t) for t in targets)
+                    self.moved.update(str(run / r["source"]) for r in rows)
+                    self.moves.extend((str(run), r["source"], r["target"]) for r in rows)
+
+    def __contains__(self, path: object) -> bool:
+        """A shard file the views do not read: a source a compaction replaced, or a
+        compaction target put in place after the records were read (its sources are read)."""
+        return isinstance(path, str) and (path in self.moved or (
+            Path(path).name.startswith(COMPACT_PREFIX) and path not in self.targets))
 
 
 def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: set[str],
+def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: _Compacted,
                          bad: list) -> None:
     files = [f for f in _parquet_files(runs, CATALOG_DIR) if Path(f).name.startswith("commit-")]
     files, complete = _valid_files(files, CATALOG_SCHEMA, bad, CATALOG_KEYS)
@@ -295,14 +323,7 @@ def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved
     con.execute(f"CREATE VIEW _catalog AS SELECT *, {_RUN_OF.format(col='filename')} AS _run "
                 f"FROM {source}")
     # Compaction moved some shards: the catalog view shows where each row lives now.
-    moves = []
-    for run in runs:
-        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
-            if str(rec) in {b[0] for b in bad}:
-                continue
-            for r in pq.read_table(rec, columns=["source", "target"]).to_pylist():
-                if str(run / r["source"]) in moved:
-                    moves.append((str(run), r["source"], r["target"]))
+    moves = moved.moves
     _table(con, "_moves", pa.table({"run": [m[0] for m in moves],
                                      "source": [m[1] for m in moves],
                                      "target": [m[2] for m in moves]},
@@ -315,18 +336,12 @@ def _create_catalog_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved
                 f"{shard_cols}, c.committed_at, c._run AS run_dir FROM _catalog c")
 
 
-def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
+def _trusted_files(runs: list[Path], moved: _Compacted) -> set[str]:
     """Shard files whose rows are all committed, so the views read them with no row filter:
     compaction targets (compaction merges committed rows only) and per-attempt shards that
     a catalog row names, when the file name carries that row's key."""
-    trusted: set[str] = set()
+    trusted: set[str] = set(moved.targets)
     for run in runs:
-        for rec in sorted((run / CATALOG_DIR).glob(f"{COMPACT_PREFIX}*.parquet")):
-            try:
-                targets = set(pq.read_table(rec, columns=["target"])["target"].to_pylist())
-            except (OSError, pa.ArrowException):
-                continue
-            trusted.update(str(run / t) for t in targets if (run / t).is_file())
         for path in sorted((run / CATALOG_DIR).glob("commit-*.parquet")):
             try:
                 present = pq.read_schema(path).names
@@ -352,7 +367,7 @@ def _trusted_files(runs: list[Path], moved: set[str]) -> set[str]:
 
 
 def _create_table_view(con: duckdb.DuckDBPyConnection, table: str, schema: pa.Schema,
-                       runs: list[Path], moved: set[str], bad: list,
+                       runs: list[Path], moved: _Compacted, bad: list,
                        trusted: set[str] = frozenset(), view: str | None = None,
                        exclude: set[str] = frozenset()) -> str | None:
     """Create the committed-only view of `table`; return its row source (None: no files).
@@ -394,7 +409,7 @@ def _source(table: str, schema: pa.Schema, files: list[str]) -> str:
 
 
 def _create_span_summary_views(con: duckdb.DuckDBPyConnection, runs: list[Path],
-                               moved: set[str], trusted: set[str]) -> None:
+                               moved: _Compacted, trusted: set[str]) -> None:
     """`_span_summaries(path)`: HDR summaries of compacted spans files; `_spans_rest`: the
     committed spans rows those summaries do not cover (controller/analysis/report.py merges both)."""
     covered, summaries = set(), []
@@ -409,7 +424,7 @@ def _create_span_summary_views(con: duckdb.DuckDBPyConnection, runs: list[Path],
                        view="_spans_rest", exclude=covered)
 
 
-def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: set[str],
+def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: _Compacted,
                        trusted: set[str]) -> None:
     """Every infra_error attempt in the shards, committed or not (retried ones are not)."""
     schema = SCHEMAS["rollouts"]

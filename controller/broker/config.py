@@ -38,7 +38,7 @@ class BrokerConfig:
     max_frames_per_pass: int = 1024  # frames read per pass (one group commit)
     poll_timeout_ms: int = 20  # the loop's socket poll
     compact_every: int = 0  # merge the run's small shards after every N commits (0: never)
-    compact_wait_s: float = 120.0  # at shutdown, how long a running compaction may finish
+    compact_wait_s: float = 120.0  # at shutdown, how long a running compaction may finish (then stopped)
     metrics_port: Optional[int] = None  # Prometheus metrics on this port (0: any; None: off)
     metrics_addr: str = "127.0.0.1"  # the node's address, never 0.0.0.0 (slurm/jobsteps.py passes it)
     queue: QueueConfig = field(default_factory=QueueConfig)

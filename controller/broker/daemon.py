@@ -201,11 +201,15 @@ class Controller:
                 log.debug("cannot send %s to %r: %s", msg.TYPE, identity, exc)
 
 
+COMPACT_TERM_WAIT_S = 5.0   # a compaction stopped at shutdown: SIGTERM, then SIGKILL after this
+
+
 class AutoCompact:
     """A Controller hook: once `every` rollouts have committed since the last compaction, merge
     the run's small shards in a separate, niced process (`paddock compact`, crash-safe, one at
     a time), so a long run's store stays fast to query. `wait()` at shutdown lets a running
-    compaction finish."""
+    compaction finish, for up to `wait_s`, then stops it: the controller never leaves one
+    running behind it (the run's assembler, controller/farm/assemble.py, waits that long)."""
 
     def __init__(self, run_dir: str, every: int, wait_s: float = BrokerConfig.compact_wait_s):
         self.run_dir, self.every, self.wait_s = run_dir, every, wait_s
@@ -237,8 +241,14 @@ class AutoCompact:
         try:
             self.proc.wait(timeout=self.wait_s)
         except subprocess.TimeoutExpired:      # it is crash-safe: the next one finishes it
-            log.warning("compaction still running after %.0fs at shutdown: leaving it",
-                        self.wait_s)
+            log.warning("compaction still running after %.0fs at shutdown: stopping it (the "
+                        "next compaction finishes it)", self.wait_s)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=COMPACT_TERM_WAIT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 STOPPED_SUFFIX = ".stopped"  # `<endpoint_file>.stopped`: the controller stopped on purpose

@@ -288,7 +288,7 @@ def run_local(cfg: RunConfig, validate: Callable[..., list[str]], console=None) 
             train(cfg, policy, endpoint, deployment, run_dir, taskset, names, default_params(), console)
         finally:
             stop_farm(procs, endpoint if (run_dir / ENDPOINT_FILE).exists() else None, deployment,
-                      key_file, "run finished")
+                      key_file, "run finished", run_dir=run_dir)   # returns with no compaction running
     print_summary(summary(run_dir), run_dir, out=None)
     return run_dir
 

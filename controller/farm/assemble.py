@@ -7,7 +7,8 @@ agents (`paddock agent`: child processes here, one job step per node on Slurm) a
 This module loads the task set and its images, writes the run directory, renders the controller's
 and an agent's command line, starts a daemon with its log, waits for a file a daemon writes, and
 stops the farm (a shutdown request to the controller, which stops the agents, then a bounded
-wait). The trainer and the start-up validation are the caller's: the local run trains in
+wait, which covers the controller's wait for a running compaction: no compaction of the run is
+left running when `stop_farm` returns). The trainer and the start-up validation are the caller's: the local run trains in
 process with the scripted policy, the Slurm head starts a trainer command.
 
 Must not import: controller.demo, controller.cli, nodeagent, slurm.
@@ -24,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
+from controller.broker.config import BrokerConfig
 from controller.broker.curve import ensure_run_keys
 from controller.client.api import Client
 from controller.contracts.tasks import TaskError
 from controller.ondisk.keys import key_file_of, private_dir
 from controller.ondisk.taskblobs import write_tasks_file
+from controller.store.catalog import compaction_holder
 from controller.store.taskindex import build as build_task_index
 from controller.taskbank.bank import TaskBank
 from controller.taskbank.blobs import blob_root, publish
@@ -49,6 +52,8 @@ TASKS_FILE = "tasks.json"
 RUN_FILE = "run.json"
 HEALTH_DIR_ENV = "PADDOCK_HEALTH_DIR"   # the node agent's health stream directory (nodeagent/agent/health.py)
 STOP_WAIT_S = 30.0        # how long the farm's processes get to exit after the shutdown request
+COMPACT_WAIT_S = BrokerConfig.compact_wait_s   # the controller's wait for a running compaction at shutdown
+TERM_WAIT_S = 5.0         # after a SIGTERM, before the SIGKILL
 
 BUILTIN_IMAGE = "builtin:python"
 BROWSER_IMAGE = "builtin:browser"       # web tasks (layers.builtin.ensure_browser_image)
@@ -200,25 +205,65 @@ def wait_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -
 
 
 def stop_farm(procs: list[subprocess.Popen], endpoint: Optional[str], deployment: str, key_file: Path,
-              reason: str, wait_s: float = STOP_WAIT_S) -> None:
+              reason: str, wait_s: float = STOP_WAIT_S, compact_wait_s: float = COMPACT_WAIT_S,
+              run_dir: Optional[Path] = None) -> None:
     """Stop a run's processes (`procs[0]` the controller): a shutdown request to the controller
     while it runs (it stops the agents and flushes the catalog), then each process gets until
-    the deadline to exit, then SIGTERM, then SIGKILL. Shard files are synced to disk at the end."""
+    the deadline to exit (the controller `compact_wait_s` more: it lets a running compaction
+    finish first), then SIGTERM, then SIGKILL. Then `wait_compaction`: no compaction of the run
+    (`run_dir`, by default the key file's directory, where `open_run_dir` puts it) is left
+    running. Shard files are synced to disk at the end."""
     if endpoint and procs and procs[0].poll() is None:
         try:
             with Client(endpoint, deployment, timeout_s=5, retries=2, key_file=key_file) as c:
                 c.shutdown(reason)
         except Exception as exc:  # the controller may already be gone
             log.warning("controller shutdown request failed: %s", exc)
-    deadline = time.monotonic() + wait_s
+    start = time.monotonic()
     for p in reversed(procs):
-        try:
-            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(p, start + wait_s + (compact_wait_s if p is procs[0] else 0.0))
+    wait_compaction(run_dir or key_file.parent, compact_wait_s)
     os.sync()
+
+
+def _stop(p: subprocess.Popen, deadline: float) -> None:
+    """Wait for `p` until `deadline` (monotonic), then SIGTERM, then SIGKILL."""
+    try:
+        p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        log.warning("pid %d did not exit in time: SIGTERM", p.pid)
+        p.terminate()
+        try:
+            p.wait(timeout=TERM_WAIT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def wait_compaction(run_dir: Path, wait_s: float = COMPACT_WAIT_S, poll_s: float = 0.05) -> Optional[int]:
+    """Return once no compaction runs on `run_dir` (none holds its `catalog/compact.lock`): one
+    left by a controller that did not wait for it (killed) gets `wait_s` to finish, then is
+    killed (SIGKILL; compaction is crash-safe and the next one finishes it) when it runs on this
+    host. Returns the pid killed, or None."""
+    deadline = time.monotonic() + wait_s
+    while (holder := compaction_holder(run_dir)) is not None:
+        if time.monotonic() < deadline:
+            time.sleep(poll_s)
+            continue
+        pid, host = holder
+        if pid <= 0 or host != os.uname().nodename:
+            log.warning("a compaction of %s (pid %s on %s) still runs after %.0fs: leaving it",
+                        run_dir, pid or "?", host or "?", wait_s)
+            return None
+        log.warning("compaction pid %d still running on %s after %.0fs: killing it (the next "
+                    "compaction finishes it)", pid, run_dir, wait_s)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError as exc:
+            log.warning("cannot kill compaction pid %d: %s", pid, exc)
+            return None
+        gone_by = time.monotonic() + TERM_WAIT_S
+        while compaction_holder(run_dir) == holder and time.monotonic() < gone_by:
+            time.sleep(poll_s)    # its lock goes with it
+        return pid
+    return None

@@ -24,6 +24,13 @@ target into place (the commit point); unlink the sources. Readers hide a record'
 once its target exists, so at every instant each row is visible exactly once; a crash at any
 point is finished by the next `compact` (a `.tmp` target whose record exists is complete).
 
+Readers of a live run: a reader (controller/analysis/query.py) holds `catalog/readers.lock`
+shared (`reader_hold`) from before it reads the records until its connection is gone, and
+compaction unlinks sources only while it holds that lock exclusively, taken without waiting
+(`_unlink_unread`). While any reader holds it the sources stay on disk (hidden from new
+readers by their record) and a later `compact` unlinks them: a file a reader listed never
+vanishes under its query.
+
 Must not import: zmq, duckdb (it does no network I/O).
 """
 from __future__ import annotations
@@ -87,6 +94,7 @@ def _catalog_schema() -> "pa.Schema":
 _COMMIT_FILE = re.compile(r"^commit-(\d{6,})\.parquet$")
 RETIRED_PREFIX = "retired-"  # a commit file a rebuild replaced (kept for forensics, unread)
 COMPACT_PREFIX = "compact-"
+READERS_LOCK = "readers.lock"   # in catalog/: readers hold it shared; sources are unlinked under LOCK_EX
 _COMPACT_FILE = re.compile(r"^compact-(\d{6,})\.parquet$")
 
 
@@ -125,6 +133,7 @@ class Catalog:
         self.fault = fault  # called at the commit path's fault points (store/faults.py)
         self.dir = self.run_dir / CATALOG_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / READERS_LOCK).touch(exist_ok=True)   # before any commit: readers find it
         self._lock = threading.Lock()
         self._pending: list[dict] = []
         self._by_rollout: dict[str, tuple[int, int]] = {}  # rollout id -> (attempt, token)
@@ -326,6 +335,47 @@ class CompactionResult:
     targets: int          # compacted files written
     rows: int             # rows moved
     recovered: int        # unfinished compactions completed
+    deferred: int = 0     # compactions whose replaced sources stay for a reader (a later compact unlinks them)
+
+
+COMPACT_LOCK = "compact.lock"   # in catalog/: held (flock) by the one compactor, which writes its pid in it
+
+
+def reader_hold(run_dir: str | os.PathLike) -> int | None:
+    """Hold `catalog/readers.lock` shared: while the returned descriptor is open, compaction
+    unlinks no file of the run (close it to let go). Take it before reading the compaction
+    records and listing the shards. Waits only while a compaction unlinks (no merging
+    happens under the lock). None when the run has no lock file (nothing committed yet, or
+    a catalog older than the lock, which no compaction of this version has touched)."""
+    try:
+        fd = os.open(Path(run_dir) / CATALOG_DIR / READERS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def compaction_holder(run_dir: str | os.PathLike) -> tuple[int, str] | None:
+    """(pid, host) of the compaction running on `run_dir` (holding `catalog/compact.lock`, in
+    which it wrote them; (0, "") until it has), or None when none runs."""
+    path = Path(run_dir) / CATALOG_DIR / COMPACT_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, _, host = os.pread(fd, 300, 0).decode(errors="replace").strip().partition(" ")
+            return (int(pid), host) if pid.isdigit() else (0, "")
+        return None
+    finally:
+        os.close(fd)
 
 
 def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
@@ -344,14 +394,18 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
         if (run_dir / "run.json").exists() or any((run_dir / t).is_dir() for t in _SHARD_TABLE_SET):
             return CompactionResult(0, 0, 0, 0)        # nothing committed yet
         raise CatalogError(f"{run_dir} is not a run directory (no run.json, {CATALOG_DIR}/ or shard tables)")
-    with open(cat_dir / "compact.lock", "w") as lock:
+    with open(os.open(cat_dir / COMPACT_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600),
+              "r+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise CatalogError(f"another compaction of {run_dir} is running") from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()} {os.uname().nodename}\n")     # who holds it (compaction_holder)
+        lock.flush()
         for stale in cat_dir.glob("*.ctmp"):
             stale.unlink(missing_ok=True)       # a record write that crashed before its link
-        recovered = _finish_unfinished(run_dir)
+        recovered, deferred = _finish_unfinished(run_dir)
         moved = _recorded_sources(run_dir)
         seq = _next_compact_seq(run_dir)
         committed, keys = _committed_shards(run_dir)
@@ -379,14 +433,39 @@ def compact(run_dir: str | os.PathLike, max_shard_bytes: int = 1 << 20,
                 rows = _compact_group(run_dir, table, schema, group, seq)
                 seq += 1
                 n_src, n_tgt, n_rows = n_src + len(group), n_tgt + 1, n_rows + rows
+                deferred += not _unlink_unread(run_dir, [run_dir / rel for rel, _ in group])
             for rel in others:
                 rows = _promote(run_dir, table, rel, keys, seq)
                 if rows:
                     seq += 1
                     n_src, n_tgt, n_rows = n_src + 1, n_tgt + 1, n_rows + rows
-    log.info("compaction run=%s sources=%d targets=%d rows=%d recovered=%d", run_dir, n_src,
-             n_tgt, n_rows, recovered)
-    return CompactionResult(n_src, n_tgt, n_rows, recovered)
+                    deferred += not _unlink_unread(run_dir, [run_dir / rel])
+    log.info("compaction run=%s sources=%d targets=%d rows=%d recovered=%d deferred=%d",
+             run_dir, n_src, n_tgt, n_rows, recovered, deferred)
+    return CompactionResult(n_src, n_tgt, n_rows, recovered, deferred)
+
+
+def _unlink_unread(run_dir: Path, paths: list[Path]) -> bool:
+    """Unlink replaced sources (their target is in place) if no reader holds the run's
+    readers lock; else leave them (hidden by their record) for a later compaction. Returns
+    whether they were unlinked."""
+    if not paths:
+        return True
+    fd = os.open(run_dir / CATALOG_DIR / READERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("compaction leaves %d replaced file(s) for a reader, e.g. %s", len(paths),
+                     paths[0])
+            return False
+        for path in paths:
+            path.unlink(missing_ok=True)
+        for parent in {p.parent for p in paths}:
+            fsync_dir(parent)
+        return True
+    finally:
+        os.close(fd)       # lets go of the lock
 
 
 def _shard_schemas() -> dict:
@@ -466,9 +545,7 @@ def _promote(run_dir: Path, table: str, rel: str, keys: pa.Table, seq: int) -> i
     _write_record(run_dir, table, [(rel, data.num_rows)], target_rel, seq)
     os.link(path, target)                       # the commit point
     fsync_dir(target.parent)
-    path.unlink()
-    fsync_dir(target.parent)
-    return data.num_rows
+    return data.num_rows                        # the caller unlinks the source (_unlink_unread)
 
 
 def span_summary_path(target: Path) -> Path:
@@ -548,9 +625,10 @@ def _next_compact_seq(run_dir: Path) -> int:
     return max(seqs, default=-1) + 1
 
 
-def _finish_unfinished(run_dir: Path) -> int:
-    """Complete compactions whose record exists: rename the target, unlink the sources."""
-    done = 0
+def _finish_unfinished(run_dir: Path) -> tuple[int, int]:
+    """Complete compactions whose record exists: rename the target, unlink the sources (not
+    while a reader holds the readers lock). Returns (completed, left for a reader)."""
+    done = deferred = 0
     for _record, rows in _records(run_dir):
         targets = {r["target"] for r in rows}
         unfinished = False
@@ -568,13 +646,13 @@ def _finish_unfinished(run_dir: Path) -> int:
                 unfinished = True
         if not all((run_dir / t).exists() for t in targets):
             continue    # cannot happen unless someone deleted files; sources stay visible
-        for r in rows:
-            src = run_dir / r["source"]
-            if src.exists():
-                src.unlink()
-                unfinished = True
+        left = [src for r in rows if (src := run_dir / r["source"]).exists()]
+        if left and _unlink_unread(run_dir, left):
+            unfinished = True
+        elif left:
+            deferred += 1
         done += unfinished
-    return done
+    return done, deferred
 
 
 def _groups(run_dir: Path, rels: list[str], schema: pa.Schema, max_rows: int):
@@ -621,8 +699,5 @@ def _compact_group(run_dir: Path, table: str, schema: pa.Schema,
     _write_record(run_dir, table, group, target_rel, seq)
     os.rename(tmp, target)                      # the commit point
     fsync_dir(target.parent)
-    for rel, _ in group:
-        (run_dir / rel).unlink(missing_ok=True)
-    fsync_dir(target.parent)
-    return merged.num_rows
+    return merged.num_rows                      # the caller unlinks the sources (_unlink_unread)
 
