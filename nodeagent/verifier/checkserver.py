@@ -11,7 +11,8 @@ socket. Then one loop (`_Server.serve`):
   every command's result);
 - sweeps processes a finished check left behind (the server is a child subreaper).
 
-A spare leads its own session (so its own process group), dies with the server (PDEATHSIG),
+A spare leads its own session (so its own process group), dies with the server (PDEATHSIG;
+a spare whose server died before it set that exits at once: its parent is no longer the server),
 sets rlimits (address space, CPU seconds, file size, open files, no core dumps) when it gets
 its one request, runs either a Python function (`fn="module:name"`, JSON arguments, JSON
 result, sent straight to the client) or a command (`argv`, stdout and stderr to the server),
@@ -206,6 +207,7 @@ class _Server:
         req_r, req_w = os.pipe()
         out_r, out_w = os.pipe()
         reply, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
             # Keep only this spare's pipe ends and its reply socket, as fds 3, 4, 5 (copied high
@@ -216,6 +218,8 @@ class _Server:
             os.closerange(6, 1 << 16)
             if _LIBC is not None:       # a check never outlives the server
                 _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != server:  # it died before the prctl: no signal will come
+                os._exit(0)
             _spare(3, 4, 5)
         os.close(req_r)
         os.close(out_w)
