@@ -56,9 +56,8 @@ from rich.table import Table
 from controller.analysis.defences import defence_lines, defences
 from controller.analysis.sqlguard import QueryError, check_statements, lock_down
 from controller.contracts.states import OUTCOMES
-from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, shard_suffix
-from controller.store.catalog import (CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, SHARD_TABLES,
-                                      reader_hold, span_summary_path)
+from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, SHARD_TABLES, shard_suffix
+from controller.store.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, reader_hold, span_summary_path
 
 CATALOG_KEYS = ("rollout_id", "attempt", "fencing_token")
 

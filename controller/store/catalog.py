@@ -24,12 +24,9 @@ target into place (the commit point); unlink the sources. Readers hide a record'
 once its target exists, so at every instant each row is visible exactly once; a crash at any
 point is finished by the next `compact` (a `.tmp` target whose record exists is complete).
 
-Readers of a live run: a reader (controller/analysis/query.py) holds `catalog/readers.lock`
-shared (`reader_hold`) from before it reads the records until its connection is gone, and
-compaction unlinks sources only while it holds that lock exclusively, taken without waiting
-(`_unlink_unread`). While any reader holds it the sources stay on disk (hidden from new
-readers by their record) and a later `compact` unlinks them: a file a reader listed never
-vanishes under its query.
+Live readers (controller/analysis/query.py) hold `catalog/readers.lock` shared (`reader_hold`);
+compaction unlinks sources only under it exclusively, never waiting (`_unlink_unread`): else they
+stay, hidden by their record, for a later `compact`. A file a reader listed never vanishes.
 
 Must not import: zmq, duckdb (it does no network I/O).
 """
@@ -342,11 +339,9 @@ COMPACT_LOCK = "compact.lock"   # in catalog/: held (flock) by the one compactor
 
 
 def reader_hold(run_dir: str | os.PathLike) -> int | None:
-    """Hold `catalog/readers.lock` shared: while the returned descriptor is open, compaction
-    unlinks no file of the run (close it to let go). Take it before reading the compaction
-    records and listing the shards. Waits only while a compaction unlinks (no merging
-    happens under the lock). None when the run has no lock file (nothing committed yet, or
-    a catalog older than the lock, which no compaction of this version has touched)."""
+    """Hold `catalog/readers.lock` shared, from before reading the compaction records: while the
+    returned descriptor is open, compaction unlinks no file of the run. Waits only while one
+    unlinks. None when the run has no lock file (no catalog yet, or one older than the lock)."""
     try:
         fd = os.open(Path(run_dir) / CATALOG_DIR / READERS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -9,6 +9,7 @@ import pytest
 
 from controller.analysis.query import connect, summary
 from controller.demo.localrun import ConfigError, RunConfig, run_local
+from controller.store.catalog import compaction_holder
 from nodeagent.verifier.validate import validate_for_run
 from slurm.clusterhost import RUNUSER
 from tests.conftest import wait_for
@@ -150,6 +151,7 @@ def test_the_controller_compacts_a_run_as_it_goes_and_nothing_is_lost_or_doubled
                                   heartbeat_interval_s=0.5))
     assert list((run_dir / "catalog").glob("compact-*.parquet")), (run_dir / "logs" / "compact.log").read_text()
     assert list((run_dir / "rollouts").glob("compact-*.parquet"))
+    assert compaction_holder(run_dir) is None       # the run returned with no compaction running
     con = connect(run_dir)
     assert con.execute("SELECT count(*), count(DISTINCT rollout_id) FROM rollouts").fetchone() == (16, 16)
     assert con.execute("SELECT count(*) FROM bad_shards").fetchone()[0] == 0
