@@ -15,9 +15,9 @@ shard is left out and listed in `bad_shards`; it never hides the good ones. File
 a finished compaction are hidden (see controller/store/catalog.py).
 
 A live run may be compacted under a connection: `connect` holds each run's readers lock
-(`reader_hold`) from before it reads the compaction records until the connection object is
-gone, so no file the views name is unlinked; a target put in place after that read is not
-read (its sources are): each row is in the views exactly once.
+(`reader_hold`: a shared flock on its catalog/) from before it reads the compaction records
+until the connection object is gone, so no file the views name is unlinked; a target put in
+place after that read is not read (its sources are): each row is in the views exactly once.
 
 Read-only by construction (docs/trajectories.md, "Read-only queries"): a connection from
 `connect` has DuckDB's external access disabled, file access limited to the run directories

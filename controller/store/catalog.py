@@ -24,7 +24,7 @@ target into place (the commit point); unlink the sources. Readers hide a record'
 once its target exists, so at every instant each row is visible exactly once; a crash at any
 point is finished by the next `compact` (a `.tmp` target whose record exists is complete).
 
-Live readers (controller/analysis/query.py) hold `catalog/readers.lock` shared (`reader_hold`);
+Live readers (controller/analysis/query.py) flock the `catalog/` directory shared (`reader_hold`);
 compaction unlinks sources only under it exclusively, never waiting (`_unlink_unread`): else they
 stay, hidden by their record, for a later `compact`. A file a reader listed never vanishes.
 
@@ -91,7 +91,6 @@ def _catalog_schema() -> "pa.Schema":
 _COMMIT_FILE = re.compile(r"^commit-(\d{6,})\.parquet$")
 RETIRED_PREFIX = "retired-"  # a commit file a rebuild replaced (kept for forensics, unread)
 COMPACT_PREFIX = "compact-"
-READERS_LOCK = "readers.lock"   # in catalog/: readers hold it shared; sources are unlinked under LOCK_EX
 _COMPACT_FILE = re.compile(r"^compact-(\d{6,})\.parquet$")
 
 
@@ -130,7 +129,6 @@ class Catalog:
         self.fault = fault  # called at the commit path's fault points (store/faults.py)
         self.dir = self.run_dir / CATALOG_DIR
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / READERS_LOCK).touch(exist_ok=True)   # before any commit: readers find it
         self._lock = threading.Lock()
         self._pending: list[dict] = []
         self._by_rollout: dict[str, tuple[int, int]] = {}  # rollout id -> (attempt, token)
@@ -339,11 +337,12 @@ COMPACT_LOCK = "compact.lock"   # in catalog/: held (flock) by the one compactor
 
 
 def reader_hold(run_dir: str | os.PathLike) -> int | None:
-    """Hold `catalog/readers.lock` shared, from before reading the compaction records: while the
-    returned descriptor is open, compaction unlinks no file of the run. Waits only while one
-    unlinks. None when the run has no lock file (no catalog yet, or one older than the lock)."""
+    """Hold the run's readers lock (a shared flock on its `catalog/` directory: no file to make)
+    from before reading the compaction records: while the returned descriptor is open,
+    compaction unlinks no file of the run. None when the run has no catalog/ (nothing
+    committed: nothing to compact)."""
     try:
-        fd = os.open(Path(run_dir) / CATALOG_DIR / READERS_LOCK, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(Path(run_dir) / CATALOG_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -444,9 +443,7 @@ def _unlink_unread(run_dir: Path, paths: list[Path]) -> bool:
     """Unlink replaced sources (their target is in place) if no reader holds the run's
     readers lock; else leave them (hidden by their record) for a later compaction. Returns
     whether they were unlinked."""
-    if not paths:
-        return True
-    fd = os.open(run_dir / CATALOG_DIR / READERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(run_dir / CATALOG_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
