@@ -332,6 +332,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                 FIRST_ASSISTANT_SQL, [batch_id]).fetchall()
             _record_outcomes(curriculum, con, batch_id)
             con.close()
+            del con         # lets go of the run's readers lock: compaction may unlink what it replaced
             occupancy = curriculum.occupancy(version)   # through this version: what `paddock report` shows
             samples = []
             for family, content, reward in rows:
