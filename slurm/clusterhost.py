@@ -8,7 +8,6 @@ It runs only system commands: ip, and what `run_cmd` is given.
 """
 from __future__ import annotations
 
-import ctypes
 import ipaddress
 import os
 import pwd
@@ -146,11 +145,6 @@ def terminate_pids(pids: dict[int, int | None], *, timeout_s: float,
         if not live:
             return []
     return sorted(live)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG: a SIGKILLed owner takes its daemons along
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

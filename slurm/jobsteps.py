@@ -82,6 +82,7 @@ from layers.builtin import ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.agent.version import AGENT_VERSION
 from nodeagent.verifier.validate import validate_for_run
+from slurm.lifeline import die_with_parent
 from slurm.servers import (
     SERVERS_FILE,
     ServerError,
@@ -562,7 +563,7 @@ def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, ar
     def spawn() -> subprocess.Popen:
         # the agent dies with this step, as it did when it ran in the step's process: a step
         # that is killed loses its node's running rollouts, which the controller leases anew
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent(signal.SIGKILL))
 
     def write(report) -> None:
         atomic_write(report_path, json.dumps(dataclasses.asdict(report), indent=1))
@@ -590,6 +591,3 @@ def supervise_agent(argv: list[str], node: str, run_dir: Path, endpoint: str, ar
     return sup.run()
 
 
-def _die_with_parent() -> None:
-    import ctypes
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG

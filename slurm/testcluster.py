@@ -36,6 +36,7 @@ import random
 import re
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -55,7 +56,6 @@ from slurm.clusterhost import (  # noqa: F401
     ClusterStopError,
     CommandError,
     Names,
-    _die_with_parent,
     _netns_exists,
     _tail,
     _used_networks,
@@ -75,6 +75,7 @@ from slurm.clusterhost import (  # noqa: F401
     terminate_pids,
     validate_prefix,
 )
+from slurm.lifeline import die_with_parent
 
 __all__ = ["TestCluster", "sweep", "missing_requirements", "missing_accounting", "render_slurm_conf",
            "render_gres_conf", "gpu_device_files",
@@ -483,7 +484,7 @@ class TestCluster:
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=subprocess.STDOUT, env=self.env,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
             except OSError as e:
                 raise ClusterStartError(f"cannot start {name} ({argv!r}): {e}") from e
         d = _Daemon(name, proc, proc_start_ticks(proc.pid), out_path)
