@@ -153,7 +153,9 @@ def cmd_compact(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"paddock compact: error: {exc}", file=sys.stderr)
         return 2
     print(f"compacted {r.sources} shards into {r.targets} files ({r.rows} rows); "
-          f"finished {r.recovered} interrupted compactions", file=out or sys.stdout)
+          f"finished {r.recovered} interrupted compactions"
+          + (f"; left {r.deferred} compactions' sources for open readers (the next compact removes them)"
+             if r.deferred else ""), file=out or sys.stdout)
     return 0
 
 
