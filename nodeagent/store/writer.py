@@ -4,7 +4,9 @@ A node agent calls `write_attempt` once an attempt has finished (verified or fai
 are checked against the schemas of `controller.contracts.trajectory` (one per table); every child row (steps, checks, spans, egress) gets the rollout
 row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
 or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
-`SchemaError` naming the table and the column. Each shard is written to a `.tmp` name (`controller.ondisk.fileio`) in its
+`SchemaError` naming the table and the column. The rollout row's reason may be typed
+(`states.InfraReason`: its text goes to `infra_reason`, its code to `infra_code`) or text only
+(its code is read from the text, `InfraReason.parse`). Each shard is written to a `.tmp` name (`controller.ondisk.fileio`) in its
 table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
 the `*.parquet` glob never matches a file being written.
 

@@ -3,10 +3,14 @@ its text: a typed reason gives both; the attempt runner's prose gets its code at
 edge (`AttemptResult`); a malformed task, a missing image and a crash are coded where made."""
 from __future__ import annotations
 
+import pytest
+
 from controller.contracts import protocol as P
 from controller.contracts.states import InfraReason
+from nodeagent.agent import attempt
 from nodeagent.agent.core import AttemptResult
 from nodeagent.agent.daemon import NodeAgent
+from nodeagent.agent.guard import AttemptGuard, Deadlines
 from tests.sim.test_agent_core import DEP, lease, sent, welcomed
 
 
@@ -57,3 +61,16 @@ def test_the_daemons_own_failures_are_coded(tmp_path):
     agent._work(a)
     ((_, crashed),) = agent.done
     assert (crashed.infra_code, crashed.infra_reason) == ("agent_crash", "agent_crash: KeyError: 'boom'")
+
+
+@pytest.mark.parametrize("stop", [("deadline", "create"), ("deadline", "setup"), ("deadline", "verify"),
+                                  ("deadline", "teardown"), ("deadline", "total (agent)"), ("cancel", "drain")])
+def test_the_guard_names_its_stop_as_the_attempt_runner_writes_it(stop):
+    guard = AttemptGuard(Deadlines(total_s=60.0))
+    guard.stop = stop
+    reason = guard.reason()
+    prose = attempt._stopped(guard).infra_reason          # the runner's text today
+    assert reason.text == prose and reason.code == InfraReason.parse(prose).code
+    assert reason.code == {"create": "deadline_create", "setup": "deadline_setup", "verify": "deadline_verify",
+                           "teardown": "deadline_teardown", "total (agent)": "deadline_total",
+                           "drain": "cancelled"}[stop[1]]
