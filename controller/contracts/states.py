@@ -135,19 +135,20 @@ REFUSED_PROTOCOL_VERSION, REFUSED_AGENT_VERSION = REFUSAL_REASONS
 # (`model_server`), a sandbox that would not start (`sandbox_start`) or broke under the
 # attempt (`sandbox`), the node's store (`store`), the task's content (`task`), its set-up
 # (`setup`), grading that cannot reach a verdict (`verifier`), the user simulator
-# (`user_sim`), a crash of the agent's own code (`agent_crash`), a phase past its deadline
+# (`user_sim`), a crash of the agent's own code (`agent_crash`), a `web` task's browser that
+# would not start (`browser_start`), a phase past its deadline
 # (`deadline_<phase>`; `deadline_total` the end-to-end one, `deadline` one between phases) and
 # a cancelled attempt (`cancelled`, never reported). The controller's: a node lost under the
 # attempt (`node_lost`), an expired lease (`lease_expired`), a rollout dropped by the
 # staleness bound (`stale_policy`), a batch cancelled (`cancelled`). `unknown`: a reason in
 # prose (an agent older than the codes) whose kind is none of these.
 InfraCode = Literal["model_server", "sandbox_start", "sandbox", "store", "task", "setup", "verifier",
-                    "user_sim", "agent_crash", "deadline_create", "deadline_setup", "deadline_agent",
+                    "user_sim", "agent_crash", "browser_start", "deadline_create", "deadline_setup", "deadline_agent",
                     "deadline_verify", "deadline_teardown", "deadline_total", "deadline",
                     "node_lost", "lease_expired", "stale_policy", "cancelled", "unknown"]
 INFRA_CODES: tuple[InfraCode, ...] = typing.get_args(InfraCode)
 (MODEL_SERVER, SANDBOX_START, SANDBOX, STORE, TASK, SETUP, VERIFIER, USER_SIM, AGENT_CRASH,
- DEADLINE_CREATE, DEADLINE_SETUP, DEADLINE_AGENT, DEADLINE_VERIFY, DEADLINE_TEARDOWN,
+ BROWSER_START, DEADLINE_CREATE, DEADLINE_SETUP, DEADLINE_AGENT, DEADLINE_VERIFY, DEADLINE_TEARDOWN,
  DEADLINE_TOTAL, DEADLINE, NODE_LOST, LEASE_EXPIRED, STALE_POLICY, INFRA_CANCELLED,
  UNKNOWN_REASON) = INFRA_CODES
 
@@ -158,7 +159,7 @@ INFRA_CODES: tuple[InfraCode, ...] = typing.get_args(InfraCode)
 #   not start or broke, the node's store, a lost node, the node's own phases past their
 #   deadlines (making or destroying a sandbox, and the end-to-end deadline);
 # - `charged`: toward the task's `max_attempts` (a slow set-up or grading, the task's content,
-#   an agent crash, a prose reason of unknown kind). An expired lease is charged unless its
+#   an agent crash, a browser that would not start, a prose reason of unknown kind). An expired lease is charged unless its
 #   node went silent: then the queue counts it a loss (`expire_leases(live_nodes)`);
 # - `stopped`: not a failure: cancelled work, a rollout dropped by the staleness bound.
 InfraClass = Literal["loss", "charged", "stopped"]
@@ -167,6 +168,7 @@ INFRA_CLASS: dict[str, InfraClass] = {
     MODEL_SERVER: LOSS, SANDBOX_START: LOSS, SANDBOX: LOSS, STORE: LOSS, NODE_LOST: LOSS,
     DEADLINE_CREATE: LOSS, DEADLINE_TEARDOWN: LOSS, DEADLINE_TOTAL: LOSS,
     TASK: CHARGED, SETUP: CHARGED, VERIFIER: CHARGED, USER_SIM: CHARGED, AGENT_CRASH: CHARGED,
+    BROWSER_START: CHARGED,
     DEADLINE_SETUP: CHARGED, DEADLINE_AGENT: CHARGED, DEADLINE_VERIFY: CHARGED, DEADLINE: CHARGED,
     LEASE_EXPIRED: CHARGED, UNKNOWN_REASON: CHARGED,
     INFRA_CANCELLED: STOPPED, STALE_POLICY: STOPPED,

@@ -64,6 +64,7 @@ def test_a_deadline_is_coded_by_its_phase(phase, code, loss, fault):
 @pytest.mark.parametrize("text,code", [
     ("model_server: connection refused", "model_server"), ("sandbox_start: no image", "sandbox_start"),
     ("store: disk full", "store"), ("agent_crash: KeyError: 'x'", "agent_crash"),
+    ("browser_start: chromium: no display", "browser_start"),
     ("cancelled: drain", "cancelled"), ("flaky disk: sda", "unknown"), ("?", "unknown"),
     (" task : spaced", "task")])
 def test_older_prose_is_parsed_by_its_kind(text, code):
