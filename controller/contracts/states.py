@@ -143,14 +143,14 @@ REFUSED_PROTOCOL_VERSION, REFUSED_AGENT_VERSION = REFUSAL_REASONS
 # staleness bound (`stale_policy`), a batch cancelled (`cancelled`). `unknown`: a reason in
 # prose (an agent older than the codes) whose kind is none of these.
 InfraCode = Literal["model_server", "sandbox_start", "sandbox", "store", "task", "setup", "verifier",
-                    "user_sim", "agent_crash", "browser_start", "deadline_create", "deadline_setup", "deadline_agent",
-                    "deadline_verify", "deadline_teardown", "deadline_total", "deadline",
-                    "node_lost", "lease_expired", "stale_policy", "cancelled", "unknown"]
+                    "user_sim", "agent_crash", "browser_start", "deadline_create", "deadline_setup",
+                    "deadline_agent", "deadline_verify", "deadline_teardown", "deadline_total",
+                    "deadline", "node_lost", "lease_expired", "stale_policy", "cancelled", "unknown"]
 INFRA_CODES: tuple[InfraCode, ...] = typing.get_args(InfraCode)
 (MODEL_SERVER, SANDBOX_START, SANDBOX, STORE, TASK, SETUP, VERIFIER, USER_SIM, AGENT_CRASH,
- BROWSER_START, DEADLINE_CREATE, DEADLINE_SETUP, DEADLINE_AGENT, DEADLINE_VERIFY, DEADLINE_TEARDOWN,
- DEADLINE_TOTAL, DEADLINE, NODE_LOST, LEASE_EXPIRED, STALE_POLICY, INFRA_CANCELLED,
- UNKNOWN_REASON) = INFRA_CODES
+ BROWSER_START, DEADLINE_CREATE, DEADLINE_SETUP, DEADLINE_AGENT, DEADLINE_VERIFY,
+ DEADLINE_TEARDOWN, DEADLINE_TOTAL, DEADLINE, NODE_LOST, LEASE_EXPIRED, STALE_POLICY,
+ INFRA_CANCELLED, UNKNOWN_REASON) = INFRA_CODES
 
 # What a failed attempt costs its rollout, by code (the queue's accounting):
 # - `loss`: the infrastructure's doing, never the task's -- counted with the attempts lost to
@@ -159,8 +159,9 @@ INFRA_CODES: tuple[InfraCode, ...] = typing.get_args(InfraCode)
 #   not start or broke, the node's store, a lost node, the node's own phases past their
 #   deadlines (making or destroying a sandbox, and the end-to-end deadline);
 # - `charged`: toward the task's `max_attempts` (a slow set-up or grading, the task's content,
-#   an agent crash, a browser that would not start, a prose reason of unknown kind). An expired lease is charged unless its
-#   node went silent: then the queue counts it a loss (`expire_leases(live_nodes)`);
+#   an agent crash, a browser that would not start, a prose reason of unknown kind). An
+#   expired lease is charged unless its node went silent: then the queue counts it a loss
+#   (`expire_leases(live_nodes)`);
 # - `stopped`: not a failure: cancelled work, a rollout dropped by the staleness bound.
 InfraClass = Literal["loss", "charged", "stopped"]
 LOSS, CHARGED, STOPPED = typing.get_args(InfraClass)
@@ -168,8 +169,7 @@ INFRA_CLASS: dict[str, InfraClass] = {
     MODEL_SERVER: LOSS, SANDBOX_START: LOSS, SANDBOX: LOSS, STORE: LOSS, NODE_LOST: LOSS,
     DEADLINE_CREATE: LOSS, DEADLINE_TEARDOWN: LOSS, DEADLINE_TOTAL: LOSS,
     TASK: CHARGED, SETUP: CHARGED, VERIFIER: CHARGED, USER_SIM: CHARGED, AGENT_CRASH: CHARGED,
-    BROWSER_START: CHARGED,
-    DEADLINE_SETUP: CHARGED, DEADLINE_AGENT: CHARGED, DEADLINE_VERIFY: CHARGED, DEADLINE: CHARGED,
+    BROWSER_START: CHARGED, DEADLINE_SETUP: CHARGED, DEADLINE_AGENT: CHARGED, DEADLINE_VERIFY: CHARGED, DEADLINE: CHARGED,
     LEASE_EXPIRED: CHARGED, UNKNOWN_REASON: CHARGED,
     INFRA_CANCELLED: STOPPED, STALE_POLICY: STOPPED,
 }
@@ -179,12 +179,14 @@ assert set(INFRA_CLASS) == set(INFRA_CODES), "every infra code needs its class"
 # without the agent too (or past its deadline). A rollout dead-lettered for one of these
 # counts against its task in the curriculum (repeated ones quarantine it); every other code
 # is the rollout's own making, never held against the task.
-TASK_FAULT_CODES = frozenset({TASK, SETUP, SANDBOX_START, VERIFIER, DEADLINE_SETUP, DEADLINE_VERIFY})
+TASK_FAULT_CODES = frozenset({TASK, SETUP, SANDBOX_START, VERIFIER, DEADLINE_SETUP,
+                              DEADLINE_VERIFY})
 
 # A phase past its deadline (nodeagent/agent/guard.py PHASES; `total (<phase>)` for the
 # end-to-end deadline) -> its code.
-_DEADLINE_CODES: dict[str, InfraCode] = {"create": DEADLINE_CREATE, "setup": DEADLINE_SETUP, "agent": DEADLINE_AGENT,
-                   "verify": DEADLINE_VERIFY, "teardown": DEADLINE_TEARDOWN, "total": DEADLINE_TOTAL}
+_DEADLINE_CODES: dict[str, InfraCode] = {
+    "create": DEADLINE_CREATE, "setup": DEADLINE_SETUP, "agent": DEADLINE_AGENT,
+    "verify": DEADLINE_VERIFY, "teardown": DEADLINE_TEARDOWN, "total": DEADLINE_TOTAL}
 # How the human text of a code begins (the code itself unless listed): the text keeps the
 # form it had before the codes ("deadline: create: ...", "node_lost: ..."), which analysts'
 # queries split on the first colon.
@@ -215,7 +217,8 @@ class InfraReason:
     def deadline(cls, phase: str, detail: str) -> "InfraReason":
         """A phase past its deadline: `phase` as the guard names it (`create`, ...,
         `total (<phase>)`); text `"deadline: <phase>: <detail>"`."""
-        return cls(_DEADLINE_CODES.get(phase.split(" ", 1)[0], DEADLINE), f"deadline: {phase}: {detail}")
+        return cls(_DEADLINE_CODES.get(phase.split(" ", 1)[0], DEADLINE),
+                   f"deadline: {phase}: {detail}")
 
     @classmethod
     def parse(cls, text: str) -> "InfraReason":

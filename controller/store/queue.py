@@ -14,8 +14,9 @@ a lost node) go to retry_wait with full-jitter exponential backoff, and to dead_
 infrastructure fault that is not the task's (a reason whose code is of class `loss`,
 `states.INFRA_CLASS`: the model server unreachable, a sandbox that would not start; counted
 apart: a flapping node or an outage must not dead-letter good tasks); every attempt's reason
-(`states.InfraReason`: its code and its text) is kept in the attempts table. `on_commit` hooks run once the open transaction has committed (what is
-derived from the queue, the catalog, is written there); `fault` is called at the commit
+(`states.InfraReason`: its code and its text) is kept in the attempts table. `on_commit`
+hooks run once the open transaction has committed (what is derived from the queue, the
+catalog, is written there); `fault` is called at the commit
 path's fault points (faults.py). With `config.replica_dir` every COMMIT is shipped to the
 replica (replica.py) before anything derived from it runs. The records it hands
 back and its config are records.py; its reads are reads.py.
