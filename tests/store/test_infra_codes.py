@@ -9,8 +9,10 @@ import sqlite3
 import pyarrow.parquet as pq
 import pytest
 
+from controller.analysis.query import connect
 from controller.contracts.states import InfraReason
 from controller.store import schema
+from controller.store.catalog import Catalog
 from controller.store.queue import QueueConfig, RolloutQueue
 from nodeagent.store.writer import SchemaError, write_attempt
 from tests.conftest import FakeClock
@@ -153,3 +155,23 @@ def test_a_trajectory_row_carries_the_code_beside_the_text(tmp_path):
 def test_a_trajectory_row_with_a_bad_code_is_a_schema_error_naming_the_column(tmp_path, extra):
     with pytest.raises(SchemaError, match="rollouts.infra_code"):
         write_attempt(tmp_path, "n1", rollout_row("r1", outcome="infra_error", **extra), [], [])
+
+
+def test_a_run_with_shards_from_before_the_codes_still_reads_its_reasons(tmp_path):
+    cat = Catalog(tmp_path)
+    old = write_attempt(tmp_path, "n1", rollout_row("r1", outcome="infra_error", infra_reason="sandbox: died"),
+                        [], [])
+    path = tmp_path / old["rollouts"]
+    pq.write_table(pq.read_table(path).drop_columns(["infra_code"]), path)   # a shard of an older node
+    new = write_attempt(tmp_path, "n1", rollout_row("r2", outcome="infra_error",
+                                                    infra_reason=InfraReason.of("store", "full")), [], [])
+    for rid, shards in (("r1", old), ("r2", new)):
+        cat.commit(rid, 1, 1, shards, committed_at=T0)
+    cat.flush()
+    con = connect(tmp_path)
+    try:
+        rows = con.execute("SELECT rollout_id, infra_code, infra_reason FROM rollouts ORDER BY 1").fetchall()
+        assert con.execute("SELECT count(*) FROM bad_shards").fetchone()[0] == 0
+    finally:
+        con.close()
+    assert rows == [("r1", None, "sandbox: died"), ("r2", "store", "store: full")]
