@@ -20,8 +20,7 @@ Quarantine. A task is quarantined, with the reason, when the same solution (a ha
 final diff/answer) got both a pass and a fail (flaky), when its reference solution fails
 (broken), or when it dead-letters `max_infra_failures` times for reasons of its own (broken:
 `states.TASK_FAULT_CODES`, read from the reason's code; a dead letter of the rollout's own
-making never counts). Quarantine persists
-until `release`.
+making never counts). Quarantine persists until `release`.
 
 Persisted in SQLite (`curriculum.sqlite` in the task-bank dir); recording is idempotent per
 rollout id. Must not import zmq.
