@@ -23,7 +23,7 @@ from typing import Any, Callable, ClassVar, Optional, cast
 
 from controller.contracts.errors import BAD_FIELD, ProtocolError
 from controller.contracts.messages import JSON_ENCODER, Ack, Lease, Message, PolicyRef, Result, id_field, json_str
-from controller.contracts.states import OUTCOMES
+from controller.contracts.states import INFRA_CODES, OUTCOMES
 
 # ---- batches (several messages in one frame) ----
 # Agents whose agent_version is at least BATCH_AGENT_VERSION take `leases` and `acks`; an
@@ -149,10 +149,12 @@ def split(msg: Message) -> list[Message]:
 
 _RESULT_KEYS = frozenset(("rollout_id", "attempt", "token", "outcome", "reward", "shards",
                           "infra_reason", "idem", "id"))
+_RESULT_KEYS_CODED = _RESULT_KEYS | {"infra_code"}  # a result with its reason's code
 _LEASE_KEYS = frozenset(("rollout_id", "attempt", "token", "lease_ttl_s", "task", "policy",
                          "seed", "run_id", "run_dir", "batch_id", "id"))
 _POLICY_KEYS = frozenset(("version", "endpoint", "model"))
 _OUTCOME_SET = frozenset(OUTCOMES)
+_INFRA_CODE_SET = frozenset(INFRA_CODES)
 _isfinite = math.isfinite
 
 
@@ -168,7 +170,9 @@ def _result_fields_ok(d: dict) -> bool:
             and (reward is None or (type(reward) is float and _isfinite(reward)))
             and _plain_str_dict(d["shards"]) and (infra is None or type(infra) is str)
             and type(d["idem"]) is str and type(d["id"]) is str
-            and (infra is not None or d["outcome"] != "infra_error"))
+            and (infra is not None or d["outcome"] != "infra_error")
+            and (d["infra_code"] is None or (type(d["infra_code"]) is str
+                                             and d["infra_code"] in _INFRA_CODE_SET)))
 
 
 def _exact_keys(body: dict, msg_id: Optional[str], want: frozenset) -> bool:
@@ -180,10 +184,13 @@ def _exact_keys(body: dict, msg_id: Optional[str], want: frozenset) -> bool:
 
 
 def _build_result(body: dict, msg_id: Optional[str]) -> Optional[Message]:
-    if not _exact_keys(body, msg_id, _RESULT_KEYS):
+    coded = "infra_code" in body
+    if not _exact_keys(body, msg_id, _RESULT_KEYS_CODED if coded else _RESULT_KEYS):
         return None
     msg = object.__new__(Result)
     d = msg.__dict__
+    if not coded:
+        d["infra_code"] = None
     d.update(body)
     if msg_id is not None:
         d["id"] = msg_id
@@ -230,7 +237,8 @@ def _result_json(m: Message) -> Optional[str]:
             f'"reward":{"null" if reward is None else float.__repr__(reward)},'
             f'"shards":{JSON_ENCODER.encode(shards) if shards else "{}"},'
             f'"infra_reason":{"null" if infra is None else json_str(infra)},'
-            f'"idem":{json_str(d["idem"])}')
+            f'"idem":{json_str(d["idem"])}'
+            + ("" if d["infra_code"] is None else f',"infra_code":"{d["infra_code"]}"'))
 
 
 def _result_body(m: Message) -> Optional[str]:

@@ -27,9 +27,12 @@ from controller.contracts.states import (
     TRAINER_CANCEL_REASONS,
     CancelReason,
     ErrorCode,
+    InfraCode,
+    InfraReason,
     Outcome,
     RefusalReason,
     RejectReason,
+    as_infra_reason,
 )
 
 # The one JSON dialect of the wire, made once (json.dumps with options builds one per call).
@@ -137,14 +140,31 @@ class Result(Message):
     outcome: Outcome
     reward: Optional[float]
     shards: dict[str, str]
-    infra_reason: Optional[str]
+    infra_reason: Optional[str]  # the human text ("model_server: connection refused")
     idem: str
+    # What decisions read: the reason's code (states.InfraCode). Absent on the wire when None
+    # (a verdict, or an agent older than the codes: its prose is parsed, see `reason`).
+    infra_code: Optional[InfraCode] = None
     id: str = id_field()
 
     def check(self) -> None:
         if self.outcome == "infra_error" and self.infra_reason is None:
             raise ProtocolError(BAD_FIELD, "infra_error needs an infra_reason",
                                 field="infra_reason")
+
+    def body(self) -> dict[str, Any]:
+        out = super().body()
+        if out["infra_code"] is None:
+            del out["infra_code"]
+        return out
+
+    @property
+    def reason(self) -> Optional[InfraReason]:
+        """The typed reason: `infra_code` with the text; an older agent's prose (no code)
+        parsed here, the one place a result's text is read; None without a reason."""
+        if self.infra_code is not None:
+            return InfraReason(self.infra_code, self.infra_reason or self.infra_code)
+        return as_infra_reason(self.infra_reason)
 
 
 @dataclass(frozen=True)

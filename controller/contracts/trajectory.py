@@ -80,6 +80,7 @@ ROLLOUTS_SCHEMA = pa.schema(_KEY_FIELDS + [
     _f("changes_path", pa.string(), True),   # the verifier's changes artifact (rescore)
     _f("trace_id", pa.string(), True),       # the rollout's trace (32 hex; nodeagent/store/tracing.py)
     _f("trace_sample", pa.string(), True),   # the tail-sampling decision: TRACE_SAMPLE_DECISIONS
+    _f("infra_code", pa.string(), True),     # the code of infra_reason: states.INFRA_CODES
 ])
 
 STEPS_SCHEMA = pa.schema(_KEY_FIELDS + [
@@ -187,7 +188,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 # even when nullable: a required nullable column must be passed explicitly as None.
 OPTIONAL_COLUMNS: dict[str, frozenset[str]] = {
     "rollouts": frozenset({"split", "stop_reason", "diff_files", "cpu_s", "peak_memory_bytes", "changes_path",
-                           "trace_id", "trace_sample"}),
+                           "trace_id", "trace_sample", "infra_code"}),
     "steps": frozenset({"observation_truncated", "tool_faults"}) | frozenset(PROVENANCE_COLUMNS),
     "checks": frozenset(PROVENANCE_COLUMNS),
     "spans": frozenset({"name", "step", "node", "trace_id", "span_id", "parent_span_id"})

@@ -11,11 +11,12 @@ fencing token; a result is accepted only with the rollout's current (attempt, to
 it is leased, running or verifying. Infrastructure failures (infra_error, an expired lease,
 a lost node) go to retry_wait with full-jitter exponential backoff, and to dead_letter after
 `max_attempts` failures, or `max_node_losses` attempts lost with their node or to an
-infrastructure fault that is not the task's (`states.is_infra_loss`: the model server
-unreachable, a sandbox that would not start; counted apart: a flapping node or an outage
-must not dead-letter good tasks); every attempt's reason is kept in the
-attempts table. `on_commit` hooks run once the open transaction has committed (what is
-derived from the queue, the catalog, is written there); `fault` is called at the commit
+infrastructure fault that is not the task's (a reason whose code is of class `loss`,
+`states.INFRA_CLASS`: the model server unreachable, a sandbox that would not start; counted
+apart: a flapping node or an outage must not dead-letter good tasks); every attempt's reason
+(`states.InfraReason`: its code and its text) is kept in the attempts table. `on_commit`
+hooks run once the open transaction has committed (what is derived from the queue, the
+catalog, is written there); `fault` is called at the commit
 path's fault points (faults.py). With `config.replica_dir` every COMMIT is shipped to the
 replica (replica.py) before anything derived from it runs. The records it hands
 back and its config are records.py; its reads are reads.py.
@@ -45,6 +46,7 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     COMMITTED_OUTCOMES,
     DEAD_LETTER,
     HELD,
+    INFRA_CANCELLED,
     INFRA_ERROR,
     LEASABLE,
     LEASE_EXPIRED,
@@ -64,10 +66,12 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     TERMINAL,
     TRANSITIONS,
     UNFINISHED,
+    UNKNOWN_REASON,
     UNKNOWN_ROLLOUT,
     VERIFYING,
+    InfraReason,
+    as_infra_reason,
     check_transition,
-    is_infra_loss,
 )
 from controller.store import schema
 from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
@@ -88,6 +92,10 @@ from controller.store.replica import Replica
 from controller.store.schema import any_of, qs
 
 log = logging.getLogger(__name__)
+
+# The reasons the queue records itself (text as before the codes: the code alone).
+_EXPIRED = InfraReason(LEASE_EXPIRED, LEASE_EXPIRED)
+_STALE = InfraReason(STALE_POLICY, STALE_POLICY)
 
 
 class RolloutQueue(QueueReads):
@@ -297,7 +305,7 @@ class RolloutQueue(QueueReads):
                reason: str = CANCELLED_BY_TRAINER) -> Cancellation:
         """Cancel a batch (idempotent with `idem`: a duplicate gets the first reply). `reason`
         (a TRAINER_CANCEL_REASONS code) is recorded as the cancelled rollouts' `infra_reason`
-        and their held attempts' reason.
+        and their held attempts' reason, with the code `cancelled`.
 
         Returns how many rollouts were cancelled and the leases that were held, so the
         broker can tell their nodes. Raises UnknownBatch.
@@ -316,12 +324,14 @@ class RolloutQueue(QueueReads):
                 f"SELECT * FROM rollouts WHERE batch_id = ? AND state NOT IN "
                 f"({qs(TERMINAL)})", (batch_id, *TERMINAL)).fetchall()
             revoked = []
+            why = InfraReason(INFRA_CANCELLED, reason)
             for row in rows:
                 if row["state"] in HELD:
-                    self._finish_attempt(row, now, ATTEMPT_CANCELLED, reason)
+                    self._finish_attempt(row, now, ATTEMPT_CANCELLED, why)
                     revoked.append(HeldLease(row["rollout_id"], row["node"], row["attempt"],
                                            row["token"]))
-                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=reason)
+                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=why.text,
+                           infra_code=why.code)
             if idem is not None:
                 self._idem_put("cancel:" + idem, {"rollouts": len(rows)})
         log.info("batch %s cancelled: %d rollouts", batch_id, len(rows))
@@ -455,10 +465,12 @@ class RolloutQueue(QueueReads):
         self._renewed_pruned = now
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
-                 reward: Optional[float], shards: dict[str, str], infra_reason: Optional[str],
-                 idem: str) -> Completion:
+                 reward: Optional[float], shards: dict[str, str],
+                 infra_reason: InfraReason | str | None, idem: str) -> Completion:
         """Record a result. Stale tokens are rejected and change nothing; duplicates of an
-        accepted result (same idem) get the stored completion."""
+        accepted result (same idem) get the stored completion. An `infra_error`'s
+        `infra_reason` is typed (`P.Result.reason`); its code decides whether the attempt is a
+        loss (a reason given as text only is parsed, `states.InfraReason.parse`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
         with self._tx():
@@ -486,8 +498,9 @@ class RolloutQueue(QueueReads):
                            commit_seq=self._next_commit_seq())
             else:
                 result = Completion(True, None, False)
-                self._fail_attempt(row, now, infra_reason or INFRA_ERROR, retry_now=False,
-                                   idem=idem, reply=result, lost=is_infra_loss(infra_reason))
+                why = as_infra_reason(infra_reason) or InfraReason(UNKNOWN_REASON, INFRA_ERROR)
+                self._fail_attempt(row, now, why, retry_now=False, idem=idem, reply=result,
+                                   lost=why.is_loss)
         return result
 
     def _commit_held(self, rollout_id: str, attempt: int, token: int, outcome: str,
@@ -526,22 +539,24 @@ class RolloutQueue(QueueReads):
         return None if stored is None else Completion(**{**stored, "duplicate": True})
 
     def _finish_attempt(self, row: sqlite3.Row, now: float, outcome: str,
-                        reason: Optional[str], idem: Optional[str] = None,
+                        reason: InfraReason | str | None, idem: Optional[str] = None,
                         reply: Optional[Completion] = None) -> None:
-        """Write the ended attempt's row (`row` is the rollout's row while it was held)."""
+        """Write the ended attempt's row (`row` is the rollout's row while it was held).
+        `reason`: typed for a failure, a cancel or a revocation; a handback's free text."""
         started = row["leased_at"] if row["leased_at"] is not None else row["updated_at"]
+        text, code = (reason.text, reason.code) if isinstance(reason, InfraReason) else (reason, None)
         self._db.execute(schema.ATTEMPT_UPSERT_SQL, (
             row["rollout_id"], row["attempt"], row["token"], row["node"], started, outcome,
-            reason, now, idem, None if reply is None else json.dumps(
+            text, now, idem, None if reply is None else json.dumps(
                 {"accepted": reply.accepted, "reason": reply.reason,
-                 "committed": reply.committed})))
+                 "committed": reply.committed}), code))
 
-    def _fail_attempt(self, row: sqlite3.Row, now: float, reason: str, retry_now: bool,
+    def _fail_attempt(self, row: sqlite3.Row, now: float, reason: InfraReason, retry_now: bool,
                       idem: Optional[str] = None, reply: Optional[Completion] = None,
                       lost: bool = False) -> str:
         """An infrastructure failure of the current attempt: retry_wait or dead_letter.
         `lost`: the attempt was lost with its node or to the infrastructure (not the
-        task's fault: `is_infra_loss`): it counts toward
+        task's fault: a `loss` code, or an expired lease of a silent node): it counts toward
         `max_node_losses`, not toward `max_attempts`, so a flapping node cannot dead-letter
         good tasks."""
         self._finish_attempt(row, now, INFRA_ERROR, reason, idem, reply)
@@ -549,15 +564,15 @@ class RolloutQueue(QueueReads):
         counts = {"failures": failures, "losses": losses}
         if failures >= self.config.max_attempts or losses >= self.config.max_node_losses:
             self._move(row, DEAD_LETTER, now, outcome=INFRA_ERROR, reward=None,
-                       infra_reason=reason, lease_deadline=None,
+                       infra_reason=reason.text, infra_code=reason.code, lease_deadline=None,
                        commit_seq=self._next_commit_seq(), **counts)
             log.warning("rollout %s dead-lettered after %d attempts, %d failed, %d lost with "
                         "their node (last: %s)", row["rollout_id"], row["attempt"], failures,
-                        losses, reason)
+                        losses, reason.text)
             return DEAD_LETTER
         delay_s = 0.0 if retry_now else self.backoff_s(failures if not lost else losses)
-        self._move(row, RETRY_WAIT, now, infra_reason=reason, lease_deadline=None,
-                   not_before=now + delay_s, **counts)
+        self._move(row, RETRY_WAIT, now, infra_reason=reason.text, infra_code=reason.code,
+                   lease_deadline=None, not_before=now + delay_s, **counts)
         return RETRY_WAIT
 
     def release(self, rollout_id: str, attempt: int, token: int, reason: str) -> Completion:
@@ -593,7 +608,7 @@ class RolloutQueue(QueueReads):
                     kept.append((at + ttl, row["rollout_id"]))
                     continue
                 lost = live_nodes is not None and row["node"] not in live_nodes
-                self._fail_attempt(row, now, LEASE_EXPIRED, retry_now=False, lost=lost)
+                self._fail_attempt(row, now, _EXPIRED, retry_now=False, lost=lost)
                 expired.append(row["rollout_id"])
             if kept:
                 self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
@@ -615,8 +630,8 @@ class RolloutQueue(QueueReads):
                 (node, *HELD)).fetchall() if r["rollout_id"] not in keep]
             for row in rows:
                 if failure:
-                    self._fail_attempt(row, now, f"{NODE_LOST}: {reason}", retry_now=True,
-                                       lost=True)
+                    self._fail_attempt(row, now, InfraReason.of(NODE_LOST, reason),
+                                       retry_now=True, lost=True)
                 else:
                     self._finish_attempt(row, now, RELEASED, reason)
                     self._move(row, QUEUED, now, lease_deadline=None, not_before=now)
@@ -666,10 +681,10 @@ class RolloutQueue(QueueReads):
             (*TERMINAL, latest.version - self.config.max_staleness)).fetchall()
         for row in rows:
             if row["state"] in HELD:
-                self._finish_attempt(row, now, REVOKED, STALE_POLICY)
+                self._finish_attempt(row, now, REVOKED, _STALE)
             if self.config.stale_policy == "drop":
-                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=STALE_POLICY,
-                           commit_seq=self._next_commit_seq())
+                self._move(row, CANCELLED, now, lease_deadline=None, infra_reason=_STALE.text,
+                           infra_code=_STALE.code, commit_seq=self._next_commit_seq())
             else:
                 self._db.execute("UPDATE rollouts SET policy_version = ? WHERE rollout_id = ?",
                                  (latest.version, row["rollout_id"]))

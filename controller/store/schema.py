@@ -8,11 +8,24 @@ Must not import: zmq, controller.broker, controller.cli, nodeagent.
 """
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
-from controller.contracts.states import COMMITTED, HELD, LEASABLE, UNFINISHED
+from controller.contracts.states import (
+    ATTEMPT_CANCELLED,
+    CANCELLED,
+    COMMITTED,
+    HELD,
+    INFRA_CANCELLED,
+    INFRA_ERROR,
+    LEASABLE,
+    REVOKED,
+    STALE_POLICY,
+    UNFINISHED,
+    InfraReason,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
@@ -24,7 +37,7 @@ CREATE TABLE IF NOT EXISTS rollouts (
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     outcome TEXT, reward REAL, shards TEXT, infra_reason TEXT, commit_seq INTEGER UNIQUE,
     failures INTEGER NOT NULL DEFAULT 0, leased_at REAL, commit_idem TEXT,
-    losses INTEGER NOT NULL DEFAULT 0);
+    losses INTEGER NOT NULL DEFAULT 0, infra_code TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
@@ -34,7 +47,7 @@ CREATE INDEX IF NOT EXISTS rollouts_deadline ON rollouts (lease_deadline) WHERE 
 CREATE TABLE IF NOT EXISTS attempts (
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, token INTEGER NOT NULL,
     node TEXT NOT NULL, outcome TEXT, reason TEXT, started_at REAL NOT NULL,
-    finished_at REAL, idem TEXT, reply TEXT, PRIMARY KEY (rollout_id, attempt));
+    finished_at REAL, idem TEXT, reply TEXT, code TEXT, PRIMARY KEY (rollout_id, attempt));
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY, idem TEXT NOT NULL UNIQUE, n INTEGER NOT NULL,
     created_at REAL NOT NULL, cancelled INTEGER NOT NULL DEFAULT 0);
@@ -78,9 +91,52 @@ def _migrate(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE rollouts ADD COLUMN commit_idem TEXT")
     if "losses" not in cols:  # from before attempts lost with a node were counted apart
         db.execute("ALTER TABLE rollouts ADD COLUMN losses INTEGER NOT NULL DEFAULT 0")
-    if "idem" not in {r[1] for r in db.execute("PRAGMA table_info(attempts)")}:
+    attempt_cols = {r[1] for r in db.execute("PRAGMA table_info(attempts)")}
+    if "idem" not in attempt_cols:
         db.execute("ALTER TABLE attempts ADD COLUMN idem TEXT")
         db.execute("ALTER TABLE attempts ADD COLUMN reply TEXT")
+    if "infra_code" not in cols:  # from before reasons had codes: the codes of the old text
+        with _atomic(db):
+            db.execute("ALTER TABLE rollouts ADD COLUMN infra_code TEXT")
+            db.executemany("UPDATE rollouts SET infra_code = ? WHERE rollout_id = ?", [
+                (stored_code(r[1], r[2]), r[0]) for r in db.execute(
+                    "SELECT rollout_id, state, infra_reason FROM rollouts"
+                    " WHERE infra_reason IS NOT NULL")])
+    if "code" not in attempt_cols:
+        with _atomic(db):
+            db.execute("ALTER TABLE attempts ADD COLUMN code TEXT")
+            db.executemany("UPDATE attempts SET code = ? WHERE rollout_id = ? AND attempt = ?", [
+                (stored_code(r[2], r[3]), r[0], r[1]) for r in db.execute(
+                    "SELECT rollout_id, attempt, outcome, reason FROM attempts"
+                    f" WHERE reason IS NOT NULL AND outcome IN ({qs(_CODED_ATTEMPTS)})",
+                    _CODED_ATTEMPTS)])
+
+
+@contextlib.contextmanager
+def _atomic(db: sqlite3.Connection) -> Iterator[None]:
+    """One transaction (the connection is in autocommit mode): a column and its values."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+# The attempts whose reason has a code: failed, cancelled, revoked (a handback's reason is
+# the agent's free text, no failure).
+_CODED_ATTEMPTS = (INFRA_ERROR, ATTEMPT_CANCELLED, REVOKED)
+
+
+def stored_code(state: str, text: str) -> str:
+    """The code of a reason stored as text only (a file from before the codes), by the row's
+    state (a rollout's) or outcome (an attempt's): a cancel's text is its cancel code."""
+    if text == STALE_POLICY:
+        return STALE_POLICY
+    if state in (CANCELLED, ATTEMPT_CANCELLED):
+        return INFRA_CANCELLED
+    return InfraReason.parse(text).code
 
 
 def qs(values: Sequence[Any]) -> str:
@@ -120,12 +176,13 @@ IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = 
 # time: the row is there, its end is filled in).
 ATTEMPT_UPSERT_SQL = (
     "INSERT INTO attempts (rollout_id, attempt, token, node, started_at, outcome, reason,"
-    " finished_at, idem, reply) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+    " finished_at, idem, reply, code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
     " (rollout_id, attempt) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,"
-    " finished_at = excluded.finished_at, idem = excluded.idem, reply = excluded.reply")
+    " finished_at = excluded.finished_at, idem = excluded.idem, reply = excluded.reply,"
+    " code = excluded.code")
 RESULT_KEYS = ("rollout_id", "batch_id", "task_ref", "policy_version", "seed", "state",
                "attempt", "token", "node", "outcome", "reward", "shards", "infra_reason",
-               "commit_seq")  # a result item (watch): these columns, in this order
+               "commit_seq", "infra_code")  # a result item (watch): these columns, in this order
 RESULTS_SQL = (f"SELECT {', '.join(RESULT_KEYS)} FROM rollouts WHERE batch_id = ? AND"
                f" commit_seq > ? ORDER BY commit_seq LIMIT ?")
 COUNTER_ADD_SQL = ("INSERT INTO counters VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET"

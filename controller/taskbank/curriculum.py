@@ -19,8 +19,8 @@ nearest to the band are served (the farm never stalls). Deterministic for a seed
 Quarantine. A task is quarantined, with the reason, when the same solution (a hash of its
 final diff/answer) got both a pass and a fail (flaky), when its reference solution fails
 (broken), or when it dead-letters `max_infra_failures` times for reasons of its own (broken:
-`task_fault`; a dead letter of the rollout's own making never counts). Quarantine persists
-until `release`.
+`states.TASK_FAULT_CODES`, read from the reason's code; a dead letter of the rollout's own
+making never counts). Quarantine persists until `release`.
 
 Persisted in SQLite (`curriculum.sqlite` in the task-bank dir); recording is idempotent per
 rollout id. Must not import zmq.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from controller.contracts.safeload import load_json
-from controller.contracts.states import POLICY_OUTCOMES
+from controller.contracts.states import POLICY_OUTCOMES, InfraReason, as_infra_reason
 from controller.taskbank.bands import CLASSES, BandSpec, classify
 
 log = logging.getLogger(__name__)
@@ -63,21 +63,21 @@ CREATE TABLE IF NOT EXISTS recorded (rollout_id TEXT PRIMARY KEY);
 """
 
 
-TASK_FAULT_REASONS = ("task:", "setup:", "sandbox_start:", "verifier:", "deadline: setup:", "deadline: verify:")
-
-
-def task_fault(reason: str) -> bool:
-    """Is a dead letter's reason the task's: its content or limits (`task:`), its set-up
-    (`setup:`, or a set-up past its deadline), its image or sandbox (`sandbox_start:`), or
-    grading that fails without the agent too (`verifier:`: the verifier scores a failure that
-    reproduces only with the agent's changes as `fail`, see docs/verifier.md; or grading past
-    its deadline)? Everything else — `model_server:`, `store:`, `agent_crash:`,
-    `lease_expired`, the node's phases past their deadlines (`deadline: create|teardown|total`),
-    an unknown reason — is the rollout's.
+def task_fault(reason: InfraReason | str) -> bool:
+    """Is a dead letter's reason the task's (its code in `states.TASK_FAULT_CODES`): its
+    content or limits (`task`), its set-up (`setup`, or a set-up past its deadline,
+    `deadline_setup`), its image or sandbox (`sandbox_start`), or grading that fails without
+    the agent too (`verifier`: the verifier scores a failure that reproduces only with the
+    agent's changes as `fail`, see docs/verifier.md; or grading past its deadline,
+    `deadline_verify`)? Everything else — `model_server`, `store`, `agent_crash`,
+    `lease_expired`, the node's phases past their deadlines, an `unknown` reason — is the
+    rollout's. A reason given as text only (a `results` item of an older controller) is
+    parsed (`states.InfraReason.parse`).
 
     Cancelled work never reaches the curriculum: a cancelled rollout is never committed nor
     dead-lettered (its late result is rejected), and `record` takes only committed outcomes."""
-    return str(reason).lstrip().startswith(TASK_FAULT_REASONS)
+    typed = as_infra_reason(reason)
+    return typed is not None and typed.task_fault
 
 
 class CurriculumError(RuntimeError):
@@ -210,21 +210,23 @@ class Curriculum:
                 self._quarantine(task_id, "broken: reference solution fails"
                                  + (f": {detail}" if detail else ""))
 
-    def record_infra_failure(self, task_id: str, reason: str) -> None:
+    def record_infra_failure(self, task_id: str, reason: InfraReason | str) -> None:
         """A rollout of this task dead-lettered; too many make the task `broken` — when the
-        reason is the task's (`task_fault`). A dead letter of the rollout's own making (its
-        model server, its artifacts, a node agent or lease lost under it) never counts against
-        the task: a policy must not be able to quarantine a task."""
-        if not task_fault(reason):
-            log.info("dead letter of task_id=%s not held against the task: %s", task_id, reason[:200])
+        reason is the task's (`task_fault`, by its code). A dead letter of the rollout's own
+        making (its model server, its artifacts, a node agent or lease lost under it) never
+        counts against the task: a policy must not be able to quarantine a task."""
+        why = reason if isinstance(reason, InfraReason) else InfraReason.parse(str(reason))
+        if not why.task_fault:
+            log.info("dead letter of task_id=%s not held against the task (%s): %s", task_id,
+                     why.code, why.text[:200])
             return
         with self._lock, self._db:
             n = self._db.execute(
                 "INSERT INTO infra VALUES (?, 1, ?) ON CONFLICT DO UPDATE SET "
                 "failures = failures + 1, last_reason = excluded.last_reason RETURNING failures",
-                (task_id, reason)).fetchone()[0]
+                (task_id, why.text)).fetchone()[0]
             if n >= self.cfg.max_infra_failures:
-                self._quarantine(task_id, f"broken: {n} rollouts dead-lettered; last: {reason}")
+                self._quarantine(task_id, f"broken: {n} rollouts dead-lettered; last: {why.text}")
 
     def import_validation(self, path: str | Path) -> int:
         """Quarantine the tasks a `paddock tasks validate` file (`quarantine.json`, keyed by

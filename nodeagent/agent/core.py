@@ -85,6 +85,9 @@ from controller.contracts.states import (
     CANCEL_DRAIN,
     CANCEL_SHUTDOWN,
     CANCEL_SUPERSEDED,
+    TASK,
+    InfraCode,
+    InfraReason,
     cancel_reason_of_reject,
 )
 from controller.contracts.tasks import LeaseTask, TaskError
@@ -156,10 +159,31 @@ class Attempt:
 
 @dataclass(frozen=True)
 class AttemptResult:
+    """How an attempt ended: its outcome, reward and shards and, for an `infra_error`, its
+    reason -- `infra_reason` the human text, `infra_code` the code decisions read
+    (states.InfraCode). Give the reason typed (`states.InfraReason`: both are taken from it);
+    a reason given as text only gets its code from the text (`InfraReason.parse`, the edge
+    where the attempt runner's prose meets the codes)."""
     outcome: str
     reward: float | None
     shards: dict
-    infra_reason: str | None
+    infra_reason: InfraReason | str | None   # the text once made (an InfraReason is split)
+    infra_code: Optional[InfraCode] = None
+
+    def __post_init__(self) -> None:
+        reason = self.infra_reason
+        if isinstance(reason, InfraReason):
+            object.__setattr__(self, "infra_reason", reason.text)
+            object.__setattr__(self, "infra_code", reason.code)
+        elif isinstance(reason, str) and self.infra_code is None:
+            object.__setattr__(self, "infra_code", InfraReason.parse(reason).code)
+
+    @property
+    def reason(self) -> Optional[InfraReason]:
+        """The typed reason (None without one)."""
+        if self.infra_code is None:
+            return None
+        return InfraReason(self.infra_code, str(self.infra_reason or self.infra_code))
 
 
 class Phase(str, enum.Enum):
@@ -602,7 +626,7 @@ class AgentCore:
         except TaskError as exc:
             log.warning("rollout %s attempt %d infra_error: malformed task: %s", msg.rollout_id,
                         msg.attempt, exc)
-            res = AttemptResult("infra_error", None, {}, f"task: {exc}")
+            res = AttemptResult("infra_error", None, {}, InfraReason.of(TASK, exc))
             self._send_results([self._record(msg.rollout_id, msg.attempt, msg.token, res)])
             return
         self.active[msg.rollout_id] = new
@@ -619,7 +643,9 @@ class AgentCore:
             self.finished.discard(self._finished_order.popleft())
         self.infra_errors += res.outcome == "infra_error"
         msg = P.Result(rollout_id=rollout_id, attempt=attempt, token=token, outcome=res.outcome,
-                       reward=res.reward, shards=res.shards, infra_reason=res.infra_reason,
+                       reward=res.reward, shards=res.shards,
+                       infra_reason=None if res.infra_reason is None else str(res.infra_reason),
+                       infra_code=res.infra_code,
                        idem=f"{rollout_id}:{attempt}:{token}")
         self.unacked[msg.id] = _Pending(msg, self.clock())
         return msg

@@ -38,7 +38,7 @@ import psutil
 import zmq
 
 from controller.contracts import protocol as P
-from controller.contracts.states import CANCEL_SHUTDOWN
+from controller.contracts.states import AGENT_CRASH, CANCEL_SHUTDOWN, TASK, InfraReason
 from controller.ondisk.keys import RunKeys
 from nodeagent.agent.attempt import run_attempt
 from nodeagent.agent.config import AgentConfig, with_knobs
@@ -369,7 +369,8 @@ class NodeAgent:
     def _run_attempt(self, a: Attempt) -> AttemptResult:
         digest = a.task.image_digest
         if not digest:
-            return AttemptResult("infra_error", None, {}, "task: the lease task has no 'image_digest'")
+            return AttemptResult("infra_error", None, {},
+                                 InfraReason.of(TASK, "the lease task has no 'image_digest'"))
         image = self.image_store / "sha256" / (digest.split(":", 1)[1] + ".sif")
         self.core.images.add(digest)
         return run_attempt(self.runtime, image, self.node, a, self.clock, current_policy=lambda: self.core.policy,
@@ -380,7 +381,8 @@ class NodeAgent:
             res = self.runner(a)
         except Exception as exc:  # a bug in one attempt must not take the node down
             log.exception("rollout %s crashed", a.rollout_id)
-            res = AttemptResult("infra_error", None, {}, f"agent_crash: {type(exc).__name__}: {exc}")
+            res = AttemptResult("infra_error", None, {},
+                                InfraReason.of(AGENT_CRASH, f"{type(exc).__name__}: {exc}"))
         self.done.append((a, res))
         self._wake()  # the loop drains `done`
 

@@ -18,7 +18,8 @@ it made, and asks `stop` what happened: `("cancel", code)` or `("deadline", phas
 What a stop means for the rollout is decided by its runner (nodeagent/agent/attempt.py): a
 cancelled attempt is never reported nor scored; a deadline in the agent phase is the policy's
 (`timeout`, reward 0, stop reason `deadline`); one in any other phase is the infrastructure's
-(`infra_error` with reason `deadline: <phase> ...`), never a reward of 0.
+(`infra_error` with reason `deadline: <phase> ...`), never a reward of 0. `reason()` is the
+stop as a typed reason (`states.InfraReason`: `deadline_<phase>`, or `cancelled`).
 
 Must not import: zmq, controller other than controller.contracts, nodeagent.agent.daemon,
 nodeagent.harness.loop.
@@ -35,6 +36,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
+from controller.contracts.states import INFRA_CANCELLED, InfraReason
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway.upstream import KeepAliveModel
 
@@ -173,6 +175,23 @@ class AttemptGuard:
     def cancelled(self) -> Optional[str]:
         """The cancel code, if the attempt was cancelled."""
         return self.stop[1] if self.stop is not None and self.stop[0] == CANCEL else None
+
+    def reason(self) -> Optional[InfraReason]:
+        """Why the attempt was stopped, typed (None if it was not): a cancel is `cancelled`
+        (text `cancelled: <cancel code>`); a deadline is its phase's code (`deadline_create`,
+        ..., `deadline_total` for the end-to-end one; text `deadline: <phase>: ...`)."""
+        if self.stop is None:
+            return None
+        kind, what = self.stop
+        if kind == CANCEL:
+            return InfraReason.of(INFRA_CANCELLED, what)
+        if what.startswith("total"):
+            return InfraReason.deadline(what, f"the attempt ran past its {self.deadlines.total_s:g}s "
+                                              "end-to-end deadline")
+        if what not in PHASES:      # fired between phases (code `deadline`)
+            return InfraReason.deadline(what, "the attempt ran past a deadline between phases")
+        return InfraReason.deadline(what, f"the {what} phase ran past its "
+                                          f"{self.deadlines.of_phase(what):g}s deadline")
 
     # -- what the attempt holds -------------------------------------------------------------
     def runtime(self, runtime: Any) -> "GuardedRuntime":

@@ -4,7 +4,9 @@ A node agent calls `write_attempt` once an attempt has finished (verified or fai
 are checked against the schemas of `controller.contracts.trajectory` (one per table); every child row (steps, checks, spans, egress) gets the rollout
 row's keys and provenance columns (PROVENANCE_COLUMNS) copied in; a missing
 or unknown key, a NULL in a non-nullable column or a value of the wrong type raises
-`SchemaError` naming the table and the column. Each shard is written to a `.tmp` name (`controller.ondisk.fileio`) in its
+`SchemaError` naming the table and the column. The rollout row's reason may be typed
+(`states.InfraReason`: its text goes to `infra_reason`, its code to `infra_code`) or text only
+(its code is read from the text, `InfraReason.parse`). Each shard is written to a `.tmp` name (`controller.ondisk.fileio`) in its
 table directory, fsynced and `os.rename`d into place, so a reader never sees half a file and
 the `*.parquet` glob never matches a file being written.
 
@@ -29,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from controller.contracts.states import OUTCOMES
+from controller.contracts.states import INFRA_CODES, OUTCOMES, InfraReason
 from controller.contracts.trajectory import (
     JSON_COLUMNS,
     KEY_COLUMNS,
@@ -191,6 +193,7 @@ def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:
     if row.get("trace_sample") is not None and row["trace_sample"] not in TRACE_SAMPLE_DECISIONS:
         raise SchemaError(f"rollouts.trace_sample: {row['trace_sample']!r} is not one of "
                           f"{', '.join(TRACE_SAMPLE_DECISIONS)}")
+    _typed_reason(row)
     outcome = row.get("outcome")
     if outcome is not None and outcome not in OUTCOMES:
         raise SchemaError(f"rollouts.outcome: {outcome!r} is not one of {', '.join(OUTCOMES)}")
@@ -201,6 +204,24 @@ def _complete_rollout(row: Mapping[str, Any], node: str) -> dict[str, Any]:
         if outcome not in ("infra_error", "judge_failed") and row["reward"] is None:
             raise SchemaError(f"rollouts.reward: must not be None for outcome {outcome!r}")
     return row
+
+
+def _typed_reason(row: dict[str, Any]) -> None:
+    """The row's reason as its text (`infra_reason`) and its code (`infra_code`): a typed
+    reason (`states.InfraReason`) gives both; a reason given as text only gets its code from
+    the text (`InfraReason.parse`); a code outside `states.INFRA_CODES` is a SchemaError."""
+    reason = row.get("infra_reason")
+    if isinstance(reason, InfraReason):
+        row["infra_reason"], code = reason.text, reason.code
+        if row.get("infra_code") not in (None, code):
+            raise SchemaError(f"rollouts.infra_code: {row['infra_code']!r} is not the reason's "
+                              f"code {code!r}")
+        row["infra_code"] = code
+    elif row.get("infra_code") is None and isinstance(reason, str):
+        row["infra_code"] = InfraReason.parse(reason).code
+    code = row.get("infra_code")
+    if code is not None and code not in INFRA_CODES:
+        raise SchemaError(f"rollouts.infra_code: {code!r} is not one of {', '.join(INFRA_CODES)}")
 
 
 def _with_keys(table: str, index: int, row: Mapping[str, Any],
