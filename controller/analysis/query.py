@@ -430,7 +430,7 @@ def _create_infra_view(con: duckdb.DuckDBPyConnection, runs: list[Path], moved: 
     files, _ = _valid_files([f for f in _parquet_files(runs, "rollouts") if f not in moved],
                             schema, [])
     cols = ("s.run_id, s.rollout_id, s.attempt, s.fencing_token, s.node, s.task_id, "
-            "s.task_name, s.infra_reason, s.started_at")
+            "s.task_name, s.infra_reason, s.infra_code, s.started_at")
     sure = [f for f in files if f in trusted]
     rest = [f for f in files if f not in trusted]
     parts = [f"SELECT {cols}, TRUE AS committed FROM _empty_rollouts s"]

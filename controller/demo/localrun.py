@@ -33,6 +33,7 @@ from controller.analysis.query import connect, print_summary, summary
 from controller.client.api import Client
 from controller.contracts.liveness import HEARTBEAT_INTERVAL_S
 from controller.contracts.safeload import ParseLimitError, load_yaml
+from controller.contracts.states import InfraReason
 from controller.contracts.tasks import LIMIT_RANGES, TaskError
 from controller.demo.policy_server import PolicyServer, default_params
 from controller.demo.swe_policy import PolicyScriptError, SwePlayer, load_policy_script
@@ -140,6 +141,12 @@ class RunConfig:
 LOCAL_FAMILIES = ("python", "math", "conversational")     # what the local run's scripted policy can play
 PLAYER_FAMILIES = ("web",)              # ... with its own players (controller/demo/web_policy.py)
 SCRIPTED_FAMILIES = ("swe",)            # ... and, given a policy script, these
+
+
+def reason_of(item: dict) -> InfraReason | str:
+    """A dead letter's reason as the results give it: typed when the row has its code."""
+    code, text = item.get("infra_code"), item.get("infra_reason")
+    return InfraReason(code, text) if code and text else text or "?"
 
 
 def scripted_players(taskset, policy_script: str = "") -> dict[str, SwePlayer]:
@@ -325,7 +332,7 @@ def train(cfg, policy, endpoint, deployment, run_dir, taskset, names, params, co
                 seen += 1
                 passed += item.get("outcome") == "pass"
                 if item.get("state") == "dead_letter":      # a broken task, not a bad agent
-                    curriculum.record_infra_failure(item["task_ref"], item.get("infra_reason") or "?")
+                    curriculum.record_infra_failure(item["task_ref"], reason_of(item))
                 bar.update(job, advance=1, description=f"policy v{version}: {passed}/{seen} passed")
             con = connect(run_dir)
             rows = con.execute(

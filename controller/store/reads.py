@@ -82,7 +82,7 @@ class QueueReads:
             ended = row["state"] == COMMITTED
             out.append({"rollout_id": rollout_id, "attempt": row["attempt"],
                         "token": row["token"], "node": row["node"],
-                        "outcome": row["outcome"] if ended else None, "reason": None,
+                        "outcome": row["outcome"] if ended else None, "reason": None, "code": None,
                         "started_at": started,
                         "finished_at": row["updated_at"] if ended else None,
                         "idem": row["commit_idem"] if ended else None,
