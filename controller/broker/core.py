@@ -4,9 +4,10 @@ It takes decoded frames (`receive`) and the passage of time (`tick`), decides, a
 messages to send in `outbox`. It registers node agents, dispatches leases by credit (a node
 never holds more leases than its free slots, and a task goes preferably to a node that
 already has its image mounted: placement.py), renews leases on heartbeats, declares silent
-nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue, answers
-trainer clients (submit, watch with long poll, cancel, publish, drain, status) and counts
-every dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
+nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue (the work
+of each pass, `tick`, is timers.py's: a base class of `BrokerCore`), answers trainer
+clients (submit, watch with long poll, cancel, publish, drain, status) and counts every
+dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
 (ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
 and clock; daemon.py runs it on the ZeroMQ socket. Tasks travel by reference: the tasks file
@@ -24,21 +25,20 @@ import random
 import sqlite3
 import time
 import uuid
-import zlib
 from collections import Counter
 from typing import Callable, ClassVar, Iterable, Mapping, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.fencing import stale_leases
 from controller.broker.ledger import Ledger
-from controller.broker.placement import NodeView, place
+from controller.broker.placement import NodeView
+from controller.broker.timers import Timers
 from controller.contracts import protocol as P
 from controller.contracts.shardnames import SHARD_TABLES
 from controller.contracts.states import (
     BAD_REQUEST,
     DEAD_LETTER,
     DRAINING,
-    INFRA_ERROR,
     LEASE_REVOKED,
     LIVE,
     LOST,
@@ -68,12 +68,11 @@ _SHARD_TABLES = frozenset(SHARD_TABLES)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
-RESYNC_EVERY_S = 60.0  # the lease mirror checked against the queue (kept up to date between)
 # An agent's messages but register and disconnect, from a peer not (or no longer) registered: welcomed to register
 _GREET_STRANGERS = frozenset({P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch, P.Release})
 
 
-class BrokerCore:
+class BrokerCore(Timers):
     """The broker: frames and time in, decisions on the queue, messages out (`outbox`).
 
     `config` holds the knobs (its `queue` part is the queue's: the queue was opened with it);
@@ -194,7 +193,13 @@ class BrokerCore:
     def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
         if not outbox:
             return outbox
-        batching = {n.identity for n in self.nodes.values() if n.batches and n.state != LOST}
+        # the peers of this outbox that take batches (not every node's: a pass costs what
+        # it sends, not the farm's size)
+        names, nodes, batching = self.by_identity, self.nodes, set()
+        for identity in {identity for identity, _ in outbox}:
+            view = nodes.get(names.get(identity))  # type: ignore[arg-type]
+            if view is not None and view.batches and view.state != LOST and view.identity == identity:
+                batching.add(identity)
         if not batching:
             return outbox
         slots: list = []  # (identity, message) or (identity, ([lease...], [ack ref...]))
@@ -526,119 +531,6 @@ class BrokerCore:
         self._send(identity, P.Ack(ref=msg.id, ok=True))
         self.stopped = True
 
-    # ---- time -----------------------------------------------------------------------------
-
-    def tick(self) -> None:
-        """Dispatch; every sweep interval purge, expire and resync; heartbeats; watchers."""
-        now = self.clock()
-        if now - self._last_sweep >= self.sweep_interval_s or now < self._last_sweep:
-            self._last_sweep = now
-            self._sweep(now)
-        self.dispatch()
-        if now - self._last_hb >= self.hb_s / 4 or now < self._last_hb:
-            self._last_hb = now
-            self._heartbeat_idle(now)
-        if self.watchers and (self._commits or any(d <= now for _, _, d in self.watchers)):
-            self._commits = 0
-            self.watchers = [(i, w, d) for i, w, d in self.watchers
-                             if not self._answer_watch(i, w, final=d <= now)]
-        self.ledger.save_counters()
-
-    def _heartbeat_idle(self, now: float) -> None:
-        """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
-        spread over the interval (nodes that registered together are not all woken at once)
-        and none to a node that is being sent work anyway."""
-        for n in self.nodes.values():
-            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node) or now < n.sent_at):
-                self._send(n.identity, P.Heartbeat())
-
-    def _heard_since(self) -> float:
-        """Nodes not heard from since this (monotonic) missed a heartbeat."""
-        return self.clock() - self.hb_s * self.config.lease_silence_intervals
-
-    def dispatch(self) -> int:
-        """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent
-        for `lease_silence_intervals` keeps its leases until it is declared lost, but gets no
-        new one)."""
-        heard = self._heard_since()
-        free = {n.node: n.free() if n.last_seen >= heard else 0 for n in self.nodes.values()}
-        total = sum(free.values())
-        if total <= 0:
-            return 0
-        due = self.queue.due(min(total, self.max_dispatch))
-        if not due:
-            return 0
-        images = {n.node: n.images for n in self.nodes.values()}
-        leases = self.queue.lease_to(place(due, free, images, self._image_of))
-        for lease in leases:
-            view = self.nodes[lease.node]
-            policy = self._policy(lease.policy_version)
-            if policy is None:  # only for rollouts submitted before policies were checked
-                self.queue.complete(lease.rollout_id, lease.attempt, lease.token, INFRA_ERROR,
-                                    None, {}, f"policy version {lease.policy_version} is not "
-                                    "published", f"nopolicy:{lease.rollout_id}:{lease.token}")
-                continue
-            view.leases.add(lease.rollout_id)
-            self.holder[lease.rollout_id] = (view.node, lease.token)
-            self._send(view.identity, lease.message(
-                task=self.tasks[lease.task_ref], policy=policy,
-                lease_ttl_s=self.queue.config.lease_ttl_s, run_id=self.run_id,
-                run_dir=self.run_dir))
-        self.counters["dispatched"] += len(leases)
-        return len(leases)
-
-    def _sweep(self, now: float) -> None:
-        for n in list(self.nodes.values()):
-            silent_s = now - n.last_seen
-            if n.state != LOST and silent_s > self.hb_s * self.liveness:
-                released = self.queue.release_node(n.node, "no heartbeat")
-                self._lose(n, f"silent {silent_s:.1f}s, {len(released)} leases back", released)
-            elif n.state == LOST and silent_s > self.lost_keep_s:
-                del self.nodes[n.node]
-                if self.by_identity.get(n.identity) == n.node:
-                    del self.by_identity[n.identity]
-        heard = self._heard_since()
-        expired = self.queue.expire_leases(live_nodes={
-            n.node for n in self.nodes.values() if n.state != LOST and n.last_seen >= heard})
-        if expired:
-            self.counters["leases_expired"] += len(expired)
-            self._commits += 1
-            for rid in expired:
-                held = self.holder.get(rid)
-                if held is not None:
-                    self._unhold(rid, held[1])
-        if now - self._last_resync >= RESYNC_EVERY_S or now < self._last_resync:
-            self._resync()  # the mirror is kept up to date as it goes: this only checks it
-        self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
-        self.ledger.want_flush()
-
-    def _resync(self) -> None:
-        """The queue is the truth about who holds what: rebuild the in-memory mirror (at
-        start, after a policy revoked leases, and every RESYNC_EVERY_S: a read of every held
-        lease, too dear for every sweep at tens of thousands of slots)."""
-        self._last_resync = self.clock()
-        self.holder = {}
-        for n in self.nodes.values():
-            n.leases = set()
-        for rid, node, _attempt, token in self.queue.held_leases():
-            self.holder[rid] = (node, token)
-            view = self.nodes.get(node)
-            if view is not None and view.state != LOST:
-                view.leases.add(rid)
-
-    def _policy(self, version: int) -> Optional[P.PolicyRef]:
-        ref = self._policies.get(version)
-        if ref is None:
-            p = self.queue.policy(version)
-            if p is None:
-                return None
-            ref = self._policies[version] = p.ref()
-        return ref
-
-    def _image_of(self, task_ref: str) -> Optional[str]:
-        task = self.tasks.get(task_ref)
-        return task.get("image_digest") if task else None
-
     # ---- status ---------------------------------------------------------------------------
 
     def snapshot(self) -> dict:
@@ -691,10 +583,3 @@ def admit_tasks(tasks: Mapping) -> tuple[Mapping[str, dict], dict[str, str]]:
             else:
                 refused[key] = why
     return admitted, refused
-
-
-def _phase(node: str) -> float:
-    """A node's heartbeat spacing as a fraction of the interval, in [0.5, 1): fixed per name
-    (deterministic for the simulation), different across names."""
-    return 0.5 + (zlib.crc32(node.encode()) % 1024) / 2048
-

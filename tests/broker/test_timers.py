@@ -1,0 +1,112 @@
+"""The broker's passes cost what happens in them (controller/broker/timers.py): with nothing
+due no node is asked for its free slots, and a pass of heartbeats alone writes nothing to the
+queue's file (its commit is no fsync) while the per-frame counters still reach the disk once
+a sweep interval, at once with a pass that writes anyway, and at a shutdown. A real queue
+file and BrokerCore, driven with a fake clock."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.broker.placement import NodeView
+from controller.contracts import protocol as P
+from tests.broker.test_broker import Harness, leases, result
+
+
+@pytest.fixture
+def h(tmp_path):
+    return Harness(tmp_path)
+
+
+def heartbeat(h: Harness, node: str) -> None:
+    h.send(node, P.Heartbeat(node=node, slots_free=1, active=0, health={}, held=[]))
+
+
+def wal_state(h: Harness) -> tuple[int, int]:
+    st = Path(str(h.queue.path) + "-wal").stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def asked(monkeypatch) -> list[str]:
+    """The nodes whose free slots dispatch computes, in order."""
+    calls: list[str] = []
+    free = NodeView.free
+    monkeypatch.setattr(NodeView, "free", lambda self: calls.append(self.node) or free(self))
+    return calls
+
+
+def test_a_pass_with_nothing_due_asks_no_node(h, monkeypatch):
+    for i in range(4):
+        h.register(f"n{i}", 1)
+    h.submit(n=1)
+    (lease,) = leases(h.tick())
+    h.send(lease_holder(h, lease), result(lease))
+    h.tick()  # the queue has looked: nothing leasable is left
+    calls = asked(monkeypatch)
+    for _ in range(5):
+        h.clock.advance(0.1)
+        assert not leases(h.tick())
+    assert calls == [], "an idle pass computed the nodes' free slots"
+    h.submit(n=2)  # work again: the next pass looks at the nodes, and places it
+    assert len(leases(h.tick())) == 2
+    assert sorted(set(calls)) == ["n0", "n1", "n2", "n3"]
+
+
+def test_a_rollout_backing_off_is_placed_once_its_time_comes(h, monkeypatch):
+    h.register("n1", 1)
+    h.submit(n=1)
+    (lease,) = leases(h.tick())
+    h.send("n1", result(lease, outcome="infra_error"))  # retried after a backoff (base 1 s)
+    not_before = h.queue.rollout(lease.rollout_id)["not_before"]
+    calls = asked(monkeypatch)
+    while h.clock() < not_before - 0.05:
+        assert not leases(h.tick())
+        h.clock.advance(0.05)
+    calls.clear()
+    assert not leases(h.tick()) and calls == []
+    h.clock.advance(0.1)
+    assert len(leases(h.tick())) == 1 and calls == ["n1"]
+
+
+def test_heartbeats_alone_write_nothing_and_their_counts_are_saved_once_a_sweep(h):
+    h.register("n1", 1)
+    h.clock.advance(h.core.sweep_interval_s)
+    h.tick()  # everything so far saved
+    saved, wal = h.queue.counters()["frames_in"], wal_state(h)
+    for _ in range(5):
+        heartbeat(h, "n1")
+        h.clock.advance(h.core.sweep_interval_s / 10)
+    assert h.core.counters["frames_in"] == saved + 5
+    assert h.queue.counters()["frames_in"] == saved, "a heartbeat pass saved the counters"
+    assert wal_state(h) == wal, "a pass of heartbeats alone wrote to the queue's file"
+    h.clock.advance(h.core.sweep_interval_s)
+    h.tick()
+    assert h.queue.counters()["frames_in"] == saved + 5 == h.core.counters["frames_in"]
+
+
+def test_a_pass_that_writes_saves_the_frame_counts_with_it(h):
+    h.register("n1", 1)
+    h.submit(n=1)
+    (lease,) = leases(h.tick())
+    heartbeat(h, "n1")
+    h.send("n1", result(lease))  # no sweep interval has passed: saved with the commit
+    persisted = h.queue.counters()
+    assert persisted["committed"] == 1
+    assert persisted["frames_in"] == h.core.counters["frames_in"]
+
+
+def test_the_stopping_pass_saves_every_counter(h, tmp_path):
+    h.register("n1", 1)
+    for _ in range(3):
+        heartbeat(h, "n1")
+    h.send(b"client", P.Shutdown(reason="test"))
+    assert h.core.stopped
+    frames_in = h.core.counters["frames_in"]
+    h.queue.close()
+    again = Harness(tmp_path, h.clock)
+    assert again.core.counters["frames_in"] == frames_in
+
+
+def lease_holder(h: Harness, lease: P.Lease) -> str:
+    return h.core.holder[lease.rollout_id][0]
