@@ -99,6 +99,8 @@ class BrokerCore(Timers):
         self.nodes: dict[str, NodeView] = {}
         self.by_identity: dict[bytes, str] = {}
         self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
+        # nodes whose free slots may have grown since dispatch last found none (timers.py)
+        self.maybe_free: set[str] = set()
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
@@ -171,57 +173,62 @@ class BrokerCore(Timers):
         if view is None and type(msg) in _GREET_STRANGERS:
             self._welcome_stranger(identity)
         handler(self, identity, msg, view)
+        name = self.by_identity.get(identity)
+        if name is not None:  # heard from (again): its credit, slots or state may have changed
+            self.maybe_free.add(name)
 
     def _send(self, identity: bytes, msg: P.Message) -> None:
         self.outbox.append((identity, msg))
+
+    def _ok(self, identity: bytes, ref: str) -> None:
+        """A plain ack (ok) of message `ref`: kept as its ref until `take_outbox`, which
+        makes it an `ack` only for an agent that does not take batches (the others get the
+        ref in their `leases` or `acks` frame: one message object fewer per result)."""
+        self.outbox.append((identity, ref))  # type: ignore[arg-type]
 
     def take_outbox(self) -> list[tuple[bytes, P.Message]]:
         """The messages to send, in order; to an agent that takes batches, its leases and its
         plain acks of one pass go in one `leases` frame (or `acks` without leases) where the
         first of them was (a later message of another kind to that agent starts a new
-        batch; acks and leases commute)."""
+        batch; acks and leases commute). Any frame is a heartbeat: a node sent something
+        now needs none for a while (`sent_at`)."""
         out, self.outbox = self._coalesce(self.outbox), []
         self.counters["frames_out"] += len(out)
-        if out:  # any frame is a heartbeat: a node sent something now needs none for a while
-            now, names, nodes = self.clock(), self.by_identity, self.nodes
-            for identity, _ in out:
-                view = nodes.get(names.get(identity))
-                if view is not None:
-                    view.sent_at = now
         return out
 
-    def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
+    def _coalesce(self, outbox: list) -> list[tuple[bytes, P.Message]]:
         if not outbox:
             return outbox
-        # the peers of this outbox that take batches (not every node's: a pass costs what
-        # it sends, not the farm's size)
-        names, nodes, batching = self.by_identity, self.nodes, set()
+        # the peers of this outbox (not every node: a pass costs what it sends, not the
+        # farm's size), and which of them take batches
+        now, names, nodes, batching = self.clock(), self.by_identity, self.nodes, set()
         for identity in {identity for identity, _ in outbox}:
             view = nodes.get(names.get(identity))  # type: ignore[arg-type]
-            if view is not None and view.batches and view.state != LOST and view.identity == identity:
-                batching.add(identity)
-        if not batching:
-            return outbox
+            if view is not None:
+                view.sent_at = now
+                if view.batches and view.state != LOST and view.identity == identity:
+                    batching.add(identity)
         slots: list = []  # (identity, message) or (identity, ([lease...], [ack ref...]))
         open_: dict[bytes, tuple[list, list]] = {}
+        lease_t, ack_t = P.Lease, P.Ack
         for identity, msg in outbox:
             kind = type(msg)
-            if identity in batching and (kind is P.Lease or (
-                    kind is P.Ack and msg.ok and msg.code is None and msg.error is None)):
+            if identity in batching and (kind is lease_t or kind is str or (
+                    kind is ack_t and msg.ok and msg.code is None and msg.error is None)):
                 group = open_.get(identity)
                 if group is None:
                     group = open_[identity] = ([], [])
                     slots.append((identity, group))
-                if kind is P.Lease:
+                if kind is lease_t:
                     group[0].append(msg)
                 else:
-                    group[1].append(msg.ref)
+                    group[1].append(msg if kind is str else msg.ref)
             else:
                 open_.pop(identity, None)
-                slots.append((identity, msg))
+                slots.append((identity, ack_t(ref=msg, ok=True) if kind is str else msg))
         out = []
         for identity, item in slots:
-            if isinstance(item, tuple):
+            if type(item) is tuple:
                 out.extend((identity, m) for m in P.for_agent(*item))
             else:
                 out.append((identity, item))
@@ -312,7 +319,7 @@ class BrokerCore(Timers):
             self._reject(identity, msg, c.reason)
             return
         if c.duplicate:  # a resend after a lost ack: answered, counted once
-            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            self._ok(identity, msg.id)
             return
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
@@ -324,7 +331,7 @@ class BrokerCore(Timers):
         if self.curriculum is not None:
             self._teach_curriculum(msg, c.committed)
         self._commits += 1
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
 
     def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
         """Feed the curriculum this controller samples from: a committed verdict counts for its
@@ -352,7 +359,7 @@ class BrokerCore(Timers):
         if c.accepted:
             self.counters["released"] += 1
             self._unhold(msg.rollout_id, msg.token)
-            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            self._ok(identity, msg.id)
         else:
             self._reject(identity, msg, c.reason)
 
@@ -378,6 +385,7 @@ class BrokerCore(Timers):
             view = self.nodes.get(held[0])
             if view is not None:
                 view.leases.discard(rollout_id)
+                self.maybe_free.add(view.node)
 
     def _lose(self, view: NodeView, why: str, released: Iterable[str]) -> None:
         view.move(LOST)
@@ -453,7 +461,7 @@ class BrokerCore(Timers):
             return self._refuse(identity, msg, POLICY_CONFLICT, str(exc))
         self._policies.pop(msg.version, None)  # an endpoint move: leases from now on name the new one
         self._resync()  # a newer policy may have revoked stale leases
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
         self._tell_policy(self.nodes.values())
 
     def _tell_policy(self, views: Iterable[NodeView]) -> None:
@@ -490,7 +498,7 @@ class BrokerCore(Timers):
         view.drain_requested, view.drain_deadline_s = True, msg.deadline_s
         log.info("node %s: drain requested (deadline %s s)", msg.node, msg.deadline_s)
         self._send(view.identity, P.Drain(reason="drain requested", deadline_s=msg.deadline_s))
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
 
     def _on_watch(self, identity, msg: P.Watch, _view) -> None:
         try:
@@ -528,7 +536,7 @@ class BrokerCore(Timers):
                 self._send(n.identity, P.Shutdown(reason=reason))
         for stranger in self.welcomed:  # agents told to register that have not yet
             self._send(stranger, P.Shutdown(reason=reason))
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
         self.stopped = True
 
     # ---- status ---------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 free slots, the sweep (silent nodes lost, expired leases back to the queue, the lease mirror
 checked), heartbeats to quiet nodes, and the status counters saved.
 
-A pass costs what happened in it, not what the farm is: an idle pass (only heartbeats in and
-out) asks no node for its free slots while the queue knows nothing is due
-(`RolloutQueue.due`'s idle horizon), and writes nothing, so its group commit is no fsync: the
+A pass costs what happened in it, not what the farm is: it asks no node for its free slots
+while the queue knows nothing is due (`RolloutQueue.due`'s idle horizon), and else only the
+nodes that may have one (`maybe_free`: a node found full stays out until news about it); an
+idle pass (only heartbeats in and out) writes nothing, so its group commit is no fsync: the
 counters that every frame moves (`frames_in`, `frames_out`) are saved with a pass that saves
 another counter (a rollout leased, committed, released; a frame dropped; a request refused:
 each such pass writes, or is an anomaly worth keeping), else once a sweep interval, and in
@@ -20,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import zlib
+from collections import Counter
 from typing import TYPE_CHECKING, Optional
 
 from controller.broker.placement import place
@@ -75,19 +77,27 @@ class Timers:
     def dispatch(self: "BrokerCore") -> int:
         """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent
         for `lease_silence_intervals` keeps its leases until it is declared lost, but gets no
-        new one). Nothing due: no node is looked at."""
+        new one). Nothing due: no node is looked at; else only the nodes in `maybe_free`: a
+        node found without a free slot leaves it until news could give it one (a frame from
+        it: credit, state, heartbeat; one of its leases ended; a resync)."""
         if self.nothing_due():
             return 0
-        heard = self._heard_since()
-        free = {n.node: n.free() if n.last_seen >= heard else 0 for n in self.nodes.values()}
+        heard, nodes, free = self._heard_since(), self.nodes, {}
+        for name in self.maybe_free:  # only nodes that may have a free slot: not every node
+            view = nodes.get(name)
+            k = view.free() if view is not None and view.last_seen >= heard else 0
+            if k > 0:
+                free[name] = k
+        self.maybe_free = set(free)  # the others come back with news (core.py: a frame, a lease ended)
         total = sum(free.values())
         if total <= 0:
             return 0
         due = self.queue.due(min(total, self.max_dispatch))
         if not due:
             return 0
-        images = {n.node: n.images for n in self.nodes.values()}
+        images = {name: nodes[name].images for name in free}
         leases = self.queue.lease_to(place(due, free, images, self._image_of))
+        placed: Counter = Counter()
         for lease in leases:
             view = self.nodes[lease.node]
             policy = self._policy(lease.policy_version)
@@ -97,12 +107,14 @@ class Timers:
                                     "published", f"nopolicy:{lease.rollout_id}:{lease.token}")
                 continue
             view.leases.add(lease.rollout_id)
+            placed[view.node] += 1
             self.holder[lease.rollout_id] = (view.node, lease.token)
             self._send(view.identity, lease.message(
                 task=self.tasks[lease.task_ref], policy=policy,
                 lease_ttl_s=self.queue.config.lease_ttl_s, run_id=self.run_id,
                 run_dir=self.run_dir))
         self.counters["dispatched"] += len(leases)
+        self.maybe_free = {name for name, k in free.items() if k > placed[name]}
         return len(leases)
 
     def _sweep(self: "BrokerCore", now: float) -> None:
@@ -136,6 +148,7 @@ class Timers:
         lease, too dear for every sweep at tens of thousands of slots)."""
         self._last_resync = self.clock()
         self.holder = {}
+        self.maybe_free = set(self.nodes)
         for n in self.nodes.values():
             n.leases = set()
         for rid, node, _attempt, token in self.queue.held_leases():

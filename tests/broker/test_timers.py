@@ -69,6 +69,21 @@ def test_a_rollout_backing_off_is_placed_once_its_time_comes(h, monkeypatch):
     assert len(leases(h.tick())) == 1 and calls == ["n1"]
 
 
+def test_a_busy_farm_asks_only_the_nodes_with_news(h, monkeypatch):
+    for i in range(20):
+        h.register(f"n{i:02d}", 1)
+    h.submit(n=30)  # 20 leased, 10 wait: something is due on every pass
+    out = h.tick()
+    assert len(leases(out)) == 20
+    calls = asked(monkeypatch)
+    h.tick()
+    assert calls == [], "a pass without news looked at full nodes"
+    first = leases(out, "n07")[0]
+    out = h.send("n07", result(first))  # n07's slot is free again: only n07 is asked
+    assert calls == ["n07"]
+    assert [m.rollout_id != first.rollout_id for m in leases(out, "n07")] == [True]
+
+
 def test_heartbeats_alone_write_nothing_and_their_counts_are_saved_once_a_sweep(h):
     h.register("n1", 1)
     h.clock.advance(h.core.sweep_interval_s)
