@@ -105,7 +105,7 @@ class BrokerCore(Timers):
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
         # The catalog (written after each COMMIT) and the status counters (persisted with
-        # each pass: they survive a restart).
+        # the passes, timers.py says when: they survive a restart).
         self.ledger = Ledger(queue, catalog)
         self.counters: Counter = self.ledger.counters
         self.dropped: Counter = self.ledger.dropped
