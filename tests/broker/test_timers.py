@@ -125,3 +125,55 @@ def test_the_stopping_pass_saves_every_counter(h, tmp_path):
 
 def lease_holder(h: Harness, lease: P.Lease) -> str:
     return h.core.holder[lease.rollout_id][0]
+
+
+def test_dispatch_stays_work_conserving_under_random_farm_events(tmp_path):
+    """Whatever happens to the nodes (registrations, results, releases, credit, drains,
+    cancels, silence and loss, expiry), after every pass no node that missed no heartbeat
+    has a free slot while a rollout is due: asking only `maybe_free` loses no node."""
+    import random
+    for seed in range(8):
+        rng = random.Random(seed)
+        (tmp_path / f"s{seed}").mkdir()
+        h = Harness(tmp_path / f"s{seed}")
+        batches: list[str] = []
+        names = [f"n{i}" for i in range(5)]
+        for step in range(80):
+            node = rng.choice(names)
+            held = [rid for rid, (n, _) in h.core.holder.items() if n == node]
+            view = h.core.nodes.get(node)
+            roll = rng.random()
+            if view is None or roll < 0.05:
+                h.register(node, rng.randint(1, 3), held=held if rng.random() < 0.5 else ())
+            elif roll < 0.2:
+                batches.append(h.submit(n=rng.randint(1, 6)))
+            elif roll < 0.45 and held:
+                row = h.queue.rollout(rng.choice(held))
+                lease = P.Lease(rollout_id=row["rollout_id"], attempt=row["attempt"],
+                                token=row["token"], lease_ttl_s=30.0, task={}, seed=0,
+                                policy=P.PolicyRef(1, "http://127.0.0.1:9/v1", "m"),
+                                run_id="run", run_dir="d", batch_id="b")
+                if rng.random() < 0.7:
+                    h.send(node, result(lease, rng.choice(["pass", "fail", "infra_error"])))
+                else:
+                    h.send(node, P.Release(rollout_id=lease.rollout_id, attempt=lease.attempt,
+                                           token=lease.token, reason="test"))
+            elif roll < 0.6:
+                h.send(node, P.Heartbeat(node=node, slots_free=rng.randint(0, view.slots),
+                                         active=len(held), health={}, held=held))
+            elif roll < 0.7:
+                h.send(node, P.Ready(node=node, credit=rng.randint(0, view.slots),
+                                     draining=rng.random() < 0.1))
+            elif roll < 0.75:
+                h.send(b"c", P.DrainNode(node=node, deadline_s=5.0))
+            elif roll < 0.8 and batches:
+                h.send(b"c", P.Cancel(idem=f"c{step}", batch_id=rng.choice(batches)))
+            elif roll < 0.85:
+                h.send(node, P.Disconnect(node=node, reason="test"))
+            else:
+                h.clock.advance(rng.choice([0.3, 1.0, 2.5, 4.0, 31.0]))
+            h.tick()
+            heard = h.core._heard_since()
+            idle = [n.node for n in h.core.nodes.values() if n.last_seen >= heard and n.free() > 0]
+            assert not (idle and h.queue.due(1)), (seed, step, idle)
+        h.queue.close()
