@@ -32,7 +32,8 @@ this tree / the baseline), the CPU time per rollout of the controller (its loop,
 ZeroMQ's threads: CURVE and the sockets), the agent processes and the client over the
 throughput runs (all on the same cores), and their CPU per second once the farms are idle
 (`--idle-s`: what the agents' count costs by itself); `--profile-controller PATH` runs the
-controller under cProfile with a thread-time clock (stats in PATH.<agents>).
+controller under cProfile with a thread-time clock (stats in PATH.<agents>, the baseline's in
+PATH.<tree>.<agents>).
 
 Which CPU figure compares many small agents with few big ones: the CONTROLLER's per rollout.
 On a cluster every agent runs on its own node: its CPU is that node's, spent whatever the
@@ -342,6 +343,11 @@ def bench_slurm(args, tmp: Path) -> dict:
     return res
 
 
+def x(a: float, b: float) -> str:
+    """a / b as a ratio ("n/a" when b is 0: CPU counted in clock ticks, a short run may have none)."""
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
 def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
     print("\nratios")
     mode = max(k[1] for k in pad)  # CURVE's figures when it ran (the default control plane)
@@ -360,12 +366,12 @@ def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
             s, b = mine[small], mine[big]
             goal = (" (goal >= 0.77)", " (goal <= 1.5)") if (small, big) == (64, 8) else ("", "")
             print(f"  {name}{small} agents / {big} agents (same slots in all): throughput "
-                  f"{s['rate'] / b['rate']:.2f}x{goal[0]}, CPU per rollout of the controller "
-                  f"{s['cpu_controller'] / b['cpu_controller']:.2f}x{goal[1]} (its loop "
-                  f"{s['cpu_loop'] / b['cpu_loop']:.2f}x, ZeroMQ's threads "
-                  f"{s['cpu_io'] / b['cpu_io']:.2f}x); co-located agents "
-                  f"{s['cpu_agents'] / b['cpu_agents']:.2f}x, all processes "
-                  f"{s['cpu_total'] / b['cpu_total']:.2f}x")
+                  f"{x(s['rate'], b['rate'])}{goal[0]}, CPU per rollout of the controller "
+                  f"{x(s['cpu_controller'], b['cpu_controller'])}{goal[1]} (its loop "
+                  f"{x(s['cpu_loop'], b['cpu_loop'])}, ZeroMQ's threads "
+                  f"{x(s['cpu_io'], b['cpu_io'])}); co-located agents "
+                  f"{x(s['cpu_agents'], b['cpu_agents'])}, all processes "
+                  f"{x(s['cpu_total'], b['cpu_total'])}")
         for agents in sorted({k[2] for k in pad if k[0] == tree}):
             if (tree, True, agents) in pad and (tree, False, agents) in pad:
                 on, off = pad[(tree, True, agents)], pad[(tree, False, agents)]
@@ -377,8 +383,8 @@ def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
         for key, r in pad.items():
             if key[0] == "":
                 b = pad[(trees[1], key[1], key[2])]
-                print(f"  this tree / {trees[1]} at {label(key)}: throughput {r['rate'] / b['rate']:.2f}x, "
-                      f"controller CPU per rollout {r['cpu_controller'] / b['cpu_controller']:.2f}x")
+                print(f"  this tree / {trees[1]} at {label(key)}: throughput {x(r['rate'], b['rate'])}, "
+                      f"controller CPU per rollout {x(r['cpu_controller'], b['cpu_controller'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
