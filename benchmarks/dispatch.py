@@ -237,15 +237,20 @@ def bench_paddock(args, tmp: Path) -> dict[Key, dict]:
         order = list(farms)
         rates: dict[Key, list[float]] = {k: [] for k in order}
         used = {k: [0.0] * (len(farms[k].procs) + 3) for k in order}
+        frames = {k: [0.0, 0.0] for k in order}  # the controller's frames in, out per rollout
         for r in range(args.repeats):
             for key in order[r % len(order):] + order[:r % len(order)]:
                 farm = farms[key]
                 pid = farm.procs[0].pid
                 before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time(),
                                                                *controller_threads_s(pid)]
+                seen = farm.client.status().counters
                 rates[key].append(farm.throughput(args.rollouts))
                 after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time(),
                                                               *controller_threads_s(pid)]
+                now_seen = farm.client.status().counters
+                for i, name in enumerate(("frames_in", "frames_out")):
+                    frames[key][i] += (now_seen[name] - seen[name]) / (args.rollouts * args.repeats)
                 used[key] = [u + (b - a) / (args.rollouts * args.repeats)
                              for u, a, b in zip(used[key], before, after)]
         print(f"throughput runs done, {load()}", flush=True)
@@ -266,7 +271,8 @@ def bench_paddock(args, tmp: Path) -> dict[Key, dict]:
                   f"{', '.join(f'{r:.0f}' for r in rates[key])})\n         cpu per rollout: "
                   f"controller {u[0] * 1e6:.0f} us (its loop {loop_u * 1e6:.0f}, ZeroMQ and "
                   f"other threads {threads_u * 1e6:.0f}), agents {agents_u * 1e6:.0f} us, "
-                  f"client {client_u * 1e6:.0f} us\n         idle ({args.idle_s:g} s, every farm "
+                  f"client {client_u * 1e6:.0f} us; controller frames per rollout: in "
+                  f"{frames[key][0]:.2f}, out {frames[key][1]:.2f}\n         idle ({args.idle_s:g} s, every farm "
                   f"at once): controller {idle[key][0] * 1e3:.1f} ms/s, agents "
                   f"{sum(idle[key][1:]) * 1e3:.1f} ms/s", flush=True)
         lat: dict[Key, list[float]] = {k: [] for k in farms}
