@@ -20,18 +20,33 @@ Slurm, on the in-test cluster (3 nodes): the same work with fewer items
   srun        `--slurm-jobs` steps `srun -N1 true`, 8 at a time: steps per second; and the
               wall time of single steps
 Every Paddock farm runs twice side by side, with CURVE (the default control plane: the run's
-keys, encrypted and authenticated) and with `--insecure` (plain text): both farms of an agent
-count are up at once and their throughput runs alternate, and the latency probes interleave
-all farms; `--curve on|off` runs one mode only.
+keys, encrypted and authenticated) and with `--insecure` (plain text); `--curve on|off` runs
+one mode only. `--baseline TREE` runs every farm a second time with its controller from
+another source tree (a checkout of main: before and after a change in one run). All farms
+are up before the first throughput run, the runs go round them in turn and the latency
+probes interleave them, so every farm is measured under the same load of this shared
+machine (the idle farms' heartbeats included); the load average is printed as it goes.
 Prints medians, p99 and the ratios (Paddock / Slurm throughput, p99 at N agents / p99 at 1,
-CURVE / plain throughput and p50 at each agent count),
-and the CPU time per rollout of the controller, the agent processes and the client over the
-throughput runs (all on the same cores), and their CPU per second once the farm is idle
-(`--idle-s`: what the agents' count costs by itself); `--profile-controller PATH` runs the controller under
-cProfile (stats in PATH.<agents>).
+CURVE / plain throughput and p50 at each agent count, many small agents / fewer big ones,
+this tree / the baseline), the CPU time per rollout of the controller (its loop, and
+ZeroMQ's threads: CURVE and the sockets), the agent processes and the client over the
+throughput runs (all on the same cores), and their CPU per second once the farms are idle
+(`--idle-s`: what the agents' count costs by itself); `--profile-controller PATH` runs the
+controller under cProfile with a thread-time clock (stats in PATH.<agents>, the baseline's in
+PATH.<tree>.<agents>).
+
+Which CPU figure compares many small agents with few big ones: the CONTROLLER's per rollout.
+On a cluster every agent runs on its own node: its CPU is that node's, spent whatever the
+farm's size, while the controller's is the one shared by the whole farm, the share that grows
+with the number of agents. Here 64 agents are threads packed 32 to a process on the same 2
+cores as the controller: their CPU per rollout carries the co-location (the interpreter
+lock passed among 32 threads: futex calls, switches), which a node does not pay, and the
+throughput of this machine is shared between them and the controller. Both are printed (the
+agents' figure and all processes' too), so the co-location's share stays in view.
 
     .venv/bin/python benchmarks/dispatch.py [--rollouts 20000] [--agents 1,8,64]
                                             [--curve both|on|off] [--slurm-jobs 40] [--no-slurm]
+                                            [--baseline ../main]
 """
 from __future__ import annotations
 
@@ -96,19 +111,23 @@ def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None
 
 class Farm:
     def __init__(self, tmp: Path, agents: int, slots_total: int, agent_procs: int,
-                 profile: str | None = None, curve: bool = True):
+                 profile: str | None = None, curve: bool = True, root: Path = ROOT):
+        """`root`: the source tree the controller runs from (the agents and the client run
+        from this one's)."""
         self.tmp = tmp
         key_file = str(tmp / "run" / "controller.key") if curve else None
         plain = [] if curve else ["--insecure"]
         tmp.mkdir(parents=True)
         (tmp / "tasks.json").write_text(json.dumps(TASKS))
         ep_file = tmp / "endpoint"
-        prof = ["-m", "cProfile", "-o", f"{profile}.{agents}"] if profile else []
+        # cProfile with a thread-time clock: the loop's own CPU, not the time it waited for it
+        prof = ["-c", PROFILED, f"{profile}.{agents}"] if profile else ["-m", "controller.broker"]
         self.procs = [subprocess.Popen(
-            [sys.executable, *prof, "-m", "controller.broker", "--deployment", DEP, "--run-dir",
+            [sys.executable, *prof, "--deployment", DEP, "--run-dir",
              str(tmp / "run"), "--tasks-json", str(tmp / "tasks.json"), "--endpoint-file",
              str(ep_file), "--log-level", "WARNING", "--lease-ttl-s", "60", *plain],
-            cwd=ROOT, stderr=open(tmp / "controller.log", "wb"))]
+            cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+            stderr=open(tmp / "controller.log", "wb"))]
         deadline = time.monotonic() + 30
         while not ep_file.exists():
             if self.procs[0].poll() is not None or time.monotonic() > deadline:
@@ -124,7 +143,7 @@ class Farm:
                 [sys.executable, __file__, "--agent-host", self.endpoint, "--names",
                  ",".join(mine), "--slots", str(slots), *(["--key-file", key_file] if curve
                                                           else [])], cwd=ROOT,
-                stderr=open(tmp / f"agents-{k}.log", "wb")))
+                env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=open(tmp / f"agents-{k}.log", "wb")))
         from controller.client.api import Client
         self.client = Client(self.endpoint, DEP, timeout_s=10, give_up_s=120, watch_wait_s=1.0,
                              key_file=key_file, insecure=not curve)
@@ -161,55 +180,102 @@ class Farm:
                     p.wait()
 
 
+PROFILED = """import cProfile, runpy, sys, time
+out = sys.argv.pop(1)
+prof = cProfile.Profile(time.thread_time)
+prof.enable()
+try:
+    runpy.run_module("controller.broker", run_name="__main__")
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
 MODES = {"on": (True,), "off": (False,), "both": (True, False)}
+Key = tuple[str, bool, int]  # (code tree: "" this one, else --baseline's name; CURVE; agents)
 
 
-def label(key: tuple[bool, int]) -> str:
-    return f"{key[1]:3d} agents {'curve' if key[0] else 'plain'}"
+def label(key: Key) -> str:
+    return f"{key[0] + ' ' if key[0] else ''}{key[2]:3d} agents {'curve' if key[1] else 'plain'}"
 
 
-def bench_paddock(args, tmp: Path) -> dict[tuple[bool, int], dict]:
-    """Throughput then interleaved latency of every (CURVE or plain, agent count) farm."""
-    out, farms = {}, {}
+def controller_threads_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of a process's main thread (the broker's loop) and of its other threads
+    (ZeroMQ's I/O thread: CURVE and the sockets' syscalls; the ZAP handler; the catalog)."""
+    main = other = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if int(task.name) == pid:
+            main += cpu
+        else:
+            other += cpu
+    return main, other
+
+
+def load() -> str:
+    return "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def bench_paddock(args, tmp: Path) -> dict[Key, dict]:
+    """Throughput then interleaved latency of every (code tree, CURVE or plain, agent count)
+    farm: every farm is up before the first run, and the runs go round the farms in turn
+    (repeat r starts at farm r), so each is measured under the same background load."""
+    out: dict[Key, dict] = {}
+    farms: dict[Key, Farm] = {}
+    trees = [("", ROOT)] + ([(args.baseline.name or "baseline", args.baseline)]
+                            if args.baseline else [])
     try:
         for agents in args.agents:
-            modes = MODES[args.curve]
-            for curve in modes:  # both modes up at once, measured in turn (same load)
-                farms[(curve, agents)] = Farm(
-                    tmp / f"paddock-{agents}-{'curve' if curve else 'plain'}", agents,
-                    args.slots, args.agent_procs, args.profile_controller, curve)
-                farms[(curve, agents)].throughput(min(1000, args.rollouts))  # warm up
-            rates = {c: [] for c in modes}
-            used = {c: [0.0] * (len(farms[(c, agents)].procs) + 1) for c in modes}
-            for r in range(args.repeats):
-                for curve in modes[r % len(modes):] + modes[:r % len(modes)]:
-                    farm = farms[(curve, agents)]
-                    before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-                    rates[curve].append(farm.throughput(args.rollouts))
-                    after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time()]
-                    used[curve] = [u + (b - a) / (args.rollouts * args.repeats)
-                                   for u, a, b in zip(used[curve], before, after)]
-            idle = {}
-            for curve in modes:  # the farm with nothing to do: heartbeats and timers only
-                farm = farms[(curve, agents)]
-                before = [cpu_s(p.pid) for p in farm.procs]
-                t0 = time.perf_counter()
-                time.sleep(args.idle_s)
-                spent = [cpu_s(p.pid) - b for p, b in zip(farm.procs, before)]
-                idle[curve] = [x / (time.perf_counter() - t0) for x in spent]
-            for curve in modes:
-                key, u = (curve, agents), used[curve]
-                out[key] = {"rate": statistics.median(rates[curve]), "rates": rates[curve],
-                            "cpu_controller": u[0], "cpu_total": sum(u)}
-                print(f"paddock  {label(key)} x {max(args.slots // agents, 1):2d} slots: "
-                      f"{out[key]['rate']:9.0f} rollouts/s (runs "
-                      f"{', '.join(f'{r:.0f}' for r in rates[curve])})\n         cpu per rollout: "
-                      f"controller {u[0] * 1e6:.0f} us, agents {sum(u[1:-1]) * 1e6:.0f} us, "
-                      f"client {u[-1] * 1e6:.0f} us\n         idle ({args.idle_s:g} s): controller "
-                      f"{idle[curve][0] * 1e3:.1f} ms/s, agents {sum(idle[curve][1:]) * 1e3:.1f} ms/s",
-                      flush=True)
-        lat: dict[tuple[bool, int], list[float]] = {k: [] for k in farms}
+            for tree, root in trees:
+                for curve in MODES[args.curve]:
+                    key = (tree, curve, agents)
+                    prof = args.profile_controller and f"{args.profile_controller}{'.' + tree if tree else ''}"
+                    farms[key] = Farm(tmp / f"paddock-{tree or 'this'}-{agents}-{'curve' if curve else 'plain'}",
+                                      agents, args.slots, args.agent_procs, prof, curve, root)
+                    farms[key].throughput(min(1000, args.rollouts))  # warm up
+        print(f"farms up ({len(farms)}), {load()}", flush=True)
         order = list(farms)
+        rates: dict[Key, list[float]] = {k: [] for k in order}
+        used = {k: [0.0] * (len(farms[k].procs) + 3) for k in order}
+        frames = {k: [0.0, 0.0] for k in order}  # the controller's frames in, out per rollout
+        for r in range(args.repeats):
+            for key in order[r % len(order):] + order[:r % len(order)]:
+                farm = farms[key]
+                pid = farm.procs[0].pid
+                before = [cpu_s(p.pid) for p in farm.procs] + [time.process_time(),
+                                                               *controller_threads_s(pid)]
+                seen = farm.client.status().counters
+                rates[key].append(farm.throughput(args.rollouts))
+                after = [cpu_s(p.pid) for p in farm.procs] + [time.process_time(),
+                                                              *controller_threads_s(pid)]
+                now_seen = farm.client.status().counters
+                for i, name in enumerate(("frames_in", "frames_out")):
+                    frames[key][i] += (now_seen[name] - seen[name]) / (args.rollouts * args.repeats)
+                used[key] = [u + (b - a) / (args.rollouts * args.repeats)
+                             for u, a, b in zip(used[key], before, after)]
+        print(f"throughput runs done, {load()}", flush=True)
+        # every farm with nothing to do, over the same seconds: heartbeats and timers only
+        before_idle = {k: [cpu_s(p.pid) for p in farms[k].procs] for k in order}
+        t0 = time.perf_counter()
+        time.sleep(args.idle_s)
+        idle = {k: [(cpu_s(p.pid) - b) / (time.perf_counter() - t0)
+                    for p, b in zip(farms[k].procs, before_idle[k])] for k in order}
+        for key in order:
+            u = used[key]
+            agents_u, client_u, loop_u, threads_u = sum(u[1:-3]), u[-3], u[-2], u[-1]
+            out[key] = {"rate": statistics.median(rates[key]), "rates": rates[key],
+                        "cpu_controller": u[0], "cpu_agents": agents_u, "cpu_total": sum(u[:-2]),
+                        "cpu_loop": loop_u, "cpu_io": threads_u}
+            print(f"paddock  {label(key)} x {max(args.slots // key[2], 1):2d} slots: "
+                  f"{out[key]['rate']:9.0f} rollouts/s (runs "
+                  f"{', '.join(f'{r:.0f}' for r in rates[key])})\n         cpu per rollout: "
+                  f"controller {u[0] * 1e6:.0f} us (its loop {loop_u * 1e6:.0f}, ZeroMQ and "
+                  f"other threads {threads_u * 1e6:.0f}), agents {agents_u * 1e6:.0f} us, "
+                  f"client {client_u * 1e6:.0f} us; controller frames per rollout: in "
+                  f"{frames[key][0]:.2f}, out {frames[key][1]:.2f}\n         idle ({args.idle_s:g} s, every farm "
+                  f"at once): controller {idle[key][0] * 1e3:.1f} ms/s, agents "
+                  f"{sum(idle[key][1:]) * 1e3:.1f} ms/s", flush=True)
+        lat: dict[Key, list[float]] = {k: [] for k in farms}
         for i in range(args.latency_n):  # one probe per farm per round, the order rotating
             for key in order[i % len(order):] + order[:i % len(order)]:
                 lat[key] += farms[key].latency(1)
@@ -220,6 +286,7 @@ def bench_paddock(args, tmp: Path) -> dict[tuple[bool, int], dict]:
         out[key].update(p50=pct(xs, 0.5), p99=pct(xs, 0.99))
         print(f"paddock  {label(key)}: submit->commit p50 {ms(out[key]['p50'])}  "
               f"p99 {ms(out[key]['p99'])}  ({len(xs)} probes, interleaved)", flush=True)
+    print(f"done, {load()}", flush=True)
     return out
 
 
@@ -282,30 +349,48 @@ def bench_slurm(args, tmp: Path) -> dict:
     return res
 
 
-def print_ratios(pad: dict[tuple[bool, int], dict], slurm: dict) -> None:
+def x(a: float, b: float) -> str:
+    """a / b as a ratio ("n/a" when b is 0: CPU counted in clock ticks, a short run may have none)."""
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
     print("\nratios")
-    mode = max(k[0] for k in pad)  # CURVE's figures when it ran (the default control plane)
-    mine = {k[1]: r for k, r in pad.items() if k[0] == mode}
-    best, first = max(r["rate"] for r in mine.values()), mine[min(mine)]
-    for kind, r in slurm.items():
-        print(f"  paddock throughput / {kind} per rollout: {best / r['rate']:10.0f}x")
-        print(f"  {kind} p50 latency / paddock p50 (1 agent): {r['p50'] / first['p50']:10.0f}x")
-    for agents, r in mine.items():
-        print(f"  p99 latency at {agents:3d} agents / at {min(mine)}: {r['p99'] / first['p99']:6.2f}x")
-    small, big = max(mine), sorted(mine)[-2] if len(mine) > 1 else None
-    if big is not None:  # many small agents against fewer big ones (the same slots in all)
-        s, b = mine[small], mine[big]
-        goal = (" (goal >= 0.77)", " (goal <= 1.5)") if (small, big) == (64, 8) else ("", "")
-        print(f"  {small} agents / {big} agents (same slots in all): throughput "
-              f"{s['rate'] / b['rate']:.2f}x{goal[0]}, CPU per rollout: controller "
-              f"{s['cpu_controller'] / b['cpu_controller']:.2f}x, all processes "
-              f"{s['cpu_total'] / b['cpu_total']:.2f}x{goal[1]}")
-    for agents in sorted({k[1] for k in pad}):
-        if (True, agents) in pad and (False, agents) in pad:
-            on, off = pad[(True, agents)], pad[(False, agents)]
-            print(f"  CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
-                  f"(costs {100 * (1 - on['rate'] / off['rate']):.1f}% of it), p50 latency "
-                  f"{on['p50'] / off['p50']:5.3f}x")
+    mode = max(k[1] for k in pad)  # CURVE's figures when it ran (the default control plane)
+    for tree in dict.fromkeys(k[0] for k in pad):
+        mine = {k[2]: r for k, r in pad.items() if k[1] == mode and k[0] == tree}
+        name = f"[{tree or 'this tree'}] " if len({k[0] for k in pad}) > 1 else ""
+        best, first = max(r["rate"] for r in mine.values()), mine[min(mine)]
+        for kind, r in slurm.items():
+            if not tree:
+                print(f"  paddock throughput / {kind} per rollout: {best / r['rate']:10.0f}x")
+                print(f"  {kind} p50 latency / paddock p50 ({min(mine)} agents): {r['p50'] / first['p50']:10.0f}x")
+        for agents, r in mine.items():
+            print(f"  {name}p99 latency at {agents:3d} agents / at {min(mine)}: {r['p99'] / first['p99']:6.2f}x")
+        small, big = max(mine), sorted(mine)[-2] if len(mine) > 1 else None
+        if big is not None:  # many small agents against fewer big ones (the same slots in all)
+            s, b = mine[small], mine[big]
+            goal = (" (goal >= 0.77)", " (goal <= 1.5)") if (small, big) == (64, 8) else ("", "")
+            print(f"  {name}{small} agents / {big} agents (same slots in all): throughput "
+                  f"{x(s['rate'], b['rate'])}{goal[0]}, CPU per rollout of the controller "
+                  f"{x(s['cpu_controller'], b['cpu_controller'])}{goal[1]} (its loop "
+                  f"{x(s['cpu_loop'], b['cpu_loop'])}, ZeroMQ's threads "
+                  f"{x(s['cpu_io'], b['cpu_io'])}); co-located agents "
+                  f"{x(s['cpu_agents'], b['cpu_agents'])}, all processes "
+                  f"{x(s['cpu_total'], b['cpu_total'])}")
+        for agents in sorted({k[2] for k in pad if k[0] == tree}):
+            if (tree, True, agents) in pad and (tree, False, agents) in pad:
+                on, off = pad[(tree, True, agents)], pad[(tree, False, agents)]
+                print(f"  {name}CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
+                      f"(costs {100 * (1 - on['rate'] / off['rate']):.1f}% of it), p50 latency "
+                      f"{on['p50'] / off['p50']:5.3f}x")
+    trees = list(dict.fromkeys(k[0] for k in pad))
+    if len(trees) > 1:  # this tree against the baseline, farm by farm
+        for key, r in pad.items():
+            if key[0] == "":
+                b = pad[(trees[1], key[1], key[2])]
+                print(f"  this tree / {trees[1]} at {label(key)}: throughput {x(r['rate'], b['rate'])}, "
+                      f"controller CPU per rollout {x(r['cpu_controller'], b['cpu_controller'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the controller under cProfile, stats to PATH.<agents>")
     ap.add_argument("--curve", choices=sorted(MODES), default="both",
                     help="CURVE on, off (--insecure) or both side by side (default)")
+    ap.add_argument("--baseline", type=Path, metavar="TREE",
+                    help="also run every farm's controller from this source tree (e.g. a "
+                         "checkout of main), the runs interleaved with this tree's")
     ap.add_argument("--agent-host", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
     ap.add_argument("--key-file", help=argparse.SUPPRESS)

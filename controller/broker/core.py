@@ -4,9 +4,10 @@ It takes decoded frames (`receive`) and the passage of time (`tick`), decides, a
 messages to send in `outbox`. It registers node agents, dispatches leases by credit (a node
 never holds more leases than its free slots, and a task goes preferably to a node that
 already has its image mounted: placement.py), renews leases on heartbeats, declares silent
-nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue, answers
-trainer clients (submit, watch with long poll, cancel, publish, drain, status) and counts
-every dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
+nodes lost (Paranoid Pirate liveness) and gives their leases back to the queue (the work
+of each pass, `tick`, is timers.py's: a base class of `BrokerCore`), answers trainer
+clients (submit, watch with long poll, cancel, publish, drain, status) and counts every
+dropped frame by reason; the catalog and the counters it keeps through its `Ledger`
 (ledger.py: written after the queue's COMMIT). Its knobs are one `BrokerConfig` (config.py). The
 deterministic simulation (tests/sim) drives this class directly with a simulated transport
 and clock; daemon.py runs it on the ZeroMQ socket. Tasks travel by reference: the tasks file
@@ -24,21 +25,20 @@ import random
 import sqlite3
 import time
 import uuid
-import zlib
 from collections import Counter
 from typing import Callable, ClassVar, Iterable, Mapping, Optional
 
 from controller.broker.config import BrokerConfig, with_knobs
 from controller.broker.fencing import stale_leases
 from controller.broker.ledger import Ledger
-from controller.broker.placement import NodeView, place
+from controller.broker.placement import NodeView
+from controller.broker.timers import Timers
 from controller.contracts import protocol as P
 from controller.contracts.shardnames import SHARD_TABLES
 from controller.contracts.states import (
     BAD_REQUEST,
     DEAD_LETTER,
     DRAINING,
-    INFRA_ERROR,
     LEASE_REVOKED,
     LIVE,
     LOST,
@@ -68,12 +68,11 @@ _SHARD_TABLES = frozenset(SHARD_TABLES)
 UNEXPECTED_TYPE = "unexpected_type"  # a valid message the controller never receives
 MULTIPART = "multipart"  # not exactly one frame after the identity
 BAD_SHARDS = "bad_shards"  # a result naming unknown shard tables
-RESYNC_EVERY_S = 60.0  # the lease mirror checked against the queue (kept up to date between)
 # An agent's messages but register and disconnect, from a peer not (or no longer) registered: welcomed to register
 _GREET_STRANGERS = frozenset({P.Heartbeat, P.Ready, P.Started, P.Result, P.ResultBatch, P.Release})
 
 
-class BrokerCore:
+class BrokerCore(Timers):
     """The broker: frames and time in, decisions on the queue, messages out (`outbox`).
 
     `config` holds the knobs (its `queue` part is the queue's: the queue was opened with it);
@@ -100,11 +99,13 @@ class BrokerCore:
         self.nodes: dict[str, NodeView] = {}
         self.by_identity: dict[bytes, str] = {}
         self.holder: dict[str, tuple[str, int]] = {}  # rollout id -> (node, token)
+        # nodes whose free slots may have grown since dispatch last found none (timers.py)
+        self.maybe_free: set[str] = set()
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
         # The catalog (written after each COMMIT) and the status counters (persisted with
-        # each pass: they survive a restart).
+        # the passes, timers.py says when: they survive a restart).
         self.ledger = Ledger(queue, catalog)
         self.counters: Counter = self.ledger.counters
         self.dropped: Counter = self.ledger.dropped
@@ -172,51 +173,62 @@ class BrokerCore:
         if view is None and type(msg) in _GREET_STRANGERS:
             self._welcome_stranger(identity)
         handler(self, identity, msg, view)
+        name = self.by_identity.get(identity)
+        if name is not None:  # heard from (again): its credit, slots or state may have changed
+            self.maybe_free.add(name)
 
     def _send(self, identity: bytes, msg: P.Message) -> None:
         self.outbox.append((identity, msg))
+
+    def _ok(self, identity: bytes, ref: str) -> None:
+        """A plain ack (ok) of message `ref`: kept as its ref until `take_outbox`, which
+        makes it an `ack` only for an agent that does not take batches (the others get the
+        ref in their `leases` or `acks` frame: one message object fewer per result)."""
+        self.outbox.append((identity, ref))  # type: ignore[arg-type]
 
     def take_outbox(self) -> list[tuple[bytes, P.Message]]:
         """The messages to send, in order; to an agent that takes batches, its leases and its
         plain acks of one pass go in one `leases` frame (or `acks` without leases) where the
         first of them was (a later message of another kind to that agent starts a new
-        batch; acks and leases commute)."""
+        batch; acks and leases commute). Any frame is a heartbeat: a node sent something
+        now needs none for a while (`sent_at`)."""
         out, self.outbox = self._coalesce(self.outbox), []
         self.counters["frames_out"] += len(out)
-        if out:  # any frame is a heartbeat: a node sent something now needs none for a while
-            now, names, nodes = self.clock(), self.by_identity, self.nodes
-            for identity, _ in out:
-                view = nodes.get(names.get(identity))
-                if view is not None:
-                    view.sent_at = now
         return out
 
-    def _coalesce(self, outbox: list[tuple[bytes, P.Message]]) -> list[tuple[bytes, P.Message]]:
+    def _coalesce(self, outbox: list) -> list[tuple[bytes, P.Message]]:
         if not outbox:
             return outbox
-        batching = {n.identity for n in self.nodes.values() if n.batches and n.state != LOST}
-        if not batching:
-            return outbox
+        # the peers of this outbox (not every node: a pass costs what it sends, not the
+        # farm's size), and which of them take batches
+        now, names, nodes, batching = self.clock(), self.by_identity, self.nodes, set()
+        for identity in {identity for identity, _ in outbox}:
+            view = nodes.get(names.get(identity))  # type: ignore[arg-type]
+            if view is not None:
+                view.sent_at = now
+                if view.batches and view.state != LOST and view.identity == identity:
+                    batching.add(identity)
         slots: list = []  # (identity, message) or (identity, ([lease...], [ack ref...]))
         open_: dict[bytes, tuple[list, list]] = {}
+        lease_t, ack_t = P.Lease, P.Ack
         for identity, msg in outbox:
             kind = type(msg)
-            if identity in batching and (kind is P.Lease or (
-                    kind is P.Ack and msg.ok and msg.code is None and msg.error is None)):
+            if identity in batching and (kind is lease_t or kind is str or (
+                    kind is ack_t and msg.ok and msg.code is None and msg.error is None)):
                 group = open_.get(identity)
                 if group is None:
                     group = open_[identity] = ([], [])
                     slots.append((identity, group))
-                if kind is P.Lease:
+                if kind is lease_t:
                     group[0].append(msg)
                 else:
-                    group[1].append(msg.ref)
+                    group[1].append(msg if kind is str else msg.ref)
             else:
                 open_.pop(identity, None)
-                slots.append((identity, msg))
+                slots.append((identity, ack_t(ref=msg, ok=True) if kind is str else msg))
         out = []
         for identity, item in slots:
-            if isinstance(item, tuple):
+            if type(item) is tuple:
                 out.extend((identity, m) for m in P.for_agent(*item))
             else:
                 out.append((identity, item))
@@ -307,7 +319,7 @@ class BrokerCore:
             self._reject(identity, msg, c.reason)
             return
         if c.duplicate:  # a resend after a lost ack: answered, counted once
-            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            self._ok(identity, msg.id)
             return
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
@@ -319,7 +331,7 @@ class BrokerCore:
         if self.curriculum is not None:
             self._teach_curriculum(msg, c.committed)
         self._commits += 1
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
 
     def _teach_curriculum(self, msg: P.Result, committed: bool) -> None:
         """Feed the curriculum this controller samples from: a committed verdict counts for its
@@ -347,7 +359,7 @@ class BrokerCore:
         if c.accepted:
             self.counters["released"] += 1
             self._unhold(msg.rollout_id, msg.token)
-            self._send(identity, P.Ack(ref=msg.id, ok=True))
+            self._ok(identity, msg.id)
         else:
             self._reject(identity, msg, c.reason)
 
@@ -373,6 +385,7 @@ class BrokerCore:
             view = self.nodes.get(held[0])
             if view is not None:
                 view.leases.discard(rollout_id)
+                self.maybe_free.add(view.node)
 
     def _lose(self, view: NodeView, why: str, released: Iterable[str]) -> None:
         view.move(LOST)
@@ -448,7 +461,7 @@ class BrokerCore:
             return self._refuse(identity, msg, POLICY_CONFLICT, str(exc))
         self._policies.pop(msg.version, None)  # an endpoint move: leases from now on name the new one
         self._resync()  # a newer policy may have revoked stale leases
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
         self._tell_policy(self.nodes.values())
 
     def _tell_policy(self, views: Iterable[NodeView]) -> None:
@@ -485,7 +498,7 @@ class BrokerCore:
         view.drain_requested, view.drain_deadline_s = True, msg.deadline_s
         log.info("node %s: drain requested (deadline %s s)", msg.node, msg.deadline_s)
         self._send(view.identity, P.Drain(reason="drain requested", deadline_s=msg.deadline_s))
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
 
     def _on_watch(self, identity, msg: P.Watch, _view) -> None:
         try:
@@ -523,121 +536,8 @@ class BrokerCore:
                 self._send(n.identity, P.Shutdown(reason=reason))
         for stranger in self.welcomed:  # agents told to register that have not yet
             self._send(stranger, P.Shutdown(reason=reason))
-        self._send(identity, P.Ack(ref=msg.id, ok=True))
+        self._ok(identity, msg.id)
         self.stopped = True
-
-    # ---- time -----------------------------------------------------------------------------
-
-    def tick(self) -> None:
-        """Dispatch; every sweep interval purge, expire and resync; heartbeats; watchers."""
-        now = self.clock()
-        if now - self._last_sweep >= self.sweep_interval_s or now < self._last_sweep:
-            self._last_sweep = now
-            self._sweep(now)
-        self.dispatch()
-        if now - self._last_hb >= self.hb_s / 4 or now < self._last_hb:
-            self._last_hb = now
-            self._heartbeat_idle(now)
-        if self.watchers and (self._commits or any(d <= now for _, _, d in self.watchers)):
-            self._commits = 0
-            self.watchers = [(i, w, d) for i, w, d in self.watchers
-                             if not self._answer_watch(i, w, final=d <= now)]
-        self.ledger.save_counters()
-
-    def _heartbeat_idle(self, now: float) -> None:
-        """A heartbeat to each node sent nothing for its own fraction (0.5-1) of the interval:
-        spread over the interval (nodes that registered together are not all woken at once)
-        and none to a node that is being sent work anyway."""
-        for n in self.nodes.values():
-            if n.state != LOST and (now - n.sent_at >= self.hb_s * _phase(n.node) or now < n.sent_at):
-                self._send(n.identity, P.Heartbeat())
-
-    def _heard_since(self) -> float:
-        """Nodes not heard from since this (monotonic) missed a heartbeat."""
-        return self.clock() - self.hb_s * self.config.lease_silence_intervals
-
-    def dispatch(self) -> int:
-        """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent
-        for `lease_silence_intervals` keeps its leases until it is declared lost, but gets no
-        new one)."""
-        heard = self._heard_since()
-        free = {n.node: n.free() if n.last_seen >= heard else 0 for n in self.nodes.values()}
-        total = sum(free.values())
-        if total <= 0:
-            return 0
-        due = self.queue.due(min(total, self.max_dispatch))
-        if not due:
-            return 0
-        images = {n.node: n.images for n in self.nodes.values()}
-        leases = self.queue.lease_to(place(due, free, images, self._image_of))
-        for lease in leases:
-            view = self.nodes[lease.node]
-            policy = self._policy(lease.policy_version)
-            if policy is None:  # only for rollouts submitted before policies were checked
-                self.queue.complete(lease.rollout_id, lease.attempt, lease.token, INFRA_ERROR,
-                                    None, {}, f"policy version {lease.policy_version} is not "
-                                    "published", f"nopolicy:{lease.rollout_id}:{lease.token}")
-                continue
-            view.leases.add(lease.rollout_id)
-            self.holder[lease.rollout_id] = (view.node, lease.token)
-            self._send(view.identity, lease.message(
-                task=self.tasks[lease.task_ref], policy=policy,
-                lease_ttl_s=self.queue.config.lease_ttl_s, run_id=self.run_id,
-                run_dir=self.run_dir))
-        self.counters["dispatched"] += len(leases)
-        return len(leases)
-
-    def _sweep(self, now: float) -> None:
-        for n in list(self.nodes.values()):
-            silent_s = now - n.last_seen
-            if n.state != LOST and silent_s > self.hb_s * self.liveness:
-                released = self.queue.release_node(n.node, "no heartbeat")
-                self._lose(n, f"silent {silent_s:.1f}s, {len(released)} leases back", released)
-            elif n.state == LOST and silent_s > self.lost_keep_s:
-                del self.nodes[n.node]
-                if self.by_identity.get(n.identity) == n.node:
-                    del self.by_identity[n.identity]
-        heard = self._heard_since()
-        expired = self.queue.expire_leases(live_nodes={
-            n.node for n in self.nodes.values() if n.state != LOST and n.last_seen >= heard})
-        if expired:
-            self.counters["leases_expired"] += len(expired)
-            self._commits += 1
-            for rid in expired:
-                held = self.holder.get(rid)
-                if held is not None:
-                    self._unhold(rid, held[1])
-        if now - self._last_resync >= RESYNC_EVERY_S or now < self._last_resync:
-            self._resync()  # the mirror is kept up to date as it goes: this only checks it
-        self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
-        self.ledger.want_flush()
-
-    def _resync(self) -> None:
-        """The queue is the truth about who holds what: rebuild the in-memory mirror (at
-        start, after a policy revoked leases, and every RESYNC_EVERY_S: a read of every held
-        lease, too dear for every sweep at tens of thousands of slots)."""
-        self._last_resync = self.clock()
-        self.holder = {}
-        for n in self.nodes.values():
-            n.leases = set()
-        for rid, node, _attempt, token in self.queue.held_leases():
-            self.holder[rid] = (node, token)
-            view = self.nodes.get(node)
-            if view is not None and view.state != LOST:
-                view.leases.add(rid)
-
-    def _policy(self, version: int) -> Optional[P.PolicyRef]:
-        ref = self._policies.get(version)
-        if ref is None:
-            p = self.queue.policy(version)
-            if p is None:
-                return None
-            ref = self._policies[version] = p.ref()
-        return ref
-
-    def _image_of(self, task_ref: str) -> Optional[str]:
-        task = self.tasks.get(task_ref)
-        return task.get("image_digest") if task else None
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -691,10 +591,3 @@ def admit_tasks(tasks: Mapping) -> tuple[Mapping[str, dict], dict[str, str]]:
             else:
                 refused[key] = why
     return admitted, refused
-
-
-def _phase(node: str) -> float:
-    """A node's heartbeat spacing as a fraction of the interval, in [0.5, 1): fixed per name
-    (deterministic for the simulation), different across names."""
-    return 0.5 + (zlib.crc32(node.encode()) % 1024) / 2048
-

@@ -1,6 +1,7 @@
 """What the broker derives from the queue's committed state: the catalog of committed keys,
 written only once the queue's COMMIT is durable, and the status counters, persisted with
-each pass's transaction.
+the passes' transactions (the per-frame counts of a pass that writes nothing else: once a
+sweep interval, see timers.py).
 
 `Ledger.commit` and `Ledger.want_flush` hand their work to `RolloutQueue.on_commit`: it runs
 after the open transaction commits (never if it rolls back), so the catalog can never show a
@@ -30,6 +31,7 @@ from controller.store.queue import RolloutQueue
 log = logging.getLogger("controller")
 
 DROPPED = "dropped."  # the persisted name of a dropped-frames counter: dropped.<reason>
+TRAFFIC = frozenset(("frames_in", "frames_out"))  # moved by every frame, heartbeats included
 
 
 class Ledger:
@@ -99,15 +101,20 @@ class Ledger:
             log.error("catalog flush failed (%d so far): %s",
                       self.counters["catalog_flush_failed"], exc)
 
-    def save_counters(self) -> None:
+    def save_counters(self, all_: bool = True) -> None:
         """What the counters gained since last saved, into the queue (the open
-        transaction: they survive a controller restart)."""
+        transaction: they survive a controller restart). With `all_` False, only when a
+        counter other than the per-frame ones (TRAFFIC) moved: a pass of heartbeats alone
+        then writes nothing (its commit is no fsync); the caller saves all once a sweep
+        interval."""
         self._replica_counters()
-        now = {**self.counters, **{DROPPED + k: v for k, v in self.dropped.items()}}
-        delta = {k: v - self._saved[k] for k, v in now.items() if v != self._saved[k]}
-        if delta:
+        saved = self._saved
+        delta = {k: v - saved[k] for k, v in self.counters.items() if v != saved[k]}
+        delta.update((DROPPED + k, v - saved[DROPPED + k]) for k, v in self.dropped.items()
+                     if v != saved[DROPPED + k])
+        if delta and (all_ or not delta.keys() <= TRAFFIC):
             self.queue.add_counters(delta)
-            self._saved.update(delta)
+            saved.update(delta)
 
     def _replica_counters(self) -> None:
         """The replica's failures and uncopyable shards (store/replica.py) as counters, so
