@@ -314,7 +314,7 @@ class BrokerCore(Timers):
             self._reject(identity, msg, REJECT_BAD_REQUEST)
             return
         c = self.queue.complete(msg.rollout_id, msg.attempt, msg.token, msg.outcome, msg.reward,
-                                msg.shards, msg.infra_reason, msg.idem)
+                                msg.shards, msg.reason, msg.idem)
         if not c.accepted:
             self._reject(identity, msg, c.reason)
             return
@@ -346,7 +346,7 @@ class BrokerCore(Timers):
                 self.curriculum.record(task["task_id"], row["policy_version"], msg.outcome,
                                        rollout_id=msg.rollout_id)
             elif row["state"] == DEAD_LETTER:
-                self.curriculum.record_infra_failure(task["task_id"], msg.infra_reason or "?")
+                self.curriculum.record_infra_failure(task["task_id"], msg.reason or "?")
         except (sqlite3.Error, ValueError) as exc:     # estimates, not the ledger: log and go on
             log.warning("curriculum: cannot record %s: %s", msg.rollout_id, exc)
 

@@ -19,7 +19,6 @@ Must not import: zmq, sqlite3, controller.cli, nodeagent.
 from __future__ import annotations
 
 import logging
-import math
 import zlib
 from collections import Counter
 from typing import TYPE_CHECKING, Optional
@@ -72,7 +71,7 @@ class Timers:
         """The queue knows no rollout is due now (no query, no per-node work): it learnt so
         when it last looked, and nothing became leasable since (`RolloutQueue.due`)."""
         # (the queue's own clock: its horizon is a `not_before`, in the queue's time)
-        return self.queue.clock() < getattr(self.queue, "_idle_until", -math.inf)
+        return self.queue.idle()
 
     def dispatch(self: "BrokerCore") -> int:
         """Place due rollouts on free slots of nodes that missed no heartbeat (a node silent

@@ -16,10 +16,9 @@ infrastructure fault that is not the task's (a reason whose code is of class `lo
 apart: a flapping node or an outage must not dead-letter good tasks); every attempt's reason
 (`states.InfraReason`: its code and its text) is kept in the attempts table. `on_commit`
 hooks run once the open transaction has committed (what is derived from the queue, the
-catalog, is written there); `fault` is called at the commit
-path's fault points (faults.py). With `config.replica_dir` every COMMIT is shipped to the
-replica (replica.py) before anything derived from it runs. The records it hands
-back and its config are records.py; its reads are reads.py.
+catalog, is written there); `fault` is called at the commit path's fault points (faults.py).
+With `config.replica_dir` every COMMIT is shipped to the replica (replica.py) before anything
+derived from it runs. Its records and config are records.py; its reads are reads.py.
 
 Time is injected: `clock()` returns epoch seconds (deadlines are persisted, so wall time).
 Must not import: zmq, controller.broker, controller.cli, nodeagent. See docs/protocol.md for
@@ -345,12 +344,14 @@ class RolloutQueue(QueueReads):
             return []
         return self.lease_to([(d.rollout_id, node) for d in self.due(n)])
 
+    def idle(self) -> bool:  # nothing is due now, known without a query (see `due`)
+        return self.clock() < self._idle_until
+
     def due(self, limit: int) -> list[Due]:
         """Up to `limit` rollouts that may be leased now, oldest submission first (read only).
 
-        When none is due, the earliest `not_before` of the leasable rollouts is remembered:
-        until then (or until a rollout becomes leasable: a submit, a hand-back, a failure)
-        the answer is empty without a query (the broker asks on every pass)."""
+        When none is due, the earliest `not_before` of the leasable rollouts is remembered: until
+        then (or a submit, hand-back or failure) the answer is empty without a query (`idle`)."""
         now = self.clock()
         if limit <= 0 or now < self._idle_until:
             return []
