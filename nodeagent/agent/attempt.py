@@ -46,7 +46,9 @@ held here) and its simulated user talks to the agent (`nodeagent.harness.usersim
 user calls the node's `user_sim` endpoint, `$PADDOCK_USER_SIM_ENDPOINT`, through a gateway
 session of its own whose rows are `model_calls` with source `user_sim`). The final service
 state, the operations, the transcript and what the agent told the user go to the verifier
-(`verify(..., conversation=...)`). A broken service rule is `infra_error: task: ...`; a
+(`verify(..., conversation=...)`). The verifier receives the lease's typed task as it grades
+it (`graded_task`: no JSON round trip; a malformed checker spec is `infra_error` `verifier: task
+...`). A broken service rule is `infra_error: task: ...`; a
 failing user simulator `infra_error: user_sim: ...`.
 
 Must not import: zmq, nodeagent.agent.daemon.
@@ -88,7 +90,7 @@ from nodeagent.sandbox.spec import SetupError
 from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import tracing
 from nodeagent.store import writer as trajwriter
-from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
+from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, graded_task, verify
 
 log = logging.getLogger(__name__)
 __all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
@@ -184,7 +186,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         tv = clock()
         try:
             with guard.phase("verify"):
-                verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
+                verdict = verify(runtime, image, graded_task(task), changes, agent.answer, clock, layers=layers,
                                  conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
