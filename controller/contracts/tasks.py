@@ -547,15 +547,16 @@ class GradedTask:
     @classmethod
     def of(cls, task: LeaseTask) -> "GradedTask":
         """The lease's task, its checker spec validated. TaskError naming the task and field."""
+        image = _text(task.raw, "image")
+        limits = task.limits if task.raw.get("limits") else {}      # none given: the sandbox's defaults
         try:
             spec = CheckerSpec.decode(dict(task.checker) or None, {"files": task.files, "hidden": task.hidden})
         except SpecError as exc:
             raise TaskError(f"task {task.name or None!r}: {exc}") from None
         return cls(name=task.name, checker=spec, task_id=task.task_id, ident=task.task_id, family=task.family,
-                   instruction=task.instruction, image=_text(task.raw, "image"), image_digest=task.image_digest,
-                   files=task.files, hidden=task.hidden, protected=task.protected,
-                   limits=task.limits if task.raw.get("limits") else {},    # none given: the sandbox's defaults
-                   layers=task.layers, setup=task.setup, services=task.services)
+                   instruction=task.instruction, image=image, image_digest=task.image_digest, files=task.files,
+                   hidden=task.hidden, protected=task.protected, limits=limits, layers=task.layers,
+                   setup=task.setup, services=task.services)
 
     @classmethod
     def from_json(cls, d: Any) -> "GradedTask":

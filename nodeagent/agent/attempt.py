@@ -47,8 +47,9 @@ user calls the node's `user_sim` endpoint, `$PADDOCK_USER_SIM_ENDPOINT`, through
 session of its own whose rows are `model_calls` with source `user_sim`). The final service
 state, the operations, the transcript and what the agent told the user go to the verifier
 (`verify(..., conversation=...)`). The verifier receives the lease's typed task as it grades
-it (`graded_task`: no JSON round trip; a malformed checker spec is `infra_error` `verifier: task
-...`). A broken service rule is `infra_error: task: ...`; a
+it (`GradedTask`, built with the task, its checker spec validated once; no JSON round trip); a
+malformed checker spec is the verifier's `infra_error` `verifier: task ...` when the attempt
+reaches grading. A broken service rule is `infra_error: task: ...`; a
 failing user simulator `infra_error: user_sim: ...`.
 
 Must not import: zmq, nodeagent.agent.daemon.
@@ -66,7 +67,7 @@ from typing import Callable, Mapping
 from controller.contracts.clock import utc_now
 from controller.contracts.network import PolicyError
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
-from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
+from controller.contracts.tasks import BudgetError, GradedTask, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from controller.ondisk.fileio import atomic_write
 from layers.store import ImageStore
@@ -90,7 +91,7 @@ from nodeagent.sandbox.spec import SetupError
 from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import tracing
 from nodeagent.store import writer as trajwriter
-from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, graded_task, verify
+from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
 
 log = logging.getLogger(__name__)
 __all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
@@ -102,6 +103,15 @@ def _task_of(a: Attempt) -> LeaseTask:
     digest (nodeagent.agent.taskcache). Raises TaskError naming the field."""
     task = a.task if isinstance(a.task, LeaseTask) else LeaseTask.decode(a.task)
     return default_cache().resolve(task)
+
+
+def _graded(task: LeaseTask) -> GradedTask | VerifierInfraError:
+    """The task as the verifier grades it, built once with the task; a malformed checker spec
+    is the error the verify phase raises (the rollout is recorded as any grading failure is)."""
+    try:
+        return GradedTask.of(task)
+    except TaskError as exc:
+        return VerifierInfraError(str(exc))
 
 
 def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -> tuple[Path, ...]:
@@ -146,6 +156,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
     the guard's to kill. After each phase a stop of the guard decides (`_stopped`)."""
     if guard.stopped:               # cancelled while it waited for a slot thread: nothing to do
         return _stopped(guard)
+    graded = _graded(task)          # the task as the verifier takes it, built once
     try:
         with guard.phase("setup"):
             layers = task_sandbox_layers(runtime, image, task)
@@ -186,7 +197,9 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         tv = clock()
         try:
             with guard.phase("verify"):
-                verdict = verify(runtime, image, graded_task(task), changes, agent.answer, clock, layers=layers,
+                if isinstance(graded, VerifierInfraError):
+                    raise graded
+                verdict = verify(runtime, image, graded, changes, agent.answer, clock, layers=layers,
                                  conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:

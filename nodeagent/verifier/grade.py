@@ -34,6 +34,7 @@ nodeagent.harness.loop.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -270,11 +271,13 @@ def _fresh_sandbox(runtime, image, layers: tuple, task: GradedTask, changes):
     return sb
 
 
-def _checker_files(task: GradedTask, spec: CheckerSpec) -> tuple[dict[str, bytes], dict[str, bytes]]:
+def _checker_files(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile],
+                   mode: str) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """(system files, test files). System (read-only to everyone in the sandbox, owned outside
-    it): the protected originals in /work, the grader and pytest.ini. Tests: owned by the
-    sandbox's root, mode 0400 under a 0711 directory, so the code under test (another uid) can
-    neither read nor change them; only the grader reads them, before it drops privileges."""
+    it): the protected originals in /work, the grader and pytest.ini (for isolation `mode`).
+    Tests: owned by the sandbox's root, mode 0400 under a 0711 directory, so the code under test
+    (another uid) can neither read nor change them; only the grader reads them, before it drops
+    privileges. `parsed`: the test files' ASTs (`parse_tests`), rewritten to strict equality."""
     system = {f"/work/{rel}": as_bytes(task.files[rel]) for rel in task.protected}
     tests = {}
     for rel in spec.tests + spec.support:
@@ -283,9 +286,9 @@ def _checker_files(task: GradedTask, spec: CheckerSpec) -> tuple[dict[str, bytes
             raise VerifierInfraError(f"task {task.name!r}: checker file {rel!r} is in neither "
                                      f"'hidden' nor 'files'")
         if rel.endswith(".py") and spec.strict_eq is not False and rel in spec.tests:
-            text = strict_asserts(text, rel)
+            text = _strict(parsed[rel])
         tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
-    system[f"{TESTS_DIR}/pytest.ini"] = (PYTEST_INI_CALL if isolation(task, spec) == "call" else PYTEST_INI).encode()
+    system[f"{TESTS_DIR}/pytest.ini"] = (PYTEST_INI_CALL if mode == "call" else PYTEST_INI).encode()
     system[GRADER_PATH] = GRADER_SOURCE
     system[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
     return system, tests
@@ -302,12 +305,41 @@ def _parse(source: str | bytes) -> ast.Module:
     return canaries.parse(source)  # type: ignore[arg-type]  # ast.parse takes bytes too
 
 
+@dataclasses.dataclass(frozen=True)
+class TestFile:
+    """One test file of a pytest check, read once per grading (`parse_tests`)."""
+    __test__ = False                # (not a pytest test class)
+    rel: str
+    tree: ast.Module | None         # None: it does not parse (`error`)
+    error: str = ""
+    classes: frozenset[str] = frozenset()     # the classes pytest collects: `Test*`, unittest cases
+
+    def module(self) -> ast.Module:
+        """Its AST; VerifierInfraError naming the file if it does not parse."""
+        if self.tree is None:
+            raise VerifierInfraError(f"test file {self.rel!r} does not parse: {self.error}")
+        return self.tree
+
+
+def parse_tests(task: GradedTask, spec: CheckerSpec) -> dict[str, TestFile]:
+    """The check's test files (`spec.tests`), each parsed once, with its test classes."""
+    out = {}
+    for rel, source in _test_sources(task, spec):
+        try:
+            tree = _parse(source)
+        except SyntaxError as exc:
+            out[rel] = TestFile(rel, None, str(exc))
+            continue
+        out[rel] = TestFile(rel, tree, classes=frozenset(canaries.test_classes(tree)))
+    return out
+
+
 def _is_test_file(rel: str) -> bool:
     base = rel.rsplit("/", 1)[-1]
     return base.startswith("test") or base.endswith("_test.py") or base == "conftest.py"
 
 
-def isolation(task: GradedTask, spec: CheckerSpec) -> str:
+def isolation(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile]) -> str:
     """`call` or `process` (see docs/verifier.md, "Call isolation"). `auto` (the default) is
     `call` for a function-level task: every visible file at the top of /work, its agent modules
     (top-level .py files that are not tests) exactly the modules the tests import, and the tests
@@ -320,12 +352,10 @@ def isolation(task: GradedTask, spec: CheckerSpec) -> str:
     agent = {rel[:-3] for rel in files if rel.endswith(".py") and not _is_test_file(rel)
              and rel not in task.protected}
     used: set[str] = set()
-    for _rel, text in _test_sources(task, spec):
-        try:
-            tree = _parse(text)
-        except SyntaxError:
+    for test in parsed.values():
+        if test.tree is None:
             return "process"
-        for node in ast.walk(tree):
+        for node in ast.walk(test.tree):
             if isinstance(node, ast.ImportFrom) and node.level:
                 return "process"
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
@@ -361,7 +391,13 @@ def strict_asserts(source: str | bytes, name: str) -> str:
         tree = _parse(source)
     except SyntaxError as exc:
         raise VerifierInfraError(f"test file {name!r} does not parse: {exc}") from None
-    tree = _StrictEq().visit(tree)
+    return _strict(TestFile(name, tree), copied=False)
+
+
+def _strict(test: TestFile, copied: bool = True) -> str:
+    """`test`'s source with its asserts rewritten (`strict_asserts`); its own tree is left as
+    parsed unless `copied` is False."""
+    tree = _StrictEq().visit(copy.deepcopy(test.module()) if copied else test.module())
     body = tree.body
     at = 0
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
@@ -372,17 +408,12 @@ def strict_asserts(source: str | bytes, name: str) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def expected_tests(task: GradedTask, spec: CheckerSpec) -> list[str]:
+def expected_tests(spec: CheckerSpec, parsed: dict[str, TestFile]) -> list[str]:
     """Node ids (`file::test` / `file::Class::test`) the test files define, from their AST
-    (classes: `Test*`, and unittest cases whatever their name)."""
+    (`parse_tests`; classes: `Test*`, and unittest cases whatever their name)."""
     ids = []
     for rel in spec.tests:
-        text = task.hidden.get(rel, task.files.get(rel, ""))
-        try:
-            tree = _parse(text)
-        except SyntaxError as exc:
-            raise VerifierInfraError(f"test file {rel!r} does not parse: {exc}") from None
-        classes = canaries.test_classes(tree)       # `Test*`, and unittest cases of any name
+        tree, classes = parsed[rel].module(), parsed[rel].classes
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 ids.append(f"{rel}::{node.name}")
@@ -457,6 +488,8 @@ def plant_canaries(task: GradedTask, spec: CheckerSpec) -> canaries.Plan:
 
 def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> Verdict:
     spec = task.checker
+    parsed = parse_tests(task, spec)
+    mode = isolation(task, spec, parsed)
     repo = repo_scope(task)
     ignored: list[str] = []
     refused = sorted(c.path for c in changes if compiled_artifact(c.path) and c.kind != "deleted")
@@ -466,9 +499,9 @@ def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> 
         plan = plant_canaries(task, spec)
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
-        (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
+        (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS
     system = {**system, ASSERTS_PATH: ASSERTS_SOURCE}
-    expected = expected_tests(task, spec)
+    expected = expected_tests(spec, parsed)
     if not expected:
         raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")
     sb = _fresh_sandbox(runtime, image, layers, task, changes)
@@ -480,7 +513,7 @@ def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> 
         if locked:
             sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *args,
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec, mode), *args,
                      *spec.tests], cwd=cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout(spec, CHECK_TIMEOUT_S))
         wall = clock() - t
         if r.timed_out:
@@ -513,14 +546,15 @@ def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> 
         raise VerifierInfraError(f"{exc}: {tail}") from None
 
 
-def grader_config(runtime, task: GradedTask, spec: CheckerSpec) -> str:
-    """The grader's first argument: uids inside the sandbox's id slice, paths, call isolation."""
+def grader_config(runtime, task: GradedTask, spec: CheckerSpec, mode: str) -> str:
+    """The grader's first argument: uids inside the sandbox's id slice, paths, call isolation
+    (`mode`: `isolation`'s choice)."""
     top = int(getattr(runtime, "slice_size", CALLEE_UID + 1)) - 1
     uid, callee = min(GRADER_UID, top), min(CALLEE_UID, top)
     if callee == uid:
         callee = uid - 1
     call = None
-    if isolation(task, spec) == "call":
+    if mode == "call":
         call = {"uid": callee, "modules": call_modules(task, spec),
                 "timeout_s": call_timeout(spec)}
     return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call,
@@ -550,7 +584,7 @@ def _verify_command(runtime, image, layers, task: GradedTask, changes, clock) ->
     spec = task.checker
     sb = _fresh_sandbox(runtime, image, layers, task, changes)
     try:
-        system, support = _checker_files(task, dataclasses.replace(spec, tests=(), strict_eq=False))
+        system, support = _checker_files(task, dataclasses.replace(spec, tests=(), strict_eq=False), {}, "process")
         sb.write_files({**support, **system}, owner="system", mode=0o444)
         t = clock()
         r = sb.exec(list(spec.argv), cwd=spec.cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout(spec, CHECK_TIMEOUT_S))

@@ -72,7 +72,8 @@ def test_a_solution_that_exits_pytest_fails(runtime, python_image, gcd):
 
 
 def test_a_solution_that_exits_behind_the_call_boundary_fails_every_test(runtime, python_image, gcd):
-    assert verifier.isolation(graded_task(gcd), graded_task(gcd).checker) == "call"
+    task = graded_task(gcd)
+    assert verifier.isolation(task, task.checker, verifier.parse_tests(task, task.checker)) == "call"
     v = verify(runtime, python_image, graded_task(gcd), solution("import os\nos._exit(0)\n"), None)
     assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False)
     assert "the solution's process is gone" in v.checks[-1]["detail"]
@@ -177,7 +178,8 @@ def test_asserts_are_rewritten_to_strict_equality():
 
 def test_the_grader_shipped_into_the_sandbox_is_the_grader_plugin_source_file():
     from nodeagent.verifier import grader_plugin
-    system, _tests = verifier._checker_files(graded_task(task_dict()), graded_task(task_dict()).checker)
+    task = graded_task(task_dict())
+    system, _tests = verifier._checker_files(task, task.checker, verifier.parse_tests(task, task.checker), "call")
     assert system[verifier.GRADER_PATH] == Path(grader_plugin.__file__).read_bytes()
 
 
