@@ -230,17 +230,17 @@ def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: 
     try:
         changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
         if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
-            atomic_write(Path(a.run_dir) / conversation_path(changes_path), json.dumps(conversation).encode())
+            kept = Path(a.run_dir) / conversation_path(changes_path)
+            atomic_write(kept, json.dumps(conversation).encode())
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, wall_s)
     row["changes_path"] = changes_path
     checks = verdict.checks if verdict else []
+    calls = _call_rows(session, bool(task.harness), agent.steps, conv.user_rows())
     try:
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
-                                          spans=agent.spans, egress=agent.egress,
-                                          model_calls=_call_rows(session, bool(task.harness), agent.steps,
-                                                                 conv.user_rows()))
+                                          spans=agent.spans, egress=agent.egress, model_calls=calls)
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)
