@@ -1,15 +1,15 @@
 """Grading outside the agent's reach.
 
 `verify(runtime, image, task, changes, answer)` grades one finished rollout of `task`, a
-`controller.contracts.tasks.GradedTask` (typed, its checker spec validated: `graded_task` builds it
-once at the caller's edge, from the node's `LeaseTask` or from a task's JSON; a malformed spec
-is the task's fault, an infra error naming the field, never a score). The rollout's own inputs
-(its sandbox layers, a conversational rollout's captured conversation) are arguments:
+`controller.contracts.tasks.GradedTask`: typed, its checker spec validated when it was built,
+once, at the caller's edge (`graded_task`: from the node's `LeaseTask` or from a task's JSON; a
+malformed spec is the task's fault, an infra error naming the field, never a score). The
+rollout's own inputs (its sandbox layers, a conversational rollout's captured conversation) are
+arguments; nothing here decodes or changes the task.
 
-1. (The task's checker spec was validated when the task was decoded.)
-2. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
+1. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
    is tampering (reward 0).
-3. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
+2. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
    same image: the task's visible files, then the agent's captured changes, then — only now —
    the test files, read-only under `/verifier/tests` (owned outside the sandbox's id slice: the
    workload cannot write, rename or delete them). The in-sandbox grader (`grader_plugin.py` of
@@ -19,9 +19,9 @@ is the task's fault, an infra error naming the field, never a score). The rollou
    signed, and the grader writes the report. Results come
    from that report — never from stdout. Test asserts `a == b` are rewritten to `strict_eq`, so
    an object whose `__eq__` always says True cannot pass.
-4. Answer checks (math, exact, regex) run on the host in the isolated check runner
+3. Answer checks (math, exact, regex) run on the host in the isolated check runner
    (`nodeagent.verifier.checks`): own process group, rlimits, hard deadline.
-5. An optional LLM judge (`checker.judge`, off unless the spec has it) adds a weighted component.
+4. An optional LLM judge (`checker.judge`, off unless the spec has it) adds a weighted component.
 
 Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
 `VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
