@@ -200,9 +200,8 @@ def _primary(runtime, image, layers, task: GradedTask, changes, answer, conversa
             raise VerifierInfraError(str(exc)) from None
     if kind == "webstate":
         try:
-            # webstate reads the task's name and hidden seed.sql, as JSON
-            seen = {"name": task.name, "hidden": task.hidden}
-            return Verdict(**webstate.verify_webstate(runtime, image, seen, dict(spec.raw), changes, clock))
+            task_json = {"name": task.name, "hidden": task.hidden}     # what webstate reads of the task
+            return Verdict(**webstate.verify_webstate(runtime, image, task_json, dict(spec.raw), changes, clock))
         except webstate.WebStateError as exc:
             raise VerifierInfraError(str(exc)) from None
     return _verify_answer(spec, answer, clock, runner, task.instruction)
@@ -605,9 +604,9 @@ def _verify_command(runtime, image, layers, task: GradedTask, changes, clock) ->
 
 def _add_judge(v: Verdict, task: GradedTask, changes: list[Change], answer: str | None,
                conversation: dict | None, clock) -> None:
-    # rate limits, retries, cache, judge_failed; the judge reads the instruction and conversation as JSON
-    seen = {"instruction": task.instruction, "_conversation": conversation}
-    judge.apply(v, dict(task.checker.raw), seen, changes, answer, clock)
+    """The judge's component (rate limits, retries, cache, judge_failed: `judge.apply`)."""
+    task_json = {"instruction": task.instruction, "_conversation": conversation}    # what the judge reads
+    judge.apply(v, dict(task.checker.raw), task_json, changes, answer, clock)
 
 
 def _dependency_versions() -> dict[str, str]:
