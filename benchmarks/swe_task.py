@@ -112,7 +112,7 @@ def grading_costs(rt, store: ImageStore, n: int, instance: str = "babel") -> Non
         t0 = time.perf_counter()
         [task] = import_source("swe", Path(tmp) / "swe.jsonl", SweContext(store=store))
         print(f"instance {spec['instance_id']}: imported in {time.perf_counter() - t0:.1f} s")
-    d = dict(task.canonical(), task_id=task.task_id)
+    d = grade.graded_task(dict(task.canonical(), task_id=task.task_id))
     image = own_image(python_image, d)
     layers = sandbox_layers(rt, image, d)
     files, _ = reference_of(d)

@@ -134,7 +134,7 @@ def humaneval_grading(rounds: int) -> None:
     from layers.builtin import default_store_root, ensure_builtin_image
     from layers.store import ImageStore
     from nodeagent.sandbox.runtime import Change, SandboxRuntime
-    from nodeagent.verifier.grade import verify
+    from nodeagent.verifier.grade import graded_task, verify
     data = Path(__file__).resolve().parent.parent / "tests" / "data" / "humaneval_sample.jsonl"
     image = ensure_builtin_image(ImageStore(default_store_root()))[1]
     times: dict[str, list[float]] = {"call": [], "process": []}
@@ -146,7 +146,7 @@ def humaneval_grading(rounds: int) -> None:
                     task = {**t.canonical(), "task_id": t.task_id, "checker": {**t.checker, "isolation": mode}}
                     change = [Change("/work/solution.py", "modified", task["hidden"]["reference.py"].encode(), 0o644)]
                     t0 = time.perf_counter()
-                    v = verify(rt, image, task, change, None)
+                    v = verify(rt, image, graded_task(task), change, None)
                     times[mode].append(time.perf_counter() - t0)
                     assert v.outcome == "pass", v.checks
     p50 = {m: statistics.median(ts) for m, ts in times.items()}

@@ -7,7 +7,8 @@
 Thin: parses arguments, turns a solution path into sandbox changes, calls the verifier in the
 task's own image (its `image: sha256:...`, unless `--image` is given) with its layers stacked
 (its repository, then its set-up layer, as a rollout's grading sandbox). A patch on a
-repository task is applied to the files it touches, read from the task's layers.
+repository task is applied to the files it touches, read from the task's layers. The task (a
+name, an id or a task file) is decoded once, here, into the verifier's typed `GradedTask`.
 (`paddock rescore` is controller/cli/analysis.py.) Must not import: zmq, controller.broker.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from controller.contracts.safeload import ParseLimitError, load_json
-from controller.contracts.tasks import Budgets, Limits, Task, TaskError, decode_content
+from controller.contracts.tasks import Budgets, GradedTask, Limits, Task, TaskError, decode_content
 from controller.taskbank import bank as taskbank
 from controller.taskbank.builtin import builtin_taskset
 from layers.builtin import default_store_root, ensure_builtin_image
@@ -38,18 +39,16 @@ class SolutionError(ValueError):
     """A solution path cannot be turned into changes; the message names the path."""
 
 
-def solution_changes(task: dict, path: str | Path, layers: tuple = ()) -> tuple[list, str | None]:
+def solution_changes(task: GradedTask, path: str | Path, layers: tuple = ()) -> tuple[list, str | None]:
     """(changes under /work, answer) for a solution: a patch (*.patch / *.diff), a directory
     (its files laid over the task's visible files), or a file (placed at /work/<name>; for answer tasks, its text
     is the answer). `layers`: the task's layer files (a patch's pre-images are read from them)."""
-    task = verifier.decode_task(task)
     p = Path(path)
     if not p.exists():
         raise SolutionError(f"solution {str(p)!r} does not exist")
-    kind = task.get("checker", {}).get("kind")
-    if p.is_file() and kind in ("math", "exact", "regex"):
+    if p.is_file() and task.checker.answer_kind:
         return [], p.read_text(errors="replace")
-    original = {k: verifier.as_bytes(v) for k, v in task.get("files", {}).items()}
+    original = {k: verifier.as_bytes(v) for k, v in task.files.items()}
     if p.is_dir():
         files = {**original,
                  **{str(f.relative_to(p)): f.read_bytes() for f in sorted(p.rglob("*")) if f.is_file()}}
@@ -104,18 +103,19 @@ def _patched(original: dict[str, bytes], patch: Path) -> dict[str, bytes]:
                 if f.is_file() and not f.name.endswith((".orig", ".rej"))}
 
 
-def find_task(ref: str, bank: str | None = None) -> dict:
-    """A task by name or id: a task `.json` file, the built-in set, or the task bank."""
+def find_task(ref: str, bank: str | None = None) -> GradedTask:
+    """A task by name or id: a task `.json` file, the built-in set, or the task bank; as the
+    verifier takes it (VerifierInfraError naming the field if its checker spec is malformed)."""
     if ref.endswith(".json") and Path(ref).is_file():
-        return task_from_json(Path(ref))
+        return verifier.graded_task(task_from_json(Path(ref)))
     for t in builtin_taskset().tasks:
         if ref in (t.name, t.task_id, t.short_id):
-            return dict(t.canonical(), task_id=t.task_id)
+            return verifier.graded_task(dict(t.canonical(), task_id=t.task_id))
     try:
         t = taskbank.find_task(taskbank.TaskBank(bank), ref)
     except (TaskError, OSError) as exc:
         raise SolutionError(f"no task {ref!r} in the built-in set, and {exc}") from None
-    return dict(t.canonical(), task_id=t.task_id)
+    return verifier.graded_task(dict(t.canonical(), task_id=t.task_id))
 
 
 def task_from_json(path: Path) -> dict:
@@ -190,7 +190,7 @@ def cmd_verify(args) -> int:
     except (verifier.VerifierInfraError, SandboxError) as exc:
         print(json.dumps({"outcome": "infra_error", "reward": None, "reason": str(exc)}, indent=2))
         return 3
-    print(json.dumps({"task": task.get("name"), "outcome": v.outcome, "reward": v.reward,
+    print(json.dumps({"task": task.name, "outcome": v.outcome, "reward": v.reward,
                       "components": v.components, "tampered": v.tampered,
                       "verifier_version": verifier.VERIFIER_VERSION, "checks": v.checks}, indent=2))
     return 0 if v.outcome == "pass" else 1

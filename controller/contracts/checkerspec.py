@@ -25,12 +25,18 @@ task does not carry. The task bank validates a task with it when the task is mad
 validates again before it grades (a malformed spec is the task's fault: an infra error, never a
 score).
 
+`CheckerSpec.decode(spec, task)` validates once and returns the spec typed: the fields the
+graders read, with `None` where the grader picks a kind-dependent default (`timeout_s`,
+`strict_eq`); `raw` keeps the validated object for the checkers that take the JSON form.
+
 A leaf of the contracts: no I/O. Must not import: zmq, sqlite3, controller.* outside
 contracts, nodeagent.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
 
 KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
 
@@ -133,4 +139,53 @@ def validate_spec(spec, task: dict | None = None) -> dict:
     return spec
 
 
-__all__ = ["CHECKER_SCHEMA", "KINDS", "SpecError", "validate_spec"]
+@dataclass(frozen=True)
+class CheckerSpec:
+    """A validated checker spec (`decode`): what the graders read, typed. `None` leaves the
+    choice to the grader (its default per kind); every other field has the schema's default."""
+    kind: str
+    timeout_s: Optional[float] = None
+    judge: Optional[Mapping[str, Any]] = None
+    # pytest (and command's `support`)
+    tests: tuple[str, ...] = ()
+    support: tuple[str, ...] = ()
+    fail_to_pass: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
+    strict_eq: Optional[bool] = None       # None: on for file-level tests, off for a repository's
+    isolation: str = "auto"
+    modules: Optional[tuple[str, ...]] = None
+    call_timeout_s: Optional[float] = None
+    # math, exact, regex
+    answer: Optional[str] = None
+    # command
+    argv: tuple[str, ...] = ()
+    cwd: str = "/work"
+    pass_exit_codes: tuple[int, ...] = (0,)
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def decode(cls, spec: Any, task: Mapping[str, Any] | None = None) -> "CheckerSpec":
+        """`spec` validated (`validate_spec`, against `task`'s files when given) and typed.
+        Raises SpecError naming the field."""
+        spec = validate_spec(spec, dict(task) if task is not None else None)
+        names = ("tests", "support", "fail_to_pass", "pass_to_pass", "argv")
+        out: dict[str, Any] = {k: tuple(spec[k]) for k in names if k in spec}
+        for key in ("timeout_s", "call_timeout_s"):
+            if key in spec:
+                out[key] = float(spec[key])
+        for key in ("judge", "strict_eq", "isolation", "answer", "cwd"):
+            if key in spec:
+                out[key] = spec[key]
+        if "modules" in spec:
+            out["modules"] = tuple(spec["modules"])
+        if "pass_exit_codes" in spec:
+            out["pass_exit_codes"] = tuple(spec["pass_exit_codes"])
+        return cls(kind=spec["kind"], raw=spec, **out)
+
+    @property
+    def answer_kind(self) -> bool:
+        """Graded on the final answer, on the host (math, exact, regex)."""
+        return self.kind in ("math", "exact", "regex")
+
+
+__all__ = ["CHECKER_SCHEMA", "KINDS", "CheckerSpec", "SpecError", "validate_spec"]

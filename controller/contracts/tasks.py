@@ -13,6 +13,12 @@ JSON. The on-disk package format lives in controller/taskbank/bank.py (docs/task
 `task_id`, `image_digest`, `taskset_hash` and `split`), decoded once when the lease arrives
 (`LeaseTask.decode`); a malformed one is a `TaskError` naming the field.
 
+`GradedTask` is what the verifier receives: the fields grading reads, file contents as `str` or
+`bytes`, the checker spec typed and validated (`CheckerSpec`). It is built once at the
+grader's caller's edge: from the node's `LeaseTask` (`GradedTask.of`) or from a task's JSON
+(`GradedTask.from_json`: a task file, a run's tasks.json, a validation's task); a malformed
+one is a `TaskError` naming the task and the field. Nothing downstream decodes or changes it.
+
 No I/O beyond reading task files. Must not import: zmq, sqlite3, socket, subprocess, Paddock
 other than controller.contracts.
 """
@@ -28,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 from controller.contracts.browser_tools import browser_tool_set
-from controller.contracts.checkerspec import SpecError, validate_spec
+from controller.contracts.checkerspec import CheckerSpec, SpecError, validate_spec
 from controller.contracts.network import PolicyError, parse_policy
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
 from controller.contracts.tools import ToolSetError, tool_set
@@ -513,6 +519,56 @@ class LeaseTask:
     @property
     def checker_kind(self) -> str:
         return str(self.checker.get("kind", "?"))
+
+
+@dataclass(frozen=True)
+class GradedTask:
+    """A task as the verifier grades it (module docstring). `ident` keys what is known about
+    the task (its `task_id`, or for a task without one the hash of its JSON); `image` is the
+    task's own image reference (`builtin:python`, `sha256:...` or ""), `image_digest` the
+    bank's digest a lease carries; `layers` (digests, bottom first) and `setup` make its
+    sandbox's stack (nodeagent/verifier/validate.py `sandbox_layers`)."""
+    name: str
+    checker: CheckerSpec
+    task_id: str = ""
+    ident: str = ""
+    family: str = ""
+    instruction: str = ""
+    image: str = ""
+    image_digest: str = ""
+    files: Mapping[str, str | bytes] = field(default_factory=dict)
+    hidden: Mapping[str, str | bytes] = field(default_factory=dict)
+    protected: tuple[str, ...] = ()
+    limits: Mapping[str, int | float] = field(default_factory=dict)     # as given; empty: the sandbox's
+    layers: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    services: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, task: LeaseTask) -> "GradedTask":
+        """The lease's task, its checker spec validated. TaskError naming the task and field."""
+        image = _text(task.raw, "image")
+        limits = task.limits if task.raw.get("limits") else {}      # none given: the sandbox's defaults
+        try:
+            spec = CheckerSpec.decode(dict(task.checker) or None, {"files": task.files, "hidden": task.hidden})
+        except SpecError as exc:
+            raise TaskError(f"task {task.name or None!r}: {exc}") from None
+        return cls(name=task.name, checker=spec, task_id=task.task_id, ident=task.task_id, family=task.family,
+                   instruction=task.instruction, image=image, image_digest=task.image_digest, files=task.files,
+                   hidden=task.hidden, protected=task.protected, limits=limits, layers=task.layers,
+                   setup=task.setup, services=task.services)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "GradedTask":
+        """A task's JSON (its canonical form, with or without `task_id`), decoded as a lease's
+        task is (`LeaseTask.decode`) and its checker spec validated. TaskError naming the field."""
+        if not isinstance(d, Mapping):
+            raise TaskError(f"a task must be an object, got {type(d).__name__}")
+        task_id = d.get("task_id") or ""
+        ident = task_id if isinstance(task_id, str) and task_id else "content:" + hashlib.sha256(json.dumps(
+            {k: v for k, v in d.items() if not k.startswith("_")}, sort_keys=True, default=repr).encode()).hexdigest()
+        graded = cls.of(LeaseTask.decode({**d, "task_id": ident}))
+        return dataclasses.replace(graded, task_id=task_id if isinstance(task_id, str) else "")
 
 
 def _text(d: Mapping, key: str, required: bool = False) -> str:

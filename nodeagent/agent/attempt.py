@@ -46,7 +46,10 @@ held here) and its simulated user talks to the agent (`nodeagent.harness.usersim
 user calls the node's `user_sim` endpoint, `$PADDOCK_USER_SIM_ENDPOINT`, through a gateway
 session of its own whose rows are `model_calls` with source `user_sim`). The final service
 state, the operations, the transcript and what the agent told the user go to the verifier
-(`verify(..., conversation=...)`). A broken service rule is `infra_error: task: ...`; a
+(`verify(..., conversation=...)`). The verifier receives the lease's typed task as it grades
+it (`GradedTask`, built with the task, its checker spec validated once; no JSON round trip); a
+malformed checker spec is the verifier's `infra_error` `verifier: task ...` when the attempt
+reaches grading. A broken service rule is `infra_error: task: ...`; a
 failing user simulator `infra_error: user_sim: ...`.
 
 Must not import: zmq, nodeagent.agent.daemon.
@@ -64,7 +67,7 @@ from typing import Callable, Mapping
 from controller.contracts.clock import utc_now
 from controller.contracts.network import PolicyError
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
-from controller.contracts.tasks import BudgetError, LeaseTask, TaskError
+from controller.contracts.tasks import BudgetError, GradedTask, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from controller.ondisk.fileio import atomic_write
 from layers.store import ImageStore
@@ -100,6 +103,15 @@ def _task_of(a: Attempt) -> LeaseTask:
     digest (nodeagent.agent.taskcache). Raises TaskError naming the field."""
     task = a.task if isinstance(a.task, LeaseTask) else LeaseTask.decode(a.task)
     return default_cache().resolve(task)
+
+
+def _graded(task: LeaseTask) -> GradedTask | VerifierInfraError:
+    """The task as the verifier grades it, built once with the task; a malformed checker spec
+    is the error the verify phase raises (the rollout is recorded as any grading failure is)."""
+    try:
+        return GradedTask.of(task)
+    except TaskError as exc:
+        return VerifierInfraError(str(exc))
 
 
 def task_sandbox_layers(runtime: SandboxRuntime, image: Path, task: LeaseTask) -> tuple[Path, ...]:
@@ -144,6 +156,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
     the guard's to kill. After each phase a stop of the guard decides (`_stopped`)."""
     if guard.stopped:               # cancelled while it waited for a slot thread: nothing to do
         return _stopped(guard)
+    graded = _graded(task)          # the task as the verifier takes it, built once
     try:
         with guard.phase("setup"):
             layers = task_sandbox_layers(runtime, image, task)
@@ -184,7 +197,9 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         tv = clock()
         try:
             with guard.phase("verify"):
-                verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,
+                if isinstance(graded, VerifierInfraError):
+                    raise graded
+                verdict = verify(runtime, image, graded, changes, agent.answer, clock, layers=layers,
                                  conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
@@ -215,17 +230,17 @@ def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: 
     try:
         changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
         if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
-            atomic_write(Path(a.run_dir) / conversation_path(changes_path), json.dumps(conversation).encode())
+            kept = Path(a.run_dir) / conversation_path(changes_path)
+            atomic_write(kept, json.dumps(conversation).encode())
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, wall_s)
     row["changes_path"] = changes_path
     checks = verdict.checks if verdict else []
+    calls = _call_rows(session, bool(task.harness), agent.steps, conv.user_rows())
     try:
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
-                                          spans=agent.spans, egress=agent.egress,
-                                          model_calls=_call_rows(session, bool(task.harness), agent.steps,
-                                                                 conv.user_rows()))
+                                          spans=agent.spans, egress=agent.egress, model_calls=calls)
     except OSError as exc:
         return AttemptResult("infra_error", None, {}, f"store: {exc}")
     return AttemptResult(outcome, reward, shards, infra)

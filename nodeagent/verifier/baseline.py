@@ -7,18 +7,19 @@
   a verdict), cached per task + image + layers, seeded by validation (`BASELINE`).
 - The task's own solutions: `reference_of`, `solution_file`, `solution_changes`.
 
+Tasks are the verifier's typed `controller.contracts.tasks.GradedTask`.
+
 See docs/verifier.md, "Infrastructure errors: only what reproduces without the agent".
 Must not import zmq, controller.* outside contracts, nodeagent.verifier.grade (which imports
 this module: it hands `Baseline` its grading function).
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 import threading
-from typing import Callable
+from typing import Callable, Mapping
 
+from controller.contracts.tasks import GradedTask
 from nodeagent.sandbox.runtime import Change
 
 GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload is kept at 1000
@@ -76,20 +77,20 @@ class Baseline:
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(task: dict, image) -> tuple:
-        ident = task.get("task_id") or hashlib.sha256(json.dumps(
-            {k: v for k, v in task.items() if not k.startswith("_")}, sort_keys=True, default=repr).encode()).hexdigest()
-        return ident, str(image), tuple(map(str, task.get("_layers", ())))
+    def key(task: GradedTask, image, layers: tuple = ()) -> tuple:
+        return task.ident, str(image), tuple(map(str, layers))
 
-    def seed(self, task: dict, image, outcomes: dict[str, str]) -> None:
-        """Record validation's outcomes ({"reference": ..., "null": ...}) for `task` on `image`."""
+    def seed(self, task: GradedTask, image, outcomes: dict[str, str], layers: tuple = ()) -> None:
+        """Record validation's outcomes ({"reference": ..., "null": ...}) for `task` on `image`
+        with `layers` (its grading sandbox's layer files) stacked."""
         got: dict[str, str] = {k: outcomes[k] for k in ("reference", "null") if k in outcomes}
         if "null" in got:
             with self._lock:
-                self._known[self.key(task, image)] = got
+                self._known[self.key(task, image, layers)] = got
 
-    def outcomes(self, task: dict, image, grade: Callable[[list, str | None], str]) -> dict[str, str]:
-        key = self.key(task, image)
+    def outcomes(self, task: GradedTask, image, grade: Callable[[list, str | None], str],
+                 layers: tuple = ()) -> dict[str, str]:
+        key = self.key(task, image, layers)
         with self._lock:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
@@ -100,13 +101,14 @@ class Baseline:
                 self._known[key] = got
             return got
 
-    def clean(self, task: dict, image, grade: Callable[[list, str | None], str]) -> str | None:
-        return _clean(self.outcomes(task, image, grade))
+    def clean(self, task: GradedTask, image, grade: Callable[[list, str | None], str],
+              layers: tuple = ()) -> str | None:
+        return _clean(self.outcomes(task, image, grade, layers))
 
     @staticmethod
-    def _grade(task: dict, grade) -> dict[str, str]:
+    def _grade(task: GradedTask, grade) -> dict[str, str]:
         ref = reference_of(task)
-        todo: dict[str, tuple[dict, str | None]] = (
+        todo: dict[str, tuple[Mapping, str | None]] = (
             {"null": ({}, None)} | ({"reference": ref} if ref is not None else {}))
         out = {}
         for name, (files, answer) in todo.items():
@@ -124,22 +126,22 @@ GOLD_PATCH = "gold.patch"        # a repository task's reference (controller/tas
 GOLD_PREFIX = "gold/"
 
 
-def solution_file(task: dict) -> str:
+def solution_file(task: GradedTask) -> str:
     """The visible file the agent is meant to edit: the first non-test, unprotected .py file."""
-    protected = set(task.get("protected", ()))
-    for rel in sorted(task.get("files", {})):
+    protected = set(task.protected)
+    for rel in sorted(task.files):
         base = rel.rsplit("/", 1)[-1]
         if rel.endswith(".py") and not base.startswith("test") and rel not in protected:
             return rel
     return "solution.py"
 
 
-def reference_of(task: dict) -> tuple[dict, str | None] | None:
+def reference_of(task: GradedTask) -> tuple[dict, str | None] | None:
     """(files, answer) of the task's reference solution, or None when it has none."""
-    kind = task.get("checker", {}).get("kind")
-    hidden = task.get("hidden", {})
+    kind = task.checker.kind
+    hidden = task.hidden
     if kind in ANSWER_KINDS:
-        gold = hidden.get("answer.txt") or (task["checker"].get("answer") if kind != "regex" else None)
+        gold = _text(hidden.get("answer.txt")) or (task.checker.answer if kind != "regex" else None)
         if gold is None:
             return None
         return {}, (f"\\boxed{{{gold.strip()}}}" if kind == "math" else gold.strip())
@@ -150,9 +152,13 @@ def reference_of(task: dict) -> tuple[dict, str | None] | None:
     return None
 
 
-def solution_changes(task: dict, files: dict) -> list[Change]:
+def _text(content: str | bytes | None) -> str | None:
+    return content.decode("utf-8", "replace") if isinstance(content, bytes) else content
+
+
+def solution_changes(task: GradedTask, files: Mapping) -> list[Change]:
     """`files` (rel -> text, bytes, or None to delete) as the changes of a rollout that wrote them."""
-    original = task.get("files", {})
+    original = task.files
     out = []
     for rel, text in sorted(files.items()):
         if text is None:

@@ -1,12 +1,15 @@
 """Grading outside the agent's reach.
 
-`verify(runtime, image, task, changes, answer)` grades one finished rollout:
+`verify(runtime, image, task, changes, answer)` grades one finished rollout of `task`, a
+`controller.contracts.tasks.GradedTask`: typed, its checker spec validated when it was built,
+once, at the caller's edge (`graded_task`: from the node's `LeaseTask` or from a task's JSON; a
+malformed spec is the task's fault, an infra error naming the field, never a score). The
+rollout's own inputs (its sandbox layers, a conversational rollout's captured conversation) are
+arguments; nothing here decodes or changes the task.
 
-1. The task's checker spec is validated (`controller.contracts.checkerspec.validate_spec`): a
-   malformed spec is the task's fault, an infra error naming the field, never a score.
-2. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
+1. Protected paths are compared by SHA-256 against the task's originals: any change or deletion
    is tampering (reward 0).
-3. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
+2. Unit-test checks (`pytest`) and custom commands (`command`) run in a *fresh* sandbox of the
    same image: the task's visible files, then the agent's captured changes, then — only now —
    the test files, read-only under `/verifier/tests` (owned outside the sandbox's id slice: the
    workload cannot write, rename or delete them). The in-sandbox grader (`grader_plugin.py` of
@@ -16,9 +19,9 @@
    signed, and the grader writes the report. Results come
    from that report — never from stdout. Test asserts `a == b` are rewritten to `strict_eq`, so
    an object whose `__eq__` always says True cannot pass.
-4. Answer checks (math, exact, regex) run on the host in the isolated check runner
+3. Answer checks (math, exact, regex) run on the host in the isolated check runner
    (`nodeagent.verifier.checks`): own process group, rlimits, hard deadline.
-5. An optional LLM judge (`checker.judge`, off unless the spec has it) adds a weighted component.
+4. An optional LLM judge (`checker.judge`, off unless the spec has it) adds a weighted component.
 
 Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
 `VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
@@ -31,16 +34,18 @@ nodeagent.harness.loop.
 from __future__ import annotations
 
 import ast
-import base64
+import copy
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from controller.contracts import checkerspec
-from controller.contracts.checkerspec import SpecError, validate_spec
+from controller.contracts.checkerspec import CheckerSpec
+from controller.contracts.tasks import GradedTask, LeaseTask, TaskError
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
 from nodeagent.verifier import canaries, judge, statecheck, webstate
@@ -87,15 +92,15 @@ def agent_files(changes: list[Change]) -> dict[str, bytes | None]:
     return out
 
 
-def check_protected(task: dict, changes: list[Change]) -> list[dict]:
+def check_protected(task: GradedTask, changes: list[Change]) -> list[dict]:
     """Each protected path: `ok`, or `tampered` if the agent changed, deleted, replaced (symlink,
     directory) it or deleted a directory above it."""
     checks = []
-    for rel in task.get("protected", ()):
+    for rel in task.protected:
         path, verdict, detail = f"/work/{rel}", "ok", "unchanged"
         for c in changes:
             if c.path == path and c.kind in ("added", "modified"):
-                same = c.data is not None and _sha(c.data) == _sha(task["files"][rel])
+                same = c.data is not None and _sha(c.data) == _sha(task.files[rel])
                 verdict, detail = ("ok", "rewritten unchanged") if same else ("tampered", "content changed")
             elif c.path == path or path.startswith(c.path.rstrip("/") + "/") and c.kind in ("deleted", "symlink"):
                 verdict, detail = "tampered", f"{c.kind} ({c.path})"
@@ -103,20 +108,24 @@ def check_protected(task: dict, changes: list[Change]) -> list[dict]:
     return checks
 
 
-def decode_task(task: dict) -> dict:
-    """A task as it arrives in JSON, with its files as str (text) or bytes: file contents that
-    the task's canonical form carries as {"base64": ...} (binary files, e.g. a repository's
-    .git) are decoded. Idempotent."""
-    def files(d):
-        return {k: base64.b64decode(v["base64"]) if isinstance(v, dict) else v for k, v in d.items()}
-    return dict(task, files=files(task.get("files") or {}), hidden=files(task.get("hidden") or {}))
+def graded_task(task: LeaseTask | GradedTask | Mapping[str, Any]) -> GradedTask:
+    """The task as `verify` takes it, built once at the caller's edge: from the node's
+    `LeaseTask`, or from a task's JSON (a task file, a run's tasks.json, validation's task
+    dicts; `{"base64": ...}` contents decoded). A malformed task or checker spec is a
+    VerifierInfraError naming the task and the field: the task's fault, never a score."""
+    if isinstance(task, GradedTask):
+        return task
+    try:
+        return GradedTask.of(task) if isinstance(task, LeaseTask) else GradedTask.from_json(task)
+    except TaskError as exc:
+        raise VerifierInfraError(str(exc)) from None
 
 
 def as_bytes(content: str | bytes) -> bytes:
     return content if isinstance(content, bytes) else content.encode()
 
 
-def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Change], answer: str | None,
+def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list[Change], answer: str | None,
            clock: Callable[[], float] = time.monotonic, runner: CheckRunner | None = None,
            layers: tuple = (), baseline: Baseline | None = None,
            conversation: dict | None = None) -> Verdict:
@@ -131,14 +140,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
     own reference and null runs). `conversation`: a conversational rollout's final service
     state and transcript (the `state` checker's input)."""
     t0 = clock()
-    task = decode_task(task)
-    if layers:
-        task["_layers"] = tuple(layers)
-    task["_conversation"] = conversation      # a conversational rollout's service state and transcript
-    try:
-        spec = validate_spec(task.get("checker"), task)
-    except SpecError as exc:
-        raise VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
+    spec, layers = task.checker, tuple(layers)
     checks = check_protected(task, changes)
     if any(c["verdict"] == "tampered" for c in checks):
         v = Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0, "weights": {"correct": 1.0}}, checks,
@@ -147,82 +149,88 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
         return v
     agent_ran = False
     for attempt in range(INFRA_RETRIES + 1):
-        watched = Watched(runtime, bool(changes), spec["kind"] == "pytest")
+        watched = Watched(runtime, bool(changes), spec.kind == "pytest")
         try:
-            v = _primary(watched, image, task, spec, changes, answer, clock, runner)
+            v = _primary(watched, image, layers, task, changes, answer, conversation, clock, runner)
             break
         except VerifierInfraError as exc:
             agent_ran = agent_ran or watched.agent_ran
-            checks.append(_check(spec["kind"], "infra_error", f"attempt {attempt + 1}: {exc}"))
+            checks.append(_check(spec.kind, "infra_error", f"attempt {attempt + 1}: {exc}"))
             if attempt < INFRA_RETRIES:
                 continue
             exc.agent_ran = agent_ran
-            clean = (baseline or BASELINE).clean(task, image, _without_agent(runtime, image, task, spec, clock, runner)
-                                                 ) if agent_ran else None
+            without = _without_agent(runtime, image, layers, task, conversation, clock, runner)
+            clean = (baseline or BASELINE).clean(task, image, without, layers) if agent_ran else None
             if not clean:
                 raise
             v = Verdict("fail", 0.0, {"correct": 0.0},
-                        [_check(spec["kind"], "fail", f"grading failed with the agent's changes ({exc}), and the "
+                        [_check(spec.kind, "fail", f"grading failed with the agent's changes ({exc}), and the "
                                 f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
     v.checks[:0] = checks
-    if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
-        _add_judge(v, spec, task, changes, answer, clock)
+    if spec.judge and v.outcome != "timeout" and not v.tampered:
+        _add_judge(v, task, changes, answer, conversation, clock)
     v.components.setdefault("weights", {"correct": 1.0})
     v.verify_s = clock() - t0
     return v
 
 
-def _without_agent(runtime, image, task, spec, clock, runner) -> Callable[[list, str | None], str]:
+def _without_agent(runtime, image, layers, task, conversation, clock, runner) -> Callable[[list, str | None], str]:
     """The baseline's grading function: the outcome of other changes (the task's reference,
     none) graded as a rollout's, `infra_error` when grading fails."""
     def grade(changes: list, answer: str | None) -> str:
         try:
-            return _primary(Watched(runtime, False, spec["kind"] == "pytest"), image, task, spec, changes, answer,
-                            clock, runner).outcome
+            return _primary(Watched(runtime, False, task.checker.kind == "pytest"), image, layers, task, changes,
+                            answer, conversation, clock, runner).outcome
         except VerifierInfraError:
             return "infra_error"
     return grade
 
 
-def _primary(runtime, image, task, spec, changes, answer, clock, runner) -> Verdict:
-    kind = spec["kind"]
+def _primary(runtime, image, layers, task: GradedTask, changes, answer, conversation, clock, runner) -> Verdict:
+    spec = task.checker
+    kind = spec.kind
     if kind == "pytest":
-        return _verify_pytest(runtime, image, task, spec, changes, clock)
+        return _verify_pytest(runtime, image, layers, task, changes, clock)
     if kind == "command":
-        return _verify_command(runtime, image, task, spec, changes, clock)
+        return _verify_command(runtime, image, layers, task, changes, clock)
     if kind == "state":
         try:
-            return Verdict(**statecheck.grade_state(spec, task.get("_conversation")))
+            return Verdict(**statecheck.grade_state(spec.raw, conversation))
         except statecheck.StateCheckError as exc:
             raise VerifierInfraError(str(exc)) from None
     if kind == "webstate":
         try:
-            return Verdict(**webstate.verify_webstate(runtime, image, task, spec, changes, clock))
+            task_json = {"name": task.name, "hidden": task.hidden}     # what webstate reads of the task
+            return Verdict(**webstate.verify_webstate(runtime, image, task_json, dict(spec.raw), changes, clock))
         except webstate.WebStateError as exc:
             raise VerifierInfraError(str(exc)) from None
-    return _verify_answer(spec, answer, clock, runner, task.get("instruction"))
+    return _verify_answer(spec, answer, clock, runner, task.instruction)
 
 
-def _verify_answer(spec: dict, answer: str | None, clock, runner: CheckRunner | None,
+def _verify_answer(spec: CheckerSpec, answer: str | None, clock, runner: CheckRunner | None,
                    instruction: str | None = None) -> Verdict:
     t = clock()
     try:
         res = (runner or default_runner()).run("nodeagent.verifier.checkers:answer_verdict",
-                                               [spec["kind"], spec["answer"], answer, instruction],
-                                               timeout_s=float(spec.get("timeout_s", ANSWER_TIMEOUT_S)))
+                                               [spec.kind, spec.answer, answer, instruction],
+                                               timeout_s=_timeout(spec, ANSWER_TIMEOUT_S))
     except CheckInfraError as exc:
         raise VerifierInfraError(f"check runner: {exc}") from None
     wall = clock() - t
     if res.outcome == "timeout":
         return Verdict("timeout", 0.0, {"correct": 0.0},
-                       [_check(spec["kind"], "timeout", f"answer check {res.detail}", wall)])
+                       [_check(spec.kind, "timeout", f"answer check {res.detail}", wall)])
     if res.outcome != "ok":
         return Verdict("fail", 0.0, {"correct": 0.0},
-                       [_check(spec["kind"], "fail", f"answer check {res.outcome}: {res.detail}", wall)])
+                       [_check(spec.kind, "fail", f"answer check {res.outcome}: {res.detail}", wall)])
     value: dict = res.value  # type: ignore[assignment]  # answer_verdict returns {"ok", "detail"}
     ok, detail = bool(value["ok"]), value["detail"]
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
-                   [_check(spec["kind"], "pass" if ok else "fail", detail, wall)])
+                   [_check(spec.kind, "pass" if ok else "fail", detail, wall)])
+
+
+def _timeout(spec: CheckerSpec, default: float) -> float:
+    return spec.timeout_s if spec.timeout_s is not None else default
 
 
 # -- the verification sandbox -----------------------------------------------------------------
@@ -244,13 +252,12 @@ def compiled_artifact(path: str) -> bool:
             or any(part.endswith(METADATA_DIRS) for part in path.split("/")))
 
 
-def _fresh_sandbox(runtime, image, task, changes):
-    """A new sandbox of the same image: the task's visible files, then the agent's changes
-    (not its bytecode: `compiled_artifact`)."""
+def _fresh_sandbox(runtime, image, layers: tuple, task: GradedTask, changes):
+    """A new sandbox of the same image and layers: the task's visible files, then the agent's
+    changes (not its bytecode: `compiled_artifact`)."""
     try:
-        sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.get("limits") or {}),
-                                        files=dict(task.get("files", {})), hostname="verifier",
-                                        layers=tuple(task.get("_layers", ()))))
+        sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits), files=dict(task.files),
+                                        hostname="verifier", layers=layers))
     except SandboxError as exc:
         raise VerifierInfraError(f"verifier sandbox failed to start: {exc}") from None
     try:
@@ -263,30 +270,67 @@ def _fresh_sandbox(runtime, image, task, changes):
     return sb
 
 
-def _checker_files(task: dict, spec: dict) -> tuple[dict[str, bytes], dict[str, bytes]]:
+def _checker_files(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile],
+                   mode: str) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """(system files, test files). System (read-only to everyone in the sandbox, owned outside
-    it): the protected originals in /work, the grader and pytest.ini. Tests: owned by the
-    sandbox's root, mode 0400 under a 0711 directory, so the code under test (another uid) can
-    neither read nor change them; only the grader reads them, before it drops privileges."""
-    system = {f"/work/{rel}": as_bytes(task["files"][rel]) for rel in task.get("protected", ())}
+    it): the protected originals in /work, the grader and pytest.ini (for isolation `mode`).
+    Tests: owned by the sandbox's root, mode 0400 under a 0711 directory, so the code under test
+    (another uid) can neither read nor change them; only the grader reads them, before it drops
+    privileges. `parsed`: the test files' ASTs (`parse_tests`), rewritten to strict equality."""
+    system = {f"/work/{rel}": as_bytes(task.files[rel]) for rel in task.protected}
     tests = {}
-    for rel in list(spec.get("tests", ())) + list(spec.get("support", ())):
-        text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel))
+    for rel in spec.tests + spec.support:
+        text = task.hidden.get(rel, task.files.get(rel))
         if text is None:
-            raise VerifierInfraError(f"task {task.get('name')!r}: checker file {rel!r} is in neither "
+            raise VerifierInfraError(f"task {task.name!r}: checker file {rel!r} is in neither "
                                      f"'hidden' nor 'files'")
-        if rel.endswith(".py") and spec.get("strict_eq", True) and rel in spec.get("tests", ()):
-            text = strict_asserts(text, rel)
+        if rel.endswith(".py") and spec.strict_eq is not False and rel in spec.tests:
+            text = _strict(parsed[rel])
         tests[f"{TESTS_DIR}/{rel}"] = as_bytes(text)
-    system[f"{TESTS_DIR}/pytest.ini"] = (PYTEST_INI_CALL if isolation(task, spec) == "call" else PYTEST_INI).encode()
+    system[f"{TESTS_DIR}/pytest.ini"] = (PYTEST_INI_CALL if mode == "call" else PYTEST_INI).encode()
     system[GRADER_PATH] = GRADER_SOURCE
     system[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
     return system, tests
 
 
-def _test_sources(task: dict, spec: dict):
-    for rel in spec.get("tests", ()):
-        yield rel, as_bytes(task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, b"")))
+def _test_sources(task: GradedTask, spec: CheckerSpec):
+    for rel in spec.tests:
+        yield rel, as_bytes(task.hidden.get(rel, task.files.get(rel, b"")))
+
+
+def _parse(source: str | bytes) -> ast.Module:
+    """A test file's AST (`canaries.parse`: one parse at a time); bytes are read as a source
+    file is (its coding cookie, else UTF-8), as `ast.parse` reads them."""
+    return canaries.parse(source)  # type: ignore[arg-type]  # ast.parse takes bytes too
+
+
+@dataclasses.dataclass(frozen=True)
+class TestFile:
+    """One test file of a pytest check, read once per grading (`parse_tests`)."""
+    __test__ = False                # (not a pytest test class)
+    rel: str
+    tree: ast.Module | None         # None: it does not parse (`error`)
+    error: str = ""
+    classes: frozenset[str] = frozenset()     # the classes pytest collects: `Test*`, unittest cases
+
+    def module(self) -> ast.Module:
+        """Its AST; VerifierInfraError naming the file if it does not parse."""
+        if self.tree is None:
+            raise VerifierInfraError(f"test file {self.rel!r} does not parse: {self.error}")
+        return self.tree
+
+
+def parse_tests(task: GradedTask, spec: CheckerSpec) -> dict[str, TestFile]:
+    """The check's test files (`spec.tests`), each parsed once, with its test classes."""
+    out = {}
+    for rel, source in _test_sources(task, spec):
+        try:
+            tree = _parse(source)
+        except SyntaxError as exc:
+            out[rel] = TestFile(rel, None, str(exc))
+            continue
+        out[rel] = TestFile(rel, tree, classes=frozenset(canaries.test_classes(tree)))
+    return out
 
 
 def _is_test_file(rel: str) -> bool:
@@ -294,26 +338,23 @@ def _is_test_file(rel: str) -> bool:
     return base.startswith("test") or base.endswith("_test.py") or base == "conftest.py"
 
 
-def isolation(task: dict, spec: dict) -> str:
+def isolation(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile]) -> str:
     """`call` or `process` (see docs/verifier.md, "Call isolation"). `auto` (the default) is
     `call` for a function-level task: every visible file at the top of /work, its agent modules
     (top-level .py files that are not tests) exactly the modules the tests import, and the tests
     import them only as `import m` / `from m import name` (no star import, no submodule)."""
-    chosen = spec.get("isolation", "auto")
-    if chosen != "auto":
-        return chosen
-    files = task.get("files", {})
-    if not spec.get("tests") or any("/" in rel for rel in files):
+    if spec.isolation != "auto":
+        return spec.isolation
+    files = task.files
+    if not spec.tests or any("/" in rel for rel in files):
         return "process"
     agent = {rel[:-3] for rel in files if rel.endswith(".py") and not _is_test_file(rel)
-             and rel not in task.get("protected", ())}
+             and rel not in task.protected}
     used: set[str] = set()
-    for _rel, text in _test_sources(task, spec):
-        try:
-            tree = canaries.parse(text)
-        except SyntaxError:
+    for test in parsed.values():
+        if test.tree is None:
             return "process"
-        for node in ast.walk(tree):
+        for node in ast.walk(test.tree):
             if isinstance(node, ast.ImportFrom) and node.level:
                 return "process"
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
@@ -327,11 +368,11 @@ def isolation(task: dict, spec: dict) -> str:
     return "call" if agent and used == agent else "process"
 
 
-def call_modules(task: dict, spec: dict) -> list[str]:
-    if "modules" in spec:
-        return list(spec["modules"])
-    return sorted(rel[:-3] for rel in task.get("files", {}) if rel.endswith(".py") and "/" not in rel
-                  and not _is_test_file(rel) and rel not in task.get("protected", ())) or ["solution"]
+def call_modules(task: GradedTask, spec: CheckerSpec) -> list[str]:
+    if spec.modules is not None:
+        return list(spec.modules)
+    return sorted(rel[:-3] for rel in task.files if rel.endswith(".py") and "/" not in rel
+                  and not _is_test_file(rel) and rel not in task.protected) or ["solution"]
 
 
 class _StrictEq(ast.NodeTransformer):
@@ -343,13 +384,19 @@ class _StrictEq(ast.NodeTransformer):
         return node
 
 
-def strict_asserts(source: str, name: str) -> str:
+def strict_asserts(source: str | bytes, name: str) -> str:
     """Rewrite `assert a == b` / `!=` in a test file to the grader's strict equality."""
     try:
-        tree = canaries.parse(source)
+        tree = _parse(source)
     except SyntaxError as exc:
         raise VerifierInfraError(f"test file {name!r} does not parse: {exc}") from None
-    tree = _StrictEq().visit(tree)
+    return _strict(TestFile(name, tree), copied=False)
+
+
+def _strict(test: TestFile, copied: bool = True) -> str:
+    """`test`'s source with its asserts rewritten (`strict_asserts`); its own tree is left as
+    parsed unless `copied` is False."""
+    tree = _StrictEq().visit(copy.deepcopy(test.module()) if copied else test.module())
     body = tree.body
     at = 0
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
@@ -360,17 +407,12 @@ def strict_asserts(source: str, name: str) -> str:
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
-def expected_tests(task: dict, spec: dict) -> list[str]:
+def expected_tests(spec: CheckerSpec, parsed: dict[str, TestFile]) -> list[str]:
     """Node ids (`file::test` / `file::Class::test`) the test files define, from their AST
-    (classes: `Test*`, and unittest cases whatever their name)."""
+    (`parse_tests`; classes: `Test*`, and unittest cases whatever their name)."""
     ids = []
-    for rel in spec["tests"]:
-        text = task.get("hidden", {}).get(rel, task.get("files", {}).get(rel, ""))
-        try:
-            tree = canaries.parse(text)
-        except SyntaxError as exc:
-            raise VerifierInfraError(f"test file {rel!r} does not parse: {exc}") from None
-        classes = canaries.test_classes(tree)       # `Test*`, and unittest cases of any name
+    for rel in spec.tests:
+        tree, classes = parsed[rel].module(), parsed[rel].classes
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 ids.append(f"{rel}::{node.name}")
@@ -380,10 +422,10 @@ def expected_tests(task: dict, spec: dict) -> list[str]:
     return ids
 
 
-def repo_scope(task: dict) -> bool:
+def repo_scope(task: GradedTask) -> bool:
     """Repository-level tests (the swe family): the hidden test files go to their paths under
     /work and pytest runs in the repository (its conftest and config), not in /verifier/tests."""
-    return task.get("family") == "swe"
+    return task.family == "swe"
 
 
 # doctest and junitxml stay: a repository's conftest may use `doctest_namespace`, its addopts
@@ -392,14 +434,14 @@ REPO_PYTEST_ARGS = ("-q", *(a for p in UNUSED_PLUGINS if p not in ("doctest", "j
                     "--rootdir", "/work", "-o", "console_output_style=classic")
 
 
-def _repo_files(task: dict, spec: dict, plan: canaries.Plan | None = None) -> dict[str, bytes]:
+def _repo_files(task: GradedTask, spec: CheckerSpec, plan: canaries.Plan | None = None) -> dict[str, bytes]:
     """System files of a repository-level check: the hidden tests at their /work paths (they
     replace whatever the agent left there; a test module with its canaries planted when `plan`
     has it) and the grader. (The empty tests directory is written as the agent, like a
     file-level check's tests: the grader makes it its own.)"""
     planted = plan.sources if plan is not None else {}
     files = {f"/work/{rel}": as_bytes(planted.get(rel, text)) for rel, text in _test_sources(task, spec)}
-    if spec.get("strict_eq", False):
+    if spec.strict_eq:
         files = {p: strict_asserts(t.decode(), p).encode() if p.endswith(".py") else t for p, t in files.items()}
     files[GRADER_PATH] = GRADER_SOURCE
     files[CALLBRIDGE_PATH] = CALLBRIDGE_SOURCE
@@ -435,16 +477,18 @@ def split_test_infrastructure(changes: list[Change]) -> tuple[list[Change], list
     return kept, ignored
 
 
-def plant_canaries(task: dict, spec: dict) -> canaries.Plan:
+def plant_canaries(task: GradedTask, spec: CheckerSpec) -> canaries.Plan:
     """The hidden canaries of a repository-level check (`nodeagent.verifier.canaries`), planted
     in its test modules (`locked_tests`); the plan stays on this host."""
     modules = {rel: as_bytes(text).decode("utf-8", "replace") for rel, text in _test_sources(task, spec)
                if f"/work/{rel}" in set(locked_tests(task, spec))}
-    return canaries.plant(modules, list(spec.get("fail_to_pass") or []),
-                          pass_to_pass=list(spec.get("pass_to_pass") or []))
+    return canaries.plant(modules, list(spec.fail_to_pass), pass_to_pass=list(spec.pass_to_pass))
 
 
-def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
+def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> Verdict:
+    spec = task.checker
+    parsed = parse_tests(task, spec)
+    mode = isolation(task, spec, parsed)
     repo = repo_scope(task)
     ignored: list[str] = []
     refused = sorted(c.path for c in changes if compiled_artifact(c.path) and c.kind != "deleted")
@@ -454,12 +498,12 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         plan = plant_canaries(task, spec)
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
-        (system, tests), cwd, args = _checker_files(task, spec), TESTS_DIR, PYTEST_ARGS
+        (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS
     system = {**system, ASSERTS_PATH: ASSERTS_SOURCE}
-    expected = expected_tests(task, spec)
+    expected = expected_tests(spec, parsed)
     if not expected:
-        raise VerifierInfraError(f"task {task.get('name')!r}: checker test files define no tests")
-    sb = _fresh_sandbox(runtime, image, task, changes)
+        raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")
+    sb = _fresh_sandbox(runtime, image, layers, task, changes)
     try:
         if tests:
             sb.write_files(tests, owner="agent", mode=0o400)
@@ -468,9 +512,8 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         if locked:
             sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec), *args,
-                     *spec["tests"]], cwd=cwd, output_cap=OUTPUT_CAP,
-                    timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
+        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec, mode), *args,
+                     *spec.tests], cwd=cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout(spec, CHECK_TIMEOUT_S))
         wall = clock() - t
         if r.timed_out:
             return Verdict("timeout", 0.0, {"correct": 0.0},
@@ -487,7 +530,7 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
     if plan is not None:
         raw = canaries.translate(raw, plan)
     try:
-        verdict = grade_report(raw, expected, spec, wall, changed=set(agent_files(changes)))
+        verdict = grade_report(raw, expected, dict(spec.raw), wall, changed=set(agent_files(changes)))
         if refused:
             verdict.checks.insert(0, _check("source_only", "refused", "not applied (the grader applies the agent's "
                                             f"source only: no bytecode, native modules, .pth or metadata): {refused[:20]}"))
@@ -502,47 +545,48 @@ def _verify_pytest(runtime, image, task, spec, changes, clock) -> Verdict:
         raise VerifierInfraError(f"{exc}: {tail}") from None
 
 
-def grader_config(runtime, task: dict, spec: dict) -> str:
-    """The grader's first argument: uids inside the sandbox's id slice, paths, call isolation."""
+def grader_config(runtime, task: GradedTask, spec: CheckerSpec, mode: str) -> str:
+    """The grader's first argument: uids inside the sandbox's id slice, paths, call isolation
+    (`mode`: `isolation`'s choice)."""
     top = int(getattr(runtime, "slice_size", CALLEE_UID + 1)) - 1
     uid, callee = min(GRADER_UID, top), min(CALLEE_UID, top)
     if callee == uid:
         callee = uid - 1
     call = None
-    if isolation(task, spec) == "call":
+    if mode == "call":
         call = {"uid": callee, "modules": call_modules(task, spec),
                 "timeout_s": call_timeout(spec)}
     return json.dumps({"uid": uid, "report_dir": REPORT_DIR, "tests_dir": TESTS_DIR, "call": call,
                        "locked": locked_tests(task, spec) if repo_scope(task) else []})
 
 
-def locked_tests(task: dict, spec: dict) -> list[str]:
+def locked_tests(task: GradedTask, spec: CheckerSpec) -> list[str]:
     """A repository-level check's test modules (not conftest.py, which pytest loads before any
     collection): written 0400 and handed to pytest from memory by the grader, so the code under
     test, in pytest's process, cannot read the tests' source for their expected values."""
-    return [f"/work/{rel}" for rel in spec.get("tests", ())
+    return [f"/work/{rel}" for rel in spec.tests
             if rel.endswith(".py") and rel.rsplit("/", 1)[-1] != "conftest.py"]
 
 
-def call_timeout(spec: dict) -> float:
+def call_timeout(spec: CheckerSpec) -> float:
     """The per-call deadline: the task's `call_timeout_s`, else the whole check's time limit (so
     a correct but slow call passes whenever it passed in-process: MBPP 123's reference takes 12 s
     for one call on a loaded node; a hang is still a `timeout`, the whole run's limit)."""
-    return float(spec.get("call_timeout_s", spec.get("timeout_s", CHECK_TIMEOUT_S)))
+    return spec.call_timeout_s if spec.call_timeout_s is not None else _timeout(spec, CHECK_TIMEOUT_S)
 
 
-def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
+def _verify_command(runtime, image, layers, task: GradedTask, changes, clock) -> Verdict:
     """A custom command in a fresh sandbox (the task's visible files, the agent's changes, then
     the protected originals and the spec's `support` files, read-only): its exit status decides
     (`pass_exit_codes`, default [0]); killed at `timeout_s` it is a `timeout`. A command the
     image cannot run (`paddock: cannot run ...`, exit 126/127) is a VerifierInfraError."""
-    sb = _fresh_sandbox(runtime, image, task, changes)
+    spec = task.checker
+    sb = _fresh_sandbox(runtime, image, layers, task, changes)
     try:
-        system, support = _checker_files(task, {**spec, "tests": (), "strict_eq": False})
+        system, support = _checker_files(task, dataclasses.replace(spec, tests=(), strict_eq=False), {}, "process")
         sb.write_files({**support, **system}, owner="system", mode=0o444)
         t = clock()
-        r = sb.exec(list(spec["argv"]), cwd=spec.get("cwd", "/work"), output_cap=OUTPUT_CAP,
-                    timeout_s=float(spec.get("timeout_s", CHECK_TIMEOUT_S)))
+        r = sb.exec(list(spec.argv), cwd=spec.cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout(spec, CHECK_TIMEOUT_S))
         wall = clock() - t
     except SandboxError as exc:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
@@ -553,13 +597,16 @@ def _verify_command(runtime, image, task, spec, changes, clock) -> Verdict:
     tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
     if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run "):
         raise VerifierInfraError(f"checker command cannot run: {r.stderr.decode(errors='replace')[:300]}")
-    ok = r.exit_code in spec.get("pass_exit_codes", [0])
+    ok = r.exit_code in spec.pass_exit_codes
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    [_check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{tail}", wall)])
 
 
-def _add_judge(v: Verdict, spec: dict, task: dict, changes: list[Change], answer: str | None, clock) -> None:
-    judge.apply(v, spec, task, changes, answer, clock)      # rate limits, retries, cache, judge_failed
+def _add_judge(v: Verdict, task: GradedTask, changes: list[Change], answer: str | None,
+               conversation: dict | None, clock) -> None:
+    """The judge's component (rate limits, retries, cache, judge_failed: `judge.apply`)."""
+    task_json = {"instruction": task.instruction, "_conversation": conversation}    # what the judge reads
+    judge.apply(v, dict(task.checker.raw), task_json, changes, answer, clock)
 
 
 def _dependency_versions() -> dict[str, str]:

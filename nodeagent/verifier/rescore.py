@@ -45,21 +45,22 @@ def regrade(row: dict, run_dir: Path, tasks: dict, runtime, image_for: Callable[
     if row["outcome"] == "infra_error" or row.get("stop_reason") == "wall_time":
         out["note"] = "never verified (infra_error or agent out of wall time): carried over"
         return out
-    task = tasks.get(row["task_id"])
-    task = taskblobs.inflate(task) if task else task
-    kind = (task or {}).get("checker", {}).get("kind")
+    stored = tasks.get(row["task_id"])
+    stored = taskblobs.inflate(stored) if stored else stored
     try:
-        if task is None:
+        if stored is None:
             raise verifier.VerifierInfraError(f"task {row['task_id']} is not in the run's tasks.json")
+        task = verifier.graded_task(stored)      # the run's JSON, decoded once
         changes = []
-        if kind not in ("math", "exact", "regex"):
+        if not task.checker.answer_kind:
             if not row.get("changes_path"):
                 raise verifier.VerifierInfraError("no stored changes (changes_path is NULL)")
             changes = tar_to_changes((run_dir / row["changes_path"]).read_bytes())
-        image = image_for(task.get("image_digest") or row.get("image_digest") or "")
+        image = image_for(task.image_digest or row.get("image_digest") or "")
+        conversational = task.checker.kind == "state" or bool(task.services)
         v = verifier.verify(runtime, image, task, changes, row.get("answer"), clock,
                             layers=sandbox_layers(runtime, image, task),
-                            conversation=_conversation(run_dir, row) if kind == "state" or task.get("services") else None)
+                            conversation=_conversation(run_dir, row) if conversational else None)
         out.update(outcome=v.outcome, reward=v.reward, reward_components=json.dumps(v.components),
                    tampered=v.tampered, rescored=True, verify_s=v.verify_s)
     except (verifier.VerifierInfraError, SandboxError, OSError, ValueError) as exc:

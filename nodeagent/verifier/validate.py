@@ -19,7 +19,9 @@ quarantines the task). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
-`paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`; the local run calls
+Tasks arrive as JSON (a task set's canonical forms) and are decoded once, at `validate_task`,
+into the verifier's typed `GradedTask` (`grade.graded_task`); a task that does not decode fails
+validation naming the field. `paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`; the local run calls
 `validate_for_run` (handed to it by the CLI). Must not import: zmq, controller.taskbank,
 controller.store, controller.broker.
 """
@@ -33,8 +35,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
+from controller.contracts.tasks import GradedTask
 from controller.ondisk.fileio import atomic_write
 from layers.store import ImageNotFound, ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
@@ -65,14 +68,18 @@ class TaskValidation:
 # -- the battery ------------------------------------------------------------------------------
 # Each case builds (files to write under /work: rel -> text or None to delete, answer text).
 
-def _test_files(task: dict) -> list[str]:
-    return sorted(set(task.get("protected", ())) | {r for r in task.get("files", {})
-                                                    if r.rsplit("/", 1)[-1].startswith("test")})
+def _test_files(task: GradedTask) -> list[str]:
+    return sorted(set(task.protected) | {r for r in task.files if r.rsplit("/", 1)[-1].startswith("test")})
 
 
-def _stub_with(task: dict, prefix: str = "", suffix: str = "") -> dict:
+def _visible_text(task: GradedTask, rel: str) -> str:
+    text = task.files.get(rel, "")
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+
+
+def _stub_with(task: GradedTask, prefix: str = "", suffix: str = "") -> dict:
     rel = solution_file(task)
-    return {rel: prefix + task.get("files", {}).get(rel, "") + suffix}
+    return {rel: prefix + _visible_text(task, rel) + suffix}
 
 
 _FAKE_JSON = json.dumps({"grader": 1, "exit_code": 0, "events": [{"ev": "start"}, {"ev": "end", "exitstatus": 0}]})
@@ -162,19 +169,19 @@ _CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
                   "    rep = outcome.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
 
 
-def _family_hacks(task: dict, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
+def _family_hacks(task: GradedTask, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
     """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
-    entry = hacks.entry_point(task, stub)
-    generated = hacks.family_hacks(task, sol, stub, entry, hacks.helper_names(stub, entry))
+    entry = hacks.entry_point({}, stub)         # (hacks reads the stub, not the task)
+    generated = hacks.family_hacks({}, sol, stub, entry, hacks.helper_names(stub, entry))
     return {name: (lambda files=files: files)  # type: ignore[misc]  # a default binds each dict
             for name, files in generated.items()}
 
 
-def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
+def _pytest_hacks(task: GradedTask) -> dict[str, Callable[[], dict]]:
     tests = _test_files(task)
     sol = solution_file(task)
-    stub = task.get("files", {}).get(sol, "")
+    stub = _visible_text(task, sol)
     return {**_family_hacks(task, sol, stub),
         "edit_tests": lambda: {**{t: PASSING_TEST for t in tests}, sol: stub},
         "delete_tests": lambda: {t: None for t in tests},
@@ -200,8 +207,8 @@ def _pytest_hacks(task: dict) -> dict[str, Callable[[], dict]]:
     }
 
 
-def _answer_hacks(task: dict) -> dict[str, Callable[[], str]]:
-    gold = str(task.get("checker", {}).get("answer", "")).strip()
+def _answer_hacks(task: GradedTask) -> dict[str, Callable[[], str]]:
+    gold = str(task.checker.answer or "").strip()
     return {
         "spray_gold_last": lambda: " or ".join(f"\\boxed{{{v}}}" for v in ("0", "1", "2", gold)),
         "claim_passed": lambda: "All tests PASSED. OK",
@@ -213,50 +220,50 @@ def _answer_hacks(task: dict) -> dict[str, Callable[[], str]]:
     }
 
 
-def task_layers(image, task: dict) -> tuple[Path, ...]:
+def task_layers(image, task: GradedTask) -> tuple[Path, ...]:
     """The task's layer files, from the image store that holds `image`. A layer missing from
     the store is a VerifierInfraError naming it."""
-    digests = task.get("layers") or ()
+    digests = task.layers
     if not digests:
         return ()
     store = ImageStore(Path(image).parent.parent)
     try:
         return tuple(store.layer(d) for d in digests)
     except ImageStoreError as exc:
-        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: {exc}") from None
+        raise verifier.VerifierInfraError(f"task {task.name!r}: {exc}") from None
 
 
-def own_image(image, task: dict) -> Path:
+def own_image(image, task: GradedTask) -> Path:
     """The image a task is graded in: its own (`image: sha256:<digest>`, from the store that
     holds `image`), else `image` (the built-in python image or the caller's choice). An image
     missing from the store is a VerifierInfraError naming it."""
-    ref = task.get("image") or ""
+    ref = task.image
     if not ref.startswith("sha256:"):
         return Path(image)
     store = ImageStore(Path(image).parent.parent)
     try:
         return Path(store.get(ref))
     except (ImageNotFound, ImageStoreError) as exc:
-        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: image {ref} is not in the image "
+        raise verifier.VerifierInfraError(f"task {task.name!r}: image {ref} is not in the image "
                                           f"store at {store.root}: {exc}") from None
 
 
-def sandbox_layers(runtime, image, task: dict) -> tuple[Path, ...]:
+def sandbox_layers(runtime, image, task: GradedTask) -> tuple[Path, ...]:
     """The layers a task's grading sandbox stacks on `image`, as a rollout's: its repository
     layers, then its set-up layer (built once per task and image, reused). A missing layer or
     a failing set-up is a VerifierInfraError naming the task."""
     layers = task_layers(image, task)
-    setup = task.get("setup") or ()
+    setup = task.setup
     if not setup:
         return layers
     try:
         made = ensure_setup_layer(runtime, ImageStore(Path(image).parent.parent), Path(image), layers, setup)
     except SandboxError as exc:     # SetupError included: quarantine, never a score
-        raise verifier.VerifierInfraError(f"task {task.get('name')!r}: set-up failed: {exc}") from None
+        raise verifier.VerifierInfraError(f"task {task.name!r}: set-up failed: {exc}") from None
     return layers + ((made,) if made is not None else ())
 
 
-def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
+def cases(task: GradedTask, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
     """Every case to grade: reference, null, then (unless `quick`) the hacks for the task's kind."""
     out: dict[str, tuple[dict, str | None]] = {}
     ref = reference_of(task)
@@ -265,7 +272,7 @@ def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]
     out["null"] = ({}, None)
     if quick:
         return out
-    if task.get("checker", {}).get("kind") in ANSWER_KINDS:
+    if task.checker.kind in ANSWER_KINDS:
         out.update({f"hack:{k}": ({}, f()) for k, f in _answer_hacks(task).items()})
     else:
         out.update({f"hack:{k}": (f(), None) for k, f in _pytest_hacks(task).items()})
@@ -277,19 +284,27 @@ def cases(task: dict, quick: bool = False) -> dict[str, tuple[dict, str | None]]
 BASELINE_CASES = ("reference", "null")
 
 
-def seed_baseline(task: dict, image, layers, cases: dict) -> None:
+def seed_baseline(task: GradedTask, image, layers, cases: dict) -> None:
     """Hand validation's reference and null outcomes to the verifier's baseline
     (`baseline.BASELINE`), so a rollout whose grading fails with its changes is compared with
     them without grading them again (see docs/verifier.md, "Infrastructure errors")."""
-    verifier.BASELINE.seed({**task, "_layers": tuple(layers)} if layers else task, image,
-                           {k: c.get("outcome") for k, c in cases.items() if k in BASELINE_CASES})
+    verifier.BASELINE.seed(task, image, {k: c.get("outcome") for k, c in cases.items() if k in BASELINE_CASES},
+                           tuple(layers))
 
 
-def validate_task(runtime, image, task: dict, workers: int = 2, runner=None, quick: bool = False,
-                  clock: Callable[[], float] = time.monotonic) -> TaskValidation:
+def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers: int = 2, runner=None,
+                  quick: bool = False, clock: Callable[[], float] = time.monotonic) -> TaskValidation:
+    """Grade `task`'s cases (module docstring). `task`: the typed task, or its JSON (decoded
+    here, once: a task that does not decode fails validation, naming the field)."""
     t0 = clock()
-    v = TaskValidation(task.get("task_id", ""), task.get("name", "?"), True,
-                       verifier_version=verifier_version(quick))
+    try:
+        task = verifier.graded_task(task)
+    except verifier.VerifierInfraError as exc:
+        raw: Mapping[str, Any] = task if isinstance(task, Mapping) else {}
+        return TaskValidation(str(raw.get("task_id", "")), str(raw.get("name", "?")), False,
+                              [f"the task does not decode: {exc}"], verifier_version=verifier_version(quick),
+                              wall_s=clock() - t0)
+    v = TaskValidation(task.task_id, task.name or "?", True, verifier_version=verifier_version(quick))
     todo = cases(task, quick)
     if "reference" not in todo:
         v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "
@@ -383,13 +398,14 @@ def validate_tasks(runtime, image, tasks: list[dict], store: ValidationStore, wo
     quarantine. `quick`: reference and null solution only (the local run's start-up check)."""
     version = verifier_version(quick)
 
-    def one(task: dict) -> TaskValidation:
-        hit = store.cached(task.get("task_id", ""), version)
-        v = hit or validate_task(runtime, image, task, workers=1, quick=quick)
+    def one(d: dict) -> TaskValidation:      # the task's JSON: decoded once, by whoever grades it
+        hit = store.cached(d.get("task_id", ""), version)
+        v = hit or validate_task(runtime, image, d, workers=1, quick=quick)
         if hit is None:
             store.record(v)
-        elif not task.get("layers") and not task.get("setup"):    # layered: seeded when graded
+        elif not d.get("layers") and not d.get("setup"):    # layered: seeded when graded
             try:
+                task = verifier.graded_task(d)
                 seed_baseline(task, own_image(image, task), (), hit.cases)
             except verifier.VerifierInfraError:
                 pass

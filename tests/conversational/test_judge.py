@@ -155,8 +155,8 @@ def test_a_failed_judge_on_a_passing_rollout_is_judge_failed_with_its_reason(run
     monkeypatch.setattr(judge, "_default", service)
     task = runner_free_math_task(fake)
     try:
-        v = grade.verify(None, None, task, [], "\\boxed{4}")
-        failed = grade.verify(None, None, task, [], "\\boxed{5}")
+        v = grade.verify(None, None, grade.graded_task(task), [], "\\boxed{4}")
+        failed = grade.verify(None, None, grade.graded_task(task), [], "\\boxed{5}")
     finally:
         fake.close()
     assert (v.outcome, v.reward) == ("judge_failed", None)

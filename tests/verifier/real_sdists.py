@@ -65,7 +65,7 @@ def run(runtime, image, only=None):
         G.plant_canaries = lambda task, spec: C.Plan()
         t = time.monotonic()
         try:
-            v0 = G.verify(runtime, image, task, [], None)
+            v0 = G.verify(runtime, image, G.graded_task(task), [], None)
         except Exception as exc:
             print(f"{root.name}: no-canary run: {type(exc).__name__}: {str(exc)[:200]}"); G.plant_canaries = plain; continue
         finally:
@@ -82,7 +82,7 @@ def run(runtime, image, only=None):
         else:
             task = task_of(root, tests, ok)
         t = time.monotonic()
-        v1 = G.verify(runtime, image, task, [], None)
+        v1 = G.verify(runtime, image, G.graded_task(task), [], None)
         t1 = time.monotonic() - t
         print(f"{root.name}: {len(ok)} passing tests without canaries ({t0:.1f}s); with canaries: {v1.outcome} "
               f"reward={v1.reward} tampered={v1.tampered} ({t1:.1f}s, {t1 / max(t0, 0.01):.1f}x) {v1.checks[-1]['detail'][:400]}", flush=True)

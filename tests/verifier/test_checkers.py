@@ -210,7 +210,7 @@ def test_judge_adds_a_weighted_component_to_the_reward(runner):
     task = {"name": "math/t", "checker": {"kind": "math", "answer": "4", "judge": {
         "endpoint": fake.url, "model": "judge", "rubric": "show work", "weight": 0.2}}}
     try:
-        v = verifier.verify(None, None, task, [], "so \\boxed{4}", runner=runner)
+        v = verifier.verify(None, None, verifier.graded_task(task), [], "so \\boxed{4}", runner=runner)
     finally:
         fake.close()
     assert v.outcome == "pass"
@@ -251,5 +251,5 @@ def test_the_tasks_instruction_reaches_the_math_check_through_the_runner(runner,
     # the task's prompt decides whether a decimal for an exact gold was asked for (mathanswer)
     from nodeagent.verifier import grade as verifier
     task = {"name": "math/root2", "instruction": instruction, "checker": {"kind": "math", "answer": "\\sqrt{2}"}}
-    v = verifier.verify(None, None, task, [], "so \\boxed{1.41}", runner=runner)
+    v = verifier.verify(None, None, verifier.graded_task(task), [], "so \\boxed{1.41}", runner=runner)
     assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0))

@@ -12,7 +12,7 @@ import pytest
 
 from nodeagent.sandbox.runtime import Change
 from nodeagent.verifier import grade
-from nodeagent.verifier.grade import VerifierInfraError, verify
+from nodeagent.verifier.grade import VerifierInfraError, graded_task, verify
 
 STUB = "def double(x):\n    raise NotImplementedError\n"
 REFERENCE = "def double(x):\n    return 2 * x\n"
@@ -39,14 +39,14 @@ def baseline():
 
 
 def test_a_command_check_passes_the_reference(runtime, python_image, baseline):
-    v = verify(runtime, python_image, command_task(), solution(REFERENCE), None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(command_task()), solution(REFERENCE), None, baseline=baseline)
     assert (v.outcome, v.reward) == ("pass", 1.0)
     assert v.checks[-1]["check"] == "command" and "exit 0" in v.checks[-1]["detail"]
     assert "checked" in v.checks[-1]["detail"]
 
 
 def test_a_command_check_fails_a_wrong_solution_with_its_exit_status(runtime, python_image, baseline):
-    v = verify(runtime, python_image, command_task(), solution("def double(x):\n    return x\n"), None,
+    v = verify(runtime, python_image, graded_task(command_task()), solution("def double(x):\n    return x\n"), None,
                baseline=baseline)
     assert (v.outcome, v.reward) == ("fail", 0.0)
     assert "exit 1" in v.checks[-1]["detail"] and "AssertionError" in v.checks[-1]["detail"]
@@ -54,31 +54,31 @@ def test_a_command_check_fails_a_wrong_solution_with_its_exit_status(runtime, py
 
 def test_pass_exit_codes_decide(runtime, python_image, baseline):
     task = command_task(argv=["sh", "-c", "python3 check.py || exit 3"], pass_exit_codes=[3])
-    v = verify(runtime, python_image, task, solution(STUB), None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(task), solution(STUB), None, baseline=baseline)
     assert v.outcome == "pass"
 
 
 def test_the_agent_cannot_rewrite_the_protected_check(runtime, python_image, baseline):
     changes = solution(STUB) + [Change("/work/check.py", "modified", b"print('ok')\n", 0o644)]
-    v = verify(runtime, python_image, command_task(), changes, None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(command_task()), changes, None, baseline=baseline)
     assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, True)
 
 
 def test_a_hanging_solution_is_a_timeout(runtime, python_image, baseline):
     hang = "import time\ntime.sleep(600)\n" + REFERENCE
-    v = verify(runtime, python_image, command_task(timeout_s=2), solution(hang), None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(command_task(timeout_s=2)), solution(hang), None, baseline=baseline)
     assert (v.outcome, v.reward) == ("timeout", 0.0)
 
 
 def test_a_command_the_image_cannot_run_is_an_infra_error(runtime, python_image, baseline):
     task = command_task(argv=["no-such-checker", "--run"])
     with pytest.raises(VerifierInfraError, match="cannot run no-such-checker"):
-        verify(runtime, python_image, task, solution(REFERENCE), None, baseline=baseline)
+        verify(runtime, python_image, graded_task(task), solution(REFERENCE), None, baseline=baseline)
 
 
 def test_an_image_without_the_interpreter_is_an_infra_error(runtime, busybox_image, baseline):
     with pytest.raises(VerifierInfraError, match="cannot run python3"):
-        verify(runtime, busybox_image, command_task(), solution(REFERENCE), None, baseline=baseline)
+        verify(runtime, busybox_image, graded_task(command_task()), solution(REFERENCE), None, baseline=baseline)
 
 
 def test_the_verifier_package_has_no_undefined_names():

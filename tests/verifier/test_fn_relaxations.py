@@ -28,7 +28,7 @@ import subprocess
 import pytest
 
 from layers.store import ImageStore
-from nodeagent.verifier.grade import verify
+from nodeagent.verifier.grade import graded_task, verify
 from nodeagent.verifier.validate import _changes, own_image, sandbox_layers
 from tests.data.real_repos import repos
 from tests.verifier.test_repo_attacks import (
@@ -78,14 +78,15 @@ def blinker(python_image, runtime, tmp_path_factory):
     null = (repo.path / entry["file"]).read_text()
     subprocess.run(["git", "apply"], input=repo.gold, text=True, cwd=repo.path, check=True)
     gold = (repo.path / entry["file"]).read_text()
-    image = own_image(python_image, task)
-    return task, image, sandbox_layers(runtime, image, task), entry["file"], gold, null
+    image = own_image(python_image, graded_task(task))
+    return task, image, sandbox_layers(runtime, image, graded_task(task)), entry["file"], gold, null
 
 
 def _grade_layered(runtime, blinker, files: dict, task_files: dict | None = None):
     task, image, layers, *_ = blinker
     task = dict(task, files={**task.get("files", {}), **(task_files or {})})
-    return verify(runtime, image, task, _changes(task, files), None, layers=layers)
+    graded = graded_task(task)
+    return verify(runtime, image, graded, _changes(graded, files), None, layers=layers)
 
 
 def test_plugin_metadata_in_the_repository_never_registers_a_plugin(runtime, blinker):

@@ -20,7 +20,7 @@ import pytest
 
 from nodeagent.sandbox.runtime import Change
 from nodeagent.verifier import grader_asserts, grader_plugin
-from nodeagent.verifier.grade import verify
+from nodeagent.verifier.grade import graded_task, verify
 from tests.verifier.test_grading_attacks import SQUARE, assert_unrewarded, hack, task_of
 
 FORGED_NAMES = ["/usr/lib/python3.11/solution.py", "/usr/lib/python3.11/functools.py", "<frozen solution>"]
@@ -38,7 +38,7 @@ def test_sourceless_bytecode_under_a_trusted_name_earns_nothing(runtime, python_
     oracle = hack(task, "oracle_frames")["solution.py"]
     changes = [Change("/work/solution.py", "deleted", None, 0o644),
                Change("/work/solution.pyc", "added", pyc_of(oracle, name), 0o644)]
-    assert_unrewarded(verify(runtime, python_image, task, changes, None))
+    assert_unrewarded(verify(runtime, python_image, graded_task(task), changes, None))
 
 
 @pytest.mark.parametrize("isolation", ["call", "process"])
@@ -47,13 +47,13 @@ def test_unmarshalled_code_under_a_trusted_name_earns_nothing(runtime, python_im
     blob = marshal.dumps(compile(hack(task, "oracle_frames")["solution.py"], FORGED_NAMES[1], "exec"))
     source = f"import marshal\nexec(marshal.loads({blob!r}), globals())\n"
     changes = [Change("/work/solution.py", "modified", source.encode(), 0o644)]
-    assert_unrewarded(verify(runtime, python_image, task, changes, None))
+    assert_unrewarded(verify(runtime, python_image, graded_task(task), changes, None))
 
 
 @pytest.mark.parametrize("isolation", ["call", "process"])
 def test_the_plain_oracle_is_refused_too(runtime, python_image, isolation):
     task = task_of(SQUARE, isolation=isolation)
-    assert_unrewarded(verify(runtime, python_image, task,
+    assert_unrewarded(verify(runtime, python_image, graded_task(task),
                              [Change("/work/solution.py", "modified",
                                      hack(task, "oracle_frames")["solution.py"].encode(), 0o644)], None))
 
@@ -148,7 +148,7 @@ def square(x):
 
 def test_reading_its_own_memory_in_process_earns_nothing(runtime, python_image):
     task = task_of(SQUARE, isolation="process")
-    v = verify(runtime, python_image, task, [Change("/work/solution.py", "modified", MEMORY_PEEK.encode(), 0o644)],
+    v = verify(runtime, python_image, graded_task(task), [Change("/work/solution.py", "modified", MEMORY_PEEK.encode(), 0o644)],
                None)
     assert_unrewarded(v)
     assert "'refused': 'open'" in v.checks[-1]["detail"], v.checks[-1]["detail"]
@@ -170,7 +170,8 @@ def calc_task(tmp_path, python_image):
 
 def grade_swe(runtime, image, task: dict, changes: list):
     from nodeagent.verifier.validate import sandbox_layers
-    return verify(runtime, image, task, changes, None, layers=sandbox_layers(runtime, image, task))
+    graded = graded_task(task)
+    return verify(runtime, image, graded, changes, None, layers=sandbox_layers(runtime, image, graded))
 
 
 def grade_calc(runtime, image, task: dict, source: str):
@@ -317,7 +318,7 @@ def test_a_cached_pyc_whose_functions_claim_the_standard_library_earns_nothing(r
     changes = [Change("/work/solution.py", "modified", oracle.encode(), 0o644),
                Change("/work/__pycache__/solution.cpython-311.pyc", "added",
                       cached_pyc_with_a_forged_function(oracle, "/work/solution.py", FORGED_NAMES[1]), 0o644)]
-    assert_unrewarded(verify(runtime, python_image, task, changes, None))
+    assert_unrewarded(verify(runtime, python_image, graded_task(task), changes, None))
 
 
 # Always-equal objects. Repository tests keep Python's own `==` (a project's types decide their

@@ -15,7 +15,7 @@ import pytest
 from controller.taskbank import importers
 from nodeagent.sandbox.runtime import Change
 from nodeagent.verifier import hacks
-from nodeagent.verifier.grade import verify
+from nodeagent.verifier.grade import graded_task, verify
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -42,7 +42,7 @@ def task_of(record: dict, kind: str = "humaneval", **checker) -> dict:
 def grade(runtime, image, task: dict, files: dict):
     changes = [Change(f"/work/{rel}", "modified" if rel in task["files"] else "added",
                       text.encode(), 0o644) for rel, text in files.items()]
-    return verify(runtime, image, task, changes, None)
+    return verify(runtime, image, graded_task(task), changes, None)
 
 
 def hack(task: dict, family: str) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from nodeagent.sandbox.runtime import Change, SandboxSpec
 from nodeagent.verifier import grade
-from nodeagent.verifier.grade import VerifierInfraError, verify
+from nodeagent.verifier.grade import VerifierInfraError, graded_task, verify
 
 STUB = "def double(x):\n    raise NotImplementedError\n"
 REFERENCE = "def double(x):\n    return 2 * x\n"
@@ -84,7 +84,7 @@ def baseline():
 @pytest.mark.parametrize("name", sorted(ATTACKS) + sorted(ALREADY_FAIL))
 def test_an_agent_that_crashes_grading_fails_never_infra(runtime, python_image, baseline, name):
     conftest, code = ATTACKS.get(name) or ALREADY_FAIL[name]
-    v = verify(runtime, python_image, pkg_task(conftest), pkg(code), None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(pkg_task(conftest)), pkg(code), None, baseline=baseline)
     assert (v.outcome, v.reward) == ("fail", 0.0), v.checks
     assert any("grades cleanly without them" in c["detail"] or c["verdict"] == "fail" for c in v.checks)
 
@@ -92,12 +92,12 @@ def test_an_agent_that_crashes_grading_fails_never_infra(runtime, python_image, 
 def test_the_reference_still_passes_and_the_stub_fails(runtime, python_image, baseline):
     for conftest in (False, True):
         task = pkg_task(conftest)
-        assert verify(runtime, python_image, task, pkg(REFERENCE), None, baseline=baseline).outcome == "pass"
-        assert verify(runtime, python_image, task, pkg(STUB), None, baseline=baseline).outcome == "fail"
+        assert verify(runtime, python_image, graded_task(task), pkg(REFERENCE), None, baseline=baseline).outcome == "pass"
+        assert verify(runtime, python_image, graded_task(task), pkg(STUB), None, baseline=baseline).outcome == "fail"
 
 
 def test_a_crash_is_named_with_both_reasons_in_the_checks(runtime, python_image, baseline):
-    v = verify(runtime, python_image, pkg_task(True), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+    v = verify(runtime, python_image, graded_task(pkg_task(True)), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
     detail = v.checks[-1]["detail"]
     assert "grading failed with the agent's changes" in detail and "reference: pass" in detail
     assert [c["verdict"] for c in v.checks[:-1]] == ["infra_error", "infra_error"]
@@ -107,20 +107,20 @@ def test_a_crash_is_named_with_both_reasons_in_the_checks(runtime, python_image,
 
 def test_an_image_without_python_is_still_an_infra_error(runtime, busybox_image, baseline):
     with pytest.raises(VerifierInfraError, match="no report"):
-        verify(runtime, busybox_image, pkg_task(), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+        verify(runtime, busybox_image, graded_task(pkg_task()), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
 
 
 def test_a_missing_checker_file_is_still_an_infra_error(runtime, python_image, baseline):
     task = pkg_task()
     task["checker"] = {**task["checker"], "tests": ["test_pkg.py", "test_gone.py"]}
     with pytest.raises(VerifierInfraError, match="test_gone.py"):
-        verify(runtime, python_image, task, pkg(REFERENCE), None, baseline=baseline)
+        verify(runtime, python_image, graded_task(task), pkg(REFERENCE), None, baseline=baseline)
 
 
 def test_a_sandbox_that_cannot_start_is_still_an_infra_error(runtime, python_image, baseline, tmp_path):
     missing = tmp_path / "no-such-image.sif"
     with pytest.raises(VerifierInfraError, match="failed to start"):
-        verify(runtime, missing, pkg_task(), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
+        verify(runtime, missing, graded_task(pkg_task()), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
 
 
 def test_a_failure_without_any_agent_change_is_infra_not_compared(runtime, busybox_image):
@@ -128,13 +128,13 @@ def test_a_failure_without_any_agent_change_is_infra_not_compared(runtime, busyb
         def clean(self, *a, **k):
             raise AssertionError("no agent change: nothing to compare")
     with pytest.raises(VerifierInfraError):
-        verify(runtime, busybox_image, pkg_task(), [], None, baseline=Never())
+        verify(runtime, busybox_image, graded_task(pkg_task()), [], None, baseline=Never())
 
 
 def test_a_stopped_pytest_is_a_timeout_never_infra(runtime, python_image, baseline):
     task = pkg_task()
     task["checker"]["timeout_s"] = 4
-    v = verify(runtime, python_image, task, pkg("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n"), None,
+    v = verify(runtime, python_image, graded_task(task), pkg("import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)\n"), None,
                baseline=baseline)
     assert (v.outcome, v.reward) == ("timeout", 0.0)
 
@@ -160,7 +160,7 @@ def test_memory_filled_through_memfds_kills_the_workload_not_the_grader(runtime,
     was killed and no report was written. Now the grader runs at 0, the OOM killer takes the
     memfd writers (or pytest) and the grader's report decides: a fail on its own evidence, with
     the comparison against the reference turned off."""
-    v = verify(runtime, python_image, pkg_task(), pkg(MEMFD_HOLDERS), None, baseline=grade.NO_BASELINE)
+    v = verify(runtime, python_image, graded_task(pkg_task()), pkg(MEMFD_HOLDERS), None, baseline=grade.NO_BASELINE)
     assert (v.outcome, v.reward) == ("fail", 0.0)
     assert "required tests passed" in v.checks[-1]["detail"]
 
@@ -254,16 +254,16 @@ def test_validations_outcomes_are_reused_and_decide(runtime, python_image):
     attempts. A seeded reference that was an infra error keeps the crash an infra error."""
     crash = pkg("import importlib\n__getattr__ = importlib.import_module\n")
     seeded, counting = grade.Baseline(), CountingRuntime(runtime)
-    seeded.seed(pkg_task(), python_image, {"reference": "pass", "null": "fail"})
-    assert verify(counting, python_image, pkg_task(), crash, None, baseline=seeded).outcome == "fail"
+    seeded.seed(graded_task(pkg_task()), python_image, {"reference": "pass", "null": "fail"})
+    assert verify(counting, python_image, graded_task(pkg_task()), crash, None, baseline=seeded).outcome == "fail"
     assert counting.acquired == 2
     fresh, counting = grade.Baseline(), CountingRuntime(runtime)
-    assert verify(counting, python_image, pkg_task(), crash, None, baseline=fresh).outcome == "fail"
+    assert verify(counting, python_image, graded_task(pkg_task()), crash, None, baseline=fresh).outcome == "fail"
     assert counting.acquired == 4          # and the reference and null, once
     broken = grade.Baseline()
-    broken.seed(pkg_task(), python_image, {"reference": "infra_error", "null": "infra_error"})
+    broken.seed(graded_task(pkg_task()), python_image, {"reference": "infra_error", "null": "infra_error"})
     with pytest.raises(VerifierInfraError, match="cannot import a dependency"):
-        verify(runtime, python_image, pkg_task(), crash, None, baseline=broken)
+        verify(runtime, python_image, graded_task(pkg_task()), crash, None, baseline=broken)
 
 
 def test_validation_seeds_the_baseline_before_the_hacks(runtime, python_image):
@@ -271,5 +271,5 @@ def test_validation_seeds_the_baseline_before_the_hacks(runtime, python_image):
     task = {**pkg_task(), "task_id": "infra-escapes-seed-test"}
     v = validate.validate_task(runtime, python_image, task, workers=1, quick=True)
     assert v.ok, v.reasons
-    assert grade.BASELINE.clean(task, python_image, lambda *a: pytest.fail("graded again")) == \
+    assert grade.BASELINE.clean(graded_task(task), python_image, lambda *a: pytest.fail("graded again")) == \
         "reference: pass, null: fail"

@@ -22,7 +22,7 @@ import sysconfig
 import pytest
 
 from nodeagent.sandbox.runtime import Change
-from nodeagent.verifier.grade import verify
+from nodeagent.verifier.grade import graded_task, verify
 
 WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
 GOLD = "def add(a, b):\n    return a + b\n"
@@ -88,7 +88,7 @@ def repo_task(tests: str | dict[str, str], files: dict[str, str], conftest: str 
 def grade(runtime, image, task: dict, files: dict):
     changes = [Change(f"/work/{rel}", "modified" if rel in task["files"] else "added",
                       data if isinstance(data, bytes) else data.encode(), 0o644) for rel, data in files.items()]
-    return verify(runtime, image, task, changes, None)
+    return verify(runtime, image, graded_task(task), changes, None)
 
 
 def assert_unrewarded(v, tampered: bool = True):

@@ -11,6 +11,7 @@ from controller.taskbank.bank import TaskBank, load_package
 from controller.taskbank.importers import SweContext, import_source
 from layers.store import ImageStore
 from nodeagent.verifier import grade
+from nodeagent.verifier.grade import graded_task
 from nodeagent.verifier.validate import reference_of
 
 pytestmark = pytest.mark.skipif(subprocess.run(["which", "mksquashfs"], capture_output=True).returncode != 0,
@@ -95,7 +96,7 @@ def test_a_layered_import_is_deterministic_and_shares_one_layer_per_commit(tmp_p
 def test_the_gold_patch_is_the_hidden_reference(tmp_path, clones):
     (task,), _ = _import(tmp_path, clones, _record(clones))
     assert task.hidden["gold.patch"] == GOLD
-    files, answer = reference_of(dict(task.canonical()))
+    files, answer = reference_of(graded_task(dict(task.canonical())))
     assert files == {"calc.py": "def add(a, b):\n    return a + b\n"} and answer is None
 
 
@@ -138,7 +139,7 @@ def test_a_patch_solution_of_an_inlined_repository_task_keeps_its_binary_files(t
     assert any(isinstance(v, dict) for v in task.canonical()["files"].values()), "the .git index is binary"
     patch = tmp_path / "gold.patch"
     patch.write_text(GOLD)
-    changes, answer = solution_changes(_task_dict(task), patch)
+    changes, answer = solution_changes(graded_task(_task_dict(task)), patch)
     assert [(c.path, c.kind, c.data) for c in changes] == [("/work/calc.py", "modified",
                                                             b"def add(a, b):\n    return a + b\n")]
 

@@ -7,6 +7,7 @@ import json
 from controller.cli import tasks as tasks_cli
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.verifier import validate as validation
+from nodeagent.verifier.grade import graded_task
 from nodeagent.verifier.validate import ValidationStore, validate_task, validate_tasks
 
 
@@ -20,7 +21,7 @@ def test_a_python_task_passes_the_whole_hack_battery(runtime, python_image):
     assert v.ok, v.reasons
     assert v.cases["reference"]["outcome"] == "pass"
     hacks = {k: r for k, r in v.cases.items() if k.startswith("hack:")}
-    assert set(hacks) == {f"hack:{h}" for h in validation._pytest_hacks(task_dict("python/rle_encode"))}
+    assert set(hacks) == {f"hack:{h}" for h in validation._pytest_hacks(graded_task(task_dict("python/rle_encode")))}
     assert len(hacks) >= 13 and all(r["reward"] == 0.0 for r in hacks.values()), hacks
     assert "tampered" in hacks["hack:monkeypatch_framework"]["detail"]
 

@@ -11,7 +11,7 @@ import pytest
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.sandbox.runtime import Change
 from nodeagent.verifier import grade as verifier
-from nodeagent.verifier.grade import VerifierInfraError, grade_report, strict_asserts, verify
+from nodeagent.verifier.grade import VerifierInfraError, grade_report, graded_task, strict_asserts, verify
 
 
 def task_dict(name: str = "python/gcd", **over) -> dict:
@@ -29,10 +29,10 @@ def gcd():
 
 
 def test_reference_passes_and_null_fails_with_components(runtime, python_image, gcd):
-    ok = verify(runtime, python_image, gcd, solution(gcd["hidden"]["reference.py"]), None)
+    ok = verify(runtime, python_image, graded_task(gcd), solution(gcd["hidden"]["reference.py"]), None)
     assert (ok.outcome, ok.reward) == ("pass", 1.0)
     assert ok.components["fail_to_pass"] == 1.0
-    null = verify(runtime, python_image, gcd, [], None)
+    null = verify(runtime, python_image, graded_task(gcd), [], None)
     assert (null.outcome, null.reward, null.components["fail_to_pass"]) == ("fail", 0.0, 0.0)
 
 
@@ -53,7 +53,7 @@ for p, ops in [("/verifier/tests/test_hidden.py", ("read", "remove", "write")), 
             pass
 assert not seen, seen
 """
-    v = verify(runtime, python_image, gcd, solution(code), None)
+    v = verify(runtime, python_image, graded_task(gcd), solution(code), None)
     assert v.outcome == "fail"
     detail = v.checks[-1]["detail"]
     assert "failed: ['test_hidden.py::test_hidden_1'" in detail and "collection error" not in detail
@@ -61,19 +61,20 @@ assert not seen, seen
 
 def test_a_hanging_solution_is_a_timeout_not_a_fail(runtime, python_image):
     task = task_dict(checker={"kind": "pytest", "tests": ["test_hidden.py"], "timeout_s": 3})
-    v = verify(runtime, python_image, task, solution("import time\ntime.sleep(3600)\n"), None)
+    v = verify(runtime, python_image, graded_task(task), solution("import time\ntime.sleep(3600)\n"), None)
     assert (v.outcome, v.reward) == ("timeout", 0.0)
 
 
 def test_a_solution_that_exits_pytest_fails(runtime, python_image, gcd):
     in_process = {**gcd, "checker": {**gcd["checker"], "isolation": "process"}}
-    v = verify(runtime, python_image, in_process, solution("import os\nos._exit(0)\n"), None)
+    v = verify(runtime, python_image, graded_task(in_process), solution("import os\nos._exit(0)\n"), None)
     assert v.outcome == "fail" and "ended early" in v.checks[-1]["detail"]
 
 
 def test_a_solution_that_exits_behind_the_call_boundary_fails_every_test(runtime, python_image, gcd):
-    assert verifier.isolation(gcd, gcd["checker"]) == "call"
-    v = verify(runtime, python_image, gcd, solution("import os\nos._exit(0)\n"), None)
+    task = graded_task(gcd)
+    assert verifier.isolation(task, task.checker, verifier.parse_tests(task, task.checker)) == "call"
+    v = verify(runtime, python_image, graded_task(gcd), solution("import os\nos._exit(0)\n"), None)
     assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False)
     assert "the solution's process is gone" in v.checks[-1]["detail"]
 
@@ -82,7 +83,7 @@ def test_a_call_that_never_returns_fails_that_test_and_the_others_still_run(runt
     hang_on_zero = gcd["hidden"]["reference.py"].replace("a, b = abs(a), abs(b)",
                                                          "a, b = abs(a), abs(b)\n    while a == 0: pass")
     task = {**gcd, "checker": {**gcd["checker"], "call_timeout_s": 1}}
-    v = verify(runtime, python_image, task, solution(hang_on_zero), None)
+    v = verify(runtime, python_image, graded_task(task), solution(hang_on_zero), None)
     assert (v.outcome, v.reward) == ("fail", 0.0)
     detail = v.checks[-1]["detail"]
     assert detail.startswith("5/7 required tests passed") and "test_hidden.py::test_hidden_1" in detail
@@ -92,14 +93,14 @@ def test_changing_or_deleting_a_protected_file_is_tampering(runtime, python_imag
     for change in (Change("/work/test_visible.py", "modified", b"def test_ok():\n    pass\n", 0o644),
                    Change("/work/test_visible.py", "deleted", None, 0),
                    Change("/work/test_visible.py", "symlink", b"/dev/null", 0o777)):
-        v = verify(runtime, python_image, gcd, [change] + solution(gcd["hidden"]["reference.py"]), None)
+        v = verify(runtime, python_image, graded_task(gcd), [change] + solution(gcd["hidden"]["reference.py"]), None)
         assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, True), change.kind
 
 
 def test_missing_hidden_test_file_is_an_infra_error_naming_it(runtime, python_image, gcd):
     task = {**gcd, "hidden": {"reference.py": gcd["hidden"]["reference.py"]}}
     with pytest.raises(VerifierInfraError, match="test_hidden.py"):
-        verify(runtime, python_image, task, [], None)
+        verify(runtime, python_image, graded_task(task), [], None)
 
 
 @pytest.mark.parametrize("checker,message", [(None, "has no checker"),
@@ -107,20 +108,20 @@ def test_missing_hidden_test_file_is_an_infra_error_naming_it(runtime, python_im
                                               "unknown field")])
 def test_bad_checker_spec_is_an_infra_error(runtime, python_image, gcd, checker, message):
     with pytest.raises(VerifierInfraError, match=message):
-        verify(runtime, python_image, {**gcd, "checker": checker}, [], None)
+        verify(runtime, python_image, graded_task({**gcd, "checker": checker}), [], None)
 
 
 def test_an_image_without_python_is_an_infra_error_after_one_retry(runtime, busybox_image, gcd):
     with pytest.raises(VerifierInfraError, match="no report"):
-        verify(runtime, busybox_image, gcd, [], None)
+        verify(runtime, busybox_image, graded_task(gcd), [], None)
 
 
 def test_answer_tasks_are_graded_outside_any_sandbox():
     from nodeagent.verifier.checks import CheckRunner
     task = task_dict("math/fraction_sum")
     with CheckRunner() as r:
-        assert verify(None, None, task, [], "so \\boxed{\\frac{3}{4}}", runner=r).outcome == "pass"
-        v = verify(None, None, task, [], "passed", runner=r)
+        assert verify(None, None, graded_task(task), [], "so \\boxed{\\frac{3}{4}}", runner=r).outcome == "pass"
+        v = verify(None, None, graded_task(task), [], "passed", runner=r)
         assert v.outcome == "fail" and "unparseable answer" in v.checks[-1]["detail"]
 
 
@@ -177,7 +178,8 @@ def test_asserts_are_rewritten_to_strict_equality():
 
 def test_the_grader_shipped_into_the_sandbox_is_the_grader_plugin_source_file():
     from nodeagent.verifier import grader_plugin
-    system, _tests = verifier._checker_files(task_dict(), task_dict()["checker"])
+    task = graded_task(task_dict())
+    system, _tests = verifier._checker_files(task, task.checker, verifier.parse_tests(task, task.checker), "call")
     assert system[verifier.GRADER_PATH] == Path(grader_plugin.__file__).read_bytes()
 
 
@@ -242,7 +244,7 @@ def test_binary_task_files_arrive_as_base64_and_are_graded_as_bytes(runtime, pyt
              checker={"kind": "pytest", "tests": ["test_hidden.py"]})
     wire = json.loads(json.dumps({**t.canonical(), "task_id": t.task_id}))
     assert wire["files"]["data.bin"] == {"base64": __import__("base64").b64encode(blob).decode()}
-    v = verify(runtime, python_image, wire, [], None)
+    v = verify(runtime, python_image, graded_task(wire), [], None)
     assert (v.outcome, v.tampered) == ("pass", False)
-    bad = verify(runtime, python_image, wire, [Change("/work/data.bin", "modified", b"x", 0o644)], None)
+    bad = verify(runtime, python_image, graded_task(wire), [Change("/work/data.bin", "modified", b"x", 0o644)], None)
     assert (bad.outcome, bad.tampered) == ("fail", True)

@@ -33,7 +33,7 @@ def play(runtime, browser_image, tmp_path):
     from nodeagent.browser.session import BrowserSession
     from nodeagent.harness.browser_tools import BrowserToolbox
     from nodeagent.sandbox.runtime import SandboxSpec
-    from nodeagent.verifier.grade import verify
+    from nodeagent.verifier.grade import graded_task, verify
     from nodeagent.verifier.webstate import state_changes
 
     def run(task, calls, out_of_band=None, checker=None):
@@ -64,7 +64,7 @@ def play(runtime, browser_image, tmp_path):
         d = task.canonical()
         if checker is not None:
             d["checker"] = checker
-        return Played(obs, verify(runtime, browser_image, d, changes, None), tb)
+        return Played(obs, verify(runtime, browser_image, graded_task(d), changes, None), tb)
     return run
 
 

@@ -130,6 +130,6 @@ def test_type_key_and_scroll_take_an_element_or_a_point_never_both():
 
 
 def test_a_rollout_without_captured_state_is_never_scored():
-    from nodeagent.verifier.grade import VerifierInfraError, verify
+    from nodeagent.verifier.grade import VerifierInfraError, graded_task, verify
     with pytest.raises(VerifierInfraError, match="no captured web state"):
-        verify(None, None, web_tasks()[0].canonical(), [], None)
+        verify(None, None, graded_task(web_tasks()[0].canonical()), [], None)

@@ -246,12 +246,14 @@ def plain_pytest(runtime, store: ImageStore, task: dict, python_image: Path, gol
     """({node id: outcome}, output tail) of `python3 -m pytest -v FILES` in /work of a sandbox
     of the task's image and layers, with or without the gold patch applied."""
     from nodeagent.sandbox.runtime import Change, SandboxSpec
+    from nodeagent.verifier.grade import graded_task
     from nodeagent.verifier.validate import own_image, reference_of, sandbox_layers
-    image = own_image(python_image, task)
-    layers = sandbox_layers(runtime, image, task)
+    graded = graded_task(task)
+    image = own_image(python_image, graded)
+    layers = sandbox_layers(runtime, image, graded)
     changes = []
     if gold:
-        files, _ = reference_of(task)
+        files, _ = reference_of(graded)
         changes = [Change(f"/work/{rel}", "modified", t.encode() if isinstance(t, str) else t, 0o644)
                    for rel, t in files.items()]
     sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.get("limits") or {}), layers=layers))
