@@ -4,9 +4,11 @@ The tool names, their JSON Schemas (`TOOL_SPECS`) and the task's tool set (`tool
 contract: `controller.contracts.tools`. `Toolbox.call(name, raw_arguments)` checks the
 name against the task's tool set, the size of the raw arguments, parses them as JSON and
 validates them against the schema *before* anything runs. Every failure a model can cause
-(unknown tool, malformed JSON, schema violation, oversized arguments, a missing file, an edit
-whose search text matches zero or several times) is a `ToolResult` with `error` set: an
-observation the model reads, never an exception. Only infrastructure failures raise
+(unknown tool, malformed JSON, schema violation, oversized arguments, a string the sandbox
+cannot carry -- a lone surrogate, a NUL or an oversized command-line argument, see
+`controller.contracts.tools.string_error` --, a missing file, an edit whose search text matches
+zero or several times) is a `ToolResult` with `error` set: an observation the model reads,
+never an exception (a ValueError from running the tool is one too). Only infrastructure failures raise
 (`SandboxError` from the sandbox).
 
 Paths are passed to commands as argv elements, never through a shell; relative paths are
@@ -102,7 +104,10 @@ class Toolbox:
         if refused is not None:
             return refused
         self._budget_s = budget_s
-        return getattr(self, f"_{name}")(args)
+        try:
+            return getattr(self, f"_{name}")(args)
+        except ValueError as exc:   # input the sandbox refused (parse lets none through): still the model's
+            return _refuse("invalid_arguments", f"{name} could not run with these arguments: {exc}"[:2000])
 
     # -- the tools ------------------------------------------------------------------------
     def _timeout(self, wanted_s: float | None = None) -> float:

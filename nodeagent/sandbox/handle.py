@@ -18,7 +18,7 @@ import threading
 
 from nodeagent.sandbox import framing, sbxinit
 from nodeagent.sandbox.interface import SandboxHandle
-from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, changes_to_tar, tar_to_changes
+from nodeagent.sandbox.spec import Change, DiffRefused, ExecResult, SandboxError, changes_to_tar, tar_to_changes
 
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 DESTROY_TIMEOUT_S = 10.0
@@ -88,6 +88,8 @@ class Sandbox(SandboxHandle):
                 except (framing.FramingError, OSError) as exc:
                     raise SandboxError(f"sandbox {self.id} init is gone: {exc}") from None
         if not reply.get("ok"):
+            if reply.get("refused") and req["op"] == "diff":     # the node holder's helper, not the init
+                raise DiffRefused(f"sandbox {self.id}: {reply.get('error', 'diff refused')}")
             raise SandboxError(f"sandbox {self.id}: {reply.get('error', 'unknown error')}")
         return reply
 
@@ -116,7 +118,9 @@ class Sandbox(SandboxHandle):
     def diff(self, prefix: str = "/", max_bytes: int = 8 << 20) -> list[Change]:
         """The writable layer's changes under `prefix`, parents before children: files (added or
         modified, with mode), directories (kind 'dir', with mode), symlinks, and deletions
-        (whiteouts; an opaque directory is a deletion followed by 'dir')."""
+        (whiteouts; an opaque directory is a deletion followed by 'dir'). What cannot be carried
+        (content past `max_bytes`, the `sbxinit.DIFF_MAX_*` limits) raises DiffRefused naming
+        the path and the limit."""
         changes = self._call({"op": "diff", "prefix": prefix, "max_bytes": max_bytes})["changes"]
         return [Change(c["path"], c["kind"], c["data"], c["mode"]) for c in changes]
 
