@@ -88,7 +88,7 @@ from nodeagent.sandbox.spec import SetupError
 from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import tracing
 from nodeagent.store import writer as trajwriter
-from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
+from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify, verify_time_s
 from nodeagent.verifier.verdicts import check
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,9 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         outcome, reward = "fail", 0.0     # its /work cannot be carried to the grader: not graded
     elif infra is None:
         tv = clock()
+        floor = verify_time_s(task.as_dict())   # what the checker may take: a slow solution is its timeout
+        if guard.deadlines.verify_s < floor:
+            guard.deadlines = dataclasses.replace(guard.deadlines, verify_s=floor)
         try:
             with guard.phase("verify"):
                 verdict = verify(runtime, image, task.as_dict(), changes, agent.answer, clock, layers=layers,

@@ -145,31 +145,48 @@ def verify(runtime: SandboxRuntime, image: Path, task: dict, changes: list[Chang
                     tampered=True)
         v.verify_s = clock() - t0
         return v
-    agent_ran = False
+    agent_ran, clean = False, None
     for attempt in range(INFRA_RETRIES + 1):
         watched = Watched(runtime, bool(changes), spec["kind"] == "pytest")
         try:
             v = _primary(watched, image, task, spec, changes, answer, clock, runner)
             break
         except VerifierInfraError as exc:
-            agent_ran = agent_ran or watched.agent_ran
             checks.append(_check(spec["kind"], "infra_error", f"attempt {attempt + 1}: {exc}"))
+            if watched.agent_ran and not agent_ran:   # compared before any retry: a retry the agent's
+                agent_ran = True                      # code could trigger would double its time
+                clean = (baseline or BASELINE).clean(task, image, _without_agent(runtime, image, task, spec,
+                                                                                 clock, runner))
+            if clean:
+                v = Verdict("fail", 0.0, {"correct": 0.0},
+                            [_check(spec["kind"], "fail", f"grading failed with the agent's changes ({exc}), and the "
+                                    f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
+                break
             if attempt < INFRA_RETRIES:
                 continue
             exc.agent_ran = agent_ran
-            clean = (baseline or BASELINE).clean(task, image, _without_agent(runtime, image, task, spec, clock, runner)
-                                                 ) if agent_ran else None
-            if not clean:
-                raise
-            v = Verdict("fail", 0.0, {"correct": 0.0},
-                        [_check(spec["kind"], "fail", f"grading failed with the agent's changes ({exc}), and the "
-                                f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
+            raise
     v.checks[:0] = checks
     if spec.get("judge") and v.outcome != "timeout" and not v.tampered:
         _add_judge(v, spec, task, changes, answer, clock)
     v.components.setdefault("weights", {"correct": 1.0})
     v.verify_s = clock() - t0
     return v
+
+
+GRADING_START_S = 60.0   # one grading's overhead besides its check: a sandbox, the grader's start
+
+
+def verify_time_s(task: dict) -> float:
+    """The longest `verify` may legitimately take on `task`: the rollout's grading, then (after a
+    failure with the agent's changes in) the baseline's reference and null gradings with their
+    retries, then the rollout's retries; each grading its checker's `timeout_s` plus
+    GRADING_START_S. The verify phase's deadline is at least this, so a slow solution is the
+    checker's `timeout` or `fail`, never a phase deadline (an infrastructure error)."""
+    spec = task.get("checker") or {}
+    default = CHECK_TIMEOUT_S if spec.get("kind") in ("pytest", "command") else ANSWER_TIMEOUT_S
+    one = float(spec.get("timeout_s") or default) + GRADING_START_S
+    return one * (1 + INFRA_RETRIES + 2 * (1 + INFRA_RETRIES))
 
 
 def _without_agent(runtime, image, task, spec, clock, runner) -> Callable[[list, str | None], str]:
