@@ -100,7 +100,7 @@ def test_a_crash_is_named_with_both_reasons_in_the_checks(runtime, python_image,
     v = verify(runtime, python_image, pkg_task(True), pkg("import os\nos._exit(0)\n"), None, baseline=baseline)
     detail = v.checks[-1]["detail"]
     assert "grading failed with the agent's changes" in detail and "reference: pass" in detail
-    assert [c["verdict"] for c in v.checks[:-1]] == ["infra_error", "infra_error"]
+    assert [c["verdict"] for c in v.checks[:-1]] == ["infra_error"]   # compared before any retry
 
 
 # -- real infrastructure failures stay infra errors ------------------------------------------
