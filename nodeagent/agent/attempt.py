@@ -189,7 +189,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
     elif infra is None:
         tv = clock()
         floor = verify_time_s(task.as_dict())   # what the checker may take: a slow solution is its timeout
-        if guard.deadlines.verify_s < floor:
+        if not task.budgets.verify_s and guard.deadlines.verify_s < floor:    # the default deadline only
             guard.deadlines = dataclasses.replace(guard.deadlines, verify_s=floor)
         try:
             with guard.phase("verify"):

@@ -25,6 +25,7 @@ import pytest
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, run_attempt
 from nodeagent.sandbox import sbxinit
+from nodeagent.verifier import grade
 from tests.verifier.test_infra_escapes import pkg_task
 
 pytestmark = pytest.mark.sandbox
@@ -158,10 +159,12 @@ def test_arguments_the_sandbox_cannot_carry_are_a_tool_error_and_the_rollout_goe
 def test_a_solution_that_stalls_grading_is_graded_fail_not_a_verify_deadline(runtime, python_image, tmp_path):
     """The package stalls the task's conftest for just under the checker's limit, then exits:
     pytest "did not start". Before, that was retried (twice the time) and the verify phase's
-    deadline fired: `deadline: verify:`, an infrastructure error charged to the task."""
-    task = dict(pkg_task(conftest=True), task_id="agentfault-stall", budgets={"verify_s": 10.0})
-    task["checker"] = dict(task["checker"], timeout_s=8.0)
-    stall = "import os, time\ntime.sleep(6)\nos._exit(0)\n"
+    deadline fired: `deadline: verify:`, an infrastructure error charged to the task. The
+    baseline is known (validation seeds it), so the stall costs one grading."""
+    task = dict(pkg_task(conftest=True), task_id="agentfault-stall", budgets={"verify_s": 14.0})
+    task["checker"] = dict(task["checker"], timeout_s=10.0)
+    grade.BASELINE.seed(task, python_image, {"reference": "pass", "null": "fail"})
+    stall = "import os, time\ntime.sleep(8)\nos._exit(0)\n"
     t0 = time.monotonic()
     res, _ = run(runtime, python_image, tmp_path, task,
                  [("write_file", json.dumps({"path": "pkg/__init__.py", "content": stall}))])
@@ -169,3 +172,10 @@ def test_a_solution_that_stalls_grading_is_graded_fail_not_a_verify_deadline(run
     checks = checks_of(tmp_path, res)
     assert [c["verdict"] for c in checks if c["verdict"] == "infra_error"] == ["infra_error"]   # no retry
     assert "grades cleanly without them" in checks[-1]["detail"]
+
+
+def test_the_default_verify_deadline_covers_what_a_long_checker_may_take():
+    """A checker that may run 900 s (terminal-bench verifiers do) gets more than the 1800 s default:
+    its grading, the baseline's and the retries."""
+    assert grade.verify_time_s({"checker": {"kind": "pytest", "timeout_s": 900}}) >= 6 * 900
+    assert grade.verify_time_s({"checker": {"kind": "math"}}) >= 6 * grade.ANSWER_TIMEOUT_S

@@ -250,16 +250,17 @@ class CountingRuntime:
 
 
 def test_validations_outcomes_are_reused_and_decide(runtime, python_image):
-    """Seeded (as validation does) the baseline is not graded again: a crash costs its own two
-    attempts. A seeded reference that was an infra error keeps the crash an infra error."""
+    """Seeded (as validation does) the baseline is not graded again: a crash costs its own one
+    attempt (compared before any retry). A seeded reference that was an infra error keeps the
+    crash an infra error."""
     crash = pkg("import importlib\n__getattr__ = importlib.import_module\n")
     seeded, counting = grade.Baseline(), CountingRuntime(runtime)
     seeded.seed(pkg_task(), python_image, {"reference": "pass", "null": "fail"})
     assert verify(counting, python_image, pkg_task(), crash, None, baseline=seeded).outcome == "fail"
-    assert counting.acquired == 2
+    assert counting.acquired == 1
     fresh, counting = grade.Baseline(), CountingRuntime(runtime)
     assert verify(counting, python_image, pkg_task(), crash, None, baseline=fresh).outcome == "fail"
-    assert counting.acquired == 4          # and the reference and null, once
+    assert counting.acquired == 3          # and the reference and null, once
     broken = grade.Baseline()
     broken.seed(pkg_task(), python_image, {"reference": "infra_error", "null": "infra_error"})
     with pytest.raises(VerifierInfraError, match="cannot import a dependency"):
