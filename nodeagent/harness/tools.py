@@ -5,8 +5,8 @@ contract: `controller.contracts.tools`. `Toolbox.call(name, raw_arguments)` chec
 name against the task's tool set, the size of the raw arguments, parses them as JSON and
 validates them against the schema *before* anything runs. Every failure a model can cause
 (unknown tool, malformed JSON, schema violation, oversized arguments, a string the sandbox
-cannot carry -- a lone surrogate, a NUL or an oversized command-line argument, see
-`controller.contracts.tools.string_error` --, a missing file, an edit whose search text matches
+cannot carry -- NaN, a lone surrogate, a NUL or an oversized command-line argument, see
+`controller.contracts.tools.value_error` --, a missing file, an edit whose search text matches
 zero or several times) is a `ToolResult` with `error` set: an observation the model reads,
 never an exception (a ValueError from running the tool is one too). Only infrastructure failures raise
 (`SandboxError` from the sandbox).

@@ -124,6 +124,17 @@ def test_names_and_symlink_targets_that_are_not_utf8_are_graded(runtime, python_
     assert "diff" not in {c["check"] for c in checks_of(tmp_path, res)}
 
 
+@pytest.mark.parametrize("loop", [
+    "while :; do mkdir -p /work/r/a/b/c && echo x > /work/r/a/b/c/f; rm -rf /work/r; done",   # entries vanish
+    "while :; do head -c 100000 /dev/zero >> /work/grow.bin; done",                          # a file grows
+], ids=["vanishing", "growing"])
+def test_a_process_left_changing_work_while_it_is_diffed_is_the_rollouts_doing(runtime, python_image, tmp_path,
+                                                                               loop):
+    res, _ = run(runtime, python_image, tmp_path, python_task(),
+                 [shell(f"nohup sh -c '{loop}' >/dev/null 2>&1 & sleep 0.3; echo started")])
+    assert (res.outcome, res.reward, res.infra_reason) == ("fail", 0.0, None)
+
+
 def test_an_honest_solution_with_more_than_source_in_work_still_passes(runtime, python_image, tmp_path):
     task = python_task()
     sol = next(rel for rel in task["files"] if rel.endswith(".py") and not rel.startswith("test"))
@@ -143,7 +154,8 @@ def test_an_honest_solution_with_more_than_source_in_work_still_passes(runtime, 
     (("read_file", '{"path": "/work/a\\u0000b"}'), ["at path", "NUL"]),
     (("search", '{"pattern": "\\ud83d"}'), ["at pattern", "lone surrogate"]),
     (shell("echo " + "y" * 200_000), ["at command", "131071 bytes"]),
-], ids=["nul-shell", "surrogate-shell", "surrogate-content", "nul-path", "surrogate-pattern", "argv-200KB"])
+    (("shell", '{"command": "ls", "timeout_s": NaN}'), ["at timeout_s", "not a finite number"]),
+], ids=["nul-shell", "surrogate-shell", "surrogate-content", "nul-path", "surrogate-pattern", "argv-200KB", "nan"])
 def test_arguments_the_sandbox_cannot_carry_are_a_tool_error_and_the_rollout_goes_on(
         runtime, python_image, tmp_path, call, names):
     res, pol = run(runtime, python_image, tmp_path, python_task(), [call, shell("echo still-here")])

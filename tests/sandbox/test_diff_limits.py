@@ -77,3 +77,21 @@ def test_a_refusal_is_a_sandbox_error_subclass_and_other_failures_are_not_refusa
         with pytest.raises(SandboxError) as err:
             sb.read_file("/work/missing.txt")
         assert not isinstance(err.value, DiffRefused)
+
+
+def test_more_entries_than_the_limit_are_refused(runtime, python_image):
+    n = sbxinit.DIFF_MAX_ENTRIES + 10
+    with runtime.create(SandboxSpec(image=python_image, limits={"inodes": n + 1000, "disk_mb": 256})) as sb:
+        r = sb.exec(["python3", "-c", f"import os\nos.mkdir('/work/m')\nfor i in range({n}): open(f'/work/m/{{i}}', 'w').close()"])
+        assert r.exit_code == 0, r.stderr
+        with pytest.raises(DiffRefused, match=f"more than {sbxinit.DIFF_MAX_ENTRIES} entries"):
+            sb.diff("/work")
+
+
+def test_a_path_longer_than_the_limit_is_refused(runtime, python_image):
+    with runtime.create(SandboxSpec(image=python_image)) as sb:
+        r = sb.exec(["python3", "-c", "import os\nos.chdir('/work')\nfor i in range(13):\n"
+                                      "    os.mkdir('n' * 250); os.chdir('n' * 250)\nopen('f', 'w').write('x')"])
+        assert r.exit_code == 0, r.stderr
+        with pytest.raises(DiffRefused, match=f"longer than {sbxinit.DIFF_MAX_PATH_BYTES} bytes"):
+            sb.diff("/work")
