@@ -346,7 +346,8 @@ def handle_op(req: dict, rec: dict) -> dict:
     if op == "diff":
         try:
             return {"ok": True, "changes": upper_diff(rec["sbx"], req.get("prefix", "/"),
-                                                      int(req.get("max_bytes", 8 << 20)), rec.get("lowers"))}
+                                                      int(req.get("max_bytes", 8 << 20)), rec.get("lowers"),
+                                                      bool(req.get("skip_bytecode")))}
         except DiffRefused as exc:     # the agent's content, not a failure of the sandbox
             return {"ok": False, "error": f"diff refused: {exc}", "refused": True}
     if op == "apply":
@@ -423,7 +424,11 @@ DIFF_MAX_PATH_BYTES = 3072        # one path (below PATH_MAX with any sandbox ro
 DIFF_MAX_META_BYTES = 4 << 20     # all paths and symlink targets together
 
 
-def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None) -> list[dict]:
+BYTECODE_DIR, BYTECODE_SUFFIXES = "__pycache__", (".pyc", ".pyo")
+
+
+def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None,
+               skip_bytecode: bool = False) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
     (content, mode), directories new or changed ('dir', mode), symlinks (the target's bytes), and
     deletions. Whiteouts are the kernel's (char 0:0, `user.overlay.whiteout`, opaque
@@ -433,7 +438,9 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str |
     are not UTF-8 are carried as surrogate escapes (`os.fsdecode`); FIFOs, sockets and device
     nodes are not carried (nothing replays them). Walked without recursion and without following
     a symlink (the prefix itself included). Content beyond `max_bytes`, or beyond the DIFF_MAX_*
-    limits, raises DiffRefused naming the path and the limit."""
+    limits, raises DiffRefused naming the path and the limit. `skip_bytecode`: Python bytecode
+    written or changed (`__pycache__/` trees, `*.pyc`, `*.pyo`: what running the tests leaves,
+    which a grader never applies) is neither carried nor counted; its deletions still are."""
     upper = os.path.join(sbx, "upper")
     if isinstance(lowers, str):
         lowers = [lowers]
@@ -476,6 +483,8 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str |
             return False
         if (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0) or _xattr(full, "overlay.whiteout") is not None:
             add({"path": rel, "kind": "deleted", "data": None, "mode": 0})
+        elif skip_bytecode and (name == BYTECODE_DIR if stat.S_ISDIR(st.st_mode) else name.endswith(BYTECODE_SUFFIXES)):
+            return False
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(os.fsencode(full))
             add({"path": rel, "kind": "symlink", "data": target, "mode": 0o777}, len(target))
@@ -485,6 +494,8 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str |
                 raise DiffRefused(f"{rel!r} ({st.st_size} bytes) takes the changes under {rel_start} past "
                                   f"{max_bytes} bytes of file content (the diff's max_bytes)")
             with _open_nofollow(full) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):   # swapped (for a FIFO?) since the lstat
+                    raise OSError(errno.ELOOP, "not a regular file any more", full)
                 data = f.read(room + 1)
             if len(data) > room:
                 raise DiffRefused(f"{rel!r} grew while it was read and takes the changes under {rel_start} "
@@ -602,8 +613,9 @@ def _is_real_dir(path: str) -> bool:
 
 def _open_nofollow(path: str):
     """Open for reading, refusing a symlink in the last component (it could point at a host
-    path: these helpers run in the node's view of the filesystem)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    path: these helpers run in the node's view of the filesystem); never blocking on a FIFO put
+    there since it was looked at (O_NONBLOCK changes nothing for a regular file)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
 
 
 def _write_parents(root: str, full: str, base: int) -> None:

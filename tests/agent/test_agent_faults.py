@@ -141,7 +141,9 @@ def test_an_honest_solution_with_more_than_source_in_work_still_passes(runtime, 
     res, _ = run(runtime, python_image, tmp_path, task,
                  [("write_file", json.dumps({"path": sol, "content": task["hidden"]["reference.py"]})),
                   shell("head -c 3000000 /dev/urandom > /work/data.bin && mkdir -p /work/build/a/b/c/d/e/f "
-                        "&& ln -s /tmp /work/build/tmp && python3 -c \"open(b'/work/build/\\xff', 'w')\"")])
+                        "&& ln -s /tmp /work/build/tmp && python3 -c \"open(b'/work/build/\\xff', 'w')\""),
+                  # what running a large suite leaves: bytecode past the diff's 8 MiB (never graded)
+                  shell("mkdir -p /work/__pycache__ && head -c 9437184 /dev/urandom > /work/__pycache__/big.cpython-311.pyc")])
     assert (res.outcome, res.reward, res.infra_reason) == ("pass", 1.0, None)
 
 

@@ -95,3 +95,13 @@ def test_a_path_longer_than_the_limit_is_refused(runtime, python_image):
         assert r.exit_code == 0, r.stderr
         with pytest.raises(DiffRefused, match=f"longer than {sbxinit.DIFF_MAX_PATH_BYTES} bytes"):
             sb.diff("/work")
+
+
+def test_skip_bytecode_leaves_written_bytecode_out_of_the_diff_and_its_cap(runtime, rw_image):
+    with runtime.create(SandboxSpec(image=rw_image)) as sb:
+        sb.write_files({"/work/pkg/__pycache__/m.cpython-311.pyc": b"c" * 5000, "/work/old.pyc": b"o" * 5000,
+                        "/work/pkg/m.py": b"x = 1\n"})
+        with pytest.raises(DiffRefused):
+            sb.diff("/work", max_bytes=4096)
+        kept = sb.diff("/work", max_bytes=4096, skip_bytecode=True)
+    assert [c.path for c in kept if c.kind != "dir"] == ["/work/pkg/m.py"]
