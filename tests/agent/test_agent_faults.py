@@ -168,6 +168,17 @@ def test_arguments_the_sandbox_cannot_carry_are_a_tool_error_and_the_rollout_goe
     assert len(pol.seen) == 3
 
 
+def test_an_edit_of_a_file_past_the_init_reply_is_a_tool_error_not_a_dead_sandbox(runtime, python_image, tmp_path):
+    """`edit` reads the whole file: a 40 MB one filled the sandbox init's 32 MiB reply, which
+    read as a dead init (`sandbox: ... init is gone`, an infrastructure error)."""
+    res, pol = run(runtime, python_image, tmp_path, python_task(),
+                   [shell("head -c 40000000 /dev/zero | tr '\\0' a > /work/big.txt"),
+                    ("edit", json.dumps({"path": "big.txt", "old": "zzz", "new": "y"})), shell("echo still-here")])
+    assert (res.outcome, res.reward, res.infra_reason) == ("fail", 0.0, None)
+    _, edit, last = pol.tool_replies()
+    assert edit.startswith("error: /work/big.txt is larger than") and "still-here" in last
+
+
 # -- the verify phase ----------------------------------------------------------------------------
 
 def test_a_solution_that_stalls_grading_is_graded_fail_not_a_verify_deadline(runtime, python_image, tmp_path):
