@@ -22,7 +22,9 @@
 
 Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
 `VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
-rollout is `infra_error`: reward NULL, masked).
+rollout is `infra_error`: reward NULL, masked). A failure after the agent's changes went in is
+first compared with the task graded without them (`Baseline`): clean, it is `fail` at once, not
+retried (the agent's code could trigger the retry to double its grading time).
 
 `VERIFIER_VERSION` hashes every source that decides a verdict (see `_version`); trajectories
 record it. Must not import zmq, controller.* outside contracts, nodeagent.agent,
