@@ -85,13 +85,14 @@ from nodeagent.harness.mcptools import McpRollout
 from nodeagent.harness.model import ModelError
 from nodeagent.harness.progress import NO_OUTPUT, NO_PROGRESS
 from nodeagent.harness.usersim import UserSimError, simulator
-from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
+from nodeagent.sandbox.runtime import DiffRefused, SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
 from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import tracing
 from nodeagent.store import writer as trajwriter
-from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify
+from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify, verify_time_s
+from nodeagent.verifier.verdicts import check
 
 log = logging.getLogger(__name__)
 __all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
@@ -181,6 +182,8 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
             agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
     else:
         agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv, guard)
+    refused = infra[len(DIFF_REFUSED):] if infra and infra.startswith(DIFF_REFUSED) else None
+    infra = None if refused is not None else infra     # what the agent left in /work: its own failure
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None
@@ -193,8 +196,14 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         outcome, reward = "timeout", 0.0
     elif infra is None and agent.stop_reason in (NO_PROGRESS, NO_OUTPUT):
         outcome, reward = "fail", 0.0     # the policy looped: its failure, not graded
+    elif infra is None and refused is not None:
+        verdict = Verdict("fail", 0.0, {"correct": 0.0, "weights": {"correct": 1.0}}, [check("diff", "fail", refused)])
+        outcome, reward = "fail", 0.0     # its /work cannot be carried to the grader: not graded
     elif infra is None:
         tv = clock()
+        floor = verify_time_s(None if isinstance(graded, VerifierInfraError) else graded.checker)  # a slow solution: its timeout
+        if not task.budgets.verify_s and guard.deadlines.verify_s < floor:    # the default deadline only
+            guard.deadlines = dataclasses.replace(guard.deadlines, verify_s=floor)
         try:
             with guard.phase("verify"):
                 if isinstance(graded, VerifierInfraError):
@@ -385,7 +394,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                                       services=services, user=user, stop=lambda: guard.stopped,
                                       toolbox=mcp.toolbox(sb, task) if mcp else None)
                 if not guard.stopped:
-                    changes = sb.diff("/work")
+                    changes = sb.diff("/work", skip_bytecode=True)    # running the tests leaves it; never graded
         except ModelError as exc:
             infra = f"model_server: {exc}"
             agent = exc.result or agent     # the steps and spans before the failure, for the record
@@ -393,6 +402,8 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
             infra = f"task: {exc}"
         except UserSimError as exc:
             infra = f"user_sim: {exc}"
+        except DiffRefused as exc:
+            infra = f"{DIFF_REFUSED}{exc}"
         except SandboxError as exc:
             infra = f"sandbox: {exc}"
         finally:
@@ -405,6 +416,9 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                     gateway.stop()
     agent.spans.insert(0, start_span)
     return agent, infra, changes
+
+
+DIFF_REFUSED = "diff_refused: "   # _run_agent's mark for a refused diff: graded `fail`, never infra
 
 
 def conversation_path(changes_path: str) -> str:

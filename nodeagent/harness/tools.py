@@ -4,9 +4,11 @@ The tool names, their JSON Schemas (`TOOL_SPECS`) and the task's tool set (`tool
 contract: `controller.contracts.tools`. `Toolbox.call(name, raw_arguments)` checks the
 name against the task's tool set, the size of the raw arguments, parses them as JSON and
 validates them against the schema *before* anything runs. Every failure a model can cause
-(unknown tool, malformed JSON, schema violation, oversized arguments, a missing file, an edit
-whose search text matches zero or several times) is a `ToolResult` with `error` set: an
-observation the model reads, never an exception. Only infrastructure failures raise
+(unknown tool, malformed JSON, schema violation, oversized arguments, a string the sandbox
+cannot carry -- NaN, a lone surrogate, a NUL or an oversized command-line argument, see
+`controller.contracts.tools.value_error` --, a missing file, an edit whose search text matches
+zero or several times) is a `ToolResult` with `error` set: an observation the model reads,
+never an exception (a ValueError from running the tool is one too). Only infrastructure failures raise
 (`SandboxError` from the sandbox).
 
 Paths are passed to commands as argv elements, never through a shell; relative paths are
@@ -20,13 +22,17 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from controller.contracts.tools import MAX_TIMEOUT_S, TOOL_SPECS, argument_error, definitions, tool_set
+from nodeagent.sandbox import sbxinit
 from nodeagent.sandbox.runtime import Sandbox
 
 WORKDIR = "/work"
 DEFAULT_TIMEOUT_S = 20.0
 DEFAULT_OBSERVATION_BYTES = 16384
 MAX_ARGUMENT_BYTES = 4 * 1024 * 1024   # raw JSON arguments of one call (write_file's content)
-MAX_EDIT_FILE_BYTES = 32 * 1024 * 1024  # edit reads the whole file
+MAX_EDIT_FILE_BYTES = 8 * 1024 * 1024   # edit reads the whole file
+# No command's output may fill the sandbox init's reply (stdout and stderr, each up to the cap):
+# a reply past INIT_REPLY_MAX_BYTES reads as a dead init, an infrastructure error.
+MAX_OUTPUT_CAP = sbxinit.INIT_REPLY_MAX_BYTES // 2 - 65536
 WRITE_CHUNK_BYTES = 32 * 1024          # one exec's stdin (the sandbox passes at most 64 KiB)
 MAX_LIST_ENTRIES = 500
 
@@ -102,7 +108,10 @@ class Toolbox:
         if refused is not None:
             return refused
         self._budget_s = budget_s
-        return getattr(self, f"_{name}")(args)
+        try:
+            return getattr(self, f"_{name}")(args)
+        except ValueError as exc:   # input the sandbox refused (parse lets none through): still the model's
+            return _refuse("invalid_arguments", f"{name} could not run with these arguments: {exc}"[:2000])
 
     # -- the tools ------------------------------------------------------------------------
     def _timeout(self, wanted_s: float | None = None) -> float:
@@ -111,7 +120,7 @@ class Toolbox:
 
     def _run(self, argv: list[str], stdin: bytes = b"", timeout_s: float | None = None, cap: int = 0):
         return self.sandbox.exec(argv, stdin=stdin, timeout_s=self._timeout(timeout_s), cwd=WORKDIR,
-                                 env=self.env, output_cap=cap or self.obs_cap + 1)
+                                 env=self.env, output_cap=min(cap or self.obs_cap + 1, MAX_OUTPUT_CAP))
 
     def _shell(self, args: dict) -> ToolResult:
         timeout_s = self._timeout(min(float(args.get("timeout_s", self.timeout_s)), MAX_TIMEOUT_S))

@@ -51,7 +51,15 @@ from pathlib import Path, PurePosixPath
 from layers import sif  # refuses foreign-arch, corrupt and non-SIF files; finds the partition
 from nodeagent.sandbox import cgroups, warmpool
 from nodeagent.sandbox.interface import EXIT_TIMEOUT, SandboxBackend, SandboxHandle
-from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar, tar_to_changes
+from nodeagent.sandbox.spec import (
+    Change,
+    DiffRefused,
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    changes_to_tar,
+    tar_to_changes,
+)
 
 ISOLATIONS = ("userns", "fakeroot")
 WRITABLE_MODES = ("overlay", "tmpfs")
@@ -243,7 +251,7 @@ def tar_entries(raw: bytes, prefix: str) -> dict[str, Entry]:
             if m.isdir():
                 out[path] = Entry("dir", stat.S_IMODE(m.mode), None)
             elif m.issym():
-                out[path] = Entry("symlink", 0o777, m.linkname.encode())
+                out[path] = Entry("symlink", 0o777, os.fsencode(m.linkname))   # any bytes
             elif m.isfile():
                 f = tf.extractfile(m)
                 out[path] = Entry("file", stat.S_IMODE(m.mode), f.read() if f else b"")
@@ -263,7 +271,7 @@ def tree_entries(root: Path, prefix: str) -> dict[str, Entry]:
             st = p.lstat()
             path = "/" + str(p.relative_to(root))
             if stat.S_ISLNK(st.st_mode):
-                out[path] = Entry("symlink", 0o777, os.readlink(p).encode())
+                out[path] = Entry("symlink", 0o777, os.fsencode(os.readlink(p)))
             elif stat.S_ISDIR(st.st_mode):
                 out[path] = Entry("dir", stat.S_IMODE(st.st_mode), None)
             elif stat.S_ISREG(st.st_mode):
@@ -449,11 +457,23 @@ class ApptainerSandbox(SandboxHandle):
             raise ValueError(f"sandbox path {path!r} must be absolute")
         return self._must(["cat", path], max_bytes=max_bytes)
 
-    def diff(self, prefix: str = "/work", max_bytes: int = 8 << 20) -> list[Change]:
-        raw = self._must(["tar", "-C", "/", "-cf", "-", prefix.strip("/") or "."],
-                         max_bytes=max_bytes)
+    def diff(self, prefix: str = "/work", max_bytes: int = 8 << 20, skip_bytecode: bool = False) -> list[Change]:
+        """The whole tree under `prefix` as a tar, compared with the image's; a tree whose tar
+        passes `max_bytes` is DiffRefused (the workload's doing), bytecode included."""
+        r = self.exec(["tar", "-C", "/", "-cf", "-", prefix.strip("/") or "."], timeout_s=INSTANCE_TIMEOUT_S,
+                      cwd="/", output_cap=max_bytes)
+        if r.truncated:
+            raise DiffRefused(f"sandbox {self.name}: the tree under {prefix} passes {max_bytes} bytes as a tar "
+                              "(the diff's max_bytes)")
+        if r.exit_code != 0:
+            raise SandboxError(f"sandbox {self.name}: tar of {prefix} failed (exit {r.exit_code}): "
+                               f"{r.stderr.decode(errors='replace').strip()}")
         lower = tree_entries(self.runtime.image_lower(self.spec.image, prefix), prefix)
-        return compare(lower, tar_entries(raw, prefix))
+        changes = compare(lower, tar_entries(r.stdout, prefix))
+        if skip_bytecode:
+            changes = [c for c in changes if c.kind == "deleted" or not (
+                "/__pycache__/" in c.path + "/" or c.path.endswith((".pyc", ".pyo")))]
+        return changes
 
     def diff_archive(self, prefix: str = "/work", max_bytes: int = 8 << 20) -> bytes:
         """`diff()` as the native backend's archive (deletions as `.wh.<name>` entries)."""

@@ -18,7 +18,7 @@ import threading
 
 from nodeagent.sandbox import framing, sbxinit
 from nodeagent.sandbox.interface import SandboxHandle
-from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, changes_to_tar, tar_to_changes
+from nodeagent.sandbox.spec import Change, DiffRefused, ExecResult, SandboxError, changes_to_tar, tar_to_changes
 
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 DESTROY_TIMEOUT_S = 10.0
@@ -88,6 +88,8 @@ class Sandbox(SandboxHandle):
                 except (framing.FramingError, OSError) as exc:
                     raise SandboxError(f"sandbox {self.id} init is gone: {exc}") from None
         if not reply.get("ok"):
+            if reply.get("refused") and req["op"] == "diff":     # the node holder's helper, not the init
+                raise DiffRefused(f"sandbox {self.id}: {reply.get('error', 'diff refused')}")
             raise SandboxError(f"sandbox {self.id}: {reply.get('error', 'unknown error')}")
         return reply
 
@@ -113,11 +115,15 @@ class Sandbox(SandboxHandle):
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> bytes:
         return self._call({"op": "read_file", "path": path, "max_bytes": max_bytes})["data"]
 
-    def diff(self, prefix: str = "/", max_bytes: int = 8 << 20) -> list[Change]:
+    def diff(self, prefix: str = "/", max_bytes: int = 8 << 20, skip_bytecode: bool = False) -> list[Change]:
         """The writable layer's changes under `prefix`, parents before children: files (added or
         modified, with mode), directories (kind 'dir', with mode), symlinks, and deletions
-        (whiteouts; an opaque directory is a deletion followed by 'dir')."""
-        changes = self._call({"op": "diff", "prefix": prefix, "max_bytes": max_bytes})["changes"]
+        (whiteouts; an opaque directory is a deletion followed by 'dir'). What cannot be carried
+        (content past `max_bytes`, the `sbxinit.DIFF_MAX_*` limits) raises DiffRefused naming
+        the path and the limit. `skip_bytecode`: Python bytecode written (`__pycache__/`, `*.pyc`)
+        is left out (a grader never applies it)."""
+        changes = self._call({"op": "diff", "prefix": prefix, "max_bytes": max_bytes,
+                              "skip_bytecode": skip_bytecode})["changes"]
         return [Change(c["path"], c["kind"], c["data"], c["mode"]) for c in changes]
 
     def diff_archive(self, prefix: str = "/", max_bytes: int = 8 << 20) -> bytes:

@@ -57,8 +57,10 @@ class SandboxHandle(abc.ABC):
         """The bytes of the file at `path` in the sandbox."""
 
     @abc.abstractmethod
-    def diff(self, prefix: str, max_bytes: int = 8 << 20) -> list[Change]:
-        """The writable layer's changes under `prefix`, parents before children."""
+    def diff(self, prefix: str, max_bytes: int = 8 << 20, skip_bytecode: bool = False) -> list[Change]:
+        """The writable layer's changes under `prefix`, parents before children. What it cannot
+        carry (past `max_bytes`, ...) is DiffRefused naming it; `skip_bytecode` leaves Python
+        bytecode written there out."""
 
     @abc.abstractmethod
     def diff_archive(self, prefix: str, max_bytes: int = 8 << 20) -> bytes:

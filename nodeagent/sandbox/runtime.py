@@ -50,9 +50,17 @@ from nodeagent.sandbox.host import (
 )
 from nodeagent.sandbox.interface import SandboxBackend
 from nodeagent.sandbox.mounts import ImageMount, MountTable
-from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, SandboxSpec, changes_to_tar, tar_to_changes
+from nodeagent.sandbox.spec import (
+    Change,
+    DiffRefused,
+    ExecResult,
+    SandboxError,
+    SandboxSpec,
+    changes_to_tar,
+    tar_to_changes,
+)
 
-__all__ = ["Change", "ExecResult", "OVERLAY_MODES", "Sandbox", "SandboxError", "SandboxRuntime", "SandboxSpec",
+__all__ = ["Change", "DiffRefused", "ExecResult", "OVERLAY_MODES", "Sandbox", "SandboxError", "SandboxRuntime", "SandboxSpec",
            "cgroup_migration_is_fast", "changes_to_tar", "choose_overlay", "host_problems", "image_partition",
            "kernel_version", "subid_range", "sweep_state_dirs", "tar_to_changes"]
 

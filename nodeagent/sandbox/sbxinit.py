@@ -25,6 +25,7 @@ Standard library and nodeagent.sandbox.{nsutil,framing} only.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -343,8 +344,12 @@ def handle_op(req: dict, rec: dict) -> dict:
             data = f.read(cap + 1)
         return {"ok": True, "data": data[:cap], "truncated": len(data) > cap}
     if op == "diff":
-        return {"ok": True, "changes": upper_diff(rec["sbx"], req.get("prefix", "/"),
-                                                  int(req.get("max_bytes", 8 << 20)), rec.get("lowers"))}
+        try:
+            return {"ok": True, "changes": upper_diff(rec["sbx"], req.get("prefix", "/"),
+                                                      int(req.get("max_bytes", 8 << 20)), rec.get("lowers"),
+                                                      bool(req.get("skip_bytecode")))}
+        except DiffRefused as exc:     # the agent's content, not a failure of the sandbox
+            return {"ok": False, "error": f"diff refused: {exc}", "refused": True}
     if op == "apply":
         apply_changes(root, req["changes"], base)
         return {"ok": True}
@@ -404,21 +409,47 @@ def checked_exec_reply(recs: dict) -> dict:
     return reply
 
 
-def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None) -> list[dict]:
+class DiffRefused(ValueError):
+    """What the agent left under the diff's prefix cannot be carried as a diff (too large, too
+    deep, too many entries, a path too long, changed while read): the agent's doing, named with
+    the path and the limit. `handle_op` answers it with `refused` set (the agent's fault, never
+    the sandbox's)."""
+
+
+# The diff's limits besides `max_bytes` (file content): what a grading sandbox can replay and
+# one framing message (64 MiB: base64 content, JSON-escaped paths) can carry.
+DIFF_MAX_ENTRIES = 65536          # files, directories, symlinks and deletions
+DIFF_MAX_DEPTH = 256              # directory levels below the prefix
+DIFF_MAX_PATH_BYTES = 3072        # one path (below PATH_MAX with any sandbox root in front)
+DIFF_MAX_META_BYTES = 4 << 20     # all paths and symlink targets together
+
+
+BYTECODE_DIR, BYTECODE_SUFFIXES = "__pycache__", (".pyc", ".pyo")
+
+
+def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None,
+               skip_bytecode: bool = False) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
-    (content, mode), directories new or changed ('dir', mode), symlinks, and deletions. Whiteouts
-    are the kernel's (char 0:0, `user.overlay.whiteout`, opaque `user.overlay.opaque`) or
-    fuse-overlayfs's (`.wh.NAME`, `.wh..wh..opq`); an opaque directory is 'deleted' then 'dir'.
-    `lowers`: the lower dirs, top first (layers, then the image); a path is in the lower tree
-    when the topmost lower that has it holds no whiteout there."""
+    (content, mode), directories new or changed ('dir', mode), symlinks (the target's bytes), and
+    deletions. Whiteouts are the kernel's (char 0:0, `user.overlay.whiteout`, opaque
+    `user.overlay.opaque`) or fuse-overlayfs's (`.wh.NAME`, `.wh..wh..opq`); an opaque directory
+    is 'deleted' then 'dir'. `lowers`: the lower dirs, top first (layers, then the image); a path
+    is in the lower tree when the topmost lower that has it holds no whiteout there. Names that
+    are not UTF-8 are carried as surrogate escapes (`os.fsdecode`); FIFOs, sockets and device
+    nodes are not carried (nothing replays them). Walked without recursion and without following
+    a symlink (the prefix itself included). Content beyond `max_bytes`, or beyond the DIFF_MAX_*
+    limits, raises DiffRefused naming the path and the limit. `skip_bytecode`: Python bytecode
+    written or changed (`__pycache__/` trees, `*.pyc`, `*.pyo`: what running the tests leaves,
+    which a grader never applies) is neither carried nor counted; its deletions still are."""
     upper = os.path.join(sbx, "upper")
     if isinstance(lowers, str):
         lowers = [lowers]
     if not lowers:
         found = _lowerdir(os.path.join(sbx, "root"))
         lowers = [os.path.normpath(os.path.join(sbx, p)) for p in found.split(":")] if found else []
-    start = os.path.join(upper, prefix.strip("/"))
-    changes, total = [], 0
+    rel_start = "/" + prefix.strip("/") if prefix.strip("/") else "/"
+    changes: list[dict] = []
+    used = {"bytes": 0, "meta": 0}
 
     def in_lower(rel: str):
         for lower in lowers:
@@ -429,46 +460,95 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str |
             return None if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 else st
         return None
 
-    for dirpath, dirnames, filenames in os.walk(start):
-        dirnames.sort()
-        rel_dir = "/" + os.path.relpath(dirpath, upper) if dirpath != upper else "/"
-        names = sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))])
-        for name in names:
-            full = os.path.join(dirpath, name)
-            rel = os.path.join(rel_dir, name)
-            if name == OPAQUE_MARKER:
-                continue
-            if name.startswith(WHITEOUT):
-                changes.append({"path": os.path.join(rel_dir, name[len(WHITEOUT):]), "kind": "deleted",
-                                "data": None, "mode": 0})
-                continue
-            st = os.lstat(full)
-            if (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0) or _xattr(full, "overlay.whiteout") is not None:
-                changes.append({"path": rel, "kind": "deleted", "data": None, "mode": 0})
-            elif stat.S_ISLNK(st.st_mode):
-                changes.append({"path": rel, "kind": "symlink", "data": os.readlink(full).encode(),
-                                "mode": 0o777})
-            elif stat.S_ISREG(st.st_mode):
-                total += st.st_size
-                if total > max_bytes:
-                    raise ValueError(f"diff exceeds {max_bytes} bytes")
-                with _open_nofollow(full) as f:
-                    data = f.read()
-                kind = "modified" if in_lower(rel) is not None else "added"
-                changes.append({"path": rel, "kind": kind, "data": data, "mode": stat.S_IMODE(st.st_mode)})
-        for name in list(dirnames):
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                continue
-            rel = os.path.join(rel_dir, name)
-            st, low = os.lstat(full), in_lower(rel)
+    def add(change: dict, extra: int = 0) -> None:
+        if len(changes) >= DIFF_MAX_ENTRIES:
+            raise DiffRefused(f"{change['path']!r}: the changes under {rel_start} have more than "
+                              f"{DIFF_MAX_ENTRIES} entries (DIFF_MAX_ENTRIES)")
+        used["meta"] += len(os.fsencode(change["path"])) + extra
+        if used["meta"] > DIFF_MAX_META_BYTES:
+            raise DiffRefused(f"{change['path']!r}: the paths and symlink targets under {rel_start} exceed "
+                              f"{DIFF_MAX_META_BYTES} bytes (DIFF_MAX_META_BYTES)")
+        changes.append(change)
+
+    def entry(full: str, rel: str, name: str, st: os.stat_result, depth: int) -> bool:
+        """Record one entry; True when it is a directory to walk into."""
+        if len(os.fsencode(rel)) > DIFF_MAX_PATH_BYTES:
+            raise DiffRefused(f"{rel[:200]!r}...: a path longer than {DIFF_MAX_PATH_BYTES} bytes "
+                              "(DIFF_MAX_PATH_BYTES)")
+        if name == OPAQUE_MARKER:
+            return False
+        if name.startswith(WHITEOUT):
+            add({"path": os.path.join(os.path.dirname(rel), name[len(WHITEOUT):]), "kind": "deleted",
+                 "data": None, "mode": 0})
+            return False
+        if (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0) or _xattr(full, "overlay.whiteout") is not None:
+            add({"path": rel, "kind": "deleted", "data": None, "mode": 0})
+        elif skip_bytecode and (name == BYTECODE_DIR if stat.S_ISDIR(st.st_mode) else name.endswith(BYTECODE_SUFFIXES)):
+            return False
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(os.fsencode(full))
+            add({"path": rel, "kind": "symlink", "data": target, "mode": 0o777}, len(target))
+        elif stat.S_ISREG(st.st_mode):
+            room = max_bytes - used["bytes"]
+            if st.st_size > room:
+                raise DiffRefused(f"{rel!r} ({st.st_size} bytes) takes the changes under {rel_start} past "
+                                  f"{max_bytes} bytes of file content (the diff's max_bytes)")
+            with _open_nofollow(full) as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):   # swapped (for a FIFO?) since the lstat
+                    raise OSError(errno.ELOOP, "not a regular file any more", full)
+                data = f.read(room + 1)
+            if len(data) > room:
+                raise DiffRefused(f"{rel!r} grew while it was read and takes the changes under {rel_start} "
+                                  f"past {max_bytes} bytes of file content (the diff's max_bytes)")
+            used["bytes"] += len(data)
+            kind = "modified" if in_lower(rel) is not None else "added"
+            add({"path": rel, "kind": kind, "data": data, "mode": stat.S_IMODE(st.st_mode)})
+        elif stat.S_ISDIR(st.st_mode):
+            if depth > DIFF_MAX_DEPTH:
+                raise DiffRefused(f"{rel[:200]!r}: directories nested more than {DIFF_MAX_DEPTH} levels "
+                                  f"below {rel_start} (DIFF_MAX_DEPTH)")
+            low = in_lower(rel)
             opaque = (_xattr(full, "overlay.opaque") == b"y"
                       or os.path.lexists(os.path.join(full, OPAQUE_MARKER)))
             if opaque and low is not None:
-                changes.append({"path": rel, "kind": "deleted", "data": None, "mode": 0})
+                add({"path": rel, "kind": "deleted", "data": None, "mode": 0})
             if opaque or low is None or stat.S_IMODE(low.st_mode) != stat.S_IMODE(st.st_mode) \
                     or not stat.S_ISDIR(low.st_mode):
-                changes.append({"path": rel, "kind": "dir", "data": None, "mode": stat.S_IMODE(st.st_mode)})
+                add({"path": rel, "kind": "dir", "data": None, "mode": stat.S_IMODE(st.st_mode)})
+            return True
+        return False        # a FIFO, socket or device node: nothing could replay it
+
+    start = os.path.join(upper, prefix.strip("/"))
+    try:
+        top = os.lstat(start)
+    except FileNotFoundError:
+        return []
+    if not stat.S_ISDIR(top.st_mode):      # the prefix itself replaced (a symlink is never followed)
+        entry(start, rel_start, os.path.basename(start), top, 0)
+        return _parents_first(changes)
+    stack = [(start, rel_start, 0)]
+    while stack:
+        dirpath, rel_dir, depth = stack.pop()
+        try:
+            with os.scandir(dirpath) as it:
+                names = sorted(e.name for e in it)
+        except (FileNotFoundError, NotADirectoryError):
+            continue        # removed (or replaced) by a process of the agent while the diff ran
+        subdirs = []
+        for name in names:
+            full, rel = os.path.join(dirpath, name), os.path.join(rel_dir, name)
+            try:
+                st = os.lstat(full)
+                if entry(full, rel, name, st, depth + 1):
+                    subdirs.append((full, rel, depth + 1))
+            except FileNotFoundError:
+                continue    # gone while the diff ran: not a change any more
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise DiffRefused(f"{rel!r} changed type while the diff read it (a process of the "
+                                      "agent still writing?)") from None
+                raise
+        stack.extend(reversed(subdirs))
     return _parents_first(changes)
 
 
@@ -516,7 +596,7 @@ def apply_changes(root: str, changes: list[dict], base: int) -> None:
                 shutil.rmtree(full)
             elif os.path.lexists(full):
                 os.unlink(full)
-            os.symlink((c.get("data") or b"").decode(), full)
+            os.symlink(os.fsencode(c.get("data") or b""), os.fsencode(full))   # any bytes
             os.lchown(full, base, base)
         else:
             if os.path.isdir(full) and not os.path.islink(full):
@@ -533,8 +613,9 @@ def _is_real_dir(path: str) -> bool:
 
 def _open_nofollow(path: str):
     """Open for reading, refusing a symlink in the last component (it could point at a host
-    path: these helpers run in the node's view of the filesystem)."""
-    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    path: these helpers run in the node's view of the filesystem); never blocking on a FIFO put
+    there since it was looked at (O_NONBLOCK changes nothing for a regular file)."""
+    return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK), "rb")
 
 
 def _write_parents(root: str, full: str, base: int) -> None:

@@ -27,6 +27,12 @@ class SandboxError(Exception):
     """Infrastructure failure: the sandbox could not be created or died under us."""
 
 
+class DiffRefused(SandboxError):
+    """`diff()` refused what the agent left under its prefix (too large, too deep, too many
+    entries, a path too long, changed while read): the message names the path and the limit.
+    The agent's doing, not the sandbox's: a rollout grades it as its own failure."""
+
+
 class SetupError(SandboxError):
     """A task's setup command failed (`nodeagent.sandbox.setuplayer`): the task's environment is
     broken, not the agent's work. The caller records the rollout as infra_error and quarantines
@@ -87,7 +93,7 @@ def changes_to_tar(changes: list[Change]) -> bytes:
                 ti.type = tarfile.DIRTYPE
                 tar.addfile(ti)
             elif c.kind == "symlink":
-                ti.type, ti.linkname = tarfile.SYMTYPE, (c.data or b"").decode()
+                ti.type, ti.linkname = tarfile.SYMTYPE, os.fsdecode(c.data or b"")   # any bytes
                 tar.addfile(ti)
             else:
                 ti.size = len(c.data or b"")
@@ -109,7 +115,7 @@ def tar_to_changes(data: bytes) -> list[Change]:
                 elif ti.isdir():
                     out.append(Change("/" + ti.name, "dir", None, ti.mode))
                 elif ti.issym():
-                    out.append(Change("/" + ti.name, "symlink", ti.linkname.encode(), 0o777))
+                    out.append(Change("/" + ti.name, "symlink", os.fsencode(ti.linkname), 0o777))
                 elif ti.isfile():
                     f = tar.extractfile(ti)
                     kind = ti.pax_headers.get("PADDOCK.kind", "added")

@@ -25,7 +25,9 @@ arguments; nothing here decodes or changes the task.
 
 Outcomes: `pass`, `fail`, `timeout` (the policy's code ran out of time: reward 0), or
 `VerifierInfraError` (sandbox, runner, report or judge failure — retried once here, then the
-rollout is `infra_error`: reward NULL, masked).
+rollout is `infra_error`: reward NULL, masked). A failure after the agent's changes went in is
+first compared with the task graded without them (`Baseline`): clean, it is `fail` at once, not
+retried (the agent's code could trigger the retry to double its grading time).
 
 `VERIFIER_VERSION` hashes every source that decides a verdict (see `_version`); trajectories
 record it. Must not import zmq, controller.* outside contracts, nodeagent.agent,
@@ -147,31 +149,49 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
                     tampered=True)
         v.verify_s = clock() - t0
         return v
-    agent_ran = False
+    agent_ran, clean = False, None
     for attempt in range(INFRA_RETRIES + 1):
         watched = Watched(runtime, bool(changes), spec.kind == "pytest")
         try:
             v = _primary(watched, image, layers, task, changes, answer, conversation, clock, runner)
             break
         except VerifierInfraError as exc:
-            agent_ran = agent_ran or watched.agent_ran
             checks.append(_check(spec.kind, "infra_error", f"attempt {attempt + 1}: {exc}"))
+            if watched.agent_ran and not agent_ran:   # compared before any retry: a retry the agent's
+                agent_ran = True                      # code could trigger would double its time
+                without = _without_agent(runtime, image, layers, task, conversation, clock, runner)
+                clean = (baseline or BASELINE).clean(task, image, without, layers)
+            if clean:
+                v = Verdict("fail", 0.0, {"correct": 0.0},
+                            [_check(spec.kind, "fail", f"grading failed with the agent's changes ({exc}), and the "
+                                    f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
+                break
             if attempt < INFRA_RETRIES:
                 continue
             exc.agent_ran = agent_ran
-            without = _without_agent(runtime, image, layers, task, conversation, clock, runner)
-            clean = (baseline or BASELINE).clean(task, image, without, layers) if agent_ran else None
-            if not clean:
-                raise
-            v = Verdict("fail", 0.0, {"correct": 0.0},
-                        [_check(spec.kind, "fail", f"grading failed with the agent's changes ({exc}), and the "
-                                f"task grades cleanly without them ({clean}): the rollout's fault", clock() - t0)])
+            raise
     v.checks[:0] = checks
     if spec.judge and v.outcome != "timeout" and not v.tampered:
         _add_judge(v, task, changes, answer, conversation, clock)
     v.components.setdefault("weights", {"correct": 1.0})
     v.verify_s = clock() - t0
     return v
+
+
+GRADING_START_S = 60.0   # one grading's overhead besides its check: a sandbox, the grader's start
+
+
+def verify_time_s(spec: CheckerSpec | None) -> float:
+    """The longest `verify` may legitimately take with checker `spec` (None: a task whose spec
+    did not decode): the rollout's grading, then (after a failure with the agent's changes in)
+    the baseline's reference and null gradings with their retries, then the rollout's retries;
+    each grading its checker's `timeout_s` plus GRADING_START_S. The verify phase's deadline is
+    at least this, so a slow solution is the checker's `timeout` or `fail`, never a phase
+    deadline (an infrastructure error)."""
+    kind = spec.kind if spec is not None else ""
+    default = CHECK_TIMEOUT_S if kind in ("pytest", "command") else ANSWER_TIMEOUT_S
+    one = float((spec.timeout_s if spec is not None else None) or default) + GRADING_START_S
+    return one * (1 + INFRA_RETRIES + 2 * (1 + INFRA_RETRIES))
 
 
 def _without_agent(runtime, image, layers, task, conversation, clock, runner) -> Callable[[list, str | None], str]:
