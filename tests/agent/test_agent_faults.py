@@ -12,7 +12,6 @@ scored) or crashes because of it.
   time limit) is graded once, compared with the baseline, and is `fail`: never a verify-phase
   deadline (an infrastructure error that is also charged to the task).
 An honest rollout, with a little more than source in /work, still passes."""
-from controller.contracts.checkerspec import CheckerSpec
 from __future__ import annotations
 
 import json
@@ -23,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow.parquet as pq
 import pytest
 
+from controller.contracts.checkerspec import CheckerSpec
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, run_attempt
 from nodeagent.sandbox import sbxinit
