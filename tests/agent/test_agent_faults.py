@@ -189,7 +189,7 @@ def test_a_solution_that_stalls_grading_is_graded_fail_not_a_verify_deadline(run
     baseline is known (validation seeds it), so the stall costs one grading."""
     task = dict(pkg_task(conftest=True), task_id="agentfault-stall", budgets={"verify_s": 14.0})
     task["checker"] = dict(task["checker"], timeout_s=10.0)
-    grade.BASELINE.seed(task, python_image, {"reference": "pass", "null": "fail"})
+    grade.BASELINE.seed(grade.graded_task(task), python_image, {"reference": "pass", "null": "fail"})
     stall = "import os, time\ntime.sleep(8)\nos._exit(0)\n"
     t0 = time.monotonic()
     res, _ = run(runtime, python_image, tmp_path, task,
