@@ -67,6 +67,18 @@ from typing import Callable, Mapping
 from controller.contracts.clock import utc_now
 from controller.contracts.network import PolicyError
 from controller.contracts.services import ServiceSpecError, validate_services, validate_user
+from controller.contracts.states import (
+    MODEL_SERVER,
+    SANDBOX,
+    SANDBOX_START,
+    SETUP,
+    STORE,
+    TASK,
+    USER_SIM,
+    VERIFIER,
+    InfraReason,
+    as_infra_reason,
+)
 from controller.contracts.tasks import BudgetError, GradedTask, LeaseTask, TaskError
 from controller.contracts.tools import ToolSetError
 from controller.ondisk.fileio import atomic_write
@@ -137,9 +149,9 @@ def run_attempt(runtime: SandboxRuntime, image: Path, node: str, a: Attempt,
         if run_budgets:
             task = dataclasses.replace(task, budgets=task.budgets.with_run_defaults(run_budgets))
     except TaskError as exc:
-        return AttemptResult("infra_error", None, {}, f"task: {exc}")
+        return AttemptResult("infra_error", None, {}, InfraReason.of(TASK, exc))
     if not task.instruction:
-        return AttemptResult("infra_error", None, {}, "task: the lease task has no 'instruction'")
+        return AttemptResult("infra_error", None, {}, InfraReason.of(TASK, "the lease task has no 'instruction'"))
     with AttemptGuard(Deadlines.of(task.budgets), getattr(a, "cancel", None), clock,
                       name=f"rollout {a.rollout_id} attempt {a.attempt}") as guard:
         res = _guarded_attempt(guard.runtime(runtime), image, node, a, task, clock, current_policy, guard)
@@ -162,12 +174,12 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         with guard.phase("setup"):
             layers = task_sandbox_layers(runtime, image, task)
     except TaskError as exc:
-        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"task: {exc}")
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, InfraReason.of(TASK, exc))
     except SetupError as exc:
         log.warning("rollout %s attempt %d: task %s set-up failed: %s", a.rollout_id, a.attempt, task.name, exc)
-        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, InfraReason.of(SETUP, str(exc)[:1993]))
     except SandboxError as exc:
-        return _stopped(guard) or AttemptResult("infra_error", None, {}, f"setup: {exc}"[:2000])
+        return _stopped(guard) or AttemptResult("infra_error", None, {}, InfraReason.of(SETUP, str(exc)[:1993]))
     if guard.stopped:
         return _stopped(guard)
     started, t0 = utc_now(), clock()
@@ -179,11 +191,10 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
     conv = _Conversation(task, a, clock, guard)
     if task.family == "web":
         with guard.phase("agent"):
-            agent, infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
-    else:
-        agent, infra, changes = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv, guard)
-    refused = infra[len(DIFF_REFUSED):] if infra and infra.startswith(DIFF_REFUSED) else None
-    infra = None if refused is not None else infra     # what the agent left in /work: its own failure
+            agent, web_infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
+        infra, refused = as_infra_reason(web_infra), None
+    else:   # refused: what the agent left in /work cannot be carried to the grader, its own failure
+        agent, infra, changes, refused = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv, guard)
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None
@@ -212,7 +223,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
                                  conversation=conversation)
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
-            infra = f"verifier: {exc}"
+            infra = InfraReason.of(VERIFIER, exc)
         agent.spans.append(_span("verification", task.checker_kind, t0, tv, clock(), step=len(agent.steps)))
         if guard.stopped:          # a verdict of killed grading sandboxes is no verdict
             if guard.cancelled() is not None:
@@ -221,14 +232,14 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
             infra, outcome, reward = _deadline_verdict(guard, agent)
     if infra is not None:
         outcome, reward = "infra_error", None
-        log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra)
+        log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra.text)
     with guard.phase("teardown"):
         res = _store(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0,
                      conversation, session, conv)
     if guard.stopped and guard.cancelled() is not None:
         return _stopped(guard)
     if guard.deadline_phase() in ("teardown", "total (teardown)") and res.outcome != "infra_error":
-        return AttemptResult("infra_error", None, {}, _deadline_reason(guard))
+        return AttemptResult("infra_error", None, {}, guard.reason())
     return res
 
 
@@ -242,7 +253,7 @@ def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: 
             kept = Path(a.run_dir) / conversation_path(changes_path)
             atomic_write(kept, json.dumps(conversation).encode())
     except OSError as exc:
-        return AttemptResult("infra_error", None, {}, f"store: changes artifact: {exc}")
+        return AttemptResult("infra_error", None, {}, InfraReason.of(STORE, f"changes artifact: {exc}"))
     row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, wall_s)
     row["changes_path"] = changes_path
     checks = verdict.checks if verdict else []
@@ -251,7 +262,7 @@ def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: 
         shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
                                           spans=agent.spans, egress=agent.egress, model_calls=calls)
     except OSError as exc:
-        return AttemptResult("infra_error", None, {}, f"store: {exc}")
+        return AttemptResult("infra_error", None, {}, InfraReason.of(STORE, exc))
     return AttemptResult(outcome, reward, shards, infra)
 
 
@@ -261,27 +272,20 @@ def _stopped(guard: AttemptGuard) -> AttemptResult | None:
     agent phase is the infrastructure's."""
     code = guard.cancelled()
     if code is not None:
-        return AttemptResult("infra_error", None, {}, f"cancelled: {code}")
+        return AttemptResult("infra_error", None, {}, guard.reason())
     if guard.deadline_phase() is not None:
-        return AttemptResult("infra_error", None, {}, _deadline_reason(guard))
+        return AttemptResult("infra_error", None, {}, guard.reason())
     return None
 
 
-def _deadline_reason(guard: AttemptGuard) -> str:
-    phase = guard.deadline_phase() or "?"
-    if phase.startswith("total"):
-        return f"deadline: {phase}: the attempt ran past its {guard.deadlines.total_s:g}s end-to-end deadline"
-    return f"deadline: {phase}: the {phase} phase ran past its {guard.deadlines.of_phase(phase):g}s deadline"
-
-
-def _deadline_verdict(guard: AttemptGuard, agent: AgentResult) -> tuple[str | None, str, float | None]:
+def _deadline_verdict(guard: AttemptGuard, agent: AgentResult) -> tuple[InfraReason | None, str, float | None]:
     """(infra reason, outcome, reward) of an attempt stopped by a deadline: in the agent phase
     the policy's (`timeout`, reward 0, stop reason `deadline`), elsewhere the infrastructure's."""
     phase = guard.deadline_phase() or ""
     if phase in ("agent", "total (agent)"):
         agent.stop_reason = "deadline"
         return None, "timeout", 0.0
-    return _deadline_reason(guard), "infra_error", None
+    return guard.reason(), "infra_error", None
 
 
 def _call_rows(session: Session, harness: bool, steps: list[dict] = (), user_rows: list[dict] = ()) -> list[dict]:
@@ -346,12 +350,13 @@ class _Conversation:
 def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
                clock: Callable[[], float], t0: float, session: Session,
                layers: tuple[Path, ...] = (), conv: "_Conversation | None" = None,
-               guard: AttemptGuard | None = None) -> tuple[AgentResult, str | None, list]:
-    """The agent's sandbox and harness: (its result, the infra reason or None, its changes).
+               guard: AttemptGuard | None = None) -> tuple[AgentResult, InfraReason | None, list, str | None]:
+    """The agent's sandbox and harness: (its result, the infra reason or None, its changes, why
+    its /work could not be carried to the grader or None: a refused diff, the agent's failure).
     The result's spans start with `sandbox_start`. With a guard: the `create`, `agent` and
     `teardown` phases, each under its deadline; the harness stops when the guard does."""
     guard = guard or AttemptGuard()
-    agent, infra, changes = AgentResult(), None, []
+    agent, infra, changes, refused = AgentResult(), None, [], None
     egress_id = f"{a.rollout_id}.{a.attempt}"
     gateway = GatewayServer(session) if task.harness else None
     mcp = McpRollout.of(task) if not task.harness else None     # a task's MCP servers (.paddock/mcp.json)
@@ -365,7 +370,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                                             files={k: as_bytes(v) for k, v in task.files.items()},
                                             egress_socket=relay, layers=layers))
     except (SandboxError, PolicyError, OSError) as exc:
-        infra = f"sandbox_start: {exc}"
+        infra = InfraReason.of(SANDBOX_START, exc)
         egress.close_for_task(egress_id)
         if gateway is not None:
             gateway.stop()
@@ -396,16 +401,16 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                 if not guard.stopped:
                     changes = sb.diff("/work", skip_bytecode=True)    # running the tests leaves it; never graded
         except ModelError as exc:
-            infra = f"model_server: {exc}"
+            infra = InfraReason.of(MODEL_SERVER, exc)
             agent = exc.result or agent     # the steps and spans before the failure, for the record
         except (BudgetError, ToolSetError, FaultSpecError, ServiceRuleError, ServiceSpecError) as exc:
-            infra = f"task: {exc}"
+            infra = InfraReason.of(TASK, exc)
         except UserSimError as exc:
-            infra = f"user_sim: {exc}"
+            infra = InfraReason.of(USER_SIM, exc)
         except DiffRefused as exc:
-            infra = f"{DIFF_REFUSED}{exc}"
+            refused = str(exc)
         except SandboxError as exc:
-            infra = f"sandbox: {exc}"
+            infra = InfraReason.of(SANDBOX, exc)
         finally:
             with guard.phase("teardown"):
                 if mcp:
@@ -415,10 +420,7 @@ def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask
                 if gateway is not None:
                     gateway.stop()
     agent.spans.insert(0, start_span)
-    return agent, infra, changes
-
-
-DIFF_REFUSED = "diff_refused: "   # _run_agent's mark for a refused diff: graded `fail`, never infra
+    return agent, infra, changes, refused
 
 
 def conversation_path(changes_path: str) -> str:
