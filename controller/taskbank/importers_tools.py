@@ -42,6 +42,7 @@ import yaml
 from controller.contracts.serviceengine import RuleError, replay
 from controller.contracts.services import ServiceSpecError, operation_names, validate_services
 from controller.contracts.tasks import Budgets, Limits, Task, TaskError
+from controller.taskbank import harbor_runner
 from controller.taskbank.swe import ImportSourceError
 
 KINDS = ("tau", "harbor")
@@ -49,8 +50,13 @@ DEFAULT_POLICY = "You are a customer service agent. Help the user within the rul
 TAU_OPENING = "Hi, I need some help."
 USER_SIM_MODEL = "user-sim"
 HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/verifier/tests/tests", "/tmp/logs/verifier"
-HARBOR_RUN = ("mkdir -p /tmp/logs/verifier && cd /work && bash /verifier/tests/tests/test.sh >&2; "
-              "test \"$(tr -d ' \\n' < /tmp/logs/verifier/reward.txt 2>/dev/null)\" = 1")
+HARBOR_RUNNER = "paddock_harbor_runner.py"            # hidden support files, under /verifier/tests
+HARBOR_SITE = "paddock_site/sitecustomize.py"
+HARBOR_ARGV = ["python3", "-I", "-B", f"/verifier/tests/{HARBOR_RUNNER}"]
+# pytest's configuration for the task's tests when tests/ has none: without it pytest finds the
+# verifier's own /verifier/tests/pytest.ini (`pythonpath = /work`: the agent's modules first)
+HARBOR_PYTEST_INI = "[pytest]\ncache_dir = /tmp/.pytest_cache\n"
+PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
 
 def iter_source(kind: str, source: Path) -> Iterator[Task]:
@@ -201,8 +207,11 @@ def harbor_task(task_dir: Path) -> Task:
         raise ImportSourceError(f"{where}: environment.allow_internet = true: tasks here run with no network")
     tests = {rel: _harbor_text(t) if isinstance(t, str) else t
              for rel, t in _tree(task_dir / "tests", "tests/", task_dir).items()}
+    runner = {HARBOR_RUNNER: Path(harbor_runner.__file__).read_text(), HARBOR_SITE: harbor_runner.SITECUSTOMIZE}
+    if not any(f"tests/{name}" in tests for name in PYTEST_CONFIGS):
+        runner["tests/pytest.ini"] = HARBOR_PYTEST_INI
     hidden = {**tests, **_tree(task_dir / "solution", "solution/", task_dir),
-              **_tree(task_dir / "environment", "environment/", task_dir)}
+              **_tree(task_dir / "environment", "environment/", task_dir), **runner}
     files = {rel: t for rel, t in _tree(task_dir / "environment" / "app", "", task_dir).items()}
     verifier_s = float((meta.get("verifier") or {}).get("timeout_sec", 60.0))
     agent_s = float((meta.get("agent") or {}).get("timeout_sec", 600.0))
@@ -213,7 +222,7 @@ def harbor_task(task_dir: Path) -> Task:
     try:
         return Task(name=f"harbor/{task_dir.name}", family="swe", instruction=instruction, files=files,
                     hidden=hidden, image=str(env.get("paddock_image") or "builtin:python"),
-                    checker={"kind": "command", "argv": ["sh", "-c", HARBOR_RUN], "support": sorted(tests),
+                    checker={"kind": "command", "argv": HARBOR_ARGV, "support": sorted({*tests, *runner}),
                              "timeout_s": verifier_s},
                     budgets=Budgets(wall_s=agent_s, max_steps=50), limits=limits)
     except TaskError as exc:
