@@ -45,6 +45,11 @@ TEST_SH = "/verifier/tests/tests/test.sh"
 SITE_DIR = "/verifier/tests/paddock_site"
 MAX_REWARD_BYTES = 64
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+CAP_SYS_PTRACE = 19
+
+LIBC: ctypes.CDLL
 
 SITECUSTOMIZE = '''"""Paddock (Harbor tasks): the directory Python would have put first on sys.path, last."""
 import os
@@ -90,6 +95,7 @@ def say(msg: str) -> None:
 
 
 def verdict(ok: bool, msg: str) -> NoReturn:
+    sys.stderr.write("\n")
     say(("PASS: " if ok else "FAIL: ") + msg)
     sys.exit(0 if ok else 1)
 
@@ -138,6 +144,10 @@ def start_test_sh() -> int:
     pid = os.fork()
     if pid == 0:
         try:
+            # test.sh and all it starts lose CAP_SYS_PTRACE (seccomp already denies ptrace): this
+            # process, not dumpable, is then out of their reach (/proc/<pid>/mem, fd, environ)
+            if LIBC.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)")
             os.dup2(2, 1)
             os.execvpe("bash", ["bash", TEST_SH], env)
         finally:
@@ -229,10 +239,12 @@ def read_reward(dirfd: int):
 
 
 def main() -> None:
+    global LIBC
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        for option, value in ((PR_SET_CHILD_SUBREAPER, 1), (PR_SET_DUMPABLE, 0)):
+            if LIBC.prctl(option, value, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
     except (OSError, AttributeError) as exc:
         verdict(False, f"cannot become the tests' subreaper: {exc}")
     dirfd, made = fresh_reward_dir()

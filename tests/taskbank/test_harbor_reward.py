@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.taskbank.importers_tools import HARBOR_RUNNER, harbor_task
+from controller.taskbank.importers_tools import harbor_task
 from nodeagent.sandbox.runtime import Change
 from nodeagent.verifier import grade
 
@@ -143,8 +143,8 @@ def test_the_reference_passes_and_wrong_fails(runtime, python_image, tmp_path):
 
 def test_the_agents_sibling_modules_still_import_without_shadowing(runtime, python_image, tmp_path):
     """PYTHONSAFEPATH=1 keeps /work off the front of sys.path; the runner's sitecustomize puts
-    it at the end, so the agent's program (`python3 /app/add.py` importing its own helper) works."""
-    files = {"add.sh": "#!/bin/bash\npython3 /app/add.py \"$@\"\n",
+    it at the end, so the agent's program (`python3 /work/add.py` importing its own helper) works."""
+    files = {"add.sh": "#!/bin/bash\npython3 /work/add.py \"$@\"\n",
              "add.py": "import sys\nfrom helper import plus\nprint(plus(int(sys.argv[1]), int(sys.argv[2])))\n",
              "helper.py": "def plus(a, b):\n    return a + b\n",
              "json.py": "raise SystemExit('the agent shadowed json')\n"}
@@ -180,7 +180,29 @@ def test_the_reward_is_a_small_regular_file_with_a_number_in_0_1(runtime, python
 
 
 def test_the_runner_is_a_hidden_support_file_run_isolated(tmp_path):
+    from controller.taskbank.importers_tools import HARBOR_RUNNER
     task = harbor_task(harbor_dir(tmp_path))
     assert task.checker["argv"] == ["python3", "-I", "-B", f"/verifier/tests/{HARBOR_RUNNER}"]
     assert HARBOR_RUNNER in task.checker["support"] and HARBOR_RUNNER in task.hidden
     assert "paddock_site/sitecustomize.py" in task.checker["support"] and "tests/pytest.ini" in task.checker["support"]
+
+
+PROBE = """#!/bin/bash
+python3 -c "
+import os
+b = os.getppid(); r = int(open('/proc/%d/stat' % b).read().split(')')[1].split()[1])
+for f in ('mem', 'environ', 'fd/0'):
+    try:
+        open('/proc/%d/%s' % (r, f), 'rb').close(); print('runner', f, 'open')
+    except OSError as e: print('runner', f, 'refused', e.errno)
+" >&2
+echo 0 > /logs/verifier/reward.txt
+"""
+
+
+def test_the_runner_is_out_of_reach_of_the_tests(runtime, python_image, tmp_path):
+    """test.sh and what it starts (the sandbox's root, like the runner) cannot open the runner's
+    memory, environment or descriptors: CAP_SYS_PTRACE is dropped for them, the runner is not dumpable."""
+    v, detail = grade_harbor(runtime, python_image, tmp_path, {}, PROBE)
+    assert v.outcome == "fail" and "FAIL: reward.txt says 0" in detail
+    assert all(f"runner {f} refused 13" in detail for f in ("mem", "environ", "fd/0")), detail[-600:]
