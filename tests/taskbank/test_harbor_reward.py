@@ -127,7 +127,7 @@ LATE_REASON = "ended after the reward's last change"
 
 @pytest.mark.parametrize("name", sorted(LATE))
 def test_a_rewriter_that_ends_before_test_sh_is_caught(runtime, python_image, tmp_path, name):
-    add = "#!/bin/bash\n" f"[ -e /tmp/started ] || {{ touch /tmp/started; " + bg(LATE[name]).strip() + "; }\n" + WRONG
+    add = "#!/bin/bash\n[ -e /tmp/started ] || { touch /tmp/started; " + bg(LATE[name]).strip() + "; }\n" + WRONG
     v, detail = grade_harbor(runtime, python_image, tmp_path, {"add.sh": add}, TRAILING)
     assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
     assert (("symbolic link" if name == "late_symlink" else LATE_REASON)) in detail, detail[-600:]
