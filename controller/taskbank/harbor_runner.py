@@ -8,7 +8,7 @@ with the image's own Python (standard library only, Python >= 3.8). Exit 0 means
 
 1. The reward directory (`/tmp/logs/verifier`, Harbor's `/logs/verifier`) is created here, fresh,
    before test.sh starts (a directory already there is refused) and held open; the reward is
-   read through that handle, so a directory renamed or put in its place is not read.
+   read through that handle, and `/tmp/logs` or the directory moved or replaced is a fail.
 2. This process is the children's subreaper: a process the tests started that outlives its
    parent is reparented here. When test.sh exits, every other process of the sandbox (its PID
    namespace; the init is PID 1) is killed and reaped BEFORE the reward is read. Any process
@@ -16,8 +16,10 @@ with the image's own Python (standard library only, Python >= 3.8). Exit 0 means
    reward's last change (the file's and the directory's ctime: a process can push neither back),
    makes the reward untrustworthy: fail, naming it. test.sh killed by a signal is a fail.
 3. The reward is read only from a regular file with one link, opened with O_NOFOLLOW and
-   O_NONBLOCK (a symbolic link, FIFO, socket, directory or hard link is refused), at most
-   MAX_REWARD_BYTES; it must be a finite number in [0, 1] ("1", "1.0"); only 1 passes.
+   O_NONBLOCK (a symbolic link, FIFO, socket, directory or hard link is refused), of at most
+   MAX_REWARD_BYTES (`reward.txt`) or MAX_REWARD_JSON_BYTES (`reward.json`, which Harbor reads
+   first: an object whose "reward" decides; without one, `reward.txt`); it must be a finite
+   number in [0, 1] ("1", "1.0"; not a JSON bool); only 1 passes.
 4. test.sh runs with cwd /work (Harbor's WORKDIR /app), stdout to stderr, PYTHONSAFEPATH=1 (the
    working directory, e.g. of `python3 -m pytest` from /app, does not shadow installed or
    standard modules) and PYTHONPATH starting with SITE_DIR, whose `sitecustomize` puts the
@@ -30,6 +32,7 @@ Must not import: controller, nodeagent, layers, slurm (it runs inside the sandbo
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import signal
@@ -41,6 +44,8 @@ from typing import NoReturn
 LOGS = "/tmp/logs"
 REWARD_DIR = LOGS + "/verifier"
 REWARD_NAME = "reward.txt"
+REWARD_JSON = "reward.json"
+MAX_REWARD_JSON_BYTES = 65536
 TEST_SH = "/verifier/tests/tests/test.sh"
 SITE_DIR = "/verifier/tests/paddock_site"
 MAX_REWARD_BYTES = 64
@@ -204,38 +209,69 @@ def kill_the_rest() -> bool:
     return killed
 
 
-def read_reward(dirfd: int):
-    """(value, last change in ns) or a verdict(False)."""
+def read_file(dirfd: int, name: str, cap: int):
+    """(bytes, last change in ns) of a regular one-link file of at most `cap` bytes in the
+    reward directory, None if there is none, or a verdict(False)."""
     try:
-        fd = os.open(REWARD_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dirfd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dirfd)
     except FileNotFoundError:
-        verdict(False, f"test.sh wrote no {REWARD_DIR}/{REWARD_NAME}")
+        return None
     except OSError as exc:
-        verdict(False, f"{REWARD_NAME} cannot be opened as a file ({exc.strerror}: a symbolic link or socket "
-                       "is refused)")
+        verdict(False, f"{name} cannot be opened as a file ({exc.strerror}: a symbolic link or socket is refused)")
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            verdict(False, f"{REWARD_NAME} is not a regular file (mode {stat.filemode(st.st_mode)})")
+            verdict(False, f"{name} is not a regular file (mode {stat.filemode(st.st_mode)})")
         if st.st_nlink != 1:
-            verdict(False, f"{REWARD_NAME} has {st.st_nlink} links (a hard link is refused)")
-        if st.st_size > MAX_REWARD_BYTES:
-            verdict(False, f"{REWARD_NAME} is {st.st_size} bytes (at most {MAX_REWARD_BYTES})")
-        data = os.read(fd, MAX_REWARD_BYTES + 1)
+            verdict(False, f"{name} has {st.st_nlink} links (a hard link is refused)")
+        if st.st_size > cap:
+            verdict(False, f"{name} is {st.st_size} bytes (at most {cap})")
+        data = os.read(fd, cap + 1)
     finally:
         os.close(fd)
-    if len(data) > MAX_REWARD_BYTES:
-        verdict(False, f"{REWARD_NAME} is over {MAX_REWARD_BYTES} bytes")
-    dst = os.fstat(dirfd)
-    changed = max(st.st_ctime_ns, st.st_mtime_ns, dst.st_ctime_ns, dst.st_mtime_ns)
+    if len(data) > cap:
+        verdict(False, f"{name} is over {cap} bytes")
+    return data, max(st.st_ctime_ns, st.st_mtime_ns)
+
+
+def reward_value(name: str, raw) -> float:
+    """A finite number in [0, 1] (not a bool), or a verdict(False)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = float(raw.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            verdict(False, f"{name} is not a number: {raw[:MAX_REWARD_BYTES]!r}")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        verdict(False, f"{name}: the reward {raw!r} is not a number")
     try:
-        text = data.decode("ascii").strip()
-        value = float(text)
-    except (UnicodeDecodeError, ValueError):
-        verdict(False, f"{REWARD_NAME} is not a number: {data[:MAX_REWARD_BYTES]!r}")
+        value = float(raw)
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value) or not 0.0 <= value <= 1.0:
-        verdict(False, f"{REWARD_NAME} says {text!r}: a reward is a finite number in [0, 1]")
-    return value, changed
+        verdict(False, f"{name} says {str(raw)[:40]!r}: a reward is a finite number in [0, 1]")
+    return value
+
+
+def read_reward(dirfd: int):
+    """(file, value, last change in ns) or a verdict(False). As Harbor: `reward.json` (an object;
+    its "reward") when test.sh wrote one with a "reward", else `reward.txt`."""
+    dst = os.fstat(dirfd)
+    changed = max(dst.st_ctime_ns, dst.st_mtime_ns)
+    got = read_file(dirfd, REWARD_JSON, MAX_REWARD_JSON_BYTES)
+    if got is not None:
+        changed = max(changed, got[1])
+        try:
+            doc = json.loads(got[0].decode("utf-8"), parse_constant=lambda c: verdict(False, f"{REWARD_JSON}: {c}"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            verdict(False, f"{REWARD_JSON} is not JSON: {exc}")
+        if not isinstance(doc, dict):
+            verdict(False, f"{REWARD_JSON} is not a JSON object")
+        if "reward" in doc:
+            return REWARD_JSON, reward_value(REWARD_JSON, doc["reward"]), changed
+    got = read_file(dirfd, REWARD_NAME, MAX_REWARD_BYTES)
+    if got is None:
+        verdict(False, f"test.sh wrote no {REWARD_DIR}/{REWARD_NAME} (nor a {REWARD_JSON} with a reward)")
+    return REWARD_NAME, reward_value(REWARD_NAME, got[0]), max(changed, got[1])
 
 
 def main() -> None:
@@ -266,13 +302,13 @@ def main() -> None:
         if not same:
             verdict(False, f"{path} was moved or replaced while the tests ran (the reward directory is the one "
                            "the verifier created)")
-    value, changed = read_reward(dirfd)
+    name, value, changed = read_reward(dirfd)
     late = [(pid, name) for at, pid, name in orphans if at >= changed]
     if late:
         verdict(False, "background processes the tests started ended after the reward's last change, so it "
                        f"cannot be trusted: {', '.join(f'{p} ({n})' for p, n in late[:5])}")
     say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward")
-    verdict(value == 1.0, f"{REWARD_NAME} says {value:g}")
+    verdict(value == 1.0, f"{name} says {value:g}")
 
 
 if __name__ == "__main__":

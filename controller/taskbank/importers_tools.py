@@ -19,8 +19,11 @@ becomes `told.include`; `nl_assertions` and the actions are kept in hidden `refe
 
 Harbor tasks: Harbor's `/app` is Paddock's `/work`; its tests (`tests/...`) are hidden support
 files of a `command` checker that runs `tests/test.sh` with `/tests` mapped to where the
-verifier puts them and `/logs/verifier` under `/tmp`, and passes when `reward.txt` says 1 (the
-paths are rewritten in the test files at import, a fixed, documented mapping). The agent's
+verifier puts them and `/logs/verifier` under `/tmp` (the paths are rewritten in the test files
+at import, a fixed, documented mapping). The check is `harbor_runner`, shipped as a hidden
+support file: it runs test.sh and passes when the reward it wrote is 1 (docs/verifier.md,
+"Harbor tasks: the reward file"); a `tests/pytest.ini` is added when `tests/` has no pytest
+configuration (else pytest would find the verifier's own, which puts /work first). The agent's
 timeout is the wall budget, the verifier's the check's deadline, `[environment]` cpus,
 memory and storage the limits. The environment's Dockerfile is kept as hidden
 `environment/Dockerfile`; the task runs in `image` (`[environment] paddock_image =

@@ -179,6 +179,29 @@ def test_the_reward_is_a_small_regular_file_with_a_number_in_0_1(runtime, python
     assert ("PASS: " if ok else "FAIL: ") in detail
 
 
+J = "/logs/verifier/reward.json"
+JSON_FORMS = {   # Harbor reads reward.json first (its "reward"), else reward.txt
+    "json 1": (f"echo '{{\"reward\": 1, \"tests\": 0.5}}' > {J}", True),
+    "json 1.0 over txt 0": (f"echo '{{\"reward\": 1.0}}' > {J}; echo 0 > {R}", True),
+    "json 0 over txt 1": (f"echo '{{\"reward\": 0}}' > {J}; echo 1 > {R}", False),
+    "json without reward, txt 1": (f"echo '{{\"tests\": 0}}' > {J}; echo 1 > {R}", True),
+    "json true": (f"echo '{{\"reward\": true}}' > {J}", False),
+    "json NaN": (f"echo '{{\"reward\": NaN}}' > {J}", False),
+    "json 1e999": (f"echo '{{\"reward\": 1e999}}' > {J}", False),
+    "json huge int": (f"echo '{{\"reward\": 1{'0' * 400}}}' > {J}", False),
+    "json a list": (f"echo '[1]' > {J}; echo 1 > {R}", False),
+    "json symlink": (f"echo '{{\"reward\": 1}}' > /tmp/j; ln -s /tmp/j {J}", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(JSON_FORMS))
+def test_reward_json_is_read_first_under_the_same_rules(runtime, python_image, tmp_path, name):
+    write, ok = JSON_FORMS[name]
+    v, detail = grade_harbor(runtime, python_image, tmp_path, {}, "#!/bin/bash\n" + write + "\n")
+    assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0)), detail[-600:]
+    assert ("PASS: " if ok else "FAIL: ") in detail
+
+
 def test_the_runner_is_a_hidden_support_file_run_isolated(tmp_path):
     from controller.taskbank.importers_tools import HARBOR_RUNNER
     task = harbor_task(harbor_dir(tmp_path))
