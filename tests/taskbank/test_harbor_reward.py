@@ -229,3 +229,21 @@ def test_the_runner_is_out_of_reach_of_the_tests(runtime, python_image, tmp_path
     v, detail = grade_harbor(runtime, python_image, tmp_path, {}, PROBE)
     assert v.outcome == "fail" and "FAIL: reward.txt says 0" in detail
     assert all(f"runner {f} refused 13" in detail for f in ("mem", "environ", "fd/0")), detail[-600:]
+
+
+def test_a_test_script_importing_its_sibling_in_tests_still_works(runtime, python_image, tmp_path):
+    """The common `python3 /tests/test_outputs.py` shape, with a helper module next to it: under
+    PYTHONSAFEPATH its directory comes back at the end of sys.path."""
+    d = harbor_dir(tmp_path)
+    (d / "tests" / "helper.py").write_text("def expect(a, b):\n    return str(a + b)\n")
+    (d / "tests" / "check.py").write_text(
+        "import subprocess\nfrom helper import expect\n"
+        "out = subprocess.run(['bash', '/app/add.sh', '2', '3'], capture_output=True, text=True).stdout.strip()\n"
+        "raise SystemExit(0 if out == expect(2, 3) else 1)\n")
+    sh = f"#!/bin/bash\npython3 /tests/check.py && echo 1.0 > {R} || echo 0.0 > {R}\n"
+    (d / "tests" / "test.sh").write_text(sh)
+    task = harbor_task(d)
+    t = {**task.canonical(), "task_id": task.task_id}
+    for add, want in ((GOLD, ("pass", 1.0)), ("#!/bin/bash\n" + WRONG, ("fail", 0.0))):
+        v = grade.verify(runtime, python_image, t, [Change("/work/add.sh", "modified", add.encode(), 0o755)], None)
+        assert (v.outcome, v.reward) == want, v.checks[-1]["detail"][-600:]
