@@ -90,6 +90,12 @@ ATTACKS = {
     # a standard module the tests import, shadowed by /work/colorsys.py (the verifier's own
     # pytest.ini, with `pythonpath = /work`, must not apply to the task's tests)
     "shadow_stdlib": ("#!/bin/bash\n" + WRONG, "says 0"),
+    # the agent's program rewrites the rest of the running test.sh through bash's descriptor of
+    # it (/proc/<bash>/fd/255) or in place: the script is owned outside the sandbox, 0444
+    "rewrite_test_sh": ("#!/bin/bash\n" "b=$(cut -d' ' -f4 /proc/$PPID/stat)\n"
+                        f"printf 'echo 1 > {RP}; exit 0\\n' > /proc/$b/fd/255 2>/dev/null\n"
+                        f"printf 'echo 1 > {RP}; exit 0\\n' >> /verifier/tests/tests/test.sh 2>/dev/null\n" + WRONG,
+                        "says 0"),
     # the agent's program writes 1, then moves the reward directory aside and leaves a fresh one
     # for test.sh's 0
     "swap_dir": ("#!/bin/bash\n" f"if [ ! -d /tmp/logs/v2 ]; then echo 1 > {RP}; mv /tmp/logs/verifier /tmp/logs/v2; "
@@ -247,3 +253,10 @@ def test_a_test_script_importing_its_sibling_in_tests_still_works(runtime, pytho
     for add, want in ((GOLD, ("pass", 1.0)), ("#!/bin/bash\n" + WRONG, ("fail", 0.0))):
         v = grade.verify(runtime, python_image, t, [Change("/work/add.sh", "modified", add.encode(), 0o755)], None)
         assert (v.outcome, v.reward) == want, v.checks[-1]["detail"][-600:]
+
+
+def test_the_tasks_own_pytest_configuration_is_kept(tmp_path):
+    d = harbor_dir(tmp_path)
+    (d / "tests" / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-q'\n")
+    task = harbor_task(d)
+    assert "tests/pytest.ini" not in task.checker["support"] and "tests/pyproject.toml" in task.checker["support"]
