@@ -263,3 +263,11 @@ def test_the_tasks_own_pytest_configuration_is_kept(tmp_path):
     (d / "tests" / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-q'\n")
     task = harbor_task(d)
     assert "tests/pytest.ini" not in task.checker["support"] and "tests/pyproject.toml" in task.checker["support"]
+
+
+@pytest.mark.parametrize("stop, ok", [("kill $p; wait $p", True), ("", False)])
+def test_a_service_test_sh_starts_must_be_stopped_before_the_reward(runtime, python_image, tmp_path, stop, ok):
+    sh = f"#!/bin/bash\nsleep 30 &\np=$!\n{stop}\necho 1 > {R}\n"
+    v, detail = grade_harbor(runtime, python_image, tmp_path, {}, sh)
+    assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0)), detail[-600:]
+    assert ok or "still running when test.sh exited" in detail and "(sleep)" in detail
