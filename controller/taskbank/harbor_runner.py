@@ -18,8 +18,9 @@ with the image's own Python (standard library only, Python >= 3.8). Exit 0 means
 3. The reward is read only from a regular file with one link, opened with O_NOFOLLOW and
    O_NONBLOCK (a symbolic link, FIFO, socket, directory or hard link is refused), of at most
    MAX_REWARD_BYTES (`reward.txt`) or MAX_REWARD_JSON_BYTES (`reward.json`, which Harbor reads
-   first: an object whose "reward" decides; without one, `reward.txt`); it must be a finite
-   number in [0, 1] ("1", "1.0"; not a JSON bool); only 1 passes.
+   first: an object whose "reward" decides; without one, `reward.txt`; read only with
+   JSON_FLAG, for a task whose tests name `reward.json`); it must be a finite number in [0, 1]
+   ("1", "1.0"; not a JSON bool); only 1 passes.
 4. test.sh runs with cwd /work (Harbor's WORKDIR /app), stdout to stderr, PYTHONSAFEPATH=1 (the
    working directory, e.g. of `python3 -m pytest` from /app, does not shadow installed or
    standard modules) and PYTHONPATH starting with SITE_DIR, whose `sitecustomize` puts the
@@ -46,6 +47,7 @@ REWARD_DIR = LOGS + "/verifier"
 REWARD_NAME = "reward.txt"
 REWARD_JSON = "reward.json"
 MAX_REWARD_JSON_BYTES = 65536
+JSON_FLAG = "--reward-json"   # the task's tests write reward.json (importers_tools.harbor_task)
 TEST_SH = "/verifier/tests/tests/test.sh"
 SITE_DIR = "/verifier/tests/paddock_site"
 MAX_REWARD_BYTES = 64
@@ -252,12 +254,14 @@ def reward_value(name: str, raw) -> float:
     return value
 
 
-def read_reward(dirfd: int):
+def read_reward(dirfd: int, json_first: bool):
     """(file, value, last change in ns) or a verdict(False). As Harbor: `reward.json` (an object;
-    its "reward") when test.sh wrote one with a "reward", else `reward.txt`."""
+    its "reward") when test.sh wrote one with a "reward", else `reward.txt` — the JSON only for a
+    task whose tests name it (`json_first`, decided at import): for the others a reward.json is
+    one the code under test wrote, not test.sh."""
     dst = os.fstat(dirfd)
     changed = max(dst.st_ctime_ns, dst.st_mtime_ns)
-    got = read_file(dirfd, REWARD_JSON, MAX_REWARD_JSON_BYTES)
+    got = read_file(dirfd, REWARD_JSON, MAX_REWARD_JSON_BYTES) if json_first else None
     if got is not None:
         changed = max(changed, got[1])
         try:
@@ -302,7 +306,7 @@ def main() -> None:
         if not same:
             verdict(False, f"{path} was moved or replaced while the tests ran (the reward directory is the one "
                            "the verifier created)")
-    name, value, changed = read_reward(dirfd)
+    name, value, changed = read_reward(dirfd, JSON_FLAG in sys.argv[1:])
     late = [(pid, name) for at, pid, name in orphans if at >= changed]
     if late:
         verdict(False, "background processes the tests started ended after the reward's last change, so it "

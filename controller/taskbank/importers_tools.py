@@ -211,6 +211,10 @@ def harbor_task(task_dir: Path) -> Task:
     tests = {rel: _harbor_text(t) if isinstance(t, str) else t
              for rel, t in _tree(task_dir / "tests", "tests/", task_dir).items()}
     runner = {HARBOR_RUNNER: Path(harbor_runner.__file__).read_text(), HARBOR_SITE: harbor_runner.SITECUSTOMIZE}
+    # reward.json is read (first, as Harbor does) only when the tests write one: otherwise one
+    # found there was written by the code under test
+    json_flag = [harbor_runner.JSON_FLAG] if any(isinstance(t, str) and "reward.json" in t
+                                                 for t in tests.values()) else []
     if not any(f"tests/{name}" in tests for name in PYTEST_CONFIGS):
         runner["tests/pytest.ini"] = HARBOR_PYTEST_INI
     hidden = {**tests, **_tree(task_dir / "solution", "solution/", task_dir),
@@ -225,7 +229,8 @@ def harbor_task(task_dir: Path) -> Task:
     try:
         return Task(name=f"harbor/{task_dir.name}", family="swe", instruction=instruction, files=files,
                     hidden=hidden, image=str(env.get("paddock_image") or "builtin:python"),
-                    checker={"kind": "command", "argv": HARBOR_ARGV, "support": sorted({*tests, *runner}),
+                    checker={"kind": "command", "argv": HARBOR_ARGV + json_flag,
+                             "support": sorted({*tests, *runner}),
                              "timeout_s": verifier_s},
                     budgets=Budgets(wall_s=agent_s, max_steps=50), limits=limits)
     except TaskError as exc:
