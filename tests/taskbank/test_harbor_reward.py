@@ -273,4 +273,4 @@ def test_a_service_test_sh_starts_must_be_stopped_before_the_reward(runtime, pyt
     sh = f"#!/bin/bash\nsleep 30 &\np=$!\n{stop}\necho 1 > {R}\n"
     v, detail = grade_harbor(runtime, python_image, tmp_path, {}, sh)
     assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0)), detail[-600:]
-    assert ok or "still running when test.sh exited" in detail and "(sleep)" in detail
+    assert ok or "still running when test.sh exited" in detail
