@@ -19,8 +19,11 @@ becomes `told.include`; `nl_assertions` and the actions are kept in hidden `refe
 
 Harbor tasks: Harbor's `/app` is Paddock's `/work`; its tests (`tests/...`) are hidden support
 files of a `command` checker that runs `tests/test.sh` with `/tests` mapped to where the
-verifier puts them and `/logs/verifier` under `/tmp`, and passes when `reward.txt` says 1 (the
-paths are rewritten in the test files at import, a fixed, documented mapping). The agent's
+verifier puts them and `/logs/verifier` under `/tmp` (the paths are rewritten in the test files
+at import, a fixed, documented mapping). The check is `harbor_runner`, shipped as a hidden
+support file: it runs test.sh and passes when the reward it wrote is 1 (docs/verifier.md,
+"Harbor tasks: the reward file"); a `tests/pytest.ini` is added when `tests/` has no pytest
+configuration (else pytest would find the verifier's own, which puts /work first). The agent's
 timeout is the wall budget, the verifier's the check's deadline, `[environment]` cpus,
 memory and storage the limits. The environment's Dockerfile is kept as hidden
 `environment/Dockerfile`; the task runs in `image` (`[environment] paddock_image =
@@ -42,6 +45,7 @@ import yaml
 from controller.contracts.serviceengine import RuleError, replay
 from controller.contracts.services import ServiceSpecError, operation_names, validate_services
 from controller.contracts.tasks import Budgets, Limits, Task, TaskError
+from controller.taskbank import harbor_runner
 from controller.taskbank.swe import ImportSourceError
 
 KINDS = ("tau", "harbor")
@@ -49,8 +53,13 @@ DEFAULT_POLICY = "You are a customer service agent. Help the user within the rul
 TAU_OPENING = "Hi, I need some help."
 USER_SIM_MODEL = "user-sim"
 HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/verifier/tests/tests", "/tmp/logs/verifier"
-HARBOR_RUN = ("mkdir -p /tmp/logs/verifier && cd /work && bash /verifier/tests/tests/test.sh >&2; "
-              "test \"$(tr -d ' \\n' < /tmp/logs/verifier/reward.txt 2>/dev/null)\" = 1")
+HARBOR_RUNNER = "paddock_harbor_runner.py"            # hidden support files, under /verifier/tests
+HARBOR_SITE = "paddock_site/sitecustomize.py"
+HARBOR_ARGV = ["python3", "-I", "-B", f"/verifier/tests/{HARBOR_RUNNER}"]
+# pytest's configuration for the task's tests when tests/ has none: without it pytest finds the
+# verifier's own /verifier/tests/pytest.ini (`pythonpath = /work`: the agent's modules first)
+HARBOR_PYTEST_INI = "[pytest]\ncache_dir = /tmp/.pytest_cache\n"
+PYTEST_CONFIGS = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 
 
 def iter_source(kind: str, source: Path) -> Iterator[Task]:
@@ -201,8 +210,15 @@ def harbor_task(task_dir: Path) -> Task:
         raise ImportSourceError(f"{where}: environment.allow_internet = true: tasks here run with no network")
     tests = {rel: _harbor_text(t) if isinstance(t, str) else t
              for rel, t in _tree(task_dir / "tests", "tests/", task_dir).items()}
+    runner = {HARBOR_RUNNER: Path(harbor_runner.__file__).read_text(), HARBOR_SITE: harbor_runner.SITECUSTOMIZE}
+    # reward.json is read (first, as Harbor does) only when the tests write one: otherwise one
+    # found there was written by the code under test
+    json_flag = [harbor_runner.JSON_FLAG] if any(isinstance(t, str) and "reward.json" in t
+                                                 for t in tests.values()) else []
+    if not any(f"tests/{name}" in tests for name in PYTEST_CONFIGS):
+        runner["tests/pytest.ini"] = HARBOR_PYTEST_INI
     hidden = {**tests, **_tree(task_dir / "solution", "solution/", task_dir),
-              **_tree(task_dir / "environment", "environment/", task_dir)}
+              **_tree(task_dir / "environment", "environment/", task_dir), **runner}
     files = {rel: t for rel, t in _tree(task_dir / "environment" / "app", "", task_dir).items()}
     verifier_s = float((meta.get("verifier") or {}).get("timeout_sec", 60.0))
     agent_s = float((meta.get("agent") or {}).get("timeout_sec", 600.0))
@@ -213,7 +229,8 @@ def harbor_task(task_dir: Path) -> Task:
     try:
         return Task(name=f"harbor/{task_dir.name}", family="swe", instruction=instruction, files=files,
                     hidden=hidden, image=str(env.get("paddock_image") or "builtin:python"),
-                    checker={"kind": "command", "argv": ["sh", "-c", HARBOR_RUN], "support": sorted(tests),
+                    checker={"kind": "command", "argv": HARBOR_ARGV + json_flag,
+                             "support": sorted({*tests, *runner}),
                              "timeout_s": verifier_s},
                     budgets=Budgets(wall_s=agent_s, max_steps=50), limits=limits)
     except TaskError as exc:

@@ -1,0 +1,319 @@
+"""Runs a Harbor task's `tests/test.sh` in the verification sandbox and decides from its reward.
+
+Shipped as a hidden support file of every imported Harbor task (`importers_tools.harbor_task`)
+and run by its `command` checker as `python3 -I -B /verifier/tests/paddock_harbor_runner.py`
+with the image's own Python (standard library only, Python >= 3.8). Exit 0 means the reward is
+1; any other exit is a fail, and the last line on stderr says why. The contract
+(docs/verifier.md, "Harbor tasks: the reward file"):
+
+1. The reward directory (`/tmp/logs/verifier`, Harbor's `/logs/verifier`) is created here, fresh,
+   before test.sh starts (a directory already there is refused) and held open; the reward is
+   read through that handle, and `/tmp/logs` or the directory moved or replaced is a fail.
+2. This process is the children's subreaper: a process the tests started that outlives its
+   parent is reparented here. When test.sh exits, every other process of the sandbox (its PID
+   namespace; the init is PID 1) is killed and reaped BEFORE the reward is read. Any process
+   still alive when test.sh ended, and any background process that ended at or after the
+   reward's last change (the file's and the directory's ctime: a process can push neither back),
+   makes the reward untrustworthy: fail, naming it. test.sh killed by a signal is a fail.
+3. The reward is read only from a regular file with one link, opened with O_NOFOLLOW and
+   O_NONBLOCK (a symbolic link, FIFO, socket, directory or hard link is refused), of at most
+   MAX_REWARD_BYTES (`reward.txt`) or MAX_REWARD_JSON_BYTES (`reward.json`, which Harbor reads
+   first: an object whose "reward" decides; without one, `reward.txt`; read only with
+   JSON_FLAG, for a task whose tests name `reward.json`); it must be a finite number in [0, 1]
+   ("1", "1.0"; not a JSON bool); only 1 passes.
+4. test.sh runs with cwd /work (Harbor's WORKDIR /app), stdout to stderr, PYTHONSAFEPATH=1 (the
+   working directory, e.g. of `python3 -m pytest` from /app, does not shadow installed or
+   standard modules) and PYTHONPATH starting with SITE_DIR, whose `sitecustomize` puts the
+   directory a Python 3.11+ program would have had first (its script's, or the working
+   directory for -m/-c) at the END of sys.path instead: the agent's programs still import their
+   sibling modules, which no longer shadow anything installed.
+
+Must not import: controller, nodeagent, layers, slurm (it runs inside the sandbox's image).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import stat
+import sys
+import time
+from typing import NoReturn
+
+LOGS = "/tmp/logs"
+REWARD_DIR = LOGS + "/verifier"
+REWARD_NAME = "reward.txt"
+REWARD_JSON = "reward.json"
+MAX_REWARD_JSON_BYTES = 65536
+JSON_FLAG = "--reward-json"   # the task's tests write reward.json (importers_tools.harbor_task)
+TEST_SH = "/verifier/tests/tests/test.sh"
+SITE_DIR = "/verifier/tests/paddock_site"
+MAX_REWARD_BYTES = 64
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+CAP_SYS_PTRACE = 19
+
+LIBC: ctypes.CDLL
+
+SITECUSTOMIZE = '''"""Paddock (Harbor tasks): the directory Python would have put first on sys.path, last."""
+import os
+import sys
+
+if getattr(sys.flags, "safe_path", False):
+    _argv = list(getattr(sys, "orig_argv", sys.argv))
+    _a0 = sys.argv[0] if sys.argv else ""
+    _d = None
+    if _a0 == "-m":
+        _i = _argv.index("-m") if "-m" in _argv else -1
+        _name = _argv[_i + 1].split(".")[0] if 0 <= _i < len(_argv) - 1 else ""
+        try:
+            import importlib.machinery
+            if _name and importlib.machinery.PathFinder.find_spec(_name) is None \\
+                    and _name not in sys.builtin_module_names:
+                _d = os.getcwd()   # `python -m pkg` of a package only the working directory has
+        except Exception:
+            pass
+    elif _a0 in ("", "-c", "-"):
+        _d = os.getcwd()
+    else:
+        _d = os.path.dirname(os.path.abspath(_a0))
+    if _d and _d not in sys.path:
+        sys.path.append(_d)
+    _here = os.path.dirname(os.path.abspath(__file__))
+    try:   # the image's own sitecustomize, which this one shadows
+        import importlib.machinery
+        import importlib.util
+        _spec = importlib.machinery.PathFinder.find_spec(
+            "sitecustomize", [p for p in sys.path if p and os.path.abspath(p) != _here])
+        if _spec is not None and _spec.loader is not None:
+            _mod = importlib.util.module_from_spec(_spec)
+            _spec.loader.exec_module(_mod)
+    except Exception:
+        pass
+'''
+
+
+def say(msg: str) -> None:
+    sys.stderr.write(f"paddock-harbor: {msg}\n")
+    sys.stderr.flush()
+
+
+def verdict(ok: bool, msg: str) -> NoReturn:
+    sys.stderr.write("\n")
+    say(("PASS: " if ok else "FAIL: ") + msg)
+    sys.exit(0 if ok else 1)
+
+
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def others() -> list:
+    """(pid, name) of every process of the sandbox but its init and this one."""
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (1, me):
+            out.append((int(name), comm(int(name))))
+    return out
+
+
+def identity(path: str) -> tuple:
+    st = os.lstat(path)
+    return (st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode))
+
+
+def fresh_reward_dir() -> tuple:
+    """(an open handle on the new reward directory, the identities of LOGS and REWARD_DIR)."""
+    try:
+        os.mkdir(LOGS, 0o755)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(LOGS).st_mode):
+            verdict(False, f"{LOGS} exists and is not a directory")
+    try:
+        os.mkdir(REWARD_DIR, 0o755)
+    except FileExistsError:
+        verdict(False, f"{REWARD_DIR} existed before test.sh ran (the verifier creates it fresh)")
+    return (os.open(REWARD_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW),
+            [(path, identity(path)) for path in (LOGS, REWARD_DIR)])
+
+
+def start_test_sh() -> int:
+    env = dict(os.environ)
+    env["PYTHONSAFEPATH"] = "1"
+    env["PYTHONPATH"] = SITE_DIR + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            # test.sh and all it starts lose CAP_SYS_PTRACE (seccomp already denies ptrace): this
+            # process, not dumpable, is then out of their reach (/proc/<pid>/mem, fd, environ)
+            if LIBC.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)")
+            os.dup2(2, 1)
+            os.execvpe("bash", ["bash", TEST_SH], env)
+        finally:
+            os._exit(127)
+    return pid
+
+
+def wait_test_sh(test_pid: int, orphans: list) -> int:
+    """Reap until test.sh exits; every other child reaped (a process reparented here) is
+    recorded with the time it was reaped (after it ended)."""
+    while True:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        if info is None:
+            continue
+        pid = info.si_pid
+        name = comm(pid)
+        _, status = os.waitpid(pid, 0)
+        if pid == test_pid:
+            return status
+        orphans.append((time.time_ns(), pid, name))
+
+
+def reap_already_dead(orphans: list) -> None:
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        name = comm(info.si_pid)
+        os.waitpid(info.si_pid, 0)
+        orphans.append((time.time_ns(), info.si_pid, name))
+
+
+def kill_the_rest() -> bool:
+    """SIGKILL to every other process of the PID namespace (one kill(-1): no fork escapes it),
+    then reap until none is left. True when there was one to kill."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+        killed = True
+    except ProcessLookupError:
+        killed = False
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    deadline = time.monotonic() + 10
+    while others() and time.monotonic() < deadline:   # not our descendants: none expected
+        time.sleep(0.01)
+    if others():
+        verdict(False, f"processes survived the kill: {others()[:5]}")
+    return killed
+
+
+def read_file(dirfd: int, name: str, cap: int):
+    """(bytes, last change in ns) of a regular one-link file of at most `cap` bytes in the
+    reward directory, None if there is none, or a verdict(False)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        verdict(False, f"{name} cannot be opened as a file ({exc.strerror}: a symbolic link or socket is refused)")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            verdict(False, f"{name} is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_nlink != 1:
+            verdict(False, f"{name} has {st.st_nlink} links (a hard link is refused)")
+        if st.st_size > cap:
+            verdict(False, f"{name} is {st.st_size} bytes (at most {cap})")
+        data = os.read(fd, cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        verdict(False, f"{name} is over {cap} bytes")
+    return data, max(st.st_ctime_ns, st.st_mtime_ns)
+
+
+def reward_value(name: str, raw) -> float:
+    """A finite number in [0, 1] (not a bool), or a verdict(False)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = float(raw.decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            verdict(False, f"{name} is not a number: {raw[:MAX_REWARD_BYTES]!r}")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        verdict(False, f"{name}: the reward {raw!r} is not a number")
+    try:
+        value = float(raw)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        verdict(False, f"{name} says {str(raw)[:40]!r}: a reward is a finite number in [0, 1]")
+    return value
+
+
+def read_reward(dirfd: int, json_first: bool):
+    """(file, value, last change in ns) or a verdict(False). As Harbor: `reward.json` (an object;
+    its "reward") when test.sh wrote one with a "reward", else `reward.txt` — the JSON only for a
+    task whose tests name it (`json_first`, decided at import): for the others a reward.json is
+    one the code under test wrote, not test.sh."""
+    dst = os.fstat(dirfd)
+    changed = max(dst.st_ctime_ns, dst.st_mtime_ns)
+    got = read_file(dirfd, REWARD_JSON, MAX_REWARD_JSON_BYTES) if json_first else None
+    if got is not None:
+        changed = max(changed, got[1])
+        try:
+            doc = json.loads(got[0].decode("utf-8"), parse_constant=lambda c: verdict(False, f"{REWARD_JSON}: {c}"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            verdict(False, f"{REWARD_JSON} is not JSON: {exc}")
+        if not isinstance(doc, dict):
+            verdict(False, f"{REWARD_JSON} is not a JSON object")
+        if "reward" in doc:
+            return REWARD_JSON, reward_value(REWARD_JSON, doc["reward"]), changed
+    got = read_file(dirfd, REWARD_NAME, MAX_REWARD_BYTES)
+    if got is None:
+        verdict(False, f"test.sh wrote no {REWARD_DIR}/{REWARD_NAME} (nor a {REWARD_JSON} with a reward)")
+    return REWARD_NAME, reward_value(REWARD_NAME, got[0]), max(changed, got[1])
+
+
+def main() -> None:
+    global LIBC
+    try:
+        LIBC = ctypes.CDLL(None, use_errno=True)
+        for option, value in ((PR_SET_CHILD_SUBREAPER, 1), (PR_SET_DUMPABLE, 0)):
+            if LIBC.prctl(option, value, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+    except (OSError, AttributeError) as exc:
+        verdict(False, f"cannot become the tests' subreaper: {exc}")
+    dirfd, made = fresh_reward_dir()
+    orphans: list = []
+    status = wait_test_sh(start_test_sh(), orphans)
+    reap_already_dead(orphans)
+    alive = others()
+    killed = kill_the_rest()
+    if os.WIFSIGNALED(status):
+        verdict(False, f"test.sh was killed by signal {os.WTERMSIG(status)}")
+    if alive or killed:
+        verdict(False, "processes the tests started were still running when test.sh exited, so the reward "
+                       f"cannot be trusted: {', '.join(f'{p} ({n})' for p, n in alive[:5]) or 'killed'}")
+    for path, ident in made:
+        try:
+            same = identity(path) == ident
+        except OSError:
+            same = False
+        if not same:
+            verdict(False, f"{path} was moved or replaced while the tests ran (the reward directory is the one "
+                           "the verifier created)")
+    name, value, changed = read_reward(dirfd, JSON_FLAG in sys.argv[1:])
+    late = [(pid, name) for at, pid, name in orphans if at >= changed]
+    if late:
+        verdict(False, "background processes the tests started ended after the reward's last change, so it "
+                       f"cannot be trusted: {', '.join(f'{p} ({n})' for p, n in late[:5])}")
+    say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward")
+    verdict(value == 1.0, f"{name} says {value:g}")
+
+
+if __name__ == "__main__":
+    main()
