@@ -264,6 +264,7 @@ class AgentCore:
                  rng: Any = random, endpoint: str = "?", watch: Optional[Watch] = None, **knobs: Any):
         self.config = config = with_knobs(config, knobs if slots is None else {**knobs, "slots": slots})
         self.node, self.slots, self.deployment = node, config.slots, deployment
+        self.prefetch = config.prefetch  # leases taken beyond the slots: they wait in `_waiting`
         # the controller's endpoint: the owner connects a RECONNECT's fresh socket to it
         self.agent_version, self.endpoint = agent_version, endpoint
         self.watch, self.give_up_s = watch, config.give_up_s
@@ -297,6 +298,9 @@ class AgentCore:
         self.started_at: Optional[float] = None
         self._outbox: list[Outgoing] = []
         self._to_run: list[Attempt] = []
+        # prefetched leases (in `active`, so renewed and fenced like running ones) waiting
+        # for a slot, oldest first; `_promote` starts them as slots free
+        self._waiting: collections.deque[Attempt] = collections.deque()
         self._handlers = self._message_table()
 
     # -- phases -----------------------------------------------------------------------------
@@ -429,6 +433,7 @@ class AgentCore:
             if self.active.get(a.rollout_id) is a:
                 del self.active[a.rollout_id]
             out.append(self._record(a.rollout_id, a.attempt, a.token, res))
+        self._promote()
         self._send_results(out)
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
@@ -436,6 +441,7 @@ class AgentCore:
         if self.draining or self.stopped:
             return
         self._enter(Phase.DRAINING)
+        self._hand_back_waiting()
         self.drain_by = self.clock() + (deadline_s if deadline_s is not None else self.drain_deadline_s)
         log.info("draining: %d attempts running, deadline in %.1fs", len(self.active),
                  self.drain_by - self.clock())
@@ -507,7 +513,7 @@ class AgentCore:
         self.peer_batches = False
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
-                              held=self.held()))
+                              held=self.held(), prefetch=self.prefetch))
         self._send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
 
     def _message_table(self) -> dict[type, Callable[[Any], None]]:
@@ -588,14 +594,19 @@ class AgentCore:
         self.abandoned.add((a.rollout_id, a.token))
         if self.active.get(a.rollout_id) is a:
             del self.active[a.rollout_id]
+        if self._unwait(a):
+            self.abandoned.discard((a.rollout_id, a.token))  # never given to a runner
+        else:
+            self._promote()
         if a.cancel.set(reason):
             self.cancelled[reason] += 1
             log.info("rollout %s attempt %d token %d cancelled: %s", a.rollout_id, a.attempt,
                      a.token, reason)
 
     def stop_all(self, reason: str) -> None:
-        """Stop every running attempt (a `shutdown`, or the owner ending the agent)."""
-        for a in list(self.active.values()):
+        """Stop every running attempt (a `shutdown`, or the owner ending the agent); the
+        waiting ones first, so that none is started by a slot freed meanwhile."""
+        for a in list(self._waiting) + list(self.active.values()):
             self._stop(a, reason)
 
     def _refused(self, detail: str) -> None:
@@ -615,7 +626,7 @@ class AgentCore:
         a = self.active.get(msg.rollout_id)
         if (a is not None and a.token == msg.token) or msg.token in self.finished:
             return  # a duplicate delivery of a lease we run or ran
-        if self.draining or len(self.active) >= self.slots:
+        if self.draining or len(self.active) >= self.slots + self.prefetch:
             self._send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt, token=msg.token,
                                  reason="draining" if self.draining else "no free slot"))
             return
@@ -629,9 +640,42 @@ class AgentCore:
             res = AttemptResult("infra_error", None, {}, InfraReason.of(TASK, exc))
             self._send_results([self._record(msg.rollout_id, msg.attempt, msg.token, res)])
             return
+        if self.running() >= self.slots:  # a prefetched lease: it waits for a slot
+            self.active[msg.rollout_id] = new
+            self._waiting.append(new)
+            return
         self.active[msg.rollout_id] = new
         self.starting.append((new, self.clock()))
         self._to_run.append(new)
+
+    def running(self) -> int:
+        """Attempts given to the runner and not ended (`active` less the waiting ones)."""
+        return len(self.active) - len(self._waiting)
+
+    def _promote(self) -> None:
+        """Start waiting (prefetched) leases, oldest first, while a slot is free."""
+        while self._waiting and self.phase is Phase.SERVING and self.running() < self.slots:
+            a = self._waiting.popleft()
+            self.starting.append((a, self.clock()))
+            self._to_run.append(a)
+
+    def _unwait(self, a: Attempt) -> bool:
+        """Take `a` out of the waiting leases; True if it was one (never started)."""
+        for i, w in enumerate(self._waiting):
+            if w is a:
+                del self._waiting[i]
+                return True
+        return False
+
+    def _hand_back_waiting(self) -> None:
+        """A drain: the waiting leases go back to the controller at once, never started (a
+        `release`: queued again, not counted as a failure)."""
+        while self._waiting:
+            a = self._waiting.popleft()
+            if self.active.get(a.rollout_id) is a:
+                del self.active[a.rollout_id]
+            self._send(P.Release(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
+                                 reason="draining: not started"))
 
     # -- results ----------------------------------------------------------------------------
     def _record(self, rollout_id: str, attempt: int, token: int, res: AttemptResult) -> P.Result:
