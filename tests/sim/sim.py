@@ -147,10 +147,13 @@ class SimAgent:
         for msg in self.core.take_outbox():
             if msg is not RECONNECT:  # a fresh socket: same identity on the simulated network
                 self.w.net.send(self.ident, CTL, msg)
+                if isinstance(msg, P.Release) and msg.reason == "draining: not started":
+                    self.w.handed_back += 1
         if leases:
             self.leases.update(leases)
         for a in self.core.take_attempts():
             assert a.token not in self.started, f"{self.node}: token {a.token} started twice"
+            self.w.promoted += not leases or a.token not in leases  # a lease that waited
             self.started.add(a.token)
             self.w.leases_seen.append(self.leases.pop(a.token))
             self.w.net.seq += 1
@@ -250,6 +253,7 @@ class SimTrainer:
 class World:
     def __init__(self, seed: int, db_dir: Path, fault_ticks: int = 120, prefetch: int = 0):
         self.seed, self.prefetch = seed, prefetch
+        self.promoted = self.handed_back = 0  # prefetched leases started later / given back
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.net = Network(self.rng, self.clock)
@@ -465,6 +469,7 @@ class ScaleWorld(World):
                                   backoff_base_s=0.5, backoff_max_s=4.0)
         self.fault_ticks, self.faults = 0, Faults()
         self.trace, self.leases_seen, self.committed = [], [], {}
+        self.promoted = self.handed_back = 0
         self.max_token, self.core, self.controller_up_at = 0, None, 0.0
         self.tasks = scale_tasks(n_tasks)
         self.stats = ScaleStats()
