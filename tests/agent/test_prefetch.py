@@ -153,3 +153,19 @@ def test_a_shutdown_stops_everything_and_starts_no_waiting_lease():
     (a1,) = core.take_attempts()
     core.receive_data(P.encode(P.Shutdown(reason="bye"), DEP))
     assert a1.cancel and started(core) == [] and not core.active
+
+
+def test_paddock_agent_prefetch_flag_reaches_the_config_and_a_bad_one_exits_naming_it():
+    import argparse
+    import subprocess
+    import sys
+
+    from controller.cli.agent import add_arguments, configs
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    base = ["--deployment", "d", "--insecure", "--controller", "tcp://127.0.0.1:9", "--noop-s", "0"]
+    assert configs(ap.parse_args(base), {}, None)[0].prefetch == 0
+    assert configs(ap.parse_args(base + ["--prefetch", "2"]), {}, None)[0].prefetch == 2
+    r = subprocess.run([sys.executable, "-m", "controller.cli.main", "agent", *base, "--prefetch", "-1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "agent.prefetch" in r.stderr, r.stderr
