@@ -20,6 +20,9 @@ Rules:
   the backoff doubling up to `backoff_max_s` while it stays silent, reset by a `welcome`.
 - A `welcome` the agent did not ask for (the controller restarted, or declared it lost)
   makes it register again, listing the rollouts it still holds so their leases are kept.
+- Prefetch (`prefetch` N, in the `register`): up to slots + N leases held; those beyond
+  the slots wait (in `held`, fenced and cancelled like running ones) and start, oldest
+  first, as slots free; a drain releases them at once, unstarted (docs/protocol.md).
 - A lease it runs or ran (same token) is ignored; one while draining or full is released at
   once; a newer lease of a rollout it runs makes the old attempt stale (never reported). The
   lease's task is decoded once, here (`LeaseTask.decode`): a malformed task is an
@@ -73,12 +76,11 @@ nodeagent.egress, nodeagent.store (anything that runs an attempt), controller ot
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional
 
 from controller.contracts import protocol as P
 from controller.contracts.states import (
@@ -92,6 +94,19 @@ from controller.contracts.states import (
 )
 from controller.contracts.tasks import LeaseTask, TaskError
 from nodeagent.agent.config import AgentConfig, with_knobs
+from nodeagent.agent.phases import (  # re-exported: the owner and the tests take them from here
+    ENDED,
+    LINKS,
+    PHASES,
+    RECONNECT,
+    Link,
+    Outgoing,
+    Phase,
+    Watch,
+)
+from nodeagent.agent.phases import (
+    EndpointNews as EndpointNews,
+)
 from nodeagent.agent.version import AGENT_VERSION
 
 log = logging.getLogger("nodeagent")
@@ -184,66 +199,6 @@ class AttemptResult:
         if self.infra_code is None:
             return None
         return InfraReason(self.infra_code, str(self.infra_reason or self.infra_code))
-
-
-class Phase(str, enum.Enum):
-    SERVING = "serving"
-    DRAINING = "draining"
-    DONE = "done"  # drained and disconnected: the owner ends the agent
-    STOPPED = "stopped"  # a `shutdown`, the controller stopped on purpose, or the owner
-    REFUSED = "refused"  # the controller will not take this agent (`refused` says why)
-    GAVE_UP = "gave_up"  # never welcomed within give_up_s of the start
-
-
-ENDED = frozenset({Phase.STOPPED, Phase.REFUSED, Phase.GAVE_UP})
-PHASES: dict[Phase, frozenset[Phase]] = {
-    Phase.SERVING: frozenset({Phase.DRAINING}) | ENDED,
-    Phase.DRAINING: frozenset({Phase.DONE}) | ENDED,
-    Phase.DONE: frozenset(),
-    Phase.STOPPED: frozenset(),
-    Phase.REFUSED: frozenset(),
-    Phase.GAVE_UP: frozenset(),
-}
-
-
-class Link(str, enum.Enum):
-    """The registration with the controller: `registering` until the first welcome, then
-    `registered`, `reregistering` after each new `register` (a reconnect, a new endpoint, an
-    unsolicited welcome) until the next welcome."""
-    NEW = "new"
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    REREGISTERING = "reregistering"
-
-
-LINKS: dict[Link, frozenset[Link]] = {
-    # (a welcome before the first registration makes the agent register as one welcomed)
-    Link.NEW: frozenset({Link.REGISTERING, Link.REREGISTERING}),
-    Link.REGISTERING: frozenset({Link.REGISTERING, Link.REGISTERED}),
-    Link.REGISTERED: frozenset({Link.REREGISTERING}),
-    Link.REREGISTERING: frozenset({Link.REREGISTERING, Link.REGISTERED}),
-}
-
-
-class _Reconnect:
-    """Outbox marker: close the socket, open a fresh one, send what follows on it."""
-
-    def __repr__(self) -> str:
-        return "RECONNECT"
-
-
-RECONNECT = _Reconnect()
-Outgoing = Union[P.Message, _Reconnect]
-
-
-@dataclass(frozen=True)
-class EndpointNews:
-    """What a `watch` saw: a controller now at `endpoint`, or `stopped` on purpose."""
-    endpoint: Optional[str] = None
-    stopped: bool = False
-
-
-Watch = Callable[[], Optional[EndpointNews]]
 
 
 @dataclass
@@ -725,7 +680,7 @@ class AgentCore:
         self.starting = keep
 
     def _heartbeat(self) -> None:
-        self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=len(self.active),
+        self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=self.running(),
                                health=self.health(), images=sorted(self.images), held=self.held()))
 
     def _drain_over(self, now: float) -> bool:

@@ -93,7 +93,7 @@ def test_the_agent_holds_slots_plus_prefetch_runs_its_slots_and_renews_all():
     core.tick()
     (hb,) = sent(core, P.Heartbeat)
     assert hb.held == ["r1", "r2", "r3"], "waiting leases are renewed like running ones"
-    assert hb.slots_free == 0
+    assert (hb.slots_free, hb.active) == (0, 1), "active: what runs, not what waits"
 
 
 def test_a_slot_freed_starts_the_oldest_waiting_lease_once():
