@@ -396,11 +396,11 @@ class AgentCore:
         if self.draining or self.stopped:
             return
         self._enter(Phase.DRAINING)
-        self._hand_back_waiting()
         self.drain_by = self.clock() + (deadline_s if deadline_s is not None else self.drain_deadline_s)
-        log.info("draining: %d attempts running, deadline in %.1fs", len(self.active),
+        log.info("draining: %d attempts running, deadline in %.1fs", self.running(),
                  self.drain_by - self.clock())
         self._send(P.Ready(node=self.node, credit=0, draining=True))
+        self._hand_back_waiting()  # after the ready: the controller leases them elsewhere
 
     def tick(self) -> None:
         """The passage of time: `started`, heartbeats and resends, liveness, the drain's end."""

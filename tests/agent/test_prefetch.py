@@ -139,6 +139,7 @@ def test_a_drain_hands_the_waiting_leases_back_at_once_and_lets_the_running_fini
     out = core.take_outbox()
     assert [(m.token, m.reason) for m in out if isinstance(m, P.Release)] == \
         [(2, "draining: not started"), (3, "draining: not started")]
+    assert isinstance(out[0], P.Ready) and out[0].draining, "the ready first: none comes back here"
     assert core.held() == ["r1"] and not a1.cancel
     core.attempts_done([(a1, PASS)])
     assert started(core) == [], "nothing waiting is started during a drain"
