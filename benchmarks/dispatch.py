@@ -33,7 +33,10 @@ ZeroMQ's threads: CURVE and the sockets), the agent processes and the client ove
 throughput runs (all on the same cores), and their CPU per second once the farms are idle
 (`--idle-s`: what the agents' count costs by itself); `--profile-controller PATH` runs the
 controller under cProfile with a thread-time clock (stats in PATH.<agents>, the baseline's in
-PATH.<tree>.<agents>).
+PATH.<tree>.<agents>). `--prefetch 0,2` runs every farm once per value, its agents taking
+that many leases beyond their slots (docs/protocol.md "Prefetch"; a --baseline controller
+runs only the farms without it, an older one refuses the field), all side by side; the
+ratios are printed per value and between each value and 0.
 
 Which CPU figure compares many small agents with few big ones: the CONTROLLER's per rollout.
 On a cluster every agent runs on its own node: its CPU is that node's, spent whatever the
@@ -46,7 +49,7 @@ agents' figure and all processes' too), so the co-location's share stays in view
 
     .venv/bin/python benchmarks/dispatch.py [--rollouts 20000] [--agents 1,8,64]
                                             [--curve both|on|off] [--slurm-jobs 40] [--no-slurm]
-                                            [--baseline ../main]
+                                            [--baseline ../main] [--prefetch 0,2]
 """
 from __future__ import annotations
 
@@ -87,7 +90,8 @@ def ms(x: float) -> str:
 
 # ---- agent host (a child process running many agents in threads) ----------------------------
 
-def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None) -> int:
+def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None,
+               prefetch: int = 0) -> int:
     """Agents in threads; with the run's keys from `key_file`, or plain text (None)."""
     import logging
     logging.basicConfig(level=logging.WARNING)
@@ -97,7 +101,8 @@ def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None
     # Health sampling is off: it reads all of /proc (~0.1-0.2 s here), which 64 agents sharing
     # 2 cores would do 64 times a second; on a cluster each node samples once for itself.
     agents = [NodeAgent(n, endpoint, DEP, slots, runner=noop_runner(), heartbeat_interval_s=1.0,
-                        health=lambda n=n: {"node": n}, keys=keys, insecure=keys is None)
+                        health=lambda n=n: {"node": n}, keys=keys, insecure=keys is None,
+                        prefetch=prefetch)
               for n in names]
     threads = [threading.Thread(target=a.run, daemon=True) for a in agents]
     for t in threads:
@@ -111,7 +116,8 @@ def agent_host(endpoint: str, names: list[str], slots: int, key_file: str | None
 
 class Farm:
     def __init__(self, tmp: Path, agents: int, slots_total: int, agent_procs: int,
-                 profile: str | None = None, curve: bool = True, root: Path = ROOT):
+                 profile: str | None = None, curve: bool = True, root: Path = ROOT,
+                 prefetch: int = 0):
         """`root`: the source tree the controller runs from (the agents and the client run
         from this one's)."""
         self.tmp = tmp
@@ -141,8 +147,8 @@ class Farm:
             mine = names[k::procs]
             self.procs.append(subprocess.Popen(
                 [sys.executable, __file__, "--agent-host", self.endpoint, "--names",
-                 ",".join(mine), "--slots", str(slots), *(["--key-file", key_file] if curve
-                                                          else [])], cwd=ROOT,
+                 ",".join(mine), "--slots", str(slots), "--prefetch", str(prefetch),
+                 *(["--key-file", key_file] if curve else [])], cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=open(tmp / f"agents-{k}.log", "wb")))
         from controller.client.api import Client
         self.client = Client(self.endpoint, DEP, timeout_s=10, give_up_s=120, watch_wait_s=1.0,
@@ -191,11 +197,13 @@ finally:
     prof.dump_stats(out)
 """
 MODES = {"on": (True,), "off": (False,), "both": (True, False)}
-Key = tuple[str, bool, int]  # (code tree: "" this one, else --baseline's name; CURVE; agents)
+# (code tree: "" this one, else --baseline's name; CURVE; agents; prefetch)
+Key = tuple[str, bool, int, int]
 
 
 def label(key: Key) -> str:
-    return f"{key[0] + ' ' if key[0] else ''}{key[2]:3d} agents {'curve' if key[1] else 'plain'}"
+    return (f"{key[0] + ' ' if key[0] else ''}{key[2]:3d} agents {'curve' if key[1] else 'plain'}"
+            f"{f' prefetch {key[3]}' if key[3] else ''}")
 
 
 def controller_threads_s(pid: int) -> tuple[float, float]:
@@ -228,11 +236,13 @@ def bench_paddock(args, tmp: Path) -> dict[Key, dict]:
         for agents in args.agents:
             for tree, root in trees:
                 for curve in MODES[args.curve]:
-                    key = (tree, curve, agents)
-                    prof = args.profile_controller and f"{args.profile_controller}{'.' + tree if tree else ''}"
-                    farms[key] = Farm(tmp / f"paddock-{tree or 'this'}-{agents}-{'curve' if curve else 'plain'}",
-                                      agents, args.slots, args.agent_procs, prof, curve, root)
-                    farms[key].throughput(min(1000, args.rollouts))  # warm up
+                    for pf in args.prefetch if not tree else [0]:  # an older controller: none
+                        key = (tree, curve, agents, pf)
+                        prof = args.profile_controller and (
+                            f"{args.profile_controller}{'.' + tree if tree else ''}{f'.pf{pf}' if pf else ''}")
+                        farms[key] = Farm(tmp / f"paddock-{tree or 'this'}-{agents}-{'curve' if curve else 'plain'}-pf{pf}",
+                                          agents, args.slots, args.agent_procs, prof, curve, root, pf)
+                        farms[key].throughput(min(1000, args.rollouts))  # warm up
         print(f"farms up ({len(farms)}), {load()}", flush=True)
         order = list(farms)
         rates: dict[Key, list[float]] = {k: [] for k in order}
@@ -357,12 +367,13 @@ def x(a: float, b: float) -> str:
 def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
     print("\nratios")
     mode = max(k[1] for k in pad)  # CURVE's figures when it ran (the default control plane)
-    for tree in dict.fromkeys(k[0] for k in pad):
-        mine = {k[2]: r for k, r in pad.items() if k[1] == mode and k[0] == tree}
-        name = f"[{tree or 'this tree'}] " if len({k[0] for k in pad}) > 1 else ""
+    for tree, pf in dict.fromkeys((k[0], k[3]) for k in pad):
+        mine = {k[2]: r for k, r in pad.items() if k[1] == mode and k[0] == tree and k[3] == pf}
+        name = (f"[{tree or 'this tree'}] " if len({k[0] for k in pad}) > 1 else "") + \
+            (f"[prefetch {pf}] " if len({k[3] for k in pad}) > 1 else "")
         best, first = max(r["rate"] for r in mine.values()), mine[min(mine)]
         for kind, r in slurm.items():
-            if not tree:
+            if not tree and not pf:
                 print(f"  paddock throughput / {kind} per rollout: {best / r['rate']:10.0f}x")
                 print(f"  {kind} p50 latency / paddock p50 ({min(mine)} agents): {r['p50'] / first['p50']:10.0f}x")
         for agents, r in mine.items():
@@ -379,16 +390,30 @@ def print_ratios(pad: dict[Key, dict], slurm: dict) -> None:
                   f"{x(s['cpu_agents'], b['cpu_agents'])}, all processes "
                   f"{x(s['cpu_total'], b['cpu_total'])}")
         for agents in sorted({k[2] for k in pad if k[0] == tree}):
-            if (tree, True, agents) in pad and (tree, False, agents) in pad:
-                on, off = pad[(tree, True, agents)], pad[(tree, False, agents)]
+            if (tree, True, agents, pf) in pad and (tree, False, agents, pf) in pad:
+                on, off = pad[(tree, True, agents, pf)], pad[(tree, False, agents, pf)]
                 print(f"  {name}CURVE / plain at {agents:3d} agents: throughput {on['rate'] / off['rate']:5.3f}x "
                       f"(costs {100 * (1 - on['rate'] / off['rate']):.1f}% of it), p50 latency "
                       f"{on['p50'] / off['p50']:5.3f}x")
+    counts = sorted({k[2] for k in pad})  # the most agents (the smallest) against the next
+    small, big = counts[-1], counts[-2] if len(counts) > 1 else None
+    for key, r in pad.items():  # each prefetch against none, farm by farm; the small farm's
+        # prefetch against the big farm without it (today's big farm: the goal's reference)
+        if key[0] == "" and key[3] and ("", key[1], key[2], 0) in pad:
+            b = pad[("", key[1], key[2], 0)]
+            print(f"  prefetch {key[3]} / 0 at {label(key[:3] + (0,))}: throughput "
+                  f"{x(r['rate'], b['rate'])}, controller CPU per rollout "
+                  f"{x(r['cpu_controller'], b['cpu_controller'])}")
+            if key[2] == small and ("", key[1], big, 0) in pad:
+                b = pad[("", key[1], big, 0)]
+                print(f"  {small} agents prefetch {key[3]} / {big} agents prefetch 0 "
+                      f"({'curve' if key[1] else 'plain'}): throughput {x(r['rate'], b['rate'])}, "
+                      f"controller CPU per rollout {x(r['cpu_controller'], b['cpu_controller'])}")
     trees = list(dict.fromkeys(k[0] for k in pad))
     if len(trees) > 1:  # this tree against the baseline, farm by farm
         for key, r in pad.items():
-            if key[0] == "":
-                b = pad[(trees[1], key[1], key[2])]
+            if key[0] == "" and (trees[1], key[1], key[2], key[3]) in pad:
+                b = pad[(trees[1], key[1], key[2], key[3])]
                 print(f"  this tree / {trees[1]} at {label(key)}: throughput {x(r['rate'], b['rate'])}, "
                       f"controller CPU per rollout {x(r['cpu_controller'], b['cpu_controller'])}")
 
@@ -414,13 +439,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, metavar="TREE",
                     help="also run every farm's controller from this source tree (e.g. a "
                          "checkout of main), the runs interleaved with this tree's")
+    ap.add_argument("--prefetch", default="0",
+                    help="leases each agent takes beyond its slots; a comma list runs every "
+                         "farm once per value, side by side (default 0)")
     ap.add_argument("--agent-host", help=argparse.SUPPRESS)
     ap.add_argument("--names", help=argparse.SUPPRESS)
     ap.add_argument("--key-file", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.agent_host:
-        return agent_host(args.agent_host, args.names.split(","), args.slots, args.key_file)
+        return agent_host(args.agent_host, args.names.split(","), args.slots, args.key_file,
+                          int(args.prefetch))
     args.agents = [int(a) for a in args.agents.split(",")]
+    args.prefetch = [int(p) for p in args.prefetch.split(",")]
+    if any(p < 0 for p in args.prefetch):
+        ap.error(f"--prefetch: values must be >= 0, got {args.prefetch}")
     tmp = Path(tempfile.mkdtemp(prefix="paddock-bench-dispatch-"))
     try:
         print(f"dispatch benchmark: {os.cpu_count()} CPUs, {args.rollouts} no-op rollouts per "

@@ -260,7 +260,7 @@ class BrokerCore(Timers):
         view = NodeView(msg.node, identity, msg.slots, msg.agent_version, credit=msg.slots,
                         leases=set(keep), images=set(msg.images),
                         last_seen=self.clock(), last_seen_wall=self.wall(),
-                        batches=P.speaks_batches(msg.agent_version))
+                        batches=P.speaks_batches(msg.agent_version), prefetch=msg.prefetch)
         self.nodes[msg.node] = view
         self.by_identity[identity] = msg.node
         self.welcomed.pop(identity, None)

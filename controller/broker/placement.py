@@ -43,6 +43,7 @@ class NodeView:
     drain_deadline_s: Optional[float] = None
     batches: bool = False  # takes `leases` and `acks` frames (protocol.speaks_batches)
     sent_at: float = -1e18  # monotonic: when the controller last sent it anything
+    prefetch: int = 0  # leases it takes beyond its slots, waiting for one (its register)
 
     def move(self, new: str) -> None:
         """Change the node's state (asserting the node state table)."""
@@ -52,18 +53,44 @@ class NodeView:
         self.state = new
 
     def free(self) -> int:
+        """Leases it may take now: its free slots, plus its prefetch (leases it holds waiting
+        for a slot). `place` grants the prefetch only to work beyond the free slots."""
         if self.state != LIVE:
             return 0
-        return max(min(self.slots - len(self.leases), self.credit), 0)
+        if not self.prefetch:
+            return max(min(self.slots - len(self.leases), self.credit), 0)
+        return max(min(self.slots + self.prefetch - len(self.leases), self.credit + self.prefetch), 0)
+
+    def ahead(self) -> int:
+        """The part of `free()` that would wait on the node (prefetch), not run at once."""
+        if not self.prefetch or self.state != LIVE:
+            return 0
+        return self.free() - max(min(self.slots - len(self.leases), self.credit), 0)
 
 
 def place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
-          image_of: Callable[[str], Optional[str]]) -> list[tuple[str, str]]:
+          image_of: Callable[[str], Optional[str]],
+          ahead: Optional[dict[str, int]] = None) -> list[tuple[str, str]]:
     """Placement: (rollout_id, node) for as many due rollouts as there are free slots.
 
     Oldest first; each goes to a node that already has its image if one has a free slot,
-    else to the node with the most free slots (ties: node name). Pure function.
+    else to the node with the most free slots (ties: node name). `ahead`: the part of a
+    node's `free` that is prefetch (a lease that waits on the node for a slot): placed only
+    once every free slot that runs at once has a rollout, so work never waits on one node
+    while another's slot is idle. Pure function.
     """
+    if ahead and any(ahead.values()):
+        wait = {n: min(max(ahead.get(n, 0), 0), k) for n, k in free.items()}
+        first = _place(due, {n: k - wait[n] for n, k in free.items()}, images, image_of)
+        if len(first) == len(due):
+            return first
+        # more due than free slots: every slot has one, the rest may wait on the nodes
+        return first + _place(due[len(first):], wait, images, image_of)
+    return _place(due, free, images, image_of)
+
+
+def _place(due: Sequence[Due], free: dict[str, int], images: dict[str, set],
+           image_of: Callable[[str], Optional[str]]) -> list[tuple[str, str]]:
     free = {n: k for n, k in free.items() if k > 0}
     left = sum(free.values())
     rank = {n: i for i, n in enumerate(sorted(free))}

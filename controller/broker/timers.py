@@ -95,7 +95,8 @@ class Timers:
         if not due:
             return 0
         images = {name: nodes[name].images for name in free}
-        leases = self.queue.lease_to(place(due, free, images, self._image_of))
+        leases = self.queue.lease_to(place(due, free, images, self._image_of,
+                                           {n: nodes[n].ahead() for n in free}))
         placed: Counter = Counter()
         for lease in leases:
             view = self.nodes[lease.node]

@@ -4,7 +4,7 @@ runtime's `RuntimeConfig` (their defaults are the flags' defaults; an invalid va
 naming the key), configures logging and calls `nodeagent.agent.daemon.serve`.
 
   paddock agent (--run-dir RUN | --endpoint-file F [--controller tcp://HOST:PORT] [--key-file K])
-                --deployment ID [--node N] [--slots N]
+                --deployment ID [--node N] [--slots N] [--prefetch N]
                 (--image-store DIR | --noop-s S) [--subid-base B --subid-count C | --subid-share K/N]
                 [--heartbeat-interval-s S] [--drain-deadline-s S] [--give-up-s S] [--degrade]
                 [--warm-pool N] [--sandbox native|apptainer] [--insecure] [--log-level L]
@@ -54,6 +54,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--deployment", required=True, help="the deployment id every frame carries")
     ap.add_argument("--slots", type=int, default=_DEFAULTS.slots,
                     help=f"rollouts run at once (default {_DEFAULTS.slots})")
+    ap.add_argument("--prefetch", type=int, default=_DEFAULTS.prefetch,
+                    help="leases held beyond the slots, waiting for one: fewer frames per "
+                         "rollout for an agent of few slots (docs/protocol.md \"Prefetch\"; "
+                         f"default {_DEFAULTS.prefetch})")
     ap.add_argument("--image-store", default=_DEFAULTS.image_store, help="the image store directory (required unless --noop-s)")
     ap.add_argument("--subid-base", type=int, help="first subordinate id of the sandboxes' user range")
     ap.add_argument("--subid-count", type=int, help="how many subordinate ids from --subid-base")
@@ -173,7 +177,8 @@ def configs(args: argparse.Namespace, budgets: dict[str, float],
             subids: tuple[int, int] | None) -> tuple[AgentConfig, RuntimeConfig]:
     """The agent's and the sandbox runtime's configuration from the parsed flags; ValueError
     naming the key when a value is invalid."""
-    agent = AgentConfig(slots=args.slots, heartbeat_interval_s=args.heartbeat_interval_s,
+    agent = AgentConfig(slots=args.slots, prefetch=args.prefetch,
+                        heartbeat_interval_s=args.heartbeat_interval_s,
                         drain_deadline_s=args.drain_deadline_s, give_up_s=args.give_up_s,
                         image_store=args.image_store, noop_s=args.noop_s, sandbox=args.sandbox,
                         warm_pool=args.warm_pool, run_budgets=budgets)

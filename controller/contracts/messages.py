@@ -91,7 +91,21 @@ class Register(Message):
     mem_free_mb: int
     agent_version: str
     held: list[str] = field(default_factory=list)  # rollout ids it still runs (re-register)
+    # leases it takes beyond its slots, held waiting for one (docs/protocol.md "Prefetch");
+    # omitted from the body when 0, so a controller that predates the field takes the frame
+    prefetch: int = 0
     id: str = id_field()
+
+    def body(self) -> dict[str, Any]:
+        out = super().body()
+        if not self.prefetch:
+            del out["prefetch"]
+        return out
+
+    def check(self) -> None:
+        if self.prefetch < 0:
+            raise ProtocolError(BAD_FIELD, f"register: prefetch must be >= 0, got {self.prefetch}",
+                                field="prefetch")
 
 
 @dataclass(frozen=True)

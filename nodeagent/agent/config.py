@@ -31,6 +31,7 @@ _AT_LEAST_1 = ("slots", "liveness")
 @dataclass(frozen=True)
 class AgentConfig:
     slots: int = 2  # rollouts run at once (the credit of a fresh agent)
+    prefetch: int = 0  # leases held beyond the slots, waiting for one (docs/protocol.md "Prefetch")
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S  # the agent's heartbeats, and its liveness unit
     liveness: int = LIVENESS  # silent intervals (plus the backoff) before the agent reconnects
     drain_deadline_s: float = 60.0  # on a drain: how long running attempts may take to finish
@@ -53,6 +54,7 @@ class AgentConfig:
                 _check_number(key, getattr(self, key), low=0.0, strict=strict, optional=True)
         for key in _AT_LEAST_1:
             _check_int(key, getattr(self, key), low=1)
+        _check_int("prefetch", self.prefetch, low=0)
         if self.warm_pool is not None:
             _check_int("warm_pool", self.warm_pool, low=0, optional=True)
         if self.sandbox not in SANDBOX_BACKENDS:

@@ -20,6 +20,9 @@ Rules:
   the backoff doubling up to `backoff_max_s` while it stays silent, reset by a `welcome`.
 - A `welcome` the agent did not ask for (the controller restarted, or declared it lost)
   makes it register again, listing the rollouts it still holds so their leases are kept.
+- Prefetch (`prefetch` N, in the `register`): up to slots + N leases held; those beyond
+  the slots wait (in `held`, fenced and cancelled like running ones) and start, oldest
+  first, as slots free; a drain releases them at once, unstarted (docs/protocol.md).
 - A lease it runs or ran (same token) is ignored; one while draining or full is released at
   once; a newer lease of a rollout it runs makes the old attempt stale (never reported). The
   lease's task is decoded once, here (`LeaseTask.decode`): a malformed task is an
@@ -73,12 +76,11 @@ nodeagent.egress, nodeagent.store (anything that runs an attempt), controller ot
 from __future__ import annotations
 
 import collections
-import enum
 import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional
 
 from controller.contracts import protocol as P
 from controller.contracts.states import (
@@ -92,6 +94,19 @@ from controller.contracts.states import (
 )
 from controller.contracts.tasks import LeaseTask, TaskError
 from nodeagent.agent.config import AgentConfig, with_knobs
+from nodeagent.agent.phases import (  # re-exported: the owner and the tests take them from here
+    ENDED,
+    LINKS,
+    PHASES,
+    RECONNECT,
+    Link,
+    Outgoing,
+    Phase,
+    Watch,
+)
+from nodeagent.agent.phases import (
+    EndpointNews as EndpointNews,
+)
 from nodeagent.agent.version import AGENT_VERSION
 
 log = logging.getLogger("nodeagent")
@@ -186,66 +201,6 @@ class AttemptResult:
         return InfraReason(self.infra_code, str(self.infra_reason or self.infra_code))
 
 
-class Phase(str, enum.Enum):
-    SERVING = "serving"
-    DRAINING = "draining"
-    DONE = "done"  # drained and disconnected: the owner ends the agent
-    STOPPED = "stopped"  # a `shutdown`, the controller stopped on purpose, or the owner
-    REFUSED = "refused"  # the controller will not take this agent (`refused` says why)
-    GAVE_UP = "gave_up"  # never welcomed within give_up_s of the start
-
-
-ENDED = frozenset({Phase.STOPPED, Phase.REFUSED, Phase.GAVE_UP})
-PHASES: dict[Phase, frozenset[Phase]] = {
-    Phase.SERVING: frozenset({Phase.DRAINING}) | ENDED,
-    Phase.DRAINING: frozenset({Phase.DONE}) | ENDED,
-    Phase.DONE: frozenset(),
-    Phase.STOPPED: frozenset(),
-    Phase.REFUSED: frozenset(),
-    Phase.GAVE_UP: frozenset(),
-}
-
-
-class Link(str, enum.Enum):
-    """The registration with the controller: `registering` until the first welcome, then
-    `registered`, `reregistering` after each new `register` (a reconnect, a new endpoint, an
-    unsolicited welcome) until the next welcome."""
-    NEW = "new"
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    REREGISTERING = "reregistering"
-
-
-LINKS: dict[Link, frozenset[Link]] = {
-    # (a welcome before the first registration makes the agent register as one welcomed)
-    Link.NEW: frozenset({Link.REGISTERING, Link.REREGISTERING}),
-    Link.REGISTERING: frozenset({Link.REGISTERING, Link.REGISTERED}),
-    Link.REGISTERED: frozenset({Link.REREGISTERING}),
-    Link.REREGISTERING: frozenset({Link.REREGISTERING, Link.REGISTERED}),
-}
-
-
-class _Reconnect:
-    """Outbox marker: close the socket, open a fresh one, send what follows on it."""
-
-    def __repr__(self) -> str:
-        return "RECONNECT"
-
-
-RECONNECT = _Reconnect()
-Outgoing = Union[P.Message, _Reconnect]
-
-
-@dataclass(frozen=True)
-class EndpointNews:
-    """What a `watch` saw: a controller now at `endpoint`, or `stopped` on purpose."""
-    endpoint: Optional[str] = None
-    stopped: bool = False
-
-
-Watch = Callable[[], Optional[EndpointNews]]
-
-
 @dataclass
 class _Pending:
     msg: P.Result
@@ -264,6 +219,7 @@ class AgentCore:
                  rng: Any = random, endpoint: str = "?", watch: Optional[Watch] = None, **knobs: Any):
         self.config = config = with_knobs(config, knobs if slots is None else {**knobs, "slots": slots})
         self.node, self.slots, self.deployment = node, config.slots, deployment
+        self.prefetch = config.prefetch  # leases taken beyond the slots: they wait in `_waiting`
         # the controller's endpoint: the owner connects a RECONNECT's fresh socket to it
         self.agent_version, self.endpoint = agent_version, endpoint
         self.watch, self.give_up_s = watch, config.give_up_s
@@ -297,6 +253,9 @@ class AgentCore:
         self.started_at: Optional[float] = None
         self._outbox: list[Outgoing] = []
         self._to_run: list[Attempt] = []
+        # prefetched leases (in `active`, so renewed and fenced like running ones) waiting
+        # for a slot, oldest first; `_promote` starts them as slots free
+        self._waiting: collections.deque[Attempt] = collections.deque()
         self._handlers = self._message_table()
 
     # -- phases -----------------------------------------------------------------------------
@@ -429,6 +388,7 @@ class AgentCore:
             if self.active.get(a.rollout_id) is a:
                 del self.active[a.rollout_id]
             out.append(self._record(a.rollout_id, a.attempt, a.token, res))
+        self._promote()
         self._send_results(out)
 
     def drain(self, deadline_s: Optional[float] = None) -> None:
@@ -437,9 +397,10 @@ class AgentCore:
             return
         self._enter(Phase.DRAINING)
         self.drain_by = self.clock() + (deadline_s if deadline_s is not None else self.drain_deadline_s)
-        log.info("draining: %d attempts running, deadline in %.1fs", len(self.active),
+        log.info("draining: %d attempts running, deadline in %.1fs", self.running(),
                  self.drain_by - self.clock())
         self._send(P.Ready(node=self.node, credit=0, draining=True))
+        self._hand_back_waiting()  # after the ready: the controller leases them elsewhere
 
     def tick(self) -> None:
         """The passage of time: `started`, heartbeats and resends, liveness, the drain's end."""
@@ -507,7 +468,7 @@ class AgentCore:
         self.peer_batches = False
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
-                              held=self.held()))
+                              held=self.held(), prefetch=self.prefetch))
         self._send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
 
     def _message_table(self) -> dict[type, Callable[[Any], None]]:
@@ -588,14 +549,19 @@ class AgentCore:
         self.abandoned.add((a.rollout_id, a.token))
         if self.active.get(a.rollout_id) is a:
             del self.active[a.rollout_id]
+        if self._unwait(a):
+            self.abandoned.discard((a.rollout_id, a.token))  # never given to a runner
+        else:
+            self._promote()
         if a.cancel.set(reason):
             self.cancelled[reason] += 1
             log.info("rollout %s attempt %d token %d cancelled: %s", a.rollout_id, a.attempt,
                      a.token, reason)
 
     def stop_all(self, reason: str) -> None:
-        """Stop every running attempt (a `shutdown`, or the owner ending the agent)."""
-        for a in list(self.active.values()):
+        """Stop every running attempt (a `shutdown`, or the owner ending the agent); the
+        waiting ones first, so that none is started by a slot freed meanwhile."""
+        for a in list(self._waiting) + list(self.active.values()):
             self._stop(a, reason)
 
     def _refused(self, detail: str) -> None:
@@ -615,7 +581,7 @@ class AgentCore:
         a = self.active.get(msg.rollout_id)
         if (a is not None and a.token == msg.token) or msg.token in self.finished:
             return  # a duplicate delivery of a lease we run or ran
-        if self.draining or len(self.active) >= self.slots:
+        if self.draining or len(self.active) >= self.slots + self.prefetch:
             self._send(P.Release(rollout_id=msg.rollout_id, attempt=msg.attempt, token=msg.token,
                                  reason="draining" if self.draining else "no free slot"))
             return
@@ -629,9 +595,42 @@ class AgentCore:
             res = AttemptResult("infra_error", None, {}, InfraReason.of(TASK, exc))
             self._send_results([self._record(msg.rollout_id, msg.attempt, msg.token, res)])
             return
+        if self.running() >= self.slots:  # a prefetched lease: it waits for a slot
+            self.active[msg.rollout_id] = new
+            self._waiting.append(new)
+            return
         self.active[msg.rollout_id] = new
         self.starting.append((new, self.clock()))
         self._to_run.append(new)
+
+    def running(self) -> int:
+        """Attempts given to the runner and not ended (`active` less the waiting ones)."""
+        return len(self.active) - len(self._waiting)
+
+    def _promote(self) -> None:
+        """Start waiting (prefetched) leases, oldest first, while a slot is free."""
+        while self._waiting and self.phase is Phase.SERVING and self.running() < self.slots:
+            a = self._waiting.popleft()
+            self.starting.append((a, self.clock()))
+            self._to_run.append(a)
+
+    def _unwait(self, a: Attempt) -> bool:
+        """Take `a` out of the waiting leases; True if it was one (never started)."""
+        for i, w in enumerate(self._waiting):
+            if w is a:
+                del self._waiting[i]
+                return True
+        return False
+
+    def _hand_back_waiting(self) -> None:
+        """A drain: the waiting leases go back to the controller at once, never started (a
+        `release`: queued again, not counted as a failure)."""
+        while self._waiting:
+            a = self._waiting.popleft()
+            if self.active.get(a.rollout_id) is a:
+                del self.active[a.rollout_id]
+            self._send(P.Release(rollout_id=a.rollout_id, attempt=a.attempt, token=a.token,
+                                 reason="draining: not started"))
 
     # -- results ----------------------------------------------------------------------------
     def _record(self, rollout_id: str, attempt: int, token: int, res: AttemptResult) -> P.Result:
@@ -681,7 +680,7 @@ class AgentCore:
         self.starting = keep
 
     def _heartbeat(self) -> None:
-        self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=len(self.active),
+        self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=self.running(),
                                health=self.health(), images=sorted(self.images), held=self.held()))
 
     def _drain_over(self, now: float) -> bool:

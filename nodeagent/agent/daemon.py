@@ -303,7 +303,7 @@ class NodeAgent:
             except zmq.Again:  # the pipe is full while the controller is away: liveness handles it
                 log.debug("send buffer full, %s not sent", msg.TYPE)
         for a in self.core.take_attempts():
-            self.pool.submit(self._work, a, len(self.core.active))
+            self.pool.submit(self._work, a, self.core.running())  # not the waiting (prefetched)
 
     def _receive(self) -> None:
         """Up to 256 frames waiting on the socket, into the core."""

@@ -113,8 +113,11 @@ class SimAgent:
     attempt runner (an attempt ends after a drawn duration, with a drawn outcome). A crash
     drops the core (the process); a restart is a fresh core that registers."""
 
-    def __init__(self, world: "World", node: str, slots: int, version: str = "0.2.0"):
-        self.w, self.node, self.slots = world, node, slots
+    def __init__(self, world: "World", node: str, slots: int, version: str = "0.2.0",
+                 prefetch: int = 0):
+        self.w, self.node, self.slots, self.prefetch = world, node, slots, prefetch
+        self.leases: dict[int, P.Lease] = {}  # by token: what a prefetched lease runs when promoted
+        self.started: set[int] = set()  # tokens this core gave its runner (each at most once)
         self.version = version  # "0.3.0" takes batches (protocol.speaks_batches), "0.2.0" not
         self.ident = node.encode()
         self.up = True
@@ -127,9 +130,9 @@ class SimAgent:
         self.core = AgentCore(self.node, self.slots, DEP, agent_version=self.version,
                               heartbeat_interval_s=self.w.hb_s, liveness=self.w.liveness,
                               drain_deadline_s=2.0, backoff_max_s=8.0, clock=self.w.clock,
-                              health=dict, mem_free_mb=lambda: 1,
+                              health=dict, mem_free_mb=lambda: 1, prefetch=self.prefetch,
                               rng=random.Random(self.w.rng.random()))
-        self.running = []
+        self.running, self.leases, self.started = [], {}, set()
         self.core.start()
         self.flush()
 
@@ -144,8 +147,15 @@ class SimAgent:
         for msg in self.core.take_outbox():
             if msg is not RECONNECT:  # a fresh socket: same identity on the simulated network
                 self.w.net.send(self.ident, CTL, msg)
+                if isinstance(msg, P.Release) and msg.reason == "draining: not started":
+                    self.w.handed_back += 1
+        if leases:
+            self.leases.update(leases)
         for a in self.core.take_attempts():
-            self.w.leases_seen.append(leases[a.token])
+            assert a.token not in self.started, f"{self.node}: token {a.token} started twice"
+            self.w.promoted += not leases or a.token not in leases  # a lease that waited
+            self.started.add(a.token)
+            self.w.leases_seen.append(self.leases.pop(a.token))
             self.w.net.seq += 1
             heapq.heappush(self.running, (self.w.clock.now + self.w.attempt_s(),
                                           self.w.net.seq, a))
@@ -241,8 +251,9 @@ class SimTrainer:
 
 
 class World:
-    def __init__(self, seed: int, db_dir: Path, fault_ticks: int = 120):
-        self.seed = seed
+    def __init__(self, seed: int, db_dir: Path, fault_ticks: int = 120, prefetch: int = 0):
+        self.seed, self.prefetch = seed, prefetch
+        self.promoted = self.handed_back = 0  # prefetched leases started later / given back
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.net = Network(self.rng, self.clock)
@@ -260,7 +271,7 @@ class World:
         self.controller_up_at = 0.0
         self.start_controller()
         self.agents = [SimAgent(self, f"n{i}", self.rng.randint(1, 3),
-                                self.rng.choice(["0.2.0", "0.3.0"]))
+                                self.rng.choice(["0.2.0", "0.3.0"]), prefetch)
                        for i in range(self.rng.randint(2, 4))]
         batches = [([self.rng.choice(list(TASKS)) for _ in range(self.rng.randint(1, 2))],
                     self.rng.randint(1, 4)) for _ in range(self.rng.randint(2, 3))]
@@ -379,6 +390,26 @@ class World:
         for rid, item in self.trainer.results.items():
             if item["state"] == qm.COMMITTED:
                 assert self.committed[rid][1] == item["token"], f"{rid}: trainer saw another token"
+        self.check_agents()
+
+    def check_agents(self) -> None:
+        """Each agent runs at most its slots and holds at most slots + prefetch leases; a
+        draining agent holds none waiting (handed back); the controller never leases a node
+        more than its slots + prefetch."""
+        for a in self.agents:
+            core = a.core
+            if not a.up or core is None:
+                continue
+            assert core.running() <= a.slots, f"{a.node}: {core.running()} running > {a.slots} slots"
+            assert len(core.active) <= a.slots + a.prefetch, \
+                f"{a.node}: {len(core.active)} leases held > {a.slots} + {a.prefetch}"
+            assert not (core.draining and core._waiting), f"{a.node}: draining with leases waiting"
+            assert all(core.active.get(w.rollout_id) is w for w in core._waiting), \
+                f"{a.node}: a waiting lease it no longer holds"
+        if self.core is not None:
+            for view in self.core.nodes.values():
+                assert len(view.leases) <= view.slots + view.prefetch, \
+                    f"{view.node}: leased {len(view.leases)} > {view.slots} + {view.prefetch}"
 
     def done(self) -> bool:
         if self.core is None or self.trainer.todo or self.trainer.pending:
@@ -438,6 +469,7 @@ class ScaleWorld(World):
                                   backoff_base_s=0.5, backoff_max_s=4.0)
         self.fault_ticks, self.faults = 0, Faults()
         self.trace, self.leases_seen, self.committed = [], [], {}
+        self.promoted = self.handed_back = 0
         self.max_token, self.core, self.controller_up_at = 0, None, 0.0
         self.tasks = scale_tasks(n_tasks)
         self.stats = ScaleStats()
