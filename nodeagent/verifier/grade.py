@@ -604,6 +604,7 @@ def _verify_command(runtime, image, layers, task: GradedTask, changes, clock) ->
     sb = _fresh_sandbox(runtime, image, layers, task, changes)
     try:
         system, support = _checker_files(task, dataclasses.replace(spec, tests=(), strict_eq=False), {}, "process")
+        system = {p: d for p, d in system.items() if p.startswith("/work/")}   # no pytest grader files
         sb.write_files({**support, **system}, owner="system", mode=0o444)
         t = clock()
         r = sb.exec(list(spec.argv), cwd=spec.cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout(spec, CHECK_TIMEOUT_S))
