@@ -64,7 +64,7 @@ def grade_harbor(runtime, image, root: Path, files: dict, test_sh: str = TEST_SH
     t = {**task.canonical(), "task_id": task.task_id}
     changes = [Change(f"/work/{k}", "modified" if k in t["files"] else "added", v.encode(), 0o755)
                for k, v in files.items()]
-    v = grade.verify(runtime, image, t, changes, None)
+    v = grade.verify(runtime, image, grade.graded_task(t), changes, None)
     return v, v.checks[-1]["detail"]
 
 
@@ -257,7 +257,7 @@ def test_a_test_script_importing_its_sibling_in_tests_still_works(runtime, pytho
     task = harbor_task(d)
     t = {**task.canonical(), "task_id": task.task_id}
     for add, want in ((GOLD, ("pass", 1.0)), ("#!/bin/bash\n" + WRONG, ("fail", 0.0))):
-        v = grade.verify(runtime, python_image, t, [Change("/work/add.sh", "modified", add.encode(), 0o755)], None)
+        v = grade.verify(runtime, python_image, grade.graded_task(t), [Change("/work/add.sh", "modified", add.encode(), 0o755)], None)
         assert (v.outcome, v.reward) == want, v.checks[-1]["detail"][-600:]
 
 
