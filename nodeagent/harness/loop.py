@@ -59,6 +59,7 @@ from nodeagent.harness.model import (
     MODEL_TIMEOUT_S,
     PROBE_TIMEOUT_S,
     BudgetExhausted,
+    ContextLengthExceeded,
     HTTPModel,
     Model,
     ModelError,
@@ -199,8 +200,10 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
     try:
         body = client.complete(payload, min(model_timeout_s, remaining))
     except ModelError as exc:
-        res.spans.append({"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
-                          "duration_s": clock() - m0})
+        span = {"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
+                "duration_s": clock() - m0}
+        if isinstance(exc, (BudgetExhausted, ModelTimeout, ContextLengthExceeded)):
+            res.spans.append(span)
         if isinstance(exc, BudgetExhausted):
             res.stop_reason = exc.kind
             return False
@@ -212,6 +215,8 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         reason = modelfault.whose(exc, client, payload, min(PROBE_TIMEOUT_S, model_timeout_s))
         if reason is None:
             raise
+        if span not in res.spans:
+            res.spans.append(span)
         res.stop_reason = reason  # the policy's doing: the rollout ends here and is graded as is
         res.model_fault = str(exc)
         return False
