@@ -3,12 +3,14 @@
 An infrastructure error is only what reproduces without the policy's output. When a model call
 fails, `whose(exc, client, payload, probe_s)` decides:
 
-- a timeout (`ModelTimeout`) while the server is alive is the policy's: its generation outran
-  the request's timeout (a completion's length is the policy's choice). Alive = the server
-  answers a cheap probe that carries nothing of the policy (`nodeagent.harness.model.liveness`:
-  `GET <root>/health` and `GET <endpoint>/models`) within `probe_s`, neither saying it is
-  unavailable (500, 502, 503, 504). A server that refuses the connection, does not answer the probe, or says it is
-  unavailable is infrastructure;
+- a timeout (`ModelTimeout`) on a server that serves is the policy's: its generation outran
+  the request's timeout (a completion's length is the policy's choice). Serves = the server
+  answers, within `probe_s` each, a liveness probe (`nodeagent.harness.model.liveness`: `GET
+  <root>/health` and `GET <endpoint>/models`, none answered 500, 502, 503 or 504) and then the
+  same request without the policy's output and with `max_tokens` 1 (`unrecorded`). A server
+  that refuses the connection, fails the liveness probe, or cannot produce one token for the
+  task's own prompt in time (hung, or so loaded that requests wait in its queue) is
+  infrastructure;
 - a context overflow (`ContextLengthExceeded`: the wordings of vLLM, SGLang, llama.cpp, TGI,
   Ollama and the OpenAI API, `nodeagent.harness.model`) is the policy's once the conversation
   holds any output of the policy; on the first call (the task's own prompt, nothing of the
@@ -57,10 +59,13 @@ def whose(exc: ModelError, client: Any, payload: dict, probe_s: float = PROBE_TI
             return None
         return "context_length"
     if isinstance(exc, ModelTimeout):
-        probe = getattr(client, "probe", None)
-        if probe is None:
+        probe, unrecorded = getattr(client, "probe", None), getattr(client, "unrecorded", None)
+        if probe is None or unrecorded is None:
             return None
         found = probe(probe_s)
+        if found is None:
+            found = _fails_without_policy(unrecorded, payload, payload.get("messages") if prefix is None else prefix,
+                                          probe_s)
         if found is None:
             return "model_timeout"
         _note(exc, found)
@@ -74,12 +79,21 @@ def whose(exc: ModelError, client: Any, payload: dict, probe_s: float = PROBE_TI
     unrecorded = getattr(client, "unrecorded", None)
     if unrecorded is None:
         return None
-    try:
-        unrecorded(dict(payload, messages=prefix, max_tokens=1), probe_s)
-    except ModelError as again:
-        _note(exc, f"the same request without the policy's output fails too: {str(again)[:200]}")
+    found = _fails_without_policy(unrecorded, payload, prefix, probe_s)
+    if found is not None:
+        _note(exc, found)
         return None
     return "model_refused"
+
+
+def _fails_without_policy(unrecorded: Any, payload: dict, messages: Any, probe_s: float) -> str | None:
+    """None when the request `payload` with only `messages` (nothing of the policy's) and one
+    token to generate is answered within `probe_s`; else what went wrong."""
+    try:
+        unrecorded(dict(payload, messages=messages, max_tokens=1), probe_s)
+    except ModelError as again:
+        return f"the same request without the policy's output fails too: {str(again)[:200]}"
+    return None
 
 
 def _note(exc: ModelError, what: str) -> None:

@@ -65,19 +65,37 @@ def agent(sb, endpoint, **kw):
 # ---- a long generation ------------------------------------------------------------------------
 
 @CLIENTS
-def test_a_generation_longer_than_the_request_timeout_on_a_live_server_is_the_policys(sb, fake, via):
-    m = fake(STEP, ("hang",))          # the second completion outlasts the timeout; GET answers (501)
+def test_a_generation_longer_than_the_request_timeout_on_a_serving_server_is_the_policys(sb, fake, via):
+    # the second completion outlasts the timeout; GET answers (501: no such route, but a live
+    # server), and one token for the task's own prompt comes at once
+    m = fake(STEP, ("hang",), reply("pong"))
     res = agent(sb, via(m.url), model_timeout_s=0.5)
     assert (res.stop_reason, len(res.steps)) == ("model_timeout", 1)
     assert "did not answer within 0.5s" in res.model_fault
-    assert m.probes and m.probes[0] == "/health"        # the probe carries nothing of the policy
+    assert m.probes == ["/health", "/v1/models"]
+    probe = m.requests[2]              # the probe carries nothing of the policy
+    assert probe["max_tokens"] == 1 and [x["role"] for x in probe["messages"]] == ["system", "user"]
+
+
+@CLIENTS
+def test_a_first_call_that_generates_too_long_is_the_policys_too(sb, fake, via):
+    m = fake(("hang",), reply("pong"))
+    res = agent(sb, via(m.url), model_timeout_s=0.5)
+    assert (res.stop_reason, len(res.steps)) == ("model_timeout", 0)
+
+
+@CLIENTS
+def test_a_timeout_on_a_server_that_cannot_give_one_token_without_the_policy_stays_infra(sb, fake, via):
+    m = fake(STEP, ("hang",))          # alive (GET answers) but every completion hangs: hung or queued
+    with pytest.raises(ModelTimeout, match="without the policy's output fails too"):
+        agent(sb, via(m.url), model_timeout_s=0.5)
 
 
 @CLIENTS
 @pytest.mark.parametrize("health", [("hang",), ("raw", 503, b'{"status": "loading"}'), ("raw", 502, b"")],
                          ids=["hung", "unavailable", "bad_gateway"])
 def test_a_timeout_on_a_server_that_fails_its_liveness_probe_stays_infra(sb, fake, via, health):
-    m = fake(STEP, ("hang",), get=health)
+    m = fake(STEP, ("hang",), reply("pong"), get=health)
     with pytest.raises(ModelTimeout, match="liveness probe GET /health") as e:
         agent(sb, via(m.url), model_timeout_s=0.5)
     assert e.value.result.stop_reason == "model_error"
@@ -214,7 +232,7 @@ def test_an_attempt_whose_policy_generates_too_long_is_graded_and_a_dead_server_
         runtime, python_image, fake, tmp_path, monkeypatch):
     import nodeagent.agent.attempt as attempt
     monkeypatch.setattr(attempt, "run_agent", functools.partial(run_agent, model_timeout_s=0.5))
-    m = fake(STEP, ("hang",))
+    m = fake(STEP, ("hang",), reply("pong"))
     res = attempt.run_attempt(runtime, python_image, "n1", attempt.Attempt(
         "run", str(tmp_path / "a"), "r1", 1, 1, "b", 0, _math_task(), 0, m.url, "m"))
     assert (res.outcome, res.reward, res.infra_reason) == ("fail", 0.0, None)
