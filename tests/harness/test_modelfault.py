@@ -243,3 +243,24 @@ def test_an_attempt_whose_policy_generates_too_long_is_graded_and_a_dead_server_
     res = attempt.run_attempt(runtime, python_image, "n1", attempt.Attempt(
         "run", str(tmp_path / "b"), "r2", 1, 1, "b", 0, _math_task(), 0, f"http://127.0.0.1:{port}/v1", "m"))
     assert (res.outcome, res.reward) == ("infra_error", None) and res.infra_reason.startswith("model_server:")
+
+
+# ---- a harness inside the sandbox: the gateway's HTTP front says it as OpenAI does ----------------
+
+@pytest.mark.parametrize("server", ["llamacpp", "tgi_total"])
+def test_the_gateway_front_passes_an_overflow_on_as_openais_context_length_exceeded(fake, server):
+    import urllib.error
+    import urllib.request
+
+    from nodeagent.gateway.server import GatewayServer
+    status, body = OVERFLOWS[server]
+    m = fake(("raw", status, json.dumps(body).encode()))
+    s = gateway(m.url)
+    with GatewayServer(s, tcp=("127.0.0.1", 0)) as gw:
+        req = urllib.request.Request(gw.url + "/chat/completions", json.dumps(
+            {"model": "x", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {s.key}"}, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400
+    assert json.loads(e.value.read())["error"]["code"] == "context_length_exceeded"
