@@ -7,19 +7,24 @@ only if every way of writing a relation is read as one:
   `\\overset{def}{=}`, the words "equals", "is congruent to", and `≡ ≅ ≐ ≔ ≕ ≜ ≝ ≟ ⩵`); an
   approximation becomes `\\approx` (`\\approxeq`, `\\thickapprox`, `≈ ≊`); `≠ ≤ ≥ ≃ ∼ ∈ ∉ ⊂ ⊆`
   become their commands; `!=`, `<=`, `>=` become `\\ne`, `\\le`, `\\ge`;
-- `families(s)`: the other relations `s` holds, by family (order, negation, inclusion,
-  membership, proportion, the rest by name): an answer holding a relation its gold does not
-  (`6 \\propto 5`, `6 \\subset 5`, `6 \\in 5`, `6 \\perp 5` for gold 5) states something else
-  than the gold's value; `stray(gold, pred)` says so. Order relations are allowed against a gold
-  that is an interval or a set (`0 < x < 5` for `(0, 5)`), and `x \\in S` (a variable's
-  membership) is read by `mathanswer`.
+- `families(s)`: the other relations `s` holds, by family (`family(name)`: order, negation,
+  inclusion, membership, precedence, divisibility, proportion, turnstiles, ...; a command is
+  known by its name in the amssymb tables or by the shape of that name: `\\n...` of a relation
+  is a negation, `...prec...`/`...succ...` precedence, `...subset...` inclusion): an answer
+  holding a relation its gold does not (`6 \\propto 5`, `6 \\subset 5`, `6 \\in 5`, `6 \\perp 5`
+  for gold 5) states something else than the gold's value; `stray(gold, pred)` says so. Order
+  relations are allowed against a gold that is an interval or a set (`x \\in (0, 5)`), and `x
+  \\in S` (a variable's membership) is read by `mathanswer`.
 
 Pure string functions. Must not import: sympy, math_verify, zmq, controller.store,
 controller.broker, nodeagent.verifier.mathanswer.
 """
 from __future__ import annotations
 
+import functools
 import re
+
+from nodeagent.verifier import mathnorm as mn
 
 _END = r"(?![A-Za-z])"
 _EQ_CMDS = ("equiv", "cong", "doteq", "Doteq", "doteqdot", "circeq", "triangleq", "bumpeq", "Bumpeq",
@@ -36,23 +41,50 @@ _UNICODE = {"≠": "\\ne ", "≤": "\\le ", "≥": "\\ge ", "≃": "\\simeq ", "
             "⊂": "\\subset ", "⊆": "\\subseteq ", "⊃": "\\supset ", "⊇": "\\supseteq ", "∝": "\\propto ",
             "⊥": "\\perp ", "∥": "\\parallel ", "≪": "\\ll ", "≫": "\\gg ", "≺": "\\prec ", "≻": "\\succ "}
 
-_ORDER = ("lt", "gt", "le", "ge", "leq", "geq", "leqq", "geqq", "leqslant", "geqslant", "lesssim", "gtrsim",
-          "lessapprox", "gtrapprox", "ll", "gg", "lll", "ggg", "lneq", "gneq", "lneqq", "gneqq", "lnsim",
-          "gnsim", "lessgtr", "gtrless", "lesseqgtr", "gtreqless", "eqslantless", "eqslantgtr")
-_NEGATED = ("ne", "neq", "not", "nless", "ngtr", "nleq", "ngeq", "nleqslant", "ngeqslant", "nleqq", "ngeqq",
-            "ncong", "nsim", "nequiv", "nmid", "nparallel", "nprec", "nsucc", "npreceq", "nsucceq", "nsubseteq",
-            "nsupseteq", "notin", "nvdash", "nvDash", "nVdash", "ntriangleleft", "ntriangleright")
-_INCLUSION = ("subset", "subseteq", "subsetneq", "supset", "supseteq", "supsetneq", "sqsubset", "sqsubseteq",
-              "sqsupset", "sqsupseteq", "Subset", "Supset", "subseteqq", "supseteqq")
-_OTHER = ("propto", "varpropto", "perp", "parallel", "prec", "succ", "preceq", "succeq", "precsim", "succsim",
-          "preccurlyeq", "succcurlyeq", "curlyeqprec", "curlyeqsucc", "asymp", "smile", "frown", "bowtie",
-          "between", "pitchfork", "vdash", "dashv", "models", "vDash", "Vdash", "lhd", "rhd", "unlhd", "unrhd",
-          "vartriangleleft", "vartriangleright", "trianglelefteq", "trianglerighteq", "ni", "owns", "divides")
-_FAMILY = {**{c: "order" for c in _ORDER}, **{c: "negation" for c in _NEGATED},
-           **{c: "inclusion" for c in _INCLUSION}, **{c: c for c in _OTHER}, "in": "membership"}
-_COMMAND = re.compile(r"\\(" + "|".join(sorted(_FAMILY, key=len, reverse=True)) + r")" + _END)
+_ORDER = ("lt", "gt", "le", "ge", "leq", "geq", "leqq", "geqq", "leqslant", "geqslant", "ll", "gg", "lll", "ggg",
+          "llless", "gggtr", "eqslantless", "eqslantgtr")
+_NAMED = {"ne": "negation", "neq": "negation", "not": "negation", "notin": "negation", "neqq": "negation",
+          "in": "membership", "ni": "membership", "owns": "membership", "propto": "proportion",
+          "varpropto": "proportion", "perp": "perp", "asymp": "asymp", "bowtie": "bowtie", "between": "between",
+          "pitchfork": "pitchfork", "divides": "mid", "therefore": "logic", "because": "logic",
+          "dashv": "turnstile", "models": "turnstile", "lhd": "triangle", "rhd": "triangle",
+          "unlhd": "triangle", "unrhd": "triangle", **{c: "order" for c in _ORDER}}
+# Relation commands by the shape of their names (the amssymb tables): every negated, order,
+# precedence, inclusion, divisibility, turnstile, triangle and similarity relation.
+_SHAPES = (
+    (re.compile(r"(?:less|gtr|eqslant)[a-z]*|[lg]n(?:eqq?|sim|approx)|[lg]vertneqq|[lg](?:e|eq|eqq|eqslant)?dot|"
+                r"[lg]tr?dot|lessdot|gtrdot"), "order"),
+    (re.compile(r"[a-z]*(?:prec|succ)[a-z]*"), "precedence"),
+    (re.compile(r"(?:var|n)?(?:sq)?(?:sub|sup)set[a-z]*|Subset|Supset"), "inclusion"),
+    (re.compile(r"(?:short|n|nshort)?(?:mid|parallel)"), "mid"),
+    (re.compile(r"(?:small)?(?:smile|frown)"), "smile"),
+    (re.compile(r"n?(?:v|V|Vv)(?:dash|Dash|DASH)|nVDash|vdash"), "turnstile"),
+    (re.compile(r"(?:var|n|black)?triangle(?:left|right)(?:eq(?:slant)?)?"), "triangle"),
+    (re.compile(r"(?:back|thick|eq|n)?sim(?:eq)?|backsimeq|[a-z]+approx|approxident"), "similar"),
+)
+_NOT_RELATIONS = {"sim", "simeq", "approx", "thicksim", "eqsim", "backsim"}   # `\\approx` is read by mathanswer, `\\sim`
+#                                                                            is a meaning mark (mathnorm)
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
 _BARE_ORDER = re.compile(r"(?<![\\{])[<>]")
 _VARIABLE_IN = re.compile(r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\))\s*\\in" + _END)
+
+
+@functools.lru_cache(maxsize=1024)
+def family(name: str) -> str | None:
+    """The family of the relation command `\\<name>`, or None when it is no relation (or one
+    read elsewhere: `\\approx`, `\\sim`)."""
+    if name in _NOT_RELATIONS:
+        return None
+    if name in _NAMED:
+        return _NAMED[name]
+    if len(name) > 2 and name[0] == "n" and family(name[1:]) is not None:
+        return "negation"                   # \\nleq, \\nsubseteqq, \\nVDash, \\ncong
+    if name in _EQ_CMDS:
+        return "equality"
+    for shape, fam in _SHAPES:
+        if shape.fullmatch(name):
+            return fam
+    return None
 
 
 def canonical(s: str) -> str:
@@ -72,10 +104,10 @@ def canonical(s: str) -> str:
 
 def families(s: str) -> set[str]:
     """The families of the relations other than `=`, `\\approx` and `\\sim` that `s` holds."""
-    out = {_FAMILY[m.group(1)] for m in _COMMAND.finditer(s)}
+    out = {f for m in _COMMAND.finditer(s) if (f := family(m.group(1))) is not None}
     if _BARE_ORDER.search(s):
         out.add("order")
-    if "membership" in out and _VARIABLE_IN.match(s) and s.count("\\in") == 1:
+    if "membership" in out and _VARIABLE_IN.match(s) and s.count("\\in") == 1 and len(mn.split_top(s)) == 1:
         out.discard("membership")          # "x \\in [0, 1)": a variable's values, read by mathanswer
     return out
 
@@ -90,4 +122,4 @@ def stray(gold: str, pred: str, gold_is_scalar: bool) -> bool:
     return bool(extra)
 
 
-__all__ = ["canonical", "families", "stray"]
+__all__ = ["canonical", "families", "family", "stray"]
