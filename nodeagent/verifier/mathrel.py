@@ -6,7 +6,10 @@ only if every way of writing a relation is read as one:
   `\\colon=`, `\\equiv`, `\\cong`, `\\doteq`, `\\circeq`, `\\triangleq`, `\\bumpeq`, `\\stackrel{?}{=}`,
   `\\overset{def}{=}`, the words "equals", "is congruent to", and `≡ ≅ ≐ ≔ ≕ ≜ ≝ ≟ ⩵`); an
   approximation becomes `\\approx` (`\\approxeq`, `\\thickapprox`, `≈ ≊`); `≠ ≤ ≥ ≃ ∼ ∈ ∉ ⊂ ⊆`
-  become their commands; `!=`, `<=`, `>=` become `\\ne`, `\\le`, `\\ge`;
+  become their commands; `!=`, `<=`, `>=` become `\\ne`, `\\le`, `\\ge`; a biconditional
+  (`\\iff`, `\\Leftrightarrow`, `⇔`) is `=`; any other character of the arrows and mathematical
+  operators blocks is read by its Unicode name: an equality (`≗ ≙ ⩮`) is `=`, another relation
+  (`⪯ ⊊ ∣`) a family of its own;
 - `families(s)`: the other relations `s` holds, by family (`family(name)`: order, negation,
   inclusion, membership, precedence, divisibility, proportion, turnstiles, ...; a command is
   known by its name in the amssymb tables or by the shape of that name: `\\n...` of a relation
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
 
 from nodeagent.verifier import mathnorm as mn
 
 _END = r"(?![A-Za-z])"
-_EQ_CMDS = ("equiv", "cong", "doteq", "Doteq", "doteqdot", "circeq", "triangleq", "bumpeq", "Bumpeq",
+_EQ_CMDS = ("iff", "Leftrightarrow", "leftrightarrow", "Longleftrightarrow", "longleftrightarrow", "equiv", "cong",
+            "doteq", "Doteq", "doteqdot", "circeq", "triangleq", "bumpeq", "Bumpeq",
             "coloneqq", "Coloneqq", "coloneq", "Coloneq", "eqqcolon", "Eqqcolon", "eqcolon", "Eqcolon",
             "risingdotseq", "fallingdotseq", "eqdef", "measeq", "questeq", "eqcirc", "Equiv")
 _STACKED = re.compile(r"\\(?:stackrel|overset|underset)\s*\{(?:[^{}]|\{[^{}]*\}){0,40}\}\s*\{\s*(=|\\equiv|\\cong|\\sim|\\approx)\s*\}")
@@ -64,7 +69,7 @@ _SHAPES = (
 )
 _NOT_RELATIONS = {"sim", "simeq", "approx", "thicksim", "eqsim", "backsim"}   # `\\approx` is read by mathanswer, `\\sim`
 #                                                                            is a meaning mark (mathnorm)
-_COMMAND = re.compile(r"\\([A-Za-z]+)")
+_COMMAND = re.compile(r"\\([A-Za-z]+)(?:\{([A-Z]+)\})?")
 _BARE_ORDER = re.compile(r"(?<![\\{])[<>]")
 _VARIABLE_IN = re.compile(r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\))\s*\\in" + _END)
 
@@ -90,7 +95,7 @@ def family(name: str) -> str | None:
 def canonical(s: str) -> str:
     """`s` with every equality spelled `=` and every approximation `\\approx` (see the module
     docstring); other relations spelled as commands."""
-    if not re.search(r"[=:\\!<>\u2208-\u22ff\u2a75\u2a76]", s):
+    if not re.search(r"[=:\\!<>\u2190-\u21ff\u2200-\u22ff\u27f0-\u27ff\u2a00-\u2aff]", s):
         return s
     s = _STACKED.sub(lambda m: m.group(1) if m.group(1) != "\\equiv" and m.group(1) != "\\cong" else "=", s)
     s = _EQUALITY.sub("=", s)
@@ -99,12 +104,40 @@ def canonical(s: str) -> str:
         s = pattern.sub(spelled, s)
     for a, b in _UNICODE.items():
         s = s.replace(a, b)
-    return s
+    return _UNICODE_RELATION.sub(_unicode_relation, s)
+
+
+_UNICODE_RELATION = re.compile(r"[\u2190-\u21ff\u2200-\u22ff\u27f0-\u27ff\u2a00-\u2aff]")
+_EQUAL_WORDS = ("EQUAL", "IDENTICAL", "CORRESPONDS", "ESTIMATES", "MEASURED BY", "EQUIVALENT")
+_RELATION_WORDS = ("LESS", "GREATER", "PRECEDES", "SUCCEEDS", "SUBSET", "SUPERSET", "ELEMENT", "CONTAINS",
+                   "DIVIDES", "PARALLEL", "PERPENDICULAR", "TACK", "FORCES", "PROPORTIONAL", "TILDE", "BETWEEN",
+                   "NORMAL SUBGROUP", "MODELS", "TRUE", "NOT ", "DOES NOT", "ASYMPTOTIC", "SQUARE IMAGE",
+                   "SQUARE ORIGINAL", "RELATION", "EQUIVALENT", "EQUAL")
+
+
+def _unicode_relation(m: re.Match) -> str:
+    """A relation character of the arrows and mathematical operators blocks: an equality
+    (its name says EQUAL, IDENTICAL, ESTIMATES, ...) becomes `=`, a biconditional arrow `=`,
+    another relation `\\urel{<name>}` (a family of its own); other symbols are kept."""
+    ch = m.group(0)
+    name = unicodedata.name(ch, "")
+    if "LEFT RIGHT" in name and "ARROW" in name:
+        return "="                          # ⇔ ↔: each side the same
+    if "ARROW" in name:
+        return ch
+    negated = any(w in name for w in ("NOT ", "NEITHER", "DOES NOT"))
+    ordered = any(w in name for w in _RELATION_WORDS[:12] + ("TILDE",))
+    if not negated and not ordered and any(w in name for w in _EQUAL_WORDS):
+        return "="
+    if negated or ordered or any(w in name for w in _RELATION_WORDS):
+        return " \\urel{" + "".join(w[0] for w in name.split()) + "} "
+    return ch
 
 
 def families(s: str) -> set[str]:
     """The families of the relations other than `=`, `\\approx` and `\\sim` that `s` holds."""
     out = {f for m in _COMMAND.finditer(s) if (f := family(m.group(1))) is not None}
+    out.update("unicode:" + m.group(2) for m in _COMMAND.finditer(s) if m.group(1) == "urel" and m.group(2))
     if _BARE_ORDER.search(s):
         out.add("order")
     if "membership" in out and _VARIABLE_IN.match(s) and s.count("\\in") == 1 and len(mn.split_top(s)) == 1:

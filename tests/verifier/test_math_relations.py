@@ -20,7 +20,8 @@ APPROXIMATIONS = ("\\approxeq", "\\thickapprox", "≈")
 OTHERS = ("\\propto", "\\subset", "\\subseteq", "\\supset", "\\in", "\\notin", "\\ni", "\\ncong", "\\nsim",
           "\\nequiv", "\\gneq", "\\lneq", "\\leqslant", "\\geqslant", "\\succ", "\\prec", "\\preceq", "\\parallel",
           "\\perp", "\\asymp", "\\ll", "\\gg", "\\lesssim", "\\models", "\\vdash", "≠", "≤", "≥", "<", ">",
-          "\\le", "\\ge", "\\neq", "\\ne", "∝", "⊂", "∈")
+          "\\le", "\\ge", "\\neq", "\\ne", "∝", "⊂", "∈", "⪯", "⊊", "∣", "∤", "⊢", "≍", "∋", "≲", "\\Leftrightarrow", "\\iff",
+          "≙", "≞", "≗", "⩮", "≑", "≒", "∽", "⇔")
 WRONG = ([("5", box(f"6 {r} 5")) for r in EQUALITIES + APPROXIMATIONS + OTHERS]
          + [("5", box(f"x {r} 6, x = 5")) for r in EQUALITIES[:12] + ("\\propto", "\\asymp")]
          + [("5050", box("5051 \\equiv 5050")), ("5050", box("5051 == 5050")), ("5050", box("x \\cong 5051, x = 5050"))]
