@@ -78,6 +78,7 @@ SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your file
                  "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
 
 TOOL_TIMEOUT_S = 20.0
+PROBE_FLOOR_S = 1.0           # each probe of a failed model call gets at least this (modelfault)
 MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
 STOPPED = "stopped"           # stop reason: the runner stopped the loop (cancel, deadline)
 
@@ -212,7 +213,10 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
             return False
         if watch is not None and watch.stop():
             raise                 # the stop's doing (a shut socket): run_agent ends the loop
-        reason = modelfault.whose(exc, client, payload, min(PROBE_TIMEOUT_S, model_timeout_s))
+        # the probes (at most three) end within the wall budget, or within PROBE_FLOOR_S each past
+        # it: well inside the attempt guard's grace, so a stop never lands mid-probe
+        probe_s = max(min(PROBE_TIMEOUT_S, model_timeout_s, (deadline - clock()) / 3), PROBE_FLOOR_S)
+        reason = modelfault.whose(exc, client, payload, probe_s)
         if reason is None:
             raise
         if span not in res.spans:

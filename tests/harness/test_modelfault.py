@@ -264,3 +264,18 @@ def test_the_gateway_front_passes_an_overflow_on_as_openais_context_length_excee
             urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400
     assert json.loads(e.value.read())["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_hung_server_at_the_end_of_the_wall_budget_stays_infra_not_a_deadline_zero(
+        runtime, python_image, fake, tmp_path, monkeypatch):
+    # wall 3 s, request timeout 2.5 s: the probes get what is left (at least 1 s each), well
+    # inside the attempt guard's grace, so the hung server is found out before the guard stops
+    import nodeagent.agent.attempt as attempt
+    monkeypatch.setattr(attempt, "run_agent", functools.partial(run_agent, model_timeout_s=2.5))
+    m = fake(("hang",), get=("hang",))
+    task = _math_task()
+    task["budgets"] = {**task["budgets"], "wall_s": 3.0}
+    res = attempt.run_attempt(runtime, python_image, "n1", attempt.Attempt(
+        "run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0, m.url, "m"))
+    assert (res.outcome, res.reward) == ("infra_error", None)
+    assert "liveness probe" in res.infra_reason
