@@ -17,9 +17,14 @@ fails, `whose(exc, client, payload, probe_s)` decides:
   policy) it is infrastructure (the task or the server's context is misconfigured);
 - any other 4xx (not 408 or 429) is the policy's when the same request without the policy's
   output (the messages before its first assistant message, `max_tokens` 1) is answered: the
-  server refused what the policy wrote (an unknown overflow wording, a malformed tool call
-  echoed back). When that reduced request fails too, the fault is not the policy's;
-- everything else (connection refused or reset, 5xx, a malformed 200) stays infrastructure.
+  server refused what the policy wrote (an unknown overflow wording; vLLM's 400 on a tool call
+  of the history whose arguments are not JSON). When that reduced request fails too, the fault
+  is not the policy's;
+- a 500 likewise, when moreover the same request sent again (one token) fails again: llama.cpp
+  answers 500 "Failed to parse tool call arguments as JSON" for the policy's malformed tool
+  call, every time; a 500 that passes when sent again is the server's;
+- everything else (connection refused or reset, 502, 503, 504, a malformed 200) stays
+  infrastructure.
 
 The answer is a stop reason (`model_timeout`, `context_length`, `model_refused`) or None
 (infrastructure: the exception's message then says what the probe found). The client may be
@@ -71,7 +76,7 @@ def whose(exc: ModelError, client: Any, payload: dict, probe_s: float = PROBE_TI
         _note(exc, found)
         return None
     status = exc.status
-    if status is None or not 400 <= status < 500 or status in NOT_THE_REQUEST:
+    if status is None or not 400 <= status <= 500 or status in NOT_THE_REQUEST:
         return None
     if prefix is None:
         _note(exc, "refused before any output of the policy")
@@ -79,6 +84,11 @@ def whose(exc: ModelError, client: Any, payload: dict, probe_s: float = PROBE_TI
     unrecorded = getattr(client, "unrecorded", None)
     if unrecorded is None:
         return None
+    if status == 500:                     # the policy's only when it is no passing failure
+        again = _fails_without_policy(unrecorded, payload, payload.get("messages"), probe_s)
+        if again is None:
+            _note(exc, "the same request (one token) was answered when sent again: a passing failure")
+            return None
     found = _fails_without_policy(unrecorded, payload, prefix, probe_s)
     if found is not None:
         _note(exc, found)

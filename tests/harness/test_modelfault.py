@@ -213,7 +213,7 @@ def test_a_4xx_that_reproduces_without_the_policys_output_stays_infra(sb, fake, 
 
 
 @CLIENTS
-@pytest.mark.parametrize("status", [500, 503, 429])
+@pytest.mark.parametrize("status", [502, 503, 504, 429])
 def test_server_side_statuses_stay_infra_without_a_probe(sb, fake, via, status):
     m = fake(STEP, ("raw", status, b'{"error": {"message": "overloaded"}}'))
     with pytest.raises(ModelError, match=f"HTTP {status}"):
@@ -279,3 +279,33 @@ def test_a_hung_server_at_the_end_of_the_wall_budget_stays_infra_not_a_deadline_
         "run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0, m.url, "m"))
     assert (res.outcome, res.reward) == ("infra_error", None)
     assert "liveness probe" in res.infra_reason
+
+
+# ---- the policy's malformed tool call, as real servers answer it ----------------------------------
+# vLLM: 400 {"error": {"message": "Expecting ',' delimiter: line 1 column 54 (char 53)", "type":
+# "BadRequestError", "code": 400}} for a tool call of the history whose arguments are not JSON,
+# on every later turn (vllm-project/vllm#43995, #48922). llama.cpp (through litellm): 500 "Failed to
+# parse tool call arguments as JSON: [json.exception.parse_error.101] parse error at line 1, column
+# 131: syntax error while parsing value - unexpected end of input" (vxcontrol/pentagi#313).
+VLLM_BAD_ARGS = json.dumps({"error": {"message": "Expecting ',' delimiter: line 1 column 54 (char 53)",
+                                      "type": "BadRequestError", "param": None, "code": 400}}).encode()
+LLAMACPP_BAD_ARGS = json.dumps({"error": {"code": 500, "type": "server_error", "message":
+                                          "Failed to parse tool call arguments as JSON: [json.exception.parse_error"
+                                          ".101] parse error at line 1, column 131: syntax error while parsing value"
+                                          " - unexpected end of input"}}).encode()
+
+
+@CLIENTS
+def test_a_malformed_tool_call_the_server_refuses_on_every_turn_is_the_policys(sb, fake, via):
+    m = fake(STEP, ("raw", 400, VLLM_BAD_ARGS), reply("pong"))
+    assert agent(sb, via(m.url)).stop_reason == "model_refused"
+    m = fake(STEP, ("raw", 500, LLAMACPP_BAD_ARGS), ("raw", 500, LLAMACPP_BAD_ARGS), reply("pong"))
+    assert agent(sb, via(m.url)).stop_reason == "model_refused"
+    assert m.requests[2]["messages"] == m.requests[1]["messages"] and m.requests[2]["max_tokens"] == 1
+
+
+@CLIENTS
+def test_a_500_that_passes_when_sent_again_stays_infra(sb, fake, via):
+    m = fake(STEP, ("raw", 500, b'{"error": {"message": "CUDA error: an illegal memory access"}}'), reply("pong"))
+    with pytest.raises(ModelError, match="a passing failure"):
+        agent(sb, via(m.url))
