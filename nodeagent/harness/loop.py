@@ -199,7 +199,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
                "logprobs": True,
                "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
     try:
-        body = client.complete(payload, min(model_timeout_s, remaining))
+        body = _complete(client, payload, min(model_timeout_s, remaining), clock)
     except ModelError as exc:
         span = {"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
                 "duration_s": clock() - m0}
@@ -285,6 +285,22 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         res.stop_reason = "tokens"
         return False
     return True
+
+
+def _complete(client: Model, payload: dict, timeout_s: float, clock) -> dict:
+    """One completion. A context overflow whose prompt fits (the server says how many tokens it
+    has and the context holds) asked for too many completion tokens: `max_tokens` is lowered to
+    what the context leaves and the call is sent once more (the harness asked too much, neither
+    the policy nor the server failed)."""
+    t0 = clock()
+    try:
+        return client.complete(payload, timeout_s)
+    except ContextLengthExceeded as exc:
+        room, asked = exc.room(), payload.get("max_tokens")
+        if room is None or room <= 0 or not isinstance(asked, int) or asked <= room:
+            raise
+        payload["max_tokens"] = room
+        return client.complete(payload, max(timeout_s - (clock() - t0), 0.001))
 
 
 def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],

@@ -61,8 +61,19 @@ class BudgetExhausted(ModelError):
 
 
 class ContextLengthExceeded(ModelError):
-    """The server refused the conversation as longer than the model's context (HTTP 400): the
-    policy's own budget ran out, not an infrastructure failure."""
+    """The server refused the request as longer than the model's context (HTTP 400, 413, 422).
+    `context_tokens` and `prompt_tokens`, when the server's message gives them (vLLM, TGI,
+    llama.cpp, SGLang, OpenAI): with `room()` > 0 the prompt fits and only `max_tokens` asked
+    too much."""
+
+    context_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+    def room(self) -> int | None:
+        """Tokens the context leaves for a completion after the prompt, when both are known."""
+        if self.context_tokens is None or self.prompt_tokens is None:
+            return None
+        return self.context_tokens - self.prompt_tokens
 
 
 # A context overflow, as each server words it (sources in tests/harness/test_modelfault.py):
@@ -77,6 +88,16 @@ _CONTEXT_LENGTH = re.compile(rb"context length|context window|context size|conte
                              rb"`?inputs`? tokens \+ `?max_new_tokens`? must be|`?inputs`? must have less than",
                              re.I)
 _CONTEXT_STATUSES = (400, 413, 422)
+# The numbers in those messages: the served context, the prompt's tokens.
+_CONTEXT_TOKENS = re.compile(rb"maximum context length is (\d+)|context length \((\d+) tokens\)|"
+                             rb"must be <= (\d+)|\"n_ctx\"\s*:\s*(\d+)|available context size \((\d+) tokens\)")
+_PROMPT_TOKENS = re.compile(rb"(\d+) in the messages|request has (\d+) input tokens|Given: (\d+) `inputs` tokens|"
+                            rb"\"n_prompt_tokens\"\s*:\s*(\d+)|input \((\d+) tokens\)|messages resulted in (\d+) tokens")
+
+
+def _first_number(pattern: re.Pattern, raw: bytes) -> int | None:
+    m = pattern.search(raw)
+    return None if m is None else int(next(g for g in m.groups() if g is not None))
 
 
 def check_reply(body: Any, endpoint: str) -> dict:
@@ -206,8 +227,12 @@ def decode_reply(endpoint: str, status: int, raw: bytes) -> dict:
     if len(raw) > MAX_RESPONSE_BYTES:
         raise ModelError(f"model server {endpoint} sent more than {MAX_RESPONSE_BYTES} bytes")
     if status in _CONTEXT_STATUSES and _CONTEXT_LENGTH.search(raw[:4096]):
-        raise ContextLengthExceeded(f"model server {endpoint}: the conversation exceeds the model's "
-                                    f"context: {raw[:300].decode(errors='replace')}")
+        over = ContextLengthExceeded(f"model server {endpoint}: the conversation exceeds the model's "
+                                     f"context: {raw[:300].decode(errors='replace')}")
+        over.status = status
+        over.context_tokens = _first_number(_CONTEXT_TOKENS, raw[:4096])
+        over.prompt_tokens = _first_number(_PROMPT_TOKENS, raw[:4096])
+        raise over
     if status != 200:
         err = ModelError(f"model server {endpoint} answered HTTP {status}: {raw[:300].decode(errors='replace')}")
         err.status = status

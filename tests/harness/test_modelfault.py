@@ -309,3 +309,22 @@ def test_a_500_that_passes_when_sent_again_stays_infra(sb, fake, via):
     m = fake(STEP, ("raw", 500, b'{"error": {"message": "CUDA error: an illegal memory access"}}'), reply("pong"))
     with pytest.raises(ModelError, match="a passing failure"):
         agent(sb, via(m.url))
+
+
+# ---- max_tokens beyond what the context leaves: the harness asked too much ---------------------------
+
+@CLIENTS
+@pytest.mark.parametrize("body", [
+    # vLLM: prompt + max_tokens over max_model_len (the prompt fits)
+    {"object": "error", "code": 400, "message": "This model's maximum context length is 4096 tokens. However, you "
+     "requested 33768 tokens (1000 in the messages, 32768 in the completion). Please reduce the length of the "
+     "messages or completion."},
+    # vLLM (newer wording)
+    {"object": "error", "code": 400, "message": "'max_tokens' or 'max_completion_tokens' is too large: 32768. This "
+     "model's maximum context length is 4096 tokens and your request has 1000 input tokens (32768 > 4096 - 1000)."},
+], ids=["vllm", "vllm_new"])
+def test_max_tokens_beyond_the_context_left_is_lowered_and_sent_again_not_a_zero(sb, fake, via, body):
+    m = fake(("raw", 400, json.dumps(body).encode()), reply("done"))
+    res = agent(sb, via(m.url))
+    assert (res.stop_reason, res.answer) == ("stop", "done")
+    assert m.requests[1]["max_tokens"] == 3096
