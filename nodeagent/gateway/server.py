@@ -11,7 +11,10 @@ with `stream: true` streamed from the model server and forwarded event by event 
 `Session.stream`), `GET /v1/models` (the rollout's model). A request must carry the
 session's key (`Authorization: Bearer <key>`) when `require_key` is set. Errors are OpenAI error
 bodies: 400 bad request, 401 wrong key, 429 `budget_exhausted` (with the budget's kind), 502 the
-model server failed, 504 it timed out. Must not import: zmq, nodeagent.agent.
+model server failed, 504 it timed out; a context overflow (any server's wording) is a 400 with
+code `context_length_exceeded`, as OpenAI says it, and another 4xx of the model server (not 401
+or 403: the node's credentials) is passed on with its status (`model_server_refused`), so a
+harness sees the refusal of what it sent. Must not import: zmq, nodeagent.agent.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import Any
 
 from nodeagent.gateway import http1, wire
 from nodeagent.gateway.session import BudgetExhausted, Session
-from nodeagent.harness.model import MODEL_TIMEOUT_S, ModelError, ModelTimeout
+from nodeagent.harness.model import MODEL_TIMEOUT_S, ContextLengthExceeded, ModelError, ModelTimeout
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +176,10 @@ def _refusal(exc: ModelError) -> tuple[int, str, str, str]:
         return 429, str(exc), f"budget_exhausted:{exc.kind}", "budget_exhausted"
     if isinstance(exc, ModelTimeout):
         return 504, str(exc), "model_timeout", "server_error"
+    if isinstance(exc, ContextLengthExceeded):    # in OpenAI's words, whatever the server said
+        return 400, str(exc), "context_length_exceeded", "invalid_request_error"
+    if exc.status is not None and 400 <= exc.status < 500 and exc.status not in (401, 403):
+        return exc.status, str(exc), "model_server_refused", "invalid_request_error"   # the request's content
     return 502, str(exc), "model_server_error", "server_error"
 
 

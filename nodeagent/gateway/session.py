@@ -30,6 +30,10 @@ harness inside the sandbox. Each call:
    `traceparent` header whose parent is the call's model_call span (`model_call_context`:
    the same id the trajectory writer gives the n-th model_call span of the attempt).
 
+`probe` and `unrecorded` reach the current version's server off the record (no row, no
+budget): `nodeagent.harness.modelfault` uses them to decide whether a failed call was the
+server's doing or the policy's.
+
 Time is injected (`clock` monotonic for durations, `wall` for `started_at`, `sleep` for the
 backoff). Must not import: zmq, nodeagent.agent, nodeagent.harness.loop.
 """
@@ -49,7 +53,7 @@ from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.gateway import wire
 from nodeagent.gateway.upstream import KeepAliveModel
-from nodeagent.harness.model import BudgetExhausted, Model, ModelError, ModelTimeout, decode_reply
+from nodeagent.harness.model import PROBE_TIMEOUT_S, BudgetExhausted, Model, ModelError, ModelTimeout, decode_reply
 from nodeagent.store import tracing
 
 log = logging.getLogger(__name__)
@@ -364,6 +368,24 @@ class Session:
         for data in later:
             asm.add(_event(data, True))
         return asm.body()
+
+    # -- whose is a failure (nodeagent.harness.modelfault): calls that are not the rollout's ------
+
+    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+        """None when the current policy version's server is alive, else what is wrong (a
+        client that cannot be probed: a Model given as the endpoint without `probe`)."""
+        client = self._client_for(self._upstream().endpoint)
+        probe = getattr(client, "probe", None)
+        return probe(timeout_s) if probe is not None else "the model client cannot be probed"
+
+    def unrecorded(self, payload: dict, timeout_s: float) -> dict:
+        """`payload` sent to the current version's server as a call would be (its model, its
+        token flags), but neither recorded nor counted against the rollout's budgets."""
+        up = self._upstream()
+        client = self._client_for(up.endpoint)
+        fwd = wire.upstream_payload(payload, up.model, self.flavor, stream=False)
+        call = getattr(client, "unrecorded", None) or client.complete
+        return call(fwd, timeout_s)      # the caller bounds it: not the rollout's wall time
 
     def _client_for(self, endpoint: "str | Model") -> Model:
         if not isinstance(endpoint, str):

@@ -7,7 +7,8 @@ as they arrive), with `HTTPModel`'s contract: the whole call must finish within 
 thread for the process, started once, shuts the socket at the deadline, so a server that
 trickles bytes cannot hold a rollout past its budget), the reply is capped at
 MAX_RESPONSE_BYTES, a non-200 reply raises ModelError with `status` and the decoded `body`,
-no answer in time raises ModelTimeout. A connection the server closed while idle (keep-alive
+no answer in time raises ModelTimeout (`probe` then asks whether the server is alive:
+`nodeagent.harness.modelfault`). A connection the server closed while idle (keep-alive
 timeout) is reopened and the request sent once more, only when nothing of the reply was read.
 Requests go out in one write (TCP_NODELAY), replies are read by `nodeagent.gateway.http1`.
 
@@ -26,7 +27,14 @@ import urllib.parse
 from typing import BinaryIO, Callable, Iterator
 
 from nodeagent.gateway import http1, wire
-from nodeagent.harness.model import MAX_RESPONSE_BYTES, ModelError, ModelTimeout, decode_reply
+from nodeagent.harness.model import (
+    MAX_RESPONSE_BYTES,
+    PROBE_TIMEOUT_S,
+    ModelError,
+    ModelTimeout,
+    decode_reply,
+    liveness,
+)
 from nodeagent.store import tracing
 
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
@@ -232,6 +240,14 @@ class KeepAliveModel:
                 raise self._failure(exc, timeout_s) from None
             finally:
                 self._finish(token, headers, ok)
+
+    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+        """None when the server is alive (`nodeagent.harness.model.liveness`), else what is wrong."""
+        return liveness(self.endpoint, timeout_s)
+
+    def unrecorded(self, payload: dict, timeout_s: float) -> dict:
+        """A call made to decide whose a failure is (`nodeagent.harness.modelfault`)."""
+        return self.complete(payload, timeout_s)
 
     def close(self) -> None:
         """Close the kept connection (the next call opens a new one)."""

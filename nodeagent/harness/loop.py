@@ -7,10 +7,15 @@ also during a model call, whose timeout is the remaining budget —, tokens and 
 Each assistant message is one step row (the `steps` table); each model call and tool call is
 one span (the `spans` table).
 
-A model server that cannot be reached, answers an HTTP error, answers garbage or does not
-answer within `model_timeout_s` while budget remains raises `ModelError`: an infrastructure
-failure (the rollout is retried), never a reward of 0. Running out of the wall budget is the
-policy's own fault (`stop_reason = "wall_time"`).
+A failed model call is the infrastructure's only when it reproduces without the policy's output
+(`nodeagent.harness.modelfault.whose`): a server that cannot be reached, answers 5xx or
+garbage, or does not answer within `model_timeout_s` and then fails a liveness probe raises
+`ModelError`: an infrastructure failure (the rollout is retried), never a reward of 0. A
+failure of the policy's making ends the rollout, graded as is, with stop reason
+`model_timeout` (the server is alive: the policy's generation outran the request's timeout),
+`context_length` (its transcript overflowed the model's context) or `model_refused` (a 4xx the
+same request without the policy's output does not get); `model_fault` says what failed.
+Running out of the wall budget is the policy's own fault (`stop_reason = "wall_time"`).
 
 The model is behind the `Model` seam (`nodeagent.harness.model`): `HTTPModel` speaks the wire
 format; the node's gateway session (`nodeagent.gateway.session`, which records every call)
@@ -48,9 +53,11 @@ from typing import Any, Callable, Iterable
 
 from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
+from nodeagent.harness import modelfault
 from nodeagent.harness.faults import ToolFaults, faulted_result
 from nodeagent.harness.model import (
     MODEL_TIMEOUT_S,
+    PROBE_TIMEOUT_S,
     BudgetExhausted,
     ContextLengthExceeded,
     HTTPModel,
@@ -71,6 +78,7 @@ SYSTEM_PROMPT = ("You are a software agent working in a Linux sandbox. Your file
                  "reply without a tool call; for questions, give the final answer as \\boxed{...}.")
 
 TOOL_TIMEOUT_S = 20.0
+PROBE_FLOOR_S = 1.0           # each probe of a failed model call gets at least this (modelfault)
 MAX_CALLS_PER_STEP = 16       # tool calls run per assistant message; the rest are refused
 STOPPED = "stopped"           # stop reason: the runner stopped the loop (cancel, deadline)
 
@@ -79,7 +87,8 @@ STOPPED = "stopped"           # stop reason: the runner stopped the loop (cancel
 class AgentResult:
     steps: list[dict] = field(default_factory=list)
     answer: str | None = None
-    stop_reason: str = "stop"       # stop | user_stop | max_steps | wall_time | tokens | calls | context_length | model_error
+    stop_reason: str = "stop"       # stop | user_stop | max_steps | wall_time | tokens | calls | model_error
+    #                                 | context_length | model_timeout | model_refused (the policy's, modelfault)
     #                                 | no_progress | no_output (nodeagent.harness.progress) | stopped (from outside)
     #                                 (an external harness: harness_exit | harness_error | harness_timeout)
     prompt_tokens: int = 0
@@ -92,6 +101,7 @@ class AgentResult:
     # "verdict", "reason", "ts"}. Written to the `spans` and `egress` tables.
     spans: list[dict] = field(default_factory=list)
     egress: list[dict] = field(default_factory=list)
+    model_fault: str | None = None  # the failed call that ended the rollout as the policy's doing
 
 
 def _assistant_message(message: dict) -> dict:
@@ -189,20 +199,31 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
                "logprobs": True,
                "max_tokens": max(1, b.max_tokens - res.prompt_tokens - res.completion_tokens)}
     try:
-        body = client.complete(payload, min(model_timeout_s, remaining))
-    except (ModelTimeout, ContextLengthExceeded, BudgetExhausted) as exc:
-        res.spans.append({"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
-                          "duration_s": clock() - m0})
+        body = _complete(client, payload, min(model_timeout_s, remaining), clock)
+    except ModelError as exc:
+        span = {"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
+                "duration_s": clock() - m0}
+        if isinstance(exc, (BudgetExhausted, ModelTimeout, ContextLengthExceeded)):
+            res.spans.append(span)
         if isinstance(exc, BudgetExhausted):
             res.stop_reason = exc.kind
             return False
-        if isinstance(exc, ContextLengthExceeded):
-            res.stop_reason = "context_length"
-            return False
-        if remaining <= model_timeout_s:
+        if isinstance(exc, ModelTimeout) and remaining <= model_timeout_s:
             res.stop_reason = "wall_time"
             return False
-        raise
+        if watch is not None and watch.stop():
+            raise                 # the stop's doing (a shut socket): run_agent ends the loop
+        # the probes (at most three) end within the wall budget, or within PROBE_FLOOR_S each past
+        # it: well inside the attempt guard's grace, so a stop never lands mid-probe
+        probe_s = max(min(PROBE_TIMEOUT_S, model_timeout_s, (deadline - clock()) / 3), PROBE_FLOOR_S)
+        reason = modelfault.whose(exc, client, payload, probe_s)
+        if reason is None:
+            raise
+        if span not in res.spans:
+            res.spans.append(span)
+        res.stop_reason = reason  # the policy's doing: the rollout ends here and is graded as is
+        res.model_fault = str(exc)
+        return False
     model_s = clock() - m0
     res.spans.append({"kind": "model_call", "name": model, "step": row_no, "start_s": m0 - origin,
                       "duration_s": model_s})
@@ -264,6 +285,22 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         res.stop_reason = "tokens"
         return False
     return True
+
+
+def _complete(client: Model, payload: dict, timeout_s: float, clock) -> dict:
+    """One completion. A context overflow whose prompt fits (the server says how many tokens it
+    has and the context holds) asked for too many completion tokens: `max_tokens` is lowered to
+    what the context leaves and the call is sent once more (the harness asked too much, neither
+    the policy nor the server failed)."""
+    t0 = clock()
+    try:
+        return client.complete(payload, timeout_s)
+    except ContextLengthExceeded as exc:
+        room, asked = exc.room(), payload.get("max_tokens")
+        if room is None or room <= 0 or not isinstance(asked, int) or asked <= room:
+            raise
+        payload["max_tokens"] = room
+        return client.complete(payload, max(timeout_s - (clock() - t0), 0.001))
 
 
 def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox, messages: list[dict],

@@ -14,7 +14,9 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
    pass only if every one equals the gold, unless the gold itself is a set of several values.
 2. A hedge (`mathnorm.alternatives`: \\lor, "or", "(or 6)", a `cases` block, rows) offers every
    value it names: each must be the gold (or, for a multi-valued gold, the set must match). A
-   relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not.
+   relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not; every
+   spelling of equality is '=' ('==', '\\equiv', '\\cong', ':=', `mathrel.canonical`), and a
+   relation the gold does not hold ('6 \\propto 5', '6 \\subset 5') is never the gold's value.
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
    bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
@@ -52,6 +54,7 @@ import time
 from fractions import Fraction
 
 from nodeagent.verifier import mathnorm as mn
+from nodeagent.verifier import mathrel as mr
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +302,9 @@ def answers_equal(gold: str, pred: str) -> bool:
         return False
     if gold == pred:
         return True
+    gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
+    if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
+        return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
     alts = _dedupe(mn.alternatives(pred))
     if len(alts) > 1:                       # a hedge: every value it offers must be right
         if _multi_valued(gold):

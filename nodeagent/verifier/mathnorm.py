@@ -416,7 +416,10 @@ def asked_precision(instruction: str | None) -> Precision | None:
 # -- marks that change what a value means -------------------------------------------------------
 
 _NEGATION = re.compile(r"\\not(?![A-Za-z])|\\n(?:less|gtr|leq|geq)(?![A-Za-z])")
-_HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout)(?![A-Za-z])")
+_HIDING = re.compile(r"\\(?:[hv]?phantom|smash|color|textcolor|colorbox|fcolorbox|[bx]?cancel|sout|strikeout|"
+                     r"tiny|scriptsize|footnotesize|small|normalsize|large|Large|LARGE|huge|Huge)(?![A-Za-z])")
+_PER_MILLE = re.compile(r"‰|‱|\\(?:permil|textperthousand|textpertenthousand)(?![A-Za-z])|per\s*mill?e|"
+                        r"(?<![A-Za-z])(?:bps|basis\s+points?)(?![A-Za-z])", re.IGNORECASE)
 _VALUE_WORDS = re.compile(
     r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
     r"except|nearly|almost|least|most|more|less|fewer|than|between|"
@@ -428,7 +431,8 @@ _SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
 _ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
 _SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
 _DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
-_SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore)s?(?![A-Za-z])",
+_SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore|score|gross|grand|"
+                    r"myriad)s?(?![A-Za-z])",
                     re.IGNORECASE)
 _UNIT_SYNONYMS = {
     "centimeter": "cm", "centimetre": "cm", "meter": "m", "metre": "m", "kilometer": "km", "kilometre": "km",
@@ -440,6 +444,7 @@ _UNIT_SYNONYMS = {
 _KNOWN_UNITS = set(_UNIT_SYNONYMS) | set(_UNIT_SYNONYMS.values()) | {"cm", "m", "km", "mm", "in", "ft", "yd", "mi", "s",
                                                                  "min", "h", "g", "kg", "l", "ml", "lb", "oz"}
 _BARE_UNIT = re.compile(r"[+-]?\d[\d.,]*\s*([A-Za-z]{1,10})\s*(?:\^\s*\{?\d\}?)?")
+_UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*(\d)")
 _NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per", "of", "the", "a", "an", "each"}
 
 
@@ -462,6 +467,8 @@ def meaning_marks(s: str) -> set[str]:
         marks.add("similar")                 # "\\sim 5": about 5
     if _ONE_SIDED.search(s):
         marks.add("one-sided")               # "5^{+}": a one-sided limit, not 5
+    if _PER_MILLE.search(s):
+        marks.add("per-mille")               # "5 \\permil", "5 \\text{ bps}": not 5
     return marks
 
 
@@ -483,4 +490,7 @@ def units(s: str) -> frozenset[str]:
                 continue
             w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 2 and w.endswith("s") else w)
             words.add(w)
+        power = _UNIT_POWER.match(s, m.end())
+        if power:
+            words.add("^" + power.group(1))       # "5 \\text{ cm}^2" is an area, not a length
     return frozenset(words)

@@ -41,8 +41,9 @@ class FakeModel:
     (the last one repeats). Behaviours: a dict (the JSON reply), ("raw", status, bytes),
     ("hang",) — never answers until the test ends —, ("trickle",) — headers, then one byte."""
 
-    def __init__(self, script):
+    def __init__(self, script, get=None):
         self.script, self.requests, self.release = list(script), [], threading.Event()
+        self.get, self.probes = get, []     # GET (health, models): None = no route (501), ("raw", ...), ("hang",)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,6 +51,20 @@ class FakeModel:
 
             def log_message(self, *a):
                 pass
+
+            def do_GET(self):
+                outer.probes.append(self.path)
+                b = outer.get
+                if b is None:
+                    self.send_error(501)
+                    return
+                if b[0] == "hang":
+                    outer.release.wait(30)
+                    return
+                self.send_response(b[1])
+                self.send_header("Content-Length", str(len(b[2])))
+                self.end_headers()
+                self.wfile.write(b[2])
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -88,8 +103,8 @@ class FakeModel:
 def fake():
     servers = []
 
-    def make(*script):
-        servers.append(FakeModel(script))
+    def make(*script, get=None):
+        servers.append(FakeModel(script, get))
         return servers[-1]
     yield make
     for s in servers:
@@ -183,7 +198,7 @@ def test_wall_budget_interrupts_a_tool_call(sb, fake):
 
 
 def test_a_server_that_never_answers_is_a_model_error_not_a_hang(sb, fake):
-    m = fake(("hang",))
+    m = fake(("hang",), get=("hang",))       # nor its liveness probe: a hung server
     t0 = time.monotonic()
     with pytest.raises(ModelTimeout, match="did not answer within 0.5s"):
         agent(sb, m.url, model_timeout_s=0.5)
@@ -191,7 +206,7 @@ def test_a_server_that_never_answers_is_a_model_error_not_a_hang(sb, fake):
 
 
 def test_a_server_that_trickles_is_cut_at_the_deadline(sb, fake):
-    m = fake(("trickle",))
+    m = fake(("trickle",), get=("hang",))
     t0 = time.monotonic()
     with pytest.raises(ModelTimeout):
         agent(sb, m.url, model_timeout_s=0.5)

@@ -1,0 +1,158 @@
+"""Relations in a math answer: one spelling for each, and the ones a bare value must not carry.
+
+A relation states every side (`mathanswer`): `x = 12/2 = 6` is 6, `6 = 5` is not 5. That holds
+only if every way of writing a relation is read as one:
+- `canonical(s)`: equality written otherwise becomes `=` (`==`, `=\\!=`, `:=`, `=:`, `\\coloneqq`,
+  `\\colon=`, `\\equiv`, `\\cong`, `\\doteq`, `\\circeq`, `\\triangleq`, `\\bumpeq`, `\\stackrel{?}{=}`,
+  `\\overset{def}{=}`, the words "equals", "is congruent to", and `≡ ≅ ≐ ≔ ≕ ≜ ≝ ≟ ⩵`); an
+  approximation becomes `\\approx` (`\\approxeq`, `\\thickapprox`, `≈ ≊`); `≠ ≤ ≥ ≃ ∼ ∈ ∉ ⊂ ⊆`
+  become their commands; `!=`, `<=`, `>=` become `\\ne`, `\\le`, `\\ge`; a biconditional
+  (`\\iff`, `\\Leftrightarrow`, `⇔`) is `=`; any other character of the arrows and mathematical
+  operators blocks is read by its Unicode name: an equality (`≗ ≙ ⩮`) is `=`, another relation
+  (`⪯ ⊊ ∣`) a family of its own;
+- `families(s)`: the other relations `s` holds, by family (`family(name)`: order, negation,
+  inclusion, membership, precedence, divisibility, proportion, turnstiles, ...; a command is
+  known by its name in the amssymb tables or by the shape of that name: `\\n...` of a relation
+  is a negation, `...prec...`/`...succ...` precedence, `...subset...` inclusion): an answer
+  holding a relation its gold does not (`6 \\propto 5`, `6 \\subset 5`, `6 \\in 5`, `6 \\perp 5`
+  for gold 5) states something else than the gold's value; `stray(gold, pred)` says so. Order
+  relations are allowed against a gold that is an interval or a set (`x \\in (0, 5)`), and `x
+  \\in S` (a variable's membership) is read by `mathanswer`.
+
+Pure string functions. Must not import: sympy, math_verify, zmq, controller.store,
+controller.broker, nodeagent.verifier.mathanswer.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+
+from nodeagent.verifier import mathnorm as mn
+
+_END = r"(?![A-Za-z])"
+_EQ_CMDS = ("iff", "Leftrightarrow", "leftrightarrow", "Longleftrightarrow", "longleftrightarrow", "equiv", "cong",
+            "doteq", "Doteq", "doteqdot", "circeq", "triangleq", "bumpeq", "Bumpeq",
+            "coloneqq", "Coloneqq", "coloneq", "Coloneq", "eqqcolon", "Eqqcolon", "eqcolon", "Eqcolon",
+            "risingdotseq", "fallingdotseq", "eqdef", "measeq", "questeq", "eqcirc", "Equiv")
+_STACKED = re.compile(r"\\(?:stackrel|overset|underset)\s*\{(?:[^{}]|\{[^{}]*\}){0,40}\}\s*\{\s*(=|\\equiv|\\cong|\\sim|\\approx)\s*\}")
+_EQUALITY = re.compile(r"\\(?:" + "|".join(_EQ_CMDS) + r")" + _END
+                       + r"|=\s*\\!\s*=|\\colon\s*=|::=|:=|=:|(?<![<>!=])=(?:\s*=)+|[≡≅≐≔≕≜≝≟⩵⩶]"
+                       + r"|\\(?:text|mbox|mathrm|textrm)\s*\{\s*(?:is\s+)?(?:equals?|equal\s+to|congruent\s+to|"
+                       r"equivalent\s+to|identical\s+to|the\s+same\s+as)\s*\}")
+_APPROX = re.compile(r"\\(?:approxeq|thickapprox)" + _END + r"|[≈≊]")
+_ASCII = ((re.compile(r"(?<!\\)!="), "\\\\ne "), (re.compile(r"<="), "\\\\le "), (re.compile(r">="), "\\\\ge "))
+_UNICODE = {"≠": "\\ne ", "≤": "\\le ", "≥": "\\ge ", "≃": "\\simeq ", "∼": "\\sim ", "∈": "\\in ", "∉": "\\notin ",
+            "⊂": "\\subset ", "⊆": "\\subseteq ", "⊃": "\\supset ", "⊇": "\\supseteq ", "∝": "\\propto ",
+            "⊥": "\\perp ", "∥": "\\parallel ", "≪": "\\ll ", "≫": "\\gg ", "≺": "\\prec ", "≻": "\\succ "}
+
+_ORDER = ("lt", "gt", "le", "ge", "leq", "geq", "leqq", "geqq", "leqslant", "geqslant", "ll", "gg", "lll", "ggg",
+          "llless", "gggtr", "eqslantless", "eqslantgtr")
+_NAMED = {"ne": "negation", "neq": "negation", "not": "negation", "notin": "negation", "neqq": "negation",
+          "in": "membership", "ni": "membership", "owns": "membership", "propto": "proportion",
+          "varpropto": "proportion", "perp": "perp", "asymp": "asymp", "bowtie": "bowtie", "between": "between",
+          "pitchfork": "pitchfork", "divides": "mid", "therefore": "logic", "because": "logic",
+          "dashv": "turnstile", "models": "turnstile", "lhd": "triangle", "rhd": "triangle",
+          "unlhd": "triangle", "unrhd": "triangle", **{c: "order" for c in _ORDER}}
+# Relation commands by the shape of their names (the amssymb tables): every negated, order,
+# precedence, inclusion, divisibility, turnstile, triangle and similarity relation.
+_SHAPES = (
+    (re.compile(r"(?:less|gtr|eqslant)[a-z]*|[lg]n(?:eqq?|sim|approx)|[lg]vertneqq|[lg](?:e|eq|eqq|eqslant)?dot|"
+                r"[lg]tr?dot|lessdot|gtrdot"), "order"),
+    (re.compile(r"[a-z]*(?:prec|succ)[a-z]*"), "precedence"),
+    (re.compile(r"(?:var|n)?(?:sq)?(?:sub|sup)set[a-z]*|Subset|Supset"), "inclusion"),
+    (re.compile(r"(?:short|n|nshort)?(?:mid|parallel)"), "mid"),
+    (re.compile(r"(?:small)?(?:smile|frown)"), "smile"),
+    (re.compile(r"n?(?:v|V|Vv)(?:dash|Dash|DASH)|nVDash|vdash"), "turnstile"),
+    (re.compile(r"(?:var|n|black)?triangle(?:left|right)(?:eq(?:slant)?)?"), "triangle"),
+    (re.compile(r"(?:back|thick|eq|n)?sim(?:eq)?|backsimeq|[a-z]+approx|approxident"), "similar"),
+)
+_NOT_RELATIONS = {"sim", "simeq", "approx", "thicksim", "eqsim", "backsim"}   # `\\approx` is read by mathanswer, `\\sim`
+#                                                                            is a meaning mark (mathnorm)
+_COMMAND = re.compile(r"\\([A-Za-z]+)(?:\{([A-Z]+)\})?")
+_BARE_ORDER = re.compile(r"(?<![\\{])[<>]")
+_VARIABLE_IN = re.compile(r"\s*(?:[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\))\s*\\in" + _END)
+
+
+@functools.lru_cache(maxsize=1024)
+def family(name: str) -> str | None:
+    """The family of the relation command `\\<name>`, or None when it is no relation (or one
+    read elsewhere: `\\approx`, `\\sim`)."""
+    if name in _NOT_RELATIONS:
+        return None
+    if name in _NAMED:
+        return _NAMED[name]
+    if len(name) > 2 and name[0] == "n" and family(name[1:]) is not None:
+        return "negation"                   # \\nleq, \\nsubseteqq, \\nVDash, \\ncong
+    if name in _EQ_CMDS:
+        return "equality"
+    for shape, fam in _SHAPES:
+        if shape.fullmatch(name):
+            return fam
+    return None
+
+
+def canonical(s: str) -> str:
+    """`s` with every equality spelled `=` and every approximation `\\approx` (see the module
+    docstring); other relations spelled as commands."""
+    if not re.search(r"[=:\\!<>\u2190-\u21ff\u2200-\u22ff\u27f0-\u27ff\u2a00-\u2aff]", s):
+        return s
+    s = _STACKED.sub(lambda m: m.group(1) if m.group(1) != "\\equiv" and m.group(1) != "\\cong" else "=", s)
+    s = _EQUALITY.sub("=", s)
+    s = _APPROX.sub(r"\\approx ", s)
+    for pattern, spelled in _ASCII:
+        s = pattern.sub(spelled, s)
+    for a, b in _UNICODE.items():
+        s = s.replace(a, b)
+    return _UNICODE_RELATION.sub(_unicode_relation, s)
+
+
+_UNICODE_RELATION = re.compile(r"[\u2190-\u21ff\u2200-\u22ff\u27f0-\u27ff\u2a00-\u2aff]")
+_EQUAL_WORDS = ("EQUAL", "IDENTICAL", "CORRESPONDS", "ESTIMATES", "MEASURED BY", "EQUIVALENT")
+_RELATION_WORDS = ("LESS", "GREATER", "PRECEDES", "SUCCEEDS", "SUBSET", "SUPERSET", "ELEMENT", "CONTAINS",
+                   "DIVIDES", "PARALLEL", "PERPENDICULAR", "TACK", "FORCES", "PROPORTIONAL", "TILDE", "BETWEEN",
+                   "NORMAL SUBGROUP", "MODELS", "TRUE", "NOT ", "DOES NOT", "ASYMPTOTIC", "SQUARE IMAGE",
+                   "SQUARE ORIGINAL", "RELATION", "EQUIVALENT", "EQUAL")
+
+
+def _unicode_relation(m: re.Match) -> str:
+    """A relation character of the arrows and mathematical operators blocks: an equality
+    (its name says EQUAL, IDENTICAL, ESTIMATES, ...) becomes `=`, a biconditional arrow `=`,
+    another relation `\\urel{<name>}` (a family of its own); other symbols are kept."""
+    ch = m.group(0)
+    name = unicodedata.name(ch, "")
+    if "LEFT RIGHT" in name and "ARROW" in name:
+        return "="                          # ⇔ ↔: each side the same
+    if "ARROW" in name:
+        return ch
+    negated = any(w in name for w in ("NOT ", "NEITHER", "DOES NOT"))
+    ordered = any(w in name for w in _RELATION_WORDS[:12] + ("TILDE",))
+    if not negated and not ordered and any(w in name for w in _EQUAL_WORDS):
+        return "="
+    if negated or ordered or any(w in name for w in _RELATION_WORDS):
+        return " \\urel{" + "".join(w[0] for w in name.split()) + "} "
+    return ch
+
+
+def families(s: str) -> set[str]:
+    """The families of the relations other than `=`, `\\approx` and `\\sim` that `s` holds."""
+    out = {f for m in _COMMAND.finditer(s) if (f := family(m.group(1))) is not None}
+    out.update("unicode:" + m.group(2) for m in _COMMAND.finditer(s) if m.group(1) == "urel" and m.group(2))
+    if _BARE_ORDER.search(s):
+        out.add("order")
+    if "membership" in out and _VARIABLE_IN.match(s) and s.count("\\in") == 1 and len(mn.split_top(s)) == 1:
+        out.discard("membership")          # "x \\in [0, 1)": a variable's values, read by mathanswer
+    return out
+
+
+def stray(gold: str, pred: str, gold_is_scalar: bool) -> bool:
+    """`pred` holds a relation the gold does not (`6 \\propto 5` for 5): it states something else
+    than the gold's value. Order relations are not stray against a gold that is not a scalar
+    (an interval, a set: `0 < x < 5` for `(0, 5)`)."""
+    extra = families(pred) - families(gold)
+    if not gold_is_scalar:
+        extra.discard("order")
+    return bool(extra)
+
+
+__all__ = ["canonical", "families", "family", "stray"]
