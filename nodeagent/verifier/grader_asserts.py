@@ -8,8 +8,9 @@ inlined, the rest pinned and checked: `state_compile`/`state_pin`/`state_items`/
 and `inspect.currentframe` for the code under test (`install_frame_views`). `trusted_function`
 asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
-Standard library only at import (it runs inside the task's image). Must not import: anything of
-Paddock, pytest.
+Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
+path there, imported from the package only on the host). Must not import: pytest, Paddock other
+than nodeagent.verifier.grader_sites.
 """
 
 import ast
@@ -97,13 +98,19 @@ def honest_eq(a, b):
 CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
 
 
+def _load_sites(path="/verifier/paddock_sites.py"):
+    """In the sandbox: `grader_sites`, loaded by path before any code under test (`grade.SITES_PATH`)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("paddock_sites", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copy
     from nodeagent.verifier import grader_sites as _sites
-else:       # in the sandbox: loaded by path, before any code under test (see `grade.SITES_PATH`)
-    import importlib.util
-    _spec = importlib.util.spec_from_file_location("paddock_sites", "/verifier/paddock_sites.py")
-    _sites = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_sites)
+else:
+    _sites = _load_sites()
 perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
 
 
