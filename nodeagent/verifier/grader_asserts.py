@@ -265,7 +265,8 @@ def _uses(tree):
         elif isinstance(n, ast.Call):
             f = n.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if not (name in _READERS or name.lower().startswith("assert")):
+            site = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Constant) and f.value.value == CANARY_SENTINEL
+            if not (name in _READERS or name.lower().startswith("assert") or site):     # (site: grader_sites)
                 touched.update(key(a.value if isinstance(a, ast.Starred) else a) for a in n.args)
                 touched.update(key(k.value) for k in n.keywords)
     touched.discard(None)
@@ -451,7 +452,7 @@ def digest(v, ids=None, _budget=None, _type=type, _id=id, _float=float, _tuple=t
 
 
 def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set, _getattr=getattr,
-                 _isinstance=isinstance, _digest=digest):
+                 _isinstance=isinstance, _digest=digest, _honest=honest_eq):
     """The pins, in this generator's frame. Requests: ("plan", path, plan), ("pin", module, path),
     ("items", [(nodeid, params)]), ("check", nodeid or None, when) -> [what changed]. Asked with
     the code under test on the stack (the audit hook judges it), it answers None."""
@@ -529,6 +530,8 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
                             pass
                 where += pins[start:]
                 pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
+                if space.get("_paddock_honest_eq", _honest) is not _honest:     # rebound while the module ran
+                    pending.append(f"{path}:_paddock_honest_eq")
             elif req[0] == "items":
                 for nodeid, ps, cls, name in req[1]:
                     params[nodeid] = [ps, _digest(ps, _set())]

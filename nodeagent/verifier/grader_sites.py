@@ -185,7 +185,7 @@ def _order(ops, _rand=_rand, _len=len):
     for i in range(_len(ops) - 1, 0, -1):
         j = _rand(i + 1)
         ops[i], ops[j] = ops[j], ops[i]
-    probes = [i for i, op in enumerate(ops) if op[0]]
+    probes = [i for i, op in enumerate(ops) if op[0] >= 0]
     if probes:
         i = probes[_rand(_len(probes))]
         ops[0], ops[i] = ops[i], ops[0]
@@ -207,34 +207,33 @@ def _inconsistent(what, _error=AssertionError, _impure=IMPURE):
 
 def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_order, _truth=_truth,
             _repeats=REPEATS, _count=PROBES, _type=type, _bool=bool, _inconsistent=_inconsistent,
-            _wrapper=_WRAPPER, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__):
+            _wrapper=_WRAPPER, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__,
+            _len=len, _enumerate=enumerate):
     """`a == b` at a guarded test's site: Python's own answer, once the same comparison repeated
     and against perturbed values has shown it to be a pure function of the two values (see the
     module docstring). Plain builtin data, and values whose comparison is the builtins' or trusted
     code's all the way down, are compared once."""
     if _plain(a) and _plain(b) or not (_suspect(a) or _suspect(b)):
         return a == b
-    ops = [(False, a, b)] * (1 + _repeats)
+    ops = [(-1, a, b)] * (1 + _repeats)
     for mine, other, left in ((a, b, True), (b, a, False)):
         if _suspect(mine):
-            ops += [(True, mine, p) if left else (True, p, mine)
-                    for p in _probes(other if _plain(other) else object(), _count)]
-    first, answers, held = None, [], False
-    for probe, x, y in _order(ops):
+            ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
+                    for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2))] * 2
+    first, answers, held = None, {}, False
+    for kind, x, y in _order(ops):
         try:
             r, err = x == y, None           # (one line for every comparison: its caller tells nothing)
         except Exception as exc:
             r, err = None, exc
         t = _truth(r) if err is None else err.__class__
-        if probe:
-            held = held or t is True
-        else:
-            if first is None:
-                first = (r, err)
-            answers.append(t)
-    if any(t != answers[0] for t in answers):
+        if kind < 0 and first is None:
+            first = (r, err)
+        held = held or kind >= 0 and t is True
+        answers.setdefault(kind, []).append(t)
+    if any(t != ts[0] for ts in answers.values() for t in ts):
         raise _inconsistent("`==` at this site gave different answers for the same values: it")
-    r, err = first
+    answers, (r, err) = answers[-1], first
     if err is not None:
         raise err
     if answers[0] is True and held:
@@ -251,7 +250,7 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
 def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_order, _trusted=_trusted,
               _repeats=REPEATS, _count=PROBES, _type=type, _getattr=getattr, _str=str, _len=len,
               _inconsistent=_inconsistent, _base=BaseException, _exc=Exception,
-              _passing=(KeyboardInterrupt, SystemExit, GeneratorExit), **kwargs):
+              _passing=(KeyboardInterrupt, SystemExit, GeneratorExit), _enumerate=enumerate, **kwargs):
     """`f(*args, **kwargs)` at a guarded test's assertion site (`self.assertEqual(a, b)`, a
     package's `assert_close(a, b)`, any `assert*` call): called once when `f` is trusted code
     and its arguments compare with the builtins' or trusted code's equality; otherwise repeated
@@ -264,26 +263,24 @@ def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _o
             _trusted(fn) and all(_plain(v) or not _suspect(v) for v in values)):
         return f(*args, **kwargs)
     name = _str(_getattr(fn, "__name__", "")).lower()
-    ops = [(False, args)] * (1 + _repeats)
+    ops = [(-1, args)] * (1 + _repeats)
     if _len(args) == 2 and set(kwargs) <= {"msg"} and "not" not in name and ("equal" in name or "close" in name):
         at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
-        ops += [(True, (args[0], p) if at else (p, args[1])) for p in _probes(args[at] if _plain(args[at]) else
-                                                                               object(), _count)]
-    first, answers, held = None, [], False
-    for probe, xs in _order(ops):
+        ops += [(i, (args[0], p) if at else (p, args[1])) for i, p in _enumerate(
+            _probes(args[at] if _plain(args[at]) else object(), _count // 2))] * 2
+    first, answers, held = None, {}, False
+    for kind, xs in _order(ops):
         try:
             r, err = f(*xs, **kwargs), None     # (one line for every call)
         except _passing:
             raise
         except _base as exc:
             r, err = None, exc
-        if probe:
-            held = held or err is None
-        else:
-            if first is None:
-                first = (r, err)
-            answers.append(err is None)
-    if any(t != answers[0] for t in answers):
+        if kind < 0 and first is None:
+            first = (r, err)
+        held = held or kind >= 0 and err is None
+        answers.setdefault(kind, []).append(err is None)
+    if any(t != ts[0] for ts in answers.values() for t in ts):
         raise _inconsistent(f"the assertion {name!r} passed and failed for the same values: it")
     r, err = first
     if err is not None:
