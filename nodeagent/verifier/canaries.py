@@ -21,7 +21,10 @@ report back: real names restored, canary events removed, and a `tamper` event ad
 canary passed, or when a real test passed and one of its canaries has no report at all. Any
 in-process trick that makes a failing test look passed makes canaries pass too, whatever the
 trick. Detection of a trick that can single out one test of a group (e.g. an `__eq__` true only
-the first time it meets given arguments) is probabilistic: 1 - 1/(k+1) per test it forges.
+the first time it meets given arguments) is probabilistic there: 1 - 1/(k+1) per test it forges.
+So every equality and assertion site of every variant also goes through the grader's site
+guards (`_Sites`, `grader_sites`): an answer that is not a pure function of the values compared
+fails there, and `translate` reads that failure as tampering.
 
 Pure AST work and JSON: no I/O. Must not import nodeagent.sandbox, zmq, controller.* outside
 contracts.

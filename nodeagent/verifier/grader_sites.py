@@ -26,6 +26,7 @@ Standard library only. Must not import: anything of Paddock, pytest.
 
 import os
 import sys
+from collections import deque
 
 REPEATS = 5     # the real comparison again, besides its first evaluation
 PROBES = 6      # comparisons with a perturbed expected value (that must not hold)
@@ -112,7 +113,8 @@ def _plain(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=dict
 def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=dict, _budget=_BUDGET,
              _dunders=_DUNDERS, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__,
              _wrapper=_WRAPPER, _function=_FUNCTION, _trusted=_trusted, _isinstance=isinstance, _list=list,
-             _getattribute=object.__getattribute__, _seq=(list, tuple, set, frozenset), _set=set, _id=id):
+             _getattribute=object.__getattribute__, _seq=(list, tuple, set, frozenset, deque), _set=set, _id=id,
+             _str=str, _getattr=getattr, _qualname=type.__dict__["__qualname__"].__get__):
     """Does anything in `v` (builtin containers, the instance dicts and items of objects whose
     comparison is the builtins' or trusted code's) compare or answer truth with code the audit
     hook does not trust (the code under test's)? Read without running any of its code."""
@@ -139,9 +141,12 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
                     break
             if d is None or _type(d) is _wrapper:
                 continue
-            if _type(d) is not _function or not _trusted(d):
+            if _type(d) is not _function or not _trusted(d) or not _str(_getattr(d, "__qualname__", "")).startswith(
+                    _qualname(k) + "."):     # trusted code borrowed by another class (`__eq__ = Random.randrange`)
                 return True
-        if _isinstance(x, _seq):
+        if _isinstance(x, _dict):
+            todo += (*x.keys(), *x.values())
+        elif _isinstance(x, _seq):
             todo += _list(x)
         try:
             inner = _getattribute(x, "__dict__")
