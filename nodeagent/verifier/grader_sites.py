@@ -158,21 +158,22 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
 
 
 def _probes(y, count, _type=type, _scalars=_SCALARS, _perturb=perturb, _rand=_rand, _list=list, _tuple=tuple,
-            _dict=dict, _int=int, _object=object, _range=range):
+            _dict=dict, _int=int, _object=object, _range=range, _abs=abs, _len=len):
     """`count` values that an honest operand equal to `y` is not equal to: for plain data, `y`
     with one value deep inside it perturbed (the shape kept, so a container's comparison reaches
-    its items; an int moved by one), else fresh objects."""
+    its items; an int moved by half its size and more, as `perturb` moves a float: a tolerance
+    does not hide it), else fresh objects."""
     out = []
     for _ in _range(count):
         path, cur, t = [], y, _type(y)
         while t in (_list, _tuple, _dict) and cur:
-            keys = _list(cur) if t is _dict else _range(len(cur))
-            k = keys[_rand(len(keys))]
+            keys = _list(cur) if t is _dict else _range(_len(cur))
+            k = keys[_rand(_len(keys))]
             path.append((t, cur, k))
             cur = cur[k]
             t = _type(cur)
         try:
-            new = cur + (1 if _rand(2) else -1) if t is _int else _perturb(cur)
+            new = cur + (_abs(cur) // 2 + 1 + _rand(3)) * (1 if _rand(2) else -1) if t is _int else _perturb(cur)
         except Exception:
             out.append(_object())
             continue

@@ -25,7 +25,7 @@ import unittest
 
 import pytest
 
-from nodeagent.verifier import canaries, grader_asserts
+from nodeagent.verifier import canaries, grader_asserts, grader_sites
 
 from .test_repo_attacks import assert_passes, grade, repo_task
 
@@ -196,6 +196,9 @@ def test_a_plainly_wrong_solution_fails_without_being_flagged():
 # -- in real sandboxes: the site guards are shipped and bound in the grader's child ---------------
 
 SANDBOX_TESTS = '''import unittest
+from unittest import mock
+
+import pytest
 
 from calc import add
 
@@ -207,6 +210,8 @@ class TestCalc(unittest.TestCase):
     def test_add_negative(self):
         self.assertEqual(add(-1, -3), -4)
         self.assertTrue(add(-2, -3) == -5)
+        self.assertEqual([add(-1, -1), "x"], [mock.ANY, "x"])
+        assert add(-0.5, -0.25) == pytest.approx(-0.75)
 '''
 WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
 GOLD = "def add(a, b):\n    return a + b\n"
@@ -252,3 +257,75 @@ def test_in_the_sandbox_the_gold_an_honest_type_and_a_wrong_answer_grade_as_befo
     assert_passes(grade(runtime, python_image, unittest_task, {"calc.py": HONEST_TYPE}))
     v = grade(runtime, python_image, unittest_task, {"calc.py": WRONG})
     assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False), v.checks[-1]["detail"]
+
+
+# -- the site guards themselves (`grader_sites`): honest values as Python compares them ---------
+
+class Close:
+    """An honest type with a tolerance: equal to any number within a millionth of its own."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return abs(self.x - other) <= 1e-6 * abs(self.x)
+
+    __hash__ = None
+
+
+def _honest_pairs():
+    """(Trust is the sandbox's audit hook's to tell: here every function is the code under test's,
+    so `mock.ANY` equal to anything is compared as a side that is not plain data.)"""
+    import decimal
+    import fractions
+    from unittest import mock
+    return [(Money(25), 25), (25, Money(25)), ([Money(3), Money(6)], [3, 6]), ({"a": Money(1)}, {"a": 1}),
+            ([Money(3), 4], [mock.ANY, 4]), (pytest.approx(0.3), 0.1 + 0.2), (decimal.Decimal("2.5"), 2.5),
+            (fractions.Fraction(1, 2), 0.5), (Close(10 ** 9), 10 ** 9 + 1), ((Money(1), "x"), (1, "x")),
+            (Money(24), 25), (Money(3), Money(3)), (Money(3), Money(4)), (Money(1), None)]
+
+
+def test_honest_values_compare_at_a_site_as_python_compares_them():
+    for a, b in _honest_pairs():
+        for _ in range(20):
+            assert grader_sites.site_eq(a, b) == (a == b), (a, b)
+
+
+def test_elementwise_results_come_back_as_they_are():
+    np = pytest.importorskip("numpy")
+    out = grader_sites.site_eq(np.array([1, 2]), np.array([1, 3]))
+    assert type(out) is np.ndarray and out.tolist() == [True, False]
+    assert grader_sites.site_eq(np.float64(0.5), 0.5) and not grader_sites.site_eq(np.int64(3), 4)
+
+
+def test_an_assertion_is_called_as_written_and_a_one_shot_iterator_once():
+    calls = []
+
+    def assert_list_equal(a, b):
+        calls.append(1)
+        if list(a) != list(b):
+            raise AssertionError(f"{a!r} != {b!r}")
+
+    grader_sites.site_call(assert_list_equal, (x for x in [1, 2]), [1, 2])
+    assert calls == [1]
+    grader_sites.site_call(assert_list_equal, [Money(1), Money(2)], [1, 2])
+    with pytest.raises(AssertionError, match="!="):
+        grader_sites.site_call(assert_list_equal, [1, 3], [1, 2])
+    case = unittest.TestCase()
+    grader_sites.site_call(case.assertEqual, Money(5), 5, msg="five")
+    with pytest.raises(AssertionError, match="five"):
+        grader_sites.site_call(case.assertEqual, Money(5), 6, msg="five")
+
+
+@pytest.mark.parametrize("name", sorted(FORGERS))
+def test_a_site_catches_a_forged_answer_whatever_its_order(name):
+    """A comparison whose answer is not a pure function of the values raises saying so, or is
+    plainly unequal; it never holds twice in a row of gradings where an honest 25 would."""
+    area = FORGERS[name]()
+    held = 0
+    for _ in range(200):
+        try:
+            held += bool(grader_sites.site_eq(area(5, 5), 25))
+        except AssertionError as exc:
+            assert grader_sites.IMPURE in str(exc)
+    assert held == 0
