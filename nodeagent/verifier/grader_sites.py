@@ -16,7 +16,8 @@ comparisons must all give the same answer, and when it is "equal" no probe may b
 object whose answer is not a pure function of the values (a counter, randomness, time, the
 caller, the number of comparisons made, "true on the first k calls", "true for the first value
 it meets") fails the site: a value-independent answer passes it with probability at most
-1 / C(REPEATS + PROBES, PROBES) (1/462), and the canaries stay in place on top.
+1 / C(REPEATS + PROBES, PROBES - 1) (1/6435: the first is a probe), and the canaries stay in
+place on top.
 
 Everything a site function uses is bound as a default argument (nothing is looked up at run
 time: the audit hook refuses `__defaults__` swaps) and no closure holds mutable state.
@@ -28,8 +29,8 @@ import os
 import sys
 from collections import deque
 
-REPEATS = 5     # the real comparison again, besides its first evaluation
-PROBES = 6      # comparisons with a perturbed expected value (that must not hold)
+REPEATS = 7     # the real comparison again, besides its first evaluation
+PROBES = 8      # comparisons with perturbed expected values (4 values, each twice: none may hold)
 _BUDGET = 100000        # nodes walked per operand (plain data, suspicion)
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
 _CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
@@ -219,11 +220,14 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
     and against perturbed values has shown it to be a pure function of the two values (see the
     module docstring). Plain builtin data, and values whose comparison is the builtins' or trusted
     code's all the way down, are compared once."""
-    if _plain(a) and _plain(b) or not (_suspect(a) or _suspect(b)):
+    if _plain(a) and _plain(b):
+        return a == b
+    suspects = (_suspect(a), _suspect(b))
+    if not any(suspects):
         return a == b
     ops = [(-1, a, b)] * (1 + _repeats)
-    for mine, other, left in ((a, b, True), (b, a, False)):
-        if _suspect(mine):
+    for mine, other, left, suspect in ((a, b, True, suspects[0]), (b, a, False, suspects[1])):
+        if suspect:
             ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
                     for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2))] * 2
     first, answers, held = None, {}, False

@@ -320,7 +320,8 @@ def test_an_assertion_is_called_as_written_and_a_one_shot_iterator_once():
 @pytest.mark.parametrize("name", sorted(FORGERS))
 def test_a_site_catches_a_forged_answer_whatever_its_order(name):
     """A comparison whose answer is not a pure function of the values raises saying so, or is
-    plainly unequal; it never holds twice in a row of gradings where an honest 25 would."""
+    plainly unequal, where an honest 25 would hold: a counter whose pattern has as many "equal"
+    as the site's real comparisons can meet one order of them in 1/C(15, 7) (1/6435)."""
     area = FORGERS[name]()
     held = 0
     for _ in range(200):
@@ -328,4 +329,4 @@ def test_a_site_catches_a_forged_answer_whatever_its_order(name):
             held += bool(grader_sites.site_eq(area(5, 5), 25))
         except AssertionError as exc:
             assert grader_sites.IMPURE in str(exc)
-    assert held == 0
+    assert held <= 1
