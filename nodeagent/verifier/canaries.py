@@ -21,7 +21,10 @@ report back: real names restored, canary events removed, and a `tamper` event ad
 canary passed, or when a real test passed and one of its canaries has no report at all. Any
 in-process trick that makes a failing test look passed makes canaries pass too, whatever the
 trick. Detection of a trick that can single out one test of a group (e.g. an `__eq__` true only
-the first time it meets given arguments) is probabilistic: 1 - 1/(k+1) per test it forges.
+the first time it meets given arguments) is probabilistic there: 1 - 1/(k+1) per test it forges.
+So every equality and assertion site of every variant also goes through the grader's site
+guards (`_Sites`, `grader_sites`): an answer that is not a pure function of the values compared
+fails there, and `translate` reads that failure as tampering.
 
 Pure AST work and JSON: no I/O. Must not import nodeagent.sandbox, zmq, controller.* outside
 contracts.
@@ -36,6 +39,8 @@ import re
 import threading
 from dataclasses import dataclass, field
 from typing import Sequence, cast
+
+from nodeagent.verifier.grader_sites import IMPURE
 
 SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
 P2P_GUARDED = 8         # tests that must keep passing, guarded too (a random sample of them)
@@ -177,6 +182,39 @@ def _raise_after(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.FunctionDef 
     return new
 
 
+_UNITTEST_ASSERT = re.compile(r"^assert[A-Z]\w*$")
+
+
+class _Sites(ast.NodeTransformer):
+    """Every equality and assertion site of a guarded test (its real copy and its canaries)
+    through the grader's site guards (`grader_sites`): `a == b` -> `SENTINEL.eq(a, b)`, an
+    `assertX(...)` (unittest) or `assert_*equal*`/`*close*` helper call `f(...)` ->
+    `SENTINEL.call(f, ...)`. An answer that is not a pure function of the values compared (a
+    counter, randomness, time, the caller) fails the site; honest values are compared as before."""
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq):
+            return node
+        guard = ast.Attribute(ast.Constant(SENTINEL), "eq", ast.Load())
+        return ast.copy_location(ast.Call(guard, [node.left, node.comparators[0]], []), node)
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if not (_UNITTEST_ASSERT.match(name) or _HELPER.match(name)) or _SUPPRESSING.search(name) \
+                or not node.args or any(isinstance(a, ast.Starred) for a in node.args) \
+                or any(k.arg is None for k in node.keywords):
+            return node
+        guard = ast.Attribute(ast.Constant(SENTINEL), "call", ast.Load())
+        return ast.copy_location(ast.Call(guard, [f, *node.args], node.keywords), node)
+
+
+def _guard_sites(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    fn.body = [cast(ast.stmt, _Sites().visit(s)) for s in fn.body]
+
+
 class _Rename(ast.NodeTransformer):
     """References to renamed tests (`Name`s and attributes: `self.other.test_x`), not their
     definitions (every variant keeps the original `def` name: its `__name__`/`__qualname__`, and
@@ -245,6 +283,8 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
                     plan.perturbed.setdefault(rel, set()).add(cname)
                 group.append((c, cname))
             rng.shuffle(group)
+            for fn, _bound in group:     # after the canaries are made from the test as written
+                _guard_sites(fn)
             for fn, bound in group:
                 out += [fn, _bind(fn, bound)]
             out.append(ast.copy_location(ast.Delete([ast.Name(stmt.name, ast.Del())]), stmt))
@@ -306,7 +346,7 @@ def translate(raw: bytes, plan: Plan) -> bytes:
             return raw
     except (ValueError, KeyError, TypeError, RecursionError):
         return raw
-    kept, seen_canaries, passed_real, bad = [], set(), [], []
+    kept, seen_canaries, passed_real, bad, impure = [], set(), [], [], []
     coincidences = []       # perturbed canaries that passed: (their real test's key, the id to name)
     for ev in events:
         if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
@@ -327,6 +367,8 @@ def translate(raw: bytes, plan: Plan) -> bytes:
             ev = {**ev, "id": f"{file}::{cls + '::' if cls else ''}{original}{params}"}
             if ev.get("when") == "call" and ev.get("outcome") == "passed":
                 passed_real.append((file, cls, original, params))
+            elif IMPURE in str(ev.get("detail") or ""):     # a site guard caught a forged answer
+                impure.append(ev["id"])
         kept.append(ev)
     # A perturbed canary holds when one of its checks meets the perturbed value: a wrong answer
     # can be that value by chance (`w + h` for `w * h` at (1, 1), moved to 2). That is tampering
@@ -344,5 +386,7 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
     if silent:
         kept.append({"ev": "tamper", "detail": f"a hidden canary copy was never reported: {sorted(set(silent))[:5]}"})
+    if impure:
+        kept.append({"ev": "tamper", "detail": f"an assertion's answer {IMPURE}: {sorted(set(impure))[:5]}"})
     report["events"] = kept
     return json.dumps(report).encode()

@@ -8,8 +8,9 @@ inlined, the rest pinned and checked: `state_compile`/`state_pin`/`state_items`/
 and `inspect.currentframe` for the code under test (`install_frame_views`). `trusted_function`
 asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
-Standard library only at import (it runs inside the task's image). Must not import: anything of
-Paddock, pytest.
+Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
+path there, imported from the package only on the host). Must not import: pytest, Paddock other
+than nodeagent.verifier.grader_sites.
 """
 
 import ast
@@ -97,60 +98,31 @@ def honest_eq(a, b):
 CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
 
 
-def perturb(y, _type=type, _len=len, _abs=abs, _urandom=os.urandom, _from=int.from_bytes, _int=int,
-            _float=float, _str=str, _bytes=bytes, _list=list, _tuple=tuple, _dict=dict, _set=set,
-            _frozenset=frozenset, _bool=bool, _none=type(None), _error=AssertionError, _chr=chr, _ord=ord):
-    """A different value of y's own builtin type that looks like an ordinary expected value (the
-    expected side of a canary's assertion: an honest result equal to y must not equal it).
-    Everything it uses is bound as a default argument: no global or builtin a test could swap
-    is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
-    cannot perturb fails the canary."""
-    def r(n):
-        return _from(_urandom(4), "little") % n if n > 0 else 0
-    t, new = _type(y), None
-    if t is _bool:
-        new = not y
-    elif t is _none:
-        new = 0
-    elif t is _int:
-        span = _abs(y) // 2 + 2
-        new = y + (1 + r(span)) * (1 if r(2) else -1)
-    elif t is _float:
-        new = y + (0.5 + _abs(y)) * (0.5 + r(1000) / 1000.0) * (1 if r(2) else -1)
-    elif t in (_str, _bytes):
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        if _len(y) == 0:
-            new = letters[r(26)] if t is _str else _bytes([97 + r(26)])
-        else:
-            i = r(_len(y))
-            old = y[i] if t is _str else _chr(y[i])
-            c = letters[(letters.find(old.lower()) + 1 + r(25)) % 26] if old.isalpha() else letters[r(26)]
-            c = c.upper() if old.isupper() else c
-            new = y[:i] + (c if t is _str else _bytes([_ord(c)])) + y[i + 1:]
-    elif t in (_list, _tuple):
-        if _len(y) == 0:
-            new = t((0,))
-        else:
-            i = r(_len(y))
-            new = y[:i] + y[i + 1:]
-    elif t is _dict:
-        items, i = _list(y.items()), r(_len(y))
-        new = _dict(items[:i] + items[i + 1:]) if items else {0: 0}
-    elif t in (_set, _frozenset):
-        new = t((0,)) if not y else t(_list(y)[1:])
-    if new is None or new == y:
-        raise _error("paddock canary: the expected value cannot be perturbed")
-    return new
+def _load_sites(path="/verifier/paddock_sites.py"):
+    """In the sandbox: `grader_sites`, loaded by path before any code under test (`grade.SITES_PATH`)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("paddock_sites", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _perturber():
-    """A private object whose `.format` is `perturb`: canary sources call `SENTINEL.format(x)`
-    and the grader swaps the string constant for this object in the compiled code, so no name
-    a test could rebind leads to it."""
+if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copy
+    from nodeagent.verifier import grader_sites as _sites
+else:
+    _sites = _load_sites()
+perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
+
+
+def _perturber(_format=perturb, _eq=_sites.site_eq, _call=_sites.site_call):
+    """A private object whose `.format` is `perturb` and `.eq`/`.call` the assertion-site guards
+    (`grader_sites`): planted sources call `SENTINEL.format(x)`, `SENTINEL.eq(a, b)`, and the
+    grader swaps the string constant for this object in the compiled code, so no name a test
+    could rebind leads to it (nor to these functions: default arguments)."""
     class Perturber:
-        __slots__ = ("format",)
+        __slots__ = ("format", "eq", "call")
     p = Perturber()
-    p.format = perturb
+    p.format, p.eq, p.call = _format, _eq, _call
     return p
 
 
@@ -293,7 +265,8 @@ def _uses(tree):
         elif isinstance(n, ast.Call):
             f = n.func
             name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-            if not (name in _READERS or name.lower().startswith("assert")):
+            site = isinstance(f, ast.Attribute) and isinstance(f.value, ast.Constant) and f.value.value == CANARY_SENTINEL
+            if not (name in _READERS or name.lower().startswith("assert") or site):     # (site: grader_sites)
                 touched.update(key(a.value if isinstance(a, ast.Starred) else a) for a in n.args)
                 touched.update(key(k.value) for k in n.keywords)
     touched.discard(None)
@@ -421,15 +394,17 @@ class InlineConstants(ast.NodeTransformer):
 def framework_targets(classes=False):
     """pytest's fixture machinery, watched like its reporting (`_Plugin.snapshot`): a patched
     `FixtureDef.execute` or `call_fixture_func` would hand every test, and its canaries, the same
-    rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched."""
+    rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched. Also this
+    module's binder of the canaries' perturber and the assertion-site guards (`grader_sites`)."""
     fixtures = sys.modules.get("_pytest.fixtures")
+    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites")] if not classes else []
     if fixtures is None:
-        return []
+        return own
     if classes:
         return [c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
                 if isinstance(c, type)]
-    return [(fixtures, n) for n in ("call_fixture_func", "pytest_fixture_setup", "resolve_fixture_function",
-                                    "getfixturemarker") if hasattr(fixtures, n)]
+    return own + [(fixtures, n) for n in ("call_fixture_func", "pytest_fixture_setup", "resolve_fixture_function",
+                                          "getfixturemarker") if hasattr(fixtures, n)]
 
 
 _MISSING, _SCALARS = object(), frozenset({int, bool, str, bytes, type(None)})
@@ -477,7 +452,7 @@ def digest(v, ids=None, _budget=None, _type=type, _id=id, _float=float, _tuple=t
 
 
 def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set, _getattr=getattr,
-                 _isinstance=isinstance, _digest=digest):
+                 _isinstance=isinstance, _digest=digest, _honest=honest_eq):
     """The pins, in this generator's frame. Requests: ("plan", path, plan), ("pin", module, path),
     ("items", [(nodeid, params)]), ("check", nodeid or None, when) -> [what changed]. Asked with
     the code under test on the stack (the audit hook judges it), it answers None."""
@@ -555,6 +530,8 @@ def _state_store(_audit=sys.audit, _list=list, _type=type, _vars=vars, _set=set,
                             pass
                 where += pins[start:]
                 pending += [p[0] for p in pins[start:] if changed(p)]       # already moved while the module ran
+                if space.get("_paddock_honest_eq", _honest) is not _honest:     # rebound while the module ran
+                    pending.append(f"{path}:_paddock_honest_eq")
             elif req[0] == "items":
                 for nodeid, ps, cls, name in req[1]:
                     params[nodeid] = [ps, _digest(ps, _set())]

@@ -78,36 +78,41 @@ def load(source: str, calc: Calc) -> dict:
     return space
 
 
-def outcomes(plan: canaries.Plan, calc: Calc) -> dict[str, str]:
-    """node id -> passed/failed for every test pytest would collect."""
+def outcomes(plan: canaries.Plan, calc: Calc, details: dict[str, str] | None = None) -> dict[str, str]:
+    """node id -> passed/failed for every test pytest would collect (`details`: node id -> the
+    failure's message, as the grader's report carries its tail)."""
     space = load(plan.sources["tests/test_calc.py"], calc)
-    out = {}
+    out, details = {}, details if details is not None else {}
     for name, obj in space.items():
         if name.startswith("test") and callable(obj) and not isinstance(obj, type):
-            out[f"tests/test_calc.py::{name}"] = _run(obj)
+            out[f"tests/test_calc.py::{name}"] = _run(obj, details, f"tests/test_calc.py::{name}")
         elif isinstance(obj, type) and issubclass(obj, unittest.TestCase):
             for meth in unittest.TestLoader().getTestCaseNames(obj):
                 result = unittest.TestResult()
                 obj(meth).run(result)
-                out[f"tests/test_calc.py::{name}::{meth}"] = "passed" if result.wasSuccessful() else "failed"
+                key = f"tests/test_calc.py::{name}::{meth}"
+                out[key] = "passed" if result.wasSuccessful() else "failed"
+                details.update({key: tb for _t, tb in result.failures + result.errors})
     return out
 
 
-def _run(fn) -> str:
+def _run(fn, details: dict[str, str], key: str) -> str:
     try:
         fn()
         return "passed"
-    except Exception:       # noqa: BLE001 (pytest reports any exception as a failure)
+    except Exception as exc:       # noqa: BLE001 (pytest reports any exception as a failure)
+        details[key] = f"{type(exc).__name__}: {exc}"
         return "failed"
 
 
-def report(outs: dict[str, str]) -> bytes:
-    return json.dumps({"events": [{"ev": "start"}] + [{"ev": "test", "id": i, "when": "call", "outcome": o}
+def report(outs: dict[str, str], details: dict[str, str] | None = None) -> bytes:
+    return json.dumps({"events": [{"ev": "start"}] + [{"ev": "test", "id": i, "when": "call", "outcome": o,
+                                                       "detail": (details or {}).get(i, "")}
                                                       for i, o in outs.items()] + [{"ev": "end"}]}).encode()
 
 
-def translated(plan, outs) -> list[dict]:
-    return json.loads(canaries.translate(report(outs), plan))["events"]
+def translated(plan, outs, details: dict[str, str] | None = None) -> list[dict]:
+    return json.loads(canaries.translate(report(outs, details), plan))["events"]
 
 
 @pytest.fixture
@@ -154,8 +159,13 @@ class AlwaysEqual:
                                   Calc(lambda a, b: a + b if isinstance(a, int) else 0.0, close=lambda a, b: None)],
                          ids=["always_equal", "no_op_helper"])
 def test_a_trick_that_passes_what_should_fail_makes_canaries_pass_and_is_read_as_tampering(plan, calc):
-    events = translated(plan, outcomes(plan, calc))
-    assert [e for e in events if e["ev"] == "tamper" and "must fail passed" in e["detail"]]
+    """A no-op helper passes its canaries; an always-equal result is caught earlier, at the
+    assertion sites themselves (`grader_sites`): equal to a perturbed value too, the real tests fail
+    saying so, and the host reads that as tampering."""
+    details: dict[str, str] = {}
+    events = translated(plan, outcomes(plan, calc, details), details)
+    assert [e for e in events if e["ev"] == "tamper" and ("must fail passed" in e["detail"]
+                                                          or "not a pure function" in e["detail"])]
 
 
 def test_a_forged_report_that_passes_everything_is_tampering_and_so_is_a_silent_canary(plan):
@@ -219,7 +229,7 @@ def test_checks_with_a_tolerance_or_after_a_return_are_not_perturbed():
     source = ("def test_t(self):\n    self.assertAlmostEqual(f(), 1.0, delta=10)\n    assert_allclose(f(), 1.0, 1e-3)\n"
               "    if f():\n        return\n    assert f() == 1\n")
     plan = canaries.plant({"t/test_t.py": source}, [], random.Random(3))
-    assert "paddock-perturb" not in plan.sources["t/test_t.py"] and plan.count() == canaries.K_CANARIES
+    assert ".format(" not in plan.sources["t/test_t.py"] and plan.count() == canaries.K_CANARIES      # guarded, unperturbed
 
 
 def test_parsing_test_modules_in_threads_at_different_stack_depths_never_breaks_the_ast():
