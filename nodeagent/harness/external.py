@@ -8,9 +8,12 @@ bounded by the wall budget (the exec's timeout kills its whole process tree), it
 OUTPUT_CAP_BYTES, and its model calls by the gateway's budgets (calls, tokens, wall time:
 a call past them gets HTTP 429). However it ends — exit 0, non-zero, killed at the deadline,
 flooding output — the result is a transcript row with its exit code and output tail, and the
-stop reason `harness_exit`, `harness_error` (non-zero) or `harness_timeout`: never an
-infrastructure failure, so the verifier grades what it left. The answer (math tasks) is the
-content of the last model reply.
+stop reason `harness_exit`, `harness_error` (non-zero) or `harness_timeout`, and the verifier
+grades what it left -- except when the harness did not exit 0 after a model call that failed
+and the model server does not answer a probe that carries nothing of the policy's (a dead or
+hung server): that reproduces without the policy, so it is the infrastructure's (`ModelError`,
+the attempt's `model_server` reason), never a reward 0. The answer (math tasks) is the content
+of the last model reply.
 
 Must not import: zmq, nodeagent.agent, nodeagent.verifier.
 """
@@ -24,6 +27,7 @@ from typing import Callable
 from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
 from nodeagent.harness.loop import AgentResult
+from nodeagent.harness.model import PROBE_TIMEOUT_S, ModelError
 from nodeagent.sandbox.runtime import Sandbox
 from nodeagent.store import tracing
 
@@ -77,7 +81,26 @@ def run_harness(sandbox: Sandbox, argv: tuple[str, ...] | list[str], instruction
     res.spans.append({"kind": "tool_call", "name": "harness", "step": 0, "start_s": t0 - origin,
                       "duration_s": wall})
     res.agent_s = wall
+    if res.stop_reason != "harness_exit":
+        _raise_if_server_down(session, res)
     return res
+
+
+def _raise_if_server_down(session, res: AgentResult) -> None:
+    """A harness that failed after a failed model call: ModelError (infrastructure) when the
+    model server does not answer a probe without the policy's output; else nothing (the
+    harness's own failure, graded)."""
+    rows = session.rows
+    probe = getattr(session, "probe", None)
+    if not rows or rows[-1]["status"] != "error" or probe is None:
+        return
+    found = probe(PROBE_TIMEOUT_S)
+    if found is None:
+        return
+    exc = ModelError(f"the harness's last model call failed ({rows[-1]['error']}) and the model server "
+                     f"does not answer without the policy's output: {found}")
+    exc.result = res
+    raise exc
 
 
 def json_argv(argv) -> str:

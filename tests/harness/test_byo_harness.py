@@ -1,10 +1,11 @@
 """Bring your own harness: a task's harness command runs inside the sandbox, reaches the node's
 gateway at http://127.0.0.1:3128/v1 through the sandbox's relay (no network), and is graded on
 its final state; ids stored equal ids served; a harness that fails or hangs is bounded and its
-exit recorded, never an infra_error."""
+exit recorded, never an infra_error -- unless its model server is down."""
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -56,10 +57,10 @@ def harness_task(argv, files=None, **budgets) -> Task:
     return Task(**fields)
 
 
-def run(tmp_path, task, policy):
+def run(tmp_path, task, policy, url=None):
     lease = {**task.canonical(), "task_id": task.task_id}
     res = run_attempt(RUNTIME[0], IMAGE[0], "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 1, lease, 7,
-                                                    policy.url, "scripted-v7"))
+                                                    url or policy.url, "scripted-v7"))
     with Catalog(tmp_path) as cat:
         cat.commit("r1", 1, 1, res.shards, 0.0)
     return res, connect(tmp_path)
@@ -99,3 +100,16 @@ def test_a_harness_that_hangs_is_stopped_at_the_wall_budget_and_graded(tmp_path,
     res, con = run(tmp_path, harness_task(["sleep", "600"], wall_s=3.0), policy)
     assert res.outcome == "fail" and res.infra_reason is None
     assert con.execute("SELECT stop_reason FROM rollouts").fetchone()[0] == "harness_timeout"
+
+
+def test_a_harness_whose_model_server_is_down_is_an_infra_error_never_a_reward_0(tmp_path, policy):
+    """Every model call fails (nothing listens at the endpoint), the harness exits non-zero:
+    that reproduces without the policy (the server answers no probe), so it is the
+    infrastructure's, not a graded failure; a harness that fails on its own stays graded."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    task = harness_task(["python3", "/work/harness.py"], {"harness.py": HARNESS}, wall_s=60.0)
+    res, _ = run(tmp_path, task, policy, url=dead)
+    assert (res.outcome, res.infra_code) == ("infra_error", "model_server"), res.infra_reason
+    assert "does not answer without the policy's output" in res.infra_reason
