@@ -1,0 +1,310 @@
+"""A guarded test's copies are indistinguishable, and lies at checks no canary perturbs fail
+(nodeagent/verifier/canaries.py `_variant`, nodeagent/verifier/grader_values.py), on the host:
+the planted module is compiled and run as pytest would run it, with the grader's role objects,
+perturber and site guards bound in (`grader_asserts.bind_perturber`).
+
+- Every copy of a test (the real one and its canaries) shows the code under test the same
+  frames (names, first lines, current lines, through the grader's `frame_view`), the same
+  warning lines, the same traceback lines and instruction offsets: a forger keyed on any of them
+  (the red team's "first statement one line after the def") lies in every copy or in none.
+- Value lies at checks no canary perturbs (an `int.__ne__` slot as `__eq__`, a lying `in`,
+  `<`, `-`, `assertIn`, `assertAlmostEqual(places=)`, `assert_close(tol=)`, `pytest.approx` of a
+  list of always-equal objects) fail their site, saying it is tampering; honest values pass.
+"""
+from __future__ import annotations
+
+import random
+import sys
+import types
+import unittest
+import warnings
+
+import pytest
+
+from nodeagent.verifier import canaries, grader_asserts, grader_sites
+
+FILE = "tests/test_geom.py"
+TESTS = '''import unittest
+import pytest
+from geom import area, scale, describe, assert_close
+
+
+@pytest.mark.parametrize("w", [3])
+def test_area(w):
+    assert area(w, 4) == 12
+    assert area(1, 1) == 1
+
+
+def test_loop():
+    for w, h, want in [(3, 4, 12), (2, 5, 10)]:
+        assert area(w, h) == want
+
+
+def test_range():
+    assert 11.5 < area(3, 4) < 12.5
+
+
+def test_abs_diff():
+    assert abs(area(1.5, 2.0) - 3.0) < 1e-9
+
+
+def test_contains():
+    assert "area=12" in describe(3, 4)
+
+
+def test_helper_tol():
+    assert_close(area(1.5, 2.0), 3.0, tol=1e-9)
+
+
+def test_approx_list():
+    assert scale([1, 2], 3) == pytest.approx([3.0, 6.0])
+
+
+class ShapeCase(unittest.TestCase):
+    def test_places(self):
+        self.assertAlmostEqual(area(1.5, 2.0), 3.0, places=7)
+
+    def test_in(self):
+        self.assertIn("area=12", describe(3, 4))
+
+    def test_greater(self):
+        self.assertGreater(area(3, 4), 11)
+'''
+TESTS_BY_NAME = ["test_area", "test_loop", "test_range", "test_abs_diff", "test_contains", "test_helper_tol",
+                 "test_approx_list", "test_places", "test_in", "test_greater"]
+
+
+def honest_close(a, b, tol=1e-9):
+    if abs(a - b) > tol:
+        raise AssertionError(f"{a} != {b}")
+
+
+HONEST = dict(area=lambda w, h: w * h, scale=lambda xs, k: [x * k for x in xs],
+              describe=lambda w, h: f"rect {w}x{h} area={w * h}", assert_close=honest_close)
+
+
+def run_planted(source: str, geom: dict) -> dict[str, str]:
+    """node id -> passed/failed/"failed: <message>" for every test pytest would collect."""
+    code = grader_asserts.bind_perturber(compile(source, f"/work/{FILE}", "exec"))
+    sys.modules["geom"] = types.SimpleNamespace(**geom)     # type: ignore[assignment]
+    try:
+        space: dict = {"__name__": "tests.test_geom"}
+        exec(code, space)
+        out: dict[str, str] = {}
+        for name, obj in list(space.items()):
+            if name.startswith("test") and callable(obj) and not isinstance(obj, type):
+                for mark in getattr(obj, "pytestmark", []):
+                    if mark.name == "parametrize":
+                        obj = (lambda f, v: lambda: f(v))(obj, mark.args[1][0])
+                try:
+                    obj()
+                    out[f"{FILE}::{name}"] = "passed"
+                except Exception as exc:       # noqa: BLE001 (pytest reports any exception as a failure)
+                    out[f"{FILE}::{name}"] = f"failed: {type(exc).__name__}: {exc}"
+            elif isinstance(obj, type) and issubclass(obj, unittest.TestCase):
+                for meth in unittest.TestLoader().getTestCaseNames(obj):
+                    result = unittest.TestResult()
+                    obj(meth).run(result)
+                    out[f"{FILE}::{name}::{meth}"] = "passed" if result.wasSuccessful() else \
+                        "failed: " + " ".join(tb for _t, tb in result.failures + result.errors)
+        return out
+    finally:
+        del sys.modules["geom"]
+
+
+def plant(names: list[str], seed: int = 1) -> canaries.Plan:
+    return canaries.plant({FILE: TESTS}, names, random.Random(seed))
+
+
+def real_ids(plan: canaries.Plan, outs: dict[str, str]) -> list[str]:
+    return [i for i in outs if i.rsplit("::", 1)[-1] in plan.real[FILE]]
+
+
+def canary_ids(plan: canaries.Plan, outs: dict[str, str]) -> list[str]:
+    return [i for i in outs if i.rsplit("::", 1)[-1] in plan.canary[FILE]]
+
+
+def test_an_honest_implementation_passes_every_real_test_and_fails_every_canary():
+    plan = plant(TESTS_BY_NAME)
+    outs = run_planted(plan.sources[FILE], HONEST)
+    assert all(outs[i] == "passed" for i in real_ids(plan, outs)), outs
+    assert canary_ids(plan, outs) and all(outs[i] != "passed" for i in canary_ids(plan, outs))
+
+
+# -- every copy looks the same from the code under test ------------------------------------------
+
+def observing_area(seen: list):
+    """An honest `area` that records, at each call, everything it can see of its caller."""
+    def area(w, h):
+        view = grader_asserts.frame_view(sys._getframe(1))     # what `inspect.currentframe().f_back` gives it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.warn("where am I", stacklevel=2)
+        exc = None
+        try:
+            raise ValueError("probe")
+        except ValueError as e:
+            exc = e
+        seen.append((view.f_code.co_name, view.f_code.co_qualname, view.f_lineno - view.f_code.co_firstlineno,
+                     view.f_back.f_code.co_name, caught[0].lineno - view.f_code.co_firstlineno,
+                     exc.__traceback__.tb_lineno - sys._getframe().f_code.co_firstlineno, w, h))
+        return w * h
+    return area
+
+
+def test_every_copy_of_a_test_shows_the_code_under_test_the_same_frames_lines_and_offsets():
+    source = ("import pytest\nfrom geom import area\n\n\n@pytest.mark.parametrize('w', [3])\n"
+              "def test_area(w):\n    x = area(w, 4)\n    assert x == 12\n    assert area(1, 1) == 1\n")
+    plan = canaries.plant({FILE: source}, ["test_area"], random.Random(3))
+    assert plan.perturbed[FILE]
+    code = grader_asserts.bind_perturber(compile(plan.sources[FILE], f"/work/{FILE}", "exec"))
+    seen: list = []
+    sys.modules["geom"] = types.SimpleNamespace(area=observing_area(seen))     # type: ignore[assignment]
+    try:
+        space: dict = {"__name__": "tests.test_geom"}
+        exec(code, space)
+        copies = [v for k, v in space.items() if k.startswith("test_")]
+        assert len(copies) == 1 + canaries.K_CANARIES
+        views = []
+        for fn in copies:
+            seen.clear()
+            try:
+                fn(3)
+            except AssertionError:
+                pass
+            views.append(list(seen))
+        # bytecode, its size and every line offset are the same (only the role constant differs)
+        bodies = {(f.__code__.co_code, tuple(ln - f.__code__.co_firstlineno for _s, _e, ln in f.__code__.co_lines()
+                                             if ln is not None)) for f in copies}
+        assert len(bodies) == 1
+    finally:
+        del sys.modules["geom"]
+    assert all(v == views[0] for v in views), views
+    # the red team's test: the first call's line is one past the def (plus marks) only in the real copy
+    assert views[0][0][2] != 2
+
+
+def test_a_forger_keyed_on_its_callers_line_offset_lies_in_every_copy_and_is_caught():
+    """The red team's canary-aware forger: it lies where it sees the real test's line layout
+    (the offset it sees in the real copy), answers honestly-wrong elsewhere. Every copy shows it
+    the same offset, so it lies in the perturbed canaries too, and they pass."""
+    plan = plant(["test_area"], seed=5)
+    honest_seen: list = []
+    run_planted(plan.sources[FILE], {**HONEST, "area": observing_area(honest_seen)})
+    target = honest_seen[0][2]
+
+    class Lie(int):
+        def __eq__(self, other):
+            return True
+        __hash__ = int.__hash__
+
+    def area(w, h):
+        view = grader_asserts.frame_view(sys._getframe(1))
+        return Lie(w + h) if view.f_lineno - view.f_code.co_firstlineno == target else w + h
+    outs = run_planted(plan.sources[FILE], {**HONEST, "area": area})
+    bad = [i for i in canary_ids(plan, outs) if outs[i] == "passed"] + \
+        [i for i in real_ids(plan, outs) if grader_sites.IMPURE in outs[i]]
+    assert bad, outs
+
+
+# -- lies at checks no canary perturbs ------------------------------------------------------------
+
+class _E:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    def __lt__(self, other):
+        return True
+
+    def __gt__(self, other):
+        return True
+
+    def __sub__(self, other):
+        return 0.0
+
+    def __rsub__(self, other):
+        return 0.0
+
+    __hash__ = object.__hash__
+
+
+class _NeAsEq(int):
+    __eq__ = int.__ne__         # type: ignore[assignment]
+    __hash__ = int.__hash__
+
+    def __sub__(self, other):
+        return 0
+
+
+class _LyingStr(str):
+    def __contains__(self, item):
+        return True
+
+
+def _noop(*_a, **_k):
+    return None
+
+
+FORGERS = {
+    "int_ne_slot_as_eq": ("test_loop", {"area": lambda w, h: _NeAsEq(w + h + 1)}),
+    "int_ne_slot_as_eq_top_level": ("test_area", {"area": lambda w, h: _NeAsEq(w + h + 1) if w > 1 else 1}),
+    "lying_lt_gt_in_a_range": ("test_range", {"area": lambda w, h: _E()}),
+    "lying_sub_in_abs_diff": ("test_abs_diff", {"area": lambda w, h: _E()}),
+    "str_subclass_contains": ("test_contains", {"describe": lambda w, h: _LyingStr("nope")}),
+    "noop_helper_with_tol": ("test_helper_tol", {"area": lambda w, h: w + h, "assert_close": _noop}),
+    "approx_list_of_always_equal": ("test_approx_list", {"scale": lambda xs, k: [_E() for _ in xs]}),
+    "unittest_places": ("test_places", {"area": lambda w, h: _E()}),
+    "unittest_assert_in": ("test_in", {"describe": lambda w, h: _LyingStr("nope")}),
+    "unittest_greater": ("test_greater", {"area": lambda w, h: _E()}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERS))
+def test_a_value_that_lies_at_a_check_no_canary_perturbs_fails_its_site_as_tampering(name):
+    test, geom = FORGERS[name]
+    plan = plant([test], seed=11)
+    outs = run_planted(plan.sources[FILE], {**HONEST, **geom})
+    real = real_ids(plan, outs)
+    assert real and all(outs[i] != "passed" for i in real), outs
+    assert any(grader_sites.IMPURE in outs[i] for i in real), outs
+
+
+def test_honest_project_types_pass_the_value_guards():
+    """Values whose comparison, containment and subtraction are the project's own honest code
+    (an int subclass, a str subclass, a mapping, an ordered value type) pass every guarded site."""
+    class Size(int):
+        def __repr__(self):
+            return f"Size({int(self)})"
+
+    class Text(str):
+        def __contains__(self, item):
+            return str.__contains__(self, item)
+
+    class Money:
+        def __init__(self, v):
+            self.v = v
+
+        def __eq__(self, o):
+            return isinstance(o, (Money, int, float)) and float(self) == float(o)
+
+        def __float__(self):
+            return float(self.v)
+
+        def __lt__(self, o):
+            return self.v < float(o)
+
+        def __gt__(self, o):
+            return self.v > float(o)
+
+        def __sub__(self, o):
+            return self.v - float(o)
+
+        __hash__ = None     # type: ignore[assignment]
+    geom = {**HONEST, "area": lambda w, h: Size(w * h) if isinstance(w, int) else Money(w * h),
+            "describe": lambda w, h: Text(f"area={w * h}")}
+    plan = plant(TESTS_BY_NAME, seed=2)
+    outs = run_planted(plan.sources[FILE], geom)
+    assert all(outs[i] == "passed" for i in real_ids(plan, outs)), {i: outs[i] for i in real_ids(plan, outs)}
