@@ -172,12 +172,47 @@ def approx_types(_modules=sys.modules):
     return frozenset(out)
 
 
+def _own_eq(t, _resolve=_resolve, _function=type(_fail), _type=type, _trusted=_trusted, _scalars=_SCALARS,
+            _containers=_CONTAINERS):
+    """Is `t`'s `==` Python code the audit hook does not trust (a project's own class)?"""
+    if t in _scalars or t in _containers:
+        return False
+    d = _resolve(t, "__eq__")
+    return _type(d) is _function and not _trusted(d)
+
+
+def _fields(y, probes, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
+            _dict=dict, _str=str, _object=object, _scalars=_SCALARS, _containers=_CONTAINERS):
+    """A copy of project object `y` (made without running its code) with every public field that
+    holds plain data perturbed (`probes`), or None: an honest `==` that reads any of them tells it
+    from `y`; one that answers by type alone (`isinstance(o, Size)`) does not."""
+    t = _type(y)
+    if t in _scalars or t in _containers:
+        return None
+    try:
+        inner = _getattribute(y, "__dict__")
+        new = _new(t)
+    except Exception:
+        return None
+    if _type(inner) is not _dict:
+        return None
+    fields, changed = _dict(inner), False
+    for k, v in inner.items():
+        if _type(k) is _str and not k.startswith("_") and _plain(v):
+            fields[k] = probes(v, 1)[0]
+            changed = changed or _type(fields[k]) is not _object
+    if not changed:
+        return None
+    _getattribute(new, "__dict__").update(fields)
+    return new
+
+
 def guards(site_eq, site_call, probes, approx=frozenset()):
     """(eq, call, cmp, sub) for a guarded test's sites: `site_eq`/`site_call` (`grader_sites`)
     behind the value guards of the module docstring; `probes(y, n)`: `n` perturbed copies of plain
     `y`; `approx`: pytest.approx's classes."""
 
-    def eq(a, b, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
+    def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float):
         _check((a, b))
         for x, y in ((a, b), (b, a)):
@@ -187,7 +222,17 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
                     for p in _probes(want, 2):
                         if _truth(x == _type(y)(p, rel=rel, abs=tol, nan_ok=y.nan_ok)):
                             raise _fail("`==` with pytest.approx also held for a perturbed expected value: it")
-        return _site_eq(a, b)
+        r = _site_eq(a, b)
+        if _truth(r) and (_own_eq(_type(a)) or _own_eq(_type(b))):
+            for left, y in ((True, b), (False, a)):
+                p = _fields(y, _probes)
+                try:
+                    held = p is not None and _truth(a == p if left else p == b)
+                except Exception:
+                    held = False
+                if held:
+                    raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every public field differs: it")
+        return r
 
     def cmp(op, a, b, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
             _object=object, _fail=_fail, _eq=eq):

@@ -308,3 +308,70 @@ def test_honest_project_types_pass_the_value_guards():
     plan = plant(TESTS_BY_NAME, seed=2)
     outs = run_planted(plan.sources[FILE], geom)
     assert all(outs[i] == "passed" for i in real_ids(plan, outs)), {i: outs[i] for i in real_ids(plan, outs)}
+
+
+PROJECT_TESTS = '''from geom import Size, size_of
+
+
+def test_size():
+    assert size_of(3, 4) == Size(3, 4, 12)
+'''
+
+
+class Size:
+    def __init__(self, w, h, a, _cache=None):
+        self.w, self.h, self.a, self._cache = w, h, a, _cache
+
+    def __eq__(self, o):
+        return isinstance(o, Size) and (self.w, self.h, self.a) == (o.w, o.h, o.a)
+
+    __hash__ = None     # type: ignore[assignment]
+
+
+class Token:
+    """Equal by kind and text; its position is not part of its value."""
+
+    def __init__(self, kind, text, line=None):
+        self.kind, self.text, self.line = kind, text, line
+
+    def __eq__(self, o):
+        return isinstance(o, Token) and (self.kind, self.text) == (o.kind, o.text)
+
+    __hash__ = None     # type: ignore[assignment]
+
+
+def run_project(size_cls, size_of) -> dict[str, str]:
+    plan = canaries.plant({FILE: PROJECT_TESTS}, ["test_size"], random.Random(4))
+    code = grader_asserts.bind_perturber(compile(plan.sources[FILE], f"/work/{FILE}", "exec"))
+    sys.modules["geom"] = types.SimpleNamespace(Size=size_cls, size_of=size_of)     # type: ignore[assignment]
+    try:
+        space: dict = {"__name__": "tests.test_geom"}
+        exec(code, space)
+        out = {}
+        for name in plan.real[FILE]:
+            try:
+                space[name]()
+                out[name] = "passed"
+            except AssertionError as exc:
+                out[name] = f"failed: {exc}"
+        return out
+    finally:
+        del sys.modules["geom"]
+
+
+def test_a_project_type_whose_equality_answers_by_type_alone_fails_its_site():
+    class ByType(Size):
+        def __eq__(self, o):
+            return isinstance(o, Size)
+        __hash__ = None     # type: ignore[assignment]
+    outs = run_project(ByType, lambda w, h: ByType(w, h, w + h))
+    assert all(grader_sites.IMPURE in o for o in outs.values()), outs
+
+
+@pytest.mark.parametrize("cls", [Size, Token])
+def test_a_project_type_with_an_honest_equality_passes_even_when_it_ignores_a_field(cls):
+    make = (lambda w, h: Size(w, h, w * h, _cache={"x": 1})) if cls is Size else \
+        (lambda w, h: Token(w, h, line=7))
+    src_cls = cls if cls is Size else (lambda w, h, a: Token(w, h, line=1))
+    outs = run_project(src_cls, make)
+    assert all(o == "passed" for o in outs.values()), outs
