@@ -44,6 +44,8 @@ _OPS = MappingProxyType({"==": operator.eq, "!=": operator.ne, "<": operator.lt,
         ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
         "is": operator.is_, "is not": operator.is_not})      # (read-only: a guard's default)
 _ORDERING = frozenset({"<", "<=", ">", ">="})
+_ORDER_DUNDERS = ("__lt__", "__le__", "__gt__", "__ge__")
+_IN_DUNDERS = ("__contains__", "__iter__", "__getitem__")
 _TWO_OPERANDS = frozenset({"assertequal", "assertequals", "assertalmostequal", "assertalmostequals", "assertin",
                            "assertgreater", "assertgreaterequal", "assertless", "assertlessequal", "assertis",
                            "assertisinstance", "assertcountequal", "assertlistequal", "asserttupleequal",
@@ -127,9 +129,9 @@ def _trusted(fn, _audit=sys.audit, _list=list):
     return out == [True]
 
 
-def _untrusted_type(t, _resolve=_resolve, _dunders=_DUNDERS, _slots=_SLOT_TYPES, _type=type, _function=type(_fail),
+def _untrusted_type(t, names=_DUNDERS, _resolve=_resolve, _slots=_SLOT_TYPES, _type=type, _function=type(_fail),
                     _trusted=_trusted):
-    for name in _dunders:
+    for name in names:
         d = _resolve(t, name)
         if d is None or _type(d) in _slots:
             continue
@@ -138,10 +140,10 @@ def _untrusted_type(t, _resolve=_resolve, _dunders=_DUNDERS, _slots=_SLOT_TYPES,
     return False
 
 
-def untrusted(v, _walk=_walk, _untrusted_type=_untrusted_type):
-    """Does anything reachable from `v` compare, answer truth or containment, or subtract with
-    code the audit hook does not trust (the code under test's)?"""
-    return bool(_walk(v, _untrusted_type))
+def untrusted(v, names=_DUNDERS, _walk=_walk, _untrusted_type=_untrusted_type):
+    """Does anything reachable from `v` compare, answer truth or containment, or subtract (the
+    dunders `names`) with code the audit hook does not trust (the code under test's)?"""
+    return bool(_walk(v, lambda t: _untrusted_type(t, names)))
 
 
 def _truth(r, _bool=bool):
@@ -215,14 +217,16 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
     def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float):
         _check((a, b))
+        held = False
         for x, y in ((a, b), (b, a)):
             if _type(y) in _approx and _untrusted(x):
                 rel, tol, want = _getattr(y, "rel", None), _getattr(y, "abs", None), _getattr(y, "expected", None)
                 if (rel is None or _float(rel) < 0.1) and (tol is None or _float(tol) < 0.1) and _plain(want):
                     for p in _probes(want, 2):
-                        if _truth(x == _type(y)(p, rel=rel, abs=tol, nan_ok=y.nan_ok)):
-                            raise _fail("`==` with pytest.approx also held for a perturbed expected value: it")
+                        held = held or _truth(x == _type(y)(p, rel=rel, abs=tol, nan_ok=y.nan_ok))
         r = _site_eq(a, b)
+        if held and _truth(r):
+            raise _fail("`==` with pytest.approx also held for a perturbed expected value: it")
         if _truth(r) and (_own_eq(_type(a)) or _own_eq(_type(b))):
             for left, y in ((True, b), (False, a)):
                 p = _fields(y, _probes)
@@ -234,7 +238,7 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
                     raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every public field differs: it")
         return r
 
-    def cmp(op, a, b, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
+    def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
             _object=object, _fail=_fail, _eq=eq):
         if op == "==":
             return _eq(a, b)
@@ -243,9 +247,9 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
         if not _truth(r) or not (op in _ordering or op == "in"):
             return r
         probes = []
-        if _untrusted(b):
+        if _untrusted(b, _in if op == "in" else _order):
             probes.append((_object(), b))
-        if _untrusted(a):
+        if _untrusted(a, ("__eq__",) if op == "in" else _order):
             probes.append((a, (_object(),)) if op == "in" else (a, _object()))
         for x, y in probes:
             try:
@@ -266,11 +270,11 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
                 return r
         return r
 
-    def sub(a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
+    def sub(a, b, _subs=("__sub__", "__rsub__"), _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
             _numbers=(int, float), _probes=probes):
         _check((a, b))
         r = a - b
-        if not (_untrusted(a) or _untrusted(b)):
+        if not (_untrusted(a, _subs) or _untrusted(b, _subs)):
             return r
         for x, y in ((a, _object()), (_object(), b)):
             try:
@@ -278,7 +282,7 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
             except Exception:
                 continue
             raise _fail("`-` at this site also gave a value for a fresh object(): it")
-        if _type(r) in _numbers and _type(b) in _numbers and _untrusted(a):
+        if _type(r) in _numbers and _type(b) in _numbers and _untrusted(a, _subs):
             for p in _probes(b, 2):
                 if p != b and _type(a - p) in _numbers and a - p == r:
                     raise _fail("`-` at this site gave the same number for a different operand: it")
@@ -288,7 +292,7 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
              _str=str, _type=type, _object=object, _len=len, _plain=_plain, _fail=_fail, _site_call=site_call,
              _two=_TWO_OPERANDS, _tolerances=_TOLERANCES, _probes=probes, _float=float, _passing=_PASSING,
              _list=list, _set=set, _all=all, _any=any, **kwargs):
-        values = (*args, *kwargs.values())
+        values, held = (*args, *kwargs.values()), False
         _check(values)
         fn = _getattr(f, "__func__", f)
         name = _str(written).lower()        # as the test wrote it (a function's own `__name__` is its to choose)
@@ -312,8 +316,11 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
                     raise
                 except BaseException:
                     continue
-                raise _fail(f"the assertion {name!r} also passed with a different expected value: it")
-        return _site_call(f, *args, **kwargs)
+                held = True
+        r = _site_call(f, *args, **kwargs)      # (a wrong answer that met a perturbed value fails here first)
+        if held:
+            raise _fail(f"the assertion {name!r} also passed with a different expected value: it")
+        return r
 
     return eq, call, cmp, chain, sub
 
