@@ -13,8 +13,11 @@ rewrites each one on the host:
   given, at run time, a natural-looking different expected value of the same type (see
   `grader_asserts.perturb`); it passes only if one of those checks still holds. A *raise-after*
   canary is the test body in `try: ... finally: assert False` (every test has one, with or
-  without an equality check). All variants keep the original `def` name and decorators; nothing
-  in their bound name, module, class, order, count or `__qualname__` tells them apart.
+  without an equality check). All variants keep the original `def` name and decorators, and
+  every copy, the real test included, is the same code with only a role constant changed
+  (`_variant`, bound by the grader to `grader_values.role_class` objects): nothing in their bound
+  name, module, class, order, count, `__qualname__`, line numbers, bytecode offsets or calls
+  tells them apart.
 
 The name -> real/canary map (`Plan`) never enters the sandbox. `translate` reads the grader's
 report back: real names restored, canary events removed, and a `tamper` event added when a

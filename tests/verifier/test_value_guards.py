@@ -14,6 +14,7 @@ perturber and site guards bound in (`grader_asserts.bind_perturber`).
 from __future__ import annotations
 
 import random
+import re
 import sys
 import types
 import unittest
@@ -375,3 +376,25 @@ def test_a_project_type_with_an_honest_equality_passes_even_when_it_ignores_a_fi
     src_cls = cls if cls is Size else (lambda w, h, a: Token(w, h, line=1))
     outs = run_project(src_cls, make)
     assert all(o == "passed" for o in outs.values()), outs
+
+
+def test_honest_eq_refuses_a_builtin_slot_of_another_operation_and_keeps_honest_subclasses():
+    with pytest.raises(AssertionError, match=grader_sites.IMPURE):
+        grader_asserts.honest_eq(_NeAsEq(7), 12)
+
+    class Ordered(int):
+        __eq__ = int.__eq__     # type: ignore[assignment]   # its own base's slot: honest
+        __hash__ = int.__hash__
+    assert grader_asserts.honest_eq(Ordered(12), 12) and not grader_asserts.honest_eq(Ordered(11), 12)
+
+
+def test_the_names_and_order_of_a_tests_copies_say_nothing_of_which_is_real():
+    """What `PYTEST_CURRENT_TEST`, `self.id()` or `tmp_path` show: one opaque name format for
+    every copy, and the real copy's place in its group varies."""
+    places = set()
+    for seed in range(12):
+        plan = canaries.plant({FILE: TESTS}, ["test_area"], random.Random(seed))
+        names = re.findall(r"^(test_\w+) = test_area$", plan.sources[FILE], re.M)
+        assert len(names) == 1 + canaries.K_CANARIES and all(re.fullmatch(r"test_[0-9a-f]{16}", n) for n in names)
+        places.add([n in plan.real[FILE] for n in names].index(True))
+    assert len(places) > 2
