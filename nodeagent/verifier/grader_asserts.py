@@ -132,12 +132,13 @@ def _perturber(_format=perturb, _guards=_values.guards(
     return p
 
 
-def bind_perturber(code, _roles=None, _role_class=_values.role_class, _perturb=perturb, _names=ROLES):
+def bind_perturber(code, _roles=None, _role_class=_values.role_class, _perturb=perturb, _probes=_sites._probes,
+                   _names=ROLES):
     """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
     perturber, and every role constant of a guarded test's copies by its role object (one fresh
     class per module: `grader_values.role_class`); kept nowhere else, only the compiled tests hold them."""
     if _roles is None:
-        cls = _role_class(_perturb)
+        cls = _role_class(_perturb, _probes)
         _roles = {k: cls(v) for k, v in _names.items()}
     if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles) or isinstance(c, type(code))
                for c in code.co_consts):

@@ -325,27 +325,30 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
     return eq, call, cmp, chain, sub
 
 
-def role_class(perturb, _error=AssertionError, _exception=Exception):
+def role_class(perturb, probes, _error=AssertionError, _exception=Exception, _fields=_fields, _object=object):
     """A fresh class of role objects (see the module docstring): the grader's loader makes one
     per compiled test module and binds its three roles into the code, so no object the code
-    under test can reach leads to it; its methods' code is the same for every role."""
+    under test can reach leads to it; its methods' code is the same for every role. Both kinds
+    of canary see a perturbed expected value (each copy its own): the values a site meets across
+    a test's copies repeat in none of them, so "the value I saw twice" does not single out the
+    real test."""
     class Role:
-        __slots__ = ("keep", "kind")
+        __slots__ = ("keep", "raises", "kind")
 
         def __init__(self, kind):
-            self.kind, self.keep = kind, kind != "perturbed"
+            self.kind, self.keep, self.raises = kind, kind == "real", kind != "perturbed"
 
-        def format(self, y, _perturb=perturb, _exception=_exception):
+        def format(self, y, _perturb=perturb, _probes=probes, _exception=_exception, _fields=_fields,
+                   _object=object):
             try:
                 new = _perturb(y)           # computed in every copy (the same work, the same calls)
             except _exception:
-                if self.keep:
-                    return y
-                raise
+                new = _fields(y, _probes)   # a project object: every public field perturbed
+                new = _object() if new is None else new
             return y if self.keep else new
 
         def miss(self, exc):
-            if self.keep:
+            if self.raises:
                 raise exc
 
         def done(self, held, _error=_error):

@@ -13,6 +13,7 @@ perturber and site guards bound in (`grader_asserts.bind_perturber`).
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import sys
@@ -180,7 +181,9 @@ def test_every_copy_of_a_test_shows_the_code_under_test_the_same_frames_lines_an
         assert len(bodies) == 1
     finally:
         del sys.modules["geom"]
-    assert all(v == views[0] for v in views), views
+    # a copy may stop earlier (an honest answer fails a canary's perturbed check): what each copy
+    # saw is the same, call by call, as far as it went
+    assert all(v and v == views[0][:len(v)] for v in views), views
     # the red team's test: the first call's line is one past the def (plus marks) only in the real copy
     assert views[0][0][2] != 2
 
@@ -398,3 +401,43 @@ def test_the_names_and_order_of_a_tests_copies_say_nothing_of_which_is_real():
         assert len(names) == 1 + canaries.K_CANARIES and all(re.fullmatch(r"test_[0-9a-f]{16}", n) for n in names)
         places.add([n in plan.real[FILE] for n in names].index(True))
     assert len(places) > 2
+
+
+def test_a_forger_that_trusts_the_value_it_met_in_another_copy_earns_nothing():
+    """Every canary meets its own perturbed expected value (the raise-after ones too): "true for
+    the value another copy of this test compared again and again" (the site guards repeat the
+    real comparison) never singles out the real copy. (When a raise-after canary kept the real
+    expected value, this forger was rewarded whenever one ran before the real test.)"""
+    source = "from geom import area\n\n\ndef test_area():\n    assert area(3, 4) == 12\n"
+
+    def make():
+        met: dict = {}
+        run = [0]
+
+        class Forged:
+            def __init__(self, run_no):
+                self._run = run_no
+
+            def __eq__(self, other):     # true for a value another run compared many times (its real value)
+                key = (type(other).__name__, repr(other))
+                runs = met.setdefault(key, {})
+                runs[self._run] = runs.get(self._run, 0) + 1
+                return any(n >= 3 for r, n in runs.items() if r != self._run)
+
+            __hash__ = object.__hash__
+
+        def area(w, h):
+            run[0] += 1
+            return Forged(run[0])
+        return area
+    rewarded = []
+    for seed in range(40):
+        plan = canaries.plant({FILE: source}, ["test_area"], random.Random(seed))
+        outs = run_planted(plan.sources[FILE], {**HONEST, "area": make()})
+        report = {"events": [{"ev": "test", "id": i, "when": "call", "outcome": "passed" if o == "passed" else "failed",
+                              "detail": o} for i, o in outs.items()]}
+        events = json.loads(canaries.translate(json.dumps(report).encode(), plan))["events"]
+        if not any(e["ev"] == "tamper" for e in events) and all(
+                e["outcome"] == "passed" for e in events if e["ev"] == "test"):
+            rewarded.append(seed)
+    assert rewarded == []
