@@ -20,7 +20,8 @@ Value guards (`guards`): what reaches a guarded test's comparison or assertion m
   assertion call (`assertIn`, `assertAlmostEqual(places=)`, `assert_close(tol=)`, any
   `*equal*`/`*close*` helper) must fail with a fresh `object()` in place of its expected
   argument, and, when its tolerances are small, with a perturbed expected value; an equality
-  with `pytest.approx(x)` must not hold for `approx` of a perturbed `x`.
+  with `pytest.approx(x)` must not hold for `approx` of a perturbed `x`; a project object equal
+  to another must not equal a copy of it whose every field differs.
 A failure names `IMPURE` (the phrase `canaries.translate` reads as tampering).
 
 Everything a guard uses is bound as a default argument or in a closure of functions made before
@@ -185,9 +186,10 @@ def _own_eq(t, _resolve=_resolve, _function=type(_fail), _type=type, _trusted=_t
 
 def _fields(y, probes, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
             _dict=dict, _str=str, _object=object, _scalars=_SCALARS, _containers=_CONTAINERS):
-    """A copy of project object `y` (made without running its code) with every public field that
-    holds plain data perturbed (`probes`), or None: an honest `==` that reads any of them tells it
-    from `y`; one that answers by type alone (`isinstance(o, Size)`) does not."""
+    """A copy of project object `y` (made without running its code) with every field of its
+    instance dict changed (plain data perturbed by `probes`, anything else a fresh `object()`), or
+    None: an honest `==` that reads any of them tells it from `y`; one that answers by type alone
+    (`isinstance(o, Size)`) does not."""
     t = _type(y)
     if t in _scalars or t in _containers:
         return None
@@ -198,12 +200,11 @@ def _fields(y, probes, _type=type, _plain=_plain, _getattribute=object.__getattr
         return None
     if _type(inner) is not _dict:
         return None
-    fields, changed = _dict(inner), False
+    fields = _dict(inner)
     for k, v in inner.items():
-        if _type(k) is _str and not k.startswith("_") and _plain(v):
-            fields[k] = probes(v, 1)[0]
-            changed = changed or _type(fields[k]) is not _object
-    if not changed:
+        if _type(k) is _str:
+            fields[k] = probes(v, 1)[0] if _plain(v) else _object()
+    if not fields:
         return None
     _getattribute(new, "__dict__").update(fields)
     return new
@@ -235,7 +236,7 @@ def guards(site_eq, site_call, probes, approx=frozenset()):
                 except Exception:
                     held = False
                 if held:
-                    raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every public field differs: it")
+                    raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every field differs: it")
         return r
 
     def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
@@ -343,7 +344,7 @@ def role_class(perturb, probes, _error=AssertionError, _exception=Exception, _fi
             try:
                 new = _perturb(y)           # computed in every copy (the same work, the same calls)
             except _exception:
-                new = _fields(y, _probes)   # a project object: every public field perturbed
+                new = _fields(y, _probes)   # a project object: every field changed
                 new = _object() if new is None else new
             return y if self.keep else new
 
