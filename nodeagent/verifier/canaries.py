@@ -156,10 +156,11 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
     `grader_values.Roles`, whose methods share one code object per method), so nothing the
     code under test can observe (a frame's lines, a traceback's `tb_lineno`/`tb_lasti`, a
     warning's line, the calls it gets) tells the real test from a canary. The expected side of
-    each equality check in `sites` goes through `role.format` (perturbed in a perturbed canary, as
-    it is in the real test and a raise-after canary); a check that holds is recorded, one that
-    fails goes to `role.miss` (raised again, except in a perturbed canary); at the end `role.done`
-    fails a raise-after canary, and a perturbed canary where no check held."""
+    each equality check in `sites` goes through `role.format` (perturbed in both kinds of canary,
+    kept in the real test); a check that holds is recorded, one that
+    fails is raised again unless `role.miss()` says not to (a perturbed canary); at the end
+    `assert role.done(held)` fails a raise-after canary, and a perturbed canary where no check held.
+    Every raise happens in the test's own frame (pytest formats no grader frame per failure)."""
     new = copy.deepcopy(fn)
     flag = "_paddock_held"
     for site in sites:
@@ -175,10 +176,12 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
             call.args[1] = _role_call(role, "format", [call.args[1]], call.args[1])
         held = ast.copy_location(ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()),
                                                    [ast.Constant(0)], [])), s)
-        miss = ast.copy_location(ast.Expr(_role_call(role, "miss", [ast.Name("_paddock_miss", ast.Load())], s)), s)
+        # (raised again here, in the test's own frame: a failure's traceback holds no grader frame)
+        miss = ast.copy_location(ast.If(_role_call(role, "miss", [], s), [ast.copy_location(ast.Raise(), s)], []), s)
         new.body[site] = ast.copy_location(ast.Try(body=[s, held], handlers=[ast.ExceptHandler(
-            ast.Name("AssertionError", ast.Load()), "_paddock_miss", [miss])], orelse=[], finalbody=[]), s)
-    done = ast.copy_location(ast.Expr(_role_call(role, "done", [ast.Name(flag, ast.Load())], new.body[-1])), new.body[-1])
+            ast.Name("AssertionError", ast.Load()), None, [miss])], orelse=[], finalbody=[]), s)
+    done = ast.copy_location(ast.Assert(_role_call(role, "done", [ast.Name(flag, ast.Load())], new.body[-1]),
+                                        ast.Constant("paddock canary")), new.body[-1])
     start = ast.copy_location(ast.Assign([ast.Name(flag, ast.Store())], ast.List([], ast.Load())), new.body[0])
     new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[done]), new.body[0])]
     return new
