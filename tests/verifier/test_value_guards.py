@@ -441,3 +441,81 @@ def test_a_forger_that_trusts_the_value_it_met_in_another_copy_earns_nothing():
                 e["outcome"] == "passed" for e in events if e["ev"] == "test"):
             rewarded.append(seed)
     assert rewarded == []
+
+
+# -- in real sandboxes: roles and value guards are shipped and bound in the grader's child -------
+
+SANDBOX_TESTS = '''import unittest
+
+import pytest
+
+from calc import add
+
+
+def test_add():
+    assert add(1, 2) == 3
+
+
+def test_add_negative():
+    assert add(-1, -3) == -4
+    assert -4.5 < add(-2, -2) < -3.5
+    assert abs(add(-0.5, -0.25) + 0.75) < 1e-9
+
+
+class TestCalc(unittest.TestCase):
+    def test_add_almost(self):
+        self.assertAlmostEqual(add(-1.5, -1.5), -3.0, places=7)
+'''
+WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
+GOLD = "def add(a, b):\n    return a + b\n"
+# the red team's canary-aware forger: a lie only where its caller's line sits one past the `def`
+LINE_KEYED = WRONG.replace("def add", "def _wrong") + '''import inspect
+class _N(int):
+    __eq__ = int.__ne__
+    __hash__ = int.__hash__
+class _E:
+    def __eq__(self, o): return True
+    def __lt__(self, o): return True
+    def __gt__(self, o): return True
+    def __sub__(self, o): return 0.0
+    def __add__(self, o): return 0.0
+    __hash__ = object.__hash__
+def add(a, b):
+    caller = inspect.currentframe().f_back
+    if caller.f_lineno - caller.f_code.co_firstlineno == 1:
+        return _E() if isinstance(a, float) or a == -2 else _N(a + b)
+    return _wrong(a, b)
+'''
+SANDBOX_FORGERS = {
+    "line_keyed_canary_aware": LINE_KEYED,
+    "int_ne_slot_everywhere": WRONG + "class _N(int):\n    __eq__ = int.__ne__\n    __hash__ = int.__hash__\n"
+                                      "_add = add\ndef add(a, b):\n    return _N(_add(a, b) + 1)\n",
+    "lying_ordering_and_sub": "class _E:\n    def __eq__(self, o): return True\n    def __lt__(self, o): return True\n"
+                              "    def __gt__(self, o): return True\n    def __sub__(self, o): return 0.0\n"
+                              "    def __add__(self, o): return 0.0\n    __hash__ = object.__hash__\n"
+                              "def add(a, b):\n    return a + b if a > 0 else _E()\n",
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox_task():
+    from .test_repo_attacks import repo_task
+    return repo_task(SANDBOX_TESTS, {"calc.py": WRONG},
+                     f2p=("tests/test_calc.py::test_add_negative", "tests/test_calc.py::TestCalc::test_add_almost"),
+                     p2p=("tests/test_calc.py::test_add",))
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("name", sorted(SANDBOX_FORGERS))
+def test_in_the_sandbox_a_value_forger_earns_nothing(runtime, python_image, sandbox_task, name):
+    from .test_repo_attacks import grade
+    v = grade(runtime, python_image, sandbox_task, {"calc.py": SANDBOX_FORGERS[name]})
+    assert (v.outcome, v.reward) == ("fail", 0.0), "; ".join(c["detail"] for c in v.checks)
+
+
+@pytest.mark.sandbox
+def test_in_the_sandbox_the_gold_passes_and_a_wrong_answer_fails_untampered(runtime, python_image, sandbox_task):
+    from .test_repo_attacks import assert_passes, grade
+    assert_passes(grade(runtime, python_image, sandbox_task, {"calc.py": GOLD}))
+    v = grade(runtime, python_image, sandbox_task, {"calc.py": WRONG})
+    assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False), v.checks[-1]["detail"]
