@@ -158,7 +158,8 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
     warning's line, the calls it gets) tells the real test from a canary. The expected side of
     each equality check in `sites` goes through `role.format` (perturbed in both kinds of canary,
     kept in the real test); a check that holds is recorded, one that
-    fails is raised again unless `role.miss()` says not to (a perturbed canary); at the end
+    fails is raised again when `role.miss()` says so (the real test; a canary runs on, its clean-up
+    included); at the end
     `assert role.done(held)` fails a raise-after canary, and a perturbed canary where no check held.
     Every raise happens in the test's own frame (pytest formats no grader frame per failure)."""
     new = copy.deepcopy(fn)

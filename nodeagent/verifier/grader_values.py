@@ -7,9 +7,10 @@ Roles (`role`): every copy of a guarded test, the real one and its canaries alik
 code (`canaries._variant`); only a constant differs, which the grader's loader binds to the
 copy's role object. The methods of every role object share one code object each, so a frame
 view, a traceback or a warning shows the code under test the same lines, names and offsets in
-every copy: `format` (the expected value: perturbed in a perturbed canary, computed and kept in
-the others), `miss` (a check that failed: raised again, except in a perturbed canary), `done`
-(the end: a raise-after canary fails, a perturbed one fails unless a check held).
+every copy: `format` (the expected value: perturbed in both kinds of canary, computed and kept
+in the real test), `miss` (raise a check that failed again? only in the real test: a canary runs
+on, its clean-up included), `done` (may the copy end here? not a raise-after canary, nor a
+perturbed one where no check held). Every raise happens in the test's own frame.
 
 Value guards (`guards`): what reaches a guarded test's comparison or assertion must be honest.
 - A slot that lies: a type whose `==`, `!=`, ordering or `in` is a builtin slot of another
@@ -342,7 +343,7 @@ def role_class(perturb, probes, _exception=Exception, _fields=_fields, _object=o
         __slots__ = ("keep", "raises", "kind")
 
         def __init__(self, kind):
-            self.kind, self.keep, self.raises = kind, kind == "real", kind != "perturbed"
+            self.kind, self.keep, self.raises = kind, kind == "real", kind == "real"
 
         def format(self, y, _perturb=perturb, _probes=probes, _exception=_exception, _fields=_fields,
                    _object=object):
