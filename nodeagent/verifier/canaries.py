@@ -13,8 +13,11 @@ rewrites each one on the host:
   given, at run time, a natural-looking different expected value of the same type (see
   `grader_asserts.perturb`); it passes only if one of those checks still holds. A *raise-after*
   canary is the test body in `try: ... finally: assert False` (every test has one, with or
-  without an equality check). All variants keep the original `def` name and decorators; nothing
-  in their bound name, module, class, order, count or `__qualname__` tells them apart.
+  without an equality check). All variants keep the original `def` name and decorators, and
+  every copy, the real test included, is the same code with only a role constant changed
+  (`_variant`, bound by the grader to `grader_values.role_class` objects): nothing in their bound
+  name, module, class, order, count, `__qualname__`, line numbers, bytecode offsets or calls
+  tells them apart.
 
 The name -> real/canary map (`Plan`) never enters the sandbox. `translate` reads the grader's
 report back: real names restored, canary events removed, and a `tamper` event added when a
@@ -42,7 +45,10 @@ from typing import Sequence, cast
 
 from nodeagent.verifier.grader_sites import IMPURE
 
-SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.format(x)`: the grader swaps the constant for its perturber
+SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.eq(a, b)`: the grader swaps the constant for its site guards
+# a guarded test's copies (`_variant`): the grader binds each constant to its `grader_values.Roles`
+# object (equal lengths: not even a column offset differs)
+ROLE_REAL, ROLE_PERTURBED, ROLE_FAIL = "\x00paddock-role-r\x00", "\x00paddock-role-p\x00", "\x00paddock-role-f\x00"
 P2P_GUARDED = 8         # tests that must keep passing, guarded too (a random sample of them)
 K_CANARIES = 3          # per test that must start passing: a forger that singles out one test of a
                         # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
@@ -112,9 +118,9 @@ def _literal(node: ast.AST) -> bool:
         return False
 
 
-def _perturb_call(expr: ast.expr) -> ast.expr:
-    call = ast.Call(ast.Attribute(ast.Constant(SENTINEL), "format", ast.Load()), [expr], [])
-    return ast.copy_location(call, expr)
+def _role_call(role: str, method: str, args: list[ast.expr], at: ast.AST) -> ast.expr:
+    call = ast.Call(ast.Attribute(ast.Constant(role), method, ast.Load()), args, [])
+    return ast.copy_location(call, at)
 
 
 def _returns(stmts: list[ast.stmt]) -> bool:
@@ -143,13 +149,19 @@ def _eq_sites(body: list[ast.stmt]) -> list[int]:
     return sites
 
 
-def _perturbed(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int]
-               ) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    """The test with the expected side of every equality check in `sites` perturbed. A check
-    that still holds is recorded; the canary fails unless one did, once the body is done (in a
-    `finally`: the rest of the test, its clean-up included, runs as in the real test). An honest
-    result fails every perturbed check; a trick that makes one check pass whatever it compares
-    (an always-equal object, a no-op helper at that one place) makes the canary pass."""
+def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role: str
+             ) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """One copy of a guarded test, the real one included: every copy has the same statements,
+    bytecode and line numbers; only the role constant differs (bound by the grader's loader to
+    `grader_values.Roles`, whose methods share one code object per method), so nothing the
+    code under test can observe (a frame's lines, a traceback's `tb_lineno`/`tb_lasti`, a
+    warning's line, the calls it gets) tells the real test from a canary. The expected side of
+    each equality check in `sites` goes through `role.format` (perturbed in both kinds of canary,
+    kept in the real test); a check that holds is recorded, one that
+    fails is raised again when `role.miss()` says so (the real test; a canary runs on, its clean-up
+    included); at the end
+    `assert role.done(held)` fails a raise-after canary, and a perturbed canary where no check held.
+    Every raise happens in the test's own frame (pytest formats no grader frame per failure)."""
     new = copy.deepcopy(fn)
     flag = "_paddock_held"
     for site in sites:
@@ -157,47 +169,68 @@ def _perturbed(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int]
         if isinstance(s, ast.Assert):
             t = cast(ast.Compare, s.test)  # _eq_sites: an assert site tests one `==`
             if _literal(t.left) and not _literal(t.comparators[0]):
-                t.left = _perturb_call(t.left)
+                t.left = _role_call(role, "format", [t.left], t.left)
             else:
-                t.comparators[0] = _perturb_call(t.comparators[0])
+                t.comparators[0] = _role_call(role, "format", [t.comparators[0]], t.comparators[0])
         else:
             call = cast(ast.Call, cast(ast.Expr, s).value)  # _eq_sites: else a two-argument call
-            call.args[1] = _perturb_call(call.args[1])
+            call.args[1] = _role_call(role, "format", [call.args[1]], call.args[1])
         held = ast.copy_location(ast.Expr(ast.Call(ast.Attribute(ast.Name(flag, ast.Load()), "append", ast.Load()),
                                                    [ast.Constant(0)], [])), s)
+        # (raised again here, in the test's own frame: a failure's traceback holds no grader frame)
+        miss = ast.copy_location(ast.If(_role_call(role, "miss", [], s), [ast.copy_location(ast.Raise(), s)], []), s)
         new.body[site] = ast.copy_location(ast.Try(body=[s, held], handlers=[ast.ExceptHandler(
-            ast.Name("AssertionError", ast.Load()), None, [ast.copy_location(ast.Pass(), s)])], orelse=[],
-            finalbody=[]), s)
-    check = ast.copy_location(ast.Assert(ast.Name(flag, ast.Load()), None), new.body[-1])
+            ast.Name("AssertionError", ast.Load()), None, [miss])], orelse=[], finalbody=[]), s)
+    done = ast.copy_location(ast.Assert(_role_call(role, "done", [ast.Name(flag, ast.Load())], new.body[-1]),
+                                        ast.Constant("paddock canary")), new.body[-1])
     start = ast.copy_location(ast.Assign([ast.Name(flag, ast.Store())], ast.List([], ast.Load())), new.body[0])
-    new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[check]), new.body[0])]
-    return new
-
-
-def _raise_after(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    new = copy.deepcopy(fn)
-    last = new.body[-1]
-    fail = ast.copy_location(ast.Assert(ast.Constant(False), None), last)
-    new.body = [ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[fail]), new.body[0])]
+    new.body = [start, ast.copy_location(ast.Try(body=new.body, handlers=[], orelse=[], finalbody=[done]), new.body[0])]
     return new
 
 
 _UNITTEST_ASSERT = re.compile(r"^assert[A-Z]\w*$")
+_CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
+        ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
+
+
+def _pure(node: ast.expr) -> bool:
+    """An expression whose early evaluation changes nothing (a chained comparison's later operands)."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    return isinstance(node, (ast.Constant, ast.Name)) or _literal(node)
 
 
 class _Sites(ast.NodeTransformer):
     """Every equality and assertion site of a guarded test (its real copy and its canaries)
     through the grader's site guards (`grader_sites`): `a == b` -> `SENTINEL.eq(a, b)`, an
     `assertX(...)` (unittest) or `assert_*equal*`/`*close*` helper call `f(...)` ->
-    `SENTINEL.call(f, ...)`. An answer that is not a pure function of the values compared (a
+    `SENTINEL.call("assertEqual", f, ...)`; other comparisons -> `SENTINEL.cmp(op, a, b)` /
+    `SENTINEL.chain(ops, a, b, c)`, `a - b` -> `SENTINEL.sub(a, b)` (`grader_values`). An answer that is not a pure function of the values compared (a
     counter, randomness, time, the caller) fails the site; honest values are compared as before."""
 
     def visit_Compare(self, node):
         self.generic_visit(node)
-        if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq):
+        if len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
+            guard = ast.Attribute(ast.Constant(SENTINEL), "eq", ast.Load())
+            return ast.copy_location(ast.Call(guard, [node.left, node.comparators[0]], []), node)
+        ops = [_CMP.get(type(op)) for op in node.ops]
+        if None in ops:
             return node
-        guard = ast.Attribute(ast.Constant(SENTINEL), "eq", ast.Load())
-        return ast.copy_location(ast.Call(guard, [node.left, node.comparators[0]], []), node)
+        if len(ops) == 1:
+            guard = ast.Attribute(ast.Constant(SENTINEL), "cmp", ast.Load())
+            return ast.copy_location(ast.Call(guard, [ast.Constant(ops[0]), node.left, node.comparators[0]], []), node)
+        if not all(_pure(c) for c in node.comparators[1:]):     # evaluated only when the chain goes on
+            return node
+        guard = ast.Attribute(ast.Constant(SENTINEL), "chain", ast.Load())
+        return ast.copy_location(ast.Call(guard, [ast.Tuple([ast.Constant(o) for o in ops], ast.Load()), node.left,
+                                                  *node.comparators], []), node)
+
+    def visit_BinOp(self, node):
+        self.generic_visit(node)
+        if not isinstance(node.op, ast.Sub):
+            return node
+        guard = ast.Attribute(ast.Constant(SENTINEL), "sub", ast.Load())
+        return ast.copy_location(ast.Call(guard, [node.left, node.right], []), node)
 
     def visit_Call(self, node):
         self.generic_visit(node)
@@ -207,8 +240,8 @@ class _Sites(ast.NodeTransformer):
                 or not node.args or any(isinstance(a, ast.Starred) for a in node.args) \
                 or any(k.arg is None for k in node.keywords):
             return node
-        guard = ast.Attribute(ast.Constant(SENTINEL), "call", ast.Load())
-        return ast.copy_location(ast.Call(guard, [f, *node.args], node.keywords), node)
+        guard = ast.Attribute(ast.Constant(SENTINEL), "call", ast.Load())     # (the name as written: `grader_values`)
+        return ast.copy_location(ast.Call(guard, [ast.Constant(name), f, *node.args], node.keywords), node)
 
 
 def _guard_sites(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -273,10 +306,10 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
                 out.append(stmt)
                 continue
             real[names[stmt.name]] = stmt.name
-            group = [(stmt, names[stmt.name])]
             sites = _eq_sites(stmt.body)
+            group = [(_variant(stmt, sites, ROLE_REAL), names[stmt.name])]
             for i in range(K_CANARIES):
-                c = _perturbed(stmt, sites) if sites and i % 2 == 0 else _raise_after(stmt)
+                c = _variant(stmt, sites, ROLE_PERTURBED if sites and i % 2 == 0 else ROLE_FAIL)
                 cname = _opaque(rng, stmt.name, taken)
                 canary[cname] = (scope, stmt.name)
                 if sites and i % 2 == 0:

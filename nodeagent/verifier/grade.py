@@ -81,6 +81,8 @@ ASSERTS_PATH = "/verifier/paddock_asserts.py"     # the grader's honest_eq and c
 ASSERTS_SOURCE = GRADER_FILE.with_name("grader_asserts.py").read_bytes()
 SITES_PATH = "/verifier/paddock_sites.py"     # its assertion-site guards and the perturber (loaded by paddock_asserts)
 SITES_SOURCE = GRADER_FILE.with_name("grader_sites.py").read_bytes()
+VALUES_PATH = "/verifier/paddock_values.py"     # its value guards and the canaries' roles (loaded by paddock_asserts)
+VALUES_SOURCE = GRADER_FILE.with_name("grader_values.py").read_bytes()
 
 
 def _sha(data: bytes | str) -> str:
@@ -521,7 +523,7 @@ def _verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> 
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS
-    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE, SITES_PATH: SITES_SOURCE}
+    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE, SITES_PATH: SITES_SOURCE, VALUES_PATH: VALUES_SOURCE}
     expected = expected_tests(spec, parsed)
     if not expected:
         raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")

@@ -9,8 +9,8 @@ and `inspect.currentframe` for the code under test (`install_frame_views`). `tru
 asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
 Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
-path there, imported from the package only on the host). Must not import: pytest, Paddock other
-than nodeagent.verifier.grader_sites.
+path there, imported from the package only on the host; so is `grader_values`). Must not import:
+pytest, Paddock other than nodeagent.verifier.grader_sites, nodeagent.verifier.grader_values.
 """
 
 import ast
@@ -84,6 +84,7 @@ def honest_eq(a, b):
     result = a == b
     if not result:
         return result
+    _values._check_lies((a, b))     # `__eq__ = int.__ne__` on an int subclass: a builtin slot that lies
     for x, y in ((a, b), (b, a)):
         if not _suspect(x):
             continue
@@ -98,41 +99,52 @@ def honest_eq(a, b):
 CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
 
 
-def _load_sites(path="/verifier/paddock_sites.py"):
-    """In the sandbox: `grader_sites`, loaded by path before any code under test (`grade.SITES_PATH`)."""
+def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites"):
+    """In the sandbox: `grader_sites` (`grader_values`), loaded by path before any code under test
+    (`grade.SITES_PATH`, `grade.VALUES_PATH`)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("paddock_sites", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copy
+if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copies
     from nodeagent.verifier import grader_sites as _sites
+    from nodeagent.verifier import grader_values as _values
 else:
-    _sites = _load_sites()
+    _sites, _values = _load_sites(), _load_sites("/verifier/paddock_values.py", "paddock_values")
 perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
+ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
 
-def _perturber(_format=perturb, _eq=_sites.site_eq, _call=_sites.site_call):
-    """A private object whose `.format` is `perturb` and `.eq`/`.call` the assertion-site guards
-    (`grader_sites`): planted sources call `SENTINEL.format(x)`, `SENTINEL.eq(a, b)`, and the
-    grader swaps the string constant for this object in the compiled code, so no name a test
-    could rebind leads to it (nor to these functions: default arguments)."""
+def _perturber(_format=perturb, _guards=_values.guards(
+        _sites.site_eq, _sites.site_call, _sites._probes, _values.approx_types())):
+    """A private object whose `.format` is `perturb` and `.eq`/`.call`/`.cmp`/`.chain`/`.sub` the
+    assertion-site guards (`grader_sites` behind `grader_values`' value guards): planted sources
+    call `SENTINEL.eq(a, b)`, and the grader swaps the string constant for this object in the
+    compiled code, so no name a test could rebind leads to it (nor to these functions: default
+    arguments)."""
     class Perturber:
-        __slots__ = ("format", "eq", "call")
+        __slots__ = ("format", "eq", "call", "cmp", "chain", "sub")
     p = Perturber()
-    p.format, p.eq, p.call = _format, _eq, _call
+    p.format, (p.eq, p.call, p.cmp, p.chain, p.sub) = _format, _guards
     return p
 
 
-def bind_perturber(code):
+def bind_perturber(code, _roles=None, _role_class=_values.role_class, _perturb=perturb, _probes=_sites._probes,
+                   _names=ROLES):
     """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
-    perturber (kept nowhere else: only the compiled canaries hold it)."""
-    if CANARY_SENTINEL not in code.co_consts and not any(isinstance(c, type(code)) for c in code.co_consts):
+    perturber, and every role constant of a guarded test's copies by its role object (one fresh
+    class per module: `grader_values.role_class`); kept nowhere else, only the compiled tests hold them."""
+    if _roles is None:
+        cls = _role_class(_perturb, _probes)
+        _roles = {k: cls(v) for k, v in _names.items()}
+    if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles) or isinstance(c, type(code))
+               for c in code.co_consts):
         return code
-    consts = tuple(_perturber() if type(c) is str and c == CANARY_SENTINEL else bind_perturber(c)
-                   if isinstance(c, type(code)) else c for c in code.co_consts)
+    consts = tuple(_perturber() if type(c) is str and c == CANARY_SENTINEL else _roles[c] if type(c) is str and c
+                   in _roles else bind_perturber(c, _roles) if isinstance(c, type(code)) else c for c in code.co_consts)
     return code.replace(co_consts=consts)
 
 
@@ -397,7 +409,8 @@ def framework_targets(classes=False):
     rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched. Also this
     module's binder of the canaries' perturber and the assertion-site guards (`grader_sites`)."""
     fixtures = sys.modules.get("_pytest.fixtures")
-    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites")] if not classes else []
+    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values")] \
+        if not classes else []
     if fixtures is None:
         return own
     if classes:
@@ -410,14 +423,7 @@ def framework_targets(classes=False):
 _MISSING, _SCALARS = object(), frozenset({int, bool, str, bytes, type(None)})
 
 
-def _approx_types():
-    """pytest.approx's classes (pytest is imported before this module in the grader's child)."""
-    api = sys.modules.get("_pytest.python_api")
-    base = getattr(api, "ApproxBase", None)
-    return frozenset(c for c in vars(api).values() if isinstance(c, type) and issubclass(c, base)) if base else frozenset()
-
-
-_APPROX = _approx_types()
+_APPROX = _values.approx_types()     # pytest.approx's classes
 
 
 def digest(v, ids=None, _budget=None, _type=type, _id=id, _float=float, _tuple=tuple, _list=list, _dict=dict,

@@ -1,0 +1,365 @@
+"""Paddock's in-sandbox value guards and canary roles (installed read-only at /verifier/paddock_values.py).
+
+Loaded by `grader_asserts` (`paddock_asserts`) in the pytest child before any code under test
+runs, next to `grader_sites` (whose `site_eq`/`site_call` it wraps).
+
+Roles (`role`): every copy of a guarded test, the real one and its canaries alike, is the same
+code (`canaries._variant`); only a constant differs, which the grader's loader binds to the
+copy's role object. The methods of every role object share one code object each, so a frame
+view, a traceback or a warning shows the code under test the same lines, names and offsets in
+every copy: `format` (the expected value: perturbed in both kinds of canary, computed and kept
+in the real test), `miss` (raise a check that failed again? only in the real test: a canary runs
+on, its clean-up included), `done` (may the copy end here? not a raise-after canary, nor a
+perturbed one where no check held). Every raise happens in the test's own frame.
+
+Value guards (`guards`): what reaches a guarded test's comparison or assertion must be honest.
+- A slot that lies: a type whose `==`, `!=`, ordering or `in` is a builtin slot of another
+  operation or another type (`class N(int): __eq__ = int.__ne__`) fails the site.
+- Where an operand's comparison, truth, containment or arithmetic is the code under test's (not
+  a builtin's, not trusted code's): `<`, `<=`, `>`, `>=`, `in` and `-` must not hold (or give a
+  value) against a fresh `object()`, nor a `-` give the same number for a perturbed number; an
+  assertion call (`assertIn`, `assertAlmostEqual(places=)`, `assert_close(tol=)`, any
+  `*equal*`/`*close*` helper) must fail with a fresh `object()` in place of its expected
+  argument, and, when its tolerances are small, with a perturbed expected value; an equality
+  with `pytest.approx(x)` must not hold for `approx` of a perturbed `x`; a project object equal
+  to another must not equal a copy of it whose every field differs.
+A failure names `IMPURE` (the phrase `canaries.translate` reads as tampering).
+
+Everything a guard uses is bound as a default argument or in a closure of functions made before
+any code under test runs (nothing is looked up at run time). Standard library only. Must not
+import: anything of Paddock, pytest.
+"""
+
+import operator
+import sys
+from types import MappingProxyType
+
+IMPURE = "is not a pure function of the values compared"    # = grader_sites.IMPURE
+_BUDGET = 100000
+_SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+_CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
+_SLOT_TYPES = (type(object.__eq__), type(str.join))        # wrapper_descriptor, method_descriptor
+_LYING = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
+_DUNDERS = _LYING + ("__bool__", "__len__", "__iter__", "__sub__", "__rsub__", "__abs__", "__float__", "__round__",
+                     "__index__", "__int__")
+_OPS = MappingProxyType({"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+        ">=": operator.ge, "in": lambda a, b: a in b, "not in": lambda a, b: a not in b,
+        "is": operator.is_, "is not": operator.is_not})      # (read-only: a guard's default)
+_ORDERING = frozenset({"<", "<=", ">", ">="})
+_ORDER_DUNDERS = ("__lt__", "__le__", "__gt__", "__ge__")
+_IN_DUNDERS = ("__contains__", "__iter__", "__getitem__")
+_TWO_OPERANDS = frozenset({"assertequal", "assertequals", "assertalmostequal", "assertalmostequals", "assertin",
+                           "assertgreater", "assertgreaterequal", "assertless", "assertlessequal", "assertis",
+                           "assertisinstance", "assertcountequal", "assertlistequal", "asserttupleequal",
+                           "assertdictequal", "assertsetequal", "assertsequenceequal", "assertmultilineequal",
+                           "assertregex", "assertitemsequal"})
+_TOLERANCES = frozenset({"tol", "rtol", "atol", "rel", "abs", "rel_tol", "abs_tol", "delta", "places", "msg",
+                         "err_msg", "decimal", "equal_nan", "verbose"})
+_PASSING = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def _fail(what, _error=AssertionError, _impure=IMPURE):
+    return _error(f"paddock grader: {what} {_impure}")
+
+
+def _walk(v, visit, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=dict, _budget=_BUDGET,
+          _isinstance=isinstance, _list=list, _seq=(list, tuple, set, frozenset), _getattribute=object.__getattribute__,
+          _id=id, _set=set):
+    """`visit(type)` for the type of every object reachable from `v` through builtin containers
+    (and their subclasses' items) and instance dicts, read without running any of its code; the
+    first true answer (or True past the budget)."""
+    todo, n, seen = [v], 0, _set()
+    while todo:
+        x = todo.pop()
+        t = _type(x)
+        if t in _scalars:
+            continue
+        n += 1
+        if n > _budget:
+            return True
+        if t in _containers:
+            todo += (*x.keys(), *x.values()) if t is _dict else x
+            continue
+        if _id(x) in seen:
+            continue
+        seen.add(_id(x))
+        found = visit(t)
+        if found:
+            return found
+        if _isinstance(x, _dict):
+            todo += (*_dict.keys(x), *_dict.values(x))
+        elif _isinstance(x, _seq):
+            todo += _list(x)
+        try:
+            inner = _getattribute(x, "__dict__")
+        except Exception:
+            continue
+        if _type(inner) is _dict:
+            todo += inner.values()
+    return False
+
+
+def _resolve(t, name, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__):
+    for k in _mro(t):
+        d = _vars(k).get(name)
+        if d is not None:
+            return d
+    return None
+
+
+def _lie_of(t, _resolve=_resolve, _lying=_LYING, _slots=_SLOT_TYPES, _type=type, _getattr=getattr,
+            _mro=type.__dict__["__mro__"].__get__, _str=str, _qualname=type.__dict__["__qualname__"].__get__):
+    """`Class.__eq__ is int.__ne__`-like: a comparison dunder that is a builtin slot of another
+    operation, or of a type not among `t`'s bases ("" when none)."""
+    for name in _lying:
+        d = _resolve(t, name)
+        if _type(d) in _slots and (_getattr(d, "__name__", name) != name
+                                   or _getattr(d, "__objclass__", object) not in _mro(t)):
+            return f"{_qualname(t)}.{name} = {_qualname(_getattr(d, '__objclass__', object))}.{_getattr(d, '__name__', '?')}"
+    return ""
+
+
+def lies(v, _walk=_walk, _lie_of=_lie_of):
+    """The first lying slot reachable from `v` ("" when none)."""
+    found = _walk(v, _lie_of)
+    return found if found is not True else ""
+
+
+def _trusted(fn, _audit=sys.audit, _list=list):
+    out = _list()
+    _audit("paddock.trusted", fn, out)
+    return out == [True]
+
+
+def _untrusted_type(t, names=_DUNDERS, _resolve=_resolve, _slots=_SLOT_TYPES, _type=type, _function=type(_fail),
+                    _trusted=_trusted):
+    for name in names:
+        d = _resolve(t, name)
+        if d is None or _type(d) in _slots:
+            continue
+        if _type(d) is not _function or not _trusted(d):
+            return True
+    return False
+
+
+def untrusted(v, names=_DUNDERS, _walk=_walk, _untrusted_type=_untrusted_type):
+    """Does anything reachable from `v` compare, answer truth or containment, or subtract (the
+    dunders `names`) with code the audit hook does not trust (the code under test's)?"""
+    return bool(_walk(v, lambda t: _untrusted_type(t, names)))
+
+
+def _truth(r, _bool=bool):
+    try:
+        return _bool(r)
+    except Exception:
+        return None
+
+
+def _plain(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _walk=_walk):
+    return _type(v) in _scalars or _type(v) in _containers and not _walk(v, lambda t: True)
+
+
+def _check_lies(values, _lies=lies, _fail=_fail):
+    for v in values:
+        lie = _lies(v)
+        if lie:
+            raise _fail(f"a value whose comparison is another operation's slot ({lie}):")
+
+
+def approx_types(_modules=sys.modules):
+    """pytest.approx's classes (pytest is imported before the grader's helpers in its child)."""
+    out = set()
+    for api in (_modules.get("_pytest.approx"), _modules.get("_pytest.python_api")):   # (pytest >= 9, older)
+        base = getattr(api, "ApproxBase", None) or getattr(api, "Approx", None)
+        if isinstance(base, type):
+            out |= {c for c in vars(api).values() if isinstance(c, type) and issubclass(c, base)}
+    return frozenset(out)
+
+
+def _own_eq(t, _resolve=_resolve, _function=type(_fail), _type=type, _trusted=_trusted, _scalars=_SCALARS,
+            _containers=_CONTAINERS):
+    """Is `t`'s `==` Python code the audit hook does not trust (a project's own class)?"""
+    if t in _scalars or t in _containers:
+        return False
+    d = _resolve(t, "__eq__")
+    return _type(d) is _function and not _trusted(d)
+
+
+def _fields(y, probes, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
+            _dict=dict, _str=str, _object=object, _scalars=_SCALARS, _containers=_CONTAINERS):
+    """A copy of project object `y` (made without running its code) with every field of its
+    instance dict changed (plain data perturbed by `probes`, anything else a fresh `object()`), or
+    None: an honest `==` that reads any of them tells it from `y`; one that answers by type alone
+    (`isinstance(o, Size)`) does not."""
+    t = _type(y)
+    if t in _scalars or t in _containers:
+        return None
+    try:
+        inner = _getattribute(y, "__dict__")
+        new = _new(t)
+    except Exception:
+        return None
+    if _type(inner) is not _dict:
+        return None
+    fields = _dict(inner)
+    for k, v in inner.items():
+        if _type(k) is _str:
+            fields[k] = probes(v, 1)[0] if _plain(v) else _object()
+    if not fields:
+        return None
+    _getattribute(new, "__dict__").update(fields)
+    return new
+
+
+def guards(site_eq, site_call, probes, approx=frozenset()):
+    """(eq, call, cmp, sub) for a guarded test's sites: `site_eq`/`site_call` (`grader_sites`)
+    behind the value guards of the module docstring; `probes(y, n)`: `n` perturbed copies of plain
+    `y`; `approx`: pytest.approx's classes."""
+
+    def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
+           _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float):
+        __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
+        _check((a, b))
+        held = False
+        for x, y in ((a, b), (b, a)):
+            if _type(y) in _approx and _untrusted(x):
+                rel, tol, want = _getattr(y, "rel", None), _getattr(y, "abs", None), _getattr(y, "expected", None)
+                if (rel is None or _float(rel) < 0.1) and (tol is None or _float(tol) < 0.1) and _plain(want):
+                    for p in _probes(want, 2):
+                        held = held or _truth(x == _type(y)(p, rel=rel, abs=tol, nan_ok=y.nan_ok))
+        r = _site_eq(a, b)
+        if held and _truth(r):
+            raise _fail("`==` with pytest.approx also held for a perturbed expected value: it")
+        if _truth(r) and (_own_eq(_type(a)) or _own_eq(_type(b))):
+            for left, y in ((True, b), (False, a)):
+                p = _fields(y, _probes)
+                try:
+                    held = p is not None and _truth(a == p if left else p == b)
+                except Exception:
+                    held = False
+                if held:
+                    raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every field differs: it")
+        return r
+
+    def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
+            _object=object, _fail=_fail, _eq=eq):
+        __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
+        if op == "==":
+            return _eq(a, b)
+        _check((a, b))
+        r = _ops[op](a, b)
+        if not _truth(r) or not (op in _ordering or op == "in"):
+            return r
+        probes = []
+        if _untrusted(b, _in if op == "in" else _order):
+            probes.append((_object(), b))
+        if _untrusted(a, ("__eq__",) if op == "in" else _order):
+            probes.append((a, (_object(),)) if op == "in" else (a, _object()))
+        for x, y in probes:
+            try:
+                held = _truth(_ops[op](x, y))
+            except Exception:
+                held = False
+            if held:
+                raise _fail(f"`{op}` at this site also held for a fresh object(): it")
+        if probes and _truth(_ops[op](a, b)) is not _truth(r):
+            raise _fail(f"`{op}` at this site gave different answers for the same values: it")
+        return r
+
+    def chain(ops, *values, _cmp=cmp, _len=len, _range=range):
+        __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
+        r = True
+        for i in _range(_len(ops)):
+            r = _cmp(ops[i], values[i], values[i + 1])
+            if not r:
+                return r
+        return r
+
+    def sub(a, b, _subs=("__sub__", "__rsub__"), _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
+            _numbers=(int, float), _probes=probes):
+        __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
+        _check((a, b))
+        r = a - b
+        if not (_untrusted(a, _subs) or _untrusted(b, _subs)):
+            return r
+        for x, y in ((a, _object()), (_object(), b)):
+            try:
+                x - y
+            except Exception:
+                continue
+            raise _fail("`-` at this site also gave a value for a fresh object(): it")
+        if _type(r) in _numbers and _type(b) in _numbers and _untrusted(a, _subs):
+            for p in _probes(b, 2):
+                if p != b and _type(a - p) in _numbers and a - p == r:
+                    raise _fail("`-` at this site gave the same number for a different operand: it")
+        return r
+
+    def call(written, f, /, *args, _check=_check_lies, _untrusted=untrusted, _trusted=_trusted, _getattr=getattr,
+             _str=str, _type=type, _object=object, _len=len, _plain=_plain, _fail=_fail, _site_call=site_call,
+             _two=_TWO_OPERANDS, _tolerances=_TOLERANCES, _probes=probes, _float=float, _passing=_PASSING,
+             _list=list, _set=set, _all=all, _any=any, **kwargs):
+        __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
+        values, held = (*args, *kwargs.values()), False
+        _check(values)
+        fn = _getattr(f, "__func__", f)
+        name = _str(written).lower()        # as the test wrote it (a function's own `__name__` is its to choose)
+        if _len(args) >= 2 and "not" not in name and (name in _two or "equal" in name or "close" in name) \
+                and not _any(_getattr(_type(v), "__next__", None) is not None for v in values) \
+                and (not _trusted(fn) or _any(_untrusted(v) for v in values)):
+            at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
+            tries = [_object(), _object()]
+            small = _set(kwargs) <= _tolerances and _all(
+                k in ("msg", "err_msg", "verbose", "equal_nan") or (k in ("places", "decimal") and _type(v) is int
+                                                                      and v >= 1) or (_type(v) in (int, float) and _float(v) < 0.1)
+                for k, v in kwargs.items())
+            if small and _plain(args[at]) and ("equal" in name or "close" in name):   # (not `<` nor `in`)
+                tries += _probes(args[at], 2)
+            for p in tries:
+                xs = _list(args)
+                xs[at] = p
+                try:
+                    f(*xs, **kwargs)
+                except _passing:
+                    raise
+                except BaseException:
+                    continue
+                held = True
+        r = _site_call(f, *args, **kwargs)      # (a wrong answer that met a perturbed value fails here first)
+        if held:
+            raise _fail(f"the assertion {name!r} also passed with a different expected value: it")
+        return r
+
+    return eq, call, cmp, chain, sub
+
+
+def role_class(perturb, probes, _exception=Exception, _fields=_fields, _object=object):
+    """A fresh class of role objects (see the module docstring): the grader's loader makes one
+    per compiled test module and binds its three roles into the code, so no object the code
+    under test can reach leads to it; its methods' code is the same for every role. Both kinds
+    of canary see a perturbed expected value (each copy its own): the values a site meets across
+    a test's copies repeat in none of them, so "the value I saw twice" does not single out the
+    real test."""
+    class Role:
+        __slots__ = ("keep", "raises", "kind")
+
+        def __init__(self, kind):
+            self.kind, self.keep, self.raises = kind, kind == "real", kind == "real"
+
+        def format(self, y, _perturb=perturb, _probes=probes, _exception=_exception, _fields=_fields,
+                   _object=object):
+            try:
+                new = _perturb(y)           # computed in every copy (the same work, the same calls)
+            except _exception:
+                new = _fields(y, _probes)   # a project object: every field changed
+                new = _object() if new is None else new
+            return y if self.keep else new
+
+        def miss(self):
+            return self.raises
+
+        def done(self, held, _exc_info=sys.exc_info):
+            """May the copy end here without failing? (The test's `assert` fails it otherwise.)"""
+            if self.kind == "fail":
+                return _exc_info()[1] is not None      # already failing: one exception, not a chain
+            return self.kind == "real" or bool(held)
+    return Role
