@@ -10,7 +10,7 @@ asks the grader's audit hook, through an audit event, whether a function's code 
 
 Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
 path there, imported from the package only on the host; so is `grader_values`). Must not import:
-pytest, Paddock other than nodeagent.verifier.grader_sites, nodeagent.verifier.grader_values.
+pytest, Paddock other than nodeagent.verifier.grader_sites and nodeagent.verifier.grader_values.
 """
 
 import ast

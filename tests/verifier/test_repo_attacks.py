@@ -391,7 +391,10 @@ def test_5_honest_eq_bypasses_earn_nothing(runtime, python_image, name):
 def test_6_unittest_assertions_are_held_to_the_same_rule(runtime, python_image, solution):
     task = repo_task(UNITTEST_TESTS, {"calc.py": WRONG}, f2p=("tests/test_calc.py::TestCalc::test_add_negative",),
                      p2p=("tests/test_calc.py::TestCalc::test_add",))
-    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": solution}))
+    # an `==` true on its first call only may spend that call on a site's probe: the real check
+    # then fails plainly (unrewarded, not necessarily flagged)
+    flagged = solution is not EQ_BYPASSES["true_on_first_call_only"]
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": solution}), tampered=flagged)
     assert_passes(grade(runtime, python_image, task, {"calc.py": GOLD}))
 
 
