@@ -125,7 +125,12 @@ class FarmWatch:
         return list(self.rooted.values())
 
     def matching(self, pattern: str) -> list[Proc]:
-        return [p for p in self.seen.values() if re.search(pattern, p.cmdline)]
+        """Seen processes whose command line matches `pattern`. A child caught between its fork
+        and its exec (a Popen `preexec_fn` running) shows its parent's command line: it is
+        that parent's, not another process of the kind."""
+        by_pid = {p.pid: p for p in self.seen.values()}
+        return [p for p in self.seen.values() if re.search(pattern, p.cmdline)
+                and not ((q := by_pid.get(p.ppid)) is not None and q.cmdline == p.cmdline)]
 
     def sandbox_side(self) -> list[Proc]:
         """Holders, factories and inits: processes running as ids of the subordinate range."""
