@@ -124,6 +124,13 @@ class FarmWatch:
         """Farm processes seen with a uid 0 (the setuid helpers aside)."""
         return list(self.rooted.values())
 
+    def foreign(self, uid: int) -> list[Proc]:
+        """Seen processes running neither as `uid` nor as one of its subordinate ids. A setuid
+        helper the user started (real uid `uid`, effective 0 for a moment) is the user's."""
+        return [p for p in self.seen.values()
+                if not (set(p.uids) == {uid} or self.in_subrange(p)
+                        or (p.comm in SETUID_HELPERS and p.uids[0] == uid))]
+
     def matching(self, pattern: str) -> list[Proc]:
         """Seen processes whose command line matches `pattern`. A child caught between its fork
         and its exec (a Popen `preexec_fn` running) shows its parent's command line: it is

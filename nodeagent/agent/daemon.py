@@ -319,6 +319,14 @@ class NodeAgent:
                 break
 
     # -- loop -------------------------------------------------------------------------------
+    def _last_health(self) -> None:
+        """One health sample at the end: the node's last state is on record even for a run
+        shorter than one heartbeat (health is a report; its failure never fails the stop)."""
+        try:
+            self.health()
+        except Exception as exc:  # noqa: BLE001 - a report, not the agent's work
+            log.warning("final health sample failed: %s", exc)
+
     def run(self) -> int:
         self._new_socket()
         self.core.start()
@@ -354,6 +362,7 @@ class NodeAgent:
             self.core.stop()               # the owner's stop, now in the core (a first end stays)
         self.core.stop_all(CANCEL_SHUTDOWN)  # an agent that ends kills what still runs at once
         self.pool.shutdown()
+        self._last_health()
         self._close_monitor()
         self.sock.close(linger=100)
         if self.refused is not None:

@@ -196,5 +196,5 @@ def test_the_local_run_completes_as_an_ordinary_user_and_none_of_its_processes_i
     assert len(watch.matching(r"controller\.cli agent ")) == 2
     assert watch.sandbox_side(), "no holder or sandbox process was seen: the census would prove nothing"
     uid = pwd.getpwnam(JOB_USER).pw_uid
-    others = [p for p in watch.seen.values() if not (set(p.uids) == {uid} or watch.in_subrange(p))]
+    others = watch.foreign(uid)
     assert others == [], watch.describe(others)   # each one runs as the user or as one of its subordinate ids

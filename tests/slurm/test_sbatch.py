@@ -411,7 +411,7 @@ def assert_no_farm_process_ran_as_root(watch: FarmWatch, agents: int) -> None:
     assert len(watch.matching(r"^\S+ -m controller\.cli job agent ")) == agents
     assert watch.sandbox_side(), "no holder or sandbox process seen: the census would prove nothing"
     uid = __import__("pwd").getpwnam(JOB_USER).pw_uid
-    others = [p for p in watch.seen.values() if not (set(p.uids) == {uid} or watch.in_subrange(p))]
+    others = watch.foreign(uid)
     assert others == [], watch.describe(others)
 
 
