@@ -342,3 +342,13 @@ def test_top_error_rate_is_per_minute_between_frames():
     assert view.rows([n], 1000.0, 0.0)[0]["err_per_min"] is None
     n["health"]["errors"] = {"infra_errors": 5}
     assert view.rows([n], 1010.0, 30.0)[0]["err_per_min"] == pytest.approx(6.0)
+
+
+def test_an_agent_records_one_health_sample_as_it_stops_even_before_its_first_heartbeat():
+    """A run shorter than one heartbeat still leaves the node's last state on record."""
+    samples: list[int] = []
+    agent = NodeAgent("n1", "tcp://127.0.0.1:1", "d", 2, None, None, insecure=True,
+                      health=lambda: samples.append(1) or {})
+    agent.stopped = True
+    assert agent.run() == 0
+    assert samples == [1]
