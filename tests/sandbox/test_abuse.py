@@ -236,3 +236,24 @@ def test_hostname_is_the_specs_and_cannot_be_changed(runtime, busybox_image):
         with runtime.create(SandboxSpec(image=busybox_image, hostname=name, limits=LIMITS)) as sb:
             r = sh(sb, "hostname; hostname evil; echo rc=$?; hostname")
             assert r.stdout.split() == [name.encode(), b"rc=1", name.encode()]
+
+
+# -- the init's memory ---------------------------------------------------------------------------
+MEM_PROBE = ("import os, sys\n"
+             "for pid in sys.argv[1:]:\n"
+             "    for mode in (os.O_RDONLY, os.O_RDWR):\n"
+             "        try:\n"
+             "            os.close(os.open(f'/proc/{pid}/mem', mode)); print(pid, mode, 'open')\n"
+             "        except OSError as e:\n"
+             "            print(pid, mode, e.errno)\n")
+
+
+def test_no_command_reaches_the_init_s_memory_even_after_earlier_commands(pybox):
+    """The init (pid 1) is never readable or writable through /proc/1/mem by what it runs: not by
+    the first command, and not after many (a vfork child once set the init's own mm dumpable)."""
+    for _ in range(3):
+        out = pybox.exec(["python3", "-c", MEM_PROBE, "1"], timeout_s=10).stdout.decode()
+        assert "open" not in out, out
+        assert out.split() == ["1", "0", "13", "1", "2", "13"], out   # EACCES both ways
+    grep = pybox.exec(["sh", "-c", "grep CapBnd /proc/self/status"]).stdout.decode()
+    assert not int(grep.split()[1], 16) & (1 << 19), grep   # CAP_SYS_PTRACE left the bounding set

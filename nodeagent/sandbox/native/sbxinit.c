@@ -35,6 +35,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
@@ -559,7 +560,15 @@ static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     char msg[600];
     setsid();
     signal(SIGPIPE, SIG_DFL);
-    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);   /* /proc/self is its own again (execve resets it anyway) */
+    /* No PR_SET_DUMPABLE here: the flag lives in the mm this vfork child shares with the init,
+     * so setting it made the init's own memory writable through /proc/1/mem (execve gives the
+     * command a dumpable mm of its own). The command and all it starts also lose CAP_SYS_PTRACE,
+     * which would reach a non-dumpable process of the same user namespace. */
+    if (prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)) {
+        static const char no_drop[] = "paddock: cannot drop CAP_SYS_PTRACE\n";
+        if (write(err_w, no_drop, sizeof no_drop - 1) < 0) {}
+        _exit(126);
+    }
     char adj[16];
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {   /* under memory pressure the workload dies, never the sandbox init */
