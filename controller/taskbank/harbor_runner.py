@@ -27,6 +27,13 @@ with the image's own Python (standard library only, Python >= 3.8). Exit 0 means
    directory a Python 3.11+ program would have had first (its script's, or the working
    directory for -m/-c) at the END of sys.path instead: the agent's programs still import their
    sibling modules, which no longer shadow anything installed.
+5. test.sh and everything it starts share one Landlock domain (Linux >= 5.13) in which no file
+   under /proc or /sys opens for writing, and (Landlock ABI >= 6) no signal reaches a process
+   outside it: the program under test, run by the tests as the same user, cannot write the
+   memory of the tests' own processes through /proc/<pid>/mem (process_vm_writev and ptrace
+   are already denied by the sandbox's seccomp filter). Writing anywhere else is unchanged, but
+   only beneath the entries of / that exist when test.sh starts. On a kernel without Landlock
+   the runner says so on stderr and runs test.sh unconfined.
 
 Must not import: controller, nodeagent, layers, slurm (it runs inside the sandbox's image).
 """
@@ -55,6 +62,14 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 CAP_SYS_PTRACE = 19
+PR_SET_NO_NEW_PRIVS = 38
+# Landlock (include/uapi/linux/landlock.h); the syscall numbers are the same on every architecture
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_WRITE_FILE, FS_TRUNCATE = 1 << 1, 1 << 14          # TRUNCATE from ABI 3
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1   # from ABI 6
+UNWRITABLE = ("proc", "sys")
 
 LIBC: ctypes.CDLL
 
@@ -144,6 +159,54 @@ def fresh_reward_dir() -> tuple:
             [(path, identity(path)) for path in (LOGS, REWARD_DIR)])
 
 
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def confine_writes() -> None:
+    """This process (test.sh to be) enters a Landlock domain where nothing under /proc or /sys
+    opens for writing (contract 5). Raises OSError when a step fails on a kernel that has
+    Landlock; returns with a warning on one without."""
+    abi = LIBC.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    if abi < 1:
+        print(f"paddock-harbor: warning: no Landlock on this kernel ({os.strerror(ctypes.get_errno())}): "
+              "test.sh runs without its /proc write guard", file=sys.stderr, flush=True)
+        return
+    access = FS_WRITE_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+    attr = _RulesetAttr(access, 0, (SCOPE_SIGNAL | SCOPE_ABSTRACT_UNIX_SOCKET) if abi >= 6 else 0)
+    size = ctypes.sizeof(attr) if abi >= 6 else 8
+    ruleset = LIBC.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        for name in sorted(os.listdir("/")):
+            if name in UNWRITABLE:
+                continue
+            try:
+                fd = os.open("/" + name, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue   # gone meanwhile, or a dangling link
+            try:
+                rule = _PathBeneath(access, fd)
+                if LIBC.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
+                                ctypes.byref(rule), 0) != 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule /{name}")
+            finally:
+                os.close(fd)
+        if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+        if LIBC.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+
+
 def start_test_sh() -> int:
     env = dict(os.environ)
     env["PYTHONSAFEPATH"] = "1"
@@ -155,8 +218,11 @@ def start_test_sh() -> int:
             # process, not dumpable, is then out of their reach (/proc/<pid>/mem, fd, environ)
             if LIBC.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE)")
+            confine_writes()
             os.dup2(2, 1)
             os.execvpe("bash", ["bash", TEST_SH], env)
+        except OSError as exc:
+            print(f"paddock-harbor: cannot start test.sh: {exc}", file=sys.stderr, flush=True)
         finally:
             os._exit(127)
     return pid
