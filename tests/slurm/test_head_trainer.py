@@ -51,8 +51,9 @@ def test_a_shell_line_trainer_starts_with_the_signals_at_their_defaults(tmp_path
 
 def test_sigint_stops_a_trainer_that_ignores_the_job_signals_and_counts_as_a_clean_stop(tmp_path):
     (tmp_path / "logs").mkdir()
-    script = ("import signal, sys\nprint('up', flush=True)\n"
-              "try:\n    signal.pause()\nexcept KeyboardInterrupt:\n    sys.exit(0)\n")
+    # 'up' is printed inside the try: a SIGINT that comes before pause() is still a clean stop
+    script = ("import signal, sys\n"
+              "try:\n    print('up', flush=True)\n    signal.pause()\nexcept KeyboardInterrupt:\n    sys.exit(0)\n")
     proc = _start_trainer([sys.executable, "-c", script], tmp_path, "tcp://x:1", head(tmp_path),
                           load_taskset("builtin"), "x", out=subprocess.PIPE, ignore=END_OF_TIME)
     assert proc.stdout.readline() == b"up\n"
