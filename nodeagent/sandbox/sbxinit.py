@@ -425,7 +425,6 @@ DIFF_MAX_PATH_BYTES = 3072        # one path (below PATH_MAX with any sandbox ro
 DIFF_MAX_META_BYTES = 4 << 20     # all paths and symlink targets together
 
 
-
 def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None,
                skip_bytecode: bool = False) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
