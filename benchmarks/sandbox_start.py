@@ -217,6 +217,9 @@ def main() -> None:
               f"{slow_vs_median(ours)} ms; waiting for a CPU (runqueue, schedstat): this thread "
               f"{slow_vs_median(waits['thread'])} ms, the sandbox init {slow_vs_median(waits['init'])} ms: "
               f"{waited * 1e3:.2f} ms of their {excess * 1e3:.2f} ms excess ({waited / excess:.0%}; the two may overlap)")
+        print(f"   the bwrap and floor runs right after those cycles: {statistics.mean(ref[i] for i in slow) / ref_p50:.2f}x "
+              f"and {statistics.mean(low[i] for i in slow) / statistics.median(low):.2f}x their medians "
+              f"(1.00x: the machine was not slower then)")
         print(f"   this thread's page faults per cycle: minor {slow_vs_median(faults['minor'], 1)}, major "
               f"{slow_vs_median(faults['major'], 1)}; involuntary switches {slow_vs_median(faults['invol_switches'], 1)}; "
               f"collections of the cyclic GC during the {n} cold cycles: {collections[0]}")
