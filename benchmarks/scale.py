@@ -19,13 +19,16 @@ simulation at training size, with the controller's CPU per event.
          commits. The collector's policy is the controller daemon's (`--gc controller`,
          controller/broker/gcpolicy.py) unless told; the simulated agents share the heap, so
          the collector's share is an upper bound of the real controller's.
-  table  `sim` at 100, 1,000 and 3,000 agents, each in a fresh process, with the daemon's
-         collector policy and with CPython's default: CPU per rollout, its ratio to the
-         smallest farm, cores.
+         `--prefetch N`: each agent holds N leases ahead of its slots (`paddock agent
+         --prefetch`, `AgentConfig.prefetch`; docs/protocol.md "Prefetch").
+  table  `sim` at 100, 1,000 and 3,000 agents, each size and setting in a fresh process, with the
+         daemon's collector policy, without prefetch and with `--prefetch N` (default 2): CPU per
+         rollout, its ratio to the smallest farm, cores, frames per rollout, and prefetch's
+         ratio to none; `--gc-reference` adds CPython's default collector (no prefetch).
 
     .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
-    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off]
-    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000]   (each size in a fresh process)
+    .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off] [--prefetch 0]
+    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--gc-reference]
 """
 from __future__ import annotations
 
@@ -169,15 +172,17 @@ def bench_sim(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=base) as d:
         t0 = time.perf_counter()
         w = ScaleWorld(args.seed, Path(d), args.agents, args.slots, n_tasks=args.tasks,
-                       attempt_s=args.attempt_s, hb_s=args.hb_s)
+                       attempt_s=args.attempt_s, hb_s=args.hb_s, prefetch=args.prefetch)
         if args.gc == "controller":
             gcpolicy.settle()  # what the controller daemon does once started (broker/gcpolicy.py)
         elif args.gc == "off":
             gc.disable()
         warm = w.run_for(args.warmup_s)
         warm = replace(warm)
-        committed0 = w.queue.counts()["committed"]
+        committed0, promoted0 = w.queue.counts()["committed"], w.promoted
         st = w.run_for(args.sim_s)
+        w.check_agents()   # none runs more than its slots, none holds more than slots + prefetch
+        promoted = w.promoted - promoted0
         wall = time.perf_counter() - t0
         counts = w.queue.counts()
         committed = counts["committed"] - committed0
@@ -185,10 +190,11 @@ def bench_sim(args) -> dict:
     m = {k: getattr(st, k) - getattr(warm, k) for k in ("cpu_s", "frames_in", "frames_out", "bytes_in",
                                                         "bytes_out", "passes", "sim_s")}
     held = counts["leased"] + counts["running"]
-    print(f"sim: {args.agents} agents x {args.slots} slots, attempts {args.attempt_s:.0f} s +-50%, heartbeat "
+    print(f"sim: {args.agents} agents x {args.slots} slots, prefetch {args.prefetch}, attempts {args.attempt_s:.0f} s +-50%, heartbeat "
           f"{args.hb_s:.0f} s, {args.tasks} task refs; measured {m['sim_s']:.0f} simulated s after "
           f"{args.warmup_s:.0f} s warm-up ({wall:.0f} s wall for the whole run)")
-    print(f"  held leases at the end {held} of {args.agents * args.slots} slots; queue {counts}")
+    print(f"  held leases at the end {held} of {args.agents * args.slots} slots (+{args.agents * args.prefetch} "
+          f"prefetch); {promoted} attempts in the window started from a lease that waited; queue {counts}")
     print(f"  controller CPU {m['cpu_s']:.2f} s for {m['frames_in']} frames in, {m['frames_out']} out, "
           f"{m['passes']} passes (one SQLite commit each): {1e3 * m['cpu_s'] / m['frames_in']:.3f} ms per frame "
           f"in; {m['frames_in'] / m['sim_s']:.0f} frames in per simulated s -> "
@@ -198,35 +204,51 @@ def bench_sim(args) -> dict:
           f"{m['bytes_in'] / m['sim_s'] / 1e6:.2f} MB/s in, {m['bytes_out'] / m['sim_s'] / 1e6:.2f} MB/s out; "
           f"queue file {db / 1e6:.0f} MB; commits {m['passes'] / m['sim_s']:.1f}/s")
     print(f"  committed {committed} rollouts in the window: {1e6 * m['cpu_s'] / max(committed, 1):.0f} us of "
-          f"controller CPU per rollout")
+          f"controller CPU per rollout; frames per rollout: {m['frames_in'] / max(committed, 1):.2f} in, "
+          f"{m['frames_out'] / max(committed, 1):.2f} out")
     out = {**asdict(st), "window": m, "counts": counts, "wall_s": wall, "committed": committed,
-           "cpu_per_rollout_us": 1e6 * m["cpu_s"] / max(committed, 1), "cores": m["cpu_s"] / m["sim_s"]}
+           "cpu_per_rollout_us": 1e6 * m["cpu_s"] / max(committed, 1), "cores": m["cpu_s"] / m["sim_s"],
+           "held": held, "promoted": promoted, "frames_in_per_rollout": m["frames_in"] / max(committed, 1),
+           "frames_out_per_rollout": m["frames_out"] / max(committed, 1)}
     return out
 
 
 def bench_table(args) -> dict:
     """The controller's cost at several farm sizes in one run: CPU per committed rollout and
     cores, each size against the smallest (flat = the same cost per rollout at any size),
-    and the same sizes under CPython's default collector policy as the reference."""
+    without lease prefetch and with `--prefetch N`, and (`--gc-reference`) the same sizes under
+    CPython's default collector policy as the reference. Each cell is a fresh process."""
+    settings = [("controller", 0), ("controller", args.prefetch)] + ([("default", 0)] if args.gc_reference else [])
     rows = {}
     for agents in args.agents:
-        for gc_mode in ("controller", "default"):
+        for gc_mode, prefetch in settings:
             child = subprocess.run([sys.executable, __file__, "sim", "--agents", str(agents), "--slots",
                                     str(args.slots), "--sim-s", str(args.sim_s), "--warmup-s",
-                                    str(args.warmup_s), "--gc", gc_mode, "--json"],
+                                    str(args.warmup_s), "--attempt-s", str(args.attempt_s), "--gc", gc_mode,
+                                    "--prefetch", str(prefetch), "--json"],
                                    capture_output=True, text=True, check=True)
-            rows[(agents, gc_mode)] = json.loads(child.stdout.strip().splitlines()[-1])
-    base = rows[(args.agents[0], "controller")]["cpu_per_rollout_us"]
+            rows[(agents, gc_mode, prefetch)] = json.loads(child.stdout.strip().splitlines()[-1])
     print(f"controller CPU at {args.slots} slots per agent, attempts {args.attempt_s:.0f} s, "
-          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s")
-    print(f"{'agents':>7} {'slots':>7} {'us/rollout':>11} {'vs ' + str(args.agents[0]):>8} {'cores':>6} "
-          f"{'default gc us/rollout':>22} {'cores':>6} {'policy/default':>15}")
-    for agents in args.agents:
-        c, d = rows[(agents, "controller")], rows[(agents, "default")]
-        print(f"{agents:>7} {agents * args.slots:>7} {c['cpu_per_rollout_us']:>11.0f} "
-              f"{c['cpu_per_rollout_us'] / base:>8.2f} {c['cores']:>6.3f} {d['cpu_per_rollout_us']:>22.0f} "
-              f"{d['cores']:>6.3f} {c['cpu_per_rollout_us'] / d['cpu_per_rollout_us']:>15.2f}")
-    return {f"{a}:{g}": r for (a, g), r in rows.items()}
+          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s; load average "
+          f"{os.getloadavg()[0]:.1f} at the end")
+    print(f"{'agents':>7} {'slots':>7} {'prefetch':>8} {'us/rollout':>11} {'vs ' + str(args.agents[0]):>8} "
+          f"{'cores':>6} {'frames in/out per rollout':>26} {'held/slots':>10} {'vs no prefetch':>15}")
+    for prefetch in dict.fromkeys((0, args.prefetch)):
+        base = rows[(args.agents[0], "controller", prefetch)]["cpu_per_rollout_us"]
+        for agents in args.agents:
+            c, none = rows[(agents, "controller", prefetch)], rows[(agents, "controller", 0)]
+            print(f"{agents:>7} {agents * args.slots:>7} {prefetch:>8} {c['cpu_per_rollout_us']:>11.0f} "
+                  f"{c['cpu_per_rollout_us'] / base:>8.2f} {c['cores']:>6.3f} "
+                  f"{c['frames_in_per_rollout']:>12.2f} / {c['frames_out_per_rollout']:<11.2f} "
+                  f"{c['held'] / (agents * args.slots):>10.3f} "
+                  f"{c['cpu_per_rollout_us'] / none['cpu_per_rollout_us']:>15.2f}")
+    if args.gc_reference:
+        print(f"{'agents':>7} {'default gc us/rollout':>22} {'cores':>6} {'policy/default':>15}")
+        for agents in args.agents:
+            c, d = rows[(agents, "controller", 0)], rows[(agents, "default", 0)]
+            print(f"{agents:>7} {d['cpu_per_rollout_us']:>22.0f} {d['cores']:>6.3f} "
+                  f"{c['cpu_per_rollout_us'] / d['cpu_per_rollout_us']:>15.2f}")
+    return {f"{a}:{g}:{p}": r for (a, g, p), r in rows.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     si.add_argument("--gc", choices=("controller", "default", "off"), default="controller",
                     help="the collector's policy: the controller daemon's (broker/gcpolicy.py), "
                          "CPython's defaults, or off (the bound: the simulated agents share this heap)")
+    si.add_argument("--prefetch", type=int, default=0, help="leases each agent holds ahead of its slots")
     si.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     ta = sub.add_parser("table")
     ta.add_argument("--agents", type=int, nargs="+", default=[100, 1000, 3000])
@@ -260,12 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     ta.add_argument("--sim-s", type=float, default=60.0)
     ta.add_argument("--warmup-s", type=float, default=90.0)
     ta.add_argument("--attempt-s", type=float, default=60.0)
+    ta.add_argument("--prefetch", type=int, default=2, help="the setting compared with none")
+    ta.add_argument("--gc-reference", action="store_true", help="also run CPython's default collector")
     args = ap.parse_args(argv)
     if args.cmd == "table":
         bench_table(args)
     elif args.cmd == "sim" and args.json:
         out = bench_sim(args)
-        print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s")}))
+        print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s", "held", "promoted",
+                                              "frames_in_per_rollout", "frames_out_per_rollout")}))
     elif args.cmd == "_child":
         print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum, args.mode)))
     elif args.cmd == "load":

@@ -53,11 +53,12 @@ from nodeagent.sandbox import cgroups, warmpool
 from nodeagent.sandbox.interface import EXIT_TIMEOUT, SandboxBackend, SandboxHandle
 from nodeagent.sandbox.spec import (
     Change,
-    DiffRefused,
     ExecResult,
     SandboxError,
     SandboxSpec,
     changes_to_tar,
+    diff_refused,
+    in_bytecode,
     tar_to_changes,
 )
 
@@ -463,16 +464,15 @@ class ApptainerSandbox(SandboxHandle):
         r = self.exec(["tar", "-C", "/", "-cf", "-", prefix.strip("/") or "."], timeout_s=INSTANCE_TIMEOUT_S,
                       cwd="/", output_cap=max_bytes)
         if r.truncated:
-            raise DiffRefused(f"sandbox {self.name}: the tree under {prefix} passes {max_bytes} bytes as a tar "
-                              "(the diff's max_bytes)")
+            raise diff_refused(self.name, f"the tree under {prefix} passes {max_bytes} bytes as a tar "
+                               "(the diff's max_bytes)")
         if r.exit_code != 0:
             raise SandboxError(f"sandbox {self.name}: tar of {prefix} failed (exit {r.exit_code}): "
                                f"{r.stderr.decode(errors='replace').strip()}")
         lower = tree_entries(self.runtime.image_lower(self.spec.image, prefix), prefix)
         changes = compare(lower, tar_entries(r.stdout, prefix))
         if skip_bytecode:
-            changes = [c for c in changes if c.kind == "deleted" or not (
-                "/__pycache__/" in c.path + "/" or c.path.endswith((".pyc", ".pyo")))]
+            changes = [c for c in changes if c.kind == "deleted" or not in_bytecode(c.path, c.kind == "dir")]
         return changes
 
     def diff_archive(self, prefix: str = "/work", max_bytes: int = 8 << 20) -> bytes:

@@ -123,3 +123,14 @@ def recv_records(sock: socket.socket, max_bytes: int = DEFAULT_MAX_BYTES, with_f
     body, fds = _recv_frame(sock, max_bytes, with_fds)
     recs = decode_records(body)
     return (recs, fds) if with_fds else recs
+
+
+def recv_waiting_fds(sock: socket.socket, max_bytes: int = 4096) -> list[int]:
+    """The fds of every frame waiting on non-blocking `sock` (each sent whole, with its fds, in
+    one message), until none is left or the peer closed."""
+    fds: list[int] = []
+    while True:
+        try:
+            fds += recv_records(sock, max_bytes=max_bytes, with_fds=True)[1]
+        except (BlockingIOError, FramingError):
+            return fds

@@ -18,7 +18,7 @@ import threading
 
 from nodeagent.sandbox import framing, sbxinit
 from nodeagent.sandbox.interface import SandboxHandle
-from nodeagent.sandbox.spec import Change, DiffRefused, ExecResult, SandboxError, changes_to_tar, tar_to_changes
+from nodeagent.sandbox.spec import Change, ExecResult, SandboxError, changes_to_tar, diff_refused, tar_to_changes
 
 EXEC_GRACE_S = 30.0   # past an exec's own timeout, a silent init is declared dead
 DESTROY_TIMEOUT_S = 10.0
@@ -89,7 +89,7 @@ class Sandbox(SandboxHandle):
                     raise SandboxError(f"sandbox {self.id} init is gone: {exc}") from None
         if not reply.get("ok"):
             if reply.get("refused") and req["op"] == "diff":     # the node holder's helper, not the init
-                raise DiffRefused(f"sandbox {self.id}: {reply.get('error', 'diff refused')}")
+                raise diff_refused(self.id, reply.get("error", "no reason given"))
             raise SandboxError(f"sandbox {self.id}: {reply.get('error', 'unknown error')}")
         return reply
 

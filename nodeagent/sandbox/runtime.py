@@ -320,35 +320,28 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
     def create(self, spec: SandboxSpec) -> "Sandbox":
         """A sandbox built from nothing: its cgroup (caps written before anything runs), id
         slice, mount and other namespaces, writable root and init are all made by this call.
-        The cgroups are made while the builder mounts the root (they are sent to it after)."""
-        self.reap_images()
-        key = self.mount_image(spec.image)
-        try:
-            layer_keys = self._mount_layers(spec)
-        except SandboxError:
-            with self._lock:
-                self._unref_image_locked(key)
-            raise
-        keys = [key, *layer_keys]
+        One pass: the image and layers mounted (counted), an id slice taken, the request and
+        its records for the native builder made here, then `_build` sends them and makes the
+        cgroups while the builder mounts the root (they are sent to it after)."""
+        keys = self._mount_for(spec)
         slice_no = self._take_slice(keys)
-        sid = f"s{next(self._ids)}"
-        cgroup = f"c{next(self._cg_ids)}"
+        sid, cgroup = f"s{next(self._ids)}", f"c{next(self._cg_ids)}"
         t_req = time.monotonic()
-        cg_caps = [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")]
-        req = {"op": "create", "id": sid, "image_key": key, "slice_base": slice_no * self.slice_size,
+        req = {"op": "create", "id": sid, "image_key": keys[0], "slice_base": slice_no * self.slice_size,
                "slice_size": self.slice_size, "limits": spec.limits, "hostname": spec.hostname,
-               "cgroup_caps": cg_caps, "overlay": self.overlay, "egress_socket": spec.egress_socket,
-               "layer_keys": layer_keys}
+               "cgroup_caps": [c for c, m in self.cgroups.report.mechanism.items() if m and m.startswith("cgroup")],
+               "overlay": self.overlay, "egress_socket": spec.egress_socket, "layer_keys": keys[1:]}
         if usercaps.held_in_user_space(self.cgroups.report, "cpu"):
             req["sched"] = usercaps.sched_specs(self._cpu_slices.take(float(spec.limits.get("cpu") or 0)))
+        records = self._build_records(req) if self.overlay != "fuse-overlayfs" else None
         try:
-            reply, init_sock, init_pidfd = self._build(req, cgroup)
+            reply, init_sock, init_pidfd = self._build(req, records, cgroup)
         except (SandboxError, cgroups.CapsError, framing.FramingError, OSError) as exc:
             self._release(slice_no, keys)
             raise SandboxError(f"sandbox {sid} failed to start: {exc}") from None
         sb = Sandbox(self, sid, init_sock, slice_no, int(reply["p"][0]),
-                     (reply.get("U") or [b""])[0].decode().strip(), spec, key, init_pidfd)
-        sb.layer_keys = tuple(layer_keys)
+                     (reply.get("U") or [b""])[0].decode().strip(), spec, keys[0], init_pidfd)
+        sb.layer_keys = tuple(keys[1:])
         sb.cgroup = cgroup
         sb._stage_marks = (t_req, time.monotonic(), reply.get("T") or [])   # parsed on demand
         with self._lock:
@@ -361,6 +354,17 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
                 sb.destroy()
                 raise
         return sb
+
+    def _mount_for(self, spec: SandboxSpec) -> list[str]:
+        """The keys of `spec`'s image and layers, each mounted (or referenced once more)."""
+        self.reap_images()
+        key = self.mount_image(spec.image)
+        try:
+            return [key, *self._mount_layers(spec)]
+        except SandboxError:
+            with self._lock:
+                self._unref_image_locked(key)
+            raise
 
     def _watch_memory(self, sb: "Sandbox") -> None:
         """Put `sb` under the user-space memory monitor when no cgroup holds its memory cap."""
@@ -390,10 +394,13 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
                 raise SandboxError(f"no free id slice: all {self.slots} sandboxes of this node are in use")
             return self._free_slices.pop()
 
-    def _build(self, req: dict, cgroup: str) -> tuple[dict, socket.socket, int]:
-        """Have a builder (a spare, else one the holder starts) make sandbox `req` while its
-        cgroup is made here; (the builder's reply, the init's socket, the init's pidfd). A failure
-        removes the cgroup and raises (the caller gives back the slice and image)."""
+    def _build(self, req: dict, records: list | None, cgroup: str) -> tuple[dict, socket.socket, int]:
+        """Have a builder make sandbox `req` while its cgroup is made here: a spare builder
+        gets `records` (the native builder's request); without a spare (or for fuse-overlayfs,
+        `records` None: the holder's Python builder reads `req`) the holder starts one on a
+        socket whose records are already queued. (The builder's reply, the init's socket, the
+        init's pidfd.) A failure removes the cgroup and raises (the caller gives back the
+        slice and image)."""
         cg_fds: list[int] = []
 
         def make_cgroups() -> None:
@@ -408,17 +415,14 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
 
         ours = theirs = None
         try:
-            ours = self._spare_builder(req) if self.overlay != "fuse-overlayfs" else None
+            ours = self._spare_builder(records) if records is not None else None
             if ours is not None:   # a spare builder got the request: no round trip to the holder
                 make_cgroups()
             else:
                 ours, theirs = socket.socketpair()
-
-                def request_then_cgroups() -> None:
-                    if self.overlay != "fuse-overlayfs":
-                        framing.send_records(ours, self._build_records(req))
-                    make_cgroups()
-                self._call(req, [theirs.fileno()], meanwhile=request_then_cgroups)
+                if records is not None:   # waits in the socket for the builder the holder starts
+                    framing.send_records(ours, records)
+                self._call(req, [theirs.fileno()], meanwhile=make_cgroups)
                 theirs.close()
             reply, fds = framing.recv_records(ours, max_bytes=65536, with_fds=True)
             if reply.get("s") != [b"ok"] or len(fds) != 2 or "p" not in reply:
@@ -439,23 +443,18 @@ class SandboxRuntime(MountTable, warmpool.PooledBackend, SandboxBackend):
             for fd in cg_fds:
                 os.close(fd)
 
-    def _spare_builder(self, req: dict) -> socket.socket | None:
-        """The request socket of a spare builder (handed over by the holder) that took `req`, or
-        None when none is left (the holder then starts one for this create)."""
+    def _spare_builder(self, records: list[tuple[str, bytes]]) -> socket.socket | None:
+        """The request socket of a spare builder (handed over by the holder) that took
+        `records`, or None when none is left (the holder then starts one for this create)."""
         while True:
             with self._spares_lock:
-                while True:
-                    try:
-                        _, fds = framing.recv_records(self._spares_chan, max_bytes=4096, with_fds=True)
-                    except (BlockingIOError, framing.FramingError):
-                        break
-                    self._spares.extend(socket.socket(fileno=fd) for fd in fds)
+                self._spares.extend(socket.socket(fileno=fd) for fd in framing.recv_waiting_fds(self._spares_chan))
                 if not self._spares:
                     return None
                 sock = self._spares.popleft()
             sock.setblocking(True)
             try:
-                framing.send_records(sock, self._build_records(req))
+                framing.send_records(sock, records)
                 return sock
             except OSError:   # that spare died (the holder replaces it)
                 sock.close()

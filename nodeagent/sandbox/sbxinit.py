@@ -35,6 +35,7 @@ import subprocess
 import time
 
 from nodeagent.sandbox import framing, nsutil
+from nodeagent.sandbox.spec import is_bytecode
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
@@ -349,7 +350,7 @@ def handle_op(req: dict, rec: dict) -> dict:
                                                       int(req.get("max_bytes", 8 << 20)), rec.get("lowers"),
                                                       bool(req.get("skip_bytecode")))}
         except DiffRefused as exc:     # the agent's content, not a failure of the sandbox
-            return {"ok": False, "error": f"diff refused: {exc}", "refused": True}
+            return {"ok": False, "error": str(exc), "refused": True}   # Sandbox.diff: spec.diff_refused
     if op == "apply":
         apply_changes(root, req["changes"], base)
         return {"ok": True}
@@ -424,9 +425,6 @@ DIFF_MAX_PATH_BYTES = 3072        # one path (below PATH_MAX with any sandbox ro
 DIFF_MAX_META_BYTES = 4 << 20     # all paths and symlink targets together
 
 
-BYTECODE_DIR, BYTECODE_SUFFIXES = "__pycache__", (".pyc", ".pyo")
-
-
 def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str | None" = None,
                skip_bytecode: bool = False) -> list[dict]:
     """Changes in the overlay's upper layer under `prefix`, parents first: files added or modified
@@ -483,7 +481,7 @@ def upper_diff(sbx: str, prefix: str, max_bytes: int, lowers: "list[str] | str |
             return False
         if (stat.S_ISCHR(st.st_mode) and st.st_rdev == 0) or _xattr(full, "overlay.whiteout") is not None:
             add({"path": rel, "kind": "deleted", "data": None, "mode": 0})
-        elif skip_bytecode and (name == BYTECODE_DIR if stat.S_ISDIR(st.st_mode) else name.endswith(BYTECODE_SUFFIXES)):
+        elif skip_bytecode and is_bytecode(name, stat.S_ISDIR(st.st_mode)):
             return False
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(os.fsencode(full))

@@ -30,7 +30,29 @@ class SandboxError(Exception):
 class DiffRefused(SandboxError):
     """`diff()` refused what the agent left under its prefix (too large, too deep, too many
     entries, a path too long, changed while read): the message names the path and the limit.
-    The agent's doing, not the sandbox's: a rollout grades it as its own failure."""
+    The agent's doing, not the sandbox's: a rollout grades it as its own failure. Both
+    backends raise it in one form, `diff_refused`."""
+
+
+def diff_refused(sandbox: str, why: str) -> DiffRefused:
+    """The refusal of a diff of `sandbox`, for either backend: `why` names the path and the
+    limit (the native init's helper sends it in its reply; apptainer's `diff` says it)."""
+    return DiffRefused(f"sandbox {sandbox}: diff refused: {why}")
+
+
+BYTECODE_DIR, BYTECODE_SUFFIXES = "__pycache__", (".pyc", ".pyo")
+
+
+def is_bytecode(name: str, is_dir: bool) -> bool:
+    """A diff entry named `name` (a directory when `is_dir`) is Python bytecode, what running
+    the tests leaves and a grader never applies: a `__pycache__` tree, a `*.pyc` or `*.pyo`."""
+    return name == BYTECODE_DIR if is_dir else name.endswith(BYTECODE_SUFFIXES)
+
+
+def in_bytecode(path: str, is_dir: bool) -> bool:
+    """`is_bytecode` of the entry at `path`, or of a directory above it (a `__pycache__` tree)."""
+    *dirs, name = path.rstrip("/").split("/")
+    return BYTECODE_DIR in dirs or is_bytecode(name, is_dir)
 
 
 class SetupError(SandboxError):

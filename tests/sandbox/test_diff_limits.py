@@ -8,6 +8,7 @@ import pytest
 
 from nodeagent.sandbox import sbxinit
 from nodeagent.sandbox.runtime import DiffRefused, SandboxError, SandboxSpec
+from nodeagent.sandbox.spec import diff_refused, in_bytecode
 
 pytestmark = pytest.mark.sandbox
 
@@ -105,3 +106,32 @@ def test_skip_bytecode_leaves_written_bytecode_out_of_the_diff_and_its_cap(runti
             sb.diff("/work", max_bytes=4096)
         kept = sb.diff("/work", max_bytes=4096, skip_bytecode=True)
     assert [c.path for c in kept if c.kind != "dir"] == ["/work/pkg/m.py"]
+
+
+def test_both_backends_leave_the_same_bytecode_out(runtime, rw_image):
+    """apptainer filters a whole tree with `spec.in_bytecode`; the native walk skips as it goes:
+    over the same tree (bytecode at several depths, names that only look like bytecode) both
+    keep the same entries."""
+    with runtime.create(SandboxSpec(image=rw_image)) as sb:
+        sb.write_files({"/work/pkg/__pycache__/m.cpython-311.pyc": b"c", "/work/pkg/__pycache__/sub/x.txt": b"x",
+                        "/work/old.pyc": b"o", "/work/old.pyo": b"o", "/work/pkg/m.py": b"x = 1\n",
+                        "/work/z.pyc/inside.txt": b"i", "/work/not__pycache__/a.py": b"a",
+                        "/work/pyc": b"p", "/work/a.pyc.txt": b"t"})
+        _sh(sb, "echo f > /work/__pycache__ && mkdir -p /work/d && echo b > /work/d/b.pyc")
+        whole = sb.diff("/work")
+        skipped = sb.diff("/work", skip_bytecode=True)
+    assert [c for c in whole if c.kind == "deleted" or not in_bytecode(c.path, c.kind == "dir")] == skipped
+    kept = {c.path for c in skipped}
+    assert {"/work/z.pyc/inside.txt", "/work/not__pycache__/a.py", "/work/pyc", "/work/a.pyc.txt",
+            "/work/__pycache__", "/work/pkg/m.py"} <= kept
+    assert not kept & {"/work/old.pyc", "/work/old.pyo", "/work/d/b.pyc", "/work/pkg/__pycache__/sub/x.txt"}
+
+
+def test_a_refusal_reads_the_same_from_either_backend(runtime, rw_image):
+    with runtime.create(SandboxSpec(image=rw_image)) as sb:
+        sb.write_files({"/work/big.bin": b"b" * 5000})
+        with pytest.raises(DiffRefused) as native:
+            sb.diff("/work", max_bytes=4096)
+    assert str(native.value).startswith(f"sandbox {sb.id}: diff refused: '/work/big.bin'")
+    assert str(diff_refused("paddock-x", "the tree under /work passes 4096 bytes")) == \
+        "sandbox paddock-x: diff refused: the tree under /work passes 4096 bytes"

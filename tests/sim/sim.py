@@ -456,12 +456,14 @@ class ScaleWorld(World):
     """The farm at size, no faults: `agents` agents of `slots` slots (all speaking batches),
     `n_tasks` SWE-shaped task references, a trainer keeping ~1.5x the slots queued in batches
     of `batch` rollouts, attempts of `attempt_s` +- 50% simulated seconds, heartbeats every
-    `hb_s`. The controller's part of each tick is timed (process CPU), in passes of at most
+    `hb_s`; `prefetch`: leases each agent holds ahead of its slots (`AgentConfig.prefetch`).
+    The controller's part of each tick is timed (process CPU), in passes of at most
     `max_frames_per_pass` frames as the daemon reads them."""
 
     def __init__(self, seed: int, db_dir: Path, agents: int, slots: int, n_tasks: int = 2000,
-                 attempt_s: float = 60.0, batch: int = 1024, hb_s: float = 5.0, liveness: int = 3):
-        self.seed, self.rng, self.clock = seed, random.Random(seed), SimClock()
+                 attempt_s: float = 60.0, batch: int = 1024, hb_s: float = 5.0, liveness: int = 3,
+                 prefetch: int = 0):
+        self.seed, self.rng, self.clock, self.prefetch = seed, random.Random(seed), SimClock(), prefetch
         self.net = Network(self.rng, self.clock)
         self.db = db_dir / f"scale-{seed}.db"
         self.hb_s, self.liveness, self.mean_attempt_s = hb_s, liveness, attempt_s
@@ -474,7 +476,7 @@ class ScaleWorld(World):
         self.tasks = scale_tasks(n_tasks)
         self.stats = ScaleStats()
         self.start_controller()
-        self.agents = [SimAgent(self, f"node{i:05d}", slots, "0.3.0") for i in range(agents)]
+        self.agents = [SimAgent(self, f"node{i:05d}", slots, "0.3.0", prefetch) for i in range(agents)]
         self.names, self.batch, self.submits = [t["name"] for t in self.tasks.values()], batch, 0
         self.trainer = SimTrainer(self, [])
         for a in self.agents:
