@@ -1,5 +1,5 @@
 """Whatever shape a model gives a tool call's arguments, every toolbox (the built-in tools, a
-task's mock services, its MCP servers) answers it as the model's tool error and the conversation
+task's mock services, its MCP servers, a web task's browser) answers it as the model's tool error and the conversation
 goes on: the agent loop checks every call once (`controller.contracts.tools.call_error`) before
 any toolbox sees it. Before, arguments nested deeper than Python's JSON reader goes raised
 RecursionError out of every toolbox's parse (the attempt ended `agent_crash`, an infrastructure
@@ -8,6 +8,7 @@ and MCP servers' tools. Odd calls (unknown or NUL-bearing names, 10,000 calls in
 repeated or missing ids, duplicate keys) are answered too; a rollout made of them is graded."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow.parquet as pq
@@ -15,7 +16,11 @@ import pytest
 
 from controller.contracts.tools import MAX_ARGUMENT_DEPTH, call_error
 from controller.taskbank.builtin import builtin_taskset
+from controller.taskbank.webtasks import web_tasks
+from layers.builtin import ensure_browser_image
 from nodeagent.agent.attempt import Attempt, run_attempt
+from nodeagent.browser.session import BrowserSession
+from nodeagent.harness.browser_tools import BrowserToolbox
 from nodeagent.harness.loop import MAX_CALLS_PER_STEP, run_agent
 from nodeagent.harness.mcptools import McpRollout
 from nodeagent.harness.tools import MAX_ARGUMENT_BYTES
@@ -56,6 +61,7 @@ KINDS = {
     "builtin": ("shell", '{"command": "echo still-here"}', "still-here"),
     "service": ("put", '{"note": "still-here"}', '["still-here"]'),
     "mcp": ("mcp__calc__fail", '{"a": 1}', "error: it broke"),        # the server's own answer
+    "browser": ("browser_observe", "{}", "RootWebArea \"Paddock Shop\""),   # the shop's start page
 }
 
 
@@ -71,6 +77,32 @@ def mcp_box(runtime, python_image):
         sb.destroy()
 
 
+@pytest.fixture(scope="module")
+def browser_box(runtime, image_store):
+    """A web task's sandbox with its browser started (the browser image is built once per store)."""
+    image = ensure_browser_image(image_store)[1]
+    task = web_tasks()[9]
+    bs = BrowserSession()
+    sb = runtime.create(SandboxSpec(image=image, limits=dataclasses.asdict(task.limits), egress_socket=bs.path))
+    try:
+        bs.start(sb, task.hidden["seed.sql"])
+        yield sb, BrowserToolbox(bs)
+    finally:
+        sb.destroy()
+        bs.close()
+
+
+def toolbox_of(kind: str, request) -> tuple:
+    """(the sandbox, run_agent's keyword arguments) for a toolbox kind."""
+    if kind == "browser":
+        sb, browser = request.getfixturevalue("browser_box")
+        return sb, {"toolbox": browser}
+    sb, mcp = request.getfixturevalue("mcp_box")
+    if kind == "mcp":
+        return sb, {"toolbox": mcp}
+    return sb, {"services": ServiceHost({"n": NOTES}, sb)} if kind == "service" else {}
+
+
 def converse(sb, fake, calls, **kw):
     """The agent loop over one assistant message of `calls` then "done": (its result, the tool
     messages the model was sent back, in order)."""
@@ -83,10 +115,9 @@ def converse(sb, fake, calls, **kw):
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("label, raw, says", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_arguments_no_toolbox_may_take_are_the_models_tool_error_and_the_call_after_runs(
-        mcp_box, fake, kind, label, raw, says):
-    sb, mcp = mcp_box
+        request, fake, kind, label, raw, says):
+    sb, kw = toolbox_of(kind, request)
     tool, good, answer = KINDS[kind]
-    kw = {"toolbox": mcp} if kind == "mcp" else {"services": ServiceHost({"n": NOTES}, sb)} if kind == "service" else {}
     res, (refused, ran) = converse(sb, fake, [(tool, raw), (tool, good)], **kw)
     assert res.stop_reason == "stop" and res.answer == "done"
     assert refused.startswith(f"error: invalid arguments for {tool} {says}"), refused
@@ -97,11 +128,10 @@ def test_arguments_no_toolbox_may_take_are_the_models_tool_error_and_the_call_af
 
 @pytest.mark.sandbox
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_arguments_past_a_toolboxs_size_are_refused_by_it_before_they_are_read(mcp_box, fake, kind):
-    sb, mcp = mcp_box
+def test_arguments_past_a_toolboxs_size_are_refused_by_it_before_they_are_read(request, fake, kind):
+    sb, kw = toolbox_of(kind, request)
     tool, good, answer = KINDS[kind]
     limit = SERVICE_ARGUMENT_BYTES if kind == "service" else MAX_ARGUMENT_BYTES
-    kw = {"toolbox": mcp} if kind == "mcp" else {"services": ServiceHost({"n": NOTES}, sb)} if kind == "service" else {}
     res, (refused, ran) = converse(sb, fake, [(tool, '{"x": "' + "a" * limit + '"}'), (tool, good)], **kw)
     assert res.stop_reason == "stop" and refused.startswith(f"error: arguments of {tool}"), refused
     assert str(limit) in refused and answer in ran
