@@ -160,6 +160,12 @@ class FakeModel:
             def log_message(self, *a):
                 pass
 
+            def send(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_GET(self):
                 outer.probes.append(self.path)
                 b = outer.get
@@ -169,10 +175,7 @@ class FakeModel:
                 if b[0] == "hang":
                     outer.release.wait(30)
                     return
-                self.send_response(b[1])
-                self.send_header("Content-Length", str(len(b[2])))
-                self.end_headers()
-                self.wfile.write(b[2])
+                self.send(b[1], b[2])
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -191,10 +194,7 @@ class FakeModel:
                     self.wfile.flush()
                     outer.release.wait(30)
                     return
-                self.send_response(b[1])
-                self.send_header("Content-Length", str(len(b[2])))
-                self.end_headers()
-                self.wfile.write(b[2])
+                self.send(b[1], b[2])
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
