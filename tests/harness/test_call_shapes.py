@@ -148,6 +148,22 @@ def test_a_nul_is_refused_where_it_would_be_a_command_line_and_carried_where_it_
 
 
 @pytest.mark.sandbox
+def test_a_service_result_past_what_json_text_carries_is_refused_not_an_infrastructure_error(mcp_box, fake):
+    """An allowed integer (under 2^64) times a large state: an integer past Python's 4300 digits
+    of text. Before, the engine in the sandbox failed to print it: SandboxError, infrastructure."""
+    sb, _ = mcp_box
+    spec = {"state_schema": {"type": "object"}, "initial_state": {"n": 10 ** 4290},
+            "operations": {"times": {"parameters": {"type": "object", "properties": {"by": {"type": "integer"}}},
+                                     "steps": [{"set": [["n"], {"mul": [{"get": ["n"]}, {"arg": "by"}]}]},
+                                               {"return": {"get": ["n"]}}]}}}
+    host = ServiceHost({"s": spec}, sb)
+    res, (refused, ran) = converse(sb, fake, [("times", '{"by": 18446744073709551615}'), ("times", '{"by": 1}')],
+                                   services=host)
+    assert res.stop_reason == "stop" and refused.startswith("error: times would leave s with a number JSON text"), refused
+    assert ran == "1" + "0" * 4290 and host.final_state() == {"s": {"n": 10 ** 4290}}
+
+
+@pytest.mark.sandbox
 def test_odd_calls_are_answered_one_by_one_and_the_conversation_goes_on(mcp_box, fake):
     sb, _ = mcp_box
     calls = [("nope", "{}"), ("sh\u0000ell", '{"command": "true"}'), ("\ud800", "{}"),
