@@ -189,6 +189,27 @@ def test_odd_calls_are_answered_one_by_one_and_the_conversation_goes_on(request,
 
 
 @pytest.mark.sandbox
+def test_arguments_sent_as_json_values_not_text_are_read_the_same_way(mcp_box, fake):
+    """Some servers send `arguments` as the object itself; anything else they send is refused alike."""
+    sb, _ = mcp_box
+    calls = [{"name": "shell", "arguments": {"command": "echo as-object"}}, {"name": "shell", "arguments": [1]},
+             {"name": "shell", "arguments": 3}, {"name": "shell", "arguments": {"command": "x", "timeout_s": 1e400}},
+             {"name": "shell"}, {"arguments": "{}"}]
+    m = fake({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [{"id": f"k{i}", "type": "function", "function": f}
+                                                            for i, f in enumerate(calls)]}}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1}}, reply("done"))
+    res = run_agent(sb, "do the thing", m.url, "m", 7, {"max_steps": 4, "wall_s": 60})
+    replies = m.tool_replies()
+    assert res.stop_reason == "stop" and replies[0].strip() == "as-object"
+    assert replies[1].startswith("error: invalid arguments for shell at arguments: must be a JSON object, not an array")
+    assert replies[2].startswith("error: invalid arguments for shell at arguments: must be a JSON object, not a number")
+    assert replies[3].startswith("error: invalid arguments for shell at timeout_s: inf is not a finite number")
+    assert replies[4].startswith("error: invalid arguments for shell at arguments: must be a JSON object, not null")
+    assert replies[5].startswith("error: unknown tool None")
+
+
+@pytest.mark.sandbox
 def test_ten_thousand_calls_in_one_message_run_the_first_ones_and_answer_every_one(mcp_box, fake):
     """The refused copies are one call answered alike again and again: the no-progress rule ends
     the episode, the policy's failure (scored 0), never an infrastructure error."""
