@@ -1,12 +1,16 @@
 """Shared test utilities, the one copy of each: `wait_for` (a condition with a deadline, never a
-bare sleep), `FakeClock` (an injectable monotonic clock), `alive`, `FakeChatServer`, and the
-fixtures: the image store, the built-in images and a node's sandbox runtime. Tests live in
+bare sleep), `FakeClock` (an injectable monotonic clock), `alive`, `FakeChatServer`, the
+scripted policy server `FakeModel` (`reply(...)` builds its replies; the `fake` fixture closes
+them), `codec_round_trip` (a frame through both codec paths), and the fixtures: the image store, the built-in images and a node's sandbox runtime. Tests live in
 tests/<room>/ (docs/internals.md, "Tests: one folder per room")."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -47,6 +51,28 @@ class FakeClock:
 
     def advance(self, dt_s: float) -> None:
         self.now += dt_s
+
+
+def wire_frame(msg_type: str, body: dict, dep: str, **envelope) -> bytes:
+    """A protocol frame as a peer would send it (envelope fields overridable)."""
+    f = {"v": 1, "dep": dep, "type": msg_type, "id": "m1", "body": body}
+    f.update(envelope)
+    return json.dumps(f).encode()
+
+
+def codec_round_trip(msg, dep: str, monkeypatch) -> None:
+    """`msg` through both codec paths: the hand-built frame and the generic encoder's each decode
+    to `msg`, and both frames hold the same JSON."""
+    from controller.contracts import codec
+    from controller.contracts import protocol as p
+    fast = p.encode(msg, dep)
+    assert p.decode(fast, dep) == msg
+    with monkeypatch.context() as m:
+        m.setattr(codec, "_FAST_BODY", {})
+        m.setattr(codec, "_FAST_BUILD", {})
+        generic = p.encode(msg, dep)
+        assert p.decode(fast, dep) == p.decode(generic, dep) == msg
+    assert json.loads(fast) == json.loads(generic)
 
 
 def sandbox_prerequisites() -> str | None:
@@ -104,6 +130,97 @@ def runtime():
     rt = SandboxRuntime().start()
     yield rt
     rt.close()
+
+
+def reply(content="", calls=(), usage=(10, 5), logprobs=None):
+    msg = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                             for i, (n, a) in enumerate(calls)]
+    return {"choices": [{"index": 0, "message": msg, "logprobs": logprobs,
+                         "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}
+
+
+class FakeModel:
+    """The policy's model server (outside Paddock), scripted: a chat-completions server answering
+    each request with the next behaviour of a script (the last one repeats). Behaviours: a dict
+    (the JSON reply, e.g. `reply(...)`), ("raw", status, bytes), ("hang",) — never answers until
+    the test ends —, ("trickle",) — headers, then one byte. Every request body is kept in
+    `requests`; `tool_replies()` are the tool messages of the last one."""
+
+    def __init__(self, script, get=None):
+        self.script, self.requests, self.release = list(script), [], threading.Event()
+        self.get, self.probes = get, []     # GET (health, models): None = no route (501), ("raw", ...), ("hang",)
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def send(self, status: int, data: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                outer.probes.append(self.path)
+                b = outer.get
+                if b is None:
+                    self.send_error(501)
+                    return
+                if b[0] == "hang":
+                    outer.release.wait(30)
+                    return
+                self.send(b[1], b[2])
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                b = outer.script[min(len(outer.requests), len(outer.script)) - 1]
+                if isinstance(b, dict):
+                    b = ("raw", 200, json.dumps(b).encode())
+                if b[0] == "hang":
+                    outer.release.wait(30)
+                    return
+                if b[0] == "trickle":
+                    self.send_response(200)
+                    self.send_header("Content-Length", "1000")
+                    self.end_headers()
+                    self.wfile.write(b"{")
+                    self.wfile.flush()
+                    outer.release.wait(30)
+                    return
+                self.send(b[1], b[2])
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def tool_replies(self) -> list[str]:
+        return [m["content"] for m in self.requests[-1]["messages"] if m.get("role") == "tool"]
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake():
+    """fake(*script, get=None) -> a FakeModel, closed at the end of the test."""
+    servers = []
+
+    def make(*script, get=None):
+        servers.append(FakeModel(script, get))
+        return servers[-1]
+    yield make
+    for s in servers:
+        s.close()
 
 
 class FakeChatServer:

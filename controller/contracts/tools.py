@@ -6,7 +6,10 @@ validates a task's `tools` field (None means all) and raises `ToolSetError` nami
 tool; `definitions(names)` is the OpenAI `tools` array for a tool set; `argument_error(name,
 args)` is the first schema violation of a call's parsed arguments, then the first string the
 sandbox cannot carry (`value_error`: NaN, a lone surrogate, a NUL or an oversized
-command-line argument), or None. The harness
+command-line argument), or None. `call_error(name, raw, max_bytes)` is what no toolbox may be
+handed, whatever tool a call names (arguments that are not an object, nested deeper than
+MAX_ARGUMENT_DEPTH, a non-finite number or an integer past MAX_INTEGER or a lone surrogate
+anywhere, then `value_error`): the agent loop checks every call with it. The harness
 (`nodeagent.harness.tools`) runs the tools; the task bank validates a task's tool set here.
 
 A leaf of the contracts: no I/O. Must not import: zmq, sqlite3, controller.* outside
@@ -15,6 +18,7 @@ contracts, nodeagent.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from typing import Any, Iterable
 
@@ -106,6 +110,26 @@ ARGV_ARGUMENTS: dict[str, tuple[str, ...]] = {
 MAX_ARGV_ARGUMENT_BYTES = 128 * 1024 - 1   # Linux's MAX_ARG_STRLEN (32 pages) less its NUL
 
 
+def _surrogate(where: str, value: str) -> str | None:
+    """Why `value` (at `where`) is not Unicode text (a lone surrogate has no UTF-8 form), or None."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        return (f"at {where}: character {exc.start} is a lone surrogate (U+{ord(value[exc.start]):04X}), "
+                "which is not Unicode text; send the text itself (UTF-8), not a surrogate escape")
+    return None
+
+
+def _number(where: str, value: Any) -> str | None:
+    """Why a JSON number (at `where`) is not one every tool can take, or None."""
+    if isinstance(value, float) and not math.isfinite(value):    # NaN passes every JSON Schema bound
+        return f"at {where}: {value!r} is not a finite number"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+        return (f"at {where}: an integer of {value.bit_length()} bits; a tool takes integers of at most "
+                f"64 bits (send a larger number as a string)")
+    return None
+
+
 def value_error(name: str, args: Any) -> str | None:
     """The first argument of a schema-valid call that the sandbox cannot carry ("at <argument>:
     <why>"), or None: a number that is not finite (Python's JSON reads `NaN`, which no schema
@@ -116,26 +140,92 @@ def value_error(name: str, args: Any) -> str | None:
         return None
     for key in sorted(args):
         value = args[key]
-        if isinstance(value, float) and not math.isfinite(value):    # NaN passes every JSON Schema bound
-            return f"at {key}: {value!r} is not a finite number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return _number(key, value)
         if not isinstance(value, str):
             continue
-        try:
-            size = len(value.encode())
-        except UnicodeEncodeError as exc:
-            return (f"at {key}: character {exc.start} is a lone surrogate (U+{ord(value[exc.start]):04X}), "
-                    "which is not Unicode text; send the text itself (UTF-8), not a surrogate escape")
+        bad = _surrogate(key, value)
+        if bad is not None:
+            return bad
         if key not in ARGV_ARGUMENTS.get(name, ()):
             continue
         if "\0" in value:
             return (f"at {key}: character {value.index(chr(0))} is a NUL (U+0000), which a command-line "
                     "argument cannot carry" + ("; put binary data in a file with write_file"
                                                if name == "shell" else ""))
+        size = len(value.encode())
         if size > MAX_ARGV_ARGUMENT_BYTES:
             return (f"at {key}: {size} bytes; a command-line argument holds at most {MAX_ARGV_ARGUMENT_BYTES} "
                     "bytes" + ("; write a script with write_file and run it" if name == "shell" else ""))
     return None
 
 
+# What no tool of any toolbox (built-in, a task's services, MCP servers, the browser) may be given.
+MAX_ARGUMENT_DEPTH = 32            # nesting of objects and arrays in one call's arguments
+MAX_INTEGER = 2 ** 64              # |n| of an integer argument (JSON's numbers are doubles elsewhere)
+
+
+def call_error(name: Any, raw: Any, max_bytes: int) -> str | None:
+    """The first thing wrong with one tool call's raw arguments (the JSON text the model wrote)
+    that no toolbox may be handed, whichever tool it names ("at <path>: <why>"), or None: the
+    arguments are not a JSON object; objects and arrays nested deeper than MAX_ARGUMENT_DEPTH
+    (Python's JSON reader raises RecursionError past about a thousand, and what reads them
+    after recurses too); anywhere in them, a number that is not finite (`NaN`, `Infinity`,
+    `1e400`) or an integer past MAX_INTEGER, or a string or key with a lone surrogate; then
+    `value_error` (NUL and size of what becomes a command-line argument). None also for what each
+    toolbox answers itself: arguments that are not a string, are longer than `max_bytes` or are
+    not JSON. The agent loop checks every call here, once, before any toolbox sees it; the
+    answer is the model's tool error, never an infrastructure one."""
+    if not isinstance(raw, str) or raw.strip() == "":
+        return None
+    if len(raw) > max_bytes or len(raw.encode(errors="surrogatepass")) > max_bytes:
+        return None
+    try:
+        args = json.loads(raw)
+    except RecursionError:
+        return f"at arguments: nested deeper than {MAX_ARGUMENT_DEPTH} levels of objects and arrays"
+    except ValueError:
+        return None
+    if not isinstance(args, dict):
+        return f"at arguments: must be a JSON object, not {_json_kind(args)}"
+    error = _walk(args)
+    return error if error is not None else value_error(str(name), args)
+
+
+def _json_kind(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(value), "a number")
+
+
+def _walk(args: dict) -> str | None:
+    """The first non-finite or oversized number, lone surrogate or too deep nesting in `args`, in
+    path order (keys sorted), without recursion."""
+    stack: list[tuple[str, Any, int]] = [("", args, 1)]
+    while stack:
+        path, value, depth = stack.pop()
+        where = path or "arguments"
+        if isinstance(value, (dict, list)):
+            if depth > MAX_ARGUMENT_DEPTH:
+                return f"at {where}: nested deeper than {MAX_ARGUMENT_DEPTH} levels of objects and arrays"
+            items = sorted(value.items()) if isinstance(value, dict) else list(enumerate(value))
+            for key, item in reversed(items):
+                sub = f"{path}/{key}" if path else str(key)
+                if isinstance(key, str):
+                    bad = _surrogate(f"{where} (a key)", key)
+                    if bad is not None:
+                        return bad
+                stack.append((sub, item, depth + 1))
+        elif isinstance(value, str):
+            bad = _surrogate(where, value)
+            if bad is not None:
+                return bad
+        elif isinstance(value, (int, float)):
+            bad = _number(where, value)
+            if bad is not None:
+                return bad
+    return None
+
+
 __all__ = ["ALL_TOOLS", "ARGV_ARGUMENTS", "MAX_ARGV_ARGUMENT_BYTES", "MAX_TIMEOUT_S", "TOOL_SPECS", "ToolSetError",
-           "argument_error", "definitions", "value_error", "tool_set"]
+           "MAX_ARGUMENT_DEPTH", "MAX_INTEGER", "argument_error", "call_error", "definitions", "value_error",
+           "tool_set"]

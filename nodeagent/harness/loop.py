@@ -1,8 +1,12 @@
 """The agent loop: an OpenAI-compatible chat-completions endpoint ⇄ tool calls in a sandbox.
 
 The model sees the task's instruction and the task's tool set (`nodeagent.harness.tools`; the
-names and schemas are `controller.contracts.tools`). Every tool call is validated against its JSON Schema before it runs; an invalid call becomes an error
-observation for the model, never a crash. Budgets (`Budgets`): steps, wall seconds — enforced
+names and schemas are `controller.contracts.tools`). Every tool call, whichever toolbox serves it
+(built-in, a task's services, MCP servers, the browser), passes one check here first
+(`controller.contracts.tools.call_error`: arguments that are not a JSON object, nested too deep,
+a non-finite or oversized number or a lone surrogate anywhere, what a command line cannot carry),
+then its toolbox validates it against its JSON Schema before it runs; an invalid call becomes an
+error observation for the model, never a crash. Budgets (`Budgets`): steps, wall seconds — enforced
 also during a model call, whose timeout is the remaining budget —, tokens and observation bytes.
 Each assistant message is one step row (the `steps` table); each model call and tool call is
 one span (the `spans` table).
@@ -53,6 +57,7 @@ from typing import Any, Callable, Iterable
 
 from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
+from controller.contracts.tools import MAX_ARGUMENT_DEPTH, call_error
 from nodeagent.harness import modelfault
 from nodeagent.harness.faults import ToolFaults, faulted_result
 from nodeagent.harness.model import (
@@ -66,7 +71,7 @@ from nodeagent.harness.model import (
     ModelTimeout,
 )
 from nodeagent.harness.progress import ProgressDetector
-from nodeagent.harness.tools import Toolbox, ToolResult
+from nodeagent.harness.tools import MAX_ARGUMENT_BYTES, Toolbox, ToolResult
 from nodeagent.sandbox.runtime import Sandbox, SandboxError
 from nodeagent.services.host import ToolRouter
 
@@ -276,7 +281,7 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
         if watch.stop():
             res.stop_reason = STOPPED
             return False
-        fired = watch.progress.turn(message.get("content"), [(c["name"], c["arguments"], o)
+        fired = watch.progress.turn(message.get("content"), [(c["name"], _readable(c["arguments"]), o)
                                                              for c, o in zip(calls, observations)])
         if fired is not None:
             res.stop_reason = fired
@@ -325,6 +330,8 @@ def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox,
                              "this one was not run", None, "too_many_calls")
         elif fault in ("error", "kill"):
             out = faulted_result(fault)
+        elif (refused := _refused(call)) is not None:
+            out = refused
         else:
             if fault == "latency":
                 sleep(min(plan.latency_s, max(deadline - s0, 0.0)))
@@ -339,6 +346,31 @@ def _run_calls(res: AgentResult, step: int, calls: list[dict], toolbox: Toolbox,
         observations.append(out.observation)
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": out.observation})
     return observations, truncated, first_code, faults
+
+
+def _refused(call: dict) -> ToolResult | None:
+    """The tool error for arguments no toolbox may be handed (`call_error`: not an object, too
+    deep, a non-finite or oversized number, a lone surrogate, an argument the sandbox's command
+    line cannot carry), or None: the one check every toolbox's calls pass."""
+    error = call_error(call["name"], call["arguments"], MAX_ARGUMENT_BYTES)
+    if error is None:
+        return None
+    name = call["name"] if isinstance(call["name"], str) and call["name"].isidentifier() else repr(call["name"])
+    return ToolResult(f"error: invalid arguments for {name} {error}", None, "invalid_arguments")
+
+
+def _readable(raw: Any) -> Any:
+    """A call's arguments as the progress detector may read them: arguments nested past what
+    Python's JSON reader goes (RecursionError; `call_error` refused the call) go as a list of their
+    text, which it does not parse."""
+    if isinstance(raw, str) and raw.count("[") + raw.count("{") > MAX_ARGUMENT_DEPTH:
+        try:
+            json.loads(raw)
+        except RecursionError:
+            return [raw]
+        except ValueError:
+            pass
+    return raw
 
 
 def _user_turn(res: AgentResult, turn, messages: list[dict], started, wall_s: float) -> None:

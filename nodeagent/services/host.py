@@ -4,8 +4,10 @@
 `initial_state`), offers every operation as a tool (`definitions`, the OpenAI `tools` array)
 and runs a call (`call(name, raw_arguments)`) as the built-in tools do: the arguments are
 parsed and checked against the operation's JSON Schema first; an invalid call, a refused
-operation or a transition that would break the service's `state_schema` is an `error:`
-observation (`ToolResult.error` set, the state unchanged), never an exception.
+operation, a transition that would break the service's `state_schema` or a result that JSON
+text cannot carry (an integer past Python's 4300 digits of text, from `mul`: the engine in the
+sandbox could not write it) is an `error:` observation (`ToolResult.error` set, the state
+unchanged), never an exception.
 
 Where it runs: the engine (`controller/contracts/serviceengine.py`, standard library only)
 and each service's spec are written into the rollout's sandbox at start, owned outside the
@@ -43,6 +45,8 @@ ENGINE_SOURCE = Path(engine.__file__).read_bytes()
 MAX_ARGUMENT_BYTES = 64 * 1024
 STDIN_MAX_BYTES = 60 * 1024     # the sandbox passes at most 64 KiB of stdin: larger states go as a file
 OP_TIMEOUT_S = 10.0
+MAX_INTEGER_DIGITS = 4300       # Python's default limit on an integer's text (int_max_str_digits)
+_TOO_LONG = 10 ** MAX_INTEGER_DIGITS
 
 
 class ServiceRuleError(Exception):
@@ -51,6 +55,22 @@ class ServiceRuleError(Exception):
 
 def _refuse(kind: str, message: str) -> ToolResult:
     return ToolResult(f"error: {message}", None, kind)
+
+
+def _long_integer(value: Any) -> str | None:
+    """The path of the first integer in `value` longer than MAX_INTEGER_DIGITS, or None. Python
+    writes no longer integer as text by default (`sys.get_int_max_str_digits`), the sandbox's
+    interpreter included, whatever limit this process runs with."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, int) and v.bit_length() > 14_000 and abs(v) >= _TOO_LONG:   # 10**4214 < 2**14000
+            return path or "/"
+        if isinstance(v, dict):
+            stack.extend((f"{path}/{k}", x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}/{i}", x) for i, x in enumerate(v))
+    return None
 
 
 def _canon(v: Any) -> str:
@@ -129,6 +149,11 @@ class ServiceHost:
         except (engine.RuleError, RecursionError) as exc:
             raise ServiceRuleError(f"service {svc!r} operation {name!r}: {exc}") from None
         entry = {"service": svc, "operation": name, "args": args, "ok": bool(want["ok"])}
+        where = _long_integer(want)
+        if where is not None:
+            self.log.append({**entry, "ok": False, "error": f"an integer past {MAX_INTEGER_DIGITS} digits at {where}"})
+            return _refuse("refused", f"{name} would leave {svc} with an integer past {MAX_INTEGER_DIGITS} digits "
+                                      f"(at {where}), which JSON text here cannot carry; nothing changed")
         if self.sandbox is not None:
             bad = self._check_in_sandbox(svc, name, args, want, budget_s)
             if bad is not None:

@@ -19,6 +19,10 @@ quarantines the task). A task that fails validation is quarantined
 with the reasons in `<dir>/quarantine.json`; results are cached in `<dir>/validation-cache.json`
 by task id and verifier version, so an unchanged task is validated once per verifier version.
 
+A task whose own `budgets.verify_s` is below what its checker may take (`verify_budget_error`,
+`grade.verify_time_s`) fails validation before anything is graded, naming the task, its
+`verify_s` and the checker's need.
+
 Tasks arrive as JSON (a task set's canonical forms) and are decoded once, at `validate_task`,
 into the verifier's typed `GradedTask` (`grade.graded_task`); a task that does not decode fails
 validation naming the field. `paddock tasks validate SET` (controller/cli/tasks.py) calls `validate_tasks`; the local run calls
@@ -37,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from controller.contracts.tasks import GradedTask
+from controller.contracts.tasks import BudgetError, Budgets, GradedTask
 from controller.ondisk.fileio import atomic_write
 from layers.store import ImageNotFound, ImageStore, ImageStoreError
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
@@ -292,11 +296,32 @@ def seed_baseline(task: GradedTask, image, layers, cases: dict) -> None:
                            tuple(layers))
 
 
+def verify_budget_error(task: GradedTask, budgets: Mapping[str, Any] | None) -> str | None:
+    """Why the task's own `budgets.verify_s` cannot hold its verify phase, or None: it is below
+    what its checker may legitimately take (`grade.verify_time_s`: the rollout's grading, the
+    baseline's reference and null gradings, their retries). Such a task would end a rollout whose
+    solution stalls grading as `deadline: verify`, an infrastructure error charged to the task,
+    instead of the solution's `fail`. No `verify_s` (0): the node's default, raised to the
+    checker's need, holds it."""
+    try:
+        verify_s = Budgets.from_dict(dict(budgets or {})).verify_s
+    except BudgetError:
+        return None                    # the task does not decode: graded_task has said so
+    need = verifier.verify_time_s(task.checker)
+    if not verify_s or verify_s >= need:
+        return None
+    timeout = f"timeout_s {task.checker.timeout_s:g}" if task.checker.timeout_s else "the default timeout"
+    return (f"task {task.name!r}: budgets.verify_s is {verify_s:g} s, below the {need:g} s its {task.checker.kind} "
+            f"checker ({timeout}) may take with the baseline's gradings and the retries; raise verify_s to at "
+            f"least {need:g} s or leave it out (the node's default then covers the checker)")
+
+
 def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers: int = 2, runner=None,
                   quick: bool = False, clock: Callable[[], float] = time.monotonic) -> TaskValidation:
     """Grade `task`'s cases (module docstring). `task`: the typed task, or its JSON (decoded
     here, once: a task that does not decode fails validation, naming the field)."""
     t0 = clock()
+    raw_budgets = task.get("budgets") if isinstance(task, Mapping) else None
     try:
         task = verifier.graded_task(task)
     except verifier.VerifierInfraError as exc:
@@ -305,6 +330,11 @@ def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers:
                               [f"the task does not decode: {exc}"], verifier_version=verifier_version(quick),
                               wall_s=clock() - t0)
     v = TaskValidation(task.task_id, task.name or "?", True, verifier_version=verifier_version(quick))
+    short = verify_budget_error(task, raw_budgets)
+    if short is not None:       # the verify phase would end `deadline: verify`, charged to the task
+        v.ok, v.wall_s = False, clock() - t0
+        v.reasons.append(short)
+        return v
     todo = cases(task, quick)
     if "reference" not in todo:
         v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "

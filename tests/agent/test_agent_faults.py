@@ -15,9 +15,7 @@ An honest rollout, with a little more than source in /work, still passes."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
 import pytest
@@ -27,51 +25,10 @@ from controller.taskbank.builtin import builtin_taskset
 from nodeagent.agent.attempt import Attempt, run_attempt
 from nodeagent.sandbox import sbxinit
 from nodeagent.verifier import grade
+from tests.conftest import FakeModel, reply
 from tests.verifier.test_infra_escapes import pkg_task
 
 pytestmark = pytest.mark.sandbox
-
-
-class ScriptedCalls:
-    """Replies with the given tool calls, one per turn ((name, raw JSON arguments)), then "done".
-    Keeps every request's messages, so a test reads what the model was told."""
-
-    def __init__(self, calls: list[tuple[str, str]]) -> None:
-        self.calls, self.seen = list(calls), []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_POST(self):
-                outer.seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"])
-                msg: dict = {"role": "assistant", "content": "done"}
-                if outer.calls:
-                    name, raw = outer.calls.pop(0)
-                    msg = {"role": "assistant", "content": "", "tool_calls": [
-                        {"id": f"c{len(outer.seen)}", "type": "function", "function": {"name": name, "arguments": raw}}]}
-                body = json.dumps({"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                                   "usage": {"prompt_tokens": 5, "completion_tokens": 5}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def tool_replies(self) -> list[str]:
-        return [m["content"] for m in self.seen[-1] if m.get("role") == "tool"]
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def shell(command: str) -> tuple[str, str]:
@@ -86,7 +43,7 @@ def python_task(**budgets) -> dict:
 
 
 def run(runtime, image, tmp_path, task: dict, calls: list[tuple[str, str]]):
-    pol = ScriptedCalls(calls)
+    pol = FakeModel([reply(calls=[c], usage=(5, 5)) for c in calls] + [reply("done", usage=(5, 5))])
     try:
         res = run_attempt(runtime, image, "n1", Attempt("run", str(tmp_path), "r1", 1, 1, "b", 0, task, 0, pol.url, "m"))
     finally:
@@ -166,7 +123,7 @@ def test_arguments_the_sandbox_cannot_carry_are_a_tool_error_and_the_rollout_goe
     first, second = pol.tool_replies()
     assert first.startswith("error: invalid arguments for") and all(n in first for n in names), first
     assert "still-here" in second                       # the conversation went on
-    assert len(pol.seen) == 3
+    assert len(pol.requests) == 3
 
 
 def test_an_edit_of_a_file_past_the_init_reply_is_a_tool_error_not_a_dead_sandbox(runtime, python_image, tmp_path):

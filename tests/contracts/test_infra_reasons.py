@@ -12,6 +12,7 @@ from controller.contracts import codec
 from controller.contracts import protocol as p
 from controller.contracts import states as S
 from controller.contracts.states import InfraReason
+from tests.conftest import codec_round_trip, wire_frame
 
 DEP = "dep-test"
 
@@ -23,7 +24,7 @@ def result(**kw) -> p.Result:
 
 
 def frame(msg_type: str, body: dict) -> bytes:
-    return json.dumps({"v": 1, "dep": DEP, "type": msg_type, "id": "m1", "body": body}).encode()
+    return wire_frame(msg_type, body, DEP)
 
 
 def test_every_code_has_a_class_and_the_task_fault_codes_are_codes():
@@ -84,14 +85,7 @@ def test_a_code_outside_the_vocabulary_is_a_programmer_error_naming_it():
                          result(outcome="fail", reward=0.0, infra_reason=None, idem="c")])],
     ids=lambda m: m.TYPE)
 def test_the_code_travels_on_both_codec_paths(msg, monkeypatch):
-    fast = p.encode(msg, DEP)
-    assert p.decode(fast, DEP) == msg
-    with monkeypatch.context() as m:
-        m.setattr(codec, "_FAST_BODY", {})
-        m.setattr(codec, "_FAST_BUILD", {})
-        generic = p.encode(msg, DEP)
-        assert p.decode(fast, DEP) == p.decode(generic, DEP) == msg
-    assert json.loads(fast) == json.loads(generic)
+    codec_round_trip(msg, DEP, monkeypatch)
 
 
 def test_a_result_without_a_code_is_the_frame_it_was_and_its_prose_is_parsed():

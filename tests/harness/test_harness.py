@@ -11,7 +11,6 @@ import json
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -22,93 +21,9 @@ from nodeagent.harness.loop import run_agent
 from nodeagent.harness.model import ModelError, ModelTimeout
 from nodeagent.harness.tools import MAX_ARGUMENT_BYTES
 from nodeagent.sandbox.runtime import SandboxSpec
+from tests.conftest import FakeModel, reply  # noqa: F401 - FakeModel: other rooms' tests import it here
 
 pytestmark = pytest.mark.sandbox
-
-
-def reply(content="", calls=(), usage=(10, 5), logprobs=None):
-    msg = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                             for i, (n, a) in enumerate(calls)]
-    return {"choices": [{"index": 0, "message": msg, "logprobs": logprobs,
-                         "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1]}}
-
-
-class FakeModel:
-    """A chat-completions server answering each request with the next behaviour of a script
-    (the last one repeats). Behaviours: a dict (the JSON reply), ("raw", status, bytes),
-    ("hang",) — never answers until the test ends —, ("trickle",) — headers, then one byte."""
-
-    def __init__(self, script, get=None):
-        self.script, self.requests, self.release = list(script), [], threading.Event()
-        self.get, self.probes = get, []     # GET (health, models): None = no route (501), ("raw", ...), ("hang",)
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                outer.probes.append(self.path)
-                b = outer.get
-                if b is None:
-                    self.send_error(501)
-                    return
-                if b[0] == "hang":
-                    outer.release.wait(30)
-                    return
-                self.send_response(b[1])
-                self.send_header("Content-Length", str(len(b[2])))
-                self.end_headers()
-                self.wfile.write(b[2])
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                b = outer.script[min(len(outer.requests), len(outer.script)) - 1]
-                if isinstance(b, dict):
-                    b = ("raw", 200, json.dumps(b).encode())
-                if b[0] == "hang":
-                    outer.release.wait(30)
-                    return
-                if b[0] == "trickle":
-                    self.send_response(200)
-                    self.send_header("Content-Length", "1000")
-                    self.end_headers()
-                    self.wfile.write(b"{")
-                    self.wfile.flush()
-                    outer.release.wait(30)
-                    return
-                self.send_response(b[1])
-                self.send_header("Content-Length", str(len(b[2])))
-                self.end_headers()
-                self.wfile.write(b[2])
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def close(self):
-        self.release.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def make(*script, get=None):
-        servers.append(FakeModel(script, get))
-        return servers[-1]
-    yield make
-    for s in servers:
-        s.close()
 
 
 @pytest.fixture(scope="module")

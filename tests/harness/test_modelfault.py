@@ -17,23 +17,11 @@ from controller.taskbank.builtin import builtin_taskset
 from nodeagent.gateway.session import GatewayBudgets, Session, Upstream
 from nodeagent.harness.loop import run_agent
 from nodeagent.harness.model import ModelError, ModelTimeout
-from tests.harness.test_harness import FakeModel, reply
+from tests.conftest import reply
 
 pytestmark = pytest.mark.sandbox
 
 STEP = reply(calls=[("shell", '{"command": "true"}')])     # one step of the policy's own output
-
-
-@pytest.fixture
-def fake():
-    servers = []
-
-    def make(*script, get=None):
-        servers.append(FakeModel(script, get))
-        return servers[-1]
-    yield make
-    for s in servers:
-        s.close()
 
 
 @pytest.fixture(scope="module")
