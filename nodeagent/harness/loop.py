@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable
 
 from controller.contracts.clock import utc_now
 from controller.contracts.tasks import Budgets
-from controller.contracts.tools import MAX_ARGUMENT_DEPTH, call_error
+from controller.contracts.tools import call_error
 from nodeagent.harness import modelfault
 from nodeagent.harness.faults import ToolFaults, faulted_result
 from nodeagent.harness.model import (
@@ -274,14 +274,14 @@ def _step(res: AgentResult, step: int, client: Model, toolbox: Toolbox, messages
                    observation="", observation_truncated=False, tool_s=clock() - t_tool, wall_s=clock() - m0)
         res.stop_reason = STOPPED
         return False
-    row.update(tool_faults=json.dumps(faults) if faults else None,tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
+    row.update(tool_faults=json.dumps(faults) if faults else None, tool_name=",".join(str(c["name"]) for c in calls), tool_args=json.dumps(calls),
                observation="\n".join(observations), exit_code=first_code, observation_truncated=truncated,
                tool_s=clock() - t_tool, wall_s=clock() - m0)
     if watch is not None:
         if watch.stop():
             res.stop_reason = STOPPED
             return False
-        fired = watch.progress.turn(message.get("content"), [(c["name"], _readable(c["arguments"]), o)
+        fired = watch.progress.turn(message.get("content"), [(c["name"], c["arguments"], o)
                                                              for c, o in zip(calls, observations)])
         if fired is not None:
             res.stop_reason = fired
@@ -357,20 +357,6 @@ def _refused(call: dict) -> ToolResult | None:
         return None
     name = call["name"] if isinstance(call["name"], str) and call["name"].isidentifier() else repr(call["name"])
     return ToolResult(f"error: invalid arguments for {name} {error}", None, "invalid_arguments")
-
-
-def _readable(raw: Any) -> Any:
-    """A call's arguments as the progress detector may read them: arguments nested past what
-    Python's JSON reader goes (RecursionError; `call_error` refused the call) go as a list of their
-    text, which it does not parse."""
-    if isinstance(raw, str) and raw.count("[") + raw.count("{") > MAX_ARGUMENT_DEPTH:
-        try:
-            json.loads(raw)
-        except RecursionError:
-            return [raw]
-        except ValueError:
-            pass
-    return raw
 
 
 def _user_turn(res: AgentResult, turn, messages: list[dict], started, wall_s: float) -> None:

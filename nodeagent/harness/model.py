@@ -238,12 +238,12 @@ def decode_reply(endpoint: str, status: int, raw: bytes) -> dict:
         err.status = status
         try:
             err.body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
         raise err
     try:
         body = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:   # RecursionError: nested past the JSON reader
         raise ModelError(f"model server {endpoint} sent a body that is not JSON: {exc}") from None
     check_reply(body, endpoint)
     return body

@@ -45,11 +45,11 @@ def _canonical_args(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested past what the JSON reader goes
             return arguments
     try:
         return json.dumps(arguments, sort_keys=True, separators=(",", ":"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return repr(arguments)
 
 
