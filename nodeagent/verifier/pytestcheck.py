@@ -281,6 +281,8 @@ def plant_canaries(task: GradedTask, spec: CheckerSpec) -> canaries.Plan:
 
 
 def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> Verdict:
+    """The pytest check's verdict (see the module docstring): every file and argument is made
+    before the sandbox is; raises VerifierInfraError."""
     spec = task.checker
     parsed = parse_tests(task, spec)
     mode = isolation(task, spec, parsed)
@@ -298,17 +300,18 @@ def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> V
     expected = expected_tests(spec, parsed)
     if not expected:
         raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")
+    locked = set(locked_tests(task, spec)) if repo else set()
+    argv = ["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec, mode), *args, *spec.tests]
+    timeout_s, changed = _timeout_s(spec), set(agent_files(changes))
     sb = fresh_sandbox(runtime, image, layers, task, changes)
     try:
         if tests:
             sb.write_files(tests, owner="agent", mode=0o400)
-        locked = set(locked_tests(task, spec)) if repo else set()
         sb.write_files({p: b for p, b in system.items() if p not in locked}, owner="system", mode=0o444)
         if locked:
             sb.write_files({p: b for p, b in system.items() if p in locked}, owner="agent", mode=0o400)
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", GRADER_PATH, grader_config(runtime, task, spec, mode), *args,
-                     *spec.tests], cwd=cwd, output_cap=OUTPUT_CAP, timeout_s=_timeout_s(spec))
+        r = sb.exec(argv, cwd=cwd, output_cap=OUTPUT_CAP, timeout_s=timeout_s)
         wall = clock() - t
         if r.timed_out:
             return Verdict("timeout", 0.0, {"correct": 0.0},
@@ -325,7 +328,7 @@ def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> V
     if plan is not None:
         raw = canaries.translate(raw, plan)
     try:
-        verdict = grade_report(raw, expected, dict(spec.raw), wall, changed=set(agent_files(changes)))
+        verdict = grade_report(raw, expected, dict(spec.raw), wall, changed=changed)
         if refused:
             verdict.checks.insert(0, _check("source_only", "refused", "not applied (the grader applies the agent's "
                                             f"source only: no bytecode, native modules, .pth or metadata): {refused[:20]}"))
