@@ -120,6 +120,15 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
                     tampered=True)
         v.verify_s = clock() - t0
         return v
+    def without_agent(other: list, other_answer: str | None) -> str:
+        """The baseline's grading: other changes (the task's reference, none) graded as a
+        rollout's, `infra_error` when grading fails."""
+        try:
+            return _primary(Watched(runtime, False, spec.kind == "pytest"), image, layers, task, other, other_answer,
+                            conversation, clock, runner).outcome
+        except VerifierInfraError:
+            return "infra_error"
+
     agent_ran, clean = False, None
     for attempt in range(INFRA_RETRIES + 1):
         watched = Watched(runtime, bool(changes), spec.kind == "pytest")
@@ -130,8 +139,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
             checks.append(_check(spec.kind, "infra_error", f"attempt {attempt + 1}: {exc}"))
             if watched.agent_ran and not agent_ran:   # compared before any retry: a retry the agent's
                 agent_ran = True                      # code could trigger would double its time
-                without = _without_agent(runtime, image, layers, task, conversation, clock, runner)
-                clean = (baseline or BASELINE).clean(task, image, without, layers)
+                clean = (baseline or BASELINE).clean(task, image, without_agent, layers)
             if clean:
                 v = Verdict("fail", 0.0, {"correct": 0.0},
                             [_check(spec.kind, "fail", f"grading failed with the agent's changes ({exc}), and the "
@@ -163,19 +171,6 @@ def verify_time_s(spec: CheckerSpec | None) -> float:
     default = CHECK_TIMEOUT_S if kind in ("pytest", "command") else ANSWER_TIMEOUT_S
     one = float((spec.timeout_s if spec is not None else None) or default) + GRADING_START_S
     return one * (1 + INFRA_RETRIES + 2 * (1 + INFRA_RETRIES))
-
-
-def _without_agent(runtime, image, layers, task, conversation, clock, runner) -> Callable[[list, str | None], str]:
-    """The baseline's grading function: the outcome of other changes (the task's reference,
-    none) graded as a rollout's, `infra_error` when grading fails."""
-    def grade(changes: list, answer: str | None) -> str:
-        try:
-            return _primary(Watched(runtime, False, task.checker.kind == "pytest"), image, layers, task, changes,
-                            answer, conversation, clock, runner).outcome
-        except VerifierInfraError:
-            return "infra_error"
-    return grade
-
 
 
 def _primary(runtime, image, layers, task: GradedTask, changes, answer, conversation, clock, runner) -> Verdict:
