@@ -164,7 +164,7 @@ class JudgeService:
                 raise JudgeFailed(f"rate limit: the call would wait {wait:.1f} s (> {self.max_wait_s:g} s)")
             self.sleep(wait)
 
-    def score(self, judge: dict, prompt: str, artifact_hash: str, run: str = "") -> JudgeResult:
+    def score(self, judge: Mapping[str, Any], prompt: str, artifact_hash: str, run: str = "") -> JudgeResult:
         """Ask the judge (or the cache). Raises JudgeFailed after the last retry."""
         key = self.cache_key(judge["model"], prompt, artifact_hash)
         with self._lock:
