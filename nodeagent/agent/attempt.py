@@ -1,5 +1,11 @@
 """One rollout attempt on a node: sandbox → agent loop → diff → verifier → trajectory shards.
 
+`run_attempt` holds the attempt's order and its outcome rules; each step is a module of its
+own that does its whole job: the agent phase (`nodeagent.agent.agentphase`: egress, sandbox,
+harness, diff), a conversational task's services and user (`nodeagent.agent.conversation`),
+grading (`nodeagent.verifier.grade.verify`, given the typed `GradedTask`) and the record
+(`nodeagent.agent.record`: the changes artifact and the trajectory shards).
+
 The agent's changes are kept as an artifact, `<run_dir>/changes/<shard name>.tar` (written
 atomically; its path relative to the run dir is the rollouts row's `changes_path`), so that
 `paddock rescore` can grade the attempt again without re-running the agent. The agent's
