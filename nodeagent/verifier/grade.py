@@ -120,6 +120,7 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
                     tampered=True)
         v.verify_s = clock() - t0
         return v
+
     def without_agent(other: list, other_answer: str | None) -> str:
         """The baseline's grading: other changes (the task's reference, none) graded as a
         rollout's, `infra_error` when grading fails."""
