@@ -27,7 +27,8 @@ score).
 
 `CheckerSpec.decode(spec, task)` validates once and returns the spec typed: the fields the
 graders read, with `None` where the grader picks a kind-dependent default (`timeout_s`,
-`strict_eq`); `raw` keeps the validated object for the checkers that take the JSON form.
+`strict_eq`); `raw` keeps the validated object (the state checker's goal is compared in its
+JSON form by `controller.contracts.services.compare_state`, which task validation shares).
 
 A leaf of the contracts: no I/O. Must not import: zmq, sqlite3, controller.* outside
 contracts, nodeagent.
@@ -161,6 +162,8 @@ class CheckerSpec:
     argv: tuple[str, ...] = ()
     cwd: str = "/work"
     pass_exit_codes: tuple[int, ...] = (0,)
+    # webstate: the checks over the captured app state (each a JSON object, as the schema says)
+    checks: tuple[Mapping[str, Any], ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -168,7 +171,7 @@ class CheckerSpec:
         """`spec` validated (`validate_spec`, against `task`'s files when given) and typed.
         Raises SpecError naming the field."""
         spec = validate_spec(spec, dict(task) if task is not None else None)
-        names = ("tests", "support", "fail_to_pass", "pass_to_pass", "argv")
+        names = ("tests", "support", "fail_to_pass", "pass_to_pass", "argv", "checks")
         out: dict[str, Any] = {k: tuple(spec[k]) for k in names if k in spec}
         for key in ("timeout_s", "call_timeout_s"):
             if key in spec:

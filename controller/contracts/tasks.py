@@ -512,10 +512,6 @@ class LeaseTask:
         meta = {k: v for k, v in self.raw.items() if k != "blob"}
         return LeaseTask.decode({**content, **meta, "limits": content.get("limits", meta.get("limits"))})
 
-    def as_dict(self) -> dict[str, Any]:
-        """The lease's task dict with its file contents decoded (for code that takes a dict)."""
-        return dict(self.raw, files=dict(self.files), hidden=dict(self.hidden))
-
     @property
     def checker_kind(self) -> str:
         return str(self.checker.get("kind", "?"))

@@ -1,5 +1,11 @@
 """One rollout attempt on a node: sandbox → agent loop → diff → verifier → trajectory shards.
 
+`run_attempt` holds the attempt's order and its outcome rules; each step is a module of its
+own that does its whole job: the agent phase (`nodeagent.agent.agentphase`: egress, sandbox,
+harness, diff), a conversational task's services and user (`nodeagent.agent.conversation`),
+grading (`nodeagent.verifier.grade.verify`, given the typed `GradedTask`) and the record
+(`nodeagent.agent.record`: the changes artifact and the trajectory shards).
+
 The agent's changes are kept as an artifact, `<run_dir>/changes/<shard name>.tar` (written
 atomically; its path relative to the run dir is the rollouts row's `changes_path`), so that
 `paddock rescore` can grade the attempt again without re-running the agent. The agent's
@@ -57,57 +63,34 @@ Must not import: zmq, nodeagent.agent.daemon.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from controller.contracts.clock import utc_now
-from controller.contracts.network import PolicyError
-from controller.contracts.services import ServiceSpecError, validate_services, validate_user
-from controller.contracts.states import (
-    MODEL_SERVER,
-    SANDBOX,
-    SANDBOX_START,
-    SETUP,
-    STORE,
-    TASK,
-    USER_SIM,
-    VERIFIER,
-    InfraReason,
-    as_infra_reason,
-)
-from controller.contracts.tasks import BudgetError, GradedTask, LeaseTask, TaskError
-from controller.contracts.tools import ToolSetError
-from controller.ondisk.fileio import atomic_write
+from controller.contracts.states import SETUP, TASK, VERIFIER, InfraReason, as_infra_reason
+from controller.contracts.tasks import GradedTask, LeaseTask, TaskError
 from layers.store import ImageStore
+from nodeagent.agent.agentphase import run_agent_phase
+from nodeagent.agent.conversation import Conversation
 from nodeagent.agent.core import Attempt, AttemptResult
 from nodeagent.agent.guard import AttemptGuard, Deadlines, GuardedRuntime
+from nodeagent.agent.record import span, store_attempt, write_changes
 from nodeagent.agent.taskcache import default_cache, task_layers
 from nodeagent.browser.rollout import run_web_agent
-from nodeagent.egress import proxy as egress
-from nodeagent.gateway.server import GatewayServer
 from nodeagent.gateway.session import Follow, GatewayBudgets, Session, Upstream
-from nodeagent.harness.external import run_harness
-from nodeagent.harness.faults import FaultSpecError, ToolFaults
-from nodeagent.harness.loop import AgentResult, run_agent
-from nodeagent.harness.mcptools import McpRollout
-from nodeagent.harness.model import ModelError
+from nodeagent.harness.loop import AgentResult
 from nodeagent.harness.progress import NO_OUTPUT, NO_PROGRESS
-from nodeagent.harness.usersim import UserSimError, simulator
-from nodeagent.sandbox.runtime import DiffRefused, SandboxError, SandboxRuntime, SandboxSpec, changes_to_tar
+from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.sandbox.spec import SetupError
-from nodeagent.services.host import ServiceHost, ServiceRuleError
 from nodeagent.store import tracing
-from nodeagent.store import writer as trajwriter
-from nodeagent.verifier.grade import VERIFIER_VERSION, Verdict, VerifierInfraError, as_bytes, verify, verify_time_s
+from nodeagent.verifier.grade import Verdict, VerifierInfraError, verify, verify_time_s
 from nodeagent.verifier.verdicts import check
 
 log = logging.getLogger(__name__)
-__all__ = ["Attempt", "AttemptResult", "conversation_path", "run_attempt", "write_changes"]
+__all__ = ["Attempt", "AttemptResult", "run_attempt", "task_sandbox_layers", "write_changes"]
 
 
 def _task_of(a: Attempt) -> LeaseTask:
@@ -188,17 +171,19 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
                       source="harness" if task.harness else "builtin", clock=clock,
                       client=guard.model_client(clock),
                       trace=tracing.attempt_context(a.run_id, a.rollout_id, a.attempt, a.token))
-    conv = _Conversation(task, a, clock, guard)
+    conv = Conversation(task, a, clock, guard)
     if task.family == "web":
         with guard.phase("agent"):
             agent, web_infra, changes = run_web_agent(runtime, image, a, task, clock, t0, session, layers)
         infra, refused = as_infra_reason(web_infra), None
     else:   # refused: what the agent left in /work cannot be carried to the grader, its own failure
-        agent, infra, changes, refused = _run_agent(runtime, image, a, task, clock, t0, session, layers, conv, guard)
+        agent, infra, changes, refused = run_agent_phase(runtime, image, a, task, clock, t0, session, layers, conv,
+                                                         guard)
     session.close()                 # its kept model-server connections; the rows stay
     conv.close()
     verdict = None
     conversation = conv.captured(agent) if not guard.stopped else None
+    user_rows = conv.user_rows()    # the user simulator's model calls
     if guard.stopped:
         if guard.cancelled() is not None:
             return _stopped(guard)     # never reported, never scored: nothing to write
@@ -224,7 +209,7 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
             outcome, reward = verdict.outcome, verdict.reward
         except VerifierInfraError as exc:
             infra = InfraReason.of(VERIFIER, exc)
-        agent.spans.append(_span("verification", task.checker_kind, t0, tv, clock(), step=len(agent.steps)))
+        agent.spans.append(span("verification", task.checker_kind, t0, tv, clock(), step=len(agent.steps)))
         if guard.stopped:          # a verdict of killed grading sandboxes is no verdict
             if guard.cancelled() is not None:
                 return _stopped(guard)
@@ -234,36 +219,13 @@ def _guarded_attempt(runtime: GuardedRuntime, image: Path, node: str, a: Attempt
         outcome, reward = "infra_error", None
         log.warning("rollout %s attempt %d infra_error: %s", a.rollout_id, a.attempt, infra.text)
     with guard.phase("teardown"):
-        res = _store(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0,
-                     conversation, session, conv)
+        res = store_attempt(a, node, task, agent, verdict, outcome, reward, infra, changes, started, clock() - t0,
+                            conversation, session, user_rows)
     if guard.stopped and guard.cancelled() is not None:
         return _stopped(guard)
     if guard.deadline_phase() in ("teardown", "total (teardown)") and res.outcome != "infra_error":
         return AttemptResult("infra_error", None, {}, guard.reason())
     return res
-
-
-def _store(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: Verdict | None,
-           outcome: str, reward, infra, changes, started, wall_s: float, conversation, session: Session,
-           conv: "_Conversation") -> AttemptResult:
-    """The changes artifact and the trajectory shards of the attempt; its result."""
-    try:
-        changes_path = write_changes(a.run_dir, node, a, changes) if infra is None else None
-        if changes_path and conversation is not None:   # what `paddock rescore` grades a conversation on
-            kept = Path(a.run_dir) / conversation_path(changes_path)
-            atomic_write(kept, json.dumps(conversation).encode())
-    except OSError as exc:
-        return AttemptResult("infra_error", None, {}, InfraReason.of(STORE, f"changes artifact: {exc}"))
-    row = _rollout_row(a, node, task, agent, verdict, outcome, reward, infra, changes, started, wall_s)
-    row["changes_path"] = changes_path
-    checks = verdict.checks if verdict else []
-    calls = _call_rows(session, bool(task.harness), agent.steps, conv.user_rows())
-    try:
-        shards = trajwriter.write_attempt(a.run_dir, node, row, agent.steps, checks,
-                                          spans=agent.spans, egress=agent.egress, model_calls=calls)
-    except OSError as exc:
-        return AttemptResult("infra_error", None, {}, InfraReason.of(STORE, exc))
-    return AttemptResult(outcome, reward, shards, infra)
 
 
 def _stopped(guard: AttemptGuard) -> AttemptResult | None:
@@ -286,178 +248,3 @@ def _deadline_verdict(guard: AttemptGuard, agent: AgentResult) -> tuple[InfraRea
         agent.stop_reason = "deadline"
         return None, "timeout", 0.0
     return guard.reason(), "infra_error", None
-
-
-def _call_rows(session: Session, harness: bool, steps: list[dict] = (), user_rows: list[dict] = ()) -> list[dict]:
-    """The session's rows; the built-in harness makes one call per assistant step, in order
-    (a conversation's user turns are steps too). The user simulator's rows follow, numbered on."""
-    rows = [dict(r) for r in session.rows]
-    if not harness:
-        assistant = [s["step"] for s in steps if s.get("role") == "assistant"]
-        for r in rows:
-            i = r["call_index"]
-            r["step"] = assistant[i] if i < len(assistant) else i
-    user = [s["step"] for s in steps if s.get("role") == "user"][1:]      # the opening makes no call
-    for j, r in enumerate(user_rows):
-        rows.append(dict(r, call_index=len(session.rows) + j, step=user[j] if j < len(user) else None))
-    return rows
-
-
-class _Conversation:
-    """A conversational task's services, user simulator and user_sim session for one attempt."""
-
-    def __init__(self, task: LeaseTask, a: Attempt, clock: Callable[[], float],
-                 guard: AttemptGuard | None = None) -> None:
-        self.task, self.session, self.host = task, None, None
-        endpoint = os.environ.get("PADDOCK_USER_SIM_ENDPOINT", "")
-        if task.user and task.user.get("kind") == "model" and endpoint:
-            self.session = Session(Upstream(a.policy_version, endpoint, str(task.user["model"])),
-                                   GatewayBudgets.of(task.budgets), source="user_sim", clock=clock,
-                                   client=guard.model_client(clock) if guard is not None else None)
-        self.clock = clock
-
-    def start(self, sandbox, observation_bytes: int):
-        """(service host or None, user simulator or None) for the agent's sandbox. A lease whose
-        services or user do not validate raises ServiceSpecError (the task's fault)."""
-        if self.task.services:
-            validate_services(self.task.services)
-        if self.task.user:
-            validate_user(self.task.user)
-        if self.task.services:
-            self.host = ServiceHost(self.task.services, sandbox, observation_bytes=observation_bytes)
-            self.host.install()
-        user = simulator(self.task.user, self.session, self.clock) if self.task.user else None
-        return self.host, user
-
-    def captured(self, agent: AgentResult) -> dict | None:
-        if not self.task.services and not self.task.user:
-            return None
-        transcript = [{"role": s["role"], "content": s.get("content"), "tool_args": s.get("tool_args"),
-                       "observation": s.get("observation")} for s in agent.steps]
-        told = [s.get("content") or "" for s in agent.steps if s["role"] == "assistant" and not s.get("tool_name")]
-        return {"final_state": self.host.final_state() if self.host else {},
-                "tampered": list(self.host.tampered) if self.host else [],
-                "ops": list(self.host.log) if self.host else [], "transcript": transcript, "told": told}
-
-    def user_rows(self) -> list[dict]:
-        return [dict(r, call_policy_version=None) for r in self.session.rows] if self.session is not None else []
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-
-
-def _run_agent(runtime: SandboxRuntime, image: Path, a: Attempt, task: LeaseTask,
-               clock: Callable[[], float], t0: float, session: Session,
-               layers: tuple[Path, ...] = (), conv: "_Conversation | None" = None,
-               guard: AttemptGuard | None = None) -> tuple[AgentResult, InfraReason | None, list, str | None]:
-    """The agent's sandbox and harness: (its result, the infra reason or None, its changes, why
-    its /work could not be carried to the grader or None: a refused diff, the agent's failure).
-    The result's spans start with `sandbox_start`. With a guard: the `create`, `agent` and
-    `teardown` phases, each under its deadline; the harness stops when the guard does."""
-    guard = guard or AttemptGuard()
-    agent, infra, changes, refused = AgentResult(), None, [], None
-    egress_id = f"{a.rollout_id}.{a.attempt}"
-    gateway = GatewayServer(session) if task.harness else None
-    mcp = McpRollout.of(task) if not task.harness else None     # a task's MCP servers (.paddock/mcp.json)
-    try:
-        if gateway is not None:
-            gateway.start()
-        relay = gateway.path if gateway is not None else egress.open_for_task(task.network, egress_id)
-        relay = mcp.relay(relay) if mcp else relay
-        with guard.phase("create"):
-            sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits),
-                                            files={k: as_bytes(v) for k, v in task.files.items()},
-                                            egress_socket=relay, layers=layers))
-    except (SandboxError, PolicyError, OSError) as exc:
-        infra = InfraReason.of(SANDBOX_START, exc)
-        egress.close_for_task(egress_id)
-        if gateway is not None:
-            gateway.stop()
-        if mcp:
-            mcp.close()
-    start_span = _span("sandbox_start", "agent sandbox", t0, t0, clock())
-    if infra is None and guard.stopped:     # stopped while it was made: no harness
-        with guard.phase("teardown"):
-            if mcp:
-                mcp.close()
-            sb.destroy()
-            egress.close_for_task(egress_id)
-            if gateway is not None:
-                gateway.stop()
-    elif infra is None:
-        try:
-            with guard.phase("agent"):
-                if task.harness:
-                    agent = run_harness(sb, task.harness, task.instruction, session, task.budgets, clock, span_origin=t0)
-                else:
-                    services, user = conv.start(sb, task.budgets.observation_bytes) if conv else (None, None)
-                    tools = task.tools if task.tools is not None or services is None else ()
-                    agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
-                                      tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
-                                      span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),
-                                      services=services, user=user, stop=lambda: guard.stopped,
-                                      toolbox=mcp.toolbox(sb, task) if mcp else None)
-                if not guard.stopped:
-                    changes = sb.diff("/work", skip_bytecode=True)    # running the tests leaves it; never graded
-        except ModelError as exc:
-            infra = InfraReason.of(MODEL_SERVER, exc)
-            agent = exc.result or agent     # the steps and spans before the failure, for the record
-        except (BudgetError, ToolSetError, FaultSpecError, ServiceRuleError, ServiceSpecError) as exc:
-            infra = InfraReason.of(TASK, exc)
-        except UserSimError as exc:
-            infra = InfraReason.of(USER_SIM, exc)
-        except DiffRefused as exc:
-            refused = str(exc)
-        except SandboxError as exc:
-            infra = InfraReason.of(SANDBOX, exc)
-        finally:
-            with guard.phase("teardown"):
-                if mcp:
-                    mcp.close()
-                sb.destroy()
-                egress.close_for_task(egress_id)
-                if gateway is not None:
-                    gateway.stop()
-    agent.spans.insert(0, start_span)
-    return agent, infra, changes, refused
-
-
-def conversation_path(changes_path: str) -> str:
-    """Where a conversational attempt's captured conversation (final service state, operations,
-    transcript, what was told) is kept: next to its changes artifact."""
-    return changes_path[: -len(".tar")] + ".conversation.json" if changes_path.endswith(".tar") else \
-        changes_path + ".conversation.json"
-
-
-def _span(kind: str, name: str, t0: float, start: float, end: float, step: int = 0) -> dict:
-    """A span row; `start_s` is seconds since the attempt started."""
-    return {"kind": kind, "name": name, "step": step, "start_s": start - t0, "duration_s": max(end - start, 0.0)}
-
-
-def write_changes(run_dir: str, node: str, a: Attempt, changes: list) -> str:
-    """Write the agent's changes as `changes/<shard>.tar` (atomically); return the relative path."""
-    name = trajwriter.shard_name(node, a.rollout_id, a.attempt, a.token).rsplit(".parquet", 1)[0] + ".tar"
-    directory = Path(run_dir) / "changes"
-    directory.mkdir(parents=True, exist_ok=True)
-    atomic_write(directory / name, changes_to_tar(changes))
-    return f"changes/{name}"
-
-
-def _rollout_row(a: Attempt, node: str, task: LeaseTask, agent: AgentResult, verdict: Verdict | None,
-                 outcome: str, reward, infra, changes, started, wall_s) -> dict:
-    return {
-        "run_id": a.run_id, "rollout_id": a.rollout_id, "attempt": a.attempt, "fencing_token": a.token,
-        "batch_id": a.batch_id, "task_id": task.task_id, "task_name": task.name,
-        "task_family": task.family, "taskset_hash": task.taskset_hash,
-        "image_digest": task.image_digest, "verifier_version": VERIFIER_VERSION,
-        "policy_version": a.policy_version, "seed": a.seed, "node": node, "outcome": outcome,
-        "reward": reward, "reward_components": json.dumps(verdict.components if verdict else {}),
-        "tampered": bool(verdict and verdict.tampered), "infra_reason": infra,
-        "started_at": started, "finished_at": utc_now(), "wall_s": wall_s, "agent_s": agent.agent_s,
-        "verify_s": verdict.verify_s if verdict else 0.0, "steps": len(agent.steps),
-        "prompt_tokens": agent.prompt_tokens, "completion_tokens": agent.completion_tokens,
-        "limits": json.dumps(dict(task.limits), sort_keys=True), "answer": agent.answer,
-        "diff_bytes": sum(len(c.data or b"") for c in changes), "split": task.split,
-        "stop_reason": agent.stop_reason, "diff_files": len(changes),
-    }

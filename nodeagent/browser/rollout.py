@@ -9,7 +9,7 @@ Screenshots are written to `<run_dir>/artifacts/<rollout>.<attempt>/` (atomicall
 observation names that path, relative to the run directory. The `sandbox_start` span covers
 the sandbox, the app and chromium (named so).
 
-Returns `(AgentResult, infra reason or None, changes)` like the attempt's own `_run_agent`:
+Returns `(AgentResult, infra reason or None, changes)` like the attempt's own agent phase (`nodeagent.agent.agentphase`):
 a sandbox or browser that fails to start, or a browser that dies mid-rollout, is an infra
 reason (retried), never a score.
 Must not import: zmq, nodeagent.agent.daemon.

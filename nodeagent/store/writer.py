@@ -80,14 +80,15 @@ def write_attempt(run_dir: str | os.PathLike, node: str, rollout_row: Mapping[st
     cfg = tracing.node_config() if trace is None else trace
     rollout = _complete_rollout(rollout_row, node)
     _to_table("rollouts", [rollout])                # validated before the sampler reads it
-    decision = rollout.get("trace_sample") or cfg.decide(rollout, checks)
-    rollout.setdefault("trace_id", tracing.trace_id(rollout["run_id"], rollout["rollout_id"]))
-    rollout["trace_sample"] = decision
-    rollouts_table = _to_table("rollouts", [rollout])
     keys = {k: rollout[k] for k in KEY_COLUMNS}
     keys.update({k: rollout.get(k) for k in PROVENANCE_COLUMNS})
-    span_rows = tracing.with_ids(_spans(spans, node), keys["run_id"], keys["rollout_id"], keys["attempt"],
+    node_spans = _spans(spans, node)                # their kinds checked before the sampler takes a token
+    decision = rollout.get("trace_sample") or cfg.decide(rollout, checks)
+    rollout.setdefault("trace_id", tracing.trace_id(rollout["run_id"], rollout["rollout_id"]))
+    span_rows = tracing.with_ids(node_spans, keys["run_id"], keys["rollout_id"], keys["attempt"],
                                  keys["fencing_token"])
+    rollout["trace_sample"] = decision
+    rollouts_table = _to_table("rollouts", [rollout])
     children = {"steps": steps, "checks": checks, "spans": span_rows, "egress": _egress(egress)}
     if model_calls is not None:
         children["model_calls"] = model_calls

@@ -46,8 +46,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
+from controller.contracts.tasks import GradedTask
 from nodeagent.harness.model import HTTPModel, ModelError, check_reply
 
 DEFAULT_REQUESTS_PER_S = 2.0
@@ -163,7 +164,7 @@ class JudgeService:
                 raise JudgeFailed(f"rate limit: the call would wait {wait:.1f} s (> {self.max_wait_s:g} s)")
             self.sleep(wait)
 
-    def score(self, judge: dict, prompt: str, artifact_hash: str, run: str = "") -> JudgeResult:
+    def score(self, judge: Mapping[str, Any], prompt: str, artifact_hash: str, run: str = "") -> JudgeResult:
         """Ask the judge (or the cache). Raises JudgeFailed after the last retry."""
         key = self.cache_key(judge["model"], prompt, artifact_hash)
         with self._lock:
@@ -211,34 +212,38 @@ def default_service() -> JudgeService:
         return _default
 
 
-def artifact_of(judge: dict, task: dict, changes: list, answer: str | None) -> str:
-    """What the rubric asks the judge to read (`sees`)."""
+def artifact_of(judge: Mapping[str, Any], conversation: Mapping[str, Any] | None, changes: list,
+                answer: str | None) -> str:
+    """What the rubric asks the judge to read (`sees`): `conversation` is the rollout's
+    captured conversation (its `transcript`), None for a rollout without one."""
     sees = judge.get("sees", "answer")
     diff = "\n".join(f"--- {c.path} ({c.kind})\n{(c.data or b'').decode(errors='replace')[:4000]}"
                      for c in changes[:20])
     if sees == "trajectory":
-        conv = task.get("_conversation") or {}
+        conv = conversation or {}
         return "\n".join(f"[{t.get('role')}] {t.get('content') or ''}" for t in conv.get("transcript") or ())
     if sees == "diff":
         return diff
     return f"Final answer:\n{answer or ''}\n\nFile changes:\n{diff}"
 
 
-def apply(v, spec: dict, task: dict, changes: list, answer: str | None, clock: Callable[[], float],
-          service: JudgeService | None = None) -> None:
-    """Add the judge's component to verdict `v` (module docstring); `judge_failed` when it fails."""
-    judge = spec["judge"]
+def apply(v, task: GradedTask, changes: list, answer: str | None, conversation: Mapping[str, Any] | None,
+          clock: Callable[[], float], service: JudgeService | None = None, run: str = "") -> None:
+    """Add the judge of `task`'s checker spec (`task.checker.judge`) to verdict `v` (module
+    docstring); `judge_failed` when it fails. `run`: whose rate limits the call counts against."""
+    judge = task.checker.judge
+    assert judge is not None, "apply is called for a checker spec with a judge"
     t = clock()
     if v.outcome != "pass":         # the judge cannot raise a failed rollout's reward: not asked
         v.checks.append({"check": "judge", "verdict": "skipped", "wall_s": 0.0,
                          "detail": f"not asked: the primary check's outcome is {v.outcome}"})
         return
-    artifact = artifact_of(judge, task, changes, answer)[:ARTIFACT_CHARS]
+    artifact = artifact_of(judge, conversation, changes, answer)[:ARTIFACT_CHARS]
     digest = hashlib.sha256(artifact.encode()).hexdigest()
-    prompt = PROMPT.format(rubric=judge["rubric"], instruction=str(task.get("instruction", ""))[:4000],
+    prompt = PROMPT.format(rubric=judge["rubric"], instruction=task.instruction[:4000],
                            artifact=artifact, nonce=digest[:16])
     try:
-        res = (service or default_service()).score(judge, prompt, digest, run=str(task.get("_run", "")))
+        res = (service or default_service()).score(judge, prompt, digest, run=run)
     except JudgeFailed as exc:
         v.checks.append({"check": "judge", "verdict": "judge_failed", "detail": str(exc)[:4000],
                          "wall_s": clock() - t})

@@ -1,8 +1,8 @@
 """The state checker (`checker.kind: state`): a conversational rollout's final service state
 against the task's goal state, plus what the agent told the user.
 
-`grade_state(spec, conversation)` returns the verdict's fields as a dict (`outcome`, `reward`,
-`components`, `checks`, `tampered`); `grade.verify` wraps it. `conversation` is what the
+`grade_state(spec, conversation)` returns the `Verdict` of the typed checker spec (a
+`controller.contracts.checkerspec.CheckerSpec` of kind `state`). `conversation` is what the
 rollout's harness captured on the node (nodeagent/agent/attempt.py): `final_state` ({service:
 state}, from `nodeagent.services.host.ServiceHost`, which holds the state outside the agent's
 sandbox), `tampered` (service replies that did not verify: the agent interfered with the
@@ -14,7 +14,7 @@ The goal lives in the checker spec, which reaches only the node's verifier: the 
 sandbox never holds it, and nothing the agent says or writes is read as a verdict. Any failed
 check or any tampering is `fail` (reward 0); the final state is kept as the check
 `state:final` (its JSON). No conversation captured is an infrastructure error
-(`StateCheckError`), never a score.
+(`StateCheckError`, a `VerifierInfraError`), never a score.
 
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.harness.loop,
 nodeagent.verifier.grade.
@@ -26,21 +26,20 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from controller.contracts import services as _services
+from controller.contracts.checkerspec import CheckerSpec
 from controller.contracts.services import compare_state
+from nodeagent.verifier.verdicts import Verdict, VerifierInfraError
+from nodeagent.verifier.verdicts import check as _check
 
 # The files whose code decides this checker's verdicts beyond this package (VERIFIER_VERSION).
 CONTRACT_SOURCES = (Path(_services.__file__),)
 
 
-class StateCheckError(Exception):
+class StateCheckError(VerifierInfraError):
     """No state to grade: infrastructure, never a score."""
 
 
-def _check(name: str, verdict: str, detail: str) -> dict:
-    return {"check": name, "verdict": verdict, "detail": detail[:4000], "wall_s": 0.0}
-
-
-def grade_state(spec: Mapping[str, Any], conversation: Mapping[str, Any] | None) -> dict:
+def grade_state(spec: CheckerSpec, conversation: Mapping[str, Any] | None) -> Verdict:
     """The verdict of a state checker (see the module docstring)."""
     if not conversation or not isinstance(conversation.get("final_state"), Mapping):
         raise StateCheckError("the rollout captured no service state to grade")
@@ -49,14 +48,12 @@ def grade_state(spec: Mapping[str, Any], conversation: Mapping[str, Any] | None)
     tampered = list(conversation.get("tampered") or ())
     if tampered:
         checks.append(_check("service_integrity", "tampered", "; ".join(tampered)))
-        return {"outcome": "fail", "reward": 0.0, "tampered": True, "checks": checks,
-                "components": {"correct": 0.0, "state": 0.0, "tamper": 1.0}}
-    results = compare_state(spec, final, list(conversation.get("told") or ()))
+        return Verdict("fail", 0.0, {"correct": 0.0, "state": 0.0, "tamper": 1.0}, checks, tampered=True)
+    results = compare_state(spec.raw, final, list(conversation.get("told") or ()))
     checks += [_check(name, "pass" if ok else "fail", detail) for name, ok, detail in results]
     ok = all(r[1] for r in results)
     state_ok = all(r[1] for r in results if r[0].startswith("state:"))
-    return {"outcome": "pass" if ok else "fail", "reward": float(ok), "tampered": False, "checks": checks,
-            "components": {"correct": float(ok), "state": float(state_ok)}}
+    return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok), "state": float(state_ok)}, checks)
 
 
 __all__ = ["CONTRACT_SOURCES", "StateCheckError", "grade_state"]

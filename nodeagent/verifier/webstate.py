@@ -15,8 +15,9 @@ in-sandbox uid 1000 in a 0700 directory:
    an id: user strings are escaped, so no review or name can forge one).
 
 Pass when every check holds. A sandbox that fails, an evaluator that dies or answers garbage,
-or missing captured state are `WebStateError` (the verifier's `VerifierInfraError`: retried,
-never a score). Returns the verdict's fields; `nodeagent.verifier.grade` makes the `Verdict`.
+or missing captured state are `WebStateError` (a `VerifierInfraError`: retried, never a
+score). `verify_webstate` takes the typed task (`controller.contracts.tasks.GradedTask`, its
+checker spec's `checks` and `timeout_s`) and returns the `Verdict`.
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.verifier.grade.
 """
 from __future__ import annotations
@@ -25,9 +26,12 @@ import json
 import time
 from typing import Callable
 
+from controller.contracts.tasks import GradedTask
 from nodeagent.browser.apps import shop
 from nodeagent.browser.session import APP_UID, BrowserStartError, app_files, launch
 from nodeagent.sandbox.runtime import Change, SandboxError, SandboxRuntime, SandboxSpec
+from nodeagent.verifier.verdicts import Verdict, VerifierInfraError
+from nodeagent.verifier.verdicts import check as _check
 
 STATE_DIR = "/.paddock-web"           # where the captured state sits among the rollout's changes
 DB_CHANGE = f"{STATE_DIR}/app.db"
@@ -38,17 +42,8 @@ GRADE_LIMITS = {"memory_mb": 512, "pids": 128, "disk_mb": 128, "nofile": 512}
 EVAL_TIMEOUT_S = 60.0
 
 
-class WebStateError(Exception):
-    """No verdict for reasons that are not the policy's (the verifier's VerifierInfraError)."""
-
-
-def _verdict(outcome: str, reward: float, components: dict, checks: list, tampered: bool = False) -> dict:
-    """The fields of the verifier's `Verdict` (nodeagent.verifier.grade builds it)."""
-    return {"outcome": outcome, "reward": reward, "components": components, "checks": checks, "tampered": tampered}
-
-
-def _check(name: str, verdict: str, detail: str, wall_s: float = 0.0) -> dict:
-    return {"check": name, "verdict": verdict, "detail": detail[:4000], "wall_s": float(wall_s)}
+class WebStateError(VerifierInfraError):
+    """No verdict for reasons that are not the policy's."""
 
 
 def as_bytes(content: str | bytes) -> bytes:
@@ -74,15 +69,16 @@ def _captured(changes: list[Change]) -> tuple[bytes, str]:
     return got[DB_CHANGE] or b"", key_hex
 
 
-def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, changes: list[Change],
-                    clock: Callable[[], float] = time.monotonic) -> dict:
-    """The verdict's fields (`nodeagent.verifier.grade.Verdict`'s); raises WebStateError."""
+def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: list[Change],
+                    clock: Callable[[], float] = time.monotonic) -> Verdict:
+    """The verdict of a web task's captured state (module docstring); raises WebStateError."""
     t = clock()
+    spec = task.checker
     db, key_hex = _captured(changes)
-    seed_sql = as_bytes(task.get("hidden", {}).get("seed.sql", "")).decode()
+    seed_sql = as_bytes(task.hidden.get("seed.sql", "")).decode()
     seed_digest = shop.seed_digest(seed_sql)
     db_path = f"{GRADE_DIR}/app.db"
-    needs_page = any("page" in c for c in spec["checks"])
+    needs_page = any("page" in c for c in spec.checks)
     try:
         sb = runtime.create(SandboxSpec(image=image, limits=dict(GRADE_LIMITS)))
     except SandboxError as exc:
@@ -98,17 +94,17 @@ def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, chan
             launch(sb, APP_UID, GRADE_DIR, app_files(config),
                    ["python3", f"{GRADE_DIR}/shop.py", "serve", f"{GRADE_DIR}/config.json"], f"{GRADE_DIR}/ready", 30)
         req = {"db": db_path, "key_hex": key_hex, "seed_digest": seed_digest, "port": GRADE_PORT,
-               "checks": spec["checks"]}
+               "checks": list(spec.checks)}
         files = app_files({})
         r = sb.exec(["python3", "-c", _EVAL_MAIN], stdin=json.dumps({"source": files["shop.py"], "req": req}).encode(),
-                    timeout_s=float(spec.get("timeout_s", EVAL_TIMEOUT_S)), cwd="/tmp", uid=APP_UID)
+                    timeout_s=spec.timeout_s if spec.timeout_s is not None else EVAL_TIMEOUT_S, cwd="/tmp", uid=APP_UID)
     except (SandboxError, BrowserStartError) as exc:
         raise WebStateError(f"grading sandbox: {exc}") from None
     finally:
         sb.destroy()
     wall = clock() - t
     if r.timed_out:
-        return _verdict("timeout", 0.0, {"correct": 0.0}, [_check("webstate", "timeout", "the evaluator timed out", wall)])
+        return Verdict("timeout", 0.0, {"correct": 0.0}, [_check("webstate", "timeout", "the evaluator timed out", wall)])
     try:
         out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         verdict, detail = out["verdict"], str(out["detail"])
@@ -116,14 +112,14 @@ def verify_webstate(runtime: SandboxRuntime, image, task: dict, spec: dict, chan
         raise WebStateError(f"the web state evaluator answered no verdict (exit {r.exit_code}): "
                                  f"{(r.stderr or r.stdout).decode(errors='replace')[-1000:]}") from None
     if verdict == "tampered":
-        return _verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, [_check("webstate", "tampered", detail, wall)],
+        return Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, [_check("webstate", "tampered", detail, wall)],
                        tampered=True)
     if verdict == "error":
-        raise WebStateError(f"task {task.get('name')!r}: {detail}")
+        raise WebStateError(f"task {task.name!r}: {detail}")
     checks = [_check(f"webstate:{c['check']}"[:200], "pass" if c["ok"] else "fail",
                      f"got {c['got']!r}, expected {c['expect']!r}") for c in out.get("checks", [])]
     ok = verdict == "pass"
-    return _verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
+    return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    checks + [_check("webstate", "pass" if ok else "fail", detail, wall)])
 
 

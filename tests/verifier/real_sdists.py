@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nodeagent.verifier import canaries as C
 from nodeagent.verifier import grade as G
+from nodeagent.verifier import pytestcheck as P
 
 SD = Path(os.environ.get("SDIST_DIR", "/tmp/sd"))
 TEXT = (".py", ".cfg", ".toml", ".ini", ".txt", ".rst", ".in", ".json", ".md")
@@ -61,15 +62,15 @@ def run(runtime, image, only=None):
         if not tests:
             print(f"{root.name}: no test files"); continue
         task = task_of(root, tests, [])
-        plain = G.plant_canaries
-        G.plant_canaries = lambda task, spec: C.Plan()
+        plain = P.plant_canaries
+        P.plant_canaries = lambda task, spec: C.Plan()
         t = time.monotonic()
         try:
             v0 = G.verify(runtime, image, G.graded_task(task), [], None)
         except Exception as exc:
-            print(f"{root.name}: no-canary run: {type(exc).__name__}: {str(exc)[:200]}"); G.plant_canaries = plain; continue
+            print(f"{root.name}: no-canary run: {type(exc).__name__}: {str(exc)[:200]}"); P.plant_canaries = plain; continue
         finally:
-            G.plant_canaries = plain
+            P.plant_canaries = plain
         t0 = time.monotonic() - t
         ok = passing(captured["raw"])
         if not ok:

@@ -297,7 +297,7 @@ def test_the_gold_fix_with_an_edited_test_still_passes_and_the_edit_is_ignored(c
     ("pkg/io_test.py", True), ("calc.py", False), ("pkg/testing.py", False), ("src/testing/util.py", False),
     ("pkg/contest.py", False), ("docs/tests.rst", False)])
 def test_what_counts_as_test_infrastructure(rel, infra):
-    from nodeagent.verifier.grade import test_infrastructure
+    from nodeagent.verifier.pytestcheck import test_infrastructure
     assert test_infrastructure(rel) is infra
 
 

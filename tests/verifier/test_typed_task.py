@@ -10,8 +10,7 @@ from controller.contracts.checkerspec import CheckerSpec, SpecError
 from controller.contracts.tasks import GradedTask, LeaseTask, TaskError
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.sandbox.runtime import Change
-from nodeagent.verifier import canaries
-from nodeagent.verifier import grade as verifier
+from nodeagent.verifier import canaries, pytestcheck
 from nodeagent.verifier.baseline import Baseline
 from nodeagent.verifier.grade import VerifierInfraError, graded_task, verify
 
@@ -83,4 +82,4 @@ def test_a_pytest_check_parses_each_test_file_once(runtime, python_image, monkey
                                                     task.hidden["reference.py"].encode(), 0o644)], None)
     assert v.outcome == "pass"
     assert len(seen) == len(task.checker.tests) == 2          # isolation, expected ids and strict asserts share it
-    assert verifier.isolation(task, task.checker, verifier.parse_tests(task, task.checker)) == "call"
+    assert pytestcheck.isolation(task, task.checker, pytestcheck.parse_tests(task, task.checker)) == "call"

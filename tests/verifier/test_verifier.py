@@ -10,8 +10,9 @@ import pytest
 
 from controller.taskbank.builtin import builtin_taskset
 from nodeagent.sandbox.runtime import Change
-from nodeagent.verifier import grade as verifier
-from nodeagent.verifier.grade import VerifierInfraError, grade_report, graded_task, strict_asserts, verify
+from nodeagent.verifier import pytestcheck
+from nodeagent.verifier.grade import VerifierInfraError, grade_report, graded_task, verify
+from nodeagent.verifier.pytestcheck import strict_asserts
 
 
 def task_dict(name: str = "python/gcd", **over) -> dict:
@@ -73,7 +74,7 @@ def test_a_solution_that_exits_pytest_fails(runtime, python_image, gcd):
 
 def test_a_solution_that_exits_behind_the_call_boundary_fails_every_test(runtime, python_image, gcd):
     task = graded_task(gcd)
-    assert verifier.isolation(task, task.checker, verifier.parse_tests(task, task.checker)) == "call"
+    assert pytestcheck.isolation(task, task.checker, pytestcheck.parse_tests(task, task.checker)) == "call"
     v = verify(runtime, python_image, graded_task(gcd), solution("import os\nos._exit(0)\n"), None)
     assert (v.outcome, v.reward, v.tampered) == ("fail", 0.0, False)
     assert "the solution's process is gone" in v.checks[-1]["detail"]
@@ -179,8 +180,8 @@ def test_asserts_are_rewritten_to_strict_equality():
 def test_the_grader_shipped_into_the_sandbox_is_the_grader_plugin_source_file():
     from nodeagent.verifier import grader_plugin
     task = graded_task(task_dict())
-    system, _tests = verifier._checker_files(task, task.checker, verifier.parse_tests(task, task.checker), "call")
-    assert system[verifier.GRADER_PATH] == Path(grader_plugin.__file__).read_bytes()
+    system, _tests = pytestcheck._checker_files(task, task.checker, pytestcheck.parse_tests(task, task.checker), "call")
+    assert system[pytestcheck.GRADER_PATH] == Path(grader_plugin.__file__).read_bytes()
 
 
 def test_strict_eq_refuses_objects_that_equal_everything():
