@@ -4,7 +4,7 @@
 attempt pipeline's own steps (`nodeagent.agent.attempt`): the task decoded and its content
 fetched by digest as on a lease (`_task_of`), its layers and set-up layer
 (`task_sandbox_layers`: built once per task and image, reused), and the spec `rollout_spec`
-builds — image, limits, visible files, layers — the one `_run_agent` acquires. The task's
+builds — image, limits, visible files, layers — the one `agentphase.run_agent_phase` acquires. The task's
 network policy is the rollout's: its egress proxy socket when it allows hosts, no route when
 it is `none`. The relay of the sandbox is a `nodeagent.harness.sandboxlink.SandboxLink` whose
 other connections are that proxy (or refused): the shell comes back through it, as the
@@ -47,7 +47,7 @@ SHELL_TAG = "debug-shell"
 
 
 def rollout_spec(image: Path, task: LeaseTask, relay: str | None, layers: tuple[Path, ...]) -> SandboxSpec:
-    """The agent sandbox's spec of a rollout of `task` (what `attempt._run_agent` acquires)."""
+    """The agent sandbox's spec of a rollout of `task` (what `agentphase.run_agent_phase` acquires)."""
     return SandboxSpec(image=image, limits=dict(task.limits), files={k: as_bytes(v) for k, v in task.files.items()},
                        egress_socket=relay, layers=layers)
 

@@ -352,7 +352,7 @@ async def _wait(fut: asyncio.Future):
 
 class McpRollout:
     """The MCP servers of one rollout: the sandbox relay to ask for, then the toolbox. The
-    attempt pipeline's hook (in `nodeagent.agent.attempt._run_agent`; `of` never raises, a
+    attempt pipeline's hook (in `nodeagent.agent.agentphase.run_agent_phase`; `of` never raises, a
     malformed declaration raises McpConfigError from `toolbox`, a ToolSetError):
 
         mcp = McpRollout.of(task)                                 # None: no .paddock/mcp.json

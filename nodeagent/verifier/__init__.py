@@ -1,4 +1,5 @@
-"""Grading outside the agent's reach: the fresh grading sandbox (`grade`), the in-sandbox pytest
+"""Grading outside the agent's reach: `grade.verify` dispatches to one module per checker kind
+(`pytestcheck`, `commandcheck`, `answercheck`, each grading in a fresh sandbox from `freshbox`), the in-sandbox pytest
 grader (`grader_plugin`, shipped into the sandbox as a file, never imported there from here),
 answer checks and the judge (`checkers`), and the isolated host-side check runner (`checks`
 client, `checkserver` server process).
