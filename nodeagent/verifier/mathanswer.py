@@ -53,6 +53,7 @@ import threading
 import time
 from fractions import Fraction
 
+from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathnorm as mn
 from nodeagent.verifier import mathrel as mr
 
@@ -115,6 +116,7 @@ def _timeouts() -> tuple[int | None, int | None]:
 class _Budget(threading.local):
     deadline: float | None = None
     asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
+    percent_asked: bool | None = None    # the instruction asks for a percent (None: no instruction)
 
 
 _budget = _Budget()
@@ -302,6 +304,8 @@ def answers_equal(gold: str, pred: str) -> bool:
         return False
     if gold == pred:
         return True
+    if mf.ill_formed(pred) is not None and mf.ill_formed(gold) is None:
+        return False                        # "5.\\overline{0}1", "5 % 6", "5\\%\\%", "\\llap{6}5": no one value
     gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
     if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
         return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
@@ -354,7 +358,9 @@ def _one_equal(gold: str, pred: str) -> bool:
     lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
     lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
-        return literals_equal(lg, lp) or (_percent_only(gold, pred) and literals_equal(lg, (lp[0] / 100, None)))
+        if _percent_only(gold, pred):
+            return _percent_equal(gold, pred, lg, lp)
+        return literals_equal(lg, lp)
     solutions = _assigned_rhs(gold)
     if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
@@ -363,6 +369,8 @@ def _one_equal(gold: str, pred: str) -> bool:
         return tg == tp
     sg, sp = mn.structure(gold), mn.structure(pred)
     if sg.kind == "scalar" and sp.kind == "scalar":
+        if _percent_only(gold, pred):
+            return _percent_equal(gold, pred, lg, lp)
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
@@ -508,6 +516,42 @@ def _case_clash(gold: list, pred: list) -> bool:
     except Exception:  # noqa: BLE001 - no symbols to read: no clash
         return False
     return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
+
+
+_PERCENT_ASKED = re.compile(r"percent|per\s+cent|%", re.IGNORECASE)
+
+
+def _percent_equal(gold: str, pred: str, lg: tuple[Fraction, int | None] | None,
+                   lp: tuple[Fraction, int | None] | None) -> bool:
+    """A percentage `pred` ("N\\%") for a gold written without a percent mark: one reading or the
+    other, chosen by the gold (and the task's instruction when the caller has it):
+    - N itself, when the gold is a plain number literal (10 or 12.5: how a "what percent" question's
+      gold is written, and how Hendrycks', Qwen's and Math-Verify's graders read it) and the
+      instruction, if any, asks for a percent;
+    - N/100, when the gold is not a whole number (a proportion: 0.05, 7/25, 40/900) and the
+      instruction, if any, does not ask for a percent.
+    So 500\\% is not 5 (5 is whole: the label reading, 500 != 5) and 4 4/9\\% is not 40/9 (a
+    fraction gold: the value reading, 40/900)."""
+    bare = mn.strip_percent(pred)
+    asked = _budget.percent_asked
+    if asked is not False and lg is not None and not mn.is_percent(bare) and _one_equal(gold, bare):
+        return True
+    if asked is True or _whole(gold, lg):
+        return False
+    if lp is not None:
+        value = lp[0] / 100
+        return lg[0] == value if lg is not None else scalars_equal(
+            gold, f"\\frac{{{value.numerator}}}{{{value.denominator}}}")
+    return not mn.is_percent(bare) and scalars_equal(gold, f"\\frac{{{bare}}}{{100}}")
+
+
+def _whole(gold: str, lg: tuple[Fraction, int | None] | None) -> bool:
+    """True when the gold is a whole number (5, 5.0, \\frac{10}{2})."""
+    if lg is not None:
+        return lg[0].denominator == 1
+    parsed = _parse_answer(gold)
+    value = _numeric(parsed[0]) if parsed else None
+    return value is not None and value.is_integer is True
 
 
 def _percent_only(gold: str, pred: str) -> bool:
@@ -657,6 +701,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
         _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
+        _budget.percent_asked = bool(_PERCENT_ASKED.search(str(instruction))) if instruction else None
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
@@ -664,11 +709,15 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     finally:
         _budget.deadline = None
         _budget.asked = None
+        _budget.percent_asked = None
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
+    program = mf.tex_program(str(pred_text)[-MAX_TEXT_CHARS:])
+    if program is not None:
+        return {"ok": False, "detail": f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"}
     boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
     if boxes > mn.MAX_BOXED:
         return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}

@@ -33,13 +33,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from controller.contracts.answers import MAX_ANSWER_CHARS, MAX_BOXED, boxed_contents  # noqa: F401 (re-read here)
+from nodeagent.verifier import mathform as mf
 
 _ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
-_REPEATING = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\\overline\s*\{\s*(\d{1,20})\s*\}")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_TRAILING_ELLIPSIS = re.compile(r"\d\s*\.\s*\.\s*\.$")
+_SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
 _CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
@@ -108,7 +110,7 @@ def unescape_commands(text: str) -> str:
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = unescape_commands(s).strip()
+    s = mf.shown(unescape_commands(s)).strip()
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
@@ -122,6 +124,8 @@ def normalise(s: str) -> str:
     if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
         s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
+    if _TRAILING_ELLIPSIS.search(s):
+        return s                                 # "0.333...": an ellipsis, not a full stop
     return s.rstrip(".").strip()
 
 
@@ -242,12 +246,9 @@ def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
-    repeating = _REPEATING.fullmatch(s.strip())
-    if repeating:                                # 0.1\\overline{6} is 1/6, exactly
-        sign, whole, fixed, period = repeating.groups()
-        value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(
-            int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
-        return (-value if sign == "-" else value), None
+    repeating = mf.repeating(s)
+    if repeating is not None:                    # 0.1\\overline{6} is 1/6, exactly
+        return repeating, None
     mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
     if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
         sign, whole, num, den = mixed.groups()
@@ -256,7 +257,10 @@ def number_literal(s: str) -> tuple[Fraction, int | None] | None:
         value = int(whole.replace(" ", "")) + Fraction(int(num), int(den))
         return (-value if sign == "-" else value), None
     t = s.replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
-    t = t.replace("\\$", "").replace(" ", "").strip()
+    t = re.sub(r"^([+-])\s+", r"\1", re.sub(r"\s+", " ", t.replace("\\$", "")).strip())
+    if " " in t and not _SPACE_GROUPED.fullmatch(t):
+        return None                              # "1 2" is two numbers; "1 000" is one
+    t = t.replace(" ", "")
     if _THOUSANDS.fullmatch(t):
         t = t.replace(",", "")
     elif _DECIMAL_COMMA.fullmatch(t):
@@ -345,6 +349,11 @@ def space_scripts(text: str) -> str:
     """A space where a CJK character (written without spaces between words) meets an ASCII one,
     so that a number in Chinese prose ("比例为13/28") reads as a word of its own."""
     return _SCRIPT_BOUNDARY.sub(" ", text)
+
+
+def strip_percent(s: str) -> str:
+    """`s` without its closing percent mark ("28\\%" -> "28")."""
+    return _PERCENT_MARK.sub("", s).strip()
 
 
 def is_percent(s: str) -> bool:

@@ -1,0 +1,164 @@
+"""Math answer form: what a TeX answer shows, and the answers whose reading is not one value.
+
+A reward reads what the answer shows. A parser reads tokens; TeX renders them; where the two
+differ, the answer is judged by what is shown, or is not an answer:
+- `tex_program(text)`: the text programs TeX (a conditional `\\iffalse ... \\fi`, a macro
+  definition `\\def`, `\\newcommand`, `\\let`, a catcode change, a primitive that prints other
+  characters than it spells: `\\char54`, `\\romannumeral`): what renders is not what is written,
+  anywhere in the text, so the answer is ill-formed;
+- `shown(s)`: `s` without what TeX never draws (`\\phantom{-}`, `\\hphantom`, `\\vphantom`,
+  `\\mathstrut`), and `\\smash{X}` as X (drawn, only its height is hidden); invisible content is
+  never read as part of the answer, and when it holds a digit (`\\phantom{6}5`) the answer hides a
+  value and is ill-formed;
+- `ill_formed(s)`: the reason an extracted answer has no single reading, else None: a TeX comment
+  (`5 % 6`: TeX shows 5, a reader 5 % 6), content drawn over other content (`\\llap`, `\\rlap`,
+  `\\mathrlap`, negative `\\hspace`/`\\kern`, `\\raisebox`, `\\makebox`), an equation tag (a second
+  value shown), an accent or ellipsis on digits that is no well-formed repeating decimal
+  (`5.\\overline{0}1`, `0.333...`), digits spaced apart other than by thousands (`1\\,2`), a
+  mark doubled or misplaced (`5\\%\\%`, `5^\\circ^\\circ`, `\\%5`, `5\\text{ cm cm}`);
+- `repeating(s)`: the exact value of a repeating decimal (`0.1\\overline{6}`, `0.\\bar{3}`,
+  `0.\\dot{3}`, `0.\\dot{1}4285\\dot{7}`, `0.(3)`), else None.
+
+Colour, strike-out and size commands are read by `mathnorm.meaning_marks` (an answer holding one
+is not its bare value). Pure string functions.
+Must not import: sympy, math_verify, zmq, controller, nodeagent.verifier.mathanswer,
+nodeagent.verifier.mathnorm.
+"""
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_END = r"(?![A-Za-z])"
+_CONDITIONALS = ("if(?!f(?![A-Za-z]))[A-Za-z@]*", "else", "fi", "or", "unless")   # every \\if.. but \\iff
+_DEFINITIONS = ("def", "gdef", "edef", "xdef", "let", "futurelet", "newcommand", "renewcommand", "providecommand",
+                "DeclareRobustCommand", "DeclareMathOperator", "newenvironment", "renewenvironment",
+                "NewDocumentCommand", "RenewDocumentCommand", "catcode", "mathcode", "lccode", "uccode", "sfcode",
+                "delcode", "chardef", "mathchardef", "countdef", "csname", "endcsname", "expandafter", "noexpand",
+                "afterassignment", "aftergroup", "global", "long", "outer", "scantokens", "detokenize", "input",
+                "include", "write", "immediate", "makeatletter", "makeatother", "char", "mathchar", "symbol",
+                "romannumeral", "Roman", "roman", "arabic", "number", "the", "numexpr", "dimexpr", "uppercase",
+                "lowercase", "string", "meaning", "setcounter", "addtocounter", "value", "everymath",
+                "everydisplay", "mathchoice", "pagecolor", "definecolor", "colorlet")
+_TEX_PROGRAM = re.compile(r"\\(" + "|".join(_CONDITIONALS + _DEFINITIONS) + r")" + _END
+                          + r"|\\begin\s*\{\s*comment\s*\}")
+_INVISIBLE = re.compile(r"\\(?:[hv]?phantom)\s*(?=\{)")
+_SMASH = re.compile(r"\\smash\s*(?:\[[tb]?\]\s*)?(?=\{)")
+_STRUTS = re.compile(r"\\(?:mathstrut|strut)" + _END)
+_OVERLAP = re.compile(r"\\(?:[lrc]lap|math[lrc]lap|ooalign|hidewidth|raisebox|makebox|framebox|moveleft|moveright|"
+                      r"raise|lower|vcenter|hbox\s*to|rule|vrule|hrule|tag\*?)" + _END
+                      + r"|\\(?:hspace\*?|mspace)\s*\{\s*-|\\(?:kern|mkern|hskip|mskip)\s*\{?\s*-")
+_COMMENT = re.compile(r"(?<!\\)%[^\n]*\S")
+_ACCENT = re.compile(r"\\(?:overline|underline|bar|dot|ddot|dddot|hat|widehat|tilde|widetilde|vec|acute|grave|breve|"
+                     r"check|mathring|overrightarrow|overleftarrow|overleftrightarrow|overbrace|underbrace|wideparen|"
+                     r"overarc|overgroup|undergroup)" + _END + r"\s*(?:\{([^{}]*)\}|([0-9]))")
+_ELLIPSIS = re.compile(r"\d\s*(?:\.\s*\.\s*\.|…|\\(?:[lcv]?dots[a-z]*|ldotp|cdotp)" + _END + ")")
+_DECIMAL_PAREN = re.compile(r"(?:\d+\.\d*|\.\d+)\(")
+_SPACED_DIGITS = re.compile(r"(?<![\d.,])\d+(?:[ \t]+\d+)+")
+_GROUPED = re.compile(r"\d{1,3}(?: \d{3})+")
+
+_MARK = (r"(?:\\%|(?<!\\)%|percent(?:age)?|per\s*cent|pct|‰|‱|\\permil|\\textperthousand|\\circ|°|\\degree|"
+         r"\\textdegree|degrees?|\\\$|\$|dollars?|euros?|€|£|¥)")
+_GLUE = r"(?:\s|[{}^]|\\[,;:!]|\\text\{|\\mathrm\{|\\mbox\{)*"
+_DOUBLED_MARK = re.compile(_MARK + _GLUE + _MARK)
+_MARK_FIRST = re.compile(r"(?:\\%|(?<!\\)%|‰|‱|\\permil)\s*[\d.]|\^\s*\{?\s*(?:\\%|%|‰)")
+_REPEATED_WORD = re.compile(r"(?<![\\A-Za-z])([A-Za-z]{2,12})(?:\s|[{}]|\\,|\\text\{|\\mathrm\{|\\mbox\{)+\1(?![A-Za-z])")
+
+_PERIOD = r"\s*(?:\{\s*(\d{1,20})\s*\}|(\d))"
+_REP_BAR = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\\(?:overline|bar)" + _END + _PERIOD)
+_REP_PAREN = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\(\s*(\d{1,20})\s*\)")
+_DOT = r"\\dot" + _END + _PERIOD.replace("(\\d{1,20})", "(\\d)")
+_REP_DOT = re.compile(r"([+-]?)(\d*)\.(\d{0,20})" + _DOT + r"(?:(\d{0,18})" + _DOT + ")?")
+
+
+def tex_program(text: str) -> str | None:
+    """The TeX programming command in `text` (`\\iffalse`, `\\def` ...), else None."""
+    m = _TEX_PROGRAM.search(text)
+    return None if m is None else m.group(0)
+
+
+def _group_end(s: str, start: int) -> int:
+    """Index just after the brace group that opens at `start` (s[start] == "{"), or len(s)."""
+    depth = 0
+    for i in range(start, len(s)):
+        if s[i] == "{" and (i == 0 or s[i - 1] != "\\"):
+            depth += 1
+        elif s[i] == "}" and (i == 0 or s[i - 1] != "\\"):
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(s)
+
+
+def shown(s: str) -> str:
+    """`s` as TeX draws it: phantoms and struts removed with what they hold (a phantom that holds a
+    digit is kept: a hidden value, which `ill_formed` refuses), `\\smash{X}` read as X."""
+    if "\\" not in s:
+        return s
+    s = _STRUTS.sub(" ", s)
+    pos = 0
+    while (m := _INVISIBLE.search(s, pos)) is not None:
+        end = _group_end(s, m.end())
+        if re.search(r"\d", s[m.end():end]):
+            pos = end                          # a hidden value: kept, for `ill_formed` to refuse
+            continue
+        s = s[:m.start()] + " " + s[end:]
+    while (m := _SMASH.search(s)) is not None:
+        end = _group_end(s, m.end())
+        s = s[:m.start()] + s[m.end() + 1:end - 1] + s[end:]
+    return s
+
+
+def repeating(s: str) -> Fraction | None:
+    """The exact value of a repeating decimal written as a whole: `0.1\\overline{6}`, `0.\\bar{3}`,
+    `0.(3)`, `0.\\dot{3}`, `0.\\dot{1}4285\\dot{7}` (dots over the first and last digit of the
+    block); None for anything else."""
+    t = s.strip()
+    m = _REP_BAR.fullmatch(t) or _REP_PAREN.fullmatch(t)
+    if m:
+        sign, whole, fixed = m.group(1), m.group(2), m.group(3)
+        period = "".join(g for g in m.groups()[3:] if g)
+    else:
+        m = _REP_DOT.fullmatch(t)
+        if m is None:
+            return None
+        sign, whole, fixed, first, first1, middle, last, last1 = m.groups()
+        head = first or first1
+        tail = last or last1
+        period = head + ((middle or "") + tail if tail else "")
+        if middle and not tail:
+            return None
+    value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(
+        int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
+    return -value if sign == "-" else value
+
+
+def ill_formed(s: str) -> str | None:
+    """Why the extracted answer `s` has no single reading (see the module docstring), else None."""
+    if (m := _TEX_PROGRAM.search(s)) is not None:
+        return f"TeX programming {m.group(0)!r}"
+    if _COMMENT.search(s):
+        return "a TeX comment ('%' hides the rest of its line)"
+    if (m := _INVISIBLE.search(s)) is not None:
+        return f"a value drawn invisibly ({m.group(0).strip()!r} holding a digit)"
+    if (m := _OVERLAP.search(s)) is not None:
+        return f"content drawn over other content or a second value shown ({m.group(0)!r})"
+    digits_decorated = any(re.fullmatch(r"[\d\s.]*", a.group(1) if a.group(1) is not None else a.group(2))
+                           for a in _ACCENT.finditer(s))
+    if digits_decorated or _ELLIPSIS.search(s) or _DECIMAL_PAREN.search(s):
+        if repeating(s) is None:
+            return "an ill-formed repeating decimal (a mark over digits, '...' or '(d)' not closing a decimal)"
+    for run in _SPACED_DIGITS.finditer(s):
+        after = s[run.end():].lstrip()
+        if not _GROUPED.fullmatch(re.sub(r"[ \t]+", " ", run.group(0))) and not after.startswith("/"):
+            return f"digits spaced apart ({run.group(0)!r} is no thousands grouping)"
+    if (m := _DOUBLED_MARK.search(s)) is not None:
+        return f"a mark written twice ({m.group(0)!r})"
+    if (m := _MARK_FIRST.search(s)) is not None:
+        return f"a percent mark not after its number ({m.group(0)!r})"
+    if (m := _REPEATED_WORD.search(s)) is not None:
+        return f"a unit written twice ({m.group(0)!r})"
+    return None
+
+
+__all__ = ["ill_formed", "repeating", "shown", "tex_program"]
