@@ -202,8 +202,10 @@ def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
         if not body or "\\boxed" in body or "\\fbox" in body:
             continue
         line = _line_answer(body)
-        if line is not None:
-            (after if m.start() > last else before).append(line)
+        if line is None:
+            continue
+        commented = re.search(r"(?<!\\)%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])
+        (after if m.start() > last and not commented else before).append(line)   # a line TeX hides must agree
     if len(after) == 1:
         return after
     return _dedupe([mn.normalise(b) for b in boxed] + before + after)
@@ -360,6 +362,8 @@ def _one_equal(gold: str, pred: str) -> bool:
     if lg is not None and lp is not None:
         if _percent_only(gold, pred):
             return _percent_equal(gold, pred, lg, lp)
+        if _percent_only(pred, gold) and literals_equal(lg, lp) is False and lp[0].denominator != 1:
+            return lg[0] / 100 == lp[0]     # 0.05 for a gold 5\\%: the percent's value (never 5 for 500\\%)
         return literals_equal(lg, lp)
     solutions = _assigned_rhs(gold)
     if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
@@ -718,6 +722,8 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
     program = mf.tex_program(str(pred_text)[-MAX_TEXT_CHARS:])
     if program is not None:
         return {"ok": False, "detail": f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"}
+    if mf.comment_in_box(str(pred_text)[-MAX_TEXT_CHARS:]):
+        return {"ok": False, "detail": "ill-formed answer: a TeX comment ('%') inside a \\boxed{} hides its closing brace"}
     boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
     if boxes > mn.MAX_BOXED:
         return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}

@@ -15,7 +15,8 @@ differ, the answer is judged by what is shown, or is not an answer:
   `\\mathrlap`, negative `\\hspace`/`\\kern`, `\\raisebox`, `\\makebox`), an equation tag (a second
   value shown), an accent or ellipsis on digits that is no well-formed repeating decimal
   (`5.\\overline{0}1`, `0.333...`), digits spaced apart other than by thousands (`1\\,2`), a
-  mark doubled or misplaced (`5\\%\\%`, `5^\\circ^\\circ`, `\\%5`, `5\\text{ cm cm}`);
+  mark doubled or misplaced (`5\\%\\%`, `5^\\circ^\\circ`, `\\%5`, `5 \\cdot \\%`, `5\\text{ cm cm}`);
+- `comment_in_box(text)`: a `%` inside a \\boxed{} that comments out the box's own closing brace;
 - `repeating(s)`: the exact value of a repeating decimal (`0.1\\overline{6}`, `0.\\bar{3}`,
   `0.\\dot{3}`, `0.\\dot{1}4285\\dot{7}`, `0.(3)`), else None.
 
@@ -61,7 +62,11 @@ _MARK = (r"(?:\\%|(?<!\\)%|percent(?:age)?|per\s*cent|pct|‰|‱|\\permil|\\tex
          r"\\textdegree|degrees?|\\\$|\$|dollars?|euros?|€|£|¥)")
 _GLUE = r"(?:\s|[{}^]|\\[,;:!]|\\text\{|\\mathrm\{|\\mbox\{)*"
 _DOUBLED_MARK = re.compile(_MARK + _GLUE + _MARK)
-_MARK_FIRST = re.compile(r"(?:\\%|(?<!\\)%|‰|‱|\\permil)\s*[\d.]|\^\s*\{?\s*(?:\\%|%|‰)")
+_MARK_FIRST = re.compile(r"(?:\\%|(?<!\\)%|‰|‱|\\permil)\s*[\d.]|\^\s*\{?\s*(?:\\%|%|‰)|"
+                         r"(?:[-+*/=(,^_]|\\(?:cdot|times|div|pm|mp|ast)(?![A-Za-z]))\s*(?:\\%|(?<!\\)%|‰|‱|\\permil)|"
+                         r"\\circ(?:[\s{}^]|\\,)*(?:\\prime|')")
+_ADJACENT_TEXT = re.compile(r"\}\s*\\(?:text|textrm|mathrm|mbox)\s*\{")
+_TEXT_BODY = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{([^{}]*)\}")
 _REPEATED_WORD = re.compile(r"(?<![\\A-Za-z])([A-Za-z]{2,12})(?:\s|[{}]|\\,|\\text\{|\\mathrm\{|\\mbox\{)+\1(?![A-Za-z])")
 
 _PERIOD = r"\s*(?:\{\s*(\d{1,20})\s*\}|(\d))"
@@ -75,6 +80,23 @@ def tex_program(text: str) -> str | None:
     """The TeX programming command in `text` (`\\iffalse`, `\\def` ...), else None."""
     m = _TEX_PROGRAM.search(text)
     return None if m is None else m.group(0)
+
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_TAIL = re.compile(r"[\s$.,;:!)\]]*|\\[\])]\s*[.,;]?\s*")
+
+
+def comment_in_box(text: str) -> bool:
+    """True when a \\boxed{} body holds a TeX comment (an unescaped `%`) that changes what TeX
+    shows: the comment runs to the end of its line, the box's closing brace included, so TeX
+    reads the box on past it (`\\boxed{6 %}` then a line `5}` shows 65). A `%` closing a box
+    that ends the text (`\\boxed{25%}.`) is a percent sign: nothing can join the box."""
+    for m in _BOX.finditer(text):
+        end = _group_end(text, m.end() - 1)
+        body = text[m.end():end - 1]
+        if re.search(r"(?<!\\)%", body) and not _BOX_TAIL.fullmatch(text[end:]):
+            return True
+    return False
 
 
 def _group_end(s: str, start: int) -> int:
@@ -158,7 +180,10 @@ def ill_formed(s: str) -> str | None:
         return f"a percent mark not after its number ({m.group(0)!r})"
     if (m := _REPEATED_WORD.search(s)) is not None:
         return f"a unit written twice ({m.group(0)!r})"
+    for text in _TEXT_BODY.finditer(_ADJACENT_TEXT.sub(" ", s)):
+        if (m := re.search(r"(?<![A-Za-z])([A-Za-z]+)\s+\1(?![A-Za-z])", text.group(1))) is not None:
+            return f"a unit written twice ({m.group(0)!r})"
     return None
 
 
-__all__ = ["ill_formed", "repeating", "shown", "tex_program"]
+__all__ = ["comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]
