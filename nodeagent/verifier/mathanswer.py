@@ -72,8 +72,6 @@ MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal 
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
-_RELATION = re.compile(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\neq|\\approx|\\in\b|=")
-_ASSIGN_LHS = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\)|[A-Za-z]\([A-Za-z0-9]\)")
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
@@ -204,7 +202,7 @@ def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
         line = _line_answer(body)
         if line is None:
             continue
-        commented = re.search(r"(?<!\\)%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])
+        commented = re.match(r"\s*%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])   # a TeX comment line
         (after if m.start() > last and not commented else before).append(line)   # a line TeX hides must agree
     if len(after) == 1:
         return after
@@ -264,42 +262,6 @@ def _joined(between: str) -> bool:
 APPROX_REL_TOL = Fraction(1, 100)   # the approximate side of "exact \\approx decimal": within 1%
 
 
-def _is_lhs(s: str) -> bool:
-    return _ASSIGN_LHS.fullmatch(s.strip()) is not None
-
-
-def _stated_values(gold: str, pred: str) -> tuple[list[str], str | None] | None:
-    """The values a relation in `pred` states when the gold states none: 'x = 12/2 = 6' ->
-    (['12/2', '6'], None); 'x \\in [0, 1)' -> (['[0, 1)'], None); '\\frac{1}{3} \\approx 0.333' ->
-    (['\\frac{1}{3}'], '0.333') (exact values, then the approximate one). Every exact value must be
-    the gold: '6 = 5' states 5 and 6. None when `pred` is no such relation."""
-    if _RELATION.search(gold) or len(mn.split_top(pred)) > 1:
-        return None
-    if re.search(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\sim|\\equiv", pred):
-        return None
-    approx = None
-    if "\\approx" in pred:
-        exact_part, _, approx = pred.partition("\\approx")
-        approx = approx.strip()
-        if "\\approx" in approx or "=" in approx:
-            return [approx], "\\approx"          # a chain of approximations: never equal
-    else:
-        exact_part = pred
-    for sep in ("=", "\\in "):
-        parts = [p for p in mn.split_top(exact_part, sep)]
-        if len(parts) > 1 and all(parts):
-            if sep == "\\in " and (len(parts) != 2 or not _is_lhs(parts[0])):
-                return None
-            values = parts[1:] if _is_lhs(parts[0]) else parts
-            return values, approx
-        if len(parts) > 1:
-            return None
-    if approx is None:
-        return None
-    exact_part = exact_part.strip()
-    return ([] if _is_lhs(exact_part) else [exact_part]), approx
-
-
 def answers_equal(gold: str, pred: str) -> bool:
     """True when the normalised answer `pred` states the normalised gold answer, and only it."""
     if len(gold) > mn.MAX_ANSWER_CHARS or len(pred) > mn.MAX_ANSWER_CHARS:
@@ -328,7 +290,7 @@ def answers_equal(gold: str, pred: str) -> bool:
     gu, pu = mn.units(gold), mn.units(pred)
     if gu and pu and gu != pu:
         return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
-    stated = _stated_values(gold, pred)
+    stated = mr.stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
         if approx == "\\approx" or (not values and approx is None):
@@ -345,11 +307,11 @@ def _assignment_chain(gold: str, pred: str) -> bool | None:
     None when the gold is no single assignment or the prediction no chain of three or more."""
     gparts = mn.split_top(gold, "=")
     pparts = mn.split_top(pred, "=")
-    if len(gparts) != 2 or len(pparts) < 3 or not _is_lhs(gparts[0]) or _RELATION.search(gparts[1]):
+    if len(gparts) != 2 or len(pparts) < 3 or not mr.is_lhs(gparts[0]) or mr.RELATION.search(gparts[1]):
         return None
-    if any(_RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
+    if any(mr.RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
         return None
-    values = pparts[1:] if _is_lhs(pparts[0]) else pparts
+    values = pparts[1:] if mr.is_lhs(pparts[0]) else pparts
     return all(_one_equal(gparts[1].strip(), v) for v in values)
 
 
@@ -365,8 +327,8 @@ def _one_equal(gold: str, pred: str) -> bool:
         if _percent_only(pred, gold) and literals_equal(lg, lp) is False and lp[0].denominator != 1:
             return lg[0] / 100 == lp[0]     # 0.05 for a gold 5\\%: the percent's value (never 5 for 500\\%)
         return literals_equal(lg, lp)
-    solutions = _assigned_rhs(gold)
-    if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
+    solutions = mr.assigned_rhs(gold)
+    if solutions is not None and mr.assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
     tg, tp = mn.text_answer(gold), mn.text_answer(pred)
     if tg is not None and tp is not None:
@@ -378,7 +340,7 @@ def _one_equal(gold: str, pred: str) -> bool:
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
-    tuples = _assignment_tuples(sg)
+    tuples = mr.assignment_tuples(sg)
     if tuples is not None and sp.kind in ("list", "group"):
         pred_items = sp.items if sp.kind == "list" else (pred,)
         return _as_sets(tuples, pred_items)          # p=5,q=2;p=7,q=2 is (5,2),(7,2)
@@ -388,23 +350,10 @@ def _one_equal(gold: str, pred: str) -> bool:
         if sg.kind == sp.kind == "list" and _ordered_list(sg.items) and not _ascending(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
-    if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
+    if "matrix" not in (sg.left, sp.left) and not mr.RELATION.search(gold) and not mr.RELATION.search(pred):
         return False        # a set is not an interval or a tuple, one value is not several
     g, p = _parse_answer(gold), _parse_answer(pred)
     return not _case_clash(g, p) and mv_verify(g, p)
-
-
-def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
-    """A list of assignment groups ("p=5,q=2" ; "p=7,q=2") as tuples ("(5, 2)", "(7, 2)"), else None."""
-    if shape.kind != "list" or not all(";" not in i and "=" in i for i in shape.items):
-        return None
-    out = []
-    for item in shape.items:
-        parts = [mn.split_top(a, "=") for a in mn.split_top(item)]
-        if len(parts) < 2 or not all(len(p) == 2 and _is_lhs(p[0]) for p in parts):
-            return None
-        out.append("(" + ", ".join(p[1].strip() for p in parts) + ")")
-    return tuple(out)
 
 
 def _close(gold: str, approx: str) -> bool:
@@ -421,18 +370,10 @@ def _close(gold: str, approx: str) -> bool:
     return abs(exact - lit[0]) <= APPROX_REL_TOL * abs(exact)
 
 
-def _assigned_rhs(s: str) -> str | None:
-    """'a = 4, -8' -> '4, -8' (one variable given its values), else None."""
-    parts = s.split("=")
-    if len(parts) == 2 and _ASSIGN_LHS.fullmatch(parts[0].strip()) and not _RELATION.search(parts[1]):
-        return parts[1].strip()
-    return None
-
-
 def _ordered_list(items: tuple[str, ...]) -> bool:
     """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
     tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
-    return all(mn.structure(i).kind == "scalar" and not _RELATION.search(i) for i in items)
+    return all(mn.structure(i).kind == "scalar" and not mr.RELATION.search(i) for i in items)
 
 
 def _ascending(items: tuple[str, ...]) -> bool:

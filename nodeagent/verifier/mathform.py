@@ -83,19 +83,37 @@ def tex_program(text: str) -> str | None:
 
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BOX_TAIL = re.compile(r"[\s$.,;:!)\]]*|\\[\])]\s*[.,;]?\s*")
 
 
 def comment_in_box(text: str) -> bool:
     """True when a \\boxed{} body holds a TeX comment (an unescaped `%`) that changes what TeX
     shows: the comment runs to the end of its line, the box's closing brace included, so TeX
-    reads the box on past it (`\\boxed{6 %}` then a line `5}` shows 65). A `%` closing a box
-    that ends the text (`\\boxed{25%}.`) is a percent sign: nothing can join the box."""
+    reads the box on past it, up to the next brace that closes it (`\\boxed{6 %}` then a line
+    `5}` shows 65). With no such brace later in the text (`\\boxed{25%} of them.`), nothing can
+    join the box: the `%` is read as a percent sign."""
+    if not re.search(r"(?<!\\)%", text):
+        return False
+    depth, closing, stack = [0] * (len(text) + 1), {}, []     # one pass: O(len(text)) for every box
+    for i, ch in enumerate(text):
+        step = 0
+        if ch in "{}" and (i == 0 or text[i - 1] != "\\"):
+            step = 1 if ch == "{" else -1
+            if step > 0:
+                stack.append(i)
+            elif stack:
+                closing[stack.pop()] = i
+        depth[i + 1] = depth[i] + step
+    lowest = depth[:]                                          # lowest[i]: the least depth from i on
+    for i in range(len(text) - 1, -1, -1):
+        lowest[i] = min(depth[i], lowest[i + 1])
     for m in _BOX.finditer(text):
-        end = _group_end(text, m.end() - 1)
-        body = text[m.end():end - 1]
-        if re.search(r"(?<!\\)%", body) and not _BOX_TAIL.fullmatch(text[end:]):
-            return True
+        end = closing.get(m.end() - 1, len(text))
+        percent = re.search(r"(?<!\\)%", text[m.end():end])
+        if percent is None:
+            continue
+        newline = text.find("\n", m.end() + percent.start())
+        if newline >= 0 and lowest[newline] < depth[newline]:
+            return True                    # a later brace closes the box TeX keeps open
     return False
 
 
