@@ -9,7 +9,7 @@ differ, the answer is judged by what is shown, or is not an answer:
 - `shown(s)`: `s` without what TeX never draws (`\\phantom{-}`, `\\hphantom`, `\\vphantom`,
   `\\mathstrut`), and `\\smash{X}` as X (drawn, only its height is hidden); invisible content is
   never read as part of the answer, and when it holds a digit (`\\phantom{6}5`) the answer hides a
-  value and is ill-formed;
+  value and is ill-formed; a combining mark (`5\u0336`, a struck-out 5) is drawn over its character;
 - `ill_formed(s)`: the reason an extracted answer has no single reading, else None: a TeX comment
   (`5 % 6`: TeX shows 5, a reader 5 % 6), content drawn over other content (`\\llap`, `\\rlap`,
   `\\mathrlap`, negative `\\hspace`/`\\kern`, `\\raisebox`, `\\makebox`), an equation tag (a second
@@ -28,6 +28,7 @@ nodeagent.verifier.mathnorm.
 from __future__ import annotations
 
 import re
+import unicodedata
 from fractions import Fraction
 
 _END = r"(?![A-Za-z])"
@@ -177,6 +178,8 @@ def ill_formed(s: str) -> str | None:
     """Why the extracted answer `s` has no single reading (see the module docstring), else None."""
     if (m := _TEX_PROGRAM.search(s)) is not None:
         return f"TeX programming {m.group(0)!r}"
+    if any(unicodedata.category(ch) in ("Mn", "Me") for ch in s):
+        return "a combining mark drawn over a character (a strike-out, a slash, a bar: U+0336, U+0338, U+0305)"
     if _COMMENT.search(s):
         return "a TeX comment ('%' hides the rest of its line)"
     if (m := _INVISIBLE.search(s)) is not None:
