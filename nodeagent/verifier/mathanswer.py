@@ -115,6 +115,7 @@ class _Budget(threading.local):
     deadline: float | None = None
     asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
     percent_asked: bool | None = None    # the instruction asks for a percent (None: no instruction)
+    bases: frozenset[int] = frozenset()  # the number bases the instruction names
 
 
 _budget = _Budget()
@@ -285,6 +286,9 @@ def answers_equal(gold: str, pred: str) -> bool:
         return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    based = _base_equal(gold, pred)
+    if based is not None:
+        return based
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
         return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
     gu, pu = mn.units(gold), mn.units(pred)
@@ -299,6 +303,20 @@ def answers_equal(gold: str, pred: str) -> bool:
             return _one_equal(gold, approx)
         return all(_one_equal(gold, v) for v in values) and (approx is None or _close(gold, approx))
     return _one_equal(gold, pred)
+
+
+def _base_equal(gold: str, pred: str) -> bool | None:
+    """A numeral with a base subscript against one without (`2015_6` for `2015`), when the task's
+    instruction names that base: the same digits. None when this rule does not apply (no base
+    asked: a digit subscript is a meaning mark; `101_2` is never 5)."""
+    if not _budget.bases:
+        return None
+    g, p = mf.base_numeral(gold), mf.base_numeral(pred)
+    if (g is None) == (p is None):
+        return None
+    digits, base = g if g is not None else p        # type: ignore[misc]  # exactly one is set
+    plain = (pred if g is not None else gold).strip()
+    return base in _budget.bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and digits == plain
 
 
 def _assignment_chain(gold: str, pred: str) -> bool | None:
@@ -647,6 +665,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     try:
         _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
         _budget.percent_asked = bool(_PERCENT_ASKED.search(str(instruction))) if instruction else None
+        _budget.bases = mf.asked_bases(str(instruction)) if instruction else frozenset()
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
@@ -655,6 +674,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
         _budget.deadline = None
         _budget.asked = None
         _budget.percent_asked = None
+        _budget.bases = frozenset()
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:

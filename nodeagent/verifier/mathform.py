@@ -17,6 +17,8 @@ differ, the answer is judged by what is shown, or is not an answer:
   (`5.\\overline{0}1`, `0.333...`), digits spaced apart other than by thousands (`1\\,2`), a
   mark doubled or misplaced (`5\\%\\%`, `5^\\circ^\\circ`, `\\%5`, `5 \\cdot \\%`, `5\\text{ cm cm}`);
 - `comment_in_box(text)`: a `%` inside a \\boxed{} that comments out the box's own closing brace;
+- `base_numeral(s)`, `asked_bases(instruction)`: a numeral with a base subscript (`2015_6`) and
+  the bases a task asks for: the subscript is read only then (`mathanswer`);
 - `repeating(s)`: the exact value of a repeating decimal (`0.1\\overline{6}`, `0.\\bar{3}`,
   `0.\\dot{3}`, `0.\\dot{1}4285\\dot{7}`, `0.(3)`), else None.
 
@@ -207,4 +209,28 @@ def ill_formed(s: str) -> str | None:
     return None
 
 
-__all__ = ["comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]
+_BASED = re.compile(r"([0-9A-Za-z]+)\s*_\s*(?:\{\s*(\d{1,2})\s*\}|(\d))")
+_BASE_WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,
+               "eleven": 11, "twelve": 12, "sixteen": 16, "binary": 2, "octal": 8, "hexadecimal": 16}
+_BASE_ASKED = re.compile(r"\bbase[\s-]*(\d{1,2}|" + "|".join(list(_BASE_WORDS)[:12]) + r")\b|\b(binary|octal|hexadecimal)\b",
+                         re.IGNORECASE)
+
+
+def base_numeral(s: str) -> tuple[str, int] | None:
+    """("2015", 6) for a numeral with a base subscript (`2015_6`, `2015_{6}`), else None."""
+    m = _BASED.fullmatch(s.strip())
+    return None if m is None else (m.group(1), int(m.group(2) or m.group(3)))
+
+
+def asked_bases(instruction: str | None) -> frozenset[int]:
+    """The number bases a task's instruction names ("in base 6", "base-two", "binary")."""
+    if not instruction:
+        return frozenset()
+    found = set()
+    for m in _BASE_ASKED.finditer(instruction[-4000:]):
+        word = (m.group(1) or m.group(2)).lower()
+        found.add(int(word) if word.isdigit() else _BASE_WORDS[word])
+    return frozenset(found)
+
+
+__all__ = ["asked_bases", "base_numeral", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]

@@ -18,6 +18,8 @@ from nodeagent.verifier import mathanswer, mathform  # noqa: E402
 PERCENT_Q = "What percent of the students passed?"
 PROB_Q = "What is the probability that both coins land heads? Express your answer as a decimal."
 COUNT_Q = "How many apples are left?"
+BASE6_Q = "Express $455_{10}$ in base 6."
+TO_BASE10_Q = "Convert $101_2$ to base 10."
 
 # (class, gold, prediction (boxed unless it starts with "RAW:"), expected, instruction or None)
 TEX = [
@@ -76,6 +78,8 @@ DIGITS = [
     ("12", "1\\ 2", False), ("15", "1~5", False), ("10", "1 0", False), ("100", "1 00", False),
     ("1000", "10 00", False), ("5", "0x5", False), ("5", "0b101", False), ("5", "101_2", False), ("5", "5_{10}", False),
     ("5", "V", False), ("5", "\\text{V}", False), ("5", "5.0.0", False), ("0.5", "0..5", False), ("5", "5,000", False),
+    ("5", "101_2", False, TO_BASE10_Q), ("5", "5_{10}", False), ("2015", "2015_6", False),
+    ("2015", "2015_7", False, BASE6_Q), ("2016", "2015_6", False, BASE6_Q), ("11", "1011_2", False, "Write 11 in binary."),
     ("5", "\u2075", False), ("5", "5\\,000", False), ("5000", "50 00", False),
     # right: well-formed notations of the gold
     ("\\frac{1}{3}", "0.\\overline{3}", True), ("\\frac{1}{3}", "0.3\\overline{3}", True), ("\\frac{1}{3}", "0.\\bar{3}", True),
@@ -86,7 +90,8 @@ DIGITS = [
     ("5", "5\\times10^0", True), ("5", "5\\cdot 10^{0}", True), ("5", "\\frac{10}{2}", True), ("5", "\uff15", True),
     ("5", "\u0665", True), ("-5", "- 5", True), ("\\frac{40}{9}", "4 4/9", True), ("5", "5.0\\overline{0}", True),
     ("\\frac{1}{3}", ".\\overline{3}", True), ("\\frac{1}{3}", "0.\\overline3", True), ("\\frac{1}{3}", "0.\\dot 3", True),
-    ("5000", "5 000", True),
+    ("5000", "5 000", True), ("2015", "2015_6", True, BASE6_Q), ("2015_6", "2015", True, BASE6_Q),
+    ("5", "5_{10}", True, TO_BASE10_Q), ("204_5", "204_5", True), ("1011", "1011_2", True, "Write 11 in binary."),
 ]
 MARKS = [
     ("0.05", "5\\%\\%", False), ("5", "5\\%\\%", False), ("5\\%", "5\\%\\%", False), ("5", "5%%", False),
