@@ -481,7 +481,11 @@ def _case_clash(gold: list, pred: list) -> bool:
     return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
 
 
-_PERCENT_ASKED = re.compile(r"percent|per\s+cent|%", re.IGNORECASE)
+_PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
+    r"\b(?:what|which)\s+(?:is\s+the\s+)?(?:per\s*cent|percent(?:age)?)\b|\b(?:as|in|into|to)\s+(?:a\s+)?(?:per\s*cent|"
+    r"percent(?:age)?)\b|\bin\s*\\?%|\bpercent(?:age)?\s+(?:change|increase|decrease|loss|gain|error|of)\b|"
+    r"\bhow\s+many\s+percent|\bpercentage\b|\bnearest\s+(?:tenth\s+of\s+a\s+|hundredth\s+of\s+a\s+)?percent\b",
+    re.IGNORECASE)
 
 
 def _percent_equal(gold: str, pred: str, lg: tuple[Fraction, int | None] | None,
