@@ -286,7 +286,7 @@ def answers_equal(gold: str, pred: str) -> bool:
         return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
-    based = _base_equal(gold, pred)
+    based = mf.base_equal(gold, pred, _budget.bases)
     if based is not None:
         return based
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
@@ -303,20 +303,6 @@ def answers_equal(gold: str, pred: str) -> bool:
             return _one_equal(gold, approx)
         return all(_one_equal(gold, v) for v in values) and (approx is None or _close(gold, approx))
     return _one_equal(gold, pred)
-
-
-def _base_equal(gold: str, pred: str) -> bool | None:
-    """A numeral with a base subscript against one without (`2015_6` for `2015`), when the task's
-    instruction names that base: the same digits. None when this rule does not apply (no base
-    asked: a digit subscript is a meaning mark; `101_2` is never 5)."""
-    if not _budget.bases:
-        return None
-    g, p = mf.base_numeral(gold), mf.base_numeral(pred)
-    if (g is None) == (p is None):
-        return None
-    digits, base = g if g is not None else p        # type: ignore[misc]  # exactly one is set
-    plain = (pred if g is not None else gold).strip()
-    return base in _budget.bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and digits == plain
 
 
 def _assignment_chain(gold: str, pred: str) -> bool | None:
@@ -481,35 +467,26 @@ def _case_clash(gold: list, pred: list) -> bool:
     return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
 
 
-_PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
-    r"\b(?:what|which)\s+(?:is\s+the\s+)?(?:per\s*cent|percent(?:age)?)\b|\b(?:as|in|into|to)\s+(?:a\s+)?(?:per\s*cent|"
-    r"percent(?:age)?)\b|\bin\s*\\?%|\bpercent(?:age)?\s+(?:change|increase|decrease|loss|gain|error|of)\b|"
-    r"\bhow\s+many\s+percent|\bpercentage\b|\bnearest\s+(?:tenth\s+of\s+a\s+|hundredth\s+of\s+a\s+)?percent\b",
-    re.IGNORECASE)
-
-
 def _percent_equal(gold: str, pred: str, lg: tuple[Fraction, int | None] | None,
                    lp: tuple[Fraction, int | None] | None) -> bool:
-    """A percentage `pred` ("N\\%") for a gold written without a percent mark: one reading or the
-    other, chosen by the gold (and the task's instruction when the caller has it):
-    - N itself, when the gold is a plain number literal (10 or 12.5: how a "what percent" question's
-      gold is written, and how Hendrycks', Qwen's and Math-Verify's graders read it) and the
-      instruction, if any, asks for a percent;
-    - N/100, when the gold is not a whole number (a proportion: 0.05, 7/25, 40/900) and the
-      instruction, if any, does not ask for a percent.
-    So 500\\% is not 5 (5 is whole: the label reading, 500 != 5) and 4 4/9\\% is not 40/9 (a
-    fraction gold: the value reading, 40/900)."""
-    bare = mn.strip_percent(pred)
+    """A `pred` with a percent mark for a gold without one: "N%" is N when the gold is a plain
+    number literal ("what percent" golds: 10, 12.5) and the instruction, if any, asks for a
+    percent; it is N/100 when the gold is not whole (0.05, 7/25) and the instruction, if any, does
+    not. 500% is not 5; 4 4/9% is not 40/9 (docs/verifier.md, "Percent")."""
+    bare = mn.strip_percent(pred) if mn.is_percent(pred) else None     # None: a mark inside, "(500\\%)"
+    plain = bare is not None and not _PERCENT_SIGN.search(bare)
     asked = _budget.percent_asked
-    if asked is not False and lg is not None and not mn.is_percent(bare) and _one_equal(gold, bare):
+    if asked is not False and lg is not None and plain and _one_equal(gold, bare):   # type: ignore[arg-type]
         return True
     if asked is True or _whole(gold, lg):
         return False
-    if lp is not None:
+    if lp is not None and mn.is_percent(pred):
         value = lp[0] / 100
         return lg[0] == value if lg is not None else scalars_equal(
             gold, f"\\frac{{{value.numerator}}}{{{value.denominator}}}")
-    return not mn.is_percent(bare) and scalars_equal(gold, f"\\frac{{{bare}}}{{100}}")
+    if plain:
+        return scalars_equal(gold, f"\\frac{{{bare}}}{{100}}")
+    return scalars_equal(gold, pred)         # Math-Verify reads every \\% as /100
 
 
 def _whole(gold: str, lg: tuple[Fraction, int | None] | None) -> bool:
@@ -521,9 +498,12 @@ def _whole(gold: str, lg: tuple[Fraction, int | None] | None) -> bool:
     return value is not None and value.is_integer is True
 
 
+_PERCENT_SIGN = re.compile(r"\\%|(?<!\\)%")
+
+
 def _percent_only(gold: str, pred: str) -> bool:
-    """The prediction is a percentage and the gold is not: '28%' may state 0.28."""
-    return mn.is_percent(pred) and not mn.is_percent(gold)
+    """The prediction holds a percent mark and the gold does not: '28%' may state 0.28 (`_percent_equal`)."""
+    return _PERCENT_SIGN.search(pred) is not None and _PERCENT_SIGN.search(gold) is None
 
 
 def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None]) -> bool:
@@ -668,7 +648,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
         _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
-        _budget.percent_asked = bool(_PERCENT_ASKED.search(str(instruction))) if instruction else None
+        _budget.percent_asked = mn.percent_asked(str(instruction)) if instruction else None
         _budget.bases = mf.asked_bases(str(instruction)) if instruction else frozenset()
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process

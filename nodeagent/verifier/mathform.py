@@ -233,4 +233,18 @@ def asked_bases(instruction: str | None) -> frozenset[int]:
     return frozenset(found)
 
 
-__all__ = ["asked_bases", "base_numeral", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]
+def base_equal(gold: str, pred: str, bases: frozenset[int]) -> bool | None:
+    """A numeral with a base subscript against one without (`2015_6` for `2015`) when the task's
+    instruction names that base (`bases`): the same digits. None when the rule does not apply
+    (no base asked: a digit subscript is a meaning mark, and `101_2` is never 5)."""
+    if not bases:
+        return None
+    g, p = base_numeral(gold), base_numeral(pred)
+    based = g if g is not None else p
+    if based is None or (g is not None and p is not None):
+        return None
+    plain = (pred if g is not None else gold).strip()
+    return based[1] in bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and based[0] == plain
+
+
+__all__ = ["asked_bases", "base_equal", "base_numeral", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]

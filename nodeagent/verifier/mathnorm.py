@@ -18,6 +18,7 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
 - `meaning_marks(s)`, `units(s)`: what makes an answer other than its bare value (a negation, a
   digit subscript, a scale word, a hiding command) and its unit words, spelled one way;
 - `asked_precision(instruction)`: the decimal approximation a task's instruction asks for;
+  `percent_asked(instruction)`: whether it asks for a percent;
 - `space_scripts(text)`: CJK prose spaced where it meets ASCII, so numbers read as words.
 
 Commas are thousands separators only when they group digits by three after a leading group of
@@ -49,7 +50,7 @@ _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
-_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
+_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*\\?%\s*\}|percentage|percent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
@@ -393,6 +394,19 @@ _EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expre
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+_PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
+    r"\b(?:what|which)\s+(?:is\s+the\s+)?(?:per\s*cent|percent(?:age)?)\b|\b(?:as|in|into|to)\s+(?:a\s+)?(?:per\s*cent|"
+    r"percent(?:age)?)\b|\bin\s*\\?%|\bpercent(?:age)?\s+(?:change|increase|decrease|loss|gain|error|of)\b|"
+    r"\bhow\s+many\s+percent|\bpercentage\b|\bnearest\s+(?:tenth\s+of\s+a\s+|hundredth\s+of\s+a\s+)?percent\b",
+    re.IGNORECASE)
+
+
+def percent_asked(instruction: str) -> bool:
+    """True when a task's instruction asks for a percent ("what percent", "as a percent", "in %",
+    "percent increase", "percentage"); a percent in its data ("a 5% discount") is not asking."""
+    return _PERCENT_ASKED.search(instruction[-4000:]) is not None
 
 
 def asked_precision(instruction: str | None) -> Precision | None:
