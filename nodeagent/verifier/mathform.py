@@ -29,6 +29,7 @@ nodeagent.verifier.mathnorm.
 """
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 from fractions import Fraction
@@ -85,6 +86,7 @@ def tex_program(text: str) -> str | None:
     return None if m is None else m.group(0)
 
 
+_BRACE = re.compile(r"(?<!\\)[{}]")
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
@@ -94,28 +96,33 @@ def comment_in_box(text: str) -> bool:
     reads the box on past it, up to the next brace that closes it (`\\boxed{6 %}` then a line
     `5}` shows 65). With no such brace later in the text (`\\boxed{25%} of them.`), nothing can
     join the box: the `%` is read as a percent sign."""
-    if not re.search(r"(?<!\\)%", text):
+    if not re.search(r"(?<!\\)%", text) or not _BOX.search(text):
         return False
-    depth, closing, stack = [0] * (len(text) + 1), {}, []     # one pass: O(len(text)) for every box
-    for i, ch in enumerate(text):
-        step = 0
-        if ch in "{}" and (i == 0 or text[i - 1] != "\\"):
-            step = 1 if ch == "{" else -1
-            if step > 0:
-                stack.append(i)
-            elif stack:
-                closing[stack.pop()] = i
-        depth[i + 1] = depth[i] + step
-    lowest = depth[:]                                          # lowest[i]: the least depth from i on
-    for i in range(len(text) - 1, -1, -1):
-        lowest[i] = min(depth[i], lowest[i + 1])
+    braces = [(m.start(), m.group(0)) for m in _BRACE.finditer(text)]   # one pass over the braces only
+    depth, closing, stack, level = [], {}, [], 0
+    for pos, ch in braces:
+        if ch == "{":
+            stack.append(pos)
+            level += 1
+        else:
+            if stack:
+                closing[stack.pop()] = pos
+            level -= 1
+        depth.append(level)                                        # depth after each brace
+    lowest = depth[:]                                              # lowest[k]: least depth from brace k on
+    for k in range(len(lowest) - 2, -1, -1):
+        lowest[k] = min(lowest[k], lowest[k + 1])
+    positions = [pos for pos, _ in braces]
     for m in _BOX.finditer(text):
         end = closing.get(m.end() - 1, len(text))
         percent = re.search(r"(?<!\\)%", text[m.end():end])
         if percent is None:
             continue
         newline = text.find("\n", m.end() + percent.start())
-        if newline >= 0 and lowest[newline] < depth[newline]:
+        if newline < 0:
+            continue
+        k = bisect.bisect_left(positions, newline)                 # the first brace after the comment
+        if k < len(positions) and lowest[k] < (depth[k - 1] if k else 0):
             return True                    # a later brace closes the box TeX keeps open
     return False
 
