@@ -44,7 +44,9 @@ _DEFINITIONS = ("def", "gdef", "edef", "xdef", "let", "futurelet", "newcommand",
                 "include", "write", "immediate", "makeatletter", "makeatother", "char", "mathchar", "symbol",
                 "romannumeral", "Roman", "roman", "arabic", "number", "the", "numexpr", "dimexpr", "uppercase",
                 "lowercase", "string", "meaning", "setcounter", "addtocounter", "value", "everymath",
-                "everydisplay", "mathchoice", "pagecolor", "definecolor", "colorlet")
+                "everydisplay", "mathchoice", "pagecolor", "definecolor", "colorlet", "ExplSyntaxOn", "ExplSyntaxOff",
+                "stepcounter", "refstepcounter", "newcounter", "newlength", "setlength", "addtolength", "directlua",
+                "luaexec", "unexpanded", "pdfstrcmp")
 _TEX_PROGRAM = re.compile(r"\\(" + "|".join(_CONDITIONALS + _DEFINITIONS) + r")" + _END
                           + r"|\\begin\s*\{\s*comment\s*\}")
 _INVISIBLE = re.compile(r"\\(?:[hv]?phantom)\s*(?=\{)")

@@ -60,11 +60,14 @@ TEX = [
     ("5", "\\lim_{6}5", False), ("5", "\\displaystyle{6}5", False), ("5", "\\mathrm{6}5", False), ("5", "^{6}5", False),
     ("5", "{6}5", False), ("5", "|6|5", False), ("5", "5\u0336", False), ("5", "6\u03365", False), ("5", "5\u0338", False),
     ("0.3", "0.3\u0305", False), ("5", "\uff3c\\iffalse 6 \\fi 5", False), ("5", "\\\\iffalse 6 \\\\fi 5", False),
-    ("5", "\\operatorname{\\iffalse}5", False),
+    ("5", "\\operatorname{\\iffalse}5", False), ("5", "\\ExplSyntaxOn 5", False), ("5", "\\stepcounter{a}\\thea 5", False),
+    ("5", "\\@firstoftwo{6}{5}", False), ("5", "\\@gobble{6}5", False), ("5", "\\directlua{tex.print(6)}5", False),
+    ("5", "\\DeclareMathOperator{\\x}{6}5", False), ("5", "\\ifdefined\\x 6\\fi 5", False), ("5", "\\unexpanded{6}5", False),
+    ("5", "\\hfill 6 5", False), ("-5", "\\phantom{-}5", False),
     # right: what is shown is the gold
     ("5", "\\phantom{-}5", True), ("5", "\\hphantom{x}5", True), ("5", "\\vphantom{\\int}5", True),
     ("5", "\\smash{5}", True), ("65", "\\smash{6}5", True), ("5", "\\mathstrut 5", True), ("5", "\\text{$5$}", True),
-    ("5", "\\fbox{5}", True), ("5", "\\mathrm{5}", True), ("5", "RAW:The answer is $\\boxed{5}$. % checked", True),
+    ("5", "\\fbox{5}", True), ("5", "\\phantom{\\text{six}}5", True), ("5", "\\relax 5", True), ("5", "\\quad 5", True), ("5", "\\mathrm{5}", True), ("5", "RAW:The answer is $\\boxed{5}$. % checked", True),
     ("x \\iff y", "x \\iff y", True), ("\\theta", "\\theta", True), ("5", "x \\stackrel{?}{=} 5", True),
 ]
 DIGITS = [
