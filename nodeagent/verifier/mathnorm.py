@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 
 from controller.contracts.answers import MAX_ANSWER_CHARS, MAX_BOXED, boxed_contents  # noqa: F401 (re-read here)
@@ -41,6 +42,7 @@ _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_E_NOTATION = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d{1,4}")
 _TRAILING_ELLIPSIS = re.compile(r"\d\s*\.\s*\.\s*\.$")
 _SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
@@ -242,11 +244,15 @@ def text_answer(s: str) -> str | None:
 
 def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
-    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact); places is None for
-    an integer or an exact repeating decimal. Percent and degree marks and a
+    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact), "5e3" (e-notation:
+    5000, never 5*e*3); places is None for an integer, an exact repeating decimal or e-notation. Percent and degree marks and a
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
+    e_notation = _E_NOTATION.fullmatch(s.strip())
+    if e_notation:                               # 5e3, 2.5E-2: a calculator's numeral, exactly
+        value = Fraction(Decimal(e_notation.group(0)))
+        return value, None
     repeating = mf.repeating(s)
     if repeating is not None:                    # 0.1\\overline{6} is 1/6, exactly
         return repeating, None
