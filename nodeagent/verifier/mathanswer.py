@@ -291,6 +291,9 @@ def answers_equal(gold: str, pred: str) -> bool:
         return based
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
         return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
+    gm, pm = mf.marks(gold), mf.marks(pred)
+    if gm and pm and gm != pm:
+        return False                        # "5^\\circ" for "5\\%", "\\$5" for "5\\%": another quantity
     gu, pu = mn.units(gold), mn.units(pred)
     if gu and pu and gu != pu:
         return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities

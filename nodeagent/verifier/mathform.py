@@ -229,6 +229,16 @@ _BASE_ASKED = re.compile(r"\bbase[\s-]*(\d{1,2}|" + "|".join(list(_BASE_WORDS)[:
                          re.IGNORECASE)
 
 
+_MARK_KINDS = (("percent", re.compile(r"\\%|(?<!\\)%|percent|per\s*cent|pct")),
+               ("degree", re.compile(r"\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])|\\textdegree|degrees?")),
+               ("currency", re.compile(r"\\\$|(?<!\\)\$|dollars?|euros?|€|£|¥|\\(?:euro|pounds|yen)(?![A-Za-z])")))
+
+
+def marks(s: str) -> frozenset[str]:
+    """The kinds of value marks `s` carries: "percent", "degree", "currency" (5% is not 5°)."""
+    return frozenset(kind for kind, pattern in _MARK_KINDS if pattern.search(s))
+
+
 def base_numeral(s: str) -> tuple[str, int] | None:
     """("2015", 6) for a numeral with a base subscript (`2015_6`, `2015_{6}`), else None."""
     m = _BASED.fullmatch(s.strip())
@@ -260,4 +270,4 @@ def base_equal(gold: str, pred: str, bases: frozenset[int]) -> bool | None:
     return based[1] in bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and based[0] == plain
 
 
-__all__ = ["asked_bases", "base_equal", "base_numeral", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]
+__all__ = ["asked_bases", "base_equal", "base_numeral", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]

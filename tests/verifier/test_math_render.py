@@ -114,6 +114,7 @@ MARKS = [
     ("5", "5\\%{}\\%", False), ("5", "5\\%^{\\%}", False), ("5\\%", "0.5", False), ("5", "5^{\\circ}{}^{\\prime}", False),
     ("5", "5'", False), ("5", "5\\text{ m}\\text{ m}", False), ("5\\text{ m}^2", "5\\text{ m m}", False),
     ("5\\text{ cm}", "5\\text{ mm}", False), ("5", "\\$\\,\\$5", False), ("5", "5\\text{ USD}\\text{ USD}", False),
+    ("5\\%", "5^\\circ", False), ("5^\\circ", "5\\%", False), ("\\$5", "5\\%", False), ("5\\%", "\\$5", False),
     ("5", "5\\text{ percent of }5", False), ("5", "5\\text{ per cent}\\%", False), ("5", "5°°", False),
     ("5", "5 \\degree \\degree", False), ("5", "5\\%\\quad\\%", False), ("5", "5\\% \\\\ \\%", False),
     ("5", "(500\\%)", False), ("5", "{500\\%}", False), ("5", "\\left(500\\%\\right)", False), ("5", "+500\\%", False),
@@ -128,7 +129,8 @@ MARKS = [
     ("5\\text{ cm}", "5\\text{ cm}", True), ("5", "\\$5", True), ("10\\%", "10\\%", True), ("-5", "-5\\%", True),
     ("5.0", "5\\%", True), ("0.05", "5.0\\%", True), ("0.5", "\\frac{1}{2}\\%", True), ("0.005", "\\frac{1}{2}\\%", True),
     ("50\\%", "0.5", True), ("5", "5\\text{ cm}", True), ("5", "\\$5.00", True), ("5", "5 \\text{%}", True),
-    ("5", "\uff15\uff05", True), ("5", "5 \\text{\\%}", True), ("5", "5 \\mathrm{\\%}", True), ("5", "\\frac{5}{1}\\%", True),
+    ("5", "\uff15\uff05", True), ("5", "5 \\text{\\%}", True), ("5", "5 \\mathrm{\\%}", True), ("5", "\\frac{5}{1}\\%", True), ("5^\\circ", "5°", True),
+    ("\\$5", "5 \\text{ dollars}", True), ("5^\\circ", "5 \\text{ degrees}", True), ("5\\%", "5 \\text{ percent}", True),
     ("\\frac{1}{20}", "\\frac{10}{2}\\%", True), ("5", "5\ufe6a", True),
 ]
 CASES = ([("tex", *c) for c in TEX] + [("digits", *c) for c in DIGITS] + [("marks", *c) for c in MARKS])
