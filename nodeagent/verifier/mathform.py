@@ -187,6 +187,27 @@ def repeating(s: str) -> Fraction | None:
     return -value if sign == "-" else value
 
 
+_REP_TOKEN = re.compile(r"[+-]?\d*\.\d*(?:\\(?:overline|bar)(?![A-Za-z])\s*(?:\{\s*\d{1,20}\s*\}|\d)|\(\s*\d{1,20}\s*\)|"
+                        r"\\dot(?![A-Za-z])\s*(?:\{\s*\d\s*\}|\d)(?:\d{0,18}\\dot(?![A-Za-z])\s*(?:\{\s*\d\s*\}|\d))?)")
+_REP_GOES_ON = re.compile(r"\s*(?:[\d.(]|\\(?:overline|bar|dot|[lcv]?dots|ldotp|cdotp)(?![A-Za-z])|…)")
+
+
+def _bad_repeating(s: str) -> bool:
+    """True when a mark over digits, an ellipsis after digits or a parenthesised period is not part
+    of a well-formed repeating decimal that ends its numeral (each item of a list on its own)."""
+    triggers = [a.start() for a in _ACCENT.finditer(s)
+                if re.fullmatch(r"[\d\s.]*", a.group(1) if a.group(1) is not None else a.group(2))]
+    triggers += [m.start() for m in _ELLIPSIS.finditer(s)] + [m.start() for m in _DECIMAL_PAREN.finditer(s)]
+    if not triggers:
+        return False
+    spans = []
+    for m in _REP_TOKEN.finditer(s):
+        if repeating(m.group(0)) is None or _REP_GOES_ON.match(s, m.end()):
+            return True                    # 5.\\overline{0}1, 5.\\overline{0}\\ldots, 0.(3)3
+        spans.append((m.start(), m.end()))
+    return not all(any(a <= t < b for a, b in spans) for t in triggers)
+
+
 def ill_formed(s: str) -> str | None:
     """Why the extracted answer `s` has no single reading (see the module docstring), else None."""
     if (m := _TEX_PROGRAM.search(s)) is not None:
@@ -199,11 +220,8 @@ def ill_formed(s: str) -> str | None:
         return f"a value drawn invisibly ({m.group(0).strip()!r} holding a digit)"
     if (m := _OVERLAP.search(s)) is not None:
         return f"content drawn over other content or a second value shown ({m.group(0)!r})"
-    digits_decorated = any(re.fullmatch(r"[\d\s.]*", a.group(1) if a.group(1) is not None else a.group(2))
-                           for a in _ACCENT.finditer(s))
-    if digits_decorated or _ELLIPSIS.search(s) or _DECIMAL_PAREN.search(s):
-        if repeating(s) is None:
-            return "an ill-formed repeating decimal (a mark over digits, '...' or '(d)' not closing a decimal)"
+    if _bad_repeating(s):
+        return "an ill-formed repeating decimal (a mark over digits, '...' or '(d)' not closing a decimal)"
     if _E_INSIDE.search(s) and not _E_WHOLE.fullmatch(s.strip()):
         return "e-notation inside an expression ('2e1' reads as 20 and as 2*e*1)"
     for run in _SPACED_DIGITS.finditer(s):

@@ -83,7 +83,8 @@ DIGITS = [
     ("5", "V", False), ("5", "\\text{V}", False), ("5", "5.0.0", False), ("0.5", "0..5", False), ("5", "5,000", False),
     ("5", "101_2", False, TO_BASE10_Q), ("5", "5_{10}", False), ("2015", "2015_6", False),
     ("2015", "2015_7", False, BASE6_Q), ("2016", "2015_6", False, BASE6_Q), ("11", "1011_2", False, "Write 11 in binary."),
-    ("2e", "2e1", False), ("2e+1", "2e1+1", False), ("21", "2e1+1", False), ("5e", "5e0", False), ("5", "5e", False),
+    ("\\{\\frac{1}{3}, 1\\}", "\\{0.\\overline{3}1, 1\\}", False), ("\\{5, 6\\}", "\\{5.\\overline{0}1, 6\\}", False),
+    ("\\{\\frac{1}{3}, 1\\}", "\\{0.333..., 1\\}", False), ("2e", "2e1", False), ("2e+1", "2e1+1", False), ("21", "2e1+1", False), ("5e", "5e0", False), ("5", "5e", False),
     ("5", "\u2075", False), ("5", "5\\,000", False), ("5000", "50 00", False),
     # right: well-formed notations of the gold
     ("\\frac{1}{3}", "0.\\overline{3}", True), ("\\frac{1}{3}", "0.3\\overline{3}", True), ("\\frac{1}{3}", "0.\\bar{3}", True),
@@ -94,6 +95,7 @@ DIGITS = [
     ("5", "5\\times10^0", True), ("5", "5\\cdot 10^{0}", True), ("5", "\\frac{10}{2}", True), ("5", "\uff15", True),
     ("5", "\u0665", True), ("-5", "- 5", True), ("\\frac{40}{9}", "4 4/9", True), ("5", "5.0\\overline{0}", True),
     ("\\frac{1}{3}", ".\\overline{3}", True), ("\\frac{1}{3}", "0.\\overline3", True), ("\\frac{1}{3}", "0.\\dot 3", True),
+    ("\\{\\frac{1}{3}, 1\\}", "\\{0.\\overline{3}, 1\\}", True), ("(\\frac{1}{3}, 1)", "(0.\\overline{3}, 1)", True),
     ("5000", "5 000", True), ("5", "5e0", True), ("5", "5E0", True), ("5000", "5e3", True), ("0.05", "5e-2", True),
     ("\\frac{1}{20}", "5E-2", True), ("2015", "2015_6", True, BASE6_Q), ("2015_6", "2015", True, BASE6_Q),
     ("5", "5_{10}", True, TO_BASE10_Q), ("204_5", "204_5", True), ("1011", "1011_2", True, "Write 11 in binary."),
