@@ -53,6 +53,7 @@ import threading
 import time
 from fractions import Fraction
 
+from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathnorm as mn
 from nodeagent.verifier import mathrel as mr
 
@@ -71,8 +72,6 @@ MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal 
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
-_RELATION = re.compile(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\neq|\\approx|\\in\b|=")
-_ASSIGN_LHS = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\)|[A-Za-z]\([A-Za-z0-9]\)")
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
@@ -115,6 +114,8 @@ def _timeouts() -> tuple[int | None, int | None]:
 class _Budget(threading.local):
     deadline: float | None = None
     asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
+    percent_asked: bool | None = None    # the instruction asks for a percent (None: no instruction)
+    bases: frozenset[int] = frozenset()  # the number bases the instruction names
 
 
 _budget = _Budget()
@@ -200,8 +201,10 @@ def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
         if not body or "\\boxed" in body or "\\fbox" in body:
             continue
         line = _line_answer(body)
-        if line is not None:
-            (after if m.start() > last else before).append(line)
+        if line is None:
+            continue
+        commented = re.match(r"\s*%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])   # a TeX comment line
+        (after if m.start() > last and not commented else before).append(line)   # a line TeX hides must agree
     if len(after) == 1:
         return after
     return _dedupe([mn.normalise(b) for b in boxed] + before + after)
@@ -260,48 +263,14 @@ def _joined(between: str) -> bool:
 APPROX_REL_TOL = Fraction(1, 100)   # the approximate side of "exact \\approx decimal": within 1%
 
 
-def _is_lhs(s: str) -> bool:
-    return _ASSIGN_LHS.fullmatch(s.strip()) is not None
-
-
-def _stated_values(gold: str, pred: str) -> tuple[list[str], str | None] | None:
-    """The values a relation in `pred` states when the gold states none: 'x = 12/2 = 6' ->
-    (['12/2', '6'], None); 'x \\in [0, 1)' -> (['[0, 1)'], None); '\\frac{1}{3} \\approx 0.333' ->
-    (['\\frac{1}{3}'], '0.333') (exact values, then the approximate one). Every exact value must be
-    the gold: '6 = 5' states 5 and 6. None when `pred` is no such relation."""
-    if _RELATION.search(gold) or len(mn.split_top(pred)) > 1:
-        return None
-    if re.search(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\sim|\\equiv", pred):
-        return None
-    approx = None
-    if "\\approx" in pred:
-        exact_part, _, approx = pred.partition("\\approx")
-        approx = approx.strip()
-        if "\\approx" in approx or "=" in approx:
-            return [approx], "\\approx"          # a chain of approximations: never equal
-    else:
-        exact_part = pred
-    for sep in ("=", "\\in "):
-        parts = [p for p in mn.split_top(exact_part, sep)]
-        if len(parts) > 1 and all(parts):
-            if sep == "\\in " and (len(parts) != 2 or not _is_lhs(parts[0])):
-                return None
-            values = parts[1:] if _is_lhs(parts[0]) else parts
-            return values, approx
-        if len(parts) > 1:
-            return None
-    if approx is None:
-        return None
-    exact_part = exact_part.strip()
-    return ([] if _is_lhs(exact_part) else [exact_part]), approx
-
-
 def answers_equal(gold: str, pred: str) -> bool:
     """True when the normalised answer `pred` states the normalised gold answer, and only it."""
     if len(gold) > mn.MAX_ANSWER_CHARS or len(pred) > mn.MAX_ANSWER_CHARS:
         return False
     if gold == pred:
         return True
+    if mf.ill_formed(pred) is not None and mf.ill_formed(gold) is None:
+        return False                        # "5.\\overline{0}1", "5 % 6", "5\\%\\%", "\\llap{6}5": no one value
     gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
     if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
         return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
@@ -317,12 +286,18 @@ def answers_equal(gold: str, pred: str) -> bool:
         return chain
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
+    based = mf.base_equal(gold, pred, _budget.bases)
+    if based is not None:
+        return based
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
         return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
+    gm, pm = mf.marks(gold), mf.marks(pred)
+    if gm and pm and gm != pm:
+        return False                        # "5^\\circ" for "5\\%", "\\$5" for "5\\%": another quantity
     gu, pu = mn.units(gold), mn.units(pred)
     if gu and pu and gu != pu:
         return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
-    stated = _stated_values(gold, pred)
+    stated = mr.stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
         if approx == "\\approx" or (not values and approx is None):
@@ -339,11 +314,11 @@ def _assignment_chain(gold: str, pred: str) -> bool | None:
     None when the gold is no single assignment or the prediction no chain of three or more."""
     gparts = mn.split_top(gold, "=")
     pparts = mn.split_top(pred, "=")
-    if len(gparts) != 2 or len(pparts) < 3 or not _is_lhs(gparts[0]) or _RELATION.search(gparts[1]):
+    if len(gparts) != 2 or len(pparts) < 3 or not mr.is_lhs(gparts[0]) or mr.RELATION.search(gparts[1]):
         return None
-    if any(_RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
+    if any(mr.RELATION.search(p) for p in pparts) or len(mn.split_top(pred)) > 1:
         return None
-    values = pparts[1:] if _is_lhs(pparts[0]) else pparts
+    values = pparts[1:] if mr.is_lhs(pparts[0]) else pparts
     return all(_one_equal(gparts[1].strip(), v) for v in values)
 
 
@@ -354,19 +329,25 @@ def _one_equal(gold: str, pred: str) -> bool:
     lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
     lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
-        return literals_equal(lg, lp) or (_percent_only(gold, pred) and literals_equal(lg, (lp[0] / 100, None)))
-    solutions = _assigned_rhs(gold)
-    if solutions is not None and _assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
+        if _percent_only(gold, pred):
+            return _percent_equal(gold, pred, lg, lp)
+        if _percent_only(pred, gold) and literals_equal(lg, lp) is False and lp[0].denominator != 1:
+            return lg[0] / 100 == lp[0]     # 0.05 for a gold 5\\%: the percent's value (never 5 for 500\\%)
+        return literals_equal(lg, lp)
+    solutions = mr.assigned_rhs(gold)
+    if solutions is not None and mr.assigned_rhs(pred) is None and mn.structure(solutions).kind == "list":
         return _as_sets(mn.structure(solutions).items, mn.structure(pred).items)   # a = 4, -8, -10
     tg, tp = mn.text_answer(gold), mn.text_answer(pred)
     if tg is not None and tp is not None:
         return tg == tp
     sg, sp = mn.structure(gold), mn.structure(pred)
     if sg.kind == "scalar" and sp.kind == "scalar":
+        if _percent_only(gold, pred):
+            return _percent_equal(gold, pred, lg, lp)
         return scalars_equal(gold, pred)
     if sg.kind == sp.kind == "group":
         return (sg.left, sg.right) == (sp.left, sp.right) and _in_order(sg.items, sp.items)
-    tuples = _assignment_tuples(sg)
+    tuples = mr.assignment_tuples(sg)
     if tuples is not None and sp.kind in ("list", "group"):
         pred_items = sp.items if sp.kind == "list" else (pred,)
         return _as_sets(tuples, pred_items)          # p=5,q=2;p=7,q=2 is (5,2),(7,2)
@@ -376,23 +357,10 @@ def _one_equal(gold: str, pred: str) -> bool:
         if sg.kind == sp.kind == "list" and _ordered_list(sg.items) and not _ascending(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
-    if "matrix" not in (sg.left, sp.left) and not _RELATION.search(gold) and not _RELATION.search(pred):
+    if "matrix" not in (sg.left, sp.left) and not mr.RELATION.search(gold) and not mr.RELATION.search(pred):
         return False        # a set is not an interval or a tuple, one value is not several
     g, p = _parse_answer(gold), _parse_answer(pred)
     return not _case_clash(g, p) and mv_verify(g, p)
-
-
-def _assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
-    """A list of assignment groups ("p=5,q=2" ; "p=7,q=2") as tuples ("(5, 2)", "(7, 2)"), else None."""
-    if shape.kind != "list" or not all(";" not in i and "=" in i for i in shape.items):
-        return None
-    out = []
-    for item in shape.items:
-        parts = [mn.split_top(a, "=") for a in mn.split_top(item)]
-        if len(parts) < 2 or not all(len(p) == 2 and _is_lhs(p[0]) for p in parts):
-            return None
-        out.append("(" + ", ".join(p[1].strip() for p in parts) + ")")
-    return tuple(out)
 
 
 def _close(gold: str, approx: str) -> bool:
@@ -409,18 +377,10 @@ def _close(gold: str, approx: str) -> bool:
     return abs(exact - lit[0]) <= APPROX_REL_TOL * abs(exact)
 
 
-def _assigned_rhs(s: str) -> str | None:
-    """'a = 4, -8' -> '4, -8' (one variable given its values), else None."""
-    parts = s.split("=")
-    if len(parts) == 2 and _ASSIGN_LHS.fullmatch(parts[0].strip()) and not _RELATION.search(parts[1]):
-        return parts[1].strip()
-    return None
-
-
 def _ordered_list(items: tuple[str, ...]) -> bool:
     """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
     tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
-    return all(mn.structure(i).kind == "scalar" and not _RELATION.search(i) for i in items)
+    return all(mn.structure(i).kind == "scalar" and not mr.RELATION.search(i) for i in items)
 
 
 def _ascending(items: tuple[str, ...]) -> bool:
@@ -510,9 +470,43 @@ def _case_clash(gold: list, pred: list) -> bool:
     return gs != ps and {n.lower() for n in gs} == {n.lower() for n in ps}
 
 
+def _percent_equal(gold: str, pred: str, lg: tuple[Fraction, int | None] | None,
+                   lp: tuple[Fraction, int | None] | None) -> bool:
+    """A `pred` with a percent mark for a gold without one: "N%" is N when the gold is a plain
+    number literal ("what percent" golds: 10, 12.5) and the instruction, if any, asks for a
+    percent; it is N/100 when the gold is not whole (0.05, 7/25) and the instruction, if any, does
+    not. 500% is not 5; 4 4/9% is not 40/9 (docs/verifier.md, "Percent")."""
+    bare = mn.strip_percent(pred) if mn.is_percent(pred) else None     # None: a mark inside, "(500\\%)"
+    plain = bare is not None and not _PERCENT_SIGN.search(bare)
+    asked = _budget.percent_asked
+    if asked is not False and lg is not None and plain and _one_equal(gold, bare):   # type: ignore[arg-type]
+        return True
+    if asked is True or _whole(gold, lg):
+        return False
+    if lp is not None and mn.is_percent(pred):
+        value = lp[0] / 100
+        return lg[0] == value if lg is not None else scalars_equal(
+            gold, f"\\frac{{{value.numerator}}}{{{value.denominator}}}")
+    if plain:
+        return scalars_equal(gold, f"\\frac{{{bare}}}{{100}}")
+    return scalars_equal(gold, pred)         # Math-Verify reads every \\% as /100
+
+
+def _whole(gold: str, lg: tuple[Fraction, int | None] | None) -> bool:
+    """True when the gold is a whole number (5, 5.0, \\frac{10}{2})."""
+    if lg is not None:
+        return lg[0].denominator == 1
+    parsed = _parse_answer(gold)
+    value = _numeric(parsed[0]) if parsed else None
+    return value is not None and value.is_integer is True
+
+
+_PERCENT_SIGN = re.compile(r"\\%|(?<!\\)%")
+
+
 def _percent_only(gold: str, pred: str) -> bool:
-    """The prediction is a percentage and the gold is not: '28%' may state 0.28."""
-    return mn.is_percent(pred) and not mn.is_percent(gold)
+    """The prediction holds a percent mark and the gold does not: '28%' may state 0.28 (`_percent_equal`)."""
+    return _PERCENT_SIGN.search(pred) is not None and _PERCENT_SIGN.search(gold) is None
 
 
 def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int | None]) -> bool:
@@ -657,6 +651,8 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     _budget.deadline = time.monotonic() + CHECK_BUDGET_S
     try:
         _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
+        _budget.percent_asked = mn.percent_asked(str(instruction)) if instruction else None
+        _budget.bases = mf.asked_bases(str(instruction)) if instruction else frozenset()
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
@@ -664,11 +660,18 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
     finally:
         _budget.deadline = None
         _budget.asked = None
+        _budget.percent_asked = None
+        _budget.bases = frozenset()
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
+    program = mf.tex_program(str(pred_text)[-MAX_TEXT_CHARS:])
+    if program is not None:
+        return {"ok": False, "detail": f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"}
+    if mf.comment_in_box(str(pred_text)[-MAX_TEXT_CHARS:]):
+        return {"ok": False, "detail": "ill-formed answer: a TeX comment ('%') inside a \\boxed{} hides its closing brace"}
     boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
     if boxes > mn.MAX_BOXED:
         return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}

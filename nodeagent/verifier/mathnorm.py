@@ -18,6 +18,7 @@ Pure string functions, no sympy and no Math-Verify (those live in `mathanswer`):
 - `meaning_marks(s)`, `units(s)`: what makes an answer other than its bare value (a negation, a
   digit subscript, a scale word, a hiding command) and its unit words, spelled one way;
 - `asked_precision(instruction)`: the decimal approximation a task's instruction asks for;
+  `percent_asked(instruction)`: whether it asks for a percent;
 - `space_scripts(text)`: CJK prose spaced where it meets ASCII, so numbers read as words.
 
 Commas are thousands separators only when they group digits by three after a leading group of
@@ -30,16 +31,20 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 
 from controller.contracts.answers import MAX_ANSWER_CHARS, MAX_BOXED, boxed_contents  # noqa: F401 (re-read here)
+from nodeagent.verifier import mathform as mf
 
 _ANSWER_LINE = re.compile(r"answer[ \t]*(?:is[ \t]*:?|:)[ \t]*([^\n]+)", re.IGNORECASE)
 _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
-_REPEATING = re.compile(r"([+-]?)(\d*)\.(\d{0,20})\\overline\s*\{\s*(\d{1,20})\s*\}")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_E_NOTATION = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d{1,4}")
+_TRAILING_ELLIPSIS = re.compile(r"\d\s*\.\s*\.\s*\.$")
+_SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _PERCENT_MARK = re.compile(r"\s*(?:\\%|%)\s*$")
 _CJK_OR_OTHER_LETTER = re.compile(r"[^\x00-\x7f\u0370-\u03ff\u2100-\u214f]")
 _DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
@@ -47,7 +52,7 @@ _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
-_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|percentage|percent|pct)\s*$")
+_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*\\?%\s*\}|percentage|percent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
@@ -108,7 +113,7 @@ def unescape_commands(text: str) -> str:
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = unescape_commands(s).strip()
+    s = mf.shown(unescape_commands(s)).strip()
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
@@ -122,6 +127,8 @@ def normalise(s: str) -> str:
     if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
         s = re.sub(r"[ \t]*\n\s*", " \\\\\\\\ ", s)           # values on two lines are two rows
     s = re.sub(r"\s+", " ", s).strip()
+    if _TRAILING_ELLIPSIS.search(s):
+        return s                                 # "0.333...": an ellipsis, not a full stop
     return s.rstrip(".").strip()
 
 
@@ -237,17 +244,18 @@ def text_answer(s: str) -> str | None:
 
 def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     """(value, decimal places) of a plain number literal: "7", "-0.25", ".1", "7,425,000",
-    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact); places is None for
-    an integer or an exact repeating decimal. Percent and degree marks and a
+    "1000,99" (decimal comma), "0.1\\overline{6}" (a repeating decimal: exact), "5e3" (e-notation:
+    5000, never 5*e*3); places is None for an integer, an exact repeating decimal or e-notation. Percent and degree marks and a
     leading currency sign are dropped. None for anything else."""
     if re.search(r",\s", s):
         return None                              # "-2, 1" is a list, never a decimal comma
-    repeating = _REPEATING.fullmatch(s.strip())
-    if repeating:                                # 0.1\\overline{6} is 1/6, exactly
-        sign, whole, fixed, period = repeating.groups()
-        value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(
-            int(period), (10 ** len(period) - 1) * 10 ** len(fixed))
-        return (-value if sign == "-" else value), None
+    e_notation = _E_NOTATION.fullmatch(s.strip())
+    if e_notation:                               # 5e3, 2.5E-2: a calculator's numeral, exactly
+        value = Fraction(Decimal(e_notation.group(0)))
+        return value, None
+    repeating = mf.repeating(s)
+    if repeating is not None:                    # 0.1\\overline{6} is 1/6, exactly
+        return repeating, None
     mixed = _MIXED.fullmatch(_PERCENT_MARK.sub("", s).strip())
     if mixed:                                    # 4 4/9 is 40/9; 4 4/0 and 11 7/6 are no number
         sign, whole, num, den = mixed.groups()
@@ -256,7 +264,10 @@ def number_literal(s: str) -> tuple[Fraction, int | None] | None:
         value = int(whole.replace(" ", "")) + Fraction(int(num), int(den))
         return (-value if sign == "-" else value), None
     t = s.replace("\\%", "").replace("%", "").replace("^\\circ", "").replace("^{\\circ}", "")
-    t = t.replace("\\$", "").replace(" ", "").strip()
+    t = re.sub(r"^([+-])\s+", r"\1", re.sub(r"\s+", " ", t.replace("\\$", "")).strip())
+    if " " in t and not _SPACE_GROUPED.fullmatch(t):
+        return None                              # "1 2" is two numbers; "1 000" is one
+    t = t.replace(" ", "")
     if _THOUSANDS.fullmatch(t):
         t = t.replace(",", "")
     elif _DECIMAL_COMMA.fullmatch(t):
@@ -347,6 +358,11 @@ def space_scripts(text: str) -> str:
     return _SCRIPT_BOUNDARY.sub(" ", text)
 
 
+def strip_percent(s: str) -> str:
+    """`s` without its closing percent mark ("28\\%" -> "28")."""
+    return _PERCENT_MARK.sub("", s).strip()
+
+
 def is_percent(s: str) -> bool:
     """True when the answer ends in a percent mark ("28%", "10\\%", normalised "28 percent")."""
     return _PERCENT_MARK.search(s) is not None
@@ -384,6 +400,19 @@ _EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expre
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+
+
+_PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
+    r"\b(?:what|which)\s+(?:is\s+the\s+)?(?:per\s*cent|percent(?:age)?)\b|\b(?:as|in|into|to)\s+(?:a\s+)?(?:per\s*cent|"
+    r"percent(?:age)?)\b|\bin\s*\\?%|\bpercent(?:age)?\s+(?:change|increase|decrease|loss|gain|error|of)\b|"
+    r"\bhow\s+many\s+percent|\bpercentage\b|\bnearest\s+(?:tenth\s+of\s+a\s+|hundredth\s+of\s+a\s+)?percent\b",
+    re.IGNORECASE)
+
+
+def percent_asked(instruction: str) -> bool:
+    """True when a task's instruction asks for a percent ("what percent", "as a percent", "in %",
+    "percent increase", "percentage"); a percent in its data ("a 5% discount") is not asking."""
+    return _PERCENT_ASKED.search(instruction[-4000:]) is not None
 
 
 def asked_precision(instruction: str | None) -> Precision | None:

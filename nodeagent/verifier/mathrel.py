@@ -17,7 +17,10 @@ only if every way of writing a relation is read as one:
   holding a relation its gold does not (`6 \\propto 5`, `6 \\subset 5`, `6 \\in 5`, `6 \\perp 5`
   for gold 5) states something else than the gold's value; `stray(gold, pred)` says so. Order
   relations are allowed against a gold that is an interval or a set (`x \\in (0, 5)`), and `x
-  \\in S` (a variable's membership) is read by `mathanswer`.
+  \\in S` (a variable's membership) is read by `mathanswer`;
+- what a relation states, for `mathanswer`: `stated_values(gold, pred)` (`x = 12/2 = 6` states 12/2
+  and 6), `assigned_rhs(s)` (`a = 4, -8`), `assignment_tuples(shape)` (`p=5,q=2; p=7,q=2`),
+  `is_lhs(s)` (a variable or tuple of variables on the left of `=`).
 
 Pure string functions. Must not import: sympy, math_verify, zmq, controller.store,
 controller.broker, nodeagent.verifier.mathanswer.
@@ -155,4 +158,68 @@ def stray(gold: str, pred: str, gold_is_scalar: bool) -> bool:
     return bool(extra)
 
 
-__all__ = ["canonical", "families", "family", "stray"]
+# -- what a relation states (read by mathanswer) -----------------------------------------------
+
+RELATION = re.compile(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\neq|\\approx|\\in\b|=")
+ASSIGN_LHS = re.compile(r"[A-Za-z](?:_\{?\w+\}?)?|\([A-Za-z](?:\s*,\s*[A-Za-z])*\)|[A-Za-z]\([A-Za-z0-9]\)")
+
+
+def is_lhs(s: str) -> bool:
+    return ASSIGN_LHS.fullmatch(s.strip()) is not None
+
+
+def stated_values(gold: str, pred: str) -> tuple[list[str], str | None] | None:
+    """The values a relation in `pred` states when the gold states none: 'x = 12/2 = 6' ->
+    (['12/2', '6'], None); 'x \\in [0, 1)' -> (['[0, 1)'], None); '\\frac{1}{3} \\approx 0.333' ->
+    (['\\frac{1}{3}'], '0.333') (exact values, then the approximate one). Every exact value must be
+    the gold: '6 = 5' states 5 and 6. None when `pred` is no such relation."""
+    if RELATION.search(gold) or len(mn.split_top(pred)) > 1:
+        return None
+    if re.search(r"<|>|\\le|\\ge|\\ne|\\lt|\\gt|\\sim|\\equiv", pred):
+        return None
+    approx = None
+    if "\\approx" in pred:
+        exact_part, _, approx = pred.partition("\\approx")
+        approx = approx.strip()
+        if "\\approx" in approx or "=" in approx:
+            return [approx], "\\approx"          # a chain of approximations: never equal
+    else:
+        exact_part = pred
+    for sep in ("=", "\\in "):
+        parts = [p for p in mn.split_top(exact_part, sep)]
+        if len(parts) > 1 and all(parts):
+            if sep == "\\in " and (len(parts) != 2 or not is_lhs(parts[0])):
+                return None
+            values = parts[1:] if is_lhs(parts[0]) else parts
+            return values, approx
+        if len(parts) > 1:
+            return None
+    if approx is None:
+        return None
+    exact_part = exact_part.strip()
+    return ([] if is_lhs(exact_part) else [exact_part]), approx
+
+
+def assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
+    """A list of assignment groups ("p=5,q=2" ; "p=7,q=2") as tuples ("(5, 2)", "(7, 2)"), else None."""
+    if shape.kind != "list" or not all(";" not in i and "=" in i for i in shape.items):
+        return None
+    out = []
+    for item in shape.items:
+        parts = [mn.split_top(a, "=") for a in mn.split_top(item)]
+        if len(parts) < 2 or not all(len(p) == 2 and is_lhs(p[0]) for p in parts):
+            return None
+        out.append("(" + ", ".join(p[1].strip() for p in parts) + ")")
+    return tuple(out)
+
+
+def assigned_rhs(s: str) -> str | None:
+    """'a = 4, -8' -> '4, -8' (one variable given its values), else None."""
+    parts = s.split("=")
+    if len(parts) == 2 and ASSIGN_LHS.fullmatch(parts[0].strip()) and not RELATION.search(parts[1]):
+        return parts[1].strip()
+    return None
+
+
+__all__ = ["ASSIGN_LHS", "RELATION", "assigned_rhs", "assignment_tuples", "canonical", "families", "family", "is_lhs",
+           "stated_values", "stray"]
