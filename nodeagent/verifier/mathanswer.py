@@ -20,11 +20,10 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
    bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
-   a list of tuples compares as a set; a set is never an
-   interval or a tuple and one value is never several. A lone comma in a gold ("-2,1") is a list.
-4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold
-   decimal may be the rounding of the prediction (gold 33.3, 100/3): the gold's places say what
-   was asked. A predicted decimal that only approximates an exact gold (sqrt(2), pi, 1/7) passes
+   a list of tuples compares as a set; a set is never an interval or a tuple and one value is
+   never several. A lone comma in a gold ("-2,1") is a list.
+4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold decimal
+   may be the rounding of the prediction (gold 33.3, 100/3): the gold's places say what was asked. A predicted decimal that only approximates an exact gold (sqrt(2), pi, 1/7) passes
    only when the task's instruction asks for an approximation (`mathnorm.asked_precision`), at
    the precision asked (MIN_APPROX_SIG_DIGITS when none is named) and right in every digit shown;
    without an instruction, the gold's exact form is what was asked. Single letters keep their
@@ -70,6 +69,7 @@ MIN_ROUNDED_SIG_DIGITS = 3       # a rounded decimal needs this many significant
 MIN_ROUNDED_PLACES = 2           # ... or this many decimal places
 MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal gold (1/7 ~ 0.1429)
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
+DIFF_MAXN_BITS = 2000            # ... and their difference shows no digit up to this working precision
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -354,7 +354,7 @@ def _one_equal(gold: str, pred: str) -> bool:
     if sg.kind == "group" and sp.kind == "list" and sg.left == "(" and sg.right == ")":
         return _in_order(sg.items, sp.items)          # (1, 2) written 1, 2: still in order
     if sg.kind in ("set", "list") and sp.kind in ("set", "list"):
-        if sg.kind == sp.kind == "list" and _ordered_list(sg.items) and not _ascending(sg.items):
+        if sg.kind == sp.kind == "list" and mr.ordered_list(sg.items) and not _ascending(sg.items):
             return _in_order(sg.items, sp.items)
         return _as_sets(sg.items, sp.items)
     if "matrix" not in (sg.left, sp.left) and not mr.RELATION.search(gold) and not mr.RELATION.search(pred):
@@ -375,12 +375,6 @@ def _close(gold: str, approx: str) -> bool:
     except Exception:  # noqa: BLE001 - not a plain number: not shown close
         return False
     return abs(exact - lit[0]) <= APPROX_REL_TOL * abs(exact)
-
-
-def _ordered_list(items: tuple[str, ...]) -> bool:
-    """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
-    tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
-    return all(mn.structure(i).kind == "scalar" and not mr.RELATION.search(i) for i in items)
 
 
 def _ascending(items: tuple[str, ...]) -> bool:
@@ -603,8 +597,8 @@ def _approximation_asked(value: Fraction, literal: tuple[Fraction, int | None]) 
 
 def _exact_equal(a, b) -> bool:
     """Two closed-form numbers: rationals exactly; others when they agree to EXACT_TOL_DIGITS
-    significant digits (evaluated with margin), else when their difference simplifies to 0.
-    The sympy work runs under Math-Verify's timer on the main thread (see `_bounded`)."""
+    significant digits (evaluated with margin) and sympy cannot prove them different, else when
+    their difference simplifies to 0. Under Math-Verify's timer on the main thread (`_bounded`)."""
     if a.is_Rational and b.is_Rational:
         return a == b
     return _bounded(_closed_forms_equal, a, b)
@@ -616,7 +610,16 @@ def _closed_forms_equal(a, b) -> bool:
         va, vb = a.evalf(EXACT_TOL_DIGITS + 20), b.evalf(EXACT_TOL_DIGITS + 20)
         if va.is_Number and vb.is_Number:
             scale = max(sympy.Integer(1), abs(va))
-            return bool(abs(va - vb) < scale * sympy.Rational(1, 10 ** EXACT_TOL_DIGITS))
+            if not abs(va - vb) < scale * sympy.Rational(1, 10 ** EXACT_TOL_DIGITS):
+                return False
+            d = a - b   # exact forms: a term below the tolerance (5050 + 10^{-100}) is another number
+            for form in () if d.has(sympy.Float) else (d, d.expand()):
+                try:
+                    if form.evalf(EXACT_TOL_DIGITS, strict=True, maxn=DIFF_MAXN_BITS) != 0:
+                        return False
+                except ArithmeticError:   # PrecisionExhausted: no digit of it is known, 0 as far as evalf goes
+                    continue
+            return True
         return bool(sympy.simplify(a - b) == 0)
     except Exception:  # noqa: BLE001 - cannot decide: not shown equal
         return False
@@ -638,7 +641,6 @@ def _bounded(fn, *args) -> bool:
 
 
 # -- verdicts -----------------------------------------------------------------------------------
-
 def _multi_valued(gold: str) -> bool:
     return mn.structure(gold).kind in ("set", "list")
 

@@ -62,6 +62,7 @@ _ACCENT = re.compile(r"\\(?:overline|underline|bar|dot|ddot|dddot|hat|widehat|ti
 _ELLIPSIS = re.compile(r"\d\s*(?:\.\s*\.\s*\.|…|\\(?:[lcv]?dots[a-z]*|ldotp|cdotp)" + _END + ")")
 _DECIMAL_PAREN = re.compile(r"(?:\d+\.\d*|\.\d+)\(")
 _SPACED_DIGITS = re.compile(r"(?<![\d.,])\d+(?:[ \t]+\d+)+")
+_DIGIT_ARGUMENT = re.compile(r"(?:[_^]|\\[dtc]?frac|\\[dt]?binom)[ \t]*$")
 _E_INSIDE = re.compile(r"(?<![A-Za-z\\])(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d")
 _E_WHOLE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d{1,4}")
 _GROUPED = re.compile(r"\d{1,3}(?: \d{3})+")
@@ -225,6 +226,8 @@ def ill_formed(s: str) -> str | None:
     if _E_INSIDE.search(s) and not _E_WHOLE.fullmatch(s.strip()):
         return "e-notation inside an expression ('2e1' reads as 20 and as 2*e*1)"
     for run in _SPACED_DIGITS.finditer(s):
+        if _DIGIT_ARGUMENT.search(s[:run.start()]):
+            continue        # \log_2 8, \frac 1 2: a one-digit argument, then the next token
         after = s[run.end():].lstrip()
         if not _GROUPED.fullmatch(re.sub(r"[ \t]+", " ", run.group(0))) and not after.startswith("/"):
             return f"digits spaced apart ({run.group(0)!r} is no thousands grouping)"

@@ -221,5 +221,11 @@ def assigned_rhs(s: str) -> str | None:
     return None
 
 
+def ordered_list(items: tuple[str, ...]) -> bool:
+    """A bare list of values keeps its order ("10, 4, -2" is not "4, 10, -2"); a list of
+    tuples or of equations ("a_3 = 2, a_{37} = 19") is a set of solutions."""
+    return all(mn.structure(i).kind == "scalar" and not RELATION.search(i) for i in items)
+
+
 __all__ = ["ASSIGN_LHS", "RELATION", "assigned_rhs", "assignment_tuples", "canonical", "families", "family", "is_lhs",
-           "stated_values", "stray"]
+           "ordered_list", "stated_values", "stray"]

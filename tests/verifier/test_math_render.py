@@ -135,7 +135,19 @@ MARKS = [
     ("\\$5", "5 \\text{ dollars}", True), ("5^\\circ", "5 \\text{ degrees}", True), ("5\\%", "5 \\text{ percent}", True),
     ("\\frac{1}{20}", "\\frac{10}{2}\\%", True), ("5", "5\ufe6a", True),
 ]
-CASES = ([("tex", *c) for c in TEX] + [("digits", *c) for c in DIGITS] + [("marks", *c) for c in MARKS])
+# a term below the numeric tolerance is another number (sympy proves the difference is not 0);
+# closed forms that are the gold stay equal
+TINY = [
+    ("5050", "5050+10^{-100}", False), ("5050", "5050+10^{-400}", False), ("5050", "5050+2^{-2000}", False),
+    ("5050", "5050-10^{-10^{6}}", False), ("5050", "5050+e^{-10^{6}}", False), ("5050", "5050+\\frac{1}{10^{400}}", False),
+    ("5050", "5050(1+10^{-400})", False), ("0", "10^{-400}", False), ("\\frac{1}{3}", "\\frac{1}{3}+10^{-400}", False),
+    ("\\sqrt{2}", "\\sqrt{2}+10^{-60}", False), ("\\pi", "\\pi-10^{-50}", False),
+    ("\\sqrt{6}", "\\sqrt{2}\\sqrt{3}", True), ("\\frac12", "\\sin(\\pi/6)", True), ("3", "\\log_2 8", True),
+    ("2", "\\sqrt[3]{8}", True), ("5050", "\\frac{100\\cdot 101}{2}", True), ("\\pi", "4\\arctan(1)", True),
+    ("1", "\\sin^2(1)+\\cos^2(1)", True),
+]
+CASES = ([("tex", *c) for c in TEX] + [("digits", *c) for c in DIGITS] + [("marks", *c) for c in MARKS]
+         + [("tiny", *c) for c in TINY])
 
 
 def _judge(gold: str, pred: str, instruction: str | None) -> bool:
