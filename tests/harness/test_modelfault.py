@@ -218,8 +218,9 @@ def _math_task():
 
 def test_an_attempt_whose_policy_generates_too_long_is_graded_and_a_dead_server_is_infra(
         runtime, python_image, fake, tmp_path, monkeypatch):
+    import nodeagent.agent.agentphase as agentphase
     import nodeagent.agent.attempt as attempt
-    monkeypatch.setattr(attempt, "run_agent", functools.partial(run_agent, model_timeout_s=0.5))
+    monkeypatch.setattr(agentphase, "run_agent", functools.partial(run_agent, model_timeout_s=0.5))
     m = fake(STEP, ("hang",), reply("pong"))
     res = attempt.run_attempt(runtime, python_image, "n1", attempt.Attempt(
         "run", str(tmp_path / "a"), "r1", 1, 1, "b", 0, _math_task(), 0, m.url, "m"))
@@ -258,8 +259,9 @@ def test_a_hung_server_at_the_end_of_the_wall_budget_stays_infra_not_a_deadline_
         runtime, python_image, fake, tmp_path, monkeypatch):
     # wall 3 s, request timeout 2.5 s: the probes get what is left (at least 1 s each), well
     # inside the attempt guard's grace, so the hung server is found out before the guard stops
+    import nodeagent.agent.agentphase as agentphase
     import nodeagent.agent.attempt as attempt
-    monkeypatch.setattr(attempt, "run_agent", functools.partial(run_agent, model_timeout_s=2.5))
+    monkeypatch.setattr(agentphase, "run_agent", functools.partial(run_agent, model_timeout_s=2.5))
     m = fake(("hang",), get=("hang",))
     task = _math_task()
     task["budgets"] = {**task["budgets"], "wall_s": 3.0}
