@@ -106,7 +106,9 @@ def test_a_primary_deleted_mid_run_restores_with_every_told_commit_once(tmp_path
         told = watcher.committed()
         assert len(told) == len(set(told)) >= 6
         status = read_status(replica)
-        assert status["failures"] == 0 and status["uncopyable_shards"] == 0, status
+        # a commit between the loss and the kill may fail to ship (its files went with the disk)
+        assert status["uncopyable_shards"] == 0, status
+        assert status["failures"] == 0 or "No such file" in str(status["last_error"]), status
 
         restored = tmp_path / "restored"
         out = subprocess.run([sys.executable, "-m", "controller.cli", "store", "restore",
