@@ -41,7 +41,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence, cast
+from typing import Mapping, Sequence, cast
 
 from nodeagent.verifier.grader_sites import IMPURE
 
@@ -189,6 +189,8 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
 
 
 _UNITTEST_ASSERT = re.compile(r"^assert[A-Z]\w*$")
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**",
+           ast.MatMult: "@"}
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
         ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
 
@@ -205,7 +207,8 @@ class _Sites(ast.NodeTransformer):
     through the grader's site guards (`grader_sites`): `a == b` -> `SENTINEL.eq(a, b)`, an
     `assertX(...)` (unittest) or `assert_*equal*`/`*close*` helper call `f(...)` ->
     `SENTINEL.call("assertEqual", f, ...)`; other comparisons -> `SENTINEL.cmp(op, a, b)` /
-    `SENTINEL.chain(ops, a, b, c)`, `a - b` -> `SENTINEL.sub(a, b)` (`grader_values`). An answer that is not a pure function of the values compared (a
+    `SENTINEL.chain(ops, a, b, c)`, `a + b` (any binary arithmetic) -> `SENTINEL.op("+", a, b)`,
+    `isinstance(a, T)` -> `SENTINEL.isinstance(isinstance, a, T)` (`grader_values`). An answer that is not a pure function of the values compared (a
     counter, randomness, time, the caller) fails the site; honest values are compared as before."""
 
     def visit_Compare(self, node):
@@ -227,15 +230,20 @@ class _Sites(ast.NodeTransformer):
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
-        if not isinstance(node.op, ast.Sub):
+        name = _BINOPS.get(type(node.op))
+        if name is None:
             return node
-        guard = ast.Attribute(ast.Constant(SENTINEL), "sub", ast.Load())
-        return ast.copy_location(ast.Call(guard, [node.left, node.right], []), node)
+        guard = ast.Attribute(ast.Constant(SENTINEL), "op", ast.Load())
+        return ast.copy_location(ast.Call(guard, [ast.Constant(name), node.left, node.right], []), node)
 
     def visit_Call(self, node):
         self.generic_visit(node)
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if isinstance(f, ast.Name) and name == "isinstance" and len(node.args) == 2 and not node.keywords \
+                and not any(isinstance(a, ast.Starred) for a in node.args):
+            guard = ast.Attribute(ast.Constant(SENTINEL), "isinstance", ast.Load())
+            return ast.copy_location(ast.Call(guard, [f, *node.args], []), node)
         if not (_UNITTEST_ASSERT.match(name) or _HELPER.match(name)) or _SUPPRESSING.search(name) \
                 or not node.args or any(isinstance(a, ast.Starred) for a in node.args) \
                 or any(k.arg is None for k in node.keywords):
@@ -325,15 +333,57 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+AGENT_CODE = "# paddock-agent-code: "     # a planted module's last line: `agent_functions` (json), read by the loader
+
+
+def _function_nodes(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+
+
+def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, bytes | None]) -> list[list]:
+    """[rel path, first line] of every function (`def`, `lambda`) the agent wrote or changed: in a
+    changed `.py` file, one whose code (`ast.dump`, positions left out) is not among the original
+    file's functions (every function of a file the task did not have). The first line is the code
+    object's `co_firstlineno` (a decorated `def`: its first decorator's line). The value guards
+    hold an `__eq__` of these to every field (`grader_values`); an original `__eq__` that ignores
+    a field (a cache, a position) is the project's own semantics."""
+    out: list[list] = []
+    for rel, data in sorted(changed.items()):
+        if data is None or not rel.endswith(".py"):
+            continue
+        try:
+            new = parse(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        old: dict[str, int] = {}
+        text = originals.get(rel)
+        if text is not None:
+            try:
+                for n in _function_nodes(parse(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)):
+                    old[ast.dump(n)] = old.get(ast.dump(n), 0) + 1
+            except (SyntaxError, ValueError, RecursionError):
+                pass
+        for n in _function_nodes(new):
+            key = ast.dump(n)
+            if old.get(key):
+                old[key] -= 1
+                continue
+            first = min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", ())])
+            out.append([rel, first])
+    return out
+
+
 def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random | None = None,
-          pass_to_pass: Sequence[str] = ()) -> Plan:
+          pass_to_pass: Sequence[str] = (), agent_code: Sequence[Sequence] = ()) -> Plan:
     """Plant canaries in the test modules of `sources` (rel -> text) for the tests that must
     start passing (`fail_to_pass`; every test when it is empty): the ones a forger needs, and
     for `P2P_GUARDED` of the tests that must keep passing (`pass_to_pass`), drawn at random
     here: an agent that fixes the failing tests but breaks what others check, and forges those
     (a no-op assertion helper, a patched `assertListEqual`), meets canaries there too. The
     other tests run as they are, under their own names. A module that does not parse is left
-    as it is (its collection error is the verdict's business)."""
+    as it is (its collection error is the verdict's business). `agent_code`: `agent_functions`,
+    carried to the grader's loader in a comment (`AGENT_CODE`) after the module's last line (no
+    code object holds it; line numbers are unchanged)."""
     rng = rng or random.SystemRandom()
     guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
     if guarded is not None and pass_to_pass:
@@ -355,7 +405,8 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
                     names[f.name] = _opaque(rng, f.name, taken)
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken)
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken) + \
+                AGENT_CODE + json.dumps([list(x) for x in agent_code]) + "\n"
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text
     return plan

@@ -363,7 +363,7 @@ class _MemLoader(importlib.abc.SourceLoader):
     def source_to_code(self, data, path, *, _optimize=-1):
         tree = _asserts.HonestAsserts().visit(_asserts.state_compile(ast.parse(data, path), path))
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
-        return _asserts.bind_perturber(code)
+        return _asserts.bind_perturber(code, data)
 
     def exec_module(self, module):
         path, module.__dict__["_paddock_honest_eq"] = self.path, _asserts.honest_eq
