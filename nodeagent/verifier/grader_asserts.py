@@ -118,31 +118,11 @@ perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb
 ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
 
-AGENT_CODE = b"# paddock-agent-code: "     # canaries.AGENT_CODE: a planted module's last line
-
-
-def agent_code(source, _marker=AGENT_CODE):
-    """The functions the agent wrote (`canaries.agent_functions`), from a planted module's source
-    (its last line, a comment): a frozenset of (code file, first line), the file as /work/REL and
-    as REL; empty when the host sent none."""
-    import json
-    out = set()
-    if type(source) is bytes:
-        last = source.rstrip(b"\n").rpartition(b"\n")[2]
-        if last.startswith(_marker):
-            try:
-                out = {(f, int(line)) for rel, line in json.loads(last[len(_marker):])
-                       for f in (f"/work/{rel}", str(rel))}
-            except (ValueError, TypeError):
-                out = set()
-    return frozenset(out)
-
-
 def _perturber(agent=frozenset(), _format=perturb, _guards=_values.guards, _site_eq=_sites.site_eq,
                _site_call=_sites.site_call, _probes=_sites._probes, _approx=_values.approx_types()):
     """A private object whose `.format` is `perturb` and `.eq`/`.call`/`.cmp`/`.chain`/`.sub`/
     `.op`/`.isinstance` the assertion-site guards (`grader_sites` behind `grader_values`' value
-    guards; `agent`: `agent_code`): planted sources call `SENTINEL.eq(a, b)`, and the grader swaps
+    guards; `agent`: `grader_values.agent_code`): planted sources call `SENTINEL.eq(a, b)`, and the grader swaps
     the string constant for this object in the compiled code, so no name a test could rebind
     leads to it (nor to these functions: default arguments)."""
     class Perturber:
@@ -154,11 +134,11 @@ def _perturber(agent=frozenset(), _format=perturb, _guards=_values.guards, _site
 
 
 def bind_perturber(code, source=None, _roles=None, _role_class=_values.role_class, _perturb=perturb,
-                   _probes=_sites._probes, _names=ROLES, _agent_code=agent_code, _frozenset=frozenset):
+                   _probes=_sites._probes, _names=ROLES, _agent_code=_values.agent_code, _frozenset=frozenset):
     """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
     perturber, and every role constant of a guarded test's copies by its role object (one fresh
     class per module: `grader_values.role_class`); kept nowhere else, only the compiled tests hold
-    them. `source`: the planted module's bytes (the functions the agent wrote: `agent_code`)."""
+    them. `source`: the planted module's bytes (the functions the agent wrote: `grader_values.agent_code`)."""
     agent = source if type(source) is _frozenset else _agent_code(source)
     if _roles is None:
         cls = _role_class(_perturb, _probes)
