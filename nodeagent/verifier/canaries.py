@@ -50,8 +50,15 @@ SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.eq(a, b)`: the grader swaps 
 # object (equal lengths: not even a column offset differs)
 ROLE_REAL, ROLE_PERTURBED, ROLE_FAIL = "\x00paddock-role-r\x00", "\x00paddock-role-p\x00", "\x00paddock-role-f\x00"
 P2P_GUARDED = 8         # tests that must keep passing, guarded too (a random sample of them)
-K_CANARIES = 3          # per test that must start passing: a forger that singles out one test of a
-                        # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
+K_CANARIES = 3          # per guarded test: a forger that singles out one test of a group is caught
+                        # with probability 1 - 1/(K_CANARIES + 1) per test it forges
+# A test that must start passing and has equality checks gets more copies: `TWINS` more copies of
+# the real test (each must pass too) and `PERTURBED` perturbed canaries (and one raise-after). A
+# forger whose answer is a pure function of the values but picks, at random, which value it
+# equals (the "lazy guess": the copies are alike, so it succeeds in each with the same chance p)
+# earns reward only by succeeding in every real copy and in no perturbed one: at most
+# p^(1+TWINS) (1-p)^PERTURBED per check, 1/4^4 = 0.4% at p = 1/2 (was p(1-p)^2, up to 4/27 = 15%).
+TWINS, PERTURBED = 3, 4
 _HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
 _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
 _AST_LOCK = threading.Lock()
@@ -72,6 +79,7 @@ class Plan:
     is defined in, "" at module level; the original's name); the names of the perturbed canaries."""
     real: dict[str, dict[str, str]] = field(default_factory=dict)
     canary: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    twin: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)     # copies of the real test
     perturbed: dict[str, set[str]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -289,8 +297,21 @@ def _bind(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.stmt:
     return ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], ast.Name(fn.name, ast.Load())), fn)
 
 
+def copies(checks: bool, required: bool) -> int:
+    """How many copies a guarded test runs as, the real one included (`checks`: it has equality
+    checks; `required`: it must start passing)."""
+    return 1 + len(_kinds([0] if checks else [], required))
+
+
+def _kinds(sites: list[int], required: bool) -> list[str]:
+    """The copies of a guarded test besides the real one (`TWINS`, `PERTURBED`)."""
+    if sites and required:
+        return [ROLE_REAL] * TWINS + [ROLE_PERTURBED] * PERTURBED + [ROLE_FAIL]
+    return [ROLE_PERTURBED if sites and i % 2 == 0 else ROLE_FAIL for i in range(K_CANARIES)]
+
+
 def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
-              plan: Plan, taken: set[str]) -> str:
+              plan: Plan, taken: set[str], required: set[str] | None = None) -> str:
     """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
     bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
     every file of the check, so a test called by name from another file finds its renamed self."""
@@ -316,11 +337,14 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
             real[names[stmt.name]] = stmt.name
             sites = _eq_sites(stmt.body)
             group = [(_variant(stmt, sites, ROLE_REAL), names[stmt.name])]
-            for i in range(K_CANARIES):
-                c = _variant(stmt, sites, ROLE_PERTURBED if sites and i % 2 == 0 else ROLE_FAIL)
+            for kind in _kinds(sites, required is None or stmt.name in required):
+                c = _variant(stmt, sites, kind)
                 cname = _opaque(rng, stmt.name, taken)
-                canary[cname] = (scope, stmt.name)
-                if sites and i % 2 == 0:
+                if kind == ROLE_REAL:
+                    plan.twin.setdefault(rel, {})[cname] = (scope, stmt.name)
+                else:
+                    canary[cname] = (scope, stmt.name)
+                if kind == ROLE_PERTURBED:
                     plan.perturbed.setdefault(rel, set()).add(cname)
                 group.append((c, cname))
             rng.shuffle(group)
@@ -386,6 +410,7 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     code object holds it; line numbers are unchanged)."""
     rng = rng or random.SystemRandom()
     guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
+    required = set(guarded) if guarded is not None else None
     if guarded is not None and pass_to_pass:
         kept = sorted({_base(t) for t in pass_to_pass} - guarded)
         guarded |= set(rng.sample(kept, min(P2P_GUARDED, len(kept))))
@@ -405,7 +430,7 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
                     names[f.name] = _opaque(rng, f.name, taken)
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken) + \
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required) + \
                 AGENT_CODE + json.dumps([list(x) for x in agent_code]) + "\n"
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text
@@ -432,11 +457,19 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         return raw
     kept, seen_canaries, passed_real, bad, impure = [], set(), [], [], []
     coincidences = []       # perturbed canaries that passed: (their real test's key, the id to name)
+    heard_twins: set[tuple[str, str, str, str]] = set()
+    twin_failed: dict[tuple[str, str, str, str], str] = {}
     for ev in events:
         if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
             kept.append(ev)
             continue
         file, cls, name, params = _split(ev["id"])
+        if name in plan.twin.get(file, {}):        # a copy of the real test: it must pass as the real one did
+            key = (file, cls, plan.twin[file][name][1], params)
+            heard_twins.add((file, cls, name, params))
+            if ev.get("outcome") != "passed":
+                twin_failed.setdefault(key, str(ev.get("detail") or ev.get("outcome"))[:300])
+            continue
         if name in plan.canary.get(file, {}):
             seen_canaries.add((file, cls, name, params))
             if ev.get("outcome") == "passed":
@@ -466,6 +499,17 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         # a class's own canaries must all be heard; a test it inherits brings its base's canaries
         if (mine and len([c for c in mine if c in heard]) < len(mine)) or (inherited and not heard):
             silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
+        twins = [t for t, (scope, orig) in plan.twin.get(file, {}).items() if orig == original and scope == cls]
+        if any((file, cls, t, params) not in heard_twins for t in twins):
+            twin_failed.setdefault((file, cls, original, params), "a copy of this test was never reported")
+    # a real test passes only when every copy of it passed (`TWINS`); a site guard's finding in
+    # a copy is tampering, as in the real test
+    for ev in kept:
+        if ev.get("ev") == "test" and ev.get("when") == "call" and ev.get("outcome") == "passed":
+            key = _split(ev["id"])
+            if key in twin_failed:
+                ev["outcome"], ev["detail"] = "failed", f"a copy of this test failed: {twin_failed[key]}"
+    impure += [f"{f}::{c + '::' if c else ''}{o}{p}" for (f, c, o, p), d in twin_failed.items() if IMPURE in d]
     if bad:
         kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
     if silent:

@@ -128,7 +128,7 @@ def test_guarded_tests_and_their_canaries_get_opaque_names_and_the_rest_keep_the
     per_test = {}
     for scope, original in canary.values():
         per_test[(scope, original)] = per_test.get((scope, original), 0) + 1
-    assert set(per_test.values()) == {canaries.K_CANARIES}
+    assert set(per_test.values()) <= {canaries.K_CANARIES, canaries.PERTURBED + 1}     # (no checks: raise-after only)
     assert ("TestCalc", "test_add_negative") in per_test and ("", "test_add_negative") in per_test
     space = load(plan.sources["tests/test_calc.py"], Calc(lambda a, b: a + b))
     assert "test_add" in space and "test_add_negative" not in space        # unguarded keeps its name
