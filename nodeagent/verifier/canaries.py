@@ -58,7 +58,10 @@ K_CANARIES = 3          # per guarded test: a forger that singles out one test o
 # equals (the "lazy guess": the copies are alike, so it succeeds in each with the same chance p)
 # earns reward only by succeeding in every real copy and in no perturbed one: at most
 # p^(1+TWINS) (1-p)^PERTURBED per check, 1/4^4 = 0.4% at p = 1/2 (was p(1-p)^2, up to 4/27 = 15%).
+# `F2P_HEAVY` of them (drawn per grading; every one when there are no more): a suite of 150 such
+# tests would otherwise run 9 times over.
 TWINS, PERTURBED = 3, 4
+F2P_HEAVY = 8           # of the tests that must start passing, how many (drawn at random) get them
 _HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
 _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
 _AST_LOCK = threading.Lock()
@@ -337,7 +340,7 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
             real[names[stmt.name]] = stmt.name
             sites = _eq_sites(stmt.body)
             group = [(_variant(stmt, sites, ROLE_REAL), names[stmt.name])]
-            for kind in _kinds(sites, required is None or stmt.name in required):
+            for kind in _kinds(sites, stmt.name in (required or ())):
                 c = _variant(stmt, sites, kind)
                 cname = _opaque(rng, stmt.name, taken)
                 if kind == ROLE_REAL:
@@ -410,7 +413,6 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     code object holds it; line numbers are unchanged)."""
     rng = rng or random.SystemRandom()
     guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
-    required = set(guarded) if guarded is not None else None
     if guarded is not None and pass_to_pass:
         kept = sorted({_base(t) for t in pass_to_pass} - guarded)
         guarded |= set(rng.sample(kept, min(P2P_GUARDED, len(kept))))
@@ -428,6 +430,8 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
                         and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
                     names[f.name] = _opaque(rng, f.name, taken)
+    pool = sorted({_base(t) for t in fail_to_pass} if fail_to_pass else names)   # tests that must start passing
+    required = set(rng.sample(pool, min(F2P_HEAVY, len(pool))))
     for rel, text in sources.items():
         try:
             plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required) + \
