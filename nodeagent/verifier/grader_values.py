@@ -212,7 +212,7 @@ def _layout(y, _type=type, _getattribute=object.__getattribute__, _dict=dict, _s
     return (inner if _type(inner) is _dict else None), slots
 
 
-def _fields(y, probes, only=None, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
+def _fields(y, probes, only=None, same=False, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
             _dict=dict, _str=str, _object=object, _layout=_layout, _exception=Exception):
     """A copy of project object `y` (made without running its code) with every field (instance
     dict, slots) changed, or only field `only` (plain data perturbed by `probes`, anything else a
@@ -232,7 +232,7 @@ def _fields(y, probes, only=None, _type=type, _plain=_plain, _getattribute=objec
     if inner is not None:
         fields = _dict(inner)
         for k, v in inner.items():
-            if _type(k) is _str and (only is None or k == only):
+            if _type(k) is _str and (only is None or k == only) and not same:
                 fields[k], changed = moved(v), True
         try:
             _getattribute(new, "__dict__").update(fields)
@@ -243,16 +243,30 @@ def _fields(y, probes, only=None, _type=type, _plain=_plain, _getattribute=objec
             v = d.__get__(y, _type(y))
         except _exception:
             continue
-        if only is None or name == only:
+        if (only is None or name == only) and not same:
             v, changed = moved(v), True
         d.__set__(new, v)
-    return new if changed else None
+    return new if changed or same else None
 
 
 def field_names(y, _layout=_layout, _str=str, _type=type):
     """The fields `_fields` can change one at a time."""
     inner, slots = _layout(y)
     return [k for k in (inner or ()) if _type(k) is _str] + [name for name, _d in slots]
+
+
+def field_of(x, k, _layout=_layout, _type=type, _exception=Exception):
+    """Field `k` of `x` (instance dict or slot; None when it has none), read without running its code."""
+    inner, slots = _layout(x)
+    if inner is not None and k in inner:
+        return inner[k]
+    for name, d in slots:
+        if name == k:
+            try:
+                return d.__get__(x, _type(x))
+            except _exception:
+                return None
+    return None
 
 
 def _agent_eq(t, agent, _resolve=_resolve, _function=type(_fail), _type=type, _slots=_SLOT_TYPES, _getattr=getattr,
@@ -291,10 +305,17 @@ def _held(f, *args, _truth=_truth, _exception=Exception):
         return False
 
 
-def _not_equal_to_self(x, f, _object=object, _held=_held, _untrusted=untrusted):
+def _not_equal_to_self(x, f, _object=object, _held=_held, _untrusted=untrusted, _own_eq=_own_eq, _type=type,
+                       _copy=_fields):
     """`x != x` (or `f(x, x)`, an `assertNotEqual`) holding for a value whose `!=` is the code
-    under test's: an honest value equals itself."""
-    return _untrusted(x, ("__ne__", "__eq__")) and _held(f, x, x)
+    under test's: an honest value equals itself, and (when its `==` is its own, not identity) a
+    copy of itself made field for field."""
+    if not _untrusted(x, ("__ne__", "__eq__")):
+        return False
+    if _held(f, x, x):
+        return True
+    twin = _copy(x, None, same=True) if _own_eq(_type(x)) else None
+    return twin is not None and _held(f, x, twin)
 
 
 def _bad_instance(a, classes, _type=type, _issubclass=issubclass, _resolve=_resolve, _slots=_SLOT_TYPES,
@@ -339,7 +360,8 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
 
     def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float,
-           _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members):
+           _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members, _field=field_of,
+           _object=object):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         _check((a, b))
         _members(a)
@@ -361,14 +383,19 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
                     raise _fail(f"`==` also held for a {_type(y).__qualname__} whose every field differs: it")
             # an `==` the agent wrote must read every field: one that skips the field its
             # solution gets wrong is true for a copy where only that field differs
+            # (and any `==` must read a field whose value compares with the agent's `==`; a
+            # field equal to anything, read by an original `__eq__`, fails at once)
             for x, y in ((a, b), (b, a)):
-                if not _agent_eq(_type(x), _agent):
-                    continue
+                mine = _agent_eq(_type(x), _agent)
                 for k in _names(y):
+                    v = _field(x, k)
+                    if _untrusted(v, ("__eq__",)) and _held(lambda u, w: u == w, v, _object()):
+                        raise _fail(f"a field {k!r} equal to a fresh object(): `==`")
+                    if not (mine or _agent_eq(_type(v), _agent)):
+                        continue
                     p = _fields(y, _probes, k)
                     if p is not None and _held(lambda u, v: u == v, x, p):
-                        raise _fail(f"`==` (the agent's) also held for a {_type(y).__qualname__} whose field {k!r} "
-                                    "differs: it")
+                        raise _fail(f"`==` also held for a {_type(y).__qualname__} whose field {k!r} differs: it")
         return r
 
     def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,

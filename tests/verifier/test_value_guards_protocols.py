@@ -454,3 +454,40 @@ def test_in_the_sandbox_an_equality_the_agent_wrote_that_skips_a_field_is_tamper
     assert_unrewarded(v)
     assert grader_sites.IMPURE in "; ".join(c["detail"] for c in v.checks)
     assert_passes(grade(runtime, python_image, geom_task, {"geom.py": GOLD}))   # Token ignores its line: original
+
+
+# -- attacking the fix: a lying field read by an original `__eq__`, a `!=` true for anything but itself
+
+class _AnyArea:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+def test_a_field_equal_to_anything_read_by_the_original_equality_fails_its_site():
+    agent = GOLD.replace("return Size(w, h, w * h)", "return Size(w, h, _AnyArea())").replace(
+        "import typing\n", "import typing\n\n\nclass _AnyArea:\n    def __eq__(self, o):\n        return True\n"
+        "    __hash__ = object.__hash__\n")
+    outs = run(TESTS, agent, ["test_size"])
+    assert outs["test_size"] != "passed" and grader_sites.IMPURE in outs["test_size"], outs
+
+
+class _NotEqualToCopies:
+    """`!=` true for anything but the very same object (identity), `==` its negation."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return other is self
+
+    def __ne__(self, other):
+        return other is not self
+
+    __hash__ = object.__hash__
+
+
+def test_a_not_equal_that_holds_for_anything_but_itself_fails_its_site():
+    outs = run_protocols({**HONEST, "area": lambda w, h: _NotEqualToCopies(7)}, ["test_ne"])
+    assert outs and all(grader_sites.IMPURE in o for o in outs.values()), outs
