@@ -415,11 +415,17 @@ def framework_targets(classes=False):
     fixtures = sys.modules.get("_pytest.fixtures")
     own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values")] \
         if not classes else []
+    if classes:     # pytest's report, call, item and fixture classes (`TestReport.outcome`)
+        import _pytest.nodes
+        import _pytest.python
+        import _pytest.reports
+        import _pytest.runner
+        return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+                _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node] + [
+            c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
+            if isinstance(c, type)]
     if fixtures is None:
         return own
-    if classes:
-        return [c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
-                if isinstance(c, type)]
     return own + [(fixtures, n) for n in ("call_fixture_func", "pytest_fixture_setup", "resolve_fixture_function",
                                           "getfixturemarker") if hasattr(fixtures, n)]
 

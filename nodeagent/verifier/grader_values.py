@@ -269,28 +269,51 @@ def field_of(x, k, _layout=_layout, _type=type, _exception=Exception):
     return None
 
 
-def _agent_eq(t, agent, _resolve=_resolve, _function=type(_fail), _type=type, _slots=_SLOT_TYPES, _getattr=getattr,
+def _forged(name, _audit=sys.audit, _list=list, _type=type, _str=str):
+    """Code under file name `name` that is no file's own source: `<string>`, or (the audit hook's
+    answer) compiled under a real file's name from another source."""
+    out = _list()
+    if _type(name) is _str and not name.startswith("<"):
+        _audit("paddock.trusted", name, out)
+    return _type(name) is _str and (name.startswith("<") or out == [True])
+
+
+def compares(t, k, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__, _type=type,
+             _dict=dict, _getattr=getattr, _tuple=tuple, _isinstance=isinstance):
+    """Does field `k` take part in `t`'s generated `==` (not a dataclass `compare=False` or an
+    attrs `eq=False` field)?"""
+    for c in _mro(t):
+        fields = _vars(c).get("__dataclass_fields__")
+        if _type(fields) is _dict and k in fields:
+            return _getattr(fields[k], "compare", True) is not False
+        attrs = _vars(c).get("__attrs_attrs__")
+        for a in _tuple.__iter__(attrs) if _isinstance(attrs, _tuple) else ():     # (a generated tuple subclass)
+            if _getattr(a, "name", None) == k:
+                return _getattr(a, "eq", True) is not False
+    return True
+
+
+def _agent_eq(t, agent, _forged=_forged, _resolve=_resolve, _function=type(_fail), _type=type, _slots=_SLOT_TYPES, _getattr=getattr,
               _code=type(_fail).__dict__["__code__"].__get__, _cells=type(_fail).__dict__["__closure__"].__get__,
               _range=range):
-    """Is `t`'s `==` code the agent wrote (`agent`: (code file, first line) pairs): a function of
-    its own, one wrapping one (a closure: a decorator's), a `partialmethod`/`partial` of one, or
-    a callable object whose class's `__get__`/`__call__` is?"""
-    if not agent:
-        return False
+    """Is `t`'s `==` code the agent wrote (`agent`: (code file, first line) pairs; or code no
+    file holds, `_forged`): a function of its own, one wrapping one (a closure: a decorator's), a
+    `partialmethod`/`partial` of one, or a callable object whose class's `__get__`/`__call__` is?"""
     d = _resolve(t, "__eq__")
     for _ in _range(4):
         if d is None or _type(d) in _slots:
             return False
         if _type(d) is _function:
             c = _code(d)
-            if (c.co_filename, c.co_firstlineno) in agent:
+            if (c.co_filename, c.co_firstlineno) in agent or _forged(c.co_filename):
                 return True
             for cell in _cells(d) or ():
                 try:
                     f = cell.cell_contents
                 except ValueError:
                     continue
-                if _type(f) is _function and (_code(f).co_filename, _code(f).co_firstlineno) in agent:
+                if _type(f) is _function and ((_code(f).co_filename, _code(f).co_firstlineno) in agent
+                                              or _forged(_code(f).co_filename)):
                     return True
             return False
         f = _getattr(d, "func", None)
@@ -361,7 +384,7 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
     def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float,
            _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members, _field=field_of,
-           _object=object):
+           _object=object, _compares=compares):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         _check((a, b))
         _members(a)
@@ -391,7 +414,7 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
                     v = _field(x, k)
                     if _untrusted(v, ("__eq__",)) and _held(lambda u, w: u == w, v, _object()):
                         raise _fail(f"a field {k!r} equal to a fresh object(): `==`")
-                    if not (mine or _agent_eq(_type(v), _agent)):
+                    if not (mine and _compares(_type(y), k) or _agent_eq(_type(v), _agent)):
                         continue
                     p = _fields(y, _probes, k)
                     if p is not None and _held(lambda u, v: u == v, x, p):
