@@ -477,10 +477,11 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         return r
 
     def op(name, a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
-           _numbers=(int, float), _probes=probes, _binops=_BINOPS):
+           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex):
         """`a <name> b` (`+ - * / // % ** @`): where the operation is the code under test's, it
-        must refuse a fresh `object()` on either side, and `+`/`-` must not give the same number
-        for a perturbed number (both are one-to-one)."""
+        must not give a number, or the same result, for a fresh `object()` on either side, and
+        `+`/`-` (`*`, `/` unless the result is 0) must not give the same number for a perturbed
+        number (they are one-to-one)."""
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         _check((a, b))
         f, dunders = _binops[name]
@@ -489,10 +490,13 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
             return r
         for x, y in ((a, _object()), (_object(), b)):
             try:
-                f(x, y)
+                v = f(x, y)
             except Exception:
                 continue
-            raise _fail(f"`{name}` at this site also gave a value for a fresh object(): it")
+            # (a number, or the same result: an honest `/` or `%` that builds a path or a string
+            # from anything gives neither)
+            if _type(v) in _numbers or _type(v) is _complex or _held(lambda u, w: u == w, v, r):
+                raise _fail(f"`{name}` at this site also gave a value for a fresh object(): it")
         if name in ("+", "-", "*", "/") and _type(r) in _numbers and _type(b) in _numbers and _untrusted(a, dunders) \
                 and (name in ("+", "-") or r != 0):     # (`*`, `/`: one-to-one unless the result is 0)
             for p in _probes(b, 2):
