@@ -41,7 +41,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence, cast
+from typing import Collection, Mapping, Sequence, cast
 
 from nodeagent.verifier.grader_sites import IMPURE
 
@@ -314,10 +314,12 @@ def _kinds(sites: list[int], required: bool) -> list[str]:
 
 
 def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
-              plan: Plan, taken: set[str], required: set[str] | None = None) -> str:
+              plan: Plan, taken: set[str], required: set[str] | None = None, counted: bool = False) -> str:
     """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
-    bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
-    every file of the check, so a test called by name from another file finds its renamed self."""
+    bound to opaque names; records the map in `plan`. `required`: the tests that get `TWINS` and
+    `PERTURBED` (`counted`: they have one case each, else not a parametrised one). `names`
+    (original -> opaque) is shared by every file of the check, so a test called by name from
+    another file finds its renamed self."""
     tree = parse(source)
     classes = test_classes(tree)
     scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
@@ -340,7 +342,9 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
             real[names[stmt.name]] = stmt.name
             sites = _eq_sites(stmt.body)
             group = [(_variant(stmt, sites, ROLE_REAL), names[stmt.name])]
-            for kind in _kinds(sites, stmt.name in (required or ())):
+            heavy = stmt.name in (required or ()) and (counted or not any(      # (its cases unknown: not if parametrised)
+                "parametrize" in ast.unparse(d) for d in stmt.decorator_list))
+            for kind in _kinds(sites, heavy):
                 c = _variant(stmt, sites, kind)
                 cname = _opaque(rng, stmt.name, taken)
                 if kind == ROLE_REAL:
@@ -367,10 +371,14 @@ def _function_nodes(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctio
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
 
 
-def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, bytes | None]) -> list[list]:
+def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, bytes | None],
+                    added: Collection[str] = ()) -> list[list]:
     """[rel path, first line] of every function (`def`, `lambda`) the agent wrote or changed: in a
-    changed `.py` file, one whose code (`ast.dump`, positions left out) is not among the original
-    file's functions (every function of a file the task did not have). The first line is the code
+    changed `.py` file whose original is in `originals`, one whose code (`ast.dump`, positions
+    left out) is not among the original file's functions; every function of a file the agent
+    added (`added`). A modified file whose original is not at hand (a repository that lives in
+    the image) gives none: its `__eq__` may be the original's, which may ignore a cache field
+    (semver's `Version` its build, ordered-set's its index). The first line is the code
     object's `co_firstlineno` (a decorated `def`: its first decorator's line). The value guards
     hold an `__eq__` of these to every field (`grader_values`); an original `__eq__` that ignores
     a field (a cache, a position) is the project's own semantics."""
@@ -384,6 +392,8 @@ def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, 
             continue
         old: dict[str, int] = {}
         text = originals.get(rel)
+        if text is None and rel not in added:
+            continue
         if text is not None:
             try:
                 for n in _function_nodes(parse(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)):
@@ -430,11 +440,16 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
                         and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
                     names[f.name] = _opaque(rng, f.name, taken)
-    pool = sorted({_base(t) for t in fail_to_pass} if fail_to_pass else names)   # tests that must start passing
+    ids: dict[str, int] = {}
+    for t in fail_to_pass:
+        ids[_base(t)] = ids.get(_base(t), 0) + 1
+    # tests that must start passing, one case each (a parametrised test's cases each must pass: a
+    # guess must hold in all of them; and 9 copies of 100 cases would not fit the time limit)
+    pool = sorted(b for b, n in ids.items() if n == 1) if fail_to_pass else sorted(names)
     required = set(rng.sample(pool, min(F2P_HEAVY, len(pool))))
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required) + \
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required, bool(fail_to_pass)) + \
                 AGENT_CODE + json.dumps([list(x) for x in agent_code]) + "\n"
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text

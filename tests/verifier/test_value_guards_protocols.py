@@ -175,12 +175,14 @@ def run(tests: str, agent_source: str, names: list[str], seed: int = 3, original
 
 
 def test_the_agents_functions_are_those_it_wrote_or_changed():
-    found = canaries.agent_functions({"geom.py": ORIGINAL}, {"geom.py": PARTIAL.encode(), "new.py": b"f = lambda: 1\n"})
+    found = canaries.agent_functions({"geom.py": ORIGINAL}, {"geom.py": PARTIAL.encode(), "new.py": b"f = lambda: 1\n",
+                                                            "image.py": b"def g():\n    pass\n"}, added={"new.py"})
     lines = PARTIAL.splitlines()
     assert sorted(lines[line - 1].strip()[:20] for rel, line in found if rel == "geom.py") == \
         ["def __eq__(self, o):", "def box_of(w, h):", "def pair_of(a, b):", "def size_of(w, h):",
          "def token_of(text):"]
     assert ["new.py", 1] in found
+    assert not [f for f in found if f[0] == "image.py"]      # modified, its original not at hand: none
     assert canaries.agent_functions({"geom.py": ORIGINAL}, {"geom.py": ORIGINAL.encode()}) == []
 
 
