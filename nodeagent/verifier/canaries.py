@@ -41,7 +41,7 @@ import random
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import Sequence, cast
+from typing import Collection, Mapping, Sequence, cast
 
 from nodeagent.verifier.grader_sites import IMPURE
 
@@ -50,8 +50,18 @@ SENTINEL = "\x00paddock-perturb\x00"    # `SENTINEL.eq(a, b)`: the grader swaps 
 # object (equal lengths: not even a column offset differs)
 ROLE_REAL, ROLE_PERTURBED, ROLE_FAIL = "\x00paddock-role-r\x00", "\x00paddock-role-p\x00", "\x00paddock-role-f\x00"
 P2P_GUARDED = 8         # tests that must keep passing, guarded too (a random sample of them)
-K_CANARIES = 3          # per test that must start passing: a forger that singles out one test of a
-                        # group is caught with probability 1 - 1/(K_CANARIES + 1) per test it forges
+K_CANARIES = 3          # per guarded test: a forger that singles out one test of a group is caught
+                        # with probability 1 - 1/(K_CANARIES + 1) per test it forges
+# A test that must start passing and has equality checks gets more copies: `TWINS` more copies of
+# the real test (each must pass too) and `PERTURBED` perturbed canaries (and one raise-after). A
+# forger whose answer is a pure function of the values but picks, at random, which value it
+# equals (the "lazy guess": the copies are alike, so it succeeds in each with the same chance p)
+# earns reward only by succeeding in every real copy and in no perturbed one: at most
+# p^(1+TWINS) (1-p)^PERTURBED per check, 1/4^4 = 0.4% at p = 1/2 (was p(1-p)^2, up to 4/27 = 15%).
+# `F2P_HEAVY` of them (drawn per grading; every one when there are no more): a suite of 150 such
+# tests would otherwise run 9 times over.
+TWINS, PERTURBED = 3, 4
+F2P_HEAVY = 8           # of the tests that must start passing, how many (drawn at random) get them
 _HELPER = re.compile(r"^assert_?\w*(equal|close)\w*$", re.IGNORECASE)
 _SUPPRESSING = re.compile(r"raises|suppress|warns|deprecat|assertlogs|catch", re.IGNORECASE)
 _AST_LOCK = threading.Lock()
@@ -72,6 +82,7 @@ class Plan:
     is defined in, "" at module level; the original's name); the names of the perturbed canaries."""
     real: dict[str, dict[str, str]] = field(default_factory=dict)
     canary: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    twin: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)     # copies of the real test
     perturbed: dict[str, set[str]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -189,6 +200,8 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
 
 
 _UNITTEST_ASSERT = re.compile(r"^assert[A-Z]\w*$")
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**",
+           ast.MatMult: "@"}
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
         ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
 
@@ -205,7 +218,8 @@ class _Sites(ast.NodeTransformer):
     through the grader's site guards (`grader_sites`): `a == b` -> `SENTINEL.eq(a, b)`, an
     `assertX(...)` (unittest) or `assert_*equal*`/`*close*` helper call `f(...)` ->
     `SENTINEL.call("assertEqual", f, ...)`; other comparisons -> `SENTINEL.cmp(op, a, b)` /
-    `SENTINEL.chain(ops, a, b, c)`, `a - b` -> `SENTINEL.sub(a, b)` (`grader_values`). An answer that is not a pure function of the values compared (a
+    `SENTINEL.chain(ops, a, b, c)`, `a + b` (any binary arithmetic) -> `SENTINEL.op("+", a, b)`,
+    `isinstance(a, T)` -> `SENTINEL.isinstance(isinstance, a, T)` (`grader_values`). An answer that is not a pure function of the values compared (a
     counter, randomness, time, the caller) fails the site; honest values are compared as before."""
 
     def visit_Compare(self, node):
@@ -227,15 +241,20 @@ class _Sites(ast.NodeTransformer):
 
     def visit_BinOp(self, node):
         self.generic_visit(node)
-        if not isinstance(node.op, ast.Sub):
+        name = _BINOPS.get(type(node.op))
+        if name is None:
             return node
-        guard = ast.Attribute(ast.Constant(SENTINEL), "sub", ast.Load())
-        return ast.copy_location(ast.Call(guard, [node.left, node.right], []), node)
+        guard = ast.Attribute(ast.Constant(SENTINEL), "op", ast.Load())
+        return ast.copy_location(ast.Call(guard, [ast.Constant(name), node.left, node.right], []), node)
 
     def visit_Call(self, node):
         self.generic_visit(node)
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if isinstance(f, ast.Name) and name == "isinstance" and len(node.args) == 2 and not node.keywords \
+                and not any(isinstance(a, ast.Starred) for a in node.args):
+            guard = ast.Attribute(ast.Constant(SENTINEL), "isinstance", ast.Load())
+            return ast.copy_location(ast.Call(guard, [f, *node.args], []), node)
         if not (_UNITTEST_ASSERT.match(name) or _HELPER.match(name)) or _SUPPRESSING.search(name) \
                 or not node.args or any(isinstance(a, ast.Starred) for a in node.args) \
                 or any(k.arg is None for k in node.keywords):
@@ -281,11 +300,26 @@ def _bind(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> ast.stmt:
     return ast.copy_location(ast.Assign([ast.Name(name, ast.Store())], ast.Name(fn.name, ast.Load())), fn)
 
 
+def copies(checks: bool, required: bool) -> int:
+    """How many copies a guarded test runs as, the real one included (`checks`: it has equality
+    checks; `required`: it must start passing)."""
+    return 1 + len(_kinds([0] if checks else [], required))
+
+
+def _kinds(sites: list[int], required: bool) -> list[str]:
+    """The copies of a guarded test besides the real one (`TWINS`, `PERTURBED`)."""
+    if sites and required:
+        return [ROLE_REAL] * TWINS + [ROLE_PERTURBED] * PERTURBED + [ROLE_FAIL]
+    return [ROLE_PERTURBED if sites and i % 2 == 0 else ROLE_FAIL for i in range(K_CANARIES)]
+
+
 def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
-              plan: Plan, taken: set[str]) -> str:
+              plan: Plan, taken: set[str], required: set[str] | None = None, counted: bool = False) -> str:
     """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
-    bound to opaque names; records the map in `plan`. `names` (original -> opaque) is shared by
-    every file of the check, so a test called by name from another file finds its renamed self."""
+    bound to opaque names; records the map in `plan`. `required`: the tests that get `TWINS` and
+    `PERTURBED` (`counted`: they have one case each, else not a parametrised one). `names`
+    (original -> opaque) is shared by every file of the check, so a test called by name from
+    another file finds its renamed self."""
     tree = parse(source)
     classes = test_classes(tree)
     scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
@@ -308,11 +342,16 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
             real[names[stmt.name]] = stmt.name
             sites = _eq_sites(stmt.body)
             group = [(_variant(stmt, sites, ROLE_REAL), names[stmt.name])]
-            for i in range(K_CANARIES):
-                c = _variant(stmt, sites, ROLE_PERTURBED if sites and i % 2 == 0 else ROLE_FAIL)
+            heavy = stmt.name in (required or ()) and (counted or not any(      # (its cases unknown: not if parametrised)
+                "parametrize" in ast.unparse(d) for d in stmt.decorator_list))
+            for kind in _kinds(sites, heavy):
+                c = _variant(stmt, sites, kind)
                 cname = _opaque(rng, stmt.name, taken)
-                canary[cname] = (scope, stmt.name)
-                if sites and i % 2 == 0:
+                if kind == ROLE_REAL:
+                    plan.twin.setdefault(rel, {})[cname] = (scope, stmt.name)
+                else:
+                    canary[cname] = (scope, stmt.name)
+                if kind == ROLE_PERTURBED:
                     plan.perturbed.setdefault(rel, set()).add(cname)
                 group.append((c, cname))
             rng.shuffle(group)
@@ -325,15 +364,63 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n"
 
 
+AGENT_CODE = "# paddock-agent-code: "     # a planted module's last line: `agent_functions` (json), read by the loader
+
+
+def _function_nodes(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+
+
+def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, bytes | None],
+                    added: Collection[str] = ()) -> list[list]:
+    """[rel path, first line] of every function (`def`, `lambda`) the agent wrote or changed: in a
+    changed `.py` file whose original is in `originals`, one whose code (`ast.dump`, positions
+    left out) is not among the original file's functions; every function of a file the agent
+    added (`added`). A modified file whose original is not at hand (a repository that lives in
+    the image) gives none: its `__eq__` may be the original's, which may ignore a cache field
+    (semver's `Version` its build, ordered-set's its index). The first line is the code
+    object's `co_firstlineno` (a decorated `def`: its first decorator's line). The value guards
+    hold an `__eq__` of these to every field (`grader_values`); an original `__eq__` that ignores
+    a field (a cache, a position) is the project's own semantics."""
+    out: list[list] = []
+    for rel, data in sorted(changed.items()):
+        if data is None or not rel.endswith(".py"):
+            continue
+        try:
+            new = parse(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
+        except (SyntaxError, ValueError, RecursionError):
+            continue
+        old: dict[str, int] = {}
+        text = originals.get(rel)
+        if text is None and rel not in added:
+            continue
+        if text is not None:
+            try:
+                for n in _function_nodes(parse(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)):
+                    old[ast.dump(n)] = old.get(ast.dump(n), 0) + 1
+            except (SyntaxError, ValueError, RecursionError):
+                pass
+        for n in _function_nodes(new):
+            key = ast.dump(n)
+            if old.get(key):
+                old[key] -= 1
+                continue
+            first = min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", ())])
+            out.append([rel, first])
+    return out
+
+
 def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random | None = None,
-          pass_to_pass: Sequence[str] = ()) -> Plan:
+          pass_to_pass: Sequence[str] = (), agent_code: Sequence[Sequence] = ()) -> Plan:
     """Plant canaries in the test modules of `sources` (rel -> text) for the tests that must
     start passing (`fail_to_pass`; every test when it is empty): the ones a forger needs, and
     for `P2P_GUARDED` of the tests that must keep passing (`pass_to_pass`), drawn at random
     here: an agent that fixes the failing tests but breaks what others check, and forges those
     (a no-op assertion helper, a patched `assertListEqual`), meets canaries there too. The
     other tests run as they are, under their own names. A module that does not parse is left
-    as it is (its collection error is the verdict's business)."""
+    as it is (its collection error is the verdict's business). `agent_code`: `agent_functions`,
+    carried to the grader's loader in a comment (`AGENT_CODE`) after the module's last line (no
+    code object holds it; line numbers are unchanged)."""
     rng = rng or random.SystemRandom()
     guarded = {_base(t) for t in fail_to_pass} if fail_to_pass else None
     if guarded is not None and pass_to_pass:
@@ -353,9 +440,17 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
                 if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
                         and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
                     names[f.name] = _opaque(rng, f.name, taken)
+    ids: dict[str, int] = {}
+    for t in fail_to_pass:
+        ids[_base(t)] = ids.get(_base(t), 0) + 1
+    # tests that must start passing, one case each (a parametrised test's cases each must pass: a
+    # guess must hold in all of them; and 9 copies of 100 cases would not fit the time limit)
+    pool = sorted(b for b, n in ids.items() if n == 1) if fail_to_pass else sorted(names)
+    required = set(rng.sample(pool, min(F2P_HEAVY, len(pool))))
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken)
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required, bool(fail_to_pass)) + \
+                AGENT_CODE + json.dumps([list(x) for x in agent_code]) + "\n"
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text
     return plan
@@ -381,11 +476,19 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         return raw
     kept, seen_canaries, passed_real, bad, impure = [], set(), [], [], []
     coincidences = []       # perturbed canaries that passed: (their real test's key, the id to name)
+    heard_twins: set[tuple[str, str, str, str]] = set()
+    twin_failed: dict[tuple[str, str, str, str], str] = {}
     for ev in events:
         if not (isinstance(ev, dict) and ev.get("ev") == "test" and isinstance(ev.get("id"), str)):
             kept.append(ev)
             continue
         file, cls, name, params = _split(ev["id"])
+        if name in plan.twin.get(file, {}):        # a copy of the real test: it must pass as the real one did
+            key = (file, cls, plan.twin[file][name][1], params)
+            heard_twins.add((file, cls, name, params))
+            if ev.get("outcome") != "passed":
+                twin_failed.setdefault(key, str(ev.get("detail") or ev.get("outcome"))[:300])
+            continue
         if name in plan.canary.get(file, {}):
             seen_canaries.add((file, cls, name, params))
             if ev.get("outcome") == "passed":
@@ -415,6 +518,17 @@ def translate(raw: bytes, plan: Plan) -> bytes:
         # a class's own canaries must all be heard; a test it inherits brings its base's canaries
         if (mine and len([c for c in mine if c in heard]) < len(mine)) or (inherited and not heard):
             silent.append(f"{file}::{cls + '::' if cls else ''}{original}{params}")
+        twins = [t for t, (scope, orig) in plan.twin.get(file, {}).items() if orig == original and scope == cls]
+        if any((file, cls, t, params) not in heard_twins for t in twins):
+            twin_failed.setdefault((file, cls, original, params), "a copy of this test was never reported")
+    # a real test passes only when every copy of it passed (`TWINS`); a site guard's finding in
+    # a copy is tampering, as in the real test
+    for ev in kept:
+        if ev.get("ev") == "test" and ev.get("when") == "call" and ev.get("outcome") == "passed":
+            key = _split(ev["id"])
+            if key in twin_failed:
+                ev["outcome"], ev["detail"] = "failed", f"a copy of this test failed: {twin_failed[key]}"
+    impure += [f"{f}::{c + '::' if c else ''}{o}{p}" for (f, c, o, p), d in twin_failed.items() if IMPURE in d]
     if bad:
         kept.append({"ev": "tamper", "detail": f"a hidden canary copy that must fail passed: {sorted(set(bad))[:5]}"})
     if silent:

@@ -118,33 +118,37 @@ perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb
 ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
 
-def _perturber(_format=perturb, _guards=_values.guards(
-        _sites.site_eq, _sites.site_call, _sites._probes, _values.approx_types())):
-    """A private object whose `.format` is `perturb` and `.eq`/`.call`/`.cmp`/`.chain`/`.sub` the
-    assertion-site guards (`grader_sites` behind `grader_values`' value guards): planted sources
-    call `SENTINEL.eq(a, b)`, and the grader swaps the string constant for this object in the
-    compiled code, so no name a test could rebind leads to it (nor to these functions: default
-    arguments)."""
+def _perturber(agent=frozenset(), _format=perturb, _guards=_values.guards, _site_eq=_sites.site_eq,
+               _site_call=_sites.site_call, _probes=_sites._probes, _approx=_values.approx_types()):
+    """A private object whose `.format` is `perturb` and `.eq`/`.call`/`.cmp`/`.chain`/`.sub`/
+    `.op`/`.isinstance` the assertion-site guards (`grader_sites` behind `grader_values`' value
+    guards; `agent`: `grader_values.agent_code`): planted sources call `SENTINEL.eq(a, b)`, and the grader swaps
+    the string constant for this object in the compiled code, so no name a test could rebind
+    leads to it (nor to these functions: default arguments)."""
     class Perturber:
-        __slots__ = ("format", "eq", "call", "cmp", "chain", "sub")
+        __slots__ = ("format", "eq", "call", "cmp", "chain", "sub", "op", "isinstance")
     p = Perturber()
-    p.format, (p.eq, p.call, p.cmp, p.chain, p.sub) = _format, _guards
+    p.format, (p.eq, p.call, p.cmp, p.chain, p.sub, p.op, p.isinstance) = _format, _guards(
+        _site_eq, _site_call, _probes, _approx, agent)
     return p
 
 
-def bind_perturber(code, _roles=None, _role_class=_values.role_class, _perturb=perturb, _probes=_sites._probes,
-                   _names=ROLES):
+def bind_perturber(code, source=None, _roles=None, _role_class=_values.role_class, _perturb=perturb,
+                   _probes=_sites._probes, _names=ROLES, _agent_code=_values.agent_code, _frozenset=frozenset):
     """`code` with every canary sentinel constant (in it and its nested code) replaced by a fresh
     perturber, and every role constant of a guarded test's copies by its role object (one fresh
-    class per module: `grader_values.role_class`); kept nowhere else, only the compiled tests hold them."""
+    class per module: `grader_values.role_class`); kept nowhere else, only the compiled tests hold
+    them. `source`: the planted module's bytes (the functions the agent wrote: `grader_values.agent_code`)."""
+    agent = source if type(source) is _frozenset else _agent_code(source)
     if _roles is None:
         cls = _role_class(_perturb, _probes)
         _roles = {k: cls(v) for k, v in _names.items()}
     if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles) or isinstance(c, type(code))
                for c in code.co_consts):
         return code
-    consts = tuple(_perturber() if type(c) is str and c == CANARY_SENTINEL else _roles[c] if type(c) is str and c
-                   in _roles else bind_perturber(c, _roles) if isinstance(c, type(code)) else c for c in code.co_consts)
+    consts = tuple(_perturber(agent) if type(c) is str and c == CANARY_SENTINEL else _roles[c] if type(c) is str and c
+                   in _roles else bind_perturber(c, agent, _roles) if isinstance(c, type(code)) else c
+                   for c in code.co_consts)
     return code.replace(co_consts=consts)
 
 
@@ -411,11 +415,17 @@ def framework_targets(classes=False):
     fixtures = sys.modules.get("_pytest.fixtures")
     own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values")] \
         if not classes else []
+    if classes:     # pytest's report, call, item and fixture classes (`TestReport.outcome`)
+        import _pytest.nodes
+        import _pytest.python
+        import _pytest.reports
+        import _pytest.runner
+        return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+                _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node] + [
+            c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
+            if isinstance(c, type)]
     if fixtures is None:
         return own
-    if classes:
-        return [c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
-                if isinstance(c, type)]
     return own + [(fixtures, n) for n in ("call_fixture_func", "pytest_fixture_setup", "resolve_fixture_function",
                                           "getfixturemarker") if hasattr(fixtures, n)]
 

@@ -305,7 +305,7 @@ class _Plugin:
     def take_snapshot(self):
         """In `child` before pytest.main, before any /work code (the task's conftest) runs."""
         self.watch = self.snapshot()
-        self.class_watch = [(cls, dict(vars(cls))) for cls in _watched_classes()]
+        self.class_watch = [(cls, dict(vars(cls))) for cls in (_Plugin, *_asserts.framework_targets(classes=True))]
         self.globals_watch = [("builtins", vars(builtins), n, v) for n, v in list(vars(builtins).items())
                               if callable(v) or isinstance(v, type)]
 
@@ -363,7 +363,7 @@ class _MemLoader(importlib.abc.SourceLoader):
     def source_to_code(self, data, path, *, _optimize=-1):
         tree = _asserts.HonestAsserts().visit(_asserts.state_compile(ast.parse(data, path), path))
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
-        return _asserts.bind_perturber(code)
+        return _asserts.bind_perturber(code, data)
 
     def exec_module(self, module):
         path, module.__dict__["_paddock_honest_eq"] = self.path, _asserts.honest_eq
@@ -476,8 +476,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
     extension modules in a file or directory the child can write (/tmp; not /work, nor the
     image) and opening a process's memory through /proc. A repository check's test modules
     (`test_files`, /work paths) are trusted like the tests directory: the task's code, compiled
-    by the grader's own loader (the same name compiled any other way taints it)."""
-    getframe, ident, busy, tainted = sys._getframe, _thread.get_ident, set(), set()
+    by the grader's own loader (the same name compiled any other way taints it). Any other name
+    compiled from a source not its file's own is recorded as forged (`paddock.trusted` of a name)."""
+    getframe, ident, busy, tainted, forged = sys._getframe, _thread.get_ident, set(), set(), set()
     home = ident()         # the thread that runs pytest
     realpath, claims, test_files = os.path.realpath, (*prefixes, "<frozen "), frozenset(test_files)
 
@@ -560,6 +561,8 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             if isinstance(name, str) and (name.startswith(claims) or name in test_files) and name not in tainted and (
                     untrusted_on_stack(frame, thread=False) or not genuine_source(args[0], name, frame)):
                 tainted.add(name)           # code compiled for the code under test is not trusted
+            elif isinstance(name, str) and name not in forged and not genuine_source(args[0], name, frame):
+                forged.add(name)            # (`exec(compile(src, "/work/pkg/x.py", ...))`: no file's own code)
             return None
         if event in ("marshal.loads", "marshal.load"):
             return None if genuine_unmarshal(frame) else (untrusted_on_stack(frame) or "marshal")
@@ -617,7 +620,9 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
                 args[0].append(culprit)
             return
         if event == "paddock.trusted":      # (fn, out): is fn's code trusted? (`paddock_asserts.trusted_function`)
-            if len(args) == 2 and type(args[1]) is list:
+            if len(args) == 2 and type(args[1]) is list and type(args[0]) is str:   # (name, out): forged?
+                args[1].append(args[0] in forged or args[0].startswith("<"))
+            elif len(args) == 2 and type(args[1]) is list:
                 me = ident()
                 busy.add(me)
                 try:
@@ -638,17 +643,6 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             emit(ev="tamper", refused=event, by=str(culprit)[:200])
             raise RuntimeError(f"paddock grader: {event} is refused to the code under test")
     sys.addaudithook(hook)
-
-
-def _watched_classes():
-    """pytest's report, call, item and fixture classes: their whole __dict__ is watched (`TestReport.outcome`)."""
-    import _pytest.nodes
-    import _pytest.python
-    import _pytest.reports
-    import _pytest.runner
-    return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
-            _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node, _Plugin,
-            *_asserts.framework_targets(classes=True)]
 
 
 def _callables_of(tests_dir, locked=()):

@@ -159,25 +159,48 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
 
 
 def _probes(y, count, _type=type, _scalars=_SCALARS, _perturb=perturb, _rand=_rand, _list=list, _tuple=tuple,
-            _dict=dict, _int=int, _object=object, _range=range, _abs=abs, _len=len):
+            _dict=dict, _int=int, _object=object, _range=range, _abs=abs, _len=len, _set=set, _frozenset=frozenset):
     """`count` values that an honest operand equal to `y` is not equal to: for plain data, `y`
     with one value deep inside it perturbed (the shape kept, so a container's comparison reaches
-    its items; an int moved by half its size and more, as `perturb` moves a float: a tolerance
-    does not hide it), else fresh objects."""
+    its items: a list's or tuple's item, a dict's value or key, a set's member; an int moved by
+    half its size and more, as `perturb` moves a float: a tolerance does not hide it), else
+    fresh objects."""
+    def moved(cur, t):
+        return cur + (_abs(cur) // 2 + 1 + _rand(3)) * (1 if _rand(2) else -1) if t is _int else _perturb(cur)
+
+    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple
+        if _type(k) in _scalars:
+            return moved(k, _type(k))
+        if _type(k) is _tuple and k:
+            i = _rand(_len(k))
+            return (*k[:i], moved(k[i], _type(k[i])), *k[i + 1:]) if _type(k[i]) in _scalars else None
+        return None
     out = []
     for _ in _range(count):
-        path, cur, t = [], y, _type(y)
-        while t in (_list, _tuple, _dict) and cur:
-            keys = _list(cur) if t is _dict else _range(_len(cur))
+        path, cur, t, new = [], y, _type(y), None
+        while t in (_list, _tuple, _dict, _set, _frozenset) and cur:
+            keys = _list(cur) if t in (_dict, _set, _frozenset) else _range(_len(cur))
             k = keys[_rand(_len(keys))]
+            if t in (_set, _frozenset) or t is _dict and _rand(3) == 0:    # a member or a key replaced (size kept)
+                try:
+                    m = member(k)
+                except Exception:
+                    m = None
+                if m is not None and m not in cur:
+                    new = t([x for x in cur if x is not k] + [m]) if t is not _dict else {
+                        (m if x is k else x): v for x, v in cur.items()}
+                    break
+                if t is not _dict:
+                    break
             path.append((t, cur, k))
             cur = cur[k]
             t = _type(cur)
-        try:
-            new = cur + (_abs(cur) // 2 + 1 + _rand(3)) * (1 if _rand(2) else -1) if t is _int else _perturb(cur)
-        except Exception:
-            out.append(_object())
-            continue
+        if new is None:
+            try:
+                new = moved(cur, t)
+            except Exception:
+                out.append(_object())
+                continue
         for t, box, k in reversed(path):
             if t is _dict:
                 new = {**box, k: new}

@@ -12,7 +12,7 @@ import unittest
 
 import pytest
 
-from nodeagent.verifier import canaries, grader_asserts
+from nodeagent.verifier import canaries, grader_asserts, grader_sites
 
 TESTS = '''import unittest
 from calc import add, assert_close
@@ -128,7 +128,7 @@ def test_guarded_tests_and_their_canaries_get_opaque_names_and_the_rest_keep_the
     per_test = {}
     for scope, original in canary.values():
         per_test[(scope, original)] = per_test.get((scope, original), 0) + 1
-    assert set(per_test.values()) == {canaries.K_CANARIES}
+    assert set(per_test.values()) <= {canaries.K_CANARIES, canaries.PERTURBED + 1}     # (no checks: raise-after only)
     assert ("TestCalc", "test_add_negative") in per_test and ("", "test_add_negative") in per_test
     space = load(plan.sources["tests/test_calc.py"], Calc(lambda a, b: a + b))
     assert "test_add" in space and "test_add_negative" not in space        # unguarded keeps its name
@@ -269,3 +269,29 @@ def test_parsing_test_modules_in_threads_at_different_stack_depths_never_breaks_
     finally:
         sys.setswitchinterval(old)
     assert errors == []
+
+
+def test_a_test_that_must_start_passing_passes_only_when_every_real_copy_passed():
+    """`TWINS` copies of the real test: one that fails (a guess that missed), or is never
+    reported, fails the real test; one whose site guard found a forged answer is tampering."""
+    source = "from calc import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    plan = canaries.plant({"tests/test_calc.py": source}, ["tests/test_calc.py::test_add"], random.Random(5))
+    twins = list(plan.twin["tests/test_calc.py"])
+    real = next(iter(plan.real["tests/test_calc.py"]))
+    assert len(twins) == canaries.TWINS and len(plan.canary["tests/test_calc.py"]) == canaries.PERTURBED + 1
+
+    def read(twin_outcomes: dict, detail: str = "") -> tuple[str, list]:
+        events = [{"ev": "test", "id": f"tests/test_calc.py::{real}", "when": "call", "outcome": "passed"}]
+        events += [{"ev": "test", "id": f"tests/test_calc.py::{c}", "when": "call", "outcome": "failed"}
+                   for c in plan.canary["tests/test_calc.py"]]
+        events += [{"ev": "test", "id": f"tests/test_calc.py::{t}", "when": "call", "outcome": o, "detail": detail}
+                   for t, o in twin_outcomes.items()]
+        out = json.loads(canaries.translate(json.dumps({"events": events}).encode(), plan))["events"]
+        mine = [e for e in out if e.get("id") == "tests/test_calc.py::test_add"]
+        assert len(mine) == 1
+        return mine[0]["outcome"], [e for e in out if e["ev"] == "tamper"]
+    assert read(dict.fromkeys(twins, "passed")) == ("passed", [])
+    assert read({**dict.fromkeys(twins, "passed"), twins[0]: "failed"}) == ("failed", [])
+    assert read(dict.fromkeys(twins[1:], "passed")) == ("failed", [])       # one never reported
+    outcome, tamper = read({**dict.fromkeys(twins, "passed"), twins[1]: "failed"}, detail=grader_sites.IMPURE)
+    assert outcome == "failed" and tamper
