@@ -272,12 +272,15 @@ def split_test_infrastructure(changes: list[Change]) -> tuple[list[Change], list
     return kept, ignored
 
 
-def plant_canaries(task: GradedTask, spec: CheckerSpec) -> canaries.Plan:
+def plant_canaries(task: GradedTask, spec: CheckerSpec, changes: list[Change] | tuple = ()) -> canaries.Plan:
     """The hidden canaries of a repository-level check (`nodeagent.verifier.canaries`), planted
-    in its test modules (`locked_tests`); the plan stays on this host."""
+    in its test modules (`locked_tests`), with the functions the agent wrote or changed
+    (`canaries.agent_functions`: the value guards hold those `__eq__` to every field); the plan
+    stays on this host."""
     modules = {rel: as_bytes(text).decode("utf-8", "replace") for rel, text in _test_sources(task, spec)
                if f"/work/{rel}" in set(locked_tests(task, spec))}
-    return canaries.plant(modules, list(spec.fail_to_pass), pass_to_pass=list(spec.pass_to_pass))
+    agent = canaries.agent_functions(dict(task.files), agent_files(list(changes)))
+    return canaries.plant(modules, list(spec.fail_to_pass), pass_to_pass=list(spec.pass_to_pass), agent_code=agent)
 
 
 def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> Verdict:
@@ -292,7 +295,7 @@ def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> V
     plan = None
     if repo:
         changes, ignored = split_test_infrastructure(changes)
-        plan = plant_canaries(task, spec)
+        plan = plant_canaries(task, spec, changes)
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS

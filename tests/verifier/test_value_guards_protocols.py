@@ -13,7 +13,6 @@ the functions the agent wrote, `canaries.agent_functions`).
 """
 from __future__ import annotations
 
-import inspect
 import random
 import sys
 import types
@@ -21,7 +20,6 @@ import types
 import pytest
 
 from nodeagent.verifier import canaries, grader_asserts, grader_sites
-from nodeagent.verifier import grade as grade_module
 
 FILE = "tests/test_geom.py"
 ORIGINAL = '''import dataclasses
@@ -448,8 +446,6 @@ def geom_task():
     return task
 
 
-@pytest.mark.skipif("changes" not in inspect.signature(grade_module.plant_canaries).parameters,
-                    reason="grade.plant_canaries does not yet pass the agent's changes to canaries.plant (agent_code)")
 def test_in_the_sandbox_an_equality_the_agent_wrote_that_skips_a_field_is_tampering(runtime, python_image, geom_task):
     from .test_repo_attacks import assert_passes, assert_unrewarded, grade
     v = grade(runtime, python_image, geom_task, {"geom.py": PARTIAL})
