@@ -206,6 +206,11 @@ _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", 
         ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
 
 
+_OPERATOR_CMP = {"eq": ast.Eq, "ne": ast.NotEq, "lt": ast.Lt, "le": ast.LtE, "gt": ast.Gt, "ge": ast.GtE,
+                 "contains": ast.In}
+_DUNDER_CMP = {f"__{k}__": v for k, v in _OPERATOR_CMP.items() if k != "contains"}
+
+
 def _pure(node: ast.expr) -> bool:
     """An expression whose early evaluation changes nothing (a chained comparison's later operands)."""
     if isinstance(node, ast.UnaryOp):
@@ -251,6 +256,19 @@ class _Sites(ast.NodeTransformer):
         self.generic_visit(node)
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "operator" \
+                and name in _OPERATOR_CMP and len(node.args) == 2 and not node.keywords \
+                and not any(isinstance(a, ast.Starred) for a in node.args):
+            # `operator.eq(a, b)` is `a == b` (and lt, le, ne, ge, gt, contains: the comparison)
+            a, b = node.args if name != "contains" else node.args[::-1]
+            compare = ast.Compare(a, [_OPERATOR_CMP[name]()], [b])
+            return self.visit_Compare(ast.copy_location(compare, node))
+        if isinstance(f, ast.Attribute) and name in _DUNDER_CMP and len(node.args) == 1 and not node.keywords \
+                and not isinstance(node.args[0], ast.Starred) \
+                and not (isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "super"):
+            # `a.__eq__(b)` called by hand: the comparison (an honest NotImplemented is then False)
+            compare = ast.Compare(f.value, [_DUNDER_CMP[name]()], [node.args[0]])
+            return self.visit_Compare(ast.copy_location(compare, node))
         if isinstance(f, ast.Name) and name == "isinstance" and len(node.args) == 2 and not node.keywords \
                 and not any(isinstance(a, ast.Starred) for a in node.args):
             guard = ast.Attribute(ast.Constant(SENTINEL), "isinstance", ast.Load())

@@ -432,6 +432,12 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         _check((a, b))
         r = _ops[op](a, b)
         if not _truth(r):
+            # `not (x != y)` claims x == y: held to the equality's guards; `not (x not in c)` claims x in c
+            if op == "!=" and (_untrusted(a, ("__ne__", "__eq__")) or _untrusted(b, ("__ne__", "__eq__"))) \
+                    and not _truth(_eq(a, b)):
+                raise _fail("`!=` and `==` at this site were both false for the same values: it")
+            if op == "not in" and _untrusted(b, _in) and (not _held(_contains, b, a) or _held(_contains, b, _object())):
+                raise _fail("`not in` at this site was false for a value `in` does not find, or a fresh object(): it")
             return r
         if op == "!=":
             if _not_self(a, _ne) or _not_self(b, _ne):

@@ -235,9 +235,29 @@ def test_dict_keys():
     assert table() == {"w": 3, "h": 4}
 
 
+def test_not_ne():
+    assert not (area(3, 4) != 12)
+
+
+def test_operator_eq():
+    import operator
+    assert operator.eq(area(3, 4), 12)
+
+
+def test_dunder_eq():
+    assert area(3, 4).__eq__(12)
+
+
+def test_not_not_in():
+    assert not ("area" not in describe(3, 4))
+
+
 class NeCase(unittest.TestCase):
     def test_assert_not_equal(self):
         self.assertNotEqual(area(3, 4), 7)
+
+    def test_ne_false(self):
+        self.assertFalse(area(3, 4) != 12)
 
     def test_assert_is_instance(self):
         self.assertIsInstance(shape(), Square)
@@ -257,6 +277,23 @@ class _AlwaysNe:
         return False
 
     __hash__ = object.__hash__
+
+
+class _Liar:
+    """Equal to everything, unequal to nothing (its `!=` is its own, not `==`'s negation)."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+class _Always(str):
+    def __contains__(self, item):
+        return True
 
 
 class _Never(str):
@@ -316,6 +353,13 @@ PROTOCOL_FORGERS = {
     "assert_is_instance": (["NeCase::test_assert_is_instance"], {"shape": _FakeSquare}),
     "set_of_always_equal": (["test_set"], {"members": lambda: {_Any(), 4, 12}}),
     "dict_key_always_equal": (["test_dict_keys"], {"table": _keys}),
+    # an equality claimed through another spelling: `not (x != y)`, `assertFalse(x != y)`,
+    # `operator.eq`, `x.__eq__(y)`, `not (x not in c)`
+    "not_ne": (["test_not_ne"], {"area": lambda w, h: _Liar()}),
+    "assert_false_ne": (["NeCase::test_ne_false"], {"area": lambda w, h: _Liar()}),
+    "operator_eq": (["test_operator_eq"], {"area": lambda w, h: _Liar()}),
+    "dunder_eq": (["test_dunder_eq"], {"area": lambda w, h: _Liar()}),
+    "contains_says_yes": (["test_not_not_in"], {"describe": lambda w, h: _Always("wrong")}),
 }
 
 
@@ -357,7 +401,8 @@ def test_a_lie_through_another_protocol_fails_its_site_as_tampering(name):
 
 def test_honest_values_pass_every_protocol_site():
     names = ["test_ne", "test_not_in", "test_plus", "test_times", "test_isinstance", "test_set", "test_dict_keys",
-             "NeCase::test_assert_not_equal", "NeCase::test_assert_is_instance"]
+             "test_not_ne", "test_operator_eq", "test_dunder_eq", "test_not_not_in",
+             "NeCase::test_assert_not_equal", "NeCase::test_assert_is_instance", "NeCase::test_ne_false"]
 
     class Area(int):
         """An honest project number (its arithmetic is int's)."""
