@@ -452,8 +452,7 @@ class RolloutQueue(QueueReads):
                     f" AND {any_of('state', HELD)}",
                     (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
         now = self.clock()
-        for rid in rollout_ids:
-            self._renewed[rid] = (node, now)
+        self._renewed.update(dict.fromkeys(rollout_ids, (node, now)))
         if now - self._renewed_pruned >= self.config.lease_ttl_s:
             self._prune_renewals(now)
         return len(rollout_ids)
@@ -598,19 +597,20 @@ class RolloutQueue(QueueReads):
         with self._tx():
             now = self.clock()
             # By the deadline index (O(due), not O(held)); ordered by seq here, since an
-            # ORDER BY would make SQLite walk the seq index over every row instead.
-            rows = sorted(self._db.execute(
-                f"SELECT * FROM rollouts INDEXED BY rollouts_deadline WHERE lease_deadline <= ?"
-                f" AND +state IN ({qs(HELD)})", (now, *HELD)).fetchall(), key=lambda r: r["seq"])
-            expired, kept = [], []
-            for row in rows:
-                node, at = self._renewed.get(row["rollout_id"], (None, -math.inf))
-                if node == row["node"] and at >= (row["leased_at"] or -math.inf) and at + ttl > now:
-                    kept.append((at + ttl, row["rollout_id"]))
+            # ORDER BY would make SQLite walk the seq index over every row instead. Most of
+            # them were renewed (their deadline is only rewritten): four columns as tuples,
+            # the whole row read only for a lease that did expire.
+            cur = self._db.execute(schema.DUE_DEADLINES_SQL, (now, *HELD))
+            cur.row_factory = None
+            renewed, never, expired, kept = self._renewed.get, (None, -math.inf), [], []
+            for _seq, rid, holder, leased_at in sorted(cur.fetchall()):
+                node, at = renewed(rid, never)
+                if node == holder and at >= (leased_at or -math.inf) and at + ttl > now:
+                    kept.append((at + ttl, rid))
                     continue
-                lost = live_nodes is not None and row["node"] not in live_nodes
-                self._fail_attempt(row, now, _EXPIRED, retry_now=False, lost=lost)
-                expired.append(row["rollout_id"])
+                lost = live_nodes is not None and holder not in live_nodes
+                self._fail_attempt(self._row(rid), now, _EXPIRED, retry_now=False, lost=lost)
+                expired.append(rid)
             if kept:
                 self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
                                      kept)
