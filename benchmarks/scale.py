@@ -24,11 +24,15 @@ simulation at training size, with the controller's CPU per event.
   table  `sim` at 100, 1,000 and 3,000 agents, each size and setting in a fresh process, with the
          daemon's collector policy, without prefetch and with `--prefetch N` (default 2): CPU per
          rollout, its ratio to the smallest farm, cores, frames per rollout, and prefetch's
-         ratio to none; `--gc-reference` adds CPython's default collector (no prefetch).
+         ratio to none; `--gc-reference` adds CPython's default collector (no prefetch);
+         `--reference TREE` (another source tree, e.g. `git archive` of an older commit) runs
+         each cell in that tree's controller too, at the same time as this tree's (one load),
+         and prints both and their ratio. The trainer submits `--batch` rollouts at a time
+         (default max(1,024, slots / 32), so that the queue stays ahead of the largest farm).
 
     .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
     .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off] [--prefetch 0]
-    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--gc-reference]
+    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--gc-reference] [--reference TREE]
 """
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+# The tree whose controller (and tests/sim world) runs: this one, or `table --reference`'s.
+ROOT = Path(os.environ.get("PADDOCK_SCALE_TREE") or Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
 
 from controller.broker import gcpolicy  # noqa: E402
@@ -171,8 +176,9 @@ def bench_sim(args) -> dict:
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="paddock-scale-", dir=base) as d:
         t0 = time.perf_counter()
+        batch = args.batch or max(1024, args.agents * args.slots // 32)
         w = ScaleWorld(args.seed, Path(d), args.agents, args.slots, n_tasks=args.tasks,
-                       attempt_s=args.attempt_s, hb_s=args.hb_s, prefetch=args.prefetch)
+                       attempt_s=args.attempt_s, hb_s=args.hb_s, prefetch=args.prefetch, batch=batch)
         if args.gc == "controller":
             gcpolicy.settle()  # what the controller daemon does once started (broker/gcpolicy.py)
         elif args.gc == "off":
@@ -191,7 +197,7 @@ def bench_sim(args) -> dict:
                                                         "bytes_out", "passes", "sim_s")}
     held = counts["leased"] + counts["running"]
     print(f"sim: {args.agents} agents x {args.slots} slots, prefetch {args.prefetch}, attempts {args.attempt_s:.0f} s +-50%, heartbeat "
-          f"{args.hb_s:.0f} s, {args.tasks} task refs; measured {m['sim_s']:.0f} simulated s after "
+          f"{args.hb_s:.0f} s, {args.tasks} task refs, submits of {batch}; measured {m['sim_s']:.0f} simulated s after "
           f"{args.warmup_s:.0f} s warm-up ({wall:.0f} s wall for the whole run)")
     print(f"  held leases at the end {held} of {args.agents * args.slots} slots (+{args.agents * args.prefetch} "
           f"prefetch); {promoted} attempts in the window started from a lease that waited; queue {counts}")
@@ -218,16 +224,25 @@ def bench_table(args) -> dict:
     cores, each size against the smallest (flat = the same cost per rollout at any size),
     without lease prefetch and with `--prefetch N`, and (`--gc-reference`) the same sizes under
     CPython's default collector policy as the reference. Each cell is a fresh process."""
-    settings = [("controller", 0), ("controller", args.prefetch)] + ([("default", 0)] if args.gc_reference else [])
-    rows = {}
+    settings = list(dict.fromkeys([("controller", 0), ("controller", args.prefetch)]
+                                  + ([("default", 0)] if args.gc_reference else [])))
+    rows, refs = {}, {}
     for agents in args.agents:
         for gc_mode, prefetch in settings:
-            child = subprocess.run([sys.executable, __file__, "sim", "--agents", str(agents), "--slots",
-                                    str(args.slots), "--sim-s", str(args.sim_s), "--warmup-s",
-                                    str(args.warmup_s), "--attempt-s", str(args.attempt_s), "--gc", gc_mode,
-                                    "--prefetch", str(prefetch), "--json"],
-                                   capture_output=True, text=True, check=True)
-            rows[(agents, gc_mode, prefetch)] = json.loads(child.stdout.strip().splitlines()[-1])
+            cmd = [sys.executable, __file__, "sim", "--agents", str(agents), "--slots", str(args.slots),
+                   "--sim-s", str(args.sim_s), "--warmup-s", str(args.warmup_s), "--attempt-s",
+                   str(args.attempt_s), "--gc", gc_mode, "--prefetch", str(prefetch), "--json"]
+            # with --reference, the other tree's cell runs at the same time (the same load)
+            trees = [("", rows)] + ([(args.reference, refs)] if args.reference else [])
+            procs = [(out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                            env={**os.environ, "PADDOCK_SCALE_TREE": tree,
+                                                 "PYTHONPATH": tree or str(ROOT)}))
+                     for tree, out in trees]
+            for out, proc in procs:
+                stdout, stderr = proc.communicate()
+                if proc.returncode != 0:
+                    raise SystemExit(f"sim cell failed:\n{stderr[-4000:]}")
+                out[(agents, gc_mode, prefetch)] = json.loads(stdout.strip().splitlines()[-1])
     print(f"controller CPU at {args.slots} slots per agent, attempts {args.attempt_s:.0f} s, "
           f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s; load average "
           f"{os.getloadavg()[0]:.1f} at the end")
@@ -242,6 +257,16 @@ def bench_table(args) -> dict:
                   f"{c['frames_in_per_rollout']:>12.2f} / {c['frames_out_per_rollout']:<11.2f} "
                   f"{c['held'] / (agents * args.slots):>10.3f} "
                   f"{c['cpu_per_rollout_us'] / none['cpu_per_rollout_us']:>15.2f}")
+    if args.reference:
+        print(f"reference tree {args.reference}, each cell run at the same time as this tree's:")
+        print(f"{'agents':>7} {'prefetch':>8} {'ref us/rollout':>15} {'ref cores':>9} {'us/rollout':>11} "
+              f"{'cores':>6} {'this/ref':>9}")
+        for agents in args.agents:
+            for prefetch in dict.fromkeys((0, args.prefetch)):
+                c, r = rows[(agents, "controller", prefetch)], refs[(agents, "controller", prefetch)]
+                print(f"{agents:>7} {prefetch:>8} {r['cpu_per_rollout_us']:>15.0f} {r['cores']:>9.3f} "
+                      f"{c['cpu_per_rollout_us']:>11.0f} {c['cores']:>6.3f} "
+                      f"{c['cpu_per_rollout_us'] / r['cpu_per_rollout_us']:>9.2f}")
     if args.gc_reference:
         print(f"{'agents':>7} {'default gc us/rollout':>22} {'cores':>6} {'policy/default':>15}")
         for agents in args.agents:
@@ -276,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the collector's policy: the controller daemon's (broker/gcpolicy.py), "
                          "CPython's defaults, or off (the bound: the simulated agents share this heap)")
     si.add_argument("--prefetch", type=int, default=0, help="leases each agent holds ahead of its slots")
+    si.add_argument("--batch", type=int, default=0,
+                    help="rollouts per trainer submit (default max(1024, slots / 32): the trainer, one "
+                         "submit in flight, must keep the queue ahead of the farm; at 1,024 a farm of "
+                         "3,000 x 32 ran the queue dry and a quarter of its slots idle)")
     si.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     ta = sub.add_parser("table")
     ta.add_argument("--agents", type=int, nargs="+", default=[100, 1000, 3000])
@@ -285,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ta.add_argument("--attempt-s", type=float, default=60.0)
     ta.add_argument("--prefetch", type=int, default=2, help="the setting compared with none")
     ta.add_argument("--gc-reference", action="store_true", help="also run CPython's default collector")
+    ta.add_argument("--reference", default="", help="another source tree (e.g. `git archive` of the "
+                    "commit before a change): each cell also runs there, at the same time")
     args = ap.parse_args(argv)
     if args.cmd == "table":
         bench_table(args)

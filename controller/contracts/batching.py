@@ -6,7 +6,8 @@ them (`batched`, `acks`, `for_agent`), splits a frame that is too large (`split`
 receiver takes them apart (`unbatched`); which agents speak them (`speaks_batches`).
 
 The fast paths (`FAST_BODY`, `FAST_BUILD`, used by codec.py): a lease and a result per
-rollout, alone or in a batch, built and parsed by hand. Each accepts only the plain common
+rollout, alone or in a batch, built and parsed by hand; a `started` and an agent's
+`heartbeat` parsed by hand. Each accepts only the plain common
 case and returns None for anything else, which then takes the codec's generic path (and its
 precise error); they change the cost, never what is accepted or the JSON's meaning
 (tests/contracts/test_protocol.py pins the bytes and checks both paths agree). Documented in
@@ -22,7 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, cast
 
 from controller.contracts.errors import BAD_FIELD, ProtocolError
-from controller.contracts.messages import JSON_ENCODER, Ack, Lease, Message, PolicyRef, Result, id_field, json_str
+from controller.contracts.messages import (
+    JSON_ENCODER,
+    Ack,
+    Heartbeat,
+    Lease,
+    Message,
+    PolicyRef,
+    Result,
+    Started,
+    id_field,
+    json_str,
+)
 from controller.contracts.states import INFRA_CODES, OUTCOMES
 
 # ---- batches (several messages in one frame) ----
@@ -306,8 +318,48 @@ def _lease_batch_body(m: Message) -> Optional[str]:
     return f'{{"items":[{",".join(parts)}],"acks":[{",".join(map(json_str, refs))}]}}'
 
 
+_STARTED_KEYS = frozenset(("rollout_id", "attempt", "token", "id"))
+_HEARTBEAT_KEYS = frozenset(("node", "slots_free", "active", "health", "images", "held"))
+
+
+def _build_started(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+    """A `started` (one per rollout from every agent)."""
+    if not _exact_keys(body, msg_id, _STARTED_KEYS):
+        return None
+    msg = object.__new__(Started)
+    d = msg.__dict__
+    d.update(body)
+    if msg_id is not None:
+        d["id"] = msg_id
+    ok = (type(d["rollout_id"]) is str and type(d["attempt"]) is int and d["attempt"] >= 0
+          and type(d["token"]) is int and d["token"] >= 0 and type(d["id"]) is str)
+    return msg if ok else None
+
+
+def _str_list_or_none(v: Any) -> bool:
+    return v is None or (type(v) is list and all(type(x) is str for x in v))
+
+
+def _build_heartbeat(body: dict, msg_id: Optional[str]) -> Optional[Message]:
+    """An agent's `heartbeat` (node, slots_free, active and health given; images and held
+    null, absent or lists of strings), as a frame of its own."""
+    if msg_id is None or len(body) < 4 or not body.keys() <= _HEARTBEAT_KEYS:
+        return None
+    get = body.get
+    node, free, active, health, images, held = (get("node"), get("slots_free"), get("active"),
+                                                get("health"), get("images"), get("held"))
+    if not (type(node) is str and type(free) is int and free >= 0 and type(active) is int
+            and active >= 0 and type(health) is dict and _str_list_or_none(images)
+            and _str_list_or_none(held)):
+        return None
+    msg = object.__new__(Heartbeat)
+    msg.__dict__.update(node=node, slots_free=free, active=active, health=health, images=images,
+                        held=held, id=msg_id)
+    return msg
+
+
 FAST_BUILD: dict[type, Callable[[dict, Optional[str]], Optional[Message]]] = {
-    Result: _build_result, Lease: _build_lease}
+    Result: _build_result, Lease: _build_lease, Started: _build_started, Heartbeat: _build_heartbeat}
 FAST_BODY: dict[type, Callable[[Message], Optional[str]]] = {
     Result: _result_body, ResultBatch: _result_batch_body, Lease: _lease_body,
     LeaseBatch: _lease_batch_body}

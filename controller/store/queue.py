@@ -1,7 +1,7 @@
 """Durable rollout queue: leases, fencing tokens, retry with backoff, dead letter.
 
 One SQLite file in WAL mode with synchronous=FULL (schema.py), one connection, every mutation
-in one `BEGIN IMMEDIATE` transaction, so whatever a method returned is on disk. Dropping the
+in one `BEGIN IMMEDIATE` transaction (queuetx.py), so whatever a method returned is on disk. Dropping the
 object without `close()` (a crash) loses nothing that was acknowledged: in-flight leases stay
 leased until they expire or their holder completes with its still-valid token.
 
@@ -73,7 +73,8 @@ from controller.contracts.states import (  # noqa: F401 - the state names, re-ex
     check_transition,
 )
 from controller.store import schema
-from controller.store.faults import QUEUE_AFTER_COMMIT, QUEUE_BEFORE_COMMIT, FaultHook, no_fault
+from controller.store.faults import FaultHook, no_fault
+from controller.store.queuetx import Transaction
 from controller.store.reads import QueueReads, result_item  # noqa: F401 - result_item: tests
 from controller.store.records import (  # noqa: F401 - re-exported: the queue's records
     STALE_POLICY_ACTIONS,
@@ -113,6 +114,7 @@ class RolloutQueue(QueueReads):
         self.config = config
         self._db = schema.connect(self.path)
         self._depth = 0
+        self._txn = Transaction(self)
         self._terminal_delta: Counter = Counter()  # entered in the open transaction
         self._idle_until = -math.inf  # due() is empty before this (see due)
         self._renewed: dict[str, tuple[str, float]] = {}  # rollout id -> (node, last renewal)
@@ -152,44 +154,9 @@ class RolloutQueue(QueueReads):
 
     # ---- plumbing ----
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction; inside `batch()` it joins the batch's transaction."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield self._db
-            finally:
-                self._depth -= 1
-            return
-        self._db.execute("BEGIN IMMEDIATE")
-        self._depth = 1
-        self._terminal_delta.clear()
-        try:
-            yield self._db
-        except BaseException:
-            self._depth = 0
-            self._terminal_delta.clear()
-            self._on_commit.clear()  # what they would publish never happened
-            self._replica_shards.clear()
-            self._idle_until = -math.inf  # what due() learnt inside may be rolled back
-            self._db.execute("ROLLBACK")
-            raise
-        self._depth = 0
-        self.fault(QUEUE_BEFORE_COMMIT)
-        try:
-            self._db.execute("COMMIT")
-        finally:
-            delta, self._terminal_delta = self._terminal_delta, Counter()
-            hooks, self._on_commit = self._on_commit, []
-            shards, self._replica_shards = self._replica_shards, []
-        if self.replica is not None:  # before anything derived from this commit is published
-            self.replica.after_commit(shards)
-        self.fault(QUEUE_AFTER_COMMIT)
-        for state, n in delta.items():  # counted only once on disk
-            self._terminal[state] += n
-        for hook in hooks:  # after the COMMIT: they publish only what is durable
-            hook()
+    def _tx(self) -> Transaction:
+        """One transaction; inside `batch()` it joins the batch's transaction (queuetx.py)."""
+        return self._txn
 
     def on_commit(self, hook: Callable[[], None]) -> None:
         """Run `hook` once the open transaction has committed (at once when none is open);
@@ -411,16 +378,15 @@ class RolloutQueue(QueueReads):
 
     def mark_running(self, rollout_id: str, attempt: int, token: int) -> Completion:
         """The holder started the rollout: leased -> running, deadline renewed."""
-        with self._tx():
+        with self._tx():  # (leased -> running: checked once, at import, below)
             now = self.clock()
-            check_transition(rollout_id, LEASED, RUNNING)
             cur = self._db.execute(
                 "UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
                 " rollout_id = ? AND attempt = ? AND token = ? AND state = ?",
                 (RUNNING, now + self.config.lease_ttl_s, now, rollout_id, attempt, token, LEASED))
             if cur.rowcount == 1:
                 log.debug("rollout %s attempt %s: leased -> running", rollout_id, attempt)
-                return Completion(True, None, False)
+                return _ACCEPTED
             row, reason = self._held(rollout_id, attempt, token)  # already running, or stale
         return Completion(row is not None, reason, False)
 
@@ -452,8 +418,7 @@ class RolloutQueue(QueueReads):
                     f" AND {any_of('state', HELD)}",
                     (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
         now = self.clock()
-        for rid in rollout_ids:
-            self._renewed[rid] = (node, now)
+        self._renewed.update(dict.fromkeys(rollout_ids, (node, now)))
         if now - self._renewed_pruned >= self.config.lease_ttl_s:
             self._prune_renewals(now)
         return len(rollout_ids)
@@ -495,7 +460,7 @@ class RolloutQueue(QueueReads):
                 if self.replica is not None and shards:
                     self._replica_shards.append(shards)
                 self._move(row, COMMITTED, now, outcome=outcome, reward=reward, commit_idem=idem,
-                           shards=json.dumps(shards, sort_keys=True), lease_deadline=None,
+                           shards=_sorted_json(shards), lease_deadline=None,
                            commit_seq=self._next_commit_seq())
             else:
                 result = Completion(True, None, False)
@@ -517,7 +482,7 @@ class RolloutQueue(QueueReads):
         seq = self._commit_seq + 1
         cur = self._db.execute(
             schema.COMMIT_HELD_SQL,
-            (COMMITTED, outcome, reward, json.dumps(shards, sort_keys=True) if shards else "{}",
+            (COMMITTED, outcome, reward, _sorted_json(shards) if shards else "{}",
              seq, now, idem, rollout_id, attempt, token, *HELD))
         if cur.rowcount != 1:
             return False
@@ -598,19 +563,20 @@ class RolloutQueue(QueueReads):
         with self._tx():
             now = self.clock()
             # By the deadline index (O(due), not O(held)); ordered by seq here, since an
-            # ORDER BY would make SQLite walk the seq index over every row instead.
-            rows = sorted(self._db.execute(
-                f"SELECT * FROM rollouts INDEXED BY rollouts_deadline WHERE lease_deadline <= ?"
-                f" AND +state IN ({qs(HELD)})", (now, *HELD)).fetchall(), key=lambda r: r["seq"])
-            expired, kept = [], []
-            for row in rows:
-                node, at = self._renewed.get(row["rollout_id"], (None, -math.inf))
-                if node == row["node"] and at >= (row["leased_at"] or -math.inf) and at + ttl > now:
-                    kept.append((at + ttl, row["rollout_id"]))
+            # ORDER BY would make SQLite walk the seq index over every row instead. Most of
+            # them were renewed (their deadline is only rewritten): four columns as tuples,
+            # the whole row read only for a lease that did expire.
+            cur = self._db.execute(schema.DUE_DEADLINES_SQL, (now, *HELD))
+            cur.row_factory = None
+            renewed, never, expired, kept = self._renewed.get, (None, -math.inf), [], []
+            for _seq, rid, holder, leased_at in sorted(cur.fetchall()):
+                node, at = renewed(rid, never)
+                if node == holder and at >= (leased_at or -math.inf) and at + ttl > now:
+                    kept.append((at + ttl, rid))
                     continue
-                lost = live_nodes is not None and row["node"] not in live_nodes
-                self._fail_attempt(row, now, _EXPIRED, retry_now=False, lost=lost)
-                expired.append(row["rollout_id"])
+                lost = live_nodes is not None and holder not in live_nodes
+                self._fail_attempt(self._row(rid), now, _EXPIRED, retry_now=False, lost=lost)
+                expired.append(rid)
             if kept:
                 self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
                                      kept)
@@ -697,4 +663,7 @@ class RolloutQueue(QueueReads):
 
 
 _LEASE_CHUNK = 500  # (rollout, token, node) triples per UPDATE of lease_to
+_sorted_json = json.JSONEncoder(sort_keys=True).encode  # json.dumps(.., sort_keys=True), made once
 _COMMITTED = Completion(True, None, True)
+_ACCEPTED = Completion(True, None, False)
+check_transition("(mark_running)", LEASED, RUNNING)  # the one transition mark_running makes

@@ -170,6 +170,10 @@ COMMIT_HELD_SQL = (
     f"UPDATE rollouts SET state = ?, outcome = ?, reward = ?, shards = ?, lease_deadline = NULL,"
     f" commit_seq = ?, updated_at = ?, commit_idem = ? WHERE rollout_id = ? AND attempt = ? AND"
     f" token = ? AND {any_of('state', HELD)}")
+# The leases past their deadline (expire_leases: most were renewed, only their deadline is
+# rewritten), by the deadline index; the parameters: now, then HELD.
+DUE_DEADLINES_SQL = ("SELECT seq, rollout_id, node, leased_at FROM rollouts INDEXED BY rollouts_deadline"
+                     f" WHERE lease_deadline <= ? AND +state IN ({qs(HELD)})")
 IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
                     f" AND commit_idem = ? AND state = '{COMMITTED}'")
 # An attempt's row, written when it ends (a database from before that wrote it at lease

@@ -410,6 +410,11 @@ class World:
             for view in self.core.nodes.values():
                 assert len(view.leases) <= view.slots + view.prefetch, \
                     f"{view.node}: leased {len(view.leases)} > {view.slots} + {view.prefetch}"
+                # the heartbeat's fencing fast path (core.py) trusts a node's mirror: what it
+                # lists as the node's is the holder map's for that node
+                holder = self.core.holder
+                wrong = [r for r in view.leases if holder.get(r, ("",))[0] != view.node]
+                assert not wrong, f"{view.node}: mirror lists {wrong[:3]} the holder map does not give it"
 
     def done(self) -> bool:
         if self.core is None or self.trainer.todo or self.trainer.pending:
