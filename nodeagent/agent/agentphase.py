@@ -65,7 +65,8 @@ def run_agent_phase(runtime: SandboxRuntime, image: Path, a: Attempt, task: Leas
         if mcp:
             mcp.close()
     start_span = span("sandbox_start", "agent sandbox", t0, t0, clock())
-    if infra is None and guard.stopped:     # stopped while it was made: no harness
+
+    def teardown() -> None:
         with guard.phase("teardown"):
             if mcp:
                 mcp.close()
@@ -73,6 +74,9 @@ def run_agent_phase(runtime: SandboxRuntime, image: Path, a: Attempt, task: Leas
             egress.close_for_task(egress_id)
             if gateway is not None:
                 gateway.stop()
+
+    if infra is None and guard.stopped:     # stopped while it was made: no harness
+        teardown()
     elif infra is None:
         try:
             with guard.phase("agent"):
@@ -100,13 +104,7 @@ def run_agent_phase(runtime: SandboxRuntime, image: Path, a: Attempt, task: Leas
         except SandboxError as exc:
             infra = InfraReason.of(SANDBOX, exc)
         finally:
-            with guard.phase("teardown"):
-                if mcp:
-                    mcp.close()
-                sb.destroy()
-                egress.close_for_task(egress_id)
-                if gateway is not None:
-                    gateway.stop()
+            teardown()
     agent.spans.insert(0, start_span)
     return agent, infra, changes, refused
 
