@@ -612,13 +612,13 @@ def _closed_forms_equal(a, b) -> bool:
             scale = max(sympy.Integer(1), abs(va))
             if not abs(va - vb) < scale * sympy.Rational(1, 10 ** EXACT_TOL_DIGITS):
                 return False
-            d = a - b   # exact forms: a term below the tolerance (5050 + 10^{-100}) is another number
-            for form in () if d.has(sympy.Float) else (d, d.expand()):
+            d = sympy.nsimplify(a - b, rational=True) if (a - b).has(sympy.Float) else a - b   # decimals as written
+            for form in (d, d.expand()):
                 try:
-                    if form.evalf(EXACT_TOL_DIGITS, strict=True, maxn=DIFF_MAXN_BITS) != 0:
+                    if form.evalf(EXACT_TOL_DIGITS, strict=True, maxn=DIFF_MAXN_BITS) != 0 or form.is_zero is False:
                         return False
                 except ArithmeticError:   # PrecisionExhausted: no digit of it is known, 0 as far as evalf goes
-                    continue
+                    continue     # (a term below the tolerance, 5050 + 10^{-100}, is another number)
             return True
         return bool(sympy.simplify(a - b) == 0)
     except Exception:  # noqa: BLE001 - cannot decide: not shown equal
