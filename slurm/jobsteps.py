@@ -440,8 +440,17 @@ def _start_trainer(command: str | list[str], run_dir: Path, endpoint: str, args:
     print(f"paddock head: starting trainer: {command if isinstance(command, str) else shlex.join(command)}",
           flush=True)
     return subprocess.Popen(argv, env=env, stdout=log_f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True,
-                            preexec_fn=(lambda: [signal.signal(s, signal.SIG_IGN) for s in ignore]) if ignore else None)
+                            start_new_session=True, preexec_fn=lambda: _trainer_signals(ignore))
+
+
+def _trainer_signals(ignore: tuple[signal.Signals, ...]) -> None:
+    """In the trainer's child before exec: no signal blocked, the stop signals at their defaults
+    (whatever the head inherited), then `ignore` ignored."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, *END_OF_TIME):
+        signal.signal(s, signal.SIG_DFL)
+    for s in ignore:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _stop_trainer(proc: subprocess.Popen, timeout_s: float, how: signal.Signals = signal.SIGTERM) -> int:

@@ -34,6 +34,13 @@ with the image's own Python (standard library only, Python >= 3.8). Exit 0 means
    are already denied by the sandbox's seccomp filter). Writing anywhere else is unchanged, but
    only beneath the entries of / that exist when test.sh starts. On a kernel without Landlock
    the runner says so on stderr and runs test.sh unconfined.
+6. Every pytest session test.sh starts loads PYTEST_GUARD (`PYTEST_PLUGINS`), which reports on a
+   pipe only this runner reads, under a nonce it takes out of the environment at import, how the
+   session ended. A reward of 1 stands only if every session that started also reported its end,
+   with no test failed or errored, no interruption (`pytest.exit`), at least one test passed, and
+   no test skipped or xfailed from inside its own run without a skip/xfail marker (the code under
+   test, imported into pytest's process, can end it with status 0 or skip every test). A line
+   on the pipe without the nonce (written by another process holding it) is a fail.
 
 Must not import: controller, nodeagent, layers, slurm (it runs inside the sandbox's image).
 """
@@ -70,6 +77,60 @@ LANDLOCK_RULE_PATH_BENEATH = 1
 FS_WRITE_FILE, FS_TRUNCATE = 1 << 1, 1 << 14          # TRUNCATE from ABI 3
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1   # from ABI 6
 UNWRITABLE = ("proc", "sys")
+GUARD_ENV = "PADDOCK_HARBOR_GUARD"
+GUARD_MODULE = "paddock_pytest_guard"
+MAX_GUARD_BYTES = 1 << 20
+PYTEST_GUARD = '''"""Paddock (Harbor tasks): each pytest session tells the verifier's runner how it ended."""
+import os
+
+_raw = os.environ.pop("PADDOCK_HARBOR_GUARD", "")
+_fd, _sep, _nonce = _raw.partition(":")
+_ID = os.urandom(6).hex()
+_COUNTS = dict.fromkeys(("passed", "failed", "error", "skipped", "own_skip", "xpassed"), 0)
+_MARKED = set()
+_STATE = {"interrupted": 0}
+
+
+def _say(line):
+    try:
+        os.write(int(_fd), ("%s %s %d %s\\n" % (_nonce, _ID, os.getpid(), line)).encode())
+    except (ValueError, OSError):
+        pass
+
+
+def pytest_sessionstart(session):
+    _say("start")
+
+
+def pytest_itemcollected(item):
+    if any(item.get_closest_marker(name) is not None for name in ("skip", "skipif", "xfail")):
+        _MARKED.add(item.nodeid)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        if report.passed:
+            _COUNTS["xpassed" if hasattr(report, "wasxfail") else "passed"] += 1
+        elif report.failed:
+            _COUNTS["failed"] += 1
+        elif report.nodeid in _MARKED:      # skipped or xfailed as its marker says
+            _COUNTS["skipped"] += 1
+        else:                               # pytest.skip() or pytest.xfail() from inside its own run
+            _COUNTS["own_skip"] += 1
+    elif report.failed:
+        _COUNTS["error"] += 1
+    elif report.skipped:
+        _COUNTS["skipped"] += 1
+
+
+def pytest_keyboard_interrupt(excinfo):
+    _STATE["interrupted"] = 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _say("end %d %d %s" % (int(exitstatus), _STATE["interrupted"],
+                           " ".join("%s=%d" % kv for kv in sorted(_COUNTS.items()))))
+'''
 
 LIBC: ctypes.CDLL
 
@@ -207,13 +268,20 @@ def confine_writes() -> None:
         os.close(ruleset)
 
 
-def start_test_sh() -> int:
+def start_test_sh() -> tuple:
+    """(test.sh's pid, the read end of the pytest guard's pipe, the guard's nonce)."""
     env = dict(os.environ)
     env["PYTHONSAFEPATH"] = "1"
     env["PYTHONPATH"] = SITE_DIR + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    guard_r, guard_w = os.pipe()
+    nonce = os.urandom(16).hex()
+    env[GUARD_ENV] = f"{guard_w}:{nonce}"
+    env["PYTEST_PLUGINS"] = ",".join(p for p in (env.get("PYTEST_PLUGINS", ""), GUARD_MODULE) if p)
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(guard_r)
+            os.set_inheritable(guard_w, True)
             # test.sh and all it starts lose CAP_SYS_PTRACE (seccomp already denies ptrace): this
             # process, not dumpable, is then out of their reach (/proc/<pid>/mem, fd, environ)
             if LIBC.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0) != 0:
@@ -225,7 +293,50 @@ def start_test_sh() -> int:
             print(f"paddock-harbor: cannot start test.sh: {exc}", file=sys.stderr, flush=True)
         finally:
             os._exit(127)
-    return pid
+    os.close(guard_w)
+    return pid, guard_r, nonce
+
+
+def read_guard(fd: int, nonce: str) -> list:
+    """The guard's lines (every writer is gone: test.sh ended, the rest were killed)."""
+    data = b""
+    while len(data) <= MAX_GUARD_BYTES:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    lines = data.decode("utf-8", "replace").splitlines()
+    foreign = [ln for ln in lines if ln.split(" ", 1)[0] != nonce]
+    if foreign or len(data) > MAX_GUARD_BYTES:
+        verdict(False, "something other than pytest wrote into the verifier's pytest report pipe, so the "
+                       f"reward cannot be trusted: {(foreign or ['(over the size cap)'])[0][:120]!r}")
+    return [ln.split(" ")[1:] for ln in lines]
+
+
+def guard_verdict(lines: list) -> None:
+    """Contract 6: a reward of 1 stands only if every pytest session ended as a clean run."""
+    ended = {}
+    for words in lines:
+        if len(words) >= 3 and words[2] == "end":
+            ended[words[0]] = words
+    for words in lines:
+        if len(words) < 3 or words[2] != "start":
+            continue
+        session, pid = words[0], words[1]
+        end = ended.get(session)
+        if end is None:
+            verdict(False, f"the pytest session of pid {pid} never reported its end (it was exited from "
+                           "inside: os._exit, a signal, an atexit hook), so the reward cannot be trusted")
+        counts = dict(kv.split("=", 1) for kv in end[5:] if "=" in kv)
+        bad = [f"{k}={counts.get(k)}" for k in ("failed", "error", "own_skip") if counts.get(k, "0") != "0"]
+        if end[4] != "0":
+            bad.append("interrupted (pytest.exit)")
+        if counts.get("passed", "0") == "0":
+            bad.append("no test passed")
+        if bad:
+            verdict(False, f"the pytest session of pid {pid} did not pass cleanly ({', '.join(bad)}; a skip or "
+                           "xfail from inside a test without its marker counts), so a reward of 1 cannot stand")
 
 
 def wait_test_sh(test_pid: int, orphans: list) -> int:
@@ -355,10 +466,12 @@ def main() -> None:
         verdict(False, f"cannot become the tests' subreaper: {exc}")
     dirfd, made = fresh_reward_dir()
     orphans: list = []
-    status = wait_test_sh(start_test_sh(), orphans)
+    test_pid, guard_fd, nonce = start_test_sh()
+    status = wait_test_sh(test_pid, orphans)
     reap_already_dead(orphans)
     alive = others()
     killed = kill_the_rest()
+    sessions = read_guard(guard_fd, nonce)
     if os.WIFSIGNALED(status):
         verdict(False, f"test.sh was killed by signal {os.WTERMSIG(status)}")
     if alive or killed:
@@ -377,7 +490,10 @@ def main() -> None:
     if late:
         verdict(False, "background processes the tests started ended after the reward's last change, so it "
                        f"cannot be trusted: {', '.join(f'{p} ({n})' for p, n in late[:5])}")
-    say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward")
+    say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward; "
+        f"{sum(1 for w in sessions if len(w) >= 3 and w[2] == 'start')} pytest session(s)")
+    if value == 1.0:
+        guard_verdict(sessions)
     verdict(value == 1.0, f"{name} says {value:g}")
 
 

@@ -55,6 +55,7 @@ USER_SIM_MODEL = "user-sim"
 HARBOR_APP, HARBOR_TESTS, HARBOR_LOGS = "/app", "/verifier/tests/tests", "/tmp/logs/verifier"
 HARBOR_RUNNER = "paddock_harbor_runner.py"            # hidden support files, under /verifier/tests
 HARBOR_SITE = "paddock_site/sitecustomize.py"
+HARBOR_GUARD = "paddock_site/paddock_pytest_guard.py"   # each pytest session's end, to the runner
 HARBOR_ARGV = ["python3", "-I", "-B", f"/verifier/tests/{HARBOR_RUNNER}"]
 # pytest's configuration for the task's tests when tests/ has none: without it pytest finds the
 # verifier's own /verifier/tests/pytest.ini (`pythonpath = /work`: the agent's modules first)
@@ -210,7 +211,8 @@ def harbor_task(task_dir: Path) -> Task:
         raise ImportSourceError(f"{where}: environment.allow_internet = true: tasks here run with no network")
     tests = {rel: _harbor_text(t) if isinstance(t, str) else t
              for rel, t in _tree(task_dir / "tests", "tests/", task_dir).items()}
-    runner = {HARBOR_RUNNER: Path(harbor_runner.__file__).read_text(), HARBOR_SITE: harbor_runner.SITECUSTOMIZE}
+    runner = {HARBOR_RUNNER: Path(harbor_runner.__file__).read_text(), HARBOR_SITE: harbor_runner.SITECUSTOMIZE,
+              HARBOR_GUARD: harbor_runner.PYTEST_GUARD}
     # reward.json is read (first, as Harbor does) only when the tests write one: otherwise one
     # found there was written by the code under test
     json_flag = [harbor_runner.JSON_FLAG] if any(isinstance(t, str) and "reward.json" in t

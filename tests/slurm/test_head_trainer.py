@@ -60,4 +60,5 @@ def test_sigint_stops_a_trainer_that_ignores_the_job_signals_and_counts_as_a_cle
     proc.send_signal(signal.SIGTERM)            # the job's signal: ignored
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.5)
-    assert _stop_trainer(proc, 30.0, signal.SIGINT) == 0
+    status = [ln for ln in open(f"/proc/{proc.pid}/status") if ln.startswith(("SigBlk", "SigIgn", "SigCgt", "State"))]
+    assert _stop_trainer(proc, 30.0, signal.SIGINT) == 0, status

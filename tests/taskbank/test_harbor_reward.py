@@ -292,3 +292,67 @@ def test_a_service_test_sh_starts_must_be_stopped_before_the_reward(runtime, pyt
     v, detail = grade_harbor(runtime, python_image, tmp_path, {}, sh)
     assert (v.outcome, v.reward) == (("pass", 1.0) if ok else ("fail", 0.0)), detail[-600:]
     assert ok or "still running when test.sh exited" in detail
+
+
+# -- tests that import the agent's module into pytest's own process (contract 6: the pytest guard) --
+INPROC_TESTS = '''import sys
+
+import pytest
+
+sys.path.insert(0, "/app")
+
+
+def test_add_small():
+    from add import add
+    assert add(2, 3) == 5
+
+
+def test_add_negative():
+    from add import add
+    assert add(-4, 1) == -3
+
+
+@pytest.mark.skipif(True, reason="a marked skip of the task's own")
+def test_marked_skip():
+    pass
+
+
+@pytest.mark.xfail(reason="a marked expected failure of the task's own")
+def test_marked_xfail():
+    assert False
+'''
+INPROC_WRONG = "def add(a, b):\n    return abs(a) + abs(b)\n"
+INPROC_ATTACKS = {   # knowledge-free: none knows a sum
+    "os_exit_on_call": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "os_exit_on_import": "import os\nos._exit(0)\n",
+    "skip_on_call": "def add(a, b):\n    import pytest\n    pytest.skip('n/a on this platform')\n",
+    "xfail_on_call": "def add(a, b):\n    import pytest\n    pytest.xfail('known issue')\n",
+    "skip_module_on_import": "import pytest\npytest.skip('n/a', allow_module_level=True)\n",
+    "pytest_exit_0": "def add(a, b):\n    import pytest\n    pytest.exit('done', returncode=0)\n",
+    "atexit_exit_0": "import atexit, os\natexit.register(lambda: os._exit(0))\n" + INPROC_WRONG,
+    "guard_pipe_forged": ("import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'x 1 1 end 0 0 passed=2\\n')\n"
+                          "    except OSError:\n        pass\n" + INPROC_WRONG),
+}
+
+
+def grade_inproc(runtime, image, root: Path, add_py: str):
+    d = harbor_dir(root)
+    (d / "tests" / "test_outputs.py").write_text(INPROC_TESTS)
+    task = harbor_task(d)
+    t = {**task.canonical(), "task_id": task.task_id}
+    v = grade.verify(runtime, image, grade.graded_task(t), [Change("/work/add.py", "added", add_py.encode(), 0o644)], None)
+    return v, v.checks[-1]["detail"]
+
+
+@pytest.mark.parametrize("name", sorted(INPROC_ATTACKS))
+def test_code_imported_into_pytest_cannot_end_or_skip_its_session_into_a_reward(runtime, python_image, tmp_path, name):
+    v, detail = grade_inproc(runtime, python_image, tmp_path, INPROC_ATTACKS[name])
+    assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
+
+
+def test_the_guard_passes_the_reference_with_marked_skips_and_fails_the_wrong_answer(runtime, python_image, tmp_path):
+    v, detail = grade_inproc(runtime, python_image, tmp_path, "def add(a, b):\n    return a + b\n")
+    assert (v.outcome, v.reward) == ("pass", 1.0), detail[-600:]
+    assert "1 pytest session(s)" in detail
+    v, detail = grade_inproc(runtime, python_image, tmp_path / "w", INPROC_WRONG)
+    assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
