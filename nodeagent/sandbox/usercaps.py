@@ -31,7 +31,6 @@ log = logging.getLogger(__name__)
 
 MECHANISMS = {"memory": "monitor+rlimit", "pids": "rlimit-per-id-slice", "cpu": "affinity+sched-batch"}
 SANDBOX_NICE = 10
-PAGE = os.sysconf("SC_PAGE_SIZE")
 MONITOR_INTERVAL_S = 0.05
 
 
@@ -90,14 +89,34 @@ def process_tree(root: int) -> list[int]:
     return seen
 
 
-def anon_rss_bytes(pid: int) -> int:
-    """Resident memory that is not file-backed or shared (statm: resident - shared)."""
+def held_bytes(pid: int, seen: set) -> int:
+    """What process `pid` holds in memory: its private and shared anonymous pages and mapped
+    memfd/tmpfs pages (status: RssAnon + RssShmem), and memfds it holds open but has not mapped
+    (their blocks; each file once across the sandbox, `seen` holds their identities). Memory
+    kept in shared pages or files is memory all the same (a cgroup would charge it)."""
+    total = 0
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            fields = f.read().split()
-        return max(0, int(fields[1]) - int(fields[2])) * PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssShmem:")):
+                    total += int(line.split()[1]) * 1024
+        with open(f"/proc/{pid}/maps") as f:
+            mapped = {int(parts[4]) for parts in (ln.split() for ln in f) if len(parts) > 5 and "/memfd:" in parts[5]}
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (OSError, ValueError, IndexError):
+        return total
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                continue
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if st.st_ino not in mapped and key not in seen:
+            seen.add(key)
+            total += st.st_blocks * 512
+    return total
 
 
 @dataclass
@@ -163,7 +182,8 @@ class MemoryMonitor:
     def check(self, w: Watched) -> int:
         """One pass over sandbox `w`: its memory now; its processes killed if over the cap."""
         tree = process_tree(w.init_pid)
-        used = sum(anon_rss_bytes(p) for p in tree)
+        seen: set = set()
+        used = sum(held_bytes(p, seen) for p in tree)
         w.peak_bytes = max(w.peak_bytes, used)
         if used <= w.limit_bytes:
             return used

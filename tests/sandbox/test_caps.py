@@ -78,3 +78,35 @@ def test_the_report_says_whether_joining_a_cgroup_waits_for_rcu(runtime, tmp_pat
                     "cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0\n")
     assert cgroup_migration_is_fast(str(fast)) and not cgroup_migration_is_fast(str(slow))
     assert runtime.caps_report()["cgroup_migration"] in ("fast (favordynmods)", "waits for an RCU grace period")
+
+
+HOLD_100_MIB = {   # how a workload may hold memory: every way is counted by the user-space cap
+    "private": "b = bytearray(100 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1",
+    "shared_mapping": "import mmap\nm = mmap.mmap(-1, 100 << 20)\nfor i in range(0, 100 << 20, 4096): m[i] = 1",
+    "memfd_unmapped": "import os\nfd = os.memfd_create('x')\nfor _ in range(100): os.write(fd, bytes(1 << 20))",
+    "memfd_mapped": ("import mmap, os\nfd = os.memfd_create('x')\nos.ftruncate(fd, 100 << 20)\n"
+                     "m = mmap.mmap(fd, 100 << 20)\nfor i in range(0, 100 << 20, 4096): m[i] = 1"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(HOLD_100_MIB))
+def test_the_user_space_memory_cap_counts_memory_held_in_shared_pages_and_memfds(how):
+    """Without a memory cgroup the monitor sums what the sandbox's processes hold: shared
+    anonymous pages and memfds (mapped or not) count like private memory, once each."""
+    import subprocess
+    import sys
+
+    from nodeagent.sandbox.usercaps import MemoryMonitor, Watched
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_100_MIB[how] + "\nprint('ready', flush=True)\ninput()"],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        killed: list[int] = []
+        monitor = MemoryMonitor(kill=lambda pid, sig: killed.append(pid))
+        under = Watched("s1", proc.pid, 200 << 20)
+        assert 95 << 20 <= monitor.check(under) <= 160 << 20 and under.kills == 0
+        over = Watched("s2", proc.pid, 64 << 20)
+        assert monitor.check(over) > 64 << 20 and over.kills == 1
+    finally:
+        proc.kill()
+        proc.wait()
