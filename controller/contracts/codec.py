@@ -232,7 +232,7 @@ def _reject_constant(name: str) -> Any:
 
 # One decoder, made once (json.loads with options builds one per call).
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-_scan_once = _DECODER.scan_once
+_scan_once = _DECODER.scan_once  # type: ignore[attr-defined]  # (set by __init__: the C scanner)
 
 
 def _parse(text: str) -> Any:
