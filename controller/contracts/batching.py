@@ -171,7 +171,8 @@ _isfinite = math.isfinite
 
 
 def _plain_str_dict(d: Any) -> bool:
-    return type(d) is dict and all(type(k) is str and type(v) is str for k, v in d.items())
+    return type(d) is dict and _ONLY_STR.issuperset(map(type, d)) and \
+        _ONLY_STR.issuperset(map(type, d.values()))
 
 
 def _result_fields_ok(d: dict) -> bool:
@@ -337,7 +338,12 @@ def _build_started(body: dict, msg_id: Optional[str]) -> Optional[Message]:
 
 
 def _str_list_or_none(v: Any) -> bool:
-    return v is None or (type(v) is list and all(type(x) is str for x in v))
+    # (the types of the items as a set, in C: no Python frame per item; a str subclass is
+    # another type, as `type(x) is str` says)
+    return v is None or (type(v) is list and _ONLY_STR.issuperset(map(type, v)))
+
+
+_ONLY_STR = frozenset((str,))
 
 
 def _build_heartbeat(body: dict, msg_id: Optional[str]) -> Optional[Message]:

@@ -198,7 +198,7 @@ def _decode(data: bytes, deployment: str) -> Message:
     if len(data) > MAX_FRAME_BYTES:
         raise ProtocolError(TOO_LARGE, f"{len(data)} bytes > {MAX_FRAME_BYTES}")
     try:
-        frame = _DECODER.decode(data.decode("utf-8") if isinstance(data, bytes) else data)
+        frame = _parse(data.decode("utf-8") if isinstance(data, bytes) else data)
     except (ValueError, UnicodeDecodeError) as e:  # UnicodeDecodeError is a ValueError too
         raise ProtocolError(BAD_JSON, str(e)) from None
     if not isinstance(frame, dict):
@@ -212,13 +212,18 @@ def _decode(data: bytes, deployment: str) -> Message:
     cls = MESSAGE_TYPES.get(mtype) if isinstance(mtype, str) else None
     if cls is None:
         raise ProtocolError(UNKNOWN_TYPE, f"{frame.get('type')!r}")
-    for key, kind in (("id", str), ("body", dict)):
-        if not isinstance(frame.get(key), kind):
-            raise ProtocolError(BAD_FIELD, f"envelope {key} must be {kind.__name__}", field=key)
-    extra = sorted(set(frame) - {"v", "dep", "type", "id", "body"})
-    if extra:
+    msg_id, body = frame.get("id"), frame.get("body")
+    if not isinstance(msg_id, str):
+        raise ProtocolError(BAD_FIELD, "envelope id must be str", field="id")
+    if not isinstance(body, dict):
+        raise ProtocolError(BAD_FIELD, "envelope body must be dict", field="body")
+    if len(frame) != 5:  # v, dep, type, id and body are there (checked above): any more?
+        extra = sorted(set(frame) - _ENVELOPE_KEYS)
         raise ProtocolError(BAD_FIELD, f"unknown envelope keys {extra}", field=extra[0])
-    return _build(cls, frame["body"], msg_id=frame["id"])
+    return _build(cls, body, msg_id=msg_id)
+
+
+_ENVELOPE_KEYS = frozenset(("v", "dep", "type", "id", "body"))
 
 
 def _reject_constant(name: str) -> Any:
@@ -227,6 +232,22 @@ def _reject_constant(name: str) -> Any:
 
 # One decoder, made once (json.loads with options builds one per call).
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_scan_once = _DECODER.scan_once  # type: ignore[attr-defined]  # (set by __init__: the C scanner)
+
+
+def _parse(text: str) -> Any:
+    """`_DECODER.decode(text)`: a frame as senders write it (an object, no whitespace around
+    it) is read by the decoder's scanner directly, without `decode`'s and `raw_decode`'s
+    Python frames; anything else (whitespace, extra data, an error) by `decode` itself, so
+    what is accepted and every error message are `decode`'s."""
+    if text[:1] == "{":
+        try:
+            obj, end = _scan_once(text, 0)
+        except (ValueError, StopIteration):
+            return _DECODER.decode(text)
+        if end == len(text):
+            return obj
+    return _DECODER.decode(text)
 
 
 def _checked_body(cls: type[Message], body: dict) -> dict[str, Any]:
