@@ -126,8 +126,9 @@ def test_a_harbor_task_directory_becomes_a_command_checked_task(tmp_path):
     task, = import_source("harbor", harbor_dir(tmp_path))
     assert task.name == "harbor/make-greeting" and task.instruction == "Write `hello` into /work/greeting.txt."
     assert task.checker["kind"] == "command" and task.checker["timeout_s"] == 30.0
-    assert sorted(task.checker["support"]) == ["paddock_harbor_runner.py", "paddock_site/sitecustomize.py",
-                                               "tests/pytest.ini", "tests/test.sh", "tests/test_outputs.py"]
+    assert sorted(task.checker["support"]) == ["paddock_harbor_runner.py", "paddock_site/paddock_pytest_guard.py",
+                                               "paddock_site/sitecustomize.py", "tests/pytest.ini", "tests/test.sh",
+                                               "tests/test_outputs.py"]
     assert "/work/greeting.txt" in task.hidden["tests/test.sh"] and "/tmp/logs/verifier/reward.txt" in task.hidden["tests/test.sh"]
     assert task.hidden["solution/solve.sh"] and task.hidden["environment/Dockerfile"].startswith("FROM")
     assert (task.budgets.wall_s, task.limits.memory_mb) == (300.0, 512)
