@@ -41,6 +41,7 @@ controller.cli.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -453,22 +454,48 @@ def _trainer_signals(ignore: tuple[signal.Signals, ...]) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
-def _stop_trainer(proc: subprocess.Popen, timeout_s: float, how: signal.Signals = signal.SIGTERM) -> int:
+def _stop_trainer(proc: subprocess.Popen, timeout_s: float, how: signal.Signals = signal.SIGTERM,
+                  clock=time.monotonic) -> int:
     """End of time: SIGTERM (`how`) to the trainer's process group (it may checkpoint), SIGKILL
-    after `timeout_s`. Returns its exit code (0 if it exited cleanly on the signal)."""
+    after `timeout_s`. A shell line's /bin/sh may die of the signal at once while the trainer it
+    started is still writing its checkpoint: the stop waits for the whole process group, not only
+    for its first process. Returns the exit code (0 if it exited cleanly on the signal)."""
+    deadline = clock() + timeout_s
     try:
         os.killpg(proc.pid, how)
     except ProcessLookupError:
         pass
     try:
         rc = proc.wait(timeout=timeout_s)
+        if not _group_gone(proc.pid, deadline, clock):
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
     except subprocess.TimeoutExpired:
         log.warning("trainer did not exit %.0fs after %s: killing it", timeout_s, how.name)
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.wait()
+        _group_gone(proc.pid, clock() + 10.0, clock)
     # /bin/sh itself may die of the SIGTERM while the trainer exits cleanly: both mean "stopped"
     print(f"paddock head: trainer stopped after the end-of-time signal (exit status {rc})", flush=True)
     return 0 if rc in (0, -how) else rc
+
+
+def _group_gone(pgid: int, deadline: float, clock=time.monotonic, poll_s: float = 0.05) -> bool:
+    """Wait until no process of the group `pgid` runs, or `deadline`; True if none runs."""
+    while _group_alive(pgid):
+        if clock() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the process group `pgid` still runs (zombies not counted)."""
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def curriculum_path(run_dir: Path, bank: str) -> Path:

@@ -62,3 +62,32 @@ def test_sigint_stops_a_trainer_that_ignores_the_job_signals_and_counts_as_a_cle
         proc.wait(timeout=0.5)
     status = [ln for ln in open(f"/proc/{proc.pid}/status") if ln.startswith(("SigBlk", "SigIgn", "SigCgt", "State"))]
     assert _stop_trainer(proc, 30.0, signal.SIGINT) == 0, status
+
+
+def test_the_stop_waits_for_a_shell_line_trainer_whose_shell_dies_of_the_signal_first(tmp_path):
+    """dash forks for `VAR=x python ...`: the job's SIGTERM kills the shell at once while the
+    trainer under it is still writing its checkpoint; the stop returns only once it is written."""
+    (tmp_path / "logs").mkdir()
+    done = tmp_path / "checkpoint"
+    script = ("import signal, sys, time\n"
+              "def stop(*_):\n    time.sleep(1.0)\n"
+              f"    open({str(done)!r}, 'w').write('saved')\n    sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, stop)\nprint('up', flush=True)\nwhile True:\n    signal.pause()\n")
+    (tmp_path / "trainer.py").write_text(script)
+    proc = _start_trainer(f"X=1 {sys.executable} {tmp_path / 'trainer.py'}", tmp_path, "tcp://x:1", head(tmp_path),
+                          load_taskset("builtin"), "x", out=subprocess.PIPE)
+    assert proc.stdout.readline() == b"up\n"
+    assert _stop_trainer(proc, 30.0) == 0
+    assert done.read_text() == "saved"
+
+
+def test_a_trainer_that_outlives_the_stop_s_timeout_is_killed_with_its_whole_group(tmp_path):
+    (tmp_path / "logs").mkdir()
+    script = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('up', flush=True)\nsignal.pause()\n"
+    (tmp_path / "trainer.py").write_text(script)
+    proc = _start_trainer(f"X=1 {sys.executable} {tmp_path / 'trainer.py'}", tmp_path, "tcp://x:1", head(tmp_path),
+                          load_taskset("builtin"), "x", out=subprocess.PIPE)
+    assert proc.stdout.readline() == b"up\n"
+    _stop_trainer(proc, 1.0)
+    from slurm.jobsteps import _group_alive
+    assert not _group_alive(proc.pid)
