@@ -26,7 +26,7 @@
  *      no_new_privs, non-dumpable, the rlimits it was given and the seccomp filter (raw BPF,
  *      exported once by the holder), starts the egress relay if asked, and says "ready"
  *      with its own mount namespace (an fd, for the holder to hold);
- *   3. runs one command per request until its socket closes: vfork, setsid, stdio pipes, the
+ *   3. runs one command per request until its socket closes: fork, setsid, stdio pipes, the
  *      OOM killer's first choice, cwd, uid, execve; output capped; past the deadline every
  *      other process of the sandbox is killed (kill(-1) from PID 1).
  * Wire format (nodeagent/sandbox/framing.py): a frame is a u32 big-endian length and records, each a
@@ -554,39 +554,35 @@ static const char *parse_cmd(struct buf *b, struct cmd *c, struct buf *strings) 
     return NULL;
 }
 
-/* In the vfork child (it shares the init's memory until execve: it changes nothing there but
- * `environ`, which the init does not use): never returns. */
+/* In the forked child (its own copy of the init's memory: a vfork child shared the init's mm,
+ * and the dumpable flag it set there made the init's own memory writable through /proc/1/mem):
+ * never returns. */
 static void exec_child(struct cmd *c, int in_r, int out_w, int err_w) {
     char msg[600];
     setsid();
     signal(SIGPIPE, SIG_DFL);
-    /* No PR_SET_DUMPABLE here: the flag lives in the mm this vfork child shares with the init,
-     * so setting it made the init's own memory writable through /proc/1/mem (execve gives the
-     * command a dumpable mm of its own). The command and all it starts also lose CAP_SYS_PTRACE,
-     * which would reach a non-dumpable process of the same user namespace. */
-    if (prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)) {
-        static const char no_drop[] = "paddock: cannot drop CAP_SYS_PTRACE\n";
-        if (write(err_w, no_drop, sizeof no_drop - 1) < 0) {}
-        _exit(126);
-    }
+    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);   /* this copy's /proc/self is its own (the init stays not dumpable) */
     char adj[16];
-    /* /proc/self/oom_score_adj opens only while the (shared) mm is dumpable: for these few
-     * calls, the init itself suspended in vfork; then not dumpable again before anything runs */
-    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
     int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (fd >= 0) {   /* under memory pressure the workload dies, never the sandbox init */
         int n = snprintf(adj, sizeof adj, "%d", c->oom_adj);
         if (write(fd, adj, (size_t)n) < 0) {}
         close(fd);
+    }
+    /* The command and all it starts lose CAP_SYS_PTRACE, which would reach a non-dumpable
+     * process of the same user namespace (the init). */
+    if (prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE, 0, 0, 0)) {
+        static const char no_drop[] = "paddock: cannot drop CAP_SYS_PTRACE\n";
+        if (write(err_w, no_drop, sizeof no_drop - 1) < 0) {}
+        _exit(126);
     }
     if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0) _exit(126);
     syscall(SYS_close_range, 3, ~0U, 0);
     const char *what = "chdir";
     if (chdir(c->cwd) == 0) {
         what = "setuid";
-        /* Raw calls: glibc's would signal the init's threads (the egress relay), whose memory
-         * this vfork child shares. */
+        /* Raw calls: glibc's setxid would try to signal the init's threads (the egress relay),
+         * which this child does not have. */
         if (c->uid < 0 || (syscall(SYS_setresgid, c->uid, c->uid, c->uid) == 0 &&
                            syscall(SYS_setresuid, c->uid, c->uid, c->uid) == 0)) {
             extern char **environ;
@@ -643,10 +639,10 @@ static void run_command(struct cmd *c, struct buf *reply) {
         rec_str(reply, '2', "paddock: cannot make pipes\n");
         return;
     }
-    pid_t pid = vfork();   /* no copy of the init's page tables; it waits until the execve */
+    pid_t pid = fork();   /* a copy of the init's (small) memory, never the init's own mm */
     if (pid < 0 && errno == EAGAIN) {   /* a fork bomb holds every PID: reclaim, try once more */
         kill_all_but_me();
-        pid = vfork();
+        pid = fork();
     }
     if (pid == 0) exec_child(c, in[0], out[1], err[1]);
     close(in[0]);
