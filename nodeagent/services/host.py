@@ -18,7 +18,12 @@ node: it never exists as a file the agent could edit, and every reply from the s
 checked against the same engine run here. A reply that differs or does not parse (an
 interpreter the agent managed to replace) is refused and recorded in `tampered`; the state
 checker fails such a rollout. An engine that fails to run (a non-zero exit, a timeout: a
-loaded node, a sandbox out of pids) raises SandboxError: infrastructure, never a score.
+loaded node, a sandbox out of pids) is run once more; when it fails again it raises
+SandboxError (infrastructure, never a score), unless the agent can run code in the sandbox
+(`agent_has_shell`: its root can signal uid `SERVICE_UID`, starve it of CPU, fill its memory):
+then a twice-failed engine (killed by a signal, timed out, or failing with its trusted input)
+is the agent's doing, recorded in `tampered` (the rollout fails), never infrastructure a policy
+could use to escape its score.
 Without a sandbox (`sandbox=None`: tests, benchmarks) the engine runs here only.
 
 `final_state()` is what the verifier compares with the goal; `log` lists every operation
@@ -94,6 +99,7 @@ class ServiceHost:
         self.log: list[dict] = []
         self.tampered: list[str] = []
         self.sandbox_ops = 0
+        self.agent_has_shell = False        # set by the conversation when the agent's tools run code
         self._installed = False
 
     @property
@@ -202,12 +208,19 @@ class ServiceHost:
             req["state_path"] = state_path
             blob = _canon(req).encode()
         timeout = min(self.timeout_s, budget_s) if budget_s else self.timeout_s
-        r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
-                              cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
-        self.sandbox_ops += 1
-        if r.timed_out or r.exit_code != 0:     # could be load or a full sandbox: never scored
-            raise SandboxError(f"service {svc}: its engine failed in the sandbox (exit {r.exit_code}"
-                               f"{', timed out' if r.timed_out else ''}): {r.stderr.decode(errors='replace')[-300:]}")
+        for _ in range(2):                    # once more: a loaded node passes, the agent's killer does not
+            r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
+                                  cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
+            self.sandbox_ops += 1
+            if not (r.timed_out or r.exit_code != 0):
+                break
+        why = (f"its engine failed in the sandbox twice (exit {r.exit_code}{', timed out' if r.timed_out else ''}): "
+               f"{r.stderr.decode(errors='replace')[-300:]}")
+        if (r.timed_out or r.exit_code != 0) and self.agent_has_shell:
+            kind = "killed by a signal" if _by_signal(r.exit_code) else "timed out" if r.timed_out else "failed"
+            return f"{why} ({kind} in a sandbox where the agent's shell can signal, starve or fill it)"
+        if r.timed_out or r.exit_code != 0:     # no agent code could do it: load or a full sandbox, never scored
+            raise SandboxError(f"service {svc}: {why}")
         if r.truncated:
             return "reply larger than any state"
         try:
@@ -217,6 +230,11 @@ class ServiceHost:
         if _canon(got) != _canon(want):
             return "reply differs from the rules' result"
         return None
+
+
+def _by_signal(exit_code: int | None) -> bool:
+    """An exit status of a process a signal ended (negative, or 128 + the signal as shells say)."""
+    return exit_code is not None and (exit_code < 0 or exit_code > 128)
 
 
 class ToolRouter:

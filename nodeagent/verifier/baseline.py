@@ -26,7 +26,7 @@ GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload 
 
 
 class Watched:
-    """A runtime whose sandboxes note when the agent's work entered them: its changes applied
+    """A runtime whose sandboxes (`acquire`, `create`: every grading sandbox) note when the agent's work entered them: its changes applied
     (non-empty) or a command run after them. A failure before that (no sandbox, a task file
     missing before any change) cannot be the agent's doing; after it, it might be. With
     `grader`, commands run at `GRADER_OOM_SCORE_ADJ` (the pytest grader, which runs the code
@@ -41,6 +41,9 @@ class Watched:
 
     def acquire(self, *a, **k):
         return _WatchedSandbox(self._runtime.acquire(*a, **k), self)
+
+    def create(self, *a, **k):          # a sandbox made without the pool (the web state's grading)
+        return _WatchedSandbox(self._runtime.create(*a, **k), self)
 
 
 class _WatchedSandbox:
