@@ -4,7 +4,8 @@
 `initial_state`), offers every operation as a tool (`definitions`, the OpenAI `tools` array)
 and runs a call (`call(name, raw_arguments)`) as the built-in tools do: the arguments are
 parsed and checked against the operation's JSON Schema first; an invalid call, a refused
-operation, a transition that would break the service's `state_schema` or a result that JSON
+operation (arguments nested deeper than `MAX_ARGUMENT_DEPTH` included), a transition that
+would break the service's `state_schema` or a result that JSON
 text cannot carry (an integer past Python's 4300 digits of text, from `mul`: the engine in the
 sandbox could not write it) is an `error:` observation (`ToolResult.error` set, the state
 unchanged), never an exception.
@@ -48,6 +49,7 @@ ENGINE_PATH = f"{SERVICE_DIR}/engine.py"
 SERVICE_UID = 1002          # neither the agent's root nor the grader's uids
 ENGINE_SOURCE = Path(engine.__file__).read_bytes()
 MAX_ARGUMENT_BYTES = 64 * 1024
+MAX_ARGUMENT_DEPTH = 32     # nesting of an operation's arguments (as the built-in tools': contracts/tools.py)
 STDIN_MAX_BYTES = 60 * 1024     # the sandbox passes at most 64 KiB of stdin: larger states go as a file
 OP_TIMEOUT_S = 10.0
 MAX_INTEGER_DIGITS = 4300       # Python's default limit on an integer's text (int_max_str_digits)
@@ -76,6 +78,18 @@ def _long_integer(value: Any) -> str | None:
         elif isinstance(v, list):
             stack.extend((f"{path}/{i}", x) for i, x in enumerate(v))
     return None
+
+
+def _depth(value: Any) -> int:
+    """How deeply `value` nests objects and arrays (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_ARGUMENT_DEPTH:
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 def _canon(v: Any) -> str:
@@ -137,6 +151,11 @@ class ServiceHost:
             args = json.loads(raw_args)
         except ValueError as exc:
             return None, _refuse("malformed_json", f"arguments of {name} are not valid JSON: {exc}")
+        except RecursionError:      # the agent's nesting: its call's error, never the node's crash
+            return None, _refuse("malformed_json", f"arguments of {name} are nested too deeply")
+        if _depth(args) > MAX_ARGUMENT_DEPTH:
+            return None, _refuse("invalid_arguments", f"arguments of {name} are nested deeper than "
+                                                      f"{MAX_ARGUMENT_DEPTH} levels")
         error = next(iter(sorted(self._args[name].iter_errors(args), key=lambda e: list(e.path))), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
