@@ -233,8 +233,8 @@ class ServiceHost:
             self.sandbox_ops += 1
             if not (r.timed_out or r.exit_code != 0):
                 break
-        why = (f"its engine failed in the sandbox twice (exit {r.exit_code}{', timed out' if r.timed_out else ''}): "
-               f"{r.stderr.decode(errors='replace')[-300:]}")
+        why = (f"its engine failed in the sandbox (exit {r.exit_code}{', timed out' if r.timed_out else ''}), "
+               f"twice: {r.stderr.decode(errors='replace')[-300:]}")
         if (r.timed_out or r.exit_code != 0) and self.agent_has_shell:
             kind = "killed by a signal" if _by_signal(r.exit_code) else "timed out" if r.timed_out else "failed"
             return f"{why} ({kind} in a sandbox where the agent's shell can signal, starve or fill it)"
