@@ -65,9 +65,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from controller.contracts.tasks import GradedTask
-from nodeagent.verifier.baseline import solution_file
 from nodeagent.harness.model import ContextLengthExceeded, HTTPModel, ModelError, check_reply
 from nodeagent.harness.usersim import estimate_tokens
+from nodeagent.verifier.baseline import solution_file
 
 DEFAULT_REQUESTS_PER_S = 2.0
 DEFAULT_TOKENS_PER_S = 4000.0
