@@ -123,7 +123,7 @@ def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: l
         r = sb.exec(["python3", "-c", _EVAL_MAIN], stdin=json.dumps({"source": files["shop.py"], "req": req}).encode(),
                     timeout_s=spec.timeout_s if spec.timeout_s is not None else EVAL_TIMEOUT_S, cwd="/tmp", uid=APP_UID,
                     output_cap=OUTPUT_CAP)
-    except (SandboxError, BrowserStartError) as exc:
+    except (SandboxError, BrowserStartError, ValueError) as exc:     # ValueError: a database past stdin's cap
         raise WebStateError(f"grading sandbox: {exc}") from None
     finally:
         sb.destroy()
