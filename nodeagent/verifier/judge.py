@@ -31,7 +31,7 @@ default), `diff` (the changes only) or `trajectory` (the conversation: every use
 message and tool call). The agent controls its size and order, so the artifact is fitted to
 the judge's context in tokens (`context_tokens`: `$PADDOCK_<NAME>_CONTEXT_TOKENS` for a
 `node:<name>` judge, else `DEFAULT_CONTEXT_TOKENS`; estimated generously,
-`nodeagent.harness.usersim.estimate_tokens`), never by characters:
+`estimate_tokens`, here so that the verifier's version hashes it), never by characters:
 - `answer`/`diff`: every changed path is listed first (kind, size; the task's own files first),
   the final answer gets at most `ANSWER_SHARE` of the room (head and tail), then file contents
   in priority order: the task's own files (its visible files, the solution file), then other
@@ -66,7 +66,6 @@ from typing import Any, Callable, Mapping
 
 from controller.contracts.tasks import GradedTask
 from nodeagent.harness.model import ContextLengthExceeded, HTTPModel, ModelError, check_reply
-from nodeagent.harness.usersim import estimate_tokens
 from nodeagent.verifier.baseline import solution_file
 
 DEFAULT_REQUESTS_PER_S = 2.0
@@ -251,6 +250,13 @@ def default_service() -> JudgeService:
         return _default
 
 
+def estimate_tokens(text: str) -> int:
+    """A generous estimate of `text`'s tokens: ASCII at 3 characters a token, any other
+    character 2 tokens (tokenizers split emoji and rare scripts into several byte tokens)."""
+    n_ascii = sum(1 for ch in text if ord(ch) < 128)
+    return n_ascii // 3 + 2 * (len(text) - n_ascii) + 1
+
+
 def context_tokens(judge: Mapping[str, Any]) -> int:
     """The judge's context in tokens: `$PADDOCK_<NAME>_CONTEXT_TOKENS` for `node:<name>`."""
     endpoint = str(judge.get("endpoint", ""))
@@ -401,5 +407,5 @@ def apply(v, task: GradedTask, changes: list, answer: str | None, conversation: 
                      "detail": ("(cached) " if res.cached else "") + res.reason, "wall_s": clock() - t})
 
 
-__all__ = ["JudgeFailed", "JudgeOverflow", "JudgeResult", "JudgeService", "TokenBucket", "apply", "artifact_of", "context_tokens", "cut_tokens", "default_service",
+__all__ = ["JudgeFailed", "JudgeOverflow", "JudgeResult", "JudgeService", "TokenBucket", "apply", "artifact_of", "context_tokens", "cut_tokens", "default_service", "estimate_tokens",
            "parse_score"]
