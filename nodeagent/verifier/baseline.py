@@ -5,7 +5,8 @@
   `GRADER_OOM_SCORE_ADJ` (its unprivileged workload is kept at 1000 by the sandbox init).
 - `Baseline`: whether a task grades cleanly without the agent (reference passes, null reaches
   a verdict), cached per task + image + layers, seeded by validation (`BASELINE`).
-- The task's own solutions: `reference_of`, `solution_file`, `solution_changes`.
+- The task's own solutions: `reference_of`, `solution_file`, `solution_changes`, `null_changes`
+  (a web task's null is its initial state: `nodeagent.verifier.webstate.initial_changes`).
 
 Tasks are the verifier's typed `controller.contracts.tasks.GradedTask`.
 
@@ -115,8 +116,9 @@ class Baseline:
             {"null": ({}, None)} | ({"reference": ref} if ref is not None else {}))
         out = {}
         for name, (files, answer) in todo.items():
+            changes = null_changes(task) if name == "null" else solution_changes(task, files)
             for _attempt in range(2):       # one retry, as a rollout gets
-                out[name] = grade(solution_changes(task, files), answer)
+                out[name] = grade(changes, answer)
                 if out[name] != "infra_error":
                     break
         return out
@@ -153,6 +155,15 @@ def reference_of(task: GradedTask) -> tuple[dict, str | None] | None:
     if GOLD_PATCH in hidden:       # a repository task: the gold patch's post-images
         return {rel[len(GOLD_PREFIX):]: text for rel, text in hidden.items() if rel.startswith(GOLD_PREFIX)}, None
     return None
+
+
+def null_changes(task: GradedTask) -> list[Change]:
+    """The changes of a rollout that did nothing: none, or for a web task (`webstate`) its
+    initial state as the app would leave it untouched (a web rollout always carries its state)."""
+    if task.checker.kind == "webstate":
+        from nodeagent.verifier.webstate import as_bytes, initial_changes
+        return initial_changes(as_bytes(task.hidden.get("seed.sql", "")).decode())
+    return []
 
 
 def _text(content: str | bytes | None) -> str | None:

@@ -20,9 +20,10 @@ is read with its own cap (`OUTPUT_CAP`): the agent's strings cannot make it unre
 sandbox that fails, an evaluator that dies or answers garbage, or missing captured state are
 `WebStateError` (a `VerifierInfraError`: retried, never a score). Whether such a failure
 reproduces without the agent is decided by the verifier's baseline (`nodeagent.verifier.baseline`,
-through `Watched.create`): a web task's null solution is its **initial state** (no changes: the
-database built from `seed.sql` alone, `initial_changes`), graded the same way; when that
-reaches a verdict, the failure was the agent's state's and the rollout is `fail`. `verify_webstate` takes the typed task (`controller.contracts.tasks.GradedTask`, its
+through `Watched.create`): a web task's null solution is its **initial state** (the database
+built from `seed.sql` alone, `initial_changes`, as `baseline.null_changes` gives it), graded
+the same way; when that reaches a verdict, the failure was the agent's state's and the rollout
+is `fail`. `verify_webstate` takes the typed task (`controller.contracts.tasks.GradedTask`, its
 checker spec's `checks` and `timeout_s`) and returns the `Verdict`.
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.verifier.grade.
 """
@@ -79,9 +80,7 @@ def initial_changes(seed_sql: str) -> list[Change]:
     return state_changes({"db": db, "key_hex": INITIAL_KEY_HEX})
 
 
-def _captured(changes: list[Change], seed_sql: str) -> tuple[bytes, str]:
-    if not changes:         # the null solution (the baseline's): the task's initial state
-        changes = initial_changes(seed_sql)
+def _captured(changes: list[Change]) -> tuple[bytes, str]:
     got = {c.path: c.data for c in changes if c.kind in ("added", "modified")}
     if DB_CHANGE not in got or KEY_CHANGE not in got:
         raise WebStateError("the rollout carries no captured web state (database and key)")
@@ -99,7 +98,7 @@ def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: l
     t = clock()
     spec = task.checker
     seed_sql = as_bytes(task.hidden.get("seed.sql", "")).decode()
-    db, key_hex = _captured(changes, seed_sql)
+    db, key_hex = _captured(changes)
     seed_digest = shop.seed_digest(seed_sql)
     db_path = f"{GRADE_DIR}/app.db"
     needs_page = any("page" in c for c in spec.checks)

@@ -1,6 +1,7 @@
 """Web tasks: what the agent typed cannot turn grading into an infrastructure error (red team
 s11 §3). The captured state is built through the app's own `Shop.mutate` (a valid audit chain,
 as the app leaves it) and graded by the real verifier in a real sandbox."""
+import dataclasses
 import sqlite3
 import tempfile
 
@@ -9,7 +10,7 @@ import pytest
 from controller.taskbank.webtasks import SEED_SQL, web_tasks
 from nodeagent.browser.apps import shop
 from nodeagent.verifier import grade, webstate
-from nodeagent.verifier.baseline import Baseline, Watched
+from nodeagent.verifier.baseline import Baseline, Watched, null_changes
 
 KEY = bytes(range(32))
 
@@ -66,7 +67,8 @@ def test_the_evaluator_echo_is_bounded():
 def test_a_web_tasks_null_solution_is_its_initial_state(runtime, python_image):
     """The baseline grades a web task without the agent: its initial state reaches a verdict,
     so a failure only the agent's state causes is the rollout's fail."""
-    v = webstate.verify_webstate(runtime, python_image, grade.graded_task(NAME_TASK.canonical()), [])
+    task = grade.graded_task(NAME_TASK.canonical())
+    v = webstate.verify_webstate(runtime, python_image, task, null_changes(task))
     assert v.outcome == "fail"
     db = dict((c.path, c.data) for c in webstate.initial_changes(SEED_SQL))[webstate.DB_CHANGE]
     with tempfile.NamedTemporaryFile() as f:
@@ -82,3 +84,14 @@ def test_the_web_grading_sandbox_is_watched(runtime, python_image):
     webstate.verify_webstate(w, python_image, grade.graded_task(NAME_TASK.canonical()),
                              _captured("Alice Smith", "alice@example.com"))
     assert w.agent_ran
+
+
+def test_a_state_only_the_agents_rollout_breaks_is_its_fail(runtime, python_image):
+    """The evaluator dies on the captured database (not a database at all); the initial state
+    grades cleanly, so the failure is the rollout's: fail, never a task fault."""
+    changes = [c if c.path != webstate.DB_CHANGE else dataclasses.replace(c, data=b"not a database " * 100)
+               for c in _captured("Alice Smith", "alice@example.com")]
+    v = grade.verify(runtime, python_image, grade.graded_task(NAME_TASK.canonical()), changes, None,
+                     baseline=Baseline())
+    assert (v.outcome, v.reward) == ("fail", 0.0)
+    assert "grades cleanly without them" in v.checks[-1]["detail"]
