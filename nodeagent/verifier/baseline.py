@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 
 from controller.contracts.tasks import GradedTask
 from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier import webstate
 
 GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload is kept at 1000
 
@@ -161,8 +162,7 @@ def null_changes(task: GradedTask) -> list[Change]:
     """The changes of a rollout that did nothing: none, or for a web task (`webstate`) its
     initial state as the app would leave it untouched (a web rollout always carries its state)."""
     if task.checker.kind == "webstate":
-        from nodeagent.verifier.webstate import as_bytes, initial_changes
-        return initial_changes(as_bytes(task.hidden.get("seed.sql", "")).decode())
+        return webstate.initial_changes(webstate.as_bytes(task.hidden.get("seed.sql", "")).decode())
     return []
 
 

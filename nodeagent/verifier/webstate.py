@@ -30,6 +30,7 @@ Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from typing import Callable
 
@@ -72,7 +73,6 @@ INITIAL_KEY_HEX = "00" * 32      # the initial state has no audit rows: its key 
 def initial_changes(seed_sql: str) -> list[Change]:
     """The task's initial state as a rollout's captured state: the app's database built from the
     schema and `seed_sql` alone (no audit row), what a rollout that did nothing would leave."""
-    import tempfile
     with tempfile.TemporaryDirectory() as d:
         shop.init_db(f"{d}/app.db", seed_sql)
         with open(f"{d}/app.db", "rb") as f:
