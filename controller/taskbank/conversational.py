@@ -14,7 +14,9 @@ a template user (persona, goal, hidden facts, replies, stop conditions), the ref
 `state` checker whose goal is the initial state with the reference calls replayed by the rule
 engine (`controller.contracts.serviceengine.replay`): the goal cannot drift from the rules.
 Some tasks have a goal equal to the initial state: the right answer is to refuse (a delivered
-order cannot be cancelled), checked by what the agent tells the user. Every task has an LLM
+order cannot be cancelled), checked by what the agent tells the user: a refusal must say a fact
+only the look-up gives ("already delivered", "already has 2 bags"), so a blind refusal (nothing
+looked up) fails; `reference_reasons` tries blind refusals against every task. Every task has an LLM
 judge (`node:judge`, the node's judge service; weight 0.2) reading the conversation; the local
 run's scripted judge cannot grade the rubric of `retail/new-address-tone`, so its passing
 rollouts end `judge_failed` (never 0, never trained on).
@@ -317,7 +319,7 @@ _SPECS = [
      {"name": "Ada Byron", "zip": "10115", "order_id": "W1004", "reason": "no longer needed"},
      [_call("find_user", name="Ada Byron", zip="10115"), _call("get_order", order_id="W1004")],
      "I'm sorry, order W1004 was already delivered, so I cannot cancel it; you can request a return.",
-     ["cannot"], None, ()),
+     ["cannot", "already delivered"], None, ()),
     ("airline/add-bag", "airline", ("airline",), "Mia, traveling with family",
      "Add one checked bag to reservation R2001.", "Hi, can I add a bag to my booking?",
      {"name": "Mia Chen", "reservation_id": "R2001", "count": "1"},
@@ -339,7 +341,8 @@ _SPECS = [
      "Add two more bags to reservation R2003 (it has 2; the limit is 3).", "Can I add two bags?",
      {"name": "Lena Park", "reservation_id": "R2003", "count": "2"},
      [_call("get_reservation", reservation_id="R2003")],
-     "Sorry, R2003 already has 2 bags and the limit is 3, so I cannot add two more.", ["cannot"], None, ()),
+     "Sorry, R2003 already has 2 bags and the limit is 3, so I cannot add two more.",
+     ["cannot", "already has 2 bags"], None, ()),
     ("assistant/schedule", "assistant", ("mail", "calendar"), "Sam, busy manager",
      "Schedule 'Budget review' with bob on 2026-03-05 from 14:00 to 15:00, then email bob@example.org "
      "with subject 'Budget review' to confirm.", "Please set up the budget review Bob asked about.",
@@ -408,8 +411,9 @@ def conversational_taskset() -> TaskSet:
 def reference_reasons(task: Task) -> list[str]:
     """Why a conversational task is broken (empty: it is sound): its reference calls
     (hidden `reference.json`) must run under the rules and, with its final words, meet the
-    goal; the null conversation (nothing done, nothing said) and a bare claim (the final words
-    with nothing done, where the goal needs a change) must not."""
+    goal; the null conversation (nothing done, nothing said), a bare claim (the final words
+    with nothing done, where the goal needs a change) and a blind refusal (nothing looked up:
+    `blind_refusals`, built from what the agent knows without a look-up) must not."""
     if task.checker.get("kind") != "state":
         return []
     try:
@@ -436,7 +440,22 @@ def reference_reasons(task: Task) -> list[str]:
         reasons.append("null solution (nothing done, nothing said) meets the goal")
     if final != initial and met(initial, [ref.get("final", "")]):
         reasons.append("hack:claim_success (the final words, nothing done) meets the goal")
+    for said in blind_refusals(task):
+        if met(initial, [said]):
+            reasons.append(f"hack:blind_refusal (nothing looked up) meets the goal: {said[:120]!r}")
+            break
     return reasons
+
+
+def blind_refusals(task: Task) -> list[str]:
+    """Refusals an agent can write without looking anything up: generic ones, and one that
+    repeats everything it knows without a service call (its instruction, the user's opening and
+    every fact the user gives when asked)."""
+    user = task.user or {}
+    facts = " ".join(str(v) for v in (user.get("hidden") or {}).values())
+    generic = ["Sorry, I cannot do that.", "I'm sorry, but I can't do that; it cannot be done, all set.",
+               "That is not possible: I cannot change it. Nothing has been done."]
+    return generic + [f"Sorry, I cannot do that. {user.get('opening', '')} {facts} {task.instruction}"]
 
 
 def validate_conversational(taskset: TaskSet, names: list[str]) -> tuple[list[str], dict]:
@@ -452,5 +471,5 @@ def validate_conversational(taskset: TaskSet, names: list[str]) -> tuple[list[st
     return ok, bad
 
 
-__all__ = ["REFERENCE_FILE", "TASKSET_NAME", "conversational_tasks", "conversational_taskset", "reference_reasons",
-           "validate_conversational"]
+__all__ = ["REFERENCE_FILE", "TASKSET_NAME", "blind_refusals", "conversational_tasks", "conversational_taskset",
+           "reference_reasons", "validate_conversational"]

@@ -85,6 +85,8 @@ def run_agent_phase(runtime: SandboxRuntime, image: Path, a: Attempt, task: Leas
                 else:
                     services, user = conv.start(sb, task.budgets.observation_bytes) if conv else (None, None)
                     tools = task.tools if task.tools is not None or services is None else ()
+                    if services is not None:    # its engine runs in this sandbox: a shell can kill it
+                        services.agent_has_shell = tools is None or "shell" in tools
                     agent = run_agent(sb, task.instruction, session, a.model, a.seed, task.budgets, clock,
                                       tools=tools, egress_decisions=lambda: egress.decisions_for(egress_id),
                                       span_origin=t0, faults=ToolFaults.of(task.tool_faults, a.seed),

@@ -16,8 +16,15 @@ returns one of:
   `user_sim`: recorded in `model_calls` with their `seed` and `temperature`, never the
   policy's and never trained on). The user's system prompt holds the persona, the goal and the
   hidden facts; the conversation is mirrored (the agent's messages are its `user` turns). A
-  reply containing `###STOP###` ends the conversation, as does `stop.max_turns`. A failing
-  simulator raises `UserSimError` (infrastructure: the rollout is `infra_error: user_sim`).
+  reply containing `###STOP###` ends the conversation, as does `stop.max_turns`. What the user
+  model reads of the agent is bounded (the agent controls its size): each agent message is cut
+  to `AGENT_MESSAGE_CHARS`, and only the most recent turns that fit `HISTORY_TOKENS` (estimated:
+  `estimate_tokens`) are sent after the persona and the opening. A context overflow the server
+  still reports is the conversation's end (the user stops reading: `stop`, graded on its
+  state), never infrastructure: only the agent's text grows the user's prompt; so is the user
+  session's spent budget (`BudgetExhausted`: its tokens are the agent's text). Any other failing
+  simulator (unreachable, 5xx, malformed) raises `UserSimError` (infrastructure: the rollout is
+  `infra_error: user_sim`).
 
 Each user turn is a step row of the trajectory (`role = "user"`, nodeagent/harness/loop.py).
 
@@ -31,12 +38,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from controller.contracts.services import STOP_TOKEN
-from nodeagent.harness.model import Model, ModelError, check_reply
+from nodeagent.harness.model import BudgetExhausted, ContextLengthExceeded, Model, ModelError, check_reply
 
 DEFAULT_MAX_TURNS = 10
 DEFAULT_GOODBYE = f"Thank you, that's all I needed. {STOP_TOKEN}"
 DEFAULT_FALLBACK = "Could you please take care of my request?"
 USER_TIMEOUT_S = 60.0
+AGENT_MESSAGE_CHARS = 2000      # what the user reads of one agent message
+HISTORY_TOKENS = 4000           # estimated tokens of past turns sent after the persona and opening
+OVERFLOW_GOODBYE = "Sorry, that is too much for me to read. I have to go now."
 USER_PROMPT = ("You play a customer talking to a support agent. Stay in character; write only the customer's "
                "next message, briefly.\n\nPersona: {persona}\n\nYour goal: {instruction}\n\n"
                "Facts you know (give one only when the agent asks for it): {hidden}\n\n"
@@ -55,6 +65,20 @@ class UserTurn:
     model_s: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+
+
+def estimate_tokens(text: str) -> int:
+    """A generous estimate of `text`'s tokens: ASCII at 3 characters a token, any other
+    character 2 tokens (tokenizers split emoji and rare scripts into several byte tokens)."""
+    n_ascii = sum(1 for ch in text if ord(ch) < 128)
+    return n_ascii // 3 + 2 * (len(text) - n_ascii) + 1
+
+
+def bounded(text: str, limit: int = AGENT_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" [... {len(text) - limit} more characters the customer did not read]"
 
 
 def _max_turns(goal: Mapping[str, Any]) -> int:
@@ -107,16 +131,33 @@ class ModelUser:
     def opening(self) -> UserTurn:
         return UserTurn(self.goal["opening"], False)
 
+    def window(self) -> list[dict]:
+        """The persona, the opening, and the most recent turns within HISTORY_TOKENS (the
+        latest agent message always)."""
+        head, rest = self.messages[:2], self.messages[2:]
+        kept: list[dict] = []
+        used = 0
+        for m in reversed(rest):
+            used += estimate_tokens(m["content"])
+            if kept and used > HISTORY_TOKENS:
+                break
+            kept.append(m)
+        return head + kept[::-1]
+
     def reply(self, agent_text: str) -> UserTurn:
         self.turns += 1
-        self.messages.append({"role": "user", "content": agent_text or ""})
-        payload = {"model": self.goal["model"], "messages": list(self.messages),
+        self.messages.append({"role": "user", "content": bounded(agent_text or "")})
+        payload = {"model": self.goal["model"], "messages": self.window(),
                    "temperature": float(self.goal.get("temperature", 0.0)), "seed": int(self.goal.get("seed", 0)),
                    "max_tokens": int(self.goal.get("max_tokens", 256))}
         t0 = self.clock()
         try:
             body = self.model.complete(payload, self.timeout_s)
             message = check_reply(body, "user_sim")["message"]
+        except (ContextLengthExceeded, BudgetExhausted):
+            # only the agent's text grows this prompt (and spends the user session's token
+            # budget): the user stops reading, the rollout is graded on its state
+            return UserTurn(f"{OVERFLOW_GOODBYE} {STOP_TOKEN}", True, self.clock() - t0)
         except ModelError as exc:
             raise UserSimError(str(exc)) from None
         text = str(message.get("content") or "").strip()
@@ -136,4 +177,4 @@ def simulator(goal: Mapping[str, Any], model: Model | None = None, clock: Callab
     return TemplateUser(goal)
 
 
-__all__ = ["ModelUser", "TemplateUser", "UserSimError", "UserTurn", "simulator"]
+__all__ = ["AGENT_MESSAGE_CHARS", "HISTORY_TOKENS", "ModelUser", "TemplateUser", "UserSimError", "UserTurn", "bounded", "estimate_tokens", "simulator"]

@@ -4,7 +4,8 @@
 `initial_state`), offers every operation as a tool (`definitions`, the OpenAI `tools` array)
 and runs a call (`call(name, raw_arguments)`) as the built-in tools do: the arguments are
 parsed and checked against the operation's JSON Schema first; an invalid call, a refused
-operation, a transition that would break the service's `state_schema` or a result that JSON
+operation (arguments nested deeper than `MAX_ARGUMENT_DEPTH` included), a transition that
+would break the service's `state_schema` or a result that JSON
 text cannot carry (an integer past Python's 4300 digits of text, from `mul`: the engine in the
 sandbox could not write it) is an `error:` observation (`ToolResult.error` set, the state
 unchanged), never an exception.
@@ -18,7 +19,12 @@ node: it never exists as a file the agent could edit, and every reply from the s
 checked against the same engine run here. A reply that differs or does not parse (an
 interpreter the agent managed to replace) is refused and recorded in `tampered`; the state
 checker fails such a rollout. An engine that fails to run (a non-zero exit, a timeout: a
-loaded node, a sandbox out of pids) raises SandboxError: infrastructure, never a score.
+loaded node, a sandbox out of pids) is run once more; when it fails again it raises
+SandboxError (infrastructure, never a score), unless the agent can run code in the sandbox
+(`agent_has_shell`: its root can signal uid `SERVICE_UID`, starve it of CPU, fill its memory):
+then a twice-failed engine (killed by a signal, timed out, or failing with its trusted input)
+is the agent's doing, recorded in `tampered` (the rollout fails), never infrastructure a policy
+could use to escape its score.
 Without a sandbox (`sandbox=None`: tests, benchmarks) the engine runs here only.
 
 `final_state()` is what the verifier compares with the goal; `log` lists every operation
@@ -43,6 +49,7 @@ ENGINE_PATH = f"{SERVICE_DIR}/engine.py"
 SERVICE_UID = 1002          # neither the agent's root nor the grader's uids
 ENGINE_SOURCE = Path(engine.__file__).read_bytes()
 MAX_ARGUMENT_BYTES = 64 * 1024
+MAX_ARGUMENT_DEPTH = 32     # nesting of an operation's arguments (as the built-in tools': contracts/tools.py)
 STDIN_MAX_BYTES = 60 * 1024     # the sandbox passes at most 64 KiB of stdin: larger states go as a file
 OP_TIMEOUT_S = 10.0
 MAX_INTEGER_DIGITS = 4300       # Python's default limit on an integer's text (int_max_str_digits)
@@ -73,6 +80,18 @@ def _long_integer(value: Any) -> str | None:
     return None
 
 
+def _depth(value: Any) -> int:
+    """How deeply `value` nests objects and arrays (iteratively: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_ARGUMENT_DEPTH:
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
 def _canon(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
@@ -94,6 +113,7 @@ class ServiceHost:
         self.log: list[dict] = []
         self.tampered: list[str] = []
         self.sandbox_ops = 0
+        self.agent_has_shell = False        # set by the conversation when the agent's tools run code
         self._installed = False
 
     @property
@@ -131,6 +151,11 @@ class ServiceHost:
             args = json.loads(raw_args)
         except ValueError as exc:
             return None, _refuse("malformed_json", f"arguments of {name} are not valid JSON: {exc}")
+        except RecursionError:      # the agent's nesting: its call's error, never the node's crash
+            return None, _refuse("malformed_json", f"arguments of {name} are nested too deeply")
+        if _depth(args) > MAX_ARGUMENT_DEPTH:
+            return None, _refuse("invalid_arguments", f"arguments of {name} are nested deeper than "
+                                                      f"{MAX_ARGUMENT_DEPTH} levels")
         error = next(iter(sorted(self._args[name].iter_errors(args), key=lambda e: list(e.path))), None)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "arguments"
@@ -202,12 +227,19 @@ class ServiceHost:
             req["state_path"] = state_path
             blob = _canon(req).encode()
         timeout = min(self.timeout_s, budget_s) if budget_s else self.timeout_s
-        r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
-                              cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
-        self.sandbox_ops += 1
-        if r.timed_out or r.exit_code != 0:     # could be load or a full sandbox: never scored
-            raise SandboxError(f"service {svc}: its engine failed in the sandbox (exit {r.exit_code}"
-                               f"{', timed out' if r.timed_out else ''}): {r.stderr.decode(errors='replace')[-300:]}")
+        for _ in range(2):                    # once more: a loaded node passes, the agent's killer does not
+            r = self.sandbox.exec(["python3", "-I", "-S", ENGINE_PATH], stdin=blob, timeout_s=max(timeout, 0.5),
+                                  cwd="/", output_cap=MAX_STATE_BYTES + 65536, uid=self._uid())
+            self.sandbox_ops += 1
+            if not (r.timed_out or r.exit_code != 0):
+                break
+        why = (f"its engine failed in the sandbox (exit {r.exit_code}{', timed out' if r.timed_out else ''}), "
+               f"twice: {r.stderr.decode(errors='replace')[-300:]}")
+        if (r.timed_out or r.exit_code != 0) and self.agent_has_shell:
+            kind = "killed by a signal" if _by_signal(r.exit_code) else "timed out" if r.timed_out else "failed"
+            return f"{why} ({kind} in a sandbox where the agent's shell can signal, starve or fill it)"
+        if r.timed_out or r.exit_code != 0:     # no agent code could do it: load or a full sandbox, never scored
+            raise SandboxError(f"service {svc}: {why}")
         if r.truncated:
             return "reply larger than any state"
         try:
@@ -217,6 +249,11 @@ class ServiceHost:
         if _canon(got) != _canon(want):
             return "reply differs from the rules' result"
         return None
+
+
+def _by_signal(exit_code: int | None) -> bool:
+    """An exit status of a process a signal ended (negative, or 128 + the signal as shells say)."""
+    return exit_code is not None and (exit_code < 0 or exit_code > 128)
 
 
 class ToolRouter:

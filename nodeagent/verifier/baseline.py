@@ -5,7 +5,8 @@
   `GRADER_OOM_SCORE_ADJ` (its unprivileged workload is kept at 1000 by the sandbox init).
 - `Baseline`: whether a task grades cleanly without the agent (reference passes, null reaches
   a verdict), cached per task + image + layers, seeded by validation (`BASELINE`).
-- The task's own solutions: `reference_of`, `solution_file`, `solution_changes`.
+- The task's own solutions: `reference_of`, `solution_file`, `solution_changes`, `null_changes`
+  (a web task's null is its initial state: `nodeagent.verifier.webstate.initial_changes`).
 
 Tasks are the verifier's typed `controller.contracts.tasks.GradedTask`.
 
@@ -21,12 +22,13 @@ from typing import Callable, Mapping
 
 from controller.contracts.tasks import GradedTask
 from nodeagent.sandbox.runtime import Change
+from nodeagent.verifier import webstate
 
 GRADER_OOM_SCORE_ADJ = 0     # the in-sandbox grader; its unprivileged workload is kept at 1000
 
 
 class Watched:
-    """A runtime whose sandboxes note when the agent's work entered them: its changes applied
+    """A runtime whose sandboxes (`acquire`, `create`: every grading sandbox) note when the agent's work entered them: its changes applied
     (non-empty) or a command run after them. A failure before that (no sandbox, a task file
     missing before any change) cannot be the agent's doing; after it, it might be. With
     `grader`, commands run at `GRADER_OOM_SCORE_ADJ` (the pytest grader, which runs the code
@@ -41,6 +43,9 @@ class Watched:
 
     def acquire(self, *a, **k):
         return _WatchedSandbox(self._runtime.acquire(*a, **k), self)
+
+    def create(self, *a, **k):          # a sandbox made without the pool (the web state's grading)
+        return _WatchedSandbox(self._runtime.create(*a, **k), self)
 
 
 class _WatchedSandbox:
@@ -112,8 +117,9 @@ class Baseline:
             {"null": ({}, None)} | ({"reference": ref} if ref is not None else {}))
         out = {}
         for name, (files, answer) in todo.items():
+            changes = null_changes(task) if name == "null" else solution_changes(task, files)
             for _attempt in range(2):       # one retry, as a rollout gets
-                out[name] = grade(solution_changes(task, files), answer)
+                out[name] = grade(changes, answer)
                 if out[name] != "infra_error":
                     break
         return out
@@ -150,6 +156,14 @@ def reference_of(task: GradedTask) -> tuple[dict, str | None] | None:
     if GOLD_PATCH in hidden:       # a repository task: the gold patch's post-images
         return {rel[len(GOLD_PREFIX):]: text for rel, text in hidden.items() if rel.startswith(GOLD_PREFIX)}, None
     return None
+
+
+def null_changes(task: GradedTask) -> list[Change]:
+    """The changes of a rollout that did nothing: none, or for a web task (`webstate`) its
+    initial state as the app would leave it untouched (a web rollout always carries its state)."""
+    if task.checker.kind == "webstate":
+        return webstate.initial_changes(webstate.as_bytes(task.hidden.get("seed.sql", "")).decode())
+    return []
 
 
 def _text(content: str | bytes | None) -> str | None:

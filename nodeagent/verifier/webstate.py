@@ -14,15 +14,23 @@ in-sandbox uid 1000 in a 0700 directory:
    their expected rows, and page checks (log in as a user, fetch a page, read the element with
    an id: user strings are escaped, so no review or name can forge one).
 
-Pass when every check holds. A sandbox that fails, an evaluator that dies or answers garbage,
-or missing captured state are `WebStateError` (a `VerifierInfraError`: retried, never a
-score). `verify_webstate` takes the typed task (`controller.contracts.tasks.GradedTask`, its
+Pass when every check holds. What the evaluator repeats of the state (each check's `got`,
+the failing check's `detail`) is bounded (`shop.ECHO_CHARS`, `ECHO_CHARS` here) and its reply
+is read with its own cap (`OUTPUT_CAP`): the agent's strings cannot make it unreadable. A
+sandbox that fails, an evaluator that dies or answers garbage, or missing captured state are
+`WebStateError` (a `VerifierInfraError`: retried, never a score). Whether such a failure
+reproduces without the agent is decided by the verifier's baseline (`nodeagent.verifier.baseline`,
+through `Watched.create`): a web task's null solution is its **initial state** (the database
+built from `seed.sql` alone, `initial_changes`, as `baseline.null_changes` gives it), graded
+the same way; when that reaches a verdict, the failure was the agent's state's and the rollout
+is `fail`. `verify_webstate` takes the typed task (`controller.contracts.tasks.GradedTask`, its
 checker spec's `checks` and `timeout_s`) and returns the `Verdict`.
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.verifier.grade.
 """
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from typing import Callable
 
@@ -40,6 +48,8 @@ GRADE_DIR = "/tmp/pdk-grade"
 GRADE_PORT = 8090
 GRADE_LIMITS = {"memory_mb": 512, "pids": 128, "disk_mb": 128, "nofile": 512}
 EVAL_TIMEOUT_S = 60.0
+OUTPUT_CAP = 1 << 20            # the evaluator's reply (bounded by its echo caps far below this)
+ECHO_CHARS = 300                # what a check row here repeats of a value
 
 
 class WebStateError(VerifierInfraError):
@@ -55,6 +65,19 @@ def state_changes(state: dict) -> list[Change]:
     meta = json.dumps({"key_hex": state["key_hex"]}).encode()
     return [Change(STATE_DIR, "dir", None, 0o700), Change(DB_CHANGE, "added", state["db"], 0o600),
             Change(KEY_CHANGE, "added", meta, 0o600)]
+
+
+INITIAL_KEY_HEX = "00" * 32      # the initial state has no audit rows: its key signs nothing
+
+
+def initial_changes(seed_sql: str) -> list[Change]:
+    """The task's initial state as a rollout's captured state: the app's database built from the
+    schema and `seed_sql` alone (no audit row), what a rollout that did nothing would leave."""
+    with tempfile.TemporaryDirectory() as d:
+        shop.init_db(f"{d}/app.db", seed_sql)
+        with open(f"{d}/app.db", "rb") as f:
+            db = f.read()
+    return state_changes({"db": db, "key_hex": INITIAL_KEY_HEX})
 
 
 def _captured(changes: list[Change]) -> tuple[bytes, str]:
@@ -74,8 +97,8 @@ def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: l
     """The verdict of a web task's captured state (module docstring); raises WebStateError."""
     t = clock()
     spec = task.checker
-    db, key_hex = _captured(changes)
     seed_sql = as_bytes(task.hidden.get("seed.sql", "")).decode()
+    db, key_hex = _captured(changes)
     seed_digest = shop.seed_digest(seed_sql)
     db_path = f"{GRADE_DIR}/app.db"
     needs_page = any("page" in c for c in spec.checks)
@@ -97,8 +120,9 @@ def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: l
                "checks": list(spec.checks)}
         files = app_files({})
         r = sb.exec(["python3", "-c", _EVAL_MAIN], stdin=json.dumps({"source": files["shop.py"], "req": req}).encode(),
-                    timeout_s=spec.timeout_s if spec.timeout_s is not None else EVAL_TIMEOUT_S, cwd="/tmp", uid=APP_UID)
-    except (SandboxError, BrowserStartError) as exc:
+                    timeout_s=spec.timeout_s if spec.timeout_s is not None else EVAL_TIMEOUT_S, cwd="/tmp", uid=APP_UID,
+                    output_cap=OUTPUT_CAP)
+    except (SandboxError, BrowserStartError, ValueError) as exc:     # ValueError: a database past stdin's cap
         raise WebStateError(f"grading sandbox: {exc}") from None
     finally:
         sb.destroy()
@@ -109,18 +133,24 @@ def verify_webstate(runtime: SandboxRuntime, image, task: GradedTask, changes: l
         out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         verdict, detail = out["verdict"], str(out["detail"])
     except (ValueError, IndexError, KeyError, TypeError):
-        raise WebStateError(f"the web state evaluator answered no verdict (exit {r.exit_code}): "
-                                 f"{(r.stderr or r.stdout).decode(errors='replace')[-1000:]}") from None
+        raise WebStateError(f"the web state evaluator answered no verdict (exit {r.exit_code}"
+                            f"{', its reply cut at the cap' if r.truncated else ''}): "
+                            f"{(r.stderr or r.stdout).decode(errors='replace')[-300:]}") from None
+    detail = _bound(detail, 2000)
     if verdict == "tampered":
         return Verdict("fail", 0.0, {"tamper": 1.0, "correct": 0.0}, [_check("webstate", "tampered", detail, wall)],
                        tampered=True)
     if verdict == "error":
         raise WebStateError(f"task {task.name!r}: {detail}")
     checks = [_check(f"webstate:{c['check']}"[:200], "pass" if c["ok"] else "fail",
-                     f"got {c['got']!r}, expected {c['expect']!r}") for c in out.get("checks", [])]
+                     f"got {_bound(repr(c['got']))}, expected {_bound(repr(c['expect']))}") for c in out.get("checks", [])]
     ok = verdict == "pass"
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
                    checks + [_check("webstate", "pass" if ok else "fail", detail, wall)])
+
+
+def _bound(text: str, limit: int = ECHO_CHARS) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text)} characters]"
 
 
 # The evaluator's entry point in the grading sandbox: the app module's source arrives on stdin
@@ -133,4 +163,4 @@ exec(compile(data["source"], "shop.py", "exec"), mod.__dict__)
 print(json.dumps(mod.evaluate(data["req"])))
 """
 
-__all__ = ["DB_CHANGE", "KEY_CHANGE", "WebStateError", "state_changes", "verify_webstate"]
+__all__ = ["DB_CHANGE", "KEY_CHANGE", "WebStateError", "initial_changes", "state_changes", "verify_webstate"]

@@ -535,14 +535,26 @@ def evaluate(req: dict) -> dict:
         else:
             got = _page_element(req["port"], chk["page"], chk["as"], chk["password"], chk["element"])
         ok = got == chk["expect"]
-        results.append({"check": chk.get("name", chk.get("sql") or chk.get("page")), "ok": ok, "got": got,
-                        "expect": chk["expect"]})
+        results.append({"check": _echo(chk.get("name", chk.get("sql") or chk.get("page"))), "ok": ok,
+                        "got": _echo(got), "expect": _echo(chk["expect"])})
     conn.close()
     passed = all(r["ok"] for r in results)
     return {"verdict": "pass" if passed else "fail",
             "detail": "all checks hold" if passed else next(f"{r['check']}: got {r['got']!r}, expected "
                                                            f"{r['expect']!r}" for r in results if not r["ok"]),
             "checks": results}
+
+
+ECHO_CHARS = 300        # what the evaluator repeats of a value: the agent's strings are up to MAX_TEXT each
+
+
+def _echo(value):
+    """`value` as the evaluator reports it: itself when its text is short, else its first
+    ECHO_CHARS characters (as text) with how long it was. The verdict never depends on it."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    if len(text) <= ECHO_CHARS:
+        return value
+    return f"{text[:ECHO_CHARS]}... [{len(text)} characters]"
 
 
 if __name__ == "__main__":
