@@ -557,8 +557,8 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
         exact = Fraction(int(expr.p), int(expr.q))
         if exact == value:
             return True
-        if literal_is_gold:
-            return places is not None and mo.rounds_to(exact, literal, mn.significant_digits)
+        if literal_is_gold:       # an exact prediction when the instruction asks to round: not rounded
+            return places is not None and _budget.asked is None and mo.rounds_to(exact, literal, mn.significant_digits)
         return mo.approximation_ok(exact, literal, _budget.asked, mn.significant_digits)
     if places is None and (literal_is_gold or _budget.asked is None):
         return _exact_equal(rational, expr)
@@ -570,7 +570,7 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
     if literal_is_gold:
-        return mo.rounds_to(approx, literal, mn.significant_digits)
+        return _budget.asked is None and mo.rounds_to(approx, literal, mn.significant_digits)
     return mo.approximation_ok(approx, literal, _budget.asked, mn.significant_digits)
 
 

@@ -45,9 +45,14 @@ BIG_OPS = re.compile(
     + r"|\^\s*\{?\s*\d+\s*\}?\s*[CP]\s*_|\d\s*[CP]\s*_?\s*\{?\s*\d"         # ^{10}C_3, 10C3
     + r"|[-+*]\s*\\(?:[lc]?dots[a-z]*|ldotp|cdotp)" + _END + r"\s*[-+*]"   # 1+2+\\cdots+100
 )
-FUNCTIONS = re.compile(r"\\(?:sin|cos|tan|sec|csc|cot|arcsin|arccos|arctan|arcsec|arccsc|arccot|sinh|cosh|tanh|coth|"
-                       r"sech|csch|arsinh|arcosh|artanh|log|ln|lg)" + _END
-                       + r"|\\operatorname\s*\{\s*(?:arc\w+|a?r?sinh|a?r?cosh|a?r?tanh|log\w*|sech|csch|cot)\s*\}")
+_FUNCTION_NAMES = (r"(?:sin|cos|tan|sec|csc|cot|arcsin|arccos|arctan|arcsec|arccsc|arccot|sinh|cosh|tanh|coth|"
+                   r"sech|csch|arsinh|arcosh|artanh|arc\w+|log\w*|ln|lg)")
+FUNCTIONS = re.compile(r"\\" + _FUNCTION_NAMES + _END
+                       + r"|\\(?:operatorname|mathrm|text|textrm|mathit)\s*\{\s*" + _FUNCTION_NAMES + r"\s*\}"
+                       + r"|(?<![\\A-Za-z])" + _FUNCTION_NAMES + r"\s*\(")
+_RADICAL = re.compile(r"\\sqrt" + _END + r"|√|\^\s*\{?\s*(?:\d+\s*/\s*\d+|\\frac\s*\{?\s*\d+\s*\}?\s*\{?\s*\d+|0?\.\d+)")
+_BARS = re.compile(r"\||\\[lr]?[vV]ert" + _END + r"|\\[lr]?\|")
+_EXACT_RATIONAL = re.compile(r"[+-]?(?:\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
 _COMMANDS = re.compile(r"\\[A-Za-z]+|\\text\s*\{[^{}]*\}")
 _CONSTANT_LETTERS = re.compile(r"[A-DF-HJ-Za-df-hj-z]")       # any letter but e and i
 
@@ -64,6 +69,9 @@ _DECIMAL = re.compile(r"[+-]?\d*\.\d+")
 _SIMPLE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
 _OPERATOR = re.compile(r"[-+*/^!=]|\\(?:times|cdot|div|frac|sqrt|binom|dbinom|tbinom|choose)" + _END
                        + "|" + FUNCTIONS.pattern + "|" + BIG_OPS.pattern)
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_NUMERAL = re.compile(r"[+-]?\d+(?:\.\d+)?(?:(?:\\times|\\cdot|\*)10\^\{?[+-]?\d+\}?|[eE][+-]?\d+)?"   # 1.5\\times10^{3}
+                      r"|[+-]?\d+\\frac\{\d+\}\{\d+\}|[+-]?\d+(?:\\%|%|\^\{?\\circ\}?)")      # 2\\frac{1}{2}, 15\\%
 _SQUASH = re.compile(r"\s+|\\(?:left|right|displaystyle|textstyle|[,;:!])|(?<!\\)\$|\\[()\[\]]")
 
 
@@ -82,6 +90,10 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
         return "an unevaluated operation (sum, binomial, factorial, integral ...) the gold does not carry"
     if FUNCTIONS.search(pred) and not FUNCTIONS.search(gold) and not BIG_OPS.search(gold) and not _variables(pred):
         return "a function at a constant the gold does not carry"
+    if _BARS.search(pred) and not _BARS.search(gold) and not _variables(pred):
+        return "an absolute value of a constant the gold does not carry"
+    if _EXACT_RATIONAL.fullmatch(_squash(gold)) and _RADICAL.search(pred):
+        return "a radical for a rational gold: the root not taken"
     if not instruction:
         return None
     p = _squash(pred)
@@ -90,6 +102,11 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
     if (len(p) >= 3 and p != _squash(gold) and not _SIMPLE_NUMBER.fullmatch(p) and _OPERATOR.search(p)
             and not _OPTIONS.search(instruction) and p in _squash(instruction[-8000:])):
         return "the instruction's own expression"
+    numbers = _NUMBER.findall(p)
+    if (numbers and _SIMPLE_NUMBER.fullmatch(_squash(gold)) and not _variables(pred) and not _SIMPLE_NUMBER.fullmatch(p)
+            and not _NUMERAL.fullmatch(p) and _OPERATOR.search(p)
+            and set(numbers) - {"0", "1"} <= set(_NUMBER.findall(_squash(instruction[-8000:])))):   # 0, 1: filler
+        return "an expression of the instruction's own numbers, not evaluated"
     return None
 
 
