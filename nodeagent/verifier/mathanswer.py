@@ -273,7 +273,8 @@ def answers_equal(gold: str, pred: str) -> bool:
     if mf.ill_formed(pred) is not None and mf.ill_formed(gold) is None:
         return False                        # "5.\\overline{0}1", "5 % 6", "5\\%\\%", "\\llap{6}5": no one value
     gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
-    if mo.restated(gold, pred, _budget.instruction, _budget.asked) is not None:
+    sides = [side for side in mn.split_top(pred, "=") if side and not mr.is_lhs(side)] or [pred]
+    if all(mo.restated(gold, side, _budget.instruction, _budget.asked) is not None for side in sides):
         return False                        # "\\sum_{k=1}^{100} k", "\\binom{10}{3}", "\\log_2 8": the work left undone
     sg = mn.structure(gold)
     interval = mo.as_interval(pred) if sg.kind == "group" and len(sg.items) == 2 else None

@@ -116,10 +116,11 @@ def unescape_commands(text: str) -> str:
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = mf.uncoloured(mf.shown(unescape_commands(s))).strip()
-    s = re.sub(r"(?<!\\)%[ \t]*\n", " ", s)                # a TeX comment of nothing: \\boxed{5050%⏎}
+    s = re.sub(r"(?<!\\)%[ \t]*\n", " ", unescape_commands(s))   # a TeX comment of nothing: \\boxed{5050%⏎}
+    s = mf.uncoloured(mf.shown(s)).strip()
     s = _EMPTY_SET.sub(r"\\emptyset ", s).strip()             # \\varnothing, \\{\\}, the empty-set sign
     s = _UPRIGHT_CONSTANT.sub(r"\1", s)                      # \\mathrm{i}, \\mathrm{e}: the constants i and e
+    s = re.sub(r"∞\s*", r"\\infty ", s).strip()              # the sign is the command
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916

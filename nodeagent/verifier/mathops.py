@@ -21,6 +21,7 @@ nodeagent.verifier.mathnorm.
 """
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 from typing import Any
@@ -75,6 +76,18 @@ _NUMERAL = re.compile(r"[+-]?\d+(?:\.\d+)?(?:(?:\\times|\\cdot|\*)10\^\{?[+-]?\d
 _SQUASH = re.compile(r"\s+|\\(?:left|right|displaystyle|textstyle|[,;:!])|(?<!\\)\$|\\[()\[\]]")
 
 
+def _evaluated(p: str) -> bool:
+    """True when the squashed answer `p` is a number in its final form: an integer, a decimal, or a
+    fraction in lowest terms (`\\frac{12}{3}` and `\\frac{4}{8}` are a division still to do)."""
+    if not _SIMPLE_NUMBER.fullmatch(p):
+        return False
+    m = re.fullmatch(r"[+-]?(?:\\frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))", p)
+    if m is None:
+        return True
+    a, b = (int(x) for x in (m.group(1) or m.group(3), m.group(2) or m.group(4)))
+    return b > 1 and math.gcd(a, b) == 1
+
+
 def _squash(s: str) -> str:
     s = re.sub(r"\\[dt]frac" + _END, r"\\frac", s)
     return _SQUASH.sub("", s)
@@ -99,11 +112,11 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
     p = _squash(pred)
     if _FRACTION_ASKED.search(instruction) and _DECIMAL.fullmatch(p) and not _DECIMAL.fullmatch(_squash(gold)):
         return "a decimal where the instruction asks for a fraction"
-    if (len(p) >= 3 and p != _squash(gold) and not _SIMPLE_NUMBER.fullmatch(p) and _OPERATOR.search(p)
+    if (len(p) >= 3 and p != _squash(gold) and not _evaluated(p) and _OPERATOR.search(p)
             and not _OPTIONS.search(instruction) and p in _squash(instruction[-8000:])):
         return "the instruction's own expression"
     numbers = _NUMBER.findall(p)
-    if (numbers and _SIMPLE_NUMBER.fullmatch(_squash(gold)) and not _variables(pred) and not _SIMPLE_NUMBER.fullmatch(p)
+    if (numbers and _SIMPLE_NUMBER.fullmatch(_squash(gold)) and not _variables(pred) and not _evaluated(p)
             and not _NUMERAL.fullmatch(p) and _OPERATOR.search(p)
             and set(numbers) - {"0", "1"} <= set(_NUMBER.findall(_squash(instruction[-8000:])))):   # 0, 1: filler
         return "an expression of the instruction's own numbers, not evaluated"
