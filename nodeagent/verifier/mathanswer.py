@@ -17,6 +17,9 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
    relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not; every
    spelling of equality is '=' ('==', '\\equiv', '\\cong', ':=', `mathrel.canonical`), and a
    relation the gold does not hold ('6 \\propto 5', '6 \\subset 5') is never the gold's value.
+   An answer that restates the computation (a sum, binomial, factorial, a function at a constant,
+   the instruction's own expression: `mathops.restated`) is not the value; an inequality in one
+   variable is the interval it describes (`mathops.as_interval`).
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
    bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
