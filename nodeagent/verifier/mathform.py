@@ -285,7 +285,11 @@ _BASE_ASKED = re.compile(r"\bbase[\s-]*(\d{1,2}|" + "|".join(list(_BASE_WORDS)[:
 
 _MARK_KINDS = (("percent", re.compile(r"\\%|(?<!\\)%|percent|per\s*cent|pct")),
                ("degree", re.compile(r"\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])|\\textdegree|degrees?")),
-               ("currency", re.compile(r"\\\$|(?<!\\)\$|dollars?|euros?|€|£|¥|\\(?:euro|pounds|yen)(?![A-Za-z])")))
+               ("currency", re.compile(r"\\\$|(?<!\\)\$|dollars?|euros?|€|£|¥|\\(?:euro|pounds|yen)(?![A-Za-z])")),
+               ("currency:dollar", re.compile(r"\\\$|(?<!\\)\$|dollars?|USD")),       # which currency: $12 is not 12 euros
+               ("currency:euro", re.compile(r"euros?|€|\\euro(?![A-Za-z])|EUR")),
+               ("currency:pound", re.compile(r"£|\\pounds(?![A-Za-z])|GBP")),
+               ("currency:yen", re.compile(r"¥|\\yen(?![A-Za-z])|JPY|yuan|CNY")))
 
 
 def marks(s: str) -> frozenset[str]:

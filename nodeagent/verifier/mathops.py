@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +53,7 @@ FUNCTIONS = re.compile(r"\\" + _FUNCTION_NAMES + _END
                        + r"|\\(?:operatorname|mathrm|text|textrm|mathit)\s*\{\s*" + _FUNCTION_NAMES + r"\s*\}"
                        + r"|(?<![\\A-Za-z])" + _FUNCTION_NAMES + r"\s*\(")
 _RADICAL = re.compile(r"\\sqrt" + _END + r"|√|\^\s*\{?\s*(?:\d+\s*/\s*\d+|\\frac\s*\{?\s*\d+\s*\}?\s*\{?\s*\d+|0?\.\d+)")
+_CONSTANTS = re.compile(r"\\pi" + _END + r"|π|(?<![A-Za-z\\\d.])e(?![A-Za-z\d])|\\exp" + _END + r"|(?<![A-Za-z\\])i\s*\^")
 _BARS = re.compile(r"\||\\[lr]?[vV]ert" + _END + r"|\\[lr]?\|")
 _EXACT_RATIONAL = re.compile(r"[+-]?(?:\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
 _COMMANDS = re.compile(r"\\[A-Za-z]+|\\text\s*\{[^{}]*\}")
@@ -66,7 +68,8 @@ def _variables(s: str) -> bool:
 _OPTIONS = re.compile(r"\(\s*[A-E]\s*\)\s*\S")                # "(A) 5 (B) 6": the instruction lists choices
 _FRACTION_ASKED = re.compile(r"common\s+fraction|as\s+a\s+(?:reduced\s+|simplified\s+|proper\s+|improper\s+)?fraction|"
                              r"fraction\s+in\s+(?:lowest|simplest)\s+terms|as\s+a\s+ratio\s+of\s+integers", re.IGNORECASE)
-_DECIMAL = re.compile(r"[+-]?\d*\.\d+")
+_NOT_A_FRACTION = re.compile(r"[+-]?(?:\d*\.\d*(?:\\(?:overline|bar)\{?\d+\}?|\(\d+\))?|\d+(?:\.\d+)?(?:\\%|%))"
+                             r"|[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+|(?:\\times|\\cdot)10\^\{?[+-]?\d+\}?)")
 _SIMPLE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
 _OPERATOR = re.compile(r"[-+*/^!=]|\\(?:times|cdot|div|frac|sqrt|binom|dbinom|tbinom|choose)" + _END
                        + "|" + FUNCTIONS.pattern + "|" + BIG_OPS.pattern)
@@ -88,6 +91,18 @@ def _evaluated(p: str) -> bool:
     return b > 1 and math.gcd(a, b) == 1
 
 
+def _fillers(instruction: str) -> set[str]:
+    """Numbers an expression of the instruction's numbers may add: 0 and 1, and 100 when it
+    speaks of percent."""
+    return {"0", "1", "100"} if re.search(r"%|percent", instruction, re.IGNORECASE) else {"0", "1"}
+
+
+def _given_numbers(instruction: str) -> set[str]:
+    """The numbers an instruction gives, each also as its percent (15 -> 0.15)."""
+    given = set(_NUMBER.findall(_squash(instruction[-8000:])))
+    return given | {format((Decimal(n) / 100).normalize(), "f") for n in given if len(n) < 30}
+
+
 def _squash(s: str) -> str:
     s = re.sub(r"\\[dt]frac" + _END, r"\\frac", s)
     return _SQUASH.sub("", s)
@@ -105,20 +120,20 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
         return "a function at a constant the gold does not carry"
     if _BARS.search(pred) and not _BARS.search(gold) and not _variables(pred):
         return "an absolute value of a constant the gold does not carry"
-    if _EXACT_RATIONAL.fullmatch(_squash(gold)) and _RADICAL.search(pred):
-        return "a radical for a rational gold: the root not taken"
+    if _EXACT_RATIONAL.fullmatch(_squash(gold)) and (_RADICAL.search(pred) or _CONSTANTS.search(pred)):
+        return "a radical or a constant (pi, e) for a rational gold: the work not done"
     if not instruction:
         return None
     p = _squash(pred)
-    if _FRACTION_ASKED.search(instruction) and _DECIMAL.fullmatch(p) and not _DECIMAL.fullmatch(_squash(gold)):
-        return "a decimal where the instruction asks for a fraction"
+    if _FRACTION_ASKED.search(instruction) and _NOT_A_FRACTION.fullmatch(p) and not _NOT_A_FRACTION.fullmatch(_squash(gold)):
+        return "a decimal or a percent where the instruction asks for a fraction"
     if (len(p) >= 3 and p != _squash(gold) and not _evaluated(p) and _OPERATOR.search(p)
             and not _OPTIONS.search(instruction) and p in _squash(instruction[-8000:])):
         return "the instruction's own expression"
     numbers = _NUMBER.findall(p)
     if (numbers and _SIMPLE_NUMBER.fullmatch(_squash(gold)) and not _variables(pred) and not _evaluated(p)
             and not _NUMERAL.fullmatch(p) and _OPERATOR.search(p)
-            and set(numbers) - {"0", "1"} <= set(_NUMBER.findall(_squash(instruction[-8000:])))):   # 0, 1: filler
+            and set(numbers) - _fillers(instruction) <= _given_numbers(instruction)):
         return "an expression of the instruction's own numbers, not evaluated"
     return None
 

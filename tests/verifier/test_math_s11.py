@@ -27,6 +27,8 @@ WRONG = [
     ("-2", "\\begin{vmatrix}1&2\\\\3&4\\end{vmatrix}", None), ("6", "\\left.\\frac{d}{dx}x^2\\right|_{x=3}", None),
     ("120", "C(10,3)", None), ("120", "{}_{10}C_3", None), ("20", "P(5,2)", None),
     ("120", "\\binom{10}{3} = \\frac{10!}{3!7!}", None), ("120", "\\binom{10}{3} = 121", None),
+    ("1", "\\frac{\\pi}{\\pi}", None), ("1", "e^{0}", None), ("-1", "e^{i\\pi}", None), ("-1", "i^2", None),
+    ("1", "\\sum_{k=1}^{1} 1", None), ("5050", "\\operatorname*{sum}(1,\\ldots,100)", None),
     # an elementary function at a constant, the gold without a function
     ("\\frac{1}{2}", "\\sin 30^\\circ", None), ("\\frac{1}{2}", "\\cos\\frac{\\pi}{3}", None), ("3", "\\log_2 8", None),
     ("2", "\\lg 100", None), ("0", "\\ln 1", None), ("\\frac{\\pi}{4}", "\\arctan 1", None),
@@ -48,8 +50,11 @@ WRONG = [
     ("33.3", "\\frac{100}{3}", "Give your answer to the nearest tenth."),
     ("\\frac{2}{5}", "0.4", "Express $0.4$ as a common fraction."),
     ("\\frac{1}{4}", "0.25", "What is the probability? Express your answer as a common fraction."),
+    ("\\frac{2}{5}", "40\\%", "Express your answer as a common fraction."),
+    ("\\frac{1}{3}", "0.\\overline{3}", "Express $0.\\overline{3}$ as a common fraction."),
+    ("12", "\\frac{15}{100}\\cdot 80", "What is $15\\%$ of 80?"),
     # another quantity: a unit against the gold's mark, a hedge word, arithmetic on infinity
-    ("30^\\circ", "30\\text{ rad}", None), ("\\$12", "12\\text{ cents}", None), ("12", "12^\\circ\\text{F}^2", None),
+    ("30^\\circ", "30\\text{ rad}", None), ("\\$12", "12\\text{ cents}", None), ("\\$12", "12\\text{ euros}", None), ("\\$12", "£12", None), ("12", "12^\\circ\\text{F}^2", None),
     ("5050", "5050\\text{-ish}", None), ("5050", "\\text{roughly } 5050", None), ("\\infty", "\\infty - 1", None),
     ("5050", "\\infty - \\infty + 5050", None),
     # an inequality is an interval only against a gold that is one for sure, and then exactly that one
@@ -92,7 +97,7 @@ RIGHT = [
     ("0.0015", "1.5 \\times 10^{-3}", None), ("1500", "1.5E+3", None),
     ("\\text{(B)}", "\\text{B}", None), ("\\text{(B)}", "\\mathrm{B}", None),
     ("\\infty", "∞", None), ("(-\\infty, 3)", "(-∞,3)", None), ("\\infty", "+\\infty", None),
-    ("30^\\circ", "30\\text{ degrees}", None), ("\\$12", "12 \\text{ dollars}", None),
+    ("30^\\circ", "30\\text{ degrees}", None), ("\\$12", "12 \\text{ dollars}", None), ("5050", "5050 + 0i", None), ("2\\pi", "\\frac{4\\pi}{2}", None),
     ("\\begin{pmatrix}2\\\\4\\end{pmatrix}", "2\\begin{pmatrix}1\\\\2\\end{pmatrix}", None),   # Math-Verify test_matrix_extraction[5]
 ]
 
