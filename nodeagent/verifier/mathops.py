@@ -55,7 +55,7 @@ FUNCTIONS = re.compile(r"\\" + _FUNCTION_NAMES + _END
 _RADICAL = re.compile(r"\\sqrt" + _END + r"|√|\^\s*\{?\s*(?:\d+\s*/\s*\d+|\\frac\s*\{?\s*\d+\s*\}?\s*\{?\s*\d+|0?\.\d+)")
 _CONSTANTS = re.compile(r"\\pi" + _END + r"|π|(?<![A-Za-z\\\d.])e(?![A-Za-z\d])|\\exp" + _END + r"|(?<![A-Za-z\\])i\s*\^")
 _BARS = re.compile(r"\||\\[lr]?[vV]ert" + _END + r"|\\[lr]?\|")
-_EXACT_RATIONAL = re.compile(r"[+-]?(?:\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
+_EXACT_RATIONAL = re.compile(r"[+-]?(?:\d+|\\frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*/\s*\d+)")
 _COMMANDS = re.compile(r"\\[A-Za-z]+|\\text\s*\{[^{}]*\}")
 _CONSTANT_LETTERS = re.compile(r"[A-DF-HJ-Za-df-hj-z]")       # any letter but e and i
 
@@ -70,7 +70,7 @@ _FRACTION_ASKED = re.compile(r"common\s+fraction|as\s+a\s+(?:reduced\s+|simplifi
                              r"fraction\s+in\s+(?:lowest|simplest)\s+terms|as\s+a\s+ratio\s+of\s+integers", re.IGNORECASE)
 _NOT_A_FRACTION = re.compile(r"[+-]?(?:\d*\.\d*(?:\\(?:overline|bar)\{?\d+\}?|\(\d+\))?|\d+(?:\.\d+)?(?:\\%|%))"
                              r"|[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+|(?:\\times|\\cdot)10\^\{?[+-]?\d+\}?)")
-_SIMPLE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\frac\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}|\d+\s*/\s*\d+)")
+_SIMPLE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*/\s*\d+)")
 _OPERATOR = re.compile(r"[-+*/^!=]|\\(?:times|cdot|div|frac|sqrt|binom|dbinom|tbinom|choose)" + _END
                        + "|" + FUNCTIONS.pattern + "|" + BIG_OPS.pattern)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -84,10 +84,10 @@ def _evaluated(p: str) -> bool:
     fraction in lowest terms (`\\frac{12}{3}` and `\\frac{4}{8}` are a division still to do)."""
     if not _SIMPLE_NUMBER.fullmatch(p):
         return False
-    m = re.fullmatch(r"[+-]?(?:\\frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))", p)
+    m = re.fullmatch(r"[+-]?(?:\\frac(?:\{(\d+)\}|(\d))(?:\{(\d+)\}|(\d))|(\d+)/(\d+))", p)
     if m is None:
         return True
-    a, b = (int(x) for x in (m.group(1) or m.group(3), m.group(2) or m.group(4)))
+    a, b = (int(x) for x in (m.group(1) or m.group(2) or m.group(5), m.group(3) or m.group(4) or m.group(6)))
     return b > 1 and math.gcd(a, b) == 1
 
 
@@ -105,6 +105,7 @@ def _given_numbers(instruction: str) -> set[str]:
 
 def _squash(s: str) -> str:
     s = re.sub(r"\\[dt]frac" + _END, r"\\frac", s)
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)          # \\frac42 is \\frac{4}{2}
     return _SQUASH.sub("", s)
 
 

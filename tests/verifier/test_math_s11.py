@@ -44,7 +44,7 @@ WRONG = [
     ("x+1", "\\frac{x^2-1}{x-1}", "Simplify $\\frac{x^2-1}{x-1}$ for $x \\ne 1$."),
     ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", "Rationalize the denominator: $\\frac{1}{\\sqrt{2}}$."),
     ("12", "15\\% \\cdot 80", "What is $15\\%$ of 80?"), ("8", "\\frac{3+5}{1}", "There are 3 red and 5 blue balls. How many?"),
-    ("4", "\\frac{12}{3}", "Find $x$ if $3x = 12$."), ("\\frac{1}{2}", "\\frac{4}{8}", "Simplify $\\frac{4}{8}$."),
+    ("4", "\\frac{12}{3}", "Find $x$ if $3x = 12$."), ("2", "\\frac42", "Compute $4 \\div 2$."), ("\\frac{1}{2}", "\\frac{4}{8}", "Simplify $\\frac{4}{8}$."),
     # the instruction asks for a form or a rounding the answer does not give
     ("3.14", "3.14159", "Round $3.14159$ to the nearest hundredth."), ("3.14", "\\pi", "Round $\\pi$ to the nearest hundredth."),
     ("33.3", "\\frac{100}{3}", "Give your answer to the nearest tenth."),
