@@ -65,6 +65,18 @@ def _variables(s: str) -> bool:
     return _CONSTANT_LETTERS.search(_COMMANDS.sub(" ", s)) is not None
 
 
+_LETTER = re.compile(r"(?<![A-Za-z\\])([A-DF-HJ-Za-df-hj-z])(?![A-Za-z])")
+
+
+def _cancelling(pred: str) -> bool:
+    """True when `pred` names a variable twice (`\\frac{x}{x}`, `x - x + 3`) or applies a function
+    to one (`\\cos^2 x + \\sin^2 x`): against a gold without variables, they can only cancel."""
+    if re.search(r"[<>:≤≥]|\\(?:[lg]eq?|[lg]t|mid|in|forall)" + _END, pred):
+        return False                          # a set or a condition names its variable twice: \\{x \\mid x < 3\\}
+    letters = _LETTER.findall(_COMMANDS.sub(" ", pred))
+    return len(letters) != len(set(letters)) or (bool(letters) and FUNCTIONS.search(pred) is not None)
+
+
 _OPTIONS = re.compile(r"\(\s*[A-E]\s*\)\s*\S")                # "(A) 5 (B) 6": the instruction lists choices
 _FRACTION_ASKED = re.compile(r"common\s+fraction|as\s+a\s+(?:reduced\s+|simplified\s+|proper\s+|improper\s+)?fraction|"
                              r"fraction\s+in\s+(?:lowest|simplest)\s+terms|as\s+a\s+ratio\s+of\s+integers", re.IGNORECASE)
@@ -119,6 +131,8 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
         return "an unevaluated operation (sum, binomial, factorial, integral ...) the gold does not carry"
     if FUNCTIONS.search(pred) and not FUNCTIONS.search(gold) and not BIG_OPS.search(gold) and not _variables(pred):
         return "a function at a constant the gold does not carry"
+    if not _variables(gold) and _cancelling(pred):
+        return "variables that cancel, for a gold without one: an identity, not a value"
     if _BARS.search(pred) and not _BARS.search(gold) and not _variables(pred):
         return "an absolute value of a constant the gold does not carry"
     if _EXACT_RATIONAL.fullmatch(_squash(gold)) and (_RADICAL.search(pred) or _CONSTANTS.search(pred)):

@@ -29,6 +29,9 @@ WRONG = [
     ("120", "\\binom{10}{3} = \\frac{10!}{3!7!}", None), ("120", "\\binom{10}{3} = 121", None),
     ("1", "\\frac{\\pi}{\\pi}", None), ("1", "e^{0}", None), ("-1", "e^{i\\pi}", None), ("-1", "i^2", None),
     ("1", "\\sum_{k=1}^{1} 1", None), ("5050", "\\operatorname*{sum}(1,\\ldots,100)", None),
+    # variables that cancel, for a gold without any (the holdout of red team s11 found these)
+    ("1", "\\cos^2 x + \\sin^2 x", None), ("1", "\\frac{x}{x}", None), ("3", "x - x + 3", None),
+    ("3x^2", "\\frac{d}{dx} x^3", None), ("x^2 + C", "\\int 2x\\,dx", None), ("2^n", "\\sum_{k=0}^{n} \\binom{n}{k}", None),
     # an elementary function at a constant, the gold without a function
     ("\\frac{1}{2}", "\\sin 30^\\circ", None), ("\\frac{1}{2}", "\\cos\\frac{\\pi}{3}", None), ("3", "\\log_2 8", None),
     ("2", "\\lg 100", None), ("0", "\\ln 1", None), ("\\frac{\\pi}{4}", "\\arctan 1", None),
@@ -98,7 +101,9 @@ RIGHT = [
     ("\\text{(B)}", "\\text{B}", None), ("\\text{(B)}", "\\mathrm{B}", None),
     ("\\infty", "∞", None), ("(-\\infty, 3)", "(-∞,3)", None), ("\\infty", "+\\infty", None),
     ("30^\\circ", "30\\text{ degrees}", None), ("\\$12", "12 \\text{ dollars}", None), ("5050", "5050 + 0i", None), ("2\\pi", "\\frac{4\\pi}{2}", None),
-    ("\\begin{pmatrix}2\\\\4\\end{pmatrix}", "2\\begin{pmatrix}1\\\\2\\end{pmatrix}", None),   # Math-Verify test_matrix_extraction[5]
+    ("\\begin{pmatrix}2\\\\4\\end{pmatrix}", "2\\begin{pmatrix}1\\\\2\\end{pmatrix}", None),
+    ("\\cos x", "\\sin\\left(\\frac{\\pi}{2} - x\\right)", None), ("\\frac{n^2+n}{2}", "\\frac{n(n+1)}{2}", None),
+    ("10", "10 \\text{ m/s}", None), ("1 \\le x \\le 2", "[1, 2]", None), ("-1, 1", "x = -1 \\text{ or } x = 1", None),   # Math-Verify test_matrix_extraction[5]
 ]
 
 
