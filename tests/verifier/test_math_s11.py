@@ -129,7 +129,9 @@ def test_a_percent_ending_its_line_inside_the_box_hides_nothing():
 def test_restated_names_the_operation_and_leaves_golds_that_carry_it_alone():
     assert mathops.restated("5050", "\\sum_{k=1}^{100} k", None, None) is not None
     assert mathops.restated("\\sum_{k=1}^{n} k", "\\sum_{k=1}^{n} k", None, None) is None
-    assert mathops.restated("3", "\\log_2 x", None, None) is None                   # a variable: no constant to evaluate
+    assert mathops.restated("\\log_2 x", "\\frac{\\ln x}{\\ln 2}", None, None) is None   # the gold has the function
+    assert mathops.restated("3 \\log_2 x", "\\log_2 x^3", None, None) is None
+    assert mathops.restated("(-\\infty, 3)", "\\{x \\mid x < 3\\}", None, None) is None  # a condition names its variable twice
     assert mathops.restated("x \\ne 3", "x != 3", None, None) is None                # != is no factorial
     assert mathops.restated("11111111100", "11,\\!111", None, None) is None          # \\! is a thin space
 
