@@ -219,7 +219,7 @@ _LE = r"(?:\\leq?(?:slant)?" + _END + r"|≤|<=)"
 _GE = r"(?:\\geq?(?:slant)?" + _END + r"|≥|>=)"
 _REL = "(" + "|".join((_LE, _GE, _LT, _GT)) + ")"
 _VAR = r"[A-Za-z]"
-_BOUND = r"([^<>=≤≥\\]*?(?:\\(?!le|ge|lt|gt)[A-Za-z]+[^<>=≤≥\\]*?)*)"
+_BOUND = r"((?:[^<>=≤≥\\]|\\(?!le|ge|lt|gt)[A-Za-z]+(?![A-Za-z])|\\[^A-Za-z])*?)"   # one reading of each character
 _ONE_SIDED = re.compile(r"\s*" + _VAR + r"\s*" + _REL + r"\s*" + _BOUND + r"\s*")
 _ONE_SIDED_REV = re.compile(r"\s*" + _BOUND + r"\s*" + _REL + r"\s*" + _VAR + r"\s*")
 _TWO_SIDED = re.compile(r"\s*" + _BOUND + r"\s*" + _REL + r"\s*" + _VAR + r"\s*" + _REL + r"\s*" + _BOUND + r"\s*")

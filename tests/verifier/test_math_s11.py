@@ -154,3 +154,11 @@ def test_uncoloured_drops_only_a_colour_over_the_whole_answer():
     assert mathform.uncoloured("\\textcolor{white}{6}5") == "\\textcolor{white}{6}5"
     assert mathform.uncoloured("{\\color{white}6}5") == "{\\color{white}6}5"
     assert mathform.uncoloured("\\color{red}5}6") == "\\color{red}5}6"
+
+
+def test_an_inequality_with_many_commands_is_read_in_linear_time():
+    import time
+    answer = "1 < x < " + "\\abcdefgh" * 200 + " < < 5"
+    start = time.perf_counter()
+    assert mathops.as_interval(answer) is None
+    assert time.perf_counter() - start < 1.0       # the bound's pattern once backtracked exponentially here
