@@ -121,6 +121,9 @@ def normalise(s: str) -> str:
     s = _EMPTY_SET.sub(r"\\emptyset ", s).strip()             # \\varnothing, \\{\\}, the empty-set sign
     s = _UPRIGHT_CONSTANT.sub(r"\1", s)                      # \\mathrm{i}, \\mathrm{e}: the constants i and e
     s = re.sub(r"∞\s*", r"\\infty ", s).strip()              # the sign is the command
+    s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)                   # **5050**: Markdown bold
+    if "," not in s:                                           # x=-2 \\text{ and } x=1 (not two solution tuples)
+        s = re.sub(r"\s*(?:\\text\{\s*and\s*\}|\band\b)\s*(?=[A-Za-z](?:_\{?\w+\}?)?\s*=)", ", ", s)
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
@@ -246,7 +249,7 @@ def text_answer(s: str) -> str | None:
         t = m.group(1)
     elif not _OPTION.fullmatch(t):
         return None
-    t = re.sub(r"[\s()]", "", t)
+    t = re.sub(r"[\s()]", "", t).rstrip(".")               # \\text{B.} is the option B
     return (t if len(t) == 1 else t.lower()) or None     # a letter keeps its case: "a" is not (A)
 
 

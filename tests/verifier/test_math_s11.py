@@ -119,6 +119,22 @@ def test_a_right_answer_in_an_unusual_spelling_passes(gold, answer, instruction)
     assert verdict["ok"] is True, verdict
 
 
+@pytest.mark.parametrize("gold,text", [
+    ("5050", "The answer is **5050**."), ("\\text{(B)}", "$\\boxed{\\text{B.}}$"),
+    ("-2, 1", "$\\boxed{x=-2 \\text{ and } x=1}$"), ("5050", "The answer is $\\boxed{\\boxed{5050}}$."),
+])
+def test_a_whole_response_in_an_unusual_spelling_passes(gold, text):
+    assert math_verdict(gold, text)["ok"] is True
+
+
+@pytest.mark.parametrize("gold,text", [
+    ("2", "$\\boxed{x=2 \\text{ and } x=3}$"), ("5050", "The answer is **5051**."),
+    ("p = 5, q = 2 \\text{ and } p = 7, q = 2", "$\\boxed{p = 5, q = 2}$"),
+])
+def test_a_whole_response_with_another_value_fails(gold, text):
+    assert math_verdict(gold, text)["ok"] is False
+
+
 def test_a_percent_ending_its_line_inside_the_box_hides_nothing():
     assert math_verdict("5050", "The answer is $\\boxed{5050%\n}$.")["ok"] is True
     assert math_verdict("0.5", "The answer is $\\boxed{50%\n}$.")["ok"] is True      # the percent it was meant as
