@@ -80,6 +80,8 @@ def _cancelling(pred: str) -> bool:
 _OPTIONS = re.compile(r"\(\s*[A-E]\s*\)\s*\S")                # "(A) 5 (B) 6": the instruction lists choices
 _FRACTION_ASKED = re.compile(r"common\s+fraction|as\s+a\s+(?:reduced\s+|simplified\s+|proper\s+|improper\s+)?fraction|"
                              r"fraction\s+in\s+(?:lowest|simplest)\s+terms|as\s+a\s+ratio\s+of\s+integers", re.IGNORECASE)
+_DECIMAL_ASKED = re.compile(r"as\s+a\s+decimal|in\s+decimal\s+(?:form|notation)|decimal\s+(?:number|answer|form)", re.IGNORECASE)
+_DECIMAL_GOLD = re.compile(r"[+-]?\d*\.\d+")
 _NOT_A_FRACTION = re.compile(r"[+-]?(?:\d*\.\d*(?:\\(?:overline|bar)\{?\d+\}?|\(\d+\))?|\d+(?:\.\d+)?(?:\\%|%))"
                              r"|[+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+|(?:\\times|\\cdot)10\^\{?[+-]?\d+\}?)")
 _SIMPLE_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+|\\frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*/\s*\d+)")
@@ -142,6 +144,8 @@ def restated(gold: str, pred: str, instruction: str | None, asked: Any) -> str |
     p = _squash(pred)
     if _FRACTION_ASKED.search(instruction) and _NOT_A_FRACTION.fullmatch(p) and not _NOT_A_FRACTION.fullmatch(_squash(gold)):
         return "a decimal or a percent where the instruction asks for a fraction"
+    if _DECIMAL_ASKED.search(instruction) and _DECIMAL_GOLD.fullmatch(_squash(gold)) and re.search(r"\\frac|/", p):
+        return "a fraction where the instruction asks for a decimal"
     if (len(p) >= 3 and p != _squash(gold) and not _evaluated(p) and _OPERATOR.search(p)
             and not _OPTIONS.search(instruction) and p in _squash(instruction[-8000:])):
         return "the instruction's own expression"

@@ -56,6 +56,7 @@ WRONG = [
     ("\\frac{2}{5}", "40\\%", "Express your answer as a common fraction."),
     ("\\frac{1}{3}", "0.\\overline{3}", "Express $0.\\overline{3}$ as a common fraction."),
     ("12", "\\frac{15}{100}\\cdot 80", "What is $15\\%$ of 80?"),
+    ("0.125", "\\frac{1}{8}", "Express $\\frac{1}{8}$ as a decimal."),
     # another quantity: a unit against the gold's mark, a hedge word, arithmetic on infinity
     ("30^\\circ", "30\\text{ rad}", None), ("\\$12", "12\\text{ cents}", None), ("\\$12", "12\\text{ euros}", None), ("\\$12", "£12", None), ("12", "12^\\circ\\text{F}^2", None),
     ("5050", "5050\\text{-ish}", None), ("5050", "\\text{roughly } 5050", None), ("\\infty", "\\infty - 1", None),
@@ -87,6 +88,7 @@ RIGHT = [
     ("\\frac{1}{2}", "1/2", "The probability of heads is $1/2$ for a fair coin. What is it for this coin?"),
     ("1500", "1.5 \\times 10^3", "Write 1500 in scientific notation (a power of 10, here 3)."),
     ("\\frac{5}{2}", "2\\frac{1}{2}", "Write 5/2 as a mixed number; 1 and 2 are digits."),
+    ("0.125", "0.1250", "Express $\\frac{1}{8}$ as a decimal."),
     ("\\emptyset", "\\varnothing", None), ("\\varnothing", "\\emptyset", None), ("\\emptyset", "\\{\\}", None),
     ("\\emptyset", "∅", None),
     ("(-\\infty, 3)", "x < 3", None), ("(-\\infty, 3)", "3 > x", None), ("[1, 2)", "1 \\le x < 2", None),
