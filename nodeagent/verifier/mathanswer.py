@@ -17,6 +17,9 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
    relation states every side: 'x = 12/2 = 6' is fine, '6 = 5' and '5 \\approx 7' are not; every
    spelling of equality is '=' ('==', '\\equiv', '\\cong', ':=', `mathrel.canonical`), and a
    relation the gold does not hold ('6 \\propto 5', '6 \\subset 5') is never the gold's value.
+   An answer that restates the computation (a sum, binomial, factorial, a function at a constant,
+   the instruction's own expression: `mathops.restated`) is not the value; an inequality in one
+   variable is the interval it describes (`mathops.as_interval`).
 3. Each answer is compared with the gold by shape (`mathnorm.structure`): a bracketed group
    compares item by item in order with the same brackets; a braced set compares as a set; a
    bare list of numbers keeps its order unless the gold lists them ascending (solutions: a set);
@@ -25,7 +28,7 @@ How a prediction is judged (docs/verifier.md, "Math equivalence", has the table 
 4. Scalars: number literals (mixed numbers included) compare exactly as rationals; a gold decimal
    may be the rounding of the prediction (gold 33.3, 100/3): the gold's places say what was asked. A predicted decimal that only approximates an exact gold (sqrt(2), pi, 1/7) passes
    only when the task's instruction asks for an approximation (`mathnorm.asked_precision`), at
-   the precision asked (MIN_APPROX_SIG_DIGITS when none is named) and right in every digit shown;
+   the precision asked (`mathops.MIN_APPROX_SIG_DIGITS` when none is named) and right in every digit shown;
    without an instruction, the gold's exact form is what was asked. Single letters keep their
    case (text answers of words fold it), and so do symbol names Math-Verify would fold
    (`_case_clash`); everything else goes to Math-Verify's `verify`, with its LaTeX conversion
@@ -54,6 +57,7 @@ from fractions import Fraction
 
 from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathnorm as mn
+from nodeagent.verifier import mathops as mo
 from nodeagent.verifier import mathrel as mr
 
 log = logging.getLogger(__name__)
@@ -65,9 +69,6 @@ MAX_CANDIDATES = 8
 MAX_TEXT_CHARS = 200_000
 MAX_SET_ITEMS = 32
 MAX_GOLD_GLUE_CHARS = 30         # words between a gold's boxes that still make them one set
-MIN_ROUNDED_SIG_DIGITS = 3       # a rounded decimal needs this many significant digits ...
-MIN_ROUNDED_PLACES = 2           # ... or this many decimal places
-MIN_APPROX_SIG_DIGITS = 4        # a predicted decimal for an exact non-decimal gold (1/7 ~ 0.1429)
 EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree to this many digits
 DIFF_MAXN_BITS = 2000            # ... and their difference shows no digit up to this working precision
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
@@ -116,6 +117,7 @@ class _Budget(threading.local):
     asked: mn.Precision | None = None    # the approximation the task's instruction asks for, if any
     percent_asked: bool | None = None    # the instruction asks for a percent (None: no instruction)
     bases: frozenset[int] = frozenset()  # the number bases the instruction names
+    instruction: str | None = None       # the task's prompt, when the caller passes it
 
 
 _budget = _Budget()
@@ -149,7 +151,9 @@ def mv_verify(gold: list, pred: list) -> bool:
 
 
 def _parse_answer(s: str) -> list:
-    """An answer string (already the answer, no prose) parsed as LaTeX math."""
+    """An answer string (already the answer, no prose) parsed as LaTeX math (degrees inside a
+    trigonometric function as radians: the parser drops the mark, `\\sin 30^\\circ` is not sin 30)."""
+    s = mo.degrees_in_functions(s)
     return mv_parse(f"${s}$") or mv_parse(s)
 
 
@@ -272,6 +276,15 @@ def answers_equal(gold: str, pred: str) -> bool:
     if mf.ill_formed(pred) is not None and mf.ill_formed(gold) is None:
         return False                        # "5.\\overline{0}1", "5 % 6", "5\\%\\%", "\\llap{6}5": no one value
     gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
+    sides = [side for side in mn.split_top(pred, "=") if side and not mr.is_lhs(side)] or [pred]
+    if all(mo.restated(gold, side, _budget.instruction, _budget.asked) is not None for side in sides):
+        return False                        # "\\sum_{k=1}^{100} k", "\\binom{10}{3}", "\\log_2 8": the work left undone
+    sg = mn.structure(gold)
+    interval = mo.as_interval(pred) if sg.kind == "group" and len(sg.items) == 2 else None
+    if interval is not None and mo.interval_gold(gold, sg.left, sg.right, _budget.instruction):
+        return answers_equal(gold, interval)   # "x < 3" for (-\\infty, 3)
+    if sg.kind == "scalar" and mo.infinity_arithmetic(gold, pred):
+        return False                        # "\\infty - 1": no number to compute with
     if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
         return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
     alts = _dedupe(mn.alternatives(pred))
@@ -297,6 +310,8 @@ def answers_equal(gold: str, pred: str) -> bool:
     gu, pu = mn.units(gold), mn.units(pred)
     if gu and pu and gu != pu:
         return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
+    if (gm and not pm and pu and not gu) or (pm and any(u.startswith("^") for u in pu)):
+        return False                        # "30 \\text{ rad}" for 30°, "12 \\text{ cents}" for \\$12, "12°F^2"
     stated = mr.stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
@@ -510,20 +525,11 @@ def literals_equal(gold: tuple[Fraction, int | None], pred: tuple[Fraction, int 
     (vg, pg), (vp, pp) = gold, pred
     if vg == vp:
         return True
+    if mo.rounded_by_instruction(gold, pred, _budget.asked) is False:
+        return False                        # 3.14159 for "to the nearest hundredth": not rounded
     if pg is None or (pp or 0) < pg:
         return False
-    return _rounds_to(vp, gold)
-
-
-def _rounds_to(value, literal: tuple[Fraction, int | None]) -> bool:
-    """True when the decimal `literal` is `value` (exact) rounded to its places, and it carries
-    enough digits to mean something (MIN_ROUNDED_SIG_DIGITS or MIN_ROUNDED_PLACES)."""
-    lit, places = literal
-    if places is None:
-        return False
-    if places < MIN_ROUNDED_PLACES and mn.significant_digits(lit, places) < MIN_ROUNDED_SIG_DIGITS:
-        return False
-    return abs(value - lit) <= Fraction(1, 2 * 10 ** places)
+    return mo.rounds_to(vp, gold, mn.significant_digits)
 
 
 def _numeric(expr):
@@ -547,7 +553,7 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
     are the value. A gold decimal may be the rounding of the exact prediction (gold 33.3, 100/3):
     the gold's places say what was asked. A predicted decimal (or, for "the nearest whole number",
     integer) that only approximates an exact gold passes only when the task's instruction asks for
-    an approximation (`_approximation_asked`): 1.414 is not sqrt(2), 0.1429 is not 1/7."""
+    an approximation (`mathops.approximation_ok`): 1.414 is not sqrt(2), 0.1429 is not 1/7."""
     import sympy  # noqa: PLC0415 - loaded with math_verify (see _math_verify)
     value, places = literal
     rational = sympy.Rational(value.numerator, value.denominator)
@@ -555,9 +561,9 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
         exact = Fraction(int(expr.p), int(expr.q))
         if exact == value:
             return True
-        if literal_is_gold:
-            return places is not None and _rounds_to(exact, literal)
-        return _approximation_asked(exact, literal)
+        if literal_is_gold:       # an exact prediction when the instruction asks to round: not rounded
+            return places is not None and _budget.asked is None and mo.rounds_to(exact, literal, mn.significant_digits)
+        return mo.approximation_ok(exact, literal, _budget.asked, mn.significant_digits)
     if places is None and (literal_is_gold or _budget.asked is None):
         return _exact_equal(rational, expr)
     try:
@@ -568,31 +574,8 @@ def _literal_matches_expr(literal: tuple[Fraction, int | None], expr, literal_is
     except Exception:  # noqa: BLE001 - cannot evaluate: not shown equal
         return False
     if literal_is_gold:
-        return _rounds_to(approx, literal)
-    return _approximation_asked(approx, literal)
-
-
-def _approximation_asked(value: Fraction, literal: tuple[Fraction, int | None]) -> bool:
-    """A predicted literal standing for the exact `value`: only when the instruction asks for an
-    approximation, given to at least the precision it names (MIN_APPROX_SIG_DIGITS significant
-    digits when it names none), and correct to every digit it shows (the value rounded to the
-    literal's own places)."""
-    asked = _budget.asked
-    lit, places = literal
-    if asked is None:
-        return False
-    shown = places or 0
-    if asked.places is not None and asked.places < 0:          # "the nearest hundred": 1400 for 1414.2
-        step = Fraction(10) ** -asked.places
-        return places is None and lit % step == 0 and abs(value - lit) <= step / 2
-    if asked.places is not None and shown < asked.places:
-        return False
-    digits = mn.significant_digits(lit, shown)
-    if asked.sig is not None and digits < asked.sig:
-        return False
-    if asked.places is None and asked.sig is None and digits < MIN_APPROX_SIG_DIGITS:
-        return False
-    return abs(value - lit) <= Fraction(1, 2 * 10 ** shown)
+        return _budget.asked is None and mo.rounds_to(approx, literal, mn.significant_digits)
+    return mo.approximation_ok(approx, literal, _budget.asked, mn.significant_digits)
 
 
 def _exact_equal(a, b) -> bool:
@@ -655,6 +638,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
         _budget.asked = mn.asked_precision(str(instruction)) if instruction else None
         _budget.percent_asked = mn.percent_asked(str(instruction)) if instruction else None
         _budget.bases = mf.asked_bases(str(instruction)) if instruction else frozenset()
+        _budget.instruction = str(instruction) if instruction else None
         return _verdict(str(gold), pred_text)
     except Exception as exc:  # noqa: BLE001 - a checker bug must not crash the check process
         log.warning("math check failed: %s: %s", type(exc).__name__, exc)
@@ -664,6 +648,7 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
         _budget.asked = None
         _budget.percent_asked = None
         _budget.bases = frozenset()
+        _budget.instruction = None
 
 
 def _verdict(gold: str, pred_text: str | None) -> dict:

@@ -17,6 +17,7 @@ differ, the answer is judged by what is shown, or is not an answer:
   (`5.\\overline{0}1`, `0.333...`), digits spaced apart other than by thousands (`1\\,2`), a
   mark doubled or misplaced (`5\\%\\%`, `5^\\circ^\\circ`, `\\%5`, `5 \\cdot \\%`, `5\\text{ cm cm}`);
 - `comment_in_box(text)`: a `%` inside a \\boxed{} that comments out the box's own closing brace;
+- `uncoloured(s)`: `s` without a colour that covers all of it (`\\textcolor{red}{5}` is 5);
 - `base_numeral(s)`, `asked_bases(instruction)`: a numeral with a base subscript (`2015_6`) and
   the bases a task asks for: the subscript is read only then (`mathanswer`);
 - `repeating(s)`: the exact value of a repeating decimal (`0.1\\overline{6}`, `0.\\bar{3}`,
@@ -124,8 +125,8 @@ def comment_in_box(text: str) -> bool:
         if percent is None:
             continue
         newline = text.find("\n", m.end() + percent.start())
-        if newline < 0:
-            continue
+        if newline < 0 or end > newline and not text[m.end() + percent.end():newline].strip():
+            continue                       # no brace on the comment's line: `\\boxed{5050%⏎}` comments out nothing
         k = bisect.bisect_left(positions, newline)                 # the first brace after the comment
         if k < len(positions) and lowest[k] < (depth[k - 1] if k else 0):
             return True                    # a later brace closes the box TeX keeps open
@@ -161,6 +162,38 @@ def shown(s: str) -> str:
     while (m := _SMASH.search(s)) is not None:
         end = _group_end(s, m.end())
         s = s[:m.start()] + s[m.end() + 1:end - 1] + s[end:]
+    return s
+
+
+_COLOUR_CALL = re.compile(r"\\(?:textcolor|colorbox)\s*(?:\[[a-zA-Z]*\]\s*)?\{[^{}]*\}\s*(?=\{)|\\fcolorbox\s*\{[^{}]*\}\s*\{[^{}]*\}\s*(?=\{)")
+_COLOUR_SWITCH = re.compile(r"\\color\s*(?:\[[a-zA-Z]*\]\s*)?\{[^{}]*\}")
+
+
+def uncoloured(s: str) -> str:
+    """`s` without a colour that covers the whole answer (`\\textcolor{red}{5}`, `{\\color{blue}5}`,
+    `\\color{red}{5}`): one colour over everything changes nothing that is read. A colour over
+    part of the answer (`\\color{white}6 5`, `\\textcolor{white}{6}5`) stays, a meaning mark."""
+    for _ in range(8):
+        t = s.strip()
+        m = _COLOUR_CALL.match(t)
+        if m and _group_end(t, m.end()) == len(t):
+            s = t[m.end() + 1:-1]
+            continue
+        if t.startswith("{") and _group_end(t, 0) == len(t) and _COLOUR_SWITCH.match(t, 1):
+            s = t[1:-1]
+            continue
+        m = _COLOUR_SWITCH.match(t)
+        if m and not _COLOUR_SWITCH.search(t, m.end()) and not re.search(r"(?<!\\)\}", _brace_free(t[m.end():])):
+            s = t[m.end():]                     # a switch at the start colours all that follows
+            continue
+        break
+    return s
+
+
+def _brace_free(s: str) -> str:
+    """`s` with its balanced brace groups removed (what is left outside every group)."""
+    while (m := re.search(r"(?<!\\)\{[^{}]*(?<!\\)\}", s)) is not None:
+        s = s[:m.start()] + s[m.end():]
     return s
 
 
@@ -252,7 +285,11 @@ _BASE_ASKED = re.compile(r"\bbase[\s-]*(\d{1,2}|" + "|".join(list(_BASE_WORDS)[:
 
 _MARK_KINDS = (("percent", re.compile(r"\\%|(?<!\\)%|percent|per\s*cent|pct")),
                ("degree", re.compile(r"\\circ(?![A-Za-z])|°|\\degree(?![A-Za-z])|\\textdegree|degrees?")),
-               ("currency", re.compile(r"\\\$|(?<!\\)\$|dollars?|euros?|€|£|¥|\\(?:euro|pounds|yen)(?![A-Za-z])")))
+               ("currency", re.compile(r"\\\$|(?<!\\)\$|dollars?|euros?|€|£|¥|\\(?:euro|pounds|yen)(?![A-Za-z])")),
+               ("currency:dollar", re.compile(r"\\\$|(?<!\\)\$|dollars?|USD")),       # which currency: $12 is not 12 euros
+               ("currency:euro", re.compile(r"euros?|€|\\euro(?![A-Za-z])|EUR")),
+               ("currency:pound", re.compile(r"£|\\pounds(?![A-Za-z])|GBP")),
+               ("currency:yen", re.compile(r"¥|\\yen(?![A-Za-z])|JPY|yuan|CNY")))
 
 
 def marks(s: str) -> frozenset[str]:
@@ -291,4 +328,5 @@ def base_equal(gold: str, pred: str, bases: frozenset[int]) -> bool | None:
     return based[1] in bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and based[0] == plain
 
 
-__all__ = ["asked_bases", "base_equal", "base_numeral", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program"]
+__all__ = ["asked_bases", "base_equal", "base_numeral", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program",
+           "uncoloured"]

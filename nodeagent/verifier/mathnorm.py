@@ -42,6 +42,7 @@ _PROSE_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textnormal|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
 _MIXED = re.compile(r"([+-]?)(\d{1,3}(?: \d{3})+|\d+) (\d+)/(\d+)")
+_SCIENTIFIC = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?:\\times|\\cdot|\*|×)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,4})\s*\}|(\d))")
 _E_NOTATION = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d{1,4}")
 _TRAILING_ELLIPSIS = re.compile(r"\d\s*\.\s*\.\s*\.$")
 _SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
@@ -54,7 +55,7 @@ _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*\\?%\s*\}|percentage|percent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
-_MATRIX = re.compile(r"\(?\s*\\begin\{([pbv]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
+_MATRIX = re.compile(r"\(?\s*\\begin\{([pbB]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
 _ESCAPED_CMD = re.compile(r"\\\\(?=(?:left|right|frac|dfrac|tfrac|sqrt|pi|boxed|text|cdot|times|infty)(?![A-Za-z]))")
 _CONTRACTION = re.compile(r"[A-Za-z]'[a-z]")
@@ -70,6 +71,8 @@ _TEXT_WITH_DIGIT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|h
 _TEXT_PUNCT = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{\s*([()\[\],;:/|])\s*\}")
 _TEXT_QUANTITY = re.compile(r"^\\(?:text|textnormal|mbox|mathrm)\s*\{\s*([+-]?\d+(?:\.\d+)?)\s+([A-Za-z]+(?: [A-Za-z]+)?)\s*\}$")
 _TEXT_ANY = re.compile(r"\\(?:text|textbf|textit|textnormal|texttt|mbox|hbox|mathrm)\s*\{([^{}]*)\}")
+_EMPTY_SET = re.compile(r"\\varnothing(?![A-Za-z])|∅|^\s*\\\{\s*\\\}\s*$|\\emptyset(?![A-Za-z])\s*")
+_UPRIGHT_CONSTANT = re.compile(r"\\(?:mathrm|mathit|operatorname)\s*\{\s*([ie])\s*\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
 
@@ -113,7 +116,14 @@ def unescape_commands(text: str) -> str:
 
 def normalise(s: str) -> str:
     """A canonical spelling of one answer: no dollars, no spacing commands, no \\left/\\right."""
-    s = mf.shown(unescape_commands(s)).strip()
+    s = re.sub(r"(?<!\\)%[ \t]*\n", " ", unescape_commands(s))   # a TeX comment of nothing: \\boxed{5050%⏎}
+    s = mf.uncoloured(mf.shown(s)).strip()
+    s = _EMPTY_SET.sub(r"\\emptyset ", s).strip()             # \\varnothing, \\{\\}, the empty-set sign
+    s = _UPRIGHT_CONSTANT.sub(r"\1", s)                      # \\mathrm{i}, \\mathrm{e}: the constants i and e
+    s = re.sub(r"∞\s*", r"\\infty ", s).strip()              # the sign is the command
+    s = re.sub(r"^\*\*(.+)\*\*$", r"\1", s)                   # **5050**: Markdown bold
+    if "," not in s:                                           # x=-2 \\text{ and } x=1 (not two solution tuples)
+        s = re.sub(r"\s*(?:\\text\{\s*and\s*\}|\band\b)\s*(?=[A-Za-z](?:_\{?\w+\}?)?\s*=)", ", ", s)
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
@@ -122,6 +132,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
     s = _SPACING.sub(" ", s)
+    s = re.sub(r"(?<=\d) +(?=i(?![A-Za-z]))", "", s)       # 4\\,i is 4i
     s = _PERCENT_WORD.sub("\\%", s)
     s = _TEXT_QUANTITY.sub(r"\1 \\text{ \2}", s)             # \\text{3 cm} is 3 \\text{ cm}
     if "\\begin" not in s and re.search(r"\S[ \t]*\n\s*\S", s):
@@ -238,7 +249,7 @@ def text_answer(s: str) -> str | None:
         t = m.group(1)
     elif not _OPTION.fullmatch(t):
         return None
-    t = re.sub(r"[\s()]", "", t)
+    t = re.sub(r"[\s()]", "", t).rstrip(".")               # \\text{B.} is the option B
     return (t if len(t) == 1 else t.lower()) or None     # a letter keeps its case: "a" is not (A)
 
 
@@ -253,6 +264,9 @@ def number_literal(s: str) -> tuple[Fraction, int | None] | None:
     if e_notation:                               # 5e3, 2.5E-2: a calculator's numeral, exactly
         value = Fraction(Decimal(e_notation.group(0)))
         return value, None
+    scientific = _SCIENTIFIC.fullmatch(s.strip())
+    if scientific:                               # 6.02 \\times 10^{23}: exactly 602 * 10^21
+        return Fraction(Decimal(scientific.group(1))) * Fraction(10) ** int(scientific.group(2) or scientific.group(3)), None
     repeating = mf.repeating(s)
     if repeating is not None:                    # 0.1\\overline{6} is 1/6, exactly
         return repeating, None
@@ -451,14 +465,15 @@ _PER_MILLE = re.compile(r"‰|‱|\\(?:permil|textperthousand|textpertenthousand
                         r"(?<![A-Za-z])(?:bps|basis\s+points?)(?![A-Za-z])", re.IGNORECASE)
 _VALUE_WORDS = re.compile(
     r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
-    r"except|nearly|almost|least|most|more|less|fewer|than|between|"
+    r"except|nearly|almost|least|most|more|less|fewer|than|between|ish|approx\w*|roughly|circa|"
+    r"maybe|perhaps|probably|possibly|guess|"
     r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
     r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
     r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
 _DECORATED = re.compile(r"\d\s*(?:\^\s*\{?\s*(?:\*|\\ast|\\star|\\prime|\\dagger|')\s*\}?|')")
 _SIMILAR = re.compile(r"\\(?:sim|simeq|thicksim|eqsim|backsim)(?![A-Za-z])")
 _ONE_SIDED = re.compile(r"\^\s*(?:\{\s*[+-]\s*\}|[+-](?![\w{\\]))")
-_SCALE_ABBR = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
+_SCALE_ABBR = re.compile(r"(?<=[\d\s])\\(?:text|textrm|mbox|mathrm)\s*\{\s*(k|K|M|B|bn|mn|mil|thou)\s*\}")
 _DIGIT_SUBSCRIPT = re.compile(r"\d\s*_\s*\{?\s*\d")
 _SCALE = re.compile(r"(?<![A-Za-z])(thousand|million|billion|trillion|dozen|hundred|lakh|crore|score|gross|grand|"
                     r"myriad)s?(?![A-Za-z])",

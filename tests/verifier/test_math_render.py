@@ -146,9 +146,12 @@ TINY = [
     ("\\sqrt{2}", "\\sqrt{2.0}+10^{-100}", False), ("0", "10^{-100}\\cdot 1.0", False),
     ("\\frac{1}{3}", "0.5 - \\frac{1}{6} + 10^{-100}", False), ("5050", "5050 + \\ln(1+10^{-60})", False),
     ("5050", "5050.0", True), ("\\frac{5\\sqrt{42}}{27}", "\\frac{10\\sqrt{10.5}}{27}", True),
-    ("\\sqrt{6}", "\\sqrt{2}\\sqrt{3}", True), ("\\frac12", "\\sin(\\pi/6)", True), ("3", "\\log_2 8", True),
-    ("2", "\\sqrt[3]{8}", True), ("5050", "\\frac{100\\cdot 101}{2}", True), ("\\pi", "4\\arctan(1)", True),
-    ("1", "\\sin^2(1)+\\cos^2(1)", True),
+    ("\\sqrt{6}", "\\sqrt{2}\\sqrt{3}", True), ("\\frac12", "\\frac{3}{6}", True), ("3", "\\frac{9}{3}", True),
+    ("2", "\\sqrt[3]{8}", False), ("5050", "\\frac{100\\cdot 101}{2}", True), ("\\pi", "\\frac{4\\pi}{4}", True),
+    ("\\sin 1", "\\sin(1)", True), ("\\sin^2 1", "1-\\cos^2(1)", True),
+    # a function at a constant for a gold without one restates the problem (docs/verifier.md, "Restatements")
+    ("\\frac12", "\\sin(\\pi/6)", False), ("3", "\\log_2 8", False), ("\\pi", "4\\arctan(1)", False),
+    ("1", "\\sin^2(1)+\\cos^2(1)", False), ("3", "\\sqrt{9}", False), ("\\frac12", "\\frac{\\sqrt{3}}{2\\sqrt{3}}", False),
 ]
 CASES = ([("tex", *c) for c in TEX] + [("digits", *c) for c in DIGITS] + [("marks", *c) for c in MARKS]
          + [("tiny", *c) for c in TINY])

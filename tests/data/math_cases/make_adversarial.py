@@ -152,7 +152,7 @@ for g, p, why, src in [
     ("1 \\pm \\sqrt{19}", B(r"1 + \sqrt{19}, 1 - \sqrt{19}"), "both values of \\pm", MV + "::test_latex_notation_math[19]"),
     (r"\text{C}", B(r"\text{(C)}"), "option in parentheses", MV + "::test_math_extraction_additional_cases[21]"),
     ("2a", B("a+a"), "same symbol twice", None), ("(6,31,-1)", B(r"\left(6, 31, -1\right)"), "\\left/\\right", MV + "::test_latex_notation_math[18]"),
-    ("5", B("\uff15"), "fullwidth digit 5", None), ("6", B(r"\min(6, 7)"), "an expression whose value is the gold", LIN), ("-5", B("\u22125"), "unicode minus", None),
+    ("5", B("\uff15"), "fullwidth digit 5", None), ("6", B(r"\frac{12}{2}"), "an expression whose value is the gold", LIN), ("-5", B("\u22125"), "unicode minus", None),
     ("6", r"\begin{cases} x = 6 \end{cases}" and B(r"\begin{cases} 6 \end{cases}"), "one-row cases", LIN),
 ]:
     add("control", g, p, True, why, src)
