@@ -200,14 +200,19 @@ def _dependency_versions() -> dict[str, str]:
     return out
 
 
+WEB_EVALUATORS = Path(__file__).resolve().parents[1] / "browser" / "apps"   # their evaluate() decides web verdicts
+
+
 def _version() -> str:
     """A hash of everything that decides a verdict: every source file of this package (the
     grader plugin included), the checker-spec contract, the state checker's comparison (the
-    services contract), the judge's model client, and the grading constants. Any change to
+    services contract), the web apps' state evaluators, the judge's model client, and the
+    grading constants. Any change to
     them is a new verifier version."""
     h = hashlib.sha256()
     sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(checkerspec.__file__), Path(model_client.__file__),
-                                                            *statecheck.CONTRACT_SOURCES]
+                                                            *statecheck.CONTRACT_SOURCES,
+                                                            *sorted(WEB_EVALUATORS.glob("*.py"))]
     for path in sources:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     h.update(json.dumps([CHECK_TIMEOUT_S, ANSWER_TIMEOUT_S, GRADER_UID, CALLEE_UID, "call-deadline=check", INFRA_RETRIES,
