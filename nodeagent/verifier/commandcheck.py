@@ -3,7 +3,13 @@
 
 The sandbox (`nodeagent.verifier.freshbox`) holds the task's visible files and the agent's
 changes; then the protected originals go back to /work and the spec's `support` files (hidden,
-else visible) go under `/verifier/tests`, read-only. The command's exit status decides
+else visible) go under `/verifier/tests`, 0400 and owned by the sandbox's root (the checker). The
+command runs under the in-sandbox runner (`cmdrunner.py` of this package, shipped as
+`RUNNER_PATH`): a fresh HOME and environment (no Python user site, no shell start-up files of the
+agent's), and the agent's programs the command starts -- through the image's interpreters, or
+`paddock-callee` -- run under another uid (`CALLEE_UID`) that can neither read the support files
+nor signal the checker. An image without `python3` runs the command without the runner (fresh
+HOME, no user site; said in the check's detail). The command's exit status decides
 (`pass_exit_codes`, default [0]); killed at `timeout_s` it is a `timeout`. A command the image
 cannot run (`paddock: cannot run ...`, exit 126/127) or a support file the task does not carry
 is a VerifierInfraError.
@@ -13,12 +19,27 @@ nodeagent.verifier.grade, nodeagent.verifier.pytestcheck.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable
 
 from controller.contracts.tasks import GradedTask
 from nodeagent.sandbox.runtime import Change, SandboxError
-from nodeagent.verifier.freshbox import CHECK_TIMEOUT_S, OUTPUT_CAP, TESTS_DIR, as_bytes, fresh_sandbox
+from nodeagent.verifier.freshbox import (
+    CHECK_TIMEOUT_S,
+    OUTPUT_CAP,
+    TESTS_DIR,
+    as_bytes,
+    callee_uid,
+    fresh_sandbox,
+)
 from nodeagent.verifier.verdicts import Verdict, VerifierInfraError, check
+
+RUNNER_PATH = "/verifier/paddock_cmdrun.py"
+RUNNER_SOURCE = Path(__file__).with_name("cmdrunner.py").read_bytes()
+HOME = "/tmp/.paddock-home"       # made by the runner: empty, the checker's (never /work, the agent's HOME)
+# the environment of every check command: no HOME of the agent's, no Python user site
+CHECK_ENV = {"HOME": HOME, "PYTHONNOUSERSITE": "1"}
 
 
 def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: list[Change],
@@ -33,11 +54,19 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
             raise VerifierInfraError(f"task {task.name!r}: checker file {missing[0]!r} is in neither "
                                      f"'hidden' nor 'files'")
         files = {f"{TESTS_DIR}/{rel}": as_bytes(text) for rel, text in support.items() if text is not None}
-        files.update({f"/work/{rel}": as_bytes(task.files[rel]) for rel in task.protected})
-        sb.write_files(files, owner="system", mode=0o444)
+        sb.write_files(files or {f"{TESTS_DIR}/.paddock": b""}, owner="agent", mode=0o400)
+        system = {f"/work/{rel}": as_bytes(task.files[rel]) for rel in task.protected}
+        sb.write_files({**system, RUNNER_PATH: RUNNER_SOURCE}, owner="system", mode=0o444)
+        config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR})
+        timeout_s = spec.timeout_s if spec.timeout_s is not None else CHECK_TIMEOUT_S
         t = clock()
-        r = sb.exec(list(spec.argv), cwd=spec.cwd, output_cap=OUTPUT_CAP,
-                    timeout_s=spec.timeout_s if spec.timeout_s is not None else CHECK_TIMEOUT_S)
+        r = sb.exec(["python3", "-I", "-B", RUNNER_PATH, config, *spec.argv], cwd=spec.cwd, env=CHECK_ENV,
+                    output_cap=OUTPUT_CAP, timeout_s=timeout_s)
+        note = ""
+        if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run python3 "):
+            note = "(no python3 in the image: the command ran without the runner's callee uid)\n"
+            r = sb.exec(list(spec.argv), cwd=spec.cwd, env=CHECK_ENV, output_cap=OUTPUT_CAP,
+                        timeout_s=max(timeout_s - (clock() - t), 1.0))
         wall = clock() - t
     except SandboxError as exc:
         raise VerifierInfraError(f"verifier sandbox failed: {exc}") from None
@@ -50,7 +79,7 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
         raise VerifierInfraError(f"checker command cannot run: {r.stderr.decode(errors='replace')[:300]}")
     ok = r.exit_code in spec.pass_exit_codes
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},
-                   [check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{tail}", wall)])
+                   [check("command", "pass" if ok else "fail", f"exit {r.exit_code}\n{note}{tail}", wall)])
 
 
-__all__ = ["verify_command"]
+__all__ = ["CHECK_ENV", "RUNNER_PATH", "verify_command"]
