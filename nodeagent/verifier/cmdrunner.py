@@ -308,7 +308,8 @@ def make_shims(path, callee_uid):
 
 def prepare(cfg):
     for base, dirs, _files in os.walk(cfg["tests_dir"]):
-        os.chmod(base, 0o711)
+        if os.lstat(base).st_uid == 0:      # (Paddock's own public files sit in directories owned outside)
+            os.chmod(base, 0o711)
     for p in (HOME_DIR, BIN_DIR):
         if os.path.lexists(p):
             raise RuntimeError("%s exists before the check (the runner makes it)" % p)
@@ -365,7 +366,7 @@ def main():
         call_callee([_which(argv[0], path) or argv[0]] + argv[1:], SOCKET)
     real = argv[0] if "/" in argv[0] else _which(argv[0], path)
     if real is None:
-        sys.stderr.write("paddock: cannot run %r: not found\n" % argv[0])
+        sys.stderr.write("paddock: cannot run %s (not found): %s\n" % (argv[0], os.strerror(2)))
         os._exit(127)
     if "/" in argv[0] and agent_path(argv[0], cwd, uid):
         call_callee([real] + argv[1:], SOCKET)

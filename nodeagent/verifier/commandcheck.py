@@ -42,6 +42,12 @@ HOME = "/tmp/.paddock-home"       # made by the runner: empty, the checker's (ne
 CHECK_ENV = {"HOME": HOME, "PYTHONNOUSERSITE": "1"}
 
 
+def public(rel: str) -> bool:
+    """A support file of Paddock's own, readable by the agent's programs too (0444): the Harbor
+    runner and its `paddock_site` (the sitecustomize the agent's Python programs load)."""
+    return rel.split("/", 1)[0].startswith("paddock_")
+
+
 def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: list[Change],
                    clock: Callable[[], float]) -> Verdict:
     """The command's verdict (see the module docstring). Raises VerifierInfraError."""
@@ -53,9 +59,12 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
         if missing:
             raise VerifierInfraError(f"task {task.name!r}: checker file {missing[0]!r} is in neither "
                                      f"'hidden' nor 'files'")
-        files = {f"{TESTS_DIR}/{rel}": as_bytes(text) for rel, text in support.items() if text is not None}
+        files = {f"{TESTS_DIR}/{rel}": as_bytes(text) for rel, text in support.items()
+                 if text is not None and not public(rel)}
         sb.write_files(files or {f"{TESTS_DIR}/.paddock": b""}, owner="agent", mode=0o400)
         system = {f"/work/{rel}": as_bytes(task.files[rel]) for rel in task.protected}
+        system.update({f"{TESTS_DIR}/{rel}": as_bytes(text) for rel, text in support.items()
+                       if text is not None and public(rel)})
         sb.write_files({**system, RUNNER_PATH: RUNNER_SOURCE}, owner="system", mode=0o444)
         config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR})
         timeout_s = spec.timeout_s if spec.timeout_s is not None else CHECK_TIMEOUT_S
