@@ -62,14 +62,15 @@ def interpreter_kind(name):
 
 
 def agent_path(path, cwd, callee_uid):
-    """Is `path` (relative to `cwd`) the agent's: under /work, or owned by the callee uid?"""
+    """Is `path` (relative to `cwd`) the agent's: owned by the callee uid (the runner gave it
+    /work's files), or by the sandbox's root under /work? A protected original the task put back
+    in /work is owned outside the sandbox: the task's, the checker's to run."""
     full = os.path.realpath(os.path.join(cwd, path))
-    if full == "/work" or full.startswith("/work/"):
-        return True
     try:
-        return os.stat(full).st_uid == callee_uid
+        owner = os.stat(full).st_uid
     except OSError:
-        return False
+        return full == "/work" or full.startswith("/work/")     # (it will not run either way)
+    return owner == callee_uid or (owner == 0 and full.startswith("/work/"))
 
 
 def _python_target(args):
@@ -109,10 +110,7 @@ def is_agent_program(name, args, cwd, callee_uid, nested, env):
         if what == "script":
             return agent_path(target, cwd, callee_uid)
         if what == "module":
-            top = (target or "").split(".")[0]
-            in_work = cwd == "/work" or cwd.startswith("/work/")
-            return bool(top) and in_work and not env.get("PYTHONSAFEPATH") and (
-                os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top)))
+            return shadowed_module(target, cwd, env) == "agent"
         return nested
     if kind in ("shell", "other"):
         for i, a in enumerate(args):
@@ -127,6 +125,41 @@ def is_agent_program(name, args, cwd, callee_uid, nested, env):
             return agent_path(a, cwd, callee_uid)
         return nested if kind == "other" else False
     return False
+
+
+def shadowed_module(target, cwd, env):
+    """For `python -m target` in `cwd`: "agent" (the module is only the agent's, in a /work
+    working directory: its program), "shadowed" (an installed module the agent's file in the
+    working directory would shadow: run with SAFE_SITE) or ""."""
+    top = (target or "").split(".")[0]
+    in_work = cwd == "/work" or cwd.startswith("/work/")
+    if not top or not in_work or env.get("PYTHONSAFEPATH") or not (
+            os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))):
+        return ""
+    import importlib.machinery
+    installed = top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(
+        top, [p for p in sys.path if p and os.path.abspath(p) != os.path.abspath(cwd)]) is not None
+    return "shadowed" if installed else "agent"
+
+
+SAFE_SITE = BIN_DIR + "/site"
+SAFE_SITECUSTOMIZE = """import os, sys
+if getattr(sys.flags, "safe_path", False):
+    sys.path.append(os.getcwd())   # the working directory last: it shadows nothing installed
+"""
+
+
+def safe_env(name, args, cwd, env):
+    """The environment for a checker's Python: `python -m mod` of an installed module that an
+    agent's file in the /work working directory would shadow runs with the working directory
+    at the end of sys.path (PYTHONSAFEPATH and SAFE_SITE's sitecustomize; Python >= 3.11)."""
+    if interpreter_kind(name) == "python":
+        what, target = _python_target(args)
+        if what == "module" and shadowed_module(target, cwd, env) == "shadowed":
+            env = dict(env)
+            env["PYTHONSAFEPATH"] = "1"
+            env["PYTHONPATH"] = SAFE_SITE + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 # --------------------------------------------------------------------------- the broker
@@ -268,7 +301,8 @@ def shim(name, real, callee_uid, argv):
             call_callee([real] + argv[1:], SOCKET)
     elif name == CALLEE_CMD:
         os.execvp(argv[1], argv[1:])
-    os.execv(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else real] + argv[1:])
+    os.execve(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else real] + argv[1:],
+              safe_env(name, argv[1:], cwd, dict(os.environ)))
 
 
 SHIM = """#!{python} -IB
@@ -290,6 +324,9 @@ def _which(name, path):
 
 def make_shims(path, callee_uid):
     os.mkdir(BIN_DIR, 0o755)
+    os.mkdir(SAFE_SITE, 0o755)
+    with open(os.path.join(SAFE_SITE, "sitecustomize.py"), "w") as f:
+        f.write(SAFE_SITECUSTOMIZE)
     names = {CALLEE_CMD: sys.executable}
     for d in path.split(":"):
         try:
@@ -370,7 +407,8 @@ def main():
         os._exit(127)
     if "/" in argv[0] and agent_path(argv[0], cwd, uid):
         call_callee([real] + argv[1:], SOCKET)
-    os.execve(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else argv[0]] + argv[1:], env)
+    os.execve(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else argv[0]] + argv[1:],
+              safe_env(name, argv[1:], cwd, env))
 
 
 if __name__ == "__main__":
