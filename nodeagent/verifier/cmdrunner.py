@@ -31,7 +31,6 @@ import os
 import re
 import signal
 import socket
-import stat
 import struct
 import sys
 
