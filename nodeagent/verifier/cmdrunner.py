@@ -104,13 +104,16 @@ def is_agent_program(name, args, cwd, callee_uid, nested, env):
     from inside the checker (inline code and stdin are then the checker's way to call the agent's
     code); False for the task's own argv."""
     kind = interpreter_kind(name)
+    # inline code (or stdin) from inside the checker is the agent's when it can reach the agent's
+    # modules: it names /work, or runs in a /work working directory (`-c "from solution import f"`)
+    inline = nested and (any("/work" in a for a in args) or cwd == "/work" or cwd.startswith("/work/"))
     if kind == "python":
         what, target = _python_target(args)
         if what == "script":
             return agent_path(target, cwd, callee_uid)
         if what == "module":
             return shadowed_module(target, cwd, env) == "agent"
-        return nested
+        return inline
     if kind in ("shell", "other"):
         for i, a in enumerate(args):
             if a == "--":
@@ -119,10 +122,10 @@ def is_agent_program(name, args, cwd, callee_uid, nested, env):
                 if kind == "shell" and "c" in a[1:] and not a.startswith("--"):
                     return False            # `sh -c`: the checker's own glue
                 if kind == "other" and a in INLINE:
-                    return nested
+                    return inline
                 continue
             return agent_path(a, cwd, callee_uid)
-        return nested if kind == "other" else False
+        return inline if kind == "other" else False
     return False
 
 
@@ -398,16 +401,14 @@ def main():
     os.environ.update(env)
     cwd = os.getcwd()
     name = os.path.basename(argv[0])
-    if "/" not in argv[0] and is_agent_program(name, argv[1:], cwd, uid, False, env):
-        call_callee([_which(argv[0], path) or argv[0]] + argv[1:], SOCKET)
     real = argv[0] if "/" in argv[0] else _which(argv[0], path)
     if real is None:
         sys.stderr.write("paddock: cannot run %s (not found): %s\n" % (argv[0], os.strerror(2)))
         os._exit(127)
-    if "/" in argv[0] and agent_path(argv[0], cwd, uid):
+    if is_agent_program(name, argv[1:], cwd, uid, False, env) or ("/" in argv[0] and agent_path(argv[0], cwd, uid)):
         call_callee([real] + argv[1:], SOCKET)
-    os.execve(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else argv[0]] + argv[1:],
-              safe_env(name, argv[1:], cwd, env))
+    shimmed = interpreter_kind(name) == "python" and os.path.realpath(_which(name, path) or "") == os.path.realpath(real)
+    os.execve(real, [os.path.join(BIN_DIR, name) if shimmed else argv[0]] + argv[1:], safe_env(name, argv[1:], cwd, env))
 
 
 if __name__ == "__main__":

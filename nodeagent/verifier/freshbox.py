@@ -61,11 +61,13 @@ def compiled_artifact(path: str) -> bool:
 def home_startup(path: str) -> bool:
     """Is /work/`path` a start-up file of a HOME (the agent's sandbox has HOME=/work): its
     Python user site and config (`.local/`, `.config/`, ...) or an rc file (`.bashrc`,
-    `.profile`, `.npmrc`, `.gitconfig`, ...) at the top of /work? A grading sandbox never
-    applies them (its commands get another HOME as well)."""
+    `.profile`, `.npmrc`, `.gitconfig`, ...) at the top of /work; or the repository's git config
+    and hooks (`.git/config`'s `core.fsmonitor`, `core.hooksPath` run commands for any git in
+    /work)? A grading sandbox never applies them (its commands get another HOME as well)."""
     rel = path[len("/work/"):] if path.startswith("/work/") else path.lstrip("/")
     top = rel.split("/", 1)[0]
-    return top in HOME_DIRS or ("/" not in rel.rstrip("/") and top in HOME_FILES)
+    return (top in HOME_DIRS or ("/" not in rel.rstrip("/") and top in HOME_FILES)
+            or rel.rstrip("/") == ".git/config" or rel.startswith(".git/hooks/"))
 
 
 def callee_uid(runtime) -> int:

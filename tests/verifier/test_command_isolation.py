@@ -128,3 +128,25 @@ def test_the_battery_puts_its_hook_where_the_images_python_reads_it(runtime, pyt
     hack = validate._pytest_hacks(graded_task(task("function")))["startup_hooks"]()
     assert f"{site[len('/work/'):]}/usercustomize.py" in hack
     assert "oracle_reads_hidden_files" in validate._pytest_hacks(graded_task(task("io")))
+
+
+def test_validation_flags_a_checker_that_runs_the_agents_program_as_itself(runtime, python_image):
+    """The runner crosses to the callee uid where the checker starts an interpreter by name; a
+    checker that names one by absolute path inside its shell runs the agent's program as the
+    checker. Validation's knowledge-free oracle (reads stdin's directory) catches that task; the
+    same task through `paddock-callee`, and the io task as written, validate clean."""
+    io = task("io")
+    leaky = {**io, "name": "command/io-abs", "checker": {**io["checker"], "argv": [
+        "sh", "-c", "/usr/bin/python3 /work/solution.py < /verifier/tests/input.txt > /tmp/out"
+                    " && cmp -s /tmp/out /verifier/tests/expected.txt"]}}
+    fixed = {**io, "name": "command/io-callee", "checker": {**io["checker"], "argv": [
+        "sh", "-c", "paddock-callee /usr/bin/python3 /work/solution.py < /verifier/tests/input.txt > /tmp/out"
+                    " && cmp -s /tmp/out /verifier/tests/expected.txt"]}}
+    v = validate.validate_task(runtime, python_image, leaky, workers=1)
+    assert not v.ok and v.cases["hack:oracle_reads_hidden_files"]["outcome"] == "pass", v.reasons
+    for t in (io, fixed):
+        v = validate.validate_task(runtime, python_image, t, workers=1)
+        assert v.ok, (t["name"], v.reasons)
+        assert v.cases["reference"]["outcome"] == "pass"
+        assert v.cases["hack:oracle_reads_hidden_files"]["outcome"] == "fail"
+        assert v.cases["hack:startup_hooks"]["outcome"] == "fail"
