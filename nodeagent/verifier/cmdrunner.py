@@ -8,7 +8,8 @@ Before the checker's command starts, as root:
 1. The hidden support files under `tests_dir` stay 0400 and owned by root; every directory there
    becomes 0711: the agent's code cannot list them nor read a file it learns the name of (from
    `/proc/self/fd/0`, another process's command line).
-2. A fresh empty HOME (`HOME_DIR`, root's, 0555) and a clean environment: no Python user site
+2. A fresh empty HOME (`HOME_DIR`, root's, 0755; the agent's programs get their own,
+   `CALLEE_HOME`) and a clean environment: no Python user site
    (`PYTHONNOUSERSITE`), none of `BASH_ENV`, `ENV`, `PYTHONSTARTUP`, ... (`DROPPED_ENV`).
 3. `/work` and what is in it become the callee uid's (`callee_uid`): the agent's programs may write
    their outputs there as they did in the agent's sandbox.
@@ -35,6 +36,7 @@ import struct
 import sys
 
 HOME_DIR = "/tmp/.paddock-home"
+CALLEE_HOME = "/tmp/.paddock-callee-home"   # the agent's programs' own HOME (theirs: caches, rc files)
 BIN_DIR = "/tmp/.paddock-bin"
 SOCKET = BIN_DIR + "/.callee.sock"
 RUNNER = "/verifier/paddock_cmdrun.py"
@@ -64,8 +66,11 @@ def agent_path(path, cwd, callee_uid):
     """Is `path` (relative to `cwd`) the agent's: owned by the callee uid (the runner gave it
     /work's files), or by the sandbox's root under /work? A protected original the task put back
     in /work is owned outside the sandbox: the task's, the checker's to run."""
-    full = os.path.realpath(os.path.join(cwd, path))
+    given = os.path.normpath(os.path.join(cwd, path))
+    full = os.path.realpath(given)
     try:
+        if given.startswith("/work/") and os.lstat(given).st_uid in (0, callee_uid):
+            return True     # (a link the agent made in /work: its program, wherever it points)
         owner = os.stat(full).st_uid
     except OSError:
         return full == "/work" or full.startswith("/work/")     # (it will not run either way)
@@ -203,7 +208,9 @@ def _serve_one(conn, callee_uid):
             os.setresgid(callee_uid, callee_uid, callee_uid)
             os.setresuid(callee_uid, callee_uid, callee_uid)
             os.chdir(req["cwd"])
-            os.execvpe(req["argv"][0], req["argv"], req["env"])
+            env = dict(req["env"])
+            env["HOME"] = CALLEE_HOME
+            os.execvpe(req["argv"][0], req["argv"], env)
         except BaseException as exc:   # the shim reports 127, as a shell would
             os.write(2, ("paddock-callee: cannot run %r: %s\n" % (req.get("argv", ["?"])[0], exc)).encode())
         os._exit(127)
@@ -287,6 +294,18 @@ def call_callee(argv, sock_path):
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def as_shim(name, real):
+    """argv[0] for exec'ing `real`: the shim's path for a Python (its `sys.executable` then
+    crosses to the callee too), unless `real` is a virtual environment's (pyvenv.cfg beside it
+    or above: a Python finds its environment from argv[0])."""
+    if interpreter_kind(name) != "python":
+        return real
+    d = os.path.dirname(real)
+    if any(os.path.exists(os.path.join(x, "pyvenv.cfg")) for x in (d, os.path.dirname(d))):
+        return real
+    return os.path.join(BIN_DIR, name)
+
+
 def shim(name, real, callee_uid, argv):
     """A shim in BIN_DIR: the agent's program goes to the callee, anything else runs as is."""
     try:
@@ -303,8 +322,7 @@ def shim(name, real, callee_uid, argv):
             call_callee([real] + argv[1:], SOCKET)
     elif name == CALLEE_CMD:
         os.execvp(argv[1], argv[1:])
-    os.execve(real, [os.path.join(BIN_DIR, name) if interpreter_kind(name) == "python" else real] + argv[1:],
-              safe_env(name, argv[1:], cwd, dict(os.environ)))
+    os.execve(real, [as_shim(name, real)] + argv[1:], safe_env(name, argv[1:], cwd, dict(os.environ)))
 
 
 SHIM = """#!{python} -IB
@@ -352,9 +370,10 @@ def prepare(cfg):
     for p in (HOME_DIR, BIN_DIR):
         if os.path.lexists(p):
             raise RuntimeError("%s exists before the check (the runner makes it)" % p)
-    os.mkdir(HOME_DIR, 0o555)
-    os.chmod(HOME_DIR, 0o555)
     uid = int(cfg["callee_uid"])
+    os.mkdir(HOME_DIR, 0o755)          # the checker's (caches); the agent's programs cannot write it
+    os.mkdir(CALLEE_HOME, 0o700)
+    os.chown(CALLEE_HOME, uid, uid)
     for base, dirs, files in os.walk("/work"):
         for n in [base] + [os.path.join(base, x) for x in dirs + files]:
             try:
@@ -408,7 +427,7 @@ def main():
     if is_agent_program(name, argv[1:], cwd, uid, False, env) or ("/" in argv[0] and agent_path(argv[0], cwd, uid)):
         call_callee([real] + argv[1:], SOCKET)
     shimmed = interpreter_kind(name) == "python" and os.path.realpath(_which(name, path) or "") == os.path.realpath(real)
-    os.execve(real, [os.path.join(BIN_DIR, name) if shimmed else argv[0]] + argv[1:], safe_env(name, argv[1:], cwd, env))
+    os.execve(real, [as_shim(name, real) if shimmed else argv[0]] + argv[1:], safe_env(name, argv[1:], cwd, env))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.taskbank.test_harbor_reward import GOLD, R, TEST_SH, WRONG, grade_harbor
+from tests.taskbank.test_harbor_reward import GOLD, TEST_SH, WRONG, R, grade_harbor
 
 USER_SITE = ".local/lib/python3.11/site-packages"   # `python3 -m site --user-site` with HOME=/work
 SELECTIVE = ("import os, sys\nif any(a.startswith('/verifier') or 'pytest' in a for a in sys.argv) or "
