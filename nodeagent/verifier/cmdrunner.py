@@ -2,7 +2,8 @@
 
 Not imported by Paddock on the host for grading: `nodeagent.verifier.commandcheck` ships its bytes
 into the grading sandbox and runs `python3 -I -B /verifier/paddock_cmdrun.py CONFIG_JSON ARGV...`
-as the sandbox's root (the checker's identity). CONFIG_JSON: {"callee_uid", "tests_dir"}.
+as the sandbox's root (the checker's identity). CONFIG_JSON: {"callee_uid", "tests_dir", "nonce"}
+(the nonce marks the runner's own failure to prepare: exit 125, `paddock-cmdrun[NONCE]: ...`).
 
 Before the checker's command starts, as root:
 1. The hidden support files under `tests_dir` stay 0400 and owned by root; every directory there
@@ -39,6 +40,7 @@ HOME_DIR = "/tmp/.paddock-home"
 CALLEE_HOME = "/tmp/.paddock-callee-home"   # the agent's programs' own HOME (theirs: caches, rc files)
 BIN_DIR = "/tmp/.paddock-bin"
 SOCKET = BIN_DIR + "/.callee.sock"
+STARTED = BIN_DIR + "/.started"
 RUNNER = "/verifier/paddock_cmdrun.py"
 BROKER_ENV = "PADDOCK_CALLEE_BROKER"       # the broker's pid (the Harbor runner spares it until test.sh ends)
 DROPPED_ENV = ("BASH_ENV", "ENV", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONHOME", "PYTHONINSPECT",
@@ -390,12 +392,14 @@ def main():
     try:
         prepare(cfg)
         make_shims(path, uid)
+        with open(STARTED, "w"):       # (commandcheck: the runner ran, so no fallback without it)
+            pass
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(SOCKET)
         os.chmod(SOCKET, 0o666)
         listener.listen(64)
-    except (OSError, RuntimeError) as exc:
-        sys.stderr.write("paddock-cmdrun: cannot prepare the check: %s\n" % exc)
+    except (OSError, RuntimeError) as exc:     # the nonce: only this runner knew it (no code of the agent's ran yet)
+        sys.stderr.write("paddock-cmdrun[%s]: cannot prepare the check: %s\n" % (cfg.get("nonce", ""), exc))
         os._exit(125)
     runner_pid = os.getpid()
     r, w = os.pipe()
@@ -420,14 +424,25 @@ def main():
     os.environ.update(env)
     cwd = os.getcwd()
     name = os.path.basename(argv[0])
+    if argv[0] == CALLEE_CMD and len(argv) > 1:
+        call_callee([_which(argv[1], path) or argv[1]] + argv[2:], SOCKET)
     real = argv[0] if "/" in argv[0] else _which(argv[0], path)
     if real is None:
-        sys.stderr.write("paddock: cannot run %s (not found): %s\n" % (argv[0], os.strerror(2)))
-        os._exit(127)
+        cannot_run(cfg, argv[0], os.strerror(2), 127)
     if is_agent_program(name, argv[1:], cwd, uid, False, env) or ("/" in argv[0] and agent_path(argv[0], cwd, uid)):
         call_callee([real] + argv[1:], SOCKET)
     shimmed = interpreter_kind(name) == "python" and os.path.realpath(_which(name, path) or "") == os.path.realpath(real)
-    os.execve(real, [as_shim(name, real) if shimmed else argv[0]] + argv[1:], safe_env(name, argv[1:], cwd, env))
+    try:
+        os.execve(real, [as_shim(name, real) if shimmed else argv[0]] + argv[1:], safe_env(name, argv[1:], cwd, env))
+    except OSError as exc:
+        cannot_run(cfg, argv[0], exc.strerror, 127 if exc.errno == 2 else 126)
+
+
+def cannot_run(cfg, what, why, code):
+    """The task's argv cannot be run (the task's fault): said with the nonce, before any code of
+    the agent's ran (commandcheck makes it an infrastructure error)."""
+    sys.stderr.write("paddock-cmdrun[%s]: cannot run %s: %s\n" % (cfg.get("nonce", ""), what, why))
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ nodeagent.verifier.grade, nodeagent.verifier.pytestcheck.
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Callable
 
@@ -37,9 +38,20 @@ from nodeagent.verifier.verdicts import Verdict, VerifierInfraError, check
 
 RUNNER_PATH = "/verifier/paddock_cmdrun.py"
 RUNNER_SOURCE = Path(__file__).with_name("cmdrunner.py").read_bytes()
+STARTED = "/tmp/.paddock-bin/.started"   # written by the runner once it has prepared the check
 HOME = "/tmp/.paddock-home"       # made by the runner: empty, the checker's (never /work, the agent's HOME)
 # the environment of every check command: no HOME of the agent's, no Python user site
 CHECK_ENV = {"HOME": HOME, "PYTHONNOUSERSITE": "1"}
+
+
+def _runner_started(sb) -> bool:
+    """Did the runner start (its marker, root's, in a directory only root writes)? Then a
+    "cannot run python3" came from the command, not from an image without Python."""
+    try:
+        sb.read_file(STARTED, max_bytes=1)
+        return True
+    except SandboxError:
+        return False
 
 
 def public(rel: str) -> bool:
@@ -66,14 +78,16 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
         system.update({f"{TESTS_DIR}/{rel}": as_bytes(text) for rel, text in support.items()
                        if text is not None and public(rel)})
         sb.write_files({**system, RUNNER_PATH: RUNNER_SOURCE}, owner="system", mode=0o444)
-        config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR})
+        nonce = secrets.token_hex(8)
+        config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR, "nonce": nonce})
         timeout_s = spec.timeout_s if spec.timeout_s is not None else CHECK_TIMEOUT_S
         t = clock()
         r = sb.exec(["python3", "-I", "-B", RUNNER_PATH, config, *spec.argv], cwd=spec.cwd, env=CHECK_ENV,
                     output_cap=OUTPUT_CAP, timeout_s=timeout_s)
-        note = ""
-        if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run python3 "):
-            note = "(no python3 in the image: the command ran without the runner's callee uid)\n"
+        note, bare = "", False
+        if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run python3 ") \
+                and not _runner_started(sb):
+            note, bare = "(no python3 in the image: the command ran without the runner's callee uid)\n", True
             r = sb.exec(list(spec.argv), cwd=spec.cwd, env=CHECK_ENV, output_cap=OUTPUT_CAP,
                         timeout_s=max(timeout_s - (clock() - t), 1.0))
         wall = clock() - t
@@ -84,7 +98,12 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
     if r.timed_out:
         return Verdict("timeout", 0.0, {"correct": 0.0}, [check("command", "timeout", "killed at the deadline", wall)])
     tail = (r.stdout + r.stderr).decode(errors="replace")[-1500:]
-    if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run "):
+    # only the runner's own words, marked with the nonce no code of the agent's saw, are infrastructure
+    # (the agent's program is free to print "paddock: cannot run ..." and exit 127)
+    said = r.stderr.startswith(f"paddock-cmdrun[{nonce}]: ".encode())
+    if r.exit_code == 125 and said:
+        raise VerifierInfraError(f"the command check's runner failed: {r.stderr.decode(errors='replace')[:300]}")
+    if r.exit_code in (126, 127) and (said or (bare and r.stderr.startswith(b"paddock: cannot run "))):
         raise VerifierInfraError(f"checker command cannot run: {r.stderr.decode(errors='replace')[:300]}")
     ok = r.exit_code in spec.pass_exit_codes
     return Verdict("pass" if ok else "fail", float(ok), {"correct": float(ok)},

@@ -105,6 +105,25 @@ ATTACKS = {   # name -> (task kind, the agent's files)
 }
 
 
+# as the callee: claim the image has no python3 (for a run without the callee uid); as root: the oracle
+FORGE_CANNOT_RUN = ("import os, sys\nif os.getuid() != 0:\n"
+                    "    sys.stderr.write('paddock: cannot run python3 (exec): No such file or directory\\n')\n"
+                    "    sys.stderr.flush()\n    os._exit(127)\n" + ORACLE)
+
+
+@pytest.mark.parametrize("as_argv", [False, True])
+def test_the_agents_program_cannot_say_the_checker_cannot_run(runtime, python_image, baseline, as_argv):
+    """Only the runner's words (marked with a nonce the agent's code never saw) are an
+    infrastructure error; "cannot run python3" from the agent's program neither masks the
+    rollout nor makes the check run again without the callee uid."""
+    t = task("io")
+    if as_argv:
+        t = {**t, "checker": {**t["checker"], "argv": ["python3", "/work/solution.py"]}}
+    v = verify(runtime, python_image, graded_task(t), files(**{"solution.py": FORGE_CANNOT_RUN}), None, baseline=baseline)
+    assert (v.outcome, v.reward) == ("fail", 0.0), v.checks[-1]["detail"][-600:]
+    assert "no python3 in the image" not in v.checks[-1]["detail"]
+
+
 @pytest.fixture(scope="module")
 def baseline():
     return grade.Baseline()
