@@ -9,10 +9,12 @@ command runs under the in-sandbox runner (`cmdrunner.py` of this package, shippe
 agent's), and the agent's programs the command starts -- through the image's interpreters, or
 `paddock-callee` -- run under another uid (`CALLEE_UID`) that can neither read the support files
 nor signal the checker. An image without `python3` runs the command without the runner (fresh
-HOME, no user site; said in the check's detail). The command's exit status decides
+HOME, no user site; said in the check's detail; only when the runner's marker `STARTED` is
+absent). The command's exit status decides
 (`pass_exit_codes`, default [0]); killed at `timeout_s` it is a `timeout`. A command the image
-cannot run (`paddock: cannot run ...`, exit 126/127) or a support file the task does not carry
-is a VerifierInfraError.
+cannot run (the runner says so with the check's nonce, exit 126/127; or the init, for an image
+without python3), the runner failing to prepare (exit 125, with the nonce) or a support file the
+task does not carry is a VerifierInfraError.
 
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.harness.loop,
 nodeagent.verifier.grade, nodeagent.verifier.pytestcheck.
