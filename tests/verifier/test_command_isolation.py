@@ -90,6 +90,8 @@ def reverse_words(s):
                     return node.elts[1].value
     return s
 '''
+CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                 "    outcome = yield\n    rep = outcome.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
 ATTACKS = {   # name -> (task kind, the agent's files)
     "usercustomize_exit0": ("function", {"solution.py": WRONG, f"{USER_SITE}/usercustomize.py": "import os\nos._exit(0)\n"}),
     "user_site_pth": ("function", {"solution.py": WRONG, f"{USER_SITE}/zz.pth": "import os; os._exit(0)\n"}),
@@ -98,6 +100,8 @@ ATTACKS = {   # name -> (task kind, the agent's files)
     "reads_the_checkers_source": ("function", {"solution.py": READ_CHECKER}),
     "shadow_pytest_in_cwd": ("pytest", {"solution.py": WRONG, "pytest.py": "raise SystemExit(0)\n"}),
     "profile_and_bashrc": ("io", {"solution.py": WRONG, ".bashrc": "exit 0\n", ".profile": "exit 0\n"}),
+    "conftest_in_cwd": ("pytest", {"solution.py": WRONG, "conftest.py": CONFTEST_PASS,
+                                   "pytest.ini": "[pytest]\naddopts = -p no:python\n"}),
     # the same oracle, started by the checker in other ways
     "oracle_env_shebang": ("io:/work/solution.py", {"solution.py": "#!/usr/bin/env python3\n" + ORACLE}),
     "oracle_under_timeout": ("io:timeout 20 python3 /work/solution.py", {"solution.py": ORACLE}),
