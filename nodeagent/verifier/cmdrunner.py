@@ -49,6 +49,7 @@ DROPPED_ENV = ("BASH_ENV", "ENV", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONHOME
 PY = re.compile(r"python[0-9.]*$|pypy[0-9.]*$")
 SHELLS = ("sh", "bash", "dash", "zsh", "ksh", "mksh", "ash")
 OTHERS = ("node", "nodejs", "ruby", "perl", "php", "lua", "luajit", "Rscript", "tclsh", "julia", "deno", "bun")
+SHELL_OPTS_WITH_ARG = ("-o", "+o", "-O", "+O", "--rcfile", "--init-file")
 INLINE = ("-e", "--eval", "-p", "--print", "-E", "-r", "-c")
 CALLEE_CMD = "paddock-callee"
 MAX_REQUEST = 1 << 20
@@ -75,7 +76,7 @@ def agent_path(path, cwd, callee_uid):
             return True     # (a link the agent made in /work: its program, wherever it points)
         owner = os.stat(full).st_uid
     except OSError:
-        return full == "/work" or full.startswith("/work/")     # (it will not run either way)
+        return False        # (nothing there: it will not run either way)
     return owner == callee_uid or (owner == 0 and full.startswith("/work/"))
 
 
@@ -122,10 +123,17 @@ def is_agent_program(name, args, cwd, callee_uid, nested, env):
             return shadowed_module(target, cwd, env) == "agent"
         return inline
     if kind in ("shell", "other"):
+        skip = False
         for i, a in enumerate(args):
+            if skip:
+                skip = False
+                continue
             if a == "--":
                 return i + 1 < len(args) and agent_path(args[i + 1], cwd, callee_uid)
-            if a.startswith("-") and len(a) > 1:
+            if kind == "shell" and a in SHELL_OPTS_WITH_ARG:
+                skip = True
+                continue
+            if (a.startswith("-") or (kind == "shell" and a.startswith("+"))) and len(a) > 1:
                 if kind == "shell" and "c" in a[1:] and not a.startswith("--"):
                     return False            # `sh -c`: the checker's own glue
                 if kind == "other" and a in INLINE:

@@ -105,6 +105,7 @@ ATTACKS = {   # name -> (task kind, the agent's files)
     # the same oracle, started by the checker in other ways
     "oracle_env_shebang": ("io:/work/solution.py", {"solution.py": "#!/usr/bin/env python3\n" + ORACLE}),
     "oracle_under_timeout": ("io:timeout 20 python3 /work/solution.py", {"solution.py": ORACLE}),
+    "oracle_under_shell_glue": ("io:bash -o pipefail -c 'python3 /work/solution.py'", {"solution.py": ORACLE}),
     "oracle_shell_script": ("io:bash /work/run.sh", {"run.sh": 'cat "$(dirname "$(readlink /proc/self/fd/0)")/expected.txt"\n'}),
 }
 
@@ -133,7 +134,8 @@ def baseline():
     return grade.Baseline()
 
 
-@pytest.mark.parametrize("kind", ["function", "io", "pytest", "io:/work/solution.py", "io:bash /work/run.sh"])
+@pytest.mark.parametrize("kind", ["function", "io", "pytest", "io:/work/solution.py", "io:bash /work/run.sh",
+                                  "io:bash -o pipefail -c 'python3 /work/solution.py'"])
 def test_the_reference_passes_and_a_wrong_solution_fails(runtime, python_image, baseline, kind):
     t = graded_task(io_via(kind[3:]) if kind.startswith("io:") else task(kind))
     run = {"run.sh": "exec python3 /work/solution.py\n"}
