@@ -50,6 +50,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import signal
 import stat
 import sys
@@ -80,6 +81,12 @@ UNWRITABLE = ("proc", "sys")
 GUARD_ENV = "PADDOCK_HARBOR_GUARD"
 GUARD_MODULE = "paddock_pytest_guard"
 MAX_GUARD_BYTES = 1 << 20
+BROKER_ENV = "PADDOCK_CALLEE_BROKER"   # the command check's callee broker (nodeagent/verifier/cmdrunner.py)
+CALLEE_SETTLE_S = 1.0
+try:
+    BROKER = int(os.environ.pop(BROKER_ENV, "") or 0)
+except ValueError:
+    BROKER = 0
 PYTEST_GUARD = '''"""Paddock (Harbor tasks): each pytest session tells the verifier's runner how it ended."""
 import os
 
@@ -191,13 +198,47 @@ def comm(pid: int) -> str:
         return "?"
 
 
+def _stat_fields(pid: int) -> list:
+    """/proc/<pid>/stat's fields after the command name (state first, then ppid), or []."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def others() -> list:
-    """(pid, name) of every process of the sandbox but its init and this one."""
+    """(pid, name) of every live process of the sandbox but its init, this one and the command
+    check's callee broker (`BROKER_ENV`: it runs the agent's programs as the callee uid for the
+    tests, and dies with the rest below); a zombie has ended."""
     me, out = os.getpid(), []
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in (1, me):
-            out.append((int(name), comm(int(name))))
+        if name.isdigit() and int(name) not in (1, me, BROKER):
+            fields = _stat_fields(int(name))
+            if fields and fields[0] != "Z":
+                out.append((int(name), comm(int(name))))
     return out
+
+
+def settle_callees(alive: list) -> list:
+    """`alive`, after up to CALLEE_SETTLE_S for the broker's workers whose program has ended
+    (they report its status, then exit) to be gone: a callee still running stays in it."""
+    deadline = time.monotonic() + CALLEE_SETTLE_S
+    while alive and BROKER and time.monotonic() < deadline and all(
+            (_stat_fields(p)[1:2] or [""])[0] == str(BROKER) for p, _n in alive):
+        time.sleep(0.01)
+        alive = others()
+    return alive
+
+
+def names_pytest(path: str) -> bool:
+    """Does test.sh run pytest (the word outside a comment)?"""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(re.search(r"\bpytest\b", line.split("#", 1)[0]) for line in text.splitlines())
 
 
 def identity(path: str) -> tuple:
@@ -272,6 +313,9 @@ def start_test_sh() -> tuple:
     """(test.sh's pid, the read end of the pytest guard's pipe, the guard's nonce)."""
     env = dict(os.environ)
     env["PYTHONSAFEPATH"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"        # no user site (HOME is never the agent's; this holds if it were)
+    for name in ("BASH_ENV", "ENV", "PYTHONSTARTUP", "PYTHONUSERBASE"):
+        env.pop(name, None)
     env["PYTHONPATH"] = SITE_DIR + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     guard_r, guard_w = os.pipe()
     nonce = os.urandom(16).hex()
@@ -370,11 +414,11 @@ def reap_already_dead(orphans: list) -> None:
 def kill_the_rest() -> bool:
     """SIGKILL to every other process of the PID namespace (one kill(-1): no fork escapes it),
     then reap until none is left. True when there was one to kill."""
+    killed = bool(others())        # (the callee broker, if any, is not the tests')
     try:
         os.kill(-1, signal.SIGKILL)
-        killed = True
     except ProcessLookupError:
-        killed = False
+        pass
     while True:
         try:
             os.waitpid(-1, 0)
@@ -469,7 +513,7 @@ def main() -> None:
     test_pid, guard_fd, nonce = start_test_sh()
     status = wait_test_sh(test_pid, orphans)
     reap_already_dead(orphans)
-    alive = others()
+    alive = settle_callees(others())
     killed = kill_the_rest()
     sessions = read_guard(guard_fd, nonce)
     if os.WIFSIGNALED(status):
@@ -493,6 +537,10 @@ def main() -> None:
     say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward; "
         f"{sum(1 for w in sessions if len(w) >= 3 and w[2] == 'start')} pytest session(s)")
     if value == 1.0:
+        started = sum(1 for w in sessions if len(w) >= 3 and w[2] == "start")
+        if started == 0 and names_pytest(TEST_SH):
+            verdict(False, "test.sh runs pytest but no pytest session reported (ended before it started, or "
+                           "run without the guard), so a reward of 1 cannot stand")
         guard_verdict(sessions)
     verdict(value == 1.0, f"{name} says {value:g}")
 

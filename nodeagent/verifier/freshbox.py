@@ -4,7 +4,10 @@ files and then the agent's changes, source only.
 `fresh_sandbox` is where the pytest and command checks (`nodeagent.verifier.pytestcheck`,
 `nodeagent.verifier.commandcheck`) get their sandbox; `compiled_artifact` says which of the
 agent's changes never enter one (bytecode, native modules, `.pth` files, package metadata);
-`agent_files` is the agent's changes under /work by relative path. The limits both checks share
+`agent_files` is the agent's changes under /work by relative path; `home_startup` says which of
+them are start-up files of the agent's HOME (/work in the agent's sandbox: the Python user site
+under `.local`, shell and tool rc files), never applied either; `callee_uid` is the uid a
+grading sandbox runs the agent's code under. The limits both checks share
 (`CHECK_TIMEOUT_S`, `OUTPUT_CAP`) and where checker files go (`TESTS_DIR`) are here.
 
 Must not import: zmq, controller.* outside contracts, nodeagent.agent, nodeagent.verifier.grade.
@@ -20,6 +23,13 @@ OUTPUT_CAP = 16384
 TESTS_DIR = "/verifier/tests"
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
 METADATA_DIRS = (".dist-info", ".egg-info")
+CALLEE_UID = 1001     # the agent's code in a grading sandbox (pytestcheck's call isolation uses the same)
+# HOME is /work in the agent's sandbox: what interpreters and tools read from a HOME at start-up
+HOME_DIRS = (".local", ".config", ".ipython", ".jupyter", ".npm", ".node_modules", ".cargo", ".gem")
+HOME_FILES = frozenset({".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".profile", ".zshrc",
+                        ".zshenv", ".zprofile", ".kshrc", ".mkshrc", ".inputrc", ".pythonrc", ".pythonrc.py",
+                        ".pythonstartup", ".npmrc", ".yarnrc", ".gitconfig", ".pydistutils.cfg", ".pip",
+                        ".curlrc", ".wgetrc", ".netrc", ".perldb", ".irbrc", ".gemrc", ".Rprofile", ".noderc"})
 
 
 def as_bytes(content: str | bytes) -> bytes:
@@ -48,9 +58,27 @@ def compiled_artifact(path: str) -> bool:
             or any(part.endswith(METADATA_DIRS) for part in path.split("/")))
 
 
+def home_startup(path: str) -> bool:
+    """Is /work/`path` a start-up file of a HOME (the agent's sandbox has HOME=/work): its
+    Python user site and config (`.local/`, `.config/`, ...) or an rc file (`.bashrc`,
+    `.profile`, `.npmrc`, `.gitconfig`, ...) at the top of /work; or the repository's git config
+    and hooks (`.git/config`'s `core.fsmonitor`, `core.hooksPath` run commands for any git in
+    /work)? A grading sandbox never applies them (its commands get another HOME as well)."""
+    rel = path[len("/work/"):] if path.startswith("/work/") else path.lstrip("/")
+    top = rel.split("/", 1)[0]
+    return (top in HOME_DIRS or ("/" not in rel.rstrip("/") and top in HOME_FILES)
+            or rel.rstrip("/") == ".git/config" or rel.startswith(".git/hooks/"))
+
+
+def callee_uid(runtime) -> int:
+    """The uid a grading sandbox runs the agent's code under (inside the sandbox's id slice)."""
+    top = int(getattr(runtime, "slice_size", CALLEE_UID + 1)) - 1
+    return min(CALLEE_UID, top)
+
+
 def fresh_sandbox(runtime, image, layers: tuple, task: GradedTask, changes: list[Change]):
     """A new sandbox of the same image and layers: the task's visible files, then the agent's
-    changes (not its bytecode: `compiled_artifact`). VerifierInfraError if it cannot be made."""
+    changes (not its bytecode: `compiled_artifact`; nor its HOME's start-up files: `home_startup`). VerifierInfraError if it cannot be made."""
     try:
         sb = runtime.acquire(SandboxSpec(image=image, limits=dict(task.limits), files=dict(task.files),
                                         hostname="verifier", layers=layers))
@@ -59,12 +87,12 @@ def fresh_sandbox(runtime, image, layers: tuple, task: GradedTask, changes: list
     try:
         if changes:
             sb.apply([c for c in changes if (c.path == "/work" or c.path.startswith("/work/"))
-                      and not (compiled_artifact(c.path) and c.kind != "deleted")])
+                      and not ((compiled_artifact(c.path) or home_startup(c.path)) and c.kind != "deleted")])
     except SandboxError as exc:
         sb.destroy()
         raise VerifierInfraError(f"applying the agent's changes failed: {exc}") from None
     return sb
 
 
-__all__ = ["CHECK_TIMEOUT_S", "OUTPUT_CAP", "TESTS_DIR", "agent_files", "as_bytes", "compiled_artifact",
+__all__ = ["CALLEE_UID", "CHECK_TIMEOUT_S", "callee_uid", "home_startup", "OUTPUT_CAP", "TESTS_DIR", "agent_files", "as_bytes", "compiled_artifact",
            "fresh_sandbox"]

@@ -173,6 +173,44 @@ _CONFTEST_PASS = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
                   "    rep = outcome.get_result()\n    rep.outcome = 'passed'\n    rep.longrepr = None\n")
 
 
+# Where an interpreter the checker starts would run the agent's code before its own: the Python
+# user site of HOME=/work (the agent's sandbox's HOME) for every Python 3 a task image may have
+# (`python3 -m site --user-site`), the working directory, shell start-up files.
+_EXIT0 = "import os\nos._exit(0)\n"
+_STARTUP_HOOKS = {
+    **{f".local/lib/python3.{v}/site-packages/{name}": body for v in range(6, 16)
+       for name, body in (("usercustomize.py", _EXIT0), ("zz.pth", "import os; os._exit(0)\n"))},
+    "sitecustomize.py": _EXIT0, "usercustomize.py": _EXIT0,
+    ".bashrc": "exit 0\n", ".profile": "exit 0\n", ".pythonrc.py": _EXIT0,
+}
+# A knowledge-free oracle: print the first other file of the directory stdin comes from, else of
+# /verifier/tests or /verifier (a checker's hidden expected output), and end with status 0.
+_ORACLE = """
+import os as _os, sys as _sys
+def _paddock_oracle():
+    try:
+        _src = _os.readlink("/proc/self/fd/0")
+    except OSError:
+        _src = ""
+    for _d in ([_os.path.dirname(_src)] if _src.startswith("/") else []) + ["/verifier/tests", "/verifier"]:
+        try:
+            _names = sorted(_os.listdir(_d))
+        except OSError:
+            continue
+        for _n in _names:
+            _p = _os.path.join(_d, _n)
+            if _p != _src and _os.path.isfile(_p):
+                try:
+                    with open(_p) as _f:
+                        _sys.stdout.write(_f.read())
+                    _sys.stdout.flush()
+                    _os._exit(0)
+                except (OSError, UnicodeDecodeError):
+                    continue
+_paddock_oracle()
+"""
+
+
 def _family_hacks(task: GradedTask, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
     """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
@@ -203,9 +241,8 @@ def _pytest_hacks(task: GradedTask) -> dict[str, Callable[[], dict]]:
         "equals_everything": lambda: {sol: _EQ_EVERYTHING},
         "forge_report_events": lambda: {sol: _FORGE_EVENTS},
         "fill_the_disk": lambda: _stub_with(task, _FILL_DISK),
-        "startup_hooks": lambda: {".local/lib/python3.11/site-packages/zz.pth": "import os; os._exit(0)\n",
-                                  "sitecustomize.py": "import os\nos._exit(0)\n",
-                                  "usercustomize.py": "import os\nos._exit(0)\n", sol: stub},
+        "startup_hooks": lambda: {**_STARTUP_HOOKS, sol: stub},
+        "oracle_reads_hidden_files": lambda: _stub_with(task, "", _ORACLE),
         "shadow_pytest": lambda: {"pytest.py": "print('7 passed')\nraise SystemExit(0)\n",
                                   "_pytest/__init__.py": "raise SystemExit(0)\n", sol: stub},
     }

@@ -133,7 +133,9 @@ def test_the_agents_program_cannot_own_the_reward(runtime, python_image, tmp_pat
              **({"colorsys.py": "import os\nos._exit(0)\n"} if name == "shadow_stdlib" else {})}
     v, detail = grade_harbor(runtime, python_image, tmp_path, files)
     assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
-    assert reason in detail, detail[-600:]
+    # the agent's program runs as the callee uid (nodeagent/verifier/cmdrunner.py): most of these
+    # cannot touch the reward directory at all, and test.sh's own 0 stands
+    assert reason in detail or "FAIL: reward.txt says 0" in detail, detail[-600:]
 
 
 # test.sh ends a moment after its write (a trailing step, as real test.sh files have: copying
@@ -159,7 +161,8 @@ def test_a_rewriter_that_ends_before_test_sh_is_caught(runtime, python_image, tm
     add = "#!/bin/bash\n[ -e /tmp/started ] || { touch /tmp/started; " + bg(LATE[name]).strip() + "; }\n" + WRONG
     v, detail = grade_harbor(runtime, python_image, tmp_path, {"add.sh": add}, TRAILING)
     assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
-    assert (("symbolic link" if name == "late_symlink" else LATE_REASON)) in detail, detail[-600:]
+    assert (("symbolic link" if name == "late_symlink" else LATE_REASON) in detail
+            or "FAIL: reward.txt says 0" in detail), detail[-600:]
 
 
 def test_the_reference_passes_and_wrong_fails(runtime, python_image, tmp_path):
