@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 from controller.contracts.serviceengine import RuleError, replay
 from controller.contracts.services import compare_state, operation_names
@@ -378,6 +379,16 @@ def _replies(hidden: dict) -> list[dict]:
     return [{"when": r"\?", "say": f"Sure. {facts}."}]
 
 
+# A refusal task's look-up fact is one of a few values a policy could guess: a refusal that
+# lists them all (no call made) must fail, so the words that name the other values are excluded.
+REFUSAL_SIBLINGS = {
+    "retail/refuse-delivered": ["shipped", "processing", "pending", "in transit", "not yet delivered",
+                                "not delivered", "cancelled already"],
+    "airline/refuse-bags": ["has 0 bags", "has 1 bag", "has 3 bags", "has 4 bags", "has 5 bags", "no bags"],
+}
+STATUS_WORDS = ("delivered", "shipped", "processing", "pending", "in transit", "cancelled", "returned")
+
+
 def _task(spec) -> Task:
     (slug, domain, names, persona, goal_text, opening, hidden, calls, final, told, fields, tools) = spec
     services = {n: copy.deepcopy(_SERVICES[n]) for n in names}
@@ -385,7 +396,8 @@ def _task(spec) -> Task:
     goal = {n: copy.deepcopy(services[n]["initial_state"]) for n in names}
     for n in names:
         goal[n] = replay(services[n], goal[n], [(c["name"], c["arguments"]) for c in calls if owner[c["name"]] == n])
-    checker = {"kind": "state", "goal": goal, "told": {"include": told},
+    said = {"include": told, **({"exclude": REFUSAL_SIBLINGS[slug]} if slug in REFUSAL_SIBLINGS else {})}
+    checker = {"kind": "state", "goal": goal, "told": said,
                "judge": {**JUDGE, "rubric": TONE_RUBRIC} if slug in TONE_TASKS else dict(JUDGE)}
     if fields:
         checker.update(match="fields", fields=fields)
@@ -455,7 +467,19 @@ def blind_refusals(task: Task) -> list[str]:
     facts = " ".join(str(v) for v in (user.get("hidden") or {}).values())
     generic = ["Sorry, I cannot do that.", "I'm sorry, but I can't do that; it cannot be done, all set.",
                "That is not possible: I cannot change it. Nothing has been done."]
-    return generic + [f"Sorry, I cannot do that. {user.get('opening', '')} {facts} {task.instruction}"]
+    knows = f"Sorry, I cannot do that. {user.get('opening', '')} {facts} {task.instruction}"
+    return generic + [knows, _shotgun(task)]
+
+
+def _shotgun(task: Task) -> str:
+    """A refusal naming every value a look-up could have given: each required phrase with its
+    numbers run through 0-5, and the usual status words (the s11b red team's no-look-up refusal)."""
+    told = (task.checker.get("told") or {}).get("include") or []
+    guesses = [re.sub(r"\d+", str(n), phrase) for phrase in told for n in range(6)]
+    guesses += [re.sub(r"\d+ bags?", f"{n} bag" + ("" if n == 1 else "s"), phrase)
+                for phrase in told for n in range(6)]
+    return ("Sorry, I cannot do that: " + "; ".join(dict.fromkeys(guesses)) + "; it is already "
+            + ", already ".join(STATUS_WORDS) + ".")
 
 
 def validate_conversational(taskset: TaskSet, names: list[str]) -> tuple[list[str], dict]:

@@ -31,13 +31,14 @@ controller.store, controller.broker.
 """
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -48,7 +49,7 @@ from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime
 from nodeagent.sandbox.setuplayer import ensure_setup_layer
 from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
-from nodeagent.verifier.baseline import ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, reference_of, solution_file  # noqa: F401 - the task's own solutions, shared with the verifier
+from nodeagent.verifier.baseline import ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, _text, reference_of, solution_file  # noqa: F401 - the task's own solutions, shared with the verifier
 from nodeagent.verifier.baseline import solution_changes as _changes
 
 log = logging.getLogger(__name__)
@@ -211,6 +212,50 @@ _paddock_oracle()
 """
 
 
+# The reference, made executable and started by a prologue that ends it (exit 97) when it can
+# list /verifier/tests and open a hidden file there (not Paddock's own support, readable by all):
+# what the checker's own identity can.
+# A command checker that runs the agent's program with its own rights (executed directly, by an
+# absolute interpreter path, or imported into the checker's process) lets any program read the
+# hidden tests: the probe then fails where the reference passes, and the task is refused.
+PROBE = "probe:reach"
+_PROBE = """#!/usr/bin/python3
+import os as _pd_os
+def _pd_reach():
+    for _pd_d in ("/verifier/tests",):
+        try:
+            for _pd_n in _pd_os.listdir(_pd_d):
+                _pd_p = _pd_os.path.join(_pd_d, _pd_n)
+                if not _pd_n.startswith("paddock") and _pd_os.path.isfile(_pd_p):
+                    open(_pd_p, "rb").close()
+                    return True
+        except OSError:
+            pass
+    return False
+if _pd_reach():
+    _pd_os._exit(97)
+"""
+
+
+def _probe_of(reference: str) -> str:
+    """The reference with the probe's prologue: after its `from __future__` imports (which must
+    come first) when it has any, its own shebang line dropped (the probe's is line 1)."""
+    lines = reference.splitlines(keepends=True)
+    if lines and lines[0].startswith("#!"):
+        lines = lines[1:]
+    text = "".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return _PROBE + text
+    future = [n.end_lineno for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    if not future:
+        return _PROBE + text
+    body = text.splitlines(keepends=True)
+    cut = max(n for n in future if n is not None)
+    return _PROBE.split("\n", 1)[0] + "\n" + "".join(body[:cut]) + _PROBE.split("\n", 1)[1] + "".join(body[cut:])
+
+
 def _family_hacks(task: GradedTask, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
     """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
@@ -313,6 +358,8 @@ def cases(task: GradedTask, quick: bool = False) -> dict[str, tuple[dict, str | 
     out["null"] = ({}, None)
     if quick:
         return out
+    if task.checker.kind == "command" and "reference.py" in task.hidden:
+        out[PROBE] = ({solution_file(task): _probe_of(_text(task.hidden["reference.py"]) or "")}, None)
     if task.checker.kind in ANSWER_KINDS:
         out.update({f"hack:{k}": ({}, f()) for k, f in _answer_hacks(task).items()})
     else:
@@ -389,7 +436,10 @@ def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers:
     def grade(item):
         name, (files, answer) = item
         try:      # the reference and null runs are the baseline: never compared with themselves
-            r = verifier.verify(runtime, image, task, _changes(task, files), answer, clock, runner=runner,
+            changes = _changes(task, files)
+            if name == PROBE:           # the agent may chmod +x its program: the probe does
+                changes = [replace(c, mode=0o755) for c in changes]
+            r = verifier.verify(runtime, image, task, changes, answer, clock, runner=runner,
                                 layers=layers, baseline=verifier.NO_BASELINE if name in BASELINE_CASES else None)
             return name, {"outcome": r.outcome, "reward": r.reward,
                           "detail": (r.checks[-1]["detail"] if r.checks else "")[:300]}
@@ -406,6 +456,12 @@ def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers:
             v.reasons.append(f"the task's tests cannot run (reference: infra_error): {res['detail']}")
         elif name == "reference" and res["outcome"] != "pass":
             v.reasons.append(f"reference solution does not pass: {res['outcome']}: {res['detail']}")
+        elif name == PROBE:
+            if v.cases.get("reference", {}).get("outcome") == "pass" and res["outcome"] != "pass":
+                v.reasons.append(f"the checker runs the agent's program with its own rights (it can read the hidden "
+                                 f"tests: the reference, started by a prologue that exits where it can, is graded "
+                                 f"{res['outcome']}); start the agent's program by its interpreter's name or through "
+                                 f"paddock-callee, never directly or imported into the checker: {res['detail']}")
         elif name != "reference" and (res["outcome"] not in ("fail", "timeout") or res["reward"] != 0.0):
             what = "null solution (no change)" if name == "null" else name
             v.reasons.append(f"{what} is not scored 0: {res['outcome']} reward={res['reward']}: {res['detail']}")

@@ -190,3 +190,24 @@ def test_validation_flags_a_checker_that_runs_the_agents_program_as_itself(runti
         assert v.cases["reference"]["outcome"] == "pass"
         assert v.cases["hack:oracle_reads_hidden_files"]["outcome"] == "fail"
         assert v.cases["hack:startup_hooks"]["outcome"] == "fail"
+
+
+def test_validation_flags_a_checker_that_executes_the_agents_program_directly(runtime, python_image):
+    """The kernel starts a program the checker executes directly (`/work/solution.py`, its own
+    shebang) without any shim: it runs with the checker's rights and could read the hidden
+    expected output (the s11b red team's H1b, knowledge-free). Validation's probe (the reference,
+    executable, behind a prologue that exits where it can list /verifier) fails there while the
+    reference passes: the task is refused, naming the cure. Started by its interpreter's name
+    the same program is the callee's, and the task validates clean."""
+    io = task("io")
+    ref = "#!/usr/bin/env python3\n" + REF
+    direct = {**io, "name": "command/io-direct", "hidden": {**io["hidden"], "reference.py": ref},
+              "checker": {**io["checker"], "argv": [
+                  "sh", "-c", "chmod +x /work/solution.py; /work/solution.py < /verifier/tests/input.txt > /tmp/out"
+                              " && cmp -s /tmp/out /verifier/tests/expected.txt"]}}
+    v = validate.validate_task(runtime, python_image, direct, workers=1)
+    assert v.cases["reference"]["outcome"] == "pass", v.cases["reference"]
+    assert not v.ok and v.cases[validate.PROBE]["outcome"] != "pass"
+    assert any("with its own rights" in r for r in v.reasons), v.reasons
+    v = validate.validate_task(runtime, python_image, io, workers=1)
+    assert v.ok and v.cases[validate.PROBE]["outcome"] == "pass", v.reasons
