@@ -2,8 +2,9 @@
 
 Not imported by Paddock on the host for grading: `nodeagent.verifier.commandcheck` ships its bytes
 into the grading sandbox and runs `python3 -I -B /verifier/paddock_cmdrun.py CONFIG_JSON ARGV...`
-as the sandbox's root (the checker's identity). CONFIG_JSON: {"callee_uid", "tests_dir", "nonce"}
-(the nonce marks the runner's own failure to prepare: exit 125, `paddock-cmdrun[NONCE]: ...`).
+as the sandbox's root (the checker's identity). CONFIG_JSON: {"callee_uid", "tests_dir"}; the nonce
+comes in $PADDOCK_CMDRUN_NONCE (an environment only root can read, unlike a process's cmdline) and
+marks the runner's own failure to prepare: exit 125, `paddock-cmdrun[NONCE]: ...`.
 
 Before the checker's command starts, as root:
 1. The hidden support files under `tests_dir` stay 0400 and owned by root; every directory there
@@ -42,6 +43,7 @@ BIN_DIR = "/tmp/.paddock-bin"
 SOCKET = BIN_DIR + "/.callee.sock"
 STARTED = BIN_DIR + "/.started"
 RUNNER = "/verifier/paddock_cmdrun.py"
+NONCE_ENV = "PADDOCK_CMDRUN_NONCE"          # marks the runner's own words (commandcheck sets it)
 BROKER_ENV = "PADDOCK_CALLEE_BROKER"       # the broker's pid (the Harbor runner spares it until test.sh ends)
 DROPPED_ENV = ("BASH_ENV", "ENV", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONHOME", "PYTHONINSPECT",
                "PERL5OPT", "PERL5LIB", "RUBYOPT", "NODE_OPTIONS", "LD_PRELOAD", "LD_LIBRARY_PATH",
@@ -395,6 +397,7 @@ def prepare(cfg):
 
 def main():
     cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
+    cfg["nonce"] = os.environ.pop(NONCE_ENV, "")    # never in argv: a broker's cmdline is public
     uid = int(cfg["callee_uid"])
     path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     try:

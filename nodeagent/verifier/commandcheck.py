@@ -40,6 +40,7 @@ from nodeagent.verifier.verdicts import Verdict, VerifierInfraError, check
 
 RUNNER_PATH = "/verifier/paddock_cmdrun.py"
 RUNNER_SOURCE = Path(__file__).with_name("cmdrunner.py").read_bytes()
+NONCE_ENV = "PADDOCK_CMDRUN_NONCE"      # cmdrunner.NONCE_ENV (the runner is shipped as bytes, not imported)
 STARTED = "/tmp/.paddock-bin/.started"   # written by the runner once it has prepared the check
 HOME = "/tmp/.paddock-home"       # made by the runner: empty, the checker's (never /work, the agent's HOME)
 # the environment of every check command: no HOME of the agent's, no Python user site
@@ -81,10 +82,13 @@ def verify_command(runtime, image, layers: tuple, task: GradedTask, changes: lis
                        if text is not None and public(rel)})
         sb.write_files({**system, RUNNER_PATH: RUNNER_SOURCE}, owner="system", mode=0o444)
         nonce = secrets.token_hex(8)
-        config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR, "nonce": nonce})
+        # the nonce goes in the runner's environment (readable by root only), never its argv:
+        # /proc/<pid>/cmdline of the runner's broker is readable by the agent's programs
+        config = json.dumps({"callee_uid": callee_uid(runtime), "tests_dir": TESTS_DIR})
         timeout_s = spec.timeout_s if spec.timeout_s is not None else CHECK_TIMEOUT_S
         t = clock()
-        r = sb.exec(["python3", "-I", "-B", RUNNER_PATH, config, *spec.argv], cwd=spec.cwd, env=CHECK_ENV,
+        r = sb.exec(["python3", "-I", "-B", RUNNER_PATH, config, *spec.argv], cwd=spec.cwd,
+                    env={**CHECK_ENV, NONCE_ENV: nonce},
                     output_cap=OUTPUT_CAP, timeout_s=timeout_s)
         note, bare = "", False
         if r.exit_code in (126, 127) and r.stderr.startswith(b"paddock: cannot run python3 ") \

@@ -211,3 +211,35 @@ def test_validation_flags_a_checker_that_executes_the_agents_program_directly(ru
     assert any("with its own rights" in r for r in v.reasons), v.reasons
     v = validate.validate_task(runtime, python_image, io, workers=1)
     assert v.ok and v.cases[validate.PROBE]["outcome"] == "pass", v.reasons
+
+
+# scans every process's cmdline for the runner's config and says the checker cannot run, marked with its nonce
+FORGE = '''import glob, json, sys
+for p in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        words = open(p, "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    for w in words:
+        try:
+            nonce = json.loads(w).get("nonce")
+        except (ValueError, AttributeError):
+            continue
+        if nonce:
+            sys.stderr.write("paddock-cmdrun[%s]: cannot run python3: No such file or directory\\n" % nonce)
+            sys.exit(127)
+print("no nonce found")
+'''
+
+
+def test_the_runners_nonce_is_in_no_process_s_cmdline(runtime, python_image):
+    """The s11b red team read the nonce from the broker's /proc/<pid>/cmdline and forged the
+    runner's 'cannot run' (an infrastructure error the baseline had to undo). The nonce now
+    travels in the runner's environment, which the callee cannot read: the forger finds none
+    and its grading is an ordinary fail."""
+    from nodeagent.verifier import cmdrunner, commandcheck
+    assert commandcheck.NONCE_ENV == cmdrunner.NONCE_ENV
+    t = graded_task(task("io"))
+    r = verify(runtime, python_image, t, files(**{"solution.py": FORGE}), None, baseline=grade.NO_BASELINE)
+    assert r.outcome == "fail", r.checks
+    assert "cannot run" not in r.checks[-1]["detail"], r.checks[-1]
