@@ -141,9 +141,24 @@ def pytest_sessionfinish(session, exitstatus):
 
 LIBC: ctypes.CDLL
 
-SITECUSTOMIZE = '''"""Paddock (Harbor tasks): the directory Python would have put first on sys.path, last."""
+SITECUSTOMIZE = '''"""Paddock (Harbor tasks): the directory Python would have put first on sys.path, last; and
+a line to the runner that a Python process (a pytest run or another) started under test.sh."""
 import os
 import sys
+
+_g = os.environ.get("PADDOCK_HARBOR_GUARD", "")
+if _g:
+    _fd0, _s0, _n0 = _g.partition(":")
+    _av = list(getattr(sys, "orig_argv", sys.argv))
+    _i0 = _av.index("-m") if "-m" in _av else -1
+    _py = (os.path.basename(sys.argv[0]) if sys.argv else "") in ("pytest", "py.test") or (
+        0 <= _i0 < len(_av) - 1 and _av[_i0 + 1] in ("pytest", "py.test"))
+    _asks = any(a in ("--version", "-V", "--help", "-h", "--fixtures", "--markers") for a in _av)
+    try:
+        os.write(int(_fd0), ("%s L%s %d launch %s\\n" % (
+            _n0, os.urandom(6).hex(), os.getpid(), "pytest" if _py and not _asks else "python")).encode())
+    except (ValueError, OSError):
+        pass
 
 if getattr(sys.flags, "safe_path", False):
     _argv = list(getattr(sys, "orig_argv", sys.argv))
@@ -358,6 +373,23 @@ def read_guard(fd: int, nonce: str) -> list:
     return [ln.split(" ")[1:] for ln in lines]
 
 
+def launch_verdict(lines: list) -> None:
+    """A pytest run that started (our sitecustomize saw it) must have reported its session's
+    start: one that ended before (a conftest or start-up hook of the agent's exiting) cannot
+    stand. Where no Python process under test.sh saw our sitecustomize at all and test.sh names
+    pytest, pytest ran without it and without the guard (`env -i`): that cannot stand either.
+    What ran decides, not the word alone (a test.sh that runs unittest and mentions pytest)."""
+    launched = [w for w in lines if len(w) >= 4 and w[2] == "launch"]
+    started = {w[1] for w in lines if len(w) >= 3 and w[2] == "start"}
+    for w in launched:
+        if w[3] == "pytest" and w[1] not in started:
+            verdict(False, f"the pytest run of pid {w[1]} ended before its session started (a conftest or "
+                           "start-up hook exited it, or it ran without the guard), so a reward of 1 cannot stand")
+    if not launched and not started and names_pytest(TEST_SH):
+        verdict(False, "test.sh runs pytest but no pytest session reported (ended before it started, or "
+                       "run without the guard), so a reward of 1 cannot stand")
+
+
 def guard_verdict(lines: list) -> None:
     """Contract 6: a reward of 1 stands only if every pytest session ended as a clean run."""
     ended = {}
@@ -537,10 +569,7 @@ def main() -> None:
     say(f"test.sh exited {os.WEXITSTATUS(status)}; {len(orphans)} background process(es) ended before the reward; "
         f"{sum(1 for w in sessions if len(w) >= 3 and w[2] == 'start')} pytest session(s)")
     if value == 1.0:
-        started = sum(1 for w in sessions if len(w) >= 3 and w[2] == "start")
-        if started == 0 and names_pytest(TEST_SH):
-            verdict(False, "test.sh runs pytest but no pytest session reported (ended before it started, or "
-                           "run without the guard), so a reward of 1 cannot stand")
+        launch_verdict(sessions)
         guard_verdict(sessions)
     verdict(value == 1.0, f"{name} says {value:g}")
 

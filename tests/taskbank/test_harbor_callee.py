@@ -42,3 +42,17 @@ def test_a_test_sh_without_pytest_is_judged_by_its_reward(runtime, python_image,
     test_sh = f"#!/bin/bash\n[ \"$(bash /app/add.sh 2 3)\" = 5 ] && echo 1 > {R} || echo 0 > {R}\n"
     v, detail = grade_harbor(runtime, python_image, tmp_path, {"add.sh": GOLD}, test_sh)
     assert (v.outcome, v.reward) == ("pass", 1.0), detail[-600:]
+
+
+def test_a_test_sh_that_mentions_pytest_but_runs_unittest_is_judged_by_its_reward(runtime, python_image, tmp_path):
+    """What ran decides, not the word (the s11b red team's F1: the right answer scored 0): a
+    test.sh that only asks whether pytest exists and runs its check in plain Python passes."""
+    check = ("import subprocess, sys\nout = subprocess.run(['bash', '/app/add.sh', '2', '3'], capture_output=True, "
+             "text=True).stdout.strip()\nsys.exit(0 if out == '5' else 1)\n")
+    test_sh = (f"#!/bin/bash\ncd /tmp\ncommand -v pytest >/dev/null || echo 'no pytest here' >&2\n"
+               f"cat > /tmp/check.py <<'EOF'\n{check}EOF\n"
+               f"python3 /tmp/check.py && echo 1 > {R} || echo 0 > {R}\n")
+    v, detail = grade_harbor(runtime, python_image, tmp_path, {"add.sh": GOLD}, test_sh)
+    assert (v.outcome, v.reward) == ("pass", 1.0), detail[-600:]
+    v, detail = grade_harbor(runtime, python_image, tmp_path, {"add.sh": "#!/bin/bash\n" + WRONG}, test_sh)
+    assert (v.outcome, v.reward) == ("fail", 0.0), detail[-600:]
