@@ -43,7 +43,7 @@ def test_rescore_regrades_stored_changes_into_a_new_result_set(runtime, python_i
     ref = [Change("/work/solution.py", "modified", gcd.hidden["reference.py"].encode(), 0o644)]
     store_rollout(tmp_path, "r1", gcd, "pass", 1.0, ref)
     store_rollout(tmp_path, "r2", gcd, "pass", 1.0, [])                    # an old verifier's false positive
-    store_rollout(tmp_path, "r3", frac, "fail", 0.0, answer="\\boxed{0.75}")  # an old verifier's false negative
+    store_rollout(tmp_path, "r3", frac, "fail", 0.0, answer="\\boxed{\\dfrac{3}{4}}")  # an old verifier's false negative
     store_rollout(tmp_path, "r4", gcd, "infra_error", None)
     path, rows = rescore_run(tmp_path, regrade, VERIFIER_VERSION, runtime, lambda digest: python_image, workers=2)
     assert path == tmp_path / "rescore" / VERIFIER_VERSION / "results.parquet"
