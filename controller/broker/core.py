@@ -308,6 +308,11 @@ class BrokerCore(Timers):
             self._send(identity, reject)
 
     def _on_started(self, identity, msg: P.Started, view) -> None:
+        # A lease the mirror shows this node holding with this token: noted, written with
+        # the row's next write (RolloutQueue.note_started); anything else is checked on the row.
+        if view is not None and self.holder.get(msg.rollout_id) == (view.node, msg.token):
+            self.queue.note_started(msg.rollout_id, msg.attempt, msg.token, view.node)
+            return
         c = self.queue.mark_running(msg.rollout_id, msg.attempt, msg.token)
         if not c.accepted:
             self._reject(identity, msg, c.reason)

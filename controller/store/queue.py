@@ -119,6 +119,8 @@ class RolloutQueue(QueueReads):
         self._idle_until = -math.inf  # due() is empty before this (see due)
         self._renewed: dict[str, tuple[str, float]] = {}  # rollout id -> (node, last renewal)
         self._renewed_pruned = -math.inf
+        # `started` noted, not yet written: rollout id -> (attempt, token) (see note_started)
+        self._started: dict[str, tuple[int, int]] = {}
         self._terminal: Counter = Counter({s: n for s, n in self._db.execute(
             f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({qs(TERMINAL)})"
             f" GROUP BY state", TERMINAL)})
@@ -144,6 +146,7 @@ class RolloutQueue(QueueReads):
                                    keep_generations=config.replica_keep_generations)
 
     def close(self) -> None:
+        self._settle()  # the `started` noted: their rows show them running (not needed: tidy)
         if self.replica is not None:
             self.replica.close()
         self._db.close()
@@ -191,6 +194,7 @@ class RolloutQueue(QueueReads):
     def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
         """Change one rollout's state (asserting the table) and any other columns."""
         check_transition(row["rollout_id"], row["state"], new)
+        self._started.pop(row["rollout_id"], None)  # the row is written now: no longer pending
         if new in TERMINAL:
             self._terminal_delta[new] += 1
         elif new in LEASABLE:
@@ -377,8 +381,10 @@ class RolloutQueue(QueueReads):
         return row, None
 
     def mark_running(self, rollout_id: str, attempt: int, token: int) -> Completion:
-        """The holder started the rollout: leased -> running, deadline renewed."""
+        """The holder started the rollout: leased -> running, deadline renewed, written now
+        (the fenced check; `note_started` is the broker's path for a lease it knows live)."""
         with self._tx():  # (leased -> running: checked once, at import, below)
+            self._started.pop(rollout_id, None)
             now = self.clock()
             cur = self._db.execute(
                 "UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
@@ -389,6 +395,39 @@ class RolloutQueue(QueueReads):
                 return _ACCEPTED
             row, reason = self._held(rollout_id, attempt, token)  # already running, or stale
         return Completion(row is not None, reason, False)
+
+    def note_started(self, rollout_id: str, attempt: int, token: int, node: str) -> None:
+        """The holder `node` started the rollout under its live lease (attempt, token): noted
+        in memory, not written. The broker calls this only for a lease its mirror shows `node`
+        holding with this token (else `mark_running`, which checks the row and rejects).
+
+        A `started` is no commitment to anyone (nothing is acknowledged for it), so it waits
+        for the row's next write: the lease's deadline is renewed as a heartbeat renews it
+        (`renew`), and the row becomes `running` on disk when that deadline comes due
+        (`expire_leases` rewrites it anyway), or when a read of the row needs it (`_settle`).
+        Most rollouts end before: their result writes the row once (committed from
+        `leased` is legal, `states._COMMIT_IS_LEGAL`), and the `started` costs no write.
+        `counts()` shows noted rollouts as running. Lost in a crash: the row stays `leased`
+        (held, renewed at open like every held lease), nothing the trainer was told changes."""
+        self._started[rollout_id] = (attempt, token)
+        self._renewed[rollout_id] = (node, self.clock())
+
+    def _settle(self, rollout_id: Optional[str] = None) -> None:
+        """Write the noted `started` of `rollout_id` (None: all of them) before a read shows
+        its row: `leased` -> `running` where the row still holds that attempt and token."""
+        if not self._started:
+            return
+        if rollout_id is None:
+            items, self._started = list(self._started.items()), {}
+        else:
+            noted = self._started.pop(rollout_id, None)
+            if noted is None:
+                return
+            items = [(rollout_id, noted)]
+        with self._tx():
+            now = self.clock()
+            self._db.executemany(schema.STARTED_SQL, [(RUNNING, now, rid, attempt, token, LEASED)
+                                                      for rid, (attempt, token) in items])
 
     def mark_verifying(self, rollout_id: str, attempt: int, token: int) -> Completion:
         with self._tx():
@@ -486,6 +525,7 @@ class RolloutQueue(QueueReads):
              seq, now, idem, rollout_id, attempt, token, *HELD))
         if cur.rowcount != 1:
             return False
+        self._started.pop(rollout_id, None)  # a `started` noted for it is never written
         self._commit_seq = seq
         self._terminal_delta[COMMITTED] += 1
         if self.replica is not None and shards:
@@ -569,10 +609,15 @@ class RolloutQueue(QueueReads):
             cur = self._db.execute(schema.DUE_DEADLINES_SQL, (now, *HELD))
             cur.row_factory = None
             renewed, never, expired, kept = self._renewed.get, (None, -math.inf), [], []
+            started, noted, ran = self._started, self._started.pop, []
             for _seq, rid, holder, leased_at in sorted(cur.fetchall()):
                 node, at = renewed(rid, never)
                 if node == holder and at >= (leased_at or -math.inf) and at + ttl > now:
-                    kept.append((at + ttl, rid))
+                    if rid in started:  # its `started` is written with its deadline
+                        attempt, token = noted(rid)
+                        ran.append((RUNNING, at + ttl, now, rid, attempt, token, LEASED))
+                    else:
+                        kept.append((at + ttl, rid))
                     continue
                 lost = live_nodes is not None and holder not in live_nodes
                 self._fail_attempt(self._row(rid), now, _EXPIRED, retry_now=False, lost=lost)
@@ -580,6 +625,8 @@ class RolloutQueue(QueueReads):
             if kept:
                 self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
                                      kept)
+            if ran:
+                self._db.executemany(schema.STARTED_DEADLINE_SQL, ran)
         return expired
 
     def release_node(self, node: str, reason: str, failure: bool = True,

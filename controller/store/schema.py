@@ -182,6 +182,14 @@ COMMIT_HELD_SQL = (
 # rewritten), by the deadline index; the parameters: now, then HELD.
 DUE_DEADLINES_SQL = ("SELECT seq, rollout_id, node, leased_at FROM rollouts INDEXED BY rollouts_deadline"
                      f" WHERE lease_deadline <= ? AND +state IN ({qs(HELD)})")
+# A `started` noted in memory (RolloutQueue.note_started) written: leased -> running where the
+# row still holds that attempt and token (a no-op otherwise); parameters: RUNNING, now,
+# rollout_id, attempt, token, LEASED. With its renewed deadline (expire_leases): RUNNING,
+# deadline, now, rollout_id, attempt, token, LEASED.
+STARTED_SQL = ("UPDATE rollouts SET state = ?, updated_at = ? WHERE rollout_id = ? AND attempt = ?"
+               " AND token = ? AND state = ?")
+STARTED_DEADLINE_SQL = ("UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
+                        " rollout_id = ? AND attempt = ? AND token = ? AND state = ?")
 IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
                     f" AND commit_idem = ? AND state = '{COMMITTED}'")
 # An attempt's row, written when it ends (a database from before that wrote it at lease
