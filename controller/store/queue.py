@@ -118,6 +118,8 @@ class RolloutQueue(QueueReads):
         self._terminal_delta: Counter = Counter()  # entered in the open transaction
         self._idle_until = -math.inf  # due() is empty before this (see due)
         self._renewed: dict[str, tuple[str, float]] = {}  # rollout id -> (node, last renewal)
+        # node -> (its last heartbeat's time, the rollout ids it listed): see renew
+        self._renewed_nodes: dict[str, tuple[float, Sequence[str]]] = {}
         self._renewed_pruned = -math.inf
         # `started` noted, not yet written: rollout id -> (attempt, token) (see note_started)
         self._started: dict[str, tuple[int, int]] = {}
@@ -448,7 +450,10 @@ class RolloutQueue(QueueReads):
         written only when its deadline comes due and a renewal is found for it (see
         `expire_leases`), so heartbeats cost no SQLite write whatever the farm's size (a
         lease is renewed every heartbeat but written about once per TTL). A renewal lost
-        with the process is made good at open: every held lease gets a fresh TTL."""
+        with the process is made good at open: every held lease gets a fresh TTL.
+        The node's latest list is what renews (one entry per node, not one per lease: a
+        heartbeat costs the same whatever it lists): a lease its holder stopped listing
+        (its result acknowledged, the attempt dropped) is renewed no more."""
         if rollout_ids is None:  # (agents before 0.2 do not list them): written at once
             with self._tx():
                 now = self.clock()
@@ -457,7 +462,7 @@ class RolloutQueue(QueueReads):
                     f" AND {any_of('state', HELD)}",
                     (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
         now = self.clock()
-        self._renewed.update(dict.fromkeys(rollout_ids, (node, now)))
+        self._renewed_nodes[node] = (now, rollout_ids)
         if now - self._renewed_pruned >= self.config.lease_ttl_s:
             self._prune_renewals(now)
         return len(rollout_ids)
@@ -467,6 +472,7 @@ class RolloutQueue(QueueReads):
         size of the held leases."""
         ttl = self.config.lease_ttl_s
         self._renewed = {rid: r for rid, r in self._renewed.items() if r[1] + ttl > now}
+        self._renewed_nodes = {n: r for n, r in self._renewed_nodes.items() if r[0] + ttl > now}
         self._renewed_pruned = now
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
@@ -610,9 +616,15 @@ class RolloutQueue(QueueReads):
             cur.row_factory = None
             renewed, never, expired, kept = self._renewed.get, (None, -math.inf), [], []
             started, noted, ran = self._started, self._started.pop, []
+            by_node = self._renewed_nodes.get
             for _seq, rid, holder, leased_at in sorted(cur.fetchall()):
-                node, at = renewed(rid, never)
-                if node == holder and at >= (leased_at or -math.inf) and at + ttl > now:
+                node, at = renewed(rid, never)  # a `started` (note_started)
+                if node != holder:
+                    at = -math.inf
+                listed = by_node(holder)  # its holder's last heartbeat, if it lists it
+                if listed is not None and listed[0] > at and rid in listed[1]:
+                    at = listed[0]
+                if at >= (leased_at or -math.inf) and at + ttl > now:
                     if rid in started:  # its `started` is written with its deadline
                         attempt, token = noted(rid)
                         ran.append((RUNNING, at + ttl, now, rid, attempt, token, LEASED))
