@@ -52,8 +52,7 @@ class QueueReads:
         if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
                             (batch_id,)).fetchone() is None:
             raise UnknownBatch(batch_id)
-        r = self._db.execute(f"SELECT 1 FROM rollouts WHERE batch_id = ? AND state IN"
-                             f" ({qs(UNFINISHED)}) LIMIT 1", (batch_id, *UNFINISHED)).fetchone()
+        r = self._db.execute(schema.BATCH_UNFINISHED_SQL, (batch_id, *UNFINISHED)).fetchone()
         return r is None
 
     def counts(self) -> dict[str, int]:
