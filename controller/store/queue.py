@@ -88,8 +88,9 @@ from controller.store.records import (  # noqa: F401 - re-exported: the queue's 
     QueueConfig,
     UnknownBatch,
 )
+from controller.store.renewals import Renewals
 from controller.store.replica import Replica
-from controller.store.schema import any_of, qs
+from controller.store.schema import qs
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,9 @@ _EXPIRED = InfraReason(LEASE_EXPIRED, LEASE_EXPIRED)
 _STALE = InfraReason(STALE_POLICY, STALE_POLICY)
 
 
-class RolloutQueue(QueueReads):
-    """The durable rollout queue (the reads are QueueReads'); one connection, one writer."""
+class RolloutQueue(Renewals, QueueReads):
+    """The durable rollout queue (the reads are QueueReads', the renewals and noted
+    `started` Renewals'); one connection, one writer."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, config: QueueConfig = QueueConfig(),
@@ -398,39 +400,6 @@ class RolloutQueue(QueueReads):
             row, reason = self._held(rollout_id, attempt, token)  # already running, or stale
         return Completion(row is not None, reason, False)
 
-    def note_started(self, rollout_id: str, attempt: int, token: int, node: str) -> None:
-        """The holder `node` started the rollout under its live lease (attempt, token): noted
-        in memory, not written. The broker calls this only for a lease its mirror shows `node`
-        holding with this token (else `mark_running`, which checks the row and rejects).
-
-        A `started` is no commitment to anyone (nothing is acknowledged for it), so it waits
-        for the row's next write: the lease's deadline is renewed as a heartbeat renews it
-        (`renew`), and the row becomes `running` on disk when that deadline comes due
-        (`expire_leases` rewrites it anyway), or when a read of the row needs it (`_settle`).
-        Most rollouts end before: their result writes the row once (committed from
-        `leased` is legal, `states._COMMIT_IS_LEGAL`), and the `started` costs no write.
-        `counts()` shows noted rollouts as running. Lost in a crash: the row stays `leased`
-        (held, renewed at open like every held lease), nothing the trainer was told changes."""
-        self._started[rollout_id] = (attempt, token)
-        self._renewed[rollout_id] = (node, self.clock())
-
-    def _settle(self, rollout_id: Optional[str] = None) -> None:
-        """Write the noted `started` of `rollout_id` (None: all of them) before a read shows
-        its row: `leased` -> `running` where the row still holds that attempt and token."""
-        if not self._started:
-            return
-        if rollout_id is None:
-            items, self._started = list(self._started.items()), {}
-        else:
-            noted = self._started.pop(rollout_id, None)
-            if noted is None:
-                return
-            items = [(rollout_id, noted)]
-        with self._tx():
-            now = self.clock()
-            self._db.executemany(schema.STARTED_SQL, [(RUNNING, now, rid, attempt, token, LEASED)
-                                                      for rid, (attempt, token) in items])
-
     def mark_verifying(self, rollout_id: str, attempt: int, token: int) -> Completion:
         with self._tx():
             row, reason = self._held(rollout_id, attempt, token)
@@ -440,40 +409,6 @@ class RolloutQueue(QueueReads):
                 now = self.clock()
                 self._move(row, VERIFYING, now, lease_deadline=now + self.config.lease_ttl_s)
         return Completion(True, None, False)
-
-    def renew(self, node: str, rollout_ids: Optional[Sequence[str]] = None) -> int:
-        """Extend the deadline of the leases `node` holds (only those of `rollout_ids` when
-        given: a lease the node never received must not be kept alive by its heartbeats);
-        returns how many it noted.
-
-        With `rollout_ids` the renewal is noted in memory, not written: a lease's row is
-        written only when its deadline comes due and a renewal is found for it (see
-        `expire_leases`), so heartbeats cost no SQLite write whatever the farm's size (a
-        lease is renewed every heartbeat but written about once per TTL). A renewal lost
-        with the process is made good at open: every held lease gets a fresh TTL.
-        The node's latest list is what renews (one entry per node, not one per lease: a
-        heartbeat costs the same whatever it lists): a lease its holder stopped listing
-        (its result acknowledged, the attempt dropped) is renewed no more."""
-        if rollout_ids is None:  # (agents before 0.2 do not list them): written at once
-            with self._tx():
-                now = self.clock()
-                return self._db.execute(
-                    f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
-                    f" AND {any_of('state', HELD)}",
-                    (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
-        now = self.clock()
-        self._renewed_nodes[node] = (now, rollout_ids)
-        if now - self._renewed_pruned >= self.config.lease_ttl_s:
-            self._prune_renewals(now)
-        return len(rollout_ids)
-
-    def _prune_renewals(self, now: float) -> None:
-        """Forget renewals older than a TTL (they can keep nothing alive): the map stays the
-        size of the held leases."""
-        ttl = self.config.lease_ttl_s
-        self._renewed = {rid: r for rid, r in self._renewed.items() if r[1] + ttl > now}
-        self._renewed_nodes = {n: r for n, r in self._renewed_nodes.items() if r[0] + ttl > now}
-        self._renewed_pruned = now
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
                  reward: Optional[float], shards: dict[str, str],
