@@ -272,14 +272,6 @@ def _result_batch_body(m: Message) -> Optional[str]:
     return f'{{"items":[{",".join(parts)}]}}'
 
 
-# The JSON of the tasks leases carried lately, by object (the object is kept with it, so its
-# id names no other object while it is here): a task's lease reference is the same object
-# for every lease of it (the broker's task set or its index's cache) and is never changed
-# once loaded (controller/ondisk/taskblobs.py), so it is encoded once, not once per lease.
-_TASK_JSON: dict[int, tuple[dict, str]] = {}
-_TASK_JSON_KEPT = 4096
-
-
 def _lease_json(m: Message, shared: dict) -> Optional[str]:
     """A lease's body (without the closing brace). `shared` caches the JSON of the task and
     policy objects during one encode (a batch's leases mostly share them)."""
@@ -290,17 +282,10 @@ def _lease_json(m: Message, shared: dict) -> Optional[str]:
         return None
     task_json = shared.get(id(task))
     if task_json is None:
-        kept = _TASK_JSON.get(id(task))
-        if kept is not None and kept[0] is task:
-            task_json = shared[id(task)] = kept[1]
-        else:
-            try:
-                task_json = shared[id(task)] = JSON_ENCODER.encode(task)
-            except (TypeError, ValueError):
-                return None
-            if len(_TASK_JSON) >= _TASK_JSON_KEPT:
-                _TASK_JSON.clear()
-            _TASK_JSON[id(task)] = (task, task_json)
+        try:
+            task_json = shared[id(task)] = JSON_ENCODER.encode(task)
+        except (TypeError, ValueError):
+            return None
     pol_json = shared.get(id(pol))
     if pol_json is None:
         if not (type(pol.version) is int and pol.version >= 0 and type(pol.endpoint) is str
