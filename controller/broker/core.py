@@ -104,6 +104,10 @@ class BrokerCore(Timers):
         self.outbox: list[tuple[bytes, P.Message]] = []
         self.watchers: list[tuple[bytes, P.Watch, float]] = []  # (peer, watch, deadline)
         self.welcomed: dict[bytes, float] = {}  # unknown peers sent a welcome, and when
+        # rollouts committed in this sweep interval and the one before (timers.py rotates
+        # them): a heartbeat that still lists one (its ack in flight) needs no row read
+        self._committed_new: set[str] = set()
+        self._committed_old: set[str] = set()
         # The catalog (written after each COMMIT) and the status counters (persisted with
         # the passes, timers.py says when: they survive a restart).
         self.ledger = Ledger(queue, catalog)
@@ -297,9 +301,13 @@ class BrokerCore(Timers):
         self.queue.renew(view.node, held)
         # Fenced leases it runs (fencing.py): only the rollouts it lists that its mirror does
         # not hold can be; a node holding what it lists (the common case) costs one set test.
+        # One whose result was committed lately (its ack was on its way) is no one's: skipped
+        # without reading its row (fencing.stale_leases would skip it there).
         if held and not view.leases.issuperset(held):
-            leases = view.leases
-            self._revoke_stale(identity, view.node, [r for r in held if r not in leases])
+            leases, new, old = view.leases, self._committed_new, self._committed_old
+            others = [r for r in held if r not in leases and r not in new and r not in old]
+            if others:
+                self._revoke_stale(identity, view.node, others)
 
     def _revoke_stale(self, identity: bytes, node: str, rollout_ids: Iterable[str]) -> None:
         for reject in stale_leases(node, rollout_ids, self.holder, self.queue.rollout):
@@ -308,6 +316,11 @@ class BrokerCore(Timers):
             self._send(identity, reject)
 
     def _on_started(self, identity, msg: P.Started, view) -> None:
+        # A lease the mirror shows this node holding with this token: noted, written with
+        # the row's next write (RolloutQueue.note_started); anything else is checked on the row.
+        if view is not None and self.holder.get(msg.rollout_id) == (view.node, msg.token):
+            self.queue.note_started(msg.rollout_id, msg.attempt, msg.token, view.node)
+            return
         c = self.queue.mark_running(msg.rollout_id, msg.attempt, msg.token)
         if not c.accepted:
             self._reject(identity, msg, c.reason)
@@ -329,6 +342,7 @@ class BrokerCore(Timers):
         self._unhold(msg.rollout_id, msg.token)
         if c.committed:
             self.counters["committed"] += 1
+            self._committed_new.add(msg.rollout_id)
             # into the catalog once the queue's COMMIT is durable
             self.ledger.commit(msg.rollout_id, msg.attempt, msg.token, msg.shards, self.wall())
         else:

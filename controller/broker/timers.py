@@ -140,6 +140,7 @@ class Timers:
         if now - self._last_resync >= RESYNC_EVERY_S or now < self._last_resync:
             self._resync()  # the mirror is kept up to date as it goes: this only checks it
         self.welcomed = {i: t for i, t in self.welcomed.items() if now - t < self.hb_s * 10}
+        self._committed_old, self._committed_new = self._committed_new, set()
         self.ledger.want_flush()
 
     def _resync(self: "BrokerCore") -> None:

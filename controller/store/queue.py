@@ -88,8 +88,9 @@ from controller.store.records import (  # noqa: F401 - re-exported: the queue's 
     QueueConfig,
     UnknownBatch,
 )
+from controller.store.renewals import Renewals
 from controller.store.replica import Replica
-from controller.store.schema import any_of, qs
+from controller.store.schema import qs
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,9 @@ _EXPIRED = InfraReason(LEASE_EXPIRED, LEASE_EXPIRED)
 _STALE = InfraReason(STALE_POLICY, STALE_POLICY)
 
 
-class RolloutQueue(QueueReads):
-    """The durable rollout queue (the reads are QueueReads'); one connection, one writer."""
+class RolloutQueue(Renewals, QueueReads):
+    """The durable rollout queue (the reads are QueueReads', the renewals and noted
+    `started` Renewals'); one connection, one writer."""
 
     def __init__(self, path: str | Path, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None, config: QueueConfig = QueueConfig(),
@@ -118,7 +120,11 @@ class RolloutQueue(QueueReads):
         self._terminal_delta: Counter = Counter()  # entered in the open transaction
         self._idle_until = -math.inf  # due() is empty before this (see due)
         self._renewed: dict[str, tuple[str, float]] = {}  # rollout id -> (node, last renewal)
+        # node -> (its last heartbeat's time, the rollout ids it listed): see renew
+        self._renewed_nodes: dict[str, tuple[float, Sequence[str]]] = {}
         self._renewed_pruned = -math.inf
+        # `started` noted, not yet written: rollout id -> (attempt, token) (see note_started)
+        self._started: dict[str, tuple[int, int]] = {}
         self._terminal: Counter = Counter({s: n for s, n in self._db.execute(
             f"SELECT state, COUNT(*) FROM rollouts WHERE state IN ({qs(TERMINAL)})"
             f" GROUP BY state", TERMINAL)})
@@ -144,6 +150,7 @@ class RolloutQueue(QueueReads):
                                    keep_generations=config.replica_keep_generations)
 
     def close(self) -> None:
+        self._settle()  # the `started` noted: their rows show them running (not needed: tidy)
         if self.replica is not None:
             self.replica.close()
         self._db.close()
@@ -191,6 +198,7 @@ class RolloutQueue(QueueReads):
     def _move(self, row: sqlite3.Row, new: str, now: float, **cols: Any) -> None:
         """Change one rollout's state (asserting the table) and any other columns."""
         check_transition(row["rollout_id"], row["state"], new)
+        self._started.pop(row["rollout_id"], None)  # the row is written now: no longer pending
         if new in TERMINAL:
             self._terminal_delta[new] += 1
         elif new in LEASABLE:
@@ -377,8 +385,10 @@ class RolloutQueue(QueueReads):
         return row, None
 
     def mark_running(self, rollout_id: str, attempt: int, token: int) -> Completion:
-        """The holder started the rollout: leased -> running, deadline renewed."""
+        """The holder started the rollout: leased -> running, deadline renewed, written now
+        (the fenced check; `note_started` is the broker's path for a lease it knows live)."""
         with self._tx():  # (leased -> running: checked once, at import, below)
+            self._started.pop(rollout_id, None)
             now = self.clock()
             cur = self._db.execute(
                 "UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
@@ -399,36 +409,6 @@ class RolloutQueue(QueueReads):
                 now = self.clock()
                 self._move(row, VERIFYING, now, lease_deadline=now + self.config.lease_ttl_s)
         return Completion(True, None, False)
-
-    def renew(self, node: str, rollout_ids: Optional[Sequence[str]] = None) -> int:
-        """Extend the deadline of the leases `node` holds (only those of `rollout_ids` when
-        given: a lease the node never received must not be kept alive by its heartbeats);
-        returns how many it noted.
-
-        With `rollout_ids` the renewal is noted in memory, not written: a lease's row is
-        written only when its deadline comes due and a renewal is found for it (see
-        `expire_leases`), so heartbeats cost no SQLite write whatever the farm's size (a
-        lease is renewed every heartbeat but written about once per TTL). A renewal lost
-        with the process is made good at open: every held lease gets a fresh TTL."""
-        if rollout_ids is None:  # (agents before 0.2 do not list them): written at once
-            with self._tx():
-                now = self.clock()
-                return self._db.execute(
-                    f"UPDATE rollouts SET lease_deadline = ?, updated_at = ? WHERE node = ?"
-                    f" AND {any_of('state', HELD)}",
-                    (now + self.config.lease_ttl_s, now, node, *HELD)).rowcount
-        now = self.clock()
-        self._renewed.update(dict.fromkeys(rollout_ids, (node, now)))
-        if now - self._renewed_pruned >= self.config.lease_ttl_s:
-            self._prune_renewals(now)
-        return len(rollout_ids)
-
-    def _prune_renewals(self, now: float) -> None:
-        """Forget renewals older than a TTL (they can keep nothing alive): the map stays the
-        size of the held leases."""
-        ttl = self.config.lease_ttl_s
-        self._renewed = {rid: r for rid, r in self._renewed.items() if r[1] + ttl > now}
-        self._renewed_pruned = now
 
     def complete(self, rollout_id: str, attempt: int, token: int, outcome: str,
                  reward: Optional[float], shards: dict[str, str],
@@ -486,6 +466,7 @@ class RolloutQueue(QueueReads):
              seq, now, idem, rollout_id, attempt, token, *HELD))
         if cur.rowcount != 1:
             return False
+        self._started.pop(rollout_id, None)  # a `started` noted for it is never written
         self._commit_seq = seq
         self._terminal_delta[COMMITTED] += 1
         if self.replica is not None and shards:
@@ -569,10 +550,21 @@ class RolloutQueue(QueueReads):
             cur = self._db.execute(schema.DUE_DEADLINES_SQL, (now, *HELD))
             cur.row_factory = None
             renewed, never, expired, kept = self._renewed.get, (None, -math.inf), [], []
+            started, noted, ran = self._started, self._started.pop, []
+            by_node = self._renewed_nodes.get
             for _seq, rid, holder, leased_at in sorted(cur.fetchall()):
-                node, at = renewed(rid, never)
-                if node == holder and at >= (leased_at or -math.inf) and at + ttl > now:
-                    kept.append((at + ttl, rid))
+                node, at = renewed(rid, never)  # a `started` (note_started)
+                if node != holder:
+                    at = -math.inf
+                listed = by_node(holder)  # its holder's last heartbeat, if it lists it
+                if listed is not None and listed[0] > at and rid in listed[1]:
+                    at = listed[0]
+                if at >= (leased_at or -math.inf) and at + ttl > now:
+                    if rid in started:  # its `started` is written with its deadline
+                        attempt, token = noted(rid)
+                        ran.append((RUNNING, at + ttl, now, rid, attempt, token, LEASED))
+                    else:
+                        kept.append((at + ttl, rid))
                     continue
                 lost = live_nodes is not None and holder not in live_nodes
                 self._fail_attempt(self._row(rid), now, _EXPIRED, retry_now=False, lost=lost)
@@ -580,6 +572,8 @@ class RolloutQueue(QueueReads):
             if kept:
                 self._db.executemany("UPDATE rollouts SET lease_deadline = ? WHERE rollout_id = ?",
                                      kept)
+            if ran:
+                self._db.executemany(schema.STARTED_DEADLINE_SQL, ran)
         return expired
 
     def release_node(self, node: str, reason: str, failure: bool = True,

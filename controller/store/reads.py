@@ -1,6 +1,8 @@
 """The rollout queue's reads: results after a cursor, counts by state, rollouts and their
 attempts, held leases, published policies. Read-only: nothing here writes or opens a
-transaction (queue.py's `RolloutQueue` inherits these and owns the connection).
+transaction (queue.py's `RolloutQueue` inherits these and owns the connection), but for
+`_settle`, the queue's hook that writes the `started` it noted in memory before a read shows
+the rows (`RolloutQueue.note_started`); `counts` shows them as running without writing.
 
 Must not import: zmq, controller.broker, controller.cli, nodeagent.
 """
@@ -11,7 +13,7 @@ import sqlite3
 from collections import Counter
 from typing import Optional
 
-from controller.contracts.states import COMMITTED, HELD, STATES, UNFINISHED
+from controller.contracts.states import COMMITTED, HELD, LEASED, RUNNING, STATES, UNFINISHED
 from controller.store import schema
 from controller.store.records import HeldLease, Policy, QueueConfig, UnknownBatch
 from controller.store.schema import qs
@@ -26,6 +28,11 @@ class QueueReads:
     _db: sqlite3.Connection
     _terminal: Counter  # rollouts per terminal state, kept by RolloutQueue
     config: QueueConfig
+
+    _started: dict  # rollout id -> (attempt, token): `started` noted, not written (queue.py)
+
+    def _settle(self, rollout_id: Optional[str] = None) -> None:
+        """Write the noted `started` of a rollout (None: all) before its row is read."""
 
     def _row(self, rollout_id: str) -> Optional[sqlite3.Row]:
         return self._db.execute("SELECT * FROM rollouts WHERE rollout_id = ?",
@@ -45,8 +52,7 @@ class QueueReads:
         if self._db.execute("SELECT 1 FROM batches WHERE batch_id = ?",
                             (batch_id,)).fetchone() is None:
             raise UnknownBatch(batch_id)
-        r = self._db.execute(f"SELECT 1 FROM rollouts WHERE batch_id = ? AND state IN"
-                             f" ({qs(UNFINISHED)}) LIMIT 1", (batch_id, *UNFINISHED)).fetchone()
+        r = self._db.execute(schema.BATCH_UNFINISHED_SQL, (batch_id, *UNFINISHED)).fetchone()
         return r is None
 
     def counts(self) -> dict[str, int]:
@@ -57,19 +63,25 @@ class QueueReads:
         out.update(self._terminal)
         for state, n in self._db.execute(schema.LIVE_COUNTS_SQL, UNFINISHED):
             out[state] = n
+        noted = min(len(self._started), out[LEASED])  # started, still `leased` on disk
+        out[LEASED] -= noted
+        out[RUNNING] += noted
         return out
 
     def rollout(self, rollout_id: str) -> Optional[dict]:
+        self._settle(rollout_id)
         row = self._row(rollout_id)
         return None if row is None else dict(row)
 
     def rollouts(self) -> list[dict]:
+        self._settle()
         return [dict(r) for r in self._db.execute("SELECT * FROM rollouts ORDER BY seq")]
 
     def attempts(self, rollout_id: str) -> list[dict]:
         """Every attempt of the rollout, oldest first. Rows are written for attempts that
         ended without committing; the attempt held now (outcome None) and the committed one
         are read from the rollout's own row."""
+        self._settle(rollout_id)
         out = [dict(r) for r in self._db.execute(
             "SELECT * FROM attempts WHERE rollout_id = ? ORDER BY attempt", (rollout_id,))]
         row = self._row(rollout_id)

@@ -40,8 +40,10 @@ CREATE TABLE IF NOT EXISTS rollouts (
     losses INTEGER NOT NULL DEFAULT 0, infra_code TEXT);
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state, seq);
 DROP INDEX IF EXISTS rollouts_node;
+-- a batch's results in commit order, and its unfinished rollouts: those have no commit_seq
+-- (BATCH_UNFINISHED_SQL; an index on (batch_id, state) would be rewritten by every state change)
 CREATE INDEX IF NOT EXISTS rollouts_batch ON rollouts (batch_id, commit_seq);
-CREATE INDEX IF NOT EXISTS rollouts_batch_state ON rollouts (batch_id, state);
+DROP INDEX IF EXISTS rollouts_batch_state;
 -- lease expiry reads only the leases past their deadline (lease_deadline is NULL off HELD)
 CREATE INDEX IF NOT EXISTS rollouts_deadline ON rollouts (lease_deadline) WHERE lease_deadline IS NOT NULL;
 CREATE TABLE IF NOT EXISTS attempts (
@@ -182,6 +184,19 @@ COMMIT_HELD_SQL = (
 # rewritten), by the deadline index; the parameters: now, then HELD.
 DUE_DEADLINES_SQL = ("SELECT seq, rollout_id, node, leased_at FROM rollouts INDEXED BY rollouts_deadline"
                      f" WHERE lease_deadline <= ? AND +state IN ({qs(HELD)})")
+# A `started` noted in memory (RolloutQueue.note_started) written: leased -> running where the
+# row still holds that attempt and token (a no-op otherwise); parameters: RUNNING, now,
+# rollout_id, attempt, token, LEASED. With its renewed deadline (expire_leases): RUNNING,
+# deadline, now, rollout_id, attempt, token, LEASED.
+STARTED_SQL = ("UPDATE rollouts SET state = ?, updated_at = ? WHERE rollout_id = ? AND attempt = ?"
+               " AND token = ? AND state = ?")
+STARTED_DEADLINE_SQL = ("UPDATE rollouts SET state = ?, lease_deadline = ?, updated_at = ? WHERE"
+                        " rollout_id = ? AND attempt = ? AND token = ? AND state = ?")
+# Whether a batch has an unfinished rollout: an unfinished one has no commit_seq (only the
+# terminal states are given one; a cancelled rollout may have none), so the batch's entries
+# with a NULL commit_seq are the only ones read.
+BATCH_UNFINISHED_SQL = (f"SELECT 1 FROM rollouts INDEXED BY rollouts_batch WHERE batch_id = ? AND"
+                        f" commit_seq IS NULL AND state IN ({qs(UNFINISHED)}) LIMIT 1")
 IS_COMMITTED_SQL = (f"SELECT 1 FROM rollouts WHERE rollout_id = ? AND attempt = ? AND token = ?"
                     f" AND commit_idem = ? AND state = '{COMMITTED}'")
 # An attempt's row, written when it ends (a database from before that wrote it at lease

@@ -545,7 +545,8 @@ class Sim:
         self.held: dict[str, list[qm.Lease]] = {n: [] for n in NODES}  # what nodes believe
         self.live: dict[str, tuple[int, int, str, float]] = {}  # rid -> attempt, token, node, deadline
         self.leased_at: dict[str, float] = {}  # rid -> when its current lease was made
-        self.noted: dict[str, tuple[str, float]] = {}  # rid -> (node, when) of renewals in memory
+        # node -> (when, rids) of its last renewal in memory: it renews the leases it lists
+        self.noted: dict[str, tuple[float, set[str]]] = {}
         self.attempts: dict[str, int] = {}
         self.committed: dict[str, int] = {}  # rid -> token that committed
         self.dead: set[str] = set()
@@ -659,8 +660,8 @@ class Sim:
         due = sorted(rid for rid, (_, _, _, deadline) in self.live.items() if deadline <= now)
         kept = {}  # a renewal noted since the lease keeps it: its deadline is written now
         for rid in due:
-            node, at = self.noted.get(rid, (None, -math.inf))
-            if node == self.live[rid][2] and at >= self.leased_at[rid] and at + ttl > now:
+            at, listed = self.noted.get(self.live[rid][2], (-math.inf, set()))
+            if rid in listed and at >= self.leased_at[rid] and at + ttl > now:
                 kept[rid] = at + ttl
         assert sorted(self.q.expire_leases()) == [rid for rid in due if rid not in kept]
         for rid in due:
@@ -684,8 +685,7 @@ class Sim:
         before = self.q.rollouts()
         assert self.q.renew(node, rids) == len(rids)
         assert self.q.rollouts() == before, "a renewal with ids wrote to the queue"
-        for rid in rids:
-            self.noted[rid] = (node, self.clock.now)
+        self.noted[node] = (self.clock.now, set(rids))
 
     def lose_node(self, node: str) -> None:
         expected = sorted(rid for rid, live in self.live.items() if live[2] == node)
