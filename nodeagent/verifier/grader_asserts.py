@@ -110,10 +110,12 @@ def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites"):
 
 
 if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copies
+    from nodeagent.verifier import grader_liars as _liars
     from nodeagent.verifier import grader_sites as _sites
     from nodeagent.verifier import grader_values as _values
 else:
     _sites, _values = _load_sites(), _load_sites("/verifier/paddock_values.py", "paddock_values")
+    _liars = _load_sites("/verifier/paddock_liars.py", "paddock_liars")
 perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
 ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
@@ -143,12 +145,12 @@ def bind_perturber(code, source=None, _roles=None, _role_class=_values.role_clas
     if _roles is None:
         cls = _role_class(_perturb, _probes)
         _roles = {k: cls(v) for k, v in _names.items()}
-    if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles) or isinstance(c, type(code))
-               for c in code.co_consts):
+    if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles or c == _liars.CALL_SENTINEL)
+               or isinstance(c, type(code)) for c in code.co_consts):
         return code
     consts = tuple(_perturber(agent) if type(c) is str and c == CANARY_SENTINEL else _roles[c] if type(c) is str and c
-                   in _roles else bind_perturber(c, agent, _roles) if isinstance(c, type(code)) else c
-                   for c in code.co_consts)
+                   in _roles else _liars.BOUNDARY if type(c) is str and c == _liars.CALL_SENTINEL else
+                   bind_perturber(c, agent, _roles) if isinstance(c, type(code)) else c for c in code.co_consts)
     return code.replace(co_consts=consts)
 
 
@@ -413,14 +415,15 @@ def framework_targets(classes=False):
     rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched. Also this
     module's binder of the canaries' perturber and the assertion-site guards (`grader_sites`)."""
     fixtures = sys.modules.get("_pytest.fixtures")
-    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values")] \
+    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values", "_liars",
+                                                  "HonestAsserts")] + [(_liars, "BOUNDARY")] \
         if not classes else []
     if classes:     # pytest's report, call, item and fixture classes (`TestReport.outcome`)
         import _pytest.nodes
         import _pytest.python
         import _pytest.reports
         import _pytest.runner
-        return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+        return [_liars.Boundaries, HonestAsserts, _pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
                 _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node] + [
             c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
             if isinstance(c, type)]
