@@ -16,9 +16,10 @@ owns it, is replaced by a wrapper that calls the original and, when the answer c
 
 When classes are armed (`install`): every class statement as it runs (`builtins.__build_class__`
 wrapped: a metaclass too); a class an object's `__class__` is set to (the `object.__setattr__`
-audit event); every class alive at the start of each test's call phase (a walk of
-`type.__subclasses__` from `object`: classes made by `type(...)` or a decorator that set a dunder
-late, fixtures' values); and every class reached from the arguments and result of every call a
+audit event); every class alive when the guards are installed, then before each test's call
+phase the new direct subclasses of the builtin roots and of every armed class (classes made by
+`type(...)`), the armed classes again (a dunder assigned after the class was made), and the
+classes reached from the test's fixture values; and every class reached from the arguments and result of every call a
 test module makes (`Boundaries`: `f(a)` compiled as `"\\0paddock-call\\0".call(f, a)`, the constant
 swapped by the grader's loader for a private object, `grader_asserts.bind_perturber`), walking
 builtin containers and instance dicts (bounded). A dunder found replaced is armed again.
@@ -34,17 +35,20 @@ Paddock, pytest.
 import ast
 import builtins
 import itertools
+import operator
 import os
 import sys
 
 IMPURE = "is not a pure function of the values compared"    # = grader_sites.IMPURE
 NAMES = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
+_OPPOSITE = {"__lt__": operator.ge, "__ge__": operator.lt, "__le__": operator.gt, "__gt__": operator.le}
 CALL_SENTINEL = "\x00paddock-call\x00"
 _SLOT_TYPES = (type(object.__eq__), type(str.join), type(int.__dict__["__eq__"]))
 _SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None), type, type(len), type(lambda: 0)})
 _CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 _FRAME_CALLS = frozenset({"super", "locals", "vars", "eval", "exec", "globals", "dir", "breakpoint", "__import__"})
 _TEST_DIRS = frozenset({"tests", "test"})
+_ROOTS = (object, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, type, BaseException)
 BOUNDARY = None         # the call boundary the grader's loader binds to CALL_SENTINEL (set by `install`)
 
 
@@ -94,25 +98,26 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
            _impure=IMPURE, _scalars=_SCALARS, _containers=_CONTAINERS, _names=NAMES, _suspect=_suspect,
            _setattr=type.__setattr__, _vars=type.__dict__["__dict__"].__get__, _mro=type.__dict__["__mro__"].__get__,
            _id=id, _getattr=getattr, _isinstance=isinstance, _str=str, _set=set, _dict=dict, _notimpl=NotImplemented,
-           _list=list, _getattribute=object.__getattribute__, _budget=256):
+           _list=list, _getattribute=object.__getattribute__, _budget=96, _flags=type.__dict__["__flags__"].__get__):
     """(arm, walk): `arm(cls)` arms every suspect comparison dunder of `cls` and its bases;
     `walk(values)` arms the classes of everything reachable from `values`. `emit`: the plugin's
     event emitter (a lie is a `tamper` event); `probes(y, n)`: `grader_sites._probes`."""
-    wrappers, known = _set(), _dict()       # ids of our wrappers; id(class) -> its dunders when last seen
+    wrappers, known, armed = _set(), _dict(), _list()   # ids of our wrappers; id(class) -> its dunders' ids; classes armed
 
     def lie(name, owner, _emit=emit, _error=_error, _impure=_impure, _str=str):
         what = f"{_getattr(owner, '__qualname__', '?')}.{name}"
-        _emit(ev="tamper", detail=f"a lying comparison: {what} holds for a fresh object or a moved value")
+        _emit(ev="tamper", detail=f"a lying comparison: {what} holds for a fresh object or a moved value, or changes its answer")
         return _error(f"paddock grader: {what} (the code under test's comparison) {_impure}")
 
-    def probe(name, f, other, r, owner, _object=_object, _truth=_truth, _exception=_exception, _type=_type,
-              _plain=_scalars | _containers, _probes=probes, _lie=lie, _notimpl=_notimpl):
+    def probe(name, f, self, other, r, owner, _opposite=_OPPOSITE, _error=_error, _impure=_impure, _str=_str,
+              _object=_object, _truth=_truth, _exception=_exception, _type=_type,
+              _plain=frozenset({int, float, str, bytes}), _probes=probes, _lie=lie, _notimpl=_notimpl):
         t = _truth(r)
         claims = t is False if name == "__ne__" else t is True
         if not claims:
             return
-        tries = [_object()]
-        if name in ("__eq__", "__ne__") and _type(other) in _plain and _type(other) is not type:
+        tries = [_object()]     # (a container moved may still be equal: a class comparing a dict's keys)
+        if name in ("__eq__", "__ne__") and _type(other) in _plain:
             try:
                 tries += _probes(other, 2)
             except _exception:
@@ -127,6 +132,19 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             held = _truth(q)
             if (held is False) if name == "__ne__" else (held is True):
                 raise _lie(name, owner)
+        if name in _opposite:       # `x < o` and `x >= o` both true
+            try:
+                if _truth(_opposite[name](self, other)) is True:
+                    raise _lie(name, owner)
+            except _exception as exc:
+                if _type(exc) is _error and _impure in _str(exc):
+                    raise
+        try:        # asked again after the probes: the same answer (not "true on the first call only")
+            again = _truth(f(other))
+        except _exception:
+            again = None
+        if again is not t:
+            raise _lie(name, owner)
 
     def wrap(name, d, owner, _probe=probe, _type=_type, _getattr=_getattr, _notimpl=_notimpl):
         get = _getattr(_type(d), "__get__", None)
@@ -136,13 +154,13 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             f = _get(_d, self, _type(self)) if _get is not None else _d
             r = f(other)
             if r is not _notimpl:
-                _probe(_name, f, other, r, _owner)
+                _probe(_name, f, self, other, r, _owner)
             return r
         guarded.__name__, guarded.__qualname__ = name, f"{_getattr(owner, '__qualname__', '?')}.{name}"
         guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
         return guarded
 
-    def arm(cls, deep=True, _wrap=wrap, _wrappers=wrappers, _known=known, _names=_names, _suspect=_suspect, _setattr=_setattr,
+    def arm(cls, deep=True, _heap=1 << 9, _flags=_flags, _armed=armed, _wrap=wrap, _wrappers=wrappers, _known=known, _names=_names, _suspect=_suspect, _setattr=_setattr,
             _vars=_vars, _mro=_mro, _id=_id, _tuple=tuple, _exception=_exception, _isinstance=_isinstance):
         if not _isinstance(cls, type):
             return
@@ -151,7 +169,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
         except _exception:
             return
         for k in chain:
-            if k is object:
+            if not _flags(k) & _heap:      # a static type: never the code under test's (nor settable)
                 continue
             own = _vars(k)
             seen = _tuple(own.get(n) for n in _names)
@@ -166,11 +184,14 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 except _exception:
                     continue        # a static type: not the code under test's
                 _wrappers.add(_id(g))
+                if not _armed or _armed[-1] is not k:
+                    _armed.append(k)
             _known[_id(k)] = _tuple(_id(own.get(n)) for n in _names)
 
     def walk(values, _arm=arm, _type=_type, _scalars=_scalars, _containers=_containers, _budget=_budget,
              _isinstance=_isinstance, _getattribute=_getattribute, _dict=_dict, _list=_list, _exception=_exception,
-             _id=_id, _set=_set, _seq=(list, tuple, set, frozenset), _islice=itertools.islice):
+             _id=_id, _set=_set, _seq=(list, tuple, set, frozenset), _islice=itertools.islice, _heap=1 << 9,
+             _flags=_flags):
         todo, n, types, seen = _list(values), 0, _set(), _set()
         while todo and n < _budget:
             x = todo.pop()
@@ -183,26 +204,40 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if _id(x) in seen:
                 continue
             seen.add(_id(x))
-            if t not in _containers and t not in types:
+            if t not in types and _flags(t) & _heap:
                 types.add(t)
                 _arm(t)
             try:
                 if _isinstance(x, _dict):       # (the builtin's own iteration: no code of a subclass runs)
-                    for k, v in _islice(_dict.items(x), 64):
+                    for k, v in _islice(_dict.items(x), 24):
                         todo += (k, v)
                 else:
                     for base in _seq:
                         if _isinstance(x, base):
-                            todo += _islice(base.__iter__(x), 64)
+                            todo += _islice(base.__iter__(x), 24)
                             break
                 if t not in _containers:
                     inner = _getattribute(x, "__dict__")
                     if _type(inner) is _dict:
-                        todo += _list(_dict.values(inner))[:64]
+                        todo += _islice(_dict.values(inner), 24)
             except _exception:
                 continue
 
-    return arm, walk
+    def sweep(_roots=_ROOTS, _armed=armed, _arm=arm, _subclasses=type.__subclasses__, _id=_id, _set=_set, _seen=_set(),
+              _list=_list):
+        """Before each test: arm the classes made since the last sweep directly on a builtin root
+        (`type("L", (), ...)`, `class N(int)`) or on a class armed before, and arm again a class
+        whose dunder was replaced (a dunder assigned after the class was made). Cheap: only new
+        direct subclasses are looked at."""
+        for root in (*_roots, *_armed):
+            for k in _subclasses(root):
+                if _id(k) not in _seen:
+                    _seen.add(_id(k))
+                    _arm(k)
+        for k in _list(_armed):
+            _arm(k, False)
+
+    return arm, walk, sweep
 
 
 def every_class(_subclasses=type.__subclasses__, _type=type, _set=set, _id=id, _exception=Exception):
@@ -248,10 +283,11 @@ def install(emit, probes, _build=builtins.__build_class__, _audit=sys.addauditho
             _isinstance=isinstance, _exception=Exception):
     """Arm classes from now on (before any code under test runs); `BOUNDARY`: the call-boundary
     object the grader's loader binds to `CALL_SENTINEL`. Returns a pytest plugin whose
-    `pytest_runtest_call` arms every class alive before each test's call phase."""
-    arm, walk = guards(emit, probes)
+    `pytest_runtest_call` sweeps new classes and the fixtures' values before each test's call phase."""
+    arm, walk, sweep = guards(emit, probes)
     for k in every_class():
         arm(k, False)
+    sweep()
 
     def __build_class__(func, name, /, *bases, _build=_build, _arm=arm, _isinstance=_isinstance, _type=_type, **kw):
         cls = _build(func, name, *bases, **kw)
@@ -282,7 +318,10 @@ def install(emit, probes, _build=builtins.__build_class__, _audit=sys.addauditho
     b.call = call
 
     class Plugin:
-        def pytest_runtest_call(self, item, _arm=arm, _every=every_class):
-            for k in _every():
-                _arm(k, False)
+        def pytest_runtest_call(self, item, _sweep=sweep, _walk=walk, _getattr=getattr, _exception=Exception):
+            _sweep()
+            try:        # the fixtures' values (a conftest's fixture is no test module: no call boundary)
+                _walk(_getattr(item, "funcargs", {}).values())
+            except _exception:
+                pass
     return Plugin()
