@@ -102,7 +102,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
     """(arm, walk): `arm(cls)` arms every suspect comparison dunder of `cls` and its bases;
     `walk(values)` arms the classes of everything reachable from `values`. `emit`: the plugin's
     event emitter (a lie is a `tamper` event); `probes(y, n)`: `grader_sites._probes`."""
-    wrappers, known, armed = _set(), _dict(), _list()   # ids of our wrappers; id(class) -> its dunders' ids; classes armed
+    wrappers, known, armed = _dict(), _dict(), _list()  # our wrappers by id; class -> its dunders when seen; classes armed
+    # (objects held, never bare ids: a freed wrapper's id reused by a new dunder must not pass for it)
 
     def lie(name, owner, _emit=emit, _error=_error, _impure=_impure, _str=str):
         what = f"{_getattr(owner, '__qualname__', '?')}.{name}"
@@ -173,20 +174,21 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 continue
             own = _vars(k)
             seen = _tuple(own.get(n) for n in _names)
-            if _known.get(_id(k)) == _tuple(_id(d) for d in seen):      # (ids: `==` would run their code)
+            last = _known.get(_id(k))     # (by id, the class held: a metaclass's `__hash__` is not asked)
+            if last is not None and last[0] is k and all(a is b for a, b in zip(last[1], seen)):     # (`is`: `==` would run their code)
                 continue
             for n, d in zip(_names, seen):
-                if d is None or _id(d) in _wrappers or not _suspect(n, d, k):
+                if d is None or _wrappers.get(_id(d)) is d or not _suspect(n, d, k):
                     continue
                 g = _wrap(n, d, k)
                 try:
                     _setattr(k, n, g)
                 except _exception:
                     continue        # a static type: not the code under test's
-                _wrappers.add(_id(g))
+                _wrappers[_id(g)] = g
                 if not _armed or _armed[-1] is not k:
                     _armed.append(k)
-            _known[_id(k)] = _tuple(_id(own.get(n)) for n in _names)
+            _known[_id(k)] = (k, _tuple(own.get(n) for n in _names))
 
     def walk(values, _arm=arm, _type=_type, _scalars=_scalars, _containers=_containers, _budget=_budget,
              _isinstance=_isinstance, _getattribute=_getattribute, _dict=_dict, _list=_list, _exception=_exception,
