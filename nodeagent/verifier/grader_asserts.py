@@ -9,8 +9,8 @@ and `inspect.currentframe` for the code under test (`install_frame_views`). `tru
 asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
 Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
-path there, imported from the package only on the host; so is `grader_values`). Must not import:
-pytest, Paddock other than nodeagent.verifier.grader_sites and nodeagent.verifier.grader_values.
+path there, imported from the package only on the host; so are `grader_values`, `grader_liars`).
+Must not import: pytest, Paddock other than nodeagent.verifier.grader_sites and nodeagent.verifier.grader_values and nodeagent.verifier.grader_liars.
 """
 
 import ast

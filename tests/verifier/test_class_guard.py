@@ -140,7 +140,7 @@ class S(str):
         return isinstance(o, str)
     __hash__ = str.__hash__
 ''' + _HEAD + "    return N(99)\n",
-    "dunder_assigned_after_the_class_was_made": f'''class L:
+    "dunder_assigned_after_the_class_was_made": '''class L:
     def __eq__(self, o):
         return o is self
     __hash__ = object.__hash__
@@ -161,7 +161,7 @@ class S(str):
     __eq__ = staticmethod(bool)
     __hash__ = str.__hash__
 ''' + _HEAD + "    return L()\n",
-    "honest_for_the_first_calls": f'''class L:
+    "honest_for_the_first_calls": '''class L:
     def __init__(self):
         self.calls = 0
     def _lie(self, o, honest):
@@ -176,9 +176,9 @@ class S(str):
     __le__ = __gt__ = __ge__ = __lt__
     __hash__ = object.__hash__
     def __str__(self):
-        return type("S", (str,), {{"__eq__": lambda s, o: True, "__hash__": str.__hash__}})("x")
+        return type("S", (str,), {"__eq__": lambda s, o: True, "__hash__": str.__hash__})("x")
 ''' + _HEAD + "    return L()\n",
-    "true_on_the_first_call_only": f'''class L:
+    "true_on_the_first_call_only": '''class L:
     def __init__(self):
         self.used = False
     def _once(self):
@@ -193,7 +193,7 @@ class S(str):
     __le__ = __gt__ = __ge__ = __lt__
     __hash__ = object.__hash__
     def __str__(self):
-        return type("S", (str,), {{"__eq__": lambda s, o: True, "__hash__": str.__hash__}})("x")
+        return type("S", (str,), {"__eq__": lambda s, o: True, "__hash__": str.__hash__})("x")
 ''' + _HEAD + "    return L()\n",
 }
 LIARS["builtins_and_partialmethod_under_total_ordering"] = "import operator\n" + \
