@@ -98,7 +98,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
            _impure=IMPURE, _scalars=_SCALARS, _containers=_CONTAINERS, _names=NAMES, _suspect=_suspect,
            _setattr=type.__setattr__, _vars=type.__dict__["__dict__"].__get__, _mro=type.__dict__["__mro__"].__get__,
            _id=id, _getattr=getattr, _isinstance=isinstance, _str=str, _set=set, _dict=dict, _notimpl=NotImplemented,
-           _list=list, _getattribute=object.__getattribute__, _budget=96, _flags=type.__dict__["__flags__"].__get__):
+           _list=list, _getattribute=object.__getattribute__, _budget=48, _flags=type.__dict__["__flags__"].__get__):
     """(arm, walk): `arm(cls)` arms every suspect comparison dunder of `cls` and its bases;
     `walk(values)` arms the classes of everything reachable from `values`. `emit`: the plugin's
     event emitter (a lie is a `tamper` event); `probes(y, n)`: `grader_sites._probes`."""
@@ -112,7 +112,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def probe(name, f, self, other, r, owner, _opposite=_OPPOSITE, _error=_error, _impure=_impure, _str=_str,
               _object=_object, _truth=_truth, _exception=_exception, _type=_type,
-              _plain=frozenset({int, float, str, bytes}), _probes=probes, _lie=lie, _notimpl=_notimpl):
+              _plain=frozenset({int, float, str, bytes}), _data=_scalars | _containers, _probes=probes, _lie=lie, _notimpl=_notimpl):
         t = _truth(r)
         claims = t is False if name == "__ne__" else t is True
         if not claims:
@@ -140,6 +140,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             except _exception as exc:
                 if _type(exc) is _error and _impure in _str(exc):
                     raise
+        if _type(other) not in _data:      # (another operand may be used up by a comparison: an iterator)
+            return
         try:        # asked again after the probes: the same answer (not "true on the first call only")
             again = _truth(f(other))
         except _exception:
@@ -173,9 +175,9 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if not _flags(k) & _heap:      # a static type: never the code under test's (nor settable)
                 continue
             own = _vars(k)
-            seen = _tuple(own.get(n) for n in _names)
+            seen = _tuple([own.get(n) for n in _names])
             last = _known.get(_id(k))     # (by id, the class held: a metaclass's `__hash__` is not asked)
-            if last is not None and last[0] is k and all(a is b for a, b in zip(last[1], seen)):     # (`is`: `==` would run their code)
+            if last is not None and last[0] is k and last[1] == _tuple(map(_id, seen)):     # (`is`: `==` would run their code)
                 continue
             for n, d in zip(_names, seen):
                 if d is None or _wrappers.get(_id(d)) is d or not _suspect(n, d, k):
@@ -188,12 +190,13 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 _wrappers[_id(g)] = g
                 if not _armed or _armed[-1] is not k:
                     _armed.append(k)
-            _known[_id(k)] = (k, _tuple(own.get(n) for n in _names))
+            now = _tuple([own.get(n) for n in _names])
+            _known[_id(k)] = (k, _tuple(map(_id, now)), now)      # (the dunders held: their ids stay theirs)
 
     def walk(values, _arm=arm, _type=_type, _scalars=_scalars, _containers=_containers, _budget=_budget,
              _isinstance=_isinstance, _getattribute=_getattribute, _dict=_dict, _list=_list, _exception=_exception,
              _id=_id, _set=_set, _seq=(list, tuple, set, frozenset), _islice=itertools.islice, _heap=1 << 9,
-             _flags=_flags):
+             _flags=_flags, _met=_dict()):
         todo, n, types, seen = _list(values), 0, _set(), _set()
         while todo and n < _budget:
             x = todo.pop()
@@ -208,7 +211,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             seen.add(_id(x))
             if t not in types and _flags(t) & _heap:
                 types.add(t)
-                _arm(t)
+                _arm(t, _met.get(_id(t)) is not t)      # its bases once; then itself (a dunder set late)
+                _met[_id(t)] = t
             try:
                 if _isinstance(x, _dict):       # (the builtin's own iteration: no code of a subclass runs)
                     for k, v in _islice(_dict.items(x), 24):
