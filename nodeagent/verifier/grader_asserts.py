@@ -99,12 +99,13 @@ def honest_eq(a, b):
 CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
 
 
-def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites"):
+def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites", given=None):
     """In the sandbox: `grader_sites` (`grader_values`), loaded by path before any code under test
-    (`grade.SITES_PATH`, `grade.VALUES_PATH`)."""
+    (`grade.SITES_PATH`, `grade.VALUES_PATH`); `given`: globals it finds already set."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(given or {})
     spec.loader.exec_module(module)
     return module
 
@@ -114,8 +115,8 @@ if __name__.startswith("nodeagent."):      # on the host (tests): the package's 
     from nodeagent.verifier import grader_sites as _sites
     from nodeagent.verifier import grader_values as _values
 else:
-    _sites, _values = _load_sites(), _load_sites("/verifier/paddock_values.py", "paddock_values")
-    _liars = _load_sites("/verifier/paddock_liars.py", "paddock_liars")
+    _sites, _liars = _load_sites(), _load_sites("/verifier/paddock_liars.py", "paddock_liars")
+    _values = _load_sites("/verifier/paddock_values.py", "paddock_values", {"paddock_unwrap": _liars.unwrap})
 perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
 ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
@@ -416,7 +417,8 @@ def framework_targets(classes=False):
     module's binder of the canaries' perturber and the assertion-site guards (`grader_sites`)."""
     fixtures = sys.modules.get("_pytest.fixtures")
     own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values", "_liars",
-                                                  "HonestAsserts")] + [(_liars, "BOUNDARY")] \
+                                                  "HonestAsserts")] + [(_liars, n) for n in ("BOUNDARY", "_WRAPPER_CODE",
+                                                                                         "unwrap")] \
         if not classes else []
     if classes:     # pytest's report, call, item and fixture classes (`TestReport.outcome`)
         import _pytest.nodes

@@ -20,9 +20,10 @@ audit event); every class alive when the guards are installed, then before each 
 phase the new direct subclasses of the builtin roots and of every armed class (classes made by
 `type(...)`), the armed classes again (a dunder assigned after the class was made), and the
 classes reached from the test's fixture values; and every class reached from the arguments and result of every call a
-test module makes (`Boundaries`: `f(a)` compiled as `"\\0paddock-call\\0".call(f, a)`, the constant
+test module makes (`Boundaries`: `f(a)` compiled as `"\\0paddock-call\\0".ret(f(a))`, the constant
 swapped by the grader's loader for a private object, `grader_asserts.bind_perturber`), walking
-builtin containers and instance dicts (bounded). A dunder found replaced is armed again.
+builtin containers and instance dicts (bounded). `unwrap` gives the other guards the original
+dunder behind a wrapper (the first of its defaults, which the audit hook keeps from being replaced). A dunder found replaced is armed again.
 Test modules and conftest files are the task's (the agent's changes to them are never applied):
 their classes (a `mock.ANY`-like helper) are not armed, unless their code was compiled from a
 string under such a name (`paddock.trusted` of a name: forged).
@@ -49,6 +50,7 @@ _CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 _FRAME_CALLS = frozenset({"super", "locals", "vars", "eval", "exec", "globals", "dir", "breakpoint", "__import__"})
 _TEST_DIRS = frozenset({"tests", "test"})
 _ROOTS = (object, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, type, BaseException)
+_WRAPPER_CODE = None    # the code object every wrapper shares (set by `guards`)
 BOUNDARY = None         # the call boundary the grader's loader binds to CALL_SENTINEL (set by `install`)
 
 
@@ -159,6 +161,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if r is not _notimpl:
                 _probe(_name, f, self, other, r, _owner)
             return r
+        global _WRAPPER_CODE
+        _WRAPPER_CODE = guarded.__code__
         guarded.__name__, guarded.__qualname__ = name, f"{_getattr(owner, '__qualname__', '?')}.{name}"
         guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
         return guarded
@@ -264,8 +268,8 @@ def every_class(_subclasses=type.__subclasses__, _type=type, _set=set, _id=id, _
 
 
 class Boundaries(ast.NodeTransformer):
-    """Every call `f(a, k=b)` of a test module -> `CALL_SENTINEL.call(f, a, k=b)`: the classes of its
-    arguments and result are armed. Calls that need their caller's frame (`super()`, `locals()`,
+    """Every call `f(a)` of a test module -> `CALL_SENTINEL.ret(f(a))`: the classes of its result are
+    armed (the call itself is made where it was: a callee's `stacklevel` still names the test). Calls that need their caller's frame (`super()`, `locals()`,
     `eval(...)`) and the grader's own planted calls (a method of a string constant) stay as written."""
 
     def visit_Call(self, node):
@@ -274,8 +278,13 @@ class Boundaries(ast.NodeTransformer):
         if (isinstance(f, ast.Name) and f.id in _FRAME_CALLS) or (
                 isinstance(f, ast.Attribute) and isinstance(f.value, ast.Constant) and isinstance(f.value.value, str)):
             return node
-        call = ast.Attribute(ast.Constant(CALL_SENTINEL), "call", ast.Load())
-        return ast.copy_location(ast.Call(call, [f, *node.args], node.keywords), node)
+        ret = ast.Attribute(ast.Constant(CALL_SENTINEL), "ret", ast.Load())
+        return ast.copy_location(ast.Call(ret, [node], []), node)
+
+
+def unwrap(d, _function=type(_trusted), _type=type):
+    """The original dunder behind one of this module's wrappers (`d` itself otherwise)."""
+    return d.__defaults__[0] if _type(d) is _function and d.__code__ is _WRAPPER_CODE else d
 
 
 def compile_tree(tree, path, honest_asserts, state_compile):
@@ -311,17 +320,14 @@ def install(emit, probes, _build=builtins.__build_class__, _audit=sys.addauditho
     _audit(hook)
 
     class Boundary:
-        __slots__ = ("call",)
+        __slots__ = ("ret",)
 
-    def call(f, /, *args, _walk=walk, **kwargs):
-        __tracebackhide__ = True
-        _walk((f, *args, *kwargs.values()))
-        r = f(*args, **kwargs)
+    def ret(r, _walk=walk):
         _walk((r,))
         return r
     global BOUNDARY
     BOUNDARY = b = Boundary()
-    b.call = call
+    b.ret = ret
 
     class Plugin:
         def pytest_runtest_call(self, item, _sweep=sweep, _walk=walk, _getattr=getattr, _exception=Exception):
