@@ -109,7 +109,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def lie(name, owner, _emit=emit, _error=_error, _impure=_impure, _str=str):
         what = f"{_getattr(owner, '__qualname__', '?')}.{name}"
-        _emit(ev="tamper", detail=f"a lying comparison: {what} holds for a fresh object or a moved value, or changes its answer")
+        _emit(ev="tamper", detail=f"a lying comparison: {what} {_impure} (it holds for a fresh object or a moved "
+                                  "value, or changes its answer)")
         return _error(f"paddock grader: {what} (the code under test's comparison) {_impure}")
 
     def probe(name, f, self, other, r, owner, _opposite=_OPPOSITE, _error=_error, _impure=_impure, _str=_str,
