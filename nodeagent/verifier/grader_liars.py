@@ -19,7 +19,7 @@ wrapped: a metaclass too); a class an object's `__class__` is set to (the `objec
 audit event); every class alive when the guards are installed, then before each test's call
 phase the new direct subclasses of the builtin roots and of every armed class (classes made by
 `type(...)`), the armed classes again (a dunder assigned after the class was made), and the
-classes reached from the test's fixture values; and every class reached from the arguments and result of every call a
+classes reached from the test's fixture values; and every class reached from the result of every call a
 test module makes (`Boundaries`: `f(a)` compiled as `"\\0paddock-call\\0".ret(f(a))`, the constant
 swapped by the grader's loader for a private object, `grader_asserts.bind_perturber`), walking
 builtin containers and instance dicts (bounded). `unwrap` gives the other guards the original
