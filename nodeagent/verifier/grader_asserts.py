@@ -9,8 +9,8 @@ and `inspect.currentframe` for the code under test (`install_frame_views`). `tru
 asks the grader's audit hook, through an audit event, whether a function's code is trusted.
 
 Standard library only at import (it runs inside the task's image; `grader_sites` is loaded by
-path there, imported from the package only on the host; so is `grader_values`). Must not import:
-pytest, Paddock other than nodeagent.verifier.grader_sites and nodeagent.verifier.grader_values.
+path there, imported from the package only on the host; so are `grader_values`, `grader_liars`).
+Must not import: pytest, Paddock other than nodeagent.verifier.grader_sites and nodeagent.verifier.grader_values and nodeagent.verifier.grader_liars.
 """
 
 import ast
@@ -99,21 +99,24 @@ def honest_eq(a, b):
 CANARY_SENTINEL = "\x00paddock-perturb\x00"    # nodeagent.verifier.canaries.SENTINEL
 
 
-def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites"):
+def _load_sites(path="/verifier/paddock_sites.py", name="paddock_sites", given=None):
     """In the sandbox: `grader_sites` (`grader_values`), loaded by path before any code under test
-    (`grade.SITES_PATH`, `grade.VALUES_PATH`)."""
+    (`grade.SITES_PATH`, `grade.VALUES_PATH`); `given`: globals it finds already set."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(given or {})
     spec.loader.exec_module(module)
     return module
 
 
 if __name__.startswith("nodeagent."):      # on the host (tests): the package's own copies
+    from nodeagent.verifier import grader_liars as _liars
     from nodeagent.verifier import grader_sites as _sites
     from nodeagent.verifier import grader_values as _values
 else:
-    _sites, _values = _load_sites(), _load_sites("/verifier/paddock_values.py", "paddock_values")
+    _sites, _liars = _load_sites(), _load_sites("/verifier/paddock_liars.py", "paddock_liars")
+    _values = _load_sites("/verifier/paddock_values.py", "paddock_values", {"paddock_unwrap": _liars.unwrap})
 perturb = _sites.perturb        # the canaries' perturber (`grader_sites.perturb`)
 ROLES = {"\x00paddock-role-r\x00": "real", "\x00paddock-role-p\x00": "perturbed", "\x00paddock-role-f\x00": "fail"}
 
@@ -143,12 +146,12 @@ def bind_perturber(code, source=None, _roles=None, _role_class=_values.role_clas
     if _roles is None:
         cls = _role_class(_perturb, _probes)
         _roles = {k: cls(v) for k, v in _names.items()}
-    if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles) or isinstance(c, type(code))
-               for c in code.co_consts):
+    if not any(type(c) is str and (c == CANARY_SENTINEL or c in _roles or c == _liars.CALL_SENTINEL)
+               or isinstance(c, type(code)) for c in code.co_consts):
         return code
     consts = tuple(_perturber(agent) if type(c) is str and c == CANARY_SENTINEL else _roles[c] if type(c) is str and c
-                   in _roles else bind_perturber(c, agent, _roles) if isinstance(c, type(code)) else c
-                   for c in code.co_consts)
+                   in _roles else _liars.BOUNDARY if type(c) is str and c == _liars.CALL_SENTINEL else
+                   bind_perturber(c, agent, _roles) if isinstance(c, type(code)) else c for c in code.co_consts)
     return code.replace(co_consts=consts)
 
 
@@ -413,14 +416,16 @@ def framework_targets(classes=False):
     rewritten fixture value. `classes`: the classes whose whole `__dict__` is watched. Also this
     module's binder of the canaries' perturber and the assertion-site guards (`grader_sites`)."""
     fixtures = sys.modules.get("_pytest.fixtures")
-    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values")] \
+    own = [(sys.modules[__name__], n) for n in ("bind_perturber", "_perturber", "_sites", "_values", "_liars",
+                                                  "HonestAsserts")] + [(_liars, n) for n in ("BOUNDARY", "_WRAPPER_CODE",
+                                                                                         "unwrap")] \
         if not classes else []
     if classes:     # pytest's report, call, item and fixture classes (`TestReport.outcome`)
         import _pytest.nodes
         import _pytest.python
         import _pytest.reports
         import _pytest.runner
-        return [_pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
+        return [_liars.Boundaries, HonestAsserts, _pytest.reports.BaseReport, _pytest.reports.TestReport, _pytest.reports.CollectReport,
                 _pytest.runner.CallInfo, _pytest.python.Function, _pytest.nodes.Item, _pytest.nodes.Node] + [
             c for c in (getattr(fixtures, n, None) for n in ("FixtureDef", "FixtureRequest", "SubRequest"))
             if isinstance(c, type)]

@@ -361,7 +361,7 @@ class _MemLoader(importlib.abc.SourceLoader):
         return source
 
     def source_to_code(self, data, path, *, _optimize=-1):
-        tree = _asserts.HonestAsserts().visit(_asserts.state_compile(ast.parse(data, path), path))
+        tree = _asserts._liars.compile_tree(ast.parse(data, path), path, _asserts.HonestAsserts, _asserts.state_compile)
         code = compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True, optimize=_optimize)
         return _asserts.bind_perturber(code, data)
 
@@ -626,7 +626,7 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
                 me = ident()
                 busy.add(me)
                 try:
-                    code = getattr(args[0], "__code__", None)
+                    code = getattr(_asserts._liars.unwrap(args[0]), "__code__", None)    # (a class guard: its original)
                 finally:
                     busy.discard(me)
                 args[1].append(code is not None and trusted(code))
@@ -679,6 +679,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
     del sources
     install_audit_hook(plugin.emit, trusted_prefixes(cfg["tests_dir"]),
                                            test_files=cfg.get("locked") or ())
+    armed = [_asserts._liars.install(plugin.emit, _asserts._sites._probes)] if cfg.get("locked") else []  # (before the snapshot)
     plugin.take_snapshot()
     _asserts.install_frame_views()
     if bridge_fd is not None:
@@ -686,7 +687,7 @@ def child(fd, key, sources, args, cfg, bridge_fd):
         bridge = sys.modules["paddock_callbridge"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bridge)
         bridge.install(bridge_fd, cfg["call"]["modules"], float(cfg["call"]["timeout_s"]), plugin.emit)
-    code = pytest.main([*plugin_args, *args], plugins=[plugin])
+    code = pytest.main([*plugin_args, *args], plugins=[plugin, *armed])
     _exit(int(code))
 
 

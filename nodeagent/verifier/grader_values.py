@@ -104,11 +104,14 @@ def _walk(v, visit, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dic
     return False
 
 
-def _resolve(t, name, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__):
+_unwrap = globals().get("paddock_unwrap") or (lambda d: d)    # grader_liars.unwrap: the dunder behind a class guard
+
+
+def _resolve(t, name, _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__, _unwrap=_unwrap):
     for k in _mro(t):
         d = _vars(k).get(name)
         if d is not None:
-            return d
+            return _unwrap(d)
     return None
 
 

@@ -63,6 +63,8 @@ SITES_PATH = "/verifier/paddock_sites.py"     # its assertion-site guards and th
 SITES_SOURCE = GRADER_FILE.with_name("grader_sites.py").read_bytes()
 VALUES_PATH = "/verifier/paddock_values.py"     # its value guards and the canaries' roles (loaded by paddock_asserts)
 VALUES_SOURCE = GRADER_FILE.with_name("grader_values.py").read_bytes()
+LIARS_PATH = "/verifier/paddock_liars.py"     # its class guards: lying comparisons wherever made (loaded by paddock_asserts)
+LIARS_SOURCE = GRADER_FILE.with_name("grader_liars.py").read_bytes()
 
 
 def _checker_files(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile],
@@ -299,7 +301,8 @@ def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> V
         system, tests, cwd, args = _repo_files(task, spec, plan), {f"{TESTS_DIR}/.paddock": b""}, "/work", REPO_PYTEST_ARGS
     else:
         (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS
-    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE, SITES_PATH: SITES_SOURCE, VALUES_PATH: VALUES_SOURCE}
+    system = {**system, ASSERTS_PATH: ASSERTS_SOURCE, SITES_PATH: SITES_SOURCE, VALUES_PATH: VALUES_SOURCE,
+              LIARS_PATH: LIARS_SOURCE}
     expected = expected_tests(spec, parsed)
     if not expected:
         raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")
