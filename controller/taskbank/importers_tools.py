@@ -219,7 +219,9 @@ def harbor_task(task_dir: Path) -> Task:
                                                  for t in tests.values()) else []
     if not any(f"tests/{name}" in tests for name in PYTEST_CONFIGS):
         runner["tests/pytest.ini"] = HARBOR_PYTEST_INI
-    hidden = {**tests, **_tree(task_dir / "solution", "solution/", task_dir),
+    solution = {rel: _harbor_text(t) if isinstance(t, str) else t      # validation runs solve.sh in /work
+                for rel, t in _tree(task_dir / "solution", "solution/", task_dir).items()}
+    hidden = {**tests, **solution,
               **_tree(task_dir / "environment", "environment/", task_dir), **runner}
     files = {rel: t for rel, t in _tree(task_dir / "environment" / "app", "", task_dir).items()}
     verifier_s = float((meta.get("verifier") or {}).get("timeout_sec", 60.0))

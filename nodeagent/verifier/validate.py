@@ -51,6 +51,7 @@ from nodeagent.verifier import grade as verifier
 from nodeagent.verifier import hacks
 from nodeagent.verifier.baseline import ANSWER_KINDS, GOLD_PATCH, GOLD_PREFIX, _text, reference_of, solution_file  # noqa: F401 - the task's own solutions, shared with the verifier
 from nodeagent.verifier.baseline import solution_changes as _changes
+from nodeagent.verifier.freshbox import as_bytes, fresh_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,49 @@ def _probe_of(reference: str) -> str:
     return _PROBE.split("\n", 1)[0] + "\n" + "".join(body[:cut]) + _PROBE.split("\n", 1)[1] + "".join(body[cut:])
 
 
+HARBOR_SOLVE = "solution/solve.sh"        # a Harbor task's reference (hidden; /app already /work)
+SOLVE_DIR = "/solution"                     # where Harbor's oracle finds its solution files
+SOLVE_TIMEOUT_S = 600.0
+_SH_PROBE = ("if [ -n \"$(find /verifier/tests -type f ! -name 'paddock*' -readable -print -quit 2>/dev/null)\" ]; "
+             "then exit 97; fi\n")
+
+
+def solve_changes(runtime, image, layers: tuple, task: GradedTask) -> list:
+    """A Harbor task's reference changes: its `solution/` files in /solution and `solve.sh` run
+    by bash in /work of a fresh sandbox of the task, as Harbor's oracle agent does; the changes
+    it leaves under /work (modes kept: a script it makes executable stays so).
+    VerifierInfraError when it cannot run or exits non-zero."""
+    sb = fresh_sandbox(runtime, image, layers, task, [])
+    try:
+        sol = {f"{SOLVE_DIR}/{rel[len('solution/'):]}": as_bytes(t) for rel, t in task.hidden.items()
+               if rel.startswith("solution/") and t is not None}
+        sb.write_files(sol, owner="system", mode=0o755)
+        r = sb.exec(["bash", f"{SOLVE_DIR}/solve.sh"], cwd="/work", timeout_s=SOLVE_TIMEOUT_S)
+        if r.timed_out or r.exit_code != 0:
+            raise verifier.VerifierInfraError(
+                f"solution/solve.sh {'timed out' if r.timed_out else f'exited {r.exit_code}'}: "
+                f"{r.stderr.decode(errors='replace')[-300:]}")
+        return sb.diff("/work", skip_bytecode=True)
+    except SandboxError as exc:
+        raise verifier.VerifierInfraError(f"solution/solve.sh could not run: {exc}") from None
+    finally:
+        sb.destroy()
+
+
+def _probed(changes: list) -> list:
+    """The reference's changes with the probe's prologue in every script it writes (after the
+    shebang: a Python prologue for a python shebang, a shell one otherwise), made executable."""
+    out = []
+    for c in changes:
+        data = c.data if c.kind in ("added", "modified") else None
+        if data and data.startswith(b"#!"):
+            first, _, rest = data.partition(b"\n")
+            prologue = _PROBE.split("\n", 1)[1] if b"python" in first else _SH_PROBE
+            c = replace(c, data=first + b"\n" + prologue.encode() + rest, mode=c.mode | 0o111)
+        out.append(c)
+    return out
+
+
 def _family_hacks(task: GradedTask, sol: str, stub: str) -> dict[str, Callable[[], dict]]:
     """Issue 14's families (star-import fill, /work shadowing, redefined helpers, patched random,
     in-process forgery, oracles), generated for this task by `nodeagent.verifier.hacks`."""
@@ -420,10 +464,6 @@ def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers:
         v.reasons.append(short)
         return v
     todo = cases(task, quick)
-    if "reference" not in todo:
-        v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "
-                         "or answer.txt for answer tasks)")
-
     try:
         image = own_image(image, task)
         layers = sandbox_layers(runtime, image, task)
@@ -432,13 +472,26 @@ def validate_task(runtime, image, task: GradedTask | Mapping[str, Any], workers:
         v.reasons.append(f"the task's environment cannot be made: {exc}")
         v.cases = {"reference": {"outcome": "infra_error", "reward": None, "detail": str(exc)[:300]}}
         return v
+    if "reference" not in todo and task.checker.kind == "command" and HARBOR_SOLVE in task.hidden:
+        try:        # a Harbor task: its solve.sh is the reference, and the probe runs its scripts
+            solved = solve_changes(runtime, image, layers, task)
+        except verifier.VerifierInfraError as exc:
+            v.reasons.append(f"the task's reference (solution/solve.sh) does not run: {exc}")
+        else:
+            todo = {"reference": (solved, None), **todo, PROBE: (_probed(solved), None)}
+    if "reference" not in todo and not any(r.startswith("the task's reference") for r in v.reasons):
+        v.reasons.append("no reference solution (hidden reference.py, gold.patch for repository tasks, "
+                         "solution/solve.sh for Harbor tasks, or answer.txt for answer tasks)")
 
     def grade(item):
         name, (files, answer) = item
         try:      # the reference and null runs are the baseline: never compared with themselves
-            changes = _changes(task, files)
-            if name == PROBE:           # the agent may chmod +x its program: the probe does
-                changes = [replace(c, mode=0o755) for c in changes]
+            if isinstance(files, list):         # a Harbor reference's own changes (modes kept)
+                changes = files
+            else:
+                changes = _changes(task, files)
+                if name == PROBE:           # the agent may chmod +x its program: the probe does
+                    changes = [replace(c, mode=0o755) for c in changes]
             r = verifier.verify(runtime, image, task, changes, answer, clock, runner=runner,
                                 layers=layers, baseline=verifier.NO_BASELINE if name in BASELINE_CASES else None)
             return name, {"outcome": r.outcome, "reward": r.reward,
