@@ -25,16 +25,19 @@ support file: it runs test.sh and passes when the reward it wrote is 1 (docs/ver
 "Harbor tasks: the reward file"); a `tests/pytest.ini` is added when `tests/` has no pytest
 configuration (else pytest would find the verifier's own, which puts /work first). The agent's
 timeout is the wall budget, the verifier's the check's deadline, `[environment]` cpus,
-memory and storage the limits. The environment's Dockerfile is kept as hidden
-`environment/Dockerfile`; the task runs in `image` (`[environment] paddock_image =
+memory and storage the limits. The files the environment's Dockerfile copies into `/app`
+(`COPY`/`ADD` from its build context, not `--from` another stage) are task files, beside
+`environment/app/`. The Dockerfile is kept as hidden `environment/Dockerfile`; the task runs in `image` (`[environment] paddock_image =
 "sha256:..."`, an image built with `paddock image build`), else the built-in python image.
-`allow_internet = true` is refused (a task gets no network here). `solution/` is hidden.
+`allow_internet = true` is refused (a task gets no network here). `solution/` is hidden (its
+`/app` read as `/work`: validation runs `solve.sh` as the reference).
 
 Every error names the file (and the task). Must not import zmq, nodeagent.
 """
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import tomllib
 from pathlib import Path
@@ -196,6 +199,52 @@ def _tree(root: Path, prefix: str, where: Path) -> dict[str, str | bytes]:
     return out
 
 
+def _copied_into_app(env_dir: Path, where: Path) -> dict[str, str | bytes]:
+    """The files the environment's Dockerfile copies from its build context into `/app` (the
+    agent's /work): `COPY`/`ADD` lines without `--from`, their destination absolute or relative
+    to the last `WORKDIR`, a source file or directory of the context. Other instructions (a
+    `RUN pip install`) are the image's business: the task runs in `paddock_image` or the
+    built-in one."""
+    dockerfile = env_dir / "Dockerfile"
+    if not dockerfile.is_file():
+        return {}
+    out: dict[str, str | bytes] = {}
+    workdir = "/"
+    text = re.sub(r"\\\n", " ", dockerfile.read_text(errors="replace"))
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
+        if not words:
+            continue
+        op, args = words[0].upper(), [w for w in words[1:] if not w.startswith("--")]
+        if op == "WORKDIR" and args:
+            workdir = posixpath.join(workdir, args[0])
+        if op not in ("COPY", "ADD") or any(w.startswith("--from") for w in words) or len(args) < 2:
+            continue
+        dest = posixpath.normpath(posixpath.join(workdir, args[-1]))
+        if dest != HARBOR_APP and not dest.startswith(HARBOR_APP + "/"):
+            continue
+        for src in args[:-1]:
+            path = (env_dir / src).resolve()
+            if not path.is_relative_to(env_dir.resolve()) or not path.exists():
+                raise ImportSourceError(f"{dockerfile.relative_to(where)}: {op} {src}: not in the build context")
+            base = dest[len(HARBOR_APP):].lstrip("/")
+            if path.is_dir():
+                out.update({posixpath.join(base, rel): t for rel, t in _tree(path, "", where).items()})
+            else:
+                into_dir = args[-1].endswith("/") or len(args) > 2 or dest == HARBOR_APP
+                rel = posixpath.join(base, path.name) if into_dir else base
+                out.update({rel: t for t in _tree_file(path)})
+    return out
+
+
+def _tree_file(path: Path) -> list[str | bytes]:
+    data = path.read_bytes()
+    try:
+        return [data.decode()]
+    except UnicodeDecodeError:
+        return [data]
+
+
 def harbor_task(task_dir: Path) -> Task:
     where = task_dir / "task.toml"
     try:
@@ -223,7 +272,8 @@ def harbor_task(task_dir: Path) -> Task:
                 for rel, t in _tree(task_dir / "solution", "solution/", task_dir).items()}
     hidden = {**tests, **solution,
               **_tree(task_dir / "environment", "environment/", task_dir), **runner}
-    files = {rel: t for rel, t in _tree(task_dir / "environment" / "app", "", task_dir).items()}
+    files = {**_copied_into_app(task_dir / "environment", task_dir),
+             **_tree(task_dir / "environment" / "app", "", task_dir)}
     verifier_s = float((meta.get("verifier") or {}).get("timeout_sec", 60.0))
     agent_s = float((meta.get("agent") or {}).get("timeout_sec", 600.0))
     limits = Limits(memory_mb=int(env.get("memory_mb", Limits.memory_mb)),
