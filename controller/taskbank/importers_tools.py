@@ -202,7 +202,8 @@ def _tree(root: Path, prefix: str, where: Path) -> dict[str, str | bytes]:
 def _copied_into_app(env_dir: Path, where: Path) -> dict[str, str | bytes]:
     """The files the environment's Dockerfile copies from its build context into `/app` (the
     agent's /work): `COPY`/`ADD` lines without `--from`, their destination absolute or relative
-    to the last `WORKDIR`, a source file or directory of the context. Other instructions (a
+    to the last `WORKDIR`, a source file or directory of the context (`environment/`, else the
+    task directory, as a compose file's `context: ..` makes it; never outside the task). Other instructions (a
     `RUN pip install`) are the image's business: the task runs in `paddock_image` or the
     built-in one."""
     dockerfile = env_dir / "Dockerfile"
@@ -223,9 +224,10 @@ def _copied_into_app(env_dir: Path, where: Path) -> dict[str, str | bytes]:
         dest = posixpath.normpath(posixpath.join(workdir, args[-1]))
         if dest != HARBOR_APP and not dest.startswith(HARBOR_APP + "/"):
             continue
-        for src in args[:-1]:
-            path = (env_dir / src).resolve()
-            if not path.is_relative_to(env_dir.resolve()) or not path.exists():
+        for src in args[:-1]:     # the context: environment/, or the task (a compose file's `context: ..`)
+            path = next((p for p in ((env_dir / src).resolve(), (where / src).resolve())
+                         if p.is_relative_to(where.resolve()) and p.exists()), None)
+            if path is None:
                 raise ImportSourceError(f"{dockerfile.relative_to(where)}: {op} {src}: not in the build context")
             base = dest[len(HARBOR_APP):].lstrip("/")
             if path.is_dir():

@@ -278,7 +278,7 @@ def solve_changes(runtime, image, layers: tuple, task: GradedTask) -> list:
         if r.timed_out or r.exit_code != 0:
             raise verifier.VerifierInfraError(
                 f"solution/solve.sh {'timed out' if r.timed_out else f'exited {r.exit_code}'}: "
-                f"{r.stderr.decode(errors='replace')[-300:]}")
+                f"{(r.stderr.strip() or r.stdout.strip()).decode(errors='replace')[-300:]}")
         return sb.diff("/work", skip_bytecode=True)
     except SandboxError as exc:
         raise verifier.VerifierInfraError(f"solution/solve.sh could not run: {exc}") from None
