@@ -94,11 +94,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     print(f"restored {res.run_dir} from {args.replica}: ledger generation {res.generation}, "
           f"{res.records} log records, newest commit {_iso(res.until)}; {res.committed} "
           f"committed rollouts, {res.shards} shards copied")
-    if res.missing:
-        print(f"{len(res.missing)} committed shards are not on the replica (first: "
-              f"{res.missing[0]}): their rollouts are committed without their record",
-              file=sys.stderr)
-        return 1
+    if res.missing:     # commits the primary made after its disk was lost: their record is gone
+        print(f"{len(res.missing)} committed shards are not on the replica (first: {res.missing[0]}): "
+              f"their {len(res.requeued)} rollouts are queued again ({', '.join(res.requeued[:5])}"
+              f"{', ...' if len(res.requeued) > 5 else ''})", file=sys.stderr)
     return 0
 
 

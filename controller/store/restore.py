@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from controller.contracts.states import COMMITTED, QUEUED
 from controller.store.catalog import Catalog, reconcile
 from controller.store.queue import RolloutQueue
 from controller.store.replica import (
@@ -42,6 +44,7 @@ class RestoreResult:
     committed: int  # committed rollouts in the restored ledger
     shards: int  # shard files copied
     missing: tuple[str, ...]  # shards a committed rollout names that the replica lacks
+    requeued: tuple[str, ...] = ()  # those rollouts: queued again, their record lost
 
 
 def restore_run(replica_dir: str | os.PathLike, to: str | os.PathLike,
@@ -62,12 +65,32 @@ def restore_run(replica_dir: str | os.PathLike, to: str | os.PathLike,
         queue.close()
     rels = [rel for row in committed for rel in (row["shards"] or {}).values()]
     missing = copy_shards(replica, to, rels)
+    gone = set(missing)
+    lost = tuple(row["rollout_id"] for row in committed if gone & set((row["shards"] or {}).values()))
+    if lost:     # committed on the primary after its disk was lost: no record to restore
+        _requeue(to / DB_NAME, lost)
+        committed = [row for row in committed if row["rollout_id"] not in set(lost)]
     with Catalog(to) as catalog:
         reconcile(catalog, committed)
     for rel in missing[:20]:
         log.error("restore: committed shard %s is not on the replica %s", rel, replica)
+    if lost:
+        log.error("restore: %d rollouts committed without their record on the replica are queued again: %s",
+                  len(lost), ", ".join(lost[:10]))
     log.info("restored %s from %s: generation %d, %d records, %d committed rollouts, %d shards"
              " (%d missing)", to, replica, ledger.generation, ledger.records, len(committed),
              len(rels) - len(missing), len(missing))
     return RestoreResult(to, ledger.generation, ledger.records, ledger.until, len(committed),
-                         len(rels) - len(missing), tuple(missing))
+                         len(rels) - len(missing), tuple(missing), lost)
+
+
+def _requeue(db_path: Path, rollout_ids: tuple[str, ...]) -> None:
+    """Put rollouts whose committed record the replica lacks back in the queue (a new attempt
+    runs them): a restored run never shows a committed rollout without its record."""
+    with sqlite3.connect(db_path) as db:
+        db.executemany(
+            "UPDATE rollouts SET state = ?, token = NULL, node = NULL, lease_deadline = NULL, leased_at = NULL,"
+            " outcome = NULL, reward = NULL, shards = NULL, infra_reason = NULL, infra_code = NULL,"
+            " commit_seq = NULL, commit_idem = NULL, not_before = 0 WHERE rollout_id = ? AND state = ?",
+            [(QUEUED, rid, COMMITTED) for rid in rollout_ids])
+    db.close()

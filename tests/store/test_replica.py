@@ -109,6 +109,33 @@ def test_restore_run_brings_back_the_ledger_the_shards_and_the_catalog(tmp_path,
         restore_run(replica_dir, restored)
 
 
+def test_a_rollout_committed_without_its_record_on_the_replica_is_queued_again_by_the_restore(
+        tmp_path, replica_dir):
+    """A commit the primary made after its disk was lost can reach the replica's ledger without
+    its shard (a real farm run: the run directory deleted, a commit before the controller's
+    kill). The restore used to keep it committed without a record (and exit 1); it is queued
+    again, named, and the restored run is consistent: its views show only what has a record."""
+    from controller.store.catalog import Catalog
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    done = commit_some(q, run, "b", 10)
+    q.close()
+    lost_id = done[3]
+    [shard] = (replica_dir / R.RUN_DIR / "rollouts").glob(f"n1-{lost_id}-*.parquet")
+    shard.unlink()
+    res = restore_run(replica_dir, tmp_path / "restored")
+    restored = tmp_path / "restored"
+    assert res.requeued == (lost_id,) and len(res.missing) == 1 and res.committed == 9
+    assert committed_in(restored / "controller.db") == set(done) - {lost_id}
+    assert set(Catalog(restored).keys()) == set(done) - {lost_id}
+    q = RolloutQueue(restored / "controller.db", clock=clock)
+    try:
+        assert [lease.rollout_id for lease in q.lease_next("n2", 5)] == [lost_id]
+    finally:
+        q.close()
+
+
 def test_a_failing_replica_is_counted_as_lag_and_caught_up_without_losing_a_commit(
         tmp_path, replica_dir):
     clock = FakeClock()
