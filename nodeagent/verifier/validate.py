@@ -393,9 +393,9 @@ def sandbox_layers(runtime, image, task: GradedTask) -> tuple[Path, ...]:
     return layers + ((made,) if made is not None else ())
 
 
-def cases(task: GradedTask, quick: bool = False) -> dict[str, tuple[dict, str | None]]:
+def cases(task: GradedTask, quick: bool = False) -> dict[str, tuple[dict | list, str | None]]:
     """Every case to grade: reference, null, then (unless `quick`) the hacks for the task's kind."""
-    out: dict[str, tuple[dict, str | None]] = {}
+    out: dict[str, tuple[dict | list, str | None]] = {}
     ref = reference_of(task)
     if ref is not None:
         out["reference"] = ref
