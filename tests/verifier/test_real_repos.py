@@ -67,5 +67,4 @@ def test_the_gold_patch_of_a_real_project_passes_and_no_change_fails(entry, corp
     assert task["checker"]["fail_to_pass"] == entry["fail_to_pass"]
     g = repos.grade_project(runtime, task, python_image, entry)
     assert g.gold == "pass", f"false negative: the gold patch is graded {g.gold}: {g.gold_detail}"
-    # reward 0 either way: a loaded machine can run the null's failing tests past the timeout
-    assert g.null in ("fail", "timeout"), f"the null solution is graded {g.null}: {g.null_detail}"
+    assert g.null == "fail", f"the null solution is graded {g.null}: {g.null_detail}"
