@@ -6,7 +6,8 @@ always-equal object, a no-op `assertEqual` or `assert_close`. The verdict theref
 rest on that process's honesty alone. Before the test modules go into the sandbox, `plant`
 rewrites each one on the host:
 
-- every real test function/method gets an opaque random name (`test_<hex>`);
+- every real test function/method is bound to a random name (`<its name>_<hex>`, sorting where
+  its name did: `_opaque`);
 - next to it, at a random place among them, `K_CANARIES` canaries: copies of the test that an
   honest implementation must FAIL. A *perturbed* canary is the test with each straight-line
   equality check (`assert a == b`, `self.assertEqual(a, b)`, `assert_close(a, b)`-like helpers)
@@ -305,10 +306,18 @@ class _Rename(ast.NodeTransformer):
         return node
 
 
-def _opaque(rng: random.Random, original: str, taken: set[str]) -> str:
-    prefix = original.split("_", 1)[0] + "_" if "_" in original else "test"
+def _opaque(rng: random.Random, original: str, taken: set[str], originals: Collection[str] = ()) -> str:
+    """`original`, a separator and 64 random bits: every copy of a test has a name of one form, and
+    it sorts where the original did among the tests in `originals` (the files' own names).
+    unittest's loader, pytest's for a `TestCase` too, runs a class's tests in name order, and a
+    suite whose tests depend on that order (pathspec's `IterTreeTest`: a class attribute one test
+    sets for the next) keeps it. The separator is `_`; when another test's name extends this one
+    (`test_a`, `test_a_b`), zeros, one more than that extension starts with: below any identifier
+    character that can follow."""
+    ext = [n[len(original):] for n in originals if n != original and n.startswith(original)]
+    sep = "0" * (1 + max(len(r) - len(r.lstrip("0")) for r in ext)) if ext else "_"
     while True:
-        name = f"{prefix}{rng.getrandbits(64):016x}"
+        name = f"{original}{sep}{rng.getrandbits(64):016x}"
         if name not in taken:
             taken.add(name)
             return name
@@ -332,7 +341,8 @@ def _kinds(sites: list[int], required: bool) -> list[str]:
 
 
 def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, str], rng: random.Random,
-              plan: Plan, taken: set[str], required: set[str] | None = None, counted: bool = False) -> str:
+              plan: Plan, taken: set[str], required: set[str] | None = None, counted: bool = False,
+              originals: Collection[str] = ()) -> str:
     """`source` with the tests named in `guarded` (None: every test) planted with canaries, all
     bound to opaque names; records the map in `plan`. `required`: the tests that get `TWINS` and
     `PERTURBED` (`counted`: they have one case each, else not a parametrised one). `names`
@@ -345,9 +355,11 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
     taken |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
     tests = [f for _scope, body in scopes for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
              and f.name.startswith("test") and not _is_fixture(f) and (guarded is None or f.name in guarded)]
+    originals = set(originals) | {f.name for _scope, body in scopes for f in body
+                                  if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
     for f in tests:
         if f.name not in names:
-            names[f.name] = _opaque(rng, f.name, taken)
+            names[f.name] = _opaque(rng, f.name, taken, originals)
     tree = _Rename(names).visit(tree)
     real = plan.real.setdefault(rel, {})
     canary = plan.canary.setdefault(rel, {})
@@ -364,7 +376,7 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
                 "parametrize" in ast.unparse(d) for d in stmt.decorator_list))
             for kind in _kinds(sites, heavy):
                 c = _variant(stmt, sites, kind)
-                cname = _opaque(rng, stmt.name, taken)
+                cname = _opaque(rng, stmt.name, taken, originals)
                 if kind == ROLE_REAL:
                     plan.twin.setdefault(rel, {})[cname] = (scope, stmt.name)
                 else:
@@ -447,17 +459,20 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     plan = Plan()
     names: dict[str, str] = {}
     taken: set[str] = set()
+    bodies = []
     for text in sources.values():       # every file's names first: a test may call another file's by name
         try:
             tree = parse(text)
         except (SyntaxError, ValueError, RecursionError):
             continue
         classes = test_classes(tree)
-        for body in [tree.body] + [c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]:
-            for f in body:
-                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
-                        and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
-                    names[f.name] = _opaque(rng, f.name, taken)
+        bodies += [tree.body] + [c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name in classes]
+    originals = {f.name for body in bodies for f in body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    for body in bodies:
+        for f in body:
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name.startswith("test") \
+                    and not _is_fixture(f) and (guarded is None or f.name in guarded) and f.name not in names:
+                names[f.name] = _opaque(rng, f.name, taken, originals)
     ids: dict[str, int] = {}
     for t in fail_to_pass:
         ids[_base(t)] = ids.get(_base(t), 0) + 1
@@ -467,7 +482,8 @@ def plant(sources: dict[str, str], fail_to_pass: list[str], rng: random.Random |
     required = set(rng.sample(pool, min(F2P_HEAVY, len(pool))))
     for rel, text in sources.items():
         try:
-            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required, bool(fail_to_pass)) + \
+            plan.sources[rel] = plant_one(rel, text, guarded, names, rng, plan, taken, required, bool(fail_to_pass),
+                                          originals) + \
                 AGENT_CODE + json.dumps([list(x) for x in agent_code]) + "\n"
         except (SyntaxError, ValueError, RecursionError):
             plan.sources[rel] = text

@@ -124,7 +124,8 @@ def test_guarded_tests_and_their_canaries_get_opaque_names_and_the_rest_keep_the
     real, canary = plan.real["tests/test_calc.py"], plan.canary["tests/test_calc.py"]
     assert sorted(set(real.values())) == sorted({"test_add_negative", "test_early_return", "test_calls_the_other",
                                                  "test_qualname"})
-    assert all(re.fullmatch(r"test_[0-9a-f]{16}", n) for n in list(real) + list(canary))
+    assert all(re.fullmatch(r"test_\w+_[0-9a-f]{16}", n) and n.startswith(orig) for n, orig in real.items())
+    assert all(re.fullmatch(r"test_\w+_[0-9a-f]{16}", n) and n.startswith(orig) for n, (_scope, orig) in canary.items())
     per_test = {}
     for scope, original in canary.values():
         per_test[(scope, original)] = per_test.get((scope, original), 0) + 1

@@ -398,7 +398,7 @@ def test_the_names_and_order_of_a_tests_copies_say_nothing_of_which_is_real():
     for seed in range(12):
         plan = canaries.plant({FILE: TESTS}, ["test_area"], random.Random(seed))
         names = re.findall(r"^(test_\w+) = test_area$", plan.sources[FILE], re.M)
-        assert len(names) == canaries.copies(True, True) and all(re.fullmatch(r"test_[0-9a-f]{16}", n) for n in names)
+        assert len(names) == canaries.copies(True, True) and all(re.fullmatch(r"test_area_[0-9a-f]{16}", n) for n in names)
         places.add([n in plan.real[FILE] for n in names].index(True))
     assert len(places) > 2
 
