@@ -401,37 +401,85 @@ def _function_nodes(tree: ast.Module) -> list[ast.FunctionDef | ast.AsyncFunctio
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
 
 
+_POSITIONS = frozenset(("lineno", "col_offset", "end_lineno", "end_col_offset"))
+_DEF_LINE = re.compile(r"(?m)^[ \t]*@|\b(?:def|lambda)\b")
+
+
+class _Mark(str):
+    """A piece of `_shape`'s output (a field's name, a closing parenthesis), not a value."""
+
+
+def _shape(node: ast.AST) -> str:
+    """A function's code without positions, as `ast.dump` gives it, but by an explicit stack:
+    `ast.dump` recurses, and a function of a few hundred `elif`s (nested `If` nodes) exceeds
+    the interpreter's recursion limit on the grading host."""
+    out: list[str] = []
+    todo: list[object] = [node]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, _Mark):
+            out.append(x)
+        elif isinstance(x, ast.AST):
+            out.append(type(x).__name__ + "(")
+            todo.append(_Mark(")"))
+            for name, value in reversed(list(ast.iter_fields(x))):
+                if name not in _POSITIONS:
+                    todo += [value, _Mark(f" {name}=")]
+        elif isinstance(x, list):
+            out.append(f"[{len(x)}]")
+            todo += reversed(x)
+        else:
+            out.append(repr(x))
+    return "".join(out)
+
+
+def _def_lines(text: str) -> list[int]:
+    """Every line that may start a function's code object (a `def`, a `lambda`, a decorator):
+    the functions of a file the host cannot parse (its parser's limits, a newer syntax than the
+    host's Python), over-counted: a line that starts no function matches no code object."""
+    return sorted({text.count("\n", 0, m.start()) + 1 for m in _DEF_LINE.finditer(text)})
+
+
+def _text(data: str | bytes) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
 def agent_functions(originals: Mapping[str, str | bytes], changed: Mapping[str, bytes | None],
                     added: Collection[str] = ()) -> list[list]:
     """[rel path, first line] of every function (`def`, `lambda`) the agent wrote or changed: in a
-    changed `.py` file whose original is in `originals`, one whose code (`ast.dump`, positions
+    changed `.py` file whose original is in `originals`, one whose code (`_shape`, positions
     left out) is not among the original file's functions; every function of a file the agent
     added (`added`). A modified file whose original is not at hand (a repository that lives in
     the image) gives none: its `__eq__` may be the original's, which may ignore a cache field
     (semver's `Version` its build, ordered-set's its index). The first line is the code
     object's `co_firstlineno` (a decorated `def`: its first decorator's line). The value guards
     hold an `__eq__` of these to every field (`grader_values`); an original `__eq__` that ignores
-    a field (a cache, a position) is the project's own semantics."""
+    a field (a cache, a position) is the project's own semantics. The agent's files are read on
+    the grading host: one its parser cannot read (a syntax error, its limits: `MemoryError`
+    for 200,000 nested unary minus signs) counts every line that may start a function
+    (`_def_lines`); nothing in a file raises out of here."""
     out: list[list] = []
     for rel, data in sorted(changed.items()):
         if data is None or not rel.endswith(".py"):
             continue
-        try:
-            new = parse(data.decode("utf-8", "replace") if isinstance(data, bytes) else data)
-        except (SyntaxError, ValueError, RecursionError):
-            continue
-        old: dict[str, int] = {}
         text = originals.get(rel)
         if text is None and rel not in added:
             continue
+        try:
+            new = _function_nodes(parse(_text(data)))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            out += [[rel, line] for line in _def_lines(_text(data))]
+            continue
+        old: dict[str, int] = {}
         if text is not None:
             try:
-                for n in _function_nodes(parse(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)):
-                    old[ast.dump(n)] = old.get(ast.dump(n), 0) + 1
-            except (SyntaxError, ValueError, RecursionError):
-                pass
-        for n in _function_nodes(new):
-            key = ast.dump(n)
+                for n in _function_nodes(parse(_text(text))):
+                    key = _shape(n)
+                    old[key] = old.get(key, 0) + 1
+            except (SyntaxError, ValueError, RecursionError, MemoryError):
+                old = {}
+        for n in new:
+            key = _shape(n)
             if old.get(key):
                 old[key] -= 1
                 continue

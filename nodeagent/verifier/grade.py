@@ -44,6 +44,7 @@ from controller.contracts.checkerspec import CheckerSpec
 from controller.contracts.tasks import GradedTask, LeaseTask, TaskError
 from nodeagent.harness import model as model_client
 from nodeagent.sandbox.runtime import Change, SandboxRuntime
+from nodeagent.sandbox.spec import SandboxError
 from nodeagent.verifier import judge, statecheck, webstate
 from nodeagent.verifier.answercheck import ANSWER_TIMEOUT_S, verify_answer
 from nodeagent.verifier.baseline import BASELINE, NO_BASELINE, Baseline, Watched  # noqa: F401 - re-exported
@@ -106,9 +107,11 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
 
     An infrastructure error is only what reproduces without the agent: when grading fails after
     the agent's changes were applied or its code ran (a collection or import error, a killed
-    or stopped grader, a missing report, pytest not starting), the task is graded without the
-    agent (`Baseline`); if that grades cleanly the rollout is `fail`, reward 0, with both
-    reasons in its checks. `baseline`: where clean runs are known (default: `BASELINE`, cached
+    or stopped grader, a missing report, pytest not starting), or when this host's own code
+    raised while it read the rollout's changes or answer (anything but an `OSError` or a
+    `SandboxError`: a parser's `RecursionError` or `MemoryError` on the agent's file), the
+    task is graded without the agent (`Baseline`); if that grades cleanly the rollout is
+    `fail`, reward 0, with both reasons in its checks. `baseline`: where clean runs are known (default: `BASELINE`, cached
     per task, image and verifier version); `NO_BASELINE` turns the comparison off (validation's
     own reference and null runs). `conversation`: a conversational rollout's final service
     state and transcript (the `state` checker's input)."""
@@ -134,8 +137,17 @@ def verify(runtime: SandboxRuntime, image: Path, task: GradedTask, changes: list
     for attempt in range(INFRA_RETRIES + 1):
         watched = Watched(runtime, bool(changes), spec.kind == "pytest")
         try:
-            v = _primary(watched, image, layers, task, changes, answer, conversation, clock, runner)
-            break
+            try:
+                v = _primary(watched, image, layers, task, changes, answer, conversation, clock, runner)
+                break
+            except VerifierInfraError:
+                raise
+            except Exception as error:     # this host's code reading the rollout's own input raised
+                if isinstance(error, (OSError, SandboxError)) or not (changes or answer):
+                    raise
+                watched.agent_ran = True
+                raise VerifierInfraError(f"grading raised {type(error).__name__} on the rollout's "
+                                         f"input: {str(error)[:300]}") from error
         except VerifierInfraError as exc:
             checks.append(_check(spec.kind, "infra_error", f"attempt {attempt + 1}: {exc}"))
             if watched.agent_ran and not agent_ran:   # compared before any retry: a retry the agent's
