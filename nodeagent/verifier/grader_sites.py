@@ -124,7 +124,7 @@ def _text(y, _type=type, _str=str, _bytes=bytes, _len=len, _chr=chr, _ord=ord, _
         if new is None and o < 128 and _chr(o) in group:
             new = _ord(group[(group.index(_chr(o)) + 1 + _rand(_len(group) - 1)) % _len(group)])
     if new is None and not text:        # a control byte or one above 127: another of its range
-        lo, n = (0, 32) if o < 32 else (127, 129)
+        lo, n = (0, 32) if o < 32 or o == 127 else (128, 128)
         new = lo + (o - lo + 1 + _rand(n - 1)) % n
     if new is None:     # a character outside ASCII (or a control one): a neighbour of the same kind
         c = _chr(o)
