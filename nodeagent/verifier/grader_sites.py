@@ -40,7 +40,10 @@ _WRAPPER, _FUNCTION = type(object.__eq__), type(lambda: None)
 IMPURE = "is not a pure function of the values compared"    # in a site's failure: `canaries.translate` reads it
 
 
-_LIFT = -4      # a nonzero number below 10^_LIFT in size moves to the 10^_LIFT decade (see `_number`)
+# A nonzero float whose leading digit is below 10^LIFT moves to that decade (see `_number`): -4 for
+# a canary's value and the site guards' probes (no tolerance beyond an assertion's default), -1
+# for the probes the value and class guards try against a tolerance below 0.1
+_LIFT, _LIFT_STRICT = -4, -1
 _PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
 _SPACE = " \t\n\r\x0b\x0c"
 
@@ -71,18 +74,21 @@ def _form(v, _decimal=_decimal, _type=type, _float=float, _len=len, _big=1 << 20
     return exp, _len(digits), exp + _len(digits) - 1, neg, digits[-1], den if den <= _big else 0
 
 
-def _number(y, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, _form=_form, _rand=_rand,
-            _isfinite=math.isfinite, _range=range, _len=len, _lift=_LIFT, _zip=zip, _max=max, _tuple=tuple):
+def _number(y, strict=False, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, _form=_form, _rand=_rand,
+            _isfinite=math.isfinite, _len=len, _lifts=(_LIFT, _LIFT_STRICT), _zip=zip, _tuple=tuple):
     """A finite int or float on y's own decimal grid: the leading digit changed, every other digit,
     the sign, the count of significant digits and of decimals kept (3.0 -> 5.0, 2.5 -> 7.5, 0.1 ->
     0.6, 12345.678 -> 42345.678, 300 -> 800), moved by at least half of |y| (no tolerance an
     assertion has by default hides it); among the candidates, those that keep all of `_form`. A
-    nonzero float below 10^_LIFT moves to that decade (1e-9 -> 3e-4: an absolute tolerance such
-    as `assertAlmostEqual`'s 7 places would hide a move on its own grid). None when there is none."""
+    nonzero float below 10^_LIFT moves to that decade (1e-9 -> 1e-4: an absolute tolerance such
+    as `assertAlmostEqual`'s 7 places would hide a move on its own grid). `strict`: the move also
+    beats any absolute and relative tolerance below 0.1 together (9 |p - y| > 1 + |y|; a float
+    below 0.1 moves to the 0.1 decade: 0.05 -> 0.5). None when there is none."""
     t = _type(y)
     neg, digits, exp = _decimal(y)
     lead = exp + _len(digits) - 1
-    shift = _lift - lead if t is _float and y and lead < _lift else 0
+    lift = _lifts[1 if strict else 0]
+    shift = lift - lead if t is _float and y and lead < lift else 0
     want, best, found = _form(y), None, []
     for down in (0, 1):
         for d in "123456789":
@@ -91,7 +97,8 @@ def _number(y, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, 
             e = exp + shift - down
             text = ("-" if neg else "") + d + digits[1:]
             p = _float(f"{text}e{e}") if t is _float else _int(text) * 10 ** e if e >= 0 else None
-            if p is None or t is _float and not _isfinite(p) or p == y or 2 * _abs(p - y) < _abs(y):
+            if p is None or t is _float and not _isfinite(p) or p == y or 2 * _abs(p - y) < _abs(y) or (
+                    strict and 9 * _abs(p - y) <= 1 + _abs(y)):
                 continue
             score = _tuple(a == b for a, b in _zip(_form(p), want))
             if best is None or score > best:
@@ -140,10 +147,10 @@ def _text(y, _type=type, _str=str, _bytes=bytes, _len=len, _chr=chr, _ord=ord, _
     return y[:i] + (_chr(new) if text else _bytes((new,))) + y[i + 1:]
 
 
-def _scalar(y, _type=type, _float=float, _int=int, _complex=complex, _str=str, _bytes=bytes, _bool=bool,
+def _scalar(y, strict=False, _type=type, _float=float, _int=int, _complex=complex, _str=str, _bytes=bytes, _bool=bool,
             _none=type(None), _isfinite=math.isfinite, _number=_number, _text=_text, _error=ValueError):
-    """A different value of scalar y's own type that looks like y (`_number`, `_text`); a raise
-    when there is none."""
+    """A different value of scalar y's own type that looks like y (`_number`, `_text`; `strict`
+    as there); a raise when there is none."""
     t, new = _type(y), None
     if t is _bool:
         new = not y
@@ -153,12 +160,12 @@ def _scalar(y, _type=type, _float=float, _int=int, _complex=complex, _str=str, _
         new = -y if y == y else y      # inf <-> -inf; nan stays nan (nothing equals it)
     elif t in (_int, _float):
         try:
-            new = _number(y)
+            new = _number(y, strict)
         except _error:                  # an int with more digits than `str` converts: moved by half
             new = y + y // 2 + 1
     elif t is _complex:     # each nonzero part on its own grid (a zero part stays zero: "2j" stays "Nj")
         def part(v):
-            return (-v if v == v else v) if not _isfinite(v) else _number(v)
+            return (-v if v == v else v) if not _isfinite(v) else _number(v, strict)
         re, im = y.real, y.imag
         new = _complex(part(re) if re else re, part(im) if im or not re else im)
     elif t in (_str, _bytes):
@@ -168,7 +175,7 @@ def _scalar(y, _type=type, _float=float, _int=int, _complex=complex, _str=str, _
     return new
 
 
-def perturb(y, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
+def perturb(y, strict=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
             _set=set, _frozenset=frozenset, _range=range, _scalars=_SCALARS, _error=AssertionError,
             _exception=Exception, _reversed=reversed):
     """A different value of y's own builtin type that looks like an ordinary expected value, and
@@ -180,11 +187,12 @@ def perturb(y, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _
     comparison reaches the moved item). An empty container gets one item (no other looks like it).
     Everything it uses is bound as a default argument: no global or builtin a test could swap
     is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
-    cannot perturb fails the canary."""
+    cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1
+    (`_number`)."""
     def leaf(v):
         t = _type(v)
         if t in _scalars:
-            return _scalar(v)
+            return _scalar(v, strict)
         if t in (_list, _tuple, _set, _frozenset) and not v:
             return t((0,))
         if t is _dict and not v:
@@ -306,16 +314,18 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
     return False
 
 
-def _probes(y, count, _perturb=perturb, _object=object, _range=range, _exception=Exception):
+def _probes(y, count, near=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
     """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)`: for
     plain data, `y` with one value deep inside it moved on its own grid (the shape kept, so a
     container's comparison reaches its items; a number moved by half its size and more: a
     tolerance does not hide it; and like `y` to look at, so a comparison that answers by the look
-    of a value meets them as it meets `y`), else fresh objects."""
+    of a value meets them as it meets `y`), else fresh objects. `near`: for a comparison with no
+    tolerance beyond its default (the site guards); otherwise the move also beats a tolerance below
+    0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
     out = []
     for _ in _range(count):
         try:
-            out.append(_perturb(y))
+            out.append(_perturb(y, not near))
         except _exception:
             out.append(_object())
     return out
@@ -363,7 +373,7 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
     for mine, other, left, suspect in ((a, b, True, suspects[0]), (b, a, False, suspects[1])):
         if suspect:
             ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
-                    for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2))] * 2
+                    for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False
     for kind, x, y in _order(ops):
         try:
@@ -411,7 +421,7 @@ def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _o
     if _len(args) == 2 and set(kwargs) <= {"msg"} and "not" not in name and ("equal" in name or "close" in name):
         at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
         ops += [(i, (args[0], p) if at else (p, args[1])) for i, p in _enumerate(
-            _probes(args[at] if _plain(args[at]) else object(), _count // 2))] * 2
+            _probes(args[at] if _plain(args[at]) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False
     for kind, xs in _order(ops):
         try:

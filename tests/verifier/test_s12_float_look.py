@@ -68,8 +68,8 @@ CONTAINERS = [[1, 2, 3], (1.5, 2.5), {"a": 1, "b": 2.0}, {3, 4}, frozenset({"x"}
 
 
 def moved_values(y, k=3):
-    """What a liar meets in place of y: the canaries' perturbed values and the guards' probes."""
-    return [perturb(y) for _ in range(k)] + _probes(y, k)
+    """What a liar meets in place of y: the canaries' perturbed values and the site guards' probes."""
+    return [perturb(y) for _ in range(k)] + _probes(y, k, True)
 
 
 def test_perturbed_floats_and_probes_keep_the_expected_values_form():
@@ -116,6 +116,19 @@ def test_no_default_tolerance_hides_the_move():
     for y in INTS:
         for p in moved_values(y):
             assert 2 * abs(p - y) >= abs(y) and p != y, (y, p)
+
+
+def test_the_value_and_class_guards_probes_beat_any_tolerance_below_a_tenth():
+    """`_probes(y, n)` (the value guards try them against an assertion whose tolerances are below
+    0.1, the class guards against a project's `__eq__`): outside `assert_allclose(p, y, rtol=0.0999,
+    atol=0.0999)`, and with y's look when |y| >= 0.1 (below, moved to the 0.1 decade: 0.05 -> 0.5)."""
+    for y in FLOATS + INTS + [0.0, -0.0, 0.05, -0.0125, 1e-9, 0.1, 0.29]:
+        for p in _probes(y, 4):
+            assert abs(p - y) > 0.0999 + 0.0999 * abs(p) and abs(p - y) > 0.0999 + 0.0999 * abs(y), (y, p)
+            if isinstance(y, float) and abs(y) >= 0.1:
+                assert float_form(p) == float_form(y), (y, p)
+            elif isinstance(y, float) and y:
+                assert decade(p) == -1 and sig_digits(p) == sig_digits(y) and (p > 0) == (y > 0), (y, p)
 
 
 def test_special_floats_are_moved_clearly():
