@@ -19,6 +19,11 @@ it meets") fails the site: a value-independent answer passes it with probability
 1 / C(REPEATS + PROBES, PROBES - 1) (1/6435: the first is a probe), and the canaries stay in
 place on top.
 
+A perturbed expected value and every probe look like the expected value itself (`perturb`: a
+number on its own decimal grid, a string's characters within their classes, a container's
+length kept), so a comparison that answers by the look of a value meets them as it meets the
+real one.
+
 Everything a site function uses is bound as a default argument (nothing is looked up at run
 time: the audit hook refuses `__defaults__` swaps) and no closure holds mutable state.
 
