@@ -79,39 +79,46 @@ def _form(v, _decimal=_decimal, _type=type, _float=float, _len=len, _big=1 << 20
     return exp, _len(digits), exp + _len(digits) - 1, neg, digits[-1], den if den <= _big else 0
 
 
-def _number(y, strict=False, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, _form=_form, _rand=_rand,
-            _isfinite=math.isfinite, _len=len, _lifts=(_LIFT, _LIFT_STRICT), _zip=zip, _tuple=tuple):
+def _number(y, strict=False, probe=False, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, _form=_form, _rand=_rand,
+            _isfinite=math.isfinite, _len=len, _lifts=(_LIFT, _LIFT_STRICT), _zip=zip, _tuple=tuple, _max=max):
     """A finite int or float on y's own decimal grid: the leading digit changed, every other digit,
     the sign, the count of significant digits and of decimals kept (3.0 -> 5.0, 2.5 -> 7.5, 0.1 ->
     0.6, 12345.678 -> 42345.678, 300 -> 800), moved by at least half of |y| (no tolerance an
     assertion has by default hides it); among the candidates, those that keep all of `_form`. A
     nonzero float below 10^_LIFT moves to that decade (1e-9 -> 1e-4: an absolute tolerance such
     as `assertAlmostEqual`'s 7 places would hide a move on its own grid). `strict`: the move also
-    beats any absolute and relative tolerance below 0.1 together (9 |p - y| > 1 + |y|; a float
-    below 0.1 moves to the 0.1 decade: 0.05 -> 0.5). None when there is none."""
+    beats any absolute and relative tolerance below 0.1 together (10 |p - y| >= 1 + max(|p|, |y|);
+    a float below 0.1 moves to the 0.1 decade: 0.05 -> 0.5). `probe`: a probe of y, drawn first
+    from the look-alikes y is *not* far from (2 |p - y| < |p|): y may be a canary's perturbed value
+    (far from the real one), and a probe of it then never is the real value, which a comparison
+    that remembers the first value it met would otherwise have met in a canary (a look-alike set
+    is small: 3.0 has eight). None when there is none."""
     t = _type(y)
     neg, digits, exp = _decimal(y)
     lead = exp + _len(digits) - 1
     lift = _lifts[1 if strict else 0]
     shift = lift - lead if t is _float and y and lead < lift else 0
-    want, best, found = _form(y), None, []
-    for down in (0, 1):
-        for d in "123456789":
-            if d == digits[0] and not shift and not down:
-                continue
-            e = exp + shift - down
-            text = ("-" if neg else "") + d + digits[1:]
-            p = _float(f"{text}e{e}") if t is _float else _int(text) * 10 ** e if e >= 0 else None
-            if p is None or t is _float and not _isfinite(p) or p == y or 2 * _abs(p - y) < _abs(y) or (
-                    strict and 9 * _abs(p - y) <= 1 + _abs(y)):
-                continue
-            score = _tuple(a == b for a, b in _zip(_form(p), want))
-            if best is None or score > best:
-                best, found = score, [p]
-            elif score == best:
-                found.append(p)
-        if found:
-            return found[_rand(_len(found))]
+    want = _form(y)
+    for down in (0, 1):     # (a decade down only when y's own has no candidate: y near the largest float)
+        for near in ((True, False) if probe else (False,)):
+            best, found = None, []
+            for d in "123456789":
+                if d == digits[0] and not shift and not down:
+                    continue
+                e = exp + shift - down
+                text = ("-" if neg else "") + d + digits[1:]
+                p = _float(f"{text}e{e}") if t is _float else _int(text) * 10 ** e if e >= 0 else None
+                if p is None or t is _float and not _isfinite(p) or p == y or (
+                        2 * _abs(p - y) >= _abs(p) if near else 2 * _abs(p - y) < _abs(y)) or (
+                        strict and 10 * _abs(p - y) < 1 + _max(_abs(p), _abs(y))):
+                    continue
+                score = _tuple(a == b for a, b in _zip(_form(p), want))
+                if best is None or score > best:
+                    best, found = score, [p]
+                elif score == best:
+                    found.append(p)
+            if found:
+                return found[_rand(_len(found))]
     return None
 
 
@@ -152,10 +159,10 @@ def _text(y, _type=type, _str=str, _bytes=bytes, _len=len, _chr=chr, _ord=ord, _
     return y[:i] + (_chr(new) if text else _bytes((new,))) + y[i + 1:]
 
 
-def _scalar(y, strict=False, _type=type, _float=float, _int=int, _complex=complex, _str=str, _bytes=bytes, _bool=bool,
+def _scalar(y, strict=False, probe=False, _type=type, _float=float, _int=int, _complex=complex, _str=str, _bytes=bytes, _bool=bool,
             _none=type(None), _isfinite=math.isfinite, _number=_number, _text=_text, _error=ValueError):
     """A different value of scalar y's own type that looks like y (`_number`, `_text`; `strict`
-    as there); a raise when there is none."""
+    and `probe` as there); a raise when there is none."""
     t, new = _type(y), None
     if t is _bool:
         new = not y
@@ -165,12 +172,12 @@ def _scalar(y, strict=False, _type=type, _float=float, _int=int, _complex=comple
         new = -y if y == y else y      # inf <-> -inf; nan stays nan (nothing equals it)
     elif t in (_int, _float):
         try:
-            new = _number(y, strict)
+            new = _number(y, strict, probe)
         except _error:                  # an int with more digits than `str` converts: moved by half
             new = y + y // 2 + 1
     elif t is _complex:     # each nonzero part on its own grid (a zero part stays zero: "2j" stays "Nj")
         def part(v):
-            return (-v if v == v else v) if not _isfinite(v) else _number(v, strict)
+            return (-v if v == v else v) if not _isfinite(v) else _number(v, strict, probe)
         re, im = y.real, y.imag
         new = _complex(part(re) if re else re, part(im) if im or not re else im)
     elif t in (_str, _bytes):
@@ -180,7 +187,7 @@ def _scalar(y, strict=False, _type=type, _float=float, _int=int, _complex=comple
     return new
 
 
-def perturb(y, strict=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
+def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
             _set=set, _frozenset=frozenset, _range=range, _scalars=_SCALARS, _error=AssertionError,
             _exception=Exception, _reversed=reversed):
     """A different value of y's own builtin type that looks like an ordinary expected value, and
@@ -192,12 +199,12 @@ def perturb(y, strict=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand,
     comparison reaches the moved item). An empty container gets one item (no other looks like it).
     Everything it uses is bound as a default argument: no global or builtin a test could swap
     is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
-    cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1
-    (`_number`)."""
+    cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1;
+    `probe`: a number moves to a look-alike y is near (`_number`)."""
     def leaf(v):
         t = _type(v)
         if t in _scalars:
-            return _scalar(v, strict)
+            return _scalar(v, strict, probe)
         if t in (_list, _tuple, _set, _frozenset) and not v:
             return t((0,))
         if t is _dict and not v:
@@ -330,7 +337,7 @@ def _probes(y, count, near=False, _perturb=perturb, _object=object, _range=range
     out = []
     for _ in _range(count):
         try:
-            out.append(_perturb(y, not near))
+            out.append(_perturb(y, not near, True))
         except _exception:
             out.append(_object())
     return out
