@@ -326,18 +326,19 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
     return False
 
 
-def _probes(y, count, near=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
-    """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)`: for
-    plain data, `y` with one value deep inside it moved on its own grid (the shape kept, so a
-    container's comparison reaches its items; a number moved by half its size and more: a
-    tolerance does not hide it; and like `y` to look at, so a comparison that answers by the look
-    of a value meets them as it meets `y`), else fresh objects. `near`: for a comparison with no
-    tolerance beyond its default (the site guards); otherwise the move also beats a tolerance below
-    0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
+def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
+    """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)` as a
+    probe: for plain data, `y` with one value deep inside it moved on its own grid (the shape kept,
+    so a container's comparison reaches its items; a number moved by a tenth of its size and more:
+    no default tolerance hides it), like `y` to look at (a comparison that answers by the look of a
+    value meets them as it meets `y`) and drawn from the look-alikes `y` is near (a probe of a
+    canary's perturbed value is not the real one); else fresh objects. `exact`: for a comparison
+    with no tolerance beyond its default (the site guards); otherwise the move also beats any
+    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
     out = []
     for _ in _range(count):
         try:
-            out.append(_perturb(y, not near, True))
+            out.append(_perturb(y, not exact, True))
         except _exception:
             out.append(_object())
     return out
