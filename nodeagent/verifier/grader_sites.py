@@ -19,12 +19,18 @@ it meets") fails the site: a value-independent answer passes it with probability
 1 / C(REPEATS + PROBES, PROBES - 1) (1/6435: the first is a probe), and the canaries stay in
 place on top.
 
+A perturbed expected value and every probe look like the expected value itself (`perturb`: a
+number on its own decimal grid, a string's characters within their classes, a container's
+length kept), so a comparison that answers by the look of a value meets them as it meets the
+real one.
+
 Everything a site function uses is bound as a default argument (nothing is looked up at run
 time: the audit hook refuses `__defaults__` swaps) and no closure holds mutable state.
 
 Standard library only. Must not import: anything of Paddock, pytest.
 """
 
+import math
 import os
 import sys
 from collections import deque
@@ -39,54 +45,216 @@ _WRAPPER, _FUNCTION = type(object.__eq__), type(lambda: None)
 IMPURE = "is not a pure function of the values compared"    # in a site's failure: `canaries.translate` reads it
 
 
-def perturb(y, _type=type, _len=len, _abs=abs, _urandom=os.urandom, _from=int.from_bytes, _int=int,
-            _float=float, _str=str, _bytes=bytes, _list=list, _tuple=tuple, _dict=dict, _set=set,
-            _frozenset=frozenset, _bool=bool, _none=type(None), _error=AssertionError, _chr=chr, _ord=ord):
-    """A different value of y's own builtin type that looks like an ordinary expected value (the
-    expected side of a canary's assertion: an honest result equal to y must not equal it).
-    Everything it uses is bound as a default argument: no global or builtin a test could swap
-    is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
-    cannot perturb fails the canary."""
-    def r(n):
-        return _from(_urandom(4), "little") % n if n > 0 else 0
+# A nonzero float whose leading digit is below 10^LIFT moves to that decade (see `_number`): -4 for
+# a canary's value and the site guards' probes (no tolerance beyond an assertion's default), -1
+# for the probes the value and class guards try against a tolerance below 0.1
+_LIFT, _LIFT_STRICT = -4, -1
+_PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+_SPACE = " \t\n\r\x0b\x0c"
+
+
+def _rand(n, _urandom=os.urandom, _from=int.from_bytes):
+    return _from(_urandom(4), "little") % n if n > 0 else 0
+
+
+def _decimal(v, _type=type, _float=float, _repr=repr, _str=str, _int=int, _len=len):
+    """(negative, digits, exponent) of a finite int or float: |v| = int(digits) * 10**exponent in
+    the shortest repr's digits, without trailing zeros ("0" for zero)."""
+    neg = v < 0 or _type(v) is _float and _repr(v)[0] == "-"
+    text = _repr(-v if neg else v) if _type(v) is _float else _str(-v if neg else v)
+    mant, _, ex = text.partition("e")
+    whole, _, frac = mant.partition(".")
+    digits, exp = (whole + frac).lstrip("0"), (_int(ex) if ex else 0) - _len(frac)
+    if not digits:
+        return neg, "0", 0
+    stripped = digits.rstrip("0")
+    return neg, stripped, exp + _len(digits) - _len(stripped)
+
+
+def _form(v, _decimal=_decimal, _type=type, _float=float, _len=len, _big=1 << 20):
+    """What a number looks like: its last digit's place (decimals), count of significant digits,
+    leading digit's place (magnitude), sign, last digit, and a short binary fraction's denominator."""
+    neg, digits, exp = _decimal(v)
+    den = v.as_integer_ratio()[1] if _type(v) is _float else 1
+    return exp, _len(digits), exp + _len(digits) - 1, neg, digits[-1], den if den <= _big else 0
+
+
+def _number(y, strict=False, probe=False, _type=type, _float=float, _int=int, _abs=abs, _decimal=_decimal, _form=_form, _rand=_rand,
+            _isfinite=math.isfinite, _len=len, _lifts=(_LIFT, _LIFT_STRICT), _zip=zip, _tuple=tuple, _max=max):
+    """A finite int or float on y's own decimal grid: the leading digit changed, every other digit,
+    the sign, the count of significant digits and of decimals kept (3.0 -> 5.0, 2.5 -> 7.5, 0.1 ->
+    0.6, 12345.678 -> 42345.678, 300 -> 800), moved by at least half of |y| (no tolerance an
+    assertion has by default hides it); among the candidates, those that keep all of `_form`. A
+    nonzero float below 10^_LIFT moves to that decade (1e-9 -> 1e-4: an absolute tolerance such
+    as `assertAlmostEqual`'s 7 places would hide a move on its own grid). `strict`: the move also
+    beats any absolute and relative tolerance below 0.1 together (10 |p - y| >= 1 + max(|p|, |y|);
+    a float below 0.1 moves to the 0.1 decade: 0.05 -> 0.5). `probe`: a probe of y, drawn first
+    from the look-alikes y is *not* far from (2 |p - y| < |p|): y may be a canary's perturbed value
+    (far from the real one), and a probe of it then never is the real value, which a comparison
+    that remembers the first value it met would otherwise have met in a canary (a look-alike set
+    is small: 3.0 has eight). None when there is none."""
+    t = _type(y)
+    neg, digits, exp = _decimal(y)
+    lead = exp + _len(digits) - 1
+    lift = _lifts[1 if strict else 0]
+    shift = lift - lead if t is _float and y and lead < lift else 0
+    want = _form(y)
+    for down in (0, 1):     # (a decade down only when y's own has no candidate: y near the largest float)
+        for near in ((True, False) if probe else (False,)):
+            best, found = None, []
+            for d in "123456789":
+                if d == digits[0] and not shift and not down:
+                    continue
+                e = exp + shift - down
+                text = ("-" if neg else "") + d + digits[1:]
+                p = _float(f"{text}e{e}") if t is _float else _int(text) * 10 ** e if e >= 0 else None
+                if p is None or t is _float and not _isfinite(p) or p == y or (
+                        2 * _abs(p - y) >= _abs(p) if near else 2 * _abs(p - y) < _abs(y)) or (
+                        strict and 10 * _abs(p - y) < 1 + _max(_abs(p), _abs(y))):
+                    continue
+                score = _tuple(a == b for a, b in _zip(_form(p), want))
+                if best is None or score > best:
+                    best, found = score, [p]
+                elif score == best:
+                    found.append(p)
+            if found:
+                return found[_rand(_len(found))]
+    return None
+
+
+def _text(y, _type=type, _str=str, _bytes=bytes, _len=len, _chr=chr, _ord=ord, _rand=_rand, _list=list,
+          _range=range, _punct=_PUNCT, _space=_SPACE, _enumerate=enumerate):
+    """y (a str or bytes) with one character changed to another of its class: a digit to a digit, a
+    letter to a letter of the same case, punctuation to punctuation, a space to a space, anything
+    else to a neighbour of the same kind; an ASCII letter or digit is the one changed when there
+    is one. The length is kept (an empty one gets one letter: no other value looks like it)."""
+    text = _type(y) is _str
+    if not y:
+        c = 97 + _rand(26)
+        return _chr(c) if text else _bytes((c,))
+    codes = [_ord(c) for c in y] if text else _list(y)
+    where = [i for i, o in _enumerate(codes) if 48 <= o <= 57 or 65 <= o <= 90 or 97 <= o <= 122]
+    i = where[_rand(_len(where))] if where else _rand(_len(codes))
+    o, new = codes[i], None
+    for lo, n in ((48, 10), (65, 26), (97, 26)):
+        if lo <= o < lo + n:
+            new = lo + (o - lo + 1 + _rand(n - 1)) % n
+    for group in (_punct, _space):
+        if new is None and o < 128 and _chr(o) in group:
+            new = _ord(group[(group.index(_chr(o)) + 1 + _rand(_len(group) - 1)) % _len(group)])
+    if new is None and not text:        # a control byte or one above 127: another of its range
+        lo, n = (0, 32) if o < 32 or o == 127 else (128, 128)
+        new = lo + (o - lo + 1 + _rand(n - 1)) % n
+    if new is None:     # a character outside ASCII (or a control one): a neighbour of the same kind
+        c = _chr(o)
+        kind = (c.isalpha(), c.isupper(), c.islower(), c.isdigit(), c.isspace(), c.isprintable(), o < 128)
+        for _ in _range(64):
+            k = o + (1 + _rand(64)) * (1 if _rand(2) else -1)
+            if 0 <= k < 0x110000 and not 0xD800 <= k < 0xE000 and k != o:
+                d = _chr(k)
+                if (d.isalpha(), d.isupper(), d.islower(), d.isdigit(), d.isspace(), d.isprintable(), k < 128) == kind:
+                    new = k
+                    break
+        new = 97 + (o + 1) % 26 if new is None or new == o else new
+    return y[:i] + (_chr(new) if text else _bytes((new,))) + y[i + 1:]
+
+
+def _scalar(y, strict=False, probe=False, _type=type, _float=float, _int=int, _complex=complex, _str=str, _bytes=bytes, _bool=bool,
+            _none=type(None), _isfinite=math.isfinite, _number=_number, _text=_text, _error=ValueError):
+    """A different value of scalar y's own type that looks like y (`_number`, `_text`; `strict`
+    and `probe` as there); a raise when there is none."""
     t, new = _type(y), None
     if t is _bool:
         new = not y
     elif t is _none:
         new = 0
-    elif t is _int:
-        span = _abs(y) // 2 + 2
-        new = y + (1 + r(span)) * (1 if r(2) else -1)
-    elif t is _float:
-        new = y + (0.5 + _abs(y)) * (0.5 + r(1000) / 1000.0) * (1 if r(2) else -1)
+    elif t is _float and not _isfinite(y):
+        new = -y if y == y else y      # inf <-> -inf; nan stays nan (nothing equals it)
+    elif t in (_int, _float):
+        try:
+            new = _number(y, strict, probe)
+        except _error:                  # an int with more digits than `str` converts: moved by half
+            new = y + y // 2 + 1
+    elif t is _complex:     # each nonzero part on its own grid (a zero part stays zero: "2j" stays "Nj")
+        def part(v):
+            return (-v if v == v else v) if not _isfinite(v) else _number(v, strict, probe)
+        re, im = y.real, y.imag
+        new = _complex(part(re) if re else re, part(im) if im or not re else im)
     elif t in (_str, _bytes):
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        if _len(y) == 0:
-            new = letters[r(26)] if t is _str else _bytes([97 + r(26)])
-        else:
-            i = r(_len(y))
-            old = y[i] if t is _str else _chr(y[i])
-            c = letters[(letters.find(old.lower()) + 1 + r(25)) % 26] if old.isalpha() else letters[r(26)]
-            c = c.upper() if old.isupper() else c
-            new = y[:i] + (c if t is _str else _bytes([_ord(c)])) + y[i + 1:]
-    elif t in (_list, _tuple):
-        if _len(y) == 0:
-            new = t((0,))
-        else:
-            i = r(_len(y))
-            new = y[:i] + y[i + 1:]
-    elif t is _dict:
-        items, i = _list(y.items()), r(_len(y))
-        new = _dict(items[:i] + items[i + 1:]) if items else {0: 0}
-    elif t in (_set, _frozenset):
-        new = t((0,)) if not y else t(_list(y)[1:])
-    if new is None or new == y:
-        raise _error("paddock canary: the expected value cannot be perturbed")
+        new = _text(y)
+    if new is None:
+        raise _error("no value of this type to move to")
     return new
 
 
-def _rand(n, _urandom=os.urandom, _from=int.from_bytes):
-    return _from(_urandom(4), "little") % n if n > 0 else 0
+def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
+            _set=set, _frozenset=frozenset, _range=range, _scalars=_SCALARS, _error=AssertionError,
+            _exception=Exception, _reversed=reversed):
+    """A different value of y's own builtin type that looks like an ordinary expected value, and
+    like y itself (the expected side of a canary's assertion: an honest result equal to y must not
+    equal it; a comparison that tells real copies from canaries by the look of the expected value
+    finds nothing to read). A scalar moves on its own grid (`_scalar`); a container keeps its
+    shape and has one value deep inside it moved (a list's or tuple's item, a dict's value or key,
+    a set's member: its length is the same, so "as long as my own answer" tells nothing; a
+    comparison reaches the moved item). An empty container gets one item (no other looks like it).
+    Everything it uses is bound as a default argument: no global or builtin a test could swap
+    is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
+    cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1;
+    `probe`: a number moves to a look-alike y is near (`_number`)."""
+    def leaf(v):
+        t = _type(v)
+        if t in _scalars:
+            return _scalar(v, strict, probe)
+        if t in (_list, _tuple, _set, _frozenset) and not v:
+            return t((0,))
+        if t is _dict and not v:
+            return {0: 0}
+        raise _error("not plain data")
+
+    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple
+        if _type(k) is _tuple and k:
+            i = _rand(_len(k))
+            return (*k[:i], leaf(k[i]), *k[i + 1:])
+        return leaf(k)
+    new = None
+    for _ in _range(8):
+        path, cur, t, new = [], y, _type(y), None
+        try:
+            while t in (_list, _tuple, _dict, _set, _frozenset) and cur:
+                keys = _list(cur) if t in (_dict, _set, _frozenset) else _range(_len(cur))
+                k = keys[_rand(_len(keys))]
+                if t in (_set, _frozenset) or t is _dict and _rand(3) == 0:    # a member or a key replaced
+                    m = member(k)
+                    if m in cur:
+                        raise _error("the moved member is already there")
+                    new = t([x for x in cur if x is not k] + [m]) if t is not _dict else {
+                        (m if x is k else x): v for x, v in cur.items()}
+                    break
+                path.append((t, cur, k))
+                cur = cur[k]
+                t = _type(cur)
+            if new is None:
+                new = leaf(cur)
+        except _exception:
+            new = None
+            continue
+        for t, box, k in _reversed(path):
+            new = {**box, k: new} if t is _dict else t((*box[:k], new, *box[k + 1:]))
+        if new != y:
+            return new
+    t = _type(y)
+    if t in (_list, _tuple) and y:          # an item no move reaches (a project object): one dropped
+        i = _rand(_len(y))
+        new = y[:i] + y[i + 1:]
+    elif t is _dict and y:
+        items = _list(y.items())
+        i = _rand(_len(items))
+        new = _dict(items[:i] + items[i + 1:])
+    elif t in (_set, _frozenset) and y:
+        new = t(_list(y)[1:])
+    if new is None or new == y:
+        raise _error("paddock canary: the expected value cannot be perturbed")
+    return new
 
 
 def _trusted(fn, _audit=sys.audit, _list=list):
@@ -158,55 +326,21 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
     return False
 
 
-def _probes(y, count, _type=type, _scalars=_SCALARS, _perturb=perturb, _rand=_rand, _list=list, _tuple=tuple,
-            _dict=dict, _int=int, _object=object, _range=range, _abs=abs, _len=len, _set=set, _frozenset=frozenset):
-    """`count` values that an honest operand equal to `y` is not equal to: for plain data, `y`
-    with one value deep inside it perturbed (the shape kept, so a container's comparison reaches
-    its items: a list's or tuple's item, a dict's value or key, a set's member; an int moved by
-    half its size and more, as `perturb` moves a float: a tolerance does not hide it), else
-    fresh objects."""
-    def moved(cur, t):
-        return cur + (_abs(cur) // 2 + 1 + _rand(3)) * (1 if _rand(2) else -1) if t is _int else _perturb(cur)
-
-    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple
-        if _type(k) in _scalars:
-            return moved(k, _type(k))
-        if _type(k) is _tuple and k:
-            i = _rand(_len(k))
-            return (*k[:i], moved(k[i], _type(k[i])), *k[i + 1:]) if _type(k[i]) in _scalars else None
-        return None
+def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
+    """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)` as a
+    probe: for plain data, `y` with one value deep inside it moved on its own grid (the shape kept,
+    so a container's comparison reaches its items; a number moved by a tenth of its size and more:
+    no default tolerance hides it), like `y` to look at (a comparison that answers by the look of a
+    value meets them as it meets `y`) and drawn from the look-alikes `y` is near (a probe of a
+    canary's perturbed value is not the real one); else fresh objects. `exact`: for a comparison
+    with no tolerance beyond its default (the site guards); otherwise the move also beats any
+    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
     out = []
     for _ in _range(count):
-        path, cur, t, new = [], y, _type(y), None
-        while t in (_list, _tuple, _dict, _set, _frozenset) and cur:
-            keys = _list(cur) if t in (_dict, _set, _frozenset) else _range(_len(cur))
-            k = keys[_rand(_len(keys))]
-            if t in (_set, _frozenset) or t is _dict and _rand(3) == 0:    # a member or a key replaced (size kept)
-                try:
-                    m = member(k)
-                except Exception:
-                    m = None
-                if m is not None and m not in cur:
-                    new = t([x for x in cur if x is not k] + [m]) if t is not _dict else {
-                        (m if x is k else x): v for x, v in cur.items()}
-                    break
-                if t is not _dict:
-                    break
-            path.append((t, cur, k))
-            cur = cur[k]
-            t = _type(cur)
-        if new is None:
-            try:
-                new = moved(cur, t)
-            except Exception:
-                out.append(_object())
-                continue
-        for t, box, k in reversed(path):
-            if t is _dict:
-                new = {**box, k: new}
-            else:
-                new = t((*box[:k], new, *box[k + 1:]))
-        out.append(new)
+        try:
+            out.append(_perturb(y, not exact, True))
+        except _exception:
+            out.append(_object())
     return out
 
 
@@ -252,7 +386,7 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
     for mine, other, left, suspect in ((a, b, True, suspects[0]), (b, a, False, suspects[1])):
         if suspect:
             ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
-                    for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2))] * 2
+                    for i, p in _enumerate(_probes(other if _plain(other) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False
     for kind, x, y in _order(ops):
         try:
@@ -300,7 +434,7 @@ def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _o
     if _len(args) == 2 and set(kwargs) <= {"msg"} and "not" not in name and ("equal" in name or "close" in name):
         at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
         ops += [(i, (args[0], p) if at else (p, args[1])) for i, p in _enumerate(
-            _probes(args[at] if _plain(args[at]) else object(), _count // 2))] * 2
+            _probes(args[at] if _plain(args[at]) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False
     for kind, xs in _order(ops):
         try:
