@@ -347,7 +347,10 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
     bound to opaque names; records the map in `plan`. `required`: the tests that get `TWINS` and
     `PERTURBED` (`counted`: they have one case each, else not a parametrised one). `names`
     (original -> opaque) is shared by every file of the check, so a test called by name from
-    another file finds its renamed self."""
+    another file finds its renamed self. Every other function of the module and of its test
+    classes (the tests not guarded, helpers; not fixtures) has its sites guarded too: wherever
+    a value is compared, its first comparison is a probe, so a comparison that locks on the
+    first value it meets never meets the real one first in a test that runs earlier."""
     tree = parse(source)
     classes = test_classes(tree)
     scopes: list[tuple[str, list[ast.stmt]]] = [("", tree.body)] + [
@@ -367,6 +370,8 @@ def plant_one(rel: str, source: str, guarded: set[str] | None, names: dict[str, 
         out: list[ast.stmt] = []
         for stmt in body:
             if stmt not in tests:
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_fixture(stmt):
+                    _guard_sites(stmt)      # every test and helper: a value's first comparison is a probe
                 out.append(stmt)
                 continue
             real[names[stmt.name]] = stmt.name
