@@ -14,6 +14,15 @@ owns it, is replaced by a wrapper that calls the original and, when the answer c
 `grader_sites._probes`). Holding for either is a lie: the wrapper emits a `tamper` event (reward
 0, flagged) and raises `AssertionError` (`IMPURE`), whichever code compared.
 
+A verdict need not pass through a comparison (`pytest.approx` subtracts, a helper writes
+`abs(a - b) < tol`, a test asks `s.endswith(x)` or `tags & {...}`): in a class whose builtin data
+base is int, float, complex, str, bytes, tuple, list, set, frozenset or dict, every method it
+defines among that base's queries (`_QUERIES`: arithmetic, reflected and bitwise dunders, text
+predicates and searches, set algebra, `get`; no mutator) is armed too (`override`): its answer is
+checked against the builtin's on the same data. A set's algebra that differs lies; elsewhere an
+answer that differs and stays the same with the instance's data replaced and its argument moved
+depends on nothing it was given: a lie (an honest override, markupsafe's `Markup.join`, follows them).
+
 When classes are armed (`install`): every class statement as it runs (`builtins.__build_class__`
 wrapped: a metaclass too); a class an object's `__class__` is set to (the `object.__setattr__`
 audit event); every class alive when the guards are installed, then before each test's call
@@ -308,7 +317,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
         differ, a set's algebra lies outright; else the override lies when its answer stays the same
         (and the base's does not) with the instance's data replaced and, if it takes one, with its
         first argument moved: an answer that depends on nothing it was given."""
-        if r is None or r is _notimpl or _busy:
+        if r is _notimpl or _busy:
             return
         _busy.append(1)         # (the override's own calls to armed methods are not asked again)
         try:
@@ -318,8 +327,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 rb = _unknown
             if _same(r, rb):
                 return
-            if (rb is None or rb is _unknown) and _fallback(d, r, args, kw):
-                return      # (the base found nothing: the override's own default, `Config.get(k, default="")`)
+            if (rb is None or rb is _unknown) and (r is None or _fallback(d, r, args, kw)):
+                return      # (the base found nothing: nor did the override, or it gave its own default: `.get(k, "")`)
             if name in _strict.get(_base_type, ()):
                 if rb is not _unknown and _same(r, rb) is False:
                     raise _lie(name, owner, True)
