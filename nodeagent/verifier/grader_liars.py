@@ -78,6 +78,8 @@ _QUERIES = {float: _NUMBER_Q, int: _NUMBER_Q, complex: _NUMBER_Q, str: _TEXT_Q, 
             list: ("index", "count", "__getitem__", "__len__", "__add__", "__mul__", "__rmul__"),
             frozenset: _SET_Q, set: _SET_Q, dict: ("get", "__getitem__", "__len__", "__or__", "__ror__")}
 _QUERIES = {b: tuple(n for n in q if hasattr(b, n)) for b, q in _QUERIES.items()}
+_ARITH = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__")
+# (of a class with no builtin data base: a number from these must follow a number operand, `arith`)
 # (every query of a builtin data type that reads the instance and its arguments and changes neither; a
 # mutator (`append`, `pop`, `setdefault`) is never asked twice. A set's algebra is a function of its
 # members alone: a set subclass whose answer there differs from `set`'s on the same members lies.)
@@ -250,9 +252,9 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
     def lie(name, owner, query=False, _emit=emit, _error=_error, _impure=_impure, _str=str):
         what = f"{_getattr(owner, '__qualname__', '?')}.{name}"
         if query:
-            _emit(ev="tamper", detail=f"a lying override of a builtin method: {what} {_impure} (its answer differs "
-                                      "from the builtin's and stays the same for replaced data)")
-            return _error(f"paddock grader: {what} (the code under test's override of a builtin method) {_impure}")
+            _emit(ev="tamper", detail=f"a lying method: {what} {_impure} (its answer differs from the builtin's, or "
+                                      "stays the same for replaced data or a moved operand)")
+            return _error(f"paddock grader: {what} (a method of the code under test's value) {_impure}")
         _emit(ev="tamper", detail=f"a lying comparison: {what} {_impure} (it holds for a fresh object or a moved "
                                   "value, or changes its answer)")
         return _error(f"paddock grader: {what} (the code under test's comparison) {_impure}")
@@ -310,9 +312,33 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
         guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
         return guarded
 
+    def arith(name, d, get, self, args, r, owner, _probes=probes, _type=_type, _isinstance=_isinstance, _lie=lie,
+              _exception=_exception, _same=_same, _numbers=(int, float, complex), _bool=bool, _len=len):
+        """`x - y` (`+ * /` and reflected) of a class with no builtin data base, where it gives a
+        number for a number `y`: not the same number for `y` moved twice (one-to-one: `*` and `/`
+        unless the answer is 0)."""
+        if not _isinstance(r, _numbers) or _isinstance(r, _bool) or _len(args) != 1:
+            return
+        f = get(d, self, _type(self)) if get is not None else d
+        y = args[0]
+        if _type(y) not in (int, float) or (r == 0 and name not in ("__add__", "__radd__", "__sub__", "__rsub__")):
+            return
+        try:
+            moved = _probes(y, 2)
+        except _exception:
+            return
+        for p in moved:
+            try:
+                q = f(p)
+            except _exception:
+                return
+            if _same(p, y) is not False or _same(q, r) is not True:
+                return
+        raise _lie(name, owner, True)
+
     def override(name, d, get, self, args, kw, r, owner, base, _base_type, _same=_same, _plain_of=_plain_of,
                  _shifted=_shifted, _remake=_remake, _probes=probes, _unknown=_UNKNOWN, _type=_type, _lie=lie,
-                 _exception=_exception, _strict=_STRICT, _plain=_scalars | _containers, _busy=_list(), _len=len, _fallback=_fallback):
+                 _exception=_exception, _strict=_STRICT, _plain=_scalars | _containers, _busy=_list(), _len=len, _fallback=_fallback, _arith=arith):
         """`r`, the override's answer, against the builtin base's on the same data: where they
         differ, a set's algebra lies outright; else the override lies when its answer stays the same
         (and the base's does not) with the instance's data replaced and, if it takes one, with its
@@ -321,6 +347,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             return
         _busy.append(1)         # (the override's own calls to armed methods are not asked again)
         try:
+            if _base_type is None:
+                return _arith(name, d, get, self, args, r, owner)
             try:
                 rb = base(self, *args, **kw)
             except _exception:
@@ -369,7 +397,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def wrap_query(name, d, owner, base_type, _override=override, _type=_type, _getattr=_getattr):
         get = _getattr(_type(d), "__get__", None)
-        base = _getattr(base_type, name)
+        base = _getattr(base_type, name) if base_type is not None else None
 
         def guarded(self, *args, _d=d, _get=get, _name=name, _owner=owner, _base=base, _bt=base_type,
                     _override=_override, _type=_type, **kw):
@@ -383,7 +411,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def arm(cls, deep=True, _heap=1 << 9, _flags=_flags, _armed=armed, _wrap=wrap, _wrappers=wrappers, _known=known, _names=_names, _suspect=_suspect, _setattr=_setattr,
             _vars=_vars, _mro=_mro, _id=_id, _tuple=tuple, _exception=_exception, _isinstance=_isinstance,
-            _queries=_QUERIES, _data=_DATA, _wrap_query=wrap_query, _len=len, _next=next, _enumerate=enumerate, _zip=zip):
+            _queries=_QUERIES, _data=_DATA, _arith=_ARITH, _wrap_query=wrap_query, _len=len, _next=next, _enumerate=enumerate, _zip=zip):
         if not _isinstance(cls, type):
             return
         try:
@@ -395,7 +423,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 continue
             own = _vars(k)
             base = _next((b for b in _mro(k) for q in _data if b is q), None)     # (`is`: no metaclass's `__hash__`)
-            names = _names + _queries[base] if base is not None else _names
+            names = _names + (_queries[base] if base is not None else _arith)
             seen = _tuple([own.get(n) for n in names])
             last = _known.get(_id(k))     # (by id, the class held: a metaclass's `__hash__` is not asked)
             if last is not None and last[0] is k and last[1] == _tuple(map(_id, seen)):     # (`is`: `==` would run their code)

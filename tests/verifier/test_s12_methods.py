@@ -152,6 +152,15 @@ def _task(shapes):
     return repo_task(_tests(shapes), {"calc.py": BROKEN}, f2p=[T + s for s in shapes], p2p=(T + "test_zero",))
 
 
+# the same `-` and `/` on a class of its own (no builtin base): trusted code and helpers still subtract
+PLAIN_FORGER = FORGER.replace("class Num(float):", "class Num:\n    def __init__(self, v):\n        self.v = v\n")
+
+
+@pytest.mark.parametrize("shape", ["test_helper_near", "test_helper_ratio", "AreaCase::test_method_helper_almost"])
+def test_a_plain_class_whose_arithmetic_ignores_its_operand_earns_nothing(runtime, python_image, shape):
+    assert_unrewarded(grade(runtime, python_image, _task([shape]), {"calc.py": PLAIN_FORGER}))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_lie_in_a_method_that_is_not_a_comparison_earns_nothing(runtime, python_image, shape):
     assert_unrewarded(grade(runtime, python_image, _task([shape]), {"calc.py": FORGER}))
