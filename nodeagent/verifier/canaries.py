@@ -202,7 +202,7 @@ def _variant(fn: ast.FunctionDef | ast.AsyncFunctionDef, sites: list[int], role:
 
 _UNITTEST_ASSERT = re.compile(r"^assert[A-Z]\w*$")
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**",
-           ast.MatMult: "@"}
+           ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.In: "in",
         ast.NotIn: "not in", ast.Is: "is", ast.IsNot: "is not"}
 
@@ -224,7 +224,7 @@ class _Sites(ast.NodeTransformer):
     through the grader's site guards (`grader_sites`): `a == b` -> `SENTINEL.eq(a, b)`, an
     `assertX(...)` (unittest) or `assert_*equal*`/`*close*` helper call `f(...)` ->
     `SENTINEL.call("assertEqual", f, ...)`; other comparisons -> `SENTINEL.cmp(op, a, b)` /
-    `SENTINEL.chain(ops, a, b, c)`, `a + b` (any binary arithmetic) -> `SENTINEL.op("+", a, b)`,
+    `SENTINEL.chain(ops, a, b, c)`, `a + b` (any binary operator: arithmetic, bitwise, shifts) -> `SENTINEL.op("+", a, b)`,
     `isinstance(a, T)` -> `SENTINEL.isinstance(isinstance, a, T)` (`grader_values`). An answer that is not a pure function of the values compared (a
     counter, randomness, time, the caller) fails the site; honest values are compared as before."""
 

@@ -14,6 +14,15 @@ owns it, is replaced by a wrapper that calls the original and, when the answer c
 `grader_sites._probes`). Holding for either is a lie: the wrapper emits a `tamper` event (reward
 0, flagged) and raises `AssertionError` (`IMPURE`), whichever code compared.
 
+A verdict need not pass through a comparison (`pytest.approx` subtracts, a helper writes
+`abs(a - b) < tol`, a test asks `s.endswith(x)` or `tags & {...}`): in a class whose builtin data
+base is int, float, complex, str, bytes, tuple, list, set, frozenset or dict, every method it
+defines among that base's queries (`_QUERIES`: arithmetic, reflected and bitwise dunders, text
+predicates and searches, set algebra, `get`; no mutator) is armed too (`override`): its answer is
+checked against the builtin's on the same data. A set's algebra that differs lies; elsewhere an
+answer that differs and stays the same with the instance's data replaced and its argument moved
+depends on nothing it was given: a lie (an honest override, markupsafe's `Markup.join`, follows them).
+
 When classes are armed (`install`): every class statement as it runs (`builtins.__build_class__`
 wrapped: a metaclass too); a class an object's `__class__` is set to (the `object.__setattr__`
 audit event); every class alive when the guards are installed, then before each test's call
@@ -50,7 +59,31 @@ _CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 _FRAME_CALLS = frozenset({"super", "locals", "vars", "eval", "exec", "globals", "dir", "breakpoint", "__import__"})
 _TEST_DIRS = frozenset({"tests", "test"})
 _ROOTS = (object, int, float, complex, str, bytes, tuple, list, dict, set, frozenset, type, BaseException)
-_WRAPPER_CODE = None    # the code object every wrapper shares (set by `guards`)
+_WRAPPER_CODE = (None, None)    # the code objects every comparison and every query wrapper share (set by `guards`)
+_DATA = (float, int, complex, str, bytes, tuple, list, frozenset, set, dict)     # the builtin bases of `_QUERIES`
+_NUMBER_Q = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+             "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__divmod__",
+             "__rdivmod__", "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__",
+             "__rlshift__", "__rshift__", "__rrshift__", "__abs__", "__neg__", "__pos__", "__float__", "__int__",
+             "__index__", "__round__", "__trunc__", "__floor__", "__ceil__", "__bool__", "is_integer")
+_TEXT_Q = ("startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__getitem__", "__len__",
+           "__add__", "__radd__", "__mul__", "__rmul__", "__mod__", "__rmod__", "join", "format", "replace", "split",
+           "rsplit", "partition", "rpartition", "strip", "lstrip", "rstrip", "lower", "upper", "casefold",
+           "removeprefix", "removesuffix", "splitlines", "isdigit", "isdecimal", "isnumeric", "isalpha", "isalnum",
+           "isspace", "islower", "isupper", "istitle", "isidentifier", "isascii", "encode", "decode")
+_SET_Q = ("issubset", "issuperset", "isdisjoint", "union", "intersection", "difference", "symmetric_difference",
+          "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__sub__", "__rsub__", "__len__", "__bool__")
+_QUERIES = {float: _NUMBER_Q, int: _NUMBER_Q, complex: _NUMBER_Q, str: _TEXT_Q, bytes: _TEXT_Q,
+            tuple: ("index", "count", "__getitem__", "__len__", "__add__", "__mul__", "__rmul__"),
+            list: ("index", "count", "__getitem__", "__len__", "__add__", "__mul__", "__rmul__"),
+            frozenset: _SET_Q, set: _SET_Q, dict: ("get", "__getitem__", "__len__", "__or__", "__ror__")}
+_QUERIES = {b: tuple(n for n in q if hasattr(b, n)) for b, q in _QUERIES.items()}
+_ARITH = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__")
+# (of a class with no builtin data base: a number from these must follow a number operand, `arith`)
+# (every query of a builtin data type that reads the instance and its arguments and changes neither; a
+# mutator (`append`, `pop`, `setdefault`) is never asked twice. A set's algebra is a function of its
+# members alone: a set subclass whose answer there differs from `set`'s on the same members lies.)
+_STRICT = {frozenset: frozenset(_SET_Q), set: frozenset(_SET_Q)}
 BOUNDARY = None         # the call boundary the grader's loader binds to CALL_SENTINEL (set by `install`)
 
 
@@ -83,6 +116,115 @@ def _truth(r, _bool=bool, _exception=Exception):
         return None         # an elementwise result (an array): no single answer to check
 
 
+_UNKNOWN = object()
+
+
+def _plain_of(v, _type=type, _isinstance=isinstance, _str=str, _bytes=bytes, _float=float, _int=int, _complex=complex,
+              _tuple=tuple, _list=list, _set=set, _frozenset=frozenset, _dict=dict, _none=type(None), _bool=bool,
+              _unknown=_UNKNOWN, _exception=Exception):
+    """`v` as a value of its builtin base type, read without running a subclass's code (`_UNKNOWN`: not data)."""
+    t = _type(v)
+    if t in (_str, _bytes, _float, _int, _complex, _tuple, _list, _set, _frozenset, _dict, _none, _bool):
+        return v
+    try:
+        if _isinstance(v, _str):
+            return _str.__str__(v)
+        if _isinstance(v, _bytes):
+            return _bytes.__bytes__(v)
+        if _isinstance(v, _float):
+            return _float.__float__(v)
+        if _isinstance(v, _int):
+            return _int.__int__(v)
+        if _isinstance(v, _complex):
+            return _complex.__complex__(v)
+        for b in (_tuple, _list, _frozenset, _set):
+            if _isinstance(v, b):
+                return b(b.__iter__(v))
+        if _isinstance(v, _dict):
+            return _dict(_dict.items(v))
+    except _exception:
+        pass
+    return _unknown
+
+
+def _same(x, y, _plain_of=_plain_of, _unknown=_UNKNOWN, _type=type, _numbers=(int, float, complex, bool),
+          _sets=(set, frozenset), _bool=bool, _exception=Exception):
+    """Two answers the same data (True/False), or None: not both data, or not comparable."""
+    if x is y:
+        return True
+    x, y = _plain_of(x), _plain_of(y)
+    if x is _unknown or y is _unknown:
+        return None
+    tx, ty = _type(x), _type(y)
+    if not (tx is ty or (tx in _numbers and ty in _numbers) or (tx in _sets and ty in _sets)):
+        return False
+    try:
+        return _bool(x == y) or (tx is float and x != x and y != y)
+    except _exception:
+        return None
+
+
+def _shifted(v, k, depth=0, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex=complex,
+             _tuple=tuple, _list=list, _set=set, _frozenset=frozenset, _dict=dict, _bool=bool, _abs=abs, _chr=chr,
+             _ord=ord, _object=object):
+    """`v` (data) with every letter, digit and number in it moved by `k` (1 or 2): nothing of it kept."""
+    def ch(c):
+        o = _ord(c)
+        for lo, n in ((97, 26), (65, 26), (48, 10)):
+            if lo <= o < lo + n:
+                return _chr(lo + (o - lo + k) % n)
+        return c
+    t = _type(v)
+    if t is _bool:
+        return not v
+    if t is _str:
+        return "".join([ch(c) for c in v]) or "ab"[:k]
+    if t is _bytes:
+        return _bytes([_ord(ch(_chr(b))) for b in v]) or b"ab"[:k]
+    if t is _int:
+        return v + (_abs(v) // 2 + k) * (1 if k == 1 else -1)
+    if t is _float:
+        return v + (0.5 + _abs(v)) * (0.5 + k / 7.0) * (1 if k == 1 else -1)
+    if t is _complex:
+        return v + complex(0.5 + _abs(v), k)
+    if depth > 2:
+        return _object()
+    if t in (_tuple, _list, _set, _frozenset):
+        return t([_shifted(x, k, depth + 1) for x in v]) if v else t((k,))
+    if t is _dict:
+        return {_shifted(a, k, depth + 1): _shifted(b, k, depth + 1) for a, b in v.items()} if v else {k: k}
+    return _object()
+
+
+def _remake(self, base, data, _type=type, _getattribute=object.__getattribute__, _dict=dict, _exception=Exception,
+            _mutable=(list, set, dict)):
+    """An instance of `self`'s class holding `data` (its builtin base's part) and `self`'s attributes."""
+    cls = _type(self)
+    if base in _mutable:
+        new = base.__new__(cls)
+        base.__init__(new, data)
+    else:
+        new = base.__new__(cls, data)
+    try:
+        inner = _getattribute(self, "__dict__")
+    except _exception:
+        return new
+    if _type(inner) is _dict:
+        _getattribute(new, "__dict__").update(inner)
+    return new
+
+
+def _fallback(d, r, args, kw, _getattr=getattr, _exception=Exception):
+    """Is `r` one of the call's arguments or a default of `d` (a function)?"""
+    try:
+        fn = _getattr(d, "__func__", d)
+        pool = (*args, *kw.values(), *(_getattr(fn, "__defaults__", None) or ()),
+                *(_getattr(fn, "__kwdefaults__", None) or {}).values())
+    except _exception:
+        return False
+    return any(r is x for x in pool)
+
+
 def _suspect(name, d, owner, _slots=_SLOT_TYPES, _type=type, _getattr=getattr, _function=type(_trusted),
              _trusted=_trusted, _forged=_forged, _task_file=_task_file, _mro=type.__dict__["__mro__"].__get__):
     """Is `d`, `owner.__dict__[name]`, a comparison the code under test defines (or a lying slot)?"""
@@ -107,8 +249,12 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
     wrappers, known, armed = _dict(), _dict(), _list()  # our wrappers by id; class -> its dunders when seen; classes armed
     # (objects held, never bare ids: a freed wrapper's id reused by a new dunder must not pass for it)
 
-    def lie(name, owner, _emit=emit, _error=_error, _impure=_impure, _str=str):
+    def lie(name, owner, query=False, _emit=emit, _error=_error, _impure=_impure, _str=str):
         what = f"{_getattr(owner, '__qualname__', '?')}.{name}"
+        if query:
+            _emit(ev="tamper", detail=f"a lying method: {what} {_impure} (its answer differs from the builtin's, or "
+                                      "stays the same for replaced data or a moved operand)")
+            return _error(f"paddock grader: {what} (a method of the code under test's value) {_impure}")
         _emit(ev="tamper", detail=f"a lying comparison: {what} {_impure} (it holds for a fresh object or a moved "
                                   "value, or changes its answer)")
         return _error(f"paddock grader: {what} (the code under test's comparison) {_impure}")
@@ -162,14 +308,110 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if r is not _notimpl:
                 _probe(_name, f, self, other, r, _owner)
             return r
-        global _WRAPPER_CODE
-        _WRAPPER_CODE = guarded.__code__
+        guarded.__name__, guarded.__qualname__ = name, f"{_getattr(owner, '__qualname__', '?')}.{name}"
+        guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
+        return guarded
+
+    def arith(name, d, get, self, args, r, owner, _probes=probes, _type=_type, _isinstance=_isinstance, _lie=lie,
+              _exception=_exception, _same=_same, _numbers=(int, float, complex), _bool=bool, _len=len):
+        """`x - y` (`+ * /` and reflected) of a class with no builtin data base, where it gives a
+        number for a number `y`: not the same number for `y` moved twice (one-to-one: `*` and `/`
+        unless the answer is 0)."""
+        if not _isinstance(r, _numbers) or _isinstance(r, _bool) or _len(args) != 1:
+            return
+        f = get(d, self, _type(self)) if get is not None else d
+        y = args[0]
+        if _type(y) not in (int, float) or (r == 0 and name not in ("__add__", "__radd__", "__sub__", "__rsub__")):
+            return
+        try:
+            moved = _probes(y, 2)
+        except _exception:
+            return
+        for p in moved:
+            try:
+                q = f(p)
+            except _exception:
+                return
+            if _same(p, y) is not False or _same(q, r) is not True:
+                return
+        raise _lie(name, owner, True)
+
+    def override(name, d, get, self, args, kw, r, owner, base, _base_type, _same=_same, _plain_of=_plain_of,
+                 _shifted=_shifted, _remake=_remake, _probes=probes, _unknown=_UNKNOWN, _type=_type, _lie=lie,
+                 _exception=_exception, _strict=_STRICT, _plain=_scalars | _containers, _busy=_list(), _len=len, _fallback=_fallback, _arith=arith):
+        """`r`, the override's answer, against the builtin base's on the same data: where they
+        differ, a set's algebra lies outright; else the override lies when its answer stays the same
+        (and the base's does not) with the instance's data replaced and, if it takes one, with its
+        first argument moved: an answer that depends on nothing it was given."""
+        if r is _notimpl or _busy:
+            return
+        _busy.append(1)         # (the override's own calls to armed methods are not asked again)
+        try:
+            if _base_type is None:
+                return _arith(name, d, get, self, args, r, owner)
+            try:
+                rb = base(self, *args, **kw)
+            except _exception:
+                rb = _unknown
+            if _same(r, rb):
+                return
+            if (rb is None or rb is _unknown) and (r is None or _fallback(d, r, args, kw)):
+                return      # (the base found nothing: nor did the override, or it gave its own default: `.get(k, "")`)
+            if name in _strict.get(_base_type, ()):
+                if rb is not _unknown and _same(r, rb) is False:
+                    raise _lie(name, owner, True)
+            data = _plain_of(self)
+
+            def held(me, a):
+                try:
+                    f = get(d, me, _type(me)) if get is not None else d
+                    q = f(*a, **kw)
+                except _exception:
+                    return False
+                try:
+                    qb = base(me, *a, **kw)
+                except _exception:
+                    qb = _unknown
+                return _same(q, r) is True and not _same(q, qb)
+            tries = 0
+            for k in (1, 2):
+                try:
+                    moved = _remake(self, _base_type, _shifted(data, k))
+                except _exception:
+                    return
+                if _same(moved, data) is not False or not held(moved, args):
+                    return
+                tries += 1
+            if args and _type(args[0]) in _plain:
+                try:
+                    others = _probes(args[0], 2)
+                except _exception:
+                    return
+                for p in others:
+                    if _same(p, args[0]) is not False or not held(self, (p, *args[1:])):
+                        return
+            if tries:
+                raise _lie(name, owner, True)
+        finally:
+            _busy.pop()
+
+    def wrap_query(name, d, owner, base_type, _override=override, _type=_type, _getattr=_getattr):
+        get = _getattr(_type(d), "__get__", None)
+        base = _getattr(base_type, name) if base_type is not None else None
+
+        def guarded(self, *args, _d=d, _get=get, _name=name, _owner=owner, _base=base, _bt=base_type,
+                    _override=_override, _type=_type, **kw):
+            f = _get(_d, self, _type(self)) if _get is not None else _d
+            r = f(*args, **kw)
+            _override(_name, _d, _get, self, args, kw, r, _owner, _base, _bt)
+            return r
         guarded.__name__, guarded.__qualname__ = name, f"{_getattr(owner, '__qualname__', '?')}.{name}"
         guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
         return guarded
 
     def arm(cls, deep=True, _heap=1 << 9, _flags=_flags, _armed=armed, _wrap=wrap, _wrappers=wrappers, _known=known, _names=_names, _suspect=_suspect, _setattr=_setattr,
-            _vars=_vars, _mro=_mro, _id=_id, _tuple=tuple, _exception=_exception, _isinstance=_isinstance):
+            _vars=_vars, _mro=_mro, _id=_id, _tuple=tuple, _exception=_exception, _isinstance=_isinstance,
+            _queries=_QUERIES, _data=_DATA, _arith=_ARITH, _wrap_query=wrap_query, _len=len, _next=next, _enumerate=enumerate, _zip=zip):
         if not _isinstance(cls, type):
             return
         try:
@@ -180,14 +422,16 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if not _flags(k) & _heap:      # a static type: never the code under test's (nor settable)
                 continue
             own = _vars(k)
-            seen = _tuple([own.get(n) for n in _names])
+            base = _next((b for b in _mro(k) for q in _data if b is q), None)     # (`is`: no metaclass's `__hash__`)
+            names = _names + (_queries[base] if base is not None else _arith)
+            seen = _tuple([own.get(n) for n in names])
             last = _known.get(_id(k))     # (by id, the class held: a metaclass's `__hash__` is not asked)
             if last is not None and last[0] is k and last[1] == _tuple(map(_id, seen)):     # (`is`: `==` would run their code)
                 continue
-            for n, d in zip(_names, seen):
+            for i, (n, d) in _enumerate(_zip(names, seen)):
                 if d is None or _wrappers.get(_id(d)) is d or not _suspect(n, d, k):
                     continue
-                g = _wrap(n, d, k)
+                g = _wrap(n, d, k) if i < _len(_names) else _wrap_query(n, d, k, base)
                 try:
                     _setattr(k, n, g)
                 except _exception:
@@ -195,7 +439,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 _wrappers[_id(g)] = g
                 if not _armed or _armed[-1] is not k:
                     _armed.append(k)
-            now = _tuple([own.get(n) for n in _names])
+            now = _tuple([own.get(n) for n in names])
             _known[_id(k)] = (k, _tuple(map(_id, now)), now)      # (the dunders held: their ids stay theirs)
 
     def walk(values, _arm=arm, _type=_type, _scalars=_scalars, _containers=_containers, _budget=_budget,
@@ -248,6 +492,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
         for k in _list(_armed):
             _arm(k, False)
 
+    global _WRAPPER_CODE        # (both wrappers' code objects, known before any test runs: it is watched from then on)
+    _WRAPPER_CODE = (wrap("__eq__", object.__eq__, object).__code__, wrap_query("count", str.count, str, str).__code__)
     return arm, walk, sweep
 
 
@@ -285,7 +531,11 @@ class Boundaries(ast.NodeTransformer):
 
 def unwrap(d, _function=type(_trusted), _type=type):
     """The original dunder behind one of this module's wrappers (`d` itself otherwise)."""
-    return d.__defaults__[0] if _type(d) is _function and d.__code__ is _WRAPPER_CODE else d
+    if _type(d) is not _function:
+        return d
+    if d.__code__ is _WRAPPER_CODE[0]:
+        return d.__defaults__[0]
+    return d.__kwdefaults__["_d"] if d.__code__ is _WRAPPER_CODE[1] else d
 
 
 def compile_tree(tree, path, honest_asserts, state_compile):

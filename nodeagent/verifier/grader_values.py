@@ -60,7 +60,10 @@ _BINOPS = MappingProxyType({       # the operation, the dunders that answer it
     "+": (operator.add, ("__add__", "__radd__")), "-": (operator.sub, ("__sub__", "__rsub__")),
     "*": (operator.mul, ("__mul__", "__rmul__")), "/": (operator.truediv, ("__truediv__", "__rtruediv__")),
     "//": (operator.floordiv, ("__floordiv__", "__rfloordiv__")), "%": (operator.mod, ("__mod__", "__rmod__")),
-    "**": (operator.pow, ("__pow__", "__rpow__")), "@": (operator.matmul, ("__matmul__", "__rmatmul__"))})
+    "**": (operator.pow, ("__pow__", "__rpow__")), "@": (operator.matmul, ("__matmul__", "__rmatmul__")),
+    "&": (operator.and_, ("__and__", "__rand__")), "|": (operator.or_, ("__or__", "__ror__")),
+    "^": (operator.xor, ("__xor__", "__rxor__")), "<<": (operator.lshift, ("__lshift__", "__rlshift__")),
+    ">>": (operator.rshift, ("__rshift__", "__rrshift__"))})
 
 
 def _fail(what, _error=AssertionError, _impure=IMPURE):
@@ -489,7 +492,7 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
 
     def op(name, a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
            _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex):
-        """`a <name> b` (`+ - * / // % ** @`): where the operation is the code under test's, it
+        """`a <name> b` (`+ - * / // % ** @ & | ^ << >>`): where the operation is the code under test's, it
         must not give a number, or the same result, for a fresh `object()` on either side, and
         `+`/`-` (`*`, `/` unless the result is 0) must not give the same number for a perturbed
         number (they are one-to-one)."""
