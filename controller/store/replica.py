@@ -41,6 +41,7 @@ import os
 import shutil
 import sqlite3
 import struct
+import sys
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,12 @@ SNAPSHOT, LOG, GEN_META = "snapshot.db", "wal.log", "generation.json"
 WAL_HEADER = struct.Struct(">IIIIIIII")  # magic, version, page size, ckpt seq, salt1, salt2, cksum
 FRAME_HEADER = struct.Struct(">IIIIII")  # page number, db size after commit (0: none), salts, cksum
 WAL_MAGICS = (0x377F0682, 0x377F0683)
+WAL_VERSION = 3007000
+# The wal-index header (the -shm file's first 48 bytes, twice; native byte order;
+# sqlite.org/walformat.html): version, unused, change counter, is-init, big-endian checksums,
+# page size, mxFrame (the last committed frame), database pages, the last frame's checksum,
+# salts (the WAL header's bytes, big-endian), the header's own checksum.
+WAL_INDEX_HEADER = struct.Struct("=IIIBBHIIIIIIII")
 RECORD = struct.Struct(">4sdIII")  # magic, wall time, frames, page size, crc32 of the frames
 RECORD_MAGIC = b"PDKR"
 STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often
@@ -147,10 +154,14 @@ class Replica:
         # The WAL is read through a descriptor held open: the same file SQLite writes, even if
         # its name is gone (a deleted run directory keeps replicating until the process ends).
         self._wal_fd = os.open(str(self.db_path) + "-wal", os.O_RDONLY)
+        # The wal-index: where SQLite's committed log ends (the WAL file may hold more).
+        self._shm_fd = os.open(str(self.db_path) + "-shm", os.O_RDONLY)
         self._pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="replica-copy")
         self._log_fd: Optional[int] = None
         self._salts: tuple[int, int] = (0, 0)
         self._pos = 0
+        self._cksum: tuple[int, int] = (0, 0)  # the log's running checksum at _pos
+        self._change = 0  # the wal-index's commit counter at _pos
         self._log_bytes = 0
         self._broken = True  # no generation yet: the first sync starts one
         self._start_generation()
@@ -159,7 +170,7 @@ class Replica:
     def close(self) -> None:
         self._write_status(force=True)
         self._pool.shutdown(wait=True)
-        for fd in (self._log_fd, self._wal_fd):
+        for fd in (self._log_fd, self._wal_fd, self._shm_fd):
             if fd is not None:
                 os.close(fd)
         self._log_fd = None
@@ -214,7 +225,7 @@ class Replica:
         """A base snapshot (online backup API) and an empty log; the WAL's position is taken
         in the same quiet moment (no write can come between: one thread writes)."""
         gens = generations(self.dir)
-        seq = (gens[-1][0] + 1) if gens else 1
+        seq = _next_seq(self.dir / LEDGER_DIR)
         gen = self.dir / LEDGER_DIR / f"gen-{seq:06d}"
         if os.stat(self.dir).st_dev != self._dev:  # never the mount point of a lost mount
             raise ReplicaError(f"replica directory {self.dir} is not on the filesystem it was "
@@ -237,11 +248,18 @@ class Replica:
         self._log_fd = os.open(gen / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fsync_dir(gen)
         fsync_dir(gen.parent)
-        header = os.pread(self._wal_fd, WAL_HEADER.size, 0)
-        self._salts = _salts(header)
-        self._pos = WAL_HEADER.size
-        if self._salts != (0, 0):  # skip the frames already in the snapshot
-            self._pos, _ = self._scan(WAL_HEADER.unpack(header)[2])
+        # Skip the frames already in the snapshot: up to the log's end as SQLite sees it (the
+        # wal-index), not the file's (it may hold frames past it: see _scan).
+        index = self._wal_index()
+        wal = _wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        self._salts, self._pos, self._change = index.salts, WAL_HEADER.size, index.change
+        if index.frames:
+            if wal is None or wal.salts != index.salts:
+                raise ReplicaError(f"the WAL of {self.db_path} does not match its wal-index")
+            self._pos = WAL_HEADER.size + index.frames * (FRAME_HEADER.size + wal.page_size)
+            self._cksum = index.cksum
+        elif wal is not None:
+            self._cksum = wal.cksum
         self._log_bytes = 0
         self._broken = False
         self.state.generation = seq
@@ -250,42 +268,86 @@ class Replica:
             shutil.rmtree(old, ignore_errors=True)
             log.info("replica generation %d dropped (keep %d)", old_seq, self.keep)
 
-    def _scan(self, page_size: int) -> tuple[int, bytes]:
-        """From the shipped position: (the offset after the last commit frame of this WAL
-        generation, the frames up to it)."""
-        size = os.fstat(self._wal_fd).st_size
-        data = os.pread(self._wal_fd, max(size - self._pos, 0), self._pos)
-        frame = FRAME_HEADER.size + page_size
-        end = 0
-        for off in range(0, len(data) - frame + 1, frame):
-            _, commit, s1, s2, _, _ = FRAME_HEADER.unpack_from(data, off)
-            if (s1, s2) != self._salts:
-                break
-            if commit:
-                end = off + frame
-        return self._pos + end, data[:end]
+    def _scan(self, wal: "_WalHeader", index: "_WalIndex") -> tuple[int, bytes]:
+        """The frames committed since the shipped position: those up to the wal-index's last
+        committed frame (`index.frames`), never the file's end. Returns (the offset after
+        them, the frames); raises ReplicaError when they do not continue what was shipped
+        (salts, page numbers, the running checksum from the last shipped frame's, ending at
+        the wal-index's commit frame), as SQLite's recovery would refuse them.
+
+        The file's end is not the log's: a writer killed -9 after writing a COMMIT's frames,
+        before publishing them in the wal-index, leaves whole frames with this log's salts,
+        even a valid checksum chain and a commit frame, when another connection kept the
+        wal-index alive (no recovery at the next open): never committed, the next writer
+        writes over them from the wal-index's end."""
+        frame = FRAME_HEADER.size + wal.page_size
+        first = (self._pos - WAL_HEADER.size) // frame  # frames already shipped (or skipped)
+        n = index.frames - first
+        if n < 0:
+            raise ReplicaError(f"the wal-index of {self.db_path} ends before the shipped "
+                               f"frame {first}")
+        if n == 0:
+            return self._pos, b""
+        data = os.pread(self._wal_fd, n * frame, self._pos)
+        if len(data) < n * frame:
+            raise ReplicaError(f"the WAL of {self.db_path} is shorter than its wal-index")
+        sums = _frame_checksums(data, wal.page_size, wal.big_endian, self._cksum)
+        for i in range(n):
+            pgno, _, s1, s2, c1, c2 = FRAME_HEADER.unpack_from(data, i * frame)
+            if (s1, s2) != wal.salts or pgno == 0 or (c1, c2) != sums[i]:
+                raise ReplicaError(f"frame {first + i + 1} of the WAL of {self.db_path} does "
+                                   f"not continue the frames shipped")
+        commit = FRAME_HEADER.unpack_from(data, (n - 1) * frame)[1]
+        if commit != index.pages or sums[-1] != index.cksum:
+            raise ReplicaError(f"the WAL of {self.db_path} does not end where its wal-index "
+                               f"does (frame {index.frames})")
+        return self._pos + len(data), data
+
+    def _wal_index(self) -> "_WalIndex":
+        """The wal-index's header: read when no write is in flight (after this connection's
+        COMMIT; it is the only writer); its two copies must agree and its checksum match."""
+        raw = os.pread(self._shm_fd, 2 * WAL_INDEX_HEADER.size, 0)
+        index = _wal_index(raw)
+        if index is None:
+            raise ReplicaError(f"the wal-index {self.db_path}-shm is not one SQLite wrote "
+                               f"(format {FORMAT} reads wal-index version {WAL_VERSION})")
+        return index
 
     def _ship(self, now: float) -> bool:
         """Append the frames of the transactions committed since the last call; False when
         the WAL lost its continuity under us (another connection truncated it between the
         COMMIT and now: its frames are in the database file, only a snapshot has them)."""
-        header = os.pread(self._wal_fd, WAL_HEADER.size, 0)
-        if len(header) < WAL_HEADER.size or WAL_HEADER.unpack(header)[0] not in WAL_MAGICS:
-            return self._pos <= WAL_HEADER.size  # nothing was ever in it: nothing to ship
-        page_size = WAL_HEADER.unpack(header)[2]
-        salts = _salts(header)
-        if salts != self._salts:  # SQLite restarted the WAL after a checkpoint
-            self._salts, self._pos = salts, WAL_HEADER.size
-        pos, frames = self._scan(page_size)
-        if not frames:
+        index = self._wal_index()
+        commits = (index.change - self._change) & 0xFFFFFFFF  # commits that wrote frames
+        if index.frames == 0:  # no commit in the log now
+            if commits:  # written, then checkpointed and the log emptied under us (another
+                return False  # connection's RESTART or TRUNCATE): only the file has them
+            self._salts, self._pos = index.salts, WAL_HEADER.size  # (emptied or not)
             return True
-        n = len(frames) // (FRAME_HEADER.size + page_size)
-        record = RECORD.pack(RECORD_MAGIC, now, n, page_size, zlib.crc32(frames)) + frames
+        wal = _wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        try:
+            if wal is None or wal.salts != index.salts:
+                raise ReplicaError(f"the WAL header of {self.db_path} is not its wal-index's")
+            if wal.salts != self._salts:  # SQLite restarted the log at a write after a
+                # checkpoint: ours (our frames start it), not one commit more or less
+                if commits != 1:
+                    raise ReplicaError(f"the WAL of {self.db_path} started over with "
+                                       f"{commits} commits since the last shipped")
+                self._salts, self._pos, self._cksum = wal.salts, WAL_HEADER.size, wal.cksum
+            pos, frames = self._scan(wal, index)
+        except ReplicaError as exc:  # only a snapshot has the commit now
+            log.warning("replica %s: %s: a new generation", self.dir, exc)
+            return False
+        if not frames:
+            self._change = index.change
+            return True
+        n = len(frames) // (FRAME_HEADER.size + wal.page_size)
+        record = RECORD.pack(RECORD_MAGIC, now, n, wal.page_size, zlib.crc32(frames)) + frames
         assert self._log_fd is not None
         os.write(self._log_fd, record)
         os.fdatasync(self._log_fd)
         self._check_log()
-        self._pos = pos
+        self._pos, self._cksum, self._change = pos, index.cksum, index.change
         self._log_bytes += len(record)
         self.state.shipped_records += 1
         self.state.shipped_bytes += len(record)
@@ -532,11 +594,116 @@ def _iso(at: Optional[float]) -> str:
     return "now" if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
-def _salts(header: bytes) -> tuple[int, int]:
-    if len(header) < WAL_HEADER.size or WAL_HEADER.unpack(header)[0] not in WAL_MAGICS:
-        return (0, 0)
-    fields = WAL_HEADER.unpack(header)
-    return fields[4], fields[5]
+@dataclass(frozen=True)
+class _WalHeader:
+    page_size: int
+    big_endian: bool  # the checksums' word order (the magic's low bit)
+    salts: tuple[int, int]
+    cksum: tuple[int, int]  # the header's own checksum: the seed of the first frame's
+
+
+def _wal_header(header: bytes) -> Optional[_WalHeader]:
+    """The WAL header's fields, or None when it is not one SQLite would read (short, wrong
+    magic or version, a bad page size, a checksum that does not match: a torn header)."""
+    if len(header) < WAL_HEADER.size:
+        return None
+    magic, version, page_size, _, s1, s2, c1, c2 = WAL_HEADER.unpack(header)
+    if magic not in WAL_MAGICS or version != WAL_VERSION or page_size < 512 \
+            or page_size > 65536 or page_size & (page_size - 1):
+        return None
+    big = bool(magic & 1)
+    if _checksum(header[:24], big, (0, 0)) != (c1, c2):
+        return None
+    return _WalHeader(page_size, big, (s1, s2), (c1, c2))
+
+
+@dataclass(frozen=True)
+class _WalIndex:
+    change: int  # iChange: counts the commits that wrote frames
+    frames: int  # mxFrame: the last frame of the last commit (0: none in the log)
+    pages: int  # the database's size in pages after it
+    cksum: tuple[int, int]  # that frame's running checksum
+    salts: tuple[int, int]
+
+
+def _wal_index(raw: bytes) -> Optional[_WalIndex]:
+    """The wal-index header from the -shm file's first bytes, or None (short, not
+    initialised, an unknown version, its two copies differing, a bad checksum)."""
+    if len(raw) < 2 * WAL_INDEX_HEADER.size or raw[:48] != raw[48:96]:
+        return None
+    (version, _, change, is_init, _, _, mx_frame, pages, f1, f2, _, _,
+     c1, c2) = WAL_INDEX_HEADER.unpack_from(raw)
+    if version != WAL_VERSION or not is_init:
+        return None
+    if _checksum(raw[:40], sys.byteorder == "big", (0, 0)) != (c1, c2):
+        return None
+    salts = struct.unpack_from(">II", raw, 32)  # the WAL header's bytes, copied as they are
+    return _WalIndex(change, mx_frame, pages, (f1, f2), salts)
+
+
+def _checksum(data: bytes, big_endian: bool, seed: tuple[int, int]) -> tuple[int, int]:
+    """SQLite's WAL checksum (walChecksumBytes) of `data` continuing `seed`."""
+    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
+    s1, s2 = seed
+    for i in range(0, len(words), 2):
+        s1 = (s1 + words[i] + s2) & 0xFFFFFFFF
+        s2 = (s2 + words[i + 1] + s1) & 0xFFFFFFFF
+    return s1, s2
+
+
+_COEFFS: dict[int, tuple] = {}
+
+
+def _frame_checksums(data: bytes, page_size: int, big_endian: bool,
+                     seed: tuple[int, int]) -> list[tuple[int, int]]:
+    """The running checksum after each whole frame of `data` (each over the frame header's
+    first 8 bytes and the page), chained from `seed`: what each frame must carry to be valid.
+
+    The checksum is linear: a pair of words (a, b) maps (s1, s2) to M(s1, s2) + (a, a + b)
+    with M = [[1, 1], [1, 2]], so a frame of P pairs adds sum_i M^(P-1-i) (a_i, a_i + b_i)
+    to M^P(seed): one matrix product over all frames (numpy, wrapping modulo 2^64, a multiple
+    of 2^32), then one step per frame to chain them."""
+    frame = FRAME_HEADER.size + page_size
+    n = len(data) // frame
+    if n == 0:
+        return []
+    import numpy as np  # here: only a replicating controller pays its import
+    pairs = (8 + page_size) // 8
+    if page_size not in _COEFFS:
+        mask = 0xFFFFFFFF
+        powers = [(1, 0, 1)]  # M^k as (p, q, r): [[p, q], [q, r]]
+        for _ in range(pairs):
+            p, q, r = powers[-1]
+            powers.append(((p + q) & mask, (p + 2 * q) & mask, (q + 2 * r) & mask))
+        rev = powers[pairs - 1::-1]  # the pair i's M^(P-1-i)
+        coef = np.array([[p + q, q, q + r, r] for p, q, r in rev], dtype=np.uint64) & mask
+        _COEFFS[page_size] = (coef, powers[pairs])
+    coef, (mp, mq, mr) = _COEFFS[page_size]
+    words = np.frombuffer(data, dtype=">u4" if big_endian else "<u4",
+                          count=n * frame // 4).reshape(n, frame // 4).astype(np.uint64)
+    summed = np.concatenate([words[:, :2], words[:, FRAME_HEADER.size // 4:]], axis=1)
+    a, b = summed[:, 0::2], summed[:, 1::2]
+    d1 = (a @ coef[:, 0] + b @ coef[:, 1]).tolist()
+    d2 = (a @ coef[:, 2] + b @ coef[:, 3]).tolist()
+    s1, s2 = seed
+    out = []
+    for x, y in zip(d1, d2):
+        s1, s2 = (mp * s1 + mq * s2 + x) & 0xFFFFFFFF, (mq * s1 + mr * s2 + y) & 0xFFFFFFFF
+        out.append((s1, s2))
+    return out
+
+
+def _next_seq(ledger: Path) -> int:
+    """The next generation's number: past every gen-* directory, a complete one or one a
+    process killed while taking its snapshot left behind (removed here: never used)."""
+    seqs = [0]
+    if ledger.is_dir():
+        for d in ledger.iterdir():
+            if d.name.startswith("gen-") and d.name[4:].isdigit():
+                seqs.append(int(d.name[4:]))
+                if not (d / SNAPSHOT).exists():
+                    shutil.rmtree(d, ignore_errors=True)
+    return max(seqs) + 1
 
 
 def _safe_rel(rel: str) -> bool:
