@@ -7,7 +7,10 @@ process (a sync interval of a second or more), so a trainer could be told of a c
 the replica does not hold yet. Here the queue calls `Replica.after_commit` right after each
 COMMIT and before anything of the pass is acknowledged (controller/store/queue.py), so
 every acknowledged commit is on the replica; the WAL shipping itself is Litestream's design
-(a base snapshot by SQLite's online backup API, then the log's frames, per generation).
+(a base snapshot by SQLite's online backup API, then the log's frames, per generation). The
+frames shipped are those SQLite counts as committed (up to the wal-index's last committed
+frame, checked against the log's running checksum), never the WAL file's end: the file may
+hold frames past it that were never committed (docs/trajectories.md, "Replica").
 
 Layout under the replica directory (docs/trajectories.md, "Replica"):
 
