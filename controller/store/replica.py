@@ -44,7 +44,6 @@ import os
 import shutil
 import sqlite3
 import struct
-import sys
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -53,21 +52,23 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from controller.ondisk.fileio import atomic_write, fsync_dir
+from controller.store.walformat import (
+    FRAME_HEADER,
+    WAL_HEADER,
+    WAL_INDEX_HEADER_SIZE,
+    WAL_VERSION,
+    WalHeader,
+    WalIndex,
+    frame_checksums,
+    wal_header,
+    wal_index,
+)
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 LEDGER_DIR, RUN_DIR, STATUS_FILE, META_FILE = "ledger", "run", "status.json", "replica.json"
 SNAPSHOT, LOG, GEN_META = "snapshot.db", "wal.log", "generation.json"
-WAL_HEADER = struct.Struct(">IIIIIIII")  # magic, version, page size, ckpt seq, salt1, salt2, cksum
-FRAME_HEADER = struct.Struct(">IIIIII")  # page number, db size after commit (0: none), salts, cksum
-WAL_MAGICS = (0x377F0682, 0x377F0683)
-WAL_VERSION = 3007000
-# The wal-index header (the -shm file's first 48 bytes, twice; native byte order;
-# sqlite.org/walformat.html): version, unused, change counter, is-init, big-endian checksums,
-# page size, mxFrame (the last committed frame), database pages, the last frame's checksum,
-# salts (the WAL header's bytes, big-endian), the header's own checksum.
-WAL_INDEX_HEADER = struct.Struct("=IIIBBHIIIIIIII")
 RECORD = struct.Struct(">4sdIII")  # magic, wall time, frames, page size, crc32 of the frames
 RECORD_MAGIC = b"PDKR"
 STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often
@@ -254,7 +255,7 @@ class Replica:
         # Skip the frames already in the snapshot: up to the log's end as SQLite sees it (the
         # wal-index), not the file's (it may hold frames past it: see _scan).
         index = self._wal_index()
-        wal = _wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
         self._salts, self._pos, self._change = index.salts, WAL_HEADER.size, index.change
         if index.frames:
             if wal is None or wal.salts != index.salts:
@@ -271,7 +272,7 @@ class Replica:
             shutil.rmtree(old, ignore_errors=True)
             log.info("replica generation %d dropped (keep %d)", old_seq, self.keep)
 
-    def _scan(self, wal: "_WalHeader", index: "_WalIndex") -> tuple[int, bytes]:
+    def _scan(self, wal: "WalHeader", index: "WalIndex") -> tuple[int, bytes]:
         """The frames committed since the shipped position: those up to the wal-index's last
         committed frame (`index.frames`), never the file's end. Returns (the offset after
         them, the frames); raises ReplicaError when they do not continue what was shipped
@@ -294,7 +295,7 @@ class Replica:
         data = os.pread(self._wal_fd, n * frame, self._pos)
         if len(data) < n * frame:
             raise ReplicaError(f"the WAL of {self.db_path} is shorter than its wal-index")
-        sums = _frame_checksums(data, wal.page_size, wal.big_endian, self._cksum)
+        sums = frame_checksums(data, wal.page_size, wal.big_endian, self._cksum)
         for i in range(n):
             pgno, _, s1, s2, c1, c2 = FRAME_HEADER.unpack_from(data, i * frame)
             if (s1, s2) != wal.salts or pgno == 0 or (c1, c2) != sums[i]:
@@ -306,11 +307,11 @@ class Replica:
                                f"does (frame {index.frames})")
         return self._pos + len(data), data
 
-    def _wal_index(self) -> "_WalIndex":
+    def _wal_index(self) -> "WalIndex":
         """The wal-index's header: read when no write is in flight (after this connection's
         COMMIT; it is the only writer); its two copies must agree and its checksum match."""
-        raw = os.pread(self._shm_fd, 2 * WAL_INDEX_HEADER.size, 0)
-        index = _wal_index(raw)
+        raw = os.pread(self._shm_fd, 2 * WAL_INDEX_HEADER_SIZE, 0)
+        index = wal_index(raw)
         if index is None:
             raise ReplicaError(f"the wal-index {self.db_path}-shm is not one SQLite wrote "
                                f"(format {FORMAT} reads wal-index version {WAL_VERSION})")
@@ -327,7 +328,7 @@ class Replica:
                 return False  # connection's RESTART or TRUNCATE): only the file has them
             self._salts, self._pos = index.salts, WAL_HEADER.size  # (emptied or not)
             return True
-        wal = _wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
         try:
             if wal is None or wal.salts != index.salts:
                 raise ReplicaError(f"the WAL header of {self.db_path} is not its wal-index's")
@@ -595,105 +596,6 @@ def _snapshot_time(gen: Path) -> float:
 
 def _iso(at: Optional[float]) -> str:
     return "now" if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
-@dataclass(frozen=True)
-class _WalHeader:
-    page_size: int
-    big_endian: bool  # the checksums' word order (the magic's low bit)
-    salts: tuple[int, int]
-    cksum: tuple[int, int]  # the header's own checksum: the seed of the first frame's
-
-
-def _wal_header(header: bytes) -> Optional[_WalHeader]:
-    """The WAL header's fields, or None when it is not one SQLite would read (short, wrong
-    magic or version, a bad page size, a checksum that does not match: a torn header)."""
-    if len(header) < WAL_HEADER.size:
-        return None
-    magic, version, page_size, _, s1, s2, c1, c2 = WAL_HEADER.unpack(header)
-    if magic not in WAL_MAGICS or version != WAL_VERSION or page_size < 512 \
-            or page_size > 65536 or page_size & (page_size - 1):
-        return None
-    big = bool(magic & 1)
-    if _checksum(header[:24], big, (0, 0)) != (c1, c2):
-        return None
-    return _WalHeader(page_size, big, (s1, s2), (c1, c2))
-
-
-@dataclass(frozen=True)
-class _WalIndex:
-    change: int  # iChange: counts the commits that wrote frames
-    frames: int  # mxFrame: the last frame of the last commit (0: none in the log)
-    pages: int  # the database's size in pages after it
-    cksum: tuple[int, int]  # that frame's running checksum
-    salts: tuple[int, int]
-
-
-def _wal_index(raw: bytes) -> Optional[_WalIndex]:
-    """The wal-index header from the -shm file's first bytes, or None (short, not
-    initialised, an unknown version, its two copies differing, a bad checksum)."""
-    if len(raw) < 2 * WAL_INDEX_HEADER.size or raw[:48] != raw[48:96]:
-        return None
-    (version, _, change, is_init, _, _, mx_frame, pages, f1, f2, _, _,
-     c1, c2) = WAL_INDEX_HEADER.unpack_from(raw)
-    if version != WAL_VERSION or not is_init:
-        return None
-    if _checksum(raw[:40], sys.byteorder == "big", (0, 0)) != (c1, c2):
-        return None
-    salts = struct.unpack_from(">II", raw, 32)  # the WAL header's bytes, copied as they are
-    return _WalIndex(change, mx_frame, pages, (f1, f2), salts)
-
-
-def _checksum(data: bytes, big_endian: bool, seed: tuple[int, int]) -> tuple[int, int]:
-    """SQLite's WAL checksum (walChecksumBytes) of `data` continuing `seed`."""
-    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
-    s1, s2 = seed
-    for i in range(0, len(words), 2):
-        s1 = (s1 + words[i] + s2) & 0xFFFFFFFF
-        s2 = (s2 + words[i + 1] + s1) & 0xFFFFFFFF
-    return s1, s2
-
-
-_COEFFS: dict[int, tuple] = {}
-
-
-def _frame_checksums(data: bytes, page_size: int, big_endian: bool,
-                     seed: tuple[int, int]) -> list[tuple[int, int]]:
-    """The running checksum after each whole frame of `data` (each over the frame header's
-    first 8 bytes and the page), chained from `seed`: what each frame must carry to be valid.
-
-    The checksum is linear: a pair of words (a, b) maps (s1, s2) to M(s1, s2) + (a, a + b)
-    with M = [[1, 1], [1, 2]], so a frame of P pairs adds sum_i M^(P-1-i) (a_i, a_i + b_i)
-    to M^P(seed): one matrix product over all frames (numpy, wrapping modulo 2^64, a multiple
-    of 2^32), then one step per frame to chain them."""
-    frame = FRAME_HEADER.size + page_size
-    n = len(data) // frame
-    if n == 0:
-        return []
-    import numpy as np  # here: only a replicating controller pays its import
-    pairs = (8 + page_size) // 8
-    if page_size not in _COEFFS:
-        mask = 0xFFFFFFFF
-        powers = [(1, 0, 1)]  # M^k as (p, q, r): [[p, q], [q, r]]
-        for _ in range(pairs):
-            p, q, r = powers[-1]
-            powers.append(((p + q) & mask, (p + 2 * q) & mask, (q + 2 * r) & mask))
-        rev = powers[pairs - 1::-1]  # the pair i's M^(P-1-i)
-        coef = np.array([[p + q, q, q + r, r] for p, q, r in rev], dtype=np.uint64) & mask
-        _COEFFS[page_size] = (coef, powers[pairs])
-    coef, (mp, mq, mr) = _COEFFS[page_size]
-    words = np.frombuffer(data, dtype=">u4" if big_endian else "<u4",
-                          count=n * frame // 4).reshape(n, frame // 4).astype(np.uint64)
-    summed = np.concatenate([words[:, :2], words[:, FRAME_HEADER.size // 4:]], axis=1)
-    a, b = summed[:, 0::2], summed[:, 1::2]
-    d1 = (a @ coef[:, 0] + b @ coef[:, 1]).tolist()
-    d2 = (a @ coef[:, 2] + b @ coef[:, 3]).tolist()
-    s1, s2 = seed
-    out = []
-    for x, y in zip(d1, d2):
-        s1, s2 = (mp * s1 + mq * s2 + x) & 0xFFFFFFFF, (mq * s1 + mr * s2 + y) & 0xFFFFFFFF
-        out.append((s1, s2))
-    return out
 
 
 def _next_seq(ledger: Path) -> int:
