@@ -337,7 +337,9 @@ class Replica:
                 if commits != 1:
                     raise ReplicaError(f"the WAL of {self.db_path} started over with "
                                        f"{commits} commits since the last shipped")
-                self._salts, self._pos, self._cksum = wal.salts, WAL_HEADER.size, wal.cksum
+                self._salts, self._pos = wal.salts, WAL_HEADER.size
+            if self._pos == WAL_HEADER.size:  # the log's first frame continues its header
+                self._cksum = wal.cksum
             pos, frames = self._scan(wal, index)
         except ReplicaError as exc:  # only a snapshot has the commit now
             log.warning("replica %s: %s: a new generation", self.dir, exc)

@@ -179,3 +179,26 @@ def test_a_generation_left_without_its_snapshot_is_skipped_and_removed(tmp_path,
     assert [seq for seq, _ in R.generations(replica_dir)] == [1, 3] and not torn.exists()
     R.restore_ledger(replica_dir, tmp_path / "restored.db")
     assert committed_in(tmp_path / "restored.db") == set(done)
+
+
+def test_a_log_emptied_by_another_connection_after_a_shipped_commit_stays_in_its_generation(
+        tmp_path, replica_dir):
+    """An operator's `PRAGMA wal_checkpoint(TRUNCATE)` between two commits, after the first
+    was shipped: nothing is lost, the next commits start the emptied log and are shipped in
+    the same generation."""
+    clock = FakeClock()
+    run = tmp_path / "run"
+    q = open_queue(run, replica_dir, clock)
+    done = commit_some(q, run, "b0", 2)
+    for step in range(3):
+        other = sqlite3.connect(run / "controller.db")
+        assert other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+        other.close()
+        assert (run / "controller.db-wal").stat().st_size == 0
+        q.add_counters({f"c{step}": 1})
+        done += commit_some(q, run, f"b{step + 1}", 2)
+    assert len(R.generations(replica_dir)) == 1 and q.replica_status()["failures"] == 0
+    q.close()
+    R.restore_ledger(replica_dir, tmp_path / "restored.db")
+    assert committed_in(tmp_path / "restored.db") == set(done)
+    assert _counters(tmp_path / "restored.db") == _counters(run / "controller.db")
