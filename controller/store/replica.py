@@ -238,6 +238,12 @@ class Replica:
         gen.mkdir()
         atomic_write(self.dir / META_FILE, json.dumps(
             {"format": FORMAT, "db": str(self.db_path), "run_dir": str(self.run_dir)}))
+        # The log's end as SQLite sees it (the wal-index), not the file's (it may hold frames
+        # past it: see _scan), read before the snapshot: a commit of another connection in
+        # between is then in both (shipped again onto pages that have it: harmless), never
+        # in neither.
+        index = self._wal_index()
+        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
         tmp = gen / (SNAPSHOT + ".tmp")
         dest = sqlite3.connect(str(tmp))
         try:
@@ -252,10 +258,7 @@ class Replica:
         self._log_fd = os.open(gen / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fsync_dir(gen)
         fsync_dir(gen.parent)
-        # Skip the frames already in the snapshot: up to the log's end as SQLite sees it (the
-        # wal-index), not the file's (it may hold frames past it: see _scan).
-        index = self._wal_index()
-        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        # Skip the frames already in the snapshot.
         self._salts, self._pos, self._change = index.salts, WAL_HEADER.size, index.change
         if index.frames:
             if wal is None or wal.salts != index.salts:
