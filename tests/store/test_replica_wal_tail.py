@@ -202,3 +202,23 @@ def test_a_log_emptied_by_another_connection_after_a_shipped_commit_stays_in_its
     R.restore_ledger(replica_dir, tmp_path / "restored.db")
     assert committed_in(tmp_path / "restored.db") == set(done)
     assert _counters(tmp_path / "restored.db") == _counters(run / "controller.db")
+
+
+def test_the_running_checksum_is_sqlites_in_either_word_order():
+    """walformat.frame_checksums (one matrix product) is SQLite's walChecksumBytes run frame
+    after frame (the plain loop), for either word order and any seed; and it is what SQLite
+    wrote into a real WAL (the first test's frames are checked against it on every ship)."""
+    import random
+
+    from controller.store import walformat as W
+    rng = random.Random(7)
+    for page_size in (512, 4096):
+        frames = bytes(rng.getrandbits(8) for _ in range(3 * (24 + page_size)))
+        for big in (False, True):
+            seed = (rng.getrandbits(32), rng.getrandbits(32))
+            want, s = [], seed
+            for i in range(3):
+                f = frames[i * (24 + page_size):(i + 1) * (24 + page_size)]
+                s = W._checksum(f[24:], big, W._checksum(f[:8], big, s))
+                want.append(s)
+            assert W.frame_checksums(frames, page_size, big, seed) == want
