@@ -83,6 +83,7 @@ def _checksum(data: bytes, big_endian: bool, seed: tuple[int, int]) -> tuple[int
 
 
 _COEFFS: dict[int, tuple] = {}
+CHUNK_FRAMES = 256
 
 
 def frame_checksums(data: bytes, page_size: int, big_endian: bool,
@@ -111,11 +112,15 @@ def frame_checksums(data: bytes, page_size: int, big_endian: bool,
         _COEFFS[page_size] = (coef, powers[pairs])
     coef, (mp, mq, mr) = _COEFFS[page_size]
     words = np.frombuffer(data, dtype=">u4" if big_endian else "<u4",
-                          count=n * frame // 4).reshape(n, frame // 4).astype(np.uint64)
-    summed = np.concatenate([words[:, :2], words[:, FRAME_HEADER.size // 4:]], axis=1)
-    a, b = summed[:, 0::2], summed[:, 1::2]
-    d1 = (a @ coef[:, 0] + b @ coef[:, 1]).tolist()
-    d2 = (a @ coef[:, 2] + b @ coef[:, 3]).tolist()
+                          count=n * frame // 4).reshape(n, frame // 4)
+    d1: list[int] = []
+    d2: list[int] = []
+    for at in range(0, n, CHUNK_FRAMES):  # a large commit's frames a few MiB at a time
+        chunk = words[at:at + CHUNK_FRAMES].astype(np.uint64)
+        summed = np.concatenate([chunk[:, :2], chunk[:, FRAME_HEADER.size // 4:]], axis=1)
+        a, b = summed[:, 0::2], summed[:, 1::2]
+        d1 += (a @ coef[:, 0] + b @ coef[:, 1]).tolist()
+        d2 += (a @ coef[:, 2] + b @ coef[:, 3]).tolist()
     s1, s2 = seed
     out = []
     for x, y in zip(d1, d2):

@@ -204,13 +204,14 @@ def test_a_log_emptied_by_another_connection_after_a_shipped_commit_stays_in_its
     assert _counters(tmp_path / "restored.db") == _counters(run / "controller.db")
 
 
-def test_the_running_checksum_is_sqlites_in_either_word_order():
+def test_the_running_checksum_is_sqlites_in_either_word_order(monkeypatch):
     """walformat.frame_checksums (one matrix product) is SQLite's walChecksumBytes run frame
     after frame (the plain loop), for either word order and any seed; and it is what SQLite
     wrote into a real WAL (the first test's frames are checked against it on every ship)."""
     import random
 
     from controller.store import walformat as W
+    monkeypatch.setattr(W, "CHUNK_FRAMES", 2)  # three frames: two chunks chained
     rng = random.Random(7)
     for page_size in (512, 4096):
         frames = bytes(rng.getrandbits(8) for _ in range(3 * (24 + page_size)))
