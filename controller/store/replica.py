@@ -7,7 +7,10 @@ process (a sync interval of a second or more), so a trainer could be told of a c
 the replica does not hold yet. Here the queue calls `Replica.after_commit` right after each
 COMMIT and before anything of the pass is acknowledged (controller/store/queue.py), so
 every acknowledged commit is on the replica; the WAL shipping itself is Litestream's design
-(a base snapshot by SQLite's online backup API, then the log's frames, per generation).
+(a base snapshot by SQLite's online backup API, then the log's frames, per generation). The
+frames shipped are those SQLite counts as committed (up to the wal-index's last committed
+frame, checked against the log's running checksum), never the WAL file's end: the file may
+hold frames past it that were never committed (docs/trajectories.md, "Replica").
 
 Layout under the replica directory (docs/trajectories.md, "Replica"):
 
@@ -49,15 +52,23 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
 from controller.ondisk.fileio import atomic_write, fsync_dir
+from controller.store.walformat import (
+    FRAME_HEADER,
+    WAL_HEADER,
+    WAL_INDEX_HEADER_SIZE,
+    WAL_VERSION,
+    WalHeader,
+    WalIndex,
+    frame_checksums,
+    wal_header,
+    wal_index,
+)
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 LEDGER_DIR, RUN_DIR, STATUS_FILE, META_FILE = "ledger", "run", "status.json", "replica.json"
 SNAPSHOT, LOG, GEN_META = "snapshot.db", "wal.log", "generation.json"
-WAL_HEADER = struct.Struct(">IIIIIIII")  # magic, version, page size, ckpt seq, salt1, salt2, cksum
-FRAME_HEADER = struct.Struct(">IIIIII")  # page number, db size after commit (0: none), salts, cksum
-WAL_MAGICS = (0x377F0682, 0x377F0683)
 RECORD = struct.Struct(">4sdIII")  # magic, wall time, frames, page size, crc32 of the frames
 RECORD_MAGIC = b"PDKR"
 STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often
@@ -147,10 +158,14 @@ class Replica:
         # The WAL is read through a descriptor held open: the same file SQLite writes, even if
         # its name is gone (a deleted run directory keeps replicating until the process ends).
         self._wal_fd = os.open(str(self.db_path) + "-wal", os.O_RDONLY)
+        # The wal-index: where SQLite's committed log ends (the WAL file may hold more).
+        self._shm_fd = os.open(str(self.db_path) + "-shm", os.O_RDONLY)
         self._pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="replica-copy")
         self._log_fd: Optional[int] = None
         self._salts: tuple[int, int] = (0, 0)
         self._pos = 0
+        self._cksum: tuple[int, int] = (0, 0)  # the log's running checksum at _pos
+        self._change = 0  # the wal-index's commit counter at _pos
         self._log_bytes = 0
         self._broken = True  # no generation yet: the first sync starts one
         self._start_generation()
@@ -159,7 +174,7 @@ class Replica:
     def close(self) -> None:
         self._write_status(force=True)
         self._pool.shutdown(wait=True)
-        for fd in (self._log_fd, self._wal_fd):
+        for fd in (self._log_fd, self._wal_fd, self._shm_fd):
             if fd is not None:
                 os.close(fd)
         self._log_fd = None
@@ -214,7 +229,7 @@ class Replica:
         """A base snapshot (online backup API) and an empty log; the WAL's position is taken
         in the same quiet moment (no write can come between: one thread writes)."""
         gens = generations(self.dir)
-        seq = (gens[-1][0] + 1) if gens else 1
+        seq = _next_seq(self.dir / LEDGER_DIR)
         gen = self.dir / LEDGER_DIR / f"gen-{seq:06d}"
         if os.stat(self.dir).st_dev != self._dev:  # never the mount point of a lost mount
             raise ReplicaError(f"replica directory {self.dir} is not on the filesystem it was "
@@ -223,6 +238,12 @@ class Replica:
         gen.mkdir()
         atomic_write(self.dir / META_FILE, json.dumps(
             {"format": FORMAT, "db": str(self.db_path), "run_dir": str(self.run_dir)}))
+        # The log's end as SQLite sees it (the wal-index), not the file's (it may hold frames
+        # past it: see _scan), read before the snapshot: a commit of another connection in
+        # between is then in both (shipped again onto pages that have it: harmless), never
+        # in neither.
+        index = self._wal_index()
+        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
         tmp = gen / (SNAPSHOT + ".tmp")
         dest = sqlite3.connect(str(tmp))
         try:
@@ -237,11 +258,15 @@ class Replica:
         self._log_fd = os.open(gen / LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fsync_dir(gen)
         fsync_dir(gen.parent)
-        header = os.pread(self._wal_fd, WAL_HEADER.size, 0)
-        self._salts = _salts(header)
-        self._pos = WAL_HEADER.size
-        if self._salts != (0, 0):  # skip the frames already in the snapshot
-            self._pos, _ = self._scan(WAL_HEADER.unpack(header)[2])
+        # Skip the frames already in the snapshot.
+        self._salts, self._pos, self._change = index.salts, WAL_HEADER.size, index.change
+        if index.frames:
+            if wal is None or wal.salts != index.salts:
+                raise ReplicaError(f"the WAL of {self.db_path} does not match its wal-index")
+            self._pos = WAL_HEADER.size + index.frames * (FRAME_HEADER.size + wal.page_size)
+            self._cksum = index.cksum
+        elif wal is not None:
+            self._cksum = wal.cksum
         self._log_bytes = 0
         self._broken = False
         self.state.generation = seq
@@ -250,42 +275,88 @@ class Replica:
             shutil.rmtree(old, ignore_errors=True)
             log.info("replica generation %d dropped (keep %d)", old_seq, self.keep)
 
-    def _scan(self, page_size: int) -> tuple[int, bytes]:
-        """From the shipped position: (the offset after the last commit frame of this WAL
-        generation, the frames up to it)."""
-        size = os.fstat(self._wal_fd).st_size
-        data = os.pread(self._wal_fd, max(size - self._pos, 0), self._pos)
-        frame = FRAME_HEADER.size + page_size
-        end = 0
-        for off in range(0, len(data) - frame + 1, frame):
-            _, commit, s1, s2, _, _ = FRAME_HEADER.unpack_from(data, off)
-            if (s1, s2) != self._salts:
-                break
-            if commit:
-                end = off + frame
-        return self._pos + end, data[:end]
+    def _scan(self, wal: "WalHeader", index: "WalIndex") -> tuple[int, bytes]:
+        """The frames committed since the shipped position: those up to the wal-index's last
+        committed frame (`index.frames`), never the file's end. Returns (the offset after
+        them, the frames); raises ReplicaError when they do not continue what was shipped
+        (salts, page numbers, the running checksum from the last shipped frame's, ending at
+        the wal-index's commit frame), as SQLite's recovery would refuse them.
+
+        The file's end is not the log's: a writer killed -9 after writing a COMMIT's frames,
+        before publishing them in the wal-index, leaves whole frames with this log's salts,
+        even a valid checksum chain and a commit frame, when another connection kept the
+        wal-index alive (no recovery at the next open): never committed, the next writer
+        writes over them from the wal-index's end."""
+        frame = FRAME_HEADER.size + wal.page_size
+        first = (self._pos - WAL_HEADER.size) // frame  # frames already shipped (or skipped)
+        n = index.frames - first
+        if n < 0:
+            raise ReplicaError(f"the wal-index of {self.db_path} ends before the shipped "
+                               f"frame {first}")
+        if n == 0:
+            return self._pos, b""
+        data = os.pread(self._wal_fd, n * frame, self._pos)
+        if len(data) < n * frame:
+            raise ReplicaError(f"the WAL of {self.db_path} is shorter than its wal-index")
+        sums = frame_checksums(data, wal.page_size, wal.big_endian, self._cksum)
+        for i in range(n):
+            pgno, _, s1, s2, c1, c2 = FRAME_HEADER.unpack_from(data, i * frame)
+            if (s1, s2) != wal.salts or pgno == 0 or (c1, c2) != sums[i]:
+                raise ReplicaError(f"frame {first + i + 1} of the WAL of {self.db_path} does "
+                                   f"not continue the frames shipped")
+        commit = FRAME_HEADER.unpack_from(data, (n - 1) * frame)[1]
+        if commit != index.pages or sums[-1] != index.cksum:
+            raise ReplicaError(f"the WAL of {self.db_path} does not end where its wal-index "
+                               f"does (frame {index.frames})")
+        return self._pos + len(data), data
+
+    def _wal_index(self) -> "WalIndex":
+        """The wal-index's header: read when no write is in flight (after this connection's
+        COMMIT; it is the only writer); its two copies must agree and its checksum match."""
+        raw = os.pread(self._shm_fd, 2 * WAL_INDEX_HEADER_SIZE, 0)
+        index = wal_index(raw)
+        if index is None:
+            raise ReplicaError(f"the wal-index {self.db_path}-shm is not one SQLite wrote "
+                               f"(format {FORMAT} reads wal-index version {WAL_VERSION})")
+        return index
 
     def _ship(self, now: float) -> bool:
         """Append the frames of the transactions committed since the last call; False when
         the WAL lost its continuity under us (another connection truncated it between the
         COMMIT and now: its frames are in the database file, only a snapshot has them)."""
-        header = os.pread(self._wal_fd, WAL_HEADER.size, 0)
-        if len(header) < WAL_HEADER.size or WAL_HEADER.unpack(header)[0] not in WAL_MAGICS:
-            return self._pos <= WAL_HEADER.size  # nothing was ever in it: nothing to ship
-        page_size = WAL_HEADER.unpack(header)[2]
-        salts = _salts(header)
-        if salts != self._salts:  # SQLite restarted the WAL after a checkpoint
-            self._salts, self._pos = salts, WAL_HEADER.size
-        pos, frames = self._scan(page_size)
-        if not frames:
+        index = self._wal_index()
+        commits = (index.change - self._change) & 0xFFFFFFFF  # commits that wrote frames
+        if index.frames == 0:  # no commit in the log now
+            if commits:  # written, then checkpointed and the log emptied under us (another
+                return False  # connection's RESTART or TRUNCATE): only the file has them
+            self._salts, self._pos = index.salts, WAL_HEADER.size  # (emptied or not)
             return True
-        n = len(frames) // (FRAME_HEADER.size + page_size)
-        record = RECORD.pack(RECORD_MAGIC, now, n, page_size, zlib.crc32(frames)) + frames
+        wal = wal_header(os.pread(self._wal_fd, WAL_HEADER.size, 0))
+        try:
+            if wal is None or wal.salts != index.salts:
+                raise ReplicaError(f"the WAL header of {self.db_path} is not its wal-index's")
+            if wal.salts != self._salts:  # SQLite restarted the log at a write after a
+                # checkpoint: ours (our frames start it), not one commit more or less
+                if commits != 1:
+                    raise ReplicaError(f"the WAL of {self.db_path} started over with "
+                                       f"{commits} commits since the last shipped")
+                self._salts, self._pos = wal.salts, WAL_HEADER.size
+            if self._pos == WAL_HEADER.size:  # the log's first frame continues its header
+                self._cksum = wal.cksum
+            pos, frames = self._scan(wal, index)
+        except ReplicaError as exc:  # only a snapshot has the commit now
+            log.warning("replica %s: %s: a new generation", self.dir, exc)
+            return False
+        if not frames:
+            self._change = index.change
+            return True
+        n = len(frames) // (FRAME_HEADER.size + wal.page_size)
+        record = RECORD.pack(RECORD_MAGIC, now, n, wal.page_size, zlib.crc32(frames)) + frames
         assert self._log_fd is not None
         os.write(self._log_fd, record)
         os.fdatasync(self._log_fd)
         self._check_log()
-        self._pos = pos
+        self._pos, self._cksum, self._change = pos, index.cksum, index.change
         self._log_bytes += len(record)
         self.state.shipped_records += 1
         self.state.shipped_bytes += len(record)
@@ -532,11 +603,17 @@ def _iso(at: Optional[float]) -> str:
     return "now" if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
 
-def _salts(header: bytes) -> tuple[int, int]:
-    if len(header) < WAL_HEADER.size or WAL_HEADER.unpack(header)[0] not in WAL_MAGICS:
-        return (0, 0)
-    fields = WAL_HEADER.unpack(header)
-    return fields[4], fields[5]
+def _next_seq(ledger: Path) -> int:
+    """The next generation's number: past every gen-* directory, a complete one or one a
+    process killed while taking its snapshot left behind (removed here: never used)."""
+    seqs = [0]
+    if ledger.is_dir():
+        for d in ledger.iterdir():
+            if d.name.startswith("gen-") and d.name[4:].isdigit():
+                seqs.append(int(d.name[4:]))
+                if not (d / SNAPSHOT).exists():
+                    shutil.rmtree(d, ignore_errors=True)
+    return max(seqs) + 1
 
 
 def _safe_rel(rel: str) -> bool:
