@@ -453,6 +453,7 @@ _STACK_EVENTS = ("ctypes.", "gc.get_objects", "gc.get_referrers", "gc.get_refere
 _FRAME_EVENTS = ("sys._getframe",)
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code"})
 _SWAP_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+_OWN = "/verifier/paddock_"     # the grader's files (ASSERTS_PATH ...)
 _FRAME_GIVERS = frozenset({"currentframe", "stack", "trace", "getouterframes", "getinnerframes", "walk_stack",
                            "walk_tb", "<lambda>", "_getframe", "extract_stack", "format_stack", "print_stack"})
 _OTHER_EVENTS = frozenset({"object.__getattr__", "object.__setattr__", "marshal.loads", "marshal.load", "import", "open"})
@@ -588,6 +589,10 @@ def install_audit_hook(emit, prefixes, tests_prefix="/verifier/tests/", test_fil
             if args[1] == "__defaults__" and in_file(frame, "namedtuple", "/collections/__init__.py"):
                 return None     # `namedtuple(..., defaults=)` on the `__new__` it just made (Markdown, webcolors)
             return untrusted_on_stack(frame)
+        if event == "object.__getattr__" and len(args) > 1 and args[1] in ("__defaults__", "__kwdefaults__"):
+            code = getattr(args[0], "__code__", None)     # the guards' state is in their defaults: the grader's only
+            return untrusted_on_stack(frame) if code is not None and code.co_filename.startswith(_OWN) and \
+                not frame.f_code.co_filename.startswith(_OWN) else None
         if event == "object.__getattr__" and len(args) > 1 and args[1] == "__code__":
             code = getattr(args[0], "__code__", None)
             if code is not None and (str(code.co_filename).startswith(tests_prefix) or (
