@@ -3,8 +3,8 @@ understand. The checker reads an answer with Math-Verify, which silently drops w
 parse (an unknown macro with its argument, an unknown symbol, a dangling operator) and compares
 the rest. So an answer must be consumed entirely by what the checker knows:
 
-- every command is on an allowlist (`KNOWN_COMMANDS`: numbers' and sets' notation, relations the
-  relation layer reads, styling and spacing) or is written in the gold itself;
+- every command is on an allowlist (`KNOWN_COMMANDS`: numbers' and sets' notation, styling and
+  spacing), is a relation `mathrel` reads (it judges those), or is written in the gold itself;
 - every escaped symbol is spacing or a literal (`\\,` `\\%` `\\$` `\\{` ...);
 - every character outside ASCII is a letter, a digit or a known sign (`KNOWN_CHARS`), or is in the gold;
 - no binary operator dangles (`5-`, `5 \\times`, `5^`, `\\times 5`, `\\setminus 5`, `(5/, 6)`);
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
+
+from nodeagent.verifier import mathrel as mr
 
 _GREEK = ("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi "
           "omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta "
@@ -43,6 +45,7 @@ KNOWN_COMMANDS = frozenset((
     "text textbf textit textrm textnormal texttt textsf mbox hbox mathrm mathbf mathit mathsf mathtt "
     "boldsymbol bm mathnormal emph displaystyle textstyle scriptstyle left right big Big bigg Bigg "
     "bigl bigr Bigl Bigr biggl biggr quad qquad enspace thinspace medspace thickspace boxed fbox "
+    "relax nobreak allowbreak strut mathstrut nonumber notag limits nolimits "
     "and or i e"
 ).split())
 KNOWN_ESCAPES = frozenset(",;:! %${}\\|&_\t\n")
@@ -72,7 +75,7 @@ def _unknown(s: str, gold: str) -> str | None:
         name = m.group(1)
         if name in allowed:
             continue
-        if name[0].isalpha() and name not in KNOWN_COMMANDS:
+        if name[0].isalpha() and name not in KNOWN_COMMANDS and name != "urel" and mr.family(name) is None:
             return f"unknown command \\{name}"
         if not name[0].isalpha() and name not in KNOWN_ESCAPES:
             return f"unknown symbol \\{name}"
@@ -103,7 +106,10 @@ def _structural(s: str) -> str | None:
 
 
 def leftover(gold: str, pred: str) -> str | None:
-    """What of `pred` the checker would not account for and the gold does not write itself, or None."""
+    """What of `pred` the checker would not account for and the gold does not write itself, or None.
+    Relations are first spelled as `mathrel.canonical` spells them (`\\equiv`, `≡` are `=`); a
+    relation command `mathrel.family` knows is accounted for (`mathrel.stray` judges it)."""
+    gold, pred = mr.canonical(gold), mr.canonical(pred)
     reason = _unknown(pred, gold)
     if reason is not None:
         return reason

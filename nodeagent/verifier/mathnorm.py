@@ -89,8 +89,9 @@ def is_bare_answer(text: str) -> bool:
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
-    if _CONTRACTION.search(s) or any(ch.isalpha() for ch in _CJK_OR_OTHER_LETTER.findall(s)):
-        return False                             # "it's", or words in another script: prose
+    if _CONTRACTION.search(s) or any(ch.isalpha() and unicodedata.category(ch) != "Lm"
+                                     for ch in _CJK_OR_OTHER_LETTER.findall(s)):
+        return False                             # "it's", or words in another script: prose (a prime "5\u02b9" is no word)
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
 
 
