@@ -678,7 +678,7 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
     if len(answers) > MAX_CANDIDATES:
         return {"ok": False, "detail": f"{len(answers)} different final answers given (at most {MAX_CANDIDATES})"}
     if len(answers) == 1:
-        ok, left = answers_equal(g, answers[0]), ml.leftover(g, answers[0])
+        ok, left = answers_equal(g, answers[0]), len(answers[0]) <= mn.MAX_ANSWER_CHARS and ml.leftover(g, answers[0])
         return {"ok": ok, "detail": f"extracted={answers[0][:200]!r} gold={g[:200]!r}" + (f" ({left})" if left else "")}
     ok = all(answers_equal(g, a) for a in answers)
     if not ok and _multi_valued(g):
