@@ -31,9 +31,9 @@ KNOWN_COMMANDS = frozenset((
     # numbers, functions, structure
     "frac dfrac tfrac cfrac sqrt cdot times div pm mp infty binom dbinom tbinom choose "
     "sin cos tan cot sec csc arcsin arccos arctan arccot arcsec arccsc sinh cosh tanh coth log ln lg exp "
-    "lim sum prod int min max gcd lcm det deg operatorname circ degree prime ast "
+    "lim sum prod int min max gcd lcm det operatorname circ degree prime ast "
     "overline bar hat vec dot ddot tilde widehat widetilde underline overrightarrow "
-    "ldots cdots dots vdots ddots dotsc dotsb begin end hline cline "
+    "ldots cdots dots vdots ddots dotsc dotsb begin end hline "
     # sets, intervals, logic the relation layer reads
     "in notin ni cup cap setminus emptyset varnothing subset subseteq supset supseteq subsetneq supsetneq "
     "mathbb mathcal mathfrak land lor wedge vee mid vert lvert rvert Vert lVert rVert langle rangle "
@@ -45,13 +45,19 @@ KNOWN_COMMANDS = frozenset((
     "text textbf textit textrm textnormal texttt textsf mbox hbox mathrm mathbf mathit mathsf mathtt "
     "boldsymbol bm mathnormal emph displaystyle textstyle scriptstyle left right big Big bigg Bigg "
     "bigl bigr Bigl Bigr biggl biggr quad qquad enspace thinspace medspace thickspace boxed fbox "
-    "relax nobreak allowbreak strut mathstrut nonumber notag limits nolimits "
-    "and or i e"
+    "relax nobreak allowbreak strut mathstrut nonumber notag limits nolimits"
 ).split())
-KNOWN_ESCAPES = frozenset(",;:! %${}\\|&_\t\n")
+KNOWN_ESCAPES = frozenset(",;:! %${}\\|_\t\n")
 KNOWN_CHARS = frozenset("°π∞≤≥≠±×÷·∈∉∪∩∅√")
-_BINARY = r"(?:[-+*/^_]|\\(?:times|cdot|div|pm|mp|setminus|cup|cap|land|lor|wedge|vee|bmod|mod)(?![A-Za-z]))"
-_LEADING_ONLY_BINARY = r"(?:[*/^_]|\\(?:times|cdot|div|setminus|cup|cap|land|lor|wedge|vee|bmod|mod)(?![A-Za-z]))"
+_OPS = r"times|cdot|div|setminus|cup|cap|land|lor|wedge|vee|bmod|mod|circ|ast|choose"
+_ARG = r"(?:\{[^{}]*\}|\\[A-Za-z]+|[^\s{}\\])"
+_MISSING_ARG = re.compile(r"\\(?:frac|binom)\s*(?:" + _ARG + r"\s*)?(?:$|[,;)\]}=])|\\sqrt\s*(?:$|[,;)\]}=])")
+_BINARY = r"(?:[-+*/^_;:&]|\\\\|\\(?:pm|mp|" + _OPS + r")(?![A-Za-z]))"
+_LEADING_ONLY_BINARY = r"(?:[*/^_;:&]|\\\\|\\(?:" + _OPS + r")(?![A-Za-z]))"
+_STRAY_ASCII = re.compile(r"[`@#\"~]")
+_DECORATION = re.compile(r"\^\s*(?:\{\s*(?:\\(?:circ|ast|prime)\s*|\*|')+\}|\\(?:circ|ast|prime)(?![A-Za-z])|\*)")
+_PAIRS = ((r"[(\[]", r"[)\]]"), (r"\\\{", r"\\\}"), (r"(?<!\\)\{", r"(?<!\\)\}"), (r"\\langle", r"\\rangle"),
+          (r"\\lfloor", r"\\rfloor"), (r"\\lceil", r"\\rceil"), (r"\\l[vV]ert", r"\\r[vV]ert"))
 _DANGLING_END = re.compile(_BINARY + r"\s*(?:$|[,;)\]=]|\\[)\]}]|\\right(?![A-Za-z]))")
 _DANGLING_START = re.compile(r"(?:^|[,;(\[=]|\\[(\[{])\s*" + _LEADING_ONLY_BINARY)
 _COMMAND = re.compile(r"\\([A-Za-z]+|[^A-Za-z])")
@@ -93,7 +99,18 @@ def _unknown(s: str, gold: str) -> str | None:
 def _structural(s: str) -> str | None:
     body = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{[^{}]*\}", " ", s)   # words are the units' business
     body = re.sub(r"^\s*\*\*(?!\*)|(?<![*^/+-])\*\*\s*$", "", body)        # Markdown bold: **92**
-    m = _DANGLING_END.search(body) or _DANGLING_START.search(body)
+    body = _DECORATION.sub(" ", body.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}"))   # 5^\\circ: a mark
+    body = re.sub(r"\\(?:lbrack|rbrack)(?![A-Za-z])", lambda m: "[" if "l" == m.group(0)[1] else "]", body)
+    for opening, closing in _PAIRS:
+        if len(re.findall(opening, body)) > len(re.findall(closing, body)):
+            return "an unclosed bracket"        # "\\langle 5", "\\lbrace 5" ("5)" closes a label: "1) 5)")
+    if "&" in body and "\\begin" not in body:
+        return "an '&' outside an array"
+    m = _STRAY_ASCII.search(body)
+    if m:
+        return f"stray symbol {m.group(0).strip()!r}"
+    m = (_DANGLING_END.search(body) or _DANGLING_START.search(body) or _MISSING_ARG.search(body)
+         or re.match(r"\s*\\[lcv]?dots", body))
     if m:
         return f"dangling operator {m.group(0).strip()!r}"
     m = re.search(r"\\emptyset\s*[\w\\(]", body)

@@ -46,6 +46,10 @@ WRONG = [
     ("K", "5 \\text{ feet}", "5″"),
     # a lone surrogate or another unknown character is not dropped
     ("X", "5", "\\boxed{5\udcff}"), ("X", "5", "5\u2020"),
+    # the same class, other spellings: an unclosed bracket, a command without its arguments, a stray symbol
+    ("X", "5", "\\lbrace 5"), ("X", "5", "\\langle 5"), ("X", "5", "\\Big( 5"), ("X", "5", "\\frac 5"), ("X", "5", "5\\sqrt"),
+    ("X", "5", "5\\circ"), ("X", "5", "\\ast 5"), ("X", "5", "\\ldots 5"), ("X", "5", "5#"), ("X", "5", "5&"), ("X", "5", "5;"),
+    ("X", "5", "5\\\\"), ("X", "5", "5\\&"), ("X", "5", "\\deg 5"), ("X", "5", "\\e 5"),
 ]
 
 RIGHT = [
@@ -64,7 +68,9 @@ RIGHT = [
     ("H", "0.25", "25\\%"), ("H", "50", "50\\%"), ("H", "0.005", "0.5\\%"), ("H", "0.25", "0.25"),
     ("I", "1", "1"), ("I", "\\infty", "\\infty"), ("I", "0", "0"),
     ("J", "5", "x = 5"), ("J", "x \\to 5", "x \\to 5"), ("J", "5", "x \\equiv 5"), ("J", "5", "x ≡ 5"),
-    ("K", "5^\\circ", "5^\\circ"), ("K", "\\sqrt{3}", "√3"), ("K", "2\\sqrt{3}", "2√3"),
+    ("X", "\\frac{1}{2}", "\\frac12"), ("X", "(1, 2]", "(1, 2]"), ("X", "1, 2, 3", "1, 2, 3"), ("X", "5", "\\text{5}"),
+    ("X", "\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"),
+    ("K", "5^\\circ", "5^\\circ"), ("K", "5^\\circ", "5^{\\circ}"), ("K", "\\sqrt{3}", "√3"), ("K", "2\\sqrt{3}", "2√3"),
 ]
 
 
