@@ -677,9 +677,12 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
         return {"ok": False, "detail": f"unparseable gold answer {gold[:200]!r}"}
     if len(answers) > MAX_CANDIDATES:
         return {"ok": False, "detail": f"{len(answers)} different final answers given (at most {MAX_CANDIDATES})"}
+    left = next((x for a in answers if len(a) <= mn.MAX_ANSWER_CHARS and (x := ml.leftover(g, a, whole=True))), None)
     if len(answers) == 1:
-        ok, left = answers_equal(g, answers[0]), len(answers[0]) <= mn.MAX_ANSWER_CHARS and ml.leftover(g, answers[0])
+        ok = left is None and answers_equal(g, answers[0])
         return {"ok": ok, "detail": f"extracted={answers[0][:200]!r} gold={g[:200]!r}" + (f" ({left})" if left else "")}
+    if left is not None:
+        return {"ok": False, "detail": f"{len(answers)} different final answers given, one not read whole ({left})"}
     ok = all(answers_equal(g, a) for a in answers)
     if not ok and _multi_valued(g):
         ok = answers_equal(g, "\\{" + ", ".join(answers) + "\\}")

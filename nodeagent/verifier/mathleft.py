@@ -96,12 +96,12 @@ def _unknown(s: str, gold: str) -> str | None:
     return None
 
 
-def _structural(s: str) -> str | None:
+def _structural(s: str, whole: bool = True) -> str | None:
     body = re.sub(r"\\(?:text|textrm|mbox|mathrm)\s*\{[^{}]*\}", " ", s)   # words are the units' business
     body = re.sub(r"^\s*\*\*(?!\*)|(?<![*^/+-])\*\*\s*$", "", body)        # Markdown bold: **92**
     body = _DECORATION.sub(" ", body.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}"))   # 5^\\circ: a mark
     body = re.sub(r"\\(?:lbrack|rbrack)(?![A-Za-z])", lambda m: "[" if "l" == m.group(0)[1] else "]", body)
-    for opening, closing in _PAIRS:
+    for opening, closing in _PAIRS if whole else ():
         if len(re.findall(opening, body)) > len(re.findall(closing, body)):
             return "an unclosed bracket"        # "\\langle 5", "\\lbrace 5" ("5)" closes a label: "1) 5)")
     if "&" in body and "\\begin" not in body:
@@ -122,14 +122,16 @@ def _structural(s: str) -> str | None:
     return None
 
 
-def leftover(gold: str, pred: str) -> str | None:
+def leftover(gold: str, pred: str, whole: bool = False) -> str | None:
     """What of `pred` the checker would not account for and the gold does not write itself, or None.
     Relations are first spelled as `mathrel.canonical` spells them (`\\equiv`, `≡` are `=`); a
-    relation command `mathrel.family` knows is accounted for (`mathrel.stray` judges it)."""
+    relation command `mathrel.family` knows is accounted for (`mathrel.stray` judges it). `whole`:
+    `pred` is a whole final answer, not an item of one (only then is an unclosed bracket left over:
+    "\\langle 1" is an item of "\\langle 1,2,3\\rangle")."""
     gold, pred = mr.canonical(gold), mr.canonical(pred)
     reason = _unknown(pred, gold)
     if reason is not None:
         return reason
-    if _structural(gold) is None:
-        return _structural(pred)
+    if _structural(gold, whole) is None:
+        return _structural(pred, whole)
     return None
