@@ -56,6 +56,7 @@ import time
 from fractions import Fraction
 
 from nodeagent.verifier import mathform as mf
+from nodeagent.verifier import mathleft as ml
 from nodeagent.verifier import mathnorm as mn
 from nodeagent.verifier import mathops as mo
 from nodeagent.verifier import mathrel as mr
@@ -273,6 +274,8 @@ def answers_equal(gold: str, pred: str) -> bool:
         return False
     if gold == pred:
         return True
+    if ml.leftover(gold, pred) is not None:
+        return False                        # "5\\textsuperscript{2}", "\\neg 5", "5-", "5′", "0^0": not read whole
     if mf.ill_formed(pred) is not None and mf.ill_formed(gold) is None:
         return False                        # "5.\\overline{0}1", "5 % 6", "5\\%\\%", "\\llap{6}5": no one value
     gold, pred = mr.canonical(gold), mr.canonical(pred)   # "6 == 5", "6 \\equiv 5": "6 = 5"
@@ -310,8 +313,8 @@ def answers_equal(gold: str, pred: str) -> bool:
     gu, pu = mn.units(gold), mn.units(pred)
     if gu and pu and gu != pu:
         return False                        # "5 \\text{ m}" for "5 \\text{ cm}": two different quantities
-    if (gm and not pm and pu and not gu) or (pm and any(u.startswith("^") for u in pu)):
-        return False                        # "30 \\text{ rad}" for 30°, "12 \\text{ cents}" for \\$12, "12°F^2"
+    if (gm and not pm and pu and not gu) or (pm and any(u.startswith("^") for u in pu)) or ("cents" in gu and pm):
+        return False                        # "30 \\text{ rad}" for 30°, "12 \\text{ cents}" for \\$12 and back, "12°F^2"
     stated = mr.stated_values(gold, pred)
     if stated is not None:
         values, approx = stated
@@ -341,6 +344,9 @@ def _one_equal(gold: str, pred: str) -> bool:
     """One stated value against the gold, by shape (see the module docstring, step 2)."""
     if gold == pred:
         return True
+    named = mr.named_values(gold)
+    if named is not None and "=" not in pred and mn.structure(pred).kind in ("group", "list", "set"):
+        return _in_order(named, mn.structure(pred).items)   # "(2,1)" for "x=1, y=2": in the gold's order
     lg = None if mn.lone_comma_list(gold) else mn.number_literal(gold)
     lp = mn.number_literal(pred)
     if lg is not None and lp is not None:
@@ -488,7 +494,8 @@ def _percent_equal(gold: str, pred: str, lg: tuple[Fraction, int | None] | None,
     bare = mn.strip_percent(pred) if mn.is_percent(pred) else None     # None: a mark inside, "(500\\%)"
     plain = bare is not None and not _PERCENT_SIGN.search(bare)
     asked = _budget.percent_asked
-    if asked is not False and lg is not None and plain and _one_equal(gold, bare):   # type: ignore[arg-type]
+    count = asked is True or (lg is not None and abs(lg[0]) >= 1)   # 0.25\\% is 0.0025, never 0.25 unasked
+    if asked is not False and lg is not None and plain and count and _one_equal(gold, bare):   # type: ignore[arg-type]
         return True
     if asked is True or _whole(gold, lg):
         return False
@@ -670,9 +677,12 @@ def _verdict(gold: str, pred_text: str | None) -> dict:
         return {"ok": False, "detail": f"unparseable gold answer {gold[:200]!r}"}
     if len(answers) > MAX_CANDIDATES:
         return {"ok": False, "detail": f"{len(answers)} different final answers given (at most {MAX_CANDIDATES})"}
+    left = next((x for a in answers if len(a) <= mn.MAX_ANSWER_CHARS and (x := ml.leftover(g, a, whole=True))), None)
     if len(answers) == 1:
-        ok = answers_equal(g, answers[0])
-        return {"ok": ok, "detail": f"extracted={answers[0][:200]!r} gold={g[:200]!r}"}
+        ok = left is None and answers_equal(g, answers[0])
+        return {"ok": ok, "detail": f"extracted={answers[0][:200]!r} gold={g[:200]!r}" + (f" ({left})" if left else "")}
+    if left is not None:
+        return {"ok": False, "detail": f"{len(answers)} different final answers given, one not read whole ({left})"}
     ok = all(answers_equal(g, a) for a in answers)
     if not ok and _multi_valued(g):
         ok = answers_equal(g, "\\{" + ", ".join(answers) + "\\}")

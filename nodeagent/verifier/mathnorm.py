@@ -53,7 +53,8 @@ _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
-_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*\\?%\s*\}|percentage|percent|pct)\s*$")
+_PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*(?:\\?%|per\s*cent(?:age)?|pct)\s*\}|"
+                           r"percentage|per\s*cent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
 _MATRIX = re.compile(r"\(?\s*\\begin\{([pbB]?matrix)\}(.*?)\\end\{\1\}\s*\)?", re.DOTALL)
 _ENV = re.compile(r"\\(?:begin|end)\{[a-z]+\*?\}")
@@ -88,8 +89,9 @@ def is_bare_answer(text: str) -> bool:
     s = text.strip()
     if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
-    if _CONTRACTION.search(s) or any(ch.isalpha() for ch in _CJK_OR_OTHER_LETTER.findall(s)):
-        return False                             # "it's", or words in another script: prose
+    if _CONTRACTION.search(s) or any(ch.isalpha() and unicodedata.category(ch) != "Lm"
+                                     for ch in _CJK_OR_OTHER_LETTER.findall(s)):
+        return False                             # "it's", or words in another script: prose (a prime "5\u02b9" is no word)
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
 
 
@@ -101,6 +103,11 @@ _SCRIPT_DIGITS = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077
 _SEPARATORS = str.maketrans({"\u2044": "/", "\u066b": ".", "\u066c": ","})   # fraction slash, Arabic separators
 
 
+_MIXED_VULGAR = re.compile(r"(\d)(?=[\u00bc-\u00be\u2150-\u215e])")
+_LEADING_DASH = re.compile(r"(?<![\w)\]}.])\u2013(?=\s*[\d.\\(])")
+_ROOT_SIGN = re.compile(r"\u221a\s*(?:(\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z]))|\{)")
+
+
 def unescape_commands(text: str) -> str:
     """`\\\\left(`, `\\\\frac` (a backslash escaped once too often) read as `\\left(`, `\\frac`;
     superscript and subscript digits read as `^{..}` and `_{..}` (x\u00b2 is x^{2}, not x2), Unicode
@@ -109,7 +116,10 @@ def unescape_commands(text: str) -> str:
     invisible format characters (zero-width space, word joiner ...) removed, so "5\u200b6" is 56."""
     text = _SUPERSCRIPTS.sub(lambda m: "^{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
     text = _SUBSCRIPTS.sub(lambda m: "_{" + m.group(0).translate(_SCRIPT_DIGITS) + "}", text)
+    text = _MIXED_VULGAR.sub(r"\1 ", text)                   # 1\u00bd is 1 1/2 (3/2), never 11/2
+    text = _LEADING_DASH.sub("-", text)                      # \u20135: an en dash as a minus sign
     text = unicodedata.normalize("NFKC", text).replace("\u2212", "-").translate(_SEPARATORS)
+    text = _ROOT_SIGN.sub(lambda m: "\\sqrt{" + (m.group(1) + "}" if m.group(1) else ""), text)   # \u221a3
     text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
     return _ESCAPED_CMD.sub(r"\\", text)
 
@@ -488,7 +498,8 @@ _UNIT_SYNONYMS = {
 _KNOWN_UNITS = set(_UNIT_SYNONYMS) | set(_UNIT_SYNONYMS.values()) | {"cm", "m", "km", "mm", "in", "ft", "yd", "mi", "s",
                                                                  "min", "h", "g", "kg", "l", "ml", "lb", "oz"}
 _BARE_UNIT = re.compile(r"[+-]?\d[\d.,]*\s*([A-Za-z]{1,10})\s*(?:\^\s*\{?\d\}?)?")
-_UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*(\d)")
+_UNIT_POWER = re.compile(r"\s*\^\s*\{?\s*(-?\s*\d)")     # "^2" an area, "^{-1}" a rate: never the unit itself
+_PER = re.compile(r"/|(?<![A-Za-z])per(?![A-Za-z])", re.IGNORECASE)
 _NOT_UNITS = {"and", "or", "unit", "units", "square", "sq", "cubic", "cu", "per", "of", "the", "a", "an", "each"}
 
 
@@ -528,13 +539,14 @@ def units(s: str) -> frozenset[str]:
         return frozenset({_UNIT_SYNONYMS.get(w, w)})
     words: set[str] = set()
     for m in _TEXT_ANY.finditer(s):
-        for w in re.findall(r"[A-Za-z]+", m.group(1)):
-            w = w.lower()
-            if w in _NOT_UNITS or _SCALE.fullmatch(w):
-                continue
-            w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 2 and w.endswith("s") else w)
-            words.add(w)
+        for k, part in enumerate(_PER.split(m.group(1), maxsplit=1)):   # "5 \\text{ per hour}": a rate, not hours
+            for w in re.findall(r"[A-Za-z]+", part):
+                w = w.lower()
+                if w in _NOT_UNITS or _SCALE.fullmatch(w):
+                    continue
+                w = _UNIT_SYNONYMS.get(w, _UNIT_SYNONYMS.get(w[:-1], w[:-1]) if len(w) > 2 and w.endswith("s") else w)
+                words.add("/" * k + w)
         power = _UNIT_POWER.match(s, m.end())
         if power:
-            words.add("^" + power.group(1))       # "5 \\text{ cm}^2" is an area, not a length
+            words.add("^" + re.sub(r"\s", "", power.group(1)))   # "5 \\text{ cm}^2" is an area, not a length
     return frozenset(words)

@@ -213,6 +213,15 @@ def assignment_tuples(shape: mn.Shape) -> tuple[str, ...] | None:
     return tuple(out)
 
 
+def named_values(s: str) -> tuple[str, ...] | None:
+    """'x=1, y=2' -> ('1', '2'): values bound to two or more distinct names, in the gold's order; else None."""
+    parts = [mn.split_top(a, "=") for a in mn.split_top(s)]
+    if len(parts) < 2 or not all(len(p) == 2 and is_lhs(p[0]) and not RELATION.search(p[1]) for p in parts):
+        return None
+    names = [p[0].strip() for p in parts]
+    return tuple(p[1].strip() for p in parts) if len(set(names)) == len(names) else None
+
+
 def assigned_rhs(s: str) -> str | None:
     """'a = 4, -8' -> '4, -8' (one variable given its values), else None."""
     parts = s.split("=")
@@ -227,5 +236,5 @@ def ordered_list(items: tuple[str, ...]) -> bool:
     return all(mn.structure(i).kind == "scalar" and not RELATION.search(i) for i in items)
 
 
-__all__ = ["ASSIGN_LHS", "RELATION", "assigned_rhs", "assignment_tuples", "canonical", "families", "family", "is_lhs",
+__all__ = ["ASSIGN_LHS", "RELATION", "assigned_rhs", "assignment_tuples", "canonical", "families", "family", "is_lhs", "named_values",
            "ordered_list", "stated_values", "stray"]
