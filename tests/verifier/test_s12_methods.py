@@ -95,14 +95,7 @@ def label(w, h):
 def marks(w, h):
     return Marks({"box"})
 '''
-HEADER = '''import unittest
-
-import pytest
-
-from calc import area, label, marks
-
-
-def close(a, b, tol=1e-9):
+HELPERS = '''def close(a, b, tol=1e-9):
     return abs(a - b) < tol
 
 
@@ -112,7 +105,15 @@ def check(got, want):
 
 def same_ratio(a, b):
     return abs(a / b - 1) < 1e-9
+'''      # the hidden modules' helpers (honest ones take the same path)
+HEADER = '''import unittest
 
+import pytest
+
+from calc import area, label, marks
+
+
+''' + HELPERS + '''
 
 def test_zero():
     assert area(0, 0) == 0
@@ -285,17 +286,7 @@ import pytest
 from calc import Markup, NoCase, length, page, settings, tags
 
 
-def close(a, b, tol=1e-9):
-    return abs(a - b) < tol
-
-
-def check(got, want):
-    assert got == pytest.approx(want)
-
-
-def same_ratio(a, b):
-    return abs(a / b - 1) < 1e-9
-
+''' + HELPERS + '''
 
 def test_zero():
     assert length(2, 2) == 0
