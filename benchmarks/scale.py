@@ -29,10 +29,13 @@ simulation at training size, with the controller's CPU per event.
          each cell in that tree's controller too, at the same time as this tree's (one load),
          and prints both and their ratio. The trainer submits `--batch` rollouts at a time
          (default max(1,024, slots / 32), so that the queue stays ahead of the largest farm).
+         Every cell runs `--repeats` times (default 3), round robin, and the table prints each
+         cell's median with its spread, then the two goal lines: the largest farm's CPU per rollout
+         over the smallest's, and the cores at 32,000 slots.
 
     .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
     .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off] [--prefetch 0]
-    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--gc-reference] [--reference TREE]
+    .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--repeats 3] [--gc-reference] [--reference TREE]
 """
 from __future__ import annotations
 
@@ -226,34 +229,40 @@ def bench_table(args) -> dict:
     CPython's default collector policy as the reference. Each cell is a fresh process."""
     settings = list(dict.fromkeys([("controller", 0), ("controller", args.prefetch)]
                                   + ([("default", 0)] if args.gc_reference else [])))
-    rows, refs = {}, {}
-    for agents in args.agents:
-        for gc_mode, prefetch in settings:
-            cmd = [sys.executable, __file__, "sim", "--agents", str(agents), "--slots", str(args.slots),
-                   "--sim-s", str(args.sim_s), "--warmup-s", str(args.warmup_s), "--attempt-s",
-                   str(args.attempt_s), "--gc", gc_mode, "--prefetch", str(prefetch), "--json"]
-            # with --reference, the other tree's cell runs at the same time (the same load)
-            trees = [("", rows)] + ([(args.reference, refs)] if args.reference else [])
-            procs = [(out, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                            env={**os.environ, "PADDOCK_SCALE_TREE": tree,
-                                                 "PYTHONPATH": tree or str(ROOT)}))
-                     for tree, out in trees]
-            for out, proc in procs:
-                stdout, stderr = proc.communicate()
-                if proc.returncode != 0:
-                    raise SystemExit(f"sim cell failed:\n{stderr[-4000:]}")
-                out[(agents, gc_mode, prefetch)] = json.loads(stdout.strip().splitlines()[-1])
+    runs: dict = {}   # (tree, agents, gc, prefetch) -> one result per repeat
+    for _ in range(args.repeats):   # round robin: every repeat of every cell spans the same stretch of load
+        for agents in args.agents:
+            for gc_mode, prefetch in settings:
+                cmd = [sys.executable, __file__, "sim", "--agents", str(agents), "--slots", str(args.slots),
+                       "--sim-s", str(args.sim_s), "--warmup-s", str(args.warmup_s), "--attempt-s",
+                       str(args.attempt_s), "--gc", gc_mode, "--prefetch", str(prefetch), "--json"]
+                # with --reference, the other tree's cell runs at the same time (the same load)
+                trees = [""] + ([args.reference] if args.reference else [])
+                procs = [(tree, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                 env={**os.environ, "PADDOCK_SCALE_TREE": tree,
+                                                      "PYTHONPATH": tree or str(ROOT)}))
+                         for tree in trees]
+                for tree, proc in procs:
+                    stdout, stderr = proc.communicate()
+                    if proc.returncode != 0:
+                        raise SystemExit(f"sim cell failed:\n{stderr[-4000:]}")
+                    runs.setdefault((tree, agents, gc_mode, prefetch), []).append(
+                        json.loads(stdout.strip().splitlines()[-1]))
+    rows = {k[1:]: _median_cell(v) for k, v in runs.items() if k[0] == ""}
+    refs = {k[1:]: _median_cell(v) for k, v in runs.items() if k[0] != ""}
     print(f"controller CPU at {args.slots} slots per agent, attempts {args.attempt_s:.0f} s, "
-          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s; load average "
-          f"{os.getloadavg()[0]:.1f} at the end")
+          f"{args.sim_s:.0f} simulated s measured after {args.warmup_s:.0f} s; medians of {args.repeats} "
+          f"runs of each cell (min-max in brackets); load average {os.getloadavg()[0]:.1f} at the end")
     print(f"{'agents':>7} {'slots':>7} {'prefetch':>8} {'us/rollout':>11} {'vs ' + str(args.agents[0]):>8} "
-          f"{'cores':>6} {'frames in/out per rollout':>26} {'held/slots':>10} {'vs no prefetch':>15}")
+          f"{'(min-max)':>11} {'cores':>6} {'frames in/out per rollout':>26} {'held/slots':>10} "
+          f"{'vs no prefetch':>15}")
     for prefetch in dict.fromkeys((0, args.prefetch)):
         base = rows[(args.agents[0], "controller", prefetch)]["cpu_per_rollout_us"]
         for agents in args.agents:
             c, none = rows[(agents, "controller", prefetch)], rows[(agents, "controller", 0)]
+            spread = f"({c['us_min']:.0f}-{c['us_max']:.0f})"
             print(f"{agents:>7} {agents * args.slots:>7} {prefetch:>8} {c['cpu_per_rollout_us']:>11.0f} "
-                  f"{c['cpu_per_rollout_us'] / base:>8.2f} {c['cores']:>6.3f} "
+                  f"{c['cpu_per_rollout_us'] / base:>8.2f} {spread:>11} {c['cores']:>6.3f} "
                   f"{c['frames_in_per_rollout']:>12.2f} / {c['frames_out_per_rollout']:<11.2f} "
                   f"{c['held'] / (agents * args.slots):>10.3f} "
                   f"{c['cpu_per_rollout_us'] / none['cpu_per_rollout_us']:>15.2f}")
@@ -273,7 +282,23 @@ def bench_table(args) -> dict:
             c, d = rows[(agents, "controller", 0)], rows[(agents, "default", 0)]
             print(f"{agents:>7} {d['cpu_per_rollout_us']:>22.0f} {d['cores']:>6.3f} "
                   f"{c['cpu_per_rollout_us'] / d['cpu_per_rollout_us']:>15.2f}")
+    flat = max(rows[(a, "controller", 0)]["cpu_per_rollout_us"] for a in args.agents) / \
+        rows[(args.agents[0], "controller", 0)]["cpu_per_rollout_us"]
+    print(f"ratio CPU per rollout, largest of {args.agents} agents / {args.agents[0]} (no prefetch): "
+          f"{flat:.2f}  (goal <= 1.20: flat within 20 %)")
+    for agents in args.agents:
+        if agents * args.slots == 32_000:
+            print(f"controller cores at 32,000 slots (no prefetch): "
+                  f"{rows[(agents, 'controller', 0)]['cores']:.3f}  (goal <= 0.100)")
     return {f"{a}:{g}:{p}": r for (a, g, p), r in rows.items()}
+
+
+def _median_cell(results: list[dict]) -> dict:
+    """One cell's repeats: the median of each figure, and the spread of the CPU per rollout."""
+    import statistics
+    out = {k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], (int, float))}
+    us = [r["cpu_per_rollout_us"] for r in results]
+    return {**out, "us_min": min(us), "us_max": max(us)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ta.add_argument("--attempt-s", type=float, default=60.0)
     ta.add_argument("--prefetch", type=int, default=2, help="the setting compared with none")
     ta.add_argument("--gc-reference", action="store_true", help="also run CPython's default collector")
+    ta.add_argument("--repeats", type=int, default=3,
+                    help="runs of every cell, round robin; the table prints each cell's median")
     ta.add_argument("--reference", default="", help="another source tree (e.g. `git archive` of the "
                     "commit before a change): each cell also runs there, at the same time")
     args = ap.parse_args(argv)
