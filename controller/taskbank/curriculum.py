@@ -50,7 +50,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outcomes (
     task_id TEXT NOT NULL, policy_version INTEGER NOT NULL,
     passes INTEGER NOT NULL DEFAULT 0, fails INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (task_id, policy_version));
+    PRIMARY KEY (task_id, policy_version)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS solutions (
     task_id TEXT NOT NULL, solution_hash TEXT NOT NULL,
     passes INTEGER NOT NULL DEFAULT 0, fails INTEGER NOT NULL DEFAULT 0,
@@ -134,7 +134,7 @@ class Curriculum:
             raise ValueError("curriculum: no tasks")
         # (version, band) -> (weighted (passes, fails) and class of each task with a record):
         # kept up to date by record() and quarantine, so a sample reads no table
-        self._classes: OrderedDict[tuple, tuple[dict[str, list[float]], dict[str, str]]] = OrderedDict()
+        self._classes: OrderedDict[tuple, _Classes] = OrderedDict()
         self._quarantine_cache: frozenset[str] | None = None
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,12 +196,12 @@ class Curriculum:
         if not self._ours(task_id):
             return
         q = task_id in self._quarantined_ids()
-        for (target, band), (acc, classes) in self._classes.items():
+        for (target, band), entry in self._classes.items():
             if version > target:
                 continue
-            pf = acc.setdefault(task_id, [0.0, 0.0])
+            pf = entry.acc.setdefault(task_id, [0.0, 0.0])
             pf[0 if passed else 1] += self.cfg.decay ** (target - version)
-            classes[task_id] = self._class_of(pf, band, q)
+            entry.set(task_id, self._class_of(pf, band, q))
 
     def record_reference(self, task_id: str, passed: bool, detail: str = "") -> None:
         """Result of grading the task's reference solution; a failure quarantines the task."""
@@ -266,8 +266,8 @@ class Curriculum:
             log.warning("quarantined task_id=%s: %s", task_id, reason)
             self._quarantine_cache = None
             if self._ours(task_id):
-                for _acc, classes in self._classes.values():
-                    classes[task_id] = "quarantined"
+                for entry in self._classes.values():
+                    entry.set(task_id, "quarantined")
 
     # -- estimates --------------------------------------------------------------------------
 
@@ -315,15 +315,15 @@ class Curriculum:
         come in): a task never run is explored, found by its position among all the tasks."""
         if n < 0:
             raise ValueError("curriculum: n must be >= 0")
-        classes = self._touched_classes(version, within)
-        band = sorted(t for t, c in classes.items() if c == "band")
-        explore = _ExplorePool(self.task_ids, classes)
+        entry = self._entry(version, within)
+        band = entry.band.items
+        explore = _ExplorePool(self.task_ids, entry)
         n_explore = round(n * self.cfg.explore_share) if len(explore) else 0
         if not band:
             n_explore = n if len(explore) else 0
         picks = _cycle(explore, n_explore, rng) + _cycle(band, n - n_explore, rng)
         if len(picks) < n:
-            picks += _cycle(self._nearest_to_band(version, classes, within), n - len(picks), rng)
+            picks += _cycle(self._nearest_to_band(entry, within), n - len(picks), rng)
         rng.shuffle(picks)
         return picks
 
@@ -340,39 +340,50 @@ class Curriculum:
     def _touched_classes(self, version: int, band: tuple[float, float] | None) -> dict[str, str]:
         """The class of each of our tasks with a record (an outcome up to `version`, or a
         quarantine) for `version` and `band`; every other task is `explore` (no evidence)."""
+        return self._entry(version, band).classes
+
+    def _entry(self, version: int, band: tuple[float, float] | None) -> "_Classes":
+        """The cached classes of (`version`, `band`), built from the outcomes table on a miss."""
         key = (int(version), None if band is None else (float(band[0]), float(band[1])))
         hit = self._classes.get(key)
         if hit is not None:
             self._classes.move_to_end(key)
-            return hit[1]
-        self._cfg_for(band)  # validates the band
+            return hit
+        cfg = self._cfg_for(band)  # validates the band
         with self._lock:
-            rows = self._db.execute("SELECT task_id, policy_version, passes, fails FROM outcomes "
-                                    "WHERE policy_version <= ?", (int(version),)).fetchall()
+            # the decayed sums per task in SQLite (each version's weight from a temporary
+            # table): one row per task, added in the primary key's order as before
+            versions = [v for (v,) in self._db.execute(
+                "SELECT DISTINCT policy_version FROM outcomes WHERE policy_version <= ?", (int(version),))]
+            self._db.execute("CREATE TEMP TABLE IF NOT EXISTS decay_weight (v INTEGER PRIMARY KEY, w REAL)")
+            self._db.execute("DELETE FROM decay_weight")
+            self._db.executemany("INSERT INTO decay_weight VALUES (?, ?)",
+                                 [(v, self.cfg.decay ** (version - v)) for v in versions])
+            rows = self._db.execute(
+                "SELECT o.task_id, sum(w.w * o.passes), sum(w.w * o.fails) FROM outcomes o "
+                "CROSS JOIN decay_weight w ON w.v = o.policy_version GROUP BY o.task_id").fetchall()
+        ours, spec, q = self._ours, cfg.bands, self._quarantined_ids()
         acc: dict[str, list[float]] = {}
-        for task_id, v, p, f in rows:
-            if self._ours(task_id):
-                w = self.cfg.decay ** (version - v)
-                pf = acc.setdefault(task_id, [0.0, 0.0])
-                pf[0] += w * p
-                pf[1] += w * f
-        q = self._quarantined_ids()
-        classes = {t: self._class_of(pf, key[1], t in q) for t, pf in acc.items()}
-        classes.update((t, "quarantined") for t in q if self._ours(t))
-        self._classes[key] = (acc, classes)
+        classes: dict[str, str] = {}
+        for task_id, p, f in rows:
+            if ours(task_id):
+                acc[task_id] = [p, f]
+                classes[task_id] = classify((cfg.prior_alpha + p) / (cfg.prior_alpha + cfg.prior_beta + p + f),
+                                            p + f, spec, task_id in q)
+        classes.update((t, "quarantined") for t in q if ours(t))
+        entry = self._classes[key] = _Classes(acc, classes)
         while len(self._classes) > 8:
             self._classes.popitem(last=False)
-        return classes
+        return entry
 
-    def _nearest_to_band(self, version: int, classes: dict[str, str],
-                         band: tuple[float, float] | None = None) -> list[str]:
+    def _nearest_to_band(self, entry: "_Classes", band: tuple[float, float] | None = None) -> list[str]:
         """With no task in the band or unexplored (every task has a record): the tasks whose
         estimate lies nearest to the band."""
-        live = sorted(t for t, c in classes.items() if c != "quarantined")
+        live = sorted(t for t, c in entry.classes.items() if c != "quarantined")
         if not live:
             raise CurriculumError(f"curriculum: all {len(self.task_ids)} tasks are quarantined; "
                                   f"see `quarantined()`")
-        acc = self._classes[(int(version), None if band is None else (float(band[0]), float(band[1])))][0]
+        acc = entry.acc
         lo, hi = (self.cfg.band_low, self.cfg.band_high) if band is None else band
         cfg = self.cfg
 
@@ -399,22 +410,82 @@ class Curriculum:
         return counts
 
 
-class _ExplorePool:
-    """The tasks to explore, without listing them: every task of `universe` (a sequence)
-    whose class among `classes` (the tasks with a record) is `explore`, or that has no record."""
+class _Members:
+    """A set of task ids that can be sampled by position: a list and each id's index in it.
+    Adding appends, removing moves the last id into the hole: O(1) either way."""
 
-    def __init__(self, universe: Sequence[str], classes: dict[str, str]):
-        self.universe, self.classes = universe, classes
-        self._n = len(universe) - sum(1 for c in classes.values() if c != "explore")
+    def __init__(self, items: Iterable[str]):
+        self.items = list(items)
+        self.pos = {t: i for i, t in enumerate(self.items)}
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, task_id: str) -> None:
+        if task_id not in self.pos:
+            self.pos[task_id] = len(self.items)
+            self.items.append(task_id)
+
+    def discard(self, task_id: str) -> None:
+        i = self.pos.pop(task_id, None)
+        if i is None:
+            return
+        last = self.items.pop()
+        if i < len(self.items):
+            self.items[i] = last
+            self.pos[last] = i
+
+
+class _Classes:
+    """The curriculum's cache for one (version, band): each task with a record, its weighted
+    (passes, fails) and its class, and what a sample reads kept up to date with every change
+    (`set`): the band's members, how many tasks are out of the explore pool, and, once the
+    explore pool had to be listed (it is a small share of the tasks), its members. A sample then
+    costs the same however many tasks have a record; the band is listed in task id order when
+    the cache is built and changes in place afterwards (a seeded sample is a function of the
+    outcomes recorded, in their order)."""
+
+    def __init__(self, acc: dict[str, list[float]], classes: dict[str, str]):
+        self.acc, self.classes = acc, classes
+        self.band = _Members(sorted(t for t, c in classes.items() if c == "band"))
+        self.not_explore = sum(1 for c in classes.values() if c != "explore")
+        self.explore: _Members | None = None
+
+    def set(self, task_id: str, new: str) -> None:
+        old = self.classes.get(task_id)     # None: no record yet (explored)
+        self.classes[task_id] = new
+        if old == new:
+            return
+        if old == "band":
+            self.band.discard(task_id)
+        elif new == "band":
+            self.band.add(task_id)
+        was, now = old in (None, "explore"), new == "explore"
+        if was != now:
+            self.not_explore += -1 if now else 1
+            if self.explore is not None:
+                (self.explore.add if now else self.explore.discard)(task_id)
+
+
+class _ExplorePool:
+    """The tasks to explore: every task of `universe` (a sequence) whose class in the cache
+    entry is `explore`, or that has no record. Not listed while it is most of the tasks (drawn by
+    position among them instead); listed once, then kept in the entry, when it is not."""
+
+    def __init__(self, universe: Sequence[str], entry: _Classes):
+        self.universe, self.entry = universe, entry
+        self._n = len(universe) - entry.not_explore
 
     def __len__(self) -> int:
         return self._n
 
     def wanted(self, task_id: str) -> bool:
-        return self.classes.get(task_id, "explore") == "explore"
+        return self.entry.classes.get(task_id, "explore") == "explore"
 
-    def __iter__(self):
-        return (t for t in self.universe if self.wanted(t))
+    def listed(self) -> list[str]:
+        if self.entry.explore is None:
+            self.entry.explore = _Members(t for t in self.universe if self.wanted(t))
+        return self.entry.explore.items
 
 
 def _cycle(pool, k: int, rng: random.Random) -> list[str]:
@@ -426,7 +497,7 @@ def _cycle(pool, k: int, rng: random.Random) -> list[str]:
         return []
     out: list[str] = []
     while k - len(out) >= n:
-        order = list(pool)
+        order = list(pool if isinstance(pool, list) else pool.listed())
         rng.shuffle(order)
         out.extend(order)
     r = k - len(out)
@@ -434,8 +505,8 @@ def _cycle(pool, k: int, rng: random.Random) -> list[str]:
         return out
     if isinstance(pool, list):
         return out + rng.sample(pool, r)
-    if 4 * n < len(pool.universe):  # mostly excluded: list it
-        return out + rng.sample(list(pool), r)
+    if 4 * n < len(pool.universe):  # mostly excluded: list it (once: the entry keeps it)
+        return out + rng.sample(pool.listed(), r)
     universe, seen = pool.universe, set()
     many = getattr(universe, "many", None) or (lambda positions: [universe[i] for i in positions])
     while len(seen) < r:
