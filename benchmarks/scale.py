@@ -33,7 +33,7 @@ simulation at training size, with the controller's CPU per event.
          cell's median with its spread, then the two goal lines: the largest farm's CPU per rollout
          over the smallest's, and the cores at 32,000 slots.
 
-    .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum]
+    .venv/bin/python benchmarks/scale.py load [--tasks 450000] [--curriculum] [--touched 2000]
     .venv/bin/python benchmarks/scale.py sim [--agents 1000] [--slots 32] [--sim-s 120] [--warmup-s 120] [--gc controller|default|off] [--prefetch 0]
     .venv/bin/python benchmarks/scale.py table [--agents 100 1000 3000] [--prefetch 2] [--repeats 3] [--gc-reference] [--reference TREE]
 """
@@ -83,7 +83,7 @@ def synthetic_tasks(n: int, blob_root: str = "/shared/paddock/taskbank/blobs") -
     return out
 
 
-def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict:
+def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str, touched: int = 2000) -> dict:
     """What the controller process does at start, timed; run in a fresh process. `mode`:
     dict (the whole file into a dict, the reference), first (the index is built), restart."""
     from controller.broker import daemon
@@ -107,17 +107,25 @@ def _child_load(tasks_json: str, work: str, curriculum: bool, mode: str) -> dict
     out = {"cpu_s": time.process_time() - c0, "load_tasks_s": t1 - t0, "curriculum_s": t2 - t1, "controller_s": t3 - t2, "total_s": t3 - t0,
            "admitted": len(ctl.core.tasks), "refused": len(ctl.core.refused_tasks),
            "peak_rss_load_mb": peak_load, "peak_rss_mb": _status_mb("VmHWM")}
-    if cur is not None:  # a lease batch's sampling: 2,000 tasks with outcomes, the rest unseen
+    if cur is not None:  # a sample's cost with `touched` tasks with outcomes, the rest unseen
         import random as _random
-        for i, tid in enumerate(itertools.islice(iter(cur.task_ids), 2000)):
-            for j in range(4):
-                cur.record(tid, 0, "pass" if (i + j) % 2 else "fail", rollout_id=f"{tid}-{j}")
-        cur.sample(1024, _random.Random(0), 0)    # the classes of (version, band): cached once
+        n_ids = len(cur.task_ids)
+        step = 7919   # spread over the set (prime: distinct positions)
+        picked = [cur.task_ids[(i * step) % n_ids] for i in range(touched)]
+        with cur._db:   # the outcomes of a long run, written at once (4 per task, 2 versions)
+            cur._db.execute("BEGIN")
+            cur._db.executemany("INSERT INTO outcomes VALUES (?, ?, ?, ?)",
+                                [(t, v, (i + v) % 4, 4 - (i + v) % 4) for i, t in enumerate(picked)
+                                 for v in (0, 1)])
+        s0 = time.process_time()
+        cur.sample(64, _random.Random(0), 1)    # the classes of (version, band): built once per version
+        out["classes_build_s"] = time.process_time() - s0
         for size in (64, 1024):
             times = []
-            for k in range(21):
+            for k in range(21):   # an outcome recorded between samples, as in a run
+                cur.record(picked[(k * 31) % touched], 1, "pass" if k % 2 else "fail", rollout_id=f"s{size}-{k}")
                 s0 = time.process_time()
-                cur.sample(size, _random.Random(k), 0)
+                cur.sample(size, _random.Random(k), 1)
                 times.append(time.process_time() - s0)
             out[f"sample{size}_ms_p50"] = 1e3 * sorted(times)[len(times) // 2]
             out[f"sample{size}_ms_max"] = 1e3 * max(times)
@@ -151,8 +159,8 @@ def bench_load(args) -> dict:
               flush=True)
         runs = {}
         for mode in ("dict", "first", "restart"):
-            cmd = [sys.executable, __file__, "_child", str(path), d, "--mode", mode] + \
-                (["--curriculum"] if args.curriculum else [])
+            cmd = [sys.executable, __file__, "_child", str(path), d, "--mode", mode,
+                   "--touched", str(args.touched)] + (["--curriculum"] if args.curriculum else [])
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
             if res.returncode != 0:
                 raise SystemExit(f"child failed:\n{res.stderr[-4000:]}")
@@ -161,7 +169,8 @@ def bench_load(args) -> dict:
                   f"Controller() {out['controller_s']:.2f} s, total {out['total_s']:.2f} s wall "
                   f"({out['cpu_s']:.2f} s CPU); admitted {out['admitted']} refs, refused {out['refused']}; "
                   f"peak RSS {out['peak_rss_mb']:.0f} MB, RSS after start {out['rss_after_mb']:.0f} MB"
-                  + (f"; curriculum sample CPU (2,000 tasks with outcomes, the rest unseen): 64 tasks p50 "
+                  + (f"; curriculum ({args.touched:,} tasks with outcomes, the rest unseen): classes of a "
+                     f"policy version built in {out['classes_build_s']:.2f} s CPU; sample CPU: 64 tasks p50 "
                      f"{out['sample64_ms_p50']:.2f} ms (max {out['sample64_ms_max']:.2f}), 1,024 tasks p50 "
                      f"{out['sample1024_ms_p50']:.2f} ms (max {out['sample1024_ms_max']:.2f})"
                      if "sample64_ms_p50" in out else ""), flush=True)
@@ -308,11 +317,14 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--tasks", type=int, default=450_000)
     lo.add_argument("--curriculum", action="store_true")
     lo.add_argument("--tmp", default=None)
+    lo.add_argument("--touched", type=int, default=2000,
+                    help="tasks with outcomes when the curriculum samples (late in a long run: most of them)")
     ch = sub.add_parser("_child")
     ch.add_argument("tasks_json")
     ch.add_argument("work")
     ch.add_argument("--curriculum", action="store_true")
     ch.add_argument("--mode", choices=("dict", "first", "restart"), default="restart")
+    ch.add_argument("--touched", type=int, default=2000)
     si = sub.add_parser("sim")
     si.add_argument("--agents", type=int, default=1000)
     si.add_argument("--slots", type=int, default=32)
@@ -351,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: out[k] for k in ("cpu_per_rollout_us", "cores", "committed", "wall_s", "held", "promoted",
                                               "frames_in_per_rollout", "frames_out_per_rollout")}))
     elif args.cmd == "_child":
-        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum, args.mode)))
+        print(json.dumps(_child_load(args.tasks_json, args.work, args.curriculum, args.mode, args.touched)))
     elif args.cmd == "load":
         bench_load(args)
     else:
