@@ -363,6 +363,9 @@ class Curriculum:
                 "SELECT o.task_id, sum(w.w * o.passes), sum(w.w * o.fails) FROM outcomes o "
                 "CROSS JOIN decay_weight w ON w.v = o.policy_version GROUP BY o.task_id").fetchall()
         ours, spec, q = self._ours, cfg.bands, self._quarantined_ids()
+        present = getattr(self.task_ids, "present", None)   # a task index: one query for all
+        if present is not None:
+            ours = present([r[0] for r in rows]).__contains__
         acc: dict[str, list[float]] = {}
         classes: dict[str, str] = {}
         for task_id, p, f in rows:
