@@ -45,6 +45,9 @@ from controller.taskbank.bands import CLASSES, BandSpec, classify
 log = logging.getLogger(__name__)
 
 SCORED = POLICY_OUTCOMES
+# (version, band) pairs whose classes stay cached: each holds every task with a record (~0.5 KB
+# a task: 300 MB at 600,000), and a run asks for its latest version, and rarely a second band
+CLASS_CACHE_ENTRIES = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outcomes (
@@ -375,7 +378,7 @@ class Curriculum:
                                             p + f, spec, task_id in q)
         classes.update((t, "quarantined") for t in q if ours(t))
         entry = self._classes[key] = _Classes(acc, classes)
-        while len(self._classes) > 8:
+        while len(self._classes) > CLASS_CACHE_ENTRIES:
             self._classes.popitem(last=False)
         return entry
 
