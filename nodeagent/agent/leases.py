@@ -3,18 +3,19 @@ distinct task by a `TaskMemo`), the attempt's `CancelSignal`, and how it ended
 (`AttemptResult`). The agent core (nodeagent/agent/core.py) makes them and re-exports them.
 
 `TaskMemo` keeps the decoded `LeaseTask` of the last TASKS_KEPT distinct tasks, keyed by the
-task's JSON text (its exact value: `1`, `1.0` and `true` differ there, as they do to the
-decoder's checks): a lease of a task already seen takes the same frozen `LeaseTask`, decoded and
-checked when it first came; a malformed task is never kept (each of its leases raises the
-same TaskError). A task over MEMO_MAX_BYTES of JSON is decoded every time (the memo's memory
-stays bounded; a task that large costs more to run than to decode).
+task's `repr`: for the values a lease's task is made of (JSON's: dicts, lists, strings,
+numbers, booleans, null) one text per value, so `1`, `1.0` and `True` differ there as they do
+to the decoder's checks (a repr is also 3-8x cheaper than writing the task's JSON again). A
+lease of a task already seen takes the same frozen `LeaseTask`, decoded and checked when it
+first came; a malformed task is never kept (each of its leases raises the same TaskError). A
+task whose key is over MEMO_MAX_CHARS is decoded every time (the memo's memory stays bounded;
+a task that large costs more to run than to decode).
 
 Must not import: zmq, psutil, threading, os, nodeagent.sandbox, nodeagent.harness, nodeagent.verifier,
 nodeagent.egress, nodeagent.store (anything that runs an attempt), controller other than controller.contracts.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -23,9 +24,7 @@ from controller.contracts.states import InfraCode, InfraReason
 from controller.contracts.tasks import LeaseTask
 
 TASKS_KEPT = 64  # distinct decoded tasks a memo keeps (the oldest goes first)
-MEMO_MAX_BYTES = 64 * 1024  # a task's JSON over this is decoded for every lease, never kept
-# the key: the task as the controller's encoder writes it (no spaces; one text per value)
-_task_key = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+MEMO_MAX_CHARS = 64 * 1024  # a task whose key is longer is decoded for every lease, never kept
 
 
 class CancelSignal:
@@ -82,9 +81,15 @@ class Attempt:
         """The attempt a lease asks for, its task decoded (by `tasks`, when given: once per
         distinct task). Raises TaskError (naming the field) for a bad task."""
         task = tasks.decode(lease.task) if tasks is not None else LeaseTask.decode(lease.task)
-        return cls(lease.run_id, lease.run_dir, lease.rollout_id, lease.attempt, lease.token,
-                   lease.batch_id, lease.seed, task, lease.policy.version,
-                   lease.policy.endpoint, lease.policy.model)
+        pol = lease.policy
+        # The fields straight into the instance (as the codec builds messages): a frozen
+        # dataclass's __init__ sets each through object.__setattr__, a third of this call.
+        a = object.__new__(cls)
+        a.__dict__.update(run_id=lease.run_id, run_dir=lease.run_dir, rollout_id=lease.rollout_id,
+                          attempt=lease.attempt, token=lease.token, batch_id=lease.batch_id,
+                          seed=lease.seed, task=task, policy_version=pol.version,
+                          endpoint=pol.endpoint, model=pol.model, cancel=CancelSignal())
+        return a
 
 
 @dataclass(frozen=True)
@@ -119,23 +124,20 @@ class AttemptResult:
 class TaskMemo:
     """`LeaseTask.decode`, once per distinct task (see the module docstring)."""
 
-    def __init__(self, kept: int = TASKS_KEPT, max_bytes: int = MEMO_MAX_BYTES):
-        self.kept, self.max_bytes = kept, max_bytes
+    def __init__(self, kept: int = TASKS_KEPT, max_chars: int = MEMO_MAX_CHARS):
+        self.kept, self.max_chars = kept, max_chars
         self._tasks: dict[str, LeaseTask] = {}
         self.decoded = 0  # tasks decoded (a lease of a kept task decodes none)
 
     def decode(self, d: Any) -> LeaseTask:
         """The lease's task dict as a LeaseTask. Raises TaskError naming the field."""
-        try:
-            key = _task_key(d)
-        except (TypeError, ValueError):  # not JSON's values: decode says what is wrong
-            key = None
+        key = repr(d) if type(d) is dict else None  # (anything else: decode says what is wrong)
         task = self._tasks.get(key) if key is not None else None
         if task is not None:
             return task
         self.decoded += 1
         task = LeaseTask.decode(d)  # a TaskError leaves nothing behind
-        if key is not None and len(key) <= self.max_bytes:
+        if key is not None and len(key) <= self.max_chars:
             if len(self._tasks) >= self.kept:
                 del self._tasks[next(iter(self._tasks))]
             self._tasks[key] = task

@@ -72,8 +72,8 @@ def test_a_malformed_task_is_never_kept_each_lease_of_it_fails_naming_the_field(
     assert core.tasks.decoded == 2
 
 
-def test_the_memo_keeps_at_most_kept_tasks_and_never_a_task_over_max_bytes():
-    memo = TaskMemo(kept=2, max_bytes=200)
+def test_the_memo_keeps_at_most_kept_tasks_and_never_a_task_over_max_chars():
+    memo = TaskMemo(kept=2, max_chars=200)
     tasks = [{**TASK, "task_id": f"t{i}"} for i in range(3)]
     for t in tasks:
         memo.decode(t)
@@ -86,7 +86,7 @@ def test_the_memo_keeps_at_most_kept_tasks_and_never_a_task_over_max_bytes():
     big = {**TASK, "instruction": "x" * 300}
     memo.decode(big)
     memo.decode(dict(big))
-    assert memo.decoded == 6, "a task over max_bytes is decoded every time"
+    assert memo.decoded == 6, "a task over max_chars is decoded every time"
 
 
 def test_an_attempt_of_a_shared_task_still_reports_its_own_result():
@@ -97,3 +97,14 @@ def test_an_attempt_of_a_shared_task_still_reports_its_own_result():
     core.attempts_done([(b, AttemptResult("pass", 1.0, {}, None)),
                         (a, AttemptResult("fail", 0.0, {}, None))])
     assert sorted((r.token, r.outcome) for r in results(core)) == [(1, "fail"), (2, "pass")]
+
+
+def test_an_attempt_from_a_lease_is_the_attempt_its_fields_make():
+    """`from_lease` fills the frozen instance directly: the same value as the constructor's."""
+    from nodeagent.agent.core import Attempt
+    msg = lease(7, TASK)
+    a = Attempt.from_lease(msg, TaskMemo())
+    b = Attempt(msg.run_id, msg.run_dir, msg.rollout_id, msg.attempt, msg.token, msg.batch_id,
+                msg.seed, a.task, 1, "http://m/v1", "m")
+    assert a == b and repr(a) == repr(b)
+    assert a.cancel is not b.cancel and not a.cancel
