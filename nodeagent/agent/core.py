@@ -25,8 +25,9 @@ Rules:
   first, as slots free; a drain releases them at once, unstarted (docs/protocol.md).
 - A lease it runs or ran (same token) is ignored; one while draining or full is released at
   once; a newer lease of a rollout it runs makes the old attempt stale (never reported). The
-  lease's task is decoded once, here (`LeaseTask.decode`): a malformed task is an
-  `infra_error` result naming the field, never a crash.
+  lease's task is decoded here (`LeaseTask.decode`, once per distinct task: `TaskMemo`,
+  nodeagent/agent/leases.py): a malformed task is an `infra_error` result naming the field,
+  never a crash.
 - `started` goes out once an attempt has run STARTED_AFTER_S (one that ends sooner says so
   in its result only).
 - A result stays unacknowledged until `ack` or `reject`; it is sent again after a `welcome`
@@ -79,7 +80,7 @@ import collections
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from controller.contracts import protocol as P
@@ -88,12 +89,19 @@ from controller.contracts.states import (
     CANCEL_SHUTDOWN,
     CANCEL_SUPERSEDED,
     TASK,
-    InfraCode,
     InfraReason,
     cancel_reason_of_reject,
 )
-from controller.contracts.tasks import LeaseTask, TaskError
+from controller.contracts.tasks import TaskError
 from nodeagent.agent.config import AgentConfig, with_knobs
+from nodeagent.agent.leases import (  # re-exported: the owner and the tests take them from here
+    Attempt,
+    AttemptResult,
+    TaskMemo,
+)
+from nodeagent.agent.leases import (
+    CancelSignal as CancelSignal,
+)
 from nodeagent.agent.phases import (  # re-exported: the owner and the tests take them from here
     ENDED,
     LINKS,
@@ -113,92 +121,6 @@ log = logging.getLogger("nodeagent")
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 FINISHED_TOKENS_KEPT = 4096  # tokens of attempts run, remembered to ignore their late duplicates
 WATCH_FIRST_S = 0.05  # after the connection dropped: look at the watch this soon, then doubling
-
-
-class CancelSignal:
-    """Why an attempt must stop, set once (a states.CancelReason code) by the agent core's
-    thread and read by the attempt's. `on_cancel(hook)` calls `hook(reason)` once the signal is
-    set (at once if it already is; a hook may be called twice, so it must be idempotent: the
-    two threads race without a lock). The hooks run on the setter's thread: keep them short."""
-
-    def __init__(self) -> None:
-        self.reason: Optional[str] = None
-        self._hooks: list[Callable[[str], None]] = []
-
-    def set(self, reason: str) -> bool:
-        """Set the signal; False if it was set already (the first reason stays)."""
-        if self.reason is not None:
-            return False
-        self.reason = reason
-        for hook in list(self._hooks):
-            hook(reason)
-        return True
-
-    def on_cancel(self, hook: Callable[[str], None]) -> None:
-        self._hooks.append(hook)
-        if self.reason is not None:
-            hook(self.reason)
-
-    def __bool__(self) -> bool:
-        return self.reason is not None
-
-    def __repr__(self) -> str:
-        return f"CancelSignal({self.reason!r})"
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One attempt the node runs: its lease's facts and the task decoded (`from_lease`).
-    Code that runs attempts by hand (replay, tests) may build one with the task's dict.
-    `cancel`: set by the agent core when the attempt must stop (see CancelSignal)."""
-    run_id: str
-    run_dir: str
-    rollout_id: str
-    attempt: int
-    token: int
-    batch_id: str
-    seed: int
-    task: LeaseTask
-    policy_version: int
-    endpoint: str
-    model: str
-    cancel: CancelSignal = field(default_factory=CancelSignal, compare=False, repr=False)
-
-    @classmethod
-    def from_lease(cls, lease: P.Lease) -> "Attempt":
-        """The attempt a lease asks for. Raises TaskError (naming the field) for a bad task."""
-        return cls(lease.run_id, lease.run_dir, lease.rollout_id, lease.attempt, lease.token,
-                   lease.batch_id, lease.seed, LeaseTask.decode(lease.task), lease.policy.version,
-                   lease.policy.endpoint, lease.policy.model)
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    """How an attempt ended: its outcome, reward and shards and, for an `infra_error`, its
-    reason -- `infra_reason` the human text, `infra_code` the code decisions read
-    (states.InfraCode). Give the reason typed (`states.InfraReason`: both are taken from it);
-    a reason given as text only gets its code from the text (`InfraReason.parse`, the edge
-    where the attempt runner's prose meets the codes)."""
-    outcome: str
-    reward: float | None
-    shards: dict
-    infra_reason: InfraReason | str | None   # the text once made (an InfraReason is split)
-    infra_code: Optional[InfraCode] = None
-
-    def __post_init__(self) -> None:
-        reason = self.infra_reason
-        if isinstance(reason, InfraReason):
-            object.__setattr__(self, "infra_reason", reason.text)
-            object.__setattr__(self, "infra_code", reason.code)
-        elif isinstance(reason, str) and self.infra_code is None:
-            object.__setattr__(self, "infra_code", InfraReason.parse(reason).code)
-
-    @property
-    def reason(self) -> Optional[InfraReason]:
-        """The typed reason (None without one)."""
-        if self.infra_code is None:
-            return None
-        return InfraReason(self.infra_code, str(self.infra_reason or self.infra_code))
 
 
 @dataclass
@@ -256,6 +178,7 @@ class AgentCore:
         # prefetched leases (in `active`, so renewed and fenced like running ones) waiting
         # for a slot, oldest first; `_promote` starts them as slots free
         self._waiting: collections.deque[Attempt] = collections.deque()
+        self.tasks = TaskMemo()  # each distinct task decoded once (nodeagent/agent/leases.py)
         self._handlers = self._message_table()
 
     # -- phases -----------------------------------------------------------------------------
@@ -588,7 +511,7 @@ class AgentCore:
         if a is not None:  # a newer lease of the same rollout: the old attempt is stale
             self._stop(a, CANCEL_SUPERSEDED)
         try:
-            new = Attempt.from_lease(msg)
+            new = Attempt.from_lease(msg, self.tasks)
         except TaskError as exc:
             log.warning("rollout %s attempt %d infra_error: malformed task: %s", msg.rollout_id,
                         msg.attempt, exc)

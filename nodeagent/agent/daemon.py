@@ -306,17 +306,18 @@ class NodeAgent:
             self.pool.submit(self._work, a, self.core.running())  # not the waiting (prefetched)
 
     def _receive(self) -> None:
-        """Up to 256 frames waiting on the socket, into the core."""
+        """Up to 256 frames waiting on the socket, into the core (called once the poll said
+        one is: the first is read without asking the socket again)."""
         sock = self.sock
         for _ in range(256):
-            if not sock.getsockopt(_EVENTS) & _POLLIN:
-                break  # (cheaper than the exception recv raises on an empty queue)
             try:
                 data = sock.recv(_NOBLOCK)
             except zmq.Again:
                 break
             if not self.core.receive_data(data):
                 break
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
+                break  # (cheaper than the exception recv raises on an empty queue)
 
     # -- loop -------------------------------------------------------------------------------
     def _last_health(self) -> None:
@@ -454,8 +455,10 @@ def serve(node: str, controller: str, deployment: str, config: AgentConfig = Age
 
 def noop_runner(delay_s: float = 0.0) -> Runner:
     """A runner without sandboxes: every attempt passes (reward 1) after delay_s."""
+    passed = AttemptResult("pass", 1.0, {}, None)  # frozen, its shards never written: one for all
+
     def run(a: Attempt) -> AttemptResult:
         if delay_s > 0:
             time.sleep(delay_s)  # stands for the rollout's work
-        return AttemptResult("pass", 1.0, {}, None)
+        return passed
     return run
