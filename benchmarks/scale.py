@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
-import itertools
 import json
 import os
 import subprocess

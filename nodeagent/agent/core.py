@@ -120,6 +120,7 @@ from nodeagent.agent.version import AGENT_VERSION
 log = logging.getLogger("nodeagent")
 STARTED_AFTER_S = 0.05  # a rollout that ends sooner never sends `started`
 FINISHED_TOKENS_KEPT = 4096  # tokens of attempts run, remembered to ignore their late duplicates
+IMAGES_REFRESH_BEATS = 12  # a heartbeat names every image at least this often (once a minute at 5 s)
 WATCH_FIRST_S = 0.05  # after the connection dropped: look at the watch this soon, then doubling
 
 
@@ -159,6 +160,9 @@ class AgentCore:
         # `started` not sent yet, with when the lease came
         self.starting: list[tuple[Attempt, float]] = []
         self.images: set[str] = set()  # digests the runner has used on this node
+        # how many of them the controller was last told, and heartbeats since: a heartbeat
+        # names the images only when the set grew, and every IMAGES_REFRESH_BEATS-th one
+        self._images_told, self._beats_since_images = -1, 0
         # the newest policy the controller told of (`policy`, leases): a gateway call refused
         # during a weight update is retried under it (nodeagent.gateway.session.Follow)
         self.policy: Optional[P.PolicyRef] = None
@@ -392,6 +396,7 @@ class AgentCore:
         self._send(P.Register(node=self.node, slots=self.slots, images=sorted(self.images),
                               mem_free_mb=self.mem_free_mb(), agent_version=self.agent_version,
                               held=self.held(), prefetch=self.prefetch))
+        self._images_told, self._beats_since_images = len(self.images), 0
         self._send(P.Ready(node=self.node, credit=self.free(), draining=self.draining))
 
     def _message_table(self) -> dict[type, Callable[[Any], None]]:
@@ -603,8 +608,16 @@ class AgentCore:
         self.starting = keep
 
     def _heartbeat(self) -> None:
+        """A heartbeat; it names the node's images only when they changed since the controller
+        was last told (the set only grows) or once every IMAGES_REFRESH_BEATS: a node that ran
+        hundreds of task images would otherwise send tens of KB every few seconds."""
+        self._beats_since_images += 1
+        images = None
+        if len(self.images) != self._images_told or self._beats_since_images >= IMAGES_REFRESH_BEATS:
+            images = sorted(self.images)
+            self._images_told, self._beats_since_images = len(images), 0
         self._send(P.Heartbeat(node=self.node, slots_free=self.free(), active=self.running(),
-                               health=self.health(), images=sorted(self.images), held=self.held()))
+                               health=self.health(), images=images, held=self.held()))
 
     def _drain_over(self, now: float) -> bool:
         """True when the drain is over: `release` what still runs, then `disconnect`."""
