@@ -55,6 +55,7 @@ import threading
 import time
 from fractions import Fraction
 
+from nodeagent.verifier import mathbox as mb
 from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathleft as ml
 from nodeagent.verifier import mathnorm as mn
@@ -74,7 +75,6 @@ EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree
 DIFF_MAXN_BITS = 2000            # ... and their difference shows no digit up to this working precision
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 
@@ -173,62 +173,27 @@ def final_answers(text: str) -> list[str]:
     text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
     boxed = mn.boxed_contents(text)
     if boxed:
-        return _boxed_and_final_lines(text, boxed)
+        return mb.boxed_and_final_lines(text, boxed)
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
     raw = mn.answer_lines(text)
+    if not raw and mn.too_long_bare(text):
+        return []                               # too long to read whole: never one of its numbers
     lines = _dedupe([mn.normalise(a) for a in raw])
     if len(lines) > 1:
         return lines
     if lines:                                   # the answer line is the region to read, whole
-        line = _line_answer(raw[-1])
+        line = mb.line_answer(raw[-1])
         if line is not None:
             return [line]
     if raw:
-        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
+        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(mb.ANSWER_PREFIX.sub("", raw[-1])))])
         if len(hedge) > 1:
             return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
     parsed = mv_parse(mn.space_scripts(raw[-1] if raw else text))
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
-
-
-def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
-    """The boxes' answers and every "final answer" line's (one without a box of its own): a
-    single such line after the last box wins (the model's last word); lines before it are more
-    final answers, which must agree with the boxes ("**Final Answer** 7" then \\boxed{6} is two)."""
-    last = text.rfind("\\boxed")
-    before: list[str] = []
-    after: list[str] = []
-    for m in _FINAL_LINE.finditer(text):
-        body = m.group(1).strip().strip("*").strip()
-        if not body or "\\boxed" in body or "\\fbox" in body:
-            continue
-        line = _line_answer(body)
-        if line is None:
-            continue
-        commented = re.match(r"\s*%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])   # a TeX comment line
-        (after if m.start() > last and not commented else before).append(line)   # a line TeX hides must agree
-    if len(after) == 1:
-        return after
-    return _dedupe([mn.normalise(b) for b in boxed] + before + after)
-
-
-_FINAL_LINE = re.compile(r"final\s+answer[*:\s]*(?:is\b[*:\s]*)?([^\n]*)", re.IGNORECASE)
-_ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
-_FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
-_HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
-_MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
-
-
-def _line_answer(line: str) -> str | None:
-    """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
-    line = _HOPE.sub("", _FINAL_IS.sub("", _ANSWER_PREFIX.sub("", line))).strip()
-    m = _MATH_SPAN.fullmatch(line)
-    if m:
-        return mn.normalise(m.group(1))
-    return mn.normalise(line) if mn.is_bare_answer(line) else None
 
 
 _BETWEEN_BOXES = re.compile(r"\\boxed\s*\{[^{}]*\}|[\s,;$.]|\\[()\[\]]|\\quad|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
@@ -661,14 +626,9 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
-    program = mf.tex_program(str(pred_text)[-MAX_TEXT_CHARS:])
-    if program is not None:
-        return {"ok": False, "detail": f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"}
-    if mf.comment_in_box(str(pred_text)[-MAX_TEXT_CHARS:]):
-        return {"ok": False, "detail": "ill-formed answer: a TeX comment ('%') inside a \\boxed{} hides its closing brace"}
-    boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
-    if boxes > mn.MAX_BOXED:
-        return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}
+    why = mb.ill_formed(str(pred_text)[-MAX_TEXT_CHARS:])
+    if why:
+        return {"ok": False, "detail": why}
     answers = final_answers(str(pred_text))
     if not answers:
         return {"ok": False, "detail": UNPARSEABLE}

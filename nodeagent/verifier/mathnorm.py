@@ -84,10 +84,11 @@ def answer_lines(text: str) -> list[str]:
     return [f for f in found if f]
 
 
-def is_bare_answer(text: str) -> bool:
-    """True when `text` is an answer on its own (no delimiters, no prose words)."""
-    s = text.strip()
-    if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
+def is_bare_answer(text: str, limit: int | None = MAX_ANSWER_CHARS) -> bool:
+    """True when `text` is an answer on its own (no delimiters, no prose words), at most `limit`
+    characters once spacing commands are dropped ("5\\,\\,...^{2}" is short: read whole)."""
+    s = _SPACING.sub(" ", text).strip()
+    if not s or (limit is not None and len(s) > limit) or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
     if _CONTRACTION.search(s) or any(ch.isalpha() and unicodedata.category(ch) != "Lm"
                                      for ch in _CJK_OR_OTHER_LETTER.findall(s)):
@@ -106,6 +107,12 @@ _SEPARATORS = str.maketrans({"\u2044": "/", "\u066b": ".", "\u066c": ","})   # f
 _MIXED_VULGAR = re.compile(r"(\d)(?=[\u00bc-\u00be\u2150-\u215e])")
 _LEADING_DASH = re.compile(r"(?<![\w)\]}.])\u2013(?=\s*[\d.\\(])")
 _ROOT_SIGN = re.compile(r"\u221a\s*(?:(\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z]))|\{)")
+
+
+def too_long_bare(text: str) -> bool:
+    """True when `text` is a bare answer longer than MAX_ANSWER_CHARS: it cannot be read whole,
+    and is never read as one of its numbers."""
+    return len(text) > MAX_ANSWER_CHARS and is_bare_answer(text, limit=None)
 
 
 def unescape_commands(text: str) -> str:
@@ -403,12 +410,13 @@ class Precision:
     sig: int | None = None
 
 
+MAX_COUNT = 1_000_000            # a precision count read from an instruction is at most this
 _NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
                  "nine": 9, "ten": 10}
 _PLACE_WORDS = {"whole number": 0, "integer": 0, "unit": 0, "one": 0, "tenth": 1, "hundredth": 2,
                 "thousandth": 3, "ten-thousandth": 4, "ten thousandth": 4, "hundred-thousandth": 5,
                 "hundred thousandth": 5, "millionth": 6, "cent": 2, "ten": -1, "hundred": -2, "thousand": -3}
-_COUNT = r"(\d{1,2}|one|two|three|four|five|six|seven|eight|nine|ten)"
+_COUNT = r"(?<![\d.,])(\d+|(?<![A-Za-z])(?:one|two|three|four|five|six|seven|eight|nine|ten))"   # "100 places": 100
 _NEAREST = re.compile(r"nearest\s+(ten[- ]thousandth|hundred[- ]thousandth|millionth|thousandth|hundredth|tenth|"
                       r"whole\s+number|integer|unit|one|cent|thousand|hundred|ten)(?![A-Za-z-])", re.IGNORECASE)
 _NEAREST_DECIMAL = re.compile(r"nearest\s+(0?\.(?:0*)1)(?!\d)", re.IGNORECASE)
@@ -423,7 +431,10 @@ _EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expre
 
 
 def _count(word: str) -> int:
-    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+    """The whole count ("100" is 100, never its last digits); past MAX_COUNT digits, MAX_COUNT."""
+    if word.isdigit():
+        return min(int(word[:7]), MAX_COUNT) if len(word) <= 7 else MAX_COUNT
+    return _NUMBER_WORDS[word.lower()]
 
 
 _PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
