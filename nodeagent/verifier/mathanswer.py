@@ -170,7 +170,7 @@ def _dedupe(answers: list[str]) -> list[str]:
 
 def final_answers(text: str) -> list[str]:
     """The distinct final answers in `text`, normalised (see the module docstring, step 1)."""
-    text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
+    text = mb.answer_marks(mn.unescape_commands(text[-MAX_TEXT_CHARS:]))
     boxed = mn.boxed_contents(text)
     if boxed:
         return mb.boxed_and_final_lines(text, boxed)
@@ -190,6 +190,8 @@ def final_answers(text: str) -> list[str]:
         hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(mb.ANSWER_PREFIX.sub("", raw[-1])))])
         if len(hedge) > 1:
             return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
+    if raw and mb.conditioned(raw[-1]):
+        return []                               # "answer: at least 5", "5 when x = 2": no value read whole
     parsed = mv_parse(mn.space_scripts(raw[-1] if raw else text))
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
@@ -268,8 +270,11 @@ def answers_equal(gold: str, pred: str) -> bool:
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
     based = mf.base_equal(gold, pred, _budget.bases)
+    based = mf.base_values_equal(gold, pred) if based is None else based
     if based is not None:
         return based
+    if mn.primes(gold) != mn.primes(pred):
+        return False                        # "f'(x)" for f(x): a derivative, which the parser drops
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
         return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
     gm, pm = mf.marks(gold), mf.marks(pred)

@@ -185,6 +185,32 @@ _MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
 LATER_UNREAD = "\\text{(an answer line after the box that cannot be read)}"
 
 
+_GSM_LINE = re.compile(r"(?m)^([ \t]*)####[ \t]*(?=\S)")
+
+
+def answer_marks(text: str) -> str:
+    """`text` with a GSM8K answer line ("#### 5") read as an "Answer: 5" line."""
+    return _GSM_LINE.sub(r"\1Answer: ", text) if "####" in text else text
+
+
+def conditioned(line: str) -> bool:
+    """True when an "answer: X" line that is no bare answer bounds, conditions, hedges or negates
+    its value ("at least 5", "5 (maximum)", "5 if n is odd", "5 when x = 2", "5 assuming a = 2"):
+    no number in it is the answer, whole."""
+    body = _TEXT_ARG.sub(r" \1 ", ANSWER_PREFIX.sub("", line))
+    body = re.sub(r"\\[A-Za-z]+|[$()\[\],;:]", " ", body)
+    if re.search(r"\d[^=]*?(?<![<>!\\])\b[A-Za-z](?:_\{?\w+\}?)?\s*=", body):
+        return True                                  # "5 when x = 2", "5 assuming a=2"
+    tokens = body.split()
+    for i, tok in enumerate(tokens):
+        if not re.search(r"\d", tok):
+            continue
+        before, after = " ".join(tokens[max(0, i - 2):i]), " ".join(tokens[i + 1:i + 3])
+        if _NEAR_WORDS.search(before) or _LAST_WORD.search(before) or _AFTER_WORDS.search(after):
+            return True                              # words next to a number: "at least 5", "5 (maximum)"
+    return False
+
+
 def line_answer(line: str) -> str | None:
     """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
     line = _HOPE.sub("", _FINAL_IS.sub("", ANSWER_PREFIX.sub("", line))).strip()

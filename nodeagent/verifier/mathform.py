@@ -303,6 +303,39 @@ def base_numeral(s: str) -> tuple[str, int] | None:
     return None if m is None else (m.group(1), int(m.group(2) or m.group(3)))
 
 
+def _numeral_value(s: str) -> int | None:
+    """The value of a plain decimal integer or of a numeral with a base subscript (`12_3` is 5);
+    -1 for a base numeral that is no numeral (`1010_1`, `1010_{0}`, a digit not in the base)."""
+    s = s.strip()
+    if re.fullmatch(r"\d{1,60}", s):
+        return int(s)
+    based = base_numeral(s)
+    if based is None:
+        return None
+    digits, base = based
+    if not 2 <= base <= 36 or len(digits) > 60:
+        return -1
+    try:
+        return int(digits, base)
+    except ValueError:
+        return -1
+
+
+def base_values_equal(gold: str, pred: str) -> bool | None:
+    """A gold numeral with a base subscript against a predicted numeral (`5` for `12_3`, `1010_7`
+    or `1010_{x}` for `1010_2`, `12` for `12_3`): equal when their values are. None when the gold
+    has no base subscript (a predicted subscript then stays a meaning mark: `5_{6}` is never 5)
+    or the prediction is no numeral."""
+    if base_numeral(gold) is None:
+        return None
+    g, p = _numeral_value(gold), _numeral_value(pred)
+    if (g is None and "_" in gold) or (p is None and "_" in pred):
+        return False                           # `1010_{x}`, `1010_{(3)}`: no base read, never the same numeral
+    if g is None or p is None:
+        return None
+    return g == p and g >= 0
+
+
 def asked_bases(instruction: str | None) -> frozenset[int]:
     """The number bases a task's instruction names ("in base 6", "base-two", "binary")."""
     if not instruction:
@@ -328,5 +361,5 @@ def base_equal(gold: str, pred: str, bases: frozenset[int]) -> bool | None:
     return based[1] in bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and based[0] == plain
 
 
-__all__ = ["asked_bases", "base_equal", "base_numeral", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program",
+__all__ = ["asked_bases", "base_equal", "base_numeral", "base_values_equal", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program",
            "uncoloured"]

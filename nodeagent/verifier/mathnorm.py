@@ -93,7 +93,11 @@ def is_bare_answer(text: str, limit: int | None = MAX_ANSWER_CHARS) -> bool:
     if _CONTRACTION.search(s) or any(ch.isalpha() and unicodedata.category(ch) != "Lm"
                                      for ch in _CJK_OR_OTHER_LETTER.findall(s)):
         return False                             # "it's", or words in another script: prose (a prime "5\u02b9" is no word)
+    s = _COLOUR_NAME.sub(r"\\color", s)        # "5\\color{white}{6}": a colour's name is no prose word
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
+
+
+_COLOUR_NAME = re.compile(r"\\(?:textcolor|color|colorbox)\s*(?:\[[a-zA-Z]*\]\s*)?\{[A-Za-z!0-9. ,]*\}")
 
 
 _SUPERSCRIPTS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u207b]+")
@@ -487,7 +491,8 @@ _PER_MILLE = re.compile(r"‰|‱|\\(?:permil|textperthousand|textpertenthousand
 _VALUE_WORDS = re.compile(
     r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
     r"except|nearly|almost|least|most|more|less|fewer|than|between|ish|approx\w*|roughly|circa|"
-    r"maybe|perhaps|probably|possibly|guess|"
+    r"maybe|perhaps|probably|possibly|guess|if|when|whenever|unless|assuming|provided|only|maximum|minimum|"
+    r"negative|inverse|reciprocal|opposite|minus|hundredths?|thousandths?|tens|kilo|ppm|rad|radians?|"
     r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
     r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
     r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
@@ -536,6 +541,15 @@ def meaning_marks(s: str) -> set[str]:
     if _PER_MILLE.search(s):
         marks.add("per-mille")               # "5 \\permil", "5 \\text{ bps}": not 5
     return marks
+
+
+_PRIME = re.compile(r"(?:[A-Za-z)\]}]|\\right\s*[)\]])\s*(?:'|\^\s*\{?\s*\\prime(?![A-Za-z]))")
+
+
+def primes(s: str) -> int:
+    """How many primes stand on a letter or a bracket (`f'(x)`, `x''`, `(2x)'`, `y^\\prime`): a
+    derivative, never the bare letter (`mathanswer` compares the counts both ways)."""
+    return len(_PRIME.findall(_TEXT_ANY.sub(" ", s)))
 
 
 def units(s: str) -> frozenset[str]:
