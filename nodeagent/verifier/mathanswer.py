@@ -257,6 +257,11 @@ def answers_equal(gold: str, pred: str) -> bool:
         return False                        # "\\infty - 1": no number to compute with
     if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
         return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
+    signs = None if mn.pm_variants(gold) or mn.plus_minus(gold) else mn.pm_variants(pred)
+    if signs:
+        return all(answers_equal(gold, v) for v in signs)   # "(\\pm 2)^2": each sign's value must be the gold
+    if "=" in gold and (named := mn.named_tuple(pred)) != pred:
+        return answers_equal(gold, named)   # "(x,y)=(2,1)" is "x=2, y=1"
     alts = _dedupe(mn.alternatives(pred))
     if len(alts) > 1:                       # a hedge: every value it offers must be right
         if _multi_valued(gold):

@@ -242,6 +242,9 @@ def _bad_repeating(s: str) -> bool:
     return not all(any(a <= t < b for a, b in spans) for t in triggers)
 
 
+_DOUBLE_DOT = re.compile(r"\d\s*(?<!\.)\.\.(?!\.)\s*[\d-]")
+
+
 def ill_formed(s: str) -> str | None:
     """Why the extracted answer `s` has no single reading (see the module docstring), else None."""
     if (m := _TEX_PROGRAM.search(s)) is not None:
@@ -254,6 +257,8 @@ def ill_formed(s: str) -> str | None:
         return f"a value drawn invisibly ({m.group(0).strip()!r} holding a digit)"
     if (m := _OVERLAP.search(s)) is not None:
         return f"content drawn over other content or a second value shown ({m.group(0)!r})"
+    if (m := _DOUBLE_DOT.search(s)) is not None:
+        return f"two dots between digits ({m.group(0)!r}: a range or a typo, no one number)"
     if _bad_repeating(s):
         return "an ill-formed repeating decimal (a mark over digits, '...' or '(d)' not closing a decimal)"
     if _E_INSIDE.search(s) and not _E_WHOLE.fullmatch(s.strip()):

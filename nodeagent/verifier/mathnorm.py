@@ -261,6 +261,39 @@ def plus_minus(s: str) -> tuple[str, str] | None:
     return f"{head} + ({tail})", f"{head} - ({tail})"
 
 
+def pm_variants(s: str, limit: int = 3) -> list[str] | None:
+    """Every value an answer with a \\pm or \\mp *inside* an expression stands for (`(\\pm 2)^2` ->
+    `(+ 2)^2`, `(- 2)^2`), at most `limit` signs (2^limit values); None when it has none, or only
+    the one top-level sign `plus_minus` reads, or more than `limit`."""
+    found = [m for m in _PM.finditer(s)]
+    if not found or len(found) > limit or plus_minus(s) is not None:
+        return None
+    out = [s]
+    for _ in found:
+        nxt = []
+        for v in out:
+            m = _PM.search(v)
+            if m is None:
+                continue
+            nxt += [v[:m.start()] + " + " + v[m.end():], v[:m.start()] + " - " + v[m.end():]]
+        out = nxt or out
+    return [re.sub(r"([(\[{,]|^)\s*\+\s*", r"\1", v) for v in out]
+
+
+_NAMED_TUPLE = re.compile(r"\(\s*([A-Za-z](?:_\{?\w+\}?)?(?:\s*,\s*[A-Za-z](?:_\{?\w+\}?)?)+)\s*\)\s*=\s*(\(.*\))")
+
+
+def named_tuple(s: str) -> str:
+    """`(x,y)=(2,1)` read as `x=2, y=1` (each name with its value); else `s`."""
+    m = _NAMED_TUPLE.fullmatch(s.strip())
+    if m is None or _matching_close(m.group(2), 0) != len(m.group(2)) - 1:
+        return s
+    names, values = split_top(m.group(1)), split_top(m.group(2)[1:-1])
+    if len(names) != len(values):
+        return s
+    return ", ".join(f"{n.strip()}={v.strip()}" for n, v in zip(names, values))
+
+
 def text_answer(s: str) -> str | None:
     """The content of a pure text answer (\\text{(E)}, \\textbf{Evelyn}, (C)), else None: words
     case-folded, a single letter (an option, a point, a variable) as written."""
