@@ -134,6 +134,9 @@ def _after_fault(text: str, end: int, ceiling: int) -> str | None:
         t = _TEXT_GROUP.match(s)
         if t is None and not re.match(r"[.,;:?](?!\d)", s) :
             return f"{s[:12]!r} right after it"
+    t = _TEXT_ARG.match(s)
+    if t and re.match(r"\s*[\^_'!]", s[t.end():]):
+        return f"{s[:t.end() + 6]!r} right after it"      # \boxed{5}\text{ cm}^{-1}: a unit raised
     s = _TEXT_ARG.sub(r" \1 ", s)
     sentence = re.split(r"[.!?;](?:\s|$)|\\\\", s, maxsplit=1)[0]
     words = sentence.split()

@@ -242,6 +242,20 @@ def _bad_repeating(s: str) -> bool:
     return not all(any(a <= t < b for a, b in spans) for t in triggers)
 
 
+MAX_NESTING = 40                 # deeper brackets are not read whole: `2^{2^{...}}` 100 deep is no answer
+
+
+def _depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        if ch in "({[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")}]":
+            depth -= 1
+    return deepest
+
+
 _DOUBLE_DOT = re.compile(r"\d\s*(?<!\.)\.\.(?!\.)\s*[\d-]")
 
 
@@ -257,6 +271,8 @@ def ill_formed(s: str) -> str | None:
         return f"a value drawn invisibly ({m.group(0).strip()!r} holding a digit)"
     if (m := _OVERLAP.search(s)) is not None:
         return f"content drawn over other content or a second value shown ({m.group(0)!r})"
+    if _depth(s) > MAX_NESTING:
+        return f"brackets nested more than {MAX_NESTING} deep (no parser reads it whole)"
     if (m := _DOUBLE_DOT.search(s)) is not None:
         return f"two dots between digits ({m.group(0)!r}: a range or a typo, no one number)"
     if _bad_repeating(s):

@@ -148,6 +148,7 @@ def normalise(s: str) -> str:
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
+    s = re.sub(r"(?<=[\d.])(?:\{\s*\})+", "", s)              # 5{}{}0 is 50: an empty group is nothing
     s = _TEXT_PUNCT.sub(r"\1", s)                             # \\text{(}7\\text{)} is (7)
     s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
