@@ -8,9 +8,13 @@ calls them; JSON in, JSON out):
 - `math_equal(gold, pred_text, instruction=None) -> bool`.
 
 How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
-1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
-   else the text itself when it is a bare answer; else the "answer: X" lines (a hedge on the
-   line is all its values); else what Math-Verify extracts. Several *different* final answers
+1. Its final answers: every \\boxed{} body, when each box stands as the answer (`mathbox`: no
+   operator, relation, exponent, glued digit or negating/bounding word around it; a "final
+   answer" or "the answer is" line after the last box wins); else the text itself when it is a
+   bare answer (read whole up to `mathnorm.MAX_ANSWER_CHARS`, spacing not counted; a longer
+   one, gold or prediction, is unreadable, never one of its numbers); else the "answer: X"
+   lines (a hedge on the line is all its values; a bound or condition next to a number,
+   "at least 5", "5 when x = 2", reads no value); else what Math-Verify extracts. Several *different* final answers
    pass only if every one equals the gold, unless the gold itself is a set of several values.
 2. A hedge (`mathnorm.alternatives`: \\lor, "or", "(or 6)", a `cases` block, rows) offers every
    value it names: each must be the gold (or, for a multi-valued gold, the set must match). A
