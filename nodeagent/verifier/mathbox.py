@@ -52,6 +52,10 @@ _TEXT_GROUP = re.compile(r"^\\(?:text|textrm|textbf|textit|textnormal|mbox|mathr
 _TEXT_ARG = re.compile(r"\\(?:text\w*|mbox|mathrm)\s*\{([^{}]*)\}")
 
 
+# between two boxes, only a list's glue: "\\boxed{2} or \\boxed{3}", "$\\boxed{2}$, $x = \\boxed{3}$"
+_BOX_GLUE = re.compile(r"[\s$,;]*(?:\\text\s*\{\s*)?(?:or|and)?(?:\s*\})?[\s$,;]*(?:[A-Za-z](?:_\{?\w+\}?)?\s*=)?[\s$]*")
+
+
 def _box_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) of every outermost box (end after its closing brace); an unclosed box ends the text."""
     spans: list[tuple[int, int]] = []
@@ -153,7 +157,10 @@ def box_context(text: str) -> str | None:
     for n, (start, end) in enumerate(spans):
         floor = spans[n - 1][1] if n else 0
         ceiling = spans[n + 1][0] if n + 1 < len(spans) else len(text)
-        why = _before_fault(text, start, floor) or _after_fault(text, end, ceiling)
+        lone_before = n > 0 and _BOX_GLUE.fullmatch(text[floor:start]) is not None
+        lone_after = ceiling < len(text) and _BOX_GLUE.fullmatch(text[end:ceiling]) is not None
+        why = (None if lone_before else _before_fault(text, start, floor)) or \
+            (None if lone_after else _after_fault(text, end, ceiling))
         if why:
             return why
     return None

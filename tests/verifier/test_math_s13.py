@@ -58,6 +58,7 @@ RIGHT = [
     ("A1", "5", "$$\\boxed{5}$$"), ("A1", "5", "\\boxed{5} \\text{ apples}"), ("A1", "90^\\circ", "\\boxed{90} degrees"),
     ("A1", "5", "\\textbf{\\boxed{5}}"), ("A1", "5", "**\\boxed{5}**"), ("A1", "9", "$129^{34} \\equiv \\boxed{9} \\pmod{11}$"),
     ("A1", "5", "\\boxed{5}\n\nThe answer is 5."), ("A1", "4", "\\boxed{\\frac{8}{2}} = \\boxed{4.0}"),
+    ("A1", "\\{2, 3\\}", "\\boxed{2} or \\boxed{3}"), ("A1", "\\{2, 3\\}", "$x = \\boxed{2}$ or $x = \\boxed{3}$"),
     ("A1", "5", "so there are $\\boxed{5}$ distinct possible values for $B$."), ("A1", "5", "is \\(\\boxed{5}\\).</think> Done"),
     ("A2", "5", "5" + PAD), ("A2b", POLY, POLY), ("A2b", POLY, "\\boxed{" + POLY + "}"),
     ("A3", "1010_2", "1010_{2}"), ("A3", "12_3", "5"), ("A3", "12_3", "12_3"),
