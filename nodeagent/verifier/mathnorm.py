@@ -53,6 +53,9 @@ _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
+_SPACE_CMD = re.compile(r"\\(?:hspace\*?|hskip|vspace\*?)\s*\{\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc)\s*\}|"
+                        r"\\m?kern\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc)|\\(?:enspace|thinspace|medspace|thickspace)(?![A-Za-z])")
+_OVER = re.compile(r"\{\s*([^{}]+?)\s*\\over(?![A-Za-z])\s*([^{}]+?)\s*\}")
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*(?:\\?%|per\s*cent(?:age)?|pct)\s*\}|"
                            r"percentage|per\s*cent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
@@ -153,7 +156,8 @@ def normalise(s: str) -> str:
     s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
-    s = _SPACING.sub(" ", s)
+    s = _SPACING.sub(" ", _SPACE_CMD.sub(" ", s))
+    s = _OVER.sub(r"\\frac{\1}{\2}", s)                       # {1 \\over 2} is \\frac{1}{2}
     s = re.sub(r"(?<=\d) +(?=i(?![A-Za-z]))", "", s)       # 4\\,i is 4i
     s = _PERCENT_WORD.sub("\\%", s)
     s = _TEXT_QUANTITY.sub(r"\1 \\text{ \2}", s)             # \\text{3 cm} is 3 \\text{ cm}

@@ -47,7 +47,7 @@ WRONG = [
     # A9: a named tuple, swapped
     ("A9", "x=1, y=2", "(x,y)=(2,1)"), ("A9", "x=1, y=2", "(y,x)=(1,2)"),
     # A11, A12: a '..' range; a colour over part of the answer
-    ("A11", "3", "3..5"), ("A11", "1", "1..2"), ("A12", "5", "5\\color{white}{6}"), ("A12", "5", "5{\\color{white}6}"),
+    ("RR", "\\frac{1}{2}", "{1 \\over 3}"), ("RR", "5", "5\\hspace{1cm}6"), ("A11", "3", "3..5"), ("A11", "1", "1..2"), ("A12", "5", "5\\color{white}{6}"), ("A12", "5", "5{\\color{white}6}"),
     ("A12", "5", "5\\textcolor{white}{6}"), ("A12", "\\frac{1}{2}", "\\frac{1}{2}\\textcolor{white}{3}"),
 ]
 
@@ -64,6 +64,7 @@ RIGHT = [
     ("A3", "1010_2", "1010_{2}"), ("A3", "12_3", "5"), ("A3", "12_3", "12_3"),
     ("A5", "5", "Answer: 5"), ("A5", "5", "#### 5"), ("A5", "5", "Answer: $5$ apples"),
     ("A5", "19", "Final Answer: The maximum number of points in the domain of $f(x)$ is 19."),
+    ("RR", "\\frac{1}{2}", "{1 \\over 2}"), ("RR", "5", "5\\hspace{1cm}"), ("RR", "5", "5\\kern1em"), ("RR", "5", "5\\mkern3mu"),
     ("A7", "f'(x)", "f'(x)"), ("A9", "x=1, y=2", "(x,y)=(1,2)"), ("A4", "\\pm 2", "\\pm 2"),
 ]
 
