@@ -26,6 +26,7 @@ from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathnorm as mn
 
 BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")       # "\u202e56" shows as 65
 
 # -- the words around a box -------------------------------------------------------------------------
 _NEG_WORDS = (r"not|isnt|arent|wasnt|werent|cant|couldnt|wont|wouldnt|shouldnt|dont|doesnt|didnt|aint|never|no|nor|neither|wrong|incorrect|false|maybe|perhaps|possibly|probably|least|most|"
@@ -173,6 +174,8 @@ def ill_formed(text: str) -> str | None:
         return f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"
     if mf.comment_in_box(text):
         return "ill-formed answer: a TeX comment ('%') inside a \\boxed{} hides its closing brace"
+    if _BIDI.search(text):
+        return "ill-formed answer: a bidirectional control character (what shows is not the order written)"
     boxes = len(BOX_START.findall(text))
     if boxes > mn.MAX_BOXED:
         return f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"

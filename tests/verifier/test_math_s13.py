@@ -47,7 +47,8 @@ WRONG = [
     # A9: a named tuple, swapped
     ("A9", "x=1, y=2", "(x,y)=(2,1)"), ("A9", "x=1, y=2", "(y,x)=(1,2)"),
     # A11, A12: a '..' range; a colour over part of the answer
-    ("RR", "\\frac{1}{2}", "{1 \\over 3}"), ("RR", "5", "5\\hspace{1cm}6"), ("A11", "3", "3..5"), ("A11", "1", "1..2"), ("A12", "5", "5\\color{white}{6}"), ("A12", "5", "5{\\color{white}6}"),
+    ("RR", "\\frac{1}{2}", "{1 \\over 3}"), ("RR", "5", "5\\hspace{1cm}6"), ("A11", "3", "3..5"),
+    ("A14", "56", "\u202e56"), ("A14", "56", "\\boxed{\u202e56}"), ("A11", "1", "1..2"), ("A12", "5", "5\\color{white}{6}"), ("A12", "5", "5{\\color{white}6}"),
     ("A12", "5", "5\\textcolor{white}{6}"), ("A12", "\\frac{1}{2}", "\\frac{1}{2}\\textcolor{white}{3}"),
 ]
 
