@@ -26,7 +26,7 @@ from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathnorm as mn
 
 BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")       # "\u202e56" shows as 65
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069][^\u202a-\u202e\u2066-\u2069]{2,}")   # "\u202e56" shows as 65
 
 # -- the words around a box -------------------------------------------------------------------------
 _NEG_WORDS = (r"not|isnt|arent|wasnt|werent|cant|couldnt|wont|wouldnt|shouldnt|dont|doesnt|didnt|aint|never|no|nor|neither|wrong|incorrect|false|maybe|perhaps|possibly|probably|least|most|"

@@ -66,7 +66,7 @@ RIGHT = [
     ("A5", "5", "Answer: 5"), ("A5", "5", "#### 5"), ("A5", "5", "Answer: $5$ apples"),
     ("A5", "19", "Final Answer: The maximum number of points in the domain of $f(x)$ is 19."),
     ("RR", "\\frac{1}{2}", "{1 \\over 2}"), ("RR", "5", "5\\hspace{1cm}"), ("RR", "5", "5\\kern1em"), ("RR", "5", "5\\mkern3mu"),
-    ("A7", "f'(x)", "f'(x)"), ("A9", "x=1, y=2", "(x,y)=(1,2)"), ("A4", "\\pm 2", "\\pm 2"),
+    ("A14", "5", "\u202e5\u202c"), ("A14", "5", "\u20665\u2069"), ("A7", "f'(x)", "f'(x)"), ("A9", "x=1, y=2", "(x,y)=(1,2)"), ("A4", "\\pm 2", "\\pm 2"),
 ]
 
 
