@@ -8,9 +8,13 @@ calls them; JSON in, JSON out):
 - `math_equal(gold, pred_text, instruction=None) -> bool`.
 
 How a prediction is judged (docs/verifier.md, "Math equivalence", has the table of rules):
-1. Its final answers: every \\boxed{} body (a "final answer" line after the last box wins);
-   else the text itself when it is a bare answer; else the "answer: X" lines (a hedge on the
-   line is all its values); else what Math-Verify extracts. Several *different* final answers
+1. Its final answers: every \\boxed{} body, when each box stands as the answer (`mathbox`: no
+   operator, relation, exponent, glued digit or negating/bounding word around it; a "final
+   answer" or "the answer is" line after the last box wins); else the text itself when it is a
+   bare answer (read whole up to `mathnorm.MAX_ANSWER_CHARS`, spacing not counted; a longer
+   one, gold or prediction, is unreadable, never one of its numbers); else the "answer: X"
+   lines (a hedge on the line is all its values; a bound or condition next to a number,
+   "at least 5", "5 when x = 2", reads no value); else what Math-Verify extracts. Several *different* final answers
    pass only if every one equals the gold, unless the gold itself is a set of several values.
 2. A hedge (`mathnorm.alternatives`: \\lor, "or", "(or 6)", a `cases` block, rows) offers every
    value it names: each must be the gold (or, for a multi-valued gold, the set must match). A
@@ -55,6 +59,7 @@ import threading
 import time
 from fractions import Fraction
 
+from nodeagent.verifier import mathbox as mb
 from nodeagent.verifier import mathform as mf
 from nodeagent.verifier import mathleft as ml
 from nodeagent.verifier import mathnorm as mn
@@ -74,7 +79,6 @@ EXACT_TOL_DIGITS = 40            # numeric expressions are equal when they agree
 DIFF_MAXN_BITS = 2000            # ... and their difference shows no digit up to this working precision
 UNPARSEABLE = "unparseable answer: no \\boxed{}, 'answer:' or number found"
 
-_BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _AND_ITEM = re.compile(r"^(?:\\text\{\s*and\s*\}|and)\s*")
 
 
@@ -170,65 +174,32 @@ def _dedupe(answers: list[str]) -> list[str]:
 
 def final_answers(text: str) -> list[str]:
     """The distinct final answers in `text`, normalised (see the module docstring, step 1)."""
-    text = mn.unescape_commands(text[-MAX_TEXT_CHARS:])
+    text = mb.answer_marks(mn.unescape_commands(text[-MAX_TEXT_CHARS:]))
     boxed = mn.boxed_contents(text)
     if boxed:
-        return _boxed_and_final_lines(text, boxed)
+        return mb.boxed_and_final_lines(text, boxed)
     if mn.is_bare_answer(text):
         return _dedupe([mn.normalise(text)])
     raw = mn.answer_lines(text)
+    if not raw and mn.too_long_bare(text):
+        return []                               # too long to read whole: never one of its numbers
     lines = _dedupe([mn.normalise(a) for a in raw])
     if len(lines) > 1:
         return lines
     if lines:                                   # the answer line is the region to read, whole
-        line = _line_answer(raw[-1])
+        line = mb.line_answer(raw[-1])
         if line is not None:
             return [line]
     if raw:
-        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(_ANSWER_PREFIX.sub("", raw[-1])))])
+        hedge = _dedupe([mn.normalise(a) for a in mn.alternatives(mn.normalise(mb.ANSWER_PREFIX.sub("", raw[-1])))])
         if len(hedge) > 1:
             return hedge                        # "answer: 7 \\text{ or } 8": every value is an answer
+    if raw and mb.conditioned(raw[-1]):
+        return []                               # "answer: at least 5", "5 when x = 2": no value read whole
     parsed = mv_parse(mn.space_scripts(raw[-1] if raw else text))
     if parsed:
         return _dedupe([mn.normalise(str(parsed[-1]))])
     return lines
-
-
-def _boxed_and_final_lines(text: str, boxed: list[str]) -> list[str]:
-    """The boxes' answers and every "final answer" line's (one without a box of its own): a
-    single such line after the last box wins (the model's last word); lines before it are more
-    final answers, which must agree with the boxes ("**Final Answer** 7" then \\boxed{6} is two)."""
-    last = text.rfind("\\boxed")
-    before: list[str] = []
-    after: list[str] = []
-    for m in _FINAL_LINE.finditer(text):
-        body = m.group(1).strip().strip("*").strip()
-        if not body or "\\boxed" in body or "\\fbox" in body:
-            continue
-        line = _line_answer(body)
-        if line is None:
-            continue
-        commented = re.match(r"\s*%", text[text.rfind("\n", 0, m.start()) + 1:m.start()])   # a TeX comment line
-        (after if m.start() > last and not commented else before).append(line)   # a line TeX hides must agree
-    if len(after) == 1:
-        return after
-    return _dedupe([mn.normalise(b) for b in boxed] + before + after)
-
-
-_FINAL_LINE = re.compile(r"final\s+answer[*:\s]*(?:is\b[*:\s]*)?([^\n]*)", re.IGNORECASE)
-_ANSWER_PREFIX = re.compile(r"^(?:\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:)\s*)+", re.IGNORECASE)
-_FINAL_IS = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*", re.IGNORECASE)
-_HOPE = re.compile(r"[\s.]*I hope it is correct.*$", re.IGNORECASE)
-_MATH_SPAN = re.compile(r"^\$+([^$]+)\$+\s*[.,;]?$")
-
-
-def _line_answer(line: str) -> str | None:
-    """An "answer: X" line's answer when X is a bare answer or one math span, else None."""
-    line = _HOPE.sub("", _FINAL_IS.sub("", _ANSWER_PREFIX.sub("", line))).strip()
-    m = _MATH_SPAN.fullmatch(line)
-    if m:
-        return mn.normalise(m.group(1))
-    return mn.normalise(line) if mn.is_bare_answer(line) else None
 
 
 _BETWEEN_BOXES = re.compile(r"\\boxed\s*\{[^{}]*\}|[\s,;$.]|\\[()\[\]]|\\quad|\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b")
@@ -290,6 +261,11 @@ def answers_equal(gold: str, pred: str) -> bool:
         return False                        # "\\infty - 1": no number to compute with
     if mr.stray(gold, pred, mn.structure(gold).kind == "scalar"):
         return False                        # "6 \\propto 5", "6 \\subset 5": not the gold's value
+    signs = None if mn.pm_variants(gold) or mn.plus_minus(gold) else mn.pm_variants(pred)
+    if signs:
+        return all(answers_equal(gold, v) for v in signs)   # "(\\pm 2)^2": each sign's value must be the gold
+    if "=" in gold and (named := mn.named_tuple(pred)) != pred:
+        return answers_equal(gold, named)   # "(x,y)=(2,1)" is "x=2, y=1"
     alts = _dedupe(mn.alternatives(pred))
     if len(alts) > 1:                       # a hedge: every value it offers must be right
         if _multi_valued(gold):
@@ -303,8 +279,11 @@ def answers_equal(gold: str, pred: str) -> bool:
     if mn.hidden_text(pred) and not mn.hidden_text(gold):
         return False                        # "5 \\text{(or 6)}": the parser would drop the 6
     based = mf.base_equal(gold, pred, _budget.bases)
+    based = mf.base_values_equal(gold, pred) if based is None else based
     if based is not None:
         return based
+    if mn.primes(gold) != mn.primes(pred):
+        return False                        # "f'(x)" for f(x): a derivative, which the parser drops
     if mn.meaning_marks(pred) - mn.meaning_marks(gold):
         return False                        # "x \\not= 5", "5_{6}", "5 \\text{ thousand}": not the bare value
     gm, pm = mf.marks(gold), mf.marks(pred)
@@ -661,14 +640,9 @@ def math_verdict(gold: str, pred_text: str | None, instruction: str | None = Non
 def _verdict(gold: str, pred_text: str | None) -> dict:
     if pred_text is None or not str(pred_text).strip():
         return {"ok": False, "detail": "no answer given"}
-    program = mf.tex_program(str(pred_text)[-MAX_TEXT_CHARS:])
-    if program is not None:
-        return {"ok": False, "detail": f"ill-formed answer: TeX programming {program!r} (what renders is not what is written)"}
-    if mf.comment_in_box(str(pred_text)[-MAX_TEXT_CHARS:]):
-        return {"ok": False, "detail": "ill-formed answer: a TeX comment ('%') inside a \\boxed{} hides its closing brace"}
-    boxes = len(_BOX_START.findall(str(pred_text)[-MAX_TEXT_CHARS:]))
-    if boxes > mn.MAX_BOXED:
-        return {"ok": False, "detail": f"{boxes} \\boxed answers given (at most {mn.MAX_BOXED} are read)"}
+    why = mb.ill_formed(str(pred_text)[-MAX_TEXT_CHARS:])
+    if why:
+        return {"ok": False, "detail": why}
     answers = final_answers(str(pred_text))
     if not answers:
         return {"ok": False, "detail": UNPARSEABLE}

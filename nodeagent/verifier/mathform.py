@@ -242,6 +242,23 @@ def _bad_repeating(s: str) -> bool:
     return not all(any(a <= t < b for a, b in spans) for t in triggers)
 
 
+MAX_NESTING = 40                 # deeper brackets are not read whole: `2^{2^{...}}` 100 deep is no answer
+
+
+def _depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        if ch in "({[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")}]":
+            depth -= 1
+    return deepest
+
+
+_DOUBLE_DOT = re.compile(r"\d\s*(?<!\.)\.\.(?!\.)\s*[\d-]")
+
+
 def ill_formed(s: str) -> str | None:
     """Why the extracted answer `s` has no single reading (see the module docstring), else None."""
     if (m := _TEX_PROGRAM.search(s)) is not None:
@@ -254,6 +271,10 @@ def ill_formed(s: str) -> str | None:
         return f"a value drawn invisibly ({m.group(0).strip()!r} holding a digit)"
     if (m := _OVERLAP.search(s)) is not None:
         return f"content drawn over other content or a second value shown ({m.group(0)!r})"
+    if _depth(s) > MAX_NESTING:
+        return f"brackets nested more than {MAX_NESTING} deep (no parser reads it whole)"
+    if (m := _DOUBLE_DOT.search(s)) is not None:
+        return f"two dots between digits ({m.group(0)!r}: a range or a typo, no one number)"
     if _bad_repeating(s):
         return "an ill-formed repeating decimal (a mark over digits, '...' or '(d)' not closing a decimal)"
     if _E_INSIDE.search(s) and not _E_WHOLE.fullmatch(s.strip()):
@@ -303,6 +324,39 @@ def base_numeral(s: str) -> tuple[str, int] | None:
     return None if m is None else (m.group(1), int(m.group(2) or m.group(3)))
 
 
+def _numeral_value(s: str) -> int | None:
+    """The value of a plain decimal integer or of a numeral with a base subscript (`12_3` is 5);
+    -1 for a base numeral that is no numeral (`1010_1`, `1010_{0}`, a digit not in the base)."""
+    s = s.strip()
+    if re.fullmatch(r"\d{1,60}", s):
+        return int(s)
+    based = base_numeral(s)
+    if based is None:
+        return None
+    digits, base = based
+    if not 2 <= base <= 36 or len(digits) > 60:
+        return -1
+    try:
+        return int(digits, base)
+    except ValueError:
+        return -1
+
+
+def base_values_equal(gold: str, pred: str) -> bool | None:
+    """A gold numeral with a base subscript against a predicted numeral (`5` for `12_3`, `1010_7`
+    or `1010_{x}` for `1010_2`, `12` for `12_3`): equal when their values are. None when the gold
+    has no base subscript (a predicted subscript then stays a meaning mark: `5_{6}` is never 5)
+    or the prediction is no numeral."""
+    if base_numeral(gold) is None:
+        return None
+    g, p = _numeral_value(gold), _numeral_value(pred)
+    if (g is None and "_" in gold) or (p is None and "_" in pred):
+        return False                           # `1010_{x}`, `1010_{(3)}`: no base read, never the same numeral
+    if g is None or p is None:
+        return None
+    return g == p and g >= 0
+
+
 def asked_bases(instruction: str | None) -> frozenset[int]:
     """The number bases a task's instruction names ("in base 6", "base-two", "binary")."""
     if not instruction:
@@ -328,5 +382,5 @@ def base_equal(gold: str, pred: str, bases: frozenset[int]) -> bool | None:
     return based[1] in bases and re.fullmatch(r"[0-9A-Za-z]+", plain) is not None and based[0] == plain
 
 
-__all__ = ["asked_bases", "base_equal", "base_numeral", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program",
+__all__ = ["asked_bases", "base_equal", "base_numeral", "base_values_equal", "marks", "comment_in_box", "ill_formed", "repeating", "shown", "tex_program",
            "uncoloured"]

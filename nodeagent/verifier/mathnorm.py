@@ -53,6 +53,9 @@ _DECIMAL_POINT_COMMA = re.compile(r"[+-]?0,\d{2,}")           # 0,111: a decimal
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _OPTION = re.compile(r"\(?([A-Ea-e])\)?")
 _SPACING = re.compile(r"(?<!\\)\\(?:[!,;: ]|q?quad(?![A-Za-z]))|(?<!\\)~")   # not the \\ row break; ~ is a space
+_SPACE_CMD = re.compile(r"\\(?:hspace\*?|hskip|vspace\*?)\s*\{\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc)\s*\}|"
+                        r"\\m?kern\s*-?[\d.]+\s*(?:em|ex|pt|mu|cm|mm|in|bp|pc)|\\(?:enspace|thinspace|medspace|thickspace)(?![A-Za-z])")
+_OVER = re.compile(r"\{\s*([^{}]+?)\s*\\over(?![A-Za-z])\s*([^{}]+?)\s*\}")
 _PERCENT_WORD = re.compile(r"\s*(?:\\%|%|\\(?:text|textrm|mathrm|mbox)\s*\{\s*(?:\\?%|per\s*cent(?:age)?|pct)\s*\}|"
                            r"percentage|per\s*cent|pct)\s*$")
 _LIST_WORD = re.compile(r"\s*\\text\{\s*(?:and|or)\s*\}\s*|\s+(?:and|or)\s+")
@@ -84,15 +87,20 @@ def answer_lines(text: str) -> list[str]:
     return [f for f in found if f]
 
 
-def is_bare_answer(text: str) -> bool:
-    """True when `text` is an answer on its own (no delimiters, no prose words)."""
-    s = text.strip()
-    if not s or len(s) > 200 or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
+def is_bare_answer(text: str, limit: int | None = MAX_ANSWER_CHARS) -> bool:
+    """True when `text` is an answer on its own (no delimiters, no prose words), at most `limit`
+    characters once spacing commands are dropped ("5\\,\\,...^{2}" is short: read whole)."""
+    s = _SPACING.sub(" ", text).strip()
+    if not s or (limit is not None and len(s) > limit) or "\n" in s or "$" in s.replace("\\$", "") or "\\(" in s or "\\[" in s:
         return False
     if _CONTRACTION.search(s) or any(ch.isalpha() and unicodedata.category(ch) != "Lm"
                                      for ch in _CJK_OR_OTHER_LETTER.findall(s)):
         return False                             # "it's", or words in another script: prose (a prime "5\u02b9" is no word)
+    s = _COLOUR_NAME.sub(r"\\color", s)        # "5\\color{white}{6}": a colour's name is no prose word
     return not _PROSE_WORD.search(_ENV.sub("", _TEXT_CMD.sub("", _PERCENT_WORD.sub("", s))))
+
+
+_COLOUR_NAME = re.compile(r"\\(?:textcolor|color|colorbox)\s*(?:\[[a-zA-Z]*\]\s*)?\{[A-Za-z!0-9. ,]*\}")
 
 
 _SUPERSCRIPTS = re.compile("[\u2070\u00b9\u00b2\u00b3\u2074-\u207b]+")
@@ -106,6 +114,12 @@ _SEPARATORS = str.maketrans({"\u2044": "/", "\u066b": ".", "\u066c": ","})   # f
 _MIXED_VULGAR = re.compile(r"(\d)(?=[\u00bc-\u00be\u2150-\u215e])")
 _LEADING_DASH = re.compile(r"(?<![\w)\]}.])\u2013(?=\s*[\d.\\(])")
 _ROOT_SIGN = re.compile(r"\u221a\s*(?:(\d+(?:\.\d+)?|[A-Za-z](?![A-Za-z]))|\{)")
+
+
+def too_long_bare(text: str) -> bool:
+    """True when `text` is a bare answer longer than MAX_ANSWER_CHARS: it cannot be read whole,
+    and is never read as one of its numbers."""
+    return len(text) > MAX_ANSWER_CHARS and is_bare_answer(text, limit=None)
 
 
 def unescape_commands(text: str) -> str:
@@ -137,11 +151,13 @@ def normalise(s: str) -> str:
     s = re.sub(r"(?<!\\)\$+", " ", s).strip()                # math delimiters, also mid-answer
     s = re.sub(r",\\!\s*(?=\d{3}(?!\d))", ",", s)          # 11,\! 111 -> 11,111
     s = re.sub(r"\s*\{\s*,\s*\}\s*", ",", s)                # 14{,}916 and 14 {, }916
+    s = re.sub(r"(?<=[\d.])(?:\{\s*\})+", "", s)              # 5{}{}0 is 50: an empty group is nothing
     s = _TEXT_PUNCT.sub(r"\1", s)                             # \\text{(}7\\text{)} is (7)
     s = _NESTED_BOX.sub("", s)                               # \\boxed{\\boxed{5} 6} -> {5} 6
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])|\\displaystyle", "", s)
     s = re.sub(r"\\[dtc]frac(?![A-Za-z])", r"\\frac", s)
-    s = _SPACING.sub(" ", s)
+    s = _SPACING.sub(" ", _SPACE_CMD.sub(" ", s))
+    s = _OVER.sub(r"\\frac{\1}{\2}", s)                       # {1 \\over 2} is \\frac{1}{2}
     s = re.sub(r"(?<=\d) +(?=i(?![A-Za-z]))", "", s)       # 4\\,i is 4i
     s = _PERCENT_WORD.sub("\\%", s)
     s = _TEXT_QUANTITY.sub(r"\1 \\text{ \2}", s)             # \\text{3 cm} is 3 \\text{ cm}
@@ -248,6 +264,39 @@ def plus_minus(s: str) -> tuple[str, str] | None:
     if not head:
         return tail, f"-({tail})"
     return f"{head} + ({tail})", f"{head} - ({tail})"
+
+
+def pm_variants(s: str, limit: int = 3) -> list[str] | None:
+    """Every value an answer with a \\pm or \\mp *inside* an expression stands for (`(\\pm 2)^2` ->
+    `(+ 2)^2`, `(- 2)^2`), at most `limit` signs (2^limit values); None when it has none, or only
+    the one top-level sign `plus_minus` reads, or more than `limit`."""
+    found = [m for m in _PM.finditer(s)]
+    if not found or len(found) > limit or plus_minus(s) is not None:
+        return None
+    out = [s]
+    for _ in found:
+        nxt = []
+        for v in out:
+            m = _PM.search(v)
+            if m is None:
+                continue
+            nxt += [v[:m.start()] + " + " + v[m.end():], v[:m.start()] + " - " + v[m.end():]]
+        out = nxt or out
+    return [re.sub(r"([(\[{,]|^)\s*\+\s*", r"\1", v) for v in out]
+
+
+_NAMED_TUPLE = re.compile(r"\(\s*([A-Za-z](?:_\{?\w+\}?)?(?:\s*,\s*[A-Za-z](?:_\{?\w+\}?)?)+)\s*\)\s*=\s*(\(.*\))")
+
+
+def named_tuple(s: str) -> str:
+    """`(x,y)=(2,1)` read as `x=2, y=1` (each name with its value); else `s`."""
+    m = _NAMED_TUPLE.fullmatch(s.strip())
+    if m is None or _matching_close(m.group(2), 0) != len(m.group(2)) - 1:
+        return s
+    names, values = split_top(m.group(1)), split_top(m.group(2)[1:-1])
+    if len(names) != len(values):
+        return s
+    return ", ".join(f"{n.strip()}={v.strip()}" for n, v in zip(names, values))
 
 
 def text_answer(s: str) -> str | None:
@@ -403,12 +452,13 @@ class Precision:
     sig: int | None = None
 
 
+MAX_COUNT = 1_000_000            # a precision count read from an instruction is at most this
 _NUMBER_WORDS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
                  "nine": 9, "ten": 10}
 _PLACE_WORDS = {"whole number": 0, "integer": 0, "unit": 0, "one": 0, "tenth": 1, "hundredth": 2,
                 "thousandth": 3, "ten-thousandth": 4, "ten thousandth": 4, "hundred-thousandth": 5,
                 "hundred thousandth": 5, "millionth": 6, "cent": 2, "ten": -1, "hundred": -2, "thousand": -3}
-_COUNT = r"(\d{1,2}|one|two|three|four|five|six|seven|eight|nine|ten)"
+_COUNT = r"(?<![\d.,])(\d+|(?<![A-Za-z])(?:one|two|three|four|five|six|seven|eight|nine|ten))"   # "100 places": 100
 _NEAREST = re.compile(r"nearest\s+(ten[- ]thousandth|hundred[- ]thousandth|millionth|thousandth|hundredth|tenth|"
                       r"whole\s+number|integer|unit|one|cent|thousand|hundred|ten)(?![A-Za-z-])", re.IGNORECASE)
 _NEAREST_DECIMAL = re.compile(r"nearest\s+(0?\.(?:0*)1)(?!\d)", re.IGNORECASE)
@@ -423,7 +473,10 @@ _EXACT_WORDS = re.compile(r"\bexact(?:ly)?\s+(?:value|answer|form|fraction|expre
 
 
 def _count(word: str) -> int:
-    return int(word) if word.isdigit() else _NUMBER_WORDS[word.lower()]
+    """The whole count ("100" is 100, never its last digits); past MAX_COUNT digits, MAX_COUNT."""
+    if word.isdigit():
+        return min(int(word[:7]), MAX_COUNT) if len(word) <= 7 else MAX_COUNT
+    return _NUMBER_WORDS[word.lower()]
 
 
 _PERCENT_ASKED = re.compile(      # the question asks for a percent ("a 5% discount" alone does not)
@@ -476,7 +529,8 @@ _PER_MILLE = re.compile(r"‰|‱|\\(?:permil|textperthousand|textpertenthousand
 _VALUE_WORDS = re.compile(
     r"(?<![\\A-Za-z])(not|no|none|never|nope|wrong|incorrect|false|either|neither|nor|"
     r"except|nearly|almost|least|most|more|less|fewer|than|between|ish|approx\w*|roughly|circa|"
-    r"maybe|perhaps|probably|possibly|guess|"
+    r"maybe|perhaps|probably|possibly|guess|if|when|whenever|unless|assuming|provided|only|maximum|minimum|"
+    r"negative|inverse|reciprocal|opposite|minus|hundredths?|thousandths?|tens|kilo|ppm|rad|radians?|"
     r"squared|cubed|half|halves|thirds?|quarters?|fifths?|tenths?|twice|double|triple|root|"
     r"zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty|forty|fifty|"
     r"(?:times|plus|minus|over|divided\s+by)(?=\s*[\w(]))(?![A-Za-z])", re.IGNORECASE)
@@ -525,6 +579,15 @@ def meaning_marks(s: str) -> set[str]:
     if _PER_MILLE.search(s):
         marks.add("per-mille")               # "5 \\permil", "5 \\text{ bps}": not 5
     return marks
+
+
+_PRIME = re.compile(r"(?:[A-Za-z)\]}]|\\right\s*[)\]])\s*(?:'|\^\s*\{?\s*\\prime(?![A-Za-z]))")
+
+
+def primes(s: str) -> int:
+    """How many primes stand on a letter or a bracket (`f'(x)`, `x''`, `(2x)'`, `y^\\prime`): a
+    derivative, never the bare letter (`mathanswer` compares the counts both ways)."""
+    return len(_PRIME.findall(_TEXT_ANY.sub(" ", s)))
 
 
 def units(s: str) -> frozenset[str]:
