@@ -319,7 +319,7 @@ def load_manifest(path: Path, bank: TaskBank, broken: list[tuple[dict, str]] | N
             try:
                 task = bank.get_task(tid)
             except TaskError as exc:
-                raise TaskError(f"{path}: tasks[{i}] names an unknown or unreadable task: {exc}") from None
+                raise TaskError(f"{path}: tasks[{i}] names an unknown task: {exc}") from None
             if task.name != entry["name"]:
                 raise TaskError(f"{path}: tasks[{i}] says name {entry['name']!r} but task {tid} "
                                 f"is named {task.name!r}")
