@@ -48,6 +48,9 @@ MANIFEST_BOUNDS = Bounds(max_nodes=50_000_000, max_aliases=8, max_bytes=1 << 30)
 # forever), each and all together capped.
 MAX_FILE_BYTES = 256 << 20
 MAX_TREE_BYTES = 1 << 30
+# task.yaml itself: an instruction is at most 1 Mi characters, so 8 MiB is room to spare, and a
+# 50 MB document is refused before the (pure Python) YAML parser spends minutes on it.
+PACKAGE_BOUNDS = Bounds(max_bytes=8 << 20)
 SET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 LIST_KEYS = ("protected", "setup", "tools", "layers")
 
@@ -126,7 +129,7 @@ def load_package(directory: str | os.PathLike) -> Task:
     path = directory / TASK_FILE
     try:
         _regular_file(path)
-        meta = load_yaml(path)
+        meta = load_yaml(path, PACKAGE_BOUNDS)
     except OSError as exc:
         raise TaskError(f"{path}: cannot read task package: {exc.strerror}") from None
     except ParseLimitError as exc:

@@ -193,3 +193,9 @@ def test_a_refused_import_leaves_the_bank_as_it_was(tmp_path):
     assert _import(bank, "package", tmp_path / "bad", "new") == 2
     assert _stored(bank) == before and out.getvalue() == ""
     assert json.dumps([t.name for t in TaskBank(bank).load_set("kept").tasks]) == '["good"]'
+
+
+def test_an_oversized_task_yaml_is_refused_before_it_is_parsed(tmp_path):
+    d = _pkg(tmp_path, "t", GOOD.replace("What is 2+3?", "x" * (9 << 20)))
+    with pytest.raises(TaskError, match="larger than 8388608 bytes"):
+        load_package(d)
