@@ -199,3 +199,10 @@ def test_an_oversized_task_yaml_is_refused_before_it_is_parsed(tmp_path):
     d = _pkg(tmp_path, "t", GOOD.replace("What is 2+3?", "x" * (9 << 20)))
     with pytest.raises(TaskError, match="larger than 8388608 bytes"):
         load_package(d)
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-1", "1e308"])
+def test_paddock_check_refuses_a_timeout_that_is_not_finite_and_positive(capsys, timeout):
+    with pytest.raises(SystemExit) as e:
+        main(["check", "math", "--gold", "5", "--pred", "5", "--timeout", timeout])
+    assert e.value.code == 2 and "--timeout: must be > 0" in capsys.readouterr().err
