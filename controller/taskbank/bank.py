@@ -117,7 +117,7 @@ def _string_list(path: Path, key: str, value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise TaskError(f"{path}: '{key}' must be a list of strings, got {type(value).__name__}"
+        raise TaskError(f"'{key}' must be a list of strings, got {type(value).__name__}"
                         + (f" holding {type(next(v for v in value if not isinstance(v, str))).__name__}"
                            if isinstance(value, list) else ""))
     return tuple(value)
