@@ -206,3 +206,28 @@ def test_paddock_check_refuses_a_timeout_that_is_not_finite_and_positive(capsys,
     with pytest.raises(SystemExit) as e:
         main(["check", "math", "--gold", "5", "--pred", "5", "--timeout", timeout])
     assert e.value.code == 2 and "--timeout: must be > 0" in capsys.readouterr().err
+
+
+def test_tasks_validate_quarantines_an_unloadable_task_and_validates_the_rest(tmp_path, monkeypatch, capsys):
+    import contextlib
+
+    from controller.cli import tasks as cli_tasks
+    bank = TaskBank(tmp_path / "bank")
+    a = Task(name="a", family="math", instruction="2+3?", checker={"kind": "math", "answer": "5"})
+    b = Task(name="b", family="math", instruction="2+4?", checker={"kind": "math", "answer": "6"})
+    bank.put_set(make_set("s", [a, b]))
+    yml = bank.package_dir(b.task_id) / "task.yaml"
+    yml.write_text(yml.read_text().replace("answer: '6'", "answer: '6'\n  timeout_s: .nan"))
+    seen: list = []
+
+    def fake_validate(rt, image, tasks, store, workers, show):
+        seen.extend(d["name"] for d in tasks)
+        return [cli_tasks.TaskValidation(task_id=d["task_id"], name=d["name"], ok=True) for d in tasks]
+    monkeypatch.setattr(cli_tasks, "validate_tasks", fake_validate)
+    monkeypatch.setattr(cli_tasks, "SandboxRuntime", contextlib.nullcontext)
+    monkeypatch.setattr(cli_tasks, "ensure_builtin_image", lambda images: (None, "img"))
+    assert main(["tasks", "--bank", str(bank.root), "validate", "s"]) == 1
+    out = capsys.readouterr().out
+    assert seen == ["a"] and "QUARANTINED b" in out and "1/2 tasks valid" in out
+    quarantine = json.loads((bank.root / "quarantine.json").read_text())
+    assert "timeout_s" in quarantine[b.task_id]["reasons"][0]
