@@ -164,15 +164,15 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
     bank = TaskBank(args.bank)
     try:
         manifest = bank.manifest_path(args.set_name)
-        if manifest.exists() and not getattr(args, "replace", False):
-            raise TaskError(f"task set {args.set_name!r} already exists at {manifest}; import under "
-                            f"another name, or pass --replace to replace it")
         tasks = importers.import_source(args.kind, Path(args.source), _swe_context(args))
         for task in tasks:
             unreadable = math_gold_error(task.checker)
             if unreadable:
                 raise TaskError(f"task {task.name[:80]!r}: 'checker.answer' {unreadable}")
         taskset = make_set(args.set_name, tasks, args.split)
+        if manifest.exists() and not getattr(args, "replace", False) and not _same_set(bank, taskset):
+            raise TaskError(f"task set {args.set_name!r} already exists at {manifest} with other content; "
+                            f"import under another name, or pass --replace to replace it")
         path = bank.put_set(taskset)
     except (TaskError, OSError) as exc:
         print(f"paddock tasks import: {exc}", file=sys.stderr)
@@ -186,6 +186,14 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for report in reports:
             print(report.summary_line(), file=out)
     return 0
+
+
+def _same_set(bank: TaskBank, taskset) -> bool:
+    """The stored set of that name has the same manifest (re-importing it changes nothing)."""
+    try:
+        return bank.load_set(taskset.name).manifest_hash == taskset.manifest_hash
+    except TaskError:
+        return False
 
 
 def math_gold_error(checker) -> str | None:

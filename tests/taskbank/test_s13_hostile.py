@@ -141,6 +141,7 @@ def test_importing_into_an_existing_set_name_needs_replace(tmp_path, capsys):
     _pkg(tmp_path / "one", "good", GOOD)
     _pkg(tmp_path / "two", "other", GOOD.replace("name: good", "name: other"))
     assert _import(bank, "package", tmp_path / "one", "kept") == 0
+    assert _import(bank, "package", tmp_path / "one", "kept") == 0      # the same set again: no change
     assert _import(bank, "package", tmp_path / "two", "kept") == 2
     assert "already exists" in capsys.readouterr().err
     assert [t.name for t in TaskBank(bank).load_set("kept").tasks] == ["good"]
