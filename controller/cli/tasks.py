@@ -1,6 +1,6 @@
 """`paddock tasks ...`: the task bank from the command line.
 
-  paddock tasks [--bank DIR] import KIND SOURCE --set NAME [--split heldout] [--store DIR] [--repos DIR] [--inline]
+  paddock tasks [--bank DIR] import KIND SOURCE --set NAME [--replace] [--split heldout] [--store DIR] [--repos DIR] [--inline]
   paddock tasks [--bank DIR] list [SET]
   paddock tasks [--bank DIR] show TASK [--set NAME] [--hidden]
   paddock tasks [--bank DIR] validate SET [--workers N] [--image IMG]
@@ -44,7 +44,15 @@ from layers.builtin import default_store_root, ensure_builtin_image
 from layers.store import ImageStore
 from nodeagent.sandbox.runtime import SandboxError, SandboxRuntime, SandboxSpec
 from nodeagent.verifier.checkers import judge_score
-from nodeagent.verifier.validate import QUARANTINE_FILE, TaskValidation, ValidationStore, task_dicts, validate_tasks
+from nodeagent.verifier.mathanswer import gold_answer, math_verdict
+from nodeagent.verifier.validate import (
+    QUARANTINE_FILE,
+    TaskValidation,
+    ValidationStore,
+    task_dicts,
+    validate_tasks,
+    verifier_version,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -68,6 +76,8 @@ def add_bank_commands(sub: argparse._SubParsersAction) -> None:
     imp.add_argument("source", help="JSONL file (humaneval, mbpp, math, swe) or a directory of "
                                     "task packages (package)")
     imp.add_argument("--set", dest="set_name", required=True, help="name of the task set")
+    imp.add_argument("--replace", action="store_true",
+                     help="replace a set of the same name (without it, an existing name is refused)")
     imp.add_argument("--split", choices=("train", "heldout"), default="train")
     imp.add_argument("--no-contamination", action="store_true",
                      help="skip the automatic check of a held-out set against training sets")
@@ -153,10 +163,18 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     bank = TaskBank(args.bank)
     try:
+        manifest = bank.manifest_path(args.set_name)
         tasks = importers.import_source(args.kind, Path(args.source), _swe_context(args))
+        for task in tasks:
+            unreadable = math_gold_error(task.checker)
+            if unreadable:
+                raise TaskError(f"task {task.name[:80]!r}: 'checker.answer' {unreadable}")
         taskset = make_set(args.set_name, tasks, args.split)
+        if manifest.exists() and not getattr(args, "replace", False) and not _same_set(bank, taskset):
+            raise TaskError(f"task set {args.set_name!r} already exists at {manifest} with other content; "
+                            f"import under another name, or pass --replace to replace it")
         path = bank.put_set(taskset)
-    except TaskError as exc:
+    except (TaskError, OSError) as exc:
         print(f"paddock tasks import: {exc}", file=sys.stderr)
         return 2
     print(f"set {taskset.name}: {len(taskset.tasks)} tasks ({args.split}), manifest "
@@ -168,6 +186,30 @@ def cmd_import(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for report in reports:
             print(report.summary_line(), file=out)
     return 0
+
+
+def _same_set(bank: TaskBank, taskset) -> bool:
+    """The stored set of that name has the same manifest (re-importing it changes nothing)."""
+    try:
+        return bank.load_set(taskset.name).manifest_hash == taskset.manifest_hash
+    except TaskError:
+        return False
+
+
+def math_gold_error(checker) -> str | None:
+    """Why a math checker's gold cannot be graded against (the math checker cannot read it, or
+    reads it as something its own boxed form does not match), or None. Such a task could only
+    ever score 0."""
+    if checker.get("kind") != "math":
+        return None
+    gold = str(checker.get("answer", ""))
+    read = gold_answer(gold)
+    if read is None:
+        return f"{gold[:80]!r} cannot be read by the math checker"
+    verdict = math_verdict(gold, "\\boxed{" + read + "}")
+    if not verdict["ok"]:
+        return f"{gold[:80]!r} is not read as a whole by the math checker ({verdict['detail'][:120]})"
+    return None
 
 
 def _swe_context(args: argparse.Namespace) -> importers.SweContext:
@@ -236,13 +278,19 @@ def cmd_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if args.set_name == "builtin":
             taskset = builtin_taskset()
             directory = Path(getattr(args, "bank", None) or "taskbank")
+            broken: list[tuple[dict, str]] = []
         else:
-            bank = TaskBank(getattr(args, "bank", None))
-            taskset, directory = bank.load_set(args.set_name), Path(bank.root)
+            bank, broken = TaskBank(getattr(args, "bank", None)), []
+            taskset, directory = bank.load_set(args.set_name, broken), Path(bank.root)
     except (ValueError, OSError) as exc:
         print(f"paddock tasks validate: {exc}", file=sys.stderr)
         return 2
     store = ValidationStore(directory)
+    for entry, error in broken:     # a task that cannot even be read: refused, the others go on
+        v = TaskValidation(task_id=str(entry.get("task_id")), name=str(entry.get("name")), ok=False,
+                           reasons=[f"cannot be loaded: {error}"], verifier_version=verifier_version())
+        store.record(v)
+        print(f"QUARANTINED {v.name}\n    {v.reasons[0]}", file=out)
     images = ImageStore(default_store_root())
     image = images.resolve(args.image) if args.image else ensure_builtin_image(images)[1]
 
@@ -255,8 +303,8 @@ def cmd_validate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except SandboxError as exc:
         print(f"paddock tasks validate: sandbox failed: {exc}", file=sys.stderr)
         return 3
-    bad = [v for v in results if not v.ok]
-    print(f"{len(results) - len(bad)}/{len(results)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
+    bad = [v for v in results if not v.ok] + [None] * len(broken)
+    print(f"{len(results) + len(broken) - len(bad)}/{len(results) + len(broken)} tasks valid; quarantine: {directory / QUARANTINE_FILE}", file=out)
     return 1 if bad else 0
 
 

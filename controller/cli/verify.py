@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from controller.contracts.checkerspec import MAX_TIMEOUT_S
 from controller.contracts.safeload import ParseLimitError, load_json
 from controller.contracts.tasks import Budgets, GradedTask, Limits, Task, TaskError, decode_content
 from controller.taskbank import bank as taskbank
@@ -37,6 +39,17 @@ MAX_SOLUTION_BYTES = 8 << 20
 
 class SolutionError(ValueError):
     """A solution path cannot be turned into changes; the message names the path."""
+
+
+def _check_timeout(text: str) -> float:
+    """A check deadline: finite, > 0 and at most MAX_TIMEOUT_S (NaN or inf would fail every answer)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {text!r}")
+    return value
 
 
 def solution_changes(task: GradedTask, path: str | Path, layers: tuple = ()) -> tuple[list, str | None]:
@@ -208,7 +221,8 @@ def register(sub: argparse._SubParsersAction) -> None:
             k.add_argument("--instruction", default=None,
                            help="the task's prompt: says whether a decimal for an exact gold was asked "
                                 "(e.g. 'to the nearest hundredth')")
-        k.add_argument("--timeout", type=float, default=10.0, help="seconds before the check is killed")
+        k.add_argument("--timeout", type=_check_timeout, default=10.0, help="seconds before the check is killed "
+                       f"(> 0, at most {MAX_TIMEOUT_S:g})")
         k.add_argument("-v", "--verbose", action="store_true", help="print what was extracted")
         k.set_defaults(func=cmd_check)
 

@@ -35,11 +35,17 @@ contracts, nodeagent.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
+# A check deadline beyond a day is a mistake (`.inf` or `1e308` cannot be slept on: every
+# answer would then be scored as a failed check); NaN passes JSON Schema's bounds, so every
+# number is also checked to be finite here.
+MAX_TIMEOUT_S = 86400.0
+MAX_ANSWER_CHARS = 256 * 1024     # a gold answer or pattern: grading cost grows with it
 
 
 class SpecError(ValueError):
@@ -123,6 +129,7 @@ def validate_spec(spec, task: dict | None = None) -> dict:
     except jsonschema.ValidationError as exc:
         where = ".".join(str(p) for p in exc.absolute_path) or "(root)"
         raise SpecError(f"checker.{where}: {exc.message}") from None
+    _check_numbers(spec)
     if spec["kind"] == "regex":
         try:
             re.compile(spec["answer"])
@@ -138,6 +145,25 @@ def validate_spec(spec, task: dict | None = None) -> dict:
     if task is not None and spec["kind"] == "webstate" and "seed.sql" not in task.get("hidden", {}):
         raise SpecError("a webstate checker needs the starting database as the hidden file 'seed.sql'")
     return spec
+
+
+def _check_numbers(spec: dict) -> None:
+    """Every number of the spec finite; every deadline within (0, MAX_TIMEOUT_S]."""
+    places = [("checker", spec)]
+    if isinstance(spec.get("judge"), dict):
+        places.append(("checker.judge", spec["judge"]))
+    for where, obj in places:
+        for key, value in obj.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SpecError(f"{where}.{key}: must be a finite number, got {value!r}")
+            if key in ("timeout_s", "call_timeout_s") and isinstance(value, (int, float)) \
+                    and not 0 < value <= MAX_TIMEOUT_S:
+                raise SpecError(f"{where}.{key}: must be > 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value!r}")
+    answer = spec.get("answer")
+    if spec.get("kind") == "math" and isinstance(answer, str) and not answer.strip():
+        raise SpecError("checker.answer: a math gold answer cannot be blank")
+    if isinstance(answer, str) and len(answer) > MAX_ANSWER_CHARS:
+        raise SpecError(f"checker.answer: {len(answer)} characters; the limit is {MAX_ANSWER_CHARS}")
 
 
 @dataclass(frozen=True)
@@ -191,4 +217,4 @@ class CheckerSpec:
         return self.kind in ("math", "exact", "regex")
 
 
-__all__ = ["CHECKER_SCHEMA", "KINDS", "CheckerSpec", "SpecError", "validate_spec"]
+__all__ = ["CHECKER_SCHEMA", "KINDS", "MAX_TIMEOUT_S", "CheckerSpec", "SpecError", "validate_spec"]

@@ -8,6 +8,7 @@ with a `ParseLimitError` naming the file, the line and the limit:
          document whose aliases expand to more than `max_nodes` nodes (the billion-laughs
          bomb: nine aliases of nine aliases ... is small on disk, 10^9 nodes once walked);
          nesting deeper than `max_depth`. Only plain data (yaml.SafeLoader's types).
+  Both   a key written twice in one mapping (the last would win silently).
   JSON   more than `max_bytes`; nesting deeper than `max_depth` (checked before parsing, so
          the C parser never recurses that far).
   JSONL  a line longer than `max_line_bytes` (read with a bounded readline: a 10 GB line
@@ -73,6 +74,25 @@ class _BoundedLoader(yaml.SafeLoader):
                 raise ParseLimitError(self.source, line, f"more than {self.bounds.max_aliases} YAML "
                                       f"aliases (limit max_aliases; an alias bomb?)")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # noqa: D401 - PyYAML's hook
+        # A key written twice is refused (PyYAML keeps the last silently: a second `checker:`
+        # would change the gold a reviewer read). Merge keys (`<<`) may be overridden.
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _value in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    duplicate = key in seen
+                except TypeError:
+                    continue
+                if duplicate:
+                    raise ParseLimitError(self.source, key_node.start_mark.line + 1,
+                                          f"duplicate key {key!r} (a key may appear once in a mapping)")
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _check_expansion(node: yaml.Node, bounds: Bounds, source: str) -> None:
@@ -158,6 +178,21 @@ def json_depth(text: str) -> int:
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)))
 
 
+class _DuplicateKey(Exception):
+    """A JSON object names a key twice (not a ValueError: json.loads must not wrap it)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return out
+
+
 def load_json_text(text: str | bytes, source: str = "<json>", bounds: Bounds = DEFAULT,
                    line: int | None = None, max_bytes: int | None = None) -> Any:
     """One JSON document, bounded in size and nesting. `line`: the line of a JSONL record."""
@@ -172,7 +207,10 @@ def load_json_text(text: str | bytes, source: str = "<json>", bounds: Bounds = D
     if json_depth(text) > bounds.max_depth:
         raise ParseLimitError(source, line, f"nesting deeper than {bounds.max_depth} (limit max_depth)")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise ParseLimitError(source, line, f"duplicate key {exc.args[0]!r} (a key may appear once "
+                              "in an object)") from None
     except ValueError as exc:
         at = line if line is not None else getattr(exc, "lineno", None)
         raise ParseLimitError(source, at, f"not valid JSON: {exc}") from None

@@ -43,6 +43,10 @@ FAMILIES = ("python", "math", "swe", "conversational", "web")
 SPLITS = ("train", "heldout")
 CHECKER_KINDS = ("pytest", "math", "exact", "regex", "command", "state", "webstate")
 IMAGES = ("builtin:python", "builtin:browser")
+MAX_NAME_CHARS = 256
+MAX_INSTRUCTION_CHARS = 1 << 20
+# control characters (a newline in a name forges a row of `paddock tasks list`), line separators
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class TaskError(ValueError):
@@ -287,9 +291,19 @@ def _safe_relpath(path: str) -> bool:
 
 
 def validate(task: Task) -> None:
-    where = f"task {task.name!r}"
     if not task.name or not isinstance(task.name, str):
         raise TaskError("task: 'name' must be a non-empty string")
+    where = f"task {task.name[:80]!r}"
+    if len(task.name) > MAX_NAME_CHARS or _CONTROL.search(task.name) or task.name != task.name.strip():
+        raise TaskError(f"{where}: 'name' must be at most {MAX_NAME_CHARS} characters, without control "
+                        f"characters or leading or trailing spaces")
+    if not isinstance(task.instruction, str):
+        raise TaskError(f"{where}: 'instruction' must be a string, got {type(task.instruction).__name__}")
+    if len(task.instruction) > MAX_INSTRUCTION_CHARS:
+        raise TaskError(f"{where}: 'instruction' is {len(task.instruction)} characters; the limit is "
+                        f"{MAX_INSTRUCTION_CHARS}")
+    if not isinstance(task.checker, Mapping):
+        raise TaskError(f"{where}: 'checker' must be a mapping with a 'kind', got {type(task.checker).__name__}")
     if task.family not in FAMILIES:
         raise TaskError(f"{where}: 'family' must be one of {FAMILIES}, got {task.family!r}")
     if not task.instruction.strip():

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import stat
 import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -42,6 +44,15 @@ OPTIONAL_KEYS = ("id", "image", "protected", "setup", "budgets", "limits", "netw
 DEFAULT_BANK_ENV = "PADDOCK_TASKBANK"
 # A manifest lists up to millions of tasks (7 nodes each) and never needs an alias.
 MANIFEST_BOUNDS = Bounds(max_nodes=50_000_000, max_aliases=8, max_bytes=1 << 30)
+# A package's files: only regular files (a FIFO would hang the import, a device node stream
+# forever), each and all together capped.
+MAX_FILE_BYTES = 256 << 20
+MAX_TREE_BYTES = 1 << 30
+# task.yaml itself: an instruction is at most 1 Mi characters, so 8 MiB is room to spare, and a
+# 50 MB document is refused before the (pure Python) YAML parser spends minutes on it.
+PACKAGE_BOUNDS = Bounds(max_bytes=8 << 20)
+SET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+LIST_KEYS = ("protected", "setup", "tools", "layers")
 
 
 def default_bank_dir() -> Path:
@@ -62,19 +73,54 @@ def _typed_section(path: Path, key: str, value: Any, cls) -> Any:
     return cls(**value)
 
 
+def _regular_file(path: Path) -> os.stat_result:
+    """lstat of `path`; TaskError naming it unless it is a regular file of at most MAX_FILE_BYTES."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        raise TaskError(f"{path}: symbolic links are not allowed in a task package")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device node" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise TaskError(f"{path}: {kind}; a task package holds only regular files and directories")
+    if st.st_size > MAX_FILE_BYTES:
+        raise TaskError(f"{path}: {st.st_size} bytes; a package file may be at most {MAX_FILE_BYTES} bytes")
+    return st
+
+
 def _read_tree(root: Path) -> dict[str, str | bytes]:
     out: dict[str, str | bytes] = {}
     if not root.exists():
         return out
+    total = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             full = Path(dirpath) / name
             rel = full.relative_to(root).as_posix()
-            if full.is_symlink():
-                raise TaskError(f"{full}: symbolic links are not allowed in a task package")
-            out[rel] = full.read_bytes()
+            _regular_file(full)
+            # O_NONBLOCK: a file swapped for a FIFO after the check cannot block the open
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise TaskError(f"{full}: not a regular file")
+                data = f.read(MAX_FILE_BYTES + 1)
+            total += len(data)
+            if len(data) > MAX_FILE_BYTES or total > MAX_TREE_BYTES:
+                raise TaskError(f"{full}: a package file may be at most {MAX_FILE_BYTES} bytes and a "
+                                f"package's files at most {MAX_TREE_BYTES} bytes together")
+            out[rel] = data
     return out
+
+
+def _string_list(path: Path, key: str, value: Any) -> tuple[str, ...]:
+    """A list of strings (a bare string is refused: `setup: 'rm -rf /'` is not eight commands)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TaskError(f"'{key}' must be a list of strings, got {type(value).__name__}"
+                        + (f" holding {type(next(v for v in value if not isinstance(v, str))).__name__}"
+                           if isinstance(value, list) else ""))
+    return tuple(value)
 
 
 def load_package(directory: str | os.PathLike) -> Task:
@@ -82,13 +128,18 @@ def load_package(directory: str | os.PathLike) -> Task:
     directory = Path(directory)
     path = directory / TASK_FILE
     try:
-        meta = load_yaml(path)
+        _regular_file(path)
+        meta = load_yaml(path, PACKAGE_BOUNDS)
     except OSError as exc:
         raise TaskError(f"{path}: cannot read task package: {exc.strerror}") from None
     except ParseLimitError as exc:
         raise TaskError(str(exc)) from None
     if not isinstance(meta, dict):
         raise TaskError(f"{path}: must be a mapping of keys to values")
+    odd = [k for k in meta if not isinstance(k, str)]
+    if odd:
+        raise TaskError(f"{path}: key {odd[0]!r} is not a string; valid keys: "
+                        f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
     missing = [k for k in REQUIRED_KEYS if k not in meta]
     if missing:
         raise TaskError(f"{path}: missing key(s) {', '.join(missing)}")
@@ -101,12 +152,12 @@ def load_package(directory: str | os.PathLike) -> Task:
             name=meta["name"], family=meta["family"], instruction=meta["instruction"],
             image=meta.get("image", "builtin:python"),
             files=_read_tree(directory / FILES_DIR), hidden=_read_tree(directory / HIDDEN_DIR),
-            checker=meta["checker"] or {}, protected=tuple(meta.get("protected") or ()),
-            setup=tuple(meta.get("setup") or ()),
+            checker=meta["checker"] or {}, protected=_string_list(path, "protected", meta.get("protected")),
+            setup=_string_list(path, "setup", meta.get("setup")),
             budgets=_typed_section(path, "budgets", meta.get("budgets"), Budgets),
             limits=_typed_section(path, "limits", meta.get("limits"), Limits),
-            network=meta.get("network", "none"), tools=tuple(meta.get("tools") or ()),
-            layers=tuple(meta.get("layers") or ()), services=meta.get("services") or {},
+            network=meta.get("network", "none"), tools=_string_list(path, "tools", meta.get("tools")),
+            layers=_string_list(path, "layers", meta.get("layers")), services=meta.get("services") or {},
             user=meta.get("user") or {})
     except TaskError as exc:
         raise TaskError(f"{path}: {exc}") from None
@@ -197,12 +248,15 @@ class TaskBank:
         return task
 
     def manifest_path(self, name: str) -> Path:
-        if not name or "/" in name or name.startswith("."):
-            raise TaskError(f"task set name {name!r}: use letters, digits, '-', '_' and '.'")
+        if not isinstance(name, str) or not SET_NAME.fullmatch(name):
+            raise TaskError(f"task set name {str(name)[:80]!r}: use 1 to 128 letters, digits, '-', '_' and '.' "
+                            f"(not starting with '.' or '-')")
         return self.sets_dir / f"{name}.yaml"
 
     def put_set(self, taskset: TaskSet) -> Path:
-        """Store every task of the set and its manifest; return the manifest path."""
+        """Store every task of the set and its manifest; return the manifest path. A set name
+        that cannot be stored is refused before any package is written."""
+        self.manifest_path(taskset.name)
         for task in taskset.tasks:
             self.put_task(task)
         manifest = taskset.manifest()
@@ -217,12 +271,13 @@ class TaskBank:
             return []
         return sorted(p.stem for p in self.sets_dir.glob("*.yaml"))
 
-    def load_set(self, name: str) -> TaskSet:
+    def load_set(self, name: str, broken: list[tuple[dict, str]] | None = None) -> TaskSet:
+        """A stored set (`broken`: see `load_manifest`)."""
         path = self.manifest_path(name)
         if not path.exists():
             known = ", ".join(self.set_names()) or "none"
             raise TaskError(f"task set {name!r} not found at {path} (known sets: {known})")
-        return load_manifest(path, self)
+        return load_manifest(path, self, broken)
 
     def splits(self, name: str) -> dict[str, list[str]]:
         """Split → task ids of a stored set."""
@@ -233,8 +288,11 @@ class TaskBank:
         return out
 
 
-def load_manifest(path: Path, bank: TaskBank) -> TaskSet:
-    """Read a manifest, resolve its tasks in `bank`, check its recorded hash."""
+def load_manifest(path: Path, bank: TaskBank, broken: list[tuple[dict, str]] | None = None) -> TaskSet:
+    """Read a manifest, resolve its tasks in `bank`, check its recorded hash. With `broken` (a
+    list), a task that cannot be read is appended there as (manifest entry, error) and left out
+    instead of failing the whole set (the hash is then not checked): `tasks validate` refuses
+    that task and goes on with the others."""
     try:
         data = load_yaml(path, MANIFEST_BOUNDS)
     except OSError as exc:
@@ -261,12 +319,18 @@ def load_manifest(path: Path, bank: TaskBank) -> TaskSet:
             continue
         seen[tid] = entry
         try:
-            task = bank.get_task(tid)
+            try:
+                task = bank.get_task(tid)
+            except TaskError as exc:
+                raise TaskError(f"{path}: tasks[{i}] names an unknown task: {exc}") from None
+            if task.name != entry["name"]:
+                raise TaskError(f"{path}: tasks[{i}] says name {entry['name']!r} but task {tid} "
+                                f"is named {task.name!r}")
         except TaskError as exc:
-            raise TaskError(f"{path}: tasks[{i}] names an unknown task: {exc}") from None
-        if task.name != entry["name"]:
-            raise TaskError(f"{path}: tasks[{i}] says name {entry['name']!r} but task {tid} "
-                            f"is named {task.name!r}")
+            if broken is None:
+                raise
+            broken.append((dict(entry), str(exc)))
+            continue
         tasks.append(task)
         if entry["split"] == "heldout":
             heldout.add(tid)
@@ -275,7 +339,7 @@ def load_manifest(path: Path, bank: TaskBank) -> TaskSet:
     except TaskError as exc:
         raise TaskError(f"{path}: {exc}") from None
     recorded = data.get("manifest_hash")
-    if recorded is not None and recorded != ts.manifest_hash:
+    if recorded is not None and not broken and recorded != ts.manifest_hash:
         raise TaskError(f"{path}: content hashes to {ts.manifest_hash} but the manifest records "
                         f"{recorded} (edited by hand?)")
     return ts

@@ -17,7 +17,10 @@ import ast
 import functools
 import gzip
 import io
+import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -73,6 +76,9 @@ def iter_source(kind: str, source: Path, context: SweContext = SweContext()) -> 
 def _lines(path: Path, max_line_chars: int) -> Iterator[str]:
     """The lines of a plain or gzip-compressed text file, streamed; a line longer than
     `max_line_chars` is returned cut (the caller refuses it) and never held whole."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ImportSourceError(f"{path}: not a regular file (a FIFO, socket or device cannot be imported)")
     with open(path, "rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
         raw.seek(0)
@@ -216,7 +222,12 @@ def gold_answer(rec: dict) -> str:
     "72"), else the last \\boxed{} of `solution` (the MATH dataset's records have no answer
     field)."""
     if "answer" in rec:
-        answer = str(rec["answer"])
+        value = rec["answer"]
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"'answer' must be a string or a number, got {type(value).__name__} {str(value)[:40]}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"'answer' must be a finite number, got {value!r}")
+        answer = str(value)
         if "####" in answer:
             answer = answer.rsplit("####", 1)[1]
             if re.fullmatch(r"\s*-?\d{1,3}(,\d{3})+(\.\d+)?\s*", answer):

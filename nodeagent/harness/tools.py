@@ -94,9 +94,11 @@ class Toolbox:
                                                         f"the limit is {self.max_argument_bytes} bytes")
         try:
             args = json.loads(raw_args)
+            error = argument_error(name, args)
         except ValueError as exc:
             return None, _refuse("malformed_json", f"arguments of {name} are not valid JSON: {exc}")
-        error = argument_error(name, args)
+        except RecursionError:
+            return None, _refuse("malformed_json", f"arguments of {name} are nested too deeply")
         if error is not None:
             return None, _refuse("invalid_arguments", f"invalid arguments for {name} {error}")
         return args, None
@@ -273,8 +275,15 @@ class McpServer:
                 msg = json.loads(line)
             except ValueError as exc:
                 reply: dict | None = self._error(None, -32700, f"parse error: {exc}")
+            except RecursionError:
+                reply = self._error(None, -32700, "parse error: the message is nested too deeply")
             else:
-                reply = self.handle(msg)
+                try:
+                    reply = self.handle(msg)
+                except RecursionError:
+                    id_ = msg.get("id") if isinstance(msg, dict) else None
+                    reply = self._error(id_ if isinstance(id_, (str, int)) else None, -32602,
+                                        "invalid params: nested too deeply")
             if reply is not None:
                 out.write(json.dumps(reply) + "\n")
                 out.flush()
