@@ -54,7 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.analysis.defences import defence_lines, defences
-from controller.analysis.sqlguard import QueryError, check_statements, lock_down
+from controller.analysis.sqlguard import QueryError, check_statements, lock_down, query_deadline
 from controller.contracts.states import OUTCOMES
 from controller.contracts.trajectory import KEY_COLUMNS, SCHEMAS, SHARD_TABLES, shard_suffix
 from controller.store.catalog import CATALOG_DIR, CATALOG_SCHEMA, COMPACT_PREFIX, reader_hold, span_summary_path
@@ -460,11 +460,10 @@ def execute(run_dir: str | Path, sql: str, allow_write: bool = False,
     try:
         check_statements(con, sql, allow_write)
         try:
-            cur = con.execute(sql)
-            if cur.description is None:
-                return [], []
-            columns = [d[0] for d in cur.description]
-            return columns, cur.fetchall()
+            with query_deadline(con):
+                cur = con.execute(sql)
+                columns = [d[0] for d in cur.description or ()]
+                return columns, (cur.fetchall() if columns else [])
         except duckdb.Error as exc:
             raise QueryError(_one_line(exc)) from None
     finally:

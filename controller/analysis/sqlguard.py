@@ -6,16 +6,24 @@ install or load no extension, and change no setting (`lock_configuration = true`
 `RESET` and `PRAGMA` that set are refused by DuckDB itself). `check_statements(con, sql)`
 refuses, before anything runs, every statement of `sql` that is not a query: only SELECT,
 EXPLAIN and CREATE MACRO pass; with `allow_write`, COPY and EXPORT too (and `lock_down` was
-given the one directory they may write into).
+given the one directory they may write into). A locked connection may use at most
+`PADDOCK_QUERY_MEMORY_MB` of memory (default: a quarter of the machine's, at most 8 GiB: an
+analyst's query on a shared login node must not take the node), and `query_deadline(con)`
+interrupts a query past `PADDOCK_QUERY_TIMEOUT_S` seconds (default 600) with a clear error.
 
 Must not import: zmq, sqlite3, controller.store, controller.broker.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import threading
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
+import psutil
 
 
 class QueryError(RuntimeError):
@@ -44,7 +52,48 @@ def lock_down(con: duckdb.DuckDBPyConnection, runs: list[Path], write_dir: str |
     con.execute("SET enable_external_access = false")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
+    con.execute(f"SET memory_limit = '{_limit('PADDOCK_QUERY_MEMORY_MB', _default_memory_mb())}MB'")
     con.execute("SET lock_configuration = true")
+
+
+def _default_memory_mb() -> int:
+    return int(min(psutil.virtual_memory().total / 4, 8 << 30)) >> 20
+
+
+def _limit(env: str, default: float) -> float:
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise QueryError(f"{env} must be a positive number, got {raw!r}")
+    return int(value) if value == int(value) else value
+
+
+@contextlib.contextmanager
+def query_deadline(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Interrupt what `con` runs once it passes `PADDOCK_QUERY_TIMEOUT_S` (default 600 s)."""
+    seconds = _limit("PADDOCK_QUERY_TIMEOUT_S", 600)
+    fired = threading.Event()
+
+    def stop() -> None:
+        fired.set()
+        con.interrupt()
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except duckdb.Error:
+        if fired.is_set():
+            raise QueryError(f"the query ran past {seconds:g} s and was stopped "
+                             f"(PADDOCK_QUERY_TIMEOUT_S sets the limit)") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
