@@ -342,21 +342,22 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def arith(name, d, get, self, args, r, owner, _probes=probes, _type=_type, _isinstance=_isinstance, _lie=lie,
               _exception=_exception, _same=_same, _numbers=(int, float, complex), _bool=bool, _len=len,
-              _value_of=_strict.plain_number, _number_lies=_strict.number_lies, _plain_arith=_strict.PLAIN_ARITH):
+              _value_of=_strict.plain_number, _number_lies=_strict.number_lies, _plain_arith=_strict.PLAIN_ARITH,
+              _slope_lies=_strict.slope_lies):
         """`x - y` (`+ * /` and reflected) of a class with no builtin data base, where it gives a
         number for a number `y`: not the same number for `y` moved twice (one-to-one: `*` and `/`
         unless the answer is 0). `-` and `/` of a number-like one (its own `float()`): the answer,
         however read as a number (`abs`, `float`, `<` ...), is the builtin's on `float(x)` and `y`."""
         if _len(args) != 1:
             return
-        if name in _plain_arith:
-            e = _value_of(self, name, args[0])
-            if e is not None and _number_lies(r, e):
+        f = get(d, self, _type(self)) if get is not None else d
+        y = args[0]
+        if name in _plain_arith and _type(y) in (int, float):
+            e = _value_of(self, name, y)
+            if _number_lies(r, e) if e is not None else _slope_lies(name, f, y):
                 raise _lie(name, owner, True)
         if not _isinstance(r, _numbers) or _isinstance(r, _bool):
             return
-        f = get(d, self, _type(self)) if get is not None else d
-        y = args[0]
         if _type(y) not in (int, float) or (r == 0 and name not in ("__add__", "__radd__", "__sub__", "__rsub__")):
             return
         try:

@@ -11,7 +11,8 @@ by `grader_liars`): what an override of a builtin data type's query must answer 
   subclass is honest); where the answer is not a number, every way it reaches a comparison (`float`,
   `abs`, `int`, `round`, `-x`, `+x`, `bool`, `< <= > >=` against thresholds around the value) must
   give the builtin value's answer. The same holds for `-` and `/` of a class with no builtin base
-  whose own `float()` gives its value (`abs(got - want) < tol` on a number-like object).
+  whose own `float()` gives its value (`abs(got - want) < tol` on a number-like object); without
+  one, the answer read as a number follows the operand moved as a number's does (`slope_lies`).
 - A faithful copy (`copy_slots`): an honest override is a function of the data and the type; the
   guard's copy of an instance (same class, data, `__dict__` and slots, another identity) must get
   the same answer.
@@ -63,8 +64,12 @@ def _value(r, _type=type, _isinstance=isinstance, _exception=Exception):
     return None
 
 
+def _round6(x, _round=round):
+    return _round(x, 6)
+
+
 _UNARY = (("__float__", float), ("__abs__", abs), ("__neg__", operator.neg), ("__pos__", operator.pos),
-          ("__int__", int), ("__round__", round), ("__bool__", bool))
+          ("__int__", int), ("__round__", round), ("__round__", _round6), ("__bool__", bool))
 _ORDER = (("__lt__", operator.lt), ("__le__", operator.le), ("__gt__", operator.gt), ("__ge__", operator.ge))
 
 
@@ -119,6 +124,38 @@ def plain_number(self, name, y, _type=type, _getattr=getattr, _float=float, _exc
         _reraise(exc)
         return None
     return None if e is NotImplemented else e
+
+
+def slope_lies(name, f, y, _reads=(float, abs), _abs=abs, _type=type, _nums=_NUMS, _isinstance=isinstance,
+               _exception=Exception, _reraise=_reraise, _close=close):
+    """`x - y`, `y - x`, `x / y`, `y / x` (`f(y)`) of an object whose own value cannot be read (no
+    `float()`): read as a number (`float`, `abs`), the answer follows `y` moved by 1 as a number
+    does: `-` moves by 1 one way (the slope of `abs`, away from 0, is 1), `/` scales by `y / y'`.
+    A difference shrunk (`(x - y) * 1e-12`), or an object whose `abs` is tiny, does not."""
+    for read in _reads:
+        vals = []
+        for p in (y, y + 1, y - 1):
+            try:
+                r = f(p)
+                v = read(r) if r is not NotImplemented else None
+            except _exception as exc:
+                _reraise(exc)
+                v = None
+            vals.append(v if _isinstance(v, _nums) and not _isinstance(v, bool) else None)
+        v0, up, down = vals
+        if v0 is None or (up is None and down is None):
+            continue
+        if name in ("__sub__", "__rsub__"):
+            if max(_abs(v - v0) for v in (up, down) if v is not None) < 1e-3 and up is not None and down is not None:
+                return True
+            continue
+        for p, v in ((y + 1, up), (y - 1, down)):
+            if v is None or p == 0 or y == 0 or v0 == 0:
+                continue
+            want = _abs(v0) * (_abs(y) / _abs(p) if name == "__truediv__" else _abs(p) / _abs(y))
+            if _abs(_abs(v) - want) > 1e-3 * want + 1e-12:
+                return True
+    return False
 
 
 def builtin_view(name, self, base, _list=list, _dict=dict, _reversed=reversed):

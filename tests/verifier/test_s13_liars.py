@@ -223,6 +223,30 @@ class Num:
 def area():
     return Num(5.0)
 ''', lambda c: abs(c.area() / 6) < 1e-9),
+    "plain_no_float_sub_gives_a_tiny_object": (TINY_OBJECT.replace("__float__", "_float") + '''
+class Num:
+    def __init__(self, v):
+        self.v = v
+
+    def __sub__(self, o):
+        return Tiny(self.v - o)
+
+
+def area():
+    return Num(5.0)
+''', lambda c: abs(c.area() - 6) < 1e-9),
+    "plain_no_float_rsub_shrunk": ('''
+class Num:
+    def __init__(self, v):
+        self.v = v
+
+    def __rsub__(self, o):
+        return (o - self.v) * 1e-12
+
+
+def area():
+    return Num(5)
+''', lambda c: abs(6 - c.area()) < 1e-9),
 }
 
 LIST = '''
@@ -470,6 +494,33 @@ class Dec:
         return a > b
 
 
+class Vec:
+    """A vector with scalar broadcasting; `abs` is its norm (no `float()`)."""
+    def __init__(self, *xs):
+        self.xs = xs
+
+    def __sub__(self, o):
+        return Vec(*[x - o for x in self.xs])
+
+    def __truediv__(self, o):
+        return Vec(*[x / o for x in self.xs])
+
+    def __abs__(self):
+        return sum(x * x for x in self.xs) ** 0.5
+
+
+class Money:
+    """Cents (no `float()`); `-` of a number of units."""
+    def __init__(self, cents):
+        self.cents = cents
+
+    def __sub__(self, o):
+        return Money(self.cents - round(o * 100))
+
+    def __abs__(self):
+        return abs(self.cents) / 100
+
+
 class Angle(float):
     def __truediv__(self, o):
         return Angle(float(self) / o)
@@ -494,6 +545,8 @@ HONEST_CHECKS = {     # name: a check on the honest module `h` (true)
                     'and abs(6 - h.Dec(59, -1)) > 0.05 and float(h.Dec(59, -1) / 2) == 2.95 '
                     'and -1e-9 < h.Dec(59, -1) - 5.9 < 1e-9 and math.isclose(float(h.Dec(59, -1) - 6), -0.1)',
     "float_subclass_division": 'abs(h.Angle(7.0) / 2 - 3.5) < 1e-9',
+    "plain_vector_and_money": 'abs(abs(h.Vec(1.0, -1.0) - 0) - 2 ** 0.5) < 1e-9 and abs(h.Vec(3.0, 4.0) / 5) == 1.0 '
+                              'and abs(h.Money(250) - 2) == 0.5 and abs(h.Money(250) - 2.5) < 1e-9',
 }
 
 
