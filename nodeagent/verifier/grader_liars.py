@@ -377,8 +377,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
              _drain=_strict.drain, _view_lies=_strict.view_lies, _len=len):
         """An iteration view (`_strict.VIEWS`): `(r',)`, the answer to hand back (an iterator drained
         is replayed), after its items were checked against the builtin's view of the same data."""
-        if name == "copy":
-            if _same(r, base_type.copy(self)) is False:
+        if name in ("copy", "__bool__"):
+            if _same(r, base_type.copy(self) if name == "copy" else base_type.__len__(self) > 0) is False:
                 raise _lie(name, owner, True)
             return (r,)
         want = _builtin(name, self, base_type)
@@ -418,7 +418,8 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
             if (rb is None or rb is _unknown) and (r is None or _fallback(d, r, args, kw)):
                 return None     # (the base found nothing: nor did the override, or it gave its own default: `.get(k, "")`)
             plain_args = all(_type(a) in _plain for a in (*args, *kw.values()))
-            if _base_type in _number_bases and _isinstance(rb, _nums) and all(_type(a) in _nums for a in args):
+            if (_base_type in _number_bases or not _isinstance(r, _nums)) and _isinstance(rb, _nums) and all(
+                    _type(a) in _nums for a in args):       # (an int's answer that is an object is read as a number)
                 if _number_lies(r, rb):
                     raise _lie(name, owner, True)
                 return None     # (the builtin's value, however read: a float with units)
@@ -473,7 +474,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def wrap_query(name, d, owner, base_type, _override=override, _type=_type, _getattr=_getattr):
         get = _getattr(_type(d), "__get__", None)
-        base = _getattr(base_type, name) if base_type is not None else None
+        base = _getattr(base_type, name, None) if base_type is not None else None      # (None: `list.__bool__`)
 
         def guarded(self, *args, _d=d, _get=get, _name=name, _owner=owner, _base=base, _bt=base_type,
                     _override=_override, _type=_type, **kw):

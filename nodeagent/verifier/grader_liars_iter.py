@@ -1,8 +1,8 @@
 """The override guard's strict checks (installed read-only at /verifier/paddock_liars_iter.py, loaded
 by `grader_liars`): what an override of a builtin data type's query must answer like the builtin.
 
-- Iteration (`VIEWS`): `__iter__`, `__reversed__`, `keys`, `values`, `items`, `copy` of a list,
-  tuple, dict, set or frozenset subclass show the builtin's items of the same data (as a multiset:
+- Iteration (`VIEWS`): `__iter__`, `__reversed__`, `keys`, `values`, `items`, `copy` (and
+  `__bool__`: the builtin's length is not 0) of a list, tuple, dict, set or frozenset subclass show the builtin's items of the same data (as a multiset:
   a sorted or ordered view is honest; an item made into an object of another kind is too, an item
   hidden, added or swapped for other data is not). An iterator is drained (bounded by the builtin's
   length) and handed back as an iterator over what it gave.
@@ -26,7 +26,7 @@ import operator
 VIEWS: dict[type, tuple[str, ...]] = {list: ("__iter__", "__reversed__", "copy"), tuple: ("__iter__",),
          dict: ("__iter__", "__reversed__", "keys", "values", "items", "copy"),
          set: ("__iter__", "copy"), frozenset: ("__iter__", "copy")}
-VIEWS = {b: tuple(n for n in q if hasattr(b, n)) for b, q in VIEWS.items()}
+VIEWS = {b: tuple(n for n in q if hasattr(b, n)) + ("__bool__",) for b, q in VIEWS.items()}     # (`bool`: its length's)
 STRICT_EXTRA = {list: frozenset({"__len__"}), tuple: frozenset({"__len__"}), dict: frozenset({"__len__"})}
 NUMBER_BASES = (float, complex)     # (an int subclass may wrap or saturate honestly: the data-moving rule asks it)
 PLAIN_ARITH = ("__sub__", "__rsub__", "__truediv__", "__rtruediv__")

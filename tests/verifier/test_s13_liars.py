@@ -193,6 +193,15 @@ class Z(complex):
 def area():
     return Z(5, 0)
 ''', lambda c: abs(c.area() - 6) < 1e-9),
+    "int_sub_gives_a_tiny_object": (TINY_OBJECT + '''
+class Count(int):
+    def __sub__(self, o):
+        return Tiny(int(self) - o)
+
+
+def area():
+    return Count(5)
+''', lambda c: abs(c.area() - 6) < 1e-9),
     "plain_sub_gives_a_shrunk_float": ('''
 class Num:
     def __init__(self, v):
@@ -280,6 +289,9 @@ LIARS_C = {
     "list_len": (LIST.format(base="list", data="[3, -1, 4, -5]", body='''    def __len__(self):
         return sum(1 for x in list.__iter__(self) if x > 0)
 '''), lambda c: len(c.positives()) == 2),
+    "list_bool": (LIST.format(base="list", data="[-1]", body='''    def __bool__(self):
+        return any(x > 0 for x in list.__iter__(self))
+'''), lambda c: not c.positives()),
     "dict_keys": ('''
 class D(dict):
     def keys(self):
@@ -389,6 +401,9 @@ class Record:
 
 
 class Lazy(list):
+    def __bool__(self):
+        return list.__len__(self) > 0
+
     def __iter__(self):
         return (Record(x) for x in list.__iter__(self))
 
@@ -531,7 +546,8 @@ HONEST_CHECKS = {     # name: a check on the honest module `h` (true)
                    'and h.SortedDict(b=2, a=1).copy() == {"a": 1, "b": 2} '
                    'and all(v > 0 for k, v in h.SortedDict(b=2, a=1).items())',
     "default_dict": 'h.Defaults()["x"] == [] and h.Defaults().get("y") == 0 and len(h.Defaults(a=1)) == 1',
-    "lazy_list": '[r.raw for r in h.Lazy([1, 2])] == [1, 2] and len(h.Lazy([1, 2])) == 2',
+    "lazy_list": '[r.raw for r in h.Lazy([1, 2])] == [1, 2] and len(h.Lazy([1, 2])) == 2 and h.Lazy([1]) '
+                 'and not h.Lazy()',
     "checked_list": '[(c, c.append(3), list(c) == [1, 3] and c[:] == [1, 3])[2] for c in [h.Checked([1])]] == [True]',
     "slots_list": '[(t, setattr(t, "tag", "x"), t.count(1))[2] for t in [h.Tagged([1, 1])]] == [2]',
     "namedtuple": 'list(h.Point(1, 2)) == [1, 2] and h.Point(1, 2).count(1) == 1 and h.Point(1, 2)[:1] == (1,)',
