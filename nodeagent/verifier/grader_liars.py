@@ -373,17 +373,18 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 return
         raise _lie(name, owner, True)
 
-    def view(name, self, r, owner, base_type, _same=_same, _lie=lie, _builtin=_strict.builtin_view,
+    def view(name, self, r, owner, base_type, _same=_same, _lie=lie, _builtin=_strict.builtin_view, _plain_of=_plain_of,
              _drain=_strict.drain, _view_lies=_strict.view_lies, _len=len):
         """An iteration view (`_strict.VIEWS`): `(r',)`, the answer to hand back (an iterator drained
         is replayed), after its items were checked against the builtin's view of the same data."""
         if name in ("copy", "__bool__"):
-            if _same(r, base_type.copy(self) if name == "copy" else base_type.__len__(self) > 0) is False:
+            if _same(r, _plain_of(self) if name == "copy" else base_type.__len__(self) > 0) is False and (
+                    name == "copy" or base_type.__len__(self)):        # (nothing held: the data is elsewhere)
                 raise _lie(name, owner, True)
             return (r,)
         want = _builtin(name, self, base_type)
         got, r = _drain(r, _len(want))
-        if got is not None and _view_lies(got, want, _same):
+        if got is not None and _view_lies(got, want, _same, _plain_of):
             raise _lie(name, owner, True)
         return (r,)
 
@@ -423,7 +424,7 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 if _number_lies(r, rb):
                     raise _lie(name, owner, True)
                 return None     # (the builtin's value, however read: a float with units)
-            if name in _strict.get(_base_type, ()) or name in _extra.get(_base_type, ()) or (
+            if name in _strict.get(_base_type, ()) or (name in _extra.get(_base_type, ()) and rb) or (
                     name == "__getitem__" and _base_type in _seqs and args and _type(args[0]) is _slice):
                 if rb is not _unknown and _same(r, rb) is False:
                     raise _lie(name, owner, True)

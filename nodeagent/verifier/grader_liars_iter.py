@@ -5,7 +5,7 @@ by `grader_liars`): what an override of a builtin data type's query must answer 
   `__bool__`: the builtin's length is not 0) of a list, tuple, dict, set or frozenset subclass show the builtin's items of the same data (as a multiset:
   a sorted or ordered view is honest; an item made into an object of another kind is too, an item
   hidden, added or swapped for other data is not). An iterator is drained (bounded by the builtin's
-  length) and handed back as an iterator over what it gave.
+  length) and handed back as an iterator over what it gave and the rest.
 - Numbers (`number_lies`): an arithmetic answer of a float or complex subclass, for builtin number
   operands, has the builtin's value (its type may differ: a float with units returning its own
   subclass is honest); where the answer is not a number, every way it reaches a comparison (`float`,
@@ -21,6 +21,7 @@ Everything a check uses is a default argument. Standard library only. Must not i
 Paddock, pytest.
 """
 
+import itertools
 import operator
 
 VIEWS: dict[type, tuple[str, ...]] = {list: ("__iter__", "__reversed__", "copy"), tuple: ("__iter__",),
@@ -176,10 +177,10 @@ def _replay(items, exc):
     raise exc
 
 
-def drain(r, limit, _iter=iter, _list=list, _len=len, _exception=Exception, _replay=_replay):
-    """(items, r'): at most `limit` + 1 items `r` gives and the answer to hand back (an iterator
-    over the items when `r` was one, else `r` itself); (None, r') when it raised on the way (r'
-    gives what it gave, then raises the same)."""
+def drain(r, limit, _iter=iter, _list=list, _len=len, _exception=Exception, _replay=_replay, _chain=itertools.chain):
+    """(items, r'): at most `limit` + 1 items `r` gives and the answer to hand back (when `r` was an
+    iterator, one over the items taken and then the rest of `r`; else `r` itself); (None, r') when
+    it raised on the way (r' gives what it gave, then raises the same)."""
     try:
         it = _iter(r)
     except _exception:
@@ -192,13 +193,40 @@ def drain(r, limit, _iter=iter, _list=list, _len=len, _exception=Exception, _rep
                 break
     except _exception as exc:
         return None, (_replay(out, exc) if it is r else r)
-    return out, (_iter(out) if it is r else r)
+    return out, (_chain(out, it) if it is r else r)
 
 
-def view_lies(got, want, same, _len=len, _range=range, _list=list, _unknown=None):
+_KINDS = ((int, float, complex, bool), (str,), (bytes,), (list, tuple), (set, frozenset), (dict,), (type(None),))
+
+
+def _kind(v, _type=type, _kinds=_KINDS):
+    return next((i for i, k in enumerate(_kinds) if _type(v) in k), -1)
+
+
+def swapped(a, b, plain, _type=type, _len=len, _kind=_kind, _exception=Exception):
+    """Is `a` (shown) data of the same kind as `b` (held) but another value? (`plain`: a value as its
+    builtin type's, or an unknown marker.) A pair is read member by member; a value of another
+    kind (a list held, its last item shown; an object made of a dict) is a representation."""
+    pa, pb = plain(a), plain(b)
+    k = _kind(pa)
+    if k < 0 or k != _kind(pb):
+        return False
+    if _type(pa) is tuple and _type(pb) is tuple and _len(pa) == _len(pb):
+        return any(swapped(x, y, plain) for x, y in zip(pa, pb))
+    try:
+        return not (pa == pb or (pa != pa and pb != pb))
+    except _exception:
+        return False
+
+
+def view_lies(got, want, same, plain, _len=len, _range=range, _list=list, _swapped=swapped):
     """Do the items `got` (an override's view) differ from `want` (the builtin's) as a multiset?
-    `same(a, b)`: True, False or None (not data). An item that is no data and none of the builtin's
-    (a converted item) is not held against it."""
+    `same(a, b)`: True, False or None (not data). Items shown that the builtin does not hold are
+    paired with the builtin's items no item showed, in order: data of the same kind but another
+    value in a pair is an item swapped (`swapped`). The builtin holding nothing while the view
+    shows items: the data is held elsewhere (no builtin view to check)."""
+    if not want:
+        return False
     if _len(got) != _len(want):
         return True
     if _len(got) > _MAX_VIEW:
@@ -206,17 +234,17 @@ def view_lies(got, want, same, _len=len, _range=range, _list=list, _unknown=None
     if all(a is b or same(a, b) is True for a, b in zip(got, want)):
         return False
     if _len(got) > _MAX_PAIRS:
-        return any(same(a, b) is False for a, b in zip(got, want))
-    free = _list(_range(_len(want)))
+        return any(_swapped(a, b, plain) for a, b in zip(got, want))
+    free, extra = _list(_range(_len(want))), _list()
     for a in got:
         hit = next((i for i in free if want[i] is a), None)
         if hit is None:
             hit = next((i for i in free if same(a, want[i]) is True), None)
-        if hit is not None:
+        if hit is None:
+            extra.append(a)
+        else:
             free.remove(hit)
-        elif any(w is a for w in want) or any(same(a, w) is not None for w in want):
-            return True     # a builtin item shown twice, or data the builtin does not hold
-    return False
+    return any(_swapped(a, want[i], plain) for a, i in zip(extra, free))
 
 
 def copy_slots(src, dst, _type=type, _vars=type.__dict__["__dict__"].__get__, _mro=type.__dict__["__mro__"].__get__,

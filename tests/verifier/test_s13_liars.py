@@ -292,6 +292,15 @@ LIARS_C = {
     "list_bool": (LIST.format(base="list", data="[-1]", body='''    def __bool__(self):
         return any(x > 0 for x in list.__iter__(self))
 '''), lambda c: not c.positives()),
+    "dict_values_clamped": ('''
+class D(dict):
+    def values(self):
+        return [max(v, 0) for v in dict.values(self)]
+
+
+def scores():
+    return D(a=1, b=-2)
+''', lambda c: all(v >= 0 for v in c.scores().values())),
     "dict_keys": ('''
 class D(dict):
     def keys(self):
@@ -536,6 +545,37 @@ class Money:
         return abs(self.cents) / 100
 
 
+class MultiDict(dict):
+    """Holds a list of values per key; shows the last one (boltons' OrderedMultiDict)."""
+    def __init__(self, pairs=()):
+        for k, v in pairs:
+            dict.setdefault(self, k, []).append(v)
+
+    def __getitem__(self, k):
+        return dict.__getitem__(self, k)[-1]
+
+    def values(self):
+        return [v[-1] for v in dict.values(self)]
+
+    def items(self):
+        return [(k, v[-1]) for k, v in dict.items(self)]
+
+    def copy(self):
+        return MultiDict((k, x) for k, v in dict.items(self) for x in v)
+
+
+class Barrel(list):
+    """Holds its items in lists of its own (boltons' BarrelList): the builtin list stays empty."""
+    def __init__(self, items=()):
+        self.lists = [list(items)]
+
+    def __iter__(self):
+        return (x for part in self.lists for x in part)
+
+    def __bool__(self):
+        return any(self.lists)
+
+
 class Angle(float):
     def __truediv__(self, o):
         return Angle(float(self) / o)
@@ -560,6 +600,10 @@ HONEST_CHECKS = {     # name: a check on the honest module `h` (true)
     "decimal_like": 'abs(h.Dec(59, -1) - 5.9) < 1e-9 and not abs(h.Dec(59, -1) - 6) < 1e-9 '
                     'and abs(6 - h.Dec(59, -1)) > 0.05 and float(h.Dec(59, -1) / 2) == 2.95 '
                     'and -1e-9 < h.Dec(59, -1) - 5.9 < 1e-9 and math.isclose(float(h.Dec(59, -1) - 6), -0.1)',
+    "multi_dict": 'list(h.MultiDict([("a", 1), ("a", 2)]).values()) == [2] '
+                  'and h.MultiDict([("a", 1), ("a", 2)]).items() == [("a", 2)] '
+                  'and dict.items(h.MultiDict([("a", 1)]).copy()) == {"a": [1]}.items()',
+    "list_held_elsewhere": 'list(h.Barrel([1, -2])) == [1, -2] and bool(h.Barrel([1]))',
     "float_subclass_division": 'abs(h.Angle(7.0) / 2 - 3.5) < 1e-9',
     "plain_vector_and_money": 'abs(abs(h.Vec(1.0, -1.0) - 0) - 2 ** 0.5) < 1e-9 and abs(h.Vec(3.0, 4.0) / 5) == 1.0 '
                               'and abs(h.Money(250) - 2) == 0.5 and abs(h.Money(250) - 2.5) < 1e-9',
