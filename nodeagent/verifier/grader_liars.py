@@ -19,9 +19,14 @@ A verdict need not pass through a comparison (`pytest.approx` subtracts, a helpe
 base is int, float, complex, str, bytes, tuple, list, set, frozenset or dict, every method it
 defines among that base's queries (`_QUERIES`: arithmetic, reflected and bitwise dunders, text
 predicates and searches, set algebra, `get`; no mutator) is armed too (`override`): its answer is
-checked against the builtin's on the same data. A set's algebra that differs lies; elsewhere an
-answer that differs and stays the same with the instance's data replaced and its argument moved
-depends on nothing it was given: a lie (an honest override, markupsafe's `Markup.join`, follows them).
+checked against the builtin's on the same data. A set's algebra (a container's length, a list's
+slice) that differs lies; so does an iteration view (`__iter__`, `keys`, `values`, `items`, `copy`)
+that shows other items than the builtin's, a float's arithmetic on builtin numbers whose answer,
+however read as a number, is not the builtin's value (`grader_liars_iter`), and an answer that
+differs on a faithful copy of the instance (same class, data and attributes: it read its identity).
+Elsewhere an answer that differs and stays the same with the instance's data replaced and its
+argument moved depends on nothing it was given: a lie (an honest override, markupsafe's
+`Markup.join`, follows them).
 
 When classes are armed (`install`): every class statement as it runs (`builtins.__build_class__`
 wrapped: a metaclass too); a class an object's `__class__` is set to (the `object.__setattr__`
@@ -38,8 +43,9 @@ their classes (a `mock.ANY`-like helper) are not armed, unless their code was co
 string under such a name (`paddock.trusted` of a name: forged).
 
 Everything a wrapper uses is a positional default argument (the audit hook refuses `__defaults__`
-swaps); nothing is looked up at run time. Standard library only. Must not import: anything of
-Paddock, pytest.
+swaps); nothing is looked up at run time. Standard library and `grader_liars_iter` (the strict checks:
+iteration views, number values, the faithful copy; /verifier/paddock_liars_iter.py in the sandbox) only.
+Must not import: pytest, Paddock other than nodeagent.verifier.grader_liars_iter.
 """
 
 import ast
@@ -48,6 +54,21 @@ import itertools
 import operator
 import os
 import sys
+
+
+def _sibling(name):
+    """In the sandbox: /verifier/paddock_liars_iter.py, loaded by path before any code under test runs."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__.startswith("nodeagent."):       # on the host (tests): the package's own copy
+    from nodeagent.verifier import grader_liars_iter as _strict
+else:
+    _strict = _sibling("paddock_liars_iter")
 
 IMPURE = "is not a pure function of the values compared"    # = grader_sites.IMPURE
 NAMES = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__")
@@ -77,7 +98,7 @@ _QUERIES = {float: _NUMBER_Q, int: _NUMBER_Q, complex: _NUMBER_Q, str: _TEXT_Q, 
             tuple: ("index", "count", "__getitem__", "__len__", "__add__", "__mul__", "__rmul__"),
             list: ("index", "count", "__getitem__", "__len__", "__add__", "__mul__", "__rmul__"),
             frozenset: _SET_Q, set: _SET_Q, dict: ("get", "__getitem__", "__len__", "__or__", "__ror__")}
-_QUERIES = {b: tuple(n for n in q if hasattr(b, n)) for b, q in _QUERIES.items()}
+_QUERIES = {b: tuple(n for n in q if hasattr(b, n)) + _strict.VIEWS.get(b, ()) for b, q in _QUERIES.items()}
 _ARITH = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__")
 # (of a class with no builtin data base: a number from these must follow a number operand, `arith`)
 # (every query of a builtin data type that reads the instance and its arguments and changes neither; a
@@ -197,14 +218,16 @@ def _shifted(v, k, depth=0, _type=type, _str=str, _bytes=bytes, _int=int, _float
 
 
 def _remake(self, base, data, _type=type, _getattribute=object.__getattribute__, _dict=dict, _exception=Exception,
-            _mutable=(list, set, dict)):
-    """An instance of `self`'s class holding `data` (its builtin base's part) and `self`'s attributes."""
+            _mutable=(list, set, dict), _copy_slots=_strict.copy_slots):
+    """An instance of `self`'s class holding `data` (its builtin base's part) and `self`'s attributes
+    (its `__dict__` and slots)."""
     cls = _type(self)
     if base in _mutable:
         new = base.__new__(cls)
         base.__init__(new, data)
     else:
         new = base.__new__(cls, data)
+    _copy_slots(self, new)
     try:
         inner = _getattribute(self, "__dict__")
     except _exception:
@@ -261,11 +284,16 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
 
     def probe(name, f, self, other, r, owner, _opposite=_OPPOSITE, _error=_error, _impure=_impure, _str=_str,
               _object=_object, _truth=_truth, _exception=_exception, _type=_type,
-              _plain=frozenset({int, float, str, bytes}), _data=_scalars | _containers, _probes=probes, _lie=lie, _notimpl=_notimpl):
+              _plain=frozenset({int, float, str, bytes}), _data=_scalars | _containers, _probes=probes, _lie=lie, _notimpl=_notimpl,
+              _isinstance=_isinstance, _getattr=_getattr):
         t = _truth(r)
         claims = t is False if name == "__ne__" else t is True
         if not claims:
             return
+        if name in _opposite and _type(other) in (int, float):     # a number subclass's order: the builtin's
+            for b in (float, int):
+                if _isinstance(self, b) and _getattr(b, name)(self, other) is False:
+                    raise _lie(name, owner)
         tries = [_object()]     # (a container moved may still be equal: a class comparing a dict's keys)
         if name in ("__eq__", "__ne__") and _type(other) in _plain:
             try:
@@ -313,14 +341,23 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
         return guarded
 
     def arith(name, d, get, self, args, r, owner, _probes=probes, _type=_type, _isinstance=_isinstance, _lie=lie,
-              _exception=_exception, _same=_same, _numbers=(int, float, complex), _bool=bool, _len=len):
+              _exception=_exception, _same=_same, _numbers=(int, float, complex), _bool=bool, _len=len,
+              _value_of=_strict.plain_number, _number_lies=_strict.number_lies, _plain_arith=_strict.PLAIN_ARITH,
+              _slope_lies=_strict.slope_lies):
         """`x - y` (`+ * /` and reflected) of a class with no builtin data base, where it gives a
         number for a number `y`: not the same number for `y` moved twice (one-to-one: `*` and `/`
-        unless the answer is 0)."""
-        if not _isinstance(r, _numbers) or _isinstance(r, _bool) or _len(args) != 1:
+        unless the answer is 0). `-` and `/` of a number-like one (its own `float()`): the answer,
+        however read as a number (`abs`, `float`, `<` ...), is the builtin's on `float(x)` and `y`."""
+        if _len(args) != 1:
             return
         f = get(d, self, _type(self)) if get is not None else d
         y = args[0]
+        if name in _plain_arith and _type(y) in (int, float):
+            e = _value_of(self, name, y)
+            if _number_lies(r, e) if e is not None else _slope_lies(name, f, y):
+                raise _lie(name, owner, True)
+        if not _isinstance(r, _numbers) or _isinstance(r, _bool):
+            return
         if _type(y) not in (int, float) or (r == 0 and name not in ("__add__", "__radd__", "__sub__", "__rsub__")):
             return
         try:
@@ -336,28 +373,59 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 return
         raise _lie(name, owner, True)
 
+    def view(name, self, r, owner, base_type, _same=_same, _lie=lie, _builtin=_strict.builtin_view, _plain_of=_plain_of,
+             _drain=_strict.drain, _view_lies=_strict.view_lies, _len=len):
+        """An iteration view (`_strict.VIEWS`): `(r',)`, the answer to hand back (an iterator drained
+        is replayed), after its items were checked against the builtin's view of the same data."""
+        if name in ("copy", "__bool__"):
+            if _same(r, _plain_of(self) if name == "copy" else base_type.__len__(self) > 0) is False and (
+                    name == "copy" or base_type.__len__(self)):        # (nothing held: the data is elsewhere)
+                raise _lie(name, owner, True)
+            return (r,)
+        want = _builtin(name, self, base_type)
+        got, r = _drain(r, _len(want))
+        if got is not None and _view_lies(got, want, _same, _plain_of):
+            raise _lie(name, owner, True)
+        return (r,)
+
     def override(name, d, get, self, args, kw, r, owner, base, _base_type, _same=_same, _plain_of=_plain_of,
                  _shifted=_shifted, _remake=_remake, _probes=probes, _unknown=_UNKNOWN, _type=_type, _lie=lie,
-                 _exception=_exception, _strict=_STRICT, _plain=_scalars | _containers, _busy=_list(), _len=len, _fallback=_fallback, _arith=arith):
-        """`r`, the override's answer, against the builtin base's on the same data: where they
-        differ, a set's algebra lies outright; else the override lies when its answer stays the same
+                 _exception=_exception, _strict=_STRICT, _plain=_scalars | _containers, _busy=_list(), _len=len,
+                 _fallback=_fallback, _arith=arith, _view=view, _views=_strict.VIEWS, _extra=_strict.STRICT_EXTRA,
+                 _number_bases=_strict.NUMBER_BASES, _number_lies=_strict.number_lies, _nums=(int, float, complex, bool),
+                 _isinstance=_isinstance, _slice=slice, _seqs=(list, tuple)):
+        """`r`, the override's answer, against the builtin base's on the same data: an iteration
+        view shows the builtin's items; a float's or complex's arithmetic on builtin numbers gives
+        the builtin's value; where they differ, a set's algebra (a container's length, a list's
+        slice) lies outright, and so does an answer that differs on a faithful copy of the
+        instance (its identity read); else the override lies when its answer stays the same
         (and the base's does not) with the instance's data replaced and, if it takes one, with its
-        first argument moved: an answer that depends on nothing it was given."""
+        first argument moved: an answer that depends on nothing it was given. Returns `(r',)` when
+        the answer handed back is another (a drained iterator's replay)."""
         if r is _notimpl or _busy:
-            return
+            return None
         _busy.append(1)         # (the override's own calls to armed methods are not asked again)
         try:
             if _base_type is None:
                 return _arith(name, d, get, self, args, r, owner)
+            if name in _views.get(_base_type, ()) and not args and not kw:
+                return _view(name, self, r, owner, _base_type)
             try:
                 rb = base(self, *args, **kw)
             except _exception:
                 rb = _unknown
             if _same(r, rb):
-                return
+                return None
             if (rb is None or rb is _unknown) and (r is None or _fallback(d, r, args, kw)):
-                return      # (the base found nothing: nor did the override, or it gave its own default: `.get(k, "")`)
-            if name in _strict.get(_base_type, ()):
+                return None     # (the base found nothing: nor did the override, or it gave its own default: `.get(k, "")`)
+            plain_args = all(_type(a) in _plain for a in (*args, *kw.values()))
+            if (_base_type in _number_bases or not _isinstance(r, _nums)) and _isinstance(rb, _nums) and all(
+                    _type(a) in _nums for a in args):       # (an int's answer that is an object is read as a number)
+                if _number_lies(r, rb):
+                    raise _lie(name, owner, True)
+                return None     # (the builtin's value, however read: a float with units)
+            if name in _strict.get(_base_type, ()) or (name in _extra.get(_base_type, ()) and rb) or (
+                    name == "__getitem__" and _base_type in _seqs and args and _type(args[0]) is _slice):
                 if rb is not _unknown and _same(r, rb) is False:
                     raise _lie(name, owner, True)
             data = _plain_of(self)
@@ -373,38 +441,48 @@ def guards(emit, probes, _object=object, _truth=_truth, _type=type, _exception=E
                 except _exception:
                     qb = _unknown
                 return _same(q, r) is True and not _same(q, qb)
+            if plain_args:      # a faithful copy (same class, data, attributes; another identity)
+                try:
+                    twin = _remake(self, _base_type, data)
+                    f = get(d, twin, _type(twin)) if get is not None else d
+                    q = f(*args, **kw)
+                except _exception:
+                    q = _unknown
+                if q is not _unknown and _same(q, r) is False:
+                    raise _lie(name, owner, True)
             tries = 0
             for k in (1, 2):
                 try:
                     moved = _remake(self, _base_type, _shifted(data, k))
                 except _exception:
-                    return
+                    return None
                 if _same(moved, data) is not False or not held(moved, args):
-                    return
+                    return None
                 tries += 1
             if args and _type(args[0]) in _plain:
                 try:
                     others = _probes(args[0], 2)
                 except _exception:
-                    return
+                    return None
                 for p in others:
                     if _same(p, args[0]) is not False or not held(self, (p, *args[1:])):
-                        return
+                        return None
             if tries:
                 raise _lie(name, owner, True)
+            return None
         finally:
             _busy.pop()
 
     def wrap_query(name, d, owner, base_type, _override=override, _type=_type, _getattr=_getattr):
         get = _getattr(_type(d), "__get__", None)
-        base = _getattr(base_type, name) if base_type is not None else None
+        base = _getattr(base_type, name, None) if base_type is not None else None      # (None: `list.__bool__`)
 
         def guarded(self, *args, _d=d, _get=get, _name=name, _owner=owner, _base=base, _bt=base_type,
                     _override=_override, _type=_type, **kw):
             f = _get(_d, self, _type(self)) if _get is not None else _d
             r = f(*args, **kw)
-            _override(_name, _d, _get, self, args, kw, r, _owner, _base, _bt)
-            return r
+            out = _override(_name, _d, _get, self, args, kw, r, _owner, _base, _bt)
+            return r if out is None else out[0]
         guarded.__name__, guarded.__qualname__ = name, f"{_getattr(owner, '__qualname__', '?')}.{name}"
         guarded.__doc__, guarded.__wrapped__ = _getattr(d, "__doc__", None), d
         return guarded

@@ -65,6 +65,8 @@ VALUES_PATH = "/verifier/paddock_values.py"     # its value guards and the canar
 VALUES_SOURCE = GRADER_FILE.with_name("grader_values.py").read_bytes()
 LIARS_PATH = "/verifier/paddock_liars.py"     # its class guards: lying comparisons wherever made (loaded by paddock_asserts)
 LIARS_SOURCE = GRADER_FILE.with_name("grader_liars.py").read_bytes()
+LIARS_ITER_PATH = "/verifier/paddock_liars_iter.py"     # their strict checks (iteration views, number values; loaded by paddock_liars)
+LIARS_ITER_SOURCE = GRADER_FILE.with_name("grader_liars_iter.py").read_bytes()
 
 
 def _checker_files(task: GradedTask, spec: CheckerSpec, parsed: dict[str, TestFile],
@@ -302,7 +304,7 @@ def verify_pytest(runtime, image, layers, task: GradedTask, changes, clock) -> V
     else:
         (system, tests), cwd, args = _checker_files(task, spec, parsed, mode), TESTS_DIR, PYTEST_ARGS
     system = {**system, ASSERTS_PATH: ASSERTS_SOURCE, SITES_PATH: SITES_SOURCE, VALUES_PATH: VALUES_SOURCE,
-              LIARS_PATH: LIARS_SOURCE}
+              LIARS_PATH: LIARS_SOURCE, LIARS_ITER_PATH: LIARS_ITER_SOURCE}
     expected = expected_tests(spec, parsed)
     if not expected:
         raise VerifierInfraError(f"task {task.name!r}: checker test files define no tests")
