@@ -34,6 +34,7 @@ import math
 import os
 import sys
 from collections import deque
+from types import MemberDescriptorType
 
 REPEATS = 7     # the real comparison again, besides its first evaluation
 PROBES = 8      # comparisons with perturbed expected values (4 values, each twice: none may hold)
@@ -326,7 +327,94 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
     return False
 
 
-def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
+_BASES = (str, bytes, int, float, complex, tuple, frozenset, list, dict, set)   # a builtin subclass's data: made by the base
+_BASE_DATA = {str: str.__str__, bytes: bytes.__bytes__, int: int.__index__, float: float.__float__,
+              complex: complex.__complex__}     # (an exact copy of a subclass's data)
+_COMPARING = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__hash__")
+
+
+def twin(y, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex=complex, _tuple=tuple, _list=list,
+         _dict=dict, _set=set, _frozenset=frozenset, _len=len, _id=id, _bases=_BASES, _comparing=_COMPARING,
+         _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__, _function=_FUNCTION,
+         _trusted=_trusted, _getattribute=object.__getattribute__, _new=object.__new__, _exception=Exception,
+         _slot=MemberDescriptorType, _budget=_BUDGET, _data=_BASE_DATA):
+    """An equal copy of `y` made at run time the way a probe or a canary's perturbed value is made,
+    all the way down, without running any code under test: a str or bytes longer than one a new
+    object (never the compiler's interned constant), an int outside the small-int cache and every
+    float but nan a new object, builtin containers rebuilt (a folded tuple or frozenset constant
+    is not kept), and an object whose comparison is the code under test's (its class's own
+    `__eq__`, ordering, `in` or hash) remade without its constructor: `object.__new__`, or its
+    builtin base's `__new__` for a `str`/`int`/`tuple`/`dict`/... subclass, its instance dict and
+    slots copied the same way. So the value a test's check compares with and its probes and
+    canaries' values differ in their content only: an `==` that holds for "made by my
+    constructor" or "a compiled literal" holds for none. Anything else (an object compared by
+    identity or trusted code, nan, one it cannot remake, past the budget) is kept."""
+    memo, left = {}, [_budget]
+
+    def own(t):
+        for name in _comparing:
+            for k in _mro(t):
+                d = _vars(k).get(name)
+                if d is not None:
+                    if _type(d) is _function and not _trusted(d):
+                        return True
+                    break
+        return False
+
+    def copy(v):
+        t = _type(v)
+        left[0] -= 1
+        if left[0] < 0 or _id(v) in memo:
+            return memo.get(_id(v), v)
+        if t is _str or t is _bytes:
+            return (v + v[:1])[:-1] if _len(v) > 1 else v
+        if t is _int:
+            return v + 0
+        if t is _float:
+            return v * 1.0 if v == v else v
+        if t is _complex:
+            return _complex(v.real * 1.0, v.imag * 1.0) if v == v else v
+        if t is _tuple or t is _list or t is _set or t is _frozenset:
+            return t([copy(x) for x in v])
+        if t is _dict:
+            return {copy(k): copy(x) for k, x in v.items()}
+        if t in (bool, type(None)) or not own(t):
+            return v
+        base = next((b for b in _mro(t) if b in _bases), None)
+        try:        # (the base's own C methods read the data: no method of `t` runs)
+            if base is None:
+                new = _new(t)
+            elif base is _list or base is _dict or base is _set:
+                new = base.__new__(t)
+                data = _dict.items(v) if base is _dict else base.__iter__(v)
+                (_list.extend if base is _list else base.update)(new, copy(base(data)))
+            else:
+                data = base(base.__iter__(v)) if base is _tuple or base is _frozenset else _data[base](v)
+                new = base.__new__(t, copy(data))
+        except _exception:
+            return v
+        memo[_id(v)] = new
+        try:
+            inner = _getattribute(v, "__dict__")
+        except _exception:
+            inner = None
+        if _type(inner) is _dict:
+            _getattribute(new, "__dict__").update({k: copy(x) for k, x in inner.items()})
+        for k in _mro(t):
+            names = _vars(k).get("__slots__")
+            for name in ((names,) if _type(names) is _str else names if _type(names) in (_tuple, _list) else ()):
+                d = _vars(k).get(name) if _type(name) is _str else None
+                if _type(d) is _slot:
+                    try:
+                        d.__set__(new, copy(d.__get__(v, t)))
+                    except _exception:
+                        continue
+        return new
+    return copy(y)
+
+
+def _probes(y, count, exact=False, same=False, _perturb=perturb, _object=object, _range=range, _exception=Exception,
+            _twin=twin):
     """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)` as a
     probe: for plain data, `y` with one value deep inside it moved on its own grid (the shape kept,
     so a container's comparison reaches its items; a number moved by a tenth of its size and more:
@@ -334,7 +422,10 @@ def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=rang
     value meets them as it meets `y`) and drawn from the look-alikes `y` is near (a probe of a
     canary's perturbed value is not the real one); else fresh objects. `exact`: for a comparison
     with no tolerance beyond its default (the site guards); otherwise the move also beats any
-    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
+    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes). `same`:
+    `count` copies of `y` itself made the same way (`twin`): what a check compares with."""
+    if same:
+        return [_twin(y) for _ in _range(count)]
     out = []
     for _ in _range(count):
         try:

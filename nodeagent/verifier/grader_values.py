@@ -387,14 +387,25 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
     `n` perturbed copies of plain `y`; `approx`: pytest.approx's classes; `agent`: (code file,
     first line) of the functions the agent wrote (`agent_code`)."""
 
+    def same(a, b, _plain=_plain, _probes=probes):
+        """`a`, `b` as copies made the way the probes and a canary's values are (`grader_sites.twin`)
+        when code under test may compare them: the real check's expected value and a canary's or a
+        probe's differ in their content only (not in being a compiled, interned constant, nor in
+        coming out of the class's own constructor)."""
+        if _plain(a) and _plain(b):
+            return a, b
+        x = _probes(a, 1, True, True)[0]
+        return (x, x) if a is b else (x, _probes(b, 1, True, True)[0])
+
     def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float,
            _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members, _field=field_of,
-           _object=object, _compares=compares):
+           _object=object, _compares=compares, _same=same):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         _check((a, b))
         _members(a)
         _members(b)
+        a, b = _same(a, b)
         held = False
         for x, y in ((a, b), (b, a)):
             if _type(y) in _approx and _untrusted(x):
@@ -431,11 +442,13 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
 
     def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
             _object=object, _fail=_fail, _eq=eq, _ne=operator.ne, _iter=iter, _next=next, _held=_held,
-            _not_self=_not_equal_to_self, _contains=operator.contains, _range=range):
+            _not_self=_not_equal_to_self, _contains=operator.contains, _range=range, _same=same):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         if op == "==":
             return _eq(a, b)
         _check((a, b))
+        if op != "is" and op != "is not":
+            a, b = _same(a, b)
         r = _ops[op](a, b)
         if not _truth(r):
             # `not (x != y)` claims x == y: held to the equality's guards; `not (x not in c)` claims x in c
@@ -491,7 +504,8 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         return r
 
     def op(name, a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
-           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex):
+           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex, _same=same,
+           _plain=_plain):
         """`a <name> b` (`+ - * / // % ** @ & | ^ << >>`): where the operation is the code under test's, it
         must not give a number, or the same result, for a fresh `object()` on either side, and
         `+`/`-` (`*`, `/` unless the result is 0) must not give the same number for a perturbed
@@ -499,9 +513,11 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         _check((a, b))
         f, dunders = _binops[name]
-        r = f(a, b)
         if not (_untrusted(a, dunders) or _untrusted(b, dunders)):
-            return r
+            return f(a, b)
+        # (plain data as a copy: the code under test's operand itself is what the test goes on with)
+        a, b = _same(a, a)[0] if _plain(a) else a, _same(b, b)[0] if _plain(b) else b
+        r = f(a, b)
         for x, y in ((a, _object()), (_object(), b)):
             try:
                 v = f(x, y)
@@ -535,12 +551,14 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
              _str=str, _type=type, _object=object, _len=len, _plain=_plain, _fail=_fail, _site_call=site_call,
              _two=_TWO_OPERANDS, _tolerances=_TOLERANCES, _probes=probes, _float=float, _passing=_PASSING,
              _list=list, _set=set, _all=all, _any=any, _not_self=_not_equal_to_self, _bad=_bad_instance,
-             _tuple=tuple, **kwargs):
+             _tuple=tuple, _same=same, **kwargs):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         values, held = (*args, *kwargs.values()), False
         _check(values)
         fn = _getattr(f, "__func__", f)
         name = _str(written).lower()        # as the test wrote it (a function's own `__name__` is its to choose)
+        if _len(args) >= 2 and not name.startswith(("assertis", "assertnotis")):    # (not an identity check)
+            args = (*_same(args[0], args[1]), *args[2:])
         if _len(args) >= 2 and "not" not in name and (name in _two or "equal" in name or "close" in name) \
                 and not _any(_getattr(_type(v), "__next__", None) is not None for v in values) \
                 and (not _trusted(fn) or _any(_untrusted(v) for v in values)):
