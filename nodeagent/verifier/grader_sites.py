@@ -474,6 +474,9 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
     if not any(suspects):
         return a == b
     ops = [(-1, a, b)] * (1 + _repeats)
+    if _plain(a) is not _plain(b):      # the real comparison with copies of the plain side made as the probes are
+        mine, other, left = (a, b, True) if _plain(b) else (b, a, False)
+        ops = [(-1, mine, c) if left else (-1, c, mine) for c in _probes(other, (1 + _repeats) // 2, True, True)] * 2
     for mine, other, left, suspect in ((a, b, True, suspects[0]), (b, a, False, suspects[1])):
         if suspect:
             ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
@@ -524,6 +527,9 @@ def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _o
     ops = [(-1, args)] * (1 + _repeats)
     if _len(args) == 2 and set(kwargs) <= {"msg"} and "not" not in name and ("equal" in name or "close" in name):
         at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
+        if _plain(args[at]):        # the real call with copies of the expected value made as the probes are
+            ops = [(-1, (args[0], c) if at else (c, args[1])) for c in _probes(args[at], (1 + _repeats) // 2, True,
+                                                                                True)] * 2
         ops += [(i, (args[0], p) if at else (p, args[1])) for i, p in _enumerate(
             _probes(args[at] if _plain(args[at]) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False
