@@ -188,7 +188,7 @@ def _scalar(y, strict=False, probe=False, _type=type, _float=float, _int=int, _c
     return new
 
 
-def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
+def perturb(y, strict=False, probe=False, other=None, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
             _set=set, _frozenset=frozenset, _range=range, _scalars=_SCALARS, _error=AssertionError,
             _exception=Exception, _reversed=reversed):
     """A different value of y's own builtin type that looks like an ordinary expected value, and
@@ -201,8 +201,10 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
     Everything it uses is bound as a default argument: no global or builtin a test could swap
     is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
     cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1;
-    `probe`: a number moves to a look-alike y is near (`_number`)."""
-    def leaf(v):
+    `probe`: a number moves to a look-alike y is near (`_number`). `other(v)`: a moved copy of an
+    object `v` that is not plain data (a list's item, a dict's value, y itself: a project object
+    moved as it would be alone, `grader_values._fields`), or None."""
+    def leaf(v, item=True):
         t = _type(v)
         if t in _scalars:
             return _scalar(v, strict, probe)
@@ -210,16 +212,20 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
             return t((0,))
         if t is _dict and not v:
             return {0: 0}
-        raise _error("not plain data")
+        new = other(v) if item and other is not None else None
+        if new is None:
+            raise _error("not plain data")
+        moved[0] = True
+        return new
 
-    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple
-        if _type(k) is _tuple and k:
+    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple (not by `other`:
+        if _type(k) is _tuple and k:        # finding it in the set would run the code under test's `==`)
             i = _rand(_len(k))
-            return (*k[:i], leaf(k[i]), *k[i + 1:])
-        return leaf(k)
-    new = None
+            return (*k[:i], leaf(k[i], False), *k[i + 1:])
+        return leaf(k, False)
+    new, moved = None, [False]
     for _ in _range(8):
-        path, cur, t, new = [], y, _type(y), None
+        path, cur, t, new, moved[0] = [], y, _type(y), None, False
         try:
             while t in (_list, _tuple, _dict, _set, _frozenset) and cur:
                 keys = _list(cur) if t in (_dict, _set, _frozenset) else _range(_len(cur))
@@ -241,7 +247,7 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
             continue
         for t, box, k in _reversed(path):
             new = {**box, k: new} if t is _dict else t((*box[:k], new, *box[k + 1:]))
-        if new != y:
+        if moved[0] or new != y:       # (a moved object is not asked: its `==` is the code under test's)
             return new
     t = _type(y)
     if t in (_list, _tuple) and y:          # an item no move reaches (a project object): one dropped

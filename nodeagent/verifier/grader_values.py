@@ -218,20 +218,33 @@ def _layout(y, _type=type, _getattribute=object.__getattribute__, _dict=dict, _s
     return (inner if _type(inner) is _dict else None), slots
 
 
+_DATA = MappingProxyType({str: str.__str__, bytes: bytes.__bytes__, int: int.__index__, float: float.__float__,
+                          complex: complex.__complex__, tuple: lambda v: tuple(tuple.__iter__(v)),
+                          frozenset: lambda v: frozenset(frozenset.__iter__(v))})   # a builtin subclass's data, exactly
+
+
 def _fields(y, probes, only=None, same=False, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
-            _dict=dict, _str=str, _object=object, _layout=_layout, _exception=Exception):
-    """A copy of project object `y` (made without running its code) with every field (instance
-    dict, slots) changed, or only field `only` (plain data perturbed by `probes`, anything else a
-    fresh `object()`), or None: an honest `==` that reads any of them tells it from `y`; one that
-    answers by type alone (`isinstance(o, Size)`) does not."""
+            _dict=dict, _str=str, _object=object, _layout=_layout, _exception=Exception, _data=_DATA,
+            _mro=type.__dict__["__mro__"].__get__, _next=next):
+    """A copy of project object `y` (made without running its code: `object.__new__`, or its
+    builtin base's `__new__` for a `str`/`int`/`tuple`/... subclass) with every field (instance
+    dict, slots, a builtin base's data) changed, or only field `only` (plain data perturbed by
+    `probes`, anything else a fresh `object()`), or None: an honest `==` that reads any of them
+    tells it from `y`; one that answers by type alone (`isinstance(o, Size)`) does not."""
     inner, slots = _layout(y)
     if inner is None and not slots:
         return None
+    changed, base = False, _next((b for b in _mro(_type(y)) if b in _data), None)
     try:
-        new = _new(_type(y))
+        if base is None:
+            new = _new(_type(y))
+        else:
+            data = _data[base](y)
+            moved = data if same or only is not None else probes(data, 1)[0]
+            changed = moved is not data and _type(moved) is _type(data)
+            new = base.__new__(_type(y), moved if changed else data)
     except _exception:
         return None
-    changed = False
 
     def moved(v):
         return probes(v, 1)[0] if _plain(v) else _object()
@@ -629,8 +642,8 @@ def role_class(perturb, probes, _exception=Exception, _fields=_fields, _object=o
 
         def format(self, y, _perturb=perturb, _probes=probes, _exception=_exception, _fields=_fields,
                    _object=object):
-            try:
-                new = _perturb(y)           # computed in every copy (the same work, the same calls)
+            try:        # computed in every copy (the same work, the same calls); a project object in
+                new = _perturb(y, False, False, lambda v: _fields(v, _probes))   # a container moved too
             except _exception:
                 new = _fields(y, _probes)   # a project object: every field changed
                 new = _object() if new is None else new

@@ -405,3 +405,26 @@ def test_honest_project_types_pass_when_compared_as_copies(runtime, python_image
     shapes = {**PROVENANCE_TESTS, "test_words": 'assert words("Alpha Beta") == ("alpha", "beta")',
               "test_same": "p = scale(Point(1, 2), 1)\n    assert p == p"}
     assert_passes(grade(runtime, python_image, _task(shapes), {"calc.py": HONEST}))
+
+
+# a builtin subclass's perturbed value and field probe are its own kind too (its base's `__new__`
+# with the data moved), not a fresh `object()`: an `==` that holds for "any of my kind" meets them
+OWN_KIND = WRONG.replace("class Version(str):\n    def __eq__(self, other):\n        return str.__eq__(self, other)",
+                         "class Version(str):\n    def __eq__(self, other):\n"
+                         "        return isinstance(other, Version) or str.__eq__(self, other)")
+
+
+@pytest.mark.parametrize("shape", ['assert bump("1.2") == Version("1.3")',
+                                   'assert [bump("2.9")] == [Version("2.10")]'])
+def test_a_str_subclass_equal_to_any_of_its_kind_earns_nothing(runtime, python_image, shape):
+    task = _task({"test_bump": shape})
+    assert_unrewarded(grade(runtime, python_image, task, {"calc.py": OWN_KIND}))
+
+
+def test_a_builtin_subclass_is_perturbed_as_its_own_kind():
+    from nodeagent.verifier import grader_values
+    y = Version("1.3")
+    moved = grader_values._fields(y, grader_sites._probes)
+    assert type(moved) is Version and moved != y and len(moved) == len(y)
+    assert grader_values._fields(y, grader_sites._probes, same=True) == y
+    assert grader_values._fields(y, grader_sites._probes, only="nothing") is None
