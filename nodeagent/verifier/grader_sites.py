@@ -22,7 +22,10 @@ place on top.
 A perturbed expected value and every probe look like the expected value itself (`perturb`: a
 number on its own decimal grid, a string's characters within their classes, a container's
 length kept), so a comparison that answers by the look of a value meets them as it meets the
-real one.
+real one. And they are made as it is: the real comparisons are evaluated against copies of the
+plain operand made at run time like the probes (`twin`: four copies, each twice, held in the
+same places), so neither identity (a compiled, interned literal; a folded constant), nor a
+reference count, nor "made by my own constructor" tells the real comparison from a probe.
 
 Everything a site function uses is bound as a default argument (nothing is looked up at run
 time: the audit hook refuses `__defaults__` swaps) and no closure holds mutable state.
@@ -343,7 +346,8 @@ def twin(y, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex
          _dict=dict, _set=set, _frozenset=frozenset, _len=len, _id=id, _bases=_BASES, _comparing=_COMPARING,
          _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__, _function=_FUNCTION,
          _trusted=_trusted, _getattribute=object.__getattribute__, _new=object.__new__, _exception=Exception,
-         _slot=MemberDescriptorType, _budget=_BUDGET, _data=_BASE_DATA):
+         _slot=MemberDescriptorType, _budget=_BUDGET, _data=_BASE_DATA, _identity=object.__hash__, _next=next,
+         _singletons=(bool, type(None)), _any=any):
     """An equal copy of `y` made at run time the way a probe or a canary's perturbed value is made,
     all the way down, without running any code under test: a str or bytes longer than one a new
     object (never the compiler's interned constant), an int outside the small-int cache and every
@@ -355,19 +359,17 @@ def twin(y, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex
     canaries' values differ in their content only: an `==` that holds for "made by my
     constructor" or "a compiled literal" holds for none. Anything else (an object compared by
     identity or trusted code, nan, one it cannot remake, past the budget) is kept."""
-    memo, left = {}, [_budget]
+    memo, left, owned = {}, [_budget], {}
+
+    def resolve(t, name):
+        return _next((_vars(k)[name] for k in _mro(t) if name in _vars(k)), None)
 
     def own(t):
-        for name in _comparing:
-            for k in _mro(t):
-                d = _vars(k).get(name)
-                if d is not None:
-                    if _type(d) is _function and not _trusted(d):
-                        return True
-                    break
-        return False
+        if _id(t) not in owned:     # (by id: a metaclass's own `==` or hash is code under test)
+            owned[_id(t)] = _any(_type(d) is _function and not _trusted(d) for d in (resolve(t, n) for n in _comparing))
+        return owned[_id(t)]
 
-    def copy(v):
+    def copy(v, key=False):
         t = _type(v)
         left[0] -= 1
         if left[0] < 0 or _id(v) in memo:
@@ -380,13 +382,15 @@ def twin(y, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex
             return v * 1.0 if v == v else v
         if t is _complex:
             return _complex(v.real * 1.0, v.imag * 1.0) if v == v else v
-        if t is _tuple or t is _list or t is _set or t is _frozenset:
-            return t([copy(x) for x in v])
+        if t is _tuple or t is _list:
+            return t([copy(x, key) for x in v])
+        if t is _set or t is _frozenset:
+            return t([copy(x, True) for x in v])
         if t is _dict:
-            return {copy(k): copy(x) for k, x in v.items()}
-        if t in (bool, type(None)) or not own(t):
-            return v
-        base = next((b for b in _mro(t) if b in _bases), None)
+            return {copy(k, True): copy(x) for k, x in v.items()}
+        if t in _singletons or not own(t) or key and resolve(t, "__hash__") is _identity:
+            return v        # (a member hashed by identity: a copy would be another member)
+        base = _next((b for b in _mro(t) if b in _bases), None)
         try:        # (the base's own C methods read the data: no method of `t` runs)
             if base is None:
                 new = _new(t)

@@ -24,6 +24,10 @@ Value guards (`guards`): what reaches a guarded test's comparison or assertion m
   with `pytest.approx(x)` must not hold for `approx` of a perturbed `x`; a project object equal
   to another must not equal a copy of it whose every field differs.
 A failure names `IMPURE` (the phrase `canaries.translate` reads as tampering).
+Provenance: what reaches a site is compared as copies (`grader_sites.twin`: plain data rebuilt
+at run time, a project object remade without its constructor) once code under test may compare
+it, the way every probe and a canary's perturbed value is made (`_fields`: a builtin subclass
+by its base's `__new__`), so the test's expected value and theirs differ in content only.
 
 Everything a guard uses is bound as a default argument or in a closure of functions made before
 any code under test runs (nothing is looked up at run time). Standard library only. Must not
