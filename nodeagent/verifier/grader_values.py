@@ -174,11 +174,17 @@ def _plain(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _walk=_wal
     return _type(v) in _scalars or _type(v) in _containers and not _walk(v, lambda t: True)
 
 
-def _check_lies(values, _lies=lies, _fail=_fail):
+def _check_lies(values, _walk=_walk, _lie_of=_lie_of, _fail=_fail, _list=list, _tuple=tuple):
+    """Raises for the first lying slot reachable from `values` (`lies`); else whether each is
+    plain data (`_plain`: no object of another type met, within the budget), from the same walk."""
+    plain = _list()
     for v in values:
-        lie = _lies(v)
-        if lie:
+        met = _list()
+        lie = _walk(v, lambda t: met.append(t) or _lie_of(t))
+        if lie and lie is not True:
             raise _fail(f"a value whose comparison is another operation's slot ({lie}):")
+        plain.append(not met and lie is not True)
+    return _tuple(plain)
 
 
 def approx_types(_modules=sys.modules):
@@ -404,12 +410,12 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
     `n` perturbed copies of plain `y`; `approx`: pytest.approx's classes; `agent`: (code file,
     first line) of the functions the agent wrote (`agent_code`)."""
 
-    def same(a, b, _plain=_plain, _probes=probes):
+    def same(a, b, plain=(False, False), _probes=probes):
         """`a`, `b` as copies made the way the probes and a canary's values are (`grader_sites.twin`)
-        when code under test may compare them: the real check's expected value and a canary's or a
-        probe's differ in their content only (not in being a compiled, interned constant, nor in
-        coming out of the class's own constructor)."""
-        if _plain(a) and _plain(b):
+        unless both are `plain` (then no code under test compares them): the real check's
+        expected value and a canary's or a probe's differ in their content only (not in being a
+        compiled, interned constant, nor in coming out of the class's own constructor)."""
+        if plain[0] and plain[1]:
             return a, b
         x = _probes(a, 1, True, True)[0]
         return (x, x) if a is b else (x, _probes(b, 1, True, True)[0])
@@ -419,10 +425,10 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
            _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members, _field=field_of,
            _object=object, _compares=compares, _same=same):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
-        _check((a, b))
+        plain = _check((a, b))
         _members(a)
         _members(b)
-        a, b = _same(a, b)
+        a, b = _same(a, b, plain)
         held = False
         for x, y in ((a, b), (b, a)):
             if _type(y) in _approx and _untrusted(x):
@@ -463,9 +469,9 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         if op == "==":
             return _eq(a, b)
-        _check((a, b))
+        plain = _check((a, b))
         if op != "is" and op != "is not":
-            a, b = _same(a, b)
+            a, b = _same(a, b, plain)
         r = _ops[op](a, b)
         if not _truth(r):
             # `not (x != y)` claims x == y: held to the equality's guards; `not (x not in c)` claims x in c
@@ -521,19 +527,18 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         return r
 
     def op(name, a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
-           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex, _same=same,
-           _plain=_plain):
+           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex, _same=same):
         """`a <name> b` (`+ - * / // % ** @ & | ^ << >>`): where the operation is the code under test's, it
         must not give a number, or the same result, for a fresh `object()` on either side, and
         `+`/`-` (`*`, `/` unless the result is 0) must not give the same number for a perturbed
         number (they are one-to-one)."""
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
-        _check((a, b))
+        plain = _check((a, b))
         f, dunders = _binops[name]
         if not (_untrusted(a, dunders) or _untrusted(b, dunders)):
             return f(a, b)
         # (plain data as a copy: the code under test's operand itself is what the test goes on with)
-        a, b = _same(a, a)[0] if _plain(a) else a, _same(b, b)[0] if _plain(b) else b
+        a, b = _same(a, a)[0] if plain[0] else a, _same(b, b)[0] if plain[1] else b
         r = f(a, b)
         for x, y in ((a, _object()), (_object(), b)):
             try:
@@ -571,11 +576,11 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
              _tuple=tuple, _same=same, **kwargs):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         values, held = (*args, *kwargs.values()), False
-        _check(values)
+        plain = _check(values)
         fn = _getattr(f, "__func__", f)
         name = _str(written).lower()        # as the test wrote it (a function's own `__name__` is its to choose)
         if _len(args) >= 2 and not name.startswith(("assertis", "assertnotis")):    # (not an identity check)
-            args = (*_same(args[0], args[1]), *args[2:])
+            args = (*_same(args[0], args[1], plain), *args[2:])
         if _len(args) >= 2 and "not" not in name and (name in _two or "equal" in name or "close" in name) \
                 and not _any(_getattr(_type(v), "__next__", None) is not None for v in values) \
                 and (not _trusted(fn) or _any(_untrusted(v) for v in values)):
