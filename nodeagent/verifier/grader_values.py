@@ -174,11 +174,15 @@ def _plain(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _walk=_wal
     return _type(v) in _scalars or _type(v) in _containers and not _walk(v, lambda t: True)
 
 
-def _check_lies(values, _walk=_walk, _lie_of=_lie_of, _fail=_fail, _list=list, _tuple=tuple):
+def _check_lies(values, _walk=_walk, _lie_of=_lie_of, _fail=_fail, _list=list, _tuple=tuple, _type=type,
+                _scalars=_SCALARS):
     """Raises for the first lying slot reachable from `values` (`lies`); else whether each is
     plain data (`_plain`: no object of another type met, within the budget), from the same walk."""
     plain = _list()
     for v in values:
+        if _type(v) in _scalars:        # (the common case: no walk)
+            plain.append(True)
+            continue
         met = _list()
         lie = _walk(v, lambda t: met.append(t) or _lie_of(t))
         if lie and lie is not True:
