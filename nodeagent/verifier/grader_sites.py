@@ -22,7 +22,10 @@ place on top.
 A perturbed expected value and every probe look like the expected value itself (`perturb`: a
 number on its own decimal grid, a string's characters within their classes, a container's
 length kept), so a comparison that answers by the look of a value meets them as it meets the
-real one.
+real one. And they are made as it is: the real comparisons are evaluated against copies of the
+plain operand made at run time like the probes (`twin`: four copies, each twice, held in the
+same places), so neither identity (a compiled, interned literal; a folded constant), nor a
+reference count, nor "made by my own constructor" tells the real comparison from a probe.
 
 Everything a site function uses is bound as a default argument (nothing is looked up at run
 time: the audit hook refuses `__defaults__` swaps) and no closure holds mutable state.
@@ -34,6 +37,7 @@ import math
 import os
 import sys
 from collections import deque
+from types import MemberDescriptorType
 
 REPEATS = 7     # the real comparison again, besides its first evaluation
 PROBES = 8      # comparisons with perturbed expected values (4 values, each twice: none may hold)
@@ -187,7 +191,7 @@ def _scalar(y, strict=False, probe=False, _type=type, _float=float, _int=int, _c
     return new
 
 
-def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
+def perturb(y, strict=False, probe=False, other=None, _type=type, _len=len, _scalar=_scalar, _rand=_rand, _list=list, _tuple=tuple, _dict=dict,
             _set=set, _frozenset=frozenset, _range=range, _scalars=_SCALARS, _error=AssertionError,
             _exception=Exception, _reversed=reversed):
     """A different value of y's own builtin type that looks like an ordinary expected value, and
@@ -200,8 +204,10 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
     Everything it uses is bound as a default argument: no global or builtin a test could swap
     is looked up (and `__defaults__` cannot be replaced: the audit hook refuses it). A value it
     cannot perturb fails the canary. `strict`: a number moves beyond any tolerance below 0.1;
-    `probe`: a number moves to a look-alike y is near (`_number`)."""
-    def leaf(v):
+    `probe`: a number moves to a look-alike y is near (`_number`). `other(v)`: a moved copy of an
+    object `v` that is not plain data (a list's item, a dict's value, y itself: a project object
+    moved as it would be alone, `grader_values._fields`), or None."""
+    def leaf(v, item=True):
         t = _type(v)
         if t in _scalars:
             return _scalar(v, strict, probe)
@@ -209,16 +215,20 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
             return t((0,))
         if t is _dict and not v:
             return {0: 0}
-        raise _error("not plain data")
+        new = other(v) if item and other is not None else None
+        if new is None:
+            raise _error("not plain data")
+        moved[0] = True
+        return new
 
-    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple
-        if _type(k) is _tuple and k:
+    def member(k):          # a hashable member moved: a scalar, or one scalar of a tuple (not by `other`:
+        if _type(k) is _tuple and k:        # finding it in the set would run the code under test's `==`)
             i = _rand(_len(k))
-            return (*k[:i], leaf(k[i]), *k[i + 1:])
-        return leaf(k)
-    new = None
+            return (*k[:i], leaf(k[i], False), *k[i + 1:])
+        return leaf(k, False)
+    new, moved = None, [False]
     for _ in _range(8):
-        path, cur, t, new = [], y, _type(y), None
+        path, cur, t, new, moved[0] = [], y, _type(y), None, False
         try:
             while t in (_list, _tuple, _dict, _set, _frozenset) and cur:
                 keys = _list(cur) if t in (_dict, _set, _frozenset) else _range(_len(cur))
@@ -240,7 +250,7 @@ def perturb(y, strict=False, probe=False, _type=type, _len=len, _scalar=_scalar,
             continue
         for t, box, k in _reversed(path):
             new = {**box, k: new} if t is _dict else t((*box[:k], new, *box[k + 1:]))
-        if new != y:
+        if moved[0] or new != y:       # (a moved object is not asked: its `==` is the code under test's)
             return new
     t = _type(y)
     if t in (_list, _tuple) and y:          # an item no move reaches (a project object): one dropped
@@ -326,7 +336,95 @@ def _suspect(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _dict=di
     return False
 
 
-def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=range, _exception=Exception):
+_BASES = (str, bytes, int, float, complex, tuple, frozenset, list, dict, set)   # a builtin subclass's data: made by the base
+_BASE_DATA = {str: str.__str__, bytes: bytes.__bytes__, int: int.__index__, float: float.__float__,
+              complex: complex.__complex__}     # (an exact copy of a subclass's data)
+_COMPARING = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__", "__hash__")
+
+
+def twin(y, _type=type, _str=str, _bytes=bytes, _int=int, _float=float, _complex=complex, _tuple=tuple, _list=list,
+         _dict=dict, _set=set, _frozenset=frozenset, _len=len, _id=id, _bases=_BASES, _comparing=_COMPARING,
+         _mro=type.__dict__["__mro__"].__get__, _vars=type.__dict__["__dict__"].__get__, _function=_FUNCTION,
+         _trusted=_trusted, _getattribute=object.__getattribute__, _new=object.__new__, _exception=Exception,
+         _slot=MemberDescriptorType, _budget=_BUDGET, _data=_BASE_DATA, _identity=object.__hash__, _next=next,
+         _singletons=(bool, type(None)), _any=any):
+    """An equal copy of `y` made at run time the way a probe or a canary's perturbed value is made,
+    all the way down, without running any code under test: a str or bytes longer than one a new
+    object (never the compiler's interned constant), an int outside the small-int cache and every
+    float but nan a new object, builtin containers rebuilt (a folded tuple or frozenset constant
+    is not kept), and an object whose comparison is the code under test's (its class's own
+    `__eq__`, ordering, `in` or hash) remade without its constructor: `object.__new__`, or its
+    builtin base's `__new__` for a `str`/`int`/`tuple`/`dict`/... subclass, its instance dict and
+    slots copied the same way. So the value a test's check compares with and its probes and
+    canaries' values differ in their content only: an `==` that holds for "made by my
+    constructor" or "a compiled literal" holds for none. Anything else (an object compared by
+    identity or trusted code, nan, one it cannot remake, past the budget) is kept."""
+    memo, left, owned = {}, [_budget], {}
+
+    def resolve(t, name):
+        return _next((_vars(k)[name] for k in _mro(t) if name in _vars(k)), None)
+
+    def own(t):
+        if _id(t) not in owned:     # (by id: a metaclass's own `==` or hash is code under test)
+            owned[_id(t)] = _any(_type(d) is _function and not _trusted(d) for d in (resolve(t, n) for n in _comparing))
+        return owned[_id(t)]
+
+    def copy(v, key=False):
+        t = _type(v)
+        left[0] -= 1
+        if left[0] < 0 or _id(v) in memo:
+            return memo.get(_id(v), v)
+        if t is _str or t is _bytes:
+            return (v + v[:1])[:-1] if _len(v) > 1 else v
+        if t is _int:
+            return v + 0
+        if t is _float:
+            return v * 1.0 if v == v else v
+        if t is _complex:
+            return _complex(v.real * 1.0, v.imag * 1.0) if v == v else v
+        if t is _tuple or t is _list:
+            return t([copy(x, key) for x in v])
+        if t is _set or t is _frozenset:
+            return t([copy(x, True) for x in v])
+        if t is _dict:
+            return {copy(k, True): copy(x) for k, x in v.items()}
+        if t in _singletons or not own(t) or key and resolve(t, "__hash__") is _identity:
+            return v        # (a member hashed by identity: a copy would be another member)
+        base = _next((b for b in _mro(t) if b in _bases), None)
+        try:        # (the base's own C methods read the data: no method of `t` runs)
+            if base is None:
+                new = _new(t)
+            elif base is _list or base is _dict or base is _set:
+                new = base.__new__(t)
+                data = _dict.items(v) if base is _dict else base.__iter__(v)
+                (_list.extend if base is _list else base.update)(new, copy(base(data)))
+            else:
+                data = base(base.__iter__(v)) if base is _tuple or base is _frozenset else _data[base](v)
+                new = base.__new__(t, copy(data))
+        except _exception:
+            return v
+        memo[_id(v)] = new
+        try:
+            inner = _getattribute(v, "__dict__")
+        except _exception:
+            inner = None
+        if _type(inner) is _dict:
+            _getattribute(new, "__dict__").update({k: copy(x) for k, x in inner.items()})
+        for k in _mro(t):
+            names = _vars(k).get("__slots__")
+            for name in ((names,) if _type(names) is _str else names if _type(names) in (_tuple, _list) else ()):
+                d = _vars(k).get(name) if _type(name) is _str else None
+                if _type(d) is _slot:
+                    try:
+                        d.__set__(new, copy(d.__get__(v, t)))
+                    except _exception:
+                        continue
+        return new
+    return copy(y)
+
+
+def _probes(y, count, exact=False, same=False, _perturb=perturb, _object=object, _range=range, _exception=Exception,
+            _twin=twin):
     """`count` values that an honest operand equal to `y` is not equal to, each `perturb(y)` as a
     probe: for plain data, `y` with one value deep inside it moved on its own grid (the shape kept,
     so a container's comparison reaches its items; a number moved by a tenth of its size and more:
@@ -334,7 +432,10 @@ def _probes(y, count, exact=False, _perturb=perturb, _object=object, _range=rang
     value meets them as it meets `y`) and drawn from the look-alikes `y` is near (a probe of a
     canary's perturbed value is not the real one); else fresh objects. `exact`: for a comparison
     with no tolerance beyond its default (the site guards); otherwise the move also beats any
-    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes)."""
+    tolerance below 0.1 (`perturb`'s `strict`: the value guards' and class guards' probes). `same`:
+    `count` copies of `y` itself made the same way (`twin`): what a check compares with."""
+    if same:
+        return [_twin(y) for _ in _range(count)]
     out = []
     for _ in _range(count):
         try:
@@ -383,6 +484,9 @@ def site_eq(a, b, _plain=_plain, _suspect=_suspect, _probes=_probes, _order=_ord
     if not any(suspects):
         return a == b
     ops = [(-1, a, b)] * (1 + _repeats)
+    if _plain(a) is not _plain(b):      # the real comparison with copies of the plain side made as the probes are
+        mine, other, left = (a, b, True) if _plain(b) else (b, a, False)
+        ops = [(-1, mine, c) if left else (-1, c, mine) for c in _probes(other, (1 + _repeats) // 2, True, True)] * 2
     for mine, other, left, suspect in ((a, b, True, suspects[0]), (b, a, False, suspects[1])):
         if suspect:
             ops += [(_len(ops) + i, mine, p) if left else (_len(ops) + i, p, mine)
@@ -433,6 +537,9 @@ def site_call(f, /, *args, _plain=_plain, _suspect=_suspect, _probes=_probes, _o
     ops = [(-1, args)] * (1 + _repeats)
     if _len(args) == 2 and set(kwargs) <= {"msg"} and "not" not in name and ("equal" in name or "close" in name):
         at = 1 if _plain(args[1]) or not _plain(args[0]) else 0
+        if _plain(args[at]):        # the real call with copies of the expected value made as the probes are
+            ops = [(-1, (args[0], c) if at else (c, args[1])) for c in _probes(args[at], (1 + _repeats) // 2, True,
+                                                                                True)] * 2
         ops += [(i, (args[0], p) if at else (p, args[1])) for i, p in _enumerate(
             _probes(args[at] if _plain(args[at]) else object(), _count // 2, True))] * 2
     first, answers, held = None, {}, False

@@ -24,6 +24,10 @@ Value guards (`guards`): what reaches a guarded test's comparison or assertion m
   with `pytest.approx(x)` must not hold for `approx` of a perturbed `x`; a project object equal
   to another must not equal a copy of it whose every field differs.
 A failure names `IMPURE` (the phrase `canaries.translate` reads as tampering).
+Provenance: what reaches a site is compared as copies (`grader_sites.twin`: plain data rebuilt
+at run time, a project object remade without its constructor) once code under test may compare
+it, the way every probe and a canary's perturbed value is made (`_fields`: a builtin subclass
+by its base's `__new__`), so the test's expected value and theirs differ in content only.
 
 Everything a guard uses is bound as a default argument or in a closure of functions made before
 any code under test runs (nothing is looked up at run time). Standard library only. Must not
@@ -170,11 +174,21 @@ def _plain(v, _type=type, _scalars=_SCALARS, _containers=_CONTAINERS, _walk=_wal
     return _type(v) in _scalars or _type(v) in _containers and not _walk(v, lambda t: True)
 
 
-def _check_lies(values, _lies=lies, _fail=_fail):
+def _check_lies(values, _walk=_walk, _lie_of=_lie_of, _fail=_fail, _list=list, _tuple=tuple, _type=type,
+                _scalars=_SCALARS):
+    """Raises for the first lying slot reachable from `values` (`lies`); else whether each is
+    plain data (`_plain`: no object of another type met, within the budget), from the same walk."""
+    plain = _list()
     for v in values:
-        lie = _lies(v)
-        if lie:
+        if _type(v) in _scalars:        # (the common case: no walk)
+            plain.append(True)
+            continue
+        met = _list()
+        lie = _walk(v, lambda t: met.append(t) or _lie_of(t))
+        if lie and lie is not True:
             raise _fail(f"a value whose comparison is another operation's slot ({lie}):")
+        plain.append(not met and lie is not True)
+    return _tuple(plain)
 
 
 def approx_types(_modules=sys.modules):
@@ -218,20 +232,33 @@ def _layout(y, _type=type, _getattribute=object.__getattribute__, _dict=dict, _s
     return (inner if _type(inner) is _dict else None), slots
 
 
+_DATA = MappingProxyType({str: str.__str__, bytes: bytes.__bytes__, int: int.__index__, float: float.__float__,
+                          complex: complex.__complex__, tuple: lambda v: tuple(tuple.__iter__(v)),
+                          frozenset: lambda v: frozenset(frozenset.__iter__(v))})   # a builtin subclass's data, exactly
+
+
 def _fields(y, probes, only=None, same=False, _type=type, _plain=_plain, _getattribute=object.__getattribute__, _new=object.__new__,
-            _dict=dict, _str=str, _object=object, _layout=_layout, _exception=Exception):
-    """A copy of project object `y` (made without running its code) with every field (instance
-    dict, slots) changed, or only field `only` (plain data perturbed by `probes`, anything else a
-    fresh `object()`), or None: an honest `==` that reads any of them tells it from `y`; one that
-    answers by type alone (`isinstance(o, Size)`) does not."""
+            _dict=dict, _str=str, _object=object, _layout=_layout, _exception=Exception, _data=_DATA,
+            _mro=type.__dict__["__mro__"].__get__, _next=next):
+    """A copy of project object `y` (made without running its code: `object.__new__`, or its
+    builtin base's `__new__` for a `str`/`int`/`tuple`/... subclass) with every field (instance
+    dict, slots, a builtin base's data) changed, or only field `only` (plain data perturbed by
+    `probes`, anything else a fresh `object()`), or None: an honest `==` that reads any of them
+    tells it from `y`; one that answers by type alone (`isinstance(o, Size)`) does not."""
     inner, slots = _layout(y)
     if inner is None and not slots:
         return None
+    changed, base = False, _next((b for b in _mro(_type(y)) if b in _data), None)
     try:
-        new = _new(_type(y))
+        if base is None:
+            new = _new(_type(y))
+        else:
+            data = _data[base](y)
+            moved = data if same or only is not None else probes(data, 1)[0]
+            changed = moved is not data and _type(moved) is _type(data)
+            new = base.__new__(_type(y), moved if changed else data)
     except _exception:
         return None
-    changed = False
 
     def moved(v):
         return probes(v, 1)[0] if _plain(v) else _object()
@@ -387,14 +414,25 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
     `n` perturbed copies of plain `y`; `approx`: pytest.approx's classes; `agent`: (code file,
     first line) of the functions the agent wrote (`agent_code`)."""
 
+    def same(a, b, plain=(False, False), _probes=probes):
+        """`a`, `b` as copies made the way the probes and a canary's values are (`grader_sites.twin`)
+        unless both are `plain` (then no code under test compares them): the real check's
+        expected value and a canary's or a probe's differ in their content only (not in being a
+        compiled, interned constant, nor in coming out of the class's own constructor)."""
+        if plain[0] and plain[1]:
+            return a, b
+        x = _probes(a, 1, True, True)[0]
+        return (x, x) if a is b else (x, _probes(b, 1, True, True)[0])
+
     def eq(a, b, _own_eq=_own_eq, _fields=_fields, _check=_check_lies, _untrusted=untrusted, _approx=approx, _type=type, _truth=_truth,
            _probes=probes, _plain=_plain, _fail=_fail, _site_eq=site_eq, _getattr=getattr, _float=float,
            _agent_eq=_agent_eq, _agent=agent, _names=field_names, _held=_held, _members=_members, _field=field_of,
-           _object=object, _compares=compares):
+           _object=object, _compares=compares, _same=same):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
-        _check((a, b))
+        plain = _check((a, b))
         _members(a)
         _members(b)
+        a, b = _same(a, b, plain)
         held = False
         for x, y in ((a, b), (b, a)):
             if _type(y) in _approx and _untrusted(x):
@@ -431,11 +469,13 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
 
     def cmp(op, a, b, _in=_IN_DUNDERS, _order=_ORDER_DUNDERS, _ops=_OPS, _check=_check_lies, _untrusted=untrusted, _truth=_truth, _ordering=_ORDERING,
             _object=object, _fail=_fail, _eq=eq, _ne=operator.ne, _iter=iter, _next=next, _held=_held,
-            _not_self=_not_equal_to_self, _contains=operator.contains, _range=range):
+            _not_self=_not_equal_to_self, _contains=operator.contains, _range=range, _same=same):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         if op == "==":
             return _eq(a, b)
-        _check((a, b))
+        plain = _check((a, b))
+        if op != "is" and op != "is not":
+            a, b = _same(a, b, plain)
         r = _ops[op](a, b)
         if not _truth(r):
             # `not (x != y)` claims x == y: held to the equality's guards; `not (x not in c)` claims x in c
@@ -491,17 +531,19 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
         return r
 
     def op(name, a, b, _check=_check_lies, _untrusted=untrusted, _object=object, _fail=_fail, _type=type,
-           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex):
+           _numbers=(int, float), _probes=probes, _binops=_BINOPS, _held=_held, _complex=complex, _same=same):
         """`a <name> b` (`+ - * / // % ** @ & | ^ << >>`): where the operation is the code under test's, it
         must not give a number, or the same result, for a fresh `object()` on either side, and
         `+`/`-` (`*`, `/` unless the result is 0) must not give the same number for a perturbed
         number (they are one-to-one)."""
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
-        _check((a, b))
+        plain = _check((a, b))
         f, dunders = _binops[name]
-        r = f(a, b)
         if not (_untrusted(a, dunders) or _untrusted(b, dunders)):
-            return r
+            return f(a, b)
+        # (plain data as a copy: the code under test's operand itself is what the test goes on with)
+        a, b = _same(a, a)[0] if plain[0] else a, _same(b, b)[0] if plain[1] else b
+        r = f(a, b)
         for x, y in ((a, _object()), (_object(), b)):
             try:
                 v = f(x, y)
@@ -535,12 +577,14 @@ def guards(site_eq, site_call, probes, approx=frozenset(), agent=frozenset()):
              _str=str, _type=type, _object=object, _len=len, _plain=_plain, _fail=_fail, _site_call=site_call,
              _two=_TWO_OPERANDS, _tolerances=_TOLERANCES, _probes=probes, _float=float, _passing=_PASSING,
              _list=list, _set=set, _all=all, _any=any, _not_self=_not_equal_to_self, _bad=_bad_instance,
-             _tuple=tuple, **kwargs):
+             _tuple=tuple, _same=same, **kwargs):
         __tracebackhide__ = True      # (pytest formats no frame of this file per failure)
         values, held = (*args, *kwargs.values()), False
-        _check(values)
+        plain = _check(values)
         fn = _getattr(f, "__func__", f)
         name = _str(written).lower()        # as the test wrote it (a function's own `__name__` is its to choose)
+        if _len(args) >= 2 and not name.startswith(("assertis", "assertnotis")):    # (not an identity check)
+            args = (*_same(args[0], args[1], plain), *args[2:])
         if _len(args) >= 2 and "not" not in name and (name in _two or "equal" in name or "close" in name) \
                 and not _any(_getattr(_type(v), "__next__", None) is not None for v in values) \
                 and (not _trusted(fn) or _any(_untrusted(v) for v in values)):
@@ -611,8 +655,8 @@ def role_class(perturb, probes, _exception=Exception, _fields=_fields, _object=o
 
         def format(self, y, _perturb=perturb, _probes=probes, _exception=_exception, _fields=_fields,
                    _object=object):
-            try:
-                new = _perturb(y)           # computed in every copy (the same work, the same calls)
+            try:        # computed in every copy (the same work, the same calls); a project object in
+                new = _perturb(y, False, False, lambda v: _fields(v, _probes))   # a container moved too
             except _exception:
                 new = _fields(y, _probes)   # a project object: every field changed
                 new = _object() if new is None else new
