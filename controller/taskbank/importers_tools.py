@@ -45,6 +45,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from controller.contracts.safeload import load_json, load_yaml
 from controller.contracts.serviceengine import RuleError, replay
 from controller.contracts.services import ServiceSpecError, operation_names, validate_services
 from controller.contracts.tasks import Budgets, Limits, Task, TaskError
@@ -86,7 +87,8 @@ def _load_services(domain: Path) -> dict:
         raise ImportSourceError(f"{domain}: no services.json or services.yaml (the domain's tools as Paddock "
                                 f"services, docs/tasks.md 'Writing a service and a user goal')")
     try:
-        services = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        # the bounded loaders: duplicate keys, bombs and oversized files are refused by name
+        services = load_json(path) if path.suffix == ".json" else load_yaml(path)
     except (ValueError, yaml.YAMLError) as exc:
         raise ImportSourceError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
     if not isinstance(services, dict):
@@ -95,7 +97,7 @@ def _load_services(domain: Path) -> dict:
         if isinstance(spec, dict) and isinstance(spec.get("initial_state"), str) and spec["initial_state"].startswith("@"):
             data = domain / spec["initial_state"][1:]
             try:
-                spec["initial_state"] = json.loads(data.read_text())
+                spec["initial_state"] = load_json(data)
             except (OSError, ValueError) as exc:
                 raise ImportSourceError(f"{path}: services.{name}.initial_state: cannot read {data}: {exc}") from None
     try:
@@ -128,7 +130,7 @@ def tau_tasks(domain: Path) -> Iterator[Task]:
     tasks_file = domain / "tasks.json" if domain.is_dir() else domain
     domain = tasks_file.parent
     try:
-        records = json.loads(tasks_file.read_text())
+        records = load_json(tasks_file)
     except (OSError, ValueError) as exc:
         raise ImportSourceError(f"{tasks_file}: cannot read a JSON list of tasks: {exc}") from None
     if not isinstance(records, list):

@@ -92,6 +92,17 @@ def test_tau_v1_records_are_read_too(domain):
         {"name": "cancel_reservation", "arguments": {"reservation_id": "NOPE"}}]}}])), "is refused: not found"),
     (lambda d: (d / "tasks.json").write_text("{oops"), "cannot read a JSON list"),
     (lambda d: (d / "db.json").unlink(), r"initial_state: cannot read .*db.json"),
+    # the bounded loaders: a key twice (the last would win silently), a bomb, nesting past the bound
+    (lambda d: (d / "services.json").write_text('{"airline": {}, "airline": {}}'), "duplicate key 'airline'"),
+    (lambda d: (d / "tasks.json").write_text('[{"id": "0", "id": "1"}]'), "duplicate key 'id'"),
+    (lambda d: (d / "db.json").write_text('{"a": 1, "a": 2}'), "initial_state: .*duplicate key 'a'"),
+    (lambda d: ((d / "services.json").unlink(), (d / "services.yaml").write_text(
+        "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+        "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+        "g: &g [*f, *f, *f, *f, *f, *f, *f, *f, *f]\nh: [*g, *g, *g, *g, *g, *g, *g, *g, *g]\n")),
+     "services.yaml.*(alias|nodes)"),
+    (lambda d: (d / "tasks.json").write_text("[" * 200 + "]" * 200), "cannot read a JSON list.*(deep|depth|nest)"),
 ])
 def test_a_bad_domain_or_record_is_an_error_naming_it(domain, edit, match):
     edit(domain)
