@@ -69,15 +69,22 @@ def test_math_jsonl_numbers_stay_golds(tmp_path):
     assert golds == ["1234", "72"]
 
 
-def test_validate_refuses_a_task_that_cannot_be_loaded_and_goes_on_with_the_others(tmp_path):
-    """A package stored before timeouts were checked (edited on disk): `load_set` with a
-    `broken` list leaves it out and names it; without one, the error names the task."""
+def _bank_with_an_unloadable_task(tmp_path):
+    """Set `s` of tasks a and b, b's package edited on disk to a NaN deadline (stored before
+    deadlines were checked)."""
     bank = TaskBank(tmp_path / "bank")
     a = Task(name="a", family="math", instruction="2+3?", checker={"kind": "math", "answer": "5"})
     b = Task(name="b", family="math", instruction="2+4?", checker={"kind": "math", "answer": "6"})
     bank.put_set(make_set("s", [a, b]))
     yml = bank.package_dir(b.task_id) / "task.yaml"
     yml.write_text(yml.read_text().replace("answer: '6'", "answer: '6'\n  timeout_s: .nan"))
+    return bank, a, b
+
+
+def test_validate_refuses_a_task_that_cannot_be_loaded_and_goes_on_with_the_others(tmp_path):
+    """A package stored before timeouts were checked (edited on disk): `load_set` with a
+    `broken` list leaves it out and names it; without one, the error names the task."""
+    bank, a, b = _bank_with_an_unloadable_task(tmp_path)
     with pytest.raises(TaskError, match="timeout_s"):
         bank.load_set("s")
     broken: list = []
@@ -213,12 +220,7 @@ def test_tasks_validate_quarantines_an_unloadable_task_and_validates_the_rest(tm
     import contextlib
 
     from controller.cli import tasks as cli_tasks
-    bank = TaskBank(tmp_path / "bank")
-    a = Task(name="a", family="math", instruction="2+3?", checker={"kind": "math", "answer": "5"})
-    b = Task(name="b", family="math", instruction="2+4?", checker={"kind": "math", "answer": "6"})
-    bank.put_set(make_set("s", [a, b]))
-    yml = bank.package_dir(b.task_id) / "task.yaml"
-    yml.write_text(yml.read_text().replace("answer: '6'", "answer: '6'\n  timeout_s: .nan"))
+    bank, a, b = _bank_with_an_unloadable_task(tmp_path)
     seen: list = []
 
     def fake_validate(rt, image, tasks, store, workers, show):
